@@ -1,0 +1,124 @@
+"""The attention-backend contract shared by every kernel implementation.
+
+`kernels/` is a leaf package: tensors and index metadata in, tensors out. It
+imports nothing from `radixrt`.
+
+One forward pass processes a *ragged batch*: request ``i`` contributes
+``q_len[i]`` new tokens (1 when decoding) that sit at positions
+``kv_len[i] - q_len[i] .. kv_len[i] - 1`` of its sequence. The whole sequence's
+KV (cached prefix + the new tokens) lives in the paged pool at the flat slot
+ids ``kv_slots[kv_indptr[i]:kv_indptr[i + 1]]``, in order. A flat slot id is
+``page * page_size + offset``.
+
+The model runner builds one `AttentionMetadata` per forward and calls
+`AttentionBackend.plan` once; every layer then calls `AttentionBackend.forward`,
+which first writes the layer's new K/V at ``out_slots`` and then attends
+causally over the request's slots.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Index metadata of one ragged batch. All tensors live on the model's device.
+
+    qo_indptr: [B+1] int32, cumulative new-token counts.
+    kv_indptr: [B+1] int32, cumulative sequence lengths (prefix + new).
+    kv_slots:  [sum(kv_len)] int64, flat slot ids of every request's whole sequence.
+    out_slots: [num_new_tokens] int64, where each new token's K/V is written
+               (equals the tail ``q_len[i]`` entries of request i's kv_slots).
+    positions: [num_new_tokens] int64, absolute positions (for RoPE).
+    q_lens / kv_lens: python lists (host copies), handy for planning.
+    """
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_slots: torch.Tensor
+    out_slots: torch.Tensor
+    positions: torch.Tensor
+    q_lens: list[int]
+    kv_lens: list[int]
+    page_size: int = 1
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def is_decode(self) -> bool:
+        return all(q == 1 for q in self.q_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.out_slots.numel())
+
+    @classmethod
+    def build(
+        cls,
+        seq_slots: list[list[int]],
+        q_lens: list[int],
+        page_size: int = 1,
+        device: torch.device | str = "cpu",
+    ) -> "AttentionMetadata":
+        """Build metadata from each request's full slot list and its new-token count."""
+        kv_lens = [len(s) for s in seq_slots]
+        flat: list[int] = []
+        out: list[int] = []
+        pos: list[int] = []
+        for slots, q in zip(seq_slots, q_lens):
+            assert 1 <= q <= len(slots), "each request computes at least one token"
+            flat.extend(slots)
+            out.extend(slots[len(slots) - q:])
+            pos.extend(range(len(slots) - q, len(slots)))
+        qo = [0]
+        kv = [0]
+        for q, k in zip(q_lens, kv_lens):
+            qo.append(qo[-1] + q)
+            kv.append(kv[-1] + k)
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)
+        as_int = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)
+        return cls(
+            qo_indptr=as_int(qo),
+            kv_indptr=as_int(kv),
+            kv_slots=as_long(flat),
+            out_slots=as_long(out),
+            positions=as_long(pos),
+            q_lens=list(q_lens),
+            kv_lens=kv_lens,
+            page_size=page_size,
+        )
+
+
+class AttentionBackend(ABC):
+    """Paged attention over a KV pool.
+
+    Contract:
+    - `plan(meta)` is called once per forward, before any layer runs; it may
+      precompute index tensors. It must not touch the KV pool.
+    - `forward(...)` is called once per layer. It writes ``k``/``v`` (the new
+      tokens' keys/values, [num_new_tokens, num_kv_heads, head_dim]) into
+      ``k_cache``/``v_cache`` at ``meta.out_slots`` and returns causal attention
+      output [num_new_tokens, num_q_heads * head_dim]. The caches are flat views
+      [num_slots, num_kv_heads, head_dim] of the layer's pool; forward mutates
+      only the written slots.
+    - Grouped-query attention: query head h reads KV head h // (Hq // Hkv).
+    """
+
+    @abstractmethod
+    def plan(self, meta: AttentionMetadata) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...

@@ -1,0 +1,27 @@
+"""radixrt: a runtime for structured LLM programs built around RadixAttention.
+
+``import radixrt`` stays light (no torch): heavy names such as `Engine` load
+on first use.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Engine": ("radixrt.engine", "Engine"),
+    "EngineConfig": ("radixrt.config", "EngineConfig"),
+    "SamplingParams": ("radixrt.sampling_params", "SamplingParams"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'radixrt' has no attribute {name!r}")

@@ -1,0 +1,102 @@
+"""The `radixrt` command: download, generate, serve, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Optional
+
+from .config import EngineConfig
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from .model_store import download_default_model
+
+    path = download_default_model(force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    import dataclasses
+
+    config = EngineConfig.from_cli_args(args)
+    engine = Engine(**dataclasses.asdict(config))
+    try:
+        prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+        if args.chat:
+            prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+        if args.stream and len(prompts) == 1:
+            printed = 0
+            for chunk in engine.generate(prompts[0], sampling, stream=True):
+                sys.stdout.write(chunk["text"][printed:])
+                sys.stdout.flush()
+                printed = len(chunk["text"])
+            sys.stdout.write("\n")
+            return 0
+        results = engine.generate(prompts, sampling)
+        for r in results:
+            if args.json:
+                print(json.dumps(r))
+            else:
+                print(r["text"])
+                print(f"--- {r['meta_info']['completion_tokens']} tokens, "
+                      f"{r['meta_info']['cached_tokens']} cached prompt tokens", file=sys.stderr)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixrt", description="RadixAttention runtime for LLM programs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("download", help="fetch and convert the embedded default model (SmolLM2-135M-Instruct)")
+    p.add_argument("--force", action="store_true", help="convert again even if cached")
+    p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("generate", help="generate from prompts (arguments or stdin lines)")
+    EngineConfig.add_cli_args(p)
+    p.add_argument("prompt", nargs="*")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results")
+    p.set_defaults(func=cmd_generate)
+
+    try:
+        from .server.launch import add_serve_args, serve_main
+    except ImportError:  # the server package is optional at this stage
+        pass
+    else:
+        p = sub.add_parser("serve", help="run the HTTP server (SGLang-native and OpenAI APIs)")
+        add_serve_args(p)
+        p.set_defaults(func=serve_main)
+
+    from .bench import add_bench_args, bench_main
+
+    p = sub.add_parser("bench", help="offline benchmarks on the engine (see docs/benchmarks.md)")
+    add_bench_args(p)
+    p.set_defaults(func=bench_main)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(getattr(args, "log_level", "warning") or "warning")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

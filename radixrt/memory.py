@@ -1,0 +1,202 @@
+"""Paged KV memory: the per-layer K/V pool and the page allocator.
+
+Slot ids are flat: ``slot = page * page_size + offset`` with
+``0 <= offset < page_size``. ``page_size == 1`` makes pages and slots the same.
+
+Ownership contract (see DESIGN.md, "Core contracts"): every slot is at all
+times exactly one of *free* (its page is on the allocator's free list), *owned
+by the radix tree*, or *private to a running request*. The allocator only
+knows free versus not free; who owns a non-free page is the caller's business.
+Memory is handed out and taken back in whole pages.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+
+class KVPool:
+    """Per-layer K and V tensors, each ``[num_pages, page_size, num_kv_heads, head_dim]``.
+
+    The buffers are zero-initialised so that slots never written hold finite
+    values (a masked-out NaN would still poison a softmax-weighted sum).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
+            raise ValueError("KVPool dimensions must all be >= 1")
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.k_buffers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self.v_buffers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+
+    @classmethod
+    def bytes_per_token_for(
+        cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes of KV one token costs across all layers (K and V)."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * elem
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_token_for(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+
+    @property
+    def total_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_token * self.total_slots
+
+    def layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat views ``[num_pages * page_size, num_kv_heads, head_dim]`` of one
+        layer's K and V buffers. They share storage with the pool (no copy):
+        writing through them writes the pool."""
+        shape = (self.total_slots, self.num_kv_heads, self.head_dim)
+        return self.k_buffers[layer_id].view(shape), self.v_buffers[layer_id].view(shape)
+
+    def layer_kv_paged(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The raw paged buffers ``[num_pages, page_size, num_kv_heads, head_dim]``."""
+        return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+
+class PageAllocator:
+    """Free list of page ids ``0 .. num_pages-1``.
+
+    - `alloc_pages(n)` hands out ``n`` pages (lowest ids first on a fresh
+      allocator) or returns None and hands out nothing.
+    - `free_pages(pages)` takes pages back; freeing a page that is already
+      free (or twice in one call, or out of range) raises ValueError and frees
+      nothing. Cost is O(len(pages)), independent of the pool size.
+    """
+
+    def __init__(self, num_pages: int, page_size: int = 1) -> None:
+        if num_pages < 0 or page_size < 1:
+            raise ValueError("need num_pages >= 0 and page_size >= 1")
+        self._num_pages = num_pages
+        self._page_size = page_size
+        # Stack: the end of the list is handed out first. Reversed so that a
+        # fresh allocator hands out pages 0, 1, 2, ...
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))
+        self._is_free = bytearray(b"\x01") * num_pages
+
+    # ---- sizes -------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        return self._num_pages
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def total_slots(self) -> int:
+        return self._num_pages * self._page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free) * self._page_size
+
+    @property
+    def num_used_pages(self) -> int:
+        return self._num_pages - len(self._free)
+
+    def is_page_free(self, page: int) -> bool:
+        return bool(self._is_free[page])
+
+    # ---- alloc / free ------------------------------------------------------
+    def alloc_pages(self, n: int) -> Optional[list[int]]:
+        """Hand out ``n`` pages, or return None (allocating nothing) if fewer are free."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        if n > len(self._free):
+            return None
+        if n == 0:
+            return []
+        free = self._free
+        pages = free[len(free) - n:]
+        del free[len(free) - n:]
+        pages.reverse()
+        is_free = self._is_free
+        for p in pages:
+            is_free[p] = 0
+        return pages
+
+    def alloc_slots_for(self, num_tokens: int) -> Optional[list[int]]:
+        """Allocate ``ceil(num_tokens / page_size)`` pages and return all their
+        slots (a multiple of page_size, possibly more than num_tokens); None if
+        not enough memory."""
+        pages = self.alloc_pages(-(-num_tokens // self._page_size))
+        return None if pages is None else self.pages_to_slots(pages)
+
+    def free_pages(self, pages: Iterable[int]) -> None:
+        """Return pages to the free list. Raises ValueError (freeing nothing) on
+        a double free, a page listed twice, or an out-of-range page id."""
+        pages = list(pages)
+        is_free = self._is_free
+        n = self._num_pages
+        for i, p in enumerate(pages):
+            if not (0 <= p < n) or is_free[p]:
+                for q in pages[:i]:  # roll back: the call frees nothing
+                    is_free[q] = 0
+                if not (0 <= p < n):
+                    raise ValueError(f"page {p} out of range [0, {n})")
+                raise ValueError(f"double free of page {p}")
+            is_free[p] = 1
+        self._free.extend(pages)
+
+    def pages_to_slots(self, pages: Sequence[int]) -> list[int]:
+        """Slots of the given pages, in order: page p gives p*P .. p*P+P-1."""
+        P = self._page_size
+        if P == 1:
+            return list(pages)
+        return [s for p in pages for s in range(p * P, p * P + P)]
+
+    def slots_to_pages(self, slots: Sequence[int]) -> list[int]:
+        """Pages of a slot list made of whole pages, each page's slots in order.
+        Raises ValueError if the list is not made of whole pages."""
+        P = self._page_size
+        if hasattr(slots, "tolist"):
+            slots = slots.tolist()
+        if P == 1:
+            return list(slots)
+        if len(slots) % P:
+            raise ValueError(f"slot list of length {len(slots)} is not a multiple of page_size {P}")
+        pages = [s // P for s in slots[::P]]
+        if slots[::P] != [p * P for p in pages] or list(slots) != self.pages_to_slots(pages):
+            raise ValueError("slot list is not made of whole, in-order pages")
+        return pages
+
+    def free_slots(self, slots: Sequence[int]) -> None:
+        """Free the pages of a slot list made of whole pages (see `slots_to_pages`)."""
+        self.free_pages(self.slots_to_pages(slots))
+
+    def reset(self) -> None:
+        """Mark every page free (the caller drops every reference it held)."""
+        self.__init__(self._num_pages, self._page_size)

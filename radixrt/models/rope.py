@@ -1,0 +1,106 @@
+"""Rotary position embedding with the checkpoint's scaling.
+
+The inverse frequencies and the attention scaling come from transformers'
+``ROPE_INIT_FUNCTIONS`` (linear, dynamic, yarn, longrope, llama3, ...), so the
+scaling math is exactly the reference implementation's. cos/sin are computed
+once per forward for the batch's positions and shared by every layer, and
+applied with the "rotate_half" convention of Llama-family weights.
+
+Sequence-length dependent types (``dynamic``, ``longrope``) pick their
+frequencies from the longest sequence in the batch, as transformers does for
+the sequence it is running.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+_LENGTH_DEPENDENT = ("dynamic", "longrope")
+
+
+def _rope_parameters(hf_config: Any) -> dict:
+    params = getattr(hf_config, "rope_parameters", None)
+    if params is None:  # transformers 4.x style
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        if "rope_theta" not in params and hasattr(hf_config, "rope_theta"):
+            params["rope_theta"] = hf_config.rope_theta
+    if "rope_type" not in params and "full_attention" in params:  # per-layer-type dicts
+        params = params["full_attention"]
+    return dict(params)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for positions; `apply` rotates q and k ([T, heads, head_dim])."""
+
+    def __init__(self, hf_config: Any, head_dim: int) -> None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        self.hf_config = hf_config
+        self.head_dim = head_dim
+        params = _rope_parameters(hf_config)
+        self.rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        self.max_position_embeddings = int(hf_config.max_position_embeddings)
+        if self.rope_type in ROPE_INIT_FUNCTIONS:
+            self._init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]
+            inv_freq, scaling = self._init_fn(hf_config, None)
+        elif self.rope_type == "default":
+            self._init_fn = None
+            base = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+            dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+            scaling = 1.0
+        else:
+            raise ValueError(
+                f"unsupported rope_type {self.rope_type!r}; supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
+            )
+        self.inv_freq = inv_freq.float().cpu()
+        self.attention_scaling = float(scaling)
+        self.rotary_dim = 2 * self.inv_freq.numel()
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rotary dim {self.rotary_dim} exceeds head_dim {head_dim}")
+        self._by_device: dict[Any, torch.Tensor] = {}
+        self._by_seq_len: dict[tuple[Any, int], tuple[torch.Tensor, float]] = {}
+
+    def _params_for(self, device: torch.device, seq_len: Optional[int]) -> tuple[torch.Tensor, float]:
+        if self.rope_type in _LENGTH_DEPENDENT and seq_len is not None:
+            key = (device, int(seq_len))
+            hit = self._by_seq_len.get(key)
+            if hit is None:
+                inv_freq, scaling = self._init_fn(self.hf_config, None, seq_len=int(seq_len))
+                if len(self._by_seq_len) > 64:
+                    self._by_seq_len.clear()
+                hit = self._by_seq_len[key] = (inv_freq.float().to(device), float(scaling))
+            return hit
+        inv = self._by_device.get(device)
+        if inv is None:
+            inv = self._by_device[device] = self.inv_freq.to(device)
+        return inv, self.attention_scaling
+
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, seq_len: Optional[int] = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[T, 1, rotary_dim // 2]`` in ``dtype`` for ``positions`` [T].
+
+        ``seq_len`` (the longest sequence of the batch) matters only for the
+        length-dependent rope types; without it they use their base frequencies.
+        """
+        inv_freq, scaling = self._params_for(positions.device, seq_len)
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+        cos = freqs.cos()
+        sin = freqs.sin()
+        if scaling != 1.0:
+            cos = cos * scaling
+            sin = sin * scaling
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, first rotary_dim dims)."""
+        rd = self.rotary_dim
+        half = rd // 2
+        x1 = x[..., :half]
+        x2 = x[..., half:rd]
+        rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+        if rd < x.shape[-1]:
+            return torch.cat((*rotated, x[..., rd:]), dim=-1)
+        return torch.cat(rotated, dim=-1)

@@ -1,0 +1,279 @@
+"""Sampling parameters of one request, with SGLang's names and defaults.
+
+``SamplingParams.from_dict`` is the entry point for untrusted input (the
+``sampling_params`` object of a ``/generate`` request, the Engine's keyword
+arguments): it rejects unknown keys and wrong types with a ``ValueError`` that
+names the field, and range-checks the values (``validate``).
+
+Type rules (shared by the constructor and ``from_dict``):
+
+* int fields accept ints (numpy ints included), never bools or floats;
+* float fields accept ints and floats, never bools or strings;
+* bool fields accept bools only;
+* ``stop`` accepts a string or a list/tuple of strings and is stored as a list
+  (``None`` becomes ``[]``);
+* ``stop_token_ids`` accepts a list/tuple of ints or ``None`` (stored as a list
+  or ``None``);
+* ``logit_bias`` maps token ids (strings like ``"42"`` as in JSON, or ints) to
+  floats; keys are stored as canonical decimal strings.
+
+In ``from_dict`` a value of ``None`` means "use the default", as SGLang's
+frontend sends keys such as ``"regex": None`` explicitly.
+
+This module imports no torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+_CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
+
+# Keys that SGLang's server or frontend may send but radixrt does not implement.
+# They are accepted while unset (None), so that SGLang's own client works
+# unchanged, and rejected with a clear message otherwise.
+_UNSUPPORTED_KEYS = ("stop_regex", "structural_tag", "custom_params", "stream_interval")
+# SGLang spellings of our fields.
+_ALIASES = {"sampling_seed": "seed"}
+
+_GREEDY_TEMPERATURE = 1e-6
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"sampling parameter '{name}' must be an integer, got {_type_name(value)} {value!r}")
+    return int(value)
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"sampling parameter '{name}' must be a number, got {_type_name(value)} {value!r}")
+    return float(value)
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"sampling parameter '{name}' must be a boolean, got {_type_name(value)} {value!r}")
+    return value
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: Union[str, list[str], None] = None  # stored as a list
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: Optional[int] = None
+    regex: Optional[str] = None
+    json_schema: Optional[str] = None
+    ebnf: Optional[str] = None
+    logit_bias: Optional[dict[str, float]] = None
+
+    def __post_init__(self) -> None:
+        """Check types and normalize containers (no range checks: see ``validate``)."""
+        for name in _INT_FIELDS:
+            setattr(self, name, _as_int(name, getattr(self, name)))
+        for name in _FLOAT_FIELDS:
+            setattr(self, name, _as_float(name, getattr(self, name)))
+        for name in _BOOL_FIELDS:
+            _as_bool(name, getattr(self, name))
+        if self.seed is not None:
+            self.seed = _as_int("seed", self.seed)
+        for name in _CONSTRAINT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"sampling parameter '{name}' must be a string, got {_type_name(value)}")
+
+        stop = self.stop
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        elif isinstance(stop, (list, tuple)):
+            stop = list(stop)
+            for s in stop:
+                if not isinstance(s, str):
+                    raise ValueError(
+                        f"sampling parameter 'stop' must be a string or a list of strings, "
+                        f"got an element of type {_type_name(s)}"
+                    )
+        else:
+            raise ValueError(
+                f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}"
+            )
+        self.stop = stop
+
+        if self.stop_token_ids is not None:
+            ids = self.stop_token_ids
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+                raise ValueError(
+                    f"sampling parameter 'stop_token_ids' must be a list of integers, got {_type_name(ids)}"
+                )
+            self.stop_token_ids = [_as_int("stop_token_ids", t) for t in ids]
+
+        if self.logit_bias is not None:
+            bias = self.logit_bias
+            if not isinstance(bias, dict):
+                raise ValueError(
+                    f"sampling parameter 'logit_bias' must be an object mapping token ids to numbers, "
+                    f"got {_type_name(bias)}"
+                )
+            out: dict[str, float] = {}
+            for key, value in bias.items():
+                if isinstance(key, bool):
+                    raise ValueError(f"sampling parameter 'logit_bias' has a non-token-id key {key!r}")
+                if isinstance(key, numbers.Integral):
+                    tok = int(key)
+                elif isinstance(key, str):
+                    try:
+                        tok = int(key.strip())
+                    except ValueError:
+                        raise ValueError(
+                            f"sampling parameter 'logit_bias' keys must be token ids, got {key!r}"
+                        ) from None
+                else:
+                    raise ValueError(f"sampling parameter 'logit_bias' keys must be token ids, got {key!r}")
+                out[str(tok)] = _as_float("logit_bias", value)
+            self.logit_bias = out
+
+    # ------------------------------------------------------------------ API
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> "SamplingParams":
+        """Build from a JSON-like dict; type- and range-checks everything.
+
+        Raises ValueError naming the offending field. Does not check token ids
+        against a vocabulary (call ``validate(vocab_size)`` for that).
+        """
+        if d is None:
+            d = {}
+        if not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be an object, got {_type_name(d)}")
+        kwargs: dict[str, Any] = {}
+        for key, value in d.items():
+            if key in _UNSUPPORTED_KEYS:
+                if value is None:
+                    continue
+                raise ValueError(f"sampling parameter '{key}' is not supported by radixrt")
+            name = _ALIASES.get(key, key)
+            if name not in _FIELD_NAMES:
+                raise ValueError(
+                    f"unknown sampling parameter {key!r}; valid: {', '.join(sorted(_FIELD_NAMES))}"
+                )
+            if name in kwargs and kwargs[name] is not None and value is not None:
+                raise ValueError(f"sampling parameter '{name}' given twice (as {key!r} and another spelling)")
+            if value is None:
+                continue  # use the default
+            kwargs[name] = value
+        params = cls(**kwargs)
+        params.validate()
+        return params
+
+    def validate(self, vocab_size: Optional[int] = None) -> None:
+        """Range checks; raise ValueError naming the field. Token ids are checked
+        against ``vocab_size`` when given."""
+
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"sampling parameter '{name}' {why}, got {getattr(self, name)!r}")
+
+        # `not (a <= x)` style comparisons also reject NaN.
+        if self.max_new_tokens < 0:
+            bad("max_new_tokens", "must be >= 0")
+        if self.min_new_tokens < 0:
+            bad("min_new_tokens", "must be >= 0")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"sampling parameter 'min_new_tokens' must be <= max_new_tokens ({self.max_new_tokens}), "
+                f"got {self.min_new_tokens}"
+            )
+        if not (0.0 <= self.temperature < math.inf):
+            bad("temperature", "must be >= 0 and finite")
+        if not (0.0 < self.top_p <= 1.0):
+            bad("top_p", "must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            bad("top_k", "must be -1 (off) or >= 1")
+        if not (0.0 <= self.min_p <= 1.0):
+            bad("min_p", "must be in [0, 1]")
+        if not (0.0 < self.repetition_penalty < math.inf):
+            bad("repetition_penalty", "must be > 0 and finite")
+        if not (-2.0 <= self.frequency_penalty <= 2.0):
+            bad("frequency_penalty", "must be in [-2, 2]")
+        if not (-2.0 <= self.presence_penalty <= 2.0):
+            bad("presence_penalty", "must be in [-2, 2]")
+        if self.n < 1:
+            bad("n", "must be >= 1")
+        if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
+            bad("seed", "must fit in 64 bits")
+        for s in self.stop:
+            if not s:
+                raise ValueError("sampling parameter 'stop' must not contain an empty string")
+        if self.stop_token_ids:
+            for t in self.stop_token_ids:
+                if t < 0 or (vocab_size is not None and t >= vocab_size):
+                    raise ValueError(
+                        f"sampling parameter 'stop_token_ids' holds {t}, outside the vocabulary"
+                        + (f" [0, {vocab_size})" if vocab_size is not None else "")
+                    )
+        if self.logit_bias:
+            for key, value in self.logit_bias.items():
+                t = int(key)
+                if t < 0 or (vocab_size is not None and t >= vocab_size):
+                    raise ValueError(
+                        f"sampling parameter 'logit_bias' has token id {t}, outside the vocabulary"
+                        + (f" [0, {vocab_size})" if vocab_size is not None else "")
+                    )
+                if math.isnan(value):
+                    raise ValueError(f"sampling parameter 'logit_bias' has NaN for token id {t}")
+        set_constraints = [name for name in _CONSTRAINT_FIELDS if getattr(self, name) is not None]
+        if len(set_constraints) > 1:
+            raise ValueError(
+                f"sampling parameters {', '.join(repr(n) for n in set_constraints)} are exclusive: "
+                "set at most one of regex, json_schema, ebnf"
+            )
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (containers copied); ``from_dict``
+        of it gives an equal object."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["stop"] = list(self.stop)
+        if self.stop_token_ids is not None:
+            d["stop_token_ids"] = list(self.stop_token_ids)
+        if self.logit_bias is not None:
+            d["logit_bias"] = dict(self.logit_bias)
+        return d
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))

@@ -1,0 +1,86 @@
+"""Messages and ZMQ plumbing between the server's three processes.
+
+    TokenizerManager (main) --GenerateReq/AbortReq/...--> scheduler process
+    TokenizerManager (main) --DetokRegister-------------> detokenizer process
+    scheduler process       --TokenBatch/ControlReply---> detokenizer process
+    detokenizer process     --DetokBatch/ControlReply---> TokenizerManager
+
+Every socket is a PUSH/PULL pair on an ``ipc://`` path inside a private
+temporary folder; messages are pickled dataclasses (all processes run the same
+code, and nothing outside this machine can reach the sockets).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..messages import TokenOutput
+
+
+@dataclass
+class DetokRegister:
+    """Tells the detokenizer how to turn these rids' tokens into text. Sent by
+    the tokenizer manager before the matching GenerateReq goes to the scheduler."""
+
+    rids: list[str]
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+    no_stop_trim: bool = False
+
+
+@dataclass
+class DetokItem:
+    rid: str
+    text: str  # cumulative text so far
+    out: TokenOutput  # the scheduler's delta (token ids, counts, logprobs, finish reason)
+
+
+@dataclass
+class DetokBatch:
+    items: list[DetokItem]
+
+
+@dataclass
+class IpcAddrs:
+    folder: str
+    scheduler_in: str
+    detokenizer_in: str
+    tokenizer_in: str
+
+    @classmethod
+    def create(cls) -> "IpcAddrs":
+        folder = tempfile.mkdtemp(prefix="radixrt-ipc-")
+        os.chmod(folder, 0o700)
+
+        def addr(name: str) -> str:
+            return f"ipc://{os.path.join(folder, name)}"
+
+        return cls(folder, addr("scheduler"), addr("detokenizer"), addr("tokenizer"))
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def make_socket(ctx: Any, kind: int, addr: str, bind: bool) -> Any:
+    import zmq
+
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if kind == zmq.PUSH:
+        sock.setsockopt(zmq.SNDHWM, 0)
+    else:
+        sock.setsockopt(zmq.RCVHWM, 0)
+    if bind:
+        sock.bind(addr)
+    else:
+        sock.connect(addr)
+    return sock
+
+
+def parent_alive(parent_pid: Optional[int]) -> bool:
+    """True while the process that started us is still our parent."""
+    return parent_pid is None or os.getppid() == parent_pid

@@ -1,0 +1,182 @@
+"""Entry points of the server's two child processes (started with the
+multiprocessing "spawn" context, so everything here must be importable and
+picklable)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import traceback
+from typing import Any, Optional
+
+from .ipc import DetokBatch, DetokItem, DetokRegister, IpcAddrs, make_socket, parent_alive
+
+POLL_MS = 200  # how often an idle child looks at its parent and stop flag
+
+
+def _setup_child(name: str, log_level: str) -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the parent alone
+    # handles it and then stops the children.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.WARNING),
+        format=f"[%(asctime)s {name}] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int]) -> None:
+    """Load the model, report readiness (or the error) on ``ready``, then serve
+    the scheduler's event loop over ZMQ until the parent goes away."""
+    _setup_child("scheduler", config.log_level)
+    log = logging.getLogger("radixrt.server.scheduler")
+    try:
+        import zmq
+
+        from ..scheduler import Scheduler
+
+        sched = Scheduler(config)
+        ctx = zmq.Context()
+        pull = make_socket(ctx, zmq.PULL, addrs.scheduler_in, bind=True)
+        push = make_socket(ctx, zmq.PUSH, addrs.detokenizer_in, bind=False)
+        usage = sched.kv_usage()
+        runner = getattr(sched, "runner", None)
+        ready.send({
+            "ok": True,
+            "pid": os.getpid(),
+            "model_path": str(getattr(runner, "model_path", config.model_path)),
+            "context_length": int(sched.context_length),
+            "vocab_size": int(sched.vocab_size),
+            "kv_total_slots": int(usage["total_slots"]),
+            "eos_token_ids": sorted(int(t) for t in sched.eos_token_ids),
+        })
+    except BaseException:  # noqa: BLE001 - reported to the parent, then exit non-zero
+        err = traceback.format_exc()
+        log.error("scheduler failed to start:\n%s", err)
+        try:
+            ready.send({"ok": False, "error": err})
+        finally:
+            os._exit(1)
+    ready.close()
+
+    def recv(block: bool) -> list[Any]:
+        msgs: list[Any] = []
+        if block and not pull.poll(POLL_MS):
+            return msgs
+        while True:
+            try:
+                msgs.append(pull.recv_pyobj(zmq.NOBLOCK))
+            except zmq.Again:
+                return msgs
+
+    def send(msg: Any) -> None:
+        push.send_pyobj(msg)
+
+    def should_stop() -> bool:
+        return not parent_alive(parent_pid)
+
+    try:
+        sched.event_loop(recv, send, should_stop)
+    except BaseException:  # noqa: BLE001
+        log.error("scheduler loop crashed:\n%s", traceback.format_exc())
+        os._exit(1)
+    os._exit(0)
+
+
+class DetokenizerLoop:
+    """Keeps one IncrementalDetokenizer per rid; turns TokenBatches into
+    DetokBatches (cumulative text + the scheduler's delta) and forwards
+    ControlReplies untouched."""
+
+    MAX_ORPHANS = 10_000
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.detoks: dict[str, Any] = {}
+        # Outputs that arrived before their registration (two sockets, no
+        # global order): replayed when it comes.
+        self.orphans: dict[str, list[Any]] = {}
+
+    def handle(self, msg: Any) -> list[Any]:
+        from ..detokenizer import IncrementalDetokenizer
+        from ..messages import TokenBatch
+
+        if isinstance(msg, DetokRegister):
+            items = []
+            for rid in msg.rids:
+                self.detoks[rid] = IncrementalDetokenizer(
+                    self.tokenizer,
+                    skip_special_tokens=msg.skip_special_tokens,
+                    spaces_between_special_tokens=msg.spaces_between_special_tokens,
+                    stop=list(msg.stop or []),
+                    no_stop_trim=msg.no_stop_trim,
+                )
+                for out in self.orphans.pop(rid, []):
+                    item = self._push(out)
+                    if item is not None:
+                        items.append(item)
+            return [DetokBatch(items)] if items else []
+        if isinstance(msg, TokenBatch):
+            items = []
+            for out in msg.outputs:
+                item = self._push(out)
+                if item is not None:
+                    items.append(item)
+            return [DetokBatch(items)] if items else []
+        return [msg]  # ControlReply and anything else: pass through
+
+    def _push(self, out: Any) -> Optional[DetokItem]:
+        det = self.detoks.get(out.rid)
+        if det is None:
+            if out.finish_reason is not None and out.finish_reason.get("type") == "abort" and not out.new_token_ids:
+                # An abort of a request whose registration is not here (or is
+                # already gone): pass it on so the tokenizer manager hears of it.
+                return DetokItem(out.rid, "", out)
+            if len(self.orphans) >= self.MAX_ORPHANS:
+                self.orphans.pop(next(iter(self.orphans)))
+            self.orphans.setdefault(out.rid, []).append(out)
+            return None
+        text = det.push(out.new_token_ids, out.finish_reason)
+        if out.finish_reason is not None:
+            del self.detoks[out.rid]
+        return DetokItem(out.rid, text, out)
+
+
+def run_detokenizer_process(model_path: str, log_level: str, addrs: IpcAddrs, ready: Any,
+                            parent_pid: Optional[int]) -> None:
+    _setup_child("detokenizer", log_level)
+    log = logging.getLogger("radixrt.server.detokenizer")
+    try:
+        import zmq
+
+        from .tokenizer_utils import load_tokenizer
+
+        loop = DetokenizerLoop(load_tokenizer(model_path))
+        ctx = zmq.Context()
+        pull = make_socket(ctx, zmq.PULL, addrs.detokenizer_in, bind=True)
+        push = make_socket(ctx, zmq.PUSH, addrs.tokenizer_in, bind=False)
+        ready.send({"ok": True, "pid": os.getpid()})
+    except BaseException:  # noqa: BLE001
+        err = traceback.format_exc()
+        log.error("detokenizer failed to start:\n%s", err)
+        try:
+            ready.send({"ok": False, "error": err})
+        finally:
+            os._exit(1)
+    ready.close()
+    try:
+        while parent_alive(parent_pid):
+            if not pull.poll(POLL_MS):
+                continue
+            while True:
+                try:
+                    msg = pull.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                for out in loop.handle(msg):
+                    push.send_pyobj(out)
+    except BaseException:  # noqa: BLE001
+        log.error("detokenizer crashed:\n%s", traceback.format_exc())
+        os._exit(1)
+    os._exit(0)
