@@ -25,6 +25,7 @@ class EngineConfig:
     random_seed: int = 0
     log_level: str = "warning"
     log_interval: int = 40  # steps between throughput log lines
+    debug_check_invariants: bool = False  # assert free + tree + private == total after every step (tests)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

@@ -21,9 +21,14 @@ class KVCacheManager:
 
     # -- queries -----------------------------------------------------------------
     def match(self, req: Req) -> MatchResult:
-        """Longest usable cached prefix of the request (does not lock)."""
+        """Longest usable cached prefix of the request (does not lock, counts nothing)."""
         cap = req.max_prefix_len
-        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace)
+        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False)
+
+    def record_admission(self, req: Req, hit: int) -> None:
+        """Count a request's prompt in the hit-rate statistics, once, at first admission."""
+        self.tree.queried_tokens += len(req.input_ids)
+        self.tree.hit_tokens += hit
 
     def available_slots(self) -> int:
         """Slots obtainable now: free ones plus what eviction could free."""

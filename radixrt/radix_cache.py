@@ -238,17 +238,20 @@ class RadixCache:
         return n - n % self.page_size
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: Sequence[int], namespace: Hashable = None) -> MatchResult:
+    def match_prefix(self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True) -> MatchResult:
         """Longest cached prefix of `key` (whole pages only when page_size > 1).
 
         Splits a node on a partial match so that the returned node ends exactly
         at the match. Does not lock: the returned slots remain tree-owned and
         may be evicted by a later `evict` unless the caller locks `node`.
         Refreshes the access time of every node on the matched path.
+        ``record_stats=False`` leaves the queried/hit counters alone (for
+        look-ups that are not a request being served, e.g. policy scoring).
         """
         if not isinstance(key, list):
-            key = list(key)
-        self.queried_tokens += len(key)
+            key = key.tolist() if hasattr(key, "tolist") else list(key)
+        if record_stats:
+            self.queried_tokens += len(key)
         if self.disable:
             return MatchResult([], self.root)
         node = self._sub_root(namespace, create=False)
@@ -275,7 +278,8 @@ class RadixCache:
             if m < clen:
                 break
         slots = parts[0][:] if len(parts) == 1 else [s for part in parts for s in part]
-        self.hit_tokens += pos
+        if record_stats:
+            self.hit_tokens += pos
         return MatchResult(slots, node)
 
     # ----------------------------------------------------------------- insert
@@ -297,7 +301,7 @@ class RadixCache:
         keeps (and must free) every slot.
         """
         if not isinstance(key, list):
-            key = list(key)
+            key = key.tolist() if hasattr(key, "tolist") else list(key)
         if hasattr(slots, "tolist"):
             slots = slots.tolist()
         elif not isinstance(slots, list):

@@ -46,9 +46,9 @@ def _dfs_weight(waiting: list[Req], matches: dict[int, MatchResult]) -> list[Req
                 children[parent].add(node)
             node = parent
     ordered: list[Req] = []
-    stack = sorted(roots, key=lambda n: weight[n])
+    stack = sorted(roots, key=lambda n: (weight[n], -n.id))
     while stack:
         node = stack.pop()
         ordered.extend(sorted(at_node.get(node, []), key=lambda r: r.arrival))
-        stack.extend(sorted(children.get(node, ()), key=lambda n: weight[n]))
+        stack.extend(sorted(children.get(node, ()), key=lambda n: (weight[n], -n.id)))
     return ordered

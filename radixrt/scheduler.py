@@ -125,6 +125,7 @@ class Scheduler:
         if self.running or self.waiting:
             return False
         self.kv.tree.reset()
+        self.kv.tree.reset_stats()
         return True
 
     def handle(self, msg: Any) -> Optional[ControlReply]:
@@ -168,6 +169,8 @@ class Scheduler:
             self._run_batch(batch)
             self.counters["steps"] += 1
             self._log_step(batch)
+            if self.config.debug_check_invariants:
+                self.check_invariants()
         out, self.pending_outputs = self.pending_outputs, []
         return out
 
@@ -252,6 +255,7 @@ class Scheduler:
             if not req.admitted_once:
                 req.cached_tokens = match.length
                 req.admitted_once = True
+                self.kv.record_admission(req, match.length)
             self.waiting.remove(req)
             req.phase = Phase.RUNNING
             self.running.append(req)

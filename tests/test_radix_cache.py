@@ -339,6 +339,9 @@ def test_stats_and_reset():
         c.lock(m.node)  # stale node from before the reset
     c.reset_stats()
     assert c.stats()["queried_tokens"] == 0
+    c.insert([5, 6], alloc_for(alloc, 2))
+    assert c.match_prefix([5, 6, 7], record_stats=False).length == 2
+    assert c.stats()["queried_tokens"] == 0 and c.stats()["hit_tokens"] == 0
 
 
 def test_allocator_none():
@@ -433,7 +436,24 @@ def _run_random(seed, page_size, num_ops, num_pages, vocab=3):
         before = dict(ref)
         locked = locked_entries()
         evictable_before = cache.evictable_size()
+        # brute-force LRU reference: repeatedly the unlocked childless node with the
+        # smallest (last_access, id), found by scanning a snapshot of the tree
+        nodes = list(cache._nodes())
+        info = {nd.id: [len(nd.children), nd.last_access, nd.lock_ref, len(nd.key),
+                        nd.parent.id if nd.parent.key else None] for nd in nodes}
+        expected, freed_sim = set(), 0
+        while freed_sim < n:
+            cands = [(v[1], k) for k, v in info.items() if k not in expected and v[0] == 0 and v[2] == 0]
+            if not cands:
+                break
+            _, k = min(cands)
+            expected.add(k)
+            freed_sim += info[k][3]
+            if info[k][4] is not None:
+                info[info[k][4]][0] -= 1
         freed = cache.evict(n)
+        assert freed == freed_sim
+        assert {nd.id for nd in nodes if nd.parent is None} == expected
         after = _tree_entries(cache)
         assert all(before.get(k) == v for k, v in after.items())  # only removals
         removed = set(before) - set(after)

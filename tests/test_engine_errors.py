@@ -1,0 +1,35 @@
+"""Bad input raises a clear error and leaves the engine serving."""
+import pytest
+
+import radixrt
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = radixrt.Engine(max_total_tokens=4096)
+    yield e
+    e.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(prompt=""), "empty"),
+        (dict(input_ids=[]), "empty"),
+        (dict(prompt="hi " * 9000), "context length"),
+        (dict(prompt="hi", sampling_params={"max_new_tokens": -1}), "max_new_tokens"),
+        (dict(prompt="hi", sampling_params={"top_p": 0}), "top_p"),
+        (dict(prompt="hi", sampling_params={"top_p": 1.5}), "top_p"),
+        (dict(prompt="hi", sampling_params={"temperature": -0.5}), "temperature"),
+        (dict(prompt="hi", sampling_params={"temprature": 0.5}), "unknown sampling parameter"),
+        (dict(input_ids=[1, 2, 10**9]), "vocabulary"),
+    ],
+)
+def test_bad_input_is_refused_and_engine_keeps_serving(engine, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        engine.generate(**kwargs)
+    out = engine.generate("Say hi.", {"max_new_tokens": 3, "temperature": 0})
+    assert out["meta_info"]["completion_tokens"] == 3
+    engine.wait_idle()
+    engine.scheduler.check_invariants()
+    assert engine.scheduler.kv_usage()["private_slots"] == 0
