@@ -1,0 +1,110 @@
+"""The Engine's user-facing API on the embedded model: batch, streaming,
+async, stop strings, logprobs, chat templating, stats."""
+import asyncio
+import math
+
+import pytest
+
+import radixrt
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = radixrt.Engine(max_total_tokens=8192)
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompt(engine):
+    return engine.apply_chat_template([{"role": "user", "content": "Name three fruits, one per line."}])
+
+
+GREEDY = {"max_new_tokens": 20, "temperature": 0}
+
+
+def test_batch_and_single_agree(engine, prompt):
+    single = engine.generate(prompt, GREEDY)
+    batch = engine.generate([prompt, "Once upon a time"], GREEDY)
+    assert isinstance(batch, list) and len(batch) == 2
+    assert batch[0]["output_ids"] == single["output_ids"]
+    assert batch[0]["text"] == single["text"]
+    meta = single["meta_info"]
+    assert meta["prompt_tokens"] == len(engine.tokenizer.encode(prompt))
+    assert meta["completion_tokens"] == len(single["output_ids"])
+
+
+def test_streaming_is_cumulative_and_ends_with_the_full_text(engine, prompt):
+    full = engine.generate(prompt, GREEDY)
+    chunks = list(engine.generate(prompt, GREEDY, stream=True))
+    texts = [c["text"] for c in chunks]
+    assert len(chunks) > 1
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert texts[-1] == full["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_async_generate_many_concurrent(engine, prompt):
+    async def main():
+        outs = await asyncio.gather(*(engine.async_generate(prompt, GREEDY) for _ in range(4)))
+        streamed = []
+        async for chunk in await engine.async_generate(prompt, GREEDY, stream=True):
+            streamed.append(chunk["text"])
+        return outs, streamed
+
+    outs, streamed = asyncio.run(main())
+    assert len({tuple(o["output_ids"]) for o in outs}) == 1
+    assert streamed[-1] == outs[0]["text"]
+
+
+def test_stop_string_is_excluded_from_text(engine):
+    p = engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    free = engine.generate(p, {"max_new_tokens": 16, "temperature": 0})
+    assert "Paris" in free["text"]
+    stopped = engine.generate(p, {"max_new_tokens": 16, "temperature": 0, "stop": ["Paris"]})
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": "Paris"}
+    assert "Paris" not in stopped["text"]
+    assert free["text"].startswith(stopped["text"])
+
+
+def test_stop_token_ids_and_min_new_tokens(engine, prompt):
+    ref = engine.generate(prompt, GREEDY)["output_ids"]
+    third = ref[2]
+    out = engine.generate(prompt, {**GREEDY, "stop_token_ids": [third]})
+    assert out["output_ids"] == ref[:3]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
+    eos = engine.tokenizer.eos_token_id
+    forced = engine.generate(prompt, {"max_new_tokens": 40, "min_new_tokens": 40, "temperature": 0})
+    assert len(forced["output_ids"]) == 40 and eos not in forced["output_ids"]
+
+
+def test_output_logprobs(engine, prompt):
+    out = engine.generate(prompt, GREEDY, return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True)
+    meta = out["meta_info"]
+    lps = meta["output_token_logprobs"]
+    assert [t for _, t, _ in lps] == out["output_ids"]
+    for (lp, tid, text), top in zip(lps, meta["output_top_logprobs"]):
+        assert lp <= 0 and math.isfinite(lp)
+        assert top[0][1] == tid and top[0][0] == pytest.approx(lp)  # greedy picks the top token
+        assert top[0][0] >= top[1][0]
+        assert text == engine.tokenizer.decode([tid])
+
+
+def test_ignore_eos_and_length_finish(engine):
+    out = engine.generate("Hello", {"max_new_tokens": 7, "temperature": 0, "ignore_eos": True})
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+    assert len(out["output_ids"]) == 7
+
+
+def test_stats_and_flush(engine, prompt):
+    engine.generate(prompt, GREEDY)
+    engine.generate(prompt, GREEDY)
+    stats = engine.get_stats()
+    assert stats["cache"]["hit_tokens"] > 0 and 0 < stats["cache"]["hit_rate"] <= 1
+    assert stats["kv"]["total_slots"] == 8192
+    assert engine.flush_cache()
+    again = engine.generate(prompt, GREEDY)
+    assert again["meta_info"]["cached_tokens"] == 0
+    info = engine.get_server_info()
+    assert info["max_total_num_tokens"] == 8192 and info["context_length"] == 8192
