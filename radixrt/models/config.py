@@ -14,6 +14,13 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "Qwen3ForCausalLM",
 )
 
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
 
 def _as_id_list(value: Any) -> list[int]:
     if value is None:
@@ -68,6 +75,8 @@ class ModelConfig:
     def from_hf_config(cls, hf_config: Any, extra_eos_token_ids: Optional[list[int]] = None) -> "ModelConfig":
         archs = list(getattr(hf_config, "architectures", None) or [])
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if not archs:  # config.json without "architectures": go by model_type
+            arch = _BY_MODEL_TYPE.get(getattr(hf_config, "model_type", None))
         if arch is None:
             found = ", ".join(archs) if archs else f"none listed (model_type {getattr(hf_config, 'model_type', None)!r})"
             raise ValueError(

@@ -76,15 +76,17 @@ class Attention(nn.Module):
         backend: "AttentionBackend",
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = rope.apply(q, cos, sin)
-        k = rope.apply(k, cos, sin)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # rotate q and k in one go: a [T, Hq + Hkv, D] view of the projection
+            qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
+            q = rope.apply(q, cos, sin)
+            k = rope.apply(k, cos, sin)
         k_cache, v_cache = kv_pool.layer_kv(self.layer_id)
         o = backend.forward(q, k, v, k_cache, v_cache, self.scale)
         return self.o_proj(o)
@@ -134,7 +136,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rope = RotaryEmbedding(config.hf_config, config.head_dim)
+        with torch.device("cpu"):  # plain tensors, also when the model is built on the meta device
+            self.rope = RotaryEmbedding(config.hf_config, config.head_dim)
 
     def forward(
         self,
@@ -150,8 +153,7 @@ class LlamaForCausalLM(nn.Module):
         ``backend.plan(meta)`` must have been called for this batch.
         """
         h = self.model.embed_tokens(input_ids)
-        seq_len = max(meta.kv_lens) if meta.kv_lens else None
-        cos, sin = self.rope.cos_sin(positions, h.dtype, seq_len)
+        cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
         for layer in self.model.layers:
             h = layer(h, cos, sin, self.rope, kv_pool, backend)
         return self.model.norm(h)

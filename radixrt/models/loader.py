@@ -65,7 +65,7 @@ def _safetensors_files(path: str) -> list[str]:
 
 
 def _shard_bounds(cfg: ModelConfig, fused: str) -> list[tuple[int, int]]:
-    if fused.endswith("qkv_proj"):
+    if ".qkv_proj." in fused:
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
     i = cfg.intermediate_size

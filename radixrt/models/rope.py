@@ -6,13 +6,14 @@ scaling math is exactly the reference implementation's. cos/sin are computed
 once per forward for the batch's positions and shared by every layer, and
 applied with the "rotate_half" convention of Llama-family weights.
 
-Sequence-length dependent types (``dynamic``, ``longrope``) pick their
-frequencies from the longest sequence in the batch, as transformers does for
-the sequence it is running.
+Sequence-length dependent types (``dynamic``, ``longrope``) pick each
+request's frequencies from that request's current length, as transformers
+does for the sequence it is running (keys cached earlier keep the rotation
+they were computed with, as in transformers' own KV cache).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -78,13 +79,31 @@ class RotaryEmbedding:
         return inv, self.attention_scaling
 
     def cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype, seq_len: Optional[int] = None
+        self,
+        positions: torch.Tensor,
+        dtype: torch.dtype,
+        q_lens: Optional[Sequence[int]] = None,
+        kv_lens: Optional[Sequence[int]] = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[T, 1, rotary_dim // 2]`` in ``dtype`` for ``positions`` [T].
+        """cos, sin ``[T, 1, rotary_dim]`` in ``dtype`` for ``positions`` [T] (sin's first half negated).
 
-        ``seq_len`` (the longest sequence of the batch) matters only for the
-        length-dependent rope types; without it they use their base frequencies.
+        ``q_lens``/``kv_lens`` (the batch's per-request new-token counts and
+        sequence lengths) matter only for the length-dependent rope types, whose
+        frequencies depend on each request's sequence length; without them
+        those types use their base frequencies.
         """
+        if self.rope_type in _LENGTH_DEPENDENT and q_lens is not None and kv_lens is not None:
+            if len(set(kv_lens)) == 1:
+                return self._cos_sin(positions, dtype, kv_lens[0])
+            parts = [
+                self._cos_sin(p, dtype, n) for p, n in zip(positions.split(list(q_lens)), kv_lens)
+            ]
+            return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+        return self._cos_sin(positions, dtype, None)
+
+    def _cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype, seq_len: Optional[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq, scaling = self._params_for(positions.device, seq_len)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         cos = freqs.cos()
@@ -92,15 +111,18 @@ class RotaryEmbedding:
         if scaling != 1.0:
             cos = cos * scaling
             sin = sin * scaling
+        # Full-width tables: x * cos + swap_halves(x) * sin with sin's first half negated is
+        # exactly transformers' x * cos + rotate_half(x) * sin, in fewer kernels.
+        cos = torch.cat((cos, cos), dim=-1)
+        sin = torch.cat((-sin, sin), dim=-1)
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, first rotary_dim dims)."""
         rd = self.rotary_dim
         half = rd // 2
-        x1 = x[..., :half]
-        x2 = x[..., half:rd]
-        rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
-        if rd < x.shape[-1]:
-            return torch.cat((*rotated, x[..., rd:]), dim=-1)
-        return torch.cat(rotated, dim=-1)
+        if rd == x.shape[-1]:
+            return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+        xr = x[..., :rd]
+        rotated = xr * cos + torch.cat((xr[..., half:], xr[..., :half]), dim=-1) * sin
+        return torch.cat((rotated, x[..., rd:]), dim=-1)
