@@ -14,6 +14,10 @@ layer's `forward` only gathers and calls `scaled_dot_product_attention`:
   (query ``i`` sits at position ``kv_len - q_len + i`` and sees keys ``<=`` it).
 
 A batch may mix both kinds (chunked prefill next to decoding requests).
+
+When all requests of a batch share a cached prefix of slots (the radix tree's
+whole point), the batch takes the cascade path instead (`cascade.py`): the
+prefix's K/V are read once for every query, not once per request.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
+from .cascade import CascadePlan, cascade_attention, plan_cascade
 
 
 @dataclass
@@ -44,10 +49,12 @@ class _ExtendPlan:
 class TorchReferenceBackend(AttentionBackend):
     """Paged causal GQA attention with `torch.nn.functional.scaled_dot_product_attention`."""
 
-    def __init__(self, decode_budget: int = 1 << 16) -> None:
+    def __init__(self, decode_budget: int = 1 << 16, cascade: bool = True) -> None:
         # most gathered K (and V) rows one batched decode call may hold (padding included);
         # a larger decode batch is split into a few calls, longest sequences first
         self.decode_budget = decode_budget
+        self.cascade = cascade
+        self._cascade: Optional[CascadePlan] = None
         self._meta: Optional[AttentionMetadata] = None
         self._decode: list[_DecodePlan] = []
         self._extends: list[_ExtendPlan] = []
@@ -57,6 +64,9 @@ class TorchReferenceBackend(AttentionBackend):
         self._meta = meta
         self._decode = []
         self._extends = []
+        self._cascade = plan_cascade(meta) if self.cascade else None
+        if self._cascade is not None:
+            return
         q_lens, kv_lens = meta.q_lens, meta.kv_lens
         device = meta.kv_slots.device
 
@@ -143,6 +153,9 @@ class TorchReferenceBackend(AttentionBackend):
         # 1. write the new K/V into the pool
         k_cache.index_copy_(0, meta.out_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.out_slots, v.to(v_cache.dtype))
+
+        if self._cascade is not None:
+            return cascade_attention(self._cascade, q, k_cache, v_cache, scale).reshape(num_tokens, -1)
 
         gqa = num_q_heads != k.shape[1]
         groups = self._decode

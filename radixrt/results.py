@@ -62,11 +62,28 @@ class ResultAccumulator:
         if out.input_token_logprobs is not None:
             self.input_token_logprobs = list(out.input_token_logprobs)
             self.input_top_logprobs = list(out.input_top_logprobs or [])
+            self._input_meta = None
+
+    def _token_text(self, tid: int) -> str:
+        cache = self.__dict__.setdefault("_text_cache", {})
+        text = cache.get(tid)
+        if text is None:
+            text = cache[tid] = self.tokenizer.decode([tid])
+        return text
 
     def _triples(self, pairs: list[tuple[Optional[float], int]]) -> list[list]:
         if self.return_text_in_logprobs:
-            return [[lp, tid, self.tokenizer.decode([tid])] for lp, tid in pairs]
+            return [[lp, tid, self._token_text(tid)] for lp, tid in pairs]
         return [[lp, tid, None] for lp, tid in pairs]
+
+    def _input_logprob_meta(self) -> tuple[list, list]:
+        """Prompt logprob triples, built once (streamed chunks repeat them)."""
+        cached = self.__dict__.get("_input_meta")
+        if cached is None:
+            cached = self._input_meta = (self._triples(self.input_token_logprobs),
+                                         self._top_triples(self.input_top_logprobs))
+        tokens, tops = cached
+        return [list(t) for t in tokens], [None if t is None else [list(x) for x in t] for t in tops]
 
     def _top_triples(self, tops: list) -> list:
         return [None if t is None else self._triples(t) for t in tops]
@@ -82,8 +99,7 @@ class ResultAccumulator:
             "finish_reason": self.finish_reason,
         }
         if self.return_logprob:
-            meta["input_token_logprobs"] = self._triples(self.input_token_logprobs)
-            meta["input_top_logprobs"] = self._top_triples(self.input_top_logprobs)
+            meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[logprob_offset:])
             meta["output_top_logprobs"] = self._top_triples(self.output_top_logprobs[logprob_offset:])
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 # Reserve for running requests' future decode tokens, as a fraction of their
 # remaining max_new_tokens; rises after a retraction, decays while all is well.
 INIT_NEW_TOKEN_RATIO = 0.5
+RESERVE_CAP_PER_REQUEST = 4096  # a request's share of the reserve is capped (as SGLang does)
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
 PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
@@ -219,9 +220,11 @@ class Scheduler:
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
         logger.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
+    def _remaining_tokens(self, req: Req) -> int:
+        return min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), RESERVE_CAP_PER_REQUEST)
+
     def _decode_reserve(self) -> int:
-        remaining = sum(max(r.sampling.max_new_tokens - len(r.output_ids), 0) for r in self.running)
-        return int(remaining * self.new_token_ratio)
+        return int(sum(self._remaining_tokens(r) for r in self.running) * self.new_token_ratio)
 
     def _admit(self, batch: list[tuple[Req, int]], budget: int) -> None:
         if not self.waiting or budget <= 0:
@@ -261,7 +264,7 @@ class Scheduler:
             self.running.append(req)
             batch.append((req, q))
             budget -= q
-            reserve += int(max(req.sampling.max_new_tokens - len(req.output_ids), 0) * self.new_token_ratio)
+            reserve += int(self._remaining_tokens(req) * self.new_token_ratio)
             inflight.insert(req.seq, [0] * req.seq_len)
 
     # ------------------------------------------------------------------ forward + sampling

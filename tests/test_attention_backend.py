@@ -141,3 +141,54 @@ def test_forward_before_plan_raises():
     x = torch.zeros(1, 1, HEAD_DIM)
     with pytest.raises(RuntimeError, match="plan"):
         backend.forward(x, x, x, torch.zeros(4, 1, HEAD_DIM), torch.zeros(4, 1, HEAD_DIM), 1.0)
+
+
+CASCADE_CASES = [
+    # (name, shared prefix length, rest kv lens, q_lens)
+    ("decode", 40, [3, 9, 1, 20], [1, 1, 1, 1]),
+    ("extend", 64, [8, 30, 5], [8, 12, 5]),
+    ("mixed", 33, [1, 17, 6, 2], [1, 17, 3, 1]),
+]
+
+
+@pytest.mark.parametrize("consecutive", [True, False])
+@pytest.mark.parametrize("gqa", [1, 3])
+@pytest.mark.parametrize("name,shared,rest,q_lens", CASCADE_CASES, ids=[c[0] for c in CASCADE_CASES])
+def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, consecutive):
+    from radixrt.kernels.cascade import plan_cascade
+
+    rng = random.Random(zlib.crc32(f"cascade-{name}-{gqa}-{consecutive}".encode()))
+    torch.manual_seed(rng.randrange(1 << 30))
+    hkv, hq = 2, 2 * gqa
+    num_slots = shared + sum(rest) + 50
+    free = list(range(num_slots))
+    if not consecutive:
+        rng.shuffle(free)
+    prefix, free = free[:shared], free[shared:]
+    seq_slots = []
+    for n in rest:
+        mine, free = free[:n], free[n:]
+        seq_slots.append(prefix + mine)
+    meta = AttentionMetadata.build(seq_slots, q_lens)
+    plan = plan_cascade(meta)
+    assert plan is not None and plan.prefix_slots.numel() == shared
+    assert (plan.prefix_range is not None) == consecutive
+
+    k_cache, v_cache = torch.randn(num_slots, hkv, HEAD_DIM), torch.randn(num_slots, hkv, HEAD_DIM)
+    t = meta.num_tokens
+    q, k, v = torch.randn(t, hq, HEAD_DIM), torch.randn(t, hkv, HEAD_DIM), torch.randn(t, hkv, HEAD_DIM)
+    scale = HEAD_DIM ** -0.5
+    backend = TorchReferenceBackend()
+    backend.plan(meta)
+    out = backend.forward(q, k, v, k_cache, v_cache, scale)
+    ref = _naive(q, k_cache, v_cache, seq_slots, q_lens, scale)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_no_cascade_when_prefix_is_short_or_unshared():
+    from radixrt.kernels.cascade import plan_cascade
+
+    assert plan_cascade(AttentionMetadata.build([list(range(40)), list(range(100, 140))], [1, 1])) is None
+    assert plan_cascade(AttentionMetadata.build([list(range(40))], [1])) is None
+    shared = list(range(20))
+    assert plan_cascade(AttentionMetadata.build([shared + [50], shared + [60]], [1, 1])) is None

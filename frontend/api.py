@@ -1,0 +1,207 @@
+"""Public constructors of the frontend language (``import radixrt as rt``)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+from .choices import ChoicesSamplingMethod, token_length_normalized
+from .errors import UnsupportedModalityError
+from .global_config import global_config
+from .ir import (
+    SamplingParams,
+    SglExpr,
+    SglExprList,
+    SglFunction,
+    SglGen,
+    SglImage,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSelect,
+    SglSeparateReasoning,
+    SglVideo,
+    is_valid_regex,
+    to_expr,
+)
+
+
+def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
+    """Decorator making a program: ``@function`` or ``@function(num_api_spec_tokens=...)``.
+    (``num_api_spec_tokens`` is accepted for compatibility and unused.)"""
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+
+    def deco(f: Callable) -> SglFunction:
+        return SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+
+    return deco
+
+
+# --- backends ------------------------------------------------------------------
+
+def set_default_backend(backend: Any) -> None:
+    """Backend for programs run without ``backend=``: an ``Engine`` (wrapped
+    automatically), ``RuntimeEndpoint``, ``Runtime`` or ``OpenAI``."""
+    global_config.default_backend = backend
+
+
+def get_default_backend() -> Any:
+    return global_config.default_backend
+
+
+def _backend(backend: Any) -> Any:
+    from .interpreter import resolve_backend
+
+    b = backend if backend is not None else global_config.default_backend
+    return None if b is None else resolve_backend(b)
+
+
+def flush_cache(backend: Any = None, empty_cache: bool = True) -> bool:
+    """Drop the backend's radix cache. False when there is no backend."""
+    b = _backend(backend)
+    return False if b is None else bool(b.flush_cache())
+
+
+def get_server_info(backend: Any = None) -> Optional[dict]:
+    b = _backend(backend)
+    return None if b is None else b.get_server_info()
+
+
+# --- generation ------------------------------------------------------------------
+
+def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens: Optional[int] = None,
+        n: Optional[int] = None, stop: Optional[Union[str, list[str]]] = None,
+        stop_token_ids: Optional[list[int]] = None, stop_regex: Optional[Union[str, list[str]]] = None,
+        temperature: Optional[float] = None, top_p: Optional[float] = None, top_k: Optional[int] = None,
+        min_p: Optional[float] = None, frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None, ignore_eos: Optional[bool] = None,
+        return_logprob: Optional[bool] = None, logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
+        dtype: Optional[Union[type, str]] = None, choices: Optional[list[str]] = None,
+        choices_method: Optional[ChoicesSamplingMethod] = None, regex: Optional[str] = None,
+        json_schema: Optional[Union[str, dict]] = None, repetition_penalty: Optional[float] = None,
+        seed: Optional[int] = None, ebnf: Optional[str] = None) -> SglExpr:
+    """Generate text into variable ``name`` (unset options take the program's
+    defaults). With ``choices``, this is :func:`select`."""
+    if choices:
+        return SglSelect(name, choices, 0.0 if temperature is None else temperature,
+                         token_length_normalized if choices_method is None else choices_method)
+    if regex is not None:
+        is_valid_regex(regex)
+    constraints = [x for x in (regex, json_schema, ebnf) if x is not None]
+    if len(constraints) > 1:
+        raise ValueError("use only one of regex, json_schema and ebnf")
+    if dtype is not None and dtype not in (int, str, float, bool, "int", "str", "string", "float", "bool"):
+        raise ValueError(f"unsupported dtype {dtype!r}; use int, str, float or bool")
+    return SglGen(name, SamplingParams(
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
+        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex, json_schema=json_schema,
+        ebnf=ebnf,
+    ))
+
+
+def gen_int(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None,
+            stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
+            stop_regex: Optional[Union[str, list[str]]] = None, temperature: Optional[float] = None,
+            top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
+            frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
+            ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
+            logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
+            return_text_in_logprobs: Optional[bool] = None) -> SglExpr:
+    """Generate an integer (as its decimal string, e.g. ``"42"``): constrained
+    by a regex where the backend supports constraints, and cut to the leading
+    integer otherwise."""
+    return gen(name, max_tokens=16 if max_tokens is None else max_tokens, n=n, stop=stop,
+               stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature, top_p=top_p,
+               top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+               ignore_eos=ignore_eos, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+               top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, dtype=int)
+
+
+def gen_string(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None,
+               stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
+               stop_regex: Optional[Union[str, list[str]]] = None, temperature: Optional[float] = None,
+               top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
+               frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
+               ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
+               logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
+               return_text_in_logprobs: Optional[bool] = None) -> SglExpr:
+    """Generate a double-quoted string literal (constrained where supported)."""
+    return gen(name, max_tokens=max_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
+               return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+               top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, dtype=str)
+
+
+def select(name: Optional[str] = None, choices: Optional[list[str]] = None, temperature: float = 0.0,
+           choices_method: ChoicesSamplingMethod = token_length_normalized) -> SglExpr:
+    """Append the most likely of ``choices`` (scored by ``choices_method``) and
+    store it in ``name``."""
+    if not choices:
+        raise ValueError("select needs choices=[...]")
+    return SglSelect(name, choices, temperature, choices_method)
+
+
+def separate_reasoning(expr: Optional[SglExpr] = None, model_type: Optional[str] = None) -> SglExpr:
+    return SglExprList([expr, SglSeparateReasoning(model_type, expr)])
+
+
+# --- multimodal --------------------------------------------------------------------
+
+def image(expr: Any) -> SglExpr:
+    """Image input. radixrt's models are text-only: appending it raises
+    :class:`UnsupportedModalityError`."""
+    return SglImage(expr)
+
+
+def video(path: str, num_frames: int = 0) -> SglExpr:
+    """Video input. radixrt's models are text-only: appending it raises
+    :class:`UnsupportedModalityError`."""
+    return SglVideo(path, num_frames)
+
+
+# --- roles ---------------------------------------------------------------------------
+
+def _role(role: str, expr: Any = None) -> SglExprList:
+    if expr is None:
+        return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])
+    return SglExprList([SglRoleBegin(role), to_expr(expr), SglRoleEnd(role)])
+
+
+def system(expr: Any = None) -> SglExprList:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> SglExprList:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> SglExprList:
+    return _role("assistant", expr)
+
+
+def system_begin() -> SglRoleBegin:
+    return SglRoleBegin("system")
+
+
+def system_end() -> SglRoleEnd:
+    return SglRoleEnd("system")
+
+
+def user_begin() -> SglRoleBegin:
+    return SglRoleBegin("user")
+
+
+def user_end() -> SglRoleEnd:
+    return SglRoleEnd("user")
+
+
+def assistant_begin() -> SglRoleBegin:
+    return SglRoleBegin("assistant")
+
+
+def assistant_end() -> SglRoleEnd:
+    return SglRoleEnd("assistant")

@@ -1,0 +1,118 @@
+"""Shared-prefix ("cascade") attention for the torch backend.
+
+When every request of a batch starts with the same run of KV slots (a system
+prompt, few-shot examples, a fork's parent: exactly what the radix tree
+shares) and all of their new tokens come after it, attention splits in two:
+
+1. every query token of the batch attends to the shared prefix with no mask,
+   as one matmul over K/V read once (not once per request);
+2. each request attends to the rest of its own slots, causally;
+
+and the two partial results merge exactly through their log-sum-exp. This is
+FlashInfer's cascade / merge-state idea, in plain torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .base import AttentionMetadata
+
+# Below this many shared tokens the split costs more than it saves.
+MIN_SHARED_PREFIX = 32
+
+
+@dataclass
+class CascadePlan:
+    prefix_slots: torch.Tensor  # [C] slot ids of the shared prefix
+    prefix_range: Optional[tuple[int, int]]  # (first, C) when the prefix slots are consecutive: a view, no gather
+    rest_table: torch.Tensor  # [B, R] slot ids of each request's remaining slots (padded)
+    rest_mask: torch.Tensor  # [B, Qmax, R] bool: query j of request i may see remaining key r
+    q_index: torch.Tensor  # [B, Qmax] row of each (request, query) in the batch's token rows (padded: 0)
+    q_valid: torch.Tensor  # [B, Qmax] bool
+
+
+def shared_prefix_len(meta: AttentionMetadata) -> int:
+    """Length of the slot run that starts every request and precedes all new tokens."""
+    if meta.batch_size < 2:
+        return 0
+    limit = min(k - q for k, q in zip(meta.kv_lens, meta.q_lens))
+    if limit < MIN_SHARED_PREFIX:
+        return 0
+    starts = meta.kv_indptr[:-1].to(torch.int64)
+    offs = torch.arange(limit, device=starts.device)
+    table = meta.kv_slots[starts[:, None] + offs[None, :]]  # [B, limit]
+    same = (table == table[:1]).all(dim=0)
+    if bool(same.all()):
+        return limit
+    return int(same.to(torch.int8).argmin())  # first position where some request differs
+
+
+def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
+    c = shared_prefix_len(meta)
+    if c < MIN_SHARED_PREFIX:
+        return None
+    device = meta.kv_slots.device
+    starts = meta.kv_indptr[:-1].to(torch.int64)
+    prefix = meta.kv_slots[int(starts[0]):int(starts[0]) + c]
+    first = int(prefix[0])
+    consecutive = bool((prefix == torch.arange(first, first + c, device=device)).all())
+    rest_lens = torch.tensor([k - c for k in meta.kv_lens], dtype=torch.int64, device=device)
+    q_lens = torch.tensor(meta.q_lens, dtype=torch.int64, device=device)
+    r_max, q_max = int(rest_lens.max()), max(meta.q_lens)
+    r = torch.arange(r_max, device=device)
+    valid_key = r[None, :] < rest_lens[:, None]  # [B, R]
+    rest_table = meta.kv_slots[torch.where(valid_key, starts[:, None] + c + r[None, :], starts[:, None])]
+    j = torch.arange(q_max, device=device)
+    q_valid = j[None, :] < q_lens[:, None]  # [B, Qmax]
+    q_pos = rest_lens[:, None] - q_lens[:, None] + j[None, :]  # query positions in rest coordinates
+    rest_mask = valid_key[:, None, :] & (r[None, None, :] <= q_pos[:, :, None])
+    q_index = torch.where(q_valid, meta.qo_indptr[:-1].to(torch.int64)[:, None] + j[None, :], 0)
+    return CascadePlan(prefix, (first, c) if consecutive else None, rest_table, rest_mask, q_index, q_valid)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float):
+    """q [..., Hkv, G*Q, D], k/v [..., Hkv, S, D], mask broadcastable to [..., Hkv, G*Q, S]
+    -> (out [..., Hkv, G*Q, D] float32, lse [..., Hkv, G*Q] float32)."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    return torch.matmul(p, v.float()), lse
+
+
+def cascade_attention(
+    plan: CascadePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; K/V of this step must already be in the caches."""
+    T, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    if plan.prefix_range is not None:
+        first, c = plan.prefix_range
+        kp, vp = k_cache[first:first + c], v_cache[first:first + c]
+    else:
+        kp, vp = k_cache.index_select(0, plan.prefix_slots), v_cache.index_select(0, plan.prefix_slots)
+    # 1. all tokens x shared prefix: [Hkv, T*G, D] against [Hkv, C, D]
+    qh = q.view(T, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, T * g, d)
+    o1, lse1 = _attend(qh, kp.transpose(0, 1), vp.transpose(0, 1), None, scale)
+    o1 = o1.view(hkv, T, g, d).permute(1, 0, 2, 3)  # [T, Hkv, G, D]
+    lse1 = lse1.view(hkv, T, g).permute(1, 0, 2)  # [T, Hkv, G]
+    # 2. each request's queries x its own remaining slots: [B, Hkv, G*Qmax, D] against [B, Hkv, R, D]
+    B, qmax = plan.q_index.shape
+    qr = q.index_select(0, plan.q_index.reshape(-1)).view(B, qmax, hkv, g, d)
+    qr = qr.permute(0, 2, 3, 1, 4).reshape(B, hkv, g * qmax, d)
+    flat = plan.rest_table.reshape(-1)
+    kr = k_cache.index_select(0, flat).view(B, -1, hkv, d).transpose(1, 2)
+    vr = v_cache.index_select(0, flat).view(B, -1, hkv, d).transpose(1, 2)
+    mask = plan.rest_mask[:, None, None, :, :].expand(B, 1, g, qmax, -1).reshape(B, 1, g * qmax, -1)
+    o2, lse2 = _attend(qr, kr, vr, mask, scale)
+    o2 = o2.view(B, hkv, g, qmax, d).permute(0, 3, 1, 2, 4)[plan.q_valid]  # [T, Hkv, G, D] in row order
+    lse2 = lse2.view(B, hkv, g, qmax).permute(0, 3, 1, 2)[plan.q_valid]
+    # 3. merge the two softmax partitions exactly
+    lse = torch.logaddexp(lse1, lse2)
+    out = o1 * torch.exp(lse1 - lse).unsqueeze(-1) + o2 * torch.exp(lse2 - lse).unsqueeze(-1)
+    return out.reshape(T, hq, d).to(q.dtype)

@@ -1,0 +1,274 @@
+"""`radixrt serve`: start the scheduler and detokenizer processes, wait until
+the model is loaded, then serve HTTP with uvicorn in this (main) process.
+
+Supervision: a watchdog task polls the children; if one dies, every pending
+request fails, /health answers 503 and the server exits non-zero within
+seconds. Ctrl-C or SIGTERM stops uvicorn gracefully and then the children.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..config import EngineConfig
+
+logger = logging.getLogger("radixrt.server")
+
+WATCHDOG_INTERVAL_S = 0.5
+HARD_EXIT_AFTER_S = 8.0  # after a child died: give uvicorn this long to stop, then os._exit
+
+
+@dataclass
+class ServerArgs:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None
+    served_model_name: Optional[str] = None
+    max_request_bytes: int = 32 * 1024 * 1024
+    startup_timeout: float = 600.0
+    timeout_graceful_shutdown: float = 5.0
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """The `radixrt serve` flags: every EngineConfig flag plus the server's own."""
+    EngineConfig.add_cli_args(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key", dest="api_key", default=os.environ.get("RADIXRT_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on every route but /health "
+                             "(default: $RADIXRT_API_KEY)")
+    parser.add_argument("--served-model-name", dest="served_model_name", default=None,
+                        help="the model id for the OpenAI routes (default: the model folder's name)")
+    parser.add_argument("--max-request-bytes", dest="max_request_bytes", type=int, default=32 * 1024 * 1024,
+                        help="largest accepted request body (413 above)")
+    parser.add_argument("--startup-timeout", dest="startup_timeout", type=float, default=600.0,
+                        help="seconds to wait for the model to load")
+
+
+def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
+    return ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)
+                         if hasattr(args, f.name)})
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Entry point for `radixrt serve` (returns the process exit code)."""
+    config = EngineConfig.from_cli_args(args)
+    return launch_server(config, server_args_from_cli(args))
+
+
+class _Child:
+    def __init__(self, name: str, proc: Any, conn: Any) -> None:
+        self.name = name
+        self.proc = proc
+        self.conn = conn
+        self.info: Optional[dict] = None
+
+
+def _wait_ready(children: list[_Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(children)
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for: "
+                               + ", ".join(c.name for c in pending))
+        for c in list(pending):
+            if c.conn.poll(0.1):
+                try:
+                    msg = c.conn.recv()
+                except EOFError:
+                    raise RuntimeError(f"the {c.name} process exited during startup "
+                                       f"(exit code {c.proc.exitcode})") from None
+                if not msg.get("ok"):
+                    raise RuntimeError(f"the {c.name} process failed to start:\n{msg.get('error')}")
+                c.info = msg
+                pending.remove(c)
+            elif not c.proc.is_alive():
+                raise RuntimeError(f"the {c.name} process exited during startup (exit code {c.proc.exitcode})")
+
+
+def _stop_children(children: list[_Child], timeout: float = 5.0) -> None:
+    for c in children:
+        if c.proc.is_alive():
+            c.proc.terminate()
+    deadline = time.monotonic() + timeout
+    for c in children:
+        c.proc.join(max(deadline - time.monotonic(), 0.1))
+        if c.proc.is_alive():
+            c.proc.kill()
+            c.proc.join(1.0)
+
+
+def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
+    logging.basicConfig(
+        level=getattr(logging, config.log_level.upper(), logging.WARNING),
+        format="[%(asctime)s server] %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+    )
+    from ..model_store import resolve_model_path
+    from .ipc import IpcAddrs
+    from .workers import run_detokenizer_process, run_scheduler_process
+
+    resolved = str(resolve_model_path(config.model_path))
+    addrs = IpcAddrs.create()
+    mp = multiprocessing.get_context("spawn")
+    children: list[_Child] = []
+    stop_signal: list[int] = []
+    prev_handlers = {}
+
+    def on_signal(sig: int, _frame: Any) -> None:
+        stop_signal.append(sig)
+        if len(stop_signal) == 1 and threading.current_thread() is threading.main_thread():
+            # Before uvicorn runs (still loading): stop right away.
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        prev_handlers[sig] = signal.signal(sig, on_signal)
+    exit_code = 0
+    try:
+        r, w = mp.Pipe(duplex=False)
+        proc = mp.Process(target=run_scheduler_process, name="radixrt-scheduler", daemon=True,
+                          args=(config, addrs, w, os.getpid()))
+        proc.start()
+        w.close()
+        children.append(_Child("scheduler", proc, r))
+        r, w = mp.Pipe(duplex=False)
+        proc = mp.Process(target=run_detokenizer_process, name="radixrt-detokenizer", daemon=True,
+                          args=(resolved, config.log_level, addrs, w, os.getpid()))
+        proc.start()
+        w.close()
+        children.append(_Child("detokenizer", proc, r))
+
+        from .tokenizer_utils import load_tokenizer
+
+        tokenizer = load_tokenizer(resolved)
+        try:
+            _wait_ready(children, sargs.startup_timeout)
+        except RuntimeError as e:
+            logger.error("%s", e)
+            print(f"radixrt serve: {e}", file=sys.stderr)
+            return 1
+        exit_code = _serve(config, sargs, resolved, tokenizer, addrs, children, stop_signal)
+        return exit_code
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for sig, h in prev_handlers.items():
+            signal.signal(sig, h)
+        _stop_children(children)
+        addrs.cleanup()
+
+
+def _chat_template_info(tokenizer: Any) -> dict:
+    """Role markers (and the template's default system prompt) for the frontend."""
+    try:
+        from .. import chat_roles
+    except ImportError:
+        return {"chat_role_markers": None, "chat_default_system_prompt": None}
+    try:
+        if hasattr(chat_roles, "chat_template_info"):
+            info = dict(chat_roles.chat_template_info(tokenizer))
+        else:
+            info = {"chat_role_markers": chat_roles.derive_role_markers(tokenizer),
+                    "chat_default_system_prompt": None}
+    except Exception as e:  # noqa: BLE001 - templates vary; the frontend falls back to plain markers
+        logger.warning("cannot derive chat role markers: %s", e)
+        return {"chat_role_markers": None, "chat_default_system_prompt": None}
+    markers = info.get("chat_role_markers")
+    if markers:
+        info["chat_role_markers"] = {k: list(v) for k, v in markers.items()}
+    return info
+
+
+def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
+           children: list[_Child], stop_signal: list[int]) -> int:
+    import uvicorn
+
+    from .http_server import ServerContext, build_app
+    from .metrics import ServerMetrics
+    from .tokenizer_manager import TokenizerManager
+
+    sched_info = children[0].info or {}
+    served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
+    aliases = {served, config.model_path, resolved, os.path.basename(os.path.normpath(resolved))}
+    if config.model_path == "default":
+        aliases.add("default")
+    metrics = ServerMetrics(served)
+    info = dict(sched_info)
+    tm = TokenizerManager(tokenizer, addrs, info, metrics)
+    chat_info = _chat_template_info(tokenizer)
+    public_args = {**dataclasses.asdict(config), **dataclasses.asdict(sargs)}
+    public_args["api_key"] = "***" if sargs.api_key else None
+    state = {"exit_code": 0, "stopping": False}
+    server_box: list[Any] = []
+
+    def healthy() -> bool:
+        return not state["stopping"] and all(c.proc.is_alive() for c in children)
+
+    ctx = ServerContext(
+        tm=tm, metrics=metrics, model_path=config.model_path, resolved_model_path=resolved,
+        served_model_name=served, api_key=sargs.api_key, max_request_bytes=sargs.max_request_bytes,
+        server_args=public_args, model_aliases=aliases, chat_info=chat_info, healthy=healthy,
+        process_ids={"server": os.getpid(), **{c.name: c.proc.pid for c in children}},
+    )
+
+    async def watchdog() -> None:
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            dead = [c for c in children if not c.proc.is_alive()]
+            if dead and not state["stopping"]:
+                reason = ", ".join(f"the {c.name} process (pid {c.proc.pid}) exited with code {c.proc.exitcode}"
+                                   for c in dead)
+                logger.error("%s; shutting down", reason)
+                print(f"radixrt serve: {reason}; shutting down", file=sys.stderr, flush=True)
+                state["stopping"] = True
+                state["exit_code"] = 1
+                tm.fail_all(reason)
+                timer = threading.Timer(HARD_EXIT_AFTER_S, lambda: os._exit(1))
+                timer.daemon = True
+                timer.start()
+                if server_box:
+                    server_box[0].should_exit = True
+                return
+
+    async def announce_ready() -> None:
+        while server_box and not server_box[0].started:
+            await asyncio.sleep(0.05)
+        print(f"radixrt server ready at http://{sargs.host}:{sargs.port} (model {resolved})",
+              file=sys.stderr, flush=True)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any):
+        await tm.start()
+        tasks = [asyncio.create_task(watchdog()), asyncio.create_task(announce_ready())]
+        try:
+            yield
+        finally:
+            state["stopping"] = True
+            for t in tasks:
+                t.cancel()
+            tm.fail_all("the server is stopping")
+            tm.close()
+
+    app = build_app(ctx, lifespan=lifespan)
+    level = config.log_level.lower()
+    uconfig = uvicorn.Config(
+        app, host=sargs.host, port=sargs.port, log_level=level if level in ("debug", "info") else "warning",
+        access_log=level in ("debug", "info"), timeout_graceful_shutdown=sargs.timeout_graceful_shutdown,
+        lifespan="on", timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(uconfig)
+    server_box.append(server)
+    server.run()
+    if not server.started and state["exit_code"] == 0 and not stop_signal:
+        return 1  # could not bind the port, or startup failed
+    return state["exit_code"]

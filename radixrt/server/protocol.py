@@ -1,0 +1,131 @@
+"""Request models of the OpenAI-compatible routes (pydantic v2).
+
+Unknown fields are ignored (clients send vendor extras); known fields are
+type- and range-checked so that a bad value is a 400 naming the field. The
+extra sampling fields that SGLang accepts (top_k, min_p, regex, json_schema,
+...) are accepted here too.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingExtras(_Lenient):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    temperature: Optional[float] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Optional[Union[str, list[str]]] = None
+    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    seed: Optional[int] = None
+    user: Optional[str] = None
+    logit_bias: Optional[dict[str, float]] = None
+    # SGLang / vLLM extras
+    top_k: Optional[int] = None
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    repetition_penalty: Optional[float] = Field(None, gt=0)
+    min_tokens: Optional[int] = Field(None, ge=0)
+    ignore_eos: Optional[bool] = None
+    skip_special_tokens: Optional[bool] = None
+    spaces_between_special_tokens: Optional[bool] = None
+    no_stop_trim: Optional[bool] = None
+    stop_token_ids: Optional[list[int]] = None
+    regex: Optional[str] = None
+    json_schema: Optional[Union[str, dict[str, Any]]] = None
+    ebnf: Optional[str] = None
+    cache_salt: Optional[str] = None
+    rid: Optional[str] = None
+
+    def sampling_dict(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
+        """The SGLang sampling parameters this request asks for (None: default)."""
+        js = self.json_schema
+        if isinstance(js, dict):
+            import json
+
+            js = json.dumps(js)
+        d = {
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": self.min_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "no_stop_trim": self.no_stop_trim,
+            "n": self.n,
+            "seed": self.seed,
+            "regex": self.regex,
+            "json_schema": js,
+            "ebnf": self.ebnf,
+            "logit_bias": self.logit_bias or None,
+        }
+        return {k: v for k, v in d.items() if v is not None}
+
+
+class CompletionRequest(_SamplingExtras):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = Field(16, ge=0)
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+    best_of: Optional[int] = Field(None, ge=1)
+    suffix: Optional[str] = None
+
+
+class TextPart(_Lenient):
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Optional[Union[str, list[TextPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+
+
+class JsonSchemaFormat(_Lenient):
+    name: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class ChatCompletionRequest(_SamplingExtras):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=0)
+    max_completion_tokens: Optional[int] = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    continue_final_message: bool = False

@@ -1,0 +1,355 @@
+"""The server's asyncio side: turns HTTP requests into scheduler requests,
+tracks every request's state and hands results (or streamed chunks) back.
+
+It tokenizes and validates before anything reaches the scheduler, so bad
+input becomes a 400 here, never an error inside the scheduler process.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional
+
+from ..messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq
+from ..results import ResultAccumulator
+from ..sampling_params import SamplingParams
+from .ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
+from .metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(Exception):
+    """An error answered to the client with ``status`` and an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 err_type: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.err_type = err_type or {
+            400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            413: "invalid_request_error", 503: "service_unavailable",
+        }.get(status, "server_error")
+
+
+def bad_request(message: str, param: Optional[str] = None) -> ServerError:
+    return ServerError(400, message, param)
+
+
+@dataclass
+class ReqSpec:
+    """One prompt of an HTTP request, tokenized, before validation."""
+
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    cache_salt: Optional[str] = None
+    rid: Optional[str] = None
+    field: str = "text"  # the request field the prompt came from, named in errors
+
+
+class ReqState:
+    """One sample being generated (a sub-request when n > 1)."""
+
+    __slots__ = ("rid", "parent", "acc", "group", "input_ids", "error", "version", "sent_version",
+                 "sent_logprobs", "sent_text", "t_start", "t_first", "t_last", "done")
+
+    def __init__(self, rid: str, parent: str, acc: ResultAccumulator, group: "ReqGroup",
+                 input_ids: list[int]) -> None:
+        self.rid = rid
+        self.parent = parent
+        self.acc = acc
+        self.group = group
+        self.input_ids = input_ids
+        self.error: Optional[str] = None  # server-side failure (a child process died)
+        self.version = 0  # bumped on every update
+        self.sent_version = 0  # what the stream consumer has seen
+        self.sent_logprobs = 0  # output logprobs already streamed
+        self.sent_text = 0  # characters of text already streamed (OpenAI deltas)
+        self.t_start = time.perf_counter()
+        self.t_first: Optional[float] = None
+        self.t_last: Optional[float] = None
+        self.done = False  # finished, failed or aborted: no more updates
+
+    @property
+    def has_news(self) -> bool:
+        return self.version != self.sent_version
+
+
+class ReqGroup:
+    """The samples of one HTTP request, in answer order (prompt-major)."""
+
+    def __init__(self) -> None:
+        self.states: list[ReqState] = []
+        self.parents: list[str] = []
+        self.event = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self.states)
+
+    async def wait(self) -> None:
+        while not self.done:
+            await self.event.wait()
+            self.event.clear()
+
+    async def updates(self) -> AsyncIterator[list[ReqState]]:
+        """Yield the states with news (each time at least one), until all are done."""
+        while True:
+            news = [s for s in self.states if s.has_news]
+            if news:
+                # Marked seen before the consumer runs: it must read the states
+                # it is given before its next await.
+                for s in news:
+                    s.sent_version = s.version
+                yield news
+                continue
+            if self.done:
+                return
+            await self.event.wait()
+            self.event.clear()
+
+
+class TokenizerManager:
+    def __init__(self, tokenizer: Any, addrs: IpcAddrs, info: dict, metrics: ServerMetrics) -> None:
+        self.tokenizer = tokenizer
+        self.addrs = addrs
+        self.info = info
+        self.metrics = metrics
+        self.context_length: int = info["context_length"]
+        self.vocab_size: int = info["vocab_size"]
+        self.kv_total_slots: int = info["kv_total_slots"]
+        self.states: dict[str, ReqState] = {}
+        self.parents: dict[str, list[ReqState]] = {}
+        self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.dead_reason: Optional[str] = None
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._recv_task: Optional[asyncio.Task] = None
+        self._ctx = self._actx = None
+        self.last_stats: dict = {}
+
+    # ------------------------------------------------------------------ sockets
+    async def start(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self._ctx = zmq.Context()
+        self._to_scheduler = make_socket(self._ctx, zmq.PUSH, self.addrs.scheduler_in, bind=False)
+        self._to_detokenizer = make_socket(self._ctx, zmq.PUSH, self.addrs.detokenizer_in, bind=False)
+        self._actx = zmq.asyncio.Context()
+        self._from_detokenizer = make_socket(self._actx, zmq.PULL, self.addrs.tokenizer_in, bind=True)
+        self._recv_task = asyncio.create_task(self._recv_loop(), name="radixrt-tm-recv")
+
+    def close(self) -> None:
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+        for ctx in (self._ctx, self._actx):
+            if ctx is not None:
+                ctx.destroy(linger=0)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            try:
+                msg = await self._from_detokenizer.recv_pyobj()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep serving; a bad message must not stop the loop
+                logger.exception("bad message from the detokenizer")
+                continue
+            try:
+                if isinstance(msg, DetokBatch):
+                    self._on_batch(msg)
+                elif isinstance(msg, ControlReply):
+                    waiters = self.control_waiters[msg.kind]
+                    while waiters:
+                        fut = waiters.popleft()
+                        if not fut.done():
+                            fut.set_result(msg)
+                            break
+                else:
+                    logger.warning("unexpected message %s", type(msg).__name__)
+            except Exception:  # noqa: BLE001
+                logger.exception("failed to handle %s", type(msg).__name__)
+
+    def _on_batch(self, batch: DetokBatch) -> None:
+        now = time.perf_counter()
+        for item in batch.items:
+            st = self.states.get(item.rid)
+            if st is None:
+                out = item.out
+                if out.finished and item.rid in self.parents:
+                    # The scheduler refused the whole request before expanding n.
+                    for sub in list(self.parents[item.rid]):
+                        if not sub.done:
+                            sub.acc.add(out, text="")
+                            self._finish(sub, now)
+                            sub.group.event.set()
+                continue
+            out = item.out
+            st.acc.add(out, text=item.text)
+            st.version += 1
+            if out.new_token_ids:
+                if st.t_first is None:
+                    st.t_first = now
+                    self.metrics.observe_ttft(now - st.t_start)
+                    if len(out.new_token_ids) > 1:
+                        self.metrics.observe_itl(0.0, len(out.new_token_ids) - 1)
+                else:
+                    self.metrics.observe_itl((now - (st.t_last or now)) / len(out.new_token_ids),
+                                             len(out.new_token_ids))
+                st.t_last = now
+            if out.finished:
+                self._finish(st, now)
+            st.group.event.set()
+
+    def _finish(self, st: ReqState, now: float) -> None:
+        st.done = True
+        self.states.pop(st.rid, None)
+        subs = self.parents.get(st.parent)
+        if subs is not None and all(s.done for s in subs):
+            self.parents.pop(st.parent, None)
+        fr = st.acc.finish_reason or {}
+        self.metrics.observe_finish(fr.get("type", "error"), st.acc.prompt_tokens, st.acc.completion_tokens,
+                                    st.acc.cached_tokens, now - st.t_start)
+        self.metrics.set_inflight(len(self.states))
+
+    # ------------------------------------------------------------------ requests
+    def new_rid(self) -> str:
+        return f"{self._prefix}{next(self._ids):x}"
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise ServerError(503, f"the server is shutting down: {self.dead_reason}")
+
+    def validate(self, spec: ReqSpec) -> None:
+        """The scheduler's admission checks, done here so a bad request is a 400."""
+        ids = spec.input_ids
+        field = spec.field
+        if not ids:
+            raise bad_request("the prompt is empty: give a non-empty text or input_ids", field)
+        if len(ids) >= self.context_length:
+            raise bad_request(
+                f"the prompt has {len(ids)} tokens; this model's context length is {self.context_length}, "
+                f"so at most {self.context_length - 1} prompt tokens fit", field)
+        if len(ids) + 1 > self.kv_total_slots:
+            raise bad_request(f"the prompt has {len(ids)} tokens, more than the KV pool holds "
+                              f"({self.kv_total_slots})", field)
+        for t in ids:
+            if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size):
+                raise bad_request(f"input_ids holds {t!r}, outside the vocabulary [0, {self.vocab_size})",
+                                  "input_ids")
+        try:
+            spec.sampling.validate(self.vocab_size)
+        except ValueError as e:
+            raise bad_request(str(e), "sampling_params") from None
+        if spec.return_logprob and spec.logprob_start_len >= len(ids):
+            raise bad_request(f"logprob_start_len {spec.logprob_start_len} is not below the prompt length "
+                              f"{len(ids)}", "logprob_start_len")
+        if spec.top_logprobs_num < 0:
+            raise bad_request("top_logprobs_num must be >= 0", "top_logprobs_num")
+
+    def submit(self, specs: list[ReqSpec]) -> ReqGroup:
+        """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
+        self.check_alive()
+        for spec in specs:
+            self.validate(spec)
+        group = ReqGroup()
+        for spec in specs:
+            parent = spec.rid or self.new_rid()
+            if parent in self.parents or parent in self.states:
+                raise bad_request(f"a request with rid {parent!r} is already running", "rid")
+            sp = spec.sampling
+            n = sp.n
+            rids = [parent] if n == 1 else [f"{parent}-{i}" for i in range(n)]
+            subs = []
+            for rid in rids:
+                acc = ResultAccumulator(rid, self.tokenizer, sp, spec.return_logprob or spec.top_logprobs_num > 0,
+                                        spec.return_text_in_logprobs)
+                st = ReqState(rid, parent, acc, group, spec.input_ids)
+                self.states[rid] = st
+                group.states.append(st)
+                subs.append(st)
+            self.parents[parent] = subs
+            group.parents.append(parent)
+            self._to_detokenizer.send_pyobj(DetokRegister(
+                rids=rids, skip_special_tokens=sp.skip_special_tokens,
+                spaces_between_special_tokens=sp.spaces_between_special_tokens,
+                stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim,
+            ))
+            self._to_scheduler.send_pyobj(GenerateReq(
+                rid=parent, input_ids=spec.input_ids, sampling=sp,
+                return_logprob=spec.return_logprob or spec.top_logprobs_num > 0,
+                logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
+                stream=True, cache_salt=spec.cache_salt,
+            ))
+        self.metrics.set_inflight(len(self.states))
+        return group
+
+    def abort_group(self, group: ReqGroup, reason: str = "aborted: the client disconnected") -> None:
+        """Stop every unfinished sample of ``group``; the scheduler frees their KV."""
+        now = time.perf_counter()
+        for parent in group.parents:
+            subs = self.parents.get(parent)
+            if not subs:
+                continue
+            self.abort_rid(parent)
+            for st in subs:
+                if not st.done:
+                    st.acc.finish_reason = {"type": "abort", "message": reason}
+                    st.version += 1
+                    self._finish(st, now)
+            self.parents.pop(parent, None)
+        group.event.set()
+
+    def abort_rid(self, rid: str) -> None:
+        self._to_scheduler.send_pyobj(AbortReq(rid))
+
+    def fail_all(self, reason: str) -> None:
+        """A child process died: end every request with an error."""
+        self.dead_reason = reason
+        for st in list(self.states.values()):
+            st.error = reason
+            st.done = True
+            st.version += 1
+            st.group.event.set()
+        self.states.clear()
+        self.parents.clear()
+        for waiters in self.control_waiters.values():
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(ServerError(503, reason))
+
+    async def control(self, msg: Any, kind: str, timeout: float = 10.0) -> ControlReply:
+        self.check_alive()
+        fut = asyncio.get_running_loop().create_future()
+        self.control_waiters[kind].append(fut)
+        self._to_scheduler.send_pyobj(msg)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            fut.cancel()
+            raise ServerError(503, f"the scheduler did not answer {kind} within {timeout:.0f} s") from None
+
+    async def flush_cache(self) -> bool:
+        return (await self.control(FlushCacheReq(), "flush_cache")).ok
+
+    async def get_stats(self, timeout: float = 10.0) -> dict:
+        stats = (await self.control(StatsReq(), "stats", timeout)).payload
+        self.last_stats = stats
+        self.metrics.update_from_stats(stats)
+        return stats

@@ -1,0 +1,105 @@
+"""Frontend programs over HTTP: ``Runtime`` launches ``radixrt serve`` as a
+subprocess; programs run through ``RuntimeEndpoint`` (SGLang's native
+protocol) and through ``OpenAI`` (the official client) against its OpenAI
+routes."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import radixrt.frontend as rt
+from radixrt.frontend.errors import UnsupportedByBackendError
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("radixrt.server") is None, reason="radixrt.server not available"),
+]
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    r = rt.Runtime(model_path="default", startup_timeout=300)
+    yield r
+    r.shutdown()
+
+
+@rt.function
+def chat(s, question):
+    s += rt.system("You are a helpful assistant.")
+    s += rt.user(question)
+    s += rt.assistant(rt.gen("answer", max_tokens=16))
+
+
+def test_runtime_endpoint_runs_programs(runtime, tokenizer):
+    backend = runtime.endpoint
+    assert backend.get_role_markers()["user"][0] == "<|im_start|>user\n"  # from /get_model_info
+    st = chat.run(question="What is the capital of France?", temperature=0, backend=runtime)
+    assert "Paris" in st["answer"]
+    assert st.text() == tokenizer.apply_chat_template(st.messages(), tokenize=False)
+    if backend.model_info.get("chat_default_system_prompt"):  # servers that report it render user-first chats
+        @rt.function                                            # exactly like the template (and the Engine)
+        def hi(s):
+            s += rt.user("Hi") + rt.assistant_begin()
+
+        expected = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                                 add_generation_prompt=True)
+        assert hi.run(backend=backend).text() == expected
+
+    @rt.function
+    def pick(s):
+        s += "Q: What color is the sky on a clear day?\nA:" + rt.select("c", choices=[" blue", " green", " red"])
+
+    st = pick.run(backend=backend)
+    assert st["c"] == " blue"
+    meta = st.get_meta_info("c")
+    assert all(c >= meta["prompt_tokens"] - 3 for c in meta["cached_tokens"])
+
+    st = chat.run(question="Say hello.", temperature=0, stream=True, backend=backend)
+    chunks = list(st.text_iter("answer"))
+    assert len(chunks) > 1 and "".join(chunks) == st["answer"]
+
+    @rt.function
+    def fan(s):
+        s += "Three colors:\n"
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"{i + 1}." + rt.gen("color", max_tokens=3, stop="\n")
+        forks.join()
+
+    st = fan.run(temperature=0, backend=backend)
+    assert len(st["color"]) == 3 and st.error() is None
+
+    assert rt.flush_cache(runtime) is True
+    assert "model_path" in rt.get_server_info(runtime)
+
+
+def test_openai_backend_against_radixrt_server(runtime):
+    chat_backend = rt.OpenAI("default", base_url=runtime.url + "/v1")
+    st = chat.run(question="What is the capital of France?", temperature=0, backend=chat_backend)
+    assert st.error() is None and "Paris" in st["answer"]
+
+    @rt.function
+    def pick(s):
+        s += rt.user("Is the sky blue?")
+        s += rt.assistant(rt.select("c", choices=["yes", "no"]))
+
+    st = pick.run(backend=chat_backend)
+    assert isinstance(st.error(), UnsupportedByBackendError)
+
+    @rt.function
+    def constrained(s):
+        s += rt.user("Give a number.")
+        s += rt.assistant(rt.gen("n", regex=r"\d+"))
+
+    assert isinstance(constrained.run(backend=chat_backend).error(), UnsupportedByBackendError)
+
+    completion_backend = rt.OpenAI("default", base_url=runtime.url + "/v1", is_chat_model=False)
+
+    @rt.function
+    def pick2(s):
+        s += "Q: What color is the sky on a clear day?\nA:" + rt.select("c", choices=[" blue", " green", " red"])
+        s += "\nQ: Name a fruit.\nA:" + rt.gen("fruit", max_tokens=4, stop="\n")
+
+    st = pick2.run(temperature=0, backend=completion_backend)
+    assert st.error() is None and st["c"] == " blue" and st["fruit"]
