@@ -1,4 +1,4 @@
-"""The `radixrt` command: download, generate, serve, bench."""
+"""The `radixrt` command: download, generate, serve, bench, plan."""
 from __future__ import annotations
 
 import argparse
@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="offline benchmarks on the engine (see docs/benchmarks.md)")
     add_bench_args(p)
     p.set_defaults(func=bench_main)
+
+    from .plan import add_plan_args, plan_main
+
+    p = sub.add_parser("plan", help="capacity arithmetic from a model's config.json: KV bytes per token, "
+                                    "max live tokens, concurrency (loads no weights)")
+    add_plan_args(p)
+    p.set_defaults(func=plan_main)
     return parser
 
 
@@ -95,7 +102,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(getattr(args, "log_level", "warning") or "warning")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
+        print(f"radixrt: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
