@@ -1,0 +1,257 @@
+"""Capacity planning: how many tokens and requests fit in GPU memory.
+
+    radixrt plan --model PATH --gpu-mem 80GB [--kv-dtype fp8] [--avg-tokens 2000] [--shared-prefix 1000]
+
+The arithmetic (see ``../shared/seeds``), from the model's own config.json:
+
+    kv_bytes_per_token = 2 (K and V) x layers x kv_heads x head_dim x kv_dtype_bytes
+    weights_bytes      = parameters x weight_dtype_bytes
+    kv_budget          = gpu_mem - weights_bytes - overhead
+    max_live_tokens    = kv_budget // kv_bytes_per_token
+    concurrency        = max_live_tokens / avg_tokens_per_request
+    with a prefix of S tokens shared by every request, stored once:
+    concurrency_shared = (max_live_tokens - S) / (avg_tokens - S)
+
+The parameter count comes from the safetensors headers when the folder has
+them (shapes only; no tensor is read), else from the config (Llama-family
+formula), or from ``--params``. Nothing here imports torch or loads weights.
+
+Units: ``GB`` is 10^9 bytes and ``GiB`` 2^30 (an "80 GB" card has 80 GiB:
+pass ``80GiB`` for its full size). Bytes per token print in decimal KB, as
+the seeds do (Llama-2-13B in fp16: 819.2 KB).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int8": 1, "uint8": 1, "int4": 0.5,
+}
+_ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1,
+                   "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
+_UNITS = {"": 10**9, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """'80GB' -> 80e9, '80GiB' -> 80 * 2^30, '512MB', '1.5TB'; a bare number is GB."""
+    if isinstance(text, (int, float)):
+        return int(text * 10**9)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read a memory size from {text!r} (examples: 80GB, 80GiB, 512MB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def dtype_bytes(name: str) -> float:
+    key = name.lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {name!r}; one of {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_BYTES[key]
+
+
+@dataclass
+class ModelShape:
+    """What the arithmetic needs from config.json."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    max_position_embeddings: Optional[int]
+    config_dtype: Optional[str]
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], name: str = "") -> "ModelShape":
+        cfg = cfg.get("text_config") or cfg  # multimodal wrappers keep the LM config nested
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            name=name or cfg.get("_name_or_path") or cfg.get("model_type", "model"),
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden),
+            vocab_size=int(cfg["vocab_size"]),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            max_position_embeddings=cfg.get("max_position_embeddings"),
+            config_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        )
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float) -> float:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+
+    def param_count(self) -> int:
+        """Llama-family decoder: embeddings, per-layer attention + SwiGLU MLP + 2 norms,
+        final norm, and an LM head unless tied to the embeddings."""
+        h, hd = self.hidden_size, self.head_dim
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
+        attn = h * q + 2 * h * kv + q * h
+        if self.attention_bias:
+            attn += q + 2 * kv
+        layer = attn + 3 * h * self.intermediate_size + 2 * h
+        embed = self.vocab_size * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return embed + self.num_layers * layer + h + head
+
+
+def safetensors_param_count(folder: Path) -> Optional[int]:
+    """Sum of tensor sizes from the safetensors headers (8-byte length + JSON), or None."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for key, meta in header.items():
+            if key != "__metadata__":
+                total += math.prod(meta["shape"])
+    return total
+
+
+@dataclass
+class Plan:
+    model: str
+    params: int
+    params_source: str
+    weight_dtype: str
+    kv_dtype: str
+    kv_bytes_per_token: float
+    weights_bytes: float
+    gpu_mem_bytes: int
+    overhead_bytes: int
+    kv_budget_bytes: float
+    max_live_tokens: int
+    avg_tokens: int
+    concurrency: float
+    shared_prefix: int
+    concurrency_shared: Optional[float]
+    max_position_embeddings: Optional[int]
+
+    @property
+    def sharing_gain(self) -> Optional[float]:
+        if self.concurrency_shared is None or not self.concurrency:
+            return None
+        return self.concurrency_shared / self.concurrency
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "sharing_gain": self.sharing_gain}
+
+
+def make_plan(
+    shape: ModelShape, gpu_mem_bytes: int, *, params: int, params_source: str = "config",
+    weight_dtype: str = "bfloat16", kv_dtype: Optional[str] = None, overhead_bytes: int = 0,
+    avg_tokens: int = 2000, shared_prefix: int = 0,
+) -> Plan:
+    if avg_tokens <= 0:
+        raise ValueError("avg_tokens must be positive")
+    if not 0 <= shared_prefix < avg_tokens:
+        raise ValueError(f"shared_prefix ({shared_prefix}) must be below avg_tokens ({avg_tokens}): "
+                         "it is the part of each request's tokens that every request has in common")
+    kv_dtype = kv_dtype or weight_dtype
+    kv_per_token = shape.kv_bytes_per_token(dtype_bytes(kv_dtype))
+    weights = params * dtype_bytes(weight_dtype)
+    budget = gpu_mem_bytes - weights - overhead_bytes
+    max_tokens = max(0, int(budget // kv_per_token))
+    shared = None
+    if shared_prefix:
+        shared = max(0.0, (max_tokens - shared_prefix) / (avg_tokens - shared_prefix))
+    return Plan(
+        model=shape.name, params=params, params_source=params_source, weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype, kv_bytes_per_token=kv_per_token, weights_bytes=weights,
+        gpu_mem_bytes=gpu_mem_bytes, overhead_bytes=overhead_bytes, kv_budget_bytes=budget,
+        max_live_tokens=max_tokens, avg_tokens=avg_tokens, concurrency=max_tokens / avg_tokens,
+        shared_prefix=shared_prefix, concurrency_shared=shared,
+        max_position_embeddings=shape.max_position_embeddings,
+    )
+
+
+def load_shape(model: str) -> tuple[ModelShape, Path]:
+    """Read config.json from a model folder (or "default", the embedded model) -- nothing else."""
+    from .model_store import resolve_model_path  # stdlib-only module
+
+    folder = Path(resolve_model_path(model))
+    cfg = json.loads((folder / "config.json").read_text())
+    name = folder.name if model != "default" else f"default ({folder.name})"
+    return ModelShape.from_config(cfg, name=name), folder
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.2f} GB"
+
+
+def format_plan(p: Plan) -> str:
+    rows = [
+        ("model", p.model),
+        ("parameters", f"{p.params:,} ({p.params / 1e9:.2f} B, from {p.params_source})"),
+        ("weights", f"{_gb(p.weights_bytes)} ({p.weight_dtype})"),
+        ("KV bytes per token", f"{p.kv_bytes_per_token:,.0f} B = {p.kv_bytes_per_token / 1e3:,.1f} KB ({p.kv_dtype})"),
+        ("GPU memory", _gb(p.gpu_mem_bytes)),
+        ("overhead (activations etc.)", _gb(p.overhead_bytes)
+         + ("  (none reserved: pass --overhead, e.g. 4GB)" if not p.overhead_bytes else "")),
+        ("KV budget", _gb(p.kv_budget_bytes)),
+        ("max live tokens", f"{p.max_live_tokens:,}"),
+        (f"concurrency at {p.avg_tokens:,} tokens/request", f"{p.concurrency:,.1f}"),
+    ]
+    if p.concurrency_shared is not None:
+        rows.append((f"  with a {p.shared_prefix:,}-token shared prefix",
+                     f"{p.concurrency_shared:,.1f} ({p.sharing_gain:.2f}x)"))
+    if p.max_position_embeddings and p.max_live_tokens < p.max_position_embeddings:
+        rows.append(("note", f"one full-context request ({p.max_position_embeddings:,} tokens) does not fit"))
+    if p.kv_budget_bytes <= 0:
+        rows.append(("note", "the weights alone do not fit in this memory"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="model folder with config.json, or 'default'")
+    p.add_argument("--gpu-mem", default="80GB", help="GPU memory: 80GB (10^9 B), 80GiB (2^30 B), 141GB ...")
+    p.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp16, bf16, fp8, int8, fp32 "
+                                                    "(default: the weight dtype)")
+    p.add_argument("--weight-dtype", default="bf16", help="weights dtype as served (default bf16, "
+                                                          "what radixrt runs on CUDA)")
+    p.add_argument("--avg-tokens", type=int, default=2000, help="average live tokens per request (prompt + output)")
+    p.add_argument("--shared-prefix", type=int, default=0, help="tokens every request shares (system prompt, "
+                                                                 "few-shot examples), stored once")
+    p.add_argument("--overhead", default="0GB", help="memory kept for activations, CUDA context, "
+                                                     "graphs (default 0, as in the seeds' arithmetic)")
+    p.add_argument("--params", type=float, default=None, help="override the parameter count (e.g. 13e9)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def plan_main(args: argparse.Namespace) -> int:
+    shape, folder = load_shape(args.model)
+    if args.params is not None:
+        params, source = int(args.params), "--params"
+    else:
+        counted = safetensors_param_count(folder)
+        params, source = (counted, "safetensors headers") if counted else (shape.param_count(), "config.json")
+    plan = make_plan(
+        shape, parse_bytes(args.gpu_mem), params=params, params_source=source, weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype, overhead_bytes=parse_bytes(args.overhead), avg_tokens=args.avg_tokens,
+        shared_prefix=args.shared_prefix,
+    )
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
+    return 0
