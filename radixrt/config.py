@@ -12,7 +12,10 @@ class EngineConfig:
     model_path: str = "default"
     device: str = "cpu"  # "cpu" | "cuda"
     dtype: str = "auto"  # "auto" (fp32 on CPU, bf16 on CUDA) | "float32" | "bfloat16" | "float16"
-    attention_backend: str = "auto"  # "auto" | "torch" | "flashinfer"
+    attention_backend: str = "auto"  # "auto" (flashinfer on CUDA, torch on CPU) | "torch" | "flashinfer"
+    disable_cuda_graph: bool = False  # CUDA: run decode steps eagerly instead of replaying captured graphs
+    cuda_graph_max_bs: int = 128  # CUDA: largest decode batch captured in a graph (capped at max_running_requests)
+    sampling_backend: str = "radixrt"  # "radixrt" (reproducible per request) | "flashinfer" (CUDA kernels, see flashinfer_sampler.py)
     page_size: int = 1
     max_total_tokens: Optional[int] = None  # KV pool capacity in tokens; None: from mem_fraction
     mem_fraction: float = 0.3  # share of free memory given to the KV pool when max_total_tokens is None
@@ -26,6 +29,8 @@ class EngineConfig:
     log_level: str = "warning"
     log_interval: int = 40  # steps between throughput log lines
     debug_check_invariants: bool = False  # assert free + tree + private == total after every step (tests)
+    enable_jump_forward: bool = True  # append grammar-forced text as verified drafts (see grammar.py)
+    grammar_cache_size: int = 128  # compiled grammars kept (LRU)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -34,6 +39,12 @@ class EngineConfig:
             raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}; choose lpm, dfs-weight or fcfs")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least page_size")
+        if self.cuda_graph_max_bs < 0:
+            raise ValueError("cuda_graph_max_bs must be >= 0")
+        if self.sampling_backend not in ("radixrt", "flashinfer"):
+            raise ValueError(f"unknown sampling_backend {self.sampling_backend!r}; choose radixrt or flashinfer")
+        if self.grammar_cache_size < 1:
+            raise ValueError("grammar_cache_size must be >= 1")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -42,7 +53,9 @@ class EngineConfig:
             flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
             default = f.default
             if isinstance(default, bool):
-                parser.add_argument(flag, dest=f.name, action="store_true", default=default)
+                # --flag / --no-flag for switches that default to on
+                action = argparse.BooleanOptionalAction if default else "store_true"
+                parser.add_argument(flag, dest=f.name, action=action, default=default)
                 continue
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("max_total_tokens", "context_length"):

@@ -311,6 +311,7 @@ class Engine:
     def shutdown(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=10)
+        self.scheduler.close()
 
     def __enter__(self) -> "Engine":
         return self

@@ -85,6 +85,22 @@ class KVCacheManager:
         req.tree_len = length
         req.last_node = match.node
 
+    def truncate(self, req: Req, length: int) -> None:
+        """Forget the KV of the request's tokens from ``length`` on (a rejected
+        jump-forward draft). Only private slots can go (``length >= tree_len``);
+        pages no longer used are freed, and the kept last page's unused slots are
+        reused by the next ``extend``."""
+        assert req.tree_len <= length <= len(req.slots), (req.tree_len, length, len(req.slots))
+        dropped = req.slots[length:]
+        if not dropped:
+            return
+        P = self.page_size
+        kept_pages = {s // P for s in req.slots[req.tree_len:length]}
+        pages = sorted({s // P for s in dropped} - kept_pages)
+        if pages:
+            self.allocator.free_pages(pages)
+        del req.slots[length:]
+
     def release(self, req: Req) -> None:
         """A request stops running (finished, aborted or retracted): its computed
         prefix goes to the tree, its lock is dropped, its private pages are freed."""

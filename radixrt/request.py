@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import enum
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .grammar import GrammarState
 
 
 class Phase(enum.Enum):
@@ -24,6 +28,15 @@ class Req:
     RUNNING: ``len(slots) <= len(seq)``; each step computes the next
     ``len(seq) - len(slots)`` tokens or a chunk of them, and once
     ``len(slots) == len(seq)`` the logits of the last one sample a new token.
+
+    Constrained requests (see grammar.py): ``grammar_future`` is the pending
+    compilation (the request waits in the queue until it is done), then
+    ``grammar`` holds the matcher, which has accepted every output token. It
+    lives as long as the request, through retraction (the output persists).
+    ``draft_ids`` is a pending jump-forward draft: tokens the grammar forces
+    after ``output_ids``, part of ``seq`` so that the next step computes their
+    KV, but not output until that step has verified them. Between steps the
+    draft never has KV (``len(slots) <= len(input_ids) + len(output_ids)``).
     """
 
     rid: str
@@ -45,6 +58,9 @@ class Req:
     admitted_once: bool = False
     finish_reason: Optional[dict] = None
     retractions: int = 0
+    grammar_future: Optional[Future] = None
+    grammar: Optional["GrammarState"] = None
+    draft_ids: list[int] = field(default_factory=list)
 
     # Deltas not yet reported to the front.
     unsent_ids: int = 0
@@ -57,11 +73,17 @@ class Req:
 
     @property
     def seq(self) -> list[int]:
-        return self.input_ids + self.output_ids
+        """The tokens to hold KV for: prompt, output and the pending draft."""
+        return self.input_ids + self.output_ids + self.draft_ids
 
     @property
     def seq_len(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+        return len(self.input_ids) + len(self.output_ids) + len(self.draft_ids)
+
+    @property
+    def grammar_pending(self) -> bool:
+        """Waiting for its grammar to compile (not admissible yet)."""
+        return self.grammar_future is not None and self.grammar is None
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -70,8 +92,10 @@ class Req:
     @property
     def max_prefix_len(self) -> int:
         """The longest prefix that may come from the cache: at least one token is
-        always computed (for logits), and prompt logprobs need their positions."""
-        cap = self.seq_len - 1
+        always computed (for logits), and prompt logprobs need their positions.
+        A draft is verified from the logits of the position before it on, so
+        that position and the draft are always computed."""
+        cap = self.seq_len - len(self.draft_ids) - 1
         if self.wants_prompt_logprobs and self.input_logprobs is None:
             cap = min(cap, max(self.logprob_start_len - 1, 0))
         return cap

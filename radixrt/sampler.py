@@ -15,6 +15,11 @@ Pipeline, in this order (each stage runs only when some row needs it):
 3. ``min_new_tokens``: while ``len(output_ids) < min_new_tokens`` the eos ids
    and the row's ``stop_token_ids`` are set to ``-inf`` (whatever
    ``ignore_eos`` says).
+3b. Grammar masks (constrained decoding, see grammar.py): rows given a token
+   bitmask get ``-inf`` on every token their grammar disallows. The grammar
+   wins: a row left with no finite logit (its grammar allows only tokens that
+   ``logit_bias`` or ``min_new_tokens`` removed) samples from its raw logits
+   under the grammar mask alone.
 4. Greedy rows (``params.is_greedy``) take the argmax of the result.
 5. Other rows: divide by temperature; top-k keeps the tokens whose logit is
    at least the k-th largest; top-p keeps the smallest head of the sorted
@@ -72,6 +77,7 @@ from typing import Iterable, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .grammar import apply_token_bitmask
 from .sampling_params import SamplingParams
 
 __all__ = ["SamplingRow", "SampleResult", "Sampler", "token_logprobs", "draw_uniform"]
@@ -207,12 +213,23 @@ class Sampler:
 
     # ------------------------------------------------------------ public API
 
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        token_bitmask: Optional[torch.Tensor] = None,
+        masked_rows: Optional[list[int]] = None,
+    ) -> SampleResult:
+        """One token per row. ``token_bitmask`` (int32 ``[len(masked_rows), ceil(V/32)]``,
+        xgrammar's packed layout, any device) restricts rows ``masked_rows`` to
+        the tokens their grammar allows (stage 3b)."""
         raw = self._raw(logits, rows)
         B = raw.shape[0]
         if B == 0:
             return SampleResult([], None, [])
         x = self._process(raw, rows)
+        if masked_rows:
+            x = self._apply_grammar(raw, x, token_bitmask, masked_rows)
         device = x.device
 
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
@@ -371,6 +388,24 @@ class Sampler:
                 )
         if ban_flat:
             xf[_long(ban_flat, device)] = float("-inf")
+        return x
+
+    @staticmethod
+    def _apply_grammar(
+        raw: torch.Tensor, x: torch.Tensor, bitmask: torch.Tensor, masked_rows: list[int]
+    ) -> torch.Tensor:
+        """Stage 3b on ``x`` (copied first when it is ``raw``, which must stay
+        intact for logprobs)."""
+        if x is raw:
+            x = raw.clone(memory_format=torch.contiguous_format)
+        apply_token_bitmask(x, bitmask, masked_rows)
+        idx = _long(masked_rows, x.device)
+        dead = (x.index_select(0, idx).amax(dim=1) == float("-inf")).nonzero().squeeze(1).tolist()
+        if dead:
+            rows_dead = [masked_rows[i] for i in dead]
+            fresh = raw.index_select(0, _long(rows_dead, x.device))  # a copy
+            apply_token_bitmask(fresh, bitmask.index_select(0, _long(dead, bitmask.device)), list(range(len(dead))))
+            x[_long(rows_dead, x.device)] = fresh
         return x
 
     @staticmethod

@@ -10,9 +10,19 @@ order while the step's token budget and KV memory last. A request's step
 computes tokens ``seq[len(slots):len(slots)+q]``; once all of ``seq`` has KV,
 the last position's logits sample the next token. Prefill, chunked prefill,
 decode and recompute after retraction are all this one mechanism.
+
+Constrained decoding (grammar.py): a request with a regex, JSON schema or EBNF
+grammar waits in the queue until its grammar is compiled (on the grammar
+backend's thread; other requests keep running), then carries an xgrammar
+matcher. Every step fills the bitmasks of the constrained rows and the
+sampler applies them; the matcher accepts each sampled token and the request
+stops when it terminates. With ``enable_jump_forward``, the text a grammar
+forces is appended as a draft that the next step computes as one extend and
+verifies position by position, so outputs equal token-by-token decoding.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import random
 import time
@@ -26,6 +36,7 @@ from .memory import PageAllocator
 from .messages import (
     AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput,
 )
+from .grammar import GrammarBackend, check_grammar, grammar_key, new_bitmask
 from .model_runner import ModelRunner
 from .radix_cache import RadixCache
 from .request import Phase, Req
@@ -41,6 +52,8 @@ RESERVE_CAP_PER_REQUEST = 4096  # a request's share of the reserve is capped (as
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
 PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
+MAX_DRAFT_TOKENS = 256  # longest jump-forward draft appended at once
+GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar when nothing else can run
 
 
 class Scheduler:
@@ -67,7 +80,11 @@ class Scheduler:
         self.counters = {
             "steps": 0, "retractions": 0, "prompt_tokens_computed": 0, "generated_tokens": 0,
             "requests_finished": 0, "peak_kv_used_slots": 0,
+            # constrained decoding: draft tokens proposed by jump-forward, and
+            # kept after verification (each kept token is a decode step saved)
+            "jump_forward_proposed": 0, "jump_forward_tokens": 0,
         }
+        self._grammars: Optional[GrammarBackend] = None
         self._log_window = (time.perf_counter(), 0)
         self.max_stop_len = 0
 
@@ -87,6 +104,22 @@ class Scheduler:
         if bad:
             raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
         sampling.validate(self.vocab_size)
+        check_grammar(grammar_key(sampling))
+
+    @property
+    def grammars(self) -> GrammarBackend:
+        """The grammar compiler and cache, created on first use."""
+        if self._grammars is None:
+            self._grammars = GrammarBackend(
+                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
+                cache_size=self.config.grammar_cache_size,
+            )
+        return self._grammars
+
+    def close(self) -> None:
+        """Stop background work (grammar compilation)."""
+        if self._grammars is not None:
+            self._grammars.shutdown()
 
     def add_request(self, msg: GenerateReq) -> None:
         try:
@@ -94,6 +127,8 @@ class Scheduler:
         except ValueError as e:
             self._emit_abort(msg.rid, len(msg.input_ids), str(e))
             return
+        key = grammar_key(msg.sampling)
+        grammar_future = self.grammars.compile_async(key) if key is not None else None
         n = msg.sampling.n
         for i in range(n):
             rid = msg.rid if n == 1 else f"{msg.rid}-{i}"
@@ -103,6 +138,7 @@ class Scheduler:
                 rid=rid, input_ids=list(msg.input_ids), sampling=msg.sampling, seed=seed,
                 return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                 top_logprobs_num=msg.top_logprobs_num, namespace=msg.cache_salt, arrival=self.arrivals,
+                grammar_future=grammar_future,
             )
             self.arrivals += 1
             self.waiting.append(req)
@@ -172,24 +208,36 @@ class Scheduler:
             self._log_step(batch)
             if self.config.debug_check_invariants:
                 self.check_invariants()
+        elif self.waiting and not self.running:
+            self._wait_for_grammars()
         out, self.pending_outputs = self.pending_outputs, []
         return out
 
     # ------------------------------------------------------------------ scheduling
     def _schedule(self) -> list[tuple[Req, int]]:
+        self._resolve_grammars()
         batch: list[tuple[Req, int]] = []
         budget = max(self.config.chunked_prefill_size, 1)
-        # Running requests first: decoders (one token each), then unfinished prefills.
+        # Running requests first: decoders (one token each, or a token and its
+        # draft), then unfinished prefills.
         # Retraction victims come from the end: fewest outputs, longest prompts.
-        self.running.sort(key=lambda r: (r.seq_len - len(r.slots) > 1, -len(r.output_ids), len(r.input_ids)))
+        self.running.sort(key=lambda r: (
+            r.seq_len - len(r.draft_ids) - len(r.slots) > 1, -len(r.output_ids), len(r.input_ids)))
         queue = list(self.running)
         while queue:
             req = queue.pop(0)
+            if req.draft_ids and req.seq_len - len(req.slots) > max(budget, 1):
+                self._drop_draft(req)  # a draft is computed in one piece or not at all
             need = req.seq_len - len(req.slots)
             q = 1 if need == 1 else min(need, budget)
             if q <= 0:
                 continue
             while not self.kv.extend(req, q):
+                if req.draft_ids:  # short of memory: decode one token rather than retract anyone
+                    self._drop_draft(req)
+                    need = req.seq_len - len(req.slots)
+                    q = 1 if need == 1 else min(need, budget)
+                    continue
                 victim = queue.pop() if queue else None
                 if victim is None:
                     if batch:  # retract this one; the others keep running
@@ -208,8 +256,10 @@ class Scheduler:
         return batch
 
     def _retract(self, req: Req) -> None:
-        """Release a running request's KV (its prefix stays in the tree) and re-queue it."""
+        """Release a running request's KV (its prefix stays in the tree) and re-queue it.
+        Its output and grammar matcher stay; a pending draft is dropped."""
         self.running.remove(req)
+        self._drop_draft(req)
         self.kv.release(req)
         if req.input_logprobs is None:
             req.prompt_logprob_acc = []
@@ -242,12 +292,17 @@ class Scheduler:
         for req in ordered:
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
+            if req.grammar_pending:
+                continue  # its grammar is still compiling
             match = self.kv.match(req)
             if not self.kv.tree.disable:
                 shared = inflight.match_prefix(req.seq[: req.max_prefix_len], record_stats=False).length
                 if shared - match.length >= threshold:
                     continue
             extend = req.seq_len - match.length
+            if req.draft_ids and extend > budget:
+                self._drop_draft(req)  # a draft is computed in one piece or not at all
+                extend = req.seq_len - match.length
             q = min(extend, budget)
             if self.running and self.kv.available_slots() - q < reserve:
                 break
@@ -280,7 +335,7 @@ class Scheduler:
         hidden = self.runner.forward(input_ids, seq_slots, q_lens)
 
         rows: list[int] = []
-        samplers: list[Req] = []
+        samplers: list[tuple[Req, int]] = []  # (request, index of its first row in rows)
         offset = 0
         for req, q in batch:
             start = len(req.slots) - q
@@ -289,17 +344,19 @@ class Scheduler:
             if req.wants_prompt_logprobs and req.input_logprobs is None:
                 self._prompt_logprobs(req, hidden[offset:offset + q], start)
             if len(req.slots) == req.seq_len and not req.prefill_only:
-                rows.append(offset + q - 1)
-                samplers.append(req)
+                # One row per draft token and one after them: the last k+1 positions.
+                k = len(req.draft_ids)
+                assert q > k, "a draft must be computed in the step that verifies it"
+                samplers.append((req, len(rows)))
+                rows.extend(range(offset + q - 1 - k, offset + q))
             offset += q
 
         if samplers:
             logits = self.runner.logits(hidden[rows])
-            result = self.sampler.sample(logits, [self._sampling_row(r) for r in samplers])
-            for i, req in enumerate(samplers):
-                lp = result.logprobs[i] if result.logprobs is not None else None
-                top = result.top_logprobs[i] if result.top_logprobs else None
-                self._append_token(req, result.token_ids[i], lp, top)
+            sampling_rows, bitmask, masked_rows = self._sampling_inputs(samplers)
+            result = self.sampler.sample(logits, sampling_rows, bitmask, masked_rows)
+            for req, first in samplers:
+                self._take_samples(req, result, first)
 
         for req, q in batch:
             if req.finish_reason is None and req.prefill_only and len(req.slots) == req.seq_len:
@@ -316,11 +373,119 @@ class Scheduler:
         self.counters["peak_kv_used_slots"] = max(self.counters["peak_kv_used_slots"], used)
         self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
 
-    def _sampling_row(self, req: Req) -> SamplingRow:
+    def _sampling_row(self, req: Req, output_ids: Optional[list[int]] = None) -> SamplingRow:
         return SamplingRow(
-            params=req.sampling, seed=req.seed, output_ids=req.output_ids, prompt_ids=req.input_ids,
-            top_logprobs_num=req.top_logprobs_num, return_logprob=req.return_logprob,
+            params=req.sampling, seed=req.seed, output_ids=req.output_ids if output_ids is None else output_ids,
+            prompt_ids=req.input_ids, top_logprobs_num=req.top_logprobs_num, return_logprob=req.return_logprob,
         )
+
+    def _sampling_inputs(
+        self, samplers: list[tuple[Req, int]]
+    ) -> tuple[list[SamplingRow], Optional[torch.Tensor], list[int]]:
+        """Sampling rows for this step and the grammar bitmask of the constrained ones.
+
+        A request with a draft of k tokens has k+1 rows: row j samples output
+        index ``len(output_ids) + j`` as if the draft's first j tokens were
+        already output (same penalties, same random draw as a decode step there).
+        """
+        rows: list[SamplingRow] = []
+        masked: list[tuple[int, Req, int]] = []  # (row, request, draft position)
+        for req, _ in samplers:
+            k = len(req.draft_ids)
+            for j in range(k + 1):
+                if req.grammar is not None:
+                    masked.append((len(rows), req, j))
+                rows.append(self._sampling_row(req, req.output_ids + req.draft_ids[:j] if j else None))
+        if not masked:
+            return rows, None, []
+        bitmask = new_bitmask(len(masked), self.vocab_size)
+        for i, (_, req, j) in enumerate(masked):
+            if j < len(req.draft_ids):
+                bitmask[i] = req.grammar.draft_masks[j]
+            else:
+                req.grammar.fill_mask(bitmask, i)  # the matcher's current state: after the draft
+        return rows, bitmask, [r for r, _, _ in masked]
+
+    def _take_samples(self, req: Req, result: Any, first: int) -> None:
+        """Append the tokens sampled for ``req`` from its rows ``first..first+k``.
+
+        Without a draft (k == 0) that is one token. With one, draft tokens are
+        kept while they equal what was sampled at their position; the first
+        sampled token that differs (or the token after a fully kept draft) is
+        the model's own and ends the step. KV computed for the rejected rest is
+        dropped and the matcher rolled back over it. Stop conditions are
+        checked token by token, as decoding one token per step would."""
+        draft, req.draft_ids = req.draft_ids, []
+        base = len(req.input_ids) + len(req.output_ids)  # position of draft[0]
+        state = req.grammar
+        kept = 0
+        for j in range(len(draft) + 1):
+            i = first + j
+            token = result.token_ids[i]
+            lp = result.logprobs[i] if result.logprobs is not None else None
+            top = result.top_logprobs[i] if result.top_logprobs else None
+            if j < len(draft) and token == draft[j]:
+                kept += 1  # the matcher accepted it with the draft
+                self._append_token(req, token, lp, top)
+                if req.finish_reason is not None:
+                    break
+                continue
+            accepted = True
+            if state is not None:
+                state.settle_draft(kept)
+                accepted = state.accept(token)
+            self._append_token(req, token, lp, top)
+            if not accepted:
+                logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
+                req.finish_reason = {"type": "abort", "message": f"the grammar rejected sampled token {token}"}
+            break
+        if draft:
+            if state.draft_len:
+                state.settle_draft(kept)  # finished inside the draft
+            self.counters["jump_forward_tokens"] += kept
+            self.kv.truncate(req, base + kept)
+        if req.finish_reason is None and state is not None and self.config.enable_jump_forward:
+            self._propose_draft(req)
+
+    def _propose_draft(self, req: Req) -> None:
+        """Append the continuation the grammar forces as a draft (none when the
+        next token is free), bounded by max_new_tokens and the context length."""
+        limit = min(
+            req.sampling.max_new_tokens - len(req.output_ids) - 1,  # the step's own token comes after it
+            self.context_length - 1 - req.seq_len,
+            MAX_DRAFT_TOKENS,
+        )
+        req.draft_ids = req.grammar.propose_draft(limit)
+        self.counters["jump_forward_proposed"] += len(req.draft_ids)
+
+    def _drop_draft(self, req: Req) -> None:
+        """Forget a pending draft (it has no KV yet); the matcher rolls back over it."""
+        if req.draft_ids:
+            assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
+            req.grammar.settle_draft(0)
+            req.draft_ids = []
+
+    def _resolve_grammars(self) -> None:
+        """Give waiting requests whose grammar finished compiling their matcher
+        (and, with jump-forward, the draft forced at the start); a grammar that
+        failed to compile ends its request with an error."""
+        for req in [r for r in self.waiting if r.grammar_pending and r.grammar_future.done()]:
+            try:
+                compiled = req.grammar_future.result()
+            except Exception as e:  # noqa: BLE001 - reported to the client, never raised here
+                self.waiting.remove(req)
+                self._finish(req, {"type": "abort", "status_code": 400,
+                                   "message": f"the {grammar_key(req.sampling)[0]} grammar failed to compile: {e}"})
+                continue
+            req.grammar = self.grammars.new_state(compiled)
+            if self.config.enable_jump_forward and not req.output_ids:
+                self._propose_draft(req)
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing can run: sleep until a compiling grammar is done (or briefly)."""
+        pending = [r.grammar_future for r in self.waiting if r.grammar_pending]
+        if pending:
+            concurrent.futures.wait(pending, timeout=GRAMMAR_WAIT_S, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _prompt_logprobs(self, req: Req, hidden: torch.Tensor, start: int) -> None:
         """Score prompt tokens [logprob_start_len, len(input)) from this chunk's
@@ -357,6 +522,8 @@ class Scheduler:
     def _check_finish(self, req: Req, token: int) -> Optional[dict]:
         sp = req.sampling
         n_out = len(req.output_ids)
+        if req.grammar is not None and req.grammar.is_terminated():
+            return {"type": "stop", "matched": token}  # the grammar is complete and accepted a stop token
         if n_out >= sp.min_new_tokens:
             if not sp.ignore_eos and token in self.eos_token_ids:
                 return {"type": "stop", "matched": token}
@@ -377,6 +544,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ outputs
     def _finish(self, req: Req, reason: dict) -> None:
+        self._drop_draft(req)
         if req.slots or req.last_node is not None:
             self.kv.release(req)
         req.finish_reason = reason

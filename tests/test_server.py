@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import time
 
@@ -331,6 +332,32 @@ def test_openai_extra_fields_accepted(client):
     assert r.status_code == 200, r.text
 
 
+# ------------------------------------------------------------------ constrained decoding
+def test_constrained_generate_and_response_format(client, oai, model_name):
+    import jsonschema
+
+    ip = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
+    r = client.post("/generate", json={"text": "Google's public DNS server has the IP address",
+                                       "sampling_params": greedy(20, regex=" " + ip)}).json()
+    assert re.fullmatch(" " + ip, r["text"]) and r["meta_info"]["finish_reason"]["type"] == "stop"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    msgs = [{"role": "user", "content": "Describe a person as JSON."}]
+    c = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=48, temperature=0,
+                                    response_format={"type": "json_schema",
+                                                     "json_schema": {"name": "person", "schema": schema}})
+    jsonschema.validate(json.loads(c.choices[0].message.content), schema)
+    assert c.choices[0].finish_reason == "stop"
+    cat = [{"role": "user", "content": "Return a JSON object describing a cat with its name and age."}]
+    c = oai.chat.completions.create(model=model_name, messages=cat, max_tokens=48, temperature=0,
+                                    response_format={"type": "json_object"})
+    assert isinstance(json.loads(c.choices[0].message.content), dict)
+    # a schema that is not an object, through the native API
+    r = client.post("/generate", json={"text": "Name a color:", "sampling_params": greedy(8, json_schema=json.dumps(
+        {"enum": ["red", "green", "blue"]}))}).json()
+    assert r["text"] in ('"red"', '"green"', '"blue"')
+
+
 # ------------------------------------------------------------------ errors
 def _error(r: httpx.Response, status: int, mention: str = "") -> dict:
     assert r.status_code == status, r.text
@@ -368,6 +395,12 @@ BAD_INPUTS = {
                        "messages"),
     "empty_prompt": ("POST", "/generate", {"json": {"text": ""}}, 400, "empty"),
     "over_long_prompt": ("POST", "/generate", {"json": {"input_ids": [1] * 9000}}, 400, "context length"),
+    "bad_regex": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"regex": "(ab"}}}, 400, "regex"),
+    "bad_json_schema": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {
+        "json_schema": '{"type": "foo"}'}}}, 400, "json_schema"),
+    "bad_response_format": ("POST", "/v1/chat/completions", {"json": {
+        "model": "default", "messages": _MSG, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}}, 400, "response_format"),
     "unknown_model": ("POST", "/v1/chat/completions", {"json": {"model": "nope", "messages": _MSG}}, 404, "nope"),
     "unknown_route": ("GET", "/no/such/route", {}, 404, ""),
     # the server runs with --max-request-bytes 200000

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from ..grammar import check_grammar
 from ..sampling_params import SamplingParams
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .tokenizer_manager import ReqGroup, ReqSpec, ReqState, bad_request
@@ -278,6 +279,11 @@ def add_routes(app: FastAPI, ctx: "ServerContext") -> None:
                     raise bad_request("response_format json_schema needs a 'json_schema.schema'.",
                                       "response_format")
                 extra["json_schema"] = json.dumps(rf.json_schema.schema_)
+            try:
+                check_grammar(("json_schema", extra["json_schema"]))
+            except ValueError as e:
+                raise bad_request(f"'response_format' holds an unusable JSON schema: "
+                                  f"{str(e).split(': ', 1)[-1]}", "response_format") from None
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_new is None:
             max_new = max(tm.context_length - len(ids), 0)

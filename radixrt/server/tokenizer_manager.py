@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
+from ..grammar import check_grammar, grammar_key
 from ..messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq
 from ..results import ResultAccumulator
 from ..sampling_params import SamplingParams
@@ -256,6 +257,11 @@ class TokenizerManager:
             spec.sampling.validate(self.vocab_size)
         except ValueError as e:
             raise bad_request(str(e), "sampling_params") from None
+        key = grammar_key(spec.sampling)
+        try:
+            check_grammar(key)  # parse only: a bad grammar is a 400 here, never a scheduler error
+        except ValueError as e:
+            raise bad_request(str(e), key[0] if key else "sampling_params") from None
         if spec.return_logprob and spec.logprob_start_len >= len(ids):
             raise bad_request(f"logprob_start_len {spec.logprob_start_len} is not below the prompt length "
                               f"{len(ids)}", "logprob_start_len")
