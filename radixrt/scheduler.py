@@ -40,7 +40,7 @@ from .grammar import GrammarBackend, check_grammar, grammar_key, new_bitmask
 from .model_runner import ModelRunner
 from .radix_cache import RadixCache
 from .request import Phase, Req
-from .sampler import Sampler, SamplingRow, token_logprobs
+from .sampler import SamplingRow, token_logprobs
 from .schedule_policy import order_waiting
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class Scheduler:
         allocator = PageAllocator(self.runner.num_pages, config.page_size)
         tree = RadixCache(allocator, page_size=config.page_size, disable=config.disable_radix_cache)
         self.kv = KVCacheManager(allocator, tree)
-        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
+        self.sampler = self.runner.create_sampler(mc.vocab_size, self.eos_token_ids)
         self.rng = random.Random(config.random_seed)
         self.waiting: list[Req] = []
         self.running: list[Req] = []

@@ -1,0 +1,711 @@
+#!/usr/bin/env python3
+"""The prepared device check of radixrt's CUDA path (issue 7), one call.
+
+Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
+(a run stopped at its time limit keeps what finished):
+
+1. ``correctness``: `FlashInferBackend` against the torch reference backend on
+   random data (fresh per case): decode, prefill, extend over cached prefixes,
+   mixed batches, shared pages (radix-shared prefixes), long sequences; GQA
+   ratios 1, 3, 4, 8; page sizes 1 and 16; head dims 64 and 128; bf16 inputs,
+   reference in float32 on the upcast inputs; pass when every
+   ||out - ref|| / ||ref|| < 1e-2, every output is finite and the KV writes
+   equal the reference's. Decode cases also run the CUDA-graph-mode wrapper.
+2. ``bandwidth``: device-to-device copy bandwidth (bytes read + written), then
+   decode attention at batch 64 x 4096 context (32 query / 8 KV heads, head
+   dim 128, bf16, pages shuffled through the pool): achieved bandwidth over the
+   KV bytes it must read, as a fraction of the copy bandwidth (target >= 0.8).
+3. ``sampling``: FlashInfer's top-k/top-p kernel (the optional
+   ``sampling_backend="flashinfer"``) against the exact distribution (total
+   variation over 16k draws) and its time against the default sampler.
+4. ``e2e``: generation with radixrt's Engine (FlashInfer, bf16, CUDA graphs)
+   against transformers ``generate`` on the same GPU, same prompts and output
+   lengths (greedy, fixed lengths): the default model's architecture
+   (SmolLM2-135M) and a random-weight ~1B Llama; workloads ``batch-decode``
+   (64 independent prompts) and ``shared-prefix`` (64 requests sharing a
+   1024-token prefix; target >= 5x); plus radixrt with CUDA graphs off.
+   Weights: the real default model when its folder is available (RADIXRT_HOME),
+   otherwise its config with random weights (same shapes, same speed).
+
+    python3 scripts/device/gpu_check.py                # on the GPU machine (see run_on_gpu.md)
+    python scripts/device/gpu_check.py --dry-run       # on CPU: everything but the CUDA kernels
+
+``--dry-run`` swaps the real FlashInfer for the CPU emulation in
+tests/fake_flashinfer.py, runs on CPU at toy sizes and checks the logic of
+every section end to end (numbers are meaningless there).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGE = Path("/tmp/radixrt_stage")  # carried parts accumulate here across calls (staging)
+SITE_DIR = Path("/tmp/radixrt_site")
+TOL = 1e-2
+
+
+# ----------------------------------------------------------------------------- plumbing
+class Report:
+    def __init__(self, out_dir: Path, budget_s: float) -> None:
+        self.out_dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_s
+        self.data: dict[str, Any] = {"sections": {}, "errors": {}}
+        self.log_file = open(out_dir / "gpu_check.log", "a", buffering=1)
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:7.1f}s] {msg}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+
+    def left_s(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.t0)
+
+    def section(self, name: str, fn: Callable[[], Any], min_left_s: float = 0.0) -> None:
+        if self.left_s() < min_left_s:
+            self.log(f"SKIP {name}: {self.left_s():.0f}s left of the budget, needs ~{min_left_s:.0f}s")
+            self.data["sections"][name] = {"skipped": "time budget"}
+            self.save()
+            return
+        start = time.perf_counter()
+        self.log(f"== {name}")
+        try:
+            result = fn()
+            result["seconds"] = round(time.perf_counter() - start, 1)
+            self.data["sections"][name] = result
+        except Exception as e:  # keep going: the other sections still report
+            self.data["errors"][name] = f"{type(e).__name__}: {e}"
+            self.log(traceback.format_exc())
+        self.save()
+
+    def save(self) -> None:
+        self.data["elapsed_s"] = round(time.perf_counter() - self.t0, 1)
+        tmp = self.out_dir / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        tmp.replace(self.out_dir / "gpu_check.json")
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], Any], device: Any, iters: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn`` (CUDA events on a GPU, the host clock on CPU)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(iters):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------- set-up
+def install_flashinfer(carry: Path, report: Optional[Report]) -> Path:
+    """Reassemble the carried archive parts (this call's and earlier staged ones),
+    check the checksum, unpack into SITE_DIR; return the folder to put on sys.path."""
+    STAGE.mkdir(parents=True, exist_ok=True)
+    for f in list(carry.glob("flashinfer-*.tar.xz.part*")) + list(carry.glob("manifest.json")):
+        shutil.copy2(f, STAGE / f.name)
+    manifest_path = STAGE / "manifest.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"no manifest.json in {carry} or {STAGE}: run scripts/device/pack_flashinfer.py "
+                                "and carry its output folder")
+    manifest = json.loads(manifest_path.read_text())
+    done = SITE_DIR / f".installed-{manifest['archive_sha256'][:16]}"
+    if done.exists():
+        return SITE_DIR / "site"
+    missing = [p["name"] for p in manifest["parts"] if not (STAGE / p["name"]).exists()]
+    if missing:
+        raise FileNotFoundError(f"archive parts not carried yet: {missing} (see run_on_gpu.md, staging)")
+    h = hashlib.sha256()
+    archive = STAGE / manifest["archive"]
+    with open(archive, "wb") as out:
+        for p in manifest["parts"]:
+            data = (STAGE / p["name"]).read_bytes()
+            h.update(data)
+            out.write(data)
+    if h.hexdigest() != manifest["archive_sha256"]:
+        raise ValueError("reassembled archive's sha256 differs from the manifest's")
+    shutil.rmtree(SITE_DIR, ignore_errors=True)
+    SITE_DIR.mkdir(parents=True)
+    t = time.perf_counter()
+    with tarfile.open(archive, "r:xz") as tf:
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(SITE_DIR, filter="data")
+        else:  # pragma: no cover - Pythons before the extraction filters
+            tf.extractall(SITE_DIR)
+    archive.unlink()
+    done.touch()
+    if report is not None:
+        report.log(f"unpacked flashinfer {manifest['flashinfer_version']} ({len(manifest['parts'])} part(s)) "
+                   f"in {time.perf_counter() - t:.1f}s")
+    return SITE_DIR / "site"
+
+
+def build_package_tree(dest: Path) -> Path:
+    """A folder where ``import radixrt`` finds this checkout with pyproject's layout
+    (radixrt.kernels -> kernels/, radixrt.frontend -> frontend/), made of symlinks:
+    the device needs no pip install of radixrt."""
+    pkg = dest / "radixrt"
+    shutil.rmtree(dest, ignore_errors=True)
+    pkg.mkdir(parents=True)
+    for entry in (ROOT / "radixrt").iterdir():
+        if entry.name != "__pycache__":
+            (pkg / entry.name).symlink_to(entry)
+    (pkg / "kernels").symlink_to(ROOT / "kernels")
+    (pkg / "frontend").symlink_to(ROOT / "frontend")
+    return dest
+
+
+def ensure_radixrt_importable() -> Optional[Path]:
+    """Import radixrt from this checkout; returns the folder added to sys.path, if any."""
+    try:
+        import radixrt.kernels  # noqa: F401  (installed, e.g. pip install -e .)
+
+        return None
+    except ImportError:
+        for name in [m for m in sys.modules if m == "radixrt" or m.startswith("radixrt.")]:
+            del sys.modules[name]
+    tree = build_package_tree(Path("/tmp/radixrt_pkg"))
+    sys.path.insert(0, str(tree))
+    __import__("radixrt.kernels")
+    return tree
+
+
+def setup(args: argparse.Namespace, report: Report) -> tuple[Any, str]:
+    """Make ``radixrt`` and ``flashinfer`` importable; return (flashinfer module, device)."""
+    tree = ensure_radixrt_importable()
+    if tree is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
+    if args.dry_run:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import fake_flashinfer
+
+        sys.modules["flashinfer"] = fake_flashinfer  # create_backend('flashinfer') imports it
+        return fake_flashinfer, "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --dry-run on a CPU machine")
+    site = install_flashinfer(Path(args.carry), report)
+    sys.path.insert(0, str(site))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/radixrt_flashinfer_ws")
+    import flashinfer
+
+    return flashinfer, "cuda"
+
+
+# ----------------------------------------------------------------------------- 1. correctness
+def _seq_slots(kv_lens: list[int], ps: int, rng: random.Random, shared: int, num_pages: int) -> list[list[int]]:
+    free = list(range(num_pages))
+    rng.shuffle(free)
+    shared_pages, free = free[: shared // ps], free[shared // ps:]
+    out = []
+    for n in kv_lens:
+        need = -(-n // ps) - len(shared_pages)
+        mine, free = free[:need], free[need:]
+        pages = shared_pages + mine
+        out.append([pages[j // ps] * ps + j % ps for j in range(n)])
+    return out
+
+
+def correctness_cases(rng: random.Random, scale: float) -> list[tuple[str, list[int], list[int], int]]:
+    def r(a: int, b: int) -> int:
+        return max(1, int(rng.randint(a, b) * scale))
+
+    dec = [r(1, 40) for _ in range(7)] + [1, r(200, 600)]
+    cases = [
+        ("decode", dec, [1] * len(dec), 0),
+        ("prefill", [r(1, 300) for _ in range(5)], None, 0),
+        ("extend", [r(64, 400) for _ in range(4)], [r(1, 60) for _ in range(4)], 0),
+        ("mixed", [r(10, 200), r(2, 80), r(50, 300), r(1, 9), r(20, 100)], [0, 1, 1, 0, 1], 0),
+        ("shared-decode", [r(150, 300) for _ in range(6)], [1] * 6, 128),
+        ("shared-extend", [r(200, 400) for _ in range(4)], [r(1, 64) for _ in range(4)], 128),
+        ("long-decode", [r(1500, 3000) for _ in range(3)], [1] * 3, 0),
+    ]
+    fixed = []
+    for name, kv, q, shared in cases:
+        shared = int(shared * scale) // 16 * 16
+        kv = [max(k, shared + 1) for k in kv]
+        if q is None:
+            q = list(kv)
+        q = [k if qq == 0 else min(qq, k - shared if shared else k) for qq, k in zip(q, kv)]
+        fixed.append((name, kv, [max(1, x) for x in q], shared))
+    return fixed
+
+
+def check_correctness(fi: Any, device: str, dry: bool) -> dict:
+    import torch
+
+    from radixrt.kernels import AttentionMetadata
+    from radixrt.kernels.flashinfer_backend import FlashInferBackend
+    from radixrt.kernels.torch_ref import TorchReferenceBackend
+
+    rng = random.Random(1234)
+    torch.manual_seed(1234)
+    dtype = torch.bfloat16
+    scale_len = 0.1 if dry else 1.0
+    gqas = (1, 3, 4, 8)
+    head_dims = (16,) if dry else (64, 128)
+    hkv = 2
+    results, worst = [], 0.0
+    all_ok = True
+    backend = FlashInferBackend(device=device, flashinfer_module=fi, workspace_bytes=(1 << 10) if dry else (128 << 20))
+    for d in head_dims:
+        for gqa in gqas:
+            for ps in (1, 16):
+                for name, kv_lens, q_lens, shared in correctness_cases(rng, scale_len):
+                    hq = hkv * gqa
+                    num_pages = sum(-(-k // ps) for k in kv_lens) + 8
+                    seq = _seq_slots(kv_lens, ps, rng, shared, num_pages)
+                    meta = AttentionMetadata.build(seq, q_lens, ps, device)
+                    kc = torch.randn(num_pages * ps, hkv, d, device=device, dtype=dtype)
+                    vc = torch.randn_like(kc)
+                    t = meta.num_tokens
+                    qkv = torch.randn(t, hq + 2 * hkv, d, device=device, dtype=dtype)
+                    q, k, v = qkv.split([hq, hkv, hkv], dim=1)  # views of a fused projection, as in the model
+                    sc = d ** -0.5
+                    ref = TorchReferenceBackend()
+                    ref.plan(meta)
+                    kc32, vc32 = kc.float(), vc.float()
+                    want = ref.forward(q.float(), k.float(), v.float(), kc32, vc32, sc)
+                    backend.configure(hq, hkv, d, dtype)
+                    backend.plan(meta)
+                    got = backend.forward(q, k, v, kc, vc, sc).float()
+                    finite = bool(torch.isfinite(got).all())
+                    rel = float((got - want).norm() / want.norm())
+                    kv_ok = bool(torch.equal(kc.float(), kc32)) and bool(torch.equal(vc.float(), vc32))
+                    entry = {"case": name, "head_dim": d, "gqa": gqa, "page_size": ps, "rel_err": rel,
+                             "finite": finite, "kv_writes_ok": kv_ok}
+                    if meta.is_decode:
+                        # the CUDA-graph-mode wrapper, padded by one row on a spare page
+                        bs = meta.batch_size + 1
+                        used = {x // ps for sl in seq for x in sl}
+                        pad_slot = min(set(range(num_pages)) - used) * ps  # a page no request owns
+                        gmeta = AttentionMetadata.build(seq + [[pad_slot]], [1] * bs, ps, device)
+                        backend.init_cuda_graph_state(max_bs=bs, max_num_pages=num_pages)
+                        backend.plan_cuda_graph(gmeta, bs)
+                        q2 = torch.cat([q, q[:1]]).contiguous()
+                        k2, v2 = torch.cat([k, k[:1]]), torch.cat([v, v[:1]])
+                        g = backend.forward(q2, k2, v2, kc, vc, sc)[:t].float()
+                        entry["graph_rel_err"] = float((g - want).norm() / want.norm())
+                        rel = max(rel, entry["graph_rel_err"])
+                        backend._graph_decode.clear()
+                    ok = finite and kv_ok and rel < TOL
+                    entry["ok"] = ok
+                    all_ok &= ok
+                    worst = max(worst, rel)
+                    results.append(entry)
+    failures = [r for r in results if not r["ok"]]
+    return {"pass": all_ok, "cases": len(results), "max_rel_err": worst, "tolerance": TOL,
+            "failures": failures[:20], "by_case": _worst_by(results, "case"), "by_gqa": _worst_by(results, "gqa")}
+
+
+def _worst_by(results: list[dict], key: str) -> dict:
+    out: dict[str, float] = {}
+    for r in results:
+        k = str(r[key])
+        out[k] = max(out.get(k, 0.0), r["rel_err"], r.get("graph_rel_err", 0.0))
+    return out
+
+
+# ----------------------------------------------------------------------------- 2. bandwidth
+def copy_bandwidth(device: str, nbytes: int) -> dict:
+    import torch
+
+    a = torch.randn(nbytes // 2, device=device, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    ms = time_ms(lambda: b.copy_(a), device, iters=20)
+    return {"bytes": nbytes, "ms": ms, "GBps": 2 * nbytes / ms / 1e6}
+
+
+def decode_bandwidth(fi: Any, device: str, batch: int, ctx: int, hq: int, hkv: int, d: int, ps: int,
+                     tensor_cores: Optional[bool], iters: int) -> dict:
+    import torch
+
+    from radixrt.kernels import AttentionMetadata
+    from radixrt.kernels.flashinfer_backend import FlashInferBackend
+
+    rng = random.Random(7)
+    dtype = torch.bfloat16
+    pages_per = -(-ctx // ps)
+    num_pages = batch * pages_per + 1
+    perm = list(range(num_pages))
+    rng.shuffle(perm)
+    seq = []
+    for i in range(batch):
+        pages = perm[i * pages_per:(i + 1) * pages_per]
+        seq.append([pages[j // ps] * ps + j % ps for j in range(ctx)])
+    meta = AttentionMetadata.build(seq, [1] * batch, ps, device)
+    kc = torch.randn(num_pages * ps, hkv, d, device=device, dtype=dtype)
+    vc = torch.randn_like(kc)
+    q = torch.randn(batch, hq, d, device=device, dtype=dtype)
+    backend = FlashInferBackend(device=device, flashinfer_module=fi,
+                                workspace_bytes=(1 << 10) if device == "cpu" else (256 << 20))
+    if tensor_cores is not None:
+        backend.tensor_core_min_group = 1 if tensor_cores else 1 << 30
+    backend.configure(hq, hkv, d, dtype)
+    backend.plan(meta)
+    wrapper = backend._active
+    paged = (kc.view(-1, ps, hkv, d), vc.view(-1, ps, hkv, d))
+    ms = time_ms(lambda: wrapper.run(q, paged), device, iters=iters)
+    kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
+    io_bytes = kv_bytes + 2 * q.numel() * q.element_size() + meta.kv_slots.numel() // ps * 4
+    return {"batch": batch, "ctx": ctx, "heads": f"{hq}/{hkv}", "head_dim": d, "page_size": ps,
+            "tensor_cores": backend.use_tensor_cores(hq, hkv), "ms": ms, "kv_bytes": kv_bytes,
+            "GBps": io_bytes / ms / 1e6}
+
+
+def check_bandwidth(fi: Any, device: str, dry: bool) -> dict:
+    import torch
+
+    if dry:
+        copy = copy_bandwidth(device, 1 << 24)
+        shapes = dict(batch=4, ctx=256, hq=8, hkv=2, d=16)
+        iters = 2
+    else:
+        copy = copy_bandwidth(device, 4 << 30)
+        shapes = dict(batch=64, ctx=4096, hq=32, hkv=8, d=128)
+        iters = 50
+    variants = []
+    for ps, tc in ((16, None), (1, None), (16, False)):
+        r = decode_bandwidth(fi, device, ps=ps, tensor_cores=tc, iters=iters, **shapes)
+        r["fraction_of_copy"] = r["GBps"] / copy["GBps"]
+        variants.append(r)
+        torch.cuda.empty_cache() if device == "cuda" else None
+    headline = variants[0]  # what the runtime picks: page 16 here, tensor cores at GQA 4
+    return {"copy": copy, "decode": variants, "headline_fraction": headline["fraction_of_copy"],
+            "target_fraction": 0.8, "meets_target": headline["fraction_of_copy"] >= 0.8}
+
+
+# ----------------------------------------------------------------------------- sampling (optional backend)
+def check_sampling(fi: Any, device: str, dry: bool) -> dict:
+    """FlashInfer's top-k/top-p kernel through FlashInferSampler: its draws against the
+    exact distribution (total variation), and its time against the default sampler."""
+    import torch
+
+    from radixrt.flashinfer_sampler import FlashInferSampler
+    from radixrt.sampler import Sampler, SamplingRow
+    from radixrt.sampling_params import SamplingParams
+
+    torch.manual_seed(3)
+    sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+    small_v, n = 64, (400 if dry else 16384)
+    logits = (torch.randn(1, small_v) * 2).to(device)
+    rows = [SamplingRow(params=sp, seed=i, output_ids=[], prompt_ids=[1]) for i in range(n)]
+    exact = Sampler(small_v, [2]).sampling_probs(logits.cpu(), rows[:1])[0].double()
+    fis = FlashInferSampler(small_v, [2], flashinfer_module=fi, require_cuda=not dry)
+    toks = torch.tensor(fis.sample(logits.expand(n, small_v).contiguous(), rows).token_ids)
+    freq = torch.bincount(toks, minlength=small_v).double() / n
+    tv = 0.5 * float((freq - exact).abs().sum())
+    outside = int((exact[toks] == 0).sum())
+    vocab, b = (1000, 4) if dry else (49152, 64)
+    big = torch.randn(b, vocab, device=device) * 3
+    brows = [SamplingRow(params=sp, seed=i, output_ids=[5] * i, prompt_ids=[1]) for i in range(b)]
+    default = Sampler(vocab, [2])
+    fast = FlashInferSampler(vocab, [2], flashinfer_module=fi, require_cuda=not dry)
+    t_default = time_ms(lambda: default.sample(big, brows), device, iters=3 if dry else 20)
+    t_fast = time_ms(lambda: fast.sample(big, brows), device, iters=3 if dry else 20)
+    return {"total_variation": tv, "samples": n, "outside_support": outside, "pass": tv < 0.03 + (0.05 if dry else 0)
+            and outside == 0, "batch": b, "vocab": vocab, "default_ms": t_default, "flashinfer_ms": t_fast}
+
+
+# ----------------------------------------------------------------------------- 3. end to end
+LLAMA_1B = dict(  # Llama-3.2-1B shapes (~1.1B parameters with this vocabulary), random weights
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192,
+    num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+    hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=2,
+)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+def _default_model_source(carry: Path) -> tuple[Optional[Path], Optional[Path]]:
+    """(real default-model folder or None, folder with its config + tokenizer or None)."""
+    home = Path(os.environ.get("RADIXRT_HOME") or Path.home() / ".cache" / "radixrt")
+    real = home / "models" / "SmolLM2-135M-Instruct"
+    real = real if (real / "config.json").is_file() and list(real.glob("*.safetensors")) else None
+    meta = carry / "default_model_meta"
+    if not (meta / "config.json").is_file():
+        meta = real
+    return real, meta
+
+
+def make_random_model(dest: Path, config: dict, tokenizer_src: Optional[Path], device: str, dtype: Any) -> Any:
+    """Save a random-weight Llama (safetensors) under ``dest``; return the transformers model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg)
+    model = model.to(dtype).eval()
+    model.save_pretrained(str(dest), safe_serialization=True)
+    if tokenizer_src is not None:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_src / name).is_file():
+                shutil.copy2(tokenizer_src / name, dest / name)
+    return model
+
+
+def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int, device: str) -> tuple[float, list[list[int]]]:
+    """Plain transformers generate: one left-padded batch, greedy, exactly new_tokens each."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    sync(device)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
+    sync(device)
+    wall = time.perf_counter() - t
+    return wall, [row[width:].tolist() for row in out]
+
+
+def radixrt_generate(engine: Any, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]], int]:
+    sp = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    if not engine.flush_cache():
+        raise RuntimeError("engine busy")
+    t = time.perf_counter()
+    res = engine.generate(input_ids=prompts, sampling_params=sp)
+    wall = time.perf_counter() - t
+    cached = sum(r["meta_info"].get("cached_tokens", 0) for r in res)
+    return wall, [r["output_ids"] for r in res], cached
+
+
+E2E_SIZES = dict(requests=64, decode_prompt=128, decode_new=128, prefix=1024, suffix=32, shared_new=64)
+E2E_DRY = dict(requests=4, decode_prompt=12, decode_new=6, prefix=48, suffix=4, shared_new=4)
+
+
+def workloads(vocab: int, dry: bool) -> dict[str, tuple[list[list[int]], int]]:
+    """``batch-decode``: independent prompts; ``shared-prefix``: one long shared prefix
+    plus a short unique suffix per request (sizes: E2E_SIZES, set from the command line)."""
+    rng = random.Random(99)
+    lo = min(100, vocab // 2)
+    z = E2E_DRY if dry else E2E_SIZES
+    n, plen, new = z["requests"], z["decode_prompt"], z["decode_new"]
+    prefix, suffix, snew = z["prefix"], z["suffix"], z["shared_new"]
+    batch = [[rng.randrange(lo, vocab) for _ in range(plen)] for _ in range(n)]
+    shared = [rng.randrange(lo, vocab) for _ in range(prefix)]
+    fan = [shared + [rng.randrange(lo, vocab) for _ in range(suffix)] for _ in range(n)]
+    return {"batch-decode": (batch, new), "shared-prefix": (fan, snew)}
+
+
+def run_model(name: str, folder: Path, hf_model: Any, device: str, dry: bool, graphs_off_too: bool,
+              report: Report) -> dict:
+    import torch
+
+    import radixrt
+
+    vocab = hf_model.config.vocab_size
+    pad_id = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
+    loads = workloads(vocab, dry)
+    out: dict[str, Any] = {"model": name, "params_M": round(sum(p.numel() for p in hf_model.parameters()) / 1e6, 1)}
+    # transformers first (warm-up on a short batch), then radixrt on the same prompts
+    hf_generate(hf_model, [loads["batch-decode"][0][0][:8]], 2, pad_id, device)
+    hf: dict[str, Any] = {}
+    for wl, (prompts, new) in loads.items():
+        wall, toks = hf_generate(hf_model, prompts, new, pad_id, device)
+        hf[wl] = {"wall_s": wall, "tok_s": len(prompts) * new / wall, "outputs": toks}
+        report.log(f"{name} {wl}: transformers {hf[wl]['tok_s']:.0f} tok/s")
+    configs = [("radixrt", {})]
+    if graphs_off_too:
+        configs.append(("radixrt, cuda graphs off", {"disable_cuda_graph": True}))
+    kwargs = dict(device=device, max_total_tokens=4096 if dry else 200_000, max_running_requests=128,
+                  log_level="warning")
+    if dry:
+        kwargs["attention_backend"] = "flashinfer"  # the CPU emulation stands in
+    for label, extra in configs:
+        t = time.perf_counter()
+        engine = radixrt.Engine(str(folder), **kwargs, **extra)
+        load_s = time.perf_counter() - t
+        runner = engine.scheduler.runner
+        info = {"load_s": load_s, "backend": type(runner.backend).__name__, "dtype": str(runner.dtype),
+                "cuda_graph_sizes": runner.cuda_graph.sizes if runner.cuda_graph is not None else None}
+        try:
+            radixrt_generate(engine, [loads["batch-decode"][0][0][:8]], 2)  # warm-up
+            for wl, (prompts, new) in loads.items():
+                wall, toks, cached = radixrt_generate(engine, prompts, new)
+                n_tok = sum(len(x) for x in toks)
+                row = {"wall_s": wall, "tok_s": n_tok / wall, "cached_tokens": cached,
+                       "speedup_vs_transformers": (n_tok / wall) / hf[wl]["tok_s"]}
+                agree = [a[:8] == b[:8] for a, b in zip(toks, hf[wl]["outputs"])]
+                row["first8_agree_with_transformers"] = sum(agree) / len(agree)
+                info[wl] = row
+                report.log(f"{name} {wl}: {label} {row['tok_s']:.0f} tok/s "
+                           f"({row['speedup_vs_transformers']:.2f}x transformers, cached {cached})")
+            if runner.cuda_graph is not None:
+                info["graph_replays"] = runner.cuda_graph.replays
+        finally:
+            engine.shutdown()
+            del engine, runner
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        out[label] = info
+    for wl in hf:
+        hf[wl].pop("outputs")
+    out["transformers"] = hf
+    return out
+
+
+def check_e2e(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if dry else torch.bfloat16
+    real, meta = _default_model_source(carry)
+    results: dict[str, Any] = {}
+    # default model: its real weights when present, else its config with random weights
+    if meta is not None:
+        cfg = json.loads((meta / "config.json").read_text())
+        if real is not None and not dry:
+            folder = real
+            hf_model = AutoModelForCausalLM.from_pretrained(str(real), dtype=dtype).to(device).eval()
+            weights = "real"
+        else:
+            keep = ("vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "max_position_embeddings",
+                    "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "intermediate_size",
+                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+            c = {k: cfg[k] for k in keep if k in cfg}
+            if "rope_theta" not in c and isinstance(cfg.get("rope_parameters"), dict):
+                c["rope_theta"] = cfg["rope_parameters"].get("rope_theta", 10000.0)
+            c.setdefault("pad_token_id", c.get("eos_token_id", 0))
+            if dry:
+                c.update(TINY)
+            folder = work / "default-random"
+            hf_model = make_random_model(folder, c, meta, device, dtype)
+            weights = "random (default model's config)"
+        r = run_model("default", folder, hf_model, device, dry, graphs_off_too=True, report=report)
+        r["weights"] = weights
+        results["default"] = r
+        del hf_model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    else:
+        results["default"] = {"skipped": "no default model config carried (default_model_meta)"}
+    # ~1B random Llama (the default model's tokenizer when carried)
+    big = dict(LLAMA_1B, vocab_size=49152)
+    if dry:
+        big.update(TINY)
+    folder = work / "llama-1b-random"
+    hf_model = make_random_model(folder, big, meta, device, dtype)
+    results["llama-1b"] = run_model("llama-1b", folder, hf_model, device, dry, graphs_off_too=False, report=report)
+    del hf_model
+    sp = results["llama-1b"].get("radixrt", {}).get("shared-prefix", {})
+    results["shared_prefix_speedup_1b"] = sp.get("speedup_vs_transformers")
+    d = results.get("default", {}).get("radixrt", {}).get("shared-prefix", {})
+    results["shared_prefix_speedup_default"] = d.get("speedup_vs_transformers")
+    results["target_speedup"] = 5.0
+    results["sizes"] = dict(E2E_DRY if dry else E2E_SIZES)
+    return results
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, toy sizes, emulated FlashInfer")
+    ap.add_argument("--carry", default=str(ROOT / ".device_carry"), help="the folder pack_flashinfer.py wrote")
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check_out"))
+    ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
+    ap.add_argument("--sections", default="correctness,bandwidth,sampling,e2e")
+    for key, value in E2E_SIZES.items():
+        ap.add_argument("--e2e-" + key.replace("_", "-"), type=int, default=value, dest="e2e_" + key,
+                        help=f"e2e workload size (default {value})")
+    ap.add_argument("--install-only", action="store_true",
+                    help="only unpack the carried FlashInfer; print the PYTHONPATH to use")
+    args = ap.parse_args()
+
+    E2E_SIZES.update({k: getattr(args, "e2e_" + k) for k in E2E_SIZES})
+    if args.install_only:  # print the PYTHONPATH that makes radixrt + flashinfer importable (device shells)
+        paths = [ensure_radixrt_importable(), install_flashinfer(Path(args.carry), None)]
+        print(os.pathsep.join(str(p) for p in paths if p is not None))
+        return
+    report = Report(Path(args.out), args.budget_s)
+    fi, device = setup(args, report)
+    import torch
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    report.data["env"] = {
+        "dry_run": args.dry_run, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__, "flashinfer": getattr(fi, "__version__", "?"), "python": sys.version.split()[0],
+    }
+    report.log(f"env: {report.data['env']}")
+    wanted = set(args.sections.split(","))
+    if "correctness" in wanted:
+        report.section("correctness", lambda: check_correctness(fi, device, args.dry_run))
+    if "bandwidth" in wanted:
+        report.section("bandwidth", lambda: check_bandwidth(fi, device, args.dry_run), min_left_s=30)
+    if "sampling" in wanted:
+        report.section("sampling", lambda: check_sampling(fi, device, args.dry_run), min_left_s=20)
+    if "e2e" in wanted:
+        report.section("e2e", lambda: check_e2e(device, args.dry_run, Path(args.carry), work, report), min_left_s=90)
+    if device == "cuda":
+        ws = Path(os.environ["FLASHINFER_WORKSPACE_BASE"]) / ".cache" / "flashinfer"
+        report.data["jit_compiled_on_device"] = sorted(p.name for p in ws.glob("*/*/cached_ops/*") if p.is_dir())
+    s = report.data["sections"]
+    summary = {
+        "correctness_pass": s.get("correctness", {}).get("pass"),
+        "max_rel_err": s.get("correctness", {}).get("max_rel_err"),
+        "decode_bw_fraction_of_copy": s.get("bandwidth", {}).get("headline_fraction"),
+        "copy_GBps": s.get("bandwidth", {}).get("copy", {}).get("GBps"),
+        "sampling_pass": s.get("sampling", {}).get("pass"),
+        "shared_prefix_speedup_1b": s.get("e2e", {}).get("shared_prefix_speedup_1b"),
+        "shared_prefix_speedup_default": s.get("e2e", {}).get("shared_prefix_speedup_default"),
+        "errors": report.data["errors"],
+        "elapsed_s": round(time.perf_counter() - report.t0, 1),
+    }
+    report.data["summary"] = summary
+    report.save()
+    print("SUMMARY " + json.dumps(summary, default=str), flush=True)
+    if report.data["errors"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
