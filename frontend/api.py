@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Union
 
 from .choices import ChoicesSamplingMethod, token_length_normalized
-from .errors import UnsupportedModalityError
 from .global_config import global_config
 from .ir import (
     SamplingParams,
@@ -19,7 +18,7 @@ from .ir import (
     SglSeparateReasoning,
     SglVideo,
     is_valid_regex,
-    to_expr,
+    role_turn,
 )
 
 
@@ -102,38 +101,42 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
     ))
 
 
-def gen_int(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None,
-            stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
-            stop_regex: Optional[Union[str, list[str]]] = None, temperature: Optional[float] = None,
-            top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
-            frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
-            ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
-            logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
-            return_text_in_logprobs: Optional[bool] = None) -> SglExpr:
-    """Generate an integer (as its decimal string, e.g. ``"42"``): constrained
-    by a regex where the backend supports constraints, and cut to the leading
-    integer otherwise."""
-    return gen(name, max_tokens=16 if max_tokens is None else max_tokens, n=n, stop=stop,
-               stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature, top_p=top_p,
-               top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-               ignore_eos=ignore_eos, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-               top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, dtype=int)
+def _public(f: Callable, name: str, doc: str) -> Callable:
+    """``f``, made by a factory below, under its public ``name`` and ``doc``
+    (what ``help()`` and reprs show)."""
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = doc
+    return f
 
 
-def gen_string(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None,
-               stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
-               stop_regex: Optional[Union[str, list[str]]] = None, temperature: Optional[float] = None,
-               top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
-               frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
-               ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
-               logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
-               return_text_in_logprobs: Optional[bool] = None) -> SglExpr:
-    """Generate a double-quoted string literal (constrained where supported)."""
-    return gen(name, max_tokens=max_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-               return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-               top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, dtype=str)
+def _typed_gen(public_name: str, dtype: type, default_max_tokens: Optional[int], doc: str) -> Callable[..., SglExpr]:
+    """A ``gen`` of fixed ``dtype`` (SGLang's ``gen_int`` / ``gen_string``
+    signature: no constraint or choice options), whose ``max_tokens`` falls
+    back to ``default_max_tokens`` (None: the program's default)."""
+
+    def typed_gen(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None,
+                  stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
+                  stop_regex: Optional[Union[str, list[str]]] = None, temperature: Optional[float] = None,
+                  top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
+                  frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
+                  ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
+                  logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
+                  return_text_in_logprobs: Optional[bool] = None) -> SglExpr:
+        return gen(name, max_tokens=default_max_tokens if max_tokens is None else max_tokens, n=n, stop=stop,
+                   stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature, top_p=top_p,
+                   top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+                   presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
+                   logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                   return_text_in_logprobs=return_text_in_logprobs, dtype=dtype)
+
+    return _public(typed_gen, public_name, doc)
+
+
+gen_int = _typed_gen("gen_int", int, 16,
+                     'Generate an integer (as its decimal string, e.g. ``"42"``): constrained by a regex '
+                     "where the backend supports constraints, and cut to the leading integer otherwise.")
+gen_string = _typed_gen("gen_string", str, None,
+                        "Generate a double-quoted string literal (constrained where supported).")
 
 
 def select(name: Optional[str] = None, choices: Optional[list[str]] = None, temperature: float = 0.0,
@@ -165,43 +168,27 @@ def video(path: str, num_frames: int = 0) -> SglExpr:
 
 # --- roles ---------------------------------------------------------------------------
 
-def _role(role: str, expr: Any = None) -> SglExprList:
-    if expr is None:
-        return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])
-    return SglExprList([SglRoleBegin(role), to_expr(expr), SglRoleEnd(role)])
+def _role_constructors(role: str) -> tuple[Callable[..., SglExprList], Callable[[], SglRoleBegin],
+                                           Callable[[], SglRoleEnd]]:
+    """The public constructors of one chat role: ``<role>(expr=None)``, a
+    whole turn (:func:`.ir.role_turn`), and ``<role>_begin()`` /
+    ``<role>_end()``, its markers alone, for a turn built across several
+    ``s += ...``."""
+
+    def whole(expr: Any = None) -> SglExprList:
+        return role_turn(role, expr)
+
+    def begin() -> SglRoleBegin:
+        return SglRoleBegin(role)
+
+    def end() -> SglRoleEnd:
+        return SglRoleEnd(role)
+
+    return (_public(whole, role, f"A {role} turn holding ``expr`` (an empty one when None)."),
+            _public(begin, f"{role}_begin", f"The begin marker of a {role} turn."),
+            _public(end, f"{role}_end", f"The end marker of a {role} turn."))
 
 
-def system(expr: Any = None) -> SglExprList:
-    return _role("system", expr)
-
-
-def user(expr: Any = None) -> SglExprList:
-    return _role("user", expr)
-
-
-def assistant(expr: Any = None) -> SglExprList:
-    return _role("assistant", expr)
-
-
-def system_begin() -> SglRoleBegin:
-    return SglRoleBegin("system")
-
-
-def system_end() -> SglRoleEnd:
-    return SglRoleEnd("system")
-
-
-def user_begin() -> SglRoleBegin:
-    return SglRoleBegin("user")
-
-
-def user_end() -> SglRoleEnd:
-    return SglRoleEnd("user")
-
-
-def assistant_begin() -> SglRoleBegin:
-    return SglRoleBegin("assistant")
-
-
-def assistant_end() -> SglRoleEnd:
-    return SglRoleEnd("assistant")
+system, system_begin, system_end = _role_constructors("system")
+user, user_begin, user_end = _role_constructors("user")
+assistant, assistant_begin, assistant_end = _role_constructors("assistant")

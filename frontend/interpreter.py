@@ -28,7 +28,6 @@ from .ir import (
     SglConstantText,
     SglExpr,
     SglExprList,
-    SglFork,
     SglFunction,
     SglGen,
     SglImage,
@@ -39,6 +38,7 @@ from .ir import (
     SglVarScopeBegin,
     SglVarScopeEnd,
     SglVideo,
+    role_turn,
     to_expr,
 )
 
@@ -432,15 +432,9 @@ class StreamExecutor:
         while True:
             items, finished = self._wait_log(i, None)
             i += len(items)
-            for var, chunk, meta in items:
-                if var_name is None:
-                    if chunk is not None:
-                        yield chunk, meta
-                elif var == var_name:
-                    if chunk is None:
-                        return
-                    yield chunk, meta
-            if finished and not items:
+            chunks, var_done = _chunks_of(items, var_name)
+            yield from chunks
+            if var_done or (finished and not items):
                 return
 
     async def aiter_log(self, var_name: Optional[str]) -> AsyncIterator[tuple[str, Any]]:
@@ -449,18 +443,32 @@ class StreamExecutor:
         while True:
             items, finished = await loop.run_in_executor(None, self._wait_log, i, 0.5)
             i += len(items)
-            for var, chunk, meta in items:
-                if var_name is None:
-                    if chunk is not None:
-                        yield chunk, meta
-                elif var == var_name:
-                    if chunk is None:
-                        return
-                    yield chunk, meta
+            chunks, var_done = _chunks_of(items, var_name)
+            for chunk in chunks:
+                yield chunk
+            if var_done:
+                return
             if finished and not items:
                 with self._cond:
                     if i >= len(self._log):
                         return
+
+
+def _chunks_of(items: list[tuple[Optional[str], Optional[str], Any]],
+               var_name: Optional[str]) -> tuple[list[tuple[str, Any]], bool]:
+    """The ``(chunk, meta)`` pairs of stream-log ``items`` that a text iterator
+    over ``var_name`` yields (every text chunk when ``var_name`` is None), and
+    whether ``var_name`` was marked done among them (the pairs stop there)."""
+    out = []
+    for var, chunk, meta in items:
+        if var_name is None:
+            if chunk is not None:
+                out.append((chunk, meta))
+        elif var == var_name:
+            if chunk is None:
+                return out, True
+            out.append((chunk, meta))
+    return out, False
 
 
 class ProgramState:
@@ -475,19 +483,22 @@ class ProgramState:
         self.stream_executor.submit(other)
         return self
 
+    @contextlib.contextmanager
+    def _bracketed(self, begin: SglExpr, end: SglExpr):
+        """Submit ``begin`` on entering the ``with`` block and ``end`` on
+        leaving it normally (an exception inside leaves the bracket open)."""
+        self.stream_executor.submit(begin)
+        yield
+        self.stream_executor.submit(end)
+
     def _role_common(self, role: str, expr: Any = None):
+        """With ``expr``: append a whole ``role`` turn holding it and return
+        that turn. Without: a context manager whose block is the turn."""
         if expr is not None:
-            role_expr = SglExprList([SglRoleBegin(role), to_expr(expr), SglRoleEnd(role)])
-            self.stream_executor.submit(role_expr)
-            return role_expr
-
-        @contextlib.contextmanager
-        def scope():
-            self.stream_executor.submit(SglRoleBegin(role))
-            yield
-            self.stream_executor.submit(SglRoleEnd(role))
-
-        return scope()
+            turn = role_turn(role, expr)
+            self.stream_executor.submit(turn)
+            return turn
+        return self._bracketed(SglRoleBegin(role), SglRoleEnd(role))
 
     def system(self, expr: Any = None):
         return self._role_common("system", expr)
@@ -498,11 +509,9 @@ class ProgramState:
     def assistant(self, expr: Any = None):
         return self._role_common("assistant", expr)
 
-    @contextlib.contextmanager
     def var_scope(self, name: str):
-        self.stream_executor.submit(SglVarScopeBegin(name))
-        yield
-        self.stream_executor.submit(SglVarScopeEnd(name))
+        """A context manager: the text appended inside its block is stored in variable ``name``."""
+        return self._bracketed(SglVarScopeBegin(name), SglVarScopeEnd(name))
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
         execs = self.stream_executor.fork(size, position_ids_offset)

@@ -13,7 +13,7 @@ import inspect
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 _ids = itertools.count()
@@ -219,40 +219,49 @@ class SglSelect(SglExpr):
         return f"{self.name!r}, choices={self.choices!r}"
 
 
-class SglRoleBegin(SglExpr):
-    def __init__(self, role: str) -> None:
+class _SglLabeledExpr(SglExpr):
+    """An expression that carries one string label and nothing else.
+
+    Subclasses set ``label_attr`` to the attribute that holds the label
+    (``"role"`` for role brackets, ``"name"`` for everything named by a
+    variable or argument); the constructor takes the label positionally and
+    ``repr`` shows it.
+    """
+
+    label_attr = "name"
+
+    def __init__(self, label: str) -> None:
         super().__init__()
-        self.role = role
+        setattr(self, self.label_attr, label)
 
     def _repr_fields(self) -> str:
-        return repr(self.role)
+        return repr(getattr(self, self.label_attr))
 
 
-class SglRoleEnd(SglExpr):
-    def __init__(self, role: str) -> None:
-        super().__init__()
-        self.role = role
+class SglRoleBegin(_SglLabeledExpr):
+    """Opens a chat turn of ``role`` (the role's begin marker)."""
 
-    def _repr_fields(self) -> str:
-        return repr(self.role)
+    label_attr = "role"
 
 
-class SglVarScopeBegin(SglExpr):
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
+class SglRoleEnd(_SglLabeledExpr):
+    """Closes a chat turn of ``role`` (the role's end marker)."""
 
-    def _repr_fields(self) -> str:
-        return repr(self.name)
+    label_attr = "role"
 
 
-class SglVarScopeEnd(SglExpr):
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
+class SglVarScopeBegin(_SglLabeledExpr):
+    """Starts capturing the text appended from here into variable ``name``."""
 
-    def _repr_fields(self) -> str:
-        return repr(self.name)
+
+class SglVarScopeEnd(_SglLabeledExpr):
+    """Stores the text appended since the matching begin in variable ``name``."""
+
+
+def role_turn(role: str, content: Any = None) -> SglExprList:
+    """One chat turn of ``role``: its begin marker, ``content`` (left out when
+    None) and its end marker."""
+    return SglExprList([SglRoleBegin(role), content, SglRoleEnd(role)])
 
 
 class SglCommitLazy(SglExpr):
@@ -281,26 +290,12 @@ class SglSeparateReasoning(SglExpr):
         self.name = getattr(expr, "name", None)
 
 
-class SglArgument(SglExpr):
+class SglArgument(_SglLabeledExpr):
     """A program argument seen by the tracer."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
 
-    def _repr_fields(self) -> str:
-        return repr(self.name)
-
-
-class SglVariable(SglExpr):
+class SglVariable(_SglLabeledExpr):
     """A reference to a generated variable seen by the tracer."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
-
-    def _repr_fields(self) -> str:
-        return repr(self.name)
 
 
 class SglFork(SglExpr):
@@ -331,11 +326,19 @@ def to_expr(x: Any) -> SglExpr:
 # Functions
 # ---------------------------------------------------------------------------
 
-_RUN_SAMPLING_KEYS = (
-    "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
-    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed",
-    "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+# The sampling options that ``run()`` and ``run_batch()`` take as keyword
+# arguments: the program-level defaults under every ``gen`` of the program.
+_RUN_SAMPLING_OPTIONS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs",
 )
+
+
+def _run_defaults(run_locals: dict[str, Any]) -> SamplingParams:
+    """Program defaults from the ``locals()`` of ``run()`` / ``run_batch()``
+    (their :data:`_RUN_SAMPLING_OPTIONS` parameters)."""
+    return default_sampling_params(**{k: run_locals[k] for k in _RUN_SAMPLING_OPTIONS})
 
 
 class SglFunction:
@@ -372,10 +375,6 @@ class SglFunction:
             raise TypeError(f"{self.__name__} has no argument(s) {unknown}")
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
-    def _split_run_kwargs(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in _RUN_SAMPLING_KEYS and k not in self.arg_names}
-        return sampling, kwargs
-
     def run(self, *args: Any, max_new_tokens: int = 128, stop: Optional[Union[str, list[str]]] = None,
             stop_token_ids: Optional[list[int]] = None, stop_regex: Optional[Union[str, list[str]]] = None,
             temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
@@ -385,13 +384,7 @@ class SglFunction:
             stream: bool = False, backend: Any = None, use_thread: bool = True, **kwargs: Any):
         from .interpreter import run_program
 
-        defaults = default_sampling_params(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-        )
+        defaults = _run_defaults(locals())
         arguments = self.bind_args(args, kwargs)
         return run_program(self, backend, arguments, defaults, stream=stream, use_thread=use_thread)
 
@@ -408,13 +401,7 @@ class SglFunction:
 
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of keyword-argument dicts")
-        defaults = default_sampling_params(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-        )
+        defaults = _run_defaults(locals())
         batch_arguments = []
         for kw in batch_kwargs:
             if not isinstance(kw, dict):

@@ -5,7 +5,7 @@ requests sent one by one, as independent prompts, to the transformers
     python -m radixrt.bench_programs                 # both workloads, default model
     python -m radixrt.bench_programs --questions 16 --no-cache-off --json out.json
 
-Workloads
+Workloads (the programs of ``examples/``, from ``radixrt.example_programs``)
   * tree of thought: a question, then two levels of ``fork(4)`` (4 thoughts,
     each expanded into 4: 20 thoughts), then an answer and a yes/no
     ``select`` self-check on each of the 16 leaves;
@@ -34,64 +34,8 @@ import sys
 import time
 from typing import Any
 
-import radixrt.frontend as rt
+from radixrt.example_programs import CAPITAL_QUESTIONS, TOT_QUESTION, capital_qa, tree_of_thought
 from radixrt.frontend.engine_backend import EngineBackend
-
-FEW_SHOT = [("Germany", "Berlin"), ("Spain", "Madrid"), ("Japan", "Tokyo"), ("Canada", "Ottawa"),
-            ("Egypt", "Cairo")]
-COUNTRIES = [
-    ("France", "Paris"), ("Italy", "Rome"), ("England", "London"), ("Russia", "Moscow"), ("China", "Beijing"),
-    ("Greece", "Athens"), ("Portugal", "Lisbon"), ("Austria", "Vienna"), ("Poland", "Warsaw"),
-    ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"),
-    ("Ireland", "Dublin"), ("Hungary", "Budapest"), ("Belgium", "Brussels"), ("the Netherlands", "Amsterdam"),
-    ("Switzerland", "Bern"), ("Czechia", "Prague"), ("Romania", "Bucharest"), ("Bulgaria", "Sofia"),
-    ("Serbia", "Belgrade"), ("Croatia", "Zagreb"), ("Ukraine", "Kyiv"), ("Turkey", "Ankara"),
-    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Israel", "Jerusalem"), ("Saudi Arabia", "Riyadh"),
-    ("India", "New Delhi"), ("Pakistan", "Islamabad"), ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"),
-    ("South Korea", "Seoul"), ("Indonesia", "Jakarta"), ("the Philippines", "Manila"),
-    ("Malaysia", "Kuala Lumpur"), ("Australia", "Canberra"), ("New Zealand", "Wellington"),
-    ("Mexico", "Mexico City"), ("Cuba", "Havana"), ("Argentina", "Buenos Aires"), ("Chile", "Santiago"),
-    ("Peru", "Lima"), ("Colombia", "Bogota"), ("Venezuela", "Caracas"), ("Brazil", "Brasilia"),
-    ("Kenya", "Nairobi"), ("Ethiopia", "Addis Ababa"), ("Nigeria", "Abuja"), ("Ghana", "Accra"),
-    ("Morocco", "Rabat"), ("Algeria", "Algiers"), ("Tunisia", "Tunis"), ("Senegal", "Dakar"),
-    ("Uganda", "Kampala"), ("Afghanistan", "Kabul"), ("Nepal", "Kathmandu"), ("Bangladesh", "Dhaka"),
-    ("Sri Lanka", "Colombo"), ("Mongolia", "Ulaanbaatar"), ("Iceland", "Reykjavik"), ("Estonia", "Tallinn"),
-    ("Latvia", "Riga"),
-]
-PREAMBLE = "Answer with the name of the capital city.\n\n" + "".join(
-    f"Question: What is the capital of {c}?\nAnswer: {a}\n\n" for c, a in FEW_SHOT
-)
-TOT_QUESTION = ("A farmer has 3 pens with 4 sheep in each pen. He buys 5 more sheep. "
-                "How many sheep does he have now?")
-
-
-@rt.function
-def few_shot_qa(s, country):
-    s += PREAMBLE
-    s += "Question: What is the capital of " + country + "?\nAnswer:"
-    s += rt.gen("answer", max_tokens=8, stop="\n") + "\n"
-
-
-@rt.function
-def tree_of_thought(s, question, width=4, depth=2, thought_tokens=24):
-    s += rt.system("You solve problems by thinking step by step.")
-    s += rt.user(question)
-    s += rt.assistant_begin()
-    frontier = [s]
-    for level in range(depth):
-        children = []
-        for n, node in enumerate(frontier):
-            kids = node.fork(width)
-            for k, kid in enumerate(kids):
-                seed = 1000 * level + width * n + k  # diverse but reproducible branches
-                kid += f"Step {level + 1}:" + rt.gen("thought", max_tokens=thought_tokens, stop="\n",
-                                                     temperature=0.8, top_p=0.95, seed=seed) + "\n"
-            children.extend(kids)
-        frontier = children
-    for leaf in frontier:
-        leaf += "Answer:" + rt.gen("answer", max_tokens=12, stop="\n", temperature=0) + "\n"
-        leaf += "Is this answer correct (yes or no)?" + rt.select("verdict", choices=[" yes", " no"])
-    return [(leaf["answer"], leaf["verdict"]) for leaf in frontier]
 
 
 class RecordingBackend(EngineBackend):
@@ -148,10 +92,10 @@ def run_workload(engine: Any, name: str, args: argparse.Namespace) -> tuple[floa
     engine.flush_cache()
     t = time.perf_counter()
     if name == "few_shot":
-        batch = [{"country": c} for c, _ in (COUNTRIES * 2)[: args.questions]]
-        states = few_shot_qa.run_batch(batch, temperature=0, backend=backend, progress_bar=args.progress)
+        batch = [{"country": c} for c, _ in (CAPITAL_QUESTIONS * 2)[: args.questions]]
+        states = capital_qa.run_batch(batch, temperature=0, backend=backend, progress_bar=args.progress)
         elapsed = time.perf_counter() - t
-        answers = [(COUNTRIES * 2)[i][1] for i in range(args.questions)]
+        answers = [(CAPITAL_QUESTIONS * 2)[i][1] for i in range(args.questions)]
         extra = {"correct": sum(st["answer"].strip() == a for st, a in zip(states, answers)),
                  "programs": len(states),
                  "errors": sum(st.error() is not None for st in states)}
@@ -206,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(model_path=args.model)
     model_path = engine.model_path
     try:
-        few_shot_qa.run(country="France", temperature=0, backend=EngineBackend(engine))  # warm-up
+        capital_qa.run(country="France", temperature=0, backend=EngineBackend(engine))  # warm-up
         for w in workloads:
             elapsed, reqs, extra = run_workload(engine, w, args)
             recorded[w] = reqs
@@ -219,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_cache_off:
         engine = Engine(model_path=args.model, disable_radix_cache=True)
         try:
-            few_shot_qa.run(country="France", temperature=0, backend=EngineBackend(engine))
+            capital_qa.run(country="France", temperature=0, backend=EngineBackend(engine))
             for w in workloads:
                 elapsed, _, _ = run_workload(engine, w, args)
                 results[w]["radixrt_cache_off_s"] = elapsed

@@ -12,7 +12,7 @@ import re
 import pytest
 
 import radixrt.frontend as rt
-from radixrt.frontend.errors import BackendError, ProgramError
+from frontend_helpers import assert_request_failure_surfaces, multi_turn_question
 
 pytestmark = pytest.mark.slow
 
@@ -298,12 +298,7 @@ def test_errors_surface(engine):
 
     st = bad.run()
     assert isinstance(st["ok"], str)
-    assert isinstance(st.error(), BackendError)
-    with pytest.raises(ProgramError) as ei:
-        st["broken"]
-    assert isinstance(ei.value.__cause__, BackendError)
-    with pytest.raises(ProgramError):
-        st["after"]
+    assert_request_failure_surfaces(st, "broken", later="after")
 
     @rt.function
     def with_image(s):
@@ -337,16 +332,9 @@ def test_sglang_programs_run_unchanged(engine):
     if not hasattr(sgl, "function"):
         pytest.skip("radixrt/__init__.py does not re-export the frontend language yet")
 
-    @sgl.function
-    def multi_turn_question(s, question_1, question_2):
-        s += sgl.system("You are a helpful assistant.")
-        s += sgl.user(question_1)
-        s += sgl.assistant(sgl.gen("answer_1", max_tokens=16))
-        s += sgl.user(question_2)
-        s += sgl.assistant(sgl.gen("answer_2", max_tokens=16))
-
-    state = multi_turn_question.run(question_1="What is the capital of France?",
-                                    question_2="What is the capital of Italy?", temperature=0)
+    program = multi_turn_question(sgl, max_tokens=16)
+    state = program.run(question_1="What is the capital of France?", question_2="What is the capital of Italy?",
+                        temperature=0)
     assert "Paris" in state["answer_1"] and "Rome" in state["answer_2"]
 
     @sgl.function

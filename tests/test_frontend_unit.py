@@ -26,7 +26,8 @@ from radixrt.chat_roles import (
 )
 from radixrt.frontend.backend import BaseBackend
 from radixrt.frontend.choices import ChoicesDecision
-from radixrt.frontend.errors import BackendError, ProgramError, UnsupportedModalityError
+from radixrt.frontend.errors import BackendError, UnsupportedModalityError
+from frontend_helpers import assert_request_failure_surfaces, multi_turn_question
 
 CHATML = {
     "system": ("<|im_start|>system\n", "<|im_end|>\n"),
@@ -335,12 +336,7 @@ def test_errors_surface_on_read_and_in_error():
 
     st = p.run(backend=be)
     assert st["a"] == "fine"
-    assert isinstance(st.error(), BackendError)
-    with pytest.raises(ProgramError) as ei:
-        st["b"]
-    assert isinstance(ei.value.__cause__, BackendError)
-    with pytest.raises(ProgramError):
-        st["c"]
+    assert_request_failure_surfaces(st, "b", later="c")
     assert len(be.requests) == 2, "nothing runs after a failed request"
 
 
@@ -465,16 +461,9 @@ def test_subprogram_call_inline():
 
 def test_sglang_style_import_alias_program_runs_unchanged():
     sgl = rt  # `import radixrt as sgl` exposes the same names
+    program = multi_turn_question(sgl, max_tokens=256)
 
-    @sgl.function
-    def multi_turn_question(s, question_1, question_2):
-        s += sgl.system("You are a helpful assistant.")
-        s += sgl.user(question_1)
-        s += sgl.assistant(sgl.gen("answer_1", max_tokens=256))
-        s += sgl.user(question_2)
-        s += sgl.assistant(sgl.gen("answer_2", max_tokens=256))
-
-    st = multi_turn_question.run(question_1="a", question_2="b", backend=ScriptedBackend(reply=lambda p, sp: "r"))
+    st = program.run(question_1="a", question_2="b", backend=ScriptedBackend(reply=lambda p, sp: "r"))
     assert [m["role"] for m in st.messages()] == ["system", "user", "assistant", "user", "assistant"]
 
 

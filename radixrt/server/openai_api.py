@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
@@ -82,8 +83,68 @@ def _check_stream_error(group: ReqGroup) -> Optional[str]:
     return None
 
 
+@dataclass
+class _ChoiceUpdate:
+    """What one choice of a streamed response produced since its last chunk."""
+
+    index: int  # the choice's index (its state's position in the group)
+    state: ReqState
+    delta: str  # text not sent yet
+    start_lp: int  # position of the first output logprob not sent yet
+    finish_reason: Optional[str]
+
+
+def _take_update(group: ReqGroup, st: ReqState) -> _ChoiceUpdate:
+    """``st``'s news since its last chunk; marks its text and logprobs as sent."""
+    text = st.acc.text
+    delta = text[st.sent_text:] if len(text) > st.sent_text else ""
+    start_lp = st.sent_logprobs
+    st.sent_text = max(st.sent_text, len(text))
+    st.sent_logprobs = len(st.acc.output_token_logprobs)
+    return _ChoiceUpdate(group.states.index(st), st, delta, start_lp, _finish_reason(st))
+
+
+def _sse_chunk(head: dict, choices: list, usage: Optional[dict] = None) -> bytes:
+    """One chunk of a streamed response as an SSE event: ``head`` (its id,
+    object, created and model fields), then ``choices``, then ``usage`` when given."""
+    from .http_server import sse
+
+    d = {**head, "choices": choices}
+    if usage is not None:
+        d["usage"] = usage
+    return sse(d)
+
+
+async def _stream_choices(group: ReqGroup, head: dict, render: Callable[[_ChoiceUpdate], list[dict]],
+                          usage: Optional[Callable[[], dict]], opening: Optional[list[dict]] = None,
+                          ) -> AsyncIterator[bytes]:
+    """The SSE body of a streamed completion, one chunk per choice entry.
+
+    First the ``opening`` entries (one write). Then, for each batch of engine
+    updates, the entries ``render`` makes of every choice's update (it may make
+    none), in one write; a request error ends the stream with an error event.
+    Then, unless an error ended it, a chunk with no choices and ``usage()``
+    when ``usage`` is given; last ``[DONE]``.
+    """
+    from .http_server import SSE_DONE, error_body, sse
+
+    if opening:
+        yield b"".join(_sse_chunk(head, [c]) for c in opening)
+    async for news in group.updates():
+        err = _check_stream_error(group)
+        if err is not None:
+            yield sse(error_body(503, err))
+            break
+        out = [_sse_chunk(head, [c]) for st in news for c in render(_take_update(group, st))]
+        if out:
+            yield b"".join(out)
+    if usage is not None and _check_stream_error(group) is None:
+        yield _sse_chunk(head, [], usage())
+    yield SSE_DONE
+
+
 def add_routes(app: FastAPI, ctx: "ServerContext") -> None:
-    from .http_server import JSON, SSE_DONE, error_body, raise_state_errors, sse, stream_response, wait_group
+    from .http_server import JSON, raise_state_errors, stream_response, wait_group
 
     tm = ctx.tm
 
@@ -171,45 +232,26 @@ def add_routes(app: FastAPI, ctx: "ServerContext") -> None:
                     "text_offset": offsets}
 
         if req.stream:
+            echoed: set[int] = set()  # choices whose prompt was sent (with echo, in their first chunk)
+
+            def render(u: _ChoiceUpdate) -> list[dict]:
+                echo_now = req.echo and u.index not in echoed
+                echoed.add(u.index)
+                prefix = prompt_text(u.index // n) if echo_now else ""
+                if not u.delta and not prefix and u.finish_reason is None:
+                    return []
+                choice = {"index": u.index, "text": prefix + u.delta, "logprobs": None,
+                          "finish_reason": u.finish_reason}
+                if want_lp:
+                    choice["logprobs"] = logprobs_obj(u.state, u.start_lp, echo_now, 0)
+                return [choice]
+
+            def usage() -> dict:
+                return _usage(group, n, [len(x) for x in ids_list])
+
+            head = {"id": cid, "object": "text_completion", "created": created, "model": ctx.served_model_name}
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-            async def body() -> AsyncIterator[bytes]:
-                first_chunk = {id(st): True for st in group.states}
-                async for news in group.updates():
-                    err = _check_stream_error(group)
-                    if err is not None:
-                        yield sse(error_body(503, err))
-                        break
-                    out = []
-                    for st in news:
-                        idx = group.states.index(st)
-                        text = st.acc.text
-                        delta = text[st.sent_text:] if len(text) > st.sent_text else ""
-                        start_lp = st.sent_logprobs
-                        prefix = ""
-                        echo_now = req.echo and first_chunk[id(st)]
-                        if echo_now:
-                            prefix = prompt_text(idx // n)
-                        first_chunk[id(st)] = False
-                        st.sent_text = max(st.sent_text, len(text))
-                        st.sent_logprobs = len(st.acc.output_token_logprobs)
-                        fin = _finish_reason(st)
-                        if not delta and not prefix and fin is None:
-                            continue
-                        choice = {"index": idx, "text": prefix + delta, "logprobs": None, "finish_reason": fin}
-                        if want_lp:
-                            choice["logprobs"] = logprobs_obj(st, start_lp, echo_now, 0)
-                        out.append(sse({"id": cid, "object": "text_completion", "created": created,
-                                        "model": ctx.served_model_name, "choices": [choice]}))
-                    if out:
-                        yield b"".join(out)
-                if include_usage and _check_stream_error(group) is None:
-                    yield sse({"id": cid, "object": "text_completion", "created": created,
-                               "model": ctx.served_model_name, "choices": [],
-                               "usage": _usage(group, n, [len(x) for x in ids_list])})
-                yield SSE_DONE
-
-            return stream_response(tm, group, body())
+            return stream_response(tm, group, _stream_choices(group, head, render, usage if include_usage else None))
 
         if not await wait_group(request, tm, group):
             return Response(status_code=499)
@@ -309,46 +351,25 @@ def add_routes(app: FastAPI, ctx: "ServerContext") -> None:
             return out
 
         if req.stream:
+            def render(u: _ChoiceUpdate) -> list[dict]:
+                out = []
+                lp = {"content": lp_entries(u.state, u.start_lp)} if req.logprobs else None
+                if u.delta or (lp and lp["content"]):
+                    out.append({"index": u.index, "delta": {"content": u.delta}, "logprobs": lp,
+                                "finish_reason": None})
+                if u.finish_reason is not None:
+                    out.append({"index": u.index, "delta": {}, "logprobs": None, "finish_reason": u.finish_reason})
+                return out
+
+            def usage() -> dict:
+                return _usage(group, n, [len(ids)])
+
+            head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": ctx.served_model_name}
+            opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None} for i in range(n)]
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-            def chunk(choices: list, usage: Optional[dict] = None) -> bytes:
-                d = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                     "model": ctx.served_model_name, "choices": choices}
-                if usage is not None:
-                    d["usage"] = usage
-                return sse(d)
-
-            async def body() -> AsyncIterator[bytes]:
-                yield b"".join(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}]) for i in range(n))
-                async for news in group.updates():
-                    err = _check_stream_error(group)
-                    if err is not None:
-                        yield sse(error_body(503, err))
-                        break
-                    out = []
-                    for st in news:
-                        idx = group.states.index(st)
-                        text = st.acc.text
-                        delta = text[st.sent_text:] if len(text) > st.sent_text else ""
-                        start_lp = st.sent_logprobs
-                        st.sent_text = max(st.sent_text, len(text))
-                        st.sent_logprobs = len(st.acc.output_token_logprobs)
-                        fin = _finish_reason(st)
-                        lp = {"content": lp_entries(st, start_lp)} if req.logprobs else None
-                        if delta or (lp and lp["content"]):
-                            out.append(chunk([{"index": idx, "delta": {"content": delta}, "logprobs": lp,
-                                               "finish_reason": None}]))
-                        if fin is not None:
-                            out.append(chunk([{"index": idx, "delta": {}, "logprobs": None,
-                                               "finish_reason": fin}]))
-                    if out:
-                        yield b"".join(out)
-                if include_usage and _check_stream_error(group) is None:
-                    yield chunk([], _usage(group, n, [len(ids)]))
-                yield SSE_DONE
-
-            return stream_response(tm, group, body())
+            return stream_response(tm, group, _stream_choices(group, head, render, usage if include_usage else None,
+                                                              opening))
 
         if not await wait_group(request, tm, group):
             return Response(status_code=499)
