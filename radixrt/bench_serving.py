@@ -32,152 +32,17 @@ import asyncio
 import json
 import math
 import random
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
-WORDS = (
-    "time year people way day man thing woman life child world school state family student group country "
-    "problem hand part place case week company system program question work government number night point "
-    "home water room mother area money story fact month lot right study book eye job word business issue "
-    "side kind head house service friend father power hour game line end member law car city community name "
-    "president team minute idea kid body information back parent face others level office door health person "
-    "art war history party result change morning reason research girl guy moment air teacher force education "
-    "river mountain window garden engine market signal rocket violet silver lantern meadow harbor compass"
-).split()
-
-
-@dataclass
-class ReqResult:
-    ok: bool = False
-    error: str = ""
-    ttft: Optional[float] = None
-    itls: list = field(default_factory=list)
-    latency: float = 0.0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    text: str = ""
-
-
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def _pct(xs: list, q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-# ---------------------------------------------------------------------- one request
-async def native_stream(client: Any, payload: dict) -> ReqResult:
-    res = ReqResult()
-    t0 = time.perf_counter()
-    last, n_prev, meta = None, 0, {}
-    try:
-        async with client.stream("POST", "/generate", json={**payload, "stream": True}) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                obj = json.loads(data)
-                if "error" in obj:
-                    res.error = str(obj["error"])
-                    return res
-                now = time.perf_counter()
-                n = len(obj["output_ids"])
-                if n > n_prev:
-                    if res.ttft is None:
-                        res.ttft = now - t0
-                    else:
-                        res.itls.extend([(now - last) / (n - n_prev)] * (n - n_prev))
-                    last, n_prev = now, n
-                meta = obj["meta_info"]
-                res.text = obj["text"]
-    except Exception as e:  # noqa: BLE001 - counted as a failed request
-        res.error = f"{type(e).__name__}: {e}"
-        return res
-    res.latency = time.perf_counter() - t0
-    res.prompt_tokens = meta.get("prompt_tokens", 0)
-    res.output_tokens = meta.get("completion_tokens", 0)
-    res.cached_tokens = meta.get("cached_tokens", 0)
-    res.ok = (meta.get("finish_reason") or {}).get("type") in ("length", "stop")
-    if not res.ok:
-        res.error = f"finish_reason {meta.get('finish_reason')}"
-    return res
-
-
-async def chat_stream(client: Any, model: str, messages: list, max_tokens: int) -> ReqResult:
-    res = ReqResult()
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    last = None
-    parts = []
-    usage = None
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                obj = json.loads(data)
-                if "error" in obj:
-                    res.error = str(obj["error"])
-                    return res
-                if obj.get("usage"):
-                    usage = obj["usage"]
-                for c in obj.get("choices", []):
-                    content = c.get("delta", {}).get("content")
-                    if content:
-                        now = time.perf_counter()
-                        if res.ttft is None:
-                            res.ttft = now - t0
-                        else:
-                            res.itls.append(now - last)
-                        last = now
-                        parts.append(content)
-    except Exception as e:  # noqa: BLE001
-        res.error = f"{type(e).__name__}: {e}"
-        return res
-    res.latency = time.perf_counter() - t0
-    res.text = "".join(parts)
-    if usage:
-        res.prompt_tokens = usage["prompt_tokens"]
-        res.output_tokens = usage["completion_tokens"]
-        res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    res.ok = usage is not None
-    if not res.ok:
-        res.error = "no usage chunk"
-    return res
+from .bench_common import WORDS, ReqResult, chat_stream, latency_stats, native_stream  # noqa: F401
+from .bench_common import arrivals as _arrivals
+from .bench_common import server_counters
+from .bench_common import words as _words
 
 
 # ---------------------------------------------------------------------- workloads
-def _arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        if rate != math.inf:
-            t += rng.expovariate(rate)
-    return out
-
-
 async def run_shared_prefix(client: Any, args: argparse.Namespace) -> list[ReqResult]:
     rng = random.Random(args.seed)
     prefixes = [f"System prompt {g}. " + _words(rng, args.prefix_len) for g in range(args.num_groups)]
@@ -226,13 +91,9 @@ async def run_multi_turn(client: Any, args: argparse.Namespace, model: str) -> l
 # ---------------------------------------------------------------------- reporting
 def summarize(results: list[ReqResult], duration: float, server_delta: dict) -> dict:
     ok = [r for r in results if r.ok]
-    ttfts = [r.ttft for r in ok if r.ttft is not None]
-    itls = [x for r in ok for x in r.itls]
-    lats = [r.latency for r in ok]
     prompt = sum(r.prompt_tokens for r in ok)
     out = sum(r.output_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
-    ms = 1000.0
     return {
         "requests": len(results),
         "completed": len(ok),
@@ -248,16 +109,7 @@ def summarize(results: list[ReqResult], duration: float, server_delta: dict) -> 
         "cache_hit_rate": cached / prompt if prompt else 0.0,
         "server_hit_rate": server_delta.get("hit_rate"),
         "prompt_tokens_computed": server_delta.get("prompt_tokens_computed"),
-        "mean_ttft_ms": statistics.fmean(ttfts) * ms if ttfts else float("nan"),
-        "p50_ttft_ms": _pct(ttfts, 0.5) * ms,
-        "p90_ttft_ms": _pct(ttfts, 0.9) * ms,
-        "p99_ttft_ms": _pct(ttfts, 0.99) * ms,
-        "mean_itl_ms": statistics.fmean(itls) * ms if itls else float("nan"),
-        "p50_itl_ms": _pct(itls, 0.5) * ms,
-        "p90_itl_ms": _pct(itls, 0.9) * ms,
-        "p99_itl_ms": _pct(itls, 0.99) * ms,
-        "mean_e2e_ms": statistics.fmean(lats) * ms if lats else float("nan"),
-        "p99_e2e_ms": _pct(lats, 0.99) * ms,
+        **latency_stats(ok),
     }
 
 
@@ -310,13 +162,7 @@ def print_table(workload: str, runs: dict[str, dict]) -> None:
 
 
 # ---------------------------------------------------------------------- driver
-async def _server_counters(client: Any) -> dict:
-    r = await client.get("/get_server_info")
-    r.raise_for_status()
-    st = r.json()["internal_states"][0]
-    cache = st.get("cache", {})
-    return {"hit_tokens": cache.get("hit_tokens", 0), "queried_tokens": cache.get("queried_tokens", 0),
-            "prompt_tokens_computed": st.get("prompt_tokens_computed", 0)}
+_server_counters = server_counters
 
 
 def _delta(before: dict, after: dict) -> dict:
