@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -122,3 +123,23 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor: ...
+
+    def _store_new_kv(
+        self,
+        meta: Optional[AttentionMetadata],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> AttentionMetadata:
+        """The first step every `forward` shares: check that a batch was planned
+        and matches ``q``, then write the new tokens' K/V at ``meta.out_slots``
+        (the only slots a forward mutates)."""
+        if meta is None:
+            raise RuntimeError(f"{type(self).__name__}.forward called before plan()")
+        if q.shape[0] != meta.num_tokens:
+            raise ValueError(f"q has {q.shape[0]} tokens but the planned batch has {meta.num_tokens}")
+        k_cache.index_copy_(0, meta.out_slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.out_slots, v.to(v_cache.dtype))
+        return meta

@@ -331,16 +331,9 @@ class FlashInferBackend(AttentionBackend):
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        meta = self._meta
-        if meta is None:
-            raise RuntimeError("FlashInferBackend.forward called before plan()")
-        num_tokens, num_q_heads, head_dim = q.shape
-        if num_tokens != meta.num_tokens:
-            raise ValueError(f"q has {num_tokens} tokens but the planned batch has {meta.num_tokens}")
-
         # 1. write the new K/V into the pool (flat views share the pool's storage)
-        k_cache.index_copy_(0, meta.out_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, meta.out_slots, v.to(v_cache.dtype))
+        meta = self._store_new_kv(self._meta, q, k, v, k_cache, v_cache)
+        num_tokens, num_q_heads, head_dim = q.shape
 
         # 2. plan lazily when the runner did not configure the shape (first layer only)
         shape = _Shape(num_q_heads, k_cache.shape[1], head_dim, q.dtype, k_cache.dtype, float(scale))

@@ -143,16 +143,8 @@ class TorchReferenceBackend(AttentionBackend):
         v_cache: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        meta = self._meta
-        if meta is None:
-            raise RuntimeError("TorchReferenceBackend.forward called before plan()")
+        meta = self._store_new_kv(self._meta, q, k, v, k_cache, v_cache)
         num_tokens, num_q_heads, head_dim = q.shape
-        if num_tokens != meta.num_tokens:
-            raise ValueError(f"q has {num_tokens} tokens but the planned batch has {meta.num_tokens}")
-
-        # 1. write the new K/V into the pool
-        k_cache.index_copy_(0, meta.out_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, meta.out_slots, v.to(v_cache.dtype))
 
         if self._cascade is not None:
             return cascade_attention(self._cascade, q, k_cache, v_cache, scale).reshape(num_tokens, -1)
