@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
 WORDS = (
     "time year people way day man thing woman life child world school state family student group country "
@@ -122,6 +122,17 @@ class _Timer:
 
 
 # ---------------------------------------------------------------------- clients
+async def _sse_events(response: Any) -> AsyncIterator[dict]:
+    """The parsed ``data: {...}`` events of a streaming HTTP response, up to ``data: [DONE]``."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
 async def native_stream(client: Any, payload: dict) -> ReqResult:
     """POST a streaming SGLang-native ``/generate`` request with an httpx AsyncClient."""
     res = ReqResult()
@@ -132,13 +143,7 @@ async def native_stream(client: Any, payload: dict) -> ReqResult:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                obj = json.loads(data)
+            async for obj in _sse_events(r):
                 if "error" in obj:
                     res.error = str(obj["error"])
                     return res
@@ -190,13 +195,7 @@ async def chat_stream(client: Any, model: str, messages: list, max_tokens: int) 
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                obj = json.loads(data)
+            async for obj in _sse_events(r):
                 if "error" in obj:
                     res.error = str(obj["error"])
                     return res
