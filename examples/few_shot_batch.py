@@ -8,13 +8,13 @@ computes only its own question, and the requests batch together.
 
 The program, ``capital_qa`` (a shared preamble, then one question), and its
 questions are in ``radixrt/example_programs.py``, where
-``python -m radixrt.bench_programs`` takes them from as well.
+``python -m radixrt.bench.programs`` takes them from as well.
 """
 import argparse
 import time
 
 import radixrt as rt
-from radixrt.example_programs import CAPITAL_QUESTIONS, capital_qa
+from radixrt.bench.example_programs import CAPITAL_QUESTIONS, capital_qa
 
 
 def main() -> None:

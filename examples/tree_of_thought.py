@@ -8,13 +8,13 @@ level above computed (RadixAttention), and the branches of a level run
 concurrently and batch together.
 
 The program, ``tree_of_thought``, is in ``radixrt/example_programs.py``, where
-``python -m radixrt.bench_programs`` takes it from as well.
+``python -m radixrt.bench.programs`` takes it from as well.
 """
 import argparse
 import time
 
 import radixrt as rt
-from radixrt.example_programs import TOT_QUESTION, tree_of_thought
+from radixrt.bench.example_programs import TOT_QUESTION, tree_of_thought
 
 
 def main() -> None:

@@ -96,7 +96,7 @@ class EngineBackend(NativeBackend):
         markers = normalize_markers(getattr(engine, "chat_role_markers", None))
         tok = getattr(engine, "tokenizer", None)
         if markers is None and tok is not None:
-            from radixrt.chat_roles import derive_role_markers
+            from radixrt.requests.chat_roles import derive_role_markers
 
             markers = derive_role_markers(tok)
         if markers is not None:
@@ -104,7 +104,7 @@ class EngineBackend(NativeBackend):
         default_system = getattr(engine, "chat_default_system_prompt", None)
         if default_system is None and tok is not None:
             try:
-                from radixrt.chat_roles import derive_default_system_prompt
+                from radixrt.requests.chat_roles import derive_default_system_prompt
 
                 default_system = derive_default_system_prompt(tok)
             except Exception:

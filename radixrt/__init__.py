@@ -9,13 +9,49 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+
+def _map_checkout_packages() -> None:
+    """Make ``radixrt.frontend`` and ``radixrt.kernels`` importable from a plain
+    checkout (no install), where they sit beside ``radixrt/`` rather than in it.
+
+    An install (wheel or editable) maps them through ``package-dir`` and this
+    finder is never consulted: it is appended after the installed finders.
+    """
+    import importlib.abc
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    folders = {
+        f"radixrt.{name}": here.parent / name
+        for name in ("frontend", "kernels")
+        if not (here / name).exists() and (here.parent / name / "__init__.py").exists()
+    }
+    if not folders:
+        return
+
+    class CheckoutFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            folder = folders.get(fullname)
+            if folder is None:
+                return None
+            return importlib.util.spec_from_file_location(
+                fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+    if not any(type(f).__name__ == "CheckoutFinder" for f in sys.meta_path):
+        sys.meta_path.append(CheckoutFinder())
+
+
+_map_checkout_packages()
+
 from radixrt.frontend import *  # noqa: F401,F403  (the DSL: function, gen, select, fork, roles, ...)
 from radixrt.frontend import __all__ as _frontend_all
 
 _LAZY = {
     "Engine": ("radixrt.engine", "Engine"),
     "EngineConfig": ("radixrt.config", "EngineConfig"),
-    "SamplingParams": ("radixrt.sampling_params", "SamplingParams"),
+    "SamplingParams": ("radixrt.sampling.params", "SamplingParams"),
     "RuntimeEndpoint": ("radixrt.frontend.runtime_endpoint", "RuntimeEndpoint"),
     "Runtime": ("radixrt.frontend.runtime_endpoint", "Runtime"),
     "OpenAI": ("radixrt.frontend.openai_backend", "OpenAI"),

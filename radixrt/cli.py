@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Optional
 
-from .config import EngineConfig
+from radixrt.config import EngineConfig
 
 
 def _setup_logging(level: str) -> None:
@@ -17,7 +17,7 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from .model_store import download_default_model
+    from radixrt.executor.model_store import download_default_model
 
     path = download_default_model(force=args.force)
     print(path)
@@ -25,7 +25,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import Engine
+    from radixrt.engine import Engine
     import dataclasses
 
     config = EngineConfig.from_cli_args(args)
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     try:
-        from .server.launch import add_serve_args, serve_main
+        from radixrt.server.launch import add_serve_args, serve_main
     except ImportError:  # the server package is optional at this stage
         pass
     else:
@@ -83,13 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         add_serve_args(p)
         p.set_defaults(func=serve_main)
 
-    from .bench import add_bench_args, bench_main
+    from radixrt.bench.main import add_bench_args, bench_main
 
     p = sub.add_parser("bench", help="offline benchmarks on the engine (see docs/benchmarks.md)")
     add_bench_args(p)
     p.set_defaults(func=bench_main)
 
-    from .plan import add_plan_args, plan_main
+    from radixrt.plan import add_plan_args, plan_main
 
     p = sub.add_parser("plan", help="capacity arithmetic from a model's config.json: KV bytes per token, "
                                     "max live tokens, concurrency (loads no weights)")

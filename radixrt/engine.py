@@ -15,11 +15,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, Optional, Union
 
-from .config import EngineConfig
-from .messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput
-from .results import ResultAccumulator
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from radixrt.config import EngineConfig
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput
+from radixrt.requests.results import ResultAccumulator
+from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ class Engine:
 
     @property
     def chat_role_markers(self) -> dict[str, tuple[str, str]]:
-        from .chat_roles import derive_role_markers
+        from radixrt.requests.chat_roles import derive_role_markers
 
         return derive_role_markers(self.tokenizer)
 

@@ -189,7 +189,7 @@ def make_plan(
 
 def load_shape(model: str) -> tuple[ModelShape, Path]:
     """Read config.json from a model folder (or "default", the embedded model) -- nothing else."""
-    from .model_store import resolve_model_path  # stdlib-only module
+    from radixrt.executor.model_store import resolve_model_path  # stdlib-only module
 
     folder = Path(resolve_model_path(model))
     cfg = json.loads((folder / "config.json").read_text())

@@ -7,7 +7,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
-    from radixrt.model_store import resolve_model_path
+    from radixrt.executor.model_store import resolve_model_path
 
     return resolve_model_path("default")
 

@@ -6,7 +6,7 @@ sockets in a private temporary folder):
 
 * main: FastAPI + uvicorn and the asyncio TokenizerManager (tokenize, chat
   templates, validation -> 400, request state, results, metrics, watchdog);
-* scheduler: ``radixrt.scheduler.Scheduler.event_loop`` fed over ZMQ;
+* scheduler: ``radixrt.scheduler.scheduler.Scheduler.event_loop`` fed over ZMQ;
 * detokenizer: one IncrementalDetokenizer per request.
 
 Routes: ``POST /generate`` (SGLang wire format, single/batch, text/input_ids,
@@ -30,7 +30,7 @@ __all__ = ["add_serve_args", "serve_main", "launch_server", "ServerArgs"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import launch
+        from radixrt.server import launch
 
         return getattr(launch, name)
     raise AttributeError(name)

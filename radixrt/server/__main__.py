@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from .launch import add_serve_args, serve_main
+from radixrt.server.launch import add_serve_args, serve_main
 
 
 def main() -> int:

@@ -19,10 +19,10 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
-from ..sampling_params import SamplingParams
-from . import openai_api
-from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from .tokenizer_manager import ReqGroup, ReqSpec, ServerError, TokenizerManager, bad_request
+from radixrt.sampling.params import SamplingParams
+from radixrt.server import openai_api
+from radixrt.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from radixrt.server.tokenizer_manager import ReqGroup, ReqSpec, ServerError, TokenizerManager, bad_request
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..messages import TokenOutput
+from radixrt.requests.messages import TokenOutput
 
 
 @dataclass

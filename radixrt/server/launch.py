@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..config import EngineConfig
+from radixrt.config import EngineConfig
 
 logger = logging.getLogger("radixrt.server")
 
@@ -114,9 +114,9 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
         level=getattr(logging, config.log_level.upper(), logging.WARNING),
         format="[%(asctime)s server] %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
-    from ..model_store import resolve_model_path
-    from .ipc import IpcAddrs
-    from .workers import run_detokenizer_process, run_scheduler_process
+    from radixrt.executor.model_store import resolve_model_path
+    from radixrt.server.ipc import IpcAddrs
+    from radixrt.server.workers import run_detokenizer_process, run_scheduler_process
 
     resolved = str(resolve_model_path(config.model_path))
     addrs = IpcAddrs.create()
@@ -148,7 +148,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
         w.close()
         children.append(_Child("detokenizer", proc, r))
 
-        from .tokenizer_utils import load_tokenizer
+        from radixrt.requests.tokenizer_utils import load_tokenizer
 
         tokenizer = load_tokenizer(resolved)
         try:
@@ -171,7 +171,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
 def _chat_template_info(tokenizer: Any) -> dict:
     """Role markers (and the template's default system prompt) for the frontend."""
     try:
-        from .. import chat_roles
+        from radixrt.requests import chat_roles
     except ImportError:
         return {"chat_role_markers": None, "chat_default_system_prompt": None}
     try:
@@ -193,9 +193,9 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
            children: list[_Child], stop_signal: list[int]) -> int:
     import uvicorn
 
-    from .http_server import ServerContext, build_app
-    from .metrics import ServerMetrics
-    from .tokenizer_manager import TokenizerManager
+    from radixrt.server.http_server import ServerContext, build_app
+    from radixrt.server.metrics import ServerMetrics
+    from radixrt.server.tokenizer_manager import TokenizerManager
 
     sched_info = children[0].info or {}
     served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))

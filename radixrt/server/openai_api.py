@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from ..grammar import check_grammar
-from ..sampling_params import SamplingParams
-from .protocol import ChatCompletionRequest, CompletionRequest
-from .tokenizer_manager import ReqGroup, ReqSpec, ReqState, bad_request
+from radixrt.sampling.grammar import check_grammar
+from radixrt.sampling.params import SamplingParams
+from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.tokenizer_manager import ReqGroup, ReqSpec, ReqState, bad_request
 
 if TYPE_CHECKING:
-    from .http_server import ServerContext
+    from radixrt.server.http_server import ServerContext
 
 
 def _finish_reason(st: ReqState) -> Optional[str]:
@@ -107,7 +107,7 @@ def _take_update(group: ReqGroup, st: ReqState) -> _ChoiceUpdate:
 def _sse_chunk(head: dict, choices: list, usage: Optional[dict] = None) -> bytes:
     """One chunk of a streamed response as an SSE event: ``head`` (its id,
     object, created and model fields), then ``choices``, then ``usage`` when given."""
-    from .http_server import sse
+    from radixrt.server.http_server import sse
 
     d = {**head, "choices": choices}
     if usage is not None:
@@ -126,7 +126,7 @@ async def _stream_choices(group: ReqGroup, head: dict, render: Callable[[_Choice
     Then, unless an error ended it, a chunk with no choices and ``usage()``
     when ``usage`` is given; last ``[DONE]``.
     """
-    from .http_server import SSE_DONE, error_body, sse
+    from radixrt.server.http_server import SSE_DONE, error_body, sse
 
     if opening:
         yield b"".join(_sse_chunk(head, [c]) for c in opening)
@@ -144,7 +144,7 @@ async def _stream_choices(group: ReqGroup, head: dict, render: Callable[[_Choice
 
 
 def add_routes(app: FastAPI, ctx: "ServerContext") -> None:
-    from .http_server import JSON, raise_state_errors, stream_response, wait_group
+    from radixrt.server.http_server import JSON, raise_state_errors, stream_response, wait_group
 
     tm = ctx.tm
 
@@ -272,7 +272,7 @@ def add_routes(app: FastAPI, ctx: "ServerContext") -> None:
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         ctx.check_model(req.model)
         tm.check_alive()
-        from .tokenizer_utils import apply_chat_template
+        from radixrt.requests.tokenizer_utils import apply_chat_template
 
         messages = []
         for i, m in enumerate(req.messages):

@@ -15,12 +15,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
-from ..grammar import check_grammar, grammar_key
-from ..messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq
-from ..results import ResultAccumulator
-from ..sampling_params import SamplingParams
-from .ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
-from .metrics import ServerMetrics
+from radixrt.sampling.grammar import check_grammar, grammar_key
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq
+from radixrt.requests.results import ResultAccumulator
+from radixrt.sampling.params import SamplingParams
+from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
+from radixrt.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import threading
 import traceback
 from typing import Any, Optional
 
-from .ipc import DetokBatch, DetokItem, DetokRegister, IpcAddrs, make_socket, parent_alive
+from radixrt.server.ipc import DetokBatch, DetokItem, DetokRegister, IpcAddrs, make_socket, parent_alive
 
 POLL_MS = 200  # how often an idle child looks at its parent and stop flag
 
@@ -34,7 +34,7 @@ def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: 
     try:
         import zmq
 
-        from ..scheduler import Scheduler
+        from radixrt.scheduler.scheduler import Scheduler
 
         sched = Scheduler(config)
         ctx = zmq.Context()
@@ -111,8 +111,8 @@ class DetokenizerLoop:
         self.orphans: dict[str, list[Any]] = {}
 
     def handle(self, msg: Any) -> list[Any]:
-        from ..detokenizer import IncrementalDetokenizer
-        from ..messages import TokenBatch
+        from radixrt.requests.detokenizer import IncrementalDetokenizer
+        from radixrt.requests.messages import TokenBatch
 
         if isinstance(msg, DetokRegister):
             items = []
@@ -167,7 +167,7 @@ def run_detokenizer_process(model_path: str, log_level: str, addrs: IpcAddrs, re
     try:
         import zmq
 
-        from .tokenizer_utils import load_tokenizer
+        from radixrt.requests.tokenizer_utils import load_tokenizer
 
         loop = DetokenizerLoop(load_tokenizer(model_path))
         ctx = zmq.Context()

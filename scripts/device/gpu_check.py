@@ -31,7 +31,7 @@ Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
     python scripts/device/gpu_check.py --dry-run       # on CPU: everything but the CUDA kernels
 
 ``--dry-run`` swaps the real FlashInfer for the CPU emulation in
-tests/fake_flashinfer.py, runs on CPU at toy sizes and checks the logic of
+tests/support/fake_flashinfer.py, runs on CPU at toy sizes and checks the logic of
 every section end to end (numbers are meaningless there).
 """
 from __future__ import annotations
@@ -172,44 +172,29 @@ def install_flashinfer(carry: Path, report: Optional[Report]) -> Path:
     return SITE_DIR / "site"
 
 
-def build_package_tree(dest: Path) -> Path:
-    """A folder where ``import radixrt`` finds this checkout with pyproject's layout
-    (radixrt.kernels -> kernels/, radixrt.frontend -> frontend/), made of symlinks:
-    the device needs no pip install of radixrt."""
-    pkg = dest / "radixrt"
-    shutil.rmtree(dest, ignore_errors=True)
-    pkg.mkdir(parents=True)
-    for entry in (ROOT / "radixrt").iterdir():
-        if entry.name != "__pycache__":
-            (pkg / entry.name).symlink_to(entry)
-    (pkg / "kernels").symlink_to(ROOT / "kernels")
-    (pkg / "frontend").symlink_to(ROOT / "frontend")
-    return dest
-
-
-def ensure_radixrt_importable() -> Optional[Path]:
-    """Import radixrt from this checkout; returns the folder added to sys.path, if any."""
+def ensure_radixrt_importable() -> bool:
+    """Import radixrt from this checkout when it is not installed: ``radixrt``
+    maps its ``frontend``/``kernels`` siblings itself, so the checkout's root on
+    sys.path (and PYTHONPATH, for child processes) is enough. True if added."""
     try:
         import radixrt.kernels  # noqa: F401  (installed, e.g. pip install -e .)
 
-        return None
+        return False
     except ImportError:
         for name in [m for m in sys.modules if m == "radixrt" or m.startswith("radixrt.")]:
             del sys.modules[name]
-    tree = build_package_tree(Path("/tmp/radixrt_pkg"))
-    sys.path.insert(0, str(tree))
+    sys.path.insert(0, str(ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     __import__("radixrt.kernels")
-    return tree
+    return True
 
 
 def setup(args: argparse.Namespace, report: Report) -> tuple[Any, str]:
     """Make ``radixrt`` and ``flashinfer`` importable; return (flashinfer module, device)."""
-    tree = ensure_radixrt_importable()
-    if tree is not None:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])
+    ensure_radixrt_importable()
     if args.dry_run:
-        sys.path.insert(0, str(ROOT / "tests"))
-        import fake_flashinfer
+        sys.path.insert(0, str(ROOT))
+        from tests.support import fake_flashinfer
 
         sys.modules["flashinfer"] = fake_flashinfer  # create_backend('flashinfer') imports it
         return fake_flashinfer, "cpu"
@@ -415,9 +400,9 @@ def check_sampling(fi: Any, device: str, dry: bool) -> dict:
     exact distribution (total variation), and its time against the default sampler."""
     import torch
 
-    from radixrt.flashinfer_sampler import FlashInferSampler
-    from radixrt.sampler import Sampler, SamplingRow
-    from radixrt.sampling_params import SamplingParams
+    from radixrt.sampling.flashinfer_sampler import FlashInferSampler
+    from radixrt.sampling.sampler import Sampler, SamplingRow
+    from radixrt.sampling.params import SamplingParams
 
     torch.manual_seed(3)
     sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
@@ -662,7 +647,7 @@ def main() -> None:
 
     E2E_SIZES.update({k: getattr(args, "e2e_" + k) for k in E2E_SIZES})
     if args.install_only:  # print the PYTHONPATH that makes radixrt + flashinfer importable (device shells)
-        paths = [ensure_radixrt_importable(), install_flashinfer(Path(args.carry), None)]
+        paths = [ROOT if ensure_radixrt_importable() else None, install_flashinfer(Path(args.carry), None)]
         print(os.pathsep.join(str(p) for p in paths if p is not None))
         return
     report = Report(Path(args.out), args.budget_s)

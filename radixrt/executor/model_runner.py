@@ -1,0 +1,143 @@
+"""Loads the model, owns the KV pool and the attention backend, runs forwards.
+
+The runner sees batches as slot lists and token ids; it knows nothing of the
+radix tree or of scheduling.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from radixrt.kernels import AttentionMetadata, create_backend
+from radixrt.config import EngineConfig
+from radixrt.memory.kv_pool import KVPool
+from radixrt.executor.model_store import resolve_model_path
+from radixrt.executor.models import load_model
+from radixrt.executor.models.rope import _LENGTH_DEPENDENT
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """What a config resolves to on its device (no model or CUDA needed to decide)."""
+
+    attention_backend: str  # "torch" | "flashinfer"
+    dtype: torch.dtype
+    cuda_graph: bool  # decode steps replayed from captured CUDA graphs
+    cuda_graph_max_bs: int
+
+
+def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
+    """``device="cuda"`` with the defaults: FlashInfer attention, bf16, decode CUDA
+    graphs up to ``min(cuda_graph_max_bs, max_running_requests)``. CPU: the torch
+    reference backend, fp32, no graphs. Graphs need the FlashInfer backend (the
+    torch backend's per-batch shapes cannot be captured)."""
+    cuda = config.device.startswith("cuda")
+    dtype = _resolve_dtype(config.dtype, config.device)
+    backend = config.attention_backend
+    if backend == "auto":  # FlashInfer's kernels take 16-bit q/kv only
+        backend = "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) else "torch"
+    max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
+    graphs = cuda and backend == "flashinfer" and not config.disable_cuda_graph and max_bs > 0
+    return RuntimeChoice(backend, dtype, graphs, max_bs if graphs else 0)
+
+
+def _available_memory_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    pages = os.sysconf("SC_AVPHYS_PAGES")
+    return int(pages * os.sysconf("SC_PAGE_SIZE"))
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.device = config.device
+        self.choice = resolve_runtime(config)
+        self.dtype = self.choice.dtype
+        self.model_path = resolve_model_path(config.model_path)
+        self.model, self.model_config = load_model(self.model_path, self.dtype, self.device)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
+        mc = self.model_config
+        self.context_length = config.context_length or mc.max_position_embeddings
+        self.page_size = config.page_size
+        self.num_pages = self._num_pages()  # what the allocator hands out: pages 0 .. num_pages-1
+        use_graphs = self.choice.cuda_graph and self.model.rope.rope_type not in _LENGTH_DEPENDENT
+        # CUDA graphs pad decode batches with rows that write their K/V into one
+        # scratch page past the allocator's range
+        self.kv_pool = KVPool(
+            mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, mc.num_kv_heads,
+            mc.head_dim, self.dtype, self.device,
+        )
+        self.backend = create_backend(self.choice.attention_backend, self.device)
+        if hasattr(self.backend, "configure"):  # FlashInfer plans once per batch with these
+            self.backend.configure(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype)
+        self.cuda_graph: Optional[Any] = None
+        if use_graphs:
+            from radixrt.executor.cuda_graph import DecodeCudaGraphRunner
+
+            self.cuda_graph = DecodeCudaGraphRunner(
+                self.model, self.kv_pool, self.backend, self.choice.cuda_graph_max_bs,
+                scratch_slot=self.num_pages * self.page_size, page_size=self.page_size, device=self.device,
+                max_context_len=self.context_length,
+            )
+            self.cuda_graph.capture()
+        logger.info(
+            "loaded %s (%s, %s): KV pool %d slots (page_size %d), context %d",
+            self.model_path, mc.architecture, self.dtype, self.num_pages * self.page_size,
+            self.page_size, self.context_length,
+        )
+
+    def _num_pages(self) -> int:
+        mc = self.model_config
+        if self.config.max_total_tokens is not None:
+            tokens = self.config.max_total_tokens
+        else:
+            per_token = KVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+            tokens = int(_available_memory_bytes(self.device) * self.config.mem_fraction // per_token)
+            tokens = min(tokens, 1 << 20)
+        pages = tokens // self.page_size
+        if pages < 1:
+            raise ValueError(f"KV pool of {tokens} tokens holds no page of {self.page_size}")
+        return pages
+
+    @torch.inference_mode()
+    def forward(self, input_ids: list[int], seq_slots: list[list[int]], q_lens: list[int]) -> torch.Tensor:
+        """Compute ``q_lens[i]`` new tokens of each sequence (whose whole slot list
+        is ``seq_slots[i]``); writes their K/V into the pool; returns hidden states
+        [sum(q_lens), hidden]."""
+        if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, [len(s) for s in seq_slots]):
+            return self.cuda_graph.forward(input_ids, seq_slots)
+        meta = AttentionMetadata.build(seq_slots, q_lens, self.page_size, self.device)
+        self.backend.plan(meta)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
+        return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
+
+    def create_sampler(self, vocab_size: int, eos_token_ids: Any) -> Any:
+        """The sampler ``config.sampling_backend`` asks for (FlashInfer's kernels only on CUDA)."""
+        from radixrt.sampling.flashinfer_sampler import create_sampler
+
+        return create_sampler(self.config.sampling_backend, vocab_size, eos_token_ids, self.device)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, vocab] for the given hidden rows."""
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,120 @@
+"""What the model code needs to know about a Hugging Face checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+# Architectures served by `radixrt.executor.models.llama.LlamaForCausalLM` (one class, config flags).
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections
+    qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    max_position_embeddings: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    o_proj_bias: bool = False  # bias on the attention output projection
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    # Sliding-window attention of the checkpoint (Mistral; Qwen2/3 with use_sliding_window).
+    # Not implemented by the attention backends: attention is full-causal, which equals the
+    # sliding-window model only while sequences are no longer than the window.
+    sliding_window: Optional[int] = None
+    hf_config: Any = None
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "ModelConfig":
+        """Read ``path/config.json`` (and ``generation_config.json`` for extra eos ids)."""
+        from transformers import AutoConfig
+
+        path = str(path)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{path!r} is not a model folder: it has no config.json")
+        hf_config = AutoConfig.from_pretrained(path)
+        extra_eos: list[int] = []
+        gen_path = os.path.join(path, "generation_config.json")
+        if os.path.isfile(gen_path):
+            with open(gen_path, encoding="utf-8") as f:
+                extra_eos = _as_id_list(json.load(f).get("eos_token_id"))
+        return cls.from_hf_config(hf_config, extra_eos_token_ids=extra_eos)
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, extra_eos_token_ids: Optional[list[int]] = None) -> "ModelConfig":
+        archs = list(getattr(hf_config, "architectures", None) or [])
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if not archs:  # config.json without "architectures": go by model_type
+            arch = _BY_MODEL_TYPE.get(getattr(hf_config, "model_type", None))
+        if arch is None:
+            found = ", ".join(archs) if archs else f"none listed (model_type {getattr(hf_config, 'model_type', None)!r})"
+            raise ValueError(
+                f"unsupported model architecture: {found}. radixrt supports: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        c = hf_config
+        num_heads = int(c.num_attention_heads)
+        num_kv_heads = int(getattr(c, "num_key_value_heads", None) or num_heads)
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // num_heads)
+        attention_bias = bool(getattr(c, "attention_bias", False))
+        o_proj_bias = attention_bias  # Llama/Qwen3 put `attention_bias` on all four projections
+        if arch == "Qwen2ForCausalLM":
+            attention_bias, o_proj_bias = True, False
+        eos = _as_id_list(getattr(c, "eos_token_id", None))
+        for e in extra_eos_token_ids or []:
+            if e not in eos:
+                eos.append(e)
+        sliding_window = getattr(c, "sliding_window", None)
+        if arch != "MistralForCausalLM" and not getattr(c, "use_sliding_window", False):
+            sliding_window = None
+        return cls(
+            architecture=arch,
+            hidden_size=int(c.hidden_size),
+            intermediate_size=int(c.intermediate_size),
+            num_layers=int(c.num_hidden_layers),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            vocab_size=int(c.vocab_size),
+            rms_norm_eps=float(c.rms_norm_eps),
+            tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+            attention_bias=attention_bias,
+            qk_norm=arch == "Qwen3ForCausalLM",
+            max_position_embeddings=int(c.max_position_embeddings),
+            eos_token_ids=eos,
+            o_proj_bias=o_proj_bias,
+            mlp_bias=bool(getattr(c, "mlp_bias", False)),
+            hidden_act=str(getattr(c, "hidden_act", "silu")),
+            sliding_window=int(sliding_window) if sliding_window else None,
+            hf_config=hf_config,
+        )

@@ -1,0 +1,163 @@
+"""Llama-family decoder over the paged KV pool.
+
+One class serves Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k
+RMSNorm) through `ModelConfig` flags. Parameter names follow the Hugging Face
+layout except for two fused projections (see `loader.py`):
+``self_attn.qkv_proj`` = [q_proj; k_proj; v_proj] and ``mlp.gate_up_proj`` =
+[gate_proj; up_proj].
+
+The model never plans the attention backend: the runner calls
+``backend.plan(meta)`` once per batch, then ``model(...)``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixrt.executor.models.config import ModelConfig
+from radixrt.executor.models.rope import RotaryEmbedding
+
+if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
+    from radixrt.kernels import AttentionBackend, AttentionMetadata
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, like the reference implementation."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def _activation(name: str):
+    if name in ("silu", "swish"):
+        return F.silu
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = None
+            self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope: RotaryEmbedding,
+        kv_pool: Any,
+        backend: "AttentionBackend",
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            # rotate q and k in one go: a [T, Hq + Hkv, D] view of the projection
+            qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
+            q = rope.apply(q, cos, sin)
+            k = rope.apply(k, cos, sin)
+        k_cache, v_cache = kv_pool.layer_kv(self.layer_id)
+        o = backend.forward(q, k, v, k_cache, v_cache, self.scale)
+        return self.o_proj(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = _activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, cos, sin, rope, kv_pool, backend) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV pool."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        with torch.device("cpu"):  # plain tensors, also when the model is built on the meta device
+            self.rope = RotaryEmbedding(config.hf_config, config.head_dim)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: "AttentionMetadata",
+        kv_pool: Any,
+        backend: "AttentionBackend",
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, [T, hidden], for the batch's new tokens.
+
+        Writes every layer's new K/V into ``kv_pool`` at ``meta.out_slots``.
+        ``backend.plan(meta)`` must have been called for this batch.
+        """
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, self.rope, kv_pool, backend)
+        return self.model.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, vocab] for hidden rows [N, hidden] returned by `forward`."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,161 @@
+"""Build a model and fill it from a Hugging Face folder's safetensors files."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from glob import glob
+from typing import Optional, Union
+
+import torch
+
+from radixrt.executor.models.config import ModelConfig
+from radixrt.executor.models.llama import LlamaForCausalLM
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+# HF name suffix -> (our name suffix, shard index) for the fused projections.
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+_LAYER_RE = re.compile(r"^(model\.layers\.\d+\.)(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.(weight|bias)$")
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype, None], device: Union[str, torch.device]) -> torch.dtype:
+    """A torch dtype from a dtype or a name; "auto"/None: float32 on CPU, bfloat16 on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+def _safetensors_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+        if missing:
+            raise FileNotFoundError(f"{path}: shards named in model.safetensors.index.json are missing: {missing}")
+        return [os.path.join(path, f) for f in files]
+    files = sorted(glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(
+            f"{path}: no *.safetensors weights found (radixrt loads safetensors only; "
+            "convert .bin checkpoints with transformers' save_pretrained)"
+        )
+    return files
+
+
+def _shard_bounds(cfg: ModelConfig, fused: str) -> list[tuple[int, int]]:
+    if ".qkv_proj." in fused:
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
+    i = cfg.intermediate_size
+    return [(0, i), (i, 2 * i)]
+
+
+def load_weights(model: LlamaForCausalLM, path: str) -> None:
+    """Copy every tensor of the folder's safetensors into ``model`` (fusing q/k/v and gate/up).
+
+    Raises ValueError listing unexpected names, shape mismatches or parameters left unfilled.
+    """
+    from safetensors import safe_open
+
+    cfg = model.config
+    params = dict(model.named_parameters(remove_duplicate=False))
+    # expected pieces: (our param name, shard index or None)
+    needed: set[tuple[str, Optional[int]]] = set()
+    for name, p in params.items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+            needed.update((name, i) for i in range(3))
+        elif name.endswith("gate_up_proj.weight") or name.endswith("gate_up_proj.bias"):
+            needed.update((name, i) for i in range(2))
+        else:
+            needed.add((name, None))
+
+    unexpected: list[str] = []
+    bad_shape: list[str] = []
+    loaded: set[tuple[str, Optional[int]]] = set()
+    with torch.no_grad():
+        for file in _safetensors_files(path):
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for hf_name in f.keys():
+                    if hf_name.endswith("rotary_emb.inv_freq"):
+                        continue
+                    if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+                        continue  # tied: the embedding is the head
+                    m = _LAYER_RE.match(hf_name)
+                    if m:
+                        fused, shard = _FUSED[m.group(2)]
+                        name = f"{m.group(1)}{fused}.{m.group(3)}"
+                    else:
+                        name, shard = hf_name, None
+                    param = params.get(name)
+                    if param is None or (name, shard) not in needed:
+                        unexpected.append(hf_name)
+                        continue
+                    tensor = f.get_tensor(hf_name)
+                    target = param.data
+                    if shard is not None:
+                        lo, hi = _shard_bounds(cfg, name)[shard]
+                        target = target[lo:hi]
+                    if tuple(tensor.shape) != tuple(target.shape):
+                        bad_shape.append(f"{hf_name}: file {tuple(tensor.shape)} vs model {tuple(target.shape)}")
+                        continue
+                    target.copy_(tensor.to(dtype=target.dtype))
+                    loaded.add((name, shard))
+    missing = sorted({n for n, _ in needed - loaded})
+    problems = []
+    if unexpected:
+        problems.append(f"unexpected weights in the checkpoint: {sorted(unexpected)}")
+    if bad_shape:
+        problems.append(f"shape mismatches: {bad_shape}")
+    if missing:
+        problems.append(f"weights missing from the checkpoint: {missing}")
+    if problems:
+        raise ValueError(f"cannot load {path} as {cfg.architecture}: " + "; ".join(problems))
+
+
+def load_model(
+    path: str,
+    dtype: Union[str, torch.dtype, None] = "auto",
+    device: Union[str, torch.device] = "cpu",
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model for the folder ``path`` ("default" = the embedded model) and load its weights.
+
+    Returns ``(model, config)``; the model is in eval mode on ``device`` in ``dtype``.
+    """
+    from radixrt.executor.model_store import resolve_model_path
+
+    path = resolve_model_path(path)
+    cfg = ModelConfig.from_pretrained(path)
+    torch_dtype = resolve_dtype(dtype, device)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to(dtype=torch_dtype).to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty keeps the sharing, but make it explicit
+        model.lm_head.weight = model.model.embed_tokens.weight
+    load_weights(model, path)
+    model.eval()
+    model.requires_grad_(False)
+    return model, cfg

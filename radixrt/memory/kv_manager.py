@@ -1,0 +1,136 @@
+"""Moves KV slots between the free list, the radix tree and running requests.
+
+Every slot is at all times exactly one of: free (in the allocator), owned by
+the radix tree, or private to one request (``req.slots[req.tree_len:]``, in
+whole pages). `check_invariant` asserts ``free + tree + private == total``.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from radixrt.memory.kv_pool import PageAllocator
+from radixrt.memory.radix_cache import MatchResult, RadixCache
+from radixrt.scheduler.request import Req
+
+
+class KVCacheManager:
+    def __init__(self, allocator: PageAllocator, tree: RadixCache) -> None:
+        self.allocator = allocator
+        self.tree = tree
+        self.page_size = allocator.page_size
+
+    # -- queries -----------------------------------------------------------------
+    def match(self, req: Req) -> MatchResult:
+        """Longest usable cached prefix of the request (does not lock, counts nothing)."""
+        cap = req.max_prefix_len
+        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False)
+
+    def record_admission(self, req: Req, hit: int) -> None:
+        """Count a request's prompt in the hit-rate statistics, once, at first admission."""
+        self.tree.queried_tokens += len(req.input_ids)
+        self.tree.hit_tokens += hit
+
+    def available_slots(self) -> int:
+        """Slots obtainable now: free ones plus what eviction could free."""
+        return self.allocator.num_free_slots + self.tree.evictable_size()
+
+    # -- ownership transitions -----------------------------------------------------
+    def admit(self, req: Req, match: MatchResult) -> None:
+        """Give a waiting request the matched prefix: its slots become tree-owned and locked."""
+        assert not req.slots and req.last_node is None
+        self.tree.lock(match.node)
+        req.last_node = match.node
+        req.slots = list(match.slots)
+        req.tree_len = match.length
+
+    def extend(self, req: Req, num_tokens: int) -> bool:
+        """Reserve slots for the request's next ``num_tokens`` tokens, evicting
+        unlocked tree leaves if needed. On failure nothing changes."""
+        P = self.page_size
+        room = (-len(req.slots)) % P  # unused slots in the request's private last page
+        take = min(room, num_tokens)
+        pages_needed = -(-(num_tokens - take) // P)
+        if pages_needed > self.allocator.num_free_pages:
+            self.tree.evict((pages_needed - self.allocator.num_free_pages) * P)
+        pages = self.allocator.alloc_pages(pages_needed) if pages_needed else []
+        if pages is None:
+            return False
+        if take:
+            last = req.slots[-1]
+            req.slots.extend(range(last + 1, last + 1 + take))
+        new_slots = self.allocator.pages_to_slots(pages)
+        req.slots.extend(new_slots[: num_tokens - take])
+        return True
+
+    def cache_prefix(self, req: Req) -> None:
+        """Hand the request's computed whole pages to the tree (RadixAttention's
+        insert after prefill). Duplicates of what the tree already held are freed,
+        and the request switches to the tree's slots, locked through its new node."""
+        if self.tree.disable:
+            return
+        P = self.page_size
+        length = len(req.slots) // P * P
+        if length <= req.tree_len:
+            return
+        key = req.seq[:length]
+        present = self.tree.insert(key, req.slots[:length], namespace=req.namespace)
+        if present > req.tree_len:
+            self.allocator.free_slots(req.slots[req.tree_len:present])
+        match = self.tree.match_prefix(key, namespace=req.namespace, record_stats=False)
+        assert match.length == length, (match.length, length)
+        self.tree.lock(match.node)
+        if req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        req.slots[:length] = match.slots
+        req.tree_len = length
+        req.last_node = match.node
+
+    def truncate(self, req: Req, length: int) -> None:
+        """Forget the KV of the request's tokens from ``length`` on (a rejected
+        jump-forward draft). Only private slots can go (``length >= tree_len``);
+        pages no longer used are freed, and the kept last page's unused slots are
+        reused by the next ``extend``."""
+        assert req.tree_len <= length <= len(req.slots), (req.tree_len, length, len(req.slots))
+        dropped = req.slots[length:]
+        if not dropped:
+            return
+        P = self.page_size
+        kept_pages = {s // P for s in req.slots[req.tree_len:length]}
+        pages = sorted({s // P for s in dropped} - kept_pages)
+        if pages:
+            self.allocator.free_pages(pages)
+        del req.slots[length:]
+
+    def release(self, req: Req) -> None:
+        """A request stops running (finished, aborted or retracted): its computed
+        prefix goes to the tree, its lock is dropped, its private pages are freed."""
+        self.cache_prefix(req)
+        private = req.slots[req.tree_len:]
+        if private:
+            P = self.page_size
+            pages = sorted({s // P for s in private})
+            self.allocator.free_pages(pages)
+        if req.last_node is not None:
+            self.tree.unlock(req.last_node)
+        req.slots = []
+        req.tree_len = 0
+        req.last_node = None
+
+    # -- accounting ----------------------------------------------------------------
+    def private_pages(self, running: Iterable[Req]) -> int:
+        P = self.page_size
+        return sum(-(-(len(r.slots) - r.tree_len) // P) for r in running)
+
+    def usage(self, running: Iterable[Req]) -> dict[str, int]:
+        P = self.page_size
+        return {
+            "total_slots": self.allocator.num_pages * P,
+            "free_slots": self.allocator.num_free_slots,
+            "tree_slots": self.tree.total_size(),
+            "private_slots": self.private_pages(running) * P,
+        }
+
+    def check_invariant(self, running: Iterable[Req]) -> None:
+        u = self.usage(running)
+        total = u["free_slots"] + u["tree_slots"] + u["private_slots"]
+        assert total == u["total_slots"], f"KV slots leaked or double-owned: {u}"

@@ -1,5 +1,0 @@
-"""Llama-family models over the paged KV pool, loaded from Hugging Face folders."""
-from .config import SUPPORTED_ARCHITECTURES, ModelConfig
-from .loader import load_model
-
-__all__ = ["load_model", "ModelConfig", "SUPPORTED_ARCHITECTURES"]

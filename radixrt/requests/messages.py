@@ -1,0 +1,85 @@
+"""Typed messages between the front (Engine or HTTP tokenizer manager) and the scheduler.
+
+The scheduler consumes `GenerateReq`, `AbortReq`, `FlushCacheReq` and
+`StatsReq`, and emits `TokenBatch` (one per scheduler step, holding a
+`TokenOutput` for every request that produced something or finished) and
+`ControlReply` (answers to flush/stats). The same dataclasses travel through
+an in-process queue (Engine) or are pickled over ZMQ (server).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.sampling.params import SamplingParams
+
+
+@dataclass
+class GenerateReq:
+    """A tokenized request. ``n`` samples are expanded by the scheduler into
+    ``n`` requests whose rids are ``f"{rid}-{i}"`` for i in range(n) when n > 1."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    cache_salt: Optional[str] = None  # namespace key in the radix cache
+
+
+@dataclass
+class AbortReq:
+    rid: str  # "" aborts every request
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class StatsReq:
+    pass
+
+
+@dataclass
+class ControlReply:
+    kind: str  # "flush_cache" | "stats"
+    ok: bool = True
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenOutput:
+    """What one request produced in one step.
+
+    ``new_token_ids`` are the tokens appended since the previous TokenOutput of
+    this rid (empty for a prefill-only request). Logprob lists are deltas in
+    the same order: ``(logprob, token_id)`` pairs, and top-k lists of such pairs.
+    Prompt logprobs (``input_token_logprobs``) arrive once, with the first output.
+    ``finish_reason`` is None while running, else a dict in SGLang's shape:
+    {"type": "stop", "matched": <str|int>} | {"type": "length", "length": n} |
+    {"type": "abort", "message": str}.
+    """
+
+    rid: str
+    new_token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: Optional[dict[str, Any]] = None
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: Optional[list[tuple[Optional[float], int]]] = None
+    input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class TokenBatch:
+    outputs: list[TokenOutput]

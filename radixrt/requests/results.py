@@ -1,0 +1,105 @@
+"""Accumulates a request's TokenOutputs into SGLang's `/generate` result shape.
+
+Shared by the in-process Engine and the HTTP server so both answer alike.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from radixrt.requests.detokenizer import IncrementalDetokenizer
+from radixrt.requests.messages import TokenOutput
+from radixrt.sampling.params import SamplingParams
+
+
+class ResultAccumulator:
+    """Owns one request's cumulative text, output ids, meta info and logprobs."""
+
+    def __init__(
+        self,
+        rid: str,
+        tokenizer: Any,
+        sampling: SamplingParams,
+        return_logprob: bool = False,
+        return_text_in_logprobs: bool = False,
+    ) -> None:
+        self.rid = rid
+        self.tokenizer = tokenizer
+        self.return_logprob = return_logprob
+        self.return_text_in_logprobs = return_text_in_logprobs
+        self.detok = IncrementalDetokenizer(
+            tokenizer,
+            skip_special_tokens=sampling.skip_special_tokens,
+            spaces_between_special_tokens=sampling.spaces_between_special_tokens,
+            stop=sampling.stop or [],
+            no_stop_trim=sampling.no_stop_trim,
+        )
+        self.text = ""
+        self.output_ids: list[int] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reason: Optional[dict] = None
+        self.output_token_logprobs: list[tuple[float, int]] = []
+        self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        self.input_token_logprobs: list[tuple[Optional[float], int]] = []
+        self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, out: TokenOutput, text: Optional[str] = None) -> None:
+        """Fold in one TokenOutput. ``text`` is the cumulative text when it was
+        detokenized elsewhere (the server's detokenizer process)."""
+        self.output_ids.extend(out.new_token_ids)
+        self.prompt_tokens = out.prompt_tokens
+        self.completion_tokens = out.completion_tokens
+        self.cached_tokens = out.cached_tokens
+        self.finish_reason = out.finish_reason
+        self.text = self.detok.push(out.new_token_ids, out.finish_reason) if text is None else text
+        self.output_token_logprobs.extend(out.output_token_logprobs)
+        self.output_top_logprobs.extend(out.output_top_logprobs)
+        if out.input_token_logprobs is not None:
+            self.input_token_logprobs = list(out.input_token_logprobs)
+            self.input_top_logprobs = list(out.input_top_logprobs or [])
+            self._input_meta = None
+
+    def _token_text(self, tid: int) -> str:
+        cache = self.__dict__.setdefault("_text_cache", {})
+        text = cache.get(tid)
+        if text is None:
+            text = cache[tid] = self.tokenizer.decode([tid])
+        return text
+
+    def _triples(self, pairs: list[tuple[Optional[float], int]]) -> list[list]:
+        if self.return_text_in_logprobs:
+            return [[lp, tid, self._token_text(tid)] for lp, tid in pairs]
+        return [[lp, tid, None] for lp, tid in pairs]
+
+    def _input_logprob_meta(self) -> tuple[list, list]:
+        """Prompt logprob triples, built once (streamed chunks repeat them)."""
+        cached = self.__dict__.get("_input_meta")
+        if cached is None:
+            cached = self._input_meta = (self._triples(self.input_token_logprobs),
+                                         self._top_triples(self.input_top_logprobs))
+        tokens, tops = cached
+        return [list(t) for t in tokens], [None if t is None else [list(x) for x in t] for t in tops]
+
+    def _top_triples(self, tops: list) -> list:
+        return [None if t is None else self._triples(t) for t in tops]
+
+    def to_dict(self, logprob_offset: int = 0) -> dict[str, Any]:
+        """The result so far. ``logprob_offset`` skips output logprobs already
+        streamed (per-chunk deltas); text is always cumulative."""
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason,
+        }
+        if self.return_logprob:
+            meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
+            meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[logprob_offset:])
+            meta["output_top_logprobs"] = self._top_triples(self.output_top_logprobs[logprob_offset:])
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}

@@ -1,0 +1,54 @@
+"""Orders the waiting queue. The cache-aware policies read the radix tree's
+matches; none of them changes what is computed, only when."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+from radixrt.memory.radix_cache import MatchResult
+from radixrt.scheduler.request import Req
+
+MatchFn = Callable[[Req], MatchResult]
+
+# Past this many waiting requests, matching each one every step costs more than
+# it saves: fall back to arrival order (as SGLang does).
+LPM_MAX_QUEUE = 256
+
+
+def order_waiting(policy: str, waiting: list[Req], match: MatchFn) -> list[Req]:
+    if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
+        return sorted(waiting, key=lambda r: r.arrival)
+    matches = {id(r): match(r) for r in waiting}
+    if policy == "lpm":
+        return sorted(waiting, key=lambda r: (-matches[id(r)].length, r.arrival))
+    if policy == "dfs-weight":
+        return _dfs_weight(waiting, matches)
+    raise ValueError(f"unknown schedule policy {policy!r}")
+
+
+def _dfs_weight(waiting: list[Req], matches: dict[int, MatchResult]) -> list[Req]:
+    """Visit the tree depth-first, heavier subtrees (more waiting requests) first,
+    so requests sharing a prefix run together while it is cached."""
+    at_node: dict[Any, list[Req]] = defaultdict(list)
+    weight: dict[Any, int] = defaultdict(int)
+    children: dict[Any, set] = defaultdict(set)
+    roots: list[Any] = []
+    for r in waiting:
+        node = matches[id(r)].node
+        at_node[node].append(r)
+        while node is not None:
+            weight[node] += 1
+            parent = node.parent
+            if parent is None:
+                if node not in roots:
+                    roots.append(node)
+            else:
+                children[parent].add(node)
+            node = parent
+    ordered: list[Req] = []
+    stack = sorted(roots, key=lambda n: (weight[n], -n.id))
+    while stack:
+        node = stack.pop()
+        ordered.extend(sorted(at_node.get(node, []), key=lambda r: r.arrival))
+        stack.extend(sorted(children.get(node, ()), key=lambda n: (weight[n], -n.id)))
+    return ordered

@@ -1,0 +1,105 @@
+"""A request's state inside the scheduler."""
+from __future__ import annotations
+
+import enum
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from radixrt.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixrt.sampling.grammar import GrammarState
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # queued (new, or retracted under KV pressure)
+    RUNNING = "running"  # admitted: holds KV slots, computes every step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Req:
+    """One sequence being generated.
+
+    KV ownership: ``slots[i]`` holds the KV of token ``seq[i]``. The first
+    ``tree_len`` slots belong to the radix tree (kept alive by a lock on
+    ``last_node``); the rest are private to this request. Invariant while
+    RUNNING: ``len(slots) <= len(seq)``; each step computes the next
+    ``len(seq) - len(slots)`` tokens or a chunk of them, and once
+    ``len(slots) == len(seq)`` the logits of the last one sample a new token.
+
+    Constrained requests (see grammar.py): ``grammar_future`` is the pending
+    compilation (the request waits in the queue until it is done), then
+    ``grammar`` holds the matcher, which has accepted every output token. It
+    lives as long as the request, through retraction (the output persists).
+    ``draft_ids`` is a pending jump-forward draft: tokens the grammar forces
+    after ``output_ids``, part of ``seq`` so that the next step computes their
+    KV, but not output until that step has verified them. Between steps the
+    draft never has KV (``len(slots) <= len(input_ids) + len(output_ids)``).
+    """
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    namespace: Optional[str] = None
+    arrival: int = 0
+
+    output_ids: list[int] = field(default_factory=list)
+    phase: Phase = Phase.WAITING
+    slots: list[int] = field(default_factory=list)
+    tree_len: int = 0
+    last_node: Any = None
+    cached_tokens: int = 0  # prompt tokens served from the radix cache at first admission
+    admitted_once: bool = False
+    finish_reason: Optional[dict] = None
+    retractions: int = 0
+    grammar_future: Optional[Future] = None
+    grammar: Optional["GrammarState"] = None
+    draft_ids: list[int] = field(default_factory=list)
+
+    # Deltas not yet reported to the front.
+    unsent_ids: int = 0
+    pending_output_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    pending_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: Optional[list[tuple[Optional[float], int]]] = None
+    input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+    input_logprobs_sent: bool = False
+    prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top) while prefilling
+
+    @property
+    def seq(self) -> list[int]:
+        """The tokens to hold KV for: prompt, output and the pending draft."""
+        return self.input_ids + self.output_ids + self.draft_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids) + len(self.draft_ids)
+
+    @property
+    def grammar_pending(self) -> bool:
+        """Waiting for its grammar to compile (not admissible yet)."""
+        return self.grammar_future is not None and self.grammar is None
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+    @property
+    def max_prefix_len(self) -> int:
+        """The longest prefix that may come from the cache: at least one token is
+        always computed (for logits), and prompt logprobs need their positions.
+        A draft is verified from the logits of the position before it on, so
+        that position and the draft are always computed."""
+        cap = self.seq_len - len(self.draft_ids) - 1
+        if self.wants_prompt_logprobs and self.input_logprobs is None:
+            cap = min(cap, max(self.logprob_start_len - 1, 0))
+        return cap
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.sampling.max_new_tokens == 0

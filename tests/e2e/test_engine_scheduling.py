@@ -1,0 +1,148 @@
+"""Scheduler behaviour on a tiny random-weight Llama: memory pressure and
+retraction, n > 1 prefix sharing, policies, aborts, and the KV invariant."""
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import radixrt
+from tests.support.model_fixtures import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), arch="llama", max_position_embeddings=4096)
+
+
+def _stress_prompts(seed=0):
+    rng = random.Random(seed)
+    tok = lambda: rng.randrange(100, 30000)
+    prefixes = [[tok() for _ in range(48)] for _ in range(10)]
+    prompts = []
+    for i in range(150):
+        prompts.append(prefixes[i % 10] + [tok() for _ in range(rng.randrange(4, 24))])
+    for _ in range(50):
+        prompts.append([tok() for _ in range(rng.randrange(20, 60))])
+    rng.shuffle(prompts)
+    params = [{"max_new_tokens": rng.randrange(8, 64), "temperature": 0, "ignore_eos": True} for _ in prompts]
+    return prompts, params
+
+
+def _run_all(engine, prompts, params):
+    with ThreadPoolExecutor(32) as pool:
+        return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
+
+
+def test_stress_small_pool_retracts_and_matches(tiny_model):
+    prompts, params = _stress_prompts()
+    ref_engine = radixrt.Engine(tiny_model, max_total_tokens=65536)
+    try:
+        reference = [r["output_ids"] for r in _run_all(ref_engine, prompts, params)]
+    finally:
+        ref_engine.shutdown()
+
+    engine = radixrt.Engine(tiny_model, max_total_tokens=800, chunked_prefill_size=256, max_running_requests=96,
+                            debug_check_invariants=True)
+    try:
+        results = _run_all(engine, prompts, params)
+        engine.wait_idle()
+        assert [r["output_ids"] for r in results] == reference
+        assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in results)
+        stats = engine.get_stats()
+        assert stats["retractions"] > 0, "the pool was meant to be too small to hold every request"
+        assert stats["requests_finished"] == len(prompts)
+        engine.scheduler.check_invariants()
+        assert engine.scheduler.kv_usage()["private_slots"] == 0
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_n_samples_share_prompt_slots(tiny_model, page_size):
+    engine = radixrt.Engine(tiny_model, max_total_tokens=8192, page_size=page_size, chunked_prefill_size=512,
+                            debug_check_invariants=True)
+    try:
+        rng = random.Random(1)
+        prompt = [rng.randrange(100, 30000) for _ in range(2000)]
+        gen = 16
+        results = engine.generate(
+            input_ids=prompt,
+            sampling_params={"n": 8, "max_new_tokens": gen, "temperature": 0.8, "seed": 7, "ignore_eos": True},
+        )
+        assert len(results) == 8
+        assert all(len(r["output_ids"]) == gen for r in results)
+        assert len({tuple(r["output_ids"]) for r in results}) > 1, "n samples with different seeds should differ"
+        engine.wait_idle()
+        peak = engine.get_stats()["peak_kv_used_slots"]
+        assert peak <= 2000 + 8 * gen + 8 * page_size, peak
+        # 7 of the 8 samples found the prompt in the tree.
+        assert sorted(r["meta_info"]["cached_tokens"] for r in results)[1] >= 2000 - page_size
+        engine.scheduler.check_invariants()
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs"])
+def test_policies_agree(tiny_model, policy):
+    prompts, params = _stress_prompts(seed=3)
+    prompts, params = prompts[:40], params[:40]
+    engine = radixrt.Engine(tiny_model, max_total_tokens=4096, schedule_policy=policy)
+    try:
+        outs = [r["output_ids"] for r in _run_all(engine, prompts, params)]
+        single = [engine.generate(input_ids=p, sampling_params=s)["output_ids"] for p, s in zip(prompts[:5], params[:5])]
+        assert outs[:5] == single
+        engine.wait_idle()
+        engine.scheduler.check_invariants()
+    finally:
+        engine.shutdown()
+
+
+def test_seeded_sampling_is_reproducible(tiny_model):
+    engine = radixrt.Engine(tiny_model, max_total_tokens=4096)
+    try:
+        sp = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 123, "ignore_eos": True}
+        a = engine.generate(input_ids=[5, 6, 7, 8, 9], sampling_params=sp)["output_ids"]
+        b = engine.generate(input_ids=[5, 6, 7, 8, 9], sampling_params=sp)["output_ids"]
+        c = engine.generate(input_ids=[5, 6, 7, 8, 9], sampling_params={**sp, "seed": 124})["output_ids"]
+        assert a == b and a != c
+    finally:
+        engine.shutdown()
+
+
+def test_abort_releases_kv(tiny_model):
+    engine = radixrt.Engine(tiny_model, max_total_tokens=4096)
+    try:
+        stream = engine.generate(input_ids=list(range(100, 140)),
+                                 sampling_params={"max_new_tokens": 400, "ignore_eos": True}, stream=True)
+        first = next(stream)
+        assert first["meta_info"]["finish_reason"] is None
+        stream.close()  # the caller goes away: the request is aborted
+        engine.wait_idle()
+        assert engine.scheduler.kv_usage()["private_slots"] == 0
+        engine.scheduler.check_invariants()
+        assert engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    finally:
+        engine.shutdown()
+
+
+def test_prefill_only_and_prompt_logprobs(tiny_model):
+    engine = radixrt.Engine(tiny_model, max_total_tokens=4096, chunked_prefill_size=16)
+    try:
+        ids = list(range(200, 260))
+        full = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
+                               return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+        meta = full["meta_info"]
+        assert full["output_ids"] == [] and meta["finish_reason"]["type"] == "length"
+        lps = meta["input_token_logprobs"]
+        assert len(lps) == len(ids) and lps[0][0] is None and [t for _, t, _ in lps] == ids
+        assert all(lp is not None and lp <= 0 for lp, _, _ in lps[1:])
+        assert len(meta["input_top_logprobs"][5]) == 3
+        # From a later start, served partly from the cache: the same numbers.
+        part = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
+                               return_logprob=True, logprob_start_len=40)["meta_info"]
+        assert part["cached_tokens"] > 0
+        got = [lp for lp, _, _ in part["input_token_logprobs"]]
+        want = [lp for lp, _, _ in lps[40:]]
+        assert got == pytest.approx(want, abs=1e-4)
+    finally:
+        engine.shutdown()

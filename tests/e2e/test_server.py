@@ -1,0 +1,543 @@
+"""End-to-end tests of `radixrt serve`: a real server on 127.0.0.1 with the
+embedded default model, driven by httpx and the official openai client.
+
+One module-scoped server serves most tests (kept short: small max_tokens, a
+small KV pool); its teardown checks that SIGTERM stops it and its children
+cleanly. The last test starts a second server on a tiny random model, kills
+its scheduler process and checks that the server reports unhealthy and exits
+non-zero.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from radixrt.server.local import LocalServer
+
+pytestmark = pytest.mark.slow
+
+KEY = "test-key"
+KV_TOKENS = 24576
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split(") ")[-1][:1] != "Z"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = LocalServer("--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000",
+                      api_key=KEY)
+    try:
+        srv.wait_ready()
+        pids = httpx.get(srv.url + "/get_server_info", headers=srv.headers).json()["process_ids"]
+        yield srv
+        # SIGTERM (as Ctrl-C) stops the server and its children cleanly
+        t0 = time.monotonic()
+        assert srv.stop(signal.SIGTERM) == 0, srv.log_tail()
+        assert time.monotonic() - t0 < 15
+        deadline = time.monotonic() + 5
+        while any(_pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_pid_alive(p) for p in pids.values()), pids
+    finally:
+        srv.cleanup()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def model_name(oai):
+    return oai.models.list().data[0].id
+
+
+def greedy(n: int, **kw) -> dict:
+    return {"max_new_tokens": n, "temperature": 0, **kw}
+
+
+def sse_events(text: str) -> list:
+    events = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def kv_state(client: httpx.Client) -> dict:
+    r = client.get("/debug/kv")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_idle(client: httpx.Client, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = kv_state(client)
+        if st["running"] == 0 and st["waiting"] == 0 and st["inflight"] == 0:
+            return st
+        assert time.monotonic() < deadline, f"server not idle: {st}"
+        time.sleep(0.2)
+
+
+def assert_no_leak(st: dict) -> None:
+    kv = st["kv_slots"]
+    assert kv["private_slots"] == 0, kv
+    assert kv["free_slots"] + kv["tree_slots"] == kv["total_slots"], kv
+
+
+# ------------------------------------------------------------------ info routes
+def test_health_and_info(server, client):
+    assert httpx.get(server.url + "/health").status_code == 200  # no key needed
+    for route in ("/get_model_info", "/model_info"):
+        info = client.get(route).json()
+        assert info["model_path"].endswith("SmolLM2-135M-Instruct")
+        assert info["is_generation"] is True
+        markers = info["chat_role_markers"]
+        if markers is not None:
+            assert markers["user"][0] == "<|im_start|>user\n"
+    for route in ("/get_server_info", "/server_info"):
+        si = client.get(route).json()
+        assert si["max_total_num_tokens"] == KV_TOKENS
+        assert si["kv_slots"]["total_slots"] == KV_TOKENS
+        assert set(si["process_ids"]) == {"server", "scheduler", "detokenizer"}
+        assert si["api_key"] == "***"
+    assert client.get("/health_generate").status_code == 200
+
+
+# ------------------------------------------------------------------ native /generate
+def test_generate_single_batch_and_input_ids(client):
+    r = client.post("/generate", json={"text": "The capital of France is", "sampling_params": greedy(6)})
+    assert r.status_code == 200, r.text
+    single = r.json()
+    meta = single["meta_info"]
+    assert meta["completion_tokens"] == len(single["output_ids"]) == 6
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["prompt_tokens"] == 5 and isinstance(single["text"], str) and single["text"]
+
+    # the same prompt as input_ids, inside a batch: the same greedy answer, and the prefix was cached
+    tok = client.post("/generate", json={"text": "The capital of France is", "sampling_params": greedy(0)}).json()
+    assert tok["output_ids"] == [] and tok["meta_info"]["finish_reason"]["type"] == "length"
+    batch = client.post("/generate", json={
+        "text": ["The capital of France is", "1, 2, 3,"], "sampling_params": greedy(6)}).json()
+    assert isinstance(batch, list) and len(batch) == 2
+    assert batch[0]["output_ids"] == single["output_ids"]
+    assert batch[0]["meta_info"]["cached_tokens"] >= 4
+
+
+def test_generate_n_samples_and_seed(client):
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 5, "temperature": 1.0, "n": 3,
+                                                            "seed": 7}}
+    a = client.post("/generate", json=body).json()
+    b = client.post("/generate", json=body).json()
+    assert isinstance(a, list) and len(a) == 3
+    assert [x["output_ids"] for x in a] == [x["output_ids"] for x in b]  # same seed, same samples
+    assert len({x["meta_info"]["id"] for x in a}) == 3
+
+
+def test_generate_logprobs(client):
+    r = client.post("/generate", json={
+        "text": "Paris is the capital of", "sampling_params": greedy(3), "return_logprob": True,
+        "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True,
+    }).json()
+    meta = r["meta_info"]
+    assert len(meta["output_token_logprobs"]) == 3
+    lp, tid, text = meta["output_token_logprobs"][0]
+    assert lp <= 0 and tid == r["output_ids"][0] and isinstance(text, str)
+    assert len(meta["output_top_logprobs"][0]) == 2
+    # greedy: the chosen token is the top one
+    assert meta["output_top_logprobs"][0][0][1] == tid
+    inp = meta["input_token_logprobs"]
+    assert len(inp) == meta["prompt_tokens"] and inp[0][0] is None
+
+
+def test_generate_stream(client):
+    body = {"text": "Count: one, two,", "sampling_params": greedy(6), "return_logprob": True, "stream": True}
+    plain = client.post("/generate", json={**body, "stream": False}).json()
+    with client.stream("POST", "/generate", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.read().decode())
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) >= 2
+    texts = [c["text"] for c in chunks]
+    assert all(texts[i + 1].startswith(texts[i]) for i in range(len(texts) - 1))  # cumulative
+    assert texts[-1] == plain["text"]
+    assert chunks[-1]["output_ids"] == plain["output_ids"]
+    deltas = [t for c in chunks for t in c["meta_info"]["output_token_logprobs"]]
+    assert [t[1] for t in deltas] == plain["output_ids"]  # per-chunk logprob deltas add up
+    assert chunks[-1]["meta_info"]["finish_reason"] is not None
+
+
+def test_generate_stop_string(client):
+    r = client.post("/generate", json={"text": "1, 2, 3, 4,", "sampling_params": greedy(20, stop=[" 7"])}).json()
+    assert r["meta_info"]["finish_reason"]["type"] == "stop"
+    assert " 7" not in r["text"] and r["text"].strip().startswith("5")
+
+
+def test_flush_cache_and_abort_route(client):
+    assert client.post("/flush_cache").status_code == 200
+    r = client.post("/generate", json={"text": "Repeat me", "sampling_params": greedy(2)}).json()
+    assert r["meta_info"]["cached_tokens"] == 0
+    assert client.post("/abort_request", json={"rid": "no-such-request"}).status_code == 200
+
+
+def _frontend_programs_on_both(engine, client) -> list:
+    """Frontend programs through the in-process Engine and through the
+    server's RuntimeEndpoint: (engine answers, server answers) pairs."""
+    try:
+        import radixrt.frontend as rt
+    except ImportError:
+        return []
+
+    @rt.function
+    def chat(s, question):
+        s += rt.system("You are a concise assistant.")
+        s += rt.user(question)
+        s += rt.assistant(rt.gen("answer", max_tokens=8))
+        s += rt.user("And in one word?")
+        s += rt.assistant(rt.gen("word", max_tokens=4))
+
+    @rt.function
+    def few_shot(s):
+        s += "Q: What color is grass?\nA: green\nQ: What color is the sky on a clear day?\nA:"
+        s += rt.select("color", choices=[" blue", " red", " purple"])
+        s += "\nQ: Name a fruit.\nA:" + rt.gen("fruit", max_tokens=4, stop="\n")
+
+    @rt.function
+    def fan(s):
+        s += "Three animals:\n"
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"{i + 1}." + rt.gen("animal", max_tokens=3, stop="\n")
+        forks.join()
+
+    endpoint = rt.RuntimeEndpoint(str(client.base_url), api_key=KEY)
+    local = engine  # run(backend=engine) wraps it in the frontend's in-process backend
+    pairs = []
+    for program, kwargs, names in ((chat, {"question": "What is the capital of Italy?"}, ("answer", "word")),
+                                   (few_shot, {}, ("color", "fruit")), (fan, {}, ("animal",))):
+        a = program.run(temperature=0, backend=local, **kwargs)
+        b = program.run(temperature=0, backend=endpoint, **kwargs)
+        assert a.error() is None and b.error() is None, (a.error(), b.error())
+        pairs.append(([a[n] for n in names] + [a.text()], [b[n] for n in names] + [b.text()]))
+    endpoint.shutdown()
+    return pairs
+
+
+def test_server_matches_in_process_engine(client):
+    """Same requests, same greedy answers as `radixrt.Engine`: raw /generate,
+    OpenAI chat, and frontend programs through RuntimeEndpoint."""
+    import radixrt
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+    chat = [{"role": "user", "content": "Name a primary color."}]
+    engine = radixrt.Engine(model_path="default", max_total_tokens=4096)
+    try:
+        want = engine.generate(prompts, greedy(8))
+        want_chat = engine.generate(engine.apply_chat_template(chat), greedy(8))
+        frontend_results = _frontend_programs_on_both(engine, client)
+    finally:
+        engine.shutdown()
+    import importlib.util
+
+    assert frontend_results or importlib.util.find_spec("radixrt.frontend") is None
+    for via_engine, via_server in frontend_results:
+        assert via_engine == via_server
+    got = client.post("/generate", json={"text": prompts, "sampling_params": greedy(8)}).json()
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    assert [g["text"] for g in got] == [w["text"] for w in want]
+    r = client.post("/v1/chat/completions", json={"model": "default", "messages": chat, "max_tokens": 8,
+                                                  "temperature": 0}).json()
+    assert r["choices"][0]["message"]["content"] == want_chat["text"]
+
+
+# ------------------------------------------------------------------ OpenAI client
+def test_openai_chat(oai, model_name):
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
+    r = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens <= 8
+    again = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
+    assert again.choices[0].message.content == r.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 1
+
+
+def test_openai_chat_stream(oai, model_name):
+    msgs = [{"role": "user", "content": "Say hello."}]
+    full = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
+    stream = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0,
+                                         stream=True, stream_options={"include_usage": True})
+    parts, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(parts) == full.choices[0].message.content
+    assert finish == full.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_openai_completion_n_stop_logprobs(oai, model_name):
+    r = oai.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, n=3,
+                               temperature=0.9, seed=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len(r.choices) == 3 and 3 <= r.usage.completion_tokens <= 18
+    r = oai.completions.create(model=model_name, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"])
+    assert r.choices[0].finish_reason == "stop" and " 7" not in r.choices[0].text
+    r = oai.completions.create(model=model_name, prompt="The sky is", max_tokens=4, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(x <= 0 for x in lp.token_logprobs) and len(lp.top_logprobs[0]) == 2
+    assert "".join(lp.tokens) == r.choices[0].text
+    c = oai.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                    temperature=0, logprobs=True, top_logprobs=3)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens and len(content[0].top_logprobs) == 3
+    assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the top token
+
+
+def test_openai_extra_fields_accepted(client):
+    r = client.post("/v1/completions", json={"model": "default", "prompt": "Hello", "max_tokens": 3,
+                                             "top_k": 5, "min_p": 0.05, "temperature": 0.7})
+    assert r.status_code == 200, r.text
+
+
+# ------------------------------------------------------------------ constrained decoding
+def test_constrained_generate_and_response_format(client, oai, model_name):
+    import jsonschema
+
+    ip = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
+    r = client.post("/generate", json={"text": "Google's public DNS server has the IP address",
+                                       "sampling_params": greedy(20, regex=" " + ip)}).json()
+    assert re.fullmatch(" " + ip, r["text"]) and r["meta_info"]["finish_reason"]["type"] == "stop"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    msgs = [{"role": "user", "content": "Describe a person as JSON."}]
+    c = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=48, temperature=0,
+                                    response_format={"type": "json_schema",
+                                                     "json_schema": {"name": "person", "schema": schema}})
+    jsonschema.validate(json.loads(c.choices[0].message.content), schema)
+    assert c.choices[0].finish_reason == "stop"
+    cat = [{"role": "user", "content": "Return a JSON object describing a cat with its name and age."}]
+    c = oai.chat.completions.create(model=model_name, messages=cat, max_tokens=48, temperature=0,
+                                    response_format={"type": "json_object"})
+    assert isinstance(json.loads(c.choices[0].message.content), dict)
+    # a schema that is not an object, through the native API
+    r = client.post("/generate", json={"text": "Name a color:", "sampling_params": greedy(8, json_schema=json.dumps(
+        {"enum": ["red", "green", "blue"]}))}).json()
+    assert r["text"] in ('"red"', '"green"', '"blue"')
+
+
+# ------------------------------------------------------------------ errors
+def _error(r: httpx.Response, status: int, mention: str = "") -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()["error"]
+    assert body["code"] == status and body["message"]
+    if mention:
+        assert mention in body["message"], body
+    return body
+
+
+_JSON = {"content-type": "application/json"}
+_MSG = [{"role": "user", "content": "x"}]
+BAD_INPUTS = {
+    # name: (method, route, request kwargs, status, text the error message names)
+    "malformed_json_native": ("POST", "/generate", {"content": b"{not json", "headers": _JSON}, 400, "JSON"),
+    "malformed_json_openai": ("POST", "/v1/chat/completions", {"content": b'{"model": ', "headers": _JSON}, 400,
+                              "JSON"),
+    "wrong_type_text": ("POST", "/generate", {"json": {"text": 5}}, 400, "text"),
+    "wrong_type_sampling": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"max_new_tokens": "m"}}},
+                            400, "max_new_tokens"),
+    "wrong_type_stream": ("POST", "/generate", {"json": {"text": "hi", "stream": "yes"}}, 400, "stream"),
+    "wrong_type_openai": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": "x",
+                                                               "max_tokens": "ten"}}, 400, "max_tokens"),
+    "unknown_sampling_param": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"bogus": 1}}}, 400,
+                               "bogus"),
+    "negative_max_new_tokens": ("POST", "/generate", {"json": {"text": "hi", "sampling_params":
+                                                               {"max_new_tokens": -1}}}, 400, "max_new_tokens"),
+    "negative_max_tokens": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": "x",
+                                                                 "max_tokens": -3}}, 400, "max_tokens"),
+    "negative_temperature_native": ("POST", "/generate", {"json": {"text": "hi", "sampling_params":
+                                                                   {"temperature": -0.5}}}, 400, "temperature"),
+    "negative_temperature_chat": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": _MSG,
+                                                                           "temperature": -1}}, 400, "temperature"),
+    "empty_messages": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": []}}, 400,
+                       "messages"),
+    "empty_prompt": ("POST", "/generate", {"json": {"text": ""}}, 400, "empty"),
+    "over_long_prompt": ("POST", "/generate", {"json": {"input_ids": [1] * 9000}}, 400, "context length"),
+    "bad_regex": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"regex": "(ab"}}}, 400, "regex"),
+    "bad_json_schema": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {
+        "json_schema": '{"type": "foo"}'}}}, 400, "json_schema"),
+    "bad_response_format": ("POST", "/v1/chat/completions", {"json": {
+        "model": "default", "messages": _MSG, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}}, 400, "response_format"),
+    "unknown_model": ("POST", "/v1/chat/completions", {"json": {"model": "nope", "messages": _MSG}}, 404, "nope"),
+    "unknown_route": ("GET", "/no/such/route", {}, 404, ""),
+    # the server runs with --max-request-bytes 200000
+    "body_too_large": ("POST", "/generate", {"json": {"text": "x" * 300_000}}, 413, "limit"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input(client, case):
+    method, route, kwargs, status, mention = BAD_INPUTS[case]
+    _error(client.request(method, route, **kwargs), status, mention)
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
+                         ids=["missing_key", "wrong_key", "no_bearer"])
+def test_api_key_required(server, headers):
+    for method, route in (("POST", "/generate"), ("GET", "/v1/models"), ("GET", "/metrics"),
+                          ("GET", "/get_model_info"), ("POST", "/v1/chat/completions"), ("GET", "/no/such/route")):
+        _error(httpx.request(method, server.url + route, headers=headers, json={"text": "x"}), 401)
+    assert httpx.get(server.url + "/health", headers=headers).status_code == 200  # /health stays open
+
+
+def test_still_serving_after_bad_inputs(client):
+    assert client.post("/generate", json={"text": "ok", "sampling_params": greedy(1)}).status_code == 200
+
+
+def test_metrics(client):
+    text = client.get("/metrics").text
+    for name in ("radixrt_requests_total", "radixrt_prompt_tokens_total", "radixrt_generation_tokens_total",
+                 "radixrt_cached_tokens_total", "radixrt_cache_hit_rate", "radixrt_num_running_reqs",
+                 "radixrt_num_queued_reqs", "radixrt_kv_usage", "radixrt_time_to_first_token_seconds_bucket",
+                 "radixrt_inter_token_latency_seconds_bucket", 'radixrt_kv_slots{model_name="SmolLM2-135M-Instruct",state="free"}'):
+        assert name in text, name
+    ttft_count = [line for line in text.splitlines() if line.startswith("radixrt_time_to_first_token_seconds_count")]
+    assert ttft_count and float(ttft_count[0].split()[-1]) > 0
+
+
+# ------------------------------------------------------------------ disconnects and load
+def test_client_disconnect_aborts_and_frees_kv(server, client):
+    wait_idle(client)
+    body = {"text": "Write a very long essay about the sea.", "sampling_params": {
+        "max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/generate", json=body, headers=server.headers, timeout=3)
+    st = wait_idle(client, timeout=20)  # far sooner than 3000 tokens would take
+    assert_no_leak(st)
+    # a streaming client that goes away midway
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
+        with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break
+    st = wait_idle(client, timeout=20)
+    assert_no_leak(st)
+
+
+def test_200_concurrent_streams_with_aborts(server, client):
+    """Shared and unshared prefixes, native and OpenAI streams, every fifth
+    client leaves after its first chunk; all end cleanly and no KV leaks."""
+    rng = random.Random(0)
+    shared = ("You are a meticulous assistant for a shipping company. Answer in one short sentence. "
+              "Customers ask about parcels, delays, customs forms and refunds. ")
+    words = "apple river stone cloud piano garden rocket violet silver window lantern meadow".split()
+
+    def prompt(i: int) -> str:
+        tail = " ".join(rng.choice(words) for _ in range(4))
+        return (shared + f"Question {i}: {tail}?") if i % 2 == 0 else f"{i} {tail} {rng.choice(words)}"
+
+    async def one(ac: httpx.AsyncClient, i: int) -> str:
+        leave_early = i % 5 == 4
+        if i % 3 == 0:
+            route, body = "/v1/completions", {"model": "default", "prompt": prompt(i), "max_tokens": 4,
+                                              "temperature": 0, "stream": True}
+        else:
+            route, body = "/generate", {"text": prompt(i), "stream": True,
+                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0.5, "seed": i}}
+        got_done = False
+        async with ac.stream("POST", route, json=body) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    got_done = True
+                    break
+                payload = json.loads(line[6:])
+                assert "error" not in payload, payload
+                if leave_early:
+                    return "left"
+        assert got_done
+        return "done"
+
+    async def run_all() -> list:
+        limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=240,
+                                     limits=limits) as ac:
+            return await asyncio.gather(*(one(ac, i) for i in range(200)))
+
+    t0 = time.monotonic()
+    outcomes = asyncio.run(run_all())
+    assert outcomes.count("left") == 40 and outcomes.count("done") == 160
+    st = wait_idle(client, timeout=60)
+    assert_no_leak(st)
+    assert httpx.get(server.url + "/health").status_code == 200
+    r = client.post("/generate", json={"text": "Still alive?", "sampling_params": greedy(2)})
+    assert r.status_code == 200
+    print(f"200 streams in {time.monotonic() - t0:.1f} s")
+
+
+# ------------------------------------------------------------------ supervision
+def test_killed_scheduler_makes_server_exit(tmp_path):
+    """A tiny random model keeps this second server quick to start."""
+    from tests.support.model_fixtures import make_tiny_model
+
+    srv = LocalServer("--max-total-tokens", "2048", model=make_tiny_model(tmp_path))
+    try:
+        srv.wait_ready()
+        r = httpx.post(srv.url + "/generate", json={"text": "hello", "sampling_params": greedy(3)}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
+        pid = httpx.get(srv.url + "/get_server_info").json()["process_ids"]["scheduler"]
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        saw_unhealthy = False
+        while time.monotonic() - t0 < 15:
+            try:
+                if httpx.get(srv.url + "/health", timeout=1).status_code != 200:
+                    saw_unhealthy = True
+            except httpx.HTTPError:
+                saw_unhealthy = True  # already gone
+            if srv.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        elapsed = time.monotonic() - t0
+        assert saw_unhealthy
+        assert srv.proc.poll() is not None, "server did not exit after its scheduler died"
+        assert srv.proc.returncode not in (0, None)
+        assert elapsed < 15
+        assert "scheduler process" in srv.log_tail()
+    finally:
+        srv.cleanup()

@@ -1,0 +1,135 @@
+"""The device scripts on CPU: the carried-archive install logic and the packer's
+pure helpers (no network, no nvcc), and gpu_check.py's --dry-run end to end."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "device" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_split_and_reinstall_carried_archive(tmp_path, monkeypatch):
+    pack = _load("pack_flashinfer")
+    check = _load("gpu_check")
+    site = tmp_path / "stage" / "site" / "fakepkg"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("VALUE = 42\n")
+    (site / "blob.bin").write_bytes(random.Random(0).randbytes(20000))  # incompressible
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    archive = carry / "flashinfer-0.0-sm90a.tar.xz"
+    with tarfile.open(archive, "w:xz") as tf:
+        tf.add(tmp_path / "stage" / "site", arcname="site")
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    parts = pack.split_file(archive, 4096)
+    assert len(parts) > 1 and not archive.exists() and all(p.stat().st_size <= 4096 for p in parts)
+    manifest = {"flashinfer_version": "0.0", "archive": archive.name, "archive_sha256": sha,
+                "parts": [{"name": p.name, "bytes": p.stat().st_size} for p in parts]}
+    (carry / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(check, "STAGE", tmp_path / "dev-stage")
+    monkeypatch.setattr(check, "SITE_DIR", tmp_path / "dev-site")
+    report = check.Report(tmp_path / "out", 60)
+
+    # staging: the parts travel over two calls; the first one cannot install yet
+    first = tmp_path / "call1"
+    first.mkdir()
+    for f in [carry / "manifest.json", parts[0]]:
+        (first / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(FileNotFoundError, match="not carried yet"):
+        check.install_flashinfer(first, report)
+    second = tmp_path / "call2"
+    second.mkdir()
+    for f in parts[1:]:
+        (second / f.name).write_bytes(f.read_bytes())
+    got = check.install_flashinfer(second, report)
+    assert (got / "fakepkg" / "__init__.py").read_text() == "VALUE = 42\n"
+    assert check.install_flashinfer(second, report) == got  # installed once
+
+    # a corrupted part is caught
+    monkeypatch.setattr(check, "SITE_DIR", tmp_path / "dev-site-2")
+    bad = tmp_path / "dev-stage" / parts[0].name
+    bad.write_bytes(b"x" + bad.read_bytes()[1:])
+    with pytest.raises(ValueError, match="sha256"):
+        check.install_flashinfer(second, report)
+
+
+def test_plain_checkout_imports_mapped_packages(tmp_path):
+    """Without an install (as on the GPU machine), the checkout's root on sys.path
+    is enough: radixrt maps radixrt.kernels -> kernels/ and radixrt.frontend -> frontend/."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__.lower()]; "
+            "import radixrt.kernels.flashinfer_backend as k, radixrt.frontend.interpreter as f; "
+            "print(k.__file__); print(f.__file__)")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.split()
+    assert out == [str(ROOT / "kernels" / "flashinfer_backend.py"), str(ROOT / "frontend" / "interpreter.py")]
+
+
+def test_pack_trim_keeps_python_and_needed_data(tmp_path):
+    pack = _load("pack_flashinfer")
+    full = tmp_path / "full"
+    pkg = full / "flashinfer"
+    files = {
+        "__init__.py": b"x", "decode.py": b"x", "tuning_configs/a.json": b"{}",
+        "cake_backend/kernels.so": b"\0" * (pack.SMALL_FILE + 1),
+        "data/include/flashinfer/attention.cuh": b"x", "data/csrc/batch_decode.cu": b"x",
+        "data/csrc/huge.cu": b"x" * (pack.CSRC_SMALL + 1), "data/csrc/sub/other.cu": b"x",
+        "data/cutlass/include/cute/a.hpp": b"x", "data/cccl/used.h": b"x", "data/cccl/unused.h": b"x",
+        "data/aot/mod/mod.so": b"elf",
+    }
+    for rel, data in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_bytes(data)
+    (full / "flashinfer_python-0.0.dist-info").mkdir()
+    (full / "flashinfer_python-0.0.dist-info" / "METADATA").write_text("Name: flashinfer-python\n")
+    (full / "flashinfer_python-0.0.dist-info" / "RECORD").write_text("big\n")
+    (full / "flashinfer_python-0.0.dist-info" / "licenses").mkdir()
+    (full / "flashinfer_python-0.0.dist-info" / "licenses" / "LICENSE").write_text("Apache-2.0\n")
+    out = tmp_path / "out"
+    pack.trim(full, out, keep_data={pkg / "data/cccl/used.h"})
+    kept = {str(p.relative_to(out / "flashinfer")) for p in (out / "flashinfer").rglob("*") if p.is_file()}
+    assert kept == {"__init__.py", "decode.py", "tuning_configs/a.json", "data/include/flashinfer/attention.cuh",
+                    "data/csrc/batch_decode.cu", "data/cccl/used.h", "data/aot/mod/mod.so"}
+    assert (out / "flashinfer_python-0.0.dist-info" / "METADATA").exists()
+    assert not (out / "flashinfer_python-0.0.dist-info" / "RECORD").exists()
+    assert (out / "flashinfer_python-0.0.dist-info" / "licenses" / "LICENSE").exists()
+
+
+def test_gpu_check_dry_run(tmp_path):
+    """Every section of the device script, on CPU with the FlashInfer emulation."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "scripts/device/gpu_check.py", "--dry-run", "--out", str(out),
+         "--work", str(tmp_path / "work"), "--carry", str(tmp_path / "no-carry")],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "gpu_check.json").read_text())
+    assert data["errors"] == {}
+    s = data["sections"]
+    assert s["correctness"]["pass"] and s["correctness"]["cases"] == 2 * 4 * 7
+    assert {v["page_size"] for v in s["bandwidth"]["decode"]} == {1, 16}
+    assert s["sampling"]["pass"]
+    e2e = s["e2e"]
+    for model in ("default", "llama-1b"):
+        row = e2e[model]["radixrt"]
+        assert row["backend"] == "FlashInferBackend"
+        for wl in ("batch-decode", "shared-prefix"):
+            assert row[wl]["tok_s"] > 0 and row[wl]["speedup_vs_transformers"] > 0
+        assert row["shared-prefix"]["cached_tokens"] > 0
+    assert "SUMMARY" in proc.stdout
