@@ -14,8 +14,9 @@ def _map_checkout_packages() -> None:
     """Make ``radixrt.frontend`` and ``radixrt.kernels`` importable from a plain
     checkout (no install), where they sit beside ``radixrt/`` rather than in it.
 
-    An install (wheel or editable) maps them through ``package-dir`` and this
-    finder is never consulted: it is appended after the installed finders.
+    A wheel has them inside ``radixrt/`` and needs no finder. The finder goes
+    first on ``sys.meta_path`` so that this checkout's siblings win over the
+    mapping of an editable install of another checkout.
     """
     import importlib.abc
     import importlib.util
@@ -40,7 +41,7 @@ def _map_checkout_packages() -> None:
                 fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
 
     if not any(type(f).__name__ == "CheckoutFinder" for f in sys.meta_path):
-        sys.meta_path.append(CheckoutFinder())
+        sys.meta_path.insert(0, CheckoutFinder())
 
 
 _map_checkout_packages()
