@@ -1,7 +1,8 @@
 """radixrt.frontend: the structured-program language (SGLang-compatible).
 
-Imports no torch. Backends that need heavier packages (the in-process
-engine, httpx endpoints, openai) load on first use, through ``__getattr__``.
+Imports no torch. What needs heavier packages loads on first use: the
+engine (torch) and the HTTP backends (httpx) through ``__getattr__``, the
+openai package when an ``OpenAI`` backend is created.
 
     import radixrt as rt
 
@@ -56,12 +57,16 @@ from .errors import (
     UnsupportedByBackendError,
     UnsupportedModalityError,
 )
+from .engine_backend import EngineBackend  # light: the engine itself (torch) loads only when created
+from .fork import ProgramStateGroup
+from .function import SglFunction
 from .global_config import global_config
-from .interpreter import ProgramState, ProgramStateGroup
-from .ir import SglFunction
+from .openai_backend import OpenAI  # light: the openai package loads only when an OpenAI backend is created
+from .program_state import ProgramState
 
-# Names resolved on first access (they import httpx / openai / torch).
-LAZY_NAMES = ("Engine", "EngineBackend", "RuntimeEndpoint", "Runtime", "OpenAI")
+# Names resolved on first access: ``Engine`` imports torch, the HTTP backends
+# httpx. (``OpenAI`` imports the openai package only when constructed.)
+LAZY_NAMES = ("Engine", "RuntimeEndpoint", "Runtime")
 
 __all__ = [
     # language
@@ -85,18 +90,10 @@ def __getattr__(name: str) -> Any:
         from radixrt.engine import Engine  # torch lives behind this import
 
         return Engine
-    if name == "EngineBackend":
-        from .engine_backend import EngineBackend
-
-        return EngineBackend
     if name in ("RuntimeEndpoint", "Runtime"):
-        from . import runtime_endpoint
+        from . import runtime_endpoint  # httpx lives behind this import
 
         return getattr(runtime_endpoint, name)
-    if name == "OpenAI":
-        from .openai_backend import OpenAI
-
-        return OpenAI
     raise AttributeError(f"module 'radixrt.frontend' has no attribute {name!r}")
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Union
 
 from .choices import ChoicesSamplingMethod, token_length_normalized
-from .global_config import global_config
+from .default_backend import backend_or_none, get_default_backend, set_default_backend  # noqa: F401  (public)
+from .function import SglFunction
 from .ir import (
-    SamplingParams,
     SglExpr,
     SglExprList,
-    SglFunction,
     SglGen,
     SglImage,
     SglRoleBegin,
@@ -17,9 +16,9 @@ from .ir import (
     SglSelect,
     SglSeparateReasoning,
     SglVideo,
-    is_valid_regex,
     role_turn,
 )
+from .sampling_params import SglSamplingParams, is_valid_regex
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
@@ -34,33 +33,16 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
     return deco
 
 
-# --- backends ------------------------------------------------------------------
-
-def set_default_backend(backend: Any) -> None:
-    """Backend for programs run without ``backend=``: an ``Engine`` (wrapped
-    automatically), ``RuntimeEndpoint``, ``Runtime`` or ``OpenAI``."""
-    global_config.default_backend = backend
-
-
-def get_default_backend() -> Any:
-    return global_config.default_backend
-
-
-def _backend(backend: Any) -> Any:
-    from .interpreter import resolve_backend
-
-    b = backend if backend is not None else global_config.default_backend
-    return None if b is None else resolve_backend(b)
-
+# --- backends (set_default_backend / get_default_backend: default_backend.py) ------
 
 def flush_cache(backend: Any = None, empty_cache: bool = True) -> bool:
     """Drop the backend's radix cache. False when there is no backend."""
-    b = _backend(backend)
+    b = backend_or_none(backend)
     return False if b is None else bool(b.flush_cache())
 
 
 def get_server_info(backend: Any = None) -> Optional[dict]:
-    b = _backend(backend)
+    b = backend_or_none(backend)
     return None if b is None else b.get_server_info()
 
 
@@ -90,7 +72,7 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         raise ValueError("use only one of regex, json_schema and ebnf")
     if dtype is not None and dtype not in (int, str, float, bool, "int", "str", "string", "float", "bool"):
         raise ValueError(f"unsupported dtype {dtype!r}; use int, str, float or bool")
-    return SglGen(name, SamplingParams(
+    return SglGen(name, SglSamplingParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
         stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 from .choices import ChoicesDecision
-from .ir import SamplingParams
+from .sampling_params import SglSamplingParams
 
 # Role markers when the model has no chat template (kept in step with radixrt/chat_roles.py).
 PLAIN_ROLE_MARKERS: dict[str, tuple[str, str]] = {
@@ -49,12 +49,12 @@ class BaseBackend:
         return None
 
     # --- requests ---------------------------------------------------------------
-    def generate(self, s: Any, sampling: SamplingParams) -> tuple[Any, Any]:
+    def generate(self, s: Any, sampling: SglSamplingParams) -> tuple[Any, Any]:
         """Complete ``s.text_``. Returns ``(text, meta_info)``; with ``n > 1``,
         ``(list_of_texts, list_of_meta_infos)``."""
         raise NotImplementedError
 
-    def generate_stream(self, s: Any, sampling: SamplingParams) -> Iterator[tuple[str, dict]]:
+    def generate_stream(self, s: Any, sampling: SglSamplingParams) -> Iterator[tuple[str, dict]]:
         """Yield ``(cumulative_text, meta_info_so_far)`` while generating."""
         text, meta = self.generate(s, sampling)
         yield text, meta

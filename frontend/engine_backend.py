@@ -13,8 +13,10 @@ import queue
 import threading
 from typing import Any, Iterator, Optional
 
-from .errors import BackendError
+from radixrt.requests.chat_roles import derive_default_system_prompt, derive_role_markers
+
 from .backend import normalize_markers
+from .errors import BackendError
 from .native_backend import NativeBackend
 
 _DONE = object()
@@ -93,23 +95,10 @@ class EngineBackend(NativeBackend):
         self.engine = engine
         self._loop: Optional[_LoopThread] = None
         self._loop_lock = threading.Lock()
-        markers = normalize_markers(getattr(engine, "chat_role_markers", None))
-        tok = getattr(engine, "tokenizer", None)
-        if markers is None and tok is not None:
-            from radixrt.requests.chat_roles import derive_role_markers
-
-            markers = derive_role_markers(tok)
+        markers, default_system = _chat_template_of(engine)
         if markers is not None:
             self._markers = markers
-        default_system = getattr(engine, "chat_default_system_prompt", None)
-        if default_system is None and tok is not None:
-            try:
-                from radixrt.requests.chat_roles import derive_default_system_prompt
-
-                default_system = derive_default_system_prompt(tok)
-            except Exception:
-                default_system = None
-        self._default_system = default_system or None
+        self._default_system = default_system
 
     def _get_loop(self) -> _LoopThread:
         if self._loop is None:
@@ -173,6 +162,23 @@ class EngineBackend(NativeBackend):
         finally:
             if self._loop is not None:
                 self._loop.close()
+
+
+def _chat_template_of(engine: Any) -> tuple[Optional[dict[str, tuple[str, str]]], Optional[str]]:
+    """The engine's role markers and default system prompt: as it reports
+    them, else derived from its tokenizer's chat template (None where neither
+    gives one)."""
+    markers = normalize_markers(getattr(engine, "chat_role_markers", None))
+    tok = getattr(engine, "tokenizer", None)
+    if markers is None and tok is not None:
+        markers = derive_role_markers(tok)
+    default_system = getattr(engine, "chat_default_system_prompt", None)
+    if default_system is None and tok is not None:
+        try:
+            default_system = derive_default_system_prompt(tok)
+        except Exception:  # templates vary; no default system prompt then
+            default_system = None
+    return markers, default_system or None
 
 
 _wrapped: dict[int, EngineBackend] = {}

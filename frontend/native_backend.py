@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional
 
 from .choices import ChoicesDecision, token_length_normalized
 from .errors import BackendError
-from .ir import SamplingParams
+from .sampling_params import SglSamplingParams
 from .backend import PLAIN_ROLE_MARKERS, BaseBackend
 
 # How many prompt tokens before a choice are re-scored, to catch a choice whose
@@ -65,20 +65,20 @@ class NativeBackend(BaseBackend):
 
     # generation ----------------------------------------------------------------
     @staticmethod
-    def _payload(text: str, sampling: SamplingParams, stream: bool = False) -> dict[str, Any]:
+    def _payload(text: str, sampling: SglSamplingParams, stream: bool = False) -> dict[str, Any]:
         p: dict[str, Any] = {"text": text, "sampling_params": sampling.to_wire()}
         p.update(sampling.logprob_kwargs())
         if stream:
             p["stream"] = True
         return p
 
-    def generate(self, s: Any, sampling: SamplingParams) -> tuple[Any, Any]:
+    def generate(self, s: Any, sampling: SglSamplingParams) -> tuple[Any, Any]:
         resp = self.raw_generate(self._payload(s.text_, sampling))
         if isinstance(resp, list):  # n > 1
             return [r["text"] for r in resp], [r.get("meta_info", {}) for r in resp]
         return resp["text"], resp.get("meta_info", {})
 
-    def generate_stream(self, s: Any, sampling: SamplingParams) -> Iterator[tuple[str, dict]]:
+    def generate_stream(self, s: Any, sampling: SglSamplingParams) -> Iterator[tuple[str, dict]]:
         text = ""
         for chunk in self._request_stream(self._payload(s.text_, sampling, stream=True)):
             _check(chunk)

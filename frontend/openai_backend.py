@@ -19,13 +19,14 @@ vLLM) accept and OpenAI itself rejects.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any, Iterator, Optional
 
 from .choices import ChoicesDecision, token_length_normalized
 from .errors import BackendError, UnsupportedByBackendError
-from .ir import SamplingParams
+from .sampling_params import SglSamplingParams
 from .backend import PLAIN_ROLE_MARKERS, BaseBackend, normalize_markers
 
 _COMPLETION_ONLY_MODELS = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
@@ -56,7 +57,7 @@ class OpenAI(BaseBackend):
         return dict(self._markers)
 
     # helpers ---------------------------------------------------------------------------
-    def _check_expressible(self, sp: SamplingParams) -> None:
+    def _check_expressible(self, sp: SglSamplingParams) -> None:
         what = []
         if sp.regex is not None:
             what.append("regex")
@@ -74,7 +75,7 @@ class OpenAI(BaseBackend):
                 f"decoding and prompt logprobs"
             )
 
-    def _common_kwargs(self, sp: SamplingParams) -> dict[str, Any]:
+    def _common_kwargs(self, sp: SglSamplingParams) -> dict[str, Any]:
         kw: dict[str, Any] = {"model": self.model_name}
         if sp.max_new_tokens is not None:
             kw["max_tokens"] = sp.max_new_tokens
@@ -151,7 +152,7 @@ class OpenAI(BaseBackend):
         return meta
 
     # generation ------------------------------------------------------------------------
-    def _request_kwargs(self, s: Any, sp: SamplingParams, stream: bool) -> tuple[Any, dict[str, Any]]:
+    def _request_kwargs(self, s: Any, sp: SglSamplingParams, stream: bool) -> tuple[Any, dict[str, Any]]:
         self._check_expressible(sp)
         kw = self._common_kwargs(sp)
         if stream:
@@ -163,8 +164,6 @@ class OpenAI(BaseBackend):
                 if sp.top_logprobs_num:
                     kw["top_logprobs"] = sp.top_logprobs_num
             if sp.json_schema is not None:
-                import json
-
                 schema = json.loads(sp.json_schema) if isinstance(sp.json_schema, str) else sp.json_schema
                 kw["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "output", "schema": schema}}
@@ -174,7 +173,7 @@ class OpenAI(BaseBackend):
             kw["logprobs"] = max(1, sp.top_logprobs_num or 1)
         return self.client.completions.create, kw
 
-    def generate(self, s: Any, sp: SamplingParams) -> tuple[Any, Any]:
+    def generate(self, s: Any, sp: SglSamplingParams) -> tuple[Any, Any]:
         fn, kw = self._request_kwargs(s, sp, stream=False)
         resp = self._call(fn, **kw)
         texts, metas = [], []
@@ -185,7 +184,7 @@ class OpenAI(BaseBackend):
             return texts, metas
         return texts[0], metas[0]
 
-    def generate_stream(self, s: Any, sp: SamplingParams) -> Iterator[tuple[str, dict]]:
+    def generate_stream(self, s: Any, sp: SglSamplingParams) -> Iterator[tuple[str, dict]]:
         if sp.n and sp.n > 1:
             yield self.generate(s, sp)
             return

@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from .backend import PLAIN_ROLE_MARKERS
+from .default_backend import resolve_backend
 from .errors import StopTracing
+from .executor import StreamExecutor
 from .global_config import global_config
-from .ir import (
-    SamplingParams,
-    SglArgument,
-    SglConstantText,
-    SglExpr,
-    SglFork,
-    SglFunction,
-    SglGen,
-    SglSelect,
-    SglVariable,
-    default_sampling_params,
-)
+from .ir import SglArgument, SglConstantText, SglExpr, SglFork, SglGen, SglSelect, SglVariable
+from .program_state import ProgramState
+from .sampling_params import SglSamplingParams, default_sampling_params
+
+if TYPE_CHECKING:  # annotations only: function.py imports this module
+    from .function import SglFunction
 
 logger = logging.getLogger("radixrt.frontend")
 
@@ -100,8 +97,8 @@ class TraceRecorder:
         name = getattr(expr, "name", None)
         if name is not None:
             value = Placeholder("var", name)
-            ex._append(value)
-            ex._set_var(name, value, None, has_meta=True)
+            ex.append(value)
+            ex.store_var(name, value, None, has_meta=True)
 
     def child(self, ex: Any, index: int, size: int) -> "TraceRecorder":
         if self.first_dynamic_pos is None:
@@ -156,22 +153,20 @@ def constant_prefix_of(text: str, first_dynamic_pos: Optional[int]) -> str:
 
 
 def _markers_of(backend: Any) -> tuple[dict[str, tuple[str, str]], Optional[str]]:
-    from .backend import PLAIN_ROLE_MARKERS
-
+    """Role markers and default system prompt of ``backend`` (else of the
+    default one; plain markers when there is none)."""
     if backend is None:
         backend = global_config.default_backend
     if backend is None:
         return dict(PLAIN_ROLE_MARKERS), None
-    from .interpreter import resolve_backend
-
     b = resolve_backend(backend)
     return b.get_role_markers(), b.get_default_system_prompt()
 
 
 def _traced_run(func: SglFunction, arguments: dict[str, Any], markers, default_system, stop_at_dynamic: bool,
-                default_sampling: Optional[SamplingParams] = None):
-    from .interpreter import ProgramState, StreamExecutor
-
+                default_sampling: Optional[SglSamplingParams] = None):
+    """Run ``func``'s body synchronously with a recorder and a stand-in
+    backend; ``(state, recorder, error the body raised or None)``."""
     recorder = TraceRecorder(stop_at_dynamic)
     ex = StreamExecutor(_TraceBackend(markers, default_system), arguments,
                         default_sampling or default_sampling_params(), stream=False, use_thread=False,
@@ -184,7 +179,7 @@ def _traced_run(func: SglFunction, arguments: dict[str, Any], markers, default_s
         pass
     except Exception as e:  # the body did something a placeholder cannot do
         error = e
-    ex._ended = True
+    ex.end()
     return state, recorder, error
 
 
@@ -200,7 +195,7 @@ def trace_program(func: SglFunction, kwargs: dict[str, Any], backend: Any = None
 
 
 def shared_constant_prefix(func: SglFunction, backend: Any, batch_arguments: list[dict[str, Any]],
-                           default_sampling: Optional[SamplingParams] = None) -> str:
+                           default_sampling: Optional[SglSamplingParams] = None) -> str:
     """The text every program of the batch starts with before its first
     generation call, estimated from up to ``global_config.prefix_trace_samples``
     programs run up to their first ``gen``/``select``/``fork``."""

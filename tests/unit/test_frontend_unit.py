@@ -27,6 +27,7 @@ from radixrt.requests.chat_roles import (
 from radixrt.frontend.backend import BaseBackend
 from radixrt.frontend.choices import ChoicesDecision
 from radixrt.frontend.errors import BackendError, UnsupportedModalityError
+from radixrt.frontend.sampling_params import SglSamplingParams, default_sampling_params
 from tests.support.frontend_helpers import assert_request_failure_surfaces, multi_turn_question
 
 CHATML = {
@@ -109,8 +110,8 @@ def test_expressions_concatenate_and_flatten():
 def test_gen_parameters_map_to_sglang_sampling_params():
     g = rt.gen("x", max_tokens=7, min_tokens=2, stop="\n", temperature=0, top_k=5, regex=r"\d+",
                return_logprob=True, logprob_start_len=3, top_logprobs_num=2)
-    sp = g.sampling.merged_over(rt.gen("y").sampling.merged_over(
-        __import__("radixrt.frontend.ir", fromlist=["x"]).default_sampling_params()))
+    sp = g.sampling.merged_over(rt.gen("y").sampling.merged_over(default_sampling_params()))
+    assert isinstance(sp, SglSamplingParams)
     wire = sp.to_wire()
     assert wire["max_new_tokens"] == 7 and wire["min_new_tokens"] == 2
     assert wire["stop"] == ["\n"] and wire["temperature"] == 0 and wire["top_k"] == 5
