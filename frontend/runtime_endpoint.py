@@ -119,6 +119,22 @@ class RuntimeEndpoint(NativeBackend):
         self.client.close()
 
 
+def _serve_command(python: str, model_path: str, host: str, port: int, log_level: str, api_key: Optional[str],
+                   server_args: dict[str, Any]) -> list[str]:
+    """The ``radixrt serve`` command line; each of ``server_args`` becomes a
+    ``--flag`` (``True``: bare flag, ``False``/``None``: left out)."""
+    cmd = [python, "-m", "radixrt.cli", "serve", "--model", str(model_path),
+           "--host", host, "--port", str(port), "--log-level", log_level]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    for k, v in server_args.items():
+        if v is True:
+            cmd.append("--" + k.replace("_", "-"))
+        elif v is not False and v is not None:
+            cmd += ["--" + k.replace("_", "-"), str(v)]
+    return cmd
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -132,6 +148,10 @@ class Runtime(BaseBackend):
     each keyword argument becomes a ``--flag`` of ``radixrt serve`` (``True``
     -> bare flag, ``False``/``None`` -> omitted). Waits for ``/health``.
     Use as a backend directly, or ``runtime.endpoint``; ``shutdown()`` stops it.
+
+    The server's output goes to a temporary log file (``log_path``), deleted by
+    ``shutdown()``. When the server fails to start, the error shows the log's
+    tail and the file is kept (its path is in the error) for the full text.
     """
 
     def __init__(self, model_path: str = "default", host: str = "127.0.0.1", port: Optional[int] = None,
@@ -141,29 +161,25 @@ class Runtime(BaseBackend):
         self.host = host
         self.port = port or _free_port(host)
         self.url = f"http://{host}:{self.port}"
-        cmd = [python or sys.executable, "-m", "radixrt.cli", "serve", "--model", str(model_path),
-               "--host", host, "--port", str(self.port), "--log-level", log_level]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        for k, v in server_args.items():
-            flag = "--" + k.replace("_", "-")
-            if v is True:
-                cmd.append(flag)
-            elif v is False or v is None:
-                continue
-            else:
-                cmd += [flag, str(v)]
-        self.cmd = cmd
+        self.cmd = _serve_command(python or sys.executable, model_path, host, self.port, log_level, api_key,
+                                  server_args)
+        self._keep_log = False
+        self.process: Optional[subprocess.Popen] = None
         self._log = tempfile.NamedTemporaryFile(prefix="radixrt-serve-", suffix=".log", delete=False)
         self.log_path = self._log.name
-        self.process: Optional[subprocess.Popen] = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
         atexit.register(self.shutdown)
         try:
+            self.process = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **(env or {})}, start_new_session=True)
             self._wait_ready(startup_timeout)
             self.endpoint = RuntimeEndpoint(self.url, api_key=api_key)
+        except Exception as e:
+            # The server ran but did not come up: keep its log for the error to point at.
+            self._keep_log = self.process is not None
+            if self._keep_log and self.log_path not in str(e) and hasattr(e, "add_note"):
+                e.add_note(f"radixrt server log kept at {self.log_path}")
+            self.shutdown()
+            raise
         except BaseException:
             self.shutdown()
             raise
@@ -185,7 +201,7 @@ class Runtime(BaseBackend):
                 if self.process.poll() is not None:
                     raise RuntimeError(
                         f"radixrt server exited with code {self.process.returncode} during startup "
-                        f"({' '.join(self.cmd)}):\n{self._log_tail()}"
+                        f"({' '.join(self.cmd)}); full log kept at {self.log_path}:\n{self._log_tail()}"
                     )
                 try:
                     if c.get(self.url + "/health").status_code == 200:
@@ -193,7 +209,8 @@ class Runtime(BaseBackend):
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.5)
-        raise TimeoutError(f"radixrt server at {self.url} not healthy after {timeout:.0f}s:\n{self._log_tail()}")
+        raise TimeoutError(f"radixrt server at {self.url} not healthy after {timeout:.0f}s; full log kept at "
+                           f"{self.log_path}:\n{self._log_tail()}")
 
     # backend interface: delegate to the endpoint ---------------------------------
     @property
@@ -235,26 +252,42 @@ class Runtime(BaseBackend):
         return self.endpoint.raw_generate({"text": prompt, "sampling_params": sampling_params or {}, **kwargs})
 
     def shutdown(self) -> None:
+        """Stop the server (idempotent) and delete its log, unless it failed to start."""
         p, self.process = getattr(self, "process", None), None
         if hasattr(self, "endpoint"):
             try:
                 self.endpoint.shutdown()
             except Exception:
                 pass
-        if p is not None and p.poll() is None:
-            p.terminate()
+        if p is not None:
+            _stop(p)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        log = getattr(self, "_log", None)
+        if log is None:
+            return
+        log.close()
+        if not self._keep_log:
             try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        try:
-            self._log.close()
-        except Exception:
-            pass
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
 
     def __enter__(self) -> "Runtime":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _stop(p: subprocess.Popen) -> None:
+    """Terminate ``p`` (kill it after 15 s) and reap it."""
+    if p.poll() is not None:
+        return
+    p.terminate()
+    try:
+        p.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5)

@@ -5,6 +5,7 @@ routes."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -22,6 +23,7 @@ def runtime():
     r = rt.Runtime(model_path="default", startup_timeout=300)
     yield r
     r.shutdown()
+    assert not os.path.exists(r.log_path), "shutdown() leaves no server log behind"
 
 
 @rt.function

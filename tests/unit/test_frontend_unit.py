@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 import subprocess
 import sys
@@ -597,3 +598,59 @@ def test_chat_roles_template_without_system_role_and_no_template():
 
     assert derive_role_markers(NoTemplate()) == PLAIN_ROLE_MARKERS
     assert derive_role_markers(None) == PLAIN_ROLE_MARKERS
+
+
+# ------------------------------------------------------------------- Runtime (local server) log
+
+_FAKE_SERVER = '''#!{python}
+"""Stands in for `python -m radixrt.cli serve ... --port N`: answers /health and /get_model_info."""
+import http.server, json, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({{"model_path": "fake"}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+print("fake server up", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def _executable(path, text):
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_runtime_deletes_its_server_log_on_shutdown(tmp_path):
+    from radixrt.frontend.runtime_endpoint import Runtime
+
+    fake = _executable(tmp_path / "fake-python", _FAKE_SERVER.format(python=sys.executable))
+    r = Runtime(python=fake, startup_timeout=60)
+    try:
+        assert r.endpoint.model_info == {"model_path": "fake"}
+        assert "fake server up" in open(r.log_path).read()
+    finally:
+        r.shutdown()
+    assert r.process is None
+    assert not os.path.exists(r.log_path)
+    r.shutdown()  # idempotent (atexit calls it again)
+
+
+def test_runtime_keeps_the_log_of_a_server_that_failed_to_start(tmp_path):
+    from radixrt.frontend.runtime_endpoint import Runtime
+
+    failing = _executable(tmp_path / "failing-python", "#!/bin/sh\necho 'model not found: nope'\nexit 3\n")
+    with pytest.raises(RuntimeError, match="exited with code 3") as ei:
+        Runtime(model_path="nope", python=failing, startup_timeout=60)
+    message = str(ei.value)
+    assert "model not found: nope" in message
+    log_path = re.search(r"full log kept at (\S+):", message).group(1)
+    try:
+        assert os.path.basename(log_path).startswith("radixrt-serve-")
+        assert "model not found: nope" in open(log_path).read()
+    finally:
+        os.unlink(log_path)
