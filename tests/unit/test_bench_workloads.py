@@ -149,7 +149,8 @@ def test_json_extraction_asks_for_the_schema(tok):
 
 
 def test_bench_modules_import_no_matplotlib_or_torch():
-    code = ("import sys, radixrt.bench.main, radixrt.bench.plots, radixrt.bench.workloads, radixrt.plan;"
+    code = ("import sys, radixrt.bench.main, radixrt.bench.driver, radixrt.bench.offline, radixrt.bench.online,"
+            " radixrt.bench.report, radixrt.bench.plots, radixrt.bench.workloads, radixrt.plan;"
             "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -248,3 +249,11 @@ def test_bench_online_on_a_tiny_model(tmp_path, tiny_model):
         if w["name"] == "json-extraction":
             offline = next(r for r in w["rows"] if r["mode"] == "offline" and r["system"] == "radixrt")
             assert "valid_outputs" in offline
+
+
+@pytest.mark.parametrize("module", ["radixrt.bench", "radixrt.bench.main", "radixrt.bench.programs",
+                                    "radixrt.bench.constrained", "radixrt.bench.serving", "radixrt.bench.plots"])
+def test_bench_entry_points_answer_help(module):
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m {module} ")
