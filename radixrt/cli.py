@@ -56,22 +56,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help unless the help already says
+    what the default is (e.g. an environment variable, whose value must not be
+    printed)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "(default" in text:
+            return text
+        return super()._get_help_string(action) or ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixrt", description="RadixAttention runtime for LLM programs")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("download", help="fetch and convert the embedded default model (SmolLM2-135M-Instruct)")
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+
+    p = add("download", "fetch and convert the embedded default model (SmolLM2-135M-Instruct) into "
+                        "$RADIXRT_HOME (default ~/.cache/radixrt); prints its folder")
     p.add_argument("--force", action="store_true", help="convert again even if cached")
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("generate", help="generate from prompts (arguments or stdin lines)")
+    p = add("generate", "generate from prompts (arguments or stdin lines)")
     EngineConfig.add_cli_args(p)
-    p.add_argument("prompt", nargs="*")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("prompt", nargs="*", help="prompts; none: one prompt per non-empty stdin line")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature (0: greedy)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    p.add_argument("--stream", action="store_true")
-    p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results")
+    p.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
+    p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results, one JSON per line")
     p.set_defaults(func=cmd_generate)
 
     try:
@@ -79,20 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # the server package is optional at this stage
         pass
     else:
-        p = sub.add_parser("serve", help="run the HTTP server (SGLang-native and OpenAI APIs)")
+        p = add("serve", "run the HTTP server (SGLang-native and OpenAI APIs)")
         add_serve_args(p)
         p.set_defaults(func=serve_main)
 
     from radixrt.bench.main import add_bench_args, bench_main
 
-    p = sub.add_parser("bench", help="offline benchmarks on the engine (see docs/benchmarks.md)")
+    p = add("bench", "benchmark radixrt against its baselines (transformers generate, radix cache off, "
+                     "other policies), offline on in-process engines and online against HTTP servers "
+                     "(see docs/benchmarks.md)")
     add_bench_args(p)
     p.set_defaults(func=bench_main)
 
     from radixrt.plan import add_plan_args, plan_main
 
-    p = sub.add_parser("plan", help="capacity arithmetic from a model's config.json: KV bytes per token, "
-                                    "max live tokens, concurrency (loads no weights)")
+    p = add("plan", "capacity arithmetic from a model's config.json: KV bytes per token, "
+                    "max live tokens, concurrency (loads no weights)")
     add_plan_args(p)
     p.set_defaults(func=plan_main)
     return parser

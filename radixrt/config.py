@@ -7,6 +7,36 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+# One line of `--help` per EngineConfig field (argparse adds the default).
+CLI_HELP = {
+    "model_path": "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face model folder "
+                  "(config.json + safetensors)",
+    "device": "cpu or cuda",
+    "dtype": "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16",
+    "attention_backend": "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer",
+    "disable_cuda_graph": "CUDA: run decode steps eagerly instead of replaying captured CUDA graphs",
+    "cuda_graph_max_bs": "CUDA: largest decode batch captured in a graph (capped at --max-running-requests)",
+    "sampling_backend": "radixrt (reproducible per request) or flashinfer (CUDA sampling kernels)",
+    "page_size": "tokens per KV-cache page",
+    "max_total_tokens": "KV pool capacity in tokens; unset: sized by --mem-fraction",
+    "mem_fraction": "share of free memory given to the KV pool when --max-total-tokens is not set",
+    "context_length": "longest prompt + output in tokens; unset: the model's max_position_embeddings",
+    "chunked_prefill_size": "most prompt tokens computed in one step; longer prompts are prefilled in chunks",
+    "max_running_requests": "most requests decoding at once",
+    "schedule_policy": "order of the waiting queue: lpm (longest cached prefix first), dfs-weight "
+                       "(depth-first over the radix tree, busiest branch first) or fcfs (arrival order)",
+    "disable_radix_cache": "no prefix reuse: every prompt is computed in full (a baseline)",
+    "in_batch_prefix_threshold": "hold back a request that shares at least this many uncached prompt tokens "
+                                 "with one being computed, so it reads them from the cache instead",
+    "random_seed": "seeds the sampling of requests that give no seed of their own",
+    "log_level": "debug, info (per-step batch size, throughput, cache hit rate, KV use), warning or error",
+    "log_interval": "steps between two throughput log lines (at --log-level info)",
+    "debug_check_invariants": "check free + tree + private == total KV slots after every step (slow; tests)",
+    "enable_jump_forward": "constrained decoding: append grammar-forced text as verified drafts",
+    "grammar_cache_size": "compiled grammars kept (least recently used dropped first)",
+}
+
+
 @dataclass
 class EngineConfig:
     model_path: str = "default"
@@ -55,12 +85,12 @@ class EngineConfig:
             if isinstance(default, bool):
                 # --flag / --no-flag for switches that default to on
                 action = argparse.BooleanOptionalAction if default else "store_true"
-                parser.add_argument(flag, dest=f.name, action=action, default=default)
+                parser.add_argument(flag, dest=f.name, action=action, default=default, help=CLI_HELP.get(f.name))
                 continue
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("max_total_tokens", "context_length"):
                 kind = int
-            parser.add_argument(flag, dest=f.name, type=kind, default=default)
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=CLI_HELP.get(f.name))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":

@@ -43,15 +43,15 @@ class ServerArgs:
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     """The `radixrt serve` flags: every EngineConfig flag plus the server's own."""
     EngineConfig.add_cli_args(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=30000, help="HTTP port")
     parser.add_argument("--api-key", dest="api_key", default=os.environ.get("RADIXRT_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health "
                              "(default: $RADIXRT_API_KEY)")
     parser.add_argument("--served-model-name", dest="served_model_name", default=None,
                         help="the model id for the OpenAI routes (default: the model folder's name)")
     parser.add_argument("--max-request-bytes", dest="max_request_bytes", type=int, default=32 * 1024 * 1024,
-                        help="largest accepted request body (413 above)")
+                        help="largest accepted request body in bytes (413 above)")
     parser.add_argument("--startup-timeout", dest="startup_timeout", type=float, default=600.0,
                         help="seconds to wait for the model to load")
 

@@ -34,3 +34,36 @@ def test_generate_rejects_unknown_model_folder(tmp_path):
     assert proc.returncode == 2
     assert "radixrt: error:" in proc.stderr and "not a local folder" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _options(parser):
+    return [a for a in parser._actions if a.option_strings and a.dest != "help"]
+
+
+def test_every_flag_has_a_help_line_with_its_default():
+    import argparse
+
+    from radixrt.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("generate", "serve", "bench", "plan", "download"):
+        parser = sub.choices[name]
+        text = "".join(parser.format_help().split())  # argparse wraps lines, also at hyphens
+        for action in _options(parser):
+            assert action.help, f"radixrt {name} {action.option_strings[0]} has no help"
+            line = parser._get_formatter()._expand_help(action)
+            assert "".join(line.split()) in text and "default" in line, (name, action.option_strings, line)
+
+
+def test_serve_help_never_prints_the_api_key(monkeypatch):
+    monkeypatch.setenv("RADIXRT_API_KEY", "s3cret-key")
+    proc = _radixrt("serve", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret-key" not in proc.stdout and "$RADIXRT_API_KEY" in proc.stdout
+
+
+def test_top_level_help_says_bench_runs_offline_and_online():
+    proc = _radixrt("--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "offline" in text and "online" in text
