@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs radixrt with its test extras.
-# CPU torch comes first so nothing pulls a multi-GB CUDA build.
+#
+# torch is installed first, pinned, by plain name from your pip index (PyPI by
+# default). On Linux x86_64, PyPI's torch is the CUDA build (several GB of
+# nvidia-* wheels). For the much smaller CPU-only build, point this script at
+# PyTorch's CPU wheel index before the first run:
+#
+#   RADIXRT_TORCH_INDEX=https://download.pytorch.org/whl/cpu ./scripts/setup.sh
+#
+# (TORCH_INDEX_URL is accepted too.) The value is passed to pip as --index-url
+# for the torch install only. It only matters while torch is not installed yet:
+# to switch an existing .venv, remove it (rm -rf .venv) and run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH_SPEC="torch==2.13.0"
+TORCH_INDEX=${RADIXRT_TORCH_INDEX:-${TORCH_INDEX_URL:-}}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -11,7 +23,12 @@ fi
 stamp=.venv/.radixrt-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q --upgrade pip
-  python -m pip install -q "torch==2.13.0"
+  if [ -n "$TORCH_INDEX" ]; then
+    echo "setup.sh: installing $TORCH_SPEC from $TORCH_INDEX" >&2
+    python -m pip install -q "$TORCH_SPEC" --index-url "$TORCH_INDEX"
+  else
+    python -m pip install -q "$TORCH_SPEC"
+  fi
   python -m pip install -q -e ".[test]"
   touch "$stamp"
 fi
