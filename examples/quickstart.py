@@ -4,7 +4,16 @@
 
 Runs on CPU in well under a minute (most of it loading the model): a
 multi-turn chat in the model's own chat template, a choice scored by the
-model, and a fork whose branches share the conversation's cached prefix.
+model, a fork whose branches share the conversation's cached prefix, and
+the same paragraph greedy and sampled.
+
+A note on sampling settings: the embedded model is small (135M parameters)
+and, decoding greedily (``temperature=0``), it tends to repeat itself once an
+answer runs past a sentence or two, going round the same phrase until
+``max_tokens``. Greedy is right for short, checkable answers (the chat and
+the choice below); for longer free text, sample with some temperature and a
+frequency penalty, e.g. ``temperature=0.7, frequency_penalty=0.5``, as the
+last program shows.
 """
 import time
 
@@ -20,10 +29,13 @@ def capitals_chat(s, country_1, country_2):
     s += rt.assistant(rt.gen("answer_2", max_tokens=24))
 
 
+SKY_COLORS = [" blue", " green", " red"]
+
+
 @rt.function
 def sky(s):
     s += "Q: What color is the sky on a clear day?\nA:"
-    s += rt.select("color", choices=[" blue", " green", " red"])
+    s += rt.select("color", choices=SKY_COLORS)
 
 
 @rt.function
@@ -34,6 +46,12 @@ def three_facts(s, topic):
     for f in forks:
         f += rt.assistant(rt.gen("fact", max_tokens=24, temperature=0.8, top_p=0.95))
     forks.join()  # s["fact"] is now the list of the three facts
+
+
+@rt.function
+def paragraph(s, topic):
+    s += rt.user(f"Write a short paragraph about {topic}.")
+    s += rt.assistant(rt.gen("text", max_tokens=72))
 
 
 def main() -> None:
@@ -51,11 +69,21 @@ def main() -> None:
 
     state = sky.run()
     scores = state.get_meta_info("color")["normalized_prompt_logprobs"]
-    print(f"select: the sky is{state['color']}  (mean logprob per choice: {[round(x, 2) for x in scores]})\n")
+    print(f"select: the sky is{state['color']}  (mean logprob per token of each choice)")
+    for choice, score in zip(SKY_COLORS, scores):
+        print(f"  {choice.strip():>6}: {score:6.2f}{'  <- picked' if choice == state['color'] else ''}")
+    print()
 
     state = three_facts.run(topic="the ocean")
     for i, (fact, meta) in enumerate(zip(state["fact"], state.get_meta_info("fact"))):
         print(f"fork {i}: {fact.strip()!r}  [cached {meta['cached_tokens']}/{meta['prompt_tokens']} prompt tokens]")
+
+    # Greedy decoding makes this small model loop on a phrase; sampling with a
+    # frequency penalty keeps the paragraph moving (and varies run to run).
+    for label, options in (("greedy (temperature=0)", dict(temperature=0)),
+                           ("sampled (temperature=0.7, frequency_penalty=0.5)",
+                            dict(temperature=0.7, frequency_penalty=0.5))):
+        print(f"\n{label}:\n  {paragraph.run(topic='cats', **options)['text'].strip()!r}")
     print(f"\nprograms ran in {time.time() - t:.1f}s")
     engine.shutdown()
 
