@@ -316,6 +316,22 @@ def test_regex_fallback_trims_to_longest_matching_prefix():
     assert be.requests[0][1].to_wire()["regex"] == r"(\d{1,3}\.){3}\d{1,3}"
 
 
+def test_constraint_fallback_cases():
+    from radixrt.frontend.constraints import fit_to_constraint
+
+    def fit(out, **kw):
+        f = fit_to_constraint(SglSamplingParams(**kw), out)
+        return f.text, f.value, f.flags
+
+    assert fit("abc", regex=r"\d+") == ("abc", "abc", {"constraint_violated": True})
+    assert fit("12ab", regex=r"\d+") == ("12", "12", {"constraint_fallback": "trimmed"})
+    assert fit("12", regex=r"\d+", dtype=int) == ("12", "12", {})  # regex wins over dtype
+    assert fit("x", regex="(") == ("x", "x", {})  # an invalid pattern is left alone
+    assert fit(" -3.25 kg", dtype=float) == (" -3.25", "-3.25", {})
+    assert fit(" none", dtype="int") == (" none", "none", {"dtype_mismatch": True})
+    assert fit(" anything", dtype=str) == (" anything", " anything", {})
+
+
 def test_n_samples_store_a_list():
     be = ScriptedBackend(reply=lambda p, sp: "s")
 
