@@ -2,7 +2,7 @@
 
     radixrt plan --model PATH --gpu-mem 80GB [--kv-dtype fp8] [--avg-tokens 2000] [--shared-prefix 1000]
 
-The arithmetic (see ``../shared/seeds``), from the model's own config.json:
+The arithmetic, from the model's own config.json:
 
     kv_bytes_per_token = 2 (K and V) x layers x kv_heads x head_dim x kv_dtype_bytes
     weights_bytes      = parameters x weight_dtype_bytes
@@ -236,7 +236,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shared-prefix", type=int, default=0, help="tokens every request shares (system prompt, "
                                                                  "few-shot examples), stored once")
     p.add_argument("--overhead", default="0GB", help="memory kept for activations, CUDA context, "
-                                                     "graphs (default 0, as in the seeds' arithmetic)")
+                                                     "graphs (default 0GB: none reserved; 2-4GB is realistic)")
     p.add_argument("--params", type=float, default=None, help="override the parameter count (e.g. 13e9)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 

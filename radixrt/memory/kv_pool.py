@@ -3,7 +3,7 @@
 Slot ids are flat: ``slot = page * page_size + offset`` with
 ``0 <= offset < page_size``. ``page_size == 1`` makes pages and slots the same.
 
-Ownership contract (see DESIGN.md, "Core contracts"): every slot is at all
+Ownership contract (see docs/architecture.md, "Core contracts"): every slot is at all
 times exactly one of *free* (its page is on the allocator's free list), *owned
 by the radix tree*, or *private to a running request*. The allocator only
 knows free versus not free; who owns a non-free page is the caller's business.
