@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixrt.requests.finish import FinishReason
 from radixrt.sampling.params import SamplingParams
 
 
 @dataclass
 class GenerateReq:
-    """A tokenized request. ``n`` samples are expanded by the scheduler into
-    ``n`` requests whose rids are ``f"{rid}-{i}"`` for i in range(n) when n > 1."""
+    """A tokenized, validated request (built by `radixrt.requests.intake`).
+    ``n`` samples are expanded by the scheduler into ``n`` requests whose rids
+    are ``intake.sample_rids(rid, n)``."""
 
     rid: str
     input_ids: list[int]
@@ -59,9 +61,8 @@ class TokenOutput:
     this rid (empty for a prefill-only request). Logprob lists are deltas in
     the same order: ``(logprob, token_id)`` pairs, and top-k lists of such pairs.
     Prompt logprobs (``input_token_logprobs``) arrive once, with the first output.
-    ``finish_reason`` is None while running, else a dict in SGLang's shape:
-    {"type": "stop", "matched": <str|int>} | {"type": "length", "length": n} |
-    {"type": "abort", "message": str}.
+    ``finish_reason`` is None while running, else a `FinishReason` (a dict in
+    SGLang's wire shape is accepted and converted on construction).
     """
 
     rid: str
@@ -69,11 +70,14 @@ class TokenOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    finish_reason: Optional[dict[str, Any]] = None
+    finish_reason: Optional[FinishReason] = None
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: Optional[list[tuple[Optional[float], int]]] = None
     input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+
+    def __post_init__(self) -> None:
+        self.finish_reason = FinishReason.coerce(self.finish_reason)
 
     @property
     def finished(self) -> bool:

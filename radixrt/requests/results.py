@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from radixrt.requests.detokenizer import IncrementalDetokenizer
+from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import TokenOutput
 from radixrt.sampling.params import SamplingParams
 
@@ -38,7 +39,7 @@ class ResultAccumulator:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
-        self.finish_reason: Optional[dict] = None
+        self.finish_reason: Optional[FinishReason] = None
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.input_token_logprobs: list[tuple[Optional[float], int]] = []
@@ -96,7 +97,7 @@ class ResultAccumulator:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
-            "finish_reason": self.finish_reason,
+            "finish_reason": None if self.finish_reason is None else self.finish_reason.to_dict(),
         }
         if self.return_logprob:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()

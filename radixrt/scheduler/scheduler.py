@@ -33,10 +33,12 @@ import torch
 from radixrt.config import EngineConfig
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
+from radixrt.requests.finish import FinishReason
+from radixrt.requests.intake import Limits, sample_rids, validate_prompt
 from radixrt.requests.messages import (
     AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput,
 )
-from radixrt.sampling.grammar import GrammarBackend, check_grammar, grammar_key, new_bitmask
+from radixrt.sampling.grammar import GrammarBackend, grammar_key, new_bitmask
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.scheduler.request import Phase, Req
@@ -90,21 +92,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ intake
     def validate(self, input_ids: list[int], sampling) -> None:
-        """Raise ValueError for a request that can never be served."""
-        if not input_ids:
-            raise ValueError("the prompt is empty: give a non-empty text or input_ids")
-        if len(input_ids) >= self.context_length:
-            raise ValueError(
-                f"the prompt has {len(input_ids)} tokens; this model's context length is "
-                f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit"
-            )
-        if len(input_ids) + 1 > self.kv.allocator.num_pages * self.config.page_size:
-            raise ValueError(f"the prompt has {len(input_ids)} tokens, more than the KV pool holds")
-        bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        sampling.validate(self.vocab_size)
-        check_grammar(grammar_key(sampling))
+        """Raise ValueError for a request that can never be served (the front door's checks)."""
+        validate_prompt(input_ids, sampling, Limits(
+            self.context_length, self.kv.allocator.num_pages * self.config.page_size, self.vocab_size))
 
     @property
     def grammars(self) -> GrammarBackend:
@@ -129,9 +119,7 @@ class Scheduler:
             return
         key = grammar_key(msg.sampling)
         grammar_future = self.grammars.compile_async(key) if key is not None else None
-        n = msg.sampling.n
-        for i in range(n):
-            rid = msg.rid if n == 1 else f"{msg.rid}-{i}"
+        for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
             req = Req(
@@ -152,10 +140,10 @@ class Scheduler:
 
         for r in [r for r in self.waiting if hit(r)]:
             self.waiting.remove(r)
-            self._finish(r, {"type": "abort", "message": "aborted"})
+            self._finish(r, FinishReason.abort("aborted"))
         for r in [r for r in self.running if hit(r)]:
             self.running.remove(r)
-            self._finish(r, {"type": "abort", "message": "aborted"})
+            self._finish(r, FinishReason.abort("aborted"))
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when nothing is running (like SGLang)."""
@@ -244,7 +232,7 @@ class Scheduler:
                         victim = req
                     else:
                         self.running.remove(req)
-                        self._finish(req, {"type": "abort", "message": "out of KV memory for a single request"})
+                        self._finish(req, FinishReason.abort("out of KV memory for a single request"))
                         break
                 self._retract(victim)
                 if victim is req:
@@ -360,7 +348,7 @@ class Scheduler:
 
         for req, q in batch:
             if req.finish_reason is None and req.prefill_only and len(req.slots) == req.seq_len:
-                req.finish_reason = {"type": "length", "length": 0}
+                req.finish_reason = FinishReason.length(0)
             if req.finish_reason is not None:
                 self.running.remove(req)
                 self._finish(req, req.finish_reason)
@@ -437,7 +425,7 @@ class Scheduler:
             self._append_token(req, token, lp, top)
             if not accepted:
                 logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
-                req.finish_reason = {"type": "abort", "message": f"the grammar rejected sampled token {token}"}
+                req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
             break
         if draft:
             if state.draft_len:
@@ -474,8 +462,8 @@ class Scheduler:
                 compiled = req.grammar_future.result()
             except Exception as e:  # noqa: BLE001 - reported to the client, never raised here
                 self.waiting.remove(req)
-                self._finish(req, {"type": "abort", "status_code": 400,
-                                   "message": f"the {grammar_key(req.sampling)[0]} grammar failed to compile: {e}"})
+                self._finish(req, FinishReason.abort(
+                    f"the {grammar_key(req.sampling)[0]} grammar failed to compile: {e}", status_code=400))
                 continue
             req.grammar = self.grammars.new_state(compiled)
             if self.config.enable_jump_forward and not req.output_ids:
@@ -519,31 +507,31 @@ class Scheduler:
                 req.pending_top_logprobs.append(top or [])
         req.finish_reason = self._check_finish(req, token)
 
-    def _check_finish(self, req: Req, token: int) -> Optional[dict]:
+    def _check_finish(self, req: Req, token: int) -> Optional[FinishReason]:
         sp = req.sampling
         n_out = len(req.output_ids)
         if req.grammar is not None and req.grammar.is_terminated():
-            return {"type": "stop", "matched": token}  # the grammar is complete and accepted a stop token
+            return FinishReason.stop(token)  # the grammar is complete and accepted a stop token
         if n_out >= sp.min_new_tokens:
             if not sp.ignore_eos and token in self.eos_token_ids:
-                return {"type": "stop", "matched": token}
+                return FinishReason.stop(token)
             if sp.stop_token_ids and token in sp.stop_token_ids:
-                return {"type": "stop", "matched": token}
+                return FinishReason.stop(token)
             if sp.stop:
                 # Decode only the tail that can contain a newly completed stop string.
                 tail_tokens = self.max_stop_len + 8
                 tail = self.tokenizer.decode(req.output_ids[-tail_tokens:], skip_special_tokens=False)
                 for s in sp.stop:
                     if s in tail:
-                        return {"type": "stop", "matched": s}
+                        return FinishReason.stop(s)
         if n_out >= sp.max_new_tokens:
-            return {"type": "length", "length": sp.max_new_tokens}
+            return FinishReason.length(sp.max_new_tokens)
         if req.seq_len >= self.context_length:
-            return {"type": "length", "length": n_out}
+            return FinishReason.length(n_out)
         return None
 
     # ------------------------------------------------------------------ outputs
-    def _finish(self, req: Req, reason: dict) -> None:
+    def _finish(self, req: Req, reason: FinishReason) -> None:
         self._drop_draft(req)
         if req.slots or req.last_node is not None:
             self.kv.release(req)
@@ -572,7 +560,7 @@ class Scheduler:
     def _emit_abort(self, rid: str, prompt_tokens: int, message: str) -> None:
         self.pending_outputs.append(TokenOutput(
             rid=rid, new_token_ids=[], prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
-            finish_reason={"type": "abort", "message": message, "status_code": 400},
+            finish_reason=FinishReason.abort(message, status_code=400),
         ))
 
     # ------------------------------------------------------------------ introspection

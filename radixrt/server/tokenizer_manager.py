@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 from radixrt.sampling.grammar import check_grammar, grammar_key
+from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq
 from radixrt.requests.results import ResultAccumulator
 from radixrt.sampling.params import SamplingParams
@@ -220,8 +221,8 @@ class TokenizerManager:
         subs = self.parents.get(st.parent)
         if subs is not None and all(s.done for s in subs):
             self.parents.pop(st.parent, None)
-        fr = st.acc.finish_reason or {}
-        self.metrics.observe_finish(fr.get("type", "error"), st.acc.prompt_tokens, st.acc.completion_tokens,
+        fr = st.acc.finish_reason
+        self.metrics.observe_finish(fr.type if fr else "error", st.acc.prompt_tokens, st.acc.completion_tokens,
                                     st.acc.cached_tokens, now - st.t_start)
         self.metrics.set_inflight(len(self.states))
 
@@ -315,7 +316,7 @@ class TokenizerManager:
             self.abort_rid(parent)
             for st in subs:
                 if not st.done:
-                    st.acc.finish_reason = {"type": "abort", "message": reason}
+                    st.acc.finish_reason = FinishReason.abort(reason)
                     st.version += 1
                     self._finish(st, now)
             self.parents.pop(parent, None)

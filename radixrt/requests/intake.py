@@ -1,0 +1,253 @@
+"""The one front door of generation requests.
+
+Every way in (the in-process `Engine`, the server's native ``/generate`` and
+OpenAI routes, and the scheduler itself) turns its input into requests here:
+
+* `split_prompts`: text or input_ids, one prompt or a batch -> token id lists;
+* `build_specs`: per-prompt sampling params and logprob flags (a single value
+  or one per prompt) -> one `RequestSpec` per prompt;
+* `validate_prompt` / `validate_spec`: the admission checks against the
+  runtime's `Limits` (prompt empty or too long for the context or the KV
+  pool, ids outside the vocabulary, sampling params, grammar syntax,
+  ``logprob_start_len``, ``top_logprobs_num``);
+* `RidAllocator` and `sample_rids`: request ids, and the ids of the ``n``
+  samples of a request (the only place those are built);
+* `resolve_logprob`: whether a request returns logprobs.
+
+Every problem is a `RequestError` (a ValueError naming the request field at
+fault): the Engine raises it as is, the server answers it with a 400.
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from radixrt.requests.messages import GenerateReq
+from radixrt.sampling.grammar import check_grammar, grammar_key
+from radixrt.sampling.params import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request that can never be served. ``param`` names the request field
+    at fault (OpenAI's error ``param``), or is None."""
+
+    def __init__(self, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the runtime can hold, for validation."""
+
+    context_length: int  # a prompt has at most context_length - 1 tokens
+    kv_total_slots: int  # KV pool size in tokens
+    vocab_size: int  # token ids are in [0, vocab_size)
+
+
+def resolve_logprob(return_logprob: Any, top_logprobs_num: int) -> bool:
+    """A request returns logprobs when asked to, or when it asks for top logprobs."""
+    return bool(return_logprob) or top_logprobs_num > 0
+
+
+def sample_rids(rid: str, n: int) -> list[str]:
+    """The ids of the ``n`` samples of request ``rid``: ``[rid]`` when n == 1,
+    else ``rid-0 .. rid-{n-1}``. Aborting ``rid`` aborts all of them."""
+    return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+
+
+class RidAllocator:
+    """Unique request ids: a random per-process prefix and a hex counter."""
+
+    def __init__(self) -> None:
+        self._prefix = uuid.uuid4().hex[:8]
+        self._ids = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._ids):x}"
+
+
+@dataclass
+class RequestSpec:
+    """One prompt of a request, tokenized and normalized, not yet validated.
+
+    ``return_logprob`` is resolved on construction (`resolve_logprob`).
+    ``field`` is the request field the prompt came from, named in errors."""
+
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    cache_salt: Optional[str] = None
+    rid: Optional[str] = None  # None: assigned when queued
+    field: str = "text"
+
+    def __post_init__(self) -> None:
+        self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num)
+
+    def to_generate_req(self, rid: str, stream: bool = False) -> GenerateReq:
+        """The scheduler message for this prompt under request id ``rid``."""
+        return GenerateReq(
+            rid=rid, input_ids=self.input_ids, sampling=self.sampling, return_logprob=self.return_logprob,
+            logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num, stream=stream,
+            cache_salt=self.cache_salt,
+        )
+
+
+# ---------------------------------------------------------------------- validation
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _bad_ids(ids: Sequence[Any], vocab_size: int) -> list[Any]:
+    rough = [t for t in ids if type(t) is not int or not 0 <= t < vocab_size]  # fast path: plain ints
+    return [t for t in rough if not (_is_int(t) and 0 <= t < vocab_size)]
+
+
+def validate_prompt(input_ids: Sequence[int], sampling: SamplingParams, limits: Limits,
+                    field: str = "input_ids") -> None:
+    """Raise RequestError unless ``input_ids`` with ``sampling`` can be served
+    within ``limits``; the grammar (if any) is parsed, not compiled."""
+    n = len(input_ids)
+    if not n:
+        raise RequestError("the prompt is empty: give a non-empty text or input_ids", field)
+    if n >= limits.context_length:
+        raise RequestError(
+            f"the prompt has {n} tokens; this model's context length is {limits.context_length}, "
+            f"so at most {limits.context_length - 1} prompt tokens fit", field)
+    if n + 1 > limits.kv_total_slots:
+        raise RequestError(f"the prompt has {n} tokens, more than the KV pool holds ({limits.kv_total_slots})",
+                           field)
+    bad = _bad_ids(input_ids, limits.vocab_size)
+    if bad:
+        raise RequestError(
+            f"input_ids contains ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}", "input_ids")
+    try:
+        sampling.validate(limits.vocab_size)
+    except ValueError as e:
+        raise RequestError(str(e), "sampling_params") from None
+    key = grammar_key(sampling)
+    try:
+        check_grammar(key)
+    except ValueError as e:
+        raise RequestError(str(e), key[0] if key else "sampling_params") from None
+
+
+def validate_spec(spec: RequestSpec, limits: Limits) -> None:
+    """`validate_prompt`, then the logprob fields."""
+    validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
+    if spec.return_logprob and spec.logprob_start_len >= len(spec.input_ids):
+        raise RequestError(f"logprob_start_len {spec.logprob_start_len} is not below the prompt length "
+                           f"{len(spec.input_ids)}", "logprob_start_len")
+    if spec.top_logprobs_num < 0:
+        raise RequestError("top_logprobs_num must be >= 0", "top_logprobs_num")
+
+
+# ---------------------------------------------------------------------- normalization
+@dataclass
+class PromptBatch:
+    """The prompts of one request, tokenized."""
+
+    ids: list[list[int]]
+    texts: list[Optional[str]]  # the prompt text, where it was given as text
+    batch: bool  # given as a list of prompts (answered with a list)
+    field: str  # the request field they came from
+
+
+def split_prompts(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *, text_name: str = "text",
+                  ids_name: str = "input_ids", allow_empty_batch: bool = False) -> PromptBatch:
+    """Exactly one of ``text`` (a string or a list of strings) and
+    ``input_ids`` (a list of ints, or a list of such lists) -> a PromptBatch.
+
+    An empty text, or ``input_ids=[]``, is one empty prompt (refused by
+    validation). An empty list of texts is refused unless ``allow_empty_batch``."""
+    if (text is None) == (input_ids is None):
+        raise RequestError(f"Give exactly one of '{text_name}' or '{ids_name}'.", text_name)
+    if text is not None:
+        if isinstance(text, str):
+            texts = [text]
+        elif (isinstance(text, (list, tuple)) and (text or allow_empty_batch)
+              and all(isinstance(t, str) for t in text)):
+            texts = list(text)
+        else:
+            raise RequestError(f"'{text_name}' must be a string or a non-empty list of strings.", text_name)
+        ids = [list(encode(t)) if t else [] for t in texts]
+        return PromptBatch(ids, list(texts), not isinstance(text, str), text_name)
+    if isinstance(input_ids, (list, tuple)) and all(_is_int(t) for t in input_ids):
+        return PromptBatch([[int(t) for t in input_ids]], [None], False, ids_name)  # [] is one empty prompt
+    if (isinstance(input_ids, (list, tuple)) and input_ids
+            and all(isinstance(x, (list, tuple)) and all(_is_int(t) for t in x) for x in input_ids)):
+        return PromptBatch([[int(t) for t in x] for x in input_ids], [None] * len(input_ids), True, ids_name)
+    raise RequestError(f"'{ids_name}' must be a list of integers or a non-empty list of such lists.", ids_name)
+
+
+def per_item(name: str, value: Any, prompts: PromptBatch, default: Any, check: Callable[[Any], bool],
+             what: str) -> list[Any]:
+    """``value`` for each prompt: a list gives one value per prompt (for a
+    batch, or for ``sampling_params`` of a single prompt, a one-item list),
+    anything else is shared. None (or a None entry) means ``default``. Every
+    value must pass ``check`` ("'{name}' must be {what}")."""
+    n = len(prompts.ids)
+    if value is None:
+        return [default] * n
+    if isinstance(value, list) and (prompts.batch or name == "sampling_params" and len(value) == 1):
+        if len(value) != n:
+            raise RequestError(f"'{name}' has {len(value)} entries for {n} prompts.", name)
+        values = [default if v is None else v for v in value]
+    else:
+        values = [value] * n
+    for v in values:
+        if not check(v):
+            raise RequestError(f"'{name}' must be {what}, got {v!r}.", name)
+    return values
+
+
+def to_sampling_params(value: Any) -> SamplingParams:
+    """A SamplingParams as is, or one from its dict (errors name 'sampling_params')."""
+    if isinstance(value, SamplingParams):
+        return value
+    try:
+        return SamplingParams.from_dict(value)
+    except ValueError as e:
+        raise RequestError(str(e), "sampling_params") from None
+
+
+def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
+    if not prompts.batch and isinstance(rid, list):
+        raise RequestError("'rid' must be a string for a single prompt.", "rid")
+    given = [r for r in rids if r]
+    if prompts.batch and len(set(given)) != len(given):
+        raise RequestError("'rid' values must be unique.", "rid")
+
+
+def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_logprob: Any = None,
+                logprob_start_len: Any = None, top_logprobs_num: Any = None, rid: Any = None,
+                return_text_in_logprobs: Any = False, cache_salt: Any = None) -> list[RequestSpec]:
+    """One RequestSpec per prompt. The per-prompt fields take a single value
+    or one per prompt (`per_item`); ``sampling_params`` are dicts or
+    SamplingParams. Types are checked; limits are not (`validate_spec`)."""
+    sampling = per_item("sampling_params", sampling_params, prompts, {},
+                        lambda v: isinstance(v, (dict, SamplingParams)), "an object (or a list of objects)")
+    flags = per_item("return_logprob", return_logprob, prompts, False, lambda v: isinstance(v, bool), "a boolean")
+    starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, _is_int, "an integer")
+    tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: _is_int(v) and v >= 0,
+                    "an integer >= 0")
+    rids = per_item("rid", rid, prompts, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
+    _check_rids(rids, prompts, rid)
+    if not isinstance(return_text_in_logprobs, bool):
+        raise RequestError("'return_text_in_logprobs' must be a boolean.", "return_text_in_logprobs")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise RequestError("'cache_salt' must be a string.", "cache_salt")
+    return [
+        RequestSpec(input_ids=ids, sampling=to_sampling_params(sampling[i]), return_logprob=flags[i],
+                    logprob_start_len=int(starts[i]), top_logprobs_num=int(tops[i]),
+                    return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt, rid=rids[i],
+                    field=prompts.field)
+        for i, ids in enumerate(prompts.ids)
+    ]
