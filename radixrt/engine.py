@@ -1,39 +1,98 @@
 """`radixrt.Engine`: the runtime in-process, thread-safe for many callers.
 
-The scheduler runs in one background thread fed through a queue; callers
-(threads or asyncio tasks) submit requests and receive their TokenOutputs on
-a queue of their own. Detokenization happens in the caller's thread.
+The scheduler runs in one background thread fed through a queue. Requests
+enter through the front door (`radixrt.requests.intake`: normalization,
+validation, request ids) in the caller's thread, so bad input raises
+ValueError before anything is queued.
+
+There is one implementation of generation, and it is async: `async_generate`
+runs it in the caller's event loop. The sync API (`generate`, and its
+``stream=True`` iterator) runs the same coroutines on a private event loop
+thread owned by the engine (started on first use). Outputs reach the loop that
+submitted a request through ``call_soon_threadsafe``; detokenization happens
+on that loop.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
-import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, Union
 
 from radixrt.config import EngineConfig
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput
+from radixrt.requests.finish import FinishReason
+from radixrt.requests.intake import (
+    Limits, RequestSpec, RidAllocator, build_specs, sample_rids, split_prompts, validate_spec,
+)
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch, TokenOutput
 from radixrt.requests.results import ResultAccumulator
-from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 Prompt = Union[str, list[str], None]
 _IDLE_POLL_S = 0.05
+T = TypeVar("T")
 
 
 @dataclass
 class _Submission:
     """One prompt's request and where its outputs arrive (one accumulator per sample)."""
 
-    req: GenerateReq
+    rid: str
     accs: dict[str, ResultAccumulator]
-    inbox: Any  # queue.Queue or asyncio.Queue of TokenOutput
+    inbox: asyncio.Queue  # of TokenOutput, on the loop that submitted it
+    loop: asyncio.AbstractEventLoop
+
+
+class _LoopThread:
+    """A private asyncio loop on a daemon thread; runs coroutines for sync callers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="radixrt-engine-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, aw: Awaitable[T]) -> T:
+        """Run ``aw`` on the loop and return its result; blocks the calling
+        thread. If that thread is interrupted, the coroutine is cancelled."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a sync Engine method was called from the engine's own event loop")
+
+        async def wrapped() -> T:
+            return await aw
+
+        fut = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
+        try:
+            return fut.result()
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        """A sync iterator over ``agen``; closing it (or leaving it early)
+        closes ``agen`` on the loop."""
+        try:
+            while True:
+                try:
+                    item = self.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if threading.current_thread() is self.thread:  # dropped on the loop itself: close it there
+                asyncio.ensure_future(agen.aclose(), loop=self.loop)
+            else:
+                try:
+                    self.run(agen.aclose())
+                except RuntimeError:  # still running (its step was cancelled): it ends itself
+                    pass
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
 
 
 class Engine:
@@ -48,17 +107,23 @@ class Engine:
         self.tokenizer = self.scheduler.tokenizer
         self.model_path = self.scheduler.runner.model_path
         self.context_length = self.scheduler.context_length
+        self.limits = Limits(self.context_length, self._kv_total_slots(), self.scheduler.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._control: queue.Queue = queue.Queue()
-        self._routes: dict[str, tuple[_Submission, Optional[asyncio.AbstractEventLoop]]] = {}
+        self._routes: dict[str, _Submission] = {}
         self._routes_lock = threading.Lock()
         self._control_lock = threading.Lock()
-        self._ids = itertools.count()
+        self._new_rid = RidAllocator()
+        self._sync_loop: Optional[_LoopThread] = None
+        self._sync_loop_lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle = threading.Event()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._serve, name="radixrt-scheduler", daemon=True)
         self._thread.start()
+
+    def _kv_total_slots(self) -> int:
+        return self.scheduler.kv.allocator.num_pages * self.config.page_size
 
     # ------------------------------------------------------------------ scheduler thread
     def _serve(self) -> None:
@@ -68,9 +133,9 @@ class Engine:
             logger.exception("scheduler thread died")
             self._error = e
             with self._routes_lock:
-                routes = list(self._routes.items())
-            for rid, _ in routes:
-                self._deliver(TokenOutput(rid, [], 0, 0, 0, {"type": "abort", "message": f"engine error: {e}"}))
+                rids = list(self._routes)
+            for rid in rids:
+                self._deliver(TokenOutput(rid, [], 0, 0, 0, FinishReason.abort(f"engine error: {e}")))
 
     def _recv(self, block: bool) -> list[Any]:
         msgs = []
@@ -95,146 +160,64 @@ class Engine:
             self._control.put(msg)
 
     def _deliver(self, out: TokenOutput) -> None:
+        """Hand ``out`` to the loop of the request it belongs to (scheduler thread)."""
         with self._routes_lock:
-            route = self._routes.get(out.rid)
+            sub = self._routes.get(out.rid)
             if out.finished:
                 self._routes.pop(out.rid, None)
-        if route is None:
+        if sub is None:
             return
-        sub, loop = route
-        if loop is None:
-            sub.inbox.put(out)
-        else:
-            loop.call_soon_threadsafe(sub.inbox.put_nowait, out)
+        try:
+            sub.loop.call_soon_threadsafe(sub.inbox.put_nowait, out)
+        except RuntimeError:  # that loop is closed: its caller is gone
+            pass
 
-    # ------------------------------------------------------------------ request building
-    def _make_requests(
-        self, prompt: Prompt, sampling_params: Any, input_ids: Any, return_logprob: Any,
-        logprob_start_len: Any, top_logprobs_num: Any, cache_salt: Optional[str],
-    ) -> tuple[list[GenerateReq], bool]:
-        """Tokenize and validate. Raises ValueError for bad input before anything is queued."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt (text) or input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            texts = [prompt] if single else list(prompt)
-            if any(not isinstance(t, str) for t in texts):
-                raise ValueError("prompt must be a string or a list of strings")
-            if any(t == "" for t in texts):
-                raise ValueError("the prompt is empty: give a non-empty text or input_ids")
-            ids_list = [self.tokenizer.encode(t) for t in texts]
-        else:
-            single = not input_ids or isinstance(input_ids[0], int)
-            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]
-        n = len(ids_list)
+    # ------------------------------------------------------------------ requests
+    def _prepare(
+        self, prompt: Prompt, sampling_params: Any, input_ids: Any, return_logprob: Any, logprob_start_len: Any,
+        top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Optional[str], stream: bool,
+    ) -> tuple[list[RequestSpec], bool]:
+        """(validated specs, is_batch) through the front door; ValueError on bad input."""
+        prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt",
+                                allow_empty_batch=True)
+        specs = build_specs(
+            prompts, sampling_params=sampling_params, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=bool(return_text_in_logprobs), cache_salt=cache_salt,
+        )
+        for spec in specs:
+            validate_spec(spec, self.limits)
+        if stream and (prompts.batch or specs[0].sampling.n != 1):
+            raise ValueError("stream=True takes a single prompt with n=1")
+        return specs, prompts.batch
 
-        def per_item(value: Any, default: Any) -> list[Any]:
-            if isinstance(value, list) and not single:
-                if len(value) != n:
-                    raise ValueError(f"got {len(value)} per-prompt values for {n} prompts")
-                return [default if v is None else v for v in value]
-            return [default if value is None else value] * n
-
-        params = per_item(sampling_params, {})
-        logprob_flags = per_item(return_logprob, False)
-        starts = per_item(logprob_start_len, -1)
-        tops = per_item(top_logprobs_num, 0)
-        reqs = []
-        for i, ids in enumerate(ids_list):
-            if isinstance(params[i], SamplingParams):
-                sp = params[i]
-            elif isinstance(params[i], dict):
-                sp = SamplingParams.from_dict(params[i])
-            else:
-                raise ValueError("sampling_params must be a dict (or a list of dicts for a batch)")
-            self.scheduler.validate(ids, sp)
-            start = int(starts[i])
-            if bool(logprob_flags[i]) and start >= len(ids):
-                raise ValueError(f"logprob_start_len {start} is not below the prompt length {len(ids)}")
-            if int(tops[i]) < 0:
-                raise ValueError("top_logprobs_num must be >= 0")
-            reqs.append(GenerateReq(
-                rid=f"{uuid.uuid4().hex[:12]}{next(self._ids)}", input_ids=ids, sampling=sp,
-                return_logprob=bool(logprob_flags[i]) or int(tops[i]) > 0,
-                logprob_start_len=start, top_logprobs_num=int(tops[i]), cache_salt=cache_salt,
-            ))
-        return reqs, single
-
-    def _submit(self, req: GenerateReq, return_text_in_logprobs: bool, loop=None) -> _Submission:
+    def _submit(self, spec: RequestSpec) -> _Submission:
+        """Queue ``spec`` for the scheduler; its outputs go to the running loop."""
         if self._error is not None:
             raise RuntimeError(f"the engine's scheduler died: {self._error}")
-        n = req.sampling.n
-        rids = [req.rid] if n == 1 else [f"{req.rid}-{i}" for i in range(n)]
+        rid = self._new_rid()
+        rids = sample_rids(rid, spec.sampling.n)
         accs = {
-            rid: ResultAccumulator(rid, self.tokenizer, req.sampling, req.return_logprob, return_text_in_logprobs)
-            for rid in rids
+            r: ResultAccumulator(r, self.tokenizer, spec.sampling, spec.return_logprob, spec.return_text_in_logprobs)
+            for r in rids
         }
-        sub = _Submission(req, accs, asyncio.Queue() if loop else queue.Queue())
+        sub = _Submission(rid, accs, asyncio.Queue(), asyncio.get_running_loop())
         with self._routes_lock:
-            for rid in rids:
-                self._routes[rid] = (sub, loop)
-        self._inbox.put(req)
+            for r in rids:
+                self._routes[r] = sub
+        self._inbox.put(spec.to_generate_req(rid))
         return sub
 
-    # ------------------------------------------------------------------ public API
-    def generate(
-        self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
-        return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
-        return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-    ) -> Union[dict, list[dict], Iterator[dict]]:
-        """SGLang's Engine.generate: one prompt -> a result dict (a list of n
-        dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results."""
-        reqs, single = self._make_requests(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt
-        )
-        if stream:
-            if not single or reqs[0].sampling.n != 1:
-                raise ValueError("stream=True takes a single prompt with n=1")
-            return self._stream(self._submit(reqs[0], return_text_in_logprobs))
-        subs = [self._submit(r, return_text_in_logprobs) for r in reqs]
-        results = [r for sub in subs for r in self._collect(sub)]
-        return results[0] if single and len(results) == 1 else results
-
-    def _collect(self, sub: _Submission) -> list[dict]:
-        pending = set(sub.accs)
-        while pending:
-            out = sub.inbox.get()
-            sub.accs[out.rid].add(out)
-            if out.finished:
-                pending.discard(out.rid)
-        return [acc.to_dict() for acc in sub.accs.values()]
-
-    def _stream(self, sub: _Submission) -> Iterator[dict]:
-        acc = next(iter(sub.accs.values()))
-        sent = 0
-        try:
-            while not acc.finished:
-                acc.add(sub.inbox.get())
-                yield acc.to_dict(logprob_offset=sent)
-                sent = len(acc.output_token_logprobs)
-        finally:
-            if not acc.finished:
-                self.abort_request(sub.req.rid)
-
-    async def async_generate(
-        self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
-        return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
-        return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-    ) -> Union[dict, list[dict], AsyncIterator[dict]]:
-        reqs, single = self._make_requests(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, cache_salt
-        )
-        loop = asyncio.get_running_loop()
-        if stream:
-            if not single or reqs[0].sampling.n != 1:
-                raise ValueError("stream=True takes a single prompt with n=1")
-            return self._astream(self._submit(reqs[0], return_text_in_logprobs, loop))
-        subs = [self._submit(r, return_text_in_logprobs, loop) for r in reqs]
-        gathered = await asyncio.gather(*(self._acollect(s) for s in subs))
+    # ------------------------------------------------------------------ the async core
+    async def _generate(self, specs: list[RequestSpec], batch: bool) -> Union[dict, list[dict]]:
+        """Submit every prompt, wait for all, and answer in SGLang's shape."""
+        subs = [self._submit(spec) for spec in specs]
+        gathered = await asyncio.gather(*(self._collect(sub) for sub in subs))
         results = [r for rs in gathered for r in rs]
-        return results[0] if single and len(results) == 1 else results
+        return results[0] if not batch and len(results) == 1 else results
 
-    async def _acollect(self, sub: _Submission) -> list[dict]:
+    async def _collect(self, sub: _Submission) -> list[dict]:
+        """Every sample's final result; cancelling this aborts the request."""
         pending = set(sub.accs)
         try:
             while pending:
@@ -243,11 +226,17 @@ class Engine:
                 if out.finished:
                     pending.discard(out.rid)
         except asyncio.CancelledError:
-            self.abort_request(sub.req.rid)
+            self.abort_request(sub.rid)
             raise
         return [acc.to_dict() for acc in sub.accs.values()]
 
-    async def _astream(self, sub: _Submission) -> AsyncIterator[dict]:
+    async def _start_stream(self, spec: RequestSpec) -> AsyncIterator[dict]:
+        """Submit ``spec`` now and return the iterator of its cumulative results."""
+        return self._stream(self._submit(spec))
+
+    async def _stream(self, sub: _Submission) -> AsyncIterator[dict]:
+        """Cumulative results (output logprobs as per-chunk deltas); leaving
+        early aborts the request."""
         acc = next(iter(sub.accs.values()))
         sent = 0
         try:
@@ -257,7 +246,43 @@ class Engine:
                 sent = len(acc.output_token_logprobs)
         finally:
             if not acc.finished:
-                self.abort_request(sub.req.rid)
+                self.abort_request(sub.rid)
+
+    # ------------------------------------------------------------------ public API
+    def _loop(self) -> _LoopThread:
+        with self._sync_loop_lock:
+            if self._sync_loop is None:
+                self._sync_loop = _LoopThread()
+            return self._sync_loop
+
+    def generate(
+        self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
+        return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
+        return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
+    ) -> Union[dict, list[dict], Iterator[dict]]:
+        """SGLang's Engine.generate: one prompt -> a result dict (a list of n
+        dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results.
+
+        Runs `async_generate`'s coroutines on the engine's loop thread; any
+        number of threads may call it at once."""
+        specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream)
+        loop = self._loop()
+        if stream:
+            return loop.iterate(loop.run(self._start_stream(specs[0])))
+        return loop.run(self._generate(specs, batch))
+
+    async def async_generate(
+        self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
+        return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
+        return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
+    ) -> Union[dict, list[dict], AsyncIterator[dict]]:
+        """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
+        specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream)
+        if stream:
+            return await self._start_stream(specs[0])
+        return await self._generate(specs, batch)
 
     def abort_request(self, rid: str = "") -> None:
         """Abort a request by id ("" aborts all); its KV slots are released."""
@@ -281,7 +306,7 @@ class Engine:
             **dataclasses.asdict(self.config),
             "model_path": self.model_path,
             "context_length": self.context_length,
-            "max_total_num_tokens": self.scheduler.kv.allocator.num_pages * self.config.page_size,
+            "max_total_num_tokens": self._kv_total_slots(),
             "stats": self.get_stats(),
         }
 
@@ -312,6 +337,10 @@ class Engine:
         self._stopping.set()
         self._thread.join(timeout=10)
         self.scheduler.close()
+        with self._sync_loop_lock:
+            if self._sync_loop is not None:
+                self._sync_loop.close()
+                self._sync_loop = None
 
     def __enter__(self) -> "Engine":
         return self
