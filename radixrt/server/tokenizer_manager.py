@@ -1,63 +1,30 @@
-"""The server's asyncio side: turns HTTP requests into scheduler requests,
+"""The server's asyncio side: turns request specs into scheduler requests,
 tracks every request's state and hands results (or streamed chunks) back.
 
-It tokenizes and validates before anything reaches the scheduler, so bad
-input becomes a 400 here, never an error inside the scheduler process.
+Specs come from the front door (`radixrt.requests.intake`), and `submit`
+validates them there against this runtime's limits before anything reaches
+the scheduler, so bad input becomes a 400 here, never an error inside the
+scheduler process.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
-from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq
+from radixrt.requests.intake import Limits, RequestSpec, RidAllocator, sample_rids, validate_spec
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq
 from radixrt.requests.results import ResultAccumulator
-from radixrt.sampling.params import SamplingParams
+from radixrt.server.errors import ServerError, as_bad_request, bad_request
 from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
 from radixrt.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
-
-class ServerError(Exception):
-    """An error answered to the client with ``status`` and an OpenAI-style body."""
-
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 err_type: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.err_type = err_type or {
-            400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 503: "service_unavailable",
-        }.get(status, "server_error")
-
-
-def bad_request(message: str, param: Optional[str] = None) -> ServerError:
-    return ServerError(400, message, param)
-
-
-@dataclass
-class ReqSpec:
-    """One prompt of an HTTP request, tokenized, before validation."""
-
-    input_ids: list[int]
-    sampling: SamplingParams
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-    cache_salt: Optional[str] = None
-    rid: Optional[str] = None
-    field: str = "text"  # the request field the prompt came from, named in errors
+__all__ = ["ReqGroup", "ReqState", "ServerError", "TokenizerManager"]
 
 
 class ReqState:
@@ -131,12 +98,12 @@ class TokenizerManager:
         self.context_length: int = info["context_length"]
         self.vocab_size: int = info["vocab_size"]
         self.kv_total_slots: int = info["kv_total_slots"]
+        self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size)
         self.states: dict[str, ReqState] = {}
         self.parents: dict[str, list[ReqState]] = {}
         self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.dead_reason: Optional[str] = None
-        self._ids = itertools.count()
-        self._prefix = uuid.uuid4().hex[:8]
+        self.new_rid = RidAllocator()
         self._recv_task: Optional[asyncio.Task] = None
         self._ctx = self._actx = None
         self.last_stats: dict = {}
@@ -227,9 +194,6 @@ class TokenizerManager:
         self.metrics.set_inflight(len(self.states))
 
     # ------------------------------------------------------------------ requests
-    def new_rid(self) -> str:
-        return f"{self._prefix}{next(self._ids):x}"
-
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
@@ -237,74 +201,43 @@ class TokenizerManager:
         if self.dead_reason is not None:
             raise ServerError(503, f"the server is shutting down: {self.dead_reason}")
 
-    def validate(self, spec: ReqSpec) -> None:
-        """The scheduler's admission checks, done here so a bad request is a 400."""
-        ids = spec.input_ids
-        field = spec.field
-        if not ids:
-            raise bad_request("the prompt is empty: give a non-empty text or input_ids", field)
-        if len(ids) >= self.context_length:
-            raise bad_request(
-                f"the prompt has {len(ids)} tokens; this model's context length is {self.context_length}, "
-                f"so at most {self.context_length - 1} prompt tokens fit", field)
-        if len(ids) + 1 > self.kv_total_slots:
-            raise bad_request(f"the prompt has {len(ids)} tokens, more than the KV pool holds "
-                              f"({self.kv_total_slots})", field)
-        for t in ids:
-            if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size):
-                raise bad_request(f"input_ids holds {t!r}, outside the vocabulary [0, {self.vocab_size})",
-                                  "input_ids")
-        try:
-            spec.sampling.validate(self.vocab_size)
-        except ValueError as e:
-            raise bad_request(str(e), "sampling_params") from None
-        key = grammar_key(spec.sampling)
-        try:
-            check_grammar(key)  # parse only: a bad grammar is a 400 here, never a scheduler error
-        except ValueError as e:
-            raise bad_request(str(e), key[0] if key else "sampling_params") from None
-        if spec.return_logprob and spec.logprob_start_len >= len(ids):
-            raise bad_request(f"logprob_start_len {spec.logprob_start_len} is not below the prompt length "
-                              f"{len(ids)}", "logprob_start_len")
-        if spec.top_logprobs_num < 0:
-            raise bad_request("top_logprobs_num must be >= 0", "top_logprobs_num")
-
-    def submit(self, specs: list[ReqSpec]) -> ReqGroup:
-        """Validate every prompt, then queue them all (nothing is queued if one is bad)."""
+    def submit(self, specs: list[RequestSpec]) -> ReqGroup:
+        """Validate every prompt (ServerError 400 on the first bad one), then
+        queue them all: nothing is queued if one is bad. A spec without a rid
+        gets a new one; a rid already running is refused."""
         self.check_alive()
-        for spec in specs:
-            self.validate(spec)
+        with as_bad_request():
+            for spec in specs:
+                validate_spec(spec, self.limits)
         group = ReqGroup()
         for spec in specs:
             parent = spec.rid or self.new_rid()
             if parent in self.parents or parent in self.states:
                 raise bad_request(f"a request with rid {parent!r} is already running", "rid")
-            sp = spec.sampling
-            n = sp.n
-            rids = [parent] if n == 1 else [f"{parent}-{i}" for i in range(n)]
-            subs = []
-            for rid in rids:
-                acc = ResultAccumulator(rid, self.tokenizer, sp, spec.return_logprob or spec.top_logprobs_num > 0,
-                                        spec.return_text_in_logprobs)
-                st = ReqState(rid, parent, acc, group, spec.input_ids)
-                self.states[rid] = st
-                group.states.append(st)
-                subs.append(st)
-            self.parents[parent] = subs
-            group.parents.append(parent)
-            self._to_detokenizer.send_pyobj(DetokRegister(
-                rids=rids, skip_special_tokens=sp.skip_special_tokens,
-                spaces_between_special_tokens=sp.spaces_between_special_tokens,
-                stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim,
-            ))
-            self._to_scheduler.send_pyobj(GenerateReq(
-                rid=parent, input_ids=spec.input_ids, sampling=sp,
-                return_logprob=spec.return_logprob or spec.top_logprobs_num > 0,
-                logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-                stream=True, cache_salt=spec.cache_salt,
-            ))
+            self._queue(spec, parent, group)
         self.metrics.set_inflight(len(self.states))
         return group
+
+    def _queue(self, spec: RequestSpec, parent: str, group: ReqGroup) -> None:
+        """Track the samples of ``spec`` in ``group`` and send it on (the
+        detokenizer hears of it before the scheduler)."""
+        sp = spec.sampling
+        rids = sample_rids(parent, sp.n)
+        subs = []
+        for rid in rids:
+            acc = ResultAccumulator(rid, self.tokenizer, sp, spec.return_logprob, spec.return_text_in_logprobs)
+            st = ReqState(rid, parent, acc, group, spec.input_ids)
+            self.states[rid] = st
+            group.states.append(st)
+            subs.append(st)
+        self.parents[parent] = subs
+        group.parents.append(parent)
+        self._to_detokenizer.send_pyobj(DetokRegister(
+            rids=rids, skip_special_tokens=sp.skip_special_tokens,
+            spaces_between_special_tokens=sp.spaces_between_special_tokens,
+            stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim,
+        ))
+        self._to_scheduler.send_pyobj(spec.to_generate_req(parent, stream=True))
 
     def abort_group(self, group: ReqGroup, reason: str = "aborted: the client disconnected") -> None:
         """Stop every unfinished sample of ``group``; the scheduler frees their KV."""

@@ -11,8 +11,11 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
+from radixrt.requests.finish import FinishReason
+from radixrt.requests.intake import sample_rids
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput
-from radixrt.server.http_server import ServerContext, build_app, parse_generate
+from radixrt.server.http_server import ServerContext, build_app
+from radixrt.server.native_routes import parse_generate
 from radixrt.server.ipc import DetokBatch, DetokRegister
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.tokenizer_manager import ServerError, TokenizerManager
@@ -40,15 +43,13 @@ class FakePipeline:
         self.received.append(msg)
         loop = asyncio.get_running_loop()
         if isinstance(msg, GenerateReq):
-            n = msg.sampling.n
-            rids = [msg.rid] if n == 1 else [f"{msg.rid}-{i}" for i in range(n)]
-            for i, rid in enumerate(rids):
+            for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
                 self.tasks[rid] = loop.create_task(self._run(rid, msg, i))
         elif isinstance(msg, AbortReq):
             for rid, t in list(self.tasks.items()):
                 if msg.rid == "" or rid == msg.rid or rid.startswith(msg.rid + "-"):
                     t.cancel()
-                    self._emit([TokenOutput(rid, [], 3, 0, 0, {"type": "abort", "message": "aborted"})])
+                    self._emit([TokenOutput(rid, [], 3, 0, 0, FinishReason.abort("aborted"))])
         elif isinstance(msg, StatsReq):
             loop.call_soon(self._deliver, ControlReply("stats", payload={
                 "running": len(self.tasks), "waiting": 0, "kv": dict(self.kv),
@@ -82,7 +83,7 @@ class FakePipeline:
         try:
             ids: list[int] = []
             if sp.max_new_tokens == 0:
-                self._emit([TokenOutput(rid, [], prompt, 0, 0, {"type": "length", "length": 0})])
+                self._emit([TokenOutput(rid, [], prompt, 0, 0, FinishReason.length(0))])
                 return
             for step in range(sp.max_new_tokens):
                 await asyncio.sleep(self.step_s)
@@ -92,9 +93,9 @@ class FakePipeline:
                 text = self.tokenizer.decode(ids)
                 for s in sp.stop:
                     if s in text:
-                        fin = {"type": "stop", "matched": s}
+                        fin = FinishReason.stop(s)
                 if fin is None and step == sp.max_new_tokens - 1:
-                    fin = {"type": "length", "length": sp.max_new_tokens}
+                    fin = FinishReason.length(sp.max_new_tokens)
                 lps = [(-0.5, tok)] if req.return_logprob else []
                 tops = [[(-0.5, tok), (-1.5, 7)][: req.top_logprobs_num]] if req.return_logprob else []
                 out = TokenOutput(rid, [tok], prompt, step + 1, 0, fin, lps, tops)

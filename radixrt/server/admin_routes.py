@@ -1,0 +1,114 @@
+"""Admin routes: health, model and server info, cache flush, abort,
+Prometheus metrics and the KV debug view."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import PlainTextResponse, Response
+
+from radixrt.requests.intake import RequestSpec
+from radixrt.sampling.params import SamplingParams
+from radixrt.server.context import ServerContext, server_context
+from radixrt.server.errors import ServerError, bad_request
+from radixrt.server.http_utils import JSON, error_response, raise_state_errors, read_json, wait_group
+from radixrt.server.metrics import CONTENT_TYPE_LATEST
+
+router = APIRouter()
+
+HEALTH_GENERATE_TIMEOUT_S = 30
+
+
+@router.get("/health")
+async def health(ctx: ServerContext = Depends(server_context)) -> Response:
+    """200 (empty) while every server process is up, else 503."""
+    if ctx.healthy() and ctx.tm.dead_reason is None:
+        return Response(status_code=200)
+    return error_response(503, f"unhealthy: {ctx.tm.dead_reason or 'a server process is down'}")
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """200 (empty) once a one-token generation finished, 503 if it did not in 30 s."""
+    tm = ctx.tm
+    tm.check_alive()
+    spec = RequestSpec(input_ids=[tm.tokenizer.eos_token_id or 0],
+                       sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+    group = tm.submit([spec])
+    try:
+        await asyncio.wait_for(wait_group(request, tm, group), HEALTH_GENERATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        tm.abort_group(group, "health check timed out")
+        return error_response(503, "unhealthy: a one-token generation did not finish in 30 s")
+    raise_state_errors(group)
+    return Response(status_code=200)
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def get_model_info(ctx: ServerContext = Depends(server_context)) -> Response:
+    return JSON(ctx.model_info())
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Response:
+    """Server arguments, model info, KV size and the scheduler's live stats."""
+    stats = await ctx.tm.get_stats()
+    import radixrt
+
+    return JSON({
+        **ctx.server_args,
+        "version": getattr(radixrt, "__version__", "0"),
+        "model_info": ctx.model_info(),
+        "max_total_num_tokens": ctx.tm.kv_total_slots,
+        "kv_slots": stats.get("kv", {}),
+        "internal_states": [stats],
+        "process_ids": ctx.process_ids,
+        "uptime_s": round(time.time() - ctx.started, 3),
+    })
+
+
+@router.get("/debug/kv")
+async def debug_kv(ctx: ServerContext = Depends(server_context)) -> Response:
+    """KV slots (free, tree, private, total), running/waiting counts, requests in flight."""
+    stats = await ctx.tm.get_stats()
+    return JSON({"kv_slots": stats.get("kv", {}), "running": stats.get("running"),
+                 "waiting": stats.get("waiting"), "inflight": len(ctx.tm.states)})
+
+
+@router.get("/metrics")
+async def metrics(ctx: ServerContext = Depends(server_context)) -> Response:
+    """Prometheus text; refreshed from the scheduler's stats when it answers within 3 s."""
+    try:
+        await ctx.tm.get_stats(timeout=3.0)
+    except ServerError:
+        pass  # still serve what the server itself measured
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(ctx: ServerContext = Depends(server_context)) -> Response:
+    """200 when the prefix cache was dropped; 400 while requests are running."""
+    if await ctx.tm.flush_cache():
+        return PlainTextResponse("Cache flushed.\n")
+    return PlainTextResponse("Cache not flushed: requests are running; try again when idle.\n", status_code=400)
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """Body ``{"rid": str}`` or ``{"abort_all": true}``; 200 (empty) once sent to the scheduler."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
+    if not isinstance(rid, str):
+        raise bad_request("'rid' must be a string.", "rid")
+    if not isinstance(abort_all, bool):
+        raise bad_request("'abort_all' must be a boolean.", "abort_all")
+    if not rid and not abort_all:
+        raise bad_request("Give a 'rid' to abort, or 'abort_all': true.", "rid")
+    ctx.tm.check_alive()
+    ctx.tm.abort_rid("" if abort_all else rid)
+    return Response(status_code=200)

@@ -1,0 +1,45 @@
+"""Errors answered to HTTP clients, in OpenAI's body shape on every route:
+``{"error": {"message", "type", "param", "code"}}``."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+from radixrt.requests.intake import RequestError
+
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+    413: "invalid_request_error", 503: "service_unavailable",
+}
+
+
+class ServerError(Exception):
+    """An error answered to the client with ``status`` and an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 err_type: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.err_type = err_type or _ERROR_TYPES.get(status, "server_error")
+
+
+def bad_request(message: str, param: Optional[str] = None) -> ServerError:
+    """A 400 naming the request field ``param``."""
+    return ServerError(400, message, param)
+
+
+def error_body(status: int, message: str, param: Optional[str] = None, err_type: Optional[str] = None) -> dict:
+    """The JSON body of an error answer (also sent as an SSE event mid-stream)."""
+    e = ServerError(status, message, param, err_type)
+    return {"error": {"message": message, "type": e.err_type, "param": param, "code": status}}
+
+
+@contextlib.contextmanager
+def as_bad_request() -> Iterator[None]:
+    """Re-raise the front door's RequestError as a 400 ServerError with its param."""
+    try:
+        yield
+    except RequestError as e:
+        raise bad_request(e.message, e.param) from None

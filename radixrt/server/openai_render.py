@@ -1,0 +1,244 @@
+"""OpenAI response bodies: completion and chat choices (whole or streamed as
+SSE chunks), logprobs, usage and finish reasons, from a request group's states."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional
+
+from radixrt.requests.finish import LENGTH, STOP
+from radixrt.requests.intake import PromptBatch
+from radixrt.server.errors import error_body
+from radixrt.server.http_utils import SSE_DONE, group_error, sse
+from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.tokenizer_manager import ReqGroup, ReqState
+
+
+def finish_reason(st: ReqState) -> Optional[str]:
+    """OpenAI's finish_reason: "stop", "length", "abort", or None while running."""
+    fr = st.acc.finish_reason
+    if fr is None:
+        return None
+    return fr.type if fr.type in (STOP, LENGTH) else "abort"
+
+
+class TokenTexts:
+    """Per-request cache of single-token texts (for logprobs)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, tid: int) -> str:
+        s = self.cache.get(tid)
+        if s is None:
+            s = self.cache[tid] = self.tokenizer.decode([tid])
+        return s
+
+
+def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
+    """Token usage of a group of ``len(prompt_lens)`` prompts with ``n`` samples
+    each; a prompt's cached tokens are its best sample's."""
+    prompt_tokens = sum(prompt_lens)
+    completion = sum(st.acc.completion_tokens for st in group.states)
+    cached = 0
+    for p in range(len(prompt_lens)):
+        subs = group.states[p * n:(p + 1) * n]
+        cached += max((min(st.acc.cached_tokens, prompt_lens[p]) for st in subs), default=0)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+# ---------------------------------------------------------------------- streaming
+@dataclass
+class ChoiceUpdate:
+    """What one choice of a streamed response produced since its last chunk."""
+
+    index: int  # the choice's index (its state's position in the group)
+    state: ReqState
+    delta: str  # text not sent yet
+    start_lp: int  # position of the first output logprob not sent yet
+    finish_reason: Optional[str]
+
+
+def take_update(group: ReqGroup, st: ReqState) -> ChoiceUpdate:
+    """``st``'s news since its last chunk; marks its text and logprobs as sent."""
+    text = st.acc.text
+    delta = text[st.sent_text:] if len(text) > st.sent_text else ""
+    start_lp = st.sent_logprobs
+    st.sent_text = max(st.sent_text, len(text))
+    st.sent_logprobs = len(st.acc.output_token_logprobs)
+    return ChoiceUpdate(group.states.index(st), st, delta, start_lp, finish_reason(st))
+
+
+def sse_chunk(head: dict, choices: list, usage_body: Optional[dict] = None) -> bytes:
+    """One chunk of a streamed response as an SSE event: ``head`` (its id,
+    object, created and model fields), then ``choices``, then ``usage`` when given."""
+    d = {**head, "choices": choices}
+    if usage_body is not None:
+        d["usage"] = usage_body
+    return sse(d)
+
+
+async def stream_choices(group: ReqGroup, head: dict, render: Callable[[ChoiceUpdate], list[dict]],
+                         usage_fn: Optional[Callable[[], dict]], opening: Optional[list[dict]] = None,
+                         ) -> AsyncIterator[bytes]:
+    """The SSE body of a streamed completion, one chunk per choice entry.
+
+    First the ``opening`` entries (one write). Then, for each batch of engine
+    updates, the entries ``render`` makes of every choice's update (it may make
+    none), in one write; a request error ends the stream with an error event.
+    Then, unless an error ended it, a chunk with no choices and ``usage_fn()``
+    when ``usage_fn`` is given; last ``[DONE]``.
+    """
+    if opening:
+        yield b"".join(sse_chunk(head, [c]) for c in opening)
+    async for news in group.updates():
+        err = group_error(group)
+        if err is not None:
+            yield sse(error_body(503, err))
+            break
+        out = [sse_chunk(head, [c]) for st in news for c in render(take_update(group, st))]
+        if out:
+            yield b"".join(out)
+    if usage_fn is not None and group_error(group) is None:
+        yield sse_chunk(head, [], usage_fn())
+    yield SSE_DONE
+
+
+def _head(prefix: str, obj: str, model: str) -> dict:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": model}
+
+
+def _include_usage(req: Any) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+# ---------------------------------------------------------------------- /v1/completions
+class CompletionView:
+    """The answer to one /v1/completions request, whole or streamed."""
+
+    def __init__(self, req: CompletionRequest, group: ReqGroup, prompts: PromptBatch, tokenizer: Any,
+                 model: str) -> None:
+        self.req, self.group, self.prompts, self.tokenizer = req, group, prompts, tokenizer
+        self.head = _head("cmpl", "text_completion", model)
+        self.tt = TokenTexts(tokenizer)
+        self.echoed: set[int] = set()  # streamed choices whose prompt was sent (with echo, in their first chunk)
+
+    def prompt_text(self, i: int) -> str:
+        """Prompt ``i`` as text (decoded once when it was given as ids)."""
+        if self.prompts.texts[i] is None:
+            self.prompts.texts[i] = self.tokenizer.decode(self.prompts.ids[i])
+        return self.prompts.texts[i]
+
+    def logprobs(self, st: ReqState, start: int, echo: bool) -> dict:
+        """OpenAI's legacy logprobs object for output logprobs from ``start``
+        (preceded by the prompt's with ``echo``)."""
+        acc, top_n = st.acc, self.req.logprobs
+        pairs: list = list(acc.input_token_logprobs) if echo else []
+        top_lists: list = (list(acc.input_top_logprobs) or [None] * len(acc.input_token_logprobs)) if echo else []
+        pairs += acc.output_token_logprobs[start:]
+        top_lists += acc.output_top_logprobs[start:] or [None] * len(acc.output_token_logprobs[start:])
+        tokens, lps, tops, offsets = [], [], [], []
+        pos = 0
+        for i, (lp, tid) in enumerate(pairs):
+            s = self.tt(tid)
+            tokens.append(s)
+            lps.append(lp)
+            offsets.append(pos)
+            pos += len(s)
+            top = top_lists[i] if i < len(top_lists) else None
+            if top_n:
+                tops.append(None if top is None else {self.tt(t): v for v, t in top})
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops if top_n else None,
+                "text_offset": offsets}
+
+    def _choice(self, index: int, st: ReqState, text: str, start_lp: int, echo: bool,
+                finish: Optional[str]) -> dict:
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        if self.req.logprobs is not None:
+            choice["logprobs"] = self.logprobs(st, start_lp, echo)
+        return choice
+
+    def usage(self) -> dict:
+        return usage(self.group, self.req.n, [len(x) for x in self.prompts.ids])
+
+    def response(self) -> dict:
+        """The whole answer, once every choice finished."""
+        echo = self.req.echo
+        choices = [
+            self._choice(i, st, (self.prompt_text(i // self.req.n) if echo else "") + st.acc.text, 0, echo,
+                         finish_reason(st))
+            for i, st in enumerate(self.group.states)
+        ]
+        return {**self.head, "choices": choices, "usage": self.usage()}
+
+    def render(self, u: ChoiceUpdate) -> list[dict]:
+        """A streamed choice's chunk entries for one update (none when it has no news)."""
+        echo_now = self.req.echo and u.index not in self.echoed
+        self.echoed.add(u.index)
+        prefix = self.prompt_text(u.index // self.req.n) if echo_now else ""
+        if not u.delta and not prefix and u.finish_reason is None:
+            return []
+        return [self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason)]
+
+    def stream(self) -> AsyncIterator[bytes]:
+        return stream_choices(self.group, self.head, self.render, self.usage if _include_usage(self.req) else None)
+
+
+# ---------------------------------------------------------------------- /v1/chat/completions
+class ChatView:
+    """The answer to one /v1/chat/completions request, whole or streamed."""
+
+    def __init__(self, req: ChatCompletionRequest, group: ReqGroup, prompt_len: int, tokenizer: Any,
+                 model: str) -> None:
+        self.req, self.group, self.prompt_len = req, group, prompt_len
+        self.head = _head("chatcmpl", "chat.completion", model)
+        self.tt = TokenTexts(tokenizer)
+
+    def logprob_entries(self, st: ReqState, start: int) -> list[dict]:
+        """Chat logprobs ``content`` entries for output tokens from ``start``."""
+        tt, out = self.tt, []
+        tops = st.acc.output_top_logprobs
+        for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start:], start):
+            s = tt(tid)
+            top = tops[i] if i < len(tops) and tops[i] is not None else []
+            out.append({"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
+                        "top_logprobs": [{"token": tt(t), "logprob": v, "bytes": list(tt(t).encode("utf-8"))}
+                                         for v, t in top]})
+        return out
+
+    def usage(self) -> dict:
+        return usage(self.group, self.req.n, [self.prompt_len])
+
+    def response(self) -> dict:
+        """The whole answer, once every choice finished."""
+        choices = [{
+            "index": i,
+            "message": {"role": "assistant", "content": st.acc.text},
+            "logprobs": {"content": self.logprob_entries(st, 0)} if self.req.logprobs else None,
+            "finish_reason": finish_reason(st),
+        } for i, st in enumerate(self.group.states)]
+        return {**self.head, "choices": choices, "usage": self.usage()}
+
+    def render(self, u: ChoiceUpdate) -> list[dict]:
+        """A content delta (with its logprobs) and/or a closing entry with the finish reason."""
+        out = []
+        lp = {"content": self.logprob_entries(u.state, u.start_lp)} if self.req.logprobs else None
+        if u.delta or (lp and lp["content"]):
+            out.append({"index": u.index, "delta": {"content": u.delta}, "logprobs": lp, "finish_reason": None})
+        if u.finish_reason is not None:
+            out.append({"index": u.index, "delta": {}, "logprobs": None, "finish_reason": u.finish_reason})
+        return out
+
+    def stream(self) -> AsyncIterator[bytes]:
+        head = {**self.head, "object": "chat.completion.chunk"}
+        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None} for i in range(self.req.n)]
+        return stream_choices(self.group, head, self.render, self.usage if _include_usage(self.req) else None,
+                              opening)
