@@ -285,7 +285,7 @@ def test_resolve_model_path_errors(tmp_path):
 
 def test_default_model_conversion_is_atomic_and_cached(tmp_path, monkeypatch):
     """The fetch/convert steps stubbed: a failed conversion leaves nothing, a good one is reused."""
-    from radixrt import model_store as ms
+    from radixrt.executor import model_store as ms
 
     monkeypatch.setenv("RADIXRT_HOME", str(tmp_path / "home"))
     calls = []
