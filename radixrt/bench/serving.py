@@ -222,7 +222,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     args.workloads = ["shared-prefix", "multi-turn"] if args.workload == "all" else [args.workload]
 
-    print(f"radixrt bench_serving: workloads {args.workloads}, request rate {args.request_rate}/s, "
+    print(f"radixrt.bench.serving: workloads {args.workloads}, request rate {args.request_rate}/s, "
           f"output {args.output_len} tokens", flush=True)
     runs: dict[str, dict[str, dict]] = {}
     if args.base_url:
