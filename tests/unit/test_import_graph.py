@@ -1,4 +1,4 @@
-"""No import cycles inside the frontend package.
+"""No import cycles inside the frontend package or the HTTP server package.
 
 The graph is built from the source with ``ast``: an edge ``a -> b`` for every
 import in module ``a`` of a module ``b`` of the same package, wherever the
@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (folder, the package it is imported as)
 PACKAGES = [
     (ROOT / "frontend", "radixrt.frontend"),
+    (ROOT / "radixrt" / "server", "radixrt.server"),
 ]
 
 
