@@ -45,6 +45,9 @@ class AttentionMetadata:
     q_lens: list[int]
     kv_lens: list[int]
     page_size: int = 1
+    # [B, max(kv_lens)] int64: request i's slots in row i, padded with stale but
+    # in-range slot ids past kv_lens[i] (set by `from_table`; None from `build`)
+    slot_table: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -92,6 +95,52 @@ class AttentionMetadata:
             q_lens=list(q_lens),
             kv_lens=kv_lens,
             page_size=page_size,
+        )
+
+
+    @classmethod
+    def from_table(
+        cls,
+        table: torch.Tensor,
+        rows: list[int],
+        q_lens: list[int],
+        kv_lens: list[int],
+        page_size: int = 1,
+    ) -> "AttentionMetadata":
+        """The same metadata as `build`, gathered on the table's device from a
+        request-to-slot table: request ``i``'s slots are ``table[rows[i], :kv_lens[i]]``.
+        Also sets ``slot_table``, those rows as a padded ``[B, max(kv_lens)]`` tensor.
+
+        Host work is one small copy of the three length-B lists; the per-token
+        index tensors are made by device ops, never by walking slot lists.
+        """
+        device = table.device
+        B = len(rows)
+        max_kv = max(kv_lens)
+        host = torch.tensor([rows, q_lens, kv_lens], dtype=torch.int64)
+        rows_t, q_t, kv_t = host.to(device, non_blocking=True).unbind(0)
+        indptr = torch.zeros(2, B + 1, dtype=torch.int64, device=device)
+        torch.cumsum(torch.stack([q_t, kv_t]), 1, out=indptr[:, 1:])
+        slot_table = table[rows_t.unsqueeze(1), torch.arange(max_kv, device=device)].long()  # [B, max_kv]
+        valid = torch.arange(max_kv, device=device) < kv_t.unsqueeze(1)
+        num_q = sum(q_lens)
+        if num_q == B:  # every request computes one token: a decode batch
+            positions = kv_t - 1
+            out_slots = slot_table.gather(1, positions.unsqueeze(1)).squeeze(1)
+        else:
+            req_of_q = torch.repeat_interleave(torch.arange(B, device=device), q_t, output_size=num_q)
+            positions = torch.arange(num_q, device=device) - indptr[0, req_of_q] + (kv_t - q_t)[req_of_q]
+            out_slots = slot_table[req_of_q, positions]
+        return cls(
+            qo_indptr=indptr[0].to(torch.int32),
+            kv_indptr=indptr[1].to(torch.int32),
+            kv_slots=slot_table[valid] if min(kv_lens) < max_kv else slot_table.view(-1),
+            out_slots=out_slots,
+            positions=positions,
+            q_lens=list(q_lens),
+            kv_lens=list(kv_lens),
+            page_size=page_size,
+            slot_table=slot_table,
         )
 
 

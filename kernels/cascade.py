@@ -41,9 +41,12 @@ def shared_prefix_len(meta: AttentionMetadata) -> int:
     limit = min(k - q for k, q in zip(meta.kv_lens, meta.q_lens))
     if limit < MIN_SHARED_PREFIX:
         return 0
-    starts = meta.kv_indptr[:-1].to(torch.int64)
-    offs = torch.arange(limit, device=starts.device)
-    table = meta.kv_slots[starts[:, None] + offs[None, :]]  # [B, limit]
+    if meta.slot_table is not None:
+        table = meta.slot_table[:, :limit]
+    else:
+        starts = meta.kv_indptr[:-1].to(torch.int64)
+        offs = torch.arange(limit, device=starts.device)
+        table = meta.kv_slots[starts[:, None] + offs[None, :]]  # [B, limit]
     same = (table == table[:1]).all(dim=0)
     if bool(same.all()):
         return limit

@@ -43,6 +43,11 @@ DEFAULT_WORKSPACE_BYTES = 128 << 20
 TENSOR_CORE_MIN_GROUP = 4
 
 
+# head dims FlashInfer's prefill, decode and merge kernels are built for; the
+# runner falls back to the torch backend for others (e.g. 16 in tiny test models)
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
 def import_flashinfer() -> Any:
     """Import flashinfer, with an actionable message when it is missing."""
     try:

@@ -74,8 +74,11 @@ class TorchReferenceBackend(AttentionBackend):
         if decode_ids:
             if len(decode_ids) == len(q_lens) and len(q_lens) * max(kv_lens) <= self.decode_budget:
                 # the common case: the whole batch decodes in one call, rows in order
-                starts = meta.kv_indptr[:-1].to(torch.int64)
-                self._decode.append(self._plan_decode_group(meta, starts, kv_lens, None))
+                if meta.slot_table is not None:
+                    self._decode.append(self._decode_plan_from_table(meta))
+                else:
+                    starts = meta.kv_indptr[:-1].to(torch.int64)
+                    self._decode.append(self._plan_decode_group(meta, starts, kv_lens, None))
             else:
                 qo_off, kv_off = [0], [0]
                 for q, k in zip(q_lens, kv_lens):
@@ -118,6 +121,16 @@ class TorchReferenceBackend(AttentionBackend):
             else:
                 groups.append([i])
         return groups
+
+    @staticmethod
+    def _decode_plan_from_table(meta: AttentionMetadata) -> _DecodePlan:
+        """A whole decode batch straight from the metadata's padded slot table."""
+        table = meta.slot_table
+        if min(meta.kv_lens) == table.shape[1]:
+            return _DecodePlan(None, table, None)
+        lens = meta.kv_indptr[1:] - meta.kv_indptr[:-1]
+        valid = torch.arange(table.shape[1], device=table.device) < lens.unsqueeze(1)
+        return _DecodePlan(None, table, valid[:, None, None, :])
 
     @staticmethod
     def _plan_decode_group(

@@ -52,6 +52,7 @@ class EngineConfig:
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
     chunked_prefill_size: int = 2048  # max prompt tokens computed in one step
     max_running_requests: int = 128
+    disable_overlap_schedule: bool = False  # process each step's results before scheduling the next
     schedule_policy: str = "lpm"  # "lpm" | "dfs-weight" | "fcfs"
     disable_radix_cache: bool = False
     in_batch_prefix_threshold: int = 32  # defer a request sharing >= this many uncached tokens with one being computed

@@ -153,9 +153,14 @@ class DecodeCudaGraphRunner:
     def _load(self, input_ids: list[int], seq_slots: list[list[int]], bs: int) -> AttentionMetadata:
         ids, slots = pad_decode_batch(input_ids, seq_slots, bs, self.scratch_slot)
         meta = AttentionMetadata.build(slots, [1] * bs, self.page_size, self.device)
-        self.ids[:bs].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
-        self.positions[:bs].copy_(meta.positions)
-        self.out_slots[:bs].copy_(meta.out_slots)
+        return self._fill(torch.tensor(ids, dtype=torch.int64).to(self.device, non_blocking=True), meta, bs)
+
+    def _fill(self, ids: torch.Tensor, meta: AttentionMetadata, bs: int) -> AttentionMetadata:
+        """Copy the padded batch's inputs into the static buffers (device to
+        device, in place) and plan."""
+        self.ids[:bs].copy_(ids, non_blocking=True)
+        self.positions[:bs].copy_(meta.positions, non_blocking=True)
+        self.out_slots[:bs].copy_(meta.out_slots, non_blocking=True)
         return self._plan(meta, bs)
 
     @torch.inference_mode()
@@ -202,13 +207,36 @@ class DecodeCudaGraphRunner:
         return True
 
     @torch.inference_mode()
-    def forward(self, input_ids: list[int], seq_slots: list[list[int]]) -> torch.Tensor:
-        """Hidden states [n, hidden] of a decode batch of n <= max_bs requests."""
-        n = len(seq_slots)
+    def forward_rows(
+        self, ids: torch.Tensor, table: torch.Tensor, rows: list[int], kv_lens: list[int], padding_row: int
+    ) -> torch.Tensor:
+        """`forward` for a batch given as rows of the request-to-slot table:
+        padding rows use ``padding_row`` (one token on the scratch slot) and token 0."""
+        n = len(rows)
+        bs = self._size_for(n)
+        pad = bs - n
+        meta = AttentionMetadata.from_table(table, rows + [padding_row] * pad, [1] * bs, kv_lens + [1] * pad,
+                                            self.page_size)
+        if pad:
+            ids = torch.cat([ids, ids.new_zeros(pad)])
+        self._fill(ids, meta, bs)
+        return self._replay(n, bs)
+
+    def _size_for(self, n: int) -> int:
         bs = padded_batch_size(n, self.sizes)
         if bs is None or bs not in self.graphs:
             raise ValueError(f"no captured graph holds a batch of {n}")
-        self._load(input_ids, seq_slots, bs)
+        return bs
+
+    def _replay(self, n: int, bs: int) -> torch.Tensor:
         self.graphs[bs].replay()
         self.replays += 1
         return self.outputs[bs][:n].clone()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: list[int], seq_slots: list[list[int]]) -> torch.Tensor:
+        """Hidden states [n, hidden] of a decode batch of n <= max_bs requests."""
+        n = len(seq_slots)
+        bs = self._size_for(n)
+        self._load(input_ids, seq_slots, bs)
+        return self._replay(n, bs)

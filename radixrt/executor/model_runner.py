@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
 
 from radixrt.kernels import AttentionMetadata, create_backend
+from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from radixrt.config import EngineConfig
 from radixrt.memory.kv_pool import KVPool
+from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
@@ -57,6 +59,16 @@ def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
     return RuntimeChoice(backend, dtype, graphs, max_bs if graphs else 0)
 
 
+def fit_to_model(choice: RuntimeChoice, head_dim: int) -> RuntimeChoice:
+    """FlashInfer's kernels exist for a few head dims only: for any other, run
+    the torch backend (without CUDA graphs, which need FlashInfer) and say so."""
+    if choice.attention_backend != "flashinfer" or head_dim in FLASHINFER_HEAD_DIMS:
+        return choice
+    logger.warning("FlashInfer has no kernels for head_dim %d (it supports %s): using the torch attention "
+                   "backend, without CUDA graphs", head_dim, ", ".join(map(str, FLASHINFER_HEAD_DIMS)))
+    return replace(choice, attention_backend="torch", cuda_graph=False, cuda_graph_max_bs=0)
+
+
 def _available_memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info()
@@ -77,6 +89,7 @@ class ModelRunner:
         self.model, self.model_config = load_model(self.model_path, self.dtype, self.device)
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
         mc = self.model_config
+        self.choice = fit_to_model(self.choice, mc.head_dim)
         self.context_length = config.context_length or mc.max_position_embeddings
         self.page_size = config.page_size
         self.num_pages = self._num_pages()  # what the allocator hands out: pages 0 .. num_pages-1
@@ -86,6 +99,11 @@ class ModelRunner:
         self.kv_pool = KVPool(
             mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, mc.num_kv_heads,
             mc.head_dim, self.dtype, self.device,
+        )
+        # one row per running request, one column per token it may hold
+        self.req_to_token = ReqToTokenPool(
+            config.max_running_requests, self.context_length + 1, self.device,
+            scratch_slot=self.num_pages * self.page_size if use_graphs else 0,
         )
         self.backend = create_backend(self.choice.attention_backend, self.device)
         if hasattr(self.backend, "configure"):  # FlashInfer plans once per batch with these
@@ -118,6 +136,25 @@ class ModelRunner:
         if pages < 1:
             raise ValueError(f"KV pool of {tokens} tokens holds no page of {self.page_size}")
         return pages
+
+    @torch.inference_mode()
+    def forward_batch(
+        self, input_ids: list[int] | torch.Tensor, rows: list[int], q_lens: list[int], kv_lens: list[int],
+        table_writes: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """The scheduler's step: request ``i`` computes its last ``q_lens[i]`` of
+        ``kv_lens[i]`` tokens, whose slots are row ``rows[i]`` of the
+        request-to-slot table, after ``table_writes`` (from
+        `ReqToTokenPool.take_writes`) are applied. ``input_ids`` [sum(q_lens)]
+        may already be on the device. Returns hidden states [sum(q_lens), hidden]."""
+        self.req_to_token.apply(table_writes)
+        table = self.req_to_token.table
+        ids = torch.as_tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, kv_lens):
+            return self.cuda_graph.forward_rows(ids, table, rows, kv_lens, self.req_to_token.padding_row)
+        meta = AttentionMetadata.from_table(table, rows, q_lens, kv_lens, self.page_size)
+        self.backend.plan(meta)
+        return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
 
     @torch.inference_mode()
     def forward(self, input_ids: list[int], seq_slots: list[list[int]], q_lens: list[int]) -> torch.Tensor:

@@ -3,6 +3,10 @@
 Every slot is at all times exactly one of: free (in the allocator), owned by
 the radix tree, or private to one request (``req.slots[req.tree_len:]``, in
 whole pages). `check_invariant` asserts ``free + tree + private == total``.
+
+It also keeps the device-side request-to-slot table (`ReqToTokenPool`) in step
+with ``req.slots``: a running request owns one row of it (``req.row``), given
+at `admit` and taken back at `release`.
 """
 from __future__ import annotations
 
@@ -10,13 +14,15 @@ from typing import Iterable
 
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.radix_cache import MatchResult, RadixCache
+from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.scheduler.request import Req
 
 
 class KVCacheManager:
-    def __init__(self, allocator: PageAllocator, tree: RadixCache) -> None:
+    def __init__(self, allocator: PageAllocator, tree: RadixCache, req_to_token: ReqToTokenPool) -> None:
         self.allocator = allocator
         self.tree = tree
+        self.req_to_token = req_to_token
         self.page_size = allocator.page_size
 
     # -- queries -----------------------------------------------------------------
@@ -36,12 +42,16 @@ class KVCacheManager:
 
     # -- ownership transitions -----------------------------------------------------
     def admit(self, req: Req, match: MatchResult) -> None:
-        """Give a waiting request the matched prefix: its slots become tree-owned and locked."""
-        assert not req.slots and req.last_node is None
+        """Give a waiting request the matched prefix (its slots are tree-owned; the
+        node is locked) and a row of the request-to-slot table."""
+        assert not req.slots and req.last_node is None and req.row is None
         self.tree.lock(match.node)
         req.last_node = match.node
         req.slots = list(match.slots)
         req.tree_len = match.length
+        req.row = self.req_to_token.alloc_row()
+        if match.length:
+            self.req_to_token.write(req.row, 0, req.slots)
 
     def extend(self, req: Req, num_tokens: int) -> bool:
         """Reserve slots for the request's next ``num_tokens`` tokens, evicting
@@ -55,11 +65,13 @@ class KVCacheManager:
         pages = self.allocator.alloc_pages(pages_needed) if pages_needed else []
         if pages is None:
             return False
+        start = len(req.slots)
         if take:
             last = req.slots[-1]
             req.slots.extend(range(last + 1, last + 1 + take))
-        new_slots = self.allocator.pages_to_slots(pages)
-        req.slots.extend(new_slots[: num_tokens - take])
+        if pages:
+            req.slots.extend(self.allocator.pages_to_slots(pages)[: num_tokens - take])
+        self.req_to_token.write(req.row, start, req.slots[start:])
         return True
 
     def cache_prefix(self, req: Req) -> None:
@@ -81,7 +93,9 @@ class KVCacheManager:
         self.tree.lock(match.node)
         if req.last_node is not None:
             self.tree.unlock(req.last_node)
-        req.slots[:length] = match.slots
+        if present > req.tree_len:  # the tree's own copies replace the freed duplicates
+            req.slots[req.tree_len:present] = match.slots[req.tree_len:present]
+            self.req_to_token.write(req.row, req.tree_len, req.slots[req.tree_len:present])
         req.tree_len = length
         req.last_node = match.node
 
@@ -115,6 +129,9 @@ class KVCacheManager:
         req.slots = []
         req.tree_len = 0
         req.last_node = None
+        if req.row is not None:
+            self.req_to_token.free_row(req.row)
+            req.row = None
 
     # -- accounting ----------------------------------------------------------------
     def private_pages(self, running: Iterable[Req]) -> int:

@@ -1,21 +1,35 @@
 """Incremental detokenization with stop-string trimming.
 
-Used by the in-process Engine and by the server's detokenizer process, so
-both produce the same text for the same tokens.
+Used by the in-process Engine (in the caller's thread, never the scheduler's)
+and by the server's detokenizer process, so both produce the same text for
+the same tokens.
+
+Each new token costs one step of the `tokenizers` library's own streaming
+decoder (`tokenizers.decoders.DecodeStream`, Rust, about 2 us), not a decode
+of the whole output: the cost of a request's text is linear in its length.
+The final text, once, is the tokenizer's plain ``decode`` of all output ids,
+so it always equals what ``tokenizer.decode(output_ids)`` gives.
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
 
+def _finish_fields(finish_reason: Any) -> tuple[Optional[str], Any]:
+    """(type, matched) of a finish reason given as a dict or an object."""
+    if isinstance(finish_reason, dict):
+        return finish_reason.get("type"), finish_reason.get("matched")
+    return getattr(finish_reason, "type", None), getattr(finish_reason, "matched", None)
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of output token ids into cumulative text.
 
     `push` returns the text so far. While the request runs it holds back an
-    incomplete UTF-8 sequence (a trailing U+FFFD) and any tail that could be
-    the start of a stop string, so streamed text never shows characters that
-    the final text will not contain. When the request finishes on a stop
-    string, the text is cut before it (unless ``no_stop_trim``).
+    incomplete UTF-8 sequence and any tail that could be the start of a stop
+    string, so streamed text never shows characters that the final text will
+    not contain. When the request finishes on a stop string, the text is cut
+    before it (unless ``no_stop_trim``).
     """
 
     def __init__(
@@ -33,30 +47,46 @@ class IncrementalDetokenizer:
         self.no_stop_trim = no_stop_trim
         self.ids: list[int] = []
         self.text = ""
+        # the fast tokenizer's Rust object; a slow (Python) tokenizer has none
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._stream: Any = None
+        self._decoded = ""  # everything the stream has produced (before stop-string holding)
+        if self._backend is not None:
+            from tokenizers.decoders import DecodeStream
 
-    def _decode(self) -> str:
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def _full_decode(self) -> str:
         return self.tokenizer.decode(
             self.ids,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
 
-    def push(self, new_ids: Sequence[int], finish_reason: Optional[dict] = None) -> str:
+    def _stream_decode(self, new_ids: Sequence[int]) -> str:
+        if self._stream is None:  # no streaming decoder: decode all, drop a dangling partial character
+            return self._full_decode().rstrip("\ufffd")
+        for tid in new_ids:
+            piece = self._stream.step(self._backend, tid)
+            if piece:
+                self._decoded += piece
+        return self._decoded
+
+    def push(self, new_ids: Sequence[int], finish_reason: Any = None) -> str:
         self.ids.extend(new_ids)
-        full = self._decode()
         if finish_reason is not None:
-            self.text = self._trim_final(full, finish_reason)
+            self.text = self._trim_final(self._full_decode(), finish_reason)
             return self.text
-        stable = full.rstrip("\ufffd")
+        stable = self._stream_decode(new_ids)
         held = self._stop_prefix_len(stable)
         candidate = stable[: len(stable) - held]
         if len(candidate) > len(self.text) and candidate.startswith(self.text):
             self.text = candidate
         return self.text
 
-    def _trim_final(self, full: str, finish_reason: dict) -> str:
-        matched = finish_reason.get("matched")
-        if finish_reason.get("type") != "stop" or not isinstance(matched, str) or self.no_stop_trim:
+    def _trim_final(self, full: str, finish_reason: Any) -> str:
+        kind, matched = _finish_fields(finish_reason)
+        if kind != "stop" or not isinstance(matched, str) or self.no_stop_trim:
             return full
         cut = full.find(matched)
         return full[:cut] if cut >= 0 else full

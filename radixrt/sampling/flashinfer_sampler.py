@@ -59,7 +59,7 @@ class FlashInferSampler(Sampler):
                              dtype=torch.int32, device=device)
         top_p = torch.tensor([params[j].top_p for j in fast], dtype=torch.float32, device=device)
         seeds = torch.tensor([rows[sampled[j]].seed & _SEED_MASK for j in fast], dtype=torch.int64, device=device)
-        offsets = torch.tensor([len(rows[sampled[j]].output_ids) for j in fast], dtype=torch.int64, device=device)
+        offsets = torch.tensor([rows[sampled[j]].output_index for j in fast], dtype=torch.int64, device=device)
         drawn = self.fi.sampling.top_k_top_p_sampling_from_probs(
             probs, top_k, top_p, deterministic=True, seed=seeds, offset=offsets
         ).to(torch.long)

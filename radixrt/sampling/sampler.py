@@ -12,7 +12,7 @@ Pipeline, in this order (each stage runs only when some row needs it):
    and a negative one multiplied by it. Frequency and presence (OpenAI
    semantics, over output tokens only):
    ``logit[t] -= frequency * count[t] + presence * (count[t] > 0)``.
-3. ``min_new_tokens``: while ``len(output_ids) < min_new_tokens`` the eos ids
+3. ``min_new_tokens``: while ``output_index < min_new_tokens`` the eos ids
    and the row's ``stop_token_ids`` are set to ``-inf`` (whatever
    ``ignore_eos`` says).
 3b. Grammar masks (constrained decoding, see grammar.py): rows given a token
@@ -29,7 +29,7 @@ Pipeline, in this order (each stage runs only when some row needs it):
    all kept and the set does not depend on how a sort breaks ties.
 
 Reproducibility. The randomness of row ``r`` at output index
-``i = len(r.output_ids)`` comes from a counter-based hash of
+``i = r.output_index`` comes from a counter-based hash of
 ``(r.seed, i, attempt)`` computed in Python (``draw_uniform``): it depends on
 nothing else, so a request gives the same tokens whatever the batch it runs in
 and when it is recomputed after being retracted, and the draws are the same on
@@ -107,10 +107,17 @@ def draw_uniform(seed: int, index: int, attempt: int = 0) -> float:
 class SamplingRow:
     params: SamplingParams
     seed: int  # every request has one (the user's, or drawn at submission)
-    output_ids: list[int]  # tokens generated so far; the new token is output index len(output_ids)
+    output_ids: list[int]  # tokens generated so far; the new token is output index len(output_ids) (see index)
     prompt_ids: list[int]  # for repetition_penalty (HF semantics: over prompt + output)
     top_logprobs_num: int = 0
     return_logprob: bool = False
+    # output index of the new token; None: len(output_ids). The overlap
+    # scheduler sets it: tokens of a step still in flight are not in output_ids
+    index: Optional[int] = None
+
+    @property
+    def output_index(self) -> int:
+        return len(self.output_ids) if self.index is None else self.index
 
 
 @dataclass
@@ -349,7 +356,7 @@ class Sampler:
                 rep.append((i, p.repetition_penalty, r.prompt_ids, r.output_ids))
             if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and r.output_ids:
                 freq.append((i, p.frequency_penalty, p.presence_penalty, r.output_ids))
-            if len(r.output_ids) < p.min_new_tokens:
+            if r.output_index < p.min_new_tokens:
                 base = i * V
                 banned = set(self.eos_token_ids)
                 if p.stop_token_ids:
@@ -445,7 +452,7 @@ class Sampler:
             if rows[i].seed is None:
                 raise ValueError(f"sampling row {i} has no seed")
             seeds.append(rows[i].seed)
-        positions = [len(rows[i].output_ids) for i in sampled]
+        positions = [rows[i].output_index for i in sampled]
         u0 = _f32([draw_uniform(sd, pos, 0) for sd, pos in zip(seeds, positions)], device)
 
         def pick(t: torch.Tensor, idx: list[int]) -> torch.Tensor:

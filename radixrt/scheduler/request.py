@@ -25,9 +25,11 @@ class Req:
     KV ownership: ``slots[i]`` holds the KV of token ``seq[i]``. The first
     ``tree_len`` slots belong to the radix tree (kept alive by a lock on
     ``last_node``); the rest are private to this request. Invariant while
-    RUNNING: ``len(slots) <= len(seq)``; each step computes the next
-    ``len(seq) - len(slots)`` tokens or a chunk of them, and once
-    ``len(slots) == len(seq)`` the logits of the last one sample a new token.
+    RUNNING: ``len(slots) <= len(seq) + pending``; each step computes the next
+    ``uncomputed`` tokens or a chunk of them, and once all have KV the logits
+    of the last one sample a new token. ``pending`` counts sampled tokens whose
+    step is still in flight (overlap scheduling): the next step already
+    computes the KV of the last of them, whose id only the device knows yet.
 
     Constrained requests (see grammar.py): ``grammar_future`` is the pending
     compilation (the request waits in the queue until it is done), then
@@ -52,6 +54,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING
     slots: list[int] = field(default_factory=list)
+    row: Optional[int] = None  # its row of the request-to-slot table while it holds slots
     tree_len: int = 0
     last_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the radix cache at first admission
@@ -61,6 +64,10 @@ class Req:
     grammar_future: Optional[Future] = None
     grammar: Optional["GrammarState"] = None
     draft_ids: list[int] = field(default_factory=list)
+    # Tokens sampled by a launched step whose results are not processed yet (the
+    # overlap scheduler keeps one step in flight). They are not in output_ids
+    # and have no KV; the next decode step reads the last one on the device.
+    pending: int = 0
 
     # Deltas not yet reported to the front.
     unsent_ids: int = 0
@@ -76,9 +83,24 @@ class Req:
         """The tokens to hold KV for: prompt, output and the pending draft."""
         return self.input_ids + self.output_ids + self.draft_ids
 
+    def tokens(self, start: int, end: int) -> list[int]:
+        """``seq[start:end]`` without building ``seq`` (the hot path asks for a
+        decode step's one token, or a prefill chunk)."""
+        n_in, n_out = len(self.input_ids), len(self.output_ids)
+        if start >= n_in and end <= n_in + n_out:
+            return self.output_ids[start - n_in:end - n_in]
+        if end <= n_in:
+            return self.input_ids[start:end]
+        return self.seq[start:end]
+
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids) + len(self.draft_ids)
+
+    @property
+    def uncomputed(self) -> int:
+        """Tokens still without KV, counting a pending sampled one and the draft."""
+        return self.seq_len + self.pending - len(self.slots)
 
     @property
     def grammar_pending(self) -> bool:

@@ -62,7 +62,9 @@ def test_cuda_config_resolves_to_flashinfer_bf16_graphs():
 
 
 def _setup(tmp_path, arch, ps, backend_kind, device="cpu", dtype=torch.float32):
-    path = make_tiny_model(tmp_path, arch=arch, tokenizer=False)
+    # FlashInfer's kernels need a head dim it supports (the tiny models' default is 16)
+    overrides = {"head_dim": 64} if backend_kind == "flashinfer" else {}
+    path = make_tiny_model(tmp_path, arch=arch, tokenizer=False, **overrides)
     model, mc = load_model(path, dtype, device)
     num_pages = 64 // ps + 4
     pool = KVPool(mc.num_layers, num_pages + 1, ps, mc.num_kv_heads, mc.head_dim, dtype, device)  # + scratch
@@ -164,7 +166,7 @@ def test_model_runner_captures_and_replays_with_emulated_graphs(tmp_path, monkey
     import radixrt.executor.cuda_graph as cuda_graph_mod
     import radixrt.executor.model_runner as model_runner
 
-    path = make_tiny_model(tmp_path, arch="llama")
+    path = make_tiny_model(tmp_path, arch="llama", head_dim=64)  # a head dim FlashInfer has kernels for
     rng = random.Random(5)
     prompts = [[rng.randrange(100, 4000) for _ in range(rng.randint(3, 30))] for _ in range(6)]
     sp = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
@@ -192,3 +194,18 @@ def test_model_runner_captures_and_replays_with_emulated_graphs(tmp_path, monkey
     finally:
         eng.shutdown()
     assert got == want
+
+
+def test_unsupported_head_dim_falls_back_to_torch(caplog):
+    """A head dim FlashInfer has no kernels for runs the torch backend, with a warning."""
+    import logging
+
+    from radixrt.executor.model_runner import fit_to_model
+
+    graphs = resolve_runtime(EngineConfig(device="cuda"))
+    assert (graphs.attention_backend, graphs.cuda_graph) == ("flashinfer", True)
+    with caplog.at_level(logging.WARNING, logger="radixrt.executor.model_runner"):
+        fallback = fit_to_model(graphs, 16)
+    assert (fallback.attention_backend, fallback.cuda_graph, fallback.cuda_graph_max_bs) == ("torch", False, 0)
+    assert "head_dim 16" in caplog.text
+    assert fit_to_model(graphs, 64) is graphs and fit_to_model(graphs, 128) is graphs

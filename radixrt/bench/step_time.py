@@ -1,0 +1,167 @@
+"""Host cost of the step loop: milliseconds per decode step by batch size.
+
+    python -m radixrt.bench.step_time                  # CPU, tiny random Llama
+    python -m radixrt.bench.step_time --device cuda --model PATH
+
+Drives `Scheduler.step` directly (no HTTP, no detokenization): ``B`` greedy
+requests with 32-token prompts decode until their KV is warm, then
+``--steps`` decode steps are timed, ``--repeats`` times; the median is
+reported. ``model ms`` is the part spent inside the model forward, the logits
+and the sampler (on CPU those run synchronously, so the rest, ``host ms``, is
+the scheduler's own Python: scheduling, inputs, results). On CUDA the torch
+profiler also gives the fraction of the wall time the GPU was busy.
+
+The default CPU model is a tiny random Llama (hidden 64, 2 layers) with a
+512-token vocabulary, so that the model's math is small and the figure is the
+loop's; with the real 49,152-token vocabulary the LM head and argmax alone
+cost several ms per step at batch 64 on a 2-core CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
+
+PROMPT_LEN = 32
+WARM_STEPS = 8
+
+
+@dataclass
+class StepTime:
+    batch: int
+    ms_per_step: float
+    model_ms_per_step: float
+    host_ms_per_step: float
+    gpu_busy: Optional[float] = None  # CUDA only: GPU kernel time / wall time
+
+
+def _wrap_timer(obj: Any, name: str, total: list[float], sync: Callable[[], None]) -> None:
+    fn = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        sync()
+        total[0] += time.perf_counter() - start
+        return out
+
+    setattr(obj, name, timed)
+
+
+def _gpu_busy(scheduler: Any, steps: int) -> float:
+    """Fraction of the wall time of ``steps`` steps during which CUDA kernels ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            scheduler.step()
+        torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - start) * 1e6
+    busy_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return min(1.0, busy_us / wall_us)
+
+
+def measure(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
+            overlap: bool = True) -> list[StepTime]:
+    import torch
+
+    from radixrt.config import EngineConfig
+    from radixrt.requests.messages import GenerateReq
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.scheduler import Scheduler
+
+    max_new = WARM_STEPS + steps * (repeats + 1) + 64
+    config = EngineConfig(
+        model_path=model_path, device=device, max_running_requests=max(batches),
+        max_total_tokens=max(batches) * (PROMPT_LEN + max_new + 16), chunked_prefill_size=1 << 16,
+        context_length=PROMPT_LEN + max_new + 16, disable_overlap_schedule=not overlap,
+    )
+    scheduler = Scheduler(config)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    model_s = [0.0]
+    for name in ("forward_batch", "logits"):
+        _wrap_timer(scheduler.runner, name, model_s, sync)
+    _wrap_timer(scheduler.sampler, "sample", model_s, sync)
+    sampling = SamplingParams.from_dict({"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0})
+    results = []
+    for batch in batches:
+        for i in range(batch):
+            prompt = [(7 * i + j) % 500 + 3 for j in range(PROMPT_LEN)]
+            scheduler.add_request(GenerateReq(rid=f"b{batch}-{i}", input_ids=prompt, sampling=sampling))
+        for _ in range(WARM_STEPS):
+            scheduler.step()
+        times, model_times = [], []
+        for _ in range(repeats):
+            sync()
+            model_s[0] = 0.0
+            start = time.perf_counter()
+            for _ in range(steps):
+                scheduler.step()
+            sync()
+            times.append((time.perf_counter() - start) * 1000 / steps)
+            model_times.append(model_s[0] * 1000 / steps)
+        busy = _gpu_busy(scheduler, steps) if cuda else None
+        assert len(scheduler.running) == batch, "every request must still be decoding"
+        ms, model_ms = statistics.median(times), statistics.median(model_times)
+        results.append(StepTime(batch, ms, model_ms, max(ms - model_ms, 0.0), busy))
+        scheduler.abort("")
+        while scheduler.has_work():
+            scheduler.step()
+    scheduler.close()
+    return results
+
+
+def tiny_cpu_model(folder: str) -> str:
+    from radixrt.bench.tiny_model import make_tiny_model
+
+    return make_tiny_model(folder, "llama", vocab_size=512, max_position_embeddings=4096)
+
+
+def format_table(rows: list[StepTime]) -> str:
+    lines = ["batch  ms/step  model ms  host ms  GPU busy"]
+    for r in rows:
+        busy = "-" if r.gpu_busy is None else f"{100 * r.gpu_busy:.0f}%"
+        lines.append(f"{r.batch:5d}  {r.ms_per_step:7.2f}  {r.model_ms_per_step:8.2f}  "
+                     f"{r.host_ms_per_step:7.2f}  {busy:>8}")
+    return "\n".join(lines)
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="model folder (default: a tiny random Llama on CPU)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    ap.add_argument("--batches", default="1,64,128", help="batch sizes, comma-separated (default: 1,64,128)")
+    ap.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat (default: 20)")
+    ap.add_argument("--repeats", type=int, default=5, help="repeats; the median is reported (default: 5)")
+    ap.add_argument("--threads", type=int, default=1, help="CPU torch threads (default: 1, steadier on a shared machine)")
+    ap.add_argument("--no-overlap", action="store_true", help="turn the overlap scheduler off")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.step_time", description=__doc__.split("\n")[0])
+    add_args(ap)
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or tiny_cpu_model(tmp)
+        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=not args.no_overlap)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

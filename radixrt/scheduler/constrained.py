@@ -1,0 +1,92 @@
+"""Constrained decoding inside the step loop (grammars in radixrt/sampling/grammar.py).
+
+A request with a regex, JSON schema or EBNF grammar waits in the queue until
+its grammar is compiled (on the grammar backend's thread; other requests keep
+running), then carries an xgrammar matcher that has accepted every output
+token. Every step the constrained rows get their token bitmask. With
+``enable_jump_forward`` the text the grammar forces next is appended as a
+draft: the next step computes it in one extend and verifies it position by
+position (results.py), so outputs equal token-by-token decoding.
+
+Constrained requests need each sampled token on the host before their next
+step's mask, so a batch holding one is never overlapped with the next.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Callable, Optional
+
+import torch
+
+from radixrt.requests.finish import FinishReason
+from radixrt.sampling.grammar import GrammarBackend, grammar_key, new_bitmask
+from radixrt.scheduler.request import Req
+
+MAX_DRAFT_TOKENS = 256  # longest jump-forward draft appended at once
+GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar when nothing else can run
+
+
+class ConstrainedDecoding:
+    def __init__(self, grammars: Callable[[], GrammarBackend], enable_jump_forward: bool, context_length: int,
+                 vocab_size: int) -> None:
+        self._grammars = grammars
+        self.enable_jump_forward = enable_jump_forward
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        # draft tokens proposed by jump-forward, and kept after verification
+        # (each kept token is a decode step saved)
+        self.proposed = 0
+        self.kept = 0
+
+    def resolve(self, waiting: list[Req], fail: Callable[[Req, FinishReason], None]) -> None:
+        """Give waiting requests whose grammar finished compiling their matcher
+        (and, with jump-forward, the draft forced at the start); a grammar that
+        failed to compile ends its request (``fail``) with an error."""
+        for req in [r for r in waiting if r.grammar_pending and r.grammar_future.done()]:
+            try:
+                compiled = req.grammar_future.result()
+            except Exception as e:  # noqa: BLE001 - reported to the client, never raised here
+                fail(req, FinishReason.abort(
+                    f"the {grammar_key(req.sampling)[0]} grammar failed to compile: {e}", status_code=400))
+                continue
+            req.grammar = self._grammars().new_state(compiled)
+            if self.enable_jump_forward and not req.output_ids:
+                self.propose_draft(req)
+
+    @staticmethod
+    def wait(waiting: list[Req]) -> None:
+        """Nothing can run: sleep until a compiling grammar is done (or briefly)."""
+        pending = [r.grammar_future for r in waiting if r.grammar_pending]
+        if pending:
+            concurrent.futures.wait(pending, timeout=GRAMMAR_WAIT_S, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def propose_draft(self, req: Req) -> None:
+        """Append the continuation the grammar forces as a draft (none when the
+        next token is free), bounded by max_new_tokens and the context length."""
+        limit = min(
+            req.sampling.max_new_tokens - len(req.output_ids) - 1,  # the step's own token comes after it
+            self.context_length - 1 - req.seq_len,
+            MAX_DRAFT_TOKENS,
+        )
+        req.draft_ids = req.grammar.propose_draft(limit)
+        self.proposed += len(req.draft_ids)
+
+    @staticmethod
+    def drop_draft(req: Req) -> None:
+        """Forget a pending draft (it has no KV yet); the matcher rolls back over it."""
+        if req.draft_ids:
+            assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
+            req.grammar.settle_draft(0)
+            req.draft_ids = []
+
+    def bitmask(self, masked: list[tuple[Req, int]]) -> Optional[torch.Tensor]:
+        """Token bitmasks of the constrained rows, one per (request, draft position)."""
+        if not masked:
+            return None
+        bitmask = new_bitmask(len(masked), self.vocab_size)
+        for i, (req, j) in enumerate(masked):
+            if j < len(req.draft_ids):
+                bitmask[i] = req.grammar.draft_masks[j]
+            else:
+                req.grammar.fill_mask(bitmask, i)  # the matcher's current state: after the draft
+        return bitmask

@@ -1,0 +1,121 @@
+"""Phase 2 of a step: turn the chosen batch into the inputs of one forward.
+
+`StepInputs` is plain host data (small lists, a bitmask and the queued
+request-to-slot table writes) that the launcher may consume on another
+thread while the scheduler goes on: nothing in it refers to a request's
+mutable lists. Host work is per request, never per cached token: a decode
+row contributes one token id (or, while its previous token is still in
+flight, a reference to the device's copy of it), its table row and lengths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from radixrt.sampling.sampler import SamplingRow
+from radixrt.scheduler.constrained import ConstrainedDecoding
+from radixrt.scheduler.planner import Batch
+from radixrt.scheduler.request import Req
+
+
+@dataclass
+class PromptLogprobJob:
+    """Score prompt tokens ``input_ids[lo+1 : hi+1]`` from the hidden rows of
+    positions ``lo .. hi-1`` (rows ``offset + lo - start`` on of this step)."""
+
+    batch_index: int
+    offset: int
+    start: int
+    lo: int
+    hi: int
+    targets: list[int]
+    top_k: int
+
+
+@dataclass
+class StepInputs:
+    # the forward: request i computes its last q_lens[i] of kv_lens[i] tokens (table row rows[i])
+    input_ids: list[int]
+    rows: list[int]
+    q_lens: list[int]
+    kv_lens: list[int]
+    table_writes: Optional[torch.Tensor]
+    # input positions whose token is the last one sampled for table row future_rows[j]
+    # (still in flight: the launcher reads it from its device buffer)
+    future_positions: list[int] = field(default_factory=list)
+    future_rows: list[int] = field(default_factory=list)
+    # sampling: logits of token rows sample_positions, one SamplingRow each
+    sample_positions: list[int] = field(default_factory=list)
+    sampling_rows: list[SamplingRow] = field(default_factory=list)
+    bitmask: Optional[torch.Tensor] = None
+    masked_rows: list[int] = field(default_factory=list)
+    # (batch index, its first sampling row) of every request that samples
+    samplers: list[tuple[int, int]] = field(default_factory=list)
+    # the device keeps each sampling request's last token, by table row
+    last_token_rows: list[int] = field(default_factory=list)
+    last_token_samples: list[int] = field(default_factory=list)
+    prompt_jobs: list[PromptLogprobJob] = field(default_factory=list)
+
+
+def samples_this_step(req: Req) -> bool:
+    """All of the request's tokens (and its pending one) have KV after this step."""
+    return len(req.slots) == req.seq_len + req.pending and not req.prefill_only
+
+
+def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> Optional[PromptLogprobJob]:
+    first = max(req.logprob_start_len, 1)  # token 0 has no logprob
+    lo = max(first - 1, start)  # positions whose next token is scored
+    hi = min(len(req.input_ids) - 1, start + q)
+    return PromptLogprobJob(batch_index, offset, start, lo, hi, req.input_ids[lo + 1:hi + 1], req.top_logprobs_num)
+
+
+def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
+    """Row ``draft_pos`` of a request samples output index ``len(output_ids) +
+    pending + draft_pos`` as if the draft's first tokens were already output."""
+    output = req.output_ids + req.draft_ids[:draft_pos] if draft_pos else req.output_ids
+    return SamplingRow(
+        params=req.sampling, seed=req.seed, output_ids=output, prompt_ids=req.input_ids,
+        top_logprobs_num=req.top_logprobs_num, return_logprob=req.return_logprob,
+        index=len(req.output_ids) + req.pending + draft_pos,
+    )
+
+
+def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding,
+                   table_writes: Optional[torch.Tensor]) -> StepInputs:
+    inp = StepInputs(input_ids=[], rows=[], q_lens=[], kv_lens=[], table_writes=table_writes)
+    masked: list[tuple[Req, int]] = []
+    offset = 0
+    for bi, (req, q) in enumerate(batch):
+        end = len(req.slots)
+        start = end - q
+        if req.pending:  # a decode step whose input token is still in flight
+            assert q == 1 and req.pending == 1, "one step in flight, decoding one token"
+            inp.future_positions.append(len(inp.input_ids))
+            inp.future_rows.append(req.row)
+            inp.input_ids.append(0)
+        else:
+            inp.input_ids.extend(req.tokens(start, end))
+        inp.rows.append(req.row)
+        inp.q_lens.append(q)
+        inp.kv_lens.append(end)
+        if req.wants_prompt_logprobs and req.input_logprobs is None:
+            inp.prompt_jobs.append(_prompt_job(req, bi, offset, start, q))
+        if samples_this_step(req):
+            # One row per draft token and one after them: the last k+1 positions.
+            k = len(req.draft_ids)
+            assert q > k, "a draft must be computed in the step that verifies it"
+            first = len(inp.sample_positions)
+            inp.samplers.append((bi, first))
+            inp.sample_positions.extend(range(offset + q - 1 - k, offset + q))
+            for j in range(k + 1):
+                if req.grammar is not None:
+                    inp.masked_rows.append(first + j)
+                    masked.append((req, j))
+                inp.sampling_rows.append(_sampling_row(req, j))
+            inp.last_token_rows.append(req.row)
+            inp.last_token_samples.append(first + k)
+        offset += q
+    inp.bitmask = constrained.bitmask(masked)
+    return inp

@@ -1,0 +1,95 @@
+"""Phase 3 of a step: run the forward, the logits and the sampler.
+
+`StepLauncher.launch` returns a future of the step's `StepOutput` (host lists).
+With overlap on, the work runs on one forward thread, in launch order, while
+the scheduler thread processes the previous step's results and prepares the
+next one (SGLang's zero-overhead scheduler and vLLM's async scheduling do the
+same); torch releases the GIL inside its kernels, so the two really run at
+once, on CUDA and on the CPU alike. With overlap off it runs inline.
+
+Device state owned here: ``last_tokens[row]``, the last token sampled for the
+request holding row ``row`` of the request-to-slot table. A decode step whose
+input token is still in flight reads it from there, so a sampled token never
+has to reach the host before the step that consumes it is launched.
+
+Everything the forward thread touches (the runner, its KV pool and table, the
+sampler) is touched by no other thread while a step is in flight: the
+scheduler only queues table writes, which travel inside `StepInputs`.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from radixrt.sampling.sampler import SampleResult, token_logprobs
+from radixrt.scheduler.inputs import PromptLogprobJob, StepInputs
+
+PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
+
+PromptScores = list[tuple[float, int, Optional[list[tuple[float, int]]]]]  # (logprob, token, top)
+
+
+@dataclass
+class StepOutput:
+    sample: Optional[SampleResult]
+    prompt_scores: list[PromptScores]  # one list per StepInputs.prompt_jobs entry
+
+
+class StepLauncher:
+    def __init__(self, runner: Any, sampler: Any, overlap: bool) -> None:
+        self.runner = runner
+        self.sampler = sampler
+        self.device = torch.device(runner.device)
+        self.last_tokens = torch.zeros(runner.req_to_token.max_requests + 1, dtype=torch.int64, device=self.device)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="radixrt-forward") if overlap else None
+
+    @property
+    def overlap(self) -> bool:
+        return self._thread is not None
+
+    def launch(self, inputs: StepInputs) -> "Future[StepOutput]":
+        if self._thread is not None:
+            return self._thread.submit(self.run, inputs)
+        done: Future[StepOutput] = Future()
+        try:
+            done.set_result(self.run(inputs))
+        except BaseException as e:  # noqa: BLE001 - re-raised by result(), as a thread's would be
+            done.set_exception(e)
+        return done
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> StepOutput:
+        ids = torch.tensor(inputs.input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        if inputs.future_positions:
+            where = torch.tensor([inputs.future_positions, inputs.future_rows], dtype=torch.int64)
+            where = where.to(self.device, non_blocking=True)
+            ids[where[0]] = self.last_tokens[where[1]]
+        hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
+        scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
+        sample = None
+        if inputs.sample_positions:
+            rows = torch.tensor(inputs.sample_positions, dtype=torch.int64).to(self.device, non_blocking=True)
+            logits = self.runner.logits(hidden.index_select(0, rows))
+            sample = self.sampler.sample(logits, inputs.sampling_rows, inputs.bitmask, inputs.masked_rows)
+            last = torch.tensor([inputs.last_token_rows, [sample.token_ids[i] for i in inputs.last_token_samples]],
+                                dtype=torch.int64).to(self.device, non_blocking=True)
+            self.last_tokens[last[0]] = last[1]
+        return StepOutput(sample, scores)
+
+    def _score_prompt(self, hidden: torch.Tensor, job: PromptLogprobJob) -> PromptScores:
+        out: PromptScores = []
+        for b in range(job.lo, job.hi, PROMPT_LOGITS_BLOCK):
+            e = min(b + PROMPT_LOGITS_BLOCK, job.hi)
+            first = job.offset + b - job.start
+            logits = self.runner.logits(hidden[first:first + e - b])
+            targets = job.targets[b - job.lo:e - job.lo]
+            lps, tops = token_logprobs(logits, targets, job.top_k)
+            out.extend((lps[j], targets[j], tops[j] if tops else None) for j in range(e - b))
+        return out

@@ -1,0 +1,181 @@
+"""Phase 1 of a step: choose the batch.
+
+Running requests come first: decoders (one token each, or a token and its
+jump-forward draft), then unfinished chunked prefills. Then waiting requests
+are admitted in policy order while the step's token budget, the running-
+request cap and KV memory last; a share of memory stays reserved for the
+running requests' future decode tokens. When a running request cannot get a
+slot, requests are retracted from the end of the order (fewest outputs,
+longest prompts): their KV goes back (their prefix stays in the tree) and
+they wait to be recomputed.
+
+The planner mutates the `RequestQueues` (moves requests between waiting and
+running) and the requests' KV through `KVCacheManager`; it runs no model.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from radixrt.config import EngineConfig
+from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.requests.finish import FinishReason
+from radixrt.scheduler.policy import order_waiting
+from radixrt.scheduler.request import Phase, Req
+
+logger = logging.getLogger(__name__)
+
+# Reserve for running requests' future decode tokens, as a fraction of their
+# remaining max_new_tokens; rises after a retraction, decays while all is well.
+INIT_NEW_TOKEN_RATIO = 0.5
+RESERVE_CAP_PER_REQUEST = 4096  # a request's share of the reserve is capped (as SGLang does)
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
+
+Batch = list[tuple[Req, int]]  # (request, tokens it computes this step)
+
+
+@dataclass
+class RequestQueues:
+    """Every unfinished request is in exactly one of the two lists."""
+
+    waiting: list[Req] = field(default_factory=list)
+    running: list[Req] = field(default_factory=list)
+
+    def remove(self, req: Req) -> None:
+        (self.running if req.phase is Phase.RUNNING else self.waiting).remove(req)
+
+
+class BatchPlanner:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, queues: RequestQueues, context_length: int,
+                 finish: Callable[[Req, FinishReason], None], drop_draft: Callable[[Req], None]) -> None:
+        self.config = config
+        self.kv = kv
+        self.queues = queues
+        self.context_length = context_length
+        self._finish = finish
+        self._drop_draft = drop_draft
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.retractions = 0
+
+    def schedule(self) -> Batch:
+        """The next step's batch; each request's KV slots for it are allocated."""
+        batch: Batch = []
+        budget = self._schedule_running(batch, max(self.config.chunked_prefill_size, 1))
+        self._admit(batch, budget)
+        if batch:
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        return batch
+
+    def _tokens_this_step(self, req: Req, budget: int) -> int:
+        need = req.uncomputed
+        return 1 if need == 1 else min(need, budget)
+
+    def _will_stop_at_length(self, req: Req) -> bool:
+        """A request whose in-flight token is its last: nothing to compute for it."""
+        n_out = len(req.output_ids) + req.pending
+        return n_out >= req.sampling.max_new_tokens or req.seq_len + req.pending >= self.context_length
+
+    def _schedule_running(self, batch: Batch, budget: int) -> int:
+        running = self.queues.running
+        running.sort(key=lambda r: (r.uncomputed - len(r.draft_ids) > 1, -len(r.output_ids), len(r.input_ids)))
+        queue = list(running)
+        while queue:
+            req = queue.pop(0)
+            if req.pending and self._will_stop_at_length(req):
+                continue
+            if req.draft_ids and req.uncomputed > budget:
+                self._drop_draft(req)  # a draft is computed in one piece or not at all
+            q = self._tokens_this_step(req, budget)
+            if q <= 0:
+                continue
+            while not self.kv.extend(req, q):
+                if req.draft_ids:  # short of memory: decode one token rather than retract anyone
+                    self._drop_draft(req)
+                    q = self._tokens_this_step(req, budget)
+                    continue
+                victim = queue.pop() if queue else None
+                if victim is None:
+                    if batch:  # retract this one; the others keep running
+                        victim = req
+                    else:
+                        running.remove(req)
+                        self._finish(req, FinishReason.abort("out of KV memory for a single request"))
+                        break
+                self._retract(victim)
+                if victim is req:
+                    break
+            else:
+                batch.append((req, q))
+                budget -= q
+        return budget
+
+    def _retract(self, req: Req) -> None:
+        """Release a running request's KV (its prefix stays in the tree) and re-queue it.
+        Its output and grammar matcher stay; a pending draft is dropped."""
+        self.queues.running.remove(req)
+        self._drop_draft(req)
+        self.kv.release(req)
+        if req.input_logprobs is None:
+            req.prompt_logprob_acc = []
+        req.phase = Phase.WAITING
+        req.retractions += 1
+        self.queues.waiting.insert(0, req)
+        self.retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
+        logger.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
+
+    def _remaining_tokens(self, req: Req) -> int:
+        return min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), RESERVE_CAP_PER_REQUEST)
+
+    def _decode_reserve(self) -> int:
+        return int(sum(self._remaining_tokens(r) for r in self.queues.running) * self.new_token_ratio)
+
+    def _admit(self, batch: Batch, budget: int) -> None:
+        waiting, running = self.queues.waiting, self.queues.running
+        if not waiting or budget <= 0:
+            return
+        ordered = order_waiting(self.config.schedule_policy, waiting, self.kv.match)
+        # Prefixes being computed in this step (or by an unfinished chunked prefill):
+        # a request sharing a long uncached prefix with one of them waits a step
+        # and then reads that prefix from the tree instead of computing it again.
+        inflight = RadixCache(None, page_size=1)
+        for r, q in batch:
+            if q > 1:
+                inflight.insert(r.seq, [0] * r.seq_len)
+        reserve = self._decode_reserve()
+        threshold = self.config.in_batch_prefix_threshold
+        for req in ordered:
+            if budget <= 0 or len(running) >= self.config.max_running_requests:
+                break
+            if req.grammar_pending or req.pending:
+                continue  # its grammar is still compiling / its last token is still in flight
+            match = self.kv.match(req)
+            if not self.kv.tree.disable:
+                shared = inflight.match_prefix(req.seq[: req.max_prefix_len], record_stats=False).length
+                if shared - match.length >= threshold:
+                    continue
+            extend = req.seq_len - match.length
+            if req.draft_ids and extend > budget:
+                self._drop_draft(req)  # a draft is computed in one piece or not at all
+                extend = req.seq_len - match.length
+            q = min(extend, budget)
+            if running and self.kv.available_slots() - q < reserve:
+                break
+            self.kv.admit(req, match)
+            if not self.kv.extend(req, q):
+                self.kv.release(req)
+                break
+            if not req.admitted_once:
+                req.cached_tokens = match.length
+                req.admitted_once = True
+                self.kv.record_admission(req, match.length)
+            waiting.remove(req)
+            req.phase = Phase.RUNNING
+            running.append(req)
+            batch.append((req, q))
+            budget -= q
+            reserve += int(self._remaining_tokens(req) * self.new_token_ratio)
+            inflight.insert(req.seq, [0] * req.seq_len)

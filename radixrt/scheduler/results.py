@@ -1,0 +1,178 @@
+"""Phase 4 of a step: fold a finished step's output into its requests.
+
+Sampled tokens are appended (verifying a jump-forward draft position by
+position), stop conditions are checked token by token, prompt logprobs are
+collected, computed prefill chunks go to the radix tree, and every request
+that produced something or finished gets a `TokenOutput`.
+
+With overlap on, this runs one step late: by then the next step is already
+launched, and a request of this step may have been aborted (it is skipped),
+retracted (its tokens are kept; it recomputes its KV when readmitted) or have
+finished in the step just launched (the extra token computed for it is
+dropped with its KV). The radix tree may so receive pages whose KV the step
+in flight is still writing; only a later step can read them, and steps run in
+launch order.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.requests.finish import FinishReason
+from radixrt.requests.messages import TokenOutput
+from radixrt.scheduler.constrained import ConstrainedDecoding
+from radixrt.scheduler.inputs import StepInputs
+from radixrt.scheduler.launcher import PromptScores, StepOutput
+from radixrt.scheduler.planner import Batch, RequestQueues
+from radixrt.scheduler.request import Phase, Req
+
+logger = logging.getLogger(__name__)
+
+
+class ResultProcessor:
+    def __init__(self, kv: KVCacheManager, queues: RequestQueues, constrained: ConstrainedDecoding,
+                 tokenizer: Any, eos_token_ids: set[int], context_length: int, enable_jump_forward: bool,
+                 emit: Callable[[Req], None], finish: Callable[[Req, FinishReason], None]) -> None:
+        self.kv = kv
+        self.queues = queues
+        self.constrained = constrained
+        self.eos_token_ids = eos_token_ids
+        self.context_length = context_length
+        self.enable_jump_forward = enable_jump_forward
+        self._emit = emit
+        self._finish = finish
+        # the fast tokenizer's own decode: stop strings are checked every step
+        self._decode = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
+        self.max_stop_len = 0
+        self.generated_tokens = 0
+
+    def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> None:
+        for job, scores in zip(inputs.prompt_jobs, output.prompt_scores):
+            req = batch[job.batch_index][0]
+            if req.phase is not Phase.FINISHED:
+                self._add_prompt_logprobs(req, scores, job.start + inputs.q_lens[job.batch_index])
+        for bi, first in inputs.samplers:
+            req = batch[bi][0]
+            req.pending -= 1
+            if req.phase is not Phase.FINISHED:
+                self._take_samples(req, output.sample, first)
+        for req, q in batch:
+            if req.phase is Phase.FINISHED:
+                continue
+            if req.finish_reason is None and req.prefill_only and len(req.slots) == req.seq_len:
+                req.finish_reason = FinishReason.length(0)
+            if req.finish_reason is not None:
+                self.queues.remove(req)
+                self._finish(req, req.finish_reason)
+                continue
+            if q > 1 and req.phase is Phase.RUNNING:
+                self.kv.cache_prefix(req)
+            if req.unsent_ids:
+                self._emit(req)
+
+    # ------------------------------------------------------------------ prompt logprobs
+    @staticmethod
+    def _add_prompt_logprobs(req: Req, scores: PromptScores, computed_to: int) -> None:
+        """Collect one chunk's scores; the list is complete once the prompt's last chunk ran."""
+        req.prompt_logprob_acc.extend(scores)
+        if computed_to >= len(req.input_ids):
+            acc = req.prompt_logprob_acc
+            pairs: list = [(None, req.input_ids[0])] if req.logprob_start_len == 0 else []
+            tops: list = [None] if req.logprob_start_len == 0 else []
+            req.input_logprobs = pairs + [(lp, t) for lp, t, _ in acc]
+            req.input_top_logprobs = tops + [tp for _, _, tp in acc]
+
+    # ------------------------------------------------------------------ sampled tokens
+    def _take_samples(self, req: Req, result: Any, first: int) -> None:
+        """Append the tokens sampled for ``req`` from its rows ``first..first+k``.
+
+        Without a draft (k == 0) that is one token. With one, draft tokens are
+        kept while they equal what was sampled at their position; the first
+        sampled token that differs (or the token after a fully kept draft) is
+        the model's own and ends the step. KV computed for the rejected rest is
+        dropped and the matcher rolled back over it. Stop conditions are
+        checked token by token, as decoding one token per step would."""
+        draft, req.draft_ids = req.draft_ids, []
+        base = len(req.input_ids) + len(req.output_ids)  # position of draft[0]
+        state = req.grammar
+        kept = 0
+        for j in range(len(draft) + 1):
+            i = first + j
+            token = result.token_ids[i]
+            lp = result.logprobs[i] if result.logprobs is not None else None
+            top = result.top_logprobs[i] if result.top_logprobs else None
+            if j < len(draft) and token == draft[j]:
+                kept += 1  # the matcher accepted it with the draft
+                self._append_token(req, token, lp, top)
+                if req.finish_reason is not None:
+                    break
+                continue
+            accepted = True
+            if state is not None:
+                state.settle_draft(kept)
+                accepted = state.accept(token)
+            self._append_token(req, token, lp, top)
+            if not accepted:
+                logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
+                req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
+            break
+        if draft:
+            if state.draft_len:
+                state.settle_draft(kept)  # finished inside the draft
+            self.constrained.kept += kept
+            self.kv.truncate(req, base + kept)
+        if req.finish_reason is None and state is not None and self.enable_jump_forward:
+            self.constrained.propose_draft(req)
+
+    def _append_token(self, req: Req, token: int, logprob: Optional[float], top: Any) -> None:
+        req.output_ids.append(token)
+        req.unsent_ids += 1
+        self.generated_tokens += 1
+        if req.return_logprob:
+            req.pending_output_logprobs.append((logprob, token))
+            if req.top_logprobs_num:
+                req.pending_top_logprobs.append(top or [])
+        req.finish_reason = self._check_finish(req, token)
+
+    def _check_finish(self, req: Req, token: int) -> Optional[FinishReason]:
+        sp = req.sampling
+        n_out = len(req.output_ids)
+        if req.grammar is not None and req.grammar.is_terminated():
+            return FinishReason.stop(token)  # the grammar is complete and accepted a stop token
+        if n_out >= sp.min_new_tokens:
+            if not sp.ignore_eos and token in self.eos_token_ids:
+                return FinishReason.stop(token)
+            if sp.stop_token_ids and token in sp.stop_token_ids:
+                return FinishReason.stop(token)
+            if sp.stop:
+                # Decode only the tail that can contain a newly completed stop string.
+                tail = self._decode(req.output_ids[-(self.max_stop_len + 8):], skip_special_tokens=False)
+                for s in sp.stop:
+                    if s in tail:
+                        return FinishReason.stop(s)
+        if n_out >= sp.max_new_tokens:
+            return FinishReason.length(sp.max_new_tokens)
+        if req.seq_len >= self.context_length:
+            return FinishReason.length(n_out)
+        return None
+
+
+def token_output(req: Req) -> TokenOutput:
+    """The request's news since its last TokenOutput (and its finish reason);
+    the request's unsent deltas are handed over and reset."""
+    new_ids = req.output_ids[len(req.output_ids) - req.unsent_ids:] if req.unsent_ids else []
+    out = TokenOutput(
+        rid=req.rid, new_token_ids=new_ids, prompt_tokens=len(req.input_ids),
+        completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+        finish_reason=req.finish_reason,
+        output_token_logprobs=req.pending_output_logprobs, output_top_logprobs=req.pending_top_logprobs,
+    )
+    if req.input_logprobs is not None and not req.input_logprobs_sent:
+        out.input_token_logprobs = req.input_logprobs
+        out.input_top_logprobs = req.input_top_logprobs
+        req.input_logprobs_sent = True
+    req.unsent_ids = 0
+    req.pending_output_logprobs = []
+    req.pending_top_logprobs = []
+    return out
