@@ -9,6 +9,8 @@ from typing import Optional
 
 # One line of `--help` per EngineConfig field (argparse adds the default).
 CLI_HELP = {
+    "disable_overlap_schedule": "process each step's results before scheduling the next (default: the next step "
+                                "is scheduled and launched while the current one runs)",
     "model_path": "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face model folder "
                   "(config.json + safetensors)",
     "device": "cpu or cuda",

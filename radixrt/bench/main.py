@@ -91,6 +91,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot-dir", default=None, help="write PNG plots here (needs matplotlib: pip install "
                                                     "'radixrt[bench]')")
     p.add_argument("--log-level", default="warning", help="log level of the in-process engines (info: per-step lines)")
+    p.add_argument("--step-time", action="store_true",
+                   help="only measure the step loop: ms per decode step at batch 1, 64 and 128 on a tiny random "
+                        "Llama (options: python -m radixrt.bench.step_time --help)")
 
 
 def _strip(rows: list[dict]) -> list[dict]:
@@ -99,6 +102,11 @@ def _strip(rows: list[dict]) -> list[dict]:
 
 def bench_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.step_time:
+        from radixrt.bench import step_time
+
+        model = [] if args.model == "default" else ["--model", args.model]
+        return step_time.main(model + (["--json", args.json_out] if args.json_out else []))
     names = args.workload or ["all"]
     if "none" in names:
         names = []

@@ -10,7 +10,7 @@ at `admit` and taken back at `release`.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.radix_cache import MatchResult, RadixCache
@@ -74,14 +74,19 @@ class KVCacheManager:
         self.req_to_token.write(req.row, start, req.slots[start:])
         return True
 
-    def cache_prefix(self, req: Req) -> None:
-        """Hand the request's computed whole pages to the tree (RadixAttention's
-        insert after prefill). Duplicates of what the tree already held are freed,
-        and the request switches to the tree's slots, locked through its new node."""
+    def cache_prefix(self, req: Req, limit: Optional[int] = None) -> None:
+        """Hand the request's whole pages among its first ``limit`` slots (default:
+        all) to the tree (RadixAttention's insert after prefill). Duplicates of
+        what the tree already held are freed, and the request switches to the
+        tree's slots, locked through its new node.
+
+        The scheduler calls it when it launches a prefill chunk, before the
+        chunk's KV is computed: steps run in launch order, so only a later step
+        can read those slots, and the request's lock keeps them from eviction."""
         if self.tree.disable:
             return
         P = self.page_size
-        length = len(req.slots) // P * P
+        length = min(len(req.slots), len(req.slots) if limit is None else limit) // P * P
         if length <= req.tree_len:
             return
         key = req.seq[:length]

@@ -32,6 +32,7 @@ class PromptLogprobJob:
     hi: int
     targets: list[int]
     top_k: int
+    retractions: int  # the request's count when launched: a retraction since voids the scores
 
 
 @dataclass
@@ -68,7 +69,8 @@ def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> 
     first = max(req.logprob_start_len, 1)  # token 0 has no logprob
     lo = max(first - 1, start)  # positions whose next token is scored
     hi = min(len(req.input_ids) - 1, start + q)
-    return PromptLogprobJob(batch_index, offset, start, lo, hi, req.input_ids[lo + 1:hi + 1], req.top_logprobs_num)
+    return PromptLogprobJob(batch_index, offset, start, lo, hi, req.input_ids[lo + 1:hi + 1], req.top_logprobs_num,
+                            req.retractions)
 
 
 def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:

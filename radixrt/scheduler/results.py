@@ -2,16 +2,15 @@
 
 Sampled tokens are appended (verifying a jump-forward draft position by
 position), stop conditions are checked token by token, prompt logprobs are
-collected, computed prefill chunks go to the radix tree, and every request
-that produced something or finished gets a `TokenOutput`.
+collected, and every request that produced something or finished gets a
+`TokenOutput`. (Prefill chunks went to the radix tree when they were
+launched, see `Scheduler._launch`.)
 
 With overlap on, this runs one step late: by then the next step is already
 launched, and a request of this step may have been aborted (it is skipped),
 retracted (its tokens are kept; it recomputes its KV when readmitted) or have
 finished in the step just launched (the extra token computed for it is
-dropped with its KV). The radix tree may so receive pages whose KV the step
-in flight is still writing; only a later step can read them, and steps run in
-launch order.
+dropped with its KV).
 """
 from __future__ import annotations
 
@@ -50,24 +49,22 @@ class ResultProcessor:
     def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> None:
         for job, scores in zip(inputs.prompt_jobs, output.prompt_scores):
             req = batch[job.batch_index][0]
-            if req.phase is not Phase.FINISHED:
-                self._add_prompt_logprobs(req, scores, job.start + inputs.q_lens[job.batch_index])
+            if req.phase is Phase.RUNNING and req.retractions == job.retractions:
+                self._add_prompt_logprobs(req, scores, inputs.kv_lens[job.batch_index])
         for bi, first in inputs.samplers:
             req = batch[bi][0]
             req.pending -= 1
             if req.phase is not Phase.FINISHED:
                 self._take_samples(req, output.sample, first)
-        for req, q in batch:
+        for (req, _), computed_to in zip(batch, inputs.kv_lens):
             if req.phase is Phase.FINISHED:
                 continue
-            if req.finish_reason is None and req.prefill_only and len(req.slots) == req.seq_len:
+            if req.finish_reason is None and req.prefill_only and computed_to == req.seq_len:
                 req.finish_reason = FinishReason.length(0)
             if req.finish_reason is not None:
                 self.queues.remove(req)
                 self._finish(req, req.finish_reason)
                 continue
-            if q > 1 and req.phase is Phase.RUNNING:
-                self.kv.cache_prefix(req)
             if req.unsent_ids:
                 self._emit(req)
 

@@ -237,6 +237,8 @@ class Scheduler:
             start = len(req.slots) - q
             if start < len(req.input_ids):
                 self.counters["prompt_tokens_computed"] += min(q, len(req.input_ids) - start)
+            if q > 1:  # a prefill chunk: its prefix is matchable from the next schedule on
+                self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids))
         overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
         return InFlight(batch, inputs, self.launcher.launch(inputs), overlappable)
 

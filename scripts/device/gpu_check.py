@@ -37,6 +37,7 @@ every section end to end (numbers are meaningless there).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -434,7 +435,7 @@ LLAMA_1B = dict(  # Llama-3.2-1B shapes (~1.1B parameters with this vocabulary),
     hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=2,
 )
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16)
+            num_key_value_heads=2, head_dim=64)  # a head dim FlashInfer has kernels for
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
 
@@ -577,6 +578,47 @@ def run_model(name: str, folder: Path, hf_model: Any, device: str, dry: bool, gr
     return out
 
 
+def _default_random_config(cfg: dict, dry: bool) -> dict:
+    """The default model's config, for random weights of its shape (tiny when dry)."""
+    keep = ("vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "max_position_embeddings",
+            "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "intermediate_size",
+            "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    c = {k: cfg[k] for k in keep if k in cfg}
+    if "rope_theta" not in c and isinstance(cfg.get("rope_parameters"), dict):
+        c["rope_theta"] = cfg["rope_parameters"].get("rope_theta", 10000.0)
+    c.setdefault("pad_token_id", c.get("eos_token_id", 0))
+    if dry:
+        c.update(TINY)
+    return c
+
+
+def check_steptime(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
+    """Decode ms/step and the GPU's busy fraction at batch 1, 64 and 128, with
+    the overlap scheduler on and off (radixrt/bench/step_time.py)."""
+    import torch
+
+    from radixrt.bench import step_time
+
+    dtype = torch.float32 if dry else torch.bfloat16
+    _, meta = _default_model_source(carry)
+    shapes = {"llama-1b": dict(LLAMA_1B, vocab_size=49152, **(TINY if dry else {}))}
+    if meta is not None:
+        shapes["default"] = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
+    batches, steps, repeats = ([1, 4], 4, 2) if dry else ([1, 64, 128], 30, 3)
+    out: dict[str, Any] = {"batches": batches, "steps": steps, "repeats": repeats, "rows": {}}
+    for name, config in shapes.items():
+        folder = work / f"steptime-{name}"
+        make_random_model(folder, config, meta, "cpu", dtype)  # only its saved folder is used
+        for overlap in (True, False):
+            rows = step_time.measure(str(folder), batches, steps, repeats, device, overlap=overlap)
+            label = f"{name}, overlap {'on' if overlap else 'off'}"
+            out["rows"][label] = [dataclasses.asdict(r) for r in rows]
+            report.log(f"steptime {label}:\n{step_time.format_table(rows)}")
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def check_e2e(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -592,17 +634,8 @@ def check_e2e(device: str, dry: bool, carry: Path, work: Path, report: Report) -
             hf_model = AutoModelForCausalLM.from_pretrained(str(real), dtype=dtype).to(device).eval()
             weights = "real"
         else:
-            keep = ("vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "max_position_embeddings",
-                    "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "intermediate_size",
-                    "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
-            c = {k: cfg[k] for k in keep if k in cfg}
-            if "rope_theta" not in c and isinstance(cfg.get("rope_parameters"), dict):
-                c["rope_theta"] = cfg["rope_parameters"].get("rope_theta", 10000.0)
-            c.setdefault("pad_token_id", c.get("eos_token_id", 0))
-            if dry:
-                c.update(TINY)
             folder = work / "default-random"
-            hf_model = make_random_model(folder, c, meta, device, dtype)
+            hf_model = make_random_model(folder, _default_random_config(cfg, dry), meta, device, dtype)
             weights = "random (default model's config)"
         r = run_model("default", folder, hf_model, device, dry, graphs_off_too=True, report=report)
         r["weights"] = weights
@@ -637,7 +670,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check_out"))
     ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
-    ap.add_argument("--sections", default="correctness,bandwidth,sampling,e2e")
+    ap.add_argument("--sections", default="correctness,bandwidth,sampling,steptime,e2e")
     for key, value in E2E_SIZES.items():
         ap.add_argument("--e2e-" + key.replace("_", "-"), type=int, default=value, dest="e2e_" + key,
                         help=f"e2e workload size (default {value})")
@@ -668,6 +701,9 @@ def main() -> None:
         report.section("bandwidth", lambda: check_bandwidth(fi, device, args.dry_run), min_left_s=30)
     if "sampling" in wanted:
         report.section("sampling", lambda: check_sampling(fi, device, args.dry_run), min_left_s=20)
+    if "steptime" in wanted:
+        report.section("steptime", lambda: check_steptime(device, args.dry_run, Path(args.carry), work, report),
+                       min_left_s=60)
     if "e2e" in wanted:
         report.section("e2e", lambda: check_e2e(device, args.dry_run, Path(args.carry), work, report), min_left_s=90)
     if device == "cuda":
@@ -680,6 +716,8 @@ def main() -> None:
         "decode_bw_fraction_of_copy": s.get("bandwidth", {}).get("headline_fraction"),
         "copy_GBps": s.get("bandwidth", {}).get("copy", {}).get("GBps"),
         "sampling_pass": s.get("sampling", {}).get("pass"),
+        "decode_ms_per_step": {k: [(r["batch"], round(r["ms_per_step"], 2), r["gpu_busy"]) for r in v]
+                               for k, v in s.get("steptime", {}).get("rows", {}).items()},
         "shared_prefix_speedup_1b": s.get("e2e", {}).get("shared_prefix_speedup_1b"),
         "shared_prefix_speedup_default": s.get("e2e", {}).get("shared_prefix_speedup_default"),
         "errors": report.data["errors"],

@@ -125,6 +125,10 @@ def test_gpu_check_dry_run(tmp_path):
     assert s["correctness"]["pass"] and s["correctness"]["cases"] == 2 * 4 * 7
     assert {v["page_size"] for v in s["bandwidth"]["decode"]} == {1, 16}
     assert s["sampling"]["pass"]
+    for shape in ("default", "llama-1b"):
+        for overlap in ("on", "off"):
+            rows = s["steptime"]["rows"][f"{shape}, overlap {overlap}"]
+            assert [r["batch"] for r in rows] == [1, 4] and all(r["ms_per_step"] > 0 for r in rows)
     e2e = s["e2e"]
     for model in ("default", "llama-1b"):
         row = e2e[model]["radixrt"]
