@@ -65,7 +65,8 @@ def main() -> None:
     for m in state.messages():
         print(f"{m['role']:>9}: {m['content']}")
     meta = state.get_meta_info("answer_2")
-    print(f"  (second turn: {meta['cached_tokens']} of {meta['prompt_tokens']} prompt tokens came from the radix cache)\n")
+    print(f"  (second turn: {meta['cached_tokens']} of {meta['prompt_tokens']} prompt tokens "
+          "came from the radix cache)\n")
 
     state = sky.run()
     scores = state.get_meta_info("color")["normalized_prompt_logprobs"]

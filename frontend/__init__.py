@@ -49,6 +49,7 @@ from .choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from .engine_backend import EngineBackend as EngineBackend  # light: the engine itself (torch) loads only when created
 from .errors import (
     BackendError,
     FrontendError,
@@ -57,11 +58,10 @@ from .errors import (
     UnsupportedByBackendError,
     UnsupportedModalityError,
 )
-from .engine_backend import EngineBackend  # light: the engine itself (torch) loads only when created
 from .fork import ProgramStateGroup
 from .function import SglFunction
 from .global_config import global_config
-from .openai_backend import OpenAI  # light: the openai package loads only when an OpenAI backend is created
+from .openai_backend import OpenAI as OpenAI  # light: the openai package loads only when an OpenAI backend is created
 from .program_state import ProgramState
 
 # Names resolved on first access: ``Engine`` imports torch, the HTTP backends

@@ -176,7 +176,7 @@ def _chat_template_of(engine: Any) -> tuple[Optional[dict[str, tuple[str, str]]]
     if default_system is None and tok is not None:
         try:
             default_system = derive_default_system_prompt(tok)
-        except Exception:  # templates vary; no default system prompt then
+        except Exception:  # noqa: BLE001 - templates vary; no default system prompt then
             default_system = None
     return markers, default_system or None
 

@@ -131,7 +131,7 @@ class StreamExecutor:
             execute(self, expr)
         except StopTracing:
             raise
-        except BaseException as e:  # noqa: BLE001 - recorded, surfaced on read
+        except BaseException as e:  # recorded, surfaced on read
             self._record_failure(e, names)
             if self.tracer is not None:
                 raise
@@ -196,7 +196,9 @@ class StreamExecutor:
         self._wait_for(name)
         if name in self.failed_vars:
             err = self.failed_vars[name]
-            raise ProgramError(f"variable {name!r} is unavailable: its request failed ({type(err).__name__}: {err})") from err
+            raise ProgramError(
+                f"variable {name!r} is unavailable: its request failed ({type(err).__name__}: {err})"
+            ) from err
         if name in self.variables:
             return self.variables[name]
         if self.error_ is not None:

@@ -81,7 +81,7 @@ def _prefill_shared_prefix(func: Any, backend: Any, batch_arguments: list[dict[s
         prefix = shared_constant_prefix(func, backend, batch_arguments, default_sampling)
         if len(prefix) >= global_config.min_shared_prefix_chars:
             backend.cache_prefix(prefix)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a hint only: never fails
         logger.warning("could not prefill the shared prefix: %s", e)
 
 

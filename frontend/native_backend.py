@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Optional
 
+from .backend import PLAIN_ROLE_MARKERS, BaseBackend
 from .choices import ChoicesDecision, token_length_normalized
 from .errors import BackendError
 from .sampling_params import SglSamplingParams
-from .backend import PLAIN_ROLE_MARKERS, BaseBackend
 
 # How many prompt tokens before a choice are re-scored, to catch a choice whose
 # first token merges with the end of the prompt ("...: " + "Paris" -> ": Paris").

@@ -24,10 +24,10 @@ import math
 import os
 from typing import Any, Iterator, Optional
 
+from .backend import PLAIN_ROLE_MARKERS, BaseBackend, normalize_markers
 from .choices import ChoicesDecision, token_length_normalized
 from .errors import BackendError, UnsupportedByBackendError
 from .sampling_params import SglSamplingParams
-from .backend import PLAIN_ROLE_MARKERS, BaseBackend, normalize_markers
 
 _COMPLETION_ONLY_MODELS = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 
@@ -71,8 +71,8 @@ class OpenAI(BaseBackend):
             what.append("json_schema on a completion model")
         if what:
             raise UnsupportedByBackendError(
-                f"the OpenAI API cannot express {', '.join(what)}; use radixrt.Engine or RuntimeEndpoint for constrained "
-                f"decoding and prompt logprobs"
+                f"the OpenAI API cannot express {', '.join(what)}; use radixrt.Engine or RuntimeEndpoint "
+                f"for constrained decoding and prompt logprobs"
             )
 
     def _common_kwargs(self, sp: SglSamplingParams) -> dict[str, Any]:

@@ -155,5 +155,5 @@ class ProgramState:
     def __del__(self) -> None:
         try:
             self.stream_executor.end()
-        except Exception:
+        except Exception:  # noqa: BLE001 - __del__ must not raise
             pass

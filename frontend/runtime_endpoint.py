@@ -14,8 +14,8 @@ from typing import Any, Iterator, Optional
 
 import httpx
 
-from .errors import BackendError
 from .backend import BaseBackend, normalize_markers
+from .errors import BackendError
 from .native_backend import NativeBackend
 
 
@@ -60,7 +60,7 @@ class RuntimeEndpoint(NativeBackend):
                 msg = body.get("error", body) if isinstance(body, dict) else body
                 if isinstance(msg, dict):
                     msg = msg.get("message", msg)
-            except Exception:
+            except ValueError:  # not JSON
                 msg = r.text[:2000]
             raise BackendError(f"{what} failed with HTTP {r.status_code}: {msg}")
 
@@ -257,7 +257,7 @@ class Runtime(BaseBackend):
         if hasattr(self, "endpoint"):
             try:
                 self.endpoint.shutdown()
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort; the process is stopped below
                 pass
         if p is not None:
             _stop(p)

@@ -177,7 +177,7 @@ def _traced_run(func: SglFunction, arguments: dict[str, Any], markers, default_s
         state.ret_value = func.call_body(state, arguments)
     except StopTracing:
         pass
-    except Exception as e:  # the body did something a placeholder cannot do
+    except Exception as e:  # noqa: BLE001 - the body did something a placeholder cannot do
         error = e
     ex.end()
     return state, recorder, error

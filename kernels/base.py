@@ -84,8 +84,13 @@ class AttentionMetadata:
         for q, k in zip(q_lens, kv_lens):
             qo.append(qo[-1] + q)
             kv.append(kv[-1] + k)
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)
-        as_int = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)
+
+        def as_long(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64, device=device)
+
+        def as_int(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int32, device=device)
+
         return cls(
             qo_indptr=as_int(qo),
             kv_indptr=as_int(kv),

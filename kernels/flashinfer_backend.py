@@ -51,7 +51,7 @@ FLASHINFER_HEAD_DIMS = (64, 128, 256)
 def import_flashinfer() -> Any:
     """Import flashinfer, with an actionable message when it is missing."""
     try:
-        import flashinfer  # noqa: F401
+        import flashinfer
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ImportError(
             "the 'flashinfer' attention backend needs the flashinfer-python package: "

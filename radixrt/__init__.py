@@ -46,8 +46,9 @@ def _map_checkout_packages() -> None:
 
 _map_checkout_packages()
 
-from radixrt.frontend import *  # noqa: F401,F403  (the DSL: function, gen, select, fork, roles, ...)
-from radixrt.frontend import __all__ as _frontend_all
+# E402: these imports need the finder installed just above.
+from radixrt.frontend import *  # noqa: E402, F403  (the DSL: function, gen, select, fork, roles, ...)
+from radixrt.frontend import __all__ as _frontend_all  # noqa: E402
 
 _LAZY = {
     "Engine": ("radixrt.engine", "Engine"),

@@ -25,8 +25,9 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from radixrt.engine import Engine
     import dataclasses
+
+    from radixrt.engine import Engine
 
     config = EngineConfig.from_cli_args(args)
     engine = Engine(**dataclasses.asdict(config))

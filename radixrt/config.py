@@ -6,7 +6,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-
 # One line of `--help` per EngineConfig field (argparse adds the default).
 CLI_HELP = {
     "disable_overlap_schedule": "process each step's results before scheduling the next (default: the next step "
@@ -47,7 +46,8 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" (flashinfer on CUDA, torch on CPU) | "torch" | "flashinfer"
     disable_cuda_graph: bool = False  # CUDA: run decode steps eagerly instead of replaying captured graphs
     cuda_graph_max_bs: int = 128  # CUDA: largest decode batch captured in a graph (capped at max_running_requests)
-    sampling_backend: str = "radixrt"  # "radixrt" (reproducible per request) | "flashinfer" (CUDA kernels, see flashinfer_sampler.py)
+    # "radixrt" (reproducible per request) | "flashinfer" (CUDA kernels, see flashinfer_sampler.py)
+    sampling_backend: str = "radixrt"
     page_size: int = 1
     max_total_tokens: Optional[int] = None  # KV pool capacity in tokens; None: from mem_fraction
     mem_fraction: float = 0.3  # share of free memory given to the KV pool when max_total_tokens is None

@@ -24,7 +24,13 @@ from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, U
 from radixrt.config import EngineConfig
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import (
-    Limits, RequestSpec, RidAllocator, build_specs, sample_rids, split_prompts, validate_spec,
+    Limits,
+    RequestSpec,
+    RidAllocator,
+    build_specs,
+    sample_rids,
+    split_prompts,
+    validate_spec,
 )
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch, TokenOutput
 from radixrt.requests.results import ResultAccumulator

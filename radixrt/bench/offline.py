@@ -131,14 +131,15 @@ def run_sweep(kind: str, systems: Systems, args: argparse.Namespace) -> dict:
     rows = []
     if kind == "prefix":
         xs, xname = _ints(args.prefix_lens), "shared prefix tokens"
-        make = lambda x: shared_prefix(systems.tokens, requests=args.sweep_requests, prefix=x, unique=16,
-                                       output=8, seed=args.seed + x, scale_requests=False)
     else:
         xs, xname = _ints(args.concurrency), "concurrent requests"
-        make = lambda x: shared_prefix(systems.tokens, requests=x, prefix=args.concurrency_prefix, unique=16,
-                                       output=16, seed=args.seed + x, scale_requests=False)
     for x in xs:
-        wl = make(x)
+        if kind == "prefix":
+            wl = shared_prefix(systems.tokens, requests=args.sweep_requests, prefix=x, unique=16,
+                               output=8, seed=args.seed + x, scale_requests=False)
+        else:
+            wl = shared_prefix(systems.tokens, requests=x, prefix=args.concurrency_prefix, unique=16,
+                               output=16, seed=args.seed + x, scale_requests=False)
         print(f"\n== sweep {kind}: {xname} = {x} ({wl.shape})", file=sys.stderr)
         point = []
         for label in (REF, OFF):

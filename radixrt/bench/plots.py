@@ -110,7 +110,7 @@ def plot_cache(report: dict, out_dir: str, plt: Any) -> Optional[str]:
     names = [w["name"] for w in wls]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     x = range(len(wls))
-    for k, (mode, color, dx) in enumerate([("offline", "#1f77b4", -0.2), ("online", "#2ca02c", 0.2)]):
+    for mode, color, dx in [("offline", "#1f77b4", -0.2), ("online", "#2ca02c", 0.2)]:
         ys = [(_row(w["rows"], REF, mode) or {}).get("cache_hit_rate") for w in wls]
         if not any(_finite(y) for y in ys):
             continue

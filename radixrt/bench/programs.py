@@ -217,7 +217,7 @@ def _threads() -> int:
         import torch
 
         return torch.get_num_threads()
-    except Exception:
+    except ImportError:
         return 0
 
 

@@ -8,7 +8,6 @@ from typing import Any, Optional
 
 from radixrt.bench.driver import HF_LABEL, OFF, REF
 
-
 COLUMNS = [
     # key, header, format, width
     ("system", "system", "{}", 30),
@@ -66,7 +65,7 @@ def headline(report: dict) -> list[dict]:
         if ref is None:
             continue
 
-        def speed(key: tuple[str, str], base: Optional[dict] = ref) -> Optional[float]:
+        def speed(key: tuple[str, str], base: Optional[dict] = ref, rows: dict = rows) -> Optional[float]:
             r = rows.get(key)
             return r["wall_s"] / base["wall_s"] if r and base else None
 

@@ -36,9 +36,8 @@ import sys
 import time
 from typing import Any, Optional
 
-from radixrt.bench.common import WORDS, ReqResult, chat_stream, latency_stats, native_stream  # noqa: F401
+from radixrt.bench.common import WORDS, ReqResult, chat_stream, latency_stats, native_stream, server_counters
 from radixrt.bench.common import arrivals as _arrivals
-from radixrt.bench.common import server_counters
 from radixrt.bench.common import words as _words
 
 

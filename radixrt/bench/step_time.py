@@ -140,7 +140,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--batches", default="1,64,128", help="batch sizes, comma-separated (default: 1,64,128)")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat (default: 20)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats; the median is reported (default: 5)")
-    ap.add_argument("--threads", type=int, default=1, help="CPU torch threads (default: 1, steadier on a shared machine)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU torch threads (default: 1, steadier on a shared machine)")
     ap.add_argument("--no-overlap", action="store_true", help="turn the overlap scheduler off")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 

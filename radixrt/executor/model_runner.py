@@ -12,14 +12,14 @@ from typing import Any, Optional
 
 import torch
 
-from radixrt.kernels import AttentionMetadata, create_backend
-from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from radixrt.config import EngineConfig
-from radixrt.memory.kv_pool import KVPool
-from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
+from radixrt.kernels import AttentionMetadata, create_backend
+from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
+from radixrt.memory.kv_pool import KVPool
+from radixrt.memory.req_to_token import ReqToTokenPool
 
 logger = logging.getLogger(__name__)
 

@@ -102,7 +102,8 @@ class _Parts:
         user_prefix = None
         if sys_prefix is not None:
             try:
-                su = _strip_bos(_render(tok, [{"role": "system", "content": _S}, {"role": "user", "content": _U}]), self.bos)
+                sys_user = [{"role": "system", "content": _S}, {"role": "user", "content": _U}]
+                su = _strip_bos(_render(tok, sys_user), self.bos)
                 if su.count(_S) == 1 and su.count(_U) == 1 and su.index(_S) < su.index(_U):
                     mid = su.split(_S, 1)[1].split(_U, 1)[0]
                     if mid.startswith(sys_suffix):
@@ -133,14 +134,16 @@ class _Parts:
 
         # default system block: what precedes the user prefix in [user U] alone
         default_block = before_u[: len(before_u) - len(user_prefix)] if before_u.endswith(user_prefix) else ""
-        if default_block and sys_prefix is not None and default_block.startswith(sys_prefix) and default_block.endswith(sys_suffix):
+        if (default_block and sys_prefix is not None and sys_suffix is not None
+                and default_block.startswith(sys_prefix) and default_block.endswith(sys_suffix)):
             content = default_block[len(sys_prefix): len(default_block) - len(sys_suffix)]
             self.default_system_prompt = content or None
 
         # assistant: [user U, assistant A] -> ... U + user_suffix + asst_prefix + A + asst_suffix
         asst_prefix = asst_suffix = None
         try:
-            ua = _strip_bos(_render(tok, [{"role": "user", "content": _U}, {"role": "assistant", "content": _A}]), self.bos)
+            user_asst = [{"role": "user", "content": _U}, {"role": "assistant", "content": _A}]
+            ua = _strip_bos(_render(tok, user_asst), self.bos)
             mid = ua.split(_U, 1)[1].split(_A, 1)[0]
             asst_suffix = ua.split(_A, 1)[1]
             if mid.startswith(user_suffix):

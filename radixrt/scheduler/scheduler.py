@@ -42,7 +42,13 @@ from radixrt.memory.radix_cache import RadixCache
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import Limits, sample_rids, validate_prompt
 from radixrt.requests.messages import (
-    AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput,
+    AbortReq,
+    ControlReply,
+    FlushCacheReq,
+    GenerateReq,
+    StatsReq,
+    TokenBatch,
+    TokenOutput,
 )
 from radixrt.sampling.grammar import GrammarBackend, grammar_key
 from radixrt.scheduler.constrained import ConstrainedDecoding

@@ -19,7 +19,13 @@ from radixrt.requests.intake import RequestSpec, build_specs, split_prompts
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request, error_body
 from radixrt.server.http_utils import (
-    JSON, SSE_DONE, raise_state_errors, read_json, sse, stream_response, wait_group,
+    JSON,
+    SSE_DONE,
+    raise_state_errors,
+    read_json,
+    sse,
+    stream_response,
+    wait_group,
 )
 from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
 

@@ -133,7 +133,7 @@ class TokenizerManager:
                 msg = await self._from_detokenizer.recv_pyobj()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep serving; a bad message must not stop the loop
+            except Exception:  # keep serving; a bad message must not stop the loop
                 logger.exception("bad message from the detokenizer")
                 continue
             try:
@@ -148,7 +148,7 @@ class TokenizerManager:
                             break
                 else:
                     logger.warning("unexpected message %s", type(msg).__name__)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.exception("failed to handle %s", type(msg).__name__)
 
     def _on_batch(self, batch: DetokBatch) -> None:

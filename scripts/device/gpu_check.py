@@ -87,7 +87,7 @@ class Report:
             result = fn()
             result["seconds"] = round(time.perf_counter() - start, 1)
             self.data["sections"][name] = result
-        except Exception as e:  # keep going: the other sections still report
+        except Exception as e:  # noqa: BLE001 - keep going: the other sections still report
             self.data["errors"][name] = f"{type(e).__name__}: {e}"
             self.log(traceback.format_exc())
         self.save()
@@ -402,8 +402,8 @@ def check_sampling(fi: Any, device: str, dry: bool) -> dict:
     import torch
 
     from radixrt.sampling.flashinfer_sampler import FlashInferSampler
-    from radixrt.sampling.sampler import Sampler, SamplingRow
     from radixrt.sampling.params import SamplingParams
+    from radixrt.sampling.sampler import Sampler, SamplingRow
 
     torch.manual_seed(3)
     sp = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
@@ -471,7 +471,9 @@ def make_random_model(dest: Path, config: dict, tokenizer_src: Optional[Path], d
     return model
 
 
-def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int, device: str) -> tuple[float, list[list[int]]]:
+def hf_generate(
+    model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int, device: str
+) -> tuple[float, list[list[int]]]:
     """Plain transformers generate: one left-padded batch, greedy, exactly new_tokens each."""
     import torch
 

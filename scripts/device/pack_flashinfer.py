@@ -160,7 +160,8 @@ def libcuda_stub(work: Path) -> Path:
 
 
 def find_cuda_home() -> str:
-    for cand in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"))[::-1]):
+    versioned = sorted(glob.glob("/usr/local/cuda-*"))[::-1]
+    for cand in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda", *versioned):
         if cand and Path(cand, "bin", "nvcc").exists():
             return cand
     nvcc = shutil.which("nvcc")
@@ -361,7 +362,8 @@ def main() -> None:
             shutil.copy2(b["so"], dest)
     else:
         shutil.rmtree(aot_dir, ignore_errors=True)
-    keep_data = {Path(p) for b in built for p in b.get("deps", []) if Path(p).is_relative_to(full / "flashinfer" / "data")}
+    data_dir = full / "flashinfer" / "data"
+    keep_data = {Path(p) for b in built for p in b.get("deps", []) if Path(p).is_relative_to(data_dir)}
 
     # 3. trimmed tree: flashinfer (trimmed) + the device's tvm_ffi
     stage = work / "stage"
@@ -391,7 +393,8 @@ def main() -> None:
     parts = split_file(archive, int(args.max_part_mib * 2**20))
     meta_dir = out / "default_model_meta"
     shutil.rmtree(meta_dir, ignore_errors=True)
-    meta_src = Path(os.environ.get("RADIXRT_HOME") or Path.home() / ".cache" / "radixrt") / "models" / "SmolLM2-135M-Instruct"
+    radixrt_home = Path(os.environ.get("RADIXRT_HOME") or Path.home() / ".cache" / "radixrt")
+    meta_src = radixrt_home / "models" / "SmolLM2-135M-Instruct"
     if meta_src.is_dir():
         meta_dir.mkdir()
         for name in DEFAULT_MODEL_META:

@@ -78,7 +78,8 @@ class ModelConfig:
         if not archs:  # config.json without "architectures": go by model_type
             arch = _BY_MODEL_TYPE.get(getattr(hf_config, "model_type", None))
         if arch is None:
-            found = ", ".join(archs) if archs else f"none listed (model_type {getattr(hf_config, 'model_type', None)!r})"
+            model_type = getattr(hf_config, "model_type", None)
+            found = ", ".join(archs) if archs else f"none listed (model_type {model_type!r})"
             raise ValueError(
                 f"unsupported model architecture: {found}. radixrt supports: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )

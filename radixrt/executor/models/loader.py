@@ -83,7 +83,7 @@ def load_weights(model: LlamaForCausalLM, path: str) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     # expected pieces: (our param name, shard index or None)
     needed: set[tuple[str, Optional[int]]] = set()
-    for name, p in params.items():
+    for name in params:
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):

@@ -53,7 +53,8 @@ class RotaryEmbedding:
             scaling = 1.0
         else:
             raise ValueError(
-                f"unsupported rope_type {self.rope_type!r}; supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
+                f"unsupported rope_type {self.rope_type!r}; "
+                f"supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
             )
         self.inv_freq = inv_freq.float().cpu()
         self.attention_scaling = float(scaling)
