@@ -102,7 +102,6 @@ class AttentionMetadata:
             page_size=page_size,
         )
 
-
     @classmethod
     def from_table(
         cls,
@@ -127,8 +126,7 @@ class AttentionMetadata:
         indptr = torch.zeros(2, B + 1, dtype=torch.int64, device=device)
         torch.cumsum(torch.stack([q_t, kv_t]), 1, out=indptr[:, 1:])
         slot_table = table[rows_t.unsqueeze(1), torch.arange(max_kv, device=device)].long()  # [B, max_kv]
-        valid = torch.arange(max_kv, device=device) < kv_t.unsqueeze(1)
-        num_q = sum(q_lens)
+        num_q, num_kv = sum(q_lens), sum(kv_lens)
         if num_q == B:  # every request computes one token: a decode batch
             positions = kv_t - 1
             out_slots = slot_table.gather(1, positions.unsqueeze(1)).squeeze(1)
@@ -139,7 +137,7 @@ class AttentionMetadata:
         return cls(
             qo_indptr=indptr[0].to(torch.int32),
             kv_indptr=indptr[1].to(torch.int32),
-            kv_slots=slot_table[valid] if min(kv_lens) < max_kv else slot_table.view(-1),
+            kv_slots=slot_table.view(-1) if min(kv_lens) == max_kv else _ragged(slot_table, kv_t, indptr[1], num_kv),
             out_slots=out_slots,
             positions=positions,
             q_lens=list(q_lens),
@@ -147,6 +145,15 @@ class AttentionMetadata:
             page_size=page_size,
             slot_table=slot_table,
         )
+
+
+def _ragged(table: torch.Tensor, lens: torch.Tensor, indptr: torch.Tensor, total: int) -> torch.Tensor:
+    """Row i's first ``lens[i]`` entries of a padded ``[B, max]`` table,
+    concatenated. ``total = sum(lens)`` comes from the host, so nothing waits
+    on the device (a boolean mask's ``nonzero`` would)."""
+    rows = torch.repeat_interleave(torch.arange(table.shape[0], device=table.device), lens, output_size=total)
+    cols = torch.arange(total, device=table.device) - indptr[:-1][rows]
+    return table[rows, cols]
 
 
 class AttentionBackend(ABC):
