@@ -77,10 +77,6 @@ class KVPool:
         shape = (self.total_slots, self.num_kv_heads, self.head_dim)
         return self.k_buffers[layer_id].view(shape), self.v_buffers[layer_id].view(shape)
 
-    def layer_kv_paged(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The raw paged buffers ``[num_pages, page_size, num_kv_heads, head_dim]``."""
-        return self.k_buffers[layer_id], self.v_buffers[layer_id]
-
 
 class PageAllocator:
     """Free list of page ids ``0 .. num_pages-1``.
@@ -196,7 +192,3 @@ class PageAllocator:
     def free_slots(self, slots: Sequence[int]) -> None:
         """Free the pages of a slot list made of whole pages (see `slots_to_pages`)."""
         self.free_pages(self.slots_to_pages(slots))
-
-    def reset(self) -> None:
-        """Mark every page free (the caller drops every reference it held)."""
-        self.__init__(self._num_pages, self._page_size)

@@ -71,10 +71,6 @@ class TreeNode:
         # (last_access, id, self) while this node sits in the evictable-leaf set.
         self.lru_entry: Optional[tuple] = None
 
-    @property
-    def is_root(self) -> bool:
-        return not self.key
-
     def __repr__(self) -> str:
         k = self.key if len(self.key) <= 8 else self.key[:8] + ["..."]
         return f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, t={self.last_access})"
@@ -462,19 +458,6 @@ class RadixCache:
 
     def namespaces(self) -> list[Hashable]:
         return list(self.root.children.keys())
-
-    def pretty_print(self) -> str:
-        lines: list[str] = []
-
-        def walk(node: TreeNode, depth: int) -> None:
-            for child in node.children.values():
-                lines.append("  " * depth + repr(child))
-                walk(child, depth + 1)
-
-        for ns, sub in self.root.children.items():
-            lines.append(f"namespace {ns!r}")
-            walk(sub, 1)
-        return "\n".join(lines)
 
     # -------------------------------------------------------------- integrity
     def check_integrity(self) -> None:

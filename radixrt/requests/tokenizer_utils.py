@@ -32,8 +32,3 @@ def apply_chat_template(tokenizer: Any, messages: list[dict], *, add_generation_
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
     )
-
-
-def chat_encode(tokenizer: Any, text: str) -> list[int]:
-    """Encode an already templated chat prompt: the template wrote any BOS itself."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
