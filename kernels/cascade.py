@@ -76,7 +76,9 @@ def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
     return CascadePlan(prefix, (first, c) if consecutive else None, rest_table, rest_mask, q_index, q_valid)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float):
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [..., Hkv, G*Q, D], k/v [..., Hkv, S, D], mask broadcastable to [..., Hkv, G*Q, S]
     -> (out [..., Hkv, G*Q, D] float32, lse [..., Hkv, G*Q] float32)."""
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale

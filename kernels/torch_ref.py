@@ -126,6 +126,7 @@ class TorchReferenceBackend(AttentionBackend):
     def _decode_plan_from_table(meta: AttentionMetadata) -> _DecodePlan:
         """A whole decode batch straight from the metadata's padded slot table."""
         table = meta.slot_table
+        assert table is not None, "built from a slot table"
         if min(meta.kv_lens) == table.shape[1]:
             return _DecodePlan(None, table, None)
         lens = meta.kv_indptr[1:] - meta.kv_indptr[:-1]
@@ -171,6 +172,7 @@ class TorchReferenceBackend(AttentionBackend):
         single = not groups and len(self._extends) == 1
         out = None if single else q.new_empty(num_tokens, num_q_heads, head_dim)
         for dec in groups:
+            assert out is not None and dec.rows is not None, "several groups, or decode mixed with extends"
             o = self._decode_attn(q.index_select(0, dec.rows), k_cache, v_cache, dec, scale, gqa)
             out.index_copy_(0, dec.rows, o)
         # direct use of the new K/V is only exact when the cache keeps their dtype
@@ -196,6 +198,7 @@ class TorchReferenceBackend(AttentionBackend):
             if out is None:  # a single prefill/extend request: no scatter needed
                 return o[0].transpose(0, 1).reshape(num_tokens, -1)
             out[ep.q_start:ep.q_end] = o[0].transpose(0, 1)
+        assert out is not None  # None only for a single extend, which returned above
         return out.reshape(num_tokens, -1)
 
     @staticmethod

@@ -71,7 +71,7 @@ class KVCacheManager:
             req.slots.extend(range(last + 1, last + 1 + take))
         if pages:
             req.slots.extend(self.allocator.pages_to_slots(pages)[: num_tokens - take])
-        self.req_to_token.write(req.row, start, req.slots[start:])
+        self.req_to_token.write(_row(req), start, req.slots[start:])
         return True
 
     def cache_prefix(self, req: Req, limit: Optional[int] = None) -> None:
@@ -100,7 +100,7 @@ class KVCacheManager:
             self.tree.unlock(req.last_node)
         if present > req.tree_len:  # the tree's own copies replace the freed duplicates
             req.slots[req.tree_len:present] = match.slots[req.tree_len:present]
-            self.req_to_token.write(req.row, req.tree_len, req.slots[req.tree_len:present])
+            self.req_to_token.write(_row(req), req.tree_len, req.slots[req.tree_len:present])
         req.tree_len = length
         req.last_node = match.node
 
@@ -156,3 +156,9 @@ class KVCacheManager:
         u = self.usage(running)
         total = u["free_slots"] + u["tree_slots"] + u["private_slots"]
         assert total == u["total_slots"], f"KV slots leaked or double-owned: {u}"
+
+
+def _row(req: Req) -> int:
+    """The request's row of the request-to-slot table (an admitted request has one)."""
+    assert req.row is not None, f"request {req.rid} holds no table row"
+    return req.row

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterator, Optional, Sequence
 
 from sortedcontainers import SortedList
 
@@ -184,9 +184,13 @@ class RadixCache:
             return key[pos]
         return tuple(key[pos:pos + self.page_size])
 
-    def _sub_root(self, namespace: Hashable, create: bool) -> Optional[TreeNode]:
+    def _sub_root(self, namespace: Hashable) -> Optional[TreeNode]:
+        return self.root.children.get(namespace)
+
+    def _sub_root_created(self, namespace: Hashable) -> TreeNode:
+        """The namespace's sub-root, created if missing."""
         sub = self.root.children.get(namespace)
-        if sub is None and create:
+        if sub is None:
             sub = TreeNode([], [], self.root)
             self.root.children[namespace] = sub
             self._sub_ns[sub.id] = namespace
@@ -221,6 +225,7 @@ class RadixCache:
         Returns the new upper node.
         """
         parent = node.parent
+        assert parent is not None, "only a node in the tree is split"
         upper = TreeNode(node.key[:m], node.value[:m], parent, node.last_access)
         upper.lock_ref = node.lock_ref
         node.key = node.key[m:]
@@ -250,7 +255,7 @@ class RadixCache:
             self.queried_tokens += len(key)
         if self.disable:
             return MatchResult([], self.root)
-        node = self._sub_root(namespace, create=False)
+        node = self._sub_root(namespace)
         if node is None:
             return MatchResult([], self.root)
         n = self._aligned(len(key))
@@ -298,18 +303,21 @@ class RadixCache:
         """
         if not isinstance(key, list):
             key = key.tolist() if hasattr(key, "tolist") else list(key)
-        if hasattr(slots, "tolist"):
-            slots = slots.tolist()
-        elif not isinstance(slots, list):
-            slots = list(slots)
-        if len(slots) != len(key):
-            raise ValueError(f"insert: {len(key)} tokens but {len(slots)} slots")
+        slot_list: list[int]
+        if isinstance(slots, list):
+            slot_list = slots
+        elif hasattr(slots, "tolist"):
+            slot_list = slots.tolist()
+        else:
+            slot_list = list(slots)
+        if len(slot_list) != len(key):
+            raise ValueError(f"insert: {len(key)} tokens but {len(slot_list)} slots")
         if self.disable:
             return 0
         n = self._aligned(len(key))
         if n == 0:
             return 0
-        node = self._sub_root(namespace, create=True)
+        node = self._sub_root_created(namespace)
         t = self._tick()
         pos = 0
         while pos < n:
@@ -328,7 +336,7 @@ class RadixCache:
                 child = self._split(child, m)
             node = child
         if pos < n:
-            value = slots[pos:n]
+            value = slot_list[pos:n]
             if self.page_size > 1:
                 self._check_pages(value)
             leaf = TreeNode(key[pos:n], value, node, t)
@@ -362,7 +370,9 @@ class RadixCache:
                     self._leaves.remove(node.lru_entry)
                     node.lru_entry = None
             node.lock_ref += 1
-            node = node.parent
+            parent = node.parent
+            assert parent is not None, "a locked node's ancestors are in the tree"
+            node = parent
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises RuntimeError if `node` is not locked."""
@@ -377,7 +387,9 @@ class RadixCache:
                 if not node.children:
                     node.lru_entry = (node.last_access, node.id, node)
                     self._leaves.add(node.lru_entry)
-            node = node.parent
+            parent = node.parent
+            assert parent is not None, "a locked node's ancestors are in the tree"
+            node = parent
 
     # ------------------------------------------------------------------ evict
     def evict(self, num_tokens: int) -> int:
@@ -441,7 +453,7 @@ class RadixCache:
         }
 
     # -------------------------------------------------------------- traversal
-    def _nodes(self):
+    def _nodes(self) -> Iterator[TreeNode]:
         """Every non-root node (iterative DFS)."""
         stack = [c for sub in self.root.children.values() for c in sub.children.values()]
         while stack:

@@ -100,7 +100,7 @@ class _Parts:
         # user prefix: between S and U in [system S, user U] minus the system suffix;
         # without a usable system role, compare [user U] with [user U, assistant A, user U2].
         user_prefix = None
-        if sys_prefix is not None:
+        if sys_prefix is not None and sys_suffix is not None:
             try:
                 sys_user = [{"role": "system", "content": _S}, {"role": "user", "content": _U}]
                 su = _strip_bos(_render(tok, sys_user), self.bos)
@@ -163,10 +163,13 @@ class _Parts:
 
         self.markers["user"] = (user_prefix, user_suffix)
         self.markers["system"] = (
-            (sys_prefix, sys_suffix) if sys_prefix is not None else PLAIN_ROLE_MARKERS["system"]
+            (sys_prefix, sys_suffix) if sys_prefix is not None and sys_suffix is not None
+            else PLAIN_ROLE_MARKERS["system"]
         )
+        # (the generation prompt alone may give a prefix when [user, assistant] did not render)
         self.markers["assistant"] = (
-            (asst_prefix, asst_suffix) if asst_prefix is not None else PLAIN_ROLE_MARKERS["assistant"]
+            (asst_prefix, asst_suffix) if asst_prefix is not None and asst_suffix is not None
+            else PLAIN_ROLE_MARKERS["assistant"]
         )
 
 

@@ -50,9 +50,9 @@ class FinishReason:
         """The inverse of `to_dict` (accepts the SGLang wire shape)."""
         kind = d.get("type")
         if kind == STOP:
-            return cls.stop(d.get("matched"))
+            return cls(STOP, matched=d.get("matched"))
         if kind == LENGTH:
-            return cls.length(d.get("length"))
+            return cls(LENGTH, num_tokens=d.get("length"))
         if kind == ABORT:
             return cls.abort(d.get("message", ""), d.get("status_code"))
         raise ValueError(f"unknown finish reason type {kind!r}")

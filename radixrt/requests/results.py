@@ -4,7 +4,7 @@ Shared by the in-process Engine and the HTTP server so both answer alike.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from radixrt.requests.detokenizer import IncrementalDetokenizer
 from radixrt.requests.finish import FinishReason
@@ -44,6 +44,7 @@ class ResultAccumulator:
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.input_token_logprobs: list[tuple[Optional[float], int]] = []
         self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
+        self._input_meta: Optional[tuple[list, list]] = None  # built by _input_logprob_meta
 
     @property
     def finished(self) -> bool:
@@ -72,7 +73,7 @@ class ResultAccumulator:
             text = cache[tid] = self.tokenizer.decode([tid])
         return text
 
-    def _triples(self, pairs: list[tuple[Optional[float], int]]) -> list[list]:
+    def _triples(self, pairs: Sequence[tuple[Optional[float], int]]) -> list[list]:
         if self.return_text_in_logprobs:
             return [[lp, tid, self._token_text(tid)] for lp, tid in pairs]
         return [[lp, tid, None] for lp, tid in pairs]

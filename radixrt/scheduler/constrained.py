@@ -42,12 +42,14 @@ class ConstrainedDecoding:
         """Give waiting requests whose grammar finished compiling their matcher
         (and, with jump-forward, the draft forced at the start); a grammar that
         failed to compile ends its request (``fail``) with an error."""
-        for req in [r for r in waiting if r.grammar_pending and r.grammar_future.done()]:
+        done = [(r, f) for r in waiting if r.grammar is None and (f := r.grammar_future) is not None and f.done()]
+        for req, future in done:
             try:
-                compiled = req.grammar_future.result()
+                compiled = future.result()
             except Exception as e:  # noqa: BLE001 - reported to the client, never raised here
+                key = grammar_key(req.sampling)
                 fail(req, FinishReason.abort(
-                    f"the {grammar_key(req.sampling)[0]} grammar failed to compile: {e}", status_code=400))
+                    f"the {key[0] if key else 'constrained'} grammar failed to compile: {e}", status_code=400))
                 continue
             req.grammar = self._grammars().new_state(compiled)
             if self.enable_jump_forward and not req.output_ids:
@@ -56,7 +58,7 @@ class ConstrainedDecoding:
     @staticmethod
     def wait(waiting: list[Req]) -> None:
         """Nothing can run: sleep until a compiling grammar is done (or briefly)."""
-        pending = [r.grammar_future for r in waiting if r.grammar_pending]
+        pending = [f for r in waiting if r.grammar is None and (f := r.grammar_future) is not None]
         if pending:
             concurrent.futures.wait(pending, timeout=GRAMMAR_WAIT_S, return_when=concurrent.futures.FIRST_COMPLETED)
 
@@ -68,6 +70,7 @@ class ConstrainedDecoding:
             self.context_length - 1 - req.seq_len,
             MAX_DRAFT_TOKENS,
         )
+        assert req.grammar is not None, "only a constrained request has a draft"
         req.draft_ids = req.grammar.propose_draft(limit)
         self.proposed += len(req.draft_ids)
 
@@ -76,6 +79,7 @@ class ConstrainedDecoding:
         """Forget a pending draft (it has no KV yet); the matcher rolls back over it."""
         if req.draft_ids:
             assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
+            assert req.grammar is not None, "only a constrained request has a draft"
             req.grammar.settle_draft(0)
             req.draft_ids = []
 
@@ -85,6 +89,7 @@ class ConstrainedDecoding:
             return None
         bitmask = new_bitmask(len(masked), self.vocab_size)
         for i, (req, j) in enumerate(masked):
+            assert req.grammar is not None, "masked rows are constrained requests' rows"
             if j < len(req.draft_ids):
                 bitmask[i] = req.grammar.draft_masks[j]
             else:

@@ -65,7 +65,7 @@ def samples_this_step(req: Req) -> bool:
     return len(req.slots) == req.seq_len + req.pending and not req.prefill_only
 
 
-def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> Optional[PromptLogprobJob]:
+def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> PromptLogprobJob:
     first = max(req.logprob_start_len, 1)  # token 0 has no logprob
     lo = max(first - 1, start)  # positions whose next token is scored
     hi = min(len(req.input_ids) - 1, start + q)
@@ -90,6 +90,7 @@ def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding,
     masked: list[tuple[Req, int]] = []
     offset = 0
     for bi, (req, q) in enumerate(batch):
+        assert req.row is not None, "a request in a batch holds a table row"
         end = len(req.slots)
         start = end - q
         if req.pending:  # a decode step whose input token is still in flight

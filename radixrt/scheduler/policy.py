@@ -3,9 +3,9 @@ matches; none of them changes what is computed, only when."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from radixrt.memory.radix_cache import MatchResult
+from radixrt.memory.radix_cache import MatchResult, TreeNode
 from radixrt.scheduler.request import Req
 
 MatchFn = Callable[[Req], MatchResult]
@@ -34,7 +34,7 @@ def _dfs_weight(waiting: list[Req], matches: dict[int, MatchResult]) -> list[Req
     children: dict[Any, set] = defaultdict(set)
     roots: list[Any] = []
     for r in waiting:
-        node = matches[id(r)].node
+        node: Optional[TreeNode] = matches[id(r)].node
         at_node[node].append(r)
         while node is not None:
             weight[node] += 1

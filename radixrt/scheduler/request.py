@@ -6,6 +6,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from radixrt.requests.finish import FinishReason
 from radixrt.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class Req:
     last_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the radix cache at first admission
     admitted_once: bool = False
-    finish_reason: Optional[dict] = None
+    finish_reason: Optional[FinishReason] = None
     retractions: int = 0
     grammar_future: Optional[Future] = None
     grammar: Optional["GrammarState"] = None

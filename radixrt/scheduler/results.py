@@ -115,6 +115,7 @@ class ResultProcessor:
                 req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
             break
         if draft:
+            assert state is not None, "only a constrained request has a draft"
             if state.draft_len:
                 state.settle_draft(kept)  # finished inside the draft
             self.constrained.kept += kept
@@ -127,6 +128,7 @@ class ResultProcessor:
         req.unsent_ids += 1
         self.generated_tokens += 1
         if req.return_logprob:
+            assert logprob is not None, "the sampler gives a logprob to every row that asks for one"
             req.pending_output_logprobs.append((logprob, token))
             if req.top_logprobs_num:
                 req.pending_top_logprobs.append(top or [])

@@ -75,10 +75,10 @@ class ModelConfig:
     def from_hf_config(cls, hf_config: Any, extra_eos_token_ids: Optional[list[int]] = None) -> "ModelConfig":
         archs = list(getattr(hf_config, "architectures", None) or [])
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        model_type = getattr(hf_config, "model_type", None)
         if not archs:  # config.json without "architectures": go by model_type
-            arch = _BY_MODEL_TYPE.get(getattr(hf_config, "model_type", None))
+            arch = _BY_MODEL_TYPE.get(model_type or "")
         if arch is None:
-            model_type = getattr(hf_config, "model_type", None)
             found = ", ".join(archs) if archs else f"none listed (model_type {model_type!r})"
             raise ValueError(
                 f"unsupported model architecture: {found}. radixrt supports: {', '.join(SUPPORTED_ARCHITECTURES)}"

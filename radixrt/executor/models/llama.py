@@ -11,7 +11,7 @@ The model never plans the attention backend: the runner calls
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,7 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def _activation(name: str):
+def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name in ("silu", "swish"):
         return F.silu
     from transformers.activations import ACT2FN
@@ -59,6 +59,8 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.q_norm: Optional[RMSNorm]
+        self.k_norm: Optional[RMSNorm]
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -78,7 +80,7 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is None:
+        if self.q_norm is None or self.k_norm is None:  # both or neither
             # rotate q and k in one go: a [T, Hq + Hkv, D] view of the projection
             qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -113,7 +115,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, cos, sin, rope, kv_pool, backend) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rope: RotaryEmbedding,
+        kv_pool: Any,
+        backend: "AttentionBackend",
+    ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
 

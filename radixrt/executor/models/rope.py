@@ -13,7 +13,7 @@ they were computed with, as in transformers' own KV cache).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -42,6 +42,7 @@ class RotaryEmbedding:
         params = _rope_parameters(hf_config)
         self.rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         self.max_position_embeddings = int(hf_config.max_position_embeddings)
+        self._init_fn: Optional[Callable[..., tuple[torch.Tensor, float]]]
         if self.rope_type in ROPE_INIT_FUNCTIONS:
             self._init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]
             inv_freq, scaling = self._init_fn(hf_config, None)
@@ -69,6 +70,7 @@ class RotaryEmbedding:
             key = (device, int(seq_len))
             hit = self._by_seq_len.get(key)
             if hit is None:
+                assert self._init_fn is not None, "length-dependent rope types have an init function"
                 inv_freq, scaling = self._init_fn(self.hf_config, None, seq_len=int(seq_len))
                 if len(self._by_seq_len) > 64:
                     self._by_seq_len.clear()
