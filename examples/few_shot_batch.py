@@ -7,7 +7,7 @@ prefills that shared prefix once before the batch; every program then
 computes only its own question, and the requests batch together.
 
 The program, ``capital_qa`` (a shared preamble, then one question), and its
-questions are in ``radixrt/example_programs.py``, where
+questions are in ``radixrt/bench/example_programs.py``, where
 ``python -m radixrt.bench.programs`` takes them from as well.
 """
 import argparse

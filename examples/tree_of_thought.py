@@ -7,7 +7,7 @@ Every node's prompt extends its parent's, so each level re-uses the KV the
 level above computed (RadixAttention), and the branches of a level run
 concurrently and batch together.
 
-The program, ``tree_of_thought``, is in ``radixrt/example_programs.py``, where
+The program, ``tree_of_thought``, is in ``radixrt/bench/example_programs.py``, where
 ``python -m radixrt.bench.programs`` takes it from as well.
 """
 import argparse

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Optional
 from .choices import ChoicesDecision
 from .sampling_params import SglSamplingParams
 
-# Role markers when the model has no chat template (kept in step with radixrt/chat_roles.py).
+# Role markers when the model has no chat template (kept in step with radixrt/requests/chat_roles.py).
 PLAIN_ROLE_MARKERS: dict[str, tuple[str, str]] = {
     "system": ("System: ", "\n"),
     "user": ("User: ", "\n"),

@@ -141,7 +141,7 @@ class DetokenizerLoop:
     def _push(self, out: Any) -> Optional[DetokItem]:
         det = self.detoks.get(out.rid)
         if det is None:
-            if out.finish_reason is not None and out.finish_reason.get("type") == "abort" and not out.new_token_ids:
+            if out.finish_reason is not None and out.finish_reason.is_abort and not out.new_token_ids:
                 # An abort of a request whose registration is not here (or is
                 # already gone), e.g. the scheduler refusing a request before
                 # expanding its n samples: forget those samples and pass the

@@ -26,8 +26,9 @@ CPU machine that has pip access and CUDA's nvcc (no GPU needed):
    tokenizer (for building its shapes with random weights on the device), into
    ``--out`` (default ``.device_carry/``, git-ignored), with a manifest.
 
-Device side: ``bash scripts/device/install_flashinfer.sh`` reassembles and
-unpacks into /tmp/radixrt_site; see scripts/device/run_on_gpu.md.
+Device side: ``python scripts/device/gpu_check.py`` (its ``install_flashinfer``,
+or ``--install-only``) reassembles and unpacks it into /tmp/radixrt_site; see
+scripts/device/run_on_gpu.md.
 
     python scripts/device/pack_flashinfer.py               # full build (~15 min on 1 core)
     python scripts/device/pack_flashinfer.py --no-aot      # package only (device JIT-compiles)
