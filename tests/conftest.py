@@ -1,3 +1,14 @@
+"""Fixtures shared by every test package.
+
+Models: ``default_model_path`` (the embedded SmolLM2-135M, converted once),
+``hf_model`` and ``tokenizer`` (transformers' model and tokenizer on it),
+``tiny_llama`` (a tiny random-weight Llama folder made once per session) and
+``make_tiny`` (the same for other architectures or config overrides).
+
+Markers (registered in pyproject.toml): ``slow`` for end-to-end tests on the
+embedded model, server spin-ups and long stress runs (``-m "not slow"`` is the
+fast path); ``gpu`` for tests that need CUDA, skipped here without it.
+"""
 import os
 
 import pytest
@@ -5,6 +16,19 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+# ---------------------------------------------------------------- the embedded model
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     from radixrt.executor.model_store import resolve_model_path
@@ -28,3 +52,30 @@ def tokenizer(default_model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(default_model_path)
+
+
+# ---------------------------------------------------------------- tiny random models
+@pytest.fixture(scope="session")
+def make_tiny(tmp_path_factory):
+    """``make_tiny(arch="llama", *, tokenizer=True, seed=0, **config_overrides)`` -> the folder of a
+    tiny random-weight model (radixrt.bench.tiny_model.make_tiny_model), made once per session for
+    each distinct set of arguments. The folders are shared: tests read them, never change them."""
+    from radixrt.bench.tiny_model import make_tiny_model
+
+    made: dict[tuple, str] = {}
+
+    def make(arch: str = "llama", *, tokenizer: bool = True, seed: int = 0, **overrides) -> str:
+        key = (arch, tokenizer, seed, repr(sorted(overrides.items())))
+        if key not in made:
+            made[key] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}"), arch, tokenizer=tokenizer,
+                                        seed=seed, **overrides)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(make_tiny) -> str:
+    """A tiny random-weight Llama with SmolLM2's tokenizer and chat template, and the embedded
+    model's context length (8192 tokens)."""
+    return make_tiny("llama", max_position_embeddings=8192)

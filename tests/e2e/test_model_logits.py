@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.model_fixtures import make_tiny_model
 from radixrt.kernels import AttentionMetadata
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 from radixrt.memory.kv_pool import KVPool
@@ -75,11 +74,13 @@ _MODELS: dict[str, tuple] = {}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(make_tiny):
+    """``tiny(arch, **overrides)`` -> (folder, our model, its config, transformers' model), loaded once."""
+
     def get(arch: str, **overrides):
         key = arch + repr(sorted(overrides.items()))
         if key not in _MODELS:
-            path = make_tiny_model(tmp_path_factory.mktemp(arch), arch, tokenizer=False, **overrides)
+            path = make_tiny(arch, tokenizer=False, **overrides)
             model, cfg = load_model(path, torch.float32, "cpu")
             _MODELS[key] = (path, model, cfg, _hf_model(path))
         return _MODELS[key]
@@ -224,6 +225,7 @@ def smollm2():
     return path, model, cfg, AutoTokenizer.from_pretrained(path)
 
 
+@pytest.mark.slow
 def test_default_model_folder(smollm2):
     path, _, cfg, tok = smollm2
     assert (cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (
@@ -235,6 +237,7 @@ def test_default_model_folder(smollm2):
     assert "quantization_config" not in json.loads(Path(path, "config.json").read_text())
 
 
+@pytest.mark.slow
 def test_default_model_logits_match_transformers(smollm2):
     path, model, cfg, tok = smollm2
     messages = [
@@ -260,10 +263,10 @@ def test_default_model_logits_match_transformers(smollm2):
 # ---------------------------------------------------------------- model store
 
 
-def test_tiny_model_fixture_tokenizes(tmp_path):
+def test_tiny_model_fixture_tokenizes(make_tiny):
     from transformers import AutoTokenizer
 
-    path = make_tiny_model(tmp_path, "qwen3", num_hidden_layers=1)
+    path = make_tiny("qwen3", num_hidden_layers=1)
     tok = AutoTokenizer.from_pretrained(path)
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     ids = tok(text, add_special_tokens=False)["input_ids"]

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tests.support import fake_flashinfer
-from tests.support.model_fixtures import make_tiny_model
 from radixrt.config import EngineConfig
 from radixrt.executor.cuda_graph import (
     DecodeCudaGraphRunner,
@@ -61,10 +60,10 @@ def test_cuda_config_resolves_to_flashinfer_bf16_graphs():
     assert (cpu.attention_backend, cpu.dtype, cpu.cuda_graph) == ("torch", torch.float32, False)
 
 
-def _setup(tmp_path, arch, ps, backend_kind, device="cpu", dtype=torch.float32):
+def _setup(make_tiny, arch, ps, backend_kind, device="cpu", dtype=torch.float32):
     # FlashInfer's kernels need a head dim it supports (the tiny models' default is 16)
     overrides = {"head_dim": 64} if backend_kind == "flashinfer" else {}
-    path = make_tiny_model(tmp_path, arch=arch, tokenizer=False, **overrides)
+    path = make_tiny(arch, tokenizer=False, **overrides)
     model, mc = load_model(path, dtype, device)
     num_pages = 64 // ps + 4
     pool = KVPool(mc.num_layers, num_pages + 1, ps, mc.num_kv_heads, mc.head_dim, dtype, device)  # + scratch
@@ -108,11 +107,11 @@ def _snapshot(pool, scratch_page):
 
 @pytest.mark.parametrize("backend_kind", ["fake", "torch"])
 @pytest.mark.parametrize("arch,ps", [("llama", 1), ("qwen2", 4), ("mistral", 16)])
-def test_graph_runner_matches_eager_decode_on_cpu(tmp_path, arch, ps, backend_kind):
+def test_graph_runner_matches_eager_decode_on_cpu(make_tiny, arch, ps, backend_kind):
     """Replays (eagerly, on CPU) through the static buffers and the padded batch,
     and must give what a plain eager decode step gives, KV writes included."""
     rng = random.Random(f"{arch}-{ps}")
-    model, mc, pool, backend, num_pages = _setup(tmp_path, arch, ps, backend_kind)
+    model, mc, pool, backend, num_pages = _setup(make_tiny, arch, ps, backend_kind)
     runner = DecodeCudaGraphRunner(model, pool, backend, max_bs=8, scratch_slot=num_pages * ps,
                                    page_size=ps, device="cpu", graph_factory=EagerGraph)
     runner.capture()
@@ -137,12 +136,12 @@ def test_graph_runner_matches_eager_decode_on_cpu(tmp_path, arch, ps, backend_ki
     assert not runner.can_run([1, 1], [runner.max_kv_pages * ps, 1])  # page-id buffer too small: run eagerly
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (FlashInfer kernels, CUDA graphs)")
+@pytest.mark.gpu  # FlashInfer kernels, CUDA graphs
 @pytest.mark.parametrize("arch,ps", [("llama", 1), ("qwen2", 16)])
-def test_cuda_graph_replay_matches_eager_on_gpu(tmp_path, arch, ps):
+def test_cuda_graph_replay_matches_eager_on_gpu(make_tiny, arch, ps):
     pytest.importorskip("flashinfer")
     rng = random.Random(f"gpu-{arch}-{ps}")
-    model, mc, pool, backend, num_pages = _setup(tmp_path, arch, ps, "flashinfer", "cuda", torch.bfloat16)
+    model, mc, pool, backend, num_pages = _setup(make_tiny, arch, ps, "flashinfer", "cuda", torch.bfloat16)
     runner = DecodeCudaGraphRunner(model, pool, backend, max_bs=8, scratch_slot=num_pages * ps,
                                    page_size=ps, device="cuda")
     runner.capture()
@@ -155,7 +154,7 @@ def test_cuda_graph_replay_matches_eager_on_gpu(tmp_path, arch, ps):
     assert (got - want).norm() / want.norm() < 1e-2
 
 
-def test_model_runner_captures_and_replays_with_emulated_graphs(tmp_path, monkeypatch):
+def test_model_runner_captures_and_replays_with_emulated_graphs(make_tiny, monkeypatch):
     """The runner's wiring (scratch page, capture at start-up, decode steps routed to
     the graphs) through the Engine on CPU: CUDA graphs replaced by eager replays and
     FlashInfer by its CPU emulation; greedy outputs must equal the torch backend's."""
@@ -166,7 +165,7 @@ def test_model_runner_captures_and_replays_with_emulated_graphs(tmp_path, monkey
     import radixrt.executor.cuda_graph as cuda_graph_mod
     import radixrt.executor.model_runner as model_runner
 
-    path = make_tiny_model(tmp_path, arch="llama", head_dim=64)  # a head dim FlashInfer has kernels for
+    path = make_tiny("llama", head_dim=64)  # a head dim FlashInfer has kernels for
     rng = random.Random(5)
     prompts = [[rng.randrange(100, 4000) for _ in range(rng.randint(3, 30))] for _ in range(6)]
     sp = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}

@@ -81,7 +81,7 @@ def test_create_sampler_choices():
         create_sampler("fast", V, [2], "cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (FlashInfer sampling kernels)")
+@pytest.mark.gpu  # FlashInfer sampling kernels
 def test_flashinfer_sampling_kernel_distribution_on_gpu():
     fi = pytest.importorskip("flashinfer")
     torch.manual_seed(0)

@@ -230,10 +230,7 @@ def test_cpu_paths_never_import_flashinfer():
 
 
 # ------------------------------------------------------------ real kernels (CUDA)
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (FlashInfer kernels)")
-
-
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("ps", [1, 16])
 @pytest.mark.parametrize("gqa", [1, 3, 4, 8])
 @pytest.mark.parametrize("name,kv_lens,q_lens,shared", CASES, ids=[c[0] for c in CASES])

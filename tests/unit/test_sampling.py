@@ -505,7 +505,7 @@ def test_sampled_token_always_has_positive_probability(seed, n_out, temperature,
         assert tokens[0] not in (0, 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_gives_the_cpu_tokens():
     vocab = 5000
     sampler = Sampler(vocab_size=vocab, eos_token_ids=[0])
