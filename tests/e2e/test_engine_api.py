@@ -1,5 +1,9 @@
-"""The Engine's user-facing API on the embedded model: batch, streaming,
-async, stop strings, logprobs, chat templating, stats."""
+"""The Engine's user-facing API: batch, streaming, async, stop strings,
+logprobs, chat templating, stats.
+
+Each test runs on a tiny random Llama (fast) and on the embedded model
+(slow); what only a real model can show (it knows the capital of France)
+runs on the embedded model alone."""
 import asyncio
 import math
 
@@ -9,10 +13,22 @@ import radixrt
 
 
 @pytest.fixture(scope="module")
-def engine():
+def tiny_engine(tiny_llama):
+    e = radixrt.Engine(tiny_llama, max_total_tokens=8192)
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def embedded_engine():
     e = radixrt.Engine(max_total_tokens=8192)
     yield e
     e.shutdown()
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def engine(request):
+    return request.getfixturevalue(f"{request.param}_engine")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +74,9 @@ def test_async_generate_many_concurrent(engine, prompt):
     assert streamed[-1] == outs[0]["text"]
 
 
-def test_stop_string_is_excluded_from_text(engine):
+@pytest.mark.slow
+def test_stop_string_is_excluded_from_text(embedded_engine):
+    engine = embedded_engine
     p = engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     free = engine.generate(p, {"max_new_tokens": 16, "temperature": 0})
     assert "Paris" in free["text"]
@@ -66,6 +84,18 @@ def test_stop_string_is_excluded_from_text(engine):
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": "Paris"}
     assert "Paris" not in stopped["text"]
     assert free["text"].startswith(stopped["text"])
+
+
+def test_stop_string_taken_from_the_free_output(engine, prompt):
+    """Any model: a piece of the free greedy text, used as a stop string, ends the output just before it."""
+    free = engine.generate(prompt, GREEDY)
+    text = free["text"]
+    head = engine.tokenizer.decode(free["output_ids"][:3], skip_special_tokens=True)
+    stop = text[len(head):].lstrip()[:4]
+    assert len(head) > 0 and len(stop) == 4 and text.find(stop) >= len(head), (head, text)
+    stopped = engine.generate(prompt, {**GREEDY, "stop": [stop]})
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stopped["text"] == text[:text.find(stop)]
 
 
 def test_stop_token_ids_and_min_new_tokens(engine, prompt):

@@ -1,12 +1,14 @@
-"""Bad input raises a clear error and leaves the engine serving."""
+"""Bad input raises a clear error and leaves the engine serving (a tiny
+random Llama on the fast path, the embedded model in the slow set)."""
 import pytest
 
 import radixrt
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = radixrt.Engine(max_total_tokens=4096)
+@pytest.fixture(scope="module", params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def engine(request):
+    model = request.getfixturevalue("tiny_llama") if request.param == "tiny" else "default"
+    e = radixrt.Engine(model, max_total_tokens=4096)
     yield e
     e.shutdown()
 

@@ -1,5 +1,6 @@
 """Greedy outputs of the engine equal transformers' `generate`, token for token,
-with the radix cache on and off, page_size 1 and 16, prompts submitted concurrently."""
+with the radix cache on and off, page_size 1 and 16, prompts submitted concurrently:
+on a tiny random Llama (fast) and on the embedded model (slow)."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -18,6 +19,17 @@ QUESTIONS = [
 MAX_NEW = 24
 
 
+@pytest.fixture(scope="module", params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def model(request):
+    """(model folder, transformers' model on it); both models have the embedded model's tokenizer."""
+    if request.param == "embedded":
+        return request.getfixturevalue("default_model_path"), request.getfixturevalue("hf_model")
+    from transformers import AutoModelForCausalLM
+
+    path = request.getfixturevalue("tiny_llama")
+    return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
 @pytest.fixture(scope="module")
 def chat_prompts(tokenizer):
     return [
@@ -27,7 +39,8 @@ def chat_prompts(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def reference_outputs(hf_model, tokenizer, chat_prompts):
+def reference_outputs(model, tokenizer, chat_prompts):
+    _, hf_model = model
     outs = []
     for p in chat_prompts:
         ids = tokenizer(p, return_tensors="pt").input_ids
@@ -46,10 +59,10 @@ def _strip_eos(ids, eos):
     [(1, False), (1, True), (16, False), (16, True)],
 )
 def test_greedy_matches_transformers_concurrently(
-    page_size, disable_radix_cache, chat_prompts, reference_outputs, tokenizer
+    model, page_size, disable_radix_cache, chat_prompts, reference_outputs, tokenizer
 ):
     engine = radixrt.Engine(
-        page_size=page_size, disable_radix_cache=disable_radix_cache, max_total_tokens=4096, chunked_prefill_size=64
+        model[0], page_size=page_size, disable_radix_cache=disable_radix_cache, max_total_tokens=4096, chunked_prefill_size=64
     )
     try:
         sp = {"max_new_tokens": MAX_NEW, "temperature": 0}

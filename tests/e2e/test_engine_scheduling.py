@@ -6,12 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import radixrt
-from tests.support.model_fixtures import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"), arch="llama", max_position_embeddings=4096)
 
 
 def _stress_prompts(seed=0):
@@ -33,15 +27,15 @@ def _run_all(engine, prompts, params):
         return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
 
 
-def test_stress_small_pool_retracts_and_matches(tiny_model):
+def test_stress_small_pool_retracts_and_matches(tiny_llama):
     prompts, params = _stress_prompts()
-    ref_engine = radixrt.Engine(tiny_model, max_total_tokens=65536)
+    ref_engine = radixrt.Engine(tiny_llama, max_total_tokens=65536)
     try:
         reference = [r["output_ids"] for r in _run_all(ref_engine, prompts, params)]
     finally:
         ref_engine.shutdown()
 
-    engine = radixrt.Engine(tiny_model, max_total_tokens=800, chunked_prefill_size=256, max_running_requests=96,
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=800, chunked_prefill_size=256, max_running_requests=96,
                             debug_check_invariants=True)
     try:
         results = _run_all(engine, prompts, params)
@@ -58,8 +52,8 @@ def test_stress_small_pool_retracts_and_matches(tiny_model):
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_n_samples_share_prompt_slots(tiny_model, page_size):
-    engine = radixrt.Engine(tiny_model, max_total_tokens=8192, page_size=page_size, chunked_prefill_size=512,
+def test_n_samples_share_prompt_slots(tiny_llama, page_size):
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=8192, page_size=page_size, chunked_prefill_size=512,
                             debug_check_invariants=True)
     try:
         rng = random.Random(1)
@@ -83,10 +77,10 @@ def test_n_samples_share_prompt_slots(tiny_model, page_size):
 
 
 @pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs"])
-def test_policies_agree(tiny_model, policy):
+def test_policies_agree(tiny_llama, policy):
     prompts, params = _stress_prompts(seed=3)
     prompts, params = prompts[:40], params[:40]
-    engine = radixrt.Engine(tiny_model, max_total_tokens=4096, schedule_policy=policy)
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=4096, schedule_policy=policy)
     try:
         outs = [r["output_ids"] for r in _run_all(engine, prompts, params)]
         single = [engine.generate(input_ids=p, sampling_params=s)["output_ids"] for p, s in zip(prompts[:5], params[:5])]
@@ -97,8 +91,8 @@ def test_policies_agree(tiny_model, policy):
         engine.shutdown()
 
 
-def test_seeded_sampling_is_reproducible(tiny_model):
-    engine = radixrt.Engine(tiny_model, max_total_tokens=4096)
+def test_seeded_sampling_is_reproducible(tiny_llama):
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=4096)
     try:
         sp = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.9, "seed": 123, "ignore_eos": True}
         a = engine.generate(input_ids=[5, 6, 7, 8, 9], sampling_params=sp)["output_ids"]
@@ -109,8 +103,8 @@ def test_seeded_sampling_is_reproducible(tiny_model):
         engine.shutdown()
 
 
-def test_abort_releases_kv(tiny_model):
-    engine = radixrt.Engine(tiny_model, max_total_tokens=4096)
+def test_abort_releases_kv(tiny_llama):
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=4096)
     try:
         stream = engine.generate(input_ids=list(range(100, 140)),
                                  sampling_params={"max_new_tokens": 400, "ignore_eos": True}, stream=True)
@@ -125,8 +119,8 @@ def test_abort_releases_kv(tiny_model):
         engine.shutdown()
 
 
-def test_prefill_only_and_prompt_logprobs(tiny_model):
-    engine = radixrt.Engine(tiny_model, max_total_tokens=4096, chunked_prefill_size=16)
+def test_prefill_only_and_prompt_logprobs(tiny_llama):
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=4096, chunked_prefill_size=16)
     try:
         ids = list(range(200, 260))
         full = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
@@ -167,13 +161,13 @@ def _mixed_requests(seed=3, count=120):
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_overlap_on_and_off_give_the_same_outputs(tiny_model, page_size):
+def test_overlap_on_and_off_give_the_same_outputs(tiny_llama, page_size):
     """The overlap scheduler processes each step's tokens one step late; under
     retraction pressure, with stops and sampling, every output is the same."""
     prompts, params = _mixed_requests()
     outputs, retractions = {}, {}
     for overlap in (True, False):
-        engine = radixrt.Engine(tiny_model, max_total_tokens=800, chunked_prefill_size=128, page_size=page_size,
+        engine = radixrt.Engine(tiny_llama, max_total_tokens=800, chunked_prefill_size=128, page_size=page_size,
                                 max_running_requests=48, debug_check_invariants=True,
                                 disable_overlap_schedule=not overlap)
         try:

@@ -157,13 +157,6 @@ def test_bench_modules_import_no_matplotlib_or_torch():
 
 
 # ---------------------------------------------------------------------- end to end
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.support.model_fixtures import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("bench"), max_position_embeddings=4096)
-
-
 def _bench(tmp_path, *argv):
     from radixrt.cli import main
 
@@ -173,8 +166,8 @@ def _bench(tmp_path, *argv):
     return rc, json.loads(out.read_text()), md.read_text()
 
 
-def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_model, capsys):
-    rc, rep, md = _bench(tmp_path, "--model", tiny_model, "--offline-only", "--scale", "0.125",
+def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_llama, capsys):
+    rc, rep, md = _bench(tmp_path, "--model", tiny_llama, "--offline-only", "--scale", "0.125",
                          "--workload", "shared-prefix", "--workload", "multi-turn", "--workload", "no-sharing",
                          "--max-total-tokens", "8192")
     assert rc == 0
@@ -203,8 +196,8 @@ def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_model, capsys
     assert "| system | mode |" in md and "### Headline ratios" in md
 
 
-def test_bench_sweeps_on_a_tiny_model(tmp_path, tiny_model):
-    rc, rep, md = _bench(tmp_path, "--model", tiny_model, "--workload", "none", "--policies", "lpm",
+def test_bench_sweeps_on_a_tiny_model(tmp_path, tiny_llama):
+    rc, rep, md = _bench(tmp_path, "--model", tiny_llama, "--workload", "none", "--policies", "lpm",
                          "--sweep", "prefix", "--sweep", "concurrency", "--prefix-lens", "64,256",
                          "--concurrency", "1,8", "--sweep-requests", "3", "--skip-transformers")
     assert rc == 0 and rep["workloads"] == []
@@ -220,11 +213,11 @@ def test_bench_sweeps_on_a_tiny_model(tmp_path, tiny_model):
     assert "### Sweep: concurrent requests" in md
 
 
-def test_bench_plots_from_a_report(tmp_path, tiny_model):
+def test_bench_plots_from_a_report(tmp_path, tiny_llama):
     pytest.importorskip("matplotlib")
     from radixrt.bench.plots import plot_report
 
-    rc, rep, _ = _bench(tmp_path, "--model", tiny_model, "--offline-only", "--scale", "0.125",
+    rc, rep, _ = _bench(tmp_path, "--model", tiny_llama, "--offline-only", "--scale", "0.125",
                         "--workload", "shared-prefix", "--policies", "lpm", "--sweep", "prefix",
                         "--prefix-lens", "64,128", "--sweep-requests", "2")
     paths = plot_report(rep, str(tmp_path / "img"))
@@ -234,8 +227,8 @@ def test_bench_plots_from_a_report(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_bench_online_on_a_tiny_model(tmp_path, tiny_model):
-    rc, rep, _ = _bench(tmp_path, "--model", tiny_model, "--scale", "0.125", "--workload", "agent-fanout",
+def test_bench_online_on_a_tiny_model(tmp_path, tiny_llama):
+    rc, rep, _ = _bench(tmp_path, "--model", tiny_llama, "--scale", "0.125", "--workload", "agent-fanout",
                         "--workload", "json-extraction", "--skip-transformers", "--policies", "lpm",
                         "--max-total-tokens", "8192")
     assert rc == 0

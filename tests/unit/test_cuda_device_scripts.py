@@ -110,6 +110,7 @@ def test_pack_trim_keeps_python_and_needed_data(tmp_path):
     assert (out / "flashinfer_python-0.0.dist-info" / "licenses" / "LICENSE").exists()
 
 
+@pytest.mark.slow  # runs every section, the embedded model's end-to-end one included
 def test_gpu_check_dry_run(tmp_path):
     """Every section of the device script, on CPU with the FlashInfer emulation."""
     out = tmp_path / "out"
