@@ -38,87 +38,16 @@ on it stay valid.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable, Iterator, Optional, Sequence
 
 from sortedcontainers import SortedList
 
+from radixrt.memory.radix_integrity import check_tree_integrity
+from radixrt.memory.radix_node import MatchResult, TreeNode, _first_mismatch
+
 if TYPE_CHECKING:  # keep this module free of torch at import time
     from radixrt.memory.kv_pool import PageAllocator
 
-_ids = itertools.count()
-
-
-class TreeNode:
-    """One edge of the radix tree: ``key`` tokens whose KV lives at ``value`` slots.
-
-    lock_ref: number of active locks on this node or any descendant.
-    last_access: value of the cache's logical clock at the last match/insert
-    that went through this node (a counter, not wall time).
-    """
-
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "id", "lru_entry")
-
-    def __init__(self, key: list[int], value: list[int], parent: Optional["TreeNode"], last_access: int = 0):
-        self.children: dict[Any, TreeNode] = {}
-        self.parent = parent
-        self.key = key
-        self.value = value
-        self.lock_ref = 0
-        self.last_access = last_access
-        self.id = next(_ids)
-        # (last_access, id, self) while this node sits in the evictable-leaf set.
-        self.lru_entry: Optional[tuple] = None
-
-    def __repr__(self) -> str:
-        k = self.key if len(self.key) <= 8 else self.key[:8] + ["..."]
-        return f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, t={self.last_access})"
-
-
-@dataclass
-class MatchResult:
-    """Result of `RadixCache.match_prefix`.
-
-    slots: tree-owned slot ids of the matched prefix (the caller must lock
-        `node` before relying on them past the next cache operation).
-    node: the node whose path ends exactly at the match (a root when nothing
-        matched; locking a root is a no-op).
-    """
-
-    slots: list[int]
-    node: TreeNode
-
-    @property
-    def length(self) -> int:
-        return len(self.slots)
-
-
-def _first_mismatch(a: list[int], b: list[int], b_off: int, n: int) -> int:
-    """Length of the common prefix of ``a[:n]`` and ``b[b_off:b_off+n]``.
-
-    Slice compares run in C: one compare in the common full-match case,
-    otherwise galloping then bisection, O(n) element compares overall and
-    O(log n) Python-level steps.
-    """
-    if a[:n] == b[b_off:b_off + n]:
-        return n
-    lo, step = 0, 16
-    while True:
-        hi = min(n, lo + step)
-        if a[lo:hi] != b[b_off + lo:b_off + hi]:
-            break
-        lo, step = hi, step * 2
-    while hi - lo > 8:  # mismatch lies in [lo, hi)
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[b_off + lo:b_off + mid]:
-            lo = mid
-        else:
-            hi = mid
-    for i in range(lo, hi):
-        if a[i] != b[b_off + i]:
-            return i
-    return hi  # unreachable
 
 
 class RadixCache:
@@ -474,59 +403,4 @@ class RadixCache:
     # -------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
         """Assert every structural invariant (O(tree size); for tests)."""
-        P = self.page_size
-        root = self.root
-        assert root.parent is None and not root.key and not root.value and root.lock_ref == 0
-        assert root.lru_entry is None
-        evictable = protected = 0
-        n_leaves = 0
-        seen: set[int] = set()
-        n_slots = 0
-        for ns, sub in root.children.items():
-            assert sub.parent is root and not sub.key and not sub.value, f"bad sub-root for {ns!r}"
-            assert sub.lock_ref == 0 and sub.lru_entry is None
-            if ns is not None:
-                assert sub.children, f"empty sub-root for namespace {ns!r} kept"
-            if self.disable:
-                assert not sub.children
-        for node in self._nodes():
-            parent = node.parent
-            assert parent is not None
-            k = len(node.key)
-            assert k > 0 and k == len(node.value), f"key/value length mismatch at {node!r}"
-            assert k % P == 0, f"unaligned key at {node!r}"
-            assert parent.children.get(self._child_key(node.key)) is node, f"bad child link at {node!r}"
-            assert node.lock_ref >= 0
-            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), f"lock_ref at {node!r}"
-            if parent.key:
-                assert parent.lock_ref >= node.lock_ref
-            for ck, child in node.children.items():
-                assert child.parent is node and ck == self._child_key(child.key)
-            if node.lock_ref:
-                protected += k
-            else:
-                evictable += k
-            should = not node.children and node.lock_ref == 0
-            if should:
-                n_leaves += 1
-                assert node.lru_entry == (node.last_access, node.id, node), f"stale LRU entry at {node!r}"
-                assert node.lru_entry in self._leaves
-            else:
-                assert node.lru_entry is None, f"{node!r} wrongly in the evictable-leaf set"
-            if parent.key:
-                # a parent is touched whenever a child is, so it is never older
-                assert parent.last_access >= node.last_access, f"parent older than child at {node!r}"
-            if P > 1:
-                for i in range(0, k, P):
-                    s = node.value[i]
-                    assert s % P == 0 and node.value[i:i + P] == list(range(s, s + P)), f"bad page at {node!r}"
-            seen.update(node.value)
-            n_slots += k
-            if self.allocator is not None:
-                for s in node.value[::P]:
-                    assert 0 <= s < self.allocator.total_slots, f"slot {s} out of range"
-                    assert not self.allocator.is_page_free(s // P), f"tree slot {s} is on the free list"
-        assert n_slots == len(seen), "a slot appears twice in the tree"
-        assert len(self._leaves) == n_leaves, "evictable-leaf set holds extra entries"
-        assert evictable == self._evictable, f"evictable counter {self._evictable} != {evictable}"
-        assert protected == self._protected, f"protected counter {self._protected} != {protected}"
+        check_tree_integrity(self)

@@ -1,0 +1,79 @@
+"""The radix tree's nodes and match results (see radix_cache.py for the tree)."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+_ids = itertools.count()
+
+
+class TreeNode:
+    """One edge of the radix tree: ``key`` tokens whose KV lives at ``value`` slots.
+
+    lock_ref: number of active locks on this node or any descendant.
+    last_access: value of the cache's logical clock at the last match/insert
+    that went through this node (a counter, not wall time).
+    """
+
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "id", "lru_entry")
+
+    def __init__(self, key: list[int], value: list[int], parent: Optional["TreeNode"], last_access: int = 0):
+        self.children: dict[Any, TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access = last_access
+        self.id = next(_ids)
+        # (last_access, id, self) while this node sits in the evictable-leaf set.
+        self.lru_entry: Optional[tuple] = None
+
+    def __repr__(self) -> str:
+        k = self.key if len(self.key) <= 8 else self.key[:8] + ["..."]
+        return f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, t={self.last_access})"
+
+
+@dataclass
+class MatchResult:
+    """Result of `RadixCache.match_prefix`.
+
+    slots: tree-owned slot ids of the matched prefix (the caller must lock
+        `node` before relying on them past the next cache operation).
+    node: the node whose path ends exactly at the match (a root when nothing
+        matched; locking a root is a no-op).
+    """
+
+    slots: list[int]
+    node: TreeNode
+
+    @property
+    def length(self) -> int:
+        return len(self.slots)
+
+
+def _first_mismatch(a: list[int], b: list[int], b_off: int, n: int) -> int:
+    """Length of the common prefix of ``a[:n]`` and ``b[b_off:b_off+n]``.
+
+    Slice compares run in C: one compare in the common full-match case,
+    otherwise galloping then bisection, O(n) element compares overall and
+    O(log n) Python-level steps.
+    """
+    if a[:n] == b[b_off:b_off + n]:
+        return n
+    lo, step = 0, 16
+    while True:
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[b_off + lo:b_off + hi]:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 8:  # mismatch lies in [lo, hi)
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[b_off + lo:b_off + mid]:
+            lo = mid
+        else:
+            hi = mid
+    for i in range(lo, hi):
+        if a[i] != b[b_off + i]:
+            return i
+    return hi  # unreachable
