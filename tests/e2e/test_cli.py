@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _radixrt(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -16,9 +18,12 @@ def test_download_prints_the_model_folder(default_model_path):
     assert proc.stdout.strip() == default_model_path
 
 
-def test_generate_json_and_logs():
+@pytest.mark.parametrize("model", ["tiny", pytest.param("default", marks=pytest.mark.slow)])
+def test_generate_json_and_logs(request, model):
+    if model == "tiny":
+        model = request.getfixturevalue("tiny_llama")
     proc = _radixrt(
-        "generate", "--json", "--max-new-tokens", "5", "--max-total-tokens", "2048",
+        "generate", "--model", model, "--json", "--max-new-tokens", "5", "--max-total-tokens", "2048",
         "--log-level", "info", "--log-interval", "1", "--chat", "What is 2+2?", "Name a color.",
     )
     assert proc.returncode == 0, proc.stderr

@@ -1,15 +1,19 @@
-"""End-to-end tests of `radixrt serve`: a real server on 127.0.0.1 with the
-embedded default model, driven by httpx and the official openai client.
+"""End-to-end tests of `radixrt serve`: a real server on 127.0.0.1, driven by
+httpx and the official openai client.
 
-One module-scoped server serves most tests (kept short: small max_tokens, a
-small KV pool); its teardown checks that SIGTERM stops it and its children
-cleanly. The last test starts a second server on a tiny random model, kills
-its scheduler process and checks that the server reports unhealthy and exits
-non-zero.
+Most tests run twice, against a module-scoped server on a tiny random Llama
+(the fast path; served as "default") and against one on the embedded default
+model (slow); what only a real model can show (its greedy answers follow the
+prompt) runs against the embedded model alone. Each server is started once
+(kept short: small max_tokens, a small KV pool); its teardown checks that
+SIGTERM stops it and its children cleanly. The last test (slow) starts another
+server on the tiny model, kills its scheduler process and checks that the
+server reports unhealthy and exits non-zero.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -21,8 +25,6 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
-
-pytestmark = pytest.mark.slow
 
 KEY = "test-key"
 KV_TOKENS = 24576
@@ -37,10 +39,12 @@ def _pid_alive(pid: int) -> bool:
         return f.read().split(") ")[-1][:1] != "Z"
 
 
-@pytest.fixture(scope="module")
-def server():
-    srv = LocalServer("--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000",
-                      api_key=KEY)
+@contextlib.contextmanager
+def _serving(model: str, folder: str, served_name: str, *extra: str):
+    """A server on ``model``; ``folder`` and ``served_name`` are what it should report."""
+    srv = LocalServer("--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000", *extra,
+                      model=model, api_key=KEY)
+    srv.folder, srv.served_name = folder, served_name
     try:
         srv.wait_ready()
         pids = httpx.get(srv.url + "/get_server_info", headers=srv.headers).json()["process_ids"]
@@ -58,13 +62,31 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def client(server):
+def tiny_server(tiny_llama):
+    # served as "default", the name the requests below give
+    with _serving(tiny_llama, tiny_llama, "default", "--served-model-name", "default") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def embedded_server(default_model_path):
+    with _serving("default", default_model_path, "SmolLM2-135M-Instruct") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def server(request):
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+@contextlib.contextmanager
+def _http_client(server):
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as c:
         yield c
 
 
-@pytest.fixture(scope="module")
-def oai(server):
+@contextlib.contextmanager
+def _openai_client(server):
     openai = pytest.importorskip("openai")
     c = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     yield c
@@ -72,8 +94,32 @@ def oai(server):
 
 
 @pytest.fixture(scope="module")
+def client(server):
+    with _http_client(server) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with _openai_client(server) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
 def model_name(oai):
     return oai.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def embedded_client(embedded_server):
+    with _http_client(embedded_server) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def embedded_oai(embedded_server):
+    with _openai_client(embedded_server) as c:
+        yield c
 
 
 def greedy(n: int, **kw) -> dict:
@@ -116,7 +162,7 @@ def test_health_and_info(server, client):
     assert httpx.get(server.url + "/health").status_code == 200  # no key needed
     for route in ("/get_model_info", "/model_info"):
         info = client.get(route).json()
-        assert info["model_path"].endswith("SmolLM2-135M-Instruct")
+        assert info["model_path"] == server.folder
         assert info["is_generation"] is True
         markers = info["chat_role_markers"]
         if markers is not None:
@@ -195,7 +241,9 @@ def test_generate_stream(client):
     assert chunks[-1]["meta_info"]["finish_reason"] is not None
 
 
-def test_generate_stop_string(client):
+@pytest.mark.slow
+def test_generate_stop_string(embedded_client):
+    client = embedded_client
     r = client.post("/generate", json={"text": "1, 2, 3, 4,", "sampling_params": greedy(20, stop=[" 7"])}).json()
     assert r["meta_info"]["finish_reason"]["type"] == "stop"
     assert " 7" not in r["text"] and r["text"].strip().startswith("5")
@@ -251,14 +299,14 @@ def _frontend_programs_on_both(engine, client) -> list:
     return pairs
 
 
-def test_server_matches_in_process_engine(client):
+def test_server_matches_in_process_engine(server, client):
     """Same requests, same greedy answers as `radixrt.Engine`: raw /generate,
     OpenAI chat, and frontend programs through RuntimeEndpoint."""
     import radixrt
 
     prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
     chat = [{"role": "user", "content": "Name a primary color."}]
-    engine = radixrt.Engine(model_path="default", max_total_tokens=4096)
+    engine = radixrt.Engine(model_path=server.folder, max_total_tokens=4096)
     try:
         want = engine.generate(prompts, greedy(8))
         want_chat = engine.generate(engine.apply_chat_template(chat), greedy(8))
@@ -307,13 +355,19 @@ def test_openai_chat_stream(oai, model_name):
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
 
 
-def test_openai_completion_n_stop_logprobs(oai, model_name):
+@pytest.mark.slow
+def test_openai_completion_stop(embedded_oai):
+    model_name = embedded_oai.models.list().data[0].id
+    r = embedded_oai.completions.create(model=model_name, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0,
+                                        stop=[" 7"])
+    assert r.choices[0].finish_reason == "stop" and " 7" not in r.choices[0].text
+
+
+def test_openai_completion_n_and_logprobs(oai, model_name):
     r = oai.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, n=3,
                                temperature=0.9, seed=3)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert len(r.choices) == 3 and 3 <= r.usage.completion_tokens <= 18
-    r = oai.completions.create(model=model_name, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"])
-    assert r.choices[0].finish_reason == "stop" and " 7" not in r.choices[0].text
     r = oai.completions.create(model=model_name, prompt="The sky is", max_tokens=4, temperature=0, logprobs=2)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
@@ -333,9 +387,12 @@ def test_openai_extra_fields_accepted(client):
 
 
 # ------------------------------------------------------------------ constrained decoding
-def test_constrained_generate_and_response_format(client, oai, model_name):
+@pytest.mark.slow
+def test_constrained_generate_and_response_format(embedded_client, embedded_oai):
     import jsonschema
 
+    client, oai = embedded_client, embedded_oai
+    model_name = oai.models.list().data[0].id
     ip = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
     r = client.post("/generate", json={"text": "Google's public DNS server has the IP address",
                                        "sampling_params": greedy(20, regex=" " + ip)}).json()
@@ -427,12 +484,13 @@ def test_still_serving_after_bad_inputs(client):
     assert client.post("/generate", json={"text": "ok", "sampling_params": greedy(1)}).status_code == 200
 
 
-def test_metrics(client):
+def test_metrics(server, client):
     text = client.get("/metrics").text
+    kv_free = f'radixrt_kv_slots{{model_name="{server.served_name}",state="free"}}'
     for name in ("radixrt_requests_total", "radixrt_prompt_tokens_total", "radixrt_generation_tokens_total",
                  "radixrt_cached_tokens_total", "radixrt_cache_hit_rate", "radixrt_num_running_reqs",
                  "radixrt_num_queued_reqs", "radixrt_kv_usage", "radixrt_time_to_first_token_seconds_bucket",
-                 "radixrt_inter_token_latency_seconds_bucket", 'radixrt_kv_slots{model_name="SmolLM2-135M-Instruct",state="free"}'):
+                 "radixrt_inter_token_latency_seconds_bucket", kv_free):
         assert name in text, name
     ttft_count = [line for line in text.splitlines() if line.startswith("radixrt_time_to_first_token_seconds_count")]
     assert ttft_count and float(ttft_count[0].split()[-1]) > 0
@@ -442,10 +500,10 @@ def test_metrics(client):
 def test_client_disconnect_aborts_and_frees_kv(server, client):
     wait_idle(client)
     body = {"text": "Write a very long essay about the sea.", "sampling_params": {
-        "max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+        "max_new_tokens": 8000, "ignore_eos": True, "temperature": 0}}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/generate", json=body, headers=server.headers, timeout=3)
-    st = wait_idle(client, timeout=20)  # far sooner than 3000 tokens would take
+    st = wait_idle(client, timeout=10)  # far sooner than 8000 tokens would take, even on the tiny model
     assert_no_leak(st)
     # a streaming client that goes away midway
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
@@ -453,7 +511,7 @@ def test_client_disconnect_aborts_and_frees_kv(server, client):
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break
-    st = wait_idle(client, timeout=20)
+    st = wait_idle(client, timeout=10)
     assert_no_leak(st)
 
 
@@ -511,11 +569,10 @@ def test_200_concurrent_streams_with_aborts(server, client):
 
 
 # ------------------------------------------------------------------ supervision
-def test_killed_scheduler_makes_server_exit(tmp_path):
+@pytest.mark.slow
+def test_killed_scheduler_makes_server_exit(tiny_llama):
     """A tiny random model keeps this second server quick to start."""
-    from tests.support.model_fixtures import make_tiny_model
-
-    srv = LocalServer("--max-total-tokens", "2048", model=make_tiny_model(tmp_path))
+    srv = LocalServer("--max-total-tokens", "2048", model=tiny_llama)
     try:
         srv.wait_ready()
         r = httpx.post(srv.url + "/generate", json={"text": "hello", "sampling_params": greedy(3)}, timeout=60)
