@@ -4,12 +4,15 @@
     python -m radixrt.bench.step_time --device cuda --model PATH
 
 Drives `Scheduler.step` directly (no HTTP, no detokenization): ``B`` greedy
-requests with 32-token prompts decode until their KV is warm, then
-``--steps`` decode steps are timed, ``--repeats`` times; the median is
-reported. ``model ms`` is the part spent inside the model forward, the logits
-and the sampler (on CPU those run synchronously, so the rest, ``host ms``, is
-the scheduler's own Python: scheduling, inputs, results). On CUDA the torch
-profiler also gives the fraction of the wall time the GPU was busy.
+requests with ``--prompt-len``-token prompts (default 32) decode until their
+KV is warm, then ``--steps`` decode steps are timed, ``--repeats`` times; the
+median is reported. ``model ms`` is the time spent inside the model forward
+(which also gathers the attention metadata from the request-to-slot table),
+the logits and the sampler; ``host ms`` is the rest of the wall time: the
+scheduler's own work that the model waits for (scheduling, inputs, results).
+With overlap on, host work that runs while the forward does is not counted.
+On CUDA the torch profiler also gives the fraction of the wall time the GPU
+was busy.
 
 The default CPU model is a tiny random Llama (hidden 64, 2 layers) with a
 512-token vocabulary, so that the model's math is small and the figure is the
@@ -69,7 +72,7 @@ def _gpu_busy(scheduler: Any, steps: int) -> float:
 
 
 def measure(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
-            overlap: bool = True) -> list[StepTime]:
+            overlap: bool = True, prompt_len: int = PROMPT_LEN) -> list[StepTime]:
     import torch
 
     from radixrt.config import EngineConfig
@@ -80,8 +83,8 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
     max_new = WARM_STEPS + steps * (repeats + 1) + 64
     config = EngineConfig(
         model_path=model_path, device=device, max_running_requests=max(batches),
-        max_total_tokens=max(batches) * (PROMPT_LEN + max_new + 16), chunked_prefill_size=1 << 16,
-        context_length=PROMPT_LEN + max_new + 16, disable_overlap_schedule=not overlap,
+        max_total_tokens=max(batches) * (prompt_len + max_new + 16), chunked_prefill_size=1 << 16,
+        context_length=prompt_len + max_new + 16, disable_overlap_schedule=not overlap,
     )
     scheduler = Scheduler(config)
     cuda = device.startswith("cuda")
@@ -94,7 +97,7 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
     results = []
     for batch in batches:
         for i in range(batch):
-            prompt = [(7 * i + j) % 500 + 3 for j in range(PROMPT_LEN)]
+            prompt = [(7 * i + j) % 500 + 3 for j in range(prompt_len)]
             scheduler.add_request(GenerateReq(rid=f"b{batch}-{i}", input_ids=prompt, sampling=sampling))
         for _ in range(WARM_STEPS):
             scheduler.step()
@@ -122,7 +125,7 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
 def tiny_cpu_model(folder: str) -> str:
     from radixrt.bench.tiny_model import make_tiny_model
 
-    return make_tiny_model(folder, "llama", vocab_size=512, max_position_embeddings=4096)
+    return make_tiny_model(folder, "llama", vocab_size=512, max_position_embeddings=8192)
 
 
 def format_table(rows: list[StepTime]) -> str:
@@ -138,6 +141,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="model folder (default: a tiny random Llama on CPU)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     ap.add_argument("--batches", default="1,64,128", help="batch sizes, comma-separated (default: 1,64,128)")
+    ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help=f"prompt tokens (default: {PROMPT_LEN})")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat (default: 20)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats; the median is reported (default: 5)")
     ap.add_argument("--threads", type=int, default=1,
@@ -156,7 +160,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tiny_cpu_model(tmp)
-        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=not args.no_overlap)
+        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=not args.no_overlap,
+                       prompt_len=args.prompt_len)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
