@@ -1,10 +1,12 @@
 """Constrained decoding (regex, JSON schema, EBNF via xgrammar) and verified
-jump-forward, end to end on the embedded model, plus memory pressure on a
-tiny random model and a few fast unit checks.
+jump-forward, end to end on the embedded model (slow), plus what any model
+shows (bad grammars, compile failures and waits, aborts, min_new_tokens) on
+a tiny random Llama as well, memory pressure on the tiny model and a few
+unit checks.
 
 Kept short: every batch of requests is submitted at once, generations are at
-most 64 tokens, and the two embedded-model engines (jump-forward on and off)
-are shared by the module.
+most 64 tokens, and the engines (the tiny one, the embedded model's with
+jump-forward on and off) are shared by the module.
 """
 from __future__ import annotations
 
@@ -21,8 +23,6 @@ import torch
 import radixrt
 import radixrt.frontend as rt
 from radixrt.sampling.grammar import GrammarBackend, apply_token_bitmask, check_grammar, new_bitmask
-
-pytestmark = pytest.mark.slow
 
 IP = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 SHORT = {"type": "string", "maxLength": 24}
@@ -91,14 +91,27 @@ def _check_output(case, text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    eng = radixrt.Engine(max_total_tokens=8192, debug_check_invariants=True)
+def tiny_engine(tiny_llama):
+    eng = radixrt.Engine(tiny_llama, max_total_tokens=8192, debug_check_invariants=True)
     yield eng
     eng.shutdown()
 
 
 @pytest.fixture(scope="module")
+def embedded_engine():
+    eng = radixrt.Engine(max_total_tokens=8192, debug_check_invariants=True)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def engine(request):
+    return request.getfixturevalue(f"{request.param}_engine")
+
+
+@pytest.fixture(scope="module")
 def engine_no_jf():
+    """The embedded model without jump-forward."""
     eng = radixrt.Engine(max_total_tokens=8192, enable_jump_forward=False)
     yield eng
     eng.shutdown()
@@ -112,10 +125,10 @@ def _batch(eng, **kw):
 
 
 @pytest.fixture(scope="module")
-def greedy_runs(engine, engine_no_jf):
-    """Every case plus two unconstrained prompts in one greedy batch, on both engines."""
+def greedy_runs(embedded_engine, engine_no_jf):
+    """Every case plus two unconstrained prompts in one greedy batch, on both embedded-model engines."""
     out = {}
-    for name, eng in (("jf", engine), ("no_jf", engine_no_jf)):
+    for name, eng in (("jf", embedded_engine), ("no_jf", engine_no_jf)):
         before = eng.get_stats()
         prompts, params = _batch(eng, temperature=0)
         results = eng.generate(prompts, params)
@@ -125,6 +138,7 @@ def greedy_runs(engine, engine_no_jf):
     return out
 
 
+@pytest.mark.slow
 def test_outputs_follow_their_grammar(greedy_runs):
     results, _ = greedy_runs["jf"]
     for case, r in zip(CASES, results):
@@ -132,6 +146,7 @@ def test_outputs_follow_their_grammar(greedy_runs):
         _check_output(case, r["text"])
 
 
+@pytest.mark.slow
 def test_jump_forward_gives_token_by_token_output(greedy_runs):
     jf, jf_stats = greedy_runs["jf"]
     ref, ref_stats = greedy_runs["no_jf"]
@@ -143,15 +158,18 @@ def test_jump_forward_gives_token_by_token_output(greedy_runs):
     assert jf_stats["generated_tokens"] == ref_stats["generated_tokens"]
 
 
-def test_mixed_batch_leaves_unconstrained_requests_alone(engine, greedy_runs):
+@pytest.mark.slow
+def test_mixed_batch_leaves_unconstrained_requests_alone(embedded_engine, greedy_runs):
     results, _ = greedy_runs["jf"]
-    alone = engine.generate(FREE_PROMPTS, {"max_new_tokens": 16, "temperature": 0})
+    alone = embedded_engine.generate(FREE_PROMPTS, {"max_new_tokens": 16, "temperature": 0})
     assert [r["output_ids"] for r in results[len(CASES):]] == [r["output_ids"] for r in alone]
 
 
-def test_sampled_jump_forward_matches_with_logprobs(engine, engine_no_jf):
+@pytest.mark.slow
+def test_sampled_jump_forward_matches_with_logprobs(embedded_engine, engine_no_jf):
     """Seeded sampling, n=2, logprobs: verification samples each draft position
     with the same draw a decode step would use, so outputs and logprobs agree."""
+    engine = embedded_engine
     picks = [CASES[i] for i in (0, 11, 12, 16, 19, 22)]
     prompts = [engine.apply_chat_template([{"role": "user", "content": q}]) for _, _, q, _ in picks]
     params = [_param(k, g, max_new_tokens=MAX_NEW, temperature=0.8, seed=11 + i, n=2)
@@ -251,7 +269,10 @@ def test_min_new_tokens_yields_to_the_grammar(engine):
 
 
 # ------------------------------------------------------------------ frontend
-def test_frontend_constraints(engine):
+@pytest.mark.slow
+def test_frontend_constraints(embedded_engine):
+    engine = embedded_engine
+
     @rt.function
     def profile(s):
         s += rt.user("Invent a person. Give a name, an age and a city.")
@@ -276,14 +297,7 @@ def test_frontend_constraints(engine):
 
 
 # ------------------------------------------------------------------ memory pressure (tiny model)
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from tests.support.model_fixtures import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny"), arch="llama", max_position_embeddings=4096)
-
-
-def test_retraction_and_pages_keep_constrained_outputs(tiny_model):
+def test_retraction_and_pages_keep_constrained_outputs(tiny_llama):
     """A random model under grammars, in a pool small enough to retract, with
     pages of 4 and short prefill chunks: the same outputs as a roomy engine
     decoding token by token, and no KV leaked."""
@@ -304,12 +318,12 @@ def test_retraction_and_pages_keep_constrained_outputs(tiny_model):
         with ThreadPoolExecutor(40) as pool:
             return list(pool.map(lambda a: eng.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
 
-    ref_engine = radixrt.Engine(tiny_model, max_total_tokens=65536, enable_jump_forward=False)
+    ref_engine = radixrt.Engine(tiny_llama, max_total_tokens=65536, enable_jump_forward=False)
     try:
         reference = [r["output_ids"] for r in run(ref_engine)]
     finally:
         ref_engine.shutdown()
-    engine = radixrt.Engine(tiny_model, max_total_tokens=340, page_size=4, chunked_prefill_size=64,
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=340, page_size=4, chunked_prefill_size=64,
                             debug_check_invariants=True)
     try:
         results = run(engine)
