@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -203,10 +204,15 @@ def setup(args: argparse.Namespace, report: Report) -> tuple[Any, str]:
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --dry-run on a CPU machine")
-    site = install_flashinfer(Path(args.carry), report)
-    sys.path.insert(0, str(site))
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/radixrt_flashinfer_ws")
+    carry = Path(args.carry)
+    packed = (carry / "manifest.json").is_file() or (STAGE / "manifest.json").is_file()
+    if not packed and importlib.util.find_spec("flashinfer") is not None:
+        report.log("no packed FlashInfer in --carry: using the installed flashinfer package")
+    else:  # the packed archive (a device machine without network, Appendix A of run_on_gpu.md)
+        site = install_flashinfer(carry, report)
+        sys.path.insert(0, str(site))
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+        os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/radixrt_flashinfer_ws")
     import flashinfer
 
     return flashinfer, "cuda"
@@ -709,7 +715,7 @@ def main() -> None:
     if "e2e" in wanted:
         report.section("e2e", lambda: check_e2e(device, args.dry_run, Path(args.carry), work, report), min_left_s=90)
     if device == "cuda":
-        ws = Path(os.environ["FLASHINFER_WORKSPACE_BASE"]) / ".cache" / "flashinfer"
+        ws = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
         report.data["jit_compiled_on_device"] = sorted(p.name for p in ws.glob("*/*/cached_ops/*") if p.is_dir())
     s = report.data["sections"]
     summary = {
