@@ -1,20 +1,24 @@
-"""The frontend language end to end on the embedded model (in-process Engine).
+"""The frontend language end to end (in-process Engine).
 
-Greedy decoding (temperature 0) wherever an answer is checked. One engine is
-shared by the module; generations are kept short so that the module runs in
-well under three minutes on two CPU cores.
+Programs whose checks hold for any model (templates, forks sharing the
+prefix, streaming, errors, regex-shaped output) run on a tiny random Llama
+(fast) and on the embedded model (slow); programs whose answers are checked
+run on the embedded model alone (``@embedded_only``, slow).
+
+Greedy decoding (temperature 0) wherever an answer is checked. One engine per
+model is shared by the module; generations are kept short so that the module
+runs in well under three minutes on two CPU cores.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 
 import pytest
 
 import radixrt.frontend as rt
 from tests.support.frontend_helpers import assert_request_failure_surfaces, multi_turn_question
-
-pytestmark = pytest.mark.slow
 
 CAPITALS_FEW_SHOT = (
     "Q: What is the capital of Germany?\nA: Berlin\n"
@@ -23,16 +27,41 @@ CAPITALS_FEW_SHOT = (
 )
 
 
-@pytest.fixture(scope="module")
-def engine():
+@contextlib.contextmanager
+def _engine(*args):
     import radixrt
 
-    eng = radixrt.Engine()
+    eng = radixrt.Engine(*args)
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_llama):
+    with _engine(tiny_llama) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def embedded_engine():
+    with _engine() as eng:
+        yield eng
+
+
+@pytest.fixture(params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def engine(request):
+    """The model's engine, the default backend while the test runs."""
+    eng = request.getfixturevalue(f"{request.param}_engine")
     old = rt.get_default_backend()
     rt.set_default_backend(eng)
     yield eng
     rt.set_default_backend(old)
-    eng.shutdown()
+
+
+# a test that checks the embedded model's answers
+embedded_only = pytest.mark.parametrize("engine", [pytest.param("embedded", marks=pytest.mark.slow)], indirect=True)
 
 
 def ntok(engine, text: str) -> int:
@@ -42,6 +71,7 @@ def ntok(engine, text: str) -> int:
 # ---------------------------------------------------------------------------
 
 
+@embedded_only
 def test_few_shot_qa_batch_shares_the_prefix(engine):
     @rt.function
     def few_shot(s, country):
@@ -59,6 +89,7 @@ def test_few_shot_qa_batch_shares_the_prefix(engine):
         assert st.get_meta_info("answer")["cached_tokens"] >= shared - 2
 
 
+@embedded_only
 def test_multi_turn_chat_uses_the_models_chat_template(engine):
     @rt.function
     def chat(s, q1, q2):
@@ -93,6 +124,7 @@ def test_default_system_prompt_matches_template(engine):
     assert st.text() == expected
 
 
+@embedded_only
 @pytest.mark.parametrize("method", [rt.token_length_normalized, rt.greedy_token_selection,
                                     rt.unconditional_likelihood_normalized])
 def test_select_scores_choices_from_the_cached_prefix(engine, method):
@@ -118,6 +150,7 @@ def test_select_scores_choices_from_the_cached_prefix(engine, method):
     assert pick2.run()["c"] == " hot"
 
 
+@embedded_only
 def test_gen_int(engine):
     @rt.function
     def arithmetic(s, a, b):
@@ -154,6 +187,7 @@ def safe_eval(expr: str) -> str:
     return str(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
 
 
+@embedded_only
 def test_tool_use_loop_with_python_between_gens(engine):
     @rt.function
     def calculator(s, questions):
@@ -191,6 +225,7 @@ Action: finish [2800000]
 KB = {"paris": "Paris has 2100000 inhabitants.", "rome": "Rome has 2800000 inhabitants."}
 
 
+@embedded_only
 def test_react_loop_follows_select(engine):
     def search(topic: str) -> str:
         return next((v for k, v in KB.items() if k in topic.lower()), "No result.")
@@ -308,6 +343,7 @@ def test_errors_surface(engine):
         with_image.run()
 
 
+@embedded_only
 def test_var_scope_copy_and_admin(engine):
     @rt.function
     def p(s):
@@ -325,6 +361,7 @@ def test_var_scope_copy_and_admin(engine):
     assert rt.flush_cache() is True
 
 
+@embedded_only
 def test_sglang_programs_run_unchanged(engine):
     """SGLang programs (as in SGLang's docs) run with ``import radixrt as sgl``."""
     import radixrt as sgl
