@@ -62,17 +62,19 @@ def test_greedy_matches_transformers_concurrently(
     model, page_size, disable_radix_cache, chat_prompts, reference_outputs, tokenizer
 ):
     engine = radixrt.Engine(
-        model[0], page_size=page_size, disable_radix_cache=disable_radix_cache, max_total_tokens=4096, chunked_prefill_size=64
+        model[0], page_size=page_size, disable_radix_cache=disable_radix_cache, max_total_tokens=4096,
+        chunked_prefill_size=64,
     )
     try:
         sp = {"max_new_tokens": MAX_NEW, "temperature": 0}
+        eos = tokenizer.eos_token_id
         # Twice: the second round is served from the radix tree (when on).
         for _ in range(2):
             with ThreadPoolExecutor(len(chat_prompts)) as pool:
                 results = list(pool.map(lambda p: engine.generate(p, sp), chat_prompts))
             for res, ref in zip(results, reference_outputs):
-                assert _strip_eos(res["output_ids"], tokenizer.eos_token_id) == _strip_eos(ref, tokenizer.eos_token_id)
-                assert res["text"] == tokenizer.decode(_strip_eos(ref, tokenizer.eos_token_id), skip_special_tokens=True)
+                assert _strip_eos(res["output_ids"], eos) == _strip_eos(ref, eos)
+                assert res["text"] == tokenizer.decode(_strip_eos(ref, eos), skip_special_tokens=True)
         if not disable_radix_cache:
             assert all(r["meta_info"]["cached_tokens"] > 0 for r in results)
         else:

@@ -10,7 +10,10 @@ import radixrt
 
 def _stress_prompts(seed=0):
     rng = random.Random(seed)
-    tok = lambda: rng.randrange(100, 30000)
+
+    def tok():
+        return rng.randrange(100, 30000)
+
     prefixes = [[tok() for _ in range(48)] for _ in range(10)]
     prompts = []
     for i in range(150):
@@ -83,7 +86,8 @@ def test_policies_agree(tiny_llama, policy):
     engine = radixrt.Engine(tiny_llama, max_total_tokens=4096, schedule_policy=policy)
     try:
         outs = [r["output_ids"] for r in _run_all(engine, prompts, params)]
-        single = [engine.generate(input_ids=p, sampling_params=s)["output_ids"] for p, s in zip(prompts[:5], params[:5])]
+        single = [engine.generate(input_ids=p, sampling_params=s)["output_ids"]
+                  for p, s in zip(prompts[:5], params[:5])]
         assert outs[:5] == single
         engine.wait_idle()
         engine.scheduler.check_invariants()
@@ -114,7 +118,8 @@ def test_abort_releases_kv(tiny_llama):
         engine.wait_idle()
         assert engine.scheduler.kv_usage()["private_slots"] == 0
         engine.scheduler.check_invariants()
-        assert engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+        after = engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+        assert after["meta_info"]["completion_tokens"] == 2
     finally:
         engine.shutdown()
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixrt.executor.models import SUPPORTED_ARCHITECTURES, ModelConfig, load_model
 from radixrt.kernels import AttentionMetadata
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 from radixrt.memory.kv_pool import KVPool
-from radixrt.executor.models import SUPPORTED_ARCHITECTURES, ModelConfig, load_model
 
 ATOL = 1e-4
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]

@@ -9,7 +9,6 @@ import random
 import pytest
 import torch
 
-from tests.support import fake_flashinfer
 from radixrt.config import EngineConfig
 from radixrt.executor.cuda_graph import (
     DecodeCudaGraphRunner,
@@ -18,12 +17,13 @@ from radixrt.executor.cuda_graph import (
     pad_decode_batch,
     padded_batch_size,
 )
+from radixrt.executor.model_runner import resolve_runtime
+from radixrt.executor.models import load_model
 from radixrt.kernels import AttentionMetadata
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 from radixrt.memory.kv_pool import KVPool
-from radixrt.executor.model_runner import resolve_runtime
-from radixrt.executor.models import load_model
+from tests.support import fake_flashinfer
 
 
 def test_capture_sizes():

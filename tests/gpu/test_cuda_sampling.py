@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support import fake_flashinfer
 from radixrt.sampling.flashinfer_sampler import FlashInferSampler, create_sampler
-from radixrt.sampling.sampler import Sampler, SamplingRow
 from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.sampler import Sampler, SamplingRow
+from tests.support import fake_flashinfer
 
 V = 40
 

@@ -11,10 +11,10 @@ import zlib
 import pytest
 import torch
 
-from tests.support import fake_flashinfer
 from radixrt.kernels import AttentionMetadata
 from radixrt.kernels.flashinfer_backend import FlashInferBackend, PagedKVLayout, paged_kv_metadata
 from radixrt.kernels.torch_ref import TorchReferenceBackend
+from tests.support import fake_flashinfer
 
 HEAD_DIM = 16
 

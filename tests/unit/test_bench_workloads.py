@@ -13,7 +13,13 @@ import pytest
 
 from radixrt.bench.common import ReqResult, arrivals, ideal_prompt_tokens, pct
 from radixrt.bench.workloads import (
-    PERSON_SCHEMA, WORKLOADS, Tokens, make_workload, shared_prefix, stage_waves, valid_person,
+    PERSON_SCHEMA,
+    WORKLOADS,
+    Tokens,
+    make_workload,
+    shared_prefix,
+    stage_waves,
+    valid_person,
 )
 
 

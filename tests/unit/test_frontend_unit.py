@@ -18,6 +18,10 @@ import time
 import pytest
 
 import radixrt.frontend as rt
+from radixrt.frontend.backend import BaseBackend
+from radixrt.frontend.choices import ChoicesDecision
+from radixrt.frontend.errors import BackendError, UnsupportedModalityError
+from radixrt.frontend.sampling_params import SglSamplingParams, default_sampling_params
 from radixrt.requests.chat_roles import (
     PLAIN_ROLE_MARKERS,
     chat_template_info,
@@ -25,10 +29,6 @@ from radixrt.requests.chat_roles import (
     derive_role_markers,
     render_messages,
 )
-from radixrt.frontend.backend import BaseBackend
-from radixrt.frontend.choices import ChoicesDecision
-from radixrt.frontend.errors import BackendError, UnsupportedModalityError
-from radixrt.frontend.sampling_params import SglSamplingParams, default_sampling_params
 from tests.support.frontend_helpers import assert_request_failure_surfaces, multi_turn_question
 
 CHATML = {
@@ -419,7 +419,7 @@ def test_streaming_text_iter_and_async_iter():
 
     async def consume():
         out = []
-        async for chunk, meta in st2.text_async_iter("b", return_meta_data=True):
+        async for chunk, _meta in st2.text_async_iter("b", return_meta_data=True):
             out.append(chunk)
         return out
 

@@ -8,8 +8,17 @@ import pytest
 
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import (
-    Limits, PromptBatch, RequestError, RequestSpec, RidAllocator, build_specs, resolve_logprob, sample_rids,
-    split_prompts, validate_prompt, validate_spec,
+    Limits,
+    PromptBatch,
+    RequestError,
+    RequestSpec,
+    RidAllocator,
+    build_specs,
+    resolve_logprob,
+    sample_rids,
+    split_prompts,
+    validate_prompt,
+    validate_spec,
 )
 from radixrt.requests.messages import TokenBatch, TokenOutput
 from radixrt.sampling.params import SamplingParams

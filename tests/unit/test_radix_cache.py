@@ -467,7 +467,7 @@ def _run_random(seed, page_size, num_ops, num_pages, vocab=3):
         counts["evict"] += 1
         counts["evict_hit"] += bool(freed)
 
-    for step in range(num_ops):
+    for _ in range(num_ops):
         op = rng.random()
         if op < 0.22:  # plain match, compared with the model
             key, ns = rand_key(), rng.choice(namespaces)

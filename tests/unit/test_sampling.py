@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixrt.sampling.sampler import Sampler, SamplingRow, draw_uniform, token_logprobs
 from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.sampler import Sampler, SamplingRow, draw_uniform, token_logprobs
 
 # ---------------------------------------------------------------- helpers
 
@@ -489,7 +489,8 @@ def test_token_logprobs_helper():
     freq=st.sampled_from([0.0, 0.7]),
     min_new=st.sampled_from([0, 4]),
 )
-def test_sampled_token_always_has_positive_probability(seed, n_out, temperature, top_p, top_k, min_p, rep, freq, min_new):
+def test_sampled_token_always_has_positive_probability(seed, n_out, temperature, top_p, top_k, min_p, rep, freq,
+                                                        min_new):
     sampler = Sampler(vocab_size=16, eos_token_ids=[0])
     g = torch.Generator().manual_seed(seed % 1000)
     logits = torch.randn(2, 16, generator=g) * 2

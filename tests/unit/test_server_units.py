@@ -13,11 +13,19 @@ from starlette.testclient import TestClient
 
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import sample_rids
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, GenerateReq, StatsReq, TokenBatch, TokenOutput
+from radixrt.requests.messages import (
+    AbortReq,
+    ControlReply,
+    FlushCacheReq,
+    GenerateReq,
+    StatsReq,
+    TokenBatch,
+    TokenOutput,
+)
 from radixrt.server.http_server import ServerContext, build_app
-from radixrt.server.native_routes import parse_generate
 from radixrt.server.ipc import DetokBatch, DetokRegister
 from radixrt.server.metrics import ServerMetrics
+from radixrt.server.native_routes import parse_generate
 from radixrt.server.tokenizer_manager import ServerError, TokenizerManager
 from radixrt.server.workers import DetokenizerLoop
 
@@ -204,7 +212,8 @@ def test_generate_stream_framing(app_client):
     assert all(len(c["meta_info"]["output_token_logprobs"]) == 1 for c in chunks)  # deltas
     assert all(len(c["meta_info"]["output_top_logprobs"][0]) == 2 for c in chunks)
     assert "index" not in chunks[0]
-    r = app_client.post("/generate", json={"text": ["a", "b"], "stream": True, "sampling_params": {"max_new_tokens": 2}})
+    r = app_client.post("/generate", json={"text": ["a", "b"], "stream": True,
+                                           "sampling_params": {"max_new_tokens": 2}})
     chunks = events(r.text)[:-1]
     assert sorted({c["index"] for c in chunks}) == [0, 1]
 
@@ -249,7 +258,8 @@ def test_validation_names_fields(app_client):
     r = app_client.post("/v1/chat/completions", json={
         "model": "fake", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert r.status_code == 400 and "text" in r.json()["error"]["message"]
-    r = app_client.post("/v1/chat/completions", json={"model": "fake", "messages": [{"role": "wizard", "content": "x"}]})
+    r = app_client.post("/v1/chat/completions",
+                        json={"model": "fake", "messages": [{"role": "wizard", "content": "x"}]})
     assert r.status_code == 400 and "messages.0.role" in r.json()["error"]["param"]
 
 
