@@ -1,7 +1,8 @@
 """Attention backends behind one interface (see `base.AttentionBackend`)."""
 from .base import AttentionBackend, AttentionMetadata
+from .kv_cache import LayerKVCache
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "create_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "LayerKVCache", "create_backend"]
 
 
 def create_backend(name: str, device: str = "cpu") -> AttentionBackend:

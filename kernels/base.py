@@ -11,9 +11,12 @@ ids ``kv_slots[kv_indptr[i]:kv_indptr[i + 1]]``, in order. A flat slot id is
 ``page * page_size + offset``.
 
 The model runner builds one `AttentionMetadata` per forward and calls
-`AttentionBackend.plan` once; every layer then calls `AttentionBackend.forward`,
-which first writes the layer's new K/V at ``out_slots`` and then attends
-causally over the request's slots.
+`AttentionBackend.plan` once; every layer then calls `AttentionBackend.forward`
+with that layer's cache (`kv_cache.LayerKVCache`), which first writes the
+layer's new K/V at ``out_slots`` and then attends causally over the request's
+slots. The cache may be quantized (``kv_cache_dtype`` int8 or fp8, see
+`kv_cache.py`): K/V are quantized on the way in, by the one shared write step,
+and attention reads the dequantized cache.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from .kv_cache import LayerKVCache
 
 
 @dataclass
@@ -162,12 +167,21 @@ class AttentionBackend(ABC):
     Contract:
     - `plan(meta)` is called once per forward, before any layer runs; it may
       precompute index tensors. It must not touch the KV pool.
-    - `forward(...)` is called once per layer. It writes ``k``/``v`` (the new
-      tokens' keys/values, [num_new_tokens, num_kv_heads, head_dim]) into
-      ``k_cache``/``v_cache`` at ``meta.out_slots`` and returns causal attention
-      output [num_new_tokens, num_q_heads * head_dim]. The caches are flat views
-      [num_slots, num_kv_heads, head_dim] of the layer's pool; forward mutates
-      only the written slots.
+    - `forward(q, k, v, cache, scale)` is called once per layer. It writes
+      ``k``/``v`` (the new tokens' keys/values, [num_new_tokens, num_kv_heads,
+      head_dim], in the model dtype) into ``cache`` (a `LayerKVCache`: flat
+      views [num_slots, num_kv_heads, head_dim] of the layer's pool, plus the
+      quantization scales when the pool is int8 or fp8) at ``meta.out_slots``
+      and returns causal attention output [num_new_tokens, num_q_heads *
+      head_dim] in ``q``'s dtype. Forward mutates only the written slots (data
+      and scales).
+    - Quantized caches: every backend writes through `_store_new_kv`
+      (`LayerKVCache.store` quantizes: int8 with per-token, per-KV-head
+      scales; fp8 with one scalar per layer for K and for V). Attention reads
+      what the cache holds, dequantized (``k_stored * scale``), for the new
+      tokens too, never the unquantized ``k``/``v``: results do not depend on
+      whether a prefix came from the radix cache or was computed in the same
+      step. A backend that cannot read a cache's scheme raises ValueError.
     - Grouped-query attention: query head h reads KV head h // (Hq // Hkv).
     """
 
@@ -180,8 +194,7 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        cache: LayerKVCache,
         scale: float,
     ) -> torch.Tensor: ...
 
@@ -191,16 +204,14 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        cache: LayerKVCache,
     ) -> AttentionMetadata:
         """The first step every `forward` shares: check that a batch was planned
         and matches ``q``, then write the new tokens' K/V at ``meta.out_slots``
-        (the only slots a forward mutates)."""
+        (the only slots a forward mutates), quantized as the cache stores them."""
         if meta is None:
             raise RuntimeError(f"{type(self).__name__}.forward called before plan()")
         if q.shape[0] != meta.num_tokens:
             raise ValueError(f"q has {q.shape[0]} tokens but the planned batch has {meta.num_tokens}")
-        k_cache.index_copy_(0, meta.out_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, meta.out_slots, v.to(v_cache.dtype))
+        cache.store(meta.out_slots, k, v)
         return meta

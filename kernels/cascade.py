@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from .base import AttentionMetadata
+from .kv_cache import LayerKVCache
 
 # Below this many shared tokens the split costs more than it saves.
 MIN_SHARED_PREFIX = 32
@@ -89,18 +90,19 @@ def _attend(
     return torch.matmul(p, v.float()), lse
 
 
-def cascade_attention(
-    plan: CascadePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """q [T, Hq, D] -> [T, Hq, D]; K/V of this step must already be in the caches."""
+def cascade_attention(plan: CascadePlan, q: torch.Tensor, cache: LayerKVCache, scale: float) -> torch.Tensor:
+    """q [T, Hq, D] -> [T, Hq, D]; K/V of this step must already be in the cache.
+    A quantized cache is read dequantized (to float32, the dtype of the matmuls)."""
     T, hq, d = q.shape
-    hkv = k_cache.shape[1]
+    hkv = cache.num_kv_heads
     g = hq // hkv
+    # plain caches keep their dtype here (a view, no copy); _attend computes in float32
+    read_dtype = cache.dtype if cache.scheme == "plain" else torch.float32
     if plan.prefix_range is not None:
         first, c = plan.prefix_range
-        kp, vp = k_cache[first:first + c], v_cache[first:first + c]
+        kp, vp = cache.slice(first, first + c, read_dtype)
     else:
-        kp, vp = k_cache.index_select(0, plan.prefix_slots), v_cache.index_select(0, plan.prefix_slots)
+        kp, vp = cache.gather(plan.prefix_slots, read_dtype)
     # 1. all tokens x shared prefix: [Hkv, T*G, D] against [Hkv, C, D]
     qh = q.view(T, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, T * g, d)
     o1, lse1 = _attend(qh, kp.transpose(0, 1), vp.transpose(0, 1), None, scale)
@@ -111,8 +113,9 @@ def cascade_attention(
     qr = q.index_select(0, plan.q_index.reshape(-1)).view(B, qmax, hkv, g, d)
     qr = qr.permute(0, 2, 3, 1, 4).reshape(B, hkv, g * qmax, d)
     flat = plan.rest_table.reshape(-1)
-    kr = k_cache.index_select(0, flat).view(B, -1, hkv, d).transpose(1, 2)
-    vr = v_cache.index_select(0, flat).view(B, -1, hkv, d).transpose(1, 2)
+    kg, vg = cache.gather(flat, read_dtype)
+    kr = kg.view(B, -1, hkv, d).transpose(1, 2)
+    vr = vg.view(B, -1, hkv, d).transpose(1, 2)
     mask = plan.rest_mask[:, None, None, :, :].expand(B, 1, g, qmax, -1).reshape(B, 1, g * qmax, -1)
     o2, lse2 = _attend(qr, kr, vr, mask, scale)
     o2 = o2.view(B, hkv, g, qmax, d).permute(0, 3, 1, 2, 4)[plan.q_valid]  # [T, Hkv, G, D] in row order

@@ -3,9 +3,9 @@
 The same contract as the torch reference (`base.AttentionBackend`): `plan(meta)`
 once per batch, `forward(...)` once per layer. Inside:
 
-- the new tokens' K/V are written into the pool at ``meta.out_slots`` with
-  ``index_copy_`` on the flat ``[num_slots, Hkv, D]`` views (identical to the
-  reference backend);
+- the new tokens' K/V are written into the pool at ``meta.out_slots`` by the
+  shared write step (`AttentionBackend._store_new_kv`, identical to the
+  reference backend, quantizing for an fp8 cache);
 - the batch's slot lists are converted once per batch into FlashInfer's paged
   layout (`paged_kv_metadata`: page-table offsets, page ids, last-page
   lengths), and the pool's flat views are re-viewed as
@@ -17,6 +17,14 @@ once per batch, `forward(...)` once per layer. Inside:
   runs ``BatchPrefillWithPagedKVCacheWrapper`` with a causal mask, which
   FlashInfer aligns bottom-right (query ``i`` of a request sits at position
   ``kv_len - q_len + i``), exactly the reference semantics.
+
+KV cache dtypes: the model dtype (bf16/fp16) or fp8 (``float8_e4m3fn``,
+``float8_e5m2``). FlashInfer's paged kernels read fp8 K/V themselves given
+the KV data type at plan time; the cache's per-layer scalar scales go to
+``run(..., k_scale=, v_scale=)`` (FlashInfer folds ``k_scale`` into the
+softmax scale and multiplies the output by ``v_scale``). They take no
+per-token scales, so an int8 cache (per-token scales) cannot be read here:
+`forward` raises ValueError and the runner picks the torch backend for it.
 
 FlashInfer's ``plan`` needs the head counts, head dim, dtypes and softmax
 scale, which `AttentionBackend.plan(meta)` does not receive. The runner passes
@@ -37,6 +45,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from .base import AttentionBackend, AttentionMetadata
+from .kv_cache import LayerKVCache
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 # GQA group size from which decode uses FlashInfer's tensor-core (prefill-kernel) path.
@@ -225,7 +234,9 @@ class FlashInferBackend(AttentionBackend):
         scale: Optional[float] = None,
     ) -> None:
         """Tell the backend the model's attention shape so `plan` can plan FlashInfer
-        right away (required for CUDA graphs); ``scale`` defaults to head_dim**-0.5."""
+        right away (required for CUDA graphs); ``kv_dtype`` is the KV pool's storage
+        dtype (default ``dtype``; a float8 dtype for an fp8 cache); ``scale``
+        defaults to head_dim**-0.5."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
         if self.device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
@@ -332,16 +343,18 @@ class FlashInferBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        cache: LayerKVCache,
         scale: float,
     ) -> torch.Tensor:
+        if cache.scheme == "int8":
+            raise ValueError("FlashInfer's kernels cannot read an int8 KV cache (per-token scales); "
+                             "use kv_cache_dtype fp8_e4m3/fp8_e5m2/auto, or attention_backend='torch'")
         # 1. write the new K/V into the pool (flat views share the pool's storage)
-        meta = self._store_new_kv(self._meta, q, k, v, k_cache, v_cache)
+        meta = self._store_new_kv(self._meta, q, k, v, cache)
         num_tokens, num_q_heads, head_dim = q.shape
 
         # 2. plan lazily when the runner did not configure the shape (first layer only)
-        shape = _Shape(num_q_heads, k_cache.shape[1], head_dim, q.dtype, k_cache.dtype, float(scale))
+        shape = _Shape(num_q_heads, cache.num_kv_heads, head_dim, q.dtype, cache.dtype, float(scale))
         if self._planned != shape:
             if self._graph_bs is not None:
                 raise RuntimeError(f"graph-mode wrapper planned for {self._planned}, forward got {shape}")
@@ -350,8 +363,10 @@ class FlashInferBackend(AttentionBackend):
         # 3. attend over the paged pool: [num_pages, page_size, Hkv, D] views, NHD layout
         ps = meta.page_size
         paged = (
-            k_cache.view(-1, ps, *k_cache.shape[1:]),
-            v_cache.view(-1, ps, *v_cache.shape[1:]),
+            cache.k.view(-1, ps, *cache.k.shape[1:]),
+            cache.v.view(-1, ps, *cache.v.shape[1:]),
         )
-        out = self._active.run(q.contiguous(), paged)
+        # fp8 per-layer scales (1.0, FlashInfer's default, is left out)
+        scales = {name: x for name, x in (("k_scale", cache.k_scalar), ("v_scale", cache.v_scalar)) if x != 1.0}
+        out = self._active.run(q.contiguous(), paged, **scales)
         return out.reshape(num_tokens, num_q_heads * head_dim)

@@ -15,6 +15,11 @@ layer's `forward` only gathers and calls `scaled_dot_product_attention`:
 
 A batch may mix both kinds (chunked prefill next to decoding requests).
 
+Quantized caches (int8, fp8) are dequantized as they are gathered
+(`LayerKVCache.gather`), to ``q``'s dtype; a prefill with no cached prefix
+then reads its own new K/V back from the cache too, not the unquantized
+``k``/``v`` (see the contract in `base.py`).
+
 When all requests of a batch share a cached prefix of slots (the radix tree's
 whole point), the batch takes the cascade path instead (`cascade.py`): the
 prefix's K/V are read once for every query, not once per request.
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
 from .cascade import CascadePlan, cascade_attention, plan_cascade
+from .kv_cache import LayerKVCache
 
 
 @dataclass
@@ -153,30 +159,29 @@ class TorchReferenceBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        cache: LayerKVCache,
         scale: float,
     ) -> torch.Tensor:
-        meta = self._store_new_kv(self._meta, q, k, v, k_cache, v_cache)
+        meta = self._store_new_kv(self._meta, q, k, v, cache)
         num_tokens, num_q_heads, head_dim = q.shape
 
         if self._cascade is not None:
-            return cascade_attention(self._cascade, q, k_cache, v_cache, scale).reshape(num_tokens, -1)
+            return cascade_attention(self._cascade, q, cache, scale).reshape(num_tokens, -1)
 
         gqa = num_q_heads != k.shape[1]
         groups = self._decode
         if len(groups) == 1 and groups[0].rows is None:
             # pure decode batch: one batched call
-            return self._decode_attn(q, k_cache, v_cache, groups[0], scale, gqa).reshape(num_tokens, -1)
+            return self._decode_attn(q, cache, groups[0], scale, gqa).reshape(num_tokens, -1)
 
         single = not groups and len(self._extends) == 1
         out = None if single else q.new_empty(num_tokens, num_q_heads, head_dim)
         for dec in groups:
             assert out is not None and dec.rows is not None, "several groups, or decode mixed with extends"
-            o = self._decode_attn(q.index_select(0, dec.rows), k_cache, v_cache, dec, scale, gqa)
+            o = self._decode_attn(q.index_select(0, dec.rows), cache, dec, scale, gqa)
             out.index_copy_(0, dec.rows, o)
-        # direct use of the new K/V is only exact when the cache keeps their dtype
-        same_dtype = k.dtype == k_cache.dtype and v.dtype == v_cache.dtype
+        # direct use of the new K/V is only exact when the cache keeps their dtype (never when quantized)
+        same_dtype = k.dtype == cache.dtype and v.dtype == cache.dtype
         for ep in self._extends:
             # 4-D [1, H, len, D] operands: 3-D ones fall back to SDPA's slow math kernel on CPU
             qi = q[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
@@ -190,8 +195,9 @@ class TorchReferenceBackend(AttentionBackend):
                     mask, causal = None, True
                 else:
                     slots, mask, causal = ep.slots, ep.mask, False
-                ki = k_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, Hkv, kv, D]
-                vi = v_cache.index_select(0, slots).transpose(0, 1).unsqueeze(0).to(q.dtype)
+                kg, vg = cache.gather(slots, q.dtype)
+                ki = kg.transpose(0, 1).unsqueeze(0)  # [1, Hkv, kv, D]
+                vi = vg.transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(
                     qi, ki, vi, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
                 )
@@ -204,8 +210,7 @@ class TorchReferenceBackend(AttentionBackend):
     @staticmethod
     def _decode_attn(
         q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        cache: LayerKVCache,
         dec: _DecodePlan,
         scale: float,
         gqa: bool,
@@ -213,8 +218,9 @@ class TorchReferenceBackend(AttentionBackend):
         """q [B, Hq, D] (one token per request) -> [B, Hq, D]."""
         b, max_kv = dec.slot_table.shape
         flat = dec.slot_table.view(-1)  # index_select: far faster on CPU than advanced indexing
-        ks = k_cache.index_select(0, flat).view(b, max_kv, *k_cache.shape[1:]).transpose(1, 2).to(q.dtype)
-        vs = v_cache.index_select(0, flat).view(b, max_kv, *v_cache.shape[1:]).transpose(1, 2).to(q.dtype)
+        kg, vg = cache.gather(flat, q.dtype)
+        ks = kg.view(b, max_kv, *kg.shape[1:]).transpose(1, 2)
+        vs = vg.view(b, max_kv, *vg.shape[1:]).transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), ks, vs, attn_mask=dec.mask, scale=scale, enable_gqa=gqa
         )  # [B, Hq, 1, D]

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from radixrt.memory.kv_format import KV_CACHE_DTYPES
+
 # One line of `--help` per EngineConfig field (argparse adds the default).
 CLI_HELP = {
     "disable_overlap_schedule": "process each step's results before scheduling the next (default: the next step "
@@ -14,6 +16,9 @@ CLI_HELP = {
                   "(config.json + safetensors)",
     "device": "cpu or cuda",
     "dtype": "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16",
+    "kv_cache_dtype": "how the KV cache stores K/V: auto (the model dtype), int8 (per-token, per-head scales; "
+                      "torch attention only), fp8_e4m3 or fp8_e5m2 (one scale per layer); int8/fp8 about double "
+                      "the tokens per GB against bfloat16",
     "attention_backend": "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer",
     "disable_cuda_graph": "CUDA: run decode steps eagerly instead of replaying captured CUDA graphs",
     "cuda_graph_max_bs": "CUDA: largest decode batch captured in a graph (capped at --max-running-requests)",
@@ -43,6 +48,8 @@ class EngineConfig:
     model_path: str = "default"
     device: str = "cpu"  # "cpu" | "cuda"
     dtype: str = "auto"  # "auto" (fp32 on CPU, bf16 on CUDA) | "float32" | "bfloat16" | "float16"
+    # "auto" (the model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2": see radixrt/memory/kv_format.py
+    kv_cache_dtype: str = "auto"
     attention_backend: str = "auto"  # "auto" (flashinfer on CUDA, torch on CPU) | "torch" | "flashinfer"
     disable_cuda_graph: bool = False  # CUDA: run decode steps eagerly instead of replaying captured graphs
     cuda_graph_max_bs: int = 128  # CUDA: largest decode batch captured in a graph (capped at max_running_requests)
@@ -74,6 +81,8 @@ class EngineConfig:
             raise ValueError("chunked_prefill_size must be at least page_size")
         if self.cuda_graph_max_bs < 0:
             raise ValueError("cuda_graph_max_bs must be >= 0")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose {', '.join(KV_CACHE_DTYPES)}")
         if self.sampling_backend not in ("radixrt", "flashinfer"):
             raise ValueError(f"unknown sampling_backend {self.sampling_backend!r}; choose radixrt or flashinfer")
         if self.grammar_cache_size < 1:

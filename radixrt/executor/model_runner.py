@@ -18,6 +18,8 @@ from radixrt.executor.models import load_model
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.kernels import AttentionMetadata, create_backend
 from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
+from radixrt.kernels.kv_cache import kv_storage_dtype
+from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool
 from radixrt.memory.req_to_token import ReqToTokenPool
 
@@ -39,7 +41,8 @@ class RuntimeChoice:
     """What a config resolves to on its device (no model or CUDA needed to decide)."""
 
     attention_backend: str  # "torch" | "flashinfer"
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's
+    kv_dtype: torch.dtype  # what the KV pool stores (the model dtype, int8 or a float8)
     cuda_graph: bool  # decode steps replayed from captured CUDA graphs
     cuda_graph_max_bs: int
 
@@ -48,15 +51,24 @@ def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
     """``device="cuda"`` with the defaults: FlashInfer attention, bf16, decode CUDA
     graphs up to ``min(cuda_graph_max_bs, max_running_requests)``. CPU: the torch
     reference backend, fp32, no graphs. Graphs need the FlashInfer backend (the
-    torch backend's per-batch shapes cannot be captured)."""
+    torch backend's per-batch shapes cannot be captured).
+
+    ``kv_cache_dtype``: fp8 runs on either backend; FlashInfer cannot read an
+    int8 cache (per-token scales), so int8 on CUDA takes the torch backend
+    (and no graphs), and asking for flashinfer with int8 is an error."""
     cuda = config.device.startswith("cuda")
     dtype = _resolve_dtype(config.dtype, config.device)
+    kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)
     backend = config.attention_backend
-    if backend == "auto":  # FlashInfer's kernels take 16-bit q/kv only
-        backend = "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) else "torch"
+    if backend == "flashinfer" and kv_dtype == torch.int8:
+        raise ValueError("FlashInfer attention cannot read an int8 KV cache: use kv_cache_dtype fp8_e4m3, "
+                         "fp8_e5m2 or auto with it, or attention_backend torch (or auto) for int8")
+    if backend == "auto":  # FlashInfer's kernels take 16-bit q (and 16-bit or fp8 KV) only
+        backend = "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 \
+            else "torch"
     max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
     graphs = cuda and backend == "flashinfer" and not config.disable_cuda_graph and max_bs > 0
-    return RuntimeChoice(backend, dtype, graphs, max_bs if graphs else 0)
+    return RuntimeChoice(backend, dtype, kv_dtype, graphs, max_bs if graphs else 0)
 
 
 def fit_to_model(choice: RuntimeChoice, head_dim: int) -> RuntimeChoice:
@@ -85,6 +97,9 @@ class ModelRunner:
         self.device = config.device
         self.choice = resolve_runtime(config)
         self.dtype = self.choice.dtype
+        if self.device.startswith("cuda") and self.choice.kv_dtype == torch.int8:
+            logger.warning("kv_cache_dtype int8: FlashInfer cannot read it, attention runs on the torch backend "
+                           "without CUDA graphs (fp8_e4m3 keeps FlashInfer)")
         self.model_path = resolve_model_path(config.model_path)
         self.model, self.model_config = load_model(self.model_path, self.dtype, self.device)
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
@@ -98,7 +113,7 @@ class ModelRunner:
         # scratch page past the allocator's range
         self.kv_pool = KVPool(
             mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, mc.num_kv_heads,
-            mc.head_dim, self.dtype, self.device,
+            mc.head_dim, self.dtype, self.device, kv_cache_dtype=config.kv_cache_dtype,
         )
         # one row per running request, one column per token it may hold
         self.req_to_token = ReqToTokenPool(
@@ -107,7 +122,8 @@ class ModelRunner:
         )
         self.backend = create_backend(self.choice.attention_backend, self.device)
         if hasattr(self.backend, "configure"):  # FlashInfer plans once per batch with these
-            self.backend.configure(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype)
+            self.backend.configure(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype,
+                                   kv_dtype=self.kv_pool.storage_dtype)
         self.cuda_graph: Optional[Any] = None
         if use_graphs:
             from radixrt.executor.cuda_graph import DecodeCudaGraphRunner
@@ -118,10 +134,11 @@ class ModelRunner:
                 max_context_len=self.context_length,
             )
             self.cuda_graph.capture()
+        fp = self.kv_pool.footprint
         logger.info(
-            "loaded %s (%s, %s): KV pool %d slots (page_size %d), context %d",
+            "loaded %s (%s, %s): KV pool %d slots (page_size %d, %s, %d B/token, %d tokens/GiB), context %d",
             self.model_path, mc.architecture, self.dtype, self.num_pages * self.page_size,
-            self.page_size, self.context_length,
+            self.page_size, fp.format.name, fp.bytes_per_token, fp.tokens_per_gib, self.context_length,
         )
 
     def _num_pages(self) -> int:
@@ -129,8 +146,8 @@ class ModelRunner:
         if self.config.max_total_tokens is not None:
             tokens = self.config.max_total_tokens
         else:
-            per_token = KVPool.bytes_per_token_for(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
-            tokens = int(_available_memory_bytes(self.device) * self.config.mem_fraction // per_token)
+            fp = kv_footprint(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.config.kv_cache_dtype, str(self.dtype))
+            tokens = fp.tokens_in(_available_memory_bytes(self.device) * self.config.mem_fraction)
             tokens = min(tokens, 1 << 20)
         pages = tokens // self.page_size
         if pages < 1:

@@ -15,9 +15,19 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, LayerKVCache, kv_storage_dtype
+from radixrt.memory.kv_format import KVFootprint, kv_footprint
+
 
 class KVPool:
     """Per-layer K and V tensors, each ``[num_pages, page_size, num_kv_heads, head_dim]``.
+
+    ``kv_cache_dtype`` (``auto`` | ``int8`` | ``fp8_e4m3`` | ``fp8_e5m2``)
+    chooses how K/V are stored (schemes: ``kernels/kv_cache.py``): ``auto``
+    keeps ``dtype``, the model's; ``int8`` adds per-layer K and V scale
+    buffers ``[num_pages, page_size, num_kv_heads]`` (float16), laid out
+    like the data so that a slot id indexes both; fp8 keeps one scalar per
+    layer for K and for V (``k_scalars``/``v_scalars``, 1.0).
 
     The buffers are zero-initialised so that slots never written hold finite
     values (a masked-out NaN would still poison a softmax-weighted sum).
@@ -32,6 +42,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
             raise ValueError("KVPool dimensions must all be >= 1")
@@ -40,27 +51,41 @@ class KVPool:
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.dtype = dtype
+        self.dtype = dtype  # the model's (compute) dtype
+        self.kv_cache_dtype = kv_cache_dtype
+        self.storage_dtype = kv_storage_dtype(kv_cache_dtype, dtype)
         self.device = torch.device(device)
+        self.footprint: KVFootprint = kv_footprint(num_layers, num_kv_heads, head_dim, kv_cache_dtype, str(dtype))
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         self.k_buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            torch.zeros(shape, dtype=self.storage_dtype, device=self.device) for _ in range(num_layers)
         ]
         self.v_buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            torch.zeros(shape, dtype=self.storage_dtype, device=self.device) for _ in range(num_layers)
         ]
+        self.k_scale_buffers: Optional[list[torch.Tensor]] = None
+        self.v_scale_buffers: Optional[list[torch.Tensor]] = None
+        if self.storage_dtype == torch.int8:
+            self.k_scale_buffers = [
+                torch.zeros(shape[:3], dtype=INT8_SCALE_DTYPE, device=self.device) for _ in range(num_layers)
+            ]
+            self.v_scale_buffers = [
+                torch.zeros(shape[:3], dtype=INT8_SCALE_DTYPE, device=self.device) for _ in range(num_layers)
+            ]
+        self.k_scalars = [1.0] * num_layers
+        self.v_scalars = [1.0] * num_layers
+        self._layer_caches = [self._make_layer_cache(i) for i in range(num_layers)]
 
     @classmethod
     def bytes_per_token_for(
-        cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
     ) -> int:
-        """Bytes of KV one token costs across all layers (K and V)."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * elem
+        """Bytes of KV one token costs across all layers (K and V, scales included)."""
+        return int(kv_footprint(num_layers, num_kv_heads, head_dim, kv_cache_dtype, str(dtype)).bytes_per_token)
 
     @property
     def bytes_per_token(self) -> int:
-        return self.bytes_per_token_for(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        return int(self.footprint.bytes_per_token)
 
     @property
     def total_slots(self) -> int:
@@ -72,10 +97,23 @@ class KVPool:
 
     def layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat views ``[num_pages * page_size, num_kv_heads, head_dim]`` of one
-        layer's K and V buffers. They share storage with the pool (no copy):
-        writing through them writes the pool."""
+        layer's K and V buffers (as stored: quantized for int8/fp8). They share
+        storage with the pool (no copy): writing through them writes the pool."""
         shape = (self.total_slots, self.num_kv_heads, self.head_dim)
         return self.k_buffers[layer_id].view(shape), self.v_buffers[layer_id].view(shape)
+
+    def layer_cache(self, layer_id: int) -> LayerKVCache:
+        """One layer's cache as the attention backends take it: the `layer_kv`
+        views plus the scales of a quantized pool."""
+        return self._layer_caches[layer_id]
+
+    def _make_layer_cache(self, layer_id: int) -> LayerKVCache:
+        k, v = self.layer_kv(layer_id)
+        ks = vs = None
+        if self.k_scale_buffers is not None and self.v_scale_buffers is not None:
+            flat = (self.total_slots, self.num_kv_heads)
+            ks, vs = self.k_scale_buffers[layer_id].view(flat), self.v_scale_buffers[layer_id].view(flat)
+        return LayerKVCache(k, v, ks, vs, self.k_scalars[layer_id], self.v_scalars[layer_id])
 
 
 class PageAllocator:

@@ -260,7 +260,7 @@ def correctness_cases(rng: random.Random, scale: float) -> list[tuple[str, list[
 def check_correctness(fi: Any, device: str, dry: bool) -> dict:
     import torch
 
-    from radixrt.kernels import AttentionMetadata
+    from radixrt.kernels import AttentionMetadata, LayerKVCache
     from radixrt.kernels.flashinfer_backend import FlashInferBackend
     from radixrt.kernels.torch_ref import TorchReferenceBackend
 
@@ -291,10 +291,10 @@ def check_correctness(fi: Any, device: str, dry: bool) -> dict:
                     ref = TorchReferenceBackend()
                     ref.plan(meta)
                     kc32, vc32 = kc.float(), vc.float()
-                    want = ref.forward(q.float(), k.float(), v.float(), kc32, vc32, sc)
+                    want = ref.forward(q.float(), k.float(), v.float(), LayerKVCache(kc32, vc32), sc)
                     backend.configure(hq, hkv, d, dtype)
                     backend.plan(meta)
-                    got = backend.forward(q, k, v, kc, vc, sc).float()
+                    got = backend.forward(q, k, v, LayerKVCache(kc, vc), sc).float()
                     finite = bool(torch.isfinite(got).all())
                     rel = float((got - want).norm() / want.norm())
                     kv_ok = bool(torch.equal(kc.float(), kc32)) and bool(torch.equal(vc.float(), vc32))
@@ -310,7 +310,7 @@ def check_correctness(fi: Any, device: str, dry: bool) -> dict:
                         backend.plan_cuda_graph(gmeta, bs)
                         q2 = torch.cat([q, q[:1]]).contiguous()
                         k2, v2 = torch.cat([k, k[:1]]), torch.cat([v, v[:1]])
-                        g = backend.forward(q2, k2, v2, kc, vc, sc)[:t].float()
+                        g = backend.forward(q2, k2, v2, LayerKVCache(kc, vc), sc)[:t].float()
                         entry["graph_rel_err"] = float((g - want).norm() / want.norm())
                         rel = max(rel, entry["graph_rel_err"])
                         backend._graph_decode.clear()

@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from radixrt.kernels import AttentionMetadata
+from radixrt.kernels import AttentionMetadata, LayerKVCache
 from radixrt.kernels.flashinfer_backend import FlashInferBackend, PagedKVLayout, paged_kv_metadata
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 from tests.support import fake_flashinfer
@@ -132,11 +132,11 @@ def _run_case(backend, kv_lens, q_lens, gqa, ps, shared, seed, configure):
     ref = TorchReferenceBackend()
     ref.plan(meta)
     kc_ref, vc_ref = kc.clone(), vc.clone()
-    want = ref.forward(q, k, v, kc_ref, vc_ref, scale)
+    want = ref.forward(q, k, v, LayerKVCache(kc_ref, vc_ref), scale)
     if configure:
         backend.configure(hq, hkv, HEAD_DIM, torch.float32)
     backend.plan(meta)
-    got = backend.forward(q, k, v, kc, vc, scale)
+    got = backend.forward(q, k, v, LayerKVCache(kc, vc), scale)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)  # same KV writes
     return meta
@@ -175,7 +175,7 @@ def test_backend_plans_once_per_batch_for_all_layers():
     backend.plan(meta)
     for _ in range(3):  # three "layers"
         backend.forward(torch.randn(2, 4, HEAD_DIM), torch.randn(2, 1, HEAD_DIM), torch.randn(2, 1, HEAD_DIM),
-                        kc, vc, HEAD_DIM ** -0.5)
+                        LayerKVCache(kc, vc), HEAD_DIM ** -0.5)
     assert [c[0] for c in fake_flashinfer.calls] == ["decode.plan", "decode.run", "decode.run", "decode.run"]
 
 
@@ -196,9 +196,9 @@ def test_graph_mode_decode_wrapper_per_batch_size():
     ref = TorchReferenceBackend()
     ref.plan(AttentionMetadata.build(seq, [1] * 3, page_size=ps))
     kc2, vc2 = kc.clone(), vc.clone()
-    want = ref.forward(q[:3], k[:3], v[:3], kc2, vc2, HEAD_DIM ** -0.5)
+    want = ref.forward(q[:3], k[:3], v[:3], LayerKVCache(kc2, vc2), HEAD_DIM ** -0.5)
     backend.plan_cuda_graph(meta, 4)
-    got = backend.forward(q, k, v, kc, vc, HEAD_DIM ** -0.5)
+    got = backend.forward(q, k, v, LayerKVCache(kc, vc), HEAD_DIM ** -0.5)
     torch.testing.assert_close(got[:3], want, rtol=1e-4, atol=1e-4)
     w = backend._graph_decode[4]
     assert w.use_cuda_graph and w.plan_count == 1
@@ -254,10 +254,10 @@ def test_flashinfer_kernels_match_reference_bf16(name, kv_lens, q_lens, shared, 
     ref = TorchReferenceBackend()
     ref.plan(meta)
     kc2, vc2 = kc.clone(), vc.clone()
-    want = ref.forward(q.float(), k.float(), v.float(), kc2.float(), vc2.float(), d ** -0.5)
+    want = ref.forward(q.float(), k.float(), v.float(), LayerKVCache(kc2.float(), vc2.float()), d ** -0.5)
     backend = FlashInferBackend(device="cuda")
     backend.configure(hq, hkv, d, torch.bfloat16)
     backend.plan(meta)
-    got = backend.forward(q, k, v, kc, vc, d ** -0.5).float()
+    got = backend.forward(q, k, v, LayerKVCache(kc, vc), d ** -0.5).float()
     rel = (got - want).norm() / want.norm()
     assert rel < 1e-2, f"relative error {rel:.2e}"

@@ -91,7 +91,9 @@ class _PagedBase:
         calls.append((f"{self.kind}.plan", dict(batch=b, hq=num_qo_heads, hkv=num_kv_heads, ps=page_size,
                                                  graph=self.use_cuda_graph, backend=self.backend)))
 
-    def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, k_scale: Optional[float] = None,
+            v_scale: Optional[float] = None, **kwargs: Any) -> torch.Tensor:
+        """``k_scale``/``v_scale``: scalars the stored K/V are multiplied by (fp8 caches)."""
         p = self._plan
         if p is None:
             raise RuntimeError("run before plan")
@@ -112,6 +114,7 @@ class _PagedBase:
             kv_len = (pages.numel() - 1) * ps + p["last"][i]
             kk = k_cache[pages].reshape(-1, hkv, d)[:kv_len].double().repeat_interleave(g, dim=1)
             vv = v_cache[pages].reshape(-1, hkv, d)[:kv_len].double().repeat_interleave(g, dim=1)
+            kk, vv = kk * (1.0 if k_scale is None else k_scale), vv * (1.0 if v_scale is None else v_scale)
             a, b = p["qo_indptr"][i], p["qo_indptr"][i + 1]
             qi = q[a:b].double()
             s = torch.einsum("qhd,khd->hqk", qi, kk) * p["scale"]
@@ -119,7 +122,7 @@ class _PagedBase:
                 qpos = torch.arange(kv_len - (b - a), kv_len)[:, None]
                 s = s.masked_fill(torch.arange(kv_len)[None, :] > qpos, float("-inf"))
             out[a:b] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vv).to(q.dtype)
-        calls.append((f"{self.kind}.run", dict(tokens=q.shape[0])))
+        calls.append((f"{self.kind}.run", dict(tokens=q.shape[0], k_scale=k_scale, v_scale=v_scale)))
         return out
 
 

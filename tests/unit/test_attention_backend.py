@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from radixrt.kernels import AttentionMetadata
+from radixrt.kernels import AttentionMetadata, LayerKVCache
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 
 HEAD_DIM = 16
@@ -79,7 +79,7 @@ def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size):
 
     backend = TorchReferenceBackend()
     backend.plan(meta)
-    out = backend.forward(q, k, v, k_cache, v_cache, scale)
+    out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), scale)
 
     assert out.shape == (t, hq * HEAD_DIM) and out.dtype == q.dtype
     # new K/V written at out_slots, nothing else touched
@@ -94,7 +94,7 @@ def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size):
 
     # plan once, run many layers: a second layer on other caches gives that layer's answer
     k2, v2 = torch.randn_like(k_cache), torch.randn_like(v_cache)
-    out2 = backend.forward(q, k, v, k2, v2, scale)
+    out2 = backend.forward(q, k, v, LayerKVCache(k2, v2), scale)
     torch.testing.assert_close(out2.double(), _naive(q, k2, v2, seq_slots, q_lens, scale), atol=1e-5, rtol=1e-5)
 
 
@@ -112,7 +112,7 @@ def test_decode_split_into_groups(name, kv_lens, q_lens):
     backend = TorchReferenceBackend(decode_budget=40)
     backend.plan(meta)
     assert len(backend._decode) > 1
-    out = backend.forward(q, k, v, k_cache, v_cache, 0.3)
+    out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), 0.3)
     torch.testing.assert_close(out.double(), _naive(q, k_cache, v_cache, seq_slots, q_lens, 0.3),
                                atol=1e-5, rtol=1e-5)
 
@@ -130,7 +130,7 @@ def test_bfloat16_runs_close():
     v = torch.randn(t, 2, HEAD_DIM, dtype=torch.bfloat16)
     backend = TorchReferenceBackend()
     backend.plan(meta)
-    out = backend.forward(q, k, v, k_cache, v_cache, HEAD_DIM ** -0.5)
+    out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), HEAD_DIM ** -0.5)
     assert out.dtype == torch.bfloat16
     ref = _naive(q, k_cache, v_cache, seq_slots, q_lens, HEAD_DIM ** -0.5)
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
@@ -140,7 +140,7 @@ def test_forward_before_plan_raises():
     backend = TorchReferenceBackend()
     x = torch.zeros(1, 1, HEAD_DIM)
     with pytest.raises(RuntimeError, match="plan"):
-        backend.forward(x, x, x, torch.zeros(4, 1, HEAD_DIM), torch.zeros(4, 1, HEAD_DIM), 1.0)
+        backend.forward(x, x, x, LayerKVCache(torch.zeros(4, 1, HEAD_DIM), torch.zeros(4, 1, HEAD_DIM)), 1.0)
 
 
 CASCADE_CASES = [
@@ -180,7 +180,7 @@ def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, co
     scale = HEAD_DIM ** -0.5
     backend = TorchReferenceBackend()
     backend.plan(meta)
-    out = backend.forward(q, k, v, k_cache, v_cache, scale)
+    out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), scale)
     ref = _naive(q, k_cache, v_cache, seq_slots, q_lens, scale)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 

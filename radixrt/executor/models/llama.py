@@ -89,8 +89,8 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
             q = rope.apply(q, cos, sin)
             k = rope.apply(k, cos, sin)
-        k_cache, v_cache = kv_pool.layer_kv(self.layer_id)
-        o = backend.forward(q, k, v, k_cache, v_cache, self.scale)
+        # this layer's cache: K/V views of the pool, plus its scales when quantized (LayerKVCache)
+        o = backend.forward(q, k, v, kv_pool.layer_cache(self.layer_id), self.scale)
         return self.o_proj(o)
 
 
