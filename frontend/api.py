@@ -67,6 +67,8 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
                          token_length_normalized if choices_method is None else choices_method)
     if regex is not None:
         is_valid_regex(regex)
+    for pattern in [stop_regex] if isinstance(stop_regex, str) else (stop_regex or ()):
+        is_valid_regex(pattern)
     constraints = [x for x in (regex, json_schema, ebnf) if x is not None]
     if len(constraints) > 1:
         raise ValueError("use only one of regex, json_schema and ebnf")

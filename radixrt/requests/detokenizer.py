@@ -30,6 +30,12 @@ class IncrementalDetokenizer:
     string, so streamed text never shows characters that the final text will
     not contain. When the request finishes on a stop string, the text is cut
     before it (unless ``no_stop_trim``).
+
+    A request that finishes on a stop regex reports the pattern as ``matched``
+    and, as in SGLang, its text is cut where the pattern's own text first
+    occurs (usually nowhere: the matched text stays, see
+    `radixrt.sampling.stop_regex`); so the patterns' texts are held back
+    while streaming like stop strings.
     """
 
     def __init__(
@@ -39,11 +45,13 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
         stop: Sequence[str] = (),
         no_stop_trim: bool = False,
+        stop_regex: Sequence[str] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         self.stop = [s for s in stop if s]
+        self._held = self.stop + [p for p in stop_regex if p and p not in self.stop]  # tails held back
         self.no_stop_trim = no_stop_trim
         self.ids: list[int] = []
         self.text = ""
@@ -94,7 +102,7 @@ class IncrementalDetokenizer:
     def _stop_prefix_len(self, text: str) -> int:
         """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
         best = 0
-        for s in self.stop:
+        for s in self._held:
             for k in range(min(len(s) - 1, len(text)), best, -1):
                 if text.endswith(s[:k]):
                     best = k

@@ -33,6 +33,7 @@ class ResultAccumulator:
             spaces_between_special_tokens=sampling.spaces_between_special_tokens,
             stop=sampling.stop or [],
             no_stop_trim=sampling.no_stop_trim,
+            stop_regex=sampling.stop_regex or [],
         )
         self.text = ""
         self.output_ids: list[int] = []

@@ -11,7 +11,8 @@ Type rules (shared by the constructor and ``from_dict``):
 * float fields accept ints and floats, never bools or strings;
 * bool fields accept bools only;
 * ``stop`` accepts a string or a list/tuple of strings and is stored as a list
-  (``None`` becomes ``[]``);
+  (``None`` becomes ``[]``); so does ``stop_regex`` (its patterns must compile,
+  see `radixrt.sampling.stop_regex`);
 * ``stop_token_ids`` accepts a list/tuple of ints or ``None`` (stored as a list
   or ``None``);
 * ``logit_bias`` maps token ids (strings like ``"42"`` as in JSON, or ints) to
@@ -30,6 +31,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from radixrt.sampling.stop_regex import check_patterns as check_stop_regex
+
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _FLOAT_FIELDS = (
     "temperature",
@@ -45,7 +48,7 @@ _CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 # Keys that SGLang's server or frontend may send but radixrt does not implement.
 # They are accepted while unset (None), so that SGLang's own client works
 # unchanged, and rejected with a clear message otherwise.
-_UNSUPPORTED_KEYS = ("stop_regex", "structural_tag", "custom_params", "stream_interval")
+_UNSUPPORTED_KEYS = ("structural_tag", "custom_params", "stream_interval")
 # SGLang spellings of our fields.
 _ALIASES = {"sampling_seed": "seed"}
 
@@ -68,6 +71,23 @@ def _as_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def _as_str_list(name: str, value: Any) -> list[str]:
+    """None, a string or a list/tuple of strings -> a new list of strings."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        for s in value:
+            if not isinstance(s, str):
+                raise ValueError(
+                    f"sampling parameter '{name}' must be a string or a list of strings, "
+                    f"got an element of type {_type_name(s)}"
+                )
+        return list(value)
+    raise ValueError(f"sampling parameter '{name}' must be a string or a list of strings, got {_type_name(value)}")
+
+
 def _as_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"sampling parameter '{name}' must be a boolean, got {_type_name(value)} {value!r}")
@@ -86,6 +106,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     stop: Union[str, list[str], None] = None  # stored as a list
+    stop_regex: Union[str, list[str], None] = None  # stored as a list
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -131,6 +152,7 @@ class SamplingParams:
                 f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}"
             )
         self.stop = stop
+        self.stop_regex = _as_str_list("stop_regex", self.stop_regex)
 
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
@@ -236,6 +258,8 @@ class SamplingParams:
         for s in self.stop:
             if not s:
                 raise ValueError("sampling parameter 'stop' must not contain an empty string")
+        if self.stop_regex:
+            check_stop_regex(self.stop_regex)
         if self.stop_token_ids:
             for t in self.stop_token_ids:
                 if t < 0 or (vocab_size is not None and t >= vocab_size):
@@ -269,6 +293,7 @@ class SamplingParams:
         of it gives an equal object."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["stop"] = list(self.stop)
+        d["stop_regex"] = list(self.stop_regex)
         if self.stop_token_ids is not None:
             d["stop_token_ids"] = list(self.stop_token_ids)
         if self.logit_bias is not None:

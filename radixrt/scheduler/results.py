@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import TokenOutput
+from radixrt.sampling import stop_regex
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.inputs import StepInputs
 from radixrt.scheduler.launcher import PromptScores, StepOutput
@@ -144,12 +145,22 @@ class ResultProcessor:
                 return FinishReason.stop(token)
             if sp.stop_token_ids and token in sp.stop_token_ids:
                 return FinishReason.stop(token)
-            if sp.stop:
-                # Decode only the tail that can contain a newly completed stop string.
-                tail = self._decode(req.output_ids[-(self.max_stop_len + 8):], skip_special_tokens=False)
-                for s in sp.stop:
+            stops, regexes = sp.stop or (), sp.stop_regex or ()  # lists once the params are built
+            if stops or regexes:
+                # Decode only the tail that can contain a newly completed stop string or regex match.
+                n_tail = self.max_stop_len + 8
+                if regexes:
+                    n_tail = max(n_tail, stop_regex.window_tokens(regexes))
+                tail_ids = req.output_ids[-n_tail:]
+                tail = self._decode(tail_ids, skip_special_tokens=False)
+                for s in stops:
                     if s in tail:
                         return FinishReason.stop(s)
+                if regexes:
+                    new_chars = len(self._decode([token], skip_special_tokens=False))
+                    hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars)
+                    if hit is not None:
+                        return FinishReason.stop(hit)  # SGLang reports the pattern
         if n_out >= sp.max_new_tokens:
             return FinishReason.length(sp.max_new_tokens)
         if req.seq_len >= self.context_length:

@@ -30,6 +30,7 @@ class DetokRegister:
     spaces_between_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
     no_stop_trim: bool = False
+    stop_regex: list[str] = field(default_factory=list)
 
 
 @dataclass

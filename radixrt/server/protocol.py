@@ -3,7 +3,7 @@
 Unknown fields are ignored (clients send vendor extras); known fields are
 type- and range-checked so that a bad value is a 400 naming the field. The
 extra sampling fields that SGLang accepts (top_k, min_p, regex, json_schema,
-...) are accepted here too.
+stop_regex, ...) are accepted here too.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class _SamplingExtras(_Lenient):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
+    stop_regex: Optional[Union[str, list[str]]] = None  # SGLang's extra
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     seed: Optional[int] = None
@@ -70,6 +71,7 @@ class _SamplingExtras(_Lenient):
             "frequency_penalty": self.frequency_penalty,
             "repetition_penalty": self.repetition_penalty,
             "stop": self.stop,
+            "stop_regex": self.stop_regex,
             "stop_token_ids": self.stop_token_ids,
             "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens,

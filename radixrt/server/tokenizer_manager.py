@@ -236,6 +236,7 @@ class TokenizerManager:
             rids=rids, skip_special_tokens=sp.skip_special_tokens,
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
             stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim,
+            stop_regex=list(sp.stop_regex or []),
         ))
         self._to_scheduler.send_pyobj(spec.to_generate_req(parent, stream=True))
 

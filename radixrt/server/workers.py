@@ -123,6 +123,7 @@ class DetokenizerLoop:
                     spaces_between_special_tokens=msg.spaces_between_special_tokens,
                     stop=list(msg.stop or []),
                     no_stop_trim=msg.no_stop_trim,
+                    stop_regex=list(msg.stop_regex or []),
                 )
                 for out in self.orphans.pop(rid, []):
                     item = self._push(out)

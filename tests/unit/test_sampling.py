@@ -116,7 +116,7 @@ def test_defaults_are_sglangs():
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": "x"}}, "logit_bias"),
         ({"logit_bias": [1, 2]}, "logit_bias"),
-        ({"stop_regex": "x"}, "stop_regex"),
+        ({"stop_regex": "("}, "stop_regex"),
     ],
 )
 def test_from_dict_errors_name_the_field(d, field):

@@ -1,0 +1,154 @@
+"""Stop regexes: SGLang's ``stop_regex`` sampling parameter.
+
+A request with ``stop_regex`` (one pattern or a list) finishes as soon as one
+of the patterns is found (``re.search``) in its output text, checked after
+every new token like stop strings. As in SGLang:
+
+* the finish reason is ``{"type": "stop", "matched": <the pattern>}`` (the
+  pattern that matched, not the text it matched);
+* the final text is cut where the pattern's own text first occurs in it
+  (SGLang's detokenizer looks ``matched`` up literally). For a pattern that
+  is plain text (``"END"``, ``"\\n\\n"``) that is where the match begins, as for
+  a stop string; for a pattern with metacharacters (``"[0-9]+ apples"``) the
+  pattern's text does not occur and the matched text stays in the output.
+
+The scheduler decodes only a tail of the output each step (a bounded window,
+not the whole text): `window_tokens` tokens, enough for any match of a
+pattern whose longest match is bounded (``"[0-9]{3}"``, ``"END|STOP"``); a
+pattern with unbounded repetition (``"a+"``, ``".*"``) is searched in the last
+`UNBOUNDED_WINDOW_TOKENS` tokens, so its matches must fit there.
+
+Patterns are checked when a request comes in (`check_patterns`): at most
+`MAX_STOP_REGEX_COUNT`, each at most `MAX_STOP_REGEX_BYTES` bytes of UTF-8,
+each one that compiles. This module imports no torch.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Optional, Sequence
+
+try:  # Python 3.11+ (sre_parse is deprecated there)
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+MAX_STOP_REGEX_COUNT = 32  # SGLang's limits
+MAX_STOP_REGEX_BYTES = 256
+UNBOUNDED_WINDOW_TOKENS = 256  # the tail searched for a pattern with unbounded repetition
+_SLACK_TOKENS = 8  # decoding a tail may mangle its first token(s): decode a few more
+_CONTEXT_CHARS = 8  # real text kept before the search start for \b, lookbehind, MULTILINE ^
+_MARGIN_CHARS = 2  # the newest token's text length is measured on its own: allow for a char or two
+_UNBOUNDED = 1 << 30
+
+
+def check_patterns(patterns: Sequence[Any]) -> None:
+    """ValueError naming ``stop_regex`` unless ``patterns`` are usable stop regexes."""
+    if len(patterns) > MAX_STOP_REGEX_COUNT:
+        raise ValueError(
+            f"sampling parameter 'stop_regex' holds {len(patterns)} patterns; at most {MAX_STOP_REGEX_COUNT}"
+        )
+    for p in patterns:
+        if not isinstance(p, str):
+            raise ValueError(
+                f"sampling parameter 'stop_regex' must be a string or a list of strings, "
+                f"got an element of type {type(p).__name__}"
+            )
+        if not p:
+            raise ValueError("sampling parameter 'stop_regex' must not contain an empty pattern")
+        n = len(p.encode("utf-8", "surrogatepass"))
+        if n > MAX_STOP_REGEX_BYTES:
+            raise ValueError(
+                f"sampling parameter 'stop_regex' holds a pattern of {n} bytes; at most {MAX_STOP_REGEX_BYTES}"
+            )
+        try:
+            _compiled(p)
+        except (re.error, RecursionError, OverflowError, ValueError) as e:
+            raise ValueError(f"sampling parameter 'stop_regex' holds an invalid regex {p!r}: {e}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+@functools.lru_cache(maxsize=1024)
+def max_match_chars(pattern: str) -> Optional[int]:
+    """An upper bound on how many characters a match of ``pattern`` spans,
+    lookarounds included; None when unbounded (or not known)."""
+    try:
+        n = _width(_sre_parse.parse(pattern))
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return None
+    return n if n < _UNBOUNDED else None
+
+
+def _width(sub: Any) -> int:
+    """Upper bound of the characters a parsed (sub)pattern examines; `_UNBOUNDED` if none."""
+    total = 0
+    for op, av in sub:
+        name = getattr(op, "name", str(op))
+        if name in ("LITERAL", "NOT_LITERAL", "IN", "ANY"):
+            total += 1
+        elif name in ("AT",):  # ^ $ \b \A \Z: zero width
+            continue
+        elif name == "SUBPATTERN":
+            total += _width(av[-1])
+        elif name == "ATOMIC_GROUP":
+            total += _width(av)
+        elif name == "BRANCH":
+            total += max((_width(b) for b in av[1]), default=0)
+        elif name == "GROUPREF_EXISTS":  # (?(1)yes|no)
+            total += max(_width(av[1]), _width(av[2]) if av[2] is not None else 0)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            _, hi, inner = av
+            w = _width(inner)
+            if hi == _sre_parse.MAXREPEAT and w > 0:
+                return _UNBOUNDED
+            total += 0 if w == 0 else hi * w
+        elif name in ("ASSERT", "ASSERT_NOT"):  # lookaround: examines text outside the match
+            total += _width(av[1])
+        else:  # back references and anything unknown
+            return _UNBOUNDED
+        if total >= _UNBOUNDED:
+            return _UNBOUNDED
+    return total
+
+
+def window_tokens(patterns: Sequence[str]) -> int:
+    """How many trailing output tokens to decode to search ``patterns``."""
+    need = 0
+    for p in patterns:
+        chars = max_match_chars(p)
+        need = max(need, UNBOUNDED_WINDOW_TOKENS if chars is None else min(chars, UNBOUNDED_WINDOW_TOKENS))
+    return need + _SLACK_TOKENS
+
+
+def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int) -> Optional[str]:
+    """The first of ``patterns`` found in ``tail`` (the decoded end of the
+    output; ``whole`` when it is all of it, and its last ``new_chars``
+    characters are the newest token's), or None.
+
+    When the tail is only the end of the output, the search skips the start
+    of the tail that no new match can reach: a match that the newest token
+    made starts at most ``max_match_chars`` characters before that token's
+    text. The skipped characters are context for ``\\b``, lookbehinds and
+    MULTILINE ``^``; a plain ``^`` / ``\\A`` never matches the tail's start
+    (it is not the output's)."""
+    for p in patterns:
+        rx = _compiled(p)
+        if whole:
+            found = rx.search(tail) is not None
+        else:
+            chars = max_match_chars(p)
+            if chars is None:  # unbounded: anywhere in the tail, past a little context
+                start = min(_CONTEXT_CHARS, len(tail) - new_chars)
+            else:
+                start = len(tail) - new_chars - chars - _MARGIN_CHARS
+            if start > 0:
+                found = rx.search(tail, start) is not None
+            else:  # "\0" stands for the unknown text before the tail
+                found = rx.search("\0" + tail, 1) is not None
+        if found:
+            return p
+    return None

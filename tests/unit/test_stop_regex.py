@@ -1,0 +1,108 @@
+"""stop_regex (SGLang's sampling parameter): validation, the bounded tail the
+scheduler searches, and how the final text is trimmed (as SGLang does: at the
+pattern's own text, when it occurs)."""
+from __future__ import annotations
+
+import pytest
+
+from radixrt.requests.detokenizer import IncrementalDetokenizer
+from radixrt.requests.finish import FinishReason
+from radixrt.sampling import stop_regex as sr
+from radixrt.sampling.params import SamplingParams
+
+
+# ---------------------------------------------------------------- sampling params
+def test_stop_regex_is_stored_as_a_list():
+    assert SamplingParams.from_dict({"stop_regex": r"\d+"}).stop_regex == [r"\d+"]
+    assert SamplingParams.from_dict({"stop_regex": ("a", "b")}).stop_regex == ["a", "b"]
+    # SGLang's frontend sends an empty list (its default) or None
+    assert SamplingParams.from_dict({"stop_regex": []}) == SamplingParams()
+    assert SamplingParams.from_dict({"stop_regex": None}).stop_regex == []
+    p = SamplingParams.from_dict({"stop_regex": ["x+", "y"]})
+    assert SamplingParams.from_dict(p.to_dict()) == p
+
+
+@pytest.mark.parametrize("value, why", [
+    ("(", "invalid regex"),
+    (["ok", "[a-"], "invalid regex"),
+    ([""], "empty"),
+    ([1], "list of strings"),
+    (5, "list of strings"),
+    ({"a": 1}, "list of strings"),
+    (["a"] * (sr.MAX_STOP_REGEX_COUNT + 1), "at most"),
+    ("a" * (sr.MAX_STOP_REGEX_BYTES + 1), "bytes"),
+    ("é" * (sr.MAX_STOP_REGEX_BYTES // 2 + 1), "bytes"),  # counted in UTF-8 bytes
+])
+def test_bad_stop_regex_is_a_value_error_naming_the_field(value, why):
+    with pytest.raises(ValueError, match="'stop_regex'") as ei:
+        SamplingParams.from_dict({"stop_regex": value})
+    assert why in str(ei.value)
+
+
+# ---------------------------------------------------------------- the searched tail
+@pytest.mark.parametrize("pattern, chars", [
+    ("abc", 3), ("END|STOP", 4), (r"[0-9]{3}", 3), (r"a{2,5}", 5), (r"(?:ab)?c", 3), (r"(?i)hello", 5),
+    (r"\bcat\b", 3), (r"(?<=x)ab", 3), (r"a(?=bcd)", 4), ("^x$", 1),
+    (r"\d+", None), (".*", None), (r"a*?b", None), (r"(a)\1", None),
+])
+def test_max_match_chars(pattern, chars):
+    assert sr.max_match_chars(pattern) == chars
+
+
+def test_window_covers_the_longest_match_and_caps_unbounded_patterns():
+    assert sr.window_tokens(["abc"]) == 3 + 8
+    assert sr.window_tokens(["abc", "[0-9]{20}"]) == 20 + 8
+    assert sr.window_tokens([r"\d+"]) == sr.UNBOUNDED_WINDOW_TOKENS + 8
+    assert sr.window_tokens(["a{1000}"]) == sr.UNBOUNDED_WINDOW_TOKENS + 8
+
+
+def test_search_reports_the_first_pattern_that_matches():
+    assert sr.search(["zzz", r"\d{2}", "a"], "abc 12", True, 2) == r"\d{2}"
+    assert sr.search(["zzz"], "abc 12", True, 2) is None
+
+
+def test_search_in_a_partial_tail_finds_matches_inside_the_newest_token():
+    # the newest token is "123xyz": the match ends inside it, not at the end
+    assert sr.search([r"\d{3}"], "abcdefghij123xyz", False, 6) == r"\d{3}"
+    assert sr.search([r"\d+"], "abcdefghij123xyz", False, 6) == r"\d+"
+
+
+def test_search_in_a_partial_tail_does_not_invent_matches_at_its_start():
+    # "^" is the output's start, which a partial tail does not hold
+    assert sr.search(["^x"], "x marks the spot", False, 5) is None
+    assert sr.search(["^x"], "x marks the spot", True, 5) == "^x"
+    # \b where a tail could start ("...con|cat dog"): the search starts past it, with context
+    assert sr.search([r"\bcat\b"], "xxxxxxxxxxxxconcat dog", False, 4) is None
+    assert sr.search([r"\bcat\b"], "xxxxxxxxxxxxa cat", False, 4) == r"\bcat\b"
+    # MULTILINE ^ sees the real newline before the match
+    assert sr.search(["(?m)^END"], "some words here\nEND", False, 3) == "(?m)^END"
+
+
+# ---------------------------------------------------------------- the final text (detokenizer)
+class CharTokenizer:
+    """One token per character (ids are code points): enough for the detokenizer."""
+
+    def decode(self, ids, skip_special_tokens=True, spaces_between_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def _finish(text: str, matched: str, **kw) -> tuple[list[str], str]:
+    d = IncrementalDetokenizer(CharTokenizer(), **kw)
+    ids = [ord(c) for c in text]
+    streamed = [d.push([t]) for t in ids[:-1]]
+    return streamed, d.push(ids[-1:], FinishReason.stop(matched))
+
+
+def test_a_pattern_with_metacharacters_keeps_the_matched_text():
+    # SGLang reports the pattern and cuts where its own text occurs: nowhere here
+    streamed, final = _finish("I have 12", r"\d{2}", stop_regex=[r"\d{2}"])
+    assert final == "I have 12"
+    assert all(final.startswith(s) for s in streamed)
+
+
+def test_a_plain_text_pattern_is_cut_like_a_stop_string_and_held_back_while_streaming():
+    streamed, final = _finish("one two END", "END", stop_regex=["END"])
+    assert final == "one two "
+    assert all(final.startswith(s) for s in streamed)  # "E", "EN" were held back
+    _, kept = _finish("one two END", "END", stop_regex=["END"], no_stop_trim=True)
+    assert kept == "one two END"
