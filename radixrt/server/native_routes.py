@@ -5,8 +5,18 @@ Body: ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params``
 ``top_logprobs_num`` (a value or one per prompt), ``rid`` (one per prompt),
 ``return_text_in_logprobs``, ``stream``, ``cache_salt``. Answer: one result
 ``{"text", "output_ids", "meta_info"}``, or a list for a batch or n > 1; with
-``stream``, SSE events of cumulative results (output logprobs as deltas, an
-``index`` when several) closed by ``data: [DONE]``.
+``stream``, SSE events of cumulative results (text, output ids and logprobs
+so far, as SGLang sends them: its clients keep the last event's
+``meta_info``; an ``index`` when several) closed by ``data: [DONE]``.
+
+Every other field of SGLang's ``GenerateReqInput`` is accepted while unset
+(``None``, ``false``, empty), since SGLang's clients send some of them
+explicitly (``RuntimeEndpoint``, ``Runtime.generate``: ``lora_path``,
+``session_id``, ``image_data``...); set, it is a 400 naming it, except the
+pure hints in ``_GENERATE_ALWAYS_IGNORED`` (logging, tracing, routing).
+
+``POST /concate_and_append_request`` is what SGLang's ``RuntimeEndpoint``
+posts when a program joins its forks with ``mode="concate_and_append"``.
 """
 from __future__ import annotations
 
@@ -35,14 +45,30 @@ _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
     "return_text_in_logprobs", "stream", "cache_salt",
 }
-# SGLang request fields radixrt does not implement: accepted while empty/unset.
+# SGLang request fields (GenerateReqInput, SGLang 0.5.x) radixrt does not implement:
+# accepted while empty/unset, a 400 naming the field when set.
 _GENERATE_IGNORED = {
-    "image_data", "audio_data", "video_data", "lora_path", "lora_id", "session_params", "custom_logit_processor",
-    "input_embeds", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
-    "return_hidden_states", "token_ids_logprob", "stream_options", "priority", "extra_key",
-    "return_routed_experts", "conversation_id", "label", "background", "custom_labels",
+    # multimodal inputs
+    "image_data", "audio_data", "video_data", "input_embeds", "modalities", "mm_hashes", "mm_content_hashes",
+    "use_audio_in_video", "video_config", "images_config", "mm_processor_kwargs", "max_dynamic_patch",
+    "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch", "need_wait_for_mm_inputs",
+    "num_items_assigned", "encoder_urls", "positional_embed_overrides",
+    # adapters, sessions, custom processors
+    "lora_path", "lora_id", "session_params", "session_id", "custom_logit_processor",
+    # disaggregation and data parallelism
+    "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+    "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank", "http_worker_ipc", "kv_hints",
+    # extra outputs
+    "return_hidden_states", "token_ids_logprob", "return_routed_experts", "routed_experts_start_len",
+    "return_indexer_topk", "return_sampling_mask", "sampling_logprobs_mode", "return_flat_raw_top_logprobs",
+    "return_flat_raw_output_top_logprobs", "return_flat_raw_top_logprobs_b64", "return_bytes", "return_entropy",
+    "return_prompt_token_ids", "multi_item_delimiter_indices", "token_indices_to_pool",
+    # generation options radixrt does not have
+    "stream_options", "priority", "extra_key", "background", "require_reasoning", "max_thinking_tokens", "watermark",
+    "conversation_id", "label", "custom_labels",
 }
-_GENERATE_ALWAYS_IGNORED = {"log_metrics", "no_logs"}
+# Hints that never change an answer (logging, tracing, routing): ignored whatever their value.
+_GENERATE_ALWAYS_IGNORED = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time"}
 
 
 def _check_keys(body: Any) -> None:
@@ -95,18 +121,40 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
 
 
 async def _native_stream(group: ReqGroup, multi: bool) -> AsyncIterator[bytes]:
-    """SSE body: each update of a sample as its cumulative result (output
-    logprobs since its last event; ``index`` when ``multi``), then [DONE]."""
+    """SSE body: each update of a sample as its cumulative result (``index``
+    when ``multi``), then [DONE]."""
     async for news in group.updates():
         chunks = []
         for st in news:
             if st.error is not None:
                 chunks.append(sse(error_body(503, st.error)))
                 continue
-            d = st.acc.to_dict(logprob_offset=st.sent_logprobs)
-            st.sent_logprobs = len(st.acc.output_token_logprobs)
+            d = st.acc.to_dict()
             if multi:
                 d["index"] = group.states.index(st)
             chunks.append(sse(d))
         yield b"".join(chunks)
     yield SSE_DONE
+
+
+@router.post("/concate_and_append_request")
+async def concate_and_append_request(request: Request) -> Response:
+    """SGLang's fork join ``mode="concate_and_append"``: body ``{"src_rids":
+    [str, ...], "dst_rid": str}``, 200 ``{"success": true}``.
+
+    SGLang's ``RuntimeEndpoint`` posts it after appending the forks' texts to
+    the parent's text, as a hint that the parent's KV could be built from the
+    forks' (their ids are the program's stream ids, not request ids). With
+    the radix cache nothing needs doing: the parent's next request shares the
+    forks' prefix and computes only the appended text, and computes it
+    exactly (SGLang's own server has no such route, so the client, which
+    posts it from a worker thread, waits forever there)."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    src, dst = body.get("src_rids"), body.get("dst_rid")
+    if not isinstance(src, list) or not all(isinstance(r, str) for r in src):
+        raise bad_request("'src_rids' must be a list of strings.", "src_rids")
+    if not isinstance(dst, str):
+        raise bad_request("'dst_rid' must be a string.", "dst_rid")
+    return JSON({"success": True})

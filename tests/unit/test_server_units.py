@@ -209,7 +209,7 @@ def test_generate_stream_framing(app_client):
     evs = events(r.text)
     chunks = evs[:-1]
     assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5]
-    assert all(len(c["meta_info"]["output_token_logprobs"]) == 1 for c in chunks)  # deltas
+    assert [len(c["meta_info"]["output_token_logprobs"]) for c in chunks] == [1, 2, 3, 4, 5]  # cumulative
     assert all(len(c["meta_info"]["output_top_logprobs"][0]) == 2 for c in chunks)
     assert "index" not in chunks[0]
     r = app_client.post("/generate", json={"text": ["a", "b"], "stream": True,
