@@ -11,10 +11,18 @@
 # (TORCH_INDEX_URL is accepted too.) The value is passed to pip as --index-url
 # for the torch install only. It only matters while torch is not installed yet:
 # to switch an existing .venv, remove it (rm -rf .venv) and run again.
+#
+# SGLang's own client (sglang.RuntimeEndpoint and its program language), which
+# tests/e2e/test_sglang_client.py drives `radixrt serve` with, is installed
+# pinned and WITHOUT its dependencies (they are SGLang's GPU server stack:
+# torch, flashinfer, ...); what its client imports (aiohttp, pybase64, ipython)
+# comes with the `test` extra. 0.5.10.post1 is the last SGLang release published
+# as a pure-Python wheel (later ones are per-Python-version binary wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC="torch==2.13.0"
+SGLANG_VERSION="0.5.10.post1"
 TORCH_INDEX=${RADIXRT_TORCH_INDEX:-${TORCH_INDEX_URL:-}}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -31,4 +39,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   python -m pip install -q -e ".[test]"
   touch "$stamp"
+fi
+if [ "$(python -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null)" != "$SGLANG_VERSION" ]; then
+  # pip warns that sglang's own requirements are not met: expected, only its client is used
+  python -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
 fi

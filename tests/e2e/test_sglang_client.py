@@ -1,0 +1,279 @@
+"""SGLang's own client against `radixrt serve`.
+
+SGLang's program language (``sglang.function``, ``gen``, ``select``, forks)
+with its HTTP backend ``sglang.RuntimeEndpoint``, unchanged, driving a real
+radixrt server on 127.0.0.1. ``scripts/setup.sh`` installs SGLang's package
+(pinned, without its GPU server dependencies); without it this module is
+skipped.
+
+Most programs run on a tiny random Llama (SmolLM2's tokenizer and chat
+template): what is checked there holds for any weights, as outputs whose text
+is checked are pinned with a ``regex`` constraint. The embedded model's
+server runs the programs whose answers come from the model. The module is
+slow (two server start-ups); ``tests/unit/test_sglang_wire.py`` checks the
+request bodies SGLang's client sends on the fast path.
+
+Every program runs under a deadline: SGLang's interpreter runs each program in
+worker threads and waits for them, so a request that fails inside one (such as
+the ``concate_and_append`` join's POST to a route that is missing) used to
+hang the caller forever."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import httpx
+import pytest
+
+from radixrt.server.local import LocalServer
+
+pytestmark = pytest.mark.slow  # two server start-ups: ~45 s on two busy cores
+
+sgl = pytest.importorskip(
+    "sglang", reason="SGLang's client is not installed (scripts/setup.sh installs it: sglang --no-deps, pinned)")
+
+DEADLINE_S = 120
+IP = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
+
+
+def _serve(model: str):
+    srv = LocalServer("--max-total-tokens", "16384", "--debug-check-invariants", model=model)
+    try:
+        srv.wait_ready()
+        yield srv
+        assert srv.stop() == 0, srv.log_tail()
+    finally:
+        srv.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_llama):
+    yield from _serve(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def embedded_server():
+    yield from _serve("default")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_server):
+    return sgl.RuntimeEndpoint(tiny_server.url, chat_template_name="chatml")
+
+
+@pytest.fixture(scope="module")
+def embedded(embedded_server):
+    return sgl.RuntimeEndpoint(embedded_server.url, chat_template_name="chatml")
+
+
+def run(program, backend, timeout: float = DEADLINE_S, **kwargs):
+    """``program.run(backend=backend, **kwargs)``, failing (not hanging) past ``timeout``."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["state"] = program.run(backend=backend, **kwargs)
+            if not kwargs.get("stream"):
+                box["state"].sync()
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"the SGLang program did not finish in {timeout} s"
+    if "error" in box:
+        raise box["error"]
+    return box["state"]
+
+
+def assert_kv_idle(srv: LocalServer) -> None:
+    """No request holds KV: every slot is free or cached (free + tree == total)."""
+    kv = httpx.get(srv.url + "/debug/kv", timeout=30).json()["kv_slots"]
+    assert kv["private_slots"] == 0, kv
+    assert kv["free_slots"] + kv["tree_slots"] + kv["private_slots"] == kv["total_slots"], kv
+
+
+# ---------------------------------------------------------------- programs (any model)
+def test_gen_stop_and_stop_regex(tiny):
+    @sgl.function
+    def prog(s):
+        s += sgl.user("Spell it.")
+        s += sgl.assistant(sgl.gen("a", max_tokens=24, regex="abc def ghi", stop="de"))
+        s += sgl.user("Count.")
+        s += sgl.assistant(sgl.gen("b", max_tokens=24, regex="abc 123 xyz", stop_regex=r"\d{2}"))
+        s += sgl.user("Once more.")
+        s += sgl.assistant(sgl.gen("c", max_tokens=24, regex="abc 123 xyz", stop_regex=["nope", r"\s"]))
+
+    state = run(prog, tiny, temperature=0)
+    assert state["a"] == "abc "
+    assert state.get_meta_info("a")["finish_reason"] == {"type": "stop", "matched": "de"}
+    assert state["b"].startswith("abc 12") and "xyz" not in state["b"]  # SGLang keeps a regex's match
+    assert state.get_meta_info("b")["finish_reason"] == {"type": "stop", "matched": r"\d{2}"}
+    assert state["c"].startswith("abc") and "123" not in state["c"]
+    assert state.get_meta_info("c")["finish_reason"]["matched"] == r"\s"
+    assert "<|im_start|>assistant\nabc <|im_end|>" in state.text()  # SGLang's chatml template
+
+
+def test_regex_json_and_typed_gens(tiny):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"]}
+
+    @sgl.function
+    def prog(s):
+        s += "DNS: " + sgl.gen("ip", max_tokens=32, regex=IP) + "\n"
+        s += "Person: " + sgl.gen("person", max_tokens=128, json_schema=json.dumps(schema)) + "\n"
+        s += "Hours: " + sgl.gen_int("hours") + "\n"
+        s += "Name: " + sgl.gen_string("name", max_tokens=32) + "\n"
+        s += "Pi: " + sgl.gen("pi", dtype=float, max_tokens=16) + "\n"
+        s += "Blue: " + sgl.gen("blue", dtype=bool, max_tokens=8) + "\n"
+
+    state = run(prog, tiny, temperature=0)
+    assert re.fullmatch(IP, state["ip"]), state["ip"]
+    person = json.loads(state["person"])
+    assert isinstance(person["name"], str) and isinstance(person["age"], int)
+    int(state["hours"])
+    float(state["pi"])
+    assert state["blue"].strip() in ("True", "False")
+    assert state["name"].startswith('"')  # SGLang's string regex (unbounded: a random model may not close it)
+
+
+def test_select(tiny):
+    choices = ["True", "False", "Unknown"]
+
+    @sgl.function
+    def prog(s, statement):
+        s += "Statement: " + statement + "\nAnswer:" + sgl.select("answer", choices)
+        s += "\nWhy:" + sgl.gen("why", max_tokens=4)
+
+    states = [run(prog, tiny, statement=st) for st in ("Paris is in France.", "Cats are dogs.")]
+    for state in states:
+        assert state["answer"] in choices
+        meta = state.get_meta_info("answer")
+        assert len(meta["normalized_prompt_logprobs"]) == len(choices)
+
+
+@pytest.mark.parametrize("mode", ["gather_variable", "concate_and_append"])
+def test_fork_and_join(tiny, tiny_server, mode):
+    @sgl.function
+    def prog(s):
+        s += "Here are three tips.\n"
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"Tip {i + 1}: " + sgl.gen("tip", max_tokens=16, regex=f"tip-{i} [a-z]{{3}}") + "\n"
+        forks.join(mode)
+        s += "Summary: " + sgl.gen("summary", max_tokens=4)
+
+    state = run(prog, tiny, temperature=0)
+    if mode == "gather_variable":
+        tips = state["tip"]  # the forks' variables come back as a list
+        assert [t[:5] for t in tips] == ["tip-0", "tip-1", "tip-2"]
+        assert "Tip 1:" not in state.text()
+    else:
+        # the forks' text is appended to the parent's; the server was told (and answered success)
+        text = state.text()
+        assert text.index("Tip 1: tip-0") < text.index("Tip 2: tip-1") < text.index("Tip 3: tip-2")
+        assert text.index("Tip 3: tip-2") < text.index("Summary: ")
+    assert state.get_meta_info("summary")["completion_tokens"] == 4
+    assert_kv_idle(tiny_server)
+
+
+def test_concate_and_append_route_shape(tiny_server):
+    url = tiny_server.url + "/concate_and_append_request"
+    r = httpx.post(url, json={"src_rids": ["a", "b"], "dst_rid": "c"}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    bad = httpx.post(url, json={"src_rids": "a", "dst_rid": "c"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "src_rids"
+
+
+def test_streaming_with_logprobs(tiny):
+    @sgl.function
+    def prog(s):
+        s += sgl.system("You are a helpful assistant.")
+        s += sgl.user("Tell me a story.")
+        s += sgl.assistant(sgl.gen("answer", max_tokens=12, return_logprob=True, top_logprobs_num=2,
+                                   return_text_in_logprobs=True))
+
+    state = run(prog, tiny, temperature=0, stream=True)
+    chunks = list(state.text_iter("answer"))
+    assert len(chunks) > 1
+    answer = "".join(chunks)
+    assert answer == state["answer"]
+    meta = state.get_meta_info("answer")
+    lps = meta["output_token_logprobs"]  # all of them: the last event's are cumulative
+    assert len(lps) == meta["completion_tokens"] == 12
+    assert all(len(t) == 3 and isinstance(t[2], str) for t in lps)
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    assert "".join(t[2] for t in lps) == answer
+    # and the same program without streaming agrees
+    plain = run(prog, tiny, temperature=0)
+    assert plain["answer"] == answer
+    assert [t[1] for t in plain.get_meta_info("answer")["output_token_logprobs"]] == [t[1] for t in lps]
+
+
+def test_run_batch_and_server_calls(tiny, tiny_server):
+    @sgl.function
+    def prog(s, topic):
+        s += sgl.user(f"Write about {topic}.")
+        s += sgl.assistant(sgl.gen("text", max_tokens=6))
+
+    box: dict = {}
+
+    def target() -> None:
+        box["states"] = prog.run_batch([{"topic": t} for t in ("cats", "dogs", "owls", "bees")],
+                                       backend=tiny, temperature=0.7, num_threads=4)
+        for st in box["states"]:
+            st.sync()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(DEADLINE_S)
+    assert not t.is_alive()
+    assert len(box["states"]) == 4
+    assert all(st.get_meta_info("text")["completion_tokens"] == 6 for st in box["states"])
+    tiny.flush_cache()
+    assert tiny.get_model_name()  # /get_model_info's model_path
+    assert_kv_idle(tiny_server)
+
+
+def test_unsupported_request_fails_cleanly(tiny):
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a", max_tokens=4, stop_regex="(unclosed")
+
+    with pytest.warns(UserWarning, match="stop_regex"):  # SGLang's interpreter reports it as a warning
+        state = run(prog, tiny)
+    assert isinstance(state.error(), RuntimeError)
+    assert "invalid regex '(unclosed'" in str(state.error())  # the server's 400, as the client raised it
+
+
+# ---------------------------------------------------------------- the embedded model's answers
+def test_embedded_model_programs(embedded, embedded_server):
+    @sgl.function
+    def qa(s, question):
+        s += sgl.system("You are a helpful assistant.")
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=24, stop_regex=r"[.!?]"))
+
+    state = run(qa, embedded, question="What is the capital of France? Answer in one sentence.", temperature=0)
+    assert "Paris" in state["answer"]
+    assert state.get_meta_info("answer")["finish_reason"] == {"type": "stop", "matched": "[.!?]"}
+    assert re.search(r"[.!?]$", state["answer"])  # the match stays in the text, as in SGLang
+
+    @sgl.function
+    def parallel_encoding(s, question, contexts):
+        s += sgl.user("Please memorize these statements.")
+        forks = s.fork(len(contexts))
+        forks += lambda i: f"Statement {i}: " + contexts[i] + "\n"
+        forks.join(mode="concate_and_append")
+        s += sgl.user("Question: " + question + " Answer with a name.")
+        s += sgl.assistant(sgl.gen("answer", max_tokens=16, stop="\n"))
+
+    state = run(parallel_encoding, embedded, question="Who is the father of Julian?",
+                contexts=["Ethan is the father of Liam.", "Noah is the father of Julian.",
+                          "Oliver is the father of Carlos."], temperature=0)
+    assert "Statement 1: Noah is the father of Julian." in state.text()
+    assert state.get_meta_info("answer")["completion_tokens"] > 0
+    assert_kv_idle(embedded_server)
