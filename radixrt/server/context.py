@@ -29,7 +29,12 @@ class ServerContext:
     model_aliases: set = field(default_factory=set)
     chat_info: dict = field(default_factory=dict)  # chat_role_markers, chat_default_system_prompt
     healthy: Callable[[], bool] = lambda: True
+    # Why /health should answer 503 besides a dead child (the scheduler's
+    # heartbeat is late, the server is draining), or None.
+    health_problem: Callable[[], Optional[str]] = lambda: None
     started: float = field(default_factory=time.time)
+    draining: bool = False  # shutting down: new requests get 503 (GuardMiddleware)
+    active_requests: int = 0  # HTTP requests being answered (counted by GuardMiddleware)
 
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any, AsyncIterator, Callable, Optional
 
 import msgspec
@@ -44,15 +45,86 @@ def error_response(status: int, message: str, param: Optional[str] = None,
     return JSON(error_body(status, message, param, err_type), status_code=status)
 
 
-async def read_json(request: Request) -> Any:
-    """The request body parsed as JSON; ServerError 400 when empty or malformed."""
-    raw = await request.body()
-    if not raw.strip():
+# Deepest nesting of arrays and objects accepted in a request body. Real
+# bodies nest a few levels (a JSON schema in response_format a few dozen);
+# the limit keeps recursive code (parsers, validators, repr in error
+# messages) far from Python's recursion limit.
+MAX_JSON_DEPTH = 100
+# Bodies larger than this are parsed in a worker thread, not on the event loop.
+PARSE_IN_THREAD_BYTES = 256 * 1024
+# Where the middleware leaves a body it already parsed (see GuardMiddleware).
+SCOPE_JSON_KEY = "radixrt.json_body"
+
+# A \uD800-\uDFFF escape (possibly preceded by an escaped backslash: the
+# precise check runs only when this matches).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _too_deep(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` (as json.loads makes it) nests lists/dicts more than ``limit`` deep.
+    Level by level, without recursion; the leaves of a container are skipped in C."""
+    level = [obj] if isinstance(obj, (list, dict)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        nested: list[Any] = []
+        for c in level:
+            values = list(c.values()) if isinstance(c, dict) else c
+            kinds = set(map(type, values))
+            if list in kinds or dict in kinds:
+                nested.extend(v for v in values if isinstance(v, (list, dict)))
+        level = nested
+    return False
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """``raw`` parsed as JSON (UTF-8); ServerError 400 when it is not valid
+    UTF-8 or not JSON, nests more than MAX_JSON_DEPTH deep, or holds a lone
+    UTF-16 surrogate escape (``"\\ud800"``: not a Unicode character, so no
+    tokenizer or encoder can take it). NaN and Infinity are accepted as
+    Python's json does; the fields that take numbers refuse them."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"The request body is not valid UTF-8 (byte {e.start}).") from None
+    if not text.strip():
         raise bad_request("The request body is empty; send a JSON object.")
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        obj = json.loads(text)
+        too_deep = _too_deep(obj, MAX_JSON_DEPTH)
+    except json.JSONDecodeError as e:
         raise bad_request(f"Malformed JSON body: {e}") from None
+    except RecursionError:
+        too_deep = True
+    if too_deep:
+        raise bad_request(f"The JSON body nests arrays/objects more than {MAX_JSON_DEPTH} levels deep.")
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad_request(f"The JSON body holds a lone UTF-16 surrogate ({e.object[e.start:e.end]!a}), "
+                              "which is not a Unicode character; escape astral characters as a "
+                              "surrogate pair or send them as UTF-8.") from None
+    return obj
+
+
+async def parse_json_body_async(raw: bytes) -> Any:
+    """`parse_json_body`, in a worker thread when ``raw`` is large (the event
+    loop keeps serving meanwhile)."""
+    if len(raw) > PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(parse_json_body, raw)
+    return parse_json_body(raw)
+
+
+async def read_json(request: Request) -> Any:
+    """The request body parsed as JSON (as `parse_json_body`; reused when the
+    middleware already parsed it); ServerError 400 when empty or malformed."""
+    scope = request.scope
+    if SCOPE_JSON_KEY in scope:
+        return scope[SCOPE_JSON_KEY]
+    return await parse_json_body_async(await request.body())
 
 
 class AbortingStreamingResponse(StreamingResponse):

@@ -1,13 +1,17 @@
-"""The server's ASGI guard: API key, request body limit, HTTP metrics."""
+"""The server's ASGI guard: API key, request body (size limit, JSON check),
+draining, HTTP metrics, and a last-resort error answer."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 from starlette.responses import Response
 
 from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
-from radixrt.server.http_utils import error_response
+from radixrt.server.http_utils import SCOPE_JSON_KEY, error_response, parse_json_body_async
+
+logger = logging.getLogger(__name__)
 
 # Paths counted by name in the HTTP metrics; anything else counts as "other".
 KNOWN_ROUTES = {
@@ -16,15 +20,34 @@ KNOWN_ROUTES = {
     "/metrics", "/debug/kv",
 }
 
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its request body was complete."""
+
 
 class GuardMiddleware:
-    """API key (every route but /health), request body size limit, HTTP metrics.
-    Pure ASGI, so streaming and disconnect detection pass through untouched.
+    """Pure ASGI (streaming and disconnect detection pass through untouched):
 
-    A body over the limit is a 413: at once when Content-Length says so,
-    else when the bytes read pass it (raised as ServerError from ``receive``)."""
+    * API key on every route but /health (401);
+    * while the server drains for shutdown, 503 to every new request but
+      /health, /metrics and /abort_request;
+    * the request body is read here in full before the app runs: over the
+      limit it is a 413 (at once when Content-Length says so, else when the
+      bytes read pass it); a POST/PUT/PATCH body that is (or claims to be)
+      JSON is parsed and checked by `parse_json_body` (400 on malformed
+      UTF-8/JSON, too deep nesting, lone surrogates), and the parsed value is
+      left in the scope for `read_json`. The app then reads the same bytes.
+      A client that leaves mid-upload costs one log line at INFO;
+    * an exception no handler took becomes a JSON 500 (logged once), and the
+      connection stays usable;
+    * in-flight requests are counted (``ctx.active_requests``; draining waits
+      for them) and every answer in the HTTP metrics.
+    """
 
     OPEN_PATHS = ("/health",)
+    OPEN_WHILE_DRAINING = ("/health", "/metrics", "/abort_request")
 
     def __init__(self, app: Any, ctx_getter: Callable[[], ServerContext]) -> None:
         self.app = app
@@ -43,41 +66,89 @@ class GuardMiddleware:
                 status_box[0] = message["status"]
             await send(message)
 
+        ctx.active_requests += 1
         try:
             refusal = self._refusal(scope, ctx, path)
+            if refusal is None:
+                try:
+                    body_receive = await self._read_body(scope, receive, ctx.max_request_bytes)
+                except _ClientGone as e:
+                    logger.info("%s %s: %s", scope.get("method"), path, e)
+                    return
+                except ServerError as e:
+                    refusal = error_response(e.status, e.message, e.param, e.err_type)
             if refusal is not None:
                 await refusal(scope, receive, send_wrapper)
                 return
-            await self.app(scope, self._limited(receive, ctx.max_request_bytes), send_wrapper)
+            try:
+                await self.app(scope, body_receive, send_wrapper)
+            except Exception as exc:  # answered here, so that the connection stays usable
+                logger.exception("unhandled error on %s %s", scope.get("method"), path)
+                if not status_box[0]:
+                    await error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")(
+                        scope, receive, send_wrapper)
         finally:
+            ctx.active_requests -= 1
             if status_box[0]:
                 ctx.metrics.observe_http(path if path in KNOWN_ROUTES else "other", status_box[0])
 
     def _refusal(self, scope: dict, ctx: ServerContext, path: str) -> Optional[Response]:
-        """The error answer for a request refused before it runs, or None."""
+        """The error answer for a request refused before its body is read, or None."""
         if ctx.api_key and path not in self.OPEN_PATHS and not self._authorized(scope, ctx.api_key):
             return error_response(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
                                   err_type="authentication_error")
+        if ctx.draining and path not in self.OPEN_WHILE_DRAINING:
+            resp = error_response(503, "The server is shutting down and takes no new requests.")
+            resp.headers["connection"] = "close"
+            return resp
         limit = ctx.max_request_bytes
-        length = self._content_length(scope)
-        if length is not None and length > limit:
-            return error_response(413, f"The request body ({length} bytes) exceeds the limit of {limit} bytes.")
+        length = self._header(scope, b"content-length")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                return error_response(400, f"Invalid Content-Length header {length!r}.")
+            if size > limit:
+                return error_response(413, f"The request body ({size} bytes) exceeds the limit of {limit} bytes.")
         return None
 
-    @staticmethod
-    def _limited(receive: Callable, limit: int) -> Callable:
-        received = 0
-
-        async def limited_receive() -> dict:
-            nonlocal received
+    async def _read_body(self, scope: dict, receive: Callable, limit: int) -> Callable:
+        """Read the whole body (ServerError 413 past ``limit``, 400 for a bad
+        JSON body; _ClientGone if the client leaves first); return a receive
+        that hands the body to the app, then passes through."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise ServerError(413, f"The request body exceeds the limit of {limit} bytes.")
-            return message
+            if message["type"] == "http.disconnect":
+                raise _ClientGone(f"the client left after sending {size} bytes of the request body")
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise ServerError(413, f"The request body exceeds the limit of {limit} bytes.")
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body.strip() and scope.get("method") in _BODY_METHODS and self._json_content(scope):
+            scope[SCOPE_JSON_KEY] = await parse_json_body_async(body)
+        pending: list[dict] = [{"type": "http.request", "body": body, "more_body": False}]
 
-        return limited_receive
+        async def replay_receive() -> dict:
+            if pending:
+                return pending.pop()
+            return await receive()
+
+        return replay_receive
+
+    @classmethod
+    def _json_content(cls, scope: dict) -> bool:
+        """Whether the body is JSON by its Content-Type (none counts: FastAPI parses it as JSON too)."""
+        ctype = cls._header(scope, b"content-type")
+        return ctype is None or "json" in ctype.lower()
 
     @staticmethod
     def _authorized(scope: dict, key: str) -> bool:
@@ -91,11 +162,9 @@ class GuardMiddleware:
         return False
 
     @staticmethod
-    def _content_length(scope: dict) -> Optional[int]:
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    return int(value)
-                except ValueError:
-                    return None
+    def _header(scope: dict, name: bytes) -> Optional[str]:
+        for n, value in scope.get("headers", []):
+            if n == name:
+                return value.decode("latin-1")
         return None
+
