@@ -108,7 +108,7 @@ def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], 
 async def generate(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     """Generate for one prompt or a batch; 499 (empty) if the client leaves first."""
     tm = ctx.tm
-    specs, batch, stream = parse_generate(await read_json(request), tm)
+    specs, batch, stream = await tm.run_tokenize(parse_generate, await read_json(request), tm)
     group = tm.submit(specs)
     multi = batch or len(group.states) > 1
     if stream:

@@ -107,7 +107,7 @@ async def completions(req: CompletionRequest, request: Request,
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
-    prompts = _completion_prompts(req, tm)
+    prompts = await tm.run_tokenize(_completion_prompts, req, tm)
     group = tm.submit(_completion_specs(req, prompts, tm.context_length))
     view = CompletionView(req, group, prompts, tm.tokenizer, ctx.served_model_name)
     return await _answer(request, tm, group, view, req.stream)
@@ -149,7 +149,7 @@ def _chat_prompt_ids(req: ChatCompletionRequest, messages: list[dict], tm: Token
         raise bad_request(f"The chat template cannot render these messages: {e}", "messages") from None
     bos = getattr(tm.tokenizer, "bos_token", None)
     if bos and prompt.startswith(bos):
-        return list(tm.tokenizer.encode(prompt, add_special_tokens=False))
+        return tm.encode(prompt, add_special_tokens=False)
     return tm.encode(prompt)
 
 
@@ -199,7 +199,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request,
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
-    spec = _chat_spec(req, tm)
+    spec = await tm.run_tokenize(_chat_spec, req, tm)
     group = tm.submit([spec])
     view = ChatView(req, group, len(spec.input_ids), tm.tokenizer, ctx.served_model_name)
     return await _answer(request, tm, group, view, req.stream)

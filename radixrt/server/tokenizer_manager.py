@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
-from typing import Any, AsyncIterator, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import Limits, RequestSpec, RidAllocator, sample_rids, validate_spec
@@ -23,6 +25,27 @@ from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
 from radixrt.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Prompt size bound (see `TokenizerManager.max_prompt_chars`): a token covers
+# at most the longest vocabulary entry's characters; this factor leaves room
+# for normalizers that merge characters (NFC/NFKC composition merges at most
+# three into one).
+CHARS_PER_TOKEN_MARGIN = 4
+TOKENIZE_THREADS = 2  # worker threads that tokenize (the tokenizers library releases the GIL)
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` stands for: its longest
+    vocabulary entry (byte-level vocabularies spell a byte as one character,
+    SentencePiece's byte tokens spell one as six), at least 1."""
+    try:
+        return max(1, max(map(len, tokenizer.get_vocab()), default=1))
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: a generous guess
+        logger.warning("cannot read the tokenizer's vocabulary; assuming tokens of at most 256 characters")
+        return 256
+
 
 __all__ = ["ReqGroup", "ReqState", "ServerError", "TokenizerManager"]
 
@@ -107,6 +130,10 @@ class TokenizerManager:
         self._recv_task: Optional[asyncio.Task] = None
         self._ctx = self._actx = None
         self.last_stats: dict = {}
+        # Longer prompts cannot fit the context whatever they say: refused by
+        # size before tokenizing (see `encode`).
+        self.max_prompt_chars = self.context_length * CHARS_PER_TOKEN_MARGIN * max_token_chars(tokenizer)
+        self._tokenize_pool: Optional[ThreadPoolExecutor] = None
 
     # ------------------------------------------------------------------ sockets
     async def start(self) -> None:
@@ -123,6 +150,8 @@ class TokenizerManager:
     def close(self) -> None:
         if self._recv_task is not None:
             self._recv_task.cancel()
+        if self._tokenize_pool is not None:
+            self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         for ctx in (self._ctx, self._actx):
             if ctx is not None:
                 ctx.destroy(linger=0)
@@ -194,8 +223,36 @@ class TokenizerManager:
         self.metrics.set_inflight(len(self.states))
 
     # ------------------------------------------------------------------ requests
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``text``'s token ids; ServerError 400 when the text cannot fit the
+        context: longer than ``max_prompt_chars`` (refused before tokenizing)
+        or ``context_length`` tokens or more (refused at once, before the
+        other prompts of a batch are tokenized); or when it holds a lone
+        surrogate. Blocking: routes call it from `run_tokenize`."""
+        n = len(text)
+        if n > self.max_prompt_chars:
+            raise bad_request(
+                f"the prompt is {n} characters long; this model's context length is {self.context_length} "
+                f"tokens, which cannot hold more than {self.max_prompt_chars} characters")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise bad_request(f"the prompt holds a lone surrogate ({text[e.start:e.end]!a}), "
+                                  "which is not a Unicode character") from None
+        ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        if len(ids) >= self.context_length:
+            raise bad_request(f"the prompt has {len(ids)} tokens; this model's context length is "
+                              f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit")
+        return ids
+
+    async def run_tokenize(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, which tokenizes (through `encode`), in a worker
+        thread: a long prompt takes the event loop no time (the tokenizers
+        library releases the GIL while it encodes)."""
+        if self._tokenize_pool is None:
+            self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="radixrt-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, functools.partial(fn, *args))
 
     def check_alive(self) -> None:
         if self.dead_reason is not None:
