@@ -22,10 +22,14 @@ HEALTH_GENERATE_TIMEOUT_S = 30
 
 @router.get("/health")
 async def health(ctx: ServerContext = Depends(server_context)) -> Response:
-    """200 (empty) while every server process is up, else 503."""
-    if ctx.healthy() and ctx.tm.dead_reason is None:
+    """200 (empty) while every server process is up, the scheduler's heartbeat
+    is on time and the server is not shutting down; else 503 with the reason."""
+    reason = ctx.tm.dead_reason or ctx.health_problem()
+    if reason is None and not ctx.healthy():
+        reason = "a server process is down"
+    if reason is None:
         return Response(status_code=200)
-    return error_response(503, f"unhealthy: {ctx.tm.dead_reason or 'a server process is down'}")
+    return error_response(503, f"unhealthy: {reason}")
 
 
 @router.get("/health_generate")

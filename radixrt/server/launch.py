@@ -3,7 +3,17 @@ the model is loaded, then serve HTTP with uvicorn in this (main) process.
 
 Supervision: a watchdog task polls the children; if one dies, every pending
 request fails, /health answers 503 and the server exits non-zero within
-seconds. Ctrl-C or SIGTERM stops uvicorn gracefully and then the children.
+seconds. The scheduler's loop stamps a heartbeat (shared memory) on every
+iteration, at least every `workers.POLL_MS` when idle; while the last stamp is
+older than ``--scheduler-stall-timeout-s`` (the process is stopped or stuck),
+/health answers 503, and 200 again once it moves.
+
+Shutdown (Ctrl-C or SIGTERM): the server drains. New requests get a 503
+(JSON) and /health a 503; requests in flight may finish for
+``--shutdown-grace-s``; those still running then end with an error (an
+error event and ``[DONE]`` on streams, a 503 JSON answer otherwise); then
+uvicorn stops and the children with it, and the process exits 0. A second
+signal stops at once.
 """
 from __future__ import annotations
 
@@ -37,7 +47,9 @@ class ServerArgs:
     served_model_name: Optional[str] = None
     max_request_bytes: int = 32 * 1024 * 1024
     startup_timeout: float = 600.0
-    timeout_graceful_shutdown: float = 5.0
+    timeout_graceful_shutdown: float = 5.0  # uvicorn's, after draining: open connections get this long
+    shutdown_grace_s: float = 10.0
+    scheduler_stall_timeout_s: float = 30.0
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +66,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="largest accepted request body in bytes (413 above)")
     parser.add_argument("--startup-timeout", dest="startup_timeout", type=float, default=600.0,
                         help="seconds to wait for the model to load")
+    parser.add_argument("--shutdown-grace-s", dest="shutdown_grace_s", type=float, default=10.0,
+                        help="on SIGTERM/Ctrl-C, seconds the requests in flight may take to finish (new ones "
+                             "get 503); those still running then end with an error")
+    parser.add_argument("--scheduler-stall-timeout-s", dest="scheduler_stall_timeout_s", type=float, default=30.0,
+                        help="/health answers 503 while the scheduler process has shown no progress (no loop "
+                             "iteration; it beats at least every 0.2 s when idle) for this many seconds; keep "
+                             "it above the longest step (a prefill chunk)")
 
 
 def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
@@ -124,6 +143,8 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     children: list[_Child] = []
     stop_signal: list[int] = []
     prev_handlers = {}
+    # time.monotonic() of the scheduler loop's last iteration (CLOCK_MONOTONIC: one clock for all processes)
+    heartbeat = mp.RawValue("d", time.monotonic())
 
     def on_signal(sig: int, _frame: Any) -> None:
         stop_signal.append(sig)
@@ -137,7 +158,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     try:
         r, w = mp.Pipe(duplex=False)
         proc = mp.Process(target=run_scheduler_process, name="radixrt-scheduler", daemon=True,
-                          args=(config, addrs, w, os.getpid()))
+                          args=(config, addrs, w, os.getpid(), heartbeat))
         proc.start()
         w.close()
         children.append(_Child("scheduler", proc, r))
@@ -157,7 +178,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
             logger.error("%s", e)
             print(f"radixrt serve: {e}", file=sys.stderr)
             return 1
-        exit_code = _serve(config, sargs, resolved, tokenizer, addrs, children, stop_signal)
+        exit_code = _serve(config, sargs, resolved, tokenizer, addrs, children, stop_signal, heartbeat)
         return exit_code
     except KeyboardInterrupt:
         return 0
@@ -190,7 +211,7 @@ def _chat_template_info(tokenizer: Any) -> dict:
 
 
 def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
-           children: list[_Child], stop_signal: list[int]) -> int:
+           children: list[_Child], stop_signal: list[int], heartbeat: Any) -> int:
     import uvicorn
 
     from radixrt.server.http_server import ServerContext, build_app
@@ -209,15 +230,26 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
     public_args = {**dataclasses.asdict(config), **dataclasses.asdict(sargs)}
     public_args["api_key"] = "***" if sargs.api_key else None
     state = {"exit_code": 0, "stopping": False}
+    heartbeat.value = time.monotonic()  # the scheduler is ready; its loop beats from now on
     server_box: list[Any] = []
 
     def healthy() -> bool:
         return not state["stopping"] and all(c.proc.is_alive() for c in children)
 
+    def health_problem() -> Optional[str]:
+        if ctx.draining or state["stopping"]:
+            return "the server is shutting down"
+        late = time.monotonic() - heartbeat.value
+        if late > sargs.scheduler_stall_timeout_s:
+            return (f"the scheduler process has shown no progress for {late:.1f} s "
+                    f"(--scheduler-stall-timeout-s {sargs.scheduler_stall_timeout_s:g})")
+        return None
+
     ctx = ServerContext(
         tm=tm, metrics=metrics, model_path=config.model_path, resolved_model_path=resolved,
         served_model_name=served, api_key=sargs.api_key, max_request_bytes=sargs.max_request_bytes,
         server_args=public_args, model_aliases=aliases, chat_info=chat_info, healthy=healthy,
+        health_problem=health_problem,
         process_ids={"server": os.getpid(), **{c.name: c.proc.pid for c in children}},
     )
 
@@ -246,15 +278,49 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
         print(f"radixrt server ready at http://{sargs.host}:{sargs.port} (model {resolved})",
               file=sys.stderr, flush=True)
 
+    async def drain(sig: int) -> None:
+        """Refuse new requests, give those in flight the grace period, end the rest, then stop uvicorn."""
+        ctx.draining = True
+        grace = sargs.shutdown_grace_s
+        in_flight = len(tm.states)
+        if in_flight or ctx.active_requests:
+            print(f"radixrt serve: signal {sig}: draining {in_flight} request(s) in flight "
+                  f"(up to {grace:g} s)", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + grace
+        while (tm.states or ctx.active_requests) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if tm.states:
+            logger.warning("%d request(s) still running after the %g s shutdown grace period: ending them",
+                           len(tm.states), grace)
+            tm.fail_all(f"the server is shutting down (the {grace:g} s shutdown grace period ran out)")
+        deadline = time.monotonic() + 2.0  # let the answers and the streams' last events go out
+        while ctx.active_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        server.should_exit = True
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, whose first SIGTERM/SIGINT starts `drain` instead of stopping at once."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit or ctx.draining or not self.started or not loop_box:
+                super().handle_exit(sig, frame)  # a second signal, or not serving yet: stop now
+                return
+            ctx.draining = True
+            loop_box[0].call_soon_threadsafe(lambda: drain_tasks.append(asyncio.ensure_future(drain(sig))))
+
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    drain_tasks: list[asyncio.Future] = []
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any):
+        loop_box.append(asyncio.get_running_loop())
         await tm.start()
         tasks = [asyncio.create_task(watchdog()), asyncio.create_task(announce_ready())]
         try:
             yield
         finally:
             state["stopping"] = True
-            for t in tasks:
+            for t in tasks + drain_tasks:
                 t.cancel()
             tm.fail_all("the server is stopping")
             tm.close()
@@ -266,7 +332,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
         access_log=level in ("debug", "info"), timeout_graceful_shutdown=sargs.timeout_graceful_shutdown,
         lifespan="on", timeout_keep_alive=30,
     )
-    server = uvicorn.Server(uconfig)
+    server = DrainingServer(uconfig)
     server_box.append(server)
     server.run()
     if not server.started and state["exit_code"] == 0 and not stop_signal:

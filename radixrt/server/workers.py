@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import traceback
 from typing import Any, Optional
 
@@ -26,9 +27,12 @@ def _setup_child(name: str, log_level: str) -> None:
     )
 
 
-def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int]) -> None:
+def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int],
+                          heartbeat: Any = None) -> None:
     """Load the model, report readiness (or the error) on ``ready``, then serve
-    the scheduler's event loop over ZMQ until the parent goes away."""
+    the scheduler's event loop over ZMQ until the parent goes away. Every loop
+    iteration (at least every POLL_MS while idle) stores time.monotonic() in
+    ``heartbeat`` (a shared double) when given: the server's /health reads it."""
     _setup_child("scheduler", config.log_level)
     log = logging.getLogger("radixrt.server.scheduler")
     try:
@@ -61,6 +65,8 @@ def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: 
     ready.close()
 
     def recv(block: bool) -> list[Any]:
+        if heartbeat is not None:
+            heartbeat.value = time.monotonic()
         msgs: list[Any] = []
         if block and not pull.poll(POLL_MS):
             return msgs

@@ -1,0 +1,270 @@
+"""The HTTP server under hostile or unlucky conditions, on a tiny random Llama
+(SmolLM2's tokenizer, 8192-token context): malformed bodies are 400s that
+leave the keep-alive connection usable, clients that leave mid-upload cost no
+traceback, long prompts are tokenized off the event loop (or refused by size
+before tokenizing), /health follows the scheduler's heartbeat, and SIGTERM
+drains: requests in flight finish within the grace period or end with an
+error event (streams) or a JSON 503, and the process exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from radixrt.server.local import LocalServer
+
+STALL_TIMEOUT_S = 1.5  # --scheduler-stall-timeout-s of the module's server
+LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test waits
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    srv = LocalServer("--max-total-tokens", "24576", "--served-model-name", "default",
+                      "--scheduler-stall-timeout-s", str(STALL_TIMEOUT_S), model=tiny_llama)
+    try:
+        srv.wait_ready()
+        yield srv
+        assert srv.stop(signal.SIGTERM) == 0, srv.log_tail()
+    finally:
+        srv.cleanup()
+
+
+def _error(r: httpx.Response, status: int, mention: str = "") -> dict:
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status, err
+    assert mention.lower() in err["message"].lower(), err
+    return err
+
+
+def _local_port(r: httpx.Response) -> int:
+    """The client-side port of the connection that carried ``r``."""
+    return r.extensions["network_stream"].get_extra_info("client_addr")[1]
+
+
+def _chat(content: str) -> bytes:
+    return json.dumps({"model": "default", "messages": [{"role": "user", "content": content}],
+                       "max_tokens": 2}).encode()
+
+
+LONE_SURROGATE = "a\\ud800b"  # a JSON escape of a lone surrogate, as it goes on the wire
+BAD_BODIES = {
+    "surrogate_generate": ("/generate", b'{"text": "' + LONE_SURROGATE.encode() + b'"}', "surrogate"),
+    "surrogate_completion": ("/v1/completions", b'{"model": "default", "prompt": "'
+                             + LONE_SURROGATE.encode() + b'"}', "surrogate"),
+    "surrogate_chat": ("/v1/chat/completions", _chat("x").replace(b'"x"', b'"' + LONE_SURROGATE.encode() + b'"'),
+                       "surrogate"),
+    "low_surrogate_in_a_key": ("/generate", b'{"text": "hi", "\\udc00": 1}', "surrogate"),
+    "deep_generate": ("/generate", b"[" * 100_000, "deep"),
+    "deep_completion": ("/v1/completions", b"[" * 100_000, "deep"),
+    "deep_chat": ("/v1/chat/completions", b"{\"messages\": " + b"[" * 100_000, "deep"),
+    "deep_but_closed": ("/generate", b'{"text": ' + b"[" * 500 + b"]" * 500 + b"}", "deep"),
+    "not_utf8": ("/generate", b'{"text": "\xff\xfe"}', "UTF-8"),
+    "utf8_encoded_surrogate": ("/generate", b'{"text": "\xed\xa0\x80"}', "UTF-8"),
+    "truncated": ("/v1/completions", b'{"model": "default", "prompt": "x', "JSON"),
+}
+
+
+def test_malformed_bodies_are_400_and_keep_the_connection(server):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        ok = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+        assert ok.status_code == 200
+        port = _local_port(ok)
+        for name, (route, body, mention) in BAD_BODIES.items():
+            r = c.post(route, content=body, headers={"content-type": "application/json"})
+            _error(r, 400, mention)
+            assert _local_port(r) == port, name
+            ok = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+            assert ok.status_code == 200, (name, ok.text)
+            assert _local_port(ok) == port, f"{name}: the connection was closed"
+        # a valid surrogate pair (an emoji, as Python's json.dumps writes it) is fine
+        r = c.post("/generate", content=b'{"text": "\\ud83d\\ude00", "sampling_params": {"max_new_tokens": 1}}')
+        assert r.status_code == 200 and _local_port(r) == port, r.text
+    assert "Traceback" not in server.log_tail(100_000)
+
+
+def test_upload_cut_short_logs_no_traceback(server):
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100000\r\n\r\n" + b'{"text": "' + b"a" * 5000)
+            time.sleep(0.2)
+    time.sleep(0.5)
+    assert httpx.get(server.url + "/health").status_code == 200
+    log = server.log_tail(100_000)
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]
+
+
+def test_long_prompt_is_tokenized_off_the_event_loop(server):
+    # ~2.3 M characters: under the size bound (8192 tokens * 4 * SmolLM2's longest token, 81 characters),
+    # so it is tokenized (well over a second here) and then refused as over the context length.
+    text = "hello world, this is a test. " * 80_000
+    answer = {}
+
+    def post() -> None:
+        t0 = time.monotonic()
+        r = httpx.post(server.url + "/generate", json={"text": text}, timeout=120)
+        answer["r"], answer["s"] = r, time.monotonic() - t0
+
+    worker = threading.Thread(target=post)
+    worker.start()
+    latencies = []
+    while worker.is_alive():
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        latencies.append(time.monotonic() - t0)
+        time.sleep(0.02)
+    worker.join()
+    _error(answer["r"], 400, "context length")
+    assert len(latencies) >= 5, (answer["s"], latencies)  # /health was asked while the prompt was tokenized
+    assert max(latencies) < 0.5, latencies
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/v1/chat/completions"])
+def test_huge_prompt_is_refused_by_size(server, route):
+    big = "x" * 30_000_000  # a 30 MB body: under the default 32 MiB body limit
+    body = {"/generate": {"text": big}, "/v1/completions": {"model": "default", "prompt": big},
+            "/v1/chat/completions": json.loads(_chat("x"))}[route]
+    if route == "/v1/chat/completions":
+        body["messages"][0]["content"] = big
+    t0 = time.monotonic()
+    r = httpx.post(server.url + route, json=body, timeout=60)
+    elapsed = time.monotonic() - t0
+    _error(r, 400, "characters")
+    assert elapsed < 2.0, elapsed
+    # 38 prompts under the size bound that cannot fit (about 0.5 s each to tokenize): the batch is
+    # refused at the first one
+    if route == "/generate":
+        t0 = time.monotonic()
+        r = httpx.post(server.url + route, json={"text": ["hello world. " * 60_000] * 38}, timeout=60)
+        _error(r, 400, "context length")
+        assert time.monotonic() - t0 < 4.0
+
+
+def test_health_follows_the_scheduler_heartbeat(server):
+    pid = httpx.get(server.url + "/get_server_info").json()["process_ids"]["scheduler"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        while httpx.get(server.url + "/health").status_code == 200:
+            assert time.monotonic() - t0 < STALL_TIMEOUT_S + 2, "/health stayed 200 with the scheduler stopped"
+            time.sleep(0.05)
+        stalled = time.monotonic() - t0
+        _error(httpx.get(server.url + "/health"), 503, "no progress")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert stalled >= STALL_TIMEOUT_S - 0.5, stalled
+    t0 = time.monotonic()
+    while httpx.get(server.url + "/health").status_code != 200:
+        assert time.monotonic() - t0 < 2, "/health did not recover after SIGCONT"
+        time.sleep(0.05)
+    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                   timeout=30)
+    assert r.status_code == 200
+
+
+# ------------------------------------------------------------------ SIGTERM drains
+def _events(lines) -> list:
+    """The SSE events among ``lines``: parsed JSON, or "[DONE]"."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            p = line[6:]
+            out.append(p if p == "[DONE]" else json.loads(p))
+    return out
+
+
+@pytest.mark.slow  # a server of its own: about 30 s with the grace period
+def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
+    grace = 5.0
+    srv = LocalServer("--max-total-tokens", "24576", "--served-model-name", "default",
+                      "--shutdown-grace-s", str(grace), model=tiny_llama)
+    try:
+        srv.wait_ready()
+        pids = httpx.get(srv.url + "/get_server_info").json()["process_ids"]
+        results: dict = {}
+        started = threading.Barrier(4)
+
+        def stream(name: str, route: str, body: dict) -> None:
+            with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", route, json=body) as r:
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                started.wait()
+                results[name] = (r.status_code, [json.loads(first[6:])] + _events(lines))
+
+        def plain(name: str, body: dict) -> None:
+            started.wait()
+            r = httpx.post(srv.url + "/generate", json=body, timeout=60)
+            results[name] = (r.status_code, r.headers.get("content-type"), r.json())
+
+        workers = [
+            threading.Thread(target=stream, args=("native", "/generate", {
+                "text": "hi", "stream": True, "sampling_params": LONG})),
+            threading.Thread(target=stream, args=("openai", "/v1/completions", {
+                "model": "default", "prompt": "hi", "stream": True, "max_tokens": 8000, "ignore_eos": True})),
+            threading.Thread(target=plain, args=("plain", {"text": "hi", "sampling_params": LONG})),
+        ]
+        for w in workers:
+            w.start()
+        started.wait()
+        # a shorter stream, under way when the signal comes, that finishes within the grace period
+        short: dict = {}
+        short_started = threading.Event()
+
+        def short_stream() -> None:
+            with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/generate", json={
+                    "text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}) as r:
+                lines = r.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                short_started.set()
+                short["events"] = [json.loads(first[6:])] + _events(lines)
+
+        sw = threading.Thread(target=short_stream)
+        sw.start()
+        assert short_started.wait(30)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        _error(httpx.post(srv.url + "/generate", json={"text": "late"}, timeout=10), 503, "shutting down")
+        _error(httpx.get(srv.url + "/health", timeout=10), 503, "shutting down")
+        for w in workers + [sw]:
+            w.join(30)
+        assert srv.proc.wait(20) == 0, srv.log_tail()
+        took = time.monotonic() - t0
+        assert grace <= took < grace + 8, took
+
+        evs = short["events"]
+        assert evs[-1] == "[DONE]" and evs[-2]["meta_info"]["finish_reason"]["type"] == "length", evs[-3:]
+        assert len(evs[-2]["output_ids"]) == 400
+        for name in ("native", "openai"):
+            status, evs = results[name]
+            assert status == 200 and evs[-1] == "[DONE]", (name, evs[-3:])
+            err = evs[-2]["error"]
+            assert err["code"] == 503 and "grace period" in err["message"], (name, err)
+        status, ctype, body = results["plain"]
+        assert status == 503 and ctype.startswith("application/json") and "grace period" in body["error"]["message"]
+        log = srv.log_tail(100_000)
+        assert "Traceback" not in log, log[-3000:]
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids.values()), pids
+    finally:
+        srv.cleanup()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split(") ")[-1][:1] != "Z"
