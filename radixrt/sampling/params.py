@@ -18,6 +18,19 @@ Type rules (shared by the constructor and ``from_dict``):
 * ``logit_bias`` maps token ids (strings like ``"42"`` as in JSON, or ints) to
   floats; keys are stored as canonical decimal strings.
 
+Number rules (``validate``): every float (temperature, top_p, min_p, the
+penalties, the logit_bias values) must be finite and within float32's range
+(|x| <= 3.4e38), as sampling runs in float32: NaN, infinities and values that
+overflow float32 (1e300, say) are refused with a ValueError, never turned into
+a distribution of NaNs. On top of that:
+
+* ``logit_bias`` values are clamped to [-100, 100] (OpenAI's documented range,
+  where -100 bans a token and 100 makes it all but certain; vLLM clamps the
+  same way), so that no bias, once divided by a small temperature, overflows;
+* ``repetition_penalty`` is in [0.01, 100] (1 is off);
+* ``top_p`` is in (0, 1] and at least 1.2e-38 (a smaller one rounds to 0 in
+  float32); ``top_k=1`` is the way to keep only the most likely token.
+
 In ``from_dict`` a value of ``None`` means "use the default", as SGLang's
 frontend sends keys such as ``"regex": None`` explicitly.
 
@@ -53,6 +66,10 @@ _UNSUPPORTED_KEYS = ("structural_tag", "custom_params", "stream_interval")
 _ALIASES = {"sampling_seed": "seed"}
 
 _GREEDY_TEMPERATURE = 1e-6
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+LOGIT_BIAS_LIMIT = 100.0  # logit_bias values are clamped to [-100, 100]
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 def _type_name(value: Any) -> str:
@@ -69,6 +86,17 @@ def _as_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"sampling parameter '{name}' must be a number, got {_type_name(value)} {value!r}")
     return float(value)
+
+
+def _f32_ok(x: float) -> bool:
+    """Finite and within float32's range (NaN fails)."""
+    return -FLOAT32_MAX <= x <= FLOAT32_MAX
+
+
+def _clamp_bias(x: float) -> float:
+    """A logit_bias value clamped to [-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT];
+    one outside float32's range (or NaN) is kept as is for ``validate`` to refuse."""
+    return max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, x)) if _f32_ok(x) else x
 
 
 def _as_str_list(name: str, value: Any) -> list[str]:
@@ -184,7 +212,7 @@ class SamplingParams:
                         ) from None
                 else:
                     raise ValueError(f"sampling parameter 'logit_bias' keys must be token ids, got {key!r}")
-                out[str(tok)] = _as_float("logit_bias", value)
+                out[str(tok)] = _clamp_bias(_as_float("logit_bias", value))
             self.logit_bias = out
 
     # ------------------------------------------------------------------ API
@@ -228,6 +256,9 @@ class SamplingParams:
             raise ValueError(f"sampling parameter '{name}' {why}, got {getattr(self, name)!r}")
 
         # `not (a <= x)` style comparisons also reject NaN.
+        for name in _FLOAT_FIELDS:
+            if not _f32_ok(getattr(self, name)):
+                bad(name, "must be a finite number within float32's range (|x| <= 3.4e38)")
         if self.max_new_tokens < 0:
             bad("max_new_tokens", "must be >= 0")
         if self.min_new_tokens < 0:
@@ -241,12 +272,15 @@ class SamplingParams:
             bad("temperature", "must be >= 0 and finite")
         if not (0.0 < self.top_p <= 1.0):
             bad("top_p", "must be in (0, 1]")
+        if self.top_p < FLOAT32_TINY:
+            bad("top_p", "is too small for float32 (at least 1.2e-38; top_k=1 keeps only the most likely token)")
         if self.top_k == 0 or self.top_k < -1:
             bad("top_k", "must be -1 (off) or >= 1")
         if not (0.0 <= self.min_p <= 1.0):
             bad("min_p", "must be in [0, 1]")
-        if not (0.0 < self.repetition_penalty < math.inf):
-            bad("repetition_penalty", "must be > 0 and finite")
+        lo, hi = REPETITION_PENALTY_RANGE
+        if not (lo <= self.repetition_penalty <= hi):
+            bad("repetition_penalty", f"must be in [{lo:g}, {hi:g}] (1 is off)")
         if not (-2.0 <= self.frequency_penalty <= 2.0):
             bad("frequency_penalty", "must be in [-2, 2]")
         if not (-2.0 <= self.presence_penalty <= 2.0):
@@ -275,8 +309,12 @@ class SamplingParams:
                         f"sampling parameter 'logit_bias' has token id {t}, outside the vocabulary"
                         + (f" [0, {vocab_size})" if vocab_size is not None else "")
                     )
-                if math.isnan(value):
-                    raise ValueError(f"sampling parameter 'logit_bias' has NaN for token id {t}")
+                if not _f32_ok(value):
+                    raise ValueError(
+                        f"sampling parameter 'logit_bias' has {value!r} for token id {t}: values must be finite "
+                        f"numbers within float32's range (|x| <= 3.4e38); they are clamped to "
+                        f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]"
+                    )
         set_constraints = [name for name in _CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(set_constraints) > 1:
             raise ValueError(
