@@ -5,6 +5,8 @@
 The arithmetic, from the model's own config.json:
 
     kv_bytes_per_token = 2 (K and V) x layers x kv_heads x head_dim x kv_dtype_bytes
+                         (+ 2 x layers x kv_heads x 2 with --kv-dtype int8: the float16
+                          scale radixrt keeps per token and KV head)
     weights_bytes      = parameters x weight_dtype_bytes
     kv_budget          = gpu_mem - weights_bytes - overhead
     max_live_tokens    = kv_budget // kv_bytes_per_token
@@ -15,6 +17,8 @@ The arithmetic, from the model's own config.json:
 The parameter count comes from the safetensors headers when the folder has
 them (shapes only; no tensor is read), else from the config (Llama-family
 formula), or from ``--params``. Nothing here imports torch or loads weights.
+The KV arithmetic is `radixrt.memory.kv_format`'s, the same the KV pool and
+the server's ``/get_server_info`` and ``/metrics`` use.
 
 Units: ``GB`` is 10^9 bytes and ``GiB`` 2^30 (an "80 GB" card has 80 GiB:
 pass ``80GiB`` for its full size). Bytes per token print in decimal KB, as
@@ -30,6 +34,8 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from radixrt.memory.kv_format import KVCacheFormat, KVFootprint, kv_cache_format
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -97,8 +103,20 @@ class ModelShape:
             config_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
         )
 
+    def kv_footprint(self, kv_dtype: str, weight_dtype: str = "bfloat16") -> KVFootprint:
+        """Bytes per token of a radixrt KV cache (`kv_format.kv_cache_format`: auto, int8,
+        fp8_e4m3, fp8_e5m2, a plain dtype); other names of `DTYPE_BYTES` count their
+        element size alone."""
+        try:
+            fmt = kv_cache_format(kv_dtype, weight_dtype)
+        except ValueError:
+            fmt = KVCacheFormat(kv_dtype, dtype_bytes(kv_dtype), 0, "unquantized")
+        return KVFootprint(self.num_layers, self.num_kv_heads, self.head_dim, fmt)
+
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> float:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+        """Unscaled storage of ``kv_dtype_bytes`` per value."""
+        fmt = KVCacheFormat(f"{kv_dtype_bytes} B", kv_dtype_bytes, 0, "unquantized")
+        return KVFootprint(self.num_layers, self.num_kv_heads, self.head_dim, fmt).bytes_per_token
 
     def param_count(self) -> int:
         """Llama-family decoder: embeddings, per-layer attention + SwiGLU MLP + 2 norms,
@@ -148,6 +166,8 @@ class Plan:
     shared_prefix: int
     concurrency_shared: Optional[float]
     max_position_embeddings: Optional[int]
+    kv_scale_bytes_per_token: float = 0  # int8: the per-token scales (included in kv_bytes_per_token)
+    kv_tokens_per_gib: int = 0
 
     @property
     def sharing_gain(self) -> Optional[float]:
@@ -170,10 +190,11 @@ def make_plan(
         raise ValueError(f"shared_prefix ({shared_prefix}) must be below avg_tokens ({avg_tokens}): "
                          "it is the part of each request's tokens that every request has in common")
     kv_dtype = kv_dtype or weight_dtype
-    kv_per_token = shape.kv_bytes_per_token(dtype_bytes(kv_dtype))
+    footprint = shape.kv_footprint(kv_dtype, weight_dtype)
+    kv_per_token = footprint.bytes_per_token
     weights = params * dtype_bytes(weight_dtype)
     budget = gpu_mem_bytes - weights - overhead_bytes
-    max_tokens = max(0, int(budget // kv_per_token))
+    max_tokens = footprint.tokens_in(budget)
     shared = None
     if shared_prefix:
         shared = max(0.0, (max_tokens - shared_prefix) / (avg_tokens - shared_prefix))
@@ -184,6 +205,7 @@ def make_plan(
         max_live_tokens=max_tokens, avg_tokens=avg_tokens, concurrency=max_tokens / avg_tokens,
         shared_prefix=shared_prefix, concurrency_shared=shared,
         max_position_embeddings=shape.max_position_embeddings,
+        kv_scale_bytes_per_token=footprint.scale_bytes_per_token, kv_tokens_per_gib=footprint.tokens_per_gib,
     )
 
 
@@ -206,7 +228,9 @@ def format_plan(p: Plan) -> str:
         ("model", p.model),
         ("parameters", f"{p.params:,} ({p.params / 1e9:.2f} B, from {p.params_source})"),
         ("weights", f"{_gb(p.weights_bytes)} ({p.weight_dtype})"),
-        ("KV bytes per token", f"{p.kv_bytes_per_token:,.0f} B = {p.kv_bytes_per_token / 1e3:,.1f} KB ({p.kv_dtype})"),
+        ("KV bytes per token", f"{p.kv_bytes_per_token:,.0f} B = {p.kv_bytes_per_token / 1e3:,.1f} KB ({p.kv_dtype}"
+         + (f", scales {p.kv_scale_bytes_per_token:,.0f} B" if p.kv_scale_bytes_per_token else "") + ")"),
+        ("KV tokens per GiB", f"{p.kv_tokens_per_gib:,}"),
         ("GPU memory", _gb(p.gpu_mem_bytes)),
         ("overhead (activations etc.)", _gb(p.overhead_bytes)
          + ("  (none reserved: pass --overhead, e.g. 4GB)" if not p.overhead_bytes else "")),
@@ -228,7 +252,8 @@ def format_plan(p: Plan) -> str:
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="model folder with config.json, or 'default'")
     p.add_argument("--gpu-mem", default="80GB", help="GPU memory: 80GB (10^9 B), 80GiB (2^30 B), 141GB ...")
-    p.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp16, bf16, fp8, int8, fp32 "
+    p.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp16, bf16, fp32, fp8 (= fp8_e4m3), fp8_e5m2, "
+                                                    "int8 (with radixrt's float16 scale per token and KV head) "
                                                     "(default: the weight dtype)")
     p.add_argument("--weight-dtype", default="bf16", help="weights dtype as served (default bf16, "
                                                           "what radixrt runs on CUDA)")

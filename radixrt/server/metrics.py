@@ -35,6 +35,19 @@ class ServerMetrics:
         self.kv_slots = Gauge("radixrt_kv_slots", "KV slots by owner (free, tree, private, total)",
                               lbl + ["state"], registry=r)
         self.kv_usage = Gauge("radixrt_kv_usage", "Share of KV slots not free", lbl, registry=r)
+        kv_lbl = lbl + ["kv_cache_dtype"]
+        self.kv_bytes_per_token = Gauge("radixrt_kv_cache_bytes_per_token",
+                                        "KV cache bytes per token, all layers, K and V, scales included",
+                                        kv_lbl, registry=r)
+        self.kv_scale_bytes_per_token = Gauge("radixrt_kv_cache_scale_bytes_per_token",
+                                              "Of which quantization scales (int8: per token and KV head)",
+                                              kv_lbl, registry=r)
+        self.kv_tokens_per_gib = Gauge("radixrt_kv_cache_tokens_per_gib", "KV cache tokens one GiB holds",
+                                       kv_lbl, registry=r)
+        self.kv_capacity = Gauge("radixrt_kv_cache_capacity_tokens", "Tokens the KV pool holds",
+                                 kv_lbl, registry=r)
+        self.kv_bytes = Gauge("radixrt_kv_cache_bytes", "Bytes of the KV pool (data and scales)",
+                              kv_lbl, registry=r)
         self.retractions = Gauge("radixrt_retractions", "Requests retracted under KV pressure since start",
                                  lbl, registry=r)
         self.ttft = Histogram("radixrt_time_to_first_token_seconds", "Time to first token",
@@ -87,6 +100,19 @@ class ServerMetrics:
         total = kv.get("total_slots")
         if total:
             self._m(self.kv_usage).set(1.0 - kv.get("free_slots", total) / total)
+
+    def set_kv_cache(self, info: Optional[dict]) -> None:
+        """The KV pool's format and size: `KVFootprint.describe` of the scheduler's pool
+        (radixrt/memory/kv_format.py, the arithmetic `radixrt plan` uses too)."""
+        if not info:
+            return
+        dt = str(info.get("kv_cache_dtype", "?"))
+        for gauge, key in ((self.kv_bytes_per_token, "bytes_per_token"),
+                           (self.kv_scale_bytes_per_token, "scale_bytes_per_token"),
+                           (self.kv_tokens_per_gib, "tokens_per_gib"), (self.kv_capacity, "total_tokens"),
+                           (self.kv_bytes, "total_bytes")):
+            if key in info:
+                self._m(gauge, kv_cache_dtype=dt).set(info[key])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -53,6 +53,8 @@ def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: 
             "context_length": int(sched.context_length),
             "vocab_size": int(sched.vocab_size),
             "kv_total_slots": int(usage["total_slots"]),
+            # KV format, bytes per token and capacity of the pool (radixrt/memory/kv_format.py)
+            "kv_cache": runner.kv_pool.footprint.describe(int(usage["total_slots"])) if runner is not None else None,
             "eos_token_ids": sorted(int(t) for t in sched.eos_token_ids),
         })
     except BaseException:  # noqa: BLE001 - reported to the parent, then exit non-zero
