@@ -324,6 +324,72 @@ def check_correctness(fi: Any, device: str, dry: bool) -> dict:
             "failures": failures[:20], "by_case": _worst_by(results, "case"), "by_gqa": _worst_by(results, "gqa")}
 
 
+def check_fp8_kv(fi: Any, device: str, dry: bool) -> dict:
+    """kv_cache_dtype fp8_e4m3 / fp8_e5m2: FlashInfer reading an fp8 paged cache (its plan's
+    kv_data_type, run's k_scale/v_scale scalars, eager and graph-mode decode) against the torch
+    reference over the same cache, dequantized. Both read what the cache holds, so the tolerance
+    is the bf16 one; the new tokens are quantized by the shared write step in both."""
+    import torch
+
+    from radixrt.kernels import AttentionMetadata, LayerKVCache
+    from radixrt.kernels.flashinfer_backend import FlashInferBackend
+    from radixrt.kernels.kv_cache import quantize_fp8
+    from radixrt.kernels.torch_ref import TorchReferenceBackend
+
+    rng = random.Random(1)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    hkv, d = 2, 16 if dry else 128
+    backend = FlashInferBackend(device=device, flashinfer_module=fi, workspace_bytes=(1 << 10) if dry else (128 << 20))
+    results, all_ok, worst = [], True, 0.0
+    cases = [c for c in correctness_cases(rng, 0.1 if dry else 1.0) if c[0] in ("decode", "extend", "mixed")]
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        for gqa in (1, 4):
+            for ps in (1, 16):
+                for name, kv_lens, q_lens, shared in cases:
+                    hq = hkv * gqa
+                    num_pages = sum(-(-k // ps) for k in kv_lens) + 8
+                    seq = _seq_slots(kv_lens, ps, rng, shared, num_pages)
+                    meta = AttentionMetadata.build(seq, q_lens, ps, device)
+                    raw = torch.randn(2, num_pages * ps, hkv, d, device=device) * 3
+                    kq, vq = quantize_fp8(raw[0], fp8, 0.5), quantize_fp8(raw[1], fp8, 2.0)
+                    cache = LayerKVCache(kq, vq, k_scalar=0.5, v_scalar=2.0)
+                    ref_cache = LayerKVCache(kq.clone(), vq.clone(), k_scalar=0.5, v_scalar=2.0)
+                    t = meta.num_tokens
+                    q = torch.randn(t, hq, d, device=device, dtype=dtype)
+                    k, v = torch.randn(t, hkv, d, device=device, dtype=dtype), torch.randn(t, hkv, d, device=device,
+                                                                                             dtype=dtype)
+                    ref = TorchReferenceBackend()
+                    ref.plan(meta)
+                    want = ref.forward(q.float(), k.float(), v.float(), ref_cache, d ** -0.5)
+                    backend.configure(hq, hkv, d, dtype, kv_dtype=fp8)
+                    backend.plan(meta)
+                    got = backend.forward(q, k, v, cache, d ** -0.5).float()
+                    rel = float((got - want).norm() / want.norm())
+                    same_writes = bool(torch.equal(cache.k.view(torch.uint8), ref_cache.k.view(torch.uint8)))
+                    entry = {"fp8": str(fp8).replace("torch.", ""), "case": name, "gqa": gqa, "page_size": ps,
+                             "rel_err": rel, "finite": bool(torch.isfinite(got).all()), "kv_writes_ok": same_writes}
+                    if meta.is_decode:
+                        bs = meta.batch_size + 1
+                        used = {x // ps for sl in seq for x in sl}
+                        pad_slot = min(set(range(num_pages)) - used) * ps
+                        gmeta = AttentionMetadata.build(seq + [[pad_slot]], [1] * bs, ps, device)
+                        backend.init_cuda_graph_state(max_bs=bs, max_num_pages=num_pages)
+                        backend.plan_cuda_graph(gmeta, bs)
+                        g = backend.forward(torch.cat([q, q[:1]]).contiguous(), torch.cat([k, k[:1]]),
+                                            torch.cat([v, v[:1]]), cache, d ** -0.5)[:t].float()
+                        entry["graph_rel_err"] = float((g - want).norm() / want.norm())
+                        rel = max(rel, entry["graph_rel_err"])
+                        backend._graph_decode.clear()
+                    ok = entry["finite"] and same_writes and rel < TOL
+                    entry["ok"] = ok
+                    all_ok &= ok
+                    worst = max(worst, rel)
+                    results.append(entry)
+    failures = [r for r in results if not r["ok"]]
+    return {"pass": all_ok, "cases": len(results), "max_rel_err": worst, "tolerance": TOL,
+            "failures": failures[:20], "by_case": _worst_by(results, "case"), "by_fp8": _worst_by(results, "fp8")}
+
+
 def _worst_by(results: list[dict], key: str) -> dict:
     out: dict[str, float] = {}
     for r in results:
@@ -678,7 +744,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check_out"))
     ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
-    ap.add_argument("--sections", default="correctness,bandwidth,sampling,steptime,e2e")
+    ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,sampling,steptime,e2e")
     for key, value in E2E_SIZES.items():
         ap.add_argument("--e2e-" + key.replace("_", "-"), type=int, default=value, dest="e2e_" + key,
                         help=f"e2e workload size (default {value})")
@@ -705,6 +771,8 @@ def main() -> None:
     wanted = set(args.sections.split(","))
     if "correctness" in wanted:
         report.section("correctness", lambda: check_correctness(fi, device, args.dry_run))
+    if "fp8kv" in wanted:
+        report.section("fp8kv", lambda: check_fp8_kv(fi, device, args.dry_run), min_left_s=20)
     if "bandwidth" in wanted:
         report.section("bandwidth", lambda: check_bandwidth(fi, device, args.dry_run), min_left_s=30)
     if "sampling" in wanted:
@@ -721,6 +789,8 @@ def main() -> None:
     summary = {
         "correctness_pass": s.get("correctness", {}).get("pass"),
         "max_rel_err": s.get("correctness", {}).get("max_rel_err"),
+        "fp8_kv_pass": s.get("fp8kv", {}).get("pass"),
+        "fp8_kv_max_rel_err": s.get("fp8kv", {}).get("max_rel_err"),
         "decode_bw_fraction_of_copy": s.get("bandwidth", {}).get("headline_fraction"),
         "copy_GBps": s.get("bandwidth", {}).get("copy", {}).get("GBps"),
         "sampling_pass": s.get("sampling", {}).get("pass"),

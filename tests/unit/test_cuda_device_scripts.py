@@ -124,6 +124,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert data["errors"] == {}
     s = data["sections"]
     assert s["correctness"]["pass"] and s["correctness"]["cases"] == 2 * 4 * 7
+    assert s["fp8kv"]["pass"] and s["fp8kv"]["cases"] == 2 * 2 * 2 * 3
     assert {v["page_size"] for v in s["bandwidth"]["decode"]} == {1, 16}
     assert s["sampling"]["pass"]
     for shape in ("default", "llama-1b"):
