@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
+
+if TYPE_CHECKING:
+    from radixrt.requests.intake import Limits
 
 # One line of `--help` per EngineConfig field (argparse adds the default).
 CLI_HELP = {
@@ -40,6 +43,11 @@ CLI_HELP = {
     "debug_check_invariants": "check free + tree + private == total KV slots after every step (slow; tests)",
     "enable_jump_forward": "constrained decoding: append grammar-forced text as verified drafts",
     "grammar_cache_size": "compiled grammars kept (least recently used dropped first)",
+    "max_n": "most samples of one prompt (sampling param n) a request may ask for, on every route "
+             "(/generate, the OpenAI routes, the Engine); more is refused (400)",
+    "max_top_logprobs_num": "most top logprobs per position a request may ask for (top_logprobs_num on "
+                            "/generate and the Engine, logprobs / top_logprobs on the OpenAI routes); more is "
+                            "refused (400)",
 }
 
 
@@ -71,6 +79,9 @@ class EngineConfig:
     debug_check_invariants: bool = False  # assert free + tree + private == total after every step (tests)
     enable_jump_forward: bool = True  # append grammar-forced text as verified drafts (see grammar.py)
     grammar_cache_size: int = 128  # compiled grammars kept (LRU)
+    # (the same defaults as intake.DEFAULT_MAX_N / DEFAULT_MAX_TOP_LOGPROBS_NUM)
+    max_n: int = 128  # most samples per prompt (sampling param n), every route
+    max_top_logprobs_num: int = 20  # most top logprobs per position, every route
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -87,6 +98,17 @@ class EngineConfig:
             raise ValueError(f"unknown sampling_backend {self.sampling_backend!r}; choose radixrt or flashinfer")
         if self.grammar_cache_size < 1:
             raise ValueError("grammar_cache_size must be >= 1")
+        if self.max_n < 1:
+            raise ValueError("max_n must be >= 1")
+        if self.max_top_logprobs_num < 0:
+            raise ValueError("max_top_logprobs_num must be >= 0")
+
+    def limits(self, context_length: int, kv_total_slots: int, vocab_size: int) -> "Limits":
+        """The front door's `Limits` for a runtime of these sizes under this config."""
+        from radixrt.requests.intake import Limits
+
+        return Limits(context_length, kv_total_slots, vocab_size, max_n=self.max_n,
+                      max_top_logprobs_num=self.max_top_logprobs_num)
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,11 @@ enter through the front door (`radixrt.requests.intake`: normalization,
 validation, request ids) in the caller's thread, so bad input raises
 ValueError before anything is queued.
 
+Request ids (see intake's "Request ids"): the scheduler knows a request by a
+random internal id; its ``rid`` (given to ``generate``, or a random one) is
+what ``meta_info.id`` shows and what ``abort_request`` takes. A rid already
+running is refused (ValueError).
+
 There is one implementation of generation, and it is async: `async_generate`
 runs it in the caller's event loop. The sync API (`generate`, and its
 ``stream=True`` iterator) runs the same coroutines on a private event loop
@@ -15,6 +20,7 @@ on that loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -23,15 +29,7 @@ from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, U
 
 from radixrt.config import EngineConfig
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import (
-    Limits,
-    RequestSpec,
-    RidAllocator,
-    build_specs,
-    sample_rids,
-    split_prompts,
-    validate_spec,
-)
+from radixrt.requests.intake import RequestSpec, RidEntry, RidTable, build_specs, split_prompts, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch, TokenOutput
 from radixrt.requests.results import ResultAccumulator
 from radixrt.scheduler.scheduler import Scheduler
@@ -45,12 +43,14 @@ T = TypeVar("T")
 
 @dataclass
 class _Submission:
-    """One prompt's request and where its outputs arrive (one accumulator per sample)."""
+    """One prompt's request and where its outputs arrive (one accumulator per
+    sample, by the sample's internal id)."""
 
-    rid: str
+    rid: str  # the internal id
     accs: dict[str, ResultAccumulator]
     inbox: asyncio.Queue  # of TokenOutput, on the loop that submitted it
     loop: asyncio.AbstractEventLoop
+    live: set[str]  # the samples not finished yet (under the engine's routes lock)
 
 
 class _LoopThread:
@@ -113,13 +113,13 @@ class Engine:
         self.tokenizer = self.scheduler.tokenizer
         self.model_path = self.scheduler.runner.model_path
         self.context_length = self.scheduler.context_length
-        self.limits = Limits(self.context_length, self._kv_total_slots(), self.scheduler.vocab_size)
+        self.limits = self.config.limits(self.context_length, self._kv_total_slots(), self.scheduler.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._control: queue.Queue = queue.Queue()
-        self._routes: dict[str, _Submission] = {}
+        self._routes: dict[str, _Submission] = {}  # by internal id (of the request, and of each sample)
+        self._rids = RidTable()  # under _routes_lock
         self._routes_lock = threading.Lock()
         self._control_lock = threading.Lock()
-        self._new_rid = RidAllocator()
         self._sync_loop: Optional[_LoopThread] = None
         self._sync_loop_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -169,19 +169,31 @@ class Engine:
         """Hand ``out`` to the loop of the request it belongs to (scheduler thread)."""
         with self._routes_lock:
             sub = self._routes.get(out.rid)
-            if out.finished:
-                self._routes.pop(out.rid, None)
-        if sub is None:
-            return
-        try:
-            sub.loop.call_soon_threadsafe(sub.inbox.put_nowait, out)
-        except RuntimeError:  # that loop is closed: its caller is gone
-            pass
+            if sub is None:
+                return
+            if out.rid in sub.accs:
+                outs = [out]
+            elif out.finished:  # n > 1 refused as a whole (before its samples were made): end each
+                outs = [dataclasses.replace(out, rid=r) for r in sub.accs if r in sub.live]
+            else:
+                outs = []
+            for o in outs:
+                if o.finished:
+                    sub.live.discard(o.rid)
+                    self._routes.pop(o.rid, None)
+            if not sub.live:
+                self._routes.pop(sub.rid, None)
+                self._rids.remove(sub.rid)
+        for o in outs:
+            try:
+                sub.loop.call_soon_threadsafe(sub.inbox.put_nowait, o)
+            except RuntimeError:  # that loop is closed: its caller is gone
+                pass
 
     # ------------------------------------------------------------------ requests
     def _prepare(
         self, prompt: Prompt, sampling_params: Any, input_ids: Any, return_logprob: Any, logprob_start_len: Any,
-        top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Optional[str], stream: bool,
+        top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Optional[str], stream: bool, rid: Any,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
         prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt",
@@ -189,7 +201,7 @@ class Engine:
         specs = build_specs(
             prompts, sampling_params=sampling_params, return_logprob=return_logprob,
             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=bool(return_text_in_logprobs), cache_salt=cache_salt,
+            return_text_in_logprobs=bool(return_text_in_logprobs), cache_salt=cache_salt, rid=rid,
         )
         for spec in specs:
             validate_spec(spec, self.limits)
@@ -197,27 +209,38 @@ class Engine:
             raise ValueError("stream=True takes a single prompt with n=1")
         return specs, prompts.batch
 
-    def _submit(self, spec: RequestSpec) -> _Submission:
-        """Queue ``spec`` for the scheduler; its outputs go to the running loop."""
+    def _submit_all(self, specs: list[RequestSpec]) -> list[_Submission]:
+        """Queue every spec for the scheduler (their outputs go to the running
+        loop), or none: ValueError if a rid is already running."""
         if self._error is not None:
             raise RuntimeError(f"the engine's scheduler died: {self._error}")
-        rid = self._new_rid()
-        rids = sample_rids(rid, spec.sampling.n)
-        accs = {
-            r: ResultAccumulator(r, self.tokenizer, spec.sampling, spec.return_logprob, spec.return_text_in_logprobs)
-            for r in rids
-        }
-        sub = _Submission(rid, accs, asyncio.Queue(), asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        subs = []
         with self._routes_lock:
-            for r in rids:
-                self._routes[r] = sub
-        self._inbox.put(spec.to_generate_req(rid))
+            entries = self._rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
+            for spec, entry in zip(specs, entries):
+                subs.append(self._route(spec, entry, loop))
+        for spec, sub in zip(specs, subs):
+            self._inbox.put(spec.to_generate_req(sub.rid))
+        return subs
+
+    def _route(self, spec: RequestSpec, entry: RidEntry, loop: asyncio.AbstractEventLoop) -> _Submission:
+        """The submission of ``spec`` under ``entry``'s ids, routed (under the routes lock)."""
+        accs = {
+            iid: ResultAccumulator(rid, self.tokenizer, spec.sampling, spec.return_logprob,
+                                   spec.return_text_in_logprobs)
+            for iid, rid in zip(entry.sample_iids, entry.sample_rids)
+        }
+        sub = _Submission(entry.iid, accs, asyncio.Queue(), loop, set(accs))
+        self._routes[entry.iid] = sub
+        for iid in accs:
+            self._routes[iid] = sub
         return sub
 
     # ------------------------------------------------------------------ the async core
     async def _generate(self, specs: list[RequestSpec], batch: bool) -> Union[dict, list[dict]]:
         """Submit every prompt, wait for all, and answer in SGLang's shape."""
-        subs = [self._submit(spec) for spec in specs]
+        subs = self._submit_all(specs)
         gathered = await asyncio.gather(*(self._collect(sub) for sub in subs))
         results = [r for rs in gathered for r in rs]
         return results[0] if not batch and len(results) == 1 else results
@@ -232,13 +255,13 @@ class Engine:
                 if out.finished:
                     pending.discard(out.rid)
         except asyncio.CancelledError:
-            self.abort_request(sub.rid)
+            self._abort(sub.rid)
             raise
         return [acc.to_dict() for acc in sub.accs.values()]
 
     async def _start_stream(self, spec: RequestSpec) -> AsyncIterator[dict]:
         """Submit ``spec`` now and return the iterator of its cumulative results."""
-        return self._stream(self._submit(spec))
+        return self._stream(self._submit_all([spec])[0])
 
     async def _stream(self, sub: _Submission) -> AsyncIterator[dict]:
         """Cumulative results (output logprobs as per-chunk deltas); leaving
@@ -252,7 +275,7 @@ class Engine:
                 sent = len(acc.output_token_logprobs)
         finally:
             if not acc.finished:
-                self.abort_request(sub.rid)
+                self._abort(sub.rid)
 
     # ------------------------------------------------------------------ public API
     def _loop(self) -> _LoopThread:
@@ -265,14 +288,17 @@ class Engine:
         self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
         return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
         return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
+        rid: Any = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results.
+        ``rid`` (a string, or one per prompt of a batch) names the request for
+        ``meta_info.id`` and `abort_request`; one already running is refused.
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
         specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream)
+                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid)
         loop = self._loop()
         if stream:
             return loop.iterate(loop.run(self._start_stream(specs[0])))
@@ -282,17 +308,29 @@ class Engine:
         self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
         return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
         return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
+        rid: Any = None,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
         specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream)
+                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid)
         if stream:
             return await self._start_stream(specs[0])
         return await self._generate(specs, batch)
 
     def abort_request(self, rid: str = "") -> None:
-        """Abort a request by id ("" aborts all); its KV slots are released."""
-        self._inbox.put(AbortReq(rid))
+        """Abort the request of rid ``rid`` (its ``meta_info.id``) with its
+        samples, or the one sample of that rid ("" aborts all); their KV slots
+        are released. Rids match exactly; an unknown one is ignored."""
+        if not rid:
+            self._abort("")
+            return
+        with self._routes_lock:
+            iids = self._rids.resolve(rid)
+        for iid in iids:
+            self._abort(iid)
+
+    def _abort(self, iid: str) -> None:
+        self._inbox.put(AbortReq(iid))
 
     def _control_call(self, msg: Any) -> ControlReply:
         with self._control_lock:

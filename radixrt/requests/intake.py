@@ -8,18 +8,28 @@ OpenAI routes, and the scheduler itself) turns its input into requests here:
   or one per prompt) -> one `RequestSpec` per prompt;
 * `validate_prompt` / `validate_spec`: the admission checks against the
   runtime's `Limits` (prompt empty or too long for the context or the KV
-  pool, ids outside the vocabulary, sampling params, grammar syntax,
+  pool, ids outside the vocabulary, sampling params, ``n``, grammar syntax,
   ``logprob_start_len``, ``top_logprobs_num``);
-* `RidAllocator` and `sample_rids`: request ids, and the ids of the ``n``
-  samples of a request (the only place those are built);
+* request ids (`new_request_id`, `sample_rids`, `RidTable`, see below);
 * `resolve_logprob`: whether a request returns logprobs.
+
+Request ids. A request has two: its *internal id*, a random uuid4 hex made
+here (`new_request_id`), the only id the scheduler and the detokenizer ever
+see; and its *rid*, the label its client knows: the ``rid`` the client gave,
+or else a random one (a uuid4 hex too, so nobody can guess the next). The
+rid is what ``meta_info.id`` shows and what ``abort_request`` takes. The
+front (the Engine, the server's TokenizerManager) keeps a `RidTable` from
+rids to internal ids: a client's rid must not be running already (as a
+request's rid, or as the rid ``<rid>-<i>`` of a sample of one), and an abort
+matches rids exactly, never by prefix. The ``n > 1`` samples of a request
+have the ids ``<id>-<i>`` (`sample_rids`) in both spaces, and in the
+scheduler each knows its request's internal id as its ``parent``.
 
 Every problem is a `RequestError` (a ValueError naming the request field at
 fault): the Engine raises it as is, the server answers it with a 400.
 """
 from __future__ import annotations
 
-import itertools
 import numbers
 import uuid
 from dataclasses import dataclass
@@ -40,6 +50,11 @@ class RequestError(ValueError):
         self.param = param
 
 
+# The defaults of EngineConfig.max_n and .max_top_logprobs_num.
+DEFAULT_MAX_N = 128
+DEFAULT_MAX_TOP_LOGPROBS_NUM = 20
+
+
 @dataclass(frozen=True)
 class Limits:
     """What the runtime can hold, for validation."""
@@ -47,6 +62,8 @@ class Limits:
     context_length: int  # a prompt has at most context_length - 1 tokens
     kv_total_slots: int  # KV pool size in tokens
     vocab_size: int  # token ids are in [0, vocab_size)
+    max_n: int = DEFAULT_MAX_N  # samples of one prompt (sampling param n)
+    max_top_logprobs_num: int = DEFAULT_MAX_TOP_LOGPROBS_NUM  # top logprobs per position
 
 
 def resolve_logprob(return_logprob: Any, top_logprobs_num: int) -> bool:
@@ -60,15 +77,105 @@ def sample_rids(rid: str, n: int) -> list[str]:
     return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
 
 
-class RidAllocator:
-    """Unique request ids: a random per-process prefix and a hex counter."""
+def new_request_id() -> str:
+    """A fresh random id (uuid4 hex): unguessable, and free of '-'."""
+    return uuid.uuid4().hex
 
-    def __init__(self) -> None:
-        self._prefix = uuid.uuid4().hex[:8]
-        self._ids = itertools.count()
+
+class RidAllocator:
+    """Callable giving a fresh `new_request_id` on every call."""
 
     def __call__(self) -> str:
-        return f"{self._prefix}{next(self._ids):x}"
+        return new_request_id()
+
+
+@dataclass
+class RidEntry:
+    """A running request: its rid (the client's label) and its internal id."""
+
+    rid: str
+    iid: str
+    n: int
+
+    @property
+    def sample_iids(self) -> list[str]:
+        return sample_rids(self.iid, self.n)
+
+    @property
+    def sample_rids(self) -> list[str]:
+        return sample_rids(self.rid, self.n)
+
+
+class RidTable:
+    """The rids of the running requests of one front, and their internal ids.
+
+    Not thread-safe: the Engine calls it under its lock, the server from its
+    event loop only."""
+
+    def __init__(self) -> None:
+        self._by_rid: dict[str, RidEntry] = {}
+        self._by_iid: dict[str, RidEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_iid)
+
+    def _sample_of(self, rid: str) -> Optional[tuple[RidEntry, int]]:
+        """(request, sample index) when ``rid`` is the rid of a sample of a running request."""
+        head, sep, tail = rid.rpartition("-")
+        if not sep or not (tail.isascii() and tail.isdigit()) or tail != str(int(tail)):
+            return None
+        entry = self._by_rid.get(head)
+        if entry is None or entry.n == 1 or int(tail) >= entry.n:
+            return None
+        return entry, int(tail)
+
+    def running(self, rid: str) -> bool:
+        """``rid`` names a running request or one of its samples."""
+        return rid in self._by_rid or self._sample_of(rid) is not None
+
+    def add(self, rids: Sequence[Optional[str]], ns: Sequence[int]) -> list[RidEntry]:
+        """Register one request per item (a rid, or None for a new random
+        one; its ``n``), all or none: RequestError (param 'rid') if a given
+        rid is already running, here or earlier in ``rids``."""
+        added: list[RidEntry] = []
+        try:
+            for rid, n in zip(rids, ns):
+                if rid is None:
+                    rid = new_request_id()
+                    while self.running(rid):  # pragma: no cover - a uuid4 collision
+                        rid = new_request_id()
+                elif self.running(rid):
+                    raise RequestError(f"a request with rid {rid!r} is already running", "rid")
+                entry = RidEntry(rid, new_request_id(), n)
+                self._by_rid[rid] = self._by_iid[entry.iid] = entry
+                added.append(entry)
+        except BaseException:
+            for entry in added:
+                self.remove(entry.iid)
+            raise
+        return added
+
+    def remove(self, iid: str) -> None:
+        """Forget the request of internal id ``iid`` (finished or aborted)."""
+        entry = self._by_iid.pop(iid, None)
+        if entry is not None and self._by_rid.get(entry.rid) is entry:
+            del self._by_rid[entry.rid]
+
+    def resolve(self, rid: str) -> list[str]:
+        """The internal ids an abort of ``rid`` stops: the request of that rid
+        (which the scheduler stops with its samples), or else the one sample
+        of that rid; nothing for an unknown rid. Never a prefix match."""
+        entry = self._by_rid.get(rid)
+        if entry is not None:
+            return [entry.iid]
+        sample = self._sample_of(rid)
+        if sample is not None:
+            return [sample[0].sample_iids[sample[1]]]
+        return []
+
+    def clear(self) -> None:
+        self._by_rid.clear()
+        self._by_iid.clear()
 
 
 @dataclass
@@ -124,6 +231,9 @@ def validate_prompt(input_ids: Sequence[int], sampling: SamplingParams, limits: 
     if n + 1 > limits.kv_total_slots:
         raise RequestError(f"the prompt has {n} tokens, more than the KV pool holds ({limits.kv_total_slots})",
                            field)
+    if sampling.n > limits.max_n:
+        raise RequestError(f"sampling parameter 'n' is {sampling.n}; this server allows at most {limits.max_n} "
+                           f"samples per prompt (--max-n)", "sampling_params")
     bad = _bad_ids(input_ids, limits.vocab_size)
     if bad:
         raise RequestError(
@@ -147,6 +257,10 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
                            f"{len(spec.input_ids)}", "logprob_start_len")
     if spec.top_logprobs_num < 0:
         raise RequestError("top_logprobs_num must be >= 0", "top_logprobs_num")
+    if spec.top_logprobs_num > limits.max_top_logprobs_num:
+        raise RequestError(f"top_logprobs_num is {spec.top_logprobs_num}; this server returns at most "
+                           f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
+                           "top_logprobs_num")
 
 
 # ---------------------------------------------------------------------- normalization

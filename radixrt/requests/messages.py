@@ -18,8 +18,10 @@ from radixrt.sampling.params import SamplingParams
 @dataclass
 class GenerateReq:
     """A tokenized, validated request (built by `radixrt.requests.intake`).
-    ``n`` samples are expanded by the scheduler into ``n`` requests whose rids
-    are ``intake.sample_rids(rid, n)``."""
+    ``rid`` is the request's internal id (never the client's rid, see
+    intake's "Request ids"). ``n`` samples are expanded by the scheduler into
+    ``n`` requests whose rids are ``intake.sample_rids(rid, n)`` and whose
+    parent is ``rid``."""
 
     rid: str
     input_ids: list[int]
@@ -33,7 +35,7 @@ class GenerateReq:
 
 @dataclass
 class AbortReq:
-    rid: str  # "" aborts every request
+    rid: str  # an internal id: a request with its samples, or one sample; "" aborts every request
 
 
 @dataclass

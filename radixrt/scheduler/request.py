@@ -51,6 +51,7 @@ class Req:
     top_logprobs_num: int = 0
     namespace: Optional[str] = None
     arrival: int = 0
+    parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
 
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING

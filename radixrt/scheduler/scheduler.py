@@ -40,7 +40,7 @@ from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import Limits, sample_rids, validate_prompt
+from radixrt.requests.intake import sample_rids, validate_prompt
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -92,7 +92,7 @@ class Scheduler:
         allocator = PageAllocator(self.runner.num_pages, config.page_size)
         tree = RadixCache(allocator, page_size=config.page_size, disable=config.disable_radix_cache)
         self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token)
-        self.limits = Limits(self.context_length, allocator.total_slots, self.vocab_size)
+        self.limits = config.limits(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.random_seed)
         self.queues = RequestQueues()
         self.arrivals = 0
@@ -146,6 +146,8 @@ class Scheduler:
     def add_request(self, msg: GenerateReq) -> None:
         try:
             self.validate(msg.input_ids, msg.sampling)
+            if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
+                raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
         except ValueError as e:
             self._emit_abort(msg.rid, len(msg.input_ids), str(e))
             return
@@ -158,7 +160,7 @@ class Scheduler:
                 rid=rid, input_ids=list(msg.input_ids), sampling=msg.sampling, seed=seed,
                 return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                 top_logprobs_num=msg.top_logprobs_num, namespace=msg.cache_salt, arrival=self.arrivals,
-                grammar_future=grammar_future,
+                grammar_future=grammar_future, parent=msg.rid,
             )
             self.arrivals += 1
             self.queues.waiting.append(req)
@@ -166,9 +168,10 @@ class Scheduler:
         self.results.max_stop_len = max([self.results.max_stop_len] + [len(s) for s in stops])
 
     def abort(self, rid: str) -> None:
-        """Abort one request (or all, for rid ""), at any stage; its KV is released."""
+        """Abort one request with all its samples, or one sample (or all, for
+        rid ""), at any stage; its KV is released. Ids match exactly."""
         def hit(r: Req) -> bool:
-            return rid == "" or r.rid == rid or r.rid.startswith(rid + "-")
+            return rid == "" or r.rid == rid or r.parent == rid
 
         for r in [r for r in self.queues.waiting + self.queues.running if hit(r)]:
             self.queues.remove(r)

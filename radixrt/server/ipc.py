@@ -25,12 +25,13 @@ class DetokRegister:
     """Tells the detokenizer how to turn these rids' tokens into text. Sent by
     the tokenizer manager before the matching GenerateReq goes to the scheduler."""
 
-    rids: list[str]
+    rids: list[str]  # the internal ids of the samples of one request
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
     no_stop_trim: bool = False
     stop_regex: list[str] = field(default_factory=list)
+    parent: str = ""  # the request's internal id (the one rid when n == 1)
 
 
 @dataclass

@@ -72,6 +72,17 @@ def _sampling(req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = N
         raise bad_request(msg.replace("max_new_tokens", "max_tokens"), param) from None
 
 
+def _check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[int]) -> None:
+    """The server's limits on ``n`` and the number of top logprobs (the same
+    as /generate's), as 400s naming the OpenAI fields."""
+    limits = tm.limits
+    if req.n > limits.max_n:
+        raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
+    if top is not None and top > limits.max_top_logprobs_num:
+        raise bad_request(f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} "
+                          f"top logprobs per token.", top_name)
+
+
 # ---------------------------------------------------------------------- completions
 def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptBatch:
     """``prompt`` (a string, a list of ids, or a list of either) through the front door."""
@@ -107,6 +118,7 @@ async def completions(req: CompletionRequest, request: Request,
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
+    _check_limits(req, tm, "logprobs", req.logprobs)
     prompts = await tm.run_tokenize(_completion_prompts, req, tm)
     group = tm.submit(_completion_specs(req, prompts, tm.context_length))
     view = CompletionView(req, group, prompts, tm.tokenizer, ctx.served_model_name)
@@ -199,6 +211,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request,
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
+    _check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
     spec = await tm.run_tokenize(_chat_spec, req, tm)
     group = tm.submit([spec])
     view = ChatView(req, group, len(spec.input_ids), tm.tokenizer, ctx.served_model_name)

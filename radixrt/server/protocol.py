@@ -27,7 +27,7 @@ class _SamplingExtras(_Lenient):
     model: str
     temperature: Optional[float] = Field(None, ge=0)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1)  # at most --max-n (checked by the route)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
@@ -90,7 +90,7 @@ class _SamplingExtras(_Lenient):
 class CompletionRequest(_SamplingExtras):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: Optional[int] = Field(16, ge=0)
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    logprobs: Optional[int] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     echo: bool = False
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
@@ -125,7 +125,7 @@ class ChatCompletionRequest(_SamplingExtras):
     max_tokens: Optional[int] = Field(None, ge=0)
     max_completion_tokens: Optional[int] = Field(None, ge=0)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    top_logprobs: Optional[int] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None

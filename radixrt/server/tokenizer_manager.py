@@ -5,6 +5,11 @@ Specs come from the front door (`radixrt.requests.intake`), and `submit`
 validates them there against this runtime's limits before anything reaches
 the scheduler, so bad input becomes a 400 here, never an error inside the
 scheduler process.
+
+Request ids (intake's "Request ids"): the scheduler and the detokenizer know
+a request by a random internal id (``ReqState.rid``/``parent``, the keys of
+``states`` and ``parents``); the client's rid (or a random one) is only a
+label, in ``meta_info.id``, mapped to the internal id by ``rids``.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import Limits, RequestSpec, RidAllocator, sample_rids, validate_spec
+from radixrt.requests.intake import Limits, RequestSpec, RidEntry, RidTable, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq
 from radixrt.requests.results import ResultAccumulator
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
@@ -51,7 +56,8 @@ __all__ = ["ReqGroup", "ReqState", "ServerError", "TokenizerManager"]
 
 
 class ReqState:
-    """One sample being generated (a sub-request when n > 1)."""
+    """One sample being generated (a sub-request when n > 1); ``rid`` and
+    ``parent`` are internal ids (the client's rid is ``acc.rid``)."""
 
     __slots__ = ("rid", "parent", "acc", "group", "input_ids", "error", "version", "sent_version",
                  "sent_logprobs", "sent_text", "t_start", "t_first", "t_last", "done")
@@ -121,12 +127,13 @@ class TokenizerManager:
         self.context_length: int = info["context_length"]
         self.vocab_size: int = info["vocab_size"]
         self.kv_total_slots: int = info["kv_total_slots"]
-        self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size)
-        self.states: dict[str, ReqState] = {}
-        self.parents: dict[str, list[ReqState]] = {}
+        extra = {k: int(info[k]) for k in ("max_n", "max_top_logprobs_num") if k in info}
+        self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size, **extra)
+        self.states: dict[str, ReqState] = {}  # by a sample's internal id
+        self.parents: dict[str, list[ReqState]] = {}  # by a request's internal id
+        self.rids = RidTable()  # the clients' rids of the running requests
         self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.dead_reason: Optional[str] = None
-        self.new_rid = RidAllocator()
         self._recv_task: Optional[asyncio.Task] = None
         self._ctx = self._actx = None
         self.last_stats: dict = {}
@@ -217,6 +224,7 @@ class TokenizerManager:
         subs = self.parents.get(st.parent)
         if subs is not None and all(s.done for s in subs):
             self.parents.pop(st.parent, None)
+            self.rids.remove(st.parent)
         fr = st.acc.finish_reason
         self.metrics.observe_finish(fr.type if fr else "error", st.acc.prompt_tokens, st.acc.completion_tokens,
                                     st.acc.cached_tokens, now - st.t_start)
@@ -261,38 +269,37 @@ class TokenizerManager:
     def submit(self, specs: list[RequestSpec]) -> ReqGroup:
         """Validate every prompt (ServerError 400 on the first bad one), then
         queue them all: nothing is queued if one is bad. A spec without a rid
-        gets a new one; a rid already running is refused."""
+        gets a random one; a rid already running (as a request's or a
+        sample's rid) is refused."""
         self.check_alive()
         with as_bad_request():
             for spec in specs:
                 validate_spec(spec, self.limits)
+            entries = self.rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
         group = ReqGroup()
-        for spec in specs:
-            parent = spec.rid or self.new_rid()
-            if parent in self.parents or parent in self.states:
-                raise bad_request(f"a request with rid {parent!r} is already running", "rid")
-            self._queue(spec, parent, group)
+        for spec, entry in zip(specs, entries):
+            self._queue(spec, entry, group)
         self.metrics.set_inflight(len(self.states))
         return group
 
-    def _queue(self, spec: RequestSpec, parent: str, group: ReqGroup) -> None:
-        """Track the samples of ``spec`` in ``group`` and send it on (the
-        detokenizer hears of it before the scheduler)."""
+    def _queue(self, spec: RequestSpec, entry: RidEntry, group: ReqGroup) -> None:
+        """Track the samples of ``spec`` in ``group`` and send it on under its
+        internal ids (the detokenizer hears of it before the scheduler)."""
         sp = spec.sampling
-        rids = sample_rids(parent, sp.n)
+        parent, iids = entry.iid, entry.sample_iids
         subs = []
-        for rid in rids:
+        for iid, rid in zip(iids, entry.sample_rids):
             acc = ResultAccumulator(rid, self.tokenizer, sp, spec.return_logprob, spec.return_text_in_logprobs)
-            st = ReqState(rid, parent, acc, group, spec.input_ids)
-            self.states[rid] = st
+            st = ReqState(iid, parent, acc, group, spec.input_ids)
+            self.states[iid] = st
             group.states.append(st)
             subs.append(st)
         self.parents[parent] = subs
         group.parents.append(parent)
         self._to_detokenizer.send_pyobj(DetokRegister(
-            rids=rids, skip_special_tokens=sp.skip_special_tokens,
+            rids=iids, skip_special_tokens=sp.skip_special_tokens,
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
-            stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim,
+            stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim, parent=parent,
             stop_regex=list(sp.stop_regex or []),
         ))
         self._to_scheduler.send_pyobj(spec.to_generate_req(parent, stream=True))
@@ -304,17 +311,28 @@ class TokenizerManager:
             subs = self.parents.get(parent)
             if not subs:
                 continue
-            self.abort_rid(parent)
+            self._abort(parent)
             for st in subs:
                 if not st.done:
                     st.acc.finish_reason = FinishReason.abort(reason)
                     st.version += 1
                     self._finish(st, now)
             self.parents.pop(parent, None)
+            self.rids.remove(parent)
         group.event.set()
 
     def abort_rid(self, rid: str) -> None:
-        self._to_scheduler.send_pyobj(AbortReq(rid))
+        """Abort the request of the client's rid ``rid`` with its samples, or
+        the one sample of that rid ("" aborts every request). Rids match
+        exactly; an unknown one is ignored."""
+        if not rid:
+            self._abort("")
+            return
+        for iid in self.rids.resolve(rid):
+            self._abort(iid)
+
+    def _abort(self, iid: str) -> None:
+        self._to_scheduler.send_pyobj(AbortReq(iid))
 
     def fail_all(self, reason: str) -> None:
         """A child process died: end every request with an error."""
@@ -326,6 +344,7 @@ class TokenizerManager:
             st.group.event.set()
         self.states.clear()
         self.parents.clear()
+        self.rids.clear()
         for waiters in self.control_waiters.values():
             while waiters:
                 fut = waiters.popleft()

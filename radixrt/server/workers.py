@@ -56,6 +56,8 @@ def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: 
             # KV format, bytes per token and capacity of the pool (radixrt/memory/kv_format.py)
             "kv_cache": runner.kv_pool.footprint.describe(int(usage["total_slots"])) if runner is not None else None,
             "eos_token_ids": sorted(int(t) for t in sched.eos_token_ids),
+            "max_n": int(sched.limits.max_n),
+            "max_top_logprobs_num": int(sched.limits.max_top_logprobs_num),
         })
     except BaseException:  # noqa: BLE001 - reported to the parent, then exit non-zero
         err = traceback.format_exc()
@@ -114,6 +116,9 @@ class DetokenizerLoop:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.detoks: dict[str, Any] = {}
+        # The samples of each request with n > 1 (internal ids), and back.
+        self.children: dict[str, set[str]] = {}
+        self.parent_of: dict[str, str] = {}
         # Outputs that arrived before their registration (two sockets, no
         # global order): replayed when it comes.
         self.orphans: dict[str, list[Any]] = {}
@@ -124,6 +129,10 @@ class DetokenizerLoop:
 
         if isinstance(msg, DetokRegister):
             items = []
+            if msg.parent and msg.rids != [msg.parent]:
+                self.children[msg.parent] = set(msg.rids)
+                for rid in msg.rids:
+                    self.parent_of[rid] = msg.parent
             for rid in msg.rids:
                 self.detoks[rid] = IncrementalDetokenizer(
                     self.tokenizer,
@@ -153,11 +162,11 @@ class DetokenizerLoop:
             if out.finish_reason is not None and out.finish_reason.is_abort and not out.new_token_ids:
                 # An abort of a request whose registration is not here (or is
                 # already gone), e.g. the scheduler refusing a request before
-                # expanding its n samples: forget those samples and pass the
-                # abort on so the tokenizer manager hears of it.
-                prefix = out.rid + "-"
-                for rid in [r for r in self.detoks if r.startswith(prefix)]:
-                    del self.detoks[rid]
+                # expanding its n samples: forget those samples (its children,
+                # never other rids that merely start alike) and pass the abort
+                # on so the tokenizer manager hears of it.
+                for rid in list(self.children.get(out.rid, ())):
+                    self._forget(rid)
                 return DetokItem(out.rid, "", out)
             if len(self.orphans) >= self.MAX_ORPHANS:
                 self.orphans.pop(next(iter(self.orphans)))
@@ -165,8 +174,19 @@ class DetokenizerLoop:
             return None
         text = det.push(out.new_token_ids, out.finish_reason)
         if out.finish_reason is not None:
-            del self.detoks[out.rid]
+            self._forget(out.rid)
         return DetokItem(out.rid, text, out)
+
+    def _forget(self, rid: str) -> None:
+        """Drop the detokenizer of sample ``rid`` (and its request's entry with its last sample)."""
+        self.detoks.pop(rid, None)
+        parent = self.parent_of.pop(rid, None)
+        if parent is not None:
+            kids = self.children.get(parent)
+            if kids is not None:
+                kids.discard(rid)
+                if not kids:
+                    del self.children[parent]
 
 
 def run_detokenizer_process(model_path: str, log_level: str, addrs: IpcAddrs, ready: Any,
