@@ -1,0 +1,306 @@
+"""A fuzz test of the HTTP API: hypothesis-made requests to every route of a
+real `radixrt serve` (tiny random Llama, 127.0.0.1).
+
+Every route the app serves is found from the app itself (so a new route is
+fuzzed too, with generic JSON bodies until it gets its own strategy). Bodies
+are built field by field from what each route takes, each field either a
+plausible value or any JSON value (NaN and huge numbers included), plus raw
+junk: bytes that are not JSON, wrong content types, wrong methods.
+
+It checks that no request is answered with a 5xx, that none hangs (each has a
+deadline), and afterwards that the server is healthy, still generates, and
+holds no request's KV once idle (free + tree + private == total, private ==
+0). Failures are collected over the whole run and reported together with the
+requests that caused them; the counts of 2xx/4xx/5xx answers are printed.
+
+Bounded: a fixed number of examples per route (derandomized, so CI sees the
+same requests every run), a context of 64 tokens so that no generation is
+long; about a minute on two CPU cores, server start-up included.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import time
+import urllib.parse
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from radixrt.bench.tiny_model import VOCAB_SIZE
+from radixrt.server.local import LocalServer
+
+pytestmark = pytest.mark.slow  # a server start-up and ~600 requests: about a minute
+
+REQUEST_TIMEOUT_S = 60
+CONTEXT = 64  # no generation is long: a chat without max_tokens fills the context
+
+# ---------------------------------------------------------------- value strategies
+_scalar = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
+ANY = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4)
+                   | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
+EDGE_NUMBERS = st.sampled_from([0, -1, 1, 511, 512, 513, 2**31, -(2**63), 2**64, 1e-40, 1e300, math.nan, math.inf,
+                                -math.inf, 0.5, True])
+
+token_id = st.integers(0, VOCAB_SIZE - 1)
+prompt_text = st.text(max_size=40) | st.sampled_from(["Hello", "x" * 3000, "\udcff", "<|im_start|>user\n", "🙂" * 5])
+stops = st.text(min_size=1, max_size=4) | st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=3)
+regexes = st.sampled_from(["[0-9]+", "abc", "a|b", "\\d{2}", ".", "^x$", "(?<=a)b", "\\s", "[a-z]{3}", "(a+)+$"])
+grammars = st.one_of(
+    st.fixed_dictionaries({"regex": st.sampled_from(["[a-c]{1,8}", "(yes|no)", "[0-9]{3}-[0-9]{2}", "a*"])}),
+    st.fixed_dictionaries({"json_schema": st.sampled_from([
+        json.dumps({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                    "required": ["a"]}),
+        json.dumps({"type": "string", "maxLength": 5}), json.dumps({"type": "boolean"})])}),
+    st.fixed_dictionaries({"ebnf": st.just('root ::= "a" | "b" "c"')}),
+)
+
+
+def _merge(parts: tuple) -> dict:
+    out: dict = {}
+    for p in parts:
+        out.update(p)
+    return out
+
+
+def sampling(max_tokens: int = 24) -> st.SearchStrategy:
+    """Valid SGLang sampling params (each field optional)."""
+    plain = st.fixed_dictionaries({}, optional={
+        "max_new_tokens": st.integers(0, max_tokens) | st.sampled_from([200]),  # 200: past the context
+        "min_new_tokens": st.integers(0, 2), "temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
+        "top_k": st.sampled_from([-1, 1, 5, 100]), "min_p": st.floats(0, 0.5), "n": st.integers(1, 3),
+        "frequency_penalty": st.floats(-2, 2), "presence_penalty": st.floats(-2, 2),
+        "repetition_penalty": st.floats(0.5, 2), "stop": stops, "stop_regex": regexes | st.lists(regexes, max_size=3),
+        "stop_token_ids": st.lists(token_id, max_size=3), "ignore_eos": st.booleans(),
+        "skip_special_tokens": st.booleans(), "no_stop_trim": st.booleans(), "seed": st.integers(0, 2**32),
+        "logit_bias": st.dictionaries(token_id.map(str), st.floats(-100, 100), max_size=3),
+    })
+    return st.tuples(plain, st.just({}) | grammars).map(_merge)
+
+
+def mutated(valid: st.SearchStrategy, keys: list[str]) -> st.SearchStrategy:
+    """A valid body with one field (a known one, or a new one) set to any JSON value or an edge number."""
+    return st.tuples(valid, st.sampled_from(keys) | st.text(max_size=6), ANY | EDGE_NUMBERS).map(
+        lambda t: {**t[0], t[1]: t[2]})
+
+
+def mutated_sampling(body_strategy: st.SearchStrategy, keys: list[str]) -> st.SearchStrategy:
+    """A valid /generate body with one sampling parameter set to any JSON value or an edge number."""
+    def put(t: tuple) -> dict:
+        body, key, value = t
+        sp = body.get("sampling_params")
+        return {**body, "sampling_params": {**(sp if isinstance(sp, dict) else {}), key: value}}
+    return st.tuples(body_strategy, st.sampled_from(keys), ANY | EDGE_NUMBERS).map(put)
+
+
+SAMPLING_KEYS = ["max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "n",
+                 "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_regex",
+                 "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim", "seed", "regex",
+                 "json_schema", "ebnf", "logit_bias", "sampling_seed", "spaces_between_special_tokens"]
+_prompt = st.one_of(
+    st.fixed_dictionaries({"text": prompt_text | st.lists(prompt_text, min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"input_ids": st.lists(token_id, min_size=1, max_size=8)
+                           | st.lists(st.lists(token_id, min_size=1, max_size=4), min_size=1, max_size=3)}),
+)
+GENERATE = st.tuples(_prompt, st.fixed_dictionaries({}, optional={
+    "sampling_params": sampling(), "return_logprob": st.booleans(), "logprob_start_len": st.integers(-1, 3),
+    "top_logprobs_num": st.integers(0, 3), "return_text_in_logprobs": st.booleans(), "stream": st.booleans(),
+    "rid": st.uuids().map(str), "cache_salt": st.text(max_size=4), "lora_path": st.none(),
+    "session_id": st.none(), "log_metrics": st.booleans(),
+})).map(_merge)
+GENERATE_KEYS = ["text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                 "return_text_in_logprobs", "stream", "rid", "cache_salt", "lora_path", "session_id", "image_data"]
+
+_openai_common = {
+    "max_tokens": st.integers(0, 24), "temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
+    "n": st.integers(1, 3), "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "stop": stops,
+    "stop_regex": regexes, "seed": st.integers(0, 2**32), "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2), "top_k": st.sampled_from([-1, 1, 5]), "min_p": st.floats(0, 0.5),
+    "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 2), "user": st.text(max_size=4),
+    "logit_bias": st.dictionaries(token_id.map(str), st.floats(-100, 100), max_size=2),
+}
+OPENAI_KEYS = ["model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "stop_regex",
+               "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "regex",
+               "json_schema", "ignore_eos", "min_tokens", "rid", "cache_salt", "logprobs", "echo", "best_of",
+               "suffix", "prompt", "messages", "top_logprobs", "max_completion_tokens", "response_format",
+               "tools", "tool_choice", "chat_template_kwargs", "continue_final_message"]
+COMPLETIONS = st.fixed_dictionaries({
+    "model": st.just("default"),
+    "prompt": prompt_text | st.lists(prompt_text, min_size=1, max_size=3) | st.lists(token_id, min_size=1, max_size=6),
+}, optional={**_openai_common, "logprobs": st.integers(0, 3), "echo": st.booleans()})
+_message = st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "user", "assistant", "developer"]),
+    "content": prompt_text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": prompt_text}),
+                                      min_size=1, max_size=2),
+})
+CHAT = st.fixed_dictionaries({
+    "model": st.just("default"), "messages": st.lists(_message, min_size=1, max_size=3),
+}, optional={
+    **_openai_common, "logprobs": st.booleans(), "max_completion_tokens": st.integers(0, 24),
+    "continue_final_message": st.booleans(),
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"},
+                                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                                            "type": "object", "properties": {"b": {"type": "boolean"}},
+                                            "required": ["b"]}}}]),
+})
+ABORT = st.fixed_dictionaries({}, optional={"rid": st.text(max_size=8), "abort_all": st.booleans()})
+CONCAT = st.fixed_dictionaries({"src_rids": st.lists(st.text(max_size=6), max_size=3), "dst_rid": st.text(max_size=6)})
+GENERIC = st.one_of(st.just(None), ANY)
+
+# (method, path) -> [(strategy of JSON bodies, examples), ...]
+BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
+    ("POST", "/generate"): [(GENERATE, 80), (mutated(GENERATE, GENERATE_KEYS), 40),
+                            (mutated_sampling(GENERATE, SAMPLING_KEYS), 60)],
+    ("POST", "/v1/completions"): [(COMPLETIONS, 40), (mutated(COMPLETIONS, OPENAI_KEYS), 40)],
+    ("POST", "/v1/chat/completions"): [(CHAT, 40), (mutated(CHAT, OPENAI_KEYS), 40)],
+    ("POST", "/abort_request"): [(ABORT, 10), (mutated(ABORT, ["rid", "abort_all"]), 15)],
+    ("POST", "/concate_and_append_request"): [(CONCAT, 10), (mutated(CONCAT, ["src_rids", "dst_rid"]), 15)],
+}
+GENERIC_EXAMPLES = 8
+# raw bodies that are not (valid) JSON objects, sent to every POST route
+JUNK = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([b"", b"{", b"null", b"[]", b'{"text": "a"', b"\xff\xfe", b"NaN", b'"text"', b"1e999",
+                     b'{"text": "a", "text": "b"}', b'{"a": ' * 2000, b'{"text": "\\ud800"}']),
+).map(lambda b: ("application/json", b)) | st.tuples(
+    st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""]),
+    st.binary(max_size=32),
+)
+
+
+# ---------------------------------------------------------------- the run
+def _routes() -> list[tuple[str, str]]:
+    """(method, path) of every route the server's app serves."""
+    from radixrt.server.http_server import build_app
+
+    out: list[tuple[str, str]] = []
+
+    def walk(routes: Any) -> None:
+        for route in routes:
+            inner = getattr(route, "original_router", None)  # an included router (newer FastAPI)
+            if inner is not None:
+                walk(inner.routes)
+                continue
+            for method in sorted(getattr(route, "methods", None) or ()):
+                if method != "HEAD":
+                    out.append((method, route.path))
+
+    walk(build_app(None).routes)  # building the app reads no context
+    return out
+
+
+class Recorder:
+    """Sends requests; counts statuses; keeps 5xx answers and hangs as failures."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+        self.counts: collections.Counter = collections.Counter()
+        self.by_route: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.failures: list[str] = []
+        self.seconds: collections.Counter = collections.Counter()
+        self.slowest: list[tuple[float, str]] = []
+
+    def send(self, method: str, path: str, *, body: Any = None, raw: tuple[str, bytes] | None = None) -> None:
+        kwargs: dict[str, Any] = {}
+        if raw is not None:
+            ctype, content = raw
+            kwargs["content"] = content
+            kwargs["headers"] = {"content-type": ctype} if ctype else {}
+        elif body is not None:
+            kwargs["content"] = json.dumps(body, allow_nan=True).encode()
+            kwargs["headers"] = {"content-type": "application/json"}
+        t0 = time.monotonic()
+        try:
+            r = self.client.request(method, path, **kwargs)
+            status = r.status_code
+            text = r.text[:300]
+        except httpx.TimeoutException:
+            status, text = "timeout", f"no answer in {REQUEST_TIMEOUT_S} s"
+        except httpx.HTTPError as e:
+            status, text = "error", f"{type(e).__name__}: {e}"
+        cls = f"{status // 100}xx" if isinstance(status, int) else status
+        took = time.monotonic() - t0
+        self.seconds[f"{method} {path}"] += took
+        self.slowest = sorted(self.slowest + [(took, f"{status} {method} {path} {str(body)[:300]}")])[-5:]
+        self.counts[cls] += 1
+        self.by_route[f"{method} {path}"][cls] += 1
+        if not isinstance(status, int) or status >= 500:
+            sent = raw if raw is not None else json.dumps(body, allow_nan=True)[:500]
+            self.failures.append(f"{method} {path} -> {status} after {time.monotonic() - t0:.1f}s: {text}\n"
+                                 f"    sent: {sent!r}")
+
+
+def _fuzz(strategy: st.SearchStrategy, examples: int, send) -> None:
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(value: Any) -> None:
+        send(value)
+
+    run()
+
+
+def _wait_idle(client: httpx.Client, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        d = client.get("/debug/kv").json()
+        if (d["running"], d["waiting"], d["inflight"]) == (0, 0, 0) or time.monotonic() > deadline:
+            return d
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tiny_llama):
+    srv = LocalServer("--context-length", str(CONTEXT), "--max-total-tokens", "4096", "--debug-check-invariants",
+                      "--served-model-name", "default", model=tiny_llama)
+    try:
+        srv.wait_ready()
+        yield srv
+        assert srv.stop() == 0, srv.log_tail()
+    finally:
+        srv.cleanup()
+
+
+def test_fuzz_every_route(fuzz_server):
+    routes = _routes()
+    assert ("POST", "/generate") in routes and ("POST", "/concate_and_append_request") in routes
+    with httpx.Client(base_url=fuzz_server.url, timeout=REQUEST_TIMEOUT_S) as client:
+        rec = Recorder(client)
+        for method, path in routes:
+            if "{" in path:  # a path parameter: fill it
+                head = path.split("{")[0]
+                _fuzz(st.text(max_size=20), GENERIC_EXAMPLES,
+                      lambda v, m=method, h=head: rec.send(m, h + urllib.parse.quote(v, safe="/:")))
+                continue
+            if method == "GET":
+                _fuzz(st.just(None), 2, lambda _, p=path: rec.send("GET", p))
+            else:
+                for strategy, n in BODIES.get((method, path), [(GENERIC, GENERIC_EXAMPLES)]):
+                    _fuzz(strategy, n, lambda v, m=method, p=path: rec.send(m, p, body=v))
+                _fuzz(JUNK, 12, lambda raw, m=method, p=path: rec.send(m, p, raw=raw))
+            for wrong in {"GET", "POST", "PUT", "DELETE"} - {m for m, p in routes if p == path}:
+                rec.send(wrong, path.split("{")[0])
+        rec.send("GET", "/no/such/route")
+
+        idle = _wait_idle(client)
+        health = client.get("/health").status_code
+        after = client.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+        kv = _wait_idle(client)["kv_slots"]
+
+    summary = ", ".join(f"{k}: {v}" for k, v in sorted(rec.counts.items()))
+    per_route = "\n".join(f"  {r}: {dict(c)}" for r, c in sorted(rec.by_route.items()))
+    print(f"\nfuzzed {sum(rec.counts.values())} requests ({summary})\n{per_route}")
+    print("seconds by route:", {k: round(v, 1) for k, v in rec.seconds.most_common(6)})
+    print("slowest:\n" + "\n".join(f"  {t:.2f}s {what}" for t, what in rec.slowest))
+    assert not rec.failures, f"{len(rec.failures)} failures ({summary}):\n" + "\n".join(rec.failures[:40])
+    assert (idle["running"], idle["waiting"], idle["inflight"]) == (0, 0, 0), idle
+    assert health == 200
+    assert after.status_code == 200 and len(after.json()["output_ids"]) == 4
+    assert kv["private_slots"] == 0, kv
+    assert kv["free_slots"] + kv["tree_slots"] + kv["private_slots"] == kv["total_slots"], kv
