@@ -188,6 +188,20 @@ def test_concate_and_append_route_shape(tiny_server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "src_rids"
 
 
+def test_openai_routes_take_stop_regex(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=60) as c:
+        model = c.get("/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "max_tokens": 24, "temperature": 0, "regex": "abc 123 xyz", "stop_regex": r"\d{2}"}
+        r = c.post("/v1/completions", json={**body, "prompt": "Hi"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == "abc 12" and r.json()["choices"][0]["finish_reason"] == "stop"
+        r = c.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "abc 12"
+        bad = c.post("/v1/completions", json={**body, "prompt": "Hi", "stop_regex": "("})
+        assert bad.status_code == 400 and "stop_regex" in bad.json()["error"]["message"]
+
+
 def test_streaming_with_logprobs(tiny):
     @sgl.function
     def prog(s):
