@@ -20,13 +20,20 @@ pattern with unbounded repetition (``"a+"``, ``".*"``) is searched in the last
 
 Patterns are checked when a request comes in (`check_patterns`): at most
 `MAX_STOP_REGEX_COUNT`, each at most `MAX_STOP_REGEX_BYTES` bytes of UTF-8,
-each one that compiles. This module imports no torch.
+each one that compiles with Python's ``re`` (SGLang's engine). The search
+itself runs on the scheduler's thread, so a pattern that backtracks without
+end (``(a+)+b`` over a run of a's) must not stall it: the tail is searched
+with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` per pattern
+and step; past it `search` raises `SearchTimeout`, and the scheduler ends that
+request with an error. This module imports no torch.
 """
 from __future__ import annotations
 
 import functools
 import re
 from typing import Any, Optional, Sequence
+
+import regex  # a dependency of transformers too; re has no timeout
 
 try:  # Python 3.11+ (sre_parse is deprecated there)
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
@@ -40,6 +47,11 @@ _SLACK_TOKENS = 8  # decoding a tail may mangle its first token(s): decode a few
 _CONTEXT_CHARS = 8  # real text kept before the search start for \b, lookbehind, MULTILINE ^
 _MARGIN_CHARS = 2  # the newest token's text length is measured on its own: allow for a char or two
 _UNBOUNDED = 1 << 30
+SEARCH_TIMEOUT_S = 0.05  # per pattern and step; a sane pattern over a tail takes microseconds
+
+
+class SearchTimeout(ValueError):
+    """A stop regex took longer than `SEARCH_TIMEOUT_S` to search a tail."""
 
 
 def check_patterns(patterns: Sequence[Any]) -> None:
@@ -62,14 +74,15 @@ def check_patterns(patterns: Sequence[Any]) -> None:
                 f"sampling parameter 'stop_regex' holds a pattern of {n} bytes; at most {MAX_STOP_REGEX_BYTES}"
             )
         try:
+            re.compile(p)
             _compiled(p)
-        except (re.error, RecursionError, OverflowError, ValueError) as e:
+        except (re.error, regex.error, RecursionError, OverflowError, ValueError) as e:
             raise ValueError(f"sampling parameter 'stop_regex' holds an invalid regex {p!r}: {e}") from None
 
 
 @functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern:
-    return re.compile(pattern)
+def _compiled(pattern: str) -> Any:
+    return regex.compile(pattern)  # VERSION0: re's syntax and behaviour
 
 
 @functools.lru_cache(maxsize=1024)
@@ -134,21 +147,31 @@ def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int) -> O
     made starts at most ``max_match_chars`` characters before that token's
     text. The skipped characters are context for ``\\b``, lookbehinds and
     MULTILINE ``^``; a plain ``^`` / ``\\A`` never matches the tail's start
-    (it is not the output's)."""
+    (it is not the output's). Raises `SearchTimeout` for a pattern that takes
+    longer than `SEARCH_TIMEOUT_S`."""
     for p in patterns:
-        rx = _compiled(p)
-        if whole:
-            found = rx.search(tail) is not None
-        else:
-            chars = max_match_chars(p)
-            if chars is None:  # unbounded: anywhere in the tail, past a little context
-                start = min(_CONTEXT_CHARS, len(tail) - new_chars)
-            else:
-                start = len(tail) - new_chars - chars - _MARGIN_CHARS
-            if start > 0:
-                found = rx.search(tail, start) is not None
-            else:  # "\0" stands for the unknown text before the tail
-                found = rx.search("\0" + tail, 1) is not None
+        try:
+            found = _search_one(p, tail, whole, new_chars)
+        except TimeoutError:
+            raise SearchTimeout(
+                f"stop_regex {p!r} took over {SEARCH_TIMEOUT_S * 1000:.0f} ms to search the output "
+                "(it backtracks without end); the request was stopped"
+            ) from None
         if found:
             return p
     return None
+
+
+def _search_one(p: str, tail: str, whole: bool, new_chars: int) -> bool:
+    rx = _compiled(p)
+    if whole:
+        return rx.search(tail, timeout=SEARCH_TIMEOUT_S) is not None
+    chars = max_match_chars(p)
+    if chars is None:  # unbounded: anywhere in the tail, past a little context
+        start = min(_CONTEXT_CHARS, len(tail) - new_chars)
+    else:
+        start = len(tail) - new_chars - chars - _MARGIN_CHARS
+    if start > 0:
+        return rx.search(tail, start, timeout=SEARCH_TIMEOUT_S) is not None
+    # "\0" stands for the unknown text before the tail
+    return rx.search("\0" + tail, 1, timeout=SEARCH_TIMEOUT_S) is not None

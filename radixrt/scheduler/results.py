@@ -158,7 +158,11 @@ class ResultProcessor:
                         return FinishReason.stop(s)
                 if regexes:
                     new_chars = len(self._decode([token], skip_special_tokens=False))
-                    hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars)
+                    try:
+                        hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars)
+                    except stop_regex.SearchTimeout as e:
+                        logger.warning("request %s: %s", req.rid, e)
+                        return FinishReason.abort(str(e), status_code=400)
                     if hit is not None:
                         return FinishReason.stop(hit)  # SGLang reports the pattern
         if n_out >= sp.max_new_tokens:

@@ -84,3 +84,11 @@ def test_frontend_gen_stop_regex(engine):
     assert state.get_meta_info("b")["finish_reason"] == {"type": "stop", "matched": r"\s1"}
     with pytest.raises(ValueError, match="invalid regex"):
         rt.gen("c", stop_regex=["ok", "("])
+
+
+def test_a_pattern_that_backtracks_without_end_fails_the_request_not_the_engine(engine):
+    # "(a|aa)+b" over a growing run of a's: exponential, the search times out
+    sp = {"max_new_tokens": 200, "temperature": 0, "regex": "a{150}", "stop_regex": r"(a|aa)+b"}
+    fr = engine.generate("Hi", sp)["meta_info"]["finish_reason"]
+    assert fr["type"] == "abort" and fr["message"].startswith(r"stop_regex '(a|aa)+b' took over"), fr
+    assert engine.generate("Hi", {**PINNED, "stop_regex": r"\d"})["text"] == "abc 1"  # still serving

@@ -106,3 +106,12 @@ def test_a_plain_text_pattern_is_cut_like_a_stop_string_and_held_back_while_stre
     assert all(final.startswith(s) for s in streamed)  # "E", "EN" were held back
     _, kept = _finish("one two END", "END", stop_regex=["END"], no_stop_trim=True)
     assert kept == "one two END"
+
+
+def test_a_pattern_that_backtracks_without_end_times_out():
+    # the scheduler must not stall on it: the search gives up and says which pattern
+    assert sr.search([r"(a|aa)+b"], "a" * 8, True, 1) is None
+    with pytest.raises(sr.SearchTimeout, match=r"\(a\|aa\)\+b"):
+        sr.search([r"(a|aa)+b"], "a" * 80, True, 1)  # exponential: 2**40 ways
+    with pytest.raises(sr.SearchTimeout):
+        sr.search(["ok", r"(a|aa)+b"], "x" * 20 + "a" * 80, False, 1)
