@@ -116,8 +116,20 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     if not await wait_group(request, tm, group):
         return Response(status_code=499)
     raise_state_errors(group)
+    _raise_refused(group)
     results = [st.acc.to_dict() for st in group.states]
     return JSON(results if multi else results[0])
+
+
+def _raise_refused(group: ReqGroup) -> None:
+    """ServerError 400 if the scheduler refused a sample of ``group`` (an abort
+    with status 400: a grammar that does not compile, a stop_regex whose search
+    runs away), as SGLang answers such a request; a stream ends with the abort
+    in its last event instead."""
+    for st in group.states:
+        fr = st.acc.finish_reason
+        if fr is not None and fr.is_abort and fr.status_code == 400:
+            raise bad_request(fr.message or "The request was refused.")
 
 
 async def _native_stream(group: ReqGroup, multi: bool) -> AsyncIterator[bytes]:
