@@ -30,16 +30,21 @@ def _run_all(engine, prompts, params):
         return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
 
 
-def test_stress_small_pool_retracts_and_matches(tiny_llama):
+@pytest.mark.parametrize("requests,pool,running", [
+    (64, 320, 32),  # the fast path's
+    pytest.param(200, 800, 96, marks=pytest.mark.slow),
+])
+def test_stress_small_pool_retracts_and_matches(tiny_llama, requests, pool, running):
     prompts, params = _stress_prompts()
+    prompts, params = prompts[:requests], params[:requests]
     ref_engine = radixrt.Engine(tiny_llama, max_total_tokens=65536)
     try:
         reference = [r["output_ids"] for r in _run_all(ref_engine, prompts, params)]
     finally:
         ref_engine.shutdown()
 
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=800, chunked_prefill_size=256, max_running_requests=96,
-                            debug_check_invariants=True)
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=pool, chunked_prefill_size=256,
+                            max_running_requests=running, debug_check_invariants=True)
     try:
         results = _run_all(engine, prompts, params)
         engine.wait_idle()
