@@ -31,7 +31,7 @@ CAPITALS_FEW_SHOT = (
 def _engine(*args):
     import radixrt
 
-    eng = radixrt.Engine(*args)
+    eng = radixrt.Engine(*args, max_total_tokens=16384)  # not a share of the machine's memory
     try:
         yield eng
     finally:

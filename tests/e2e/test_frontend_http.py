@@ -20,7 +20,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def runtime():
-    r = rt.Runtime(model_path="default", startup_timeout=300)
+    r = rt.Runtime(model_path="default", startup_timeout=300, max_total_tokens=16384)
     yield r
     r.shutdown()
     assert not os.path.exists(r.log_path), "shutdown() leaves no server log behind"
