@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from radixrt.bench.tiny_model import VOCAB_SIZE
-from radixrt.server.local import LocalServer
+from tests.support.servers import serving
 
 pytestmark = pytest.mark.slow  # a server start-up and ~600 requests: about a minute
 
@@ -257,14 +257,8 @@ def _wait_idle(client: httpx.Client, timeout: float = 60.0) -> dict:
 
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_llama):
-    srv = LocalServer("--context-length", str(CONTEXT), "--max-total-tokens", "4096", "--debug-check-invariants",
-                      "--served-model-name", "default", model=tiny_llama)
-    try:
-        srv.wait_ready()
-        yield srv
-        assert srv.stop() == 0, srv.log_tail()
-    finally:
-        srv.cleanup()
+    yield from serving("--context-length", str(CONTEXT), "--max-total-tokens", "4096", "--debug-check-invariants",
+                       "--served-model-name", "default", model=tiny_llama)
 
 
 def test_fuzz_every_route(fuzz_server):

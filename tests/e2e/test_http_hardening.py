@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
+from tests.support.servers import pid_alive, serving
 
 STALL_TIMEOUT_S = 1.5  # --scheduler-stall-timeout-s of the module's server
 LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test waits
@@ -25,14 +26,8 @@ LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    srv = LocalServer("--max-total-tokens", "24576", "--served-model-name", "default",
-                      "--scheduler-stall-timeout-s", str(STALL_TIMEOUT_S), model=tiny_llama)
-    try:
-        srv.wait_ready()
-        yield srv
-        assert srv.stop(signal.SIGTERM) == 0, srv.log_tail()
-    finally:
-        srv.cleanup()
+    yield from serving("--max-total-tokens", "24576", "--served-model-name", "default",
+                       "--scheduler-stall-timeout-s", str(STALL_TIMEOUT_S), model=tiny_llama)
 
 
 def _error(r: httpx.Response, status: int, mention: str = "") -> dict:
@@ -254,17 +249,10 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         log = srv.log_tail(100_000)
         assert "Traceback" not in log, log[-3000:]
         deadline = time.monotonic() + 5
-        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in pids.values()), pids
+        assert not any(pid_alive(p) for p in pids.values()), pids
     finally:
         srv.cleanup()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
-        return f.read().split(") ")[-1][:1] != "Z"

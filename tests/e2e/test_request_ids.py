@@ -16,7 +16,7 @@ import re
 import httpx
 import pytest
 
-from radixrt.server.local import LocalServer
+from tests.support.servers import serving
 
 KEY = "ids-key"
 MAX_N = 4
@@ -25,14 +25,8 @@ MAX_TOP = 5
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    srv = LocalServer("--max-total-tokens", "16384", "--served-model-name", "default", "--max-n", str(MAX_N),
-                      "--max-top-logprobs-num", str(MAX_TOP), model=tiny_llama, api_key=KEY)
-    try:
-        srv.wait_ready()
-        yield srv
-        assert srv.stop() == 0, srv.log_tail()
-    finally:
-        srv.cleanup()
+    yield from serving("--max-total-tokens", "16384", "--served-model-name", "default", "--max-n", str(MAX_N),
+                       "--max-top-logprobs-num", str(MAX_TOP), model=tiny_llama, api_key=KEY)
 
 
 @pytest.fixture(scope="module")

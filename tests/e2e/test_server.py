@@ -25,18 +25,10 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
+from tests.support.servers import pid_alive
 
 KEY = "test-key"
 KV_TOKENS = 24576
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
-        return f.read().split(") ")[-1][:1] != "Z"
 
 
 @contextlib.contextmanager
@@ -54,9 +46,9 @@ def _serving(model: str, folder: str, served_name: str, *extra: str):
         assert srv.stop(signal.SIGTERM) == 0, srv.log_tail()
         assert time.monotonic() - t0 < 15
         deadline = time.monotonic() + 5
-        while any(_pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_pid_alive(p) for p in pids.values()), pids
+        assert not any(pid_alive(p) for p in pids.values()), pids
     finally:
         srv.cleanup()
 

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
+from tests.support.servers import serving
 
 pytestmark = pytest.mark.slow  # two server start-ups: ~45 s on two busy cores
 
@@ -38,13 +39,7 @@ IP = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 
 
 def _serve(model: str):
-    srv = LocalServer("--max-total-tokens", "16384", "--debug-check-invariants", model=model)
-    try:
-        srv.wait_ready()
-        yield srv
-        assert srv.stop() == 0, srv.log_tail()
-    finally:
-        srv.cleanup()
+    yield from serving("--max-total-tokens", "16384", "--debug-check-invariants", model=model)
 
 
 @pytest.fixture(scope="module")

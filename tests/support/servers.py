@@ -1,0 +1,31 @@
+"""Real servers on 127.0.0.1 for the e2e tests (``radixrt serve`` in a child process)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Optional
+
+from radixrt.server.local import LocalServer
+
+
+def serving(*flags: str, model: str, api_key: Optional[str] = None) -> Iterator[LocalServer]:
+    """Start a server with ``flags``, yield it once ready, then stop it with
+    SIGTERM and assert a clean exit; its files are removed whatever happens.
+    Meant for ``yield from serving(...)`` in a fixture."""
+    srv = LocalServer(*flags, model=model, api_key=api_key)
+    try:
+        srv.wait_ready()
+        yield srv
+        assert srv.stop() == 0, srv.log_tail()
+    finally:
+        srv.cleanup()
+
+
+def pid_alive(pid: int) -> bool:
+    """A process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[-1][:1] != "Z"
