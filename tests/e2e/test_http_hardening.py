@@ -225,6 +225,11 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         sw = threading.Thread(target=short_stream)
         sw.start()
         assert short_started.wait(30)
+        # the plain request is sent from its thread: wait until all four are in the scheduler
+        deadline = time.monotonic() + 30
+        while httpx.get(srv.url + "/debug/kv", timeout=10).json()["running"] < 4:
+            assert time.monotonic() < deadline, "the four requests never ran together"
+            time.sleep(0.05)
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
