@@ -335,6 +335,8 @@ def to_sampling_params(value: Any) -> SamplingParams:
 def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
     if not prompts.batch and isinstance(rid, list):
         raise RequestError("'rid' must be a string for a single prompt.", "rid")
+    if prompts.batch and isinstance(rid, str) and len(rids) > 1:
+        raise RequestError("a batch takes a list of 'rid' values, one per prompt, not one string.", "rid")
     given = [r for r in rids if r]
     if prompts.batch and len(set(given)) != len(given):
         raise RequestError("'rid' values must be unique.", "rid")

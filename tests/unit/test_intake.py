@@ -81,6 +81,16 @@ def test_build_specs_per_item_values():
         assert isinstance(ei.value, ValueError)
 
 
+def test_a_batch_needs_one_rid_per_prompt():
+    batch = split_prompts(["a", "b"], None, encode)
+    with pytest.raises(RequestError, match="one per prompt") as e:
+        build_specs(batch, rid="x")
+    assert e.value.param == "rid"
+    with pytest.raises(RequestError, match="unique"):
+        build_specs(batch, rid=["x", "x"])
+    assert [s.rid for s in build_specs(split_prompts(["a"], None, encode), rid="x")] == ["x"]
+
+
 def test_validation_against_limits():
     ok = SamplingParams()
     validate_prompt([1, 2, 3], ok, LIMITS)
