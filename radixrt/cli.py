@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         add_serve_args(p)
         p.set_defaults(func=serve_main)
 
+    from radixrt.router.cli import add_router_args, router_main
+
+    p = add("router", "route requests over radixrt servers (data parallel): cache_aware, round_robin or "
+                      "shortest_queue, with health checks and failover (see docs/scale_out.md)")
+    add_router_args(p)
+    p.set_defaults(func=router_main)
+
     from radixrt.bench.main import add_bench_args, bench_main
 
     p = add("bench", "benchmark radixrt against its baselines (transformers generate, radix cache off, "

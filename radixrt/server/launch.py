@@ -73,6 +73,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="/health answers 503 while the scheduler process has shown no progress (no loop "
                              "iteration; it beats at least every 0.2 s when idle) for this many seconds; keep "
                              "it above the longest step (a prefill chunk)")
+    parser.add_argument("--dp", type=int, default=1,
+                        help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
+                             "cache; flags apply per replica) behind one router front (docs/scale_out.md)")
+    from radixrt.router.cli import add_policy_args
+
+    add_policy_args(parser, prefix="router-")
 
 
 def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
@@ -83,6 +89,12 @@ def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
 def serve_main(args: argparse.Namespace) -> int:
     """Entry point for `radixrt serve` (returns the process exit code)."""
     config = EngineConfig.from_cli_args(args)
+    if getattr(args, "dp", 1) > 1:
+        from radixrt.router.dp import serve_dp
+
+        return serve_dp(config, server_args_from_cli(args), args)
+    if getattr(args, "dp", 1) < 1:
+        raise ValueError(f"--dp must be at least 1, got {args.dp}")
     return launch_server(config, server_args_from_cli(args))
 
 

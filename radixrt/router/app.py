@@ -1,0 +1,352 @@
+"""The router's HTTP front: a FastAPI app that proxies radixrt's (and
+SGLang's) native and OpenAI routes to its workers.
+
+* ``POST /generate``, ``/v1/completions``, ``/v1/chat/completions``: routed
+  by the policy on the prompt (`keys.routing_key`); answers and streams are
+  passed through as the worker sends them.
+* ``/flush_cache``, ``/abort_request``: sent to every healthy worker
+  (``/abort_request`` matches rids, which only the worker running it knows).
+* ``GET /get_server_info`` (``/server_info``): every worker's info under
+  ``workers``, their ``internal_states`` concatenated, the router's own under
+  ``router``; the first healthy worker's fields at the top level.
+* ``GET /health``: 200 while a worker is healthy (every worker with
+  ``require_all_healthy``, as in ``radixrt serve --dp``) and the router is not
+  draining; else 503.
+* ``GET /list_workers``, ``POST /add_worker?url=``, ``POST /remove_worker?url=``.
+* Any other path: proxied to the least loaded worker.
+
+Failover: a request whose worker cannot be reached (connect error, or the
+connection closed before any answer) or answers 503 goes to another healthy
+worker (each worker tried once); an unreachable worker leaves routing at
+once. A stream whose worker fails after the answer started cannot move: it
+ends with an error event and ``data: [DONE]``.
+
+Auth: with an API key, every route but ``/health`` needs ``Authorization:
+Bearer KEY`` (or ``x-api-key``); the client's header is passed to the
+workers, so they may share the key.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import httpx
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from radixrt.router.keys import routing_key
+from radixrt.router.workers import NoWorkerError, Worker, WorkerPool
+
+logger = logging.getLogger("radixrt.router")
+
+ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+FORWARD_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
+SSE_DONE = b"data: [DONE]\n\n"
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                502: "bad_gateway", 503: "service_unavailable"}
+
+
+def error_body(status: int, message: str) -> dict:
+    """The OpenAI-shaped error body radixrt's servers use."""
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
+                      "param": None, "code": status}}
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+@dataclass
+class RouterConfig:
+    api_key: Optional[str] = None
+    request_timeout_s: float = 1800.0
+    require_all_healthy: bool = False  # /health: every worker (a --dp server) or any (standalone)
+    eviction_interval_s: Optional[float] = None
+
+
+class RouterState:
+    """What the routes share: the pool, an HTTP client, draining and counters."""
+
+    def __init__(self, pool: WorkerPool, config: RouterConfig) -> None:
+        self.pool = pool
+        self.config = config
+        self.client: Optional[httpx.AsyncClient] = None
+        self.draining = False
+        self.active = 0  # requests the front is answering
+        self.failovers = 0
+
+    def headers(self, request: Request) -> dict[str, str]:
+        return {k: v for k, v in request.headers.items() if k.lower() in FORWARD_HEADERS}
+
+    def authorized(self, request: Request) -> bool:
+        key = self.config.api_key
+        if not key:
+            return True
+        auth = request.headers.get("authorization", "").strip()
+        if auth.lower().startswith("bearer ") and auth[7:].strip() == key:
+            return True
+        return request.headers.get("x-api-key", "").strip() == key
+
+
+async def _send(state: RouterState, w: Worker, method: str, path: str, headers: dict,
+                body: bytes, params: Any) -> httpx.Response:
+    assert state.client is not None
+    req = state.client.build_request(method, w.url + path, headers=headers, content=body, params=params,
+                                     timeout=httpx.Timeout(state.config.request_timeout_s, connect=5.0))
+    return await state.client.send(req, stream=True)
+
+
+async def proxy(state: RouterState, request: Request, path: str, key_from_body: bool) -> Response:
+    """Route one request and pass its answer (or stream) back; fail over while nothing was answered."""
+    body = await request.body()
+    key = None
+    if key_from_body:
+        try:
+            key = routing_key(path, json.loads(body))
+        except (ValueError, RecursionError):
+            key = None  # the worker answers a malformed body with its own 400
+    headers = state.headers(request)
+    tried: list[str] = []
+    last_error = "no healthy worker is available"
+    while True:
+        try:
+            w = state.pool.pick(key, exclude=tuple(tried))
+        except NoWorkerError as e:
+            return error_response(503, f"{e}: {last_error}" if tried else str(e))
+        tried.append(w.url)
+        w.load += 1
+        try:
+            resp = await _send(state, w, request.method, path, headers, body, request.query_params)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
+            w.load -= 1
+            last_error = f"worker {w.url}: {type(e).__name__}: {e}"
+            if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+                state.pool.set_healthy(w.url, False, last_error)
+            state.failovers += 1
+            logger.warning("failing over: %s", last_error)
+            continue
+        except httpx.HTTPError as e:
+            w.load -= 1
+            return error_response(502, f"worker {w.url} failed: {type(e).__name__}: {e}")
+        except BaseException:
+            w.load -= 1
+            raise
+        if resp.status_code == 503 and len(tried) < len(state.pool.workers):
+            last_error = f"worker {w.url} answered 503"
+            await resp.aclose()
+            w.load -= 1
+            state.failovers += 1
+            continue
+        return _pass_through(state, w, resp)
+
+
+def _pass_through(state: RouterState, w: Worker, resp: httpx.Response) -> Response:
+    media = resp.headers.get("content-type", "application/json")
+    out_headers = {"x-radixrt-worker": w.url}
+
+    async def body_iter() -> AsyncIterator[bytes]:
+        streaming = media.startswith("text/event-stream")
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as e:
+            msg = f"worker {w.url} failed mid-answer: {type(e).__name__}: {e}"
+            logger.warning("%s", msg)
+            if streaming:
+                yield b"\n\ndata: " + json.dumps(error_body(502, msg)).encode() + b"\n\n" + SSE_DONE
+            else:
+                raise
+        finally:
+            w.load -= 1
+            await resp.aclose()
+
+    return StreamingResponse(body_iter(), status_code=resp.status_code, media_type=media, headers=out_headers)
+
+
+Answer = tuple[str, Optional[httpx.Response], str]
+
+
+async def _broadcast(state: RouterState, request: Request, path: str) -> list[Answer]:
+    """Send the request to every healthy worker; (url, response or None, error) each."""
+    assert state.client is not None
+    body = await request.body()
+    headers = state.headers(request)
+
+    async def one(url: str) -> Answer:
+        assert state.client is not None
+        try:
+            r = await state.client.request(request.method, url + path, headers=headers, content=body,
+                                           params=request.query_params, timeout=60.0)
+            return url, r, ""
+        except httpx.HTTPError as e:
+            return url, None, f"{type(e).__name__}: {e}"
+
+    return list(await asyncio.gather(*(one(u) for u in state.pool.healthy_urls())))
+
+
+class _Guard:
+    """ASGI middleware: the API key, 503 while draining, and the count of
+    answers in progress (streams included, until their last byte)."""
+
+    def __init__(self, app: Any, state: RouterState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if scope["path"] != "/health":
+            refusal = None
+            if not self.state.authorized(request):
+                refusal = error_response(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.")
+            elif self.state.draining:
+                refusal = error_response(503, "The server is shutting down.")
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        self.state.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.active -= 1
+
+
+def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = None) -> FastAPI:
+    state = RouterState(pool, config)
+
+    @contextlib.asynccontextmanager
+    async def default_lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        state.client = httpx.AsyncClient(limits=limits)
+        await pool.start(config.eviction_interval_s)
+        try:
+            if lifespan is not None:
+                async with lifespan(_app):
+                    yield
+            else:
+                yield
+        finally:
+            await pool.stop()
+            await state.client.aclose()
+
+    app = FastAPI(title="radixrt router", lifespan=default_lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.router = state
+
+    app.add_middleware(_Guard, state=state)
+
+    @app.get("/health")
+    async def health() -> Response:
+        workers = pool.public()
+        healthy = [w for w in workers if w["healthy"]]
+        if state.draining:
+            problem: Optional[str] = "the server is shutting down"
+        elif not healthy:
+            problem = "no healthy worker"
+        elif config.require_all_healthy and len(healthy) < len(workers):
+            problem = "unhealthy replicas: " + ", ".join(f"{w['url']} ({w['last_error']})"
+                                                         for w in workers if not w["healthy"])
+        else:
+            problem = None
+        if problem:
+            return error_response(503, f"unhealthy: {problem}")
+        return Response(status_code=200)
+
+    @app.get("/list_workers")
+    async def list_workers() -> Response:
+        return JSONResponse({"policy": pool.policy.name, "workers": pool.public(),
+                             "policy_stats": pool.policy.stats(), "failovers": state.failovers})
+
+    @app.post("/add_worker")
+    async def add_worker(url: str) -> Response:
+        try:
+            pool.add(url)
+        except ValueError as e:
+            return error_response(400, str(e))
+        await pool.check_once()
+        return JSONResponse({"workers": pool.public()})
+
+    @app.post("/remove_worker")
+    async def remove_worker(url: str) -> Response:
+        try:
+            removed = pool.remove(url)
+        except ValueError as e:
+            return error_response(400, str(e))
+        if not removed:
+            return error_response(404, f"no worker {url!r}")
+        return JSONResponse({"workers": pool.public()})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(request: Request) -> Response:
+        results = await _broadcast(state, request, "/flush_cache")
+        pool.policy.reset()
+        failed = [f"{u}: {r.status_code} {r.text.strip()}" if r is not None else f"{u}: {err}"
+                  for u, r, err in results if r is None or r.status_code != 200]
+        if not results:
+            return error_response(503, "no healthy worker is available")
+        if failed:
+            return Response("Cache not flushed on every worker:\n" + "\n".join(failed) + "\n",
+                            status_code=400, media_type="text/plain")
+        return Response("Cache flushed.\n", media_type="text/plain")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        results = await _broadcast(state, request, "/abort_request")
+        answered = [r for _, r, _ in results if r is not None]
+        if not answered:
+            return error_response(503, "no healthy worker is available")
+        bad = [r for r in answered if r.status_code != 200]
+        if bad:  # the same body went to all: a 400 from one is a 400 from each
+            return Response(bad[0].content, status_code=bad[0].status_code,
+                            media_type=bad[0].headers.get("content-type"))
+        return Response(status_code=200)
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def get_server_info(request: Request) -> Response:
+        assert state.client is not None
+        headers = state.headers(request)
+
+        async def one(url: str) -> dict:
+            assert state.client is not None
+            try:
+                r = await state.client.get(url + "/get_server_info", headers=headers, timeout=30.0)
+                if r.status_code == 200:
+                    return {"url": url, "info": r.json()}
+                return {"url": url, "error": f"{r.status_code}: {r.text[:500]}"}
+            except (httpx.HTTPError, ValueError) as e:
+                return {"url": url, "error": f"{type(e).__name__}: {e}"}
+
+        per = list(await asyncio.gather(*(one(u) for u in pool.healthy_urls())))
+        infos = [p["info"] for p in per if "info" in p]
+        if not infos:
+            errs = "; ".join(f"{p['url']}: {p['error']}" for p in per) or "no healthy worker"
+            status = 401 if any(p.get("error", "").startswith("401") for p in per) else 503
+            return error_response(status, f"no worker answered /get_server_info: {errs}")
+        out = dict(infos[0])
+        out["internal_states"] = [s for i in infos for s in i.get("internal_states", [])]
+        out["workers"] = per
+        out["router"] = {"policy": pool.policy.name, "workers": pool.public(),
+                         "policy_stats": pool.policy.stats(), "failovers": state.failovers}
+        return JSONResponse(out)
+
+    def routed(path: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            return await proxy(state, request, path, key_from_body=True)
+        return endpoint
+
+    for route in ROUTED_PATHS:
+        app.add_api_route(route, routed(route), methods=["POST"])
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def other(request: Request, path: str) -> Response:
+        return await proxy(state, request, "/" + path, key_from_body=False)
+
+    return app

@@ -1,0 +1,135 @@
+"""`radixrt router`: the router alone, in front of radixrt (or SGLang)
+servers anywhere::
+
+    radixrt router --worker-url http://10.0.0.1:30000 --worker-url http://10.0.0.2:30000 \\
+        --policy cache_aware --host 0.0.0.0 --port 30000
+
+`serve_router` runs the app under uvicorn and drains on the first SIGTERM or
+Ctrl-C: new requests get a 503, answers in flight may finish for
+``--shutdown-grace-s``, then it stops (a second signal stops at once).
+``radixrt serve --dp N`` uses the same function with its replicas.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from radixrt.router.policies import POLICIES, CacheAwareConfig, make_policy
+from radixrt.router.workers import HealthConfig, WorkerPool
+
+logger = logging.getLogger("radixrt.router")
+
+
+def add_policy_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The routing flags (``prefix`` 'router-' for `radixrt serve --dp`)."""
+    d = CacheAwareConfig()
+    h = HealthConfig()
+    p.add_argument(f"--{prefix}policy", dest="router_policy", choices=POLICIES, default="cache_aware",
+                   help="how requests are spread over the workers")
+    p.add_argument(f"--{prefix}cache-threshold", dest="cache_threshold", type=float, default=d.cache_threshold,
+                   help="cache_aware: route by prefix when the best worker holds at least this fraction of "
+                        "the prompt; otherwise to the worker with the smallest tree")
+    p.add_argument(f"--{prefix}balance-abs-threshold", dest="balance_abs_threshold", type=int,
+                   default=d.balance_abs_threshold,
+                   help="cache_aware: loads are imbalanced (route to the least loaded) when max - min in-flight "
+                        "requests exceeds this and ...")
+    p.add_argument(f"--{prefix}balance-rel-threshold", dest="balance_rel_threshold", type=float,
+                   default=d.balance_rel_threshold, help="cache_aware: ... max exceeds this times min")
+    p.add_argument(f"--{prefix}eviction-interval", dest="eviction_interval_s", type=float,
+                   default=d.eviction_interval_s, help="cache_aware: seconds between cuts of the prefix trees")
+    p.add_argument(f"--{prefix}max-tree-size", dest="max_tree_size", type=int, default=d.max_tree_size,
+                   help="cache_aware: most characters/token ids kept per worker's prefix tree")
+    p.add_argument(f"--{prefix}health-check-interval", dest="health_check_interval_s", type=float,
+                   default=h.health_check_interval_s, help="seconds between /health checks of each worker")
+    p.add_argument(f"--{prefix}health-failure-threshold", dest="health_failure_threshold", type=int,
+                   default=h.health_failure_threshold,
+                   help="failed checks in a row that remove a worker from routing")
+    p.add_argument(f"--{prefix}health-success-threshold", dest="health_success_threshold", type=int,
+                   default=h.health_success_threshold, help="passed checks in a row that add it back")
+
+
+def add_router_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--worker-url", dest="worker_urls", action="append", default=[], required=True,
+                   help="a worker's base url (repeat for each worker)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=30000, help="HTTP port")
+    p.add_argument("--api-key", dest="api_key", default=os.environ.get("RADIXRT_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health; the header is passed "
+                        "on to the workers (default: $RADIXRT_API_KEY)")
+    p.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=1800.0,
+                   help="seconds a proxied request may take")
+    p.add_argument("--shutdown-grace-s", dest="shutdown_grace_s", type=float, default=10.0,
+                   help="on SIGTERM/Ctrl-C, seconds the answers in flight may take to finish")
+    p.add_argument("--log-level", dest="log_level", default="warning", help="log level")
+    add_policy_args(p)
+
+
+def pool_from_args(args: argparse.Namespace, urls: list[str]) -> WorkerPool:
+    cache = CacheAwareConfig(cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
+                             balance_rel_threshold=args.balance_rel_threshold,
+                             eviction_interval_s=args.eviction_interval_s, max_tree_size=args.max_tree_size)
+    health = HealthConfig(health_check_interval_s=args.health_check_interval_s,
+                          health_failure_threshold=args.health_failure_threshold,
+                          health_success_threshold=args.health_success_threshold)
+    return WorkerPool(urls, make_policy(args.router_policy, cache), health)
+
+
+def serve_router(app: Any, host: str, port: int, grace_s: float, log_level: str = "warning",
+                 on_drain: Optional[Callable[[], None]] = None, banner: str = "radixrt router") -> int:
+    """Run ``app`` (from `build_router_app`) until a signal; drain on the first.
+    ``on_drain`` runs when draining starts (``--dp``: signal the replicas).
+    Returns 0 after a clean stop, 1 when the port could not be bound."""
+    import uvicorn
+
+    state = app.state.router
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
+    async def drain() -> None:
+        if on_drain is not None:
+            on_drain()
+        deadline = time.monotonic() + grace_s + 2.0
+        while state.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        server.should_exit = True
+
+    class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            loop_box.append(asyncio.get_running_loop())
+            await super().startup(sockets)
+            if self.started:
+                print(f"{banner} ready at http://{host}:{port} ({state.pool.policy.name}, "
+                      f"{len(state.pool.workers)} workers)", file=sys.stderr, flush=True)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit or state.draining or not self.started or not loop_box:
+                super().handle_exit(sig, frame)
+                return
+            state.draining = True
+            loop_box[0].call_soon_threadsafe(lambda: tasks.append(asyncio.ensure_future(drain())))
+
+    tasks: list[asyncio.Future] = []
+    level = log_level.lower()
+    config = uvicorn.Config(app, host=host, port=port, log_level=level if level in ("debug", "info") else "warning",
+                            access_log=level in ("debug", "info"), lifespan="on", timeout_keep_alive=30,
+                            timeout_graceful_shutdown=5)
+    server = DrainingServer(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def router_main(args: argparse.Namespace) -> int:
+    """Entry point of `radixrt router`."""
+    from radixrt.router.app import RouterConfig, build_router_app
+
+    logging.getLogger("radixrt.router").setLevel(args.log_level.upper())
+    pool = pool_from_args(args, args.worker_urls)
+    config = RouterConfig(api_key=args.api_key, request_timeout_s=args.request_timeout_s,
+                          eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware"
+                          else None)
+    app = build_router_app(pool, config)
+    return serve_router(app, args.host, args.port, args.shutdown_grace_s, args.log_level)

@@ -1,0 +1,152 @@
+"""`radixrt serve --dp N`: N replicas behind one HTTP front.
+
+Each replica is a whole radixrt server (`radixrt.server.launch.launch_server`:
+its own scheduler and detokenizer processes, KV pool and radix cache) in a
+child process listening on a private port of 127.0.0.1. The front is the
+router (`radixrt.router.app`) in this process, on the public ``--host`` and
+``--port``, with ``--router-policy`` (cache_aware by default). Every flag of
+`radixrt serve` applies to each replica as given (``--max-total-tokens`` is
+per replica: N replicas hold N times the KV).
+
+Health: the front's ``/health`` is 200 only while every replica is healthy.
+A replica process that exits stops the whole server with a non-zero code (as
+a dead scheduler does in a single server).
+
+Shutdown (SIGTERM or Ctrl-C): the front refuses new requests (503) and sends
+SIGTERM to each replica, which drains as a single server does (its requests
+in flight get ``--shutdown-grace-s``); the front stops once its answers are
+out, waits for the replicas, and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from radixrt.config import EngineConfig
+
+logger = logging.getLogger("radixrt.router")
+
+WATCH_INTERVAL_S = 0.5
+
+
+def _replica_main(config: EngineConfig, sargs: Any) -> None:
+    from radixrt.server.launch import launch_server
+
+    sys.exit(launch_server(config, sargs))
+
+
+def _wait_healthy(procs: list[Any], urls: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(range(len(urls)))
+    while pending:
+        for i in list(pending):
+            if not procs[i].is_alive():
+                raise RuntimeError(f"replica {i} exited during startup (exit code {procs[i].exitcode})")
+            try:
+                if httpx.get(urls[i] + "/health", timeout=2.0).status_code == 200:
+                    pending.discard(i)
+            except httpx.HTTPError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"replicas {sorted(pending)} not ready after {timeout:.0f} s")
+        if pending:
+            time.sleep(0.25)
+
+
+def _stop(procs: list[Any], timeout: float) -> None:
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0.1))
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
+def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
+    """Run ``args.dp`` replicas and the router front until a signal; the exit code."""
+    import asyncio
+
+    from radixrt.router.app import RouterConfig, build_router_app
+    from radixrt.router.cli import pool_from_args, serve_router
+    from radixrt.server.local import free_port
+
+    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.WARNING),
+                        format="[%(asctime)s dp-front] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    n = int(args.dp)
+    ports = [free_port() for _ in range(n)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    mp = multiprocessing.get_context("spawn")
+    procs: list[Any] = []
+    state = {"exit_code": 0}
+    for port in ports:
+        rargs = dataclasses.replace(sargs, host="127.0.0.1", port=port)
+        proc = mp.Process(target=_replica_main, args=(config, rargs), name=f"radixrt-replica-{port}")
+        proc.start()
+        procs.append(proc)
+
+    def interrupt(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    prev = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            _wait_healthy(procs, urls, sargs.startup_timeout)
+        except KeyboardInterrupt:
+            return 0
+        except RuntimeError as e:
+            print(f"radixrt serve --dp {n}: {e}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            for sig, h in prev.items():
+                signal.signal(sig, h)
+        pool = pool_from_args(args, urls)
+        rconfig = RouterConfig(api_key=sargs.api_key, require_all_healthy=True,
+                               eviction_interval_s=args.eviction_interval_s
+                               if args.router_policy == "cache_aware" else None)
+
+        @contextlib.asynccontextmanager
+        async def watch(app: Any) -> AsyncIterator[None]:
+            async def loop() -> None:
+                while True:
+                    await asyncio.sleep(WATCH_INTERVAL_S)
+                    dead = [(u, p) for u, p in zip(urls, procs) if not p.is_alive()]
+                    if dead and not app.state.router.draining:
+                        reason = ", ".join(f"replica {u} (pid {p.pid}) exited with code {p.exitcode}"
+                                           for u, p in dead)
+                        print(f"radixrt serve --dp {n}: {reason}; shutting down", file=sys.stderr, flush=True)
+                        state["exit_code"] = 1
+                        os.kill(os.getpid(), signal.SIGTERM)  # the front drains and the others stop
+                        return
+
+            task = asyncio.create_task(loop())
+            try:
+                yield
+            finally:
+                task.cancel()
+
+        app = build_router_app(pool, rconfig, lifespan=watch)
+
+        def on_drain() -> None:
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGTERM)
+
+        code = serve_router(app, sargs.host, sargs.port, sargs.shutdown_grace_s, config.log_level,
+                            on_drain=on_drain, banner=f"radixrt server (--dp {n})")
+        return code or state["exit_code"]
+    finally:
+        _stop(procs, sargs.shutdown_grace_s + 10.0)

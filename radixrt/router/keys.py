@@ -1,0 +1,72 @@
+"""The routing key of a request body: the prompt the cache-aware policy
+matches against its trees.
+
+* ``/generate``: ``text`` (a string; a batch: its first string) or else
+  ``input_ids`` (a list of ints; a batch: its first list);
+* ``/v1/completions``: ``prompt`` (string, list of strings, token ids, list
+  of token-id lists: the first prompt);
+* ``/v1/chat/completions``: the messages flattened to text in order
+  (``role`` then the text content of each), so conversations that share
+  their first messages share a prefix.
+
+Anything else (a malformed body, a route without a prompt) has no key: the
+policy then routes by load. The router never rejects a body itself; the
+worker answers malformed ones with its own 4xx.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from radixrt.router.policies import RouteKey
+
+# The longest key kept: enough to tell prompts apart by their prefix, and it bounds the router's work per request.
+MAX_KEY_LEN = 16384
+
+
+def _ids(value: Any) -> Optional[tuple[int, ...]]:
+    if isinstance(value, list) and value and all(type(x) is int for x in value[:MAX_KEY_LEN]):
+        return tuple(value[:MAX_KEY_LEN])
+    return None
+
+
+def _prompt(value: Any) -> Optional[RouteKey]:
+    if isinstance(value, str):
+        return value[:MAX_KEY_LEN] or None
+    ids = _ids(value)
+    if ids is not None:
+        return ids
+    if isinstance(value, list) and value:
+        return _prompt(value[0]) if isinstance(value[0], (str, list)) else None
+    return None
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, dict) and isinstance(p.get("text", ""), str))
+    return ""
+
+
+def routing_key(path: str, body: Any) -> Optional[RouteKey]:
+    """The key of ``body`` posted to ``path``, or None."""
+    if not isinstance(body, dict):
+        return None
+    if path == "/generate":
+        if body.get("text") is not None:
+            return _prompt(body["text"])
+        return _prompt(body.get("input_ids"))
+    if path == "/v1/completions":
+        return _prompt(body.get("prompt"))
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        parts = []
+        for m in messages:
+            if isinstance(m, dict):
+                parts.append(f"<{m.get('role')}>{_content_text(m.get('content'))}\n")
+        text = "".join(parts)[:MAX_KEY_LEN]
+        return text or None
+    return None
