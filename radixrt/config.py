@@ -34,6 +34,10 @@ CLI_HELP = {
     "max_running_requests": "most requests decoding at once",
     "schedule_policy": "order of the waiting queue: lpm (longest cached prefix first), dfs-weight "
                        "(depth-first over the radix tree, busiest branch first) or fcfs (arrival order)",
+    "enable_priority_scheduling": "order the waiting queue by each request's 'priority' first (then by "
+                                  "--schedule-policy); without it 'priority' is accepted and ignored",
+    "schedule_low_priority_values_first": "with --enable-priority-scheduling: a lower 'priority' value runs "
+                                          "first (default: a higher value runs first, as in SGLang)",
     "disable_radix_cache": "no prefix reuse: every prompt is computed in full (a baseline)",
     "in_batch_prefix_threshold": "hold back a request that shares at least this many uncached prompt tokens "
                                  "with one being computed, so it reads them from the cache instead",
@@ -71,6 +75,8 @@ class EngineConfig:
     max_running_requests: int = 128
     disable_overlap_schedule: bool = False  # process each step's results before scheduling the next
     schedule_policy: str = "lpm"  # "lpm" | "dfs-weight" | "fcfs"
+    enable_priority_scheduling: bool = False  # waiting queue ordered by request priority first
+    schedule_low_priority_values_first: bool = False  # default: higher priority value runs first (SGLang's)
     disable_radix_cache: bool = False
     in_batch_prefix_threshold: int = 32  # defer a request sharing >= this many uncached tokens with one being computed
     random_seed: int = 0

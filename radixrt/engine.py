@@ -194,6 +194,7 @@ class Engine:
     def _prepare(
         self, prompt: Prompt, sampling_params: Any, input_ids: Any, return_logprob: Any, logprob_start_len: Any,
         top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Optional[str], stream: bool, rid: Any,
+        priority: Any = None, return_cache_info: Any = False,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
         prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt",
@@ -202,6 +203,7 @@ class Engine:
             prompts, sampling_params=sampling_params, return_logprob=return_logprob,
             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=bool(return_text_in_logprobs), cache_salt=cache_salt, rid=rid,
+            priority=priority, return_cache_info=return_cache_info,
         )
         for spec in specs:
             validate_spec(spec, self.limits)
@@ -288,17 +290,24 @@ class Engine:
         self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
         return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
         return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-        rid: Any = None,
+        rid: Any = None, priority: Any = None, return_cache_info: bool = False,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results.
         ``rid`` (a string, or one per prompt of a batch) names the request for
         ``meta_info.id`` and `abort_request`; one already running is refused.
+        ``priority`` (an int, or one per prompt) orders the waiting queue when
+        the engine runs with ``enable_priority_scheduling`` (a higher value
+        first, unless ``schedule_low_priority_values_first``), else it is
+        ignored. ``return_cache_info`` adds ``meta_info.cache_info``: how the
+        prompt matched the radix cache at admission, and where it diverged
+        from the closest cached prompt (see `radixrt.memory.radix_explain`).
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
         specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid)
+                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid,
+                                     priority, return_cache_info)
         loop = self._loop()
         if stream:
             return loop.iterate(loop.run(self._start_stream(specs[0])))
@@ -308,11 +317,12 @@ class Engine:
         self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
         return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
         return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-        rid: Any = None,
+        rid: Any = None, priority: Any = None, return_cache_info: bool = False,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
         specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid)
+                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid,
+                                     priority, return_cache_info)
         if stream:
             return await self._start_stream(specs[0])
         return await self._generate(specs, batch)

@@ -194,6 +194,8 @@ class RequestSpec:
     cache_salt: Optional[str] = None
     rid: Optional[str] = None  # None: assigned when queued
     field: str = "text"
+    priority: Optional[int] = None  # honoured only under enable_priority_scheduling
+    return_cache_info: bool = False  # meta_info.cache_info: how the prompt matched the radix cache
 
     def __post_init__(self) -> None:
         self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num)
@@ -203,7 +205,7 @@ class RequestSpec:
         return GenerateReq(
             rid=rid, input_ids=self.input_ids, sampling=self.sampling, return_logprob=self.return_logprob,
             logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num, stream=stream,
-            cache_salt=self.cache_salt,
+            cache_salt=self.cache_salt, priority=self.priority, return_cache_info=self.return_cache_info,
         )
 
 
@@ -344,7 +346,8 @@ def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
 
 def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_logprob: Any = None,
                 logprob_start_len: Any = None, top_logprobs_num: Any = None, rid: Any = None,
-                return_text_in_logprobs: Any = False, cache_salt: Any = None) -> list[RequestSpec]:
+                return_text_in_logprobs: Any = False, cache_salt: Any = None, priority: Any = None,
+                return_cache_info: Any = False) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
     SamplingParams. Types are checked; limits are not (`validate_spec`)."""
@@ -360,10 +363,17 @@ def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_log
         raise RequestError("'return_text_in_logprobs' must be a boolean.", "return_text_in_logprobs")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise RequestError("'cache_salt' must be a string.", "cache_salt")
+    priorities = per_item("priority", priority, prompts, None, lambda v: v is None or _is_int(v) and abs(v) < 2**63,
+                          "an integer (or one per prompt)")
+    if return_cache_info is None:
+        return_cache_info = False
+    if not isinstance(return_cache_info, bool):
+        raise RequestError("'return_cache_info' must be a boolean.", "return_cache_info")
     return [
         RequestSpec(input_ids=ids, sampling=to_sampling_params(sampling[i]), return_logprob=flags[i],
                     logprob_start_len=int(starts[i]), top_logprobs_num=int(tops[i]),
                     return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt, rid=rids[i],
-                    field=prompts.field)
+                    field=prompts.field, priority=None if priorities[i] is None else int(priorities[i]),
+                    return_cache_info=return_cache_info)
         for i, ids in enumerate(prompts.ids)
     ]

@@ -31,6 +31,8 @@ class GenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     cache_salt: Optional[str] = None  # namespace key in the radix cache
+    priority: Optional[int] = None  # queue order under enable_priority_scheduling (None: 0)
+    return_cache_info: bool = False  # explain the prefix match (radixrt.memory.radix_explain)
 
 
 @dataclass
@@ -77,6 +79,9 @@ class TokenOutput:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: Optional[list[tuple[Optional[float], int]]] = None
     input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+    # The prefix match explained (token ids, no text; see radix_explain.CacheExplanation.to_wire),
+    # once, with the first output after admission, when the request asked for it.
+    cache_info: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         self.finish_reason = FinishReason.coerce(self.finish_reason)

@@ -46,6 +46,7 @@ class ResultAccumulator:
         self.input_token_logprobs: list[tuple[Optional[float], int]] = []
         self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
         self._input_meta: Optional[tuple[list, list]] = None  # built by _input_logprob_meta
+        self.cache_info: Optional[dict[str, Any]] = None  # rendered meta_info.cache_info, once it arrived
 
     @property
     def finished(self) -> bool:
@@ -62,6 +63,10 @@ class ResultAccumulator:
         self.text = self.detok.push(out.new_token_ids, out.finish_reason) if text is None else text
         self.output_token_logprobs.extend(out.output_token_logprobs)
         self.output_top_logprobs.extend(out.output_top_logprobs)
+        if out.cache_info is not None:
+            from radixrt.memory.radix_explain import render_cache_info
+
+            self.cache_info = render_cache_info(out.cache_info, self.tokenizer.decode)
         if out.input_token_logprobs is not None:
             self.input_token_logprobs = list(out.input_token_logprobs)
             self.input_top_logprobs = list(out.input_top_logprobs or [])
@@ -101,6 +106,8 @@ class ResultAccumulator:
             "cached_tokens": self.cached_tokens,
             "finish_reason": None if self.finish_reason is None else self.finish_reason.to_dict(),
         }
+        if self.cache_info is not None:
+            meta["cache_info"] = dict(self.cache_info)
         if self.return_logprob:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[logprob_offset:])

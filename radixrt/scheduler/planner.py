@@ -21,8 +21,9 @@ from typing import Callable
 from radixrt.config import EngineConfig
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.radix_explain import explain_match
 from radixrt.requests.finish import FinishReason
-from radixrt.scheduler.policy import order_waiting
+from radixrt.scheduler.policy import by_priority, order_waiting
 from radixrt.scheduler.request import Phase, Req
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,8 @@ class BatchPlanner:
         if not waiting or budget <= 0:
             return
         ordered = order_waiting(self.config.schedule_policy, waiting, self.kv.match)
+        if self.config.enable_priority_scheduling:
+            ordered = by_priority(ordered, self.config.schedule_low_priority_values_first)
         # Prefixes being computed in this step (or by an unfinished chunked prefill):
         # a request sharing a long uncached prefix with one of them waits a step
         # and then reads that prefix from the tree instead of computing it again.
@@ -164,12 +167,17 @@ class BatchPlanner:
             q = min(extend, budget)
             if running and self.kv.available_slots() - q < reserve:
                 break
+            explained = None  # before admit/extend change the tree: the match as it happened
+            if req.return_cache_info and not req.admitted_once:
+                explained = explain_match(self.kv.tree, req.input_ids, req.namespace, match.length,
+                                          req.max_prefix_len).to_wire()
             self.kv.admit(req, match)
             if not self.kv.extend(req, q):
                 self.kv.release(req)
                 break
             if not req.admitted_once:
                 req.cached_tokens = match.length
+                req.cache_info = explained
                 req.admitted_once = True
                 self.kv.record_admission(req, match.length)
             waiting.remove(req)

@@ -1,5 +1,10 @@
 """Orders the waiting queue. The cache-aware policies read the radix tree's
-matches; none of them changes what is computed, only when."""
+matches; none of them changes what is computed, only when.
+
+Priority scheduling (``enable_priority_scheduling``) is a stable sort on
+top of the policy's order: requests of a more urgent priority come first,
+and within one priority the policy's order stands. As in SGLang, a higher
+``priority`` value is more urgent unless ``schedule_low_priority_values_first``."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -24,6 +29,14 @@ def order_waiting(policy: str, waiting: list[Req], match: MatchFn) -> list[Req]:
     if policy == "dfs-weight":
         return _dfs_weight(waiting, matches)
     raise ValueError(f"unknown schedule policy {policy!r}")
+
+
+def by_priority(ordered: list[Req], low_values_first: bool = False) -> list[Req]:
+    """``ordered`` with the most urgent priority first; a stable sort, so the
+    policy's order holds among requests of equal priority."""
+    if low_values_first:
+        return sorted(ordered, key=lambda r: r.priority)
+    return sorted(ordered, key=lambda r: -r.priority)
 
 
 def _dfs_weight(waiting: list[Req], matches: dict[int, MatchResult]) -> list[Req]:

@@ -52,6 +52,9 @@ class Req:
     namespace: Optional[str] = None
     arrival: int = 0
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
+    priority: int = 0  # waiting-queue order under enable_priority_scheduling
+    return_cache_info: bool = False
+    cache_info: Optional[dict] = None  # the explained prefix match of the first admission (to send once)
 
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING

@@ -182,6 +182,8 @@ def token_output(req: Req) -> TokenOutput:
         finish_reason=req.finish_reason,
         output_token_logprobs=req.pending_output_logprobs, output_top_logprobs=req.pending_top_logprobs,
     )
+    if req.cache_info is not None:  # sent once, with the first output after admission
+        out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:
         out.input_token_logprobs = req.input_logprobs
         out.input_top_logprobs = req.input_top_logprobs

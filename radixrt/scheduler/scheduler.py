@@ -160,7 +160,8 @@ class Scheduler:
                 rid=rid, input_ids=list(msg.input_ids), sampling=msg.sampling, seed=seed,
                 return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                 top_logprobs_num=msg.top_logprobs_num, namespace=msg.cache_salt, arrival=self.arrivals,
-                grammar_future=grammar_future, parent=msg.rid,
+                grammar_future=grammar_future, parent=msg.rid, priority=msg.priority or 0,
+                return_cache_info=msg.return_cache_info,
             )
             self.arrivals += 1
             self.queues.waiting.append(req)

@@ -3,7 +3,10 @@
 Body: ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params``
 (an object, or one per prompt), ``return_logprob``, ``logprob_start_len``,
 ``top_logprobs_num`` (a value or one per prompt), ``rid`` (one per prompt),
-``return_text_in_logprobs``, ``stream``, ``cache_salt``. Answer: one result
+``return_text_in_logprobs``, ``stream``, ``cache_salt``, ``priority`` (an int, or
+one per prompt: orders the waiting queue under ``--enable-priority-scheduling``,
+else ignored), ``return_cache_info`` (radixrt's extension: ``meta_info.cache_info``
+explains the prompt's radix-cache match). Answer: one result
 ``{"text", "output_ids", "meta_info"}``, or a list for a batch or n > 1; with
 ``stream``, SSE events of cumulative results (text, output ids and logprobs
 so far, as SGLang sends them: its clients keep the last event's
@@ -43,7 +46,7 @@ router = APIRouter()
 
 _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "return_text_in_logprobs", "stream", "cache_salt",
+    "return_text_in_logprobs", "stream", "cache_salt", "priority", "return_cache_info",
 }
 # SGLang request fields (GenerateReqInput, SGLang 0.5.x) radixrt does not implement:
 # accepted while empty/unset, a 400 naming the field when set.
@@ -64,7 +67,7 @@ _GENERATE_IGNORED = {
     "return_flat_raw_output_top_logprobs", "return_flat_raw_top_logprobs_b64", "return_bytes", "return_entropy",
     "return_prompt_token_ids", "multi_item_delimiter_indices", "token_indices_to_pool",
     # generation options radixrt does not have
-    "stream_options", "priority", "extra_key", "background", "require_reasoning", "max_thinking_tokens", "watermark",
+    "stream_options", "extra_key", "background", "require_reasoning", "max_thinking_tokens", "watermark",
     "conversation_id", "label", "custom_labels",
 }
 # Hints that never change an answer (logging, tracing, routing): ignored whatever their value.
@@ -99,7 +102,8 @@ def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], 
             prompts, sampling_params=body.get("sampling_params"), return_logprob=body.get("return_logprob"),
             logprob_start_len=body.get("logprob_start_len"), top_logprobs_num=body.get("top_logprobs_num"),
             rid=body.get("rid"), return_text_in_logprobs=body.get("return_text_in_logprobs", False),
-            cache_salt=body.get("cache_salt"),
+            cache_salt=body.get("cache_salt"), priority=body.get("priority"),
+            return_cache_info=body.get("return_cache_info", False),
         )
     return specs, prompts.batch, bool(stream)
 

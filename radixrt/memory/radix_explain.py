@@ -1,0 +1,183 @@
+"""Why a prompt did (not) hit the radix cache: a read-only walk of the tree.
+
+`explain_match` is called by the scheduler when a request that asked for it
+(``return_cache_info``) is admitted for the first time, right after its
+prefix was matched, so it explains the match that actually happened. It
+walks the tree token by token (not page by page) from the request's
+namespace and finds the *closest cached neighbour*: the cached sequence
+sharing the longest prefix with the prompt, even where that prefix ends
+inside a node or inside a page. It never splits, touches, locks or counts
+anything, and costs nothing for requests that did not ask.
+
+The result holds token ids only: the scheduler never detokenizes. The front
+(`render_cache_info`, called where results are built) adds the decoded text
+on both sides of the divergence.
+
+Fields of the wire dict (`CacheExplanation.to_wire`) and of ``meta_info.cache_info``:
+
+* ``prompt_tokens``; ``matched_tokens``: prompt tokens served from the cache;
+* ``neighbour_tokens``: length of the common prefix of the prompt and its
+  closest cached neighbour in the same namespace;
+* ``stop_position``: the token position where reuse stopped (=
+  ``matched_tokens``); ``divergence_position``: where the prompt first
+  differs from the neighbour (None when the neighbour holds the whole prompt);
+* ``reason``: why reuse stopped there: ``diverged`` (the prompt differs from
+  everything cached from that position on), ``no_cached_prefix`` (nothing
+  cached shares even the first token), ``last_token_recomputed`` (the
+  neighbour holds the whole prompt but at least one prompt token is always
+  computed, for its logits), ``prompt_logprobs`` (the positions whose
+  logprobs were asked for are recomputed), ``page_alignment`` (only whole
+  KV pages are reused; the rest of the page is recomputed),
+  ``cache_disabled``;
+* ``prompt_before`` / ``prompt_after`` / ``cached_after``: up to
+  `CONTEXT_TOKENS` token ids before the divergence, of the prompt after it
+  and of the neighbour after it (with ``_text`` twins once rendered);
+* ``namespace_differs`` and ``default_namespace_neighbour_tokens``, only for
+  a request with a cache salt: whether the shared (unsalted) namespace holds
+  a longer prefix of the prompt than the request's own namespace, and how
+  long. Other salted namespaces are never looked at: a salt keeps a tenant's
+  prompts private, so neither their content nor their match lengths leak.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional, Sequence
+
+from radixrt.memory.radix_node import TreeNode, _first_mismatch
+
+if TYPE_CHECKING:
+    from radixrt.memory.radix_cache import RadixCache
+
+CONTEXT_TOKENS = 8  # token ids shown on each side of the divergence
+
+DIVERGED = "diverged"
+NO_CACHED_PREFIX = "no_cached_prefix"
+LAST_TOKEN = "last_token_recomputed"
+PROMPT_LOGPROBS = "prompt_logprobs"
+PAGE_ALIGNMENT = "page_alignment"
+CACHE_DISABLED = "cache_disabled"
+
+
+@dataclass
+class Neighbour:
+    """Where a key's walk down the tree stopped: ``depth`` tokens in common,
+    ending ``offset`` tokens into ``node``'s key (``offset == len(node.key)``
+    when it ends at the node's end, e.g. at a sub-root)."""
+
+    depth: int
+    node: TreeNode
+    offset: int
+
+
+@dataclass
+class CacheExplanation:
+    prompt_tokens: int
+    matched_tokens: int
+    neighbour_tokens: int
+    divergence_position: Optional[int]
+    reason: str
+    prompt_before: list[int] = field(default_factory=list)
+    prompt_after: list[int] = field(default_factory=list)
+    cached_after: list[int] = field(default_factory=list)
+    default_namespace_neighbour_tokens: Optional[int] = None  # only for a salted request
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "matched_tokens": self.matched_tokens,
+            "neighbour_tokens": self.neighbour_tokens,
+            "stop_position": self.matched_tokens,
+            "divergence_position": self.divergence_position,
+            "reason": self.reason,
+            "prompt_before": self.prompt_before,
+            "prompt_after": self.prompt_after,
+            "cached_after": self.cached_after,
+        }
+        if self.default_namespace_neighbour_tokens is not None:
+            d["namespace_differs"] = self.default_namespace_neighbour_tokens > self.neighbour_tokens
+            d["default_namespace_neighbour_tokens"] = self.default_namespace_neighbour_tokens
+        return d
+
+
+def closest_neighbour(tree: "RadixCache", key: Sequence[int], namespace: Hashable = None) -> Optional[Neighbour]:
+    """The deepest point of ``namespace``'s tree that shares a prefix with
+    ``key``, token by token (a partial page or a partial node counts); None
+    when the namespace holds nothing. Read-only."""
+    node = tree.root.children.get(namespace)
+    if node is None:
+        return None
+    key = list(key)
+    pos, n, P = 0, len(key), tree.page_size
+    while pos < n:
+        if P == 1:
+            child = node.children.get(key[pos])
+            candidates = [child] if child is not None else []
+        else:
+            child = node.children.get(tuple(key[pos:pos + P]))
+            # no whole first page in common: some child may still share part of it
+            candidates = [child] if child is not None else list(node.children.values())
+        best, best_m = None, 0
+        for c in candidates:
+            m = _first_mismatch(c.key, key, pos, min(len(c.key), n - pos))
+            if m > best_m:
+                best, best_m = c, m
+        if best is None:
+            break
+        pos += best_m
+        if best_m < len(best.key):
+            return Neighbour(pos, best, best_m)
+        node = best
+    return Neighbour(pos, node, len(node.key))
+
+
+def _tokens_after(nb: Neighbour, k: int) -> list[int]:
+    """Up to ``k`` cached tokens following the neighbour's common prefix: the
+    rest of its node, then down the most recently used children."""
+    out = list(nb.node.key[nb.offset:nb.offset + k])
+    node = nb.node
+    while len(out) < k and node.children:
+        node = max(node.children.values(), key=lambda c: c.last_access)
+        out.extend(node.key[:k - len(out)])
+    return out
+
+
+def explain_match(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
+                  max_prefix_len: int) -> CacheExplanation:
+    """Explain a match of ``matched`` tokens of ``prompt`` in ``namespace``,
+    where at most ``max_prefix_len`` tokens could be reused (the request's
+    cap: its last prompt token, or its prompt-logprob positions, are always
+    computed). Call it right after the match, before the tree changes."""
+    n = len(prompt)
+    if tree.disable:
+        return CacheExplanation(n, matched, 0, 0, CACHE_DISABLED, [], list(prompt[:CONTEXT_TOKENS]), [])
+    nb = closest_neighbour(tree, prompt, namespace)
+    depth = nb.depth if nb is not None else 0
+    divergence = depth if depth < n else None
+    if depth == 0:
+        reason = NO_CACHED_PREFIX
+    elif depth > max_prefix_len:
+        reason = LAST_TOKEN if max_prefix_len >= n - 1 else PROMPT_LOGPROBS
+    elif matched < depth:
+        reason = PAGE_ALIGNMENT
+    else:
+        reason = DIVERGED
+    split = depth if divergence is not None else matched
+    exp = CacheExplanation(
+        prompt_tokens=n, matched_tokens=matched, neighbour_tokens=depth, divergence_position=divergence,
+        reason=reason, prompt_before=list(prompt[max(0, split - CONTEXT_TOKENS):split]),
+        prompt_after=list(prompt[split:split + CONTEXT_TOKENS]),
+        cached_after=_tokens_after(nb, CONTEXT_TOKENS) if nb is not None and 0 < depth < n else [],
+    )
+    if namespace is not None:
+        shared = closest_neighbour(tree, prompt, None)
+        exp.default_namespace_neighbour_tokens = shared.depth if shared is not None else 0
+    return exp
+
+
+def render_cache_info(wire: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:
+    """``wire`` (from `CacheExplanation.to_wire`) with the decoded text of
+    its token lists added as ``<name>_text``."""
+    out = dict(wire)
+    for name in ("prompt_before", "prompt_after", "cached_after"):
+        out[name + "_text"] = decode(list(wire.get(name) or []))
+    return out
