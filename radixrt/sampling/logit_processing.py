@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from radixrt.sampling.draws import _f32, _long
 from radixrt.sampling.grammar import apply_token_bitmask
+from radixrt.sampling.penalties import apply_penalties, has_penalties
 
 if TYPE_CHECKING:
     from radixrt.sampling.sampler import SamplingRow
@@ -25,8 +25,7 @@ def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tu
     device = raw.device
     bias_flat: list[int] = []
     bias_val: list[float] = []
-    rep: list[tuple[int, float, list[int], list[int]]] = []
-    freq: list[tuple[int, float, float, list[int]]] = []
+    penalized: list[int] = []
     ban_flat: list[int] = []
     for i, r in enumerate(rows):
         p = r.params
@@ -37,47 +36,23 @@ def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tu
                 if 0 <= t < V:
                     bias_flat.append(base + t)
                     bias_val.append(value)
-        if p.repetition_penalty != 1.0 and (r.prompt_ids or r.output_ids):
-            rep.append((i, p.repetition_penalty, r.prompt_ids, r.output_ids))
-        if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and r.output_ids:
-            freq.append((i, p.frequency_penalty, p.presence_penalty, r.output_ids))
+        if has_penalties(r):
+            penalized.append(i)
         if r.output_index < p.min_new_tokens:
             base = i * V
             banned = set(eos_token_ids)
             if p.stop_token_ids:
                 banned.update(p.stop_token_ids)
             ban_flat.extend(base + t for t in banned if 0 <= t < V)
-    if not (bias_flat or rep or freq or ban_flat):
+    if not (bias_flat or penalized or ban_flat):
         return raw
 
     x = raw.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)
     xf = x.view(-1)
     if bias_flat:
         xf.index_put_((_long(bias_flat, device),), _f32(bias_val, device), accumulate=True)
-    if rep:
-        flat, row_of = flat_ids([(i, ids) for i, _, pr, out in rep for ids in (pr, out)], V)
-        if flat.numel():
-            pen_b = [1.0] * B
-            for i, pen, _, _ in rep:
-                pen_b[i] = pen
-            pen = torch.tensor(pen_b, dtype=torch.float32)[row_of].to(device, non_blocking=True)
-            flat = flat.to(device, non_blocking=True)
-            v = xf[flat]
-            # Duplicate ids write the same value, so the scatter is well defined.
-            xf[flat] = torch.where(v > 0, v / pen, v * pen)
-    if freq:
-        flat, _ = flat_ids([(i, out) for i, _, _, out in freq], V)
-        if flat.numel():
-            uniq, counts = torch.unique(flat, return_counts=True)
-            f_b, p_b = [0.0] * B, [0.0] * B
-            for i, f, pr, _ in freq:
-                f_b[i], p_b[i] = f, pr
-            row = uniq // V
-            delta = torch.tensor(f_b, dtype=torch.float32)[row] * counts.to(torch.float32)
-            delta += torch.tensor(p_b, dtype=torch.float32)[row]
-            xf.index_put_(
-                (uniq.to(device, non_blocking=True),), (-delta).to(device, non_blocking=True), accumulate=True
-            )
+    if penalized:
+        apply_penalties(x, rows, penalized)
     if ban_flat:
         xf[_long(ban_flat, device)] = float("-inf")
     return x
@@ -99,29 +74,3 @@ def apply_grammar(
         apply_token_bitmask(fresh, bitmask.index_select(0, _long(dead, bitmask.device)), list(range(len(dead))))
         x[_long(rows_dead, x.device)] = fresh
     return x
-
-
-def flat_ids(parts: list[tuple[int, list[int]]], V: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU tensors (row * V + id, row) over every in-vocab id of the parts
-    [(row, ids)], parts of one row adjacent. Vectorized: the per-element
-    row offsets come from a cumsum over markers at the part starts."""
-    parts = [(i, ids) for i, ids in parts if ids]
-    if not parts:
-        empty = torch.empty(0, dtype=torch.long)
-        return empty, empty
-    joined: list[int] = []
-    starts, deltas, prev = [], [], 0
-    for i, part in parts:
-        starts.append(len(joined))
-        deltas.append((i - prev) * V)
-        joined += part
-        prev = i
-    # numpy converts a list of ints about 3x faster than torch.tensor.
-    ids = torch.from_numpy(np.array(joined, dtype=np.int64))
-    marks = torch.zeros(ids.numel(), dtype=torch.long)
-    marks[torch.tensor(starts)] = torch.tensor(deltas, dtype=torch.long)
-    offsets = marks.cumsum(0)
-    ok = (ids >= 0) & (ids < V)
-    if not bool(ok.all()):
-        ids, offsets = ids[ok], offsets[ok]
-    return offsets + ids, offsets // V

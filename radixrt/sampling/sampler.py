@@ -79,6 +79,7 @@ import torch
 from radixrt.sampling.draws import TokenDrawer, _long, _nucleus_mask, draw_uniform
 from radixrt.sampling.logit_processing import apply_grammar, process_logits
 from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.penalties import TokenCounts
 
 __all__ = ["SamplingRow", "SampleResult", "Sampler", "token_logprobs", "draw_uniform"]
 
@@ -94,6 +95,10 @@ class SamplingRow:
     # output index of the new token; None: len(output_ids). The overlap
     # scheduler sets it: tokens of a step still in flight are not in output_ids
     index: Optional[int] = None
+    # Penalty state carried by the request across steps (see penalties.py);
+    # None: built from the lists for this call only.
+    counts: Optional[TokenCounts] = None
+    draft_len: int = 0  # trailing output_ids that are an unverified jump-forward draft
 
     @property
     def output_index(self) -> int:

@@ -81,6 +81,7 @@ def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
         params=req.sampling, seed=req.seed, output_ids=output, prompt_ids=req.input_ids,
         top_logprobs_num=req.top_logprobs_num, return_logprob=req.return_logprob,
         index=len(req.output_ids) + req.pending + draft_pos,
+        counts=req.penalty_counts, draft_len=draft_pos,
     )
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from radixrt.requests.finish import FinishReason
 from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
     from radixrt.sampling.grammar import GrammarState
@@ -63,6 +64,8 @@ class Req:
     tree_len: int = 0
     last_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the radix cache at first admission
+    # token counts for the penalty stage; empty until a penalized row samples
+    penalty_counts: TokenCounts = field(default_factory=TokenCounts)
     admitted_once: bool = False
     finish_reason: Optional[FinishReason] = None
     retractions: int = 0

@@ -85,3 +85,26 @@ def test_greedy_matches_transformers_concurrently(
         assert usage["private_slots"] == 0
     finally:
         engine.shutdown()
+
+
+def test_repetition_penalty_matches_transformers(tiny_llama, tokenizer, chat_prompts):
+    """Greedy with a repetition penalty (Hugging Face semantics, over prompt and
+    output) equals transformers' generate: the request's token counts are kept
+    incrementally across steps and must count exactly what generate counts."""
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    eos = tokenizer.eos_token_id
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=4096)
+    try:
+        sp = {"max_new_tokens": MAX_NEW, "temperature": 0, "repetition_penalty": 1.8}
+        with ThreadPoolExecutor(len(chat_prompts)) as pool:
+            results = list(pool.map(lambda p: engine.generate(p, sp), chat_prompts))
+        for p, res in zip(chat_prompts, results):
+            ids = tokenizer(p, return_tensors="pt").input_ids
+            with torch.no_grad():
+                gen = hf_model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos,
+                                        repetition_penalty=1.8)
+            assert _strip_eos(res["output_ids"], eos) == _strip_eos(gen[0, ids.shape[1]:].tolist(), eos)
+    finally:
+        engine.shutdown()

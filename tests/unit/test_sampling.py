@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.penalties import TokenCounts
 from radixrt.sampling.sampler import Sampler, SamplingRow, draw_uniform, token_logprobs
 
 # ---------------------------------------------------------------- helpers
@@ -415,6 +416,30 @@ def test_batched_processing_matches_row_by_row_reference():
         want = reference_process(logits, rows, [0, 7], vocab)
         assert got.shape == (7, vocab)
         assert torch.allclose(got, want, atol=1e-5), trial
+
+
+def test_incremental_penalty_counts_match_a_rebuild_and_ignore_drafts():
+    """A request's TokenCounts, carried across steps (output growing one token
+    at a time, sometimes with a jump-forward draft), gives the same logits as
+    counting its whole lists afresh; a draft is never folded into the state."""
+    vocab = 40
+    sampler = Sampler(vocab_size=vocab, eos_token_ids=[0])
+    rnd = random.Random(4)
+    g = torch.Generator().manual_seed(4)
+    params = dict(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.2)
+    state = TokenCounts()
+    prompt = [rnd.randrange(vocab) for _ in range(10)]
+    out: list[int] = []
+    for step in range(30):
+        draft = [rnd.randrange(vocab) for _ in range(rnd.choice([0, 0, 2]))]
+        carried = row(prompt=prompt, out=out + draft, **params)
+        carried.counts, carried.draft_len = state, len(draft)
+        logits = torch.randn(1, vocab, generator=g) * 3
+        got = sampler.process_logits(logits, [carried])
+        want = reference_process(logits, [row(prompt=prompt, out=out + draft, **params)], [0], vocab)
+        assert torch.allclose(got, want, atol=1e-5), step
+        assert state.counted == len(out) and state.counts[:state.size].sum() == len(out)
+        out.append(rnd.randrange(vocab))
 
 
 def test_min_new_tokens_masks_eos_and_stop_ids():
