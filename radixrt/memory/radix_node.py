@@ -11,12 +11,20 @@ _ids = itertools.count()
 class TreeNode:
     """One edge of the radix tree: ``key`` tokens whose KV lives at ``value`` slots.
 
+    Where the KV lives (with a host tier, see host_pool.py): ``value`` holds the
+    device slots, or is empty when the node is on the host only;
+    ``host_value`` holds the host slots, or is None when the node has no host
+    copy. A node is on the device, on the host, or both (`on_device`,
+    `on_host`); the device part of the tree is closed under parents (a node on
+    the device has every ancestor on the device).
+
     lock_ref: number of active locks on this node or any descendant.
     last_access: value of the cache's logical clock at the last match/insert
     that went through this node (a counter, not wall time).
     """
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "id", "lru_entry")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "id", "lru_entry",
+                 "host_value", "host_lru_entry")
 
     def __init__(self, key: list[int], value: list[int], parent: Optional["TreeNode"], last_access: int = 0):
         self.children: dict[Any, TreeNode] = {}
@@ -28,24 +36,43 @@ class TreeNode:
         self.id = next(_ids)
         # (last_access, id, self) while this node sits in the evictable-leaf set.
         self.lru_entry: Optional[tuple] = None
+        self.host_value: Optional[list[int]] = None
+        # (last_access, id, self) while this node sits in the host-evictable-leaf set.
+        self.host_lru_entry: Optional[tuple] = None
+
+    @property
+    def on_device(self) -> bool:
+        return bool(self.value) or not self.key
+
+    @property
+    def on_host(self) -> bool:
+        return self.host_value is not None
 
     def __repr__(self) -> str:
         k = self.key if len(self.key) <= 8 else self.key[:8] + ["..."]
-        return f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, t={self.last_access})"
+        where = ("device+host" if self.on_host else "device") if self.value else ("host" if self.on_host else "-")
+        return (f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, "
+                f"t={self.last_access}, on={where})")
 
 
 @dataclass
 class MatchResult:
     """Result of `RadixCache.match_prefix`.
 
-    slots: tree-owned slot ids of the matched prefix (the caller must lock
-        `node` before relying on them past the next cache operation).
+    slots: tree-owned device slot ids of the matched prefix (the caller must
+        lock `node` before relying on them past the next cache operation).
     node: the node whose path ends exactly at the match (a root when nothing
         matched; locking a root is a no-op).
+    host_length: tokens past ``slots`` that the host tier holds (not loaded:
+        a match without ``load_back``).
+    loaded: tokens at the end of ``slots`` that this match loaded back from the
+        host tier (a host hit; their copies are queued, see host_pool.py).
     """
 
     slots: list[int]
     node: TreeNode
+    host_length: int = 0
+    loaded: int = 0
 
     @property
     def length(self) -> int:

@@ -324,6 +324,7 @@ def test_stats_and_reset():
     assert st == {
         "queried_tokens": 8, "hit_tokens": 4, "inserted_tokens": 6, "evicted_tokens": 0,
         "hit_rate": 0.5, "cached_tokens": 6,
+        "device_hit_tokens": 4, "host_hit_tokens": 0, "device_hit_rate": 0.5, "host_hit_rate": 0.0,
     }
     m = c.match_prefix([1, 2])
     c.lock(m.node)
