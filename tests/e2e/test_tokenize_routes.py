@@ -1,0 +1,113 @@
+"""/tokenize, /detokenize, request priority and return_cache_info against a
+real server (tiny random Llama, SmolLM2's tokenizer and chat template), with
+httpx and the official openai client."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.servers import serving
+
+KEY = "tok-key"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    yield from serving("--max-total-tokens", "8192", "--served-model-name", "default", "--context-length", "512",
+                       "--enable-priority-scheduling", "--debug-check-invariants", model=tiny_llama, api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def hf_tok(tiny_llama):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama)
+
+
+def test_tokenize_prompt_shapes(client, hf_tok):
+    text = "Hello radix world, héllo again"
+    r = client.post("/tokenize", json={"model": "default", "prompt": text, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == hf_tok.encode(text) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 512
+    assert body["token_strs"] == hf_tok.convert_ids_to_tokens(body["tokens"])
+    batch = client.post("/v1/tokenize", json={"prompt": ["a b", "c"], "add_special_tokens": False}).json()
+    assert batch["tokens"] == [hf_tok.encode("a b", add_special_tokens=False), hf_tok.encode("c",
+                                                                                              add_special_tokens=False)]
+    assert batch["count"] == [len(x) for x in batch["tokens"]] and "token_strs" not in batch
+    # longer than the context: still counted (that is what a caller wants to know)
+    assert client.post("/tokenize", json={"prompt": "word " * 600}).json()["count"] > 512
+
+
+def test_tokenize_messages_is_the_chat_prompt(client, hf_tok):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    ids = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    expected = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert hf_tok.decode(ids) == expected
+    # the very prompt /v1/chat/completions computes
+    chat = client.post("/v1/chat/completions", json={"model": "default", "messages": messages, "max_tokens": 1})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_detokenize_round_trip(client, hf_tok):
+    ids = hf_tok.encode("round trip <|im_start|> ok")
+    body = client.post("/detokenize", json={"tokens": ids}).json()
+    assert body["prompt"] == body["text"] == hf_tok.decode(ids)
+    batch = client.post("/v1/detokenize", json={"model": "default", "tokens": [ids[:2], ids[2:]]}).json()
+    assert batch["text"] == [hf_tok.decode(ids[:2]), hf_tok.decode(ids[2:])]
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
+    ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+     "add_generation_prompt"),
+    ("/detokenize", {"tokens": [1, 49152]}, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ("/detokenize", {}, "tokens"),
+])
+def test_bad_input_is_a_400(client, route, body, param):
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_routes_need_the_key_and_the_model(server, client):
+    assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}).status_code == 401
+    r = client.post("/tokenize", json={"model": "other", "prompt": "x"})
+    assert r.status_code == 404
+
+
+def test_generate_priority_and_cache_info(client, hf_tok):
+    base = "A long shared system prompt about radix trees and caches. " * 4
+    sp = {"max_new_tokens": 2, "temperature": 0}
+    first = client.post("/generate", json={"text": base + "First question?", "sampling_params": sp,
+                                           "priority": 3, "return_cache_info": True}).json()
+    assert first["meta_info"]["cache_info"]["reason"] == "no_cached_prefix"
+    second = client.post("/generate", json={"text": base + "Other ask?", "sampling_params": sp,
+                                            "priority": -1, "return_cache_info": True}).json()
+    info = second["meta_info"]["cache_info"]
+    a, b = hf_tok.encode(base + "First question?"), hf_tok.encode(base + "Other ask?")
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert info["matched_tokens"] == second["meta_info"]["cached_tokens"] == common
+    assert info["divergence_position"] == common and info["reason"] == "diverged"
+    assert info["prompt_after_text"] == hf_tok.decode(b[common:common + 8])
+    # the neighbour is the first prompt followed by its generated tokens
+    assert info["cached_after_text"].startswith(hf_tok.decode(a[common:common + 4]))
+    for bad in ({"priority": "high"}, {"return_cache_info": 1}):
+        r = client.post("/generate", json={"text": "x", "sampling_params": sp, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), r.text
