@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
 from .cascade import CascadePlan, cascade_attention, plan_cascade
+from .fixed_split import FixedSplitPlan, fixed_split_attention, plan_fixed_split
 from .kv_cache import LayerKVCache
 
 
@@ -55,11 +56,13 @@ class _ExtendPlan:
 class TorchReferenceBackend(AttentionBackend):
     """Paged causal GQA attention with `torch.nn.functional.scaled_dot_product_attention`."""
 
-    def __init__(self, decode_budget: int = 1 << 16, cascade: bool = True) -> None:
+    def __init__(self, decode_budget: int = 1 << 16, cascade: bool = True, deterministic: bool = False) -> None:
         # most gathered K (and V) rows one batched decode call may hold (padding included);
         # a larger decode batch is split into a few calls, longest sequences first
         self.decode_budget = decode_budget
         self.cascade = cascade
+        self.deterministic = deterministic  # batch-invariant fixed-split path (fixed_split.py)
+        self._fixed: Optional[FixedSplitPlan] = None
         self._cascade: Optional[CascadePlan] = None
         self._meta: Optional[AttentionMetadata] = None
         self._decode: list[_DecodePlan] = []
@@ -70,6 +73,10 @@ class TorchReferenceBackend(AttentionBackend):
         self._meta = meta
         self._decode = []
         self._extends = []
+        if self.deterministic:
+            self._cascade = None
+            self._fixed = plan_fixed_split(meta)
+            return
         self._cascade = plan_cascade(meta) if self.cascade else None
         if self._cascade is not None:
             return
@@ -165,6 +172,8 @@ class TorchReferenceBackend(AttentionBackend):
         meta = self._store_new_kv(self._meta, q, k, v, cache)
         num_tokens, num_q_heads, head_dim = q.shape
 
+        if self._fixed is not None:
+            return fixed_split_attention(self._fixed, q, cache, scale)
         if self._cascade is not None:
             return cascade_attention(self._cascade, q, cache, scale).reshape(num_tokens, -1)
 

@@ -18,6 +18,8 @@ CLI_HELP = {
     "model_path": "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face model folder "
                   "(config.json + safetensors)",
     "device": "cpu or cuda",
+    "tp_size": "tensor parallelism: split each layer over this many processes (GPUs 0..N-1 on CUDA with NCCL; "
+               "processes on the CPU with gloo, for correctness rather than speed)",
     "dtype": "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16",
     "kv_cache_dtype": "how the KV cache stores K/V: auto (the model dtype), int8 (per-token, per-head scales; "
                       "torch attention only), fp8_e4m3 or fp8_e5m2 (one scale per layer); int8/fp8 about double "
@@ -42,6 +44,9 @@ CLI_HELP = {
     "in_batch_prefix_threshold": "hold back a request that shares at least this many uncached prompt tokens "
                                  "with one being computed, so it reads them from the cache instead",
     "random_seed": "seeds the sampling of requests that give no seed of their own",
+    "enable_deterministic_inference": "batch-invariant computation: a seeded request's output does not depend "
+                                      "on batch composition, chunking, prefix-cache hits or retraction (slower; "
+                                      "torch attention, no CUDA graphs)",
     "log_level": "debug, info (per-step batch size, throughput, cache hit rate, KV use), warning or error",
     "log_interval": "steps between two throughput log lines (at --log-level info)",
     "debug_check_invariants": "check free + tree + private == total KV slots after every step (slow; tests)",
@@ -59,6 +64,7 @@ CLI_HELP = {
 class EngineConfig:
     model_path: str = "default"
     device: str = "cpu"  # "cpu" | "cuda"
+    tp_size: int = 1  # tensor-parallel ranks (radixrt/executor/parallel/)
     dtype: str = "auto"  # "auto" (fp32 on CPU, bf16 on CUDA) | "float32" | "bfloat16" | "float16"
     # "auto" (the model dtype) | "int8" | "fp8_e4m3" | "fp8_e5m2": see radixrt/memory/kv_format.py
     kv_cache_dtype: str = "auto"
@@ -80,6 +86,9 @@ class EngineConfig:
     disable_radix_cache: bool = False
     in_batch_prefix_threshold: int = 32  # defer a request sharing >= this many uncached tokens with one being computed
     random_seed: int = 0
+    # batch-invariant kernels (executor/batch_invariant.py, kernels/fixed_split.py): bit-identical results
+    # per request whatever the batch; forces the torch attention backend and no CUDA graphs
+    enable_deterministic_inference: bool = False
     log_level: str = "warning"
     log_interval: int = 40  # steps between throughput log lines
     debug_check_invariants: bool = False  # assert free + tree + private == total after every step (tests)
@@ -92,6 +101,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.tp_size < 1:
+            raise ValueError("tp_size must be >= 1")
+        if self.tp_size > 1 and self.enable_deterministic_inference:
+            raise ValueError("enable_deterministic_inference does not run tensor parallel yet: use tp_size 1")
         if self.schedule_policy not in ("lpm", "dfs-weight", "fcfs"):
             raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}; choose lpm, dfs-weight or fcfs")
         if self.chunked_prefill_size < self.page_size:
@@ -121,6 +134,7 @@ class EngineConfig:
         """Add one ``--flag-name`` per field (``--model`` for model_path)."""
         for f in dataclasses.fields(cls):
             flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
+            aliases = ("--tp",) if f.name == "tp_size" else ()  # SGLang's short form
             default = f.default
             if isinstance(default, bool):
                 # --flag / --no-flag for switches that default to on
@@ -130,7 +144,7 @@ class EngineConfig:
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("max_total_tokens", "context_length"):
                 kind = int
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=CLI_HELP.get(f.name))
+            parser.add_argument(flag, *aliases, dest=f.name, type=kind, default=default, help=CLI_HELP.get(f.name))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":

@@ -13,10 +13,13 @@ from typing import Any, Optional
 import torch
 
 from radixrt.config import EngineConfig
+from radixrt.executor.batch_invariant import enable_batch_invariant
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
-from radixrt.kernels import AttentionMetadata, create_backend
+from radixrt.executor.parallel import TPGroup, shard_model
+from radixrt.executor.parallel.ranks import Followers
+from radixrt.kernels import AttentionBackend, AttentionMetadata, create_backend
 from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from radixrt.kernels.kv_cache import kv_storage_dtype
 from radixrt.memory.kv_format import kv_footprint
@@ -55,11 +58,21 @@ def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
 
     ``kv_cache_dtype``: fp8 runs on either backend; FlashInfer cannot read an
     int8 cache (per-token scales), so int8 on CUDA takes the torch backend
-    (and no graphs), and asking for flashinfer with int8 is an error."""
+    (and no graphs), and asking for flashinfer with int8 is an error.
+
+    ``enable_deterministic_inference``: the torch backend's batch-invariant
+    path on every device (FlashInfer's kernels split work by batch shape) and
+    no CUDA graphs; asking for flashinfer attention or sampling with it is an
+    error."""
     cuda = config.device.startswith("cuda")
     dtype = _resolve_dtype(config.dtype, config.device)
     kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)
     backend = config.attention_backend
+    if config.enable_deterministic_inference:
+        if backend == "flashinfer" or config.sampling_backend == "flashinfer":
+            raise ValueError("enable_deterministic_inference runs the torch attention backend and the radixrt "
+                             "sampler: leave attention_backend and sampling_backend at auto/torch/radixrt")
+        return RuntimeChoice("torch", dtype, kv_dtype, False, 0)
     if backend == "flashinfer" and kv_dtype == torch.int8:
         raise ValueError("FlashInfer attention cannot read an int8 KV cache: use kv_cache_dtype fp8_e4m3, "
                          "fp8_e5m2 or auto with it, or attention_backend torch (or auto) for int8")
@@ -90,29 +103,46 @@ def _available_memory_bytes(device: str) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: Optional[TPGroup] = None) -> None:
+        """With ``config.tp_size > 1`` and no ``tp``, this runner is rank 0 (the
+        leader): it starts the other ranks and forwards each model call to them
+        (see ``radixrt.executor.parallel``); a follower passes its ``tp``."""
         from transformers import AutoTokenizer
 
         self.config = config
-        self.device = config.device
+        self.followers: Optional[Followers] = None
+        if config.tp_size > 1 and tp is None:
+            self.followers = Followers(config)
+            tp = self.followers.group
+        self.tp = tp
+        self.device = tp.device if tp is not None else config.device
         self.choice = resolve_runtime(config)
         self.dtype = self.choice.dtype
         if self.device.startswith("cuda") and self.choice.kv_dtype == torch.int8:
             logger.warning("kv_cache_dtype int8: FlashInfer cannot read it, attention runs on the torch backend "
                            "without CUDA graphs (fp8_e4m3 keeps FlashInfer)")
         self.model_path = resolve_model_path(config.model_path)
-        self.model, self.model_config = load_model(self.model_path, self.dtype, self.device)
+        # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
+        self.model, self.model_config = load_model(self.model_path, self.dtype, "cpu" if tp else self.device)
+        self.shard_config = self.model_config  # this rank's heads: what its KV pool and attention see
+        if tp is not None:
+            self.shard_config = shard_model(self.model, self.model_config, tp)
+            self.model.to(self.device)
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
         mc = self.model_config
         self.choice = fit_to_model(self.choice, mc.head_dim)
+        if tp is not None:  # the graphs would capture collectives; not supported yet
+            self.choice = replace(self.choice, cuda_graph=False, cuda_graph_max_bs=0)
         self.context_length = config.context_length or mc.max_position_embeddings
         self.page_size = config.page_size
         self.num_pages = self._num_pages()  # what the allocator hands out: pages 0 .. num_pages-1
+        if tp is not None:  # every rank's pool has the leader's slot numbering
+            self.num_pages = tp.command(self.num_pages)
         use_graphs = self.choice.cuda_graph and self.model.rope.rope_type not in _LENGTH_DEPENDENT
         # CUDA graphs pad decode batches with rows that write their K/V into one
         # scratch page past the allocator's range
         self.kv_pool = KVPool(
-            mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, mc.num_kv_heads,
+            mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, self.shard_config.num_kv_heads,
             mc.head_dim, self.dtype, self.device, kv_cache_dtype=config.kv_cache_dtype,
         )
         # one row per running request, one column per token it may hold
@@ -120,9 +150,16 @@ class ModelRunner:
             config.max_running_requests, self.context_length + 1, self.device,
             scratch_slot=self.num_pages * self.page_size if use_graphs else 0,
         )
-        self.backend = create_backend(self.choice.attention_backend, self.device)
+        self.deterministic = config.enable_deterministic_inference
+        if self.deterministic:
+            from radixrt.kernels.torch_ref import TorchReferenceBackend
+
+            enable_batch_invariant(self.model)
+            self.backend: AttentionBackend = TorchReferenceBackend(deterministic=True)
+        else:
+            self.backend = create_backend(self.choice.attention_backend, self.device)
         if hasattr(self.backend, "configure"):  # FlashInfer plans once per batch with these
-            self.backend.configure(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype,
+            self.backend.configure(self.shard_config.num_heads, self.shard_config.num_kv_heads, mc.head_dim, self.dtype,
                                    kv_dtype=self.kv_pool.storage_dtype)
         self.cuda_graph: Optional[Any] = None
         if use_graphs:
@@ -146,7 +183,8 @@ class ModelRunner:
         if self.config.max_total_tokens is not None:
             tokens = self.config.max_total_tokens
         else:
-            fp = kv_footprint(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.config.kv_cache_dtype, str(self.dtype))
+            fp = kv_footprint(mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, self.config.kv_cache_dtype,
+                              str(self.dtype))
             tokens = fp.tokens_in(_available_memory_bytes(self.device) * self.config.mem_fraction)
             tokens = min(tokens, 1 << 20)
         pages = tokens // self.page_size
@@ -164,6 +202,10 @@ class ModelRunner:
         request-to-slot table, after ``table_writes`` (from
         `ReqToTokenPool.take_writes`) are applied. ``input_ids`` [sum(q_lens)]
         may already be on the device. Returns hidden states [sum(q_lens), hidden]."""
+        if self.followers is not None:
+            ids_list = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
+            self.followers.send("forward", ids_list, rows, q_lens, kv_lens,
+                                None if table_writes is None else table_writes.cpu())
         self.req_to_token.apply(table_writes)
         table = self.req_to_token.table
         ids = torch.as_tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
@@ -180,6 +222,8 @@ class ModelRunner:
         [sum(q_lens), hidden]."""
         if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, [len(s) for s in seq_slots]):
             return self.cuda_graph.forward(input_ids, seq_slots)
+        if self.tp is not None:
+            raise RuntimeError("ModelRunner.forward does not run tensor parallel; use forward_batch")
         meta = AttentionMetadata.build(seq_slots, q_lens, self.page_size, self.device)
         self.backend.plan(meta)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
@@ -194,4 +238,14 @@ class ModelRunner:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for the given hidden rows."""
-        return self.model.compute_logits(hidden)
+        if self.followers is not None:
+            self.followers.send("logits", hidden.cpu())
+        return self.model.compute_logits(hidden.to(self.device))
+
+    def close(self) -> None:
+        """Stop the follower ranks (tensor parallel; idempotent)."""
+        if self.followers is not None:
+            self.followers.stop()
+        if self.tp is not None:
+            self.tp.close()
+            self.tp = None

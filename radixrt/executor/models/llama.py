@@ -8,6 +8,12 @@ layout except for two fused projections (see `loader.py`):
 
 The model never plans the attention backend: the runner calls
 ``backend.plan(meta)`` once per batch, then ``model(...)``.
+
+Deterministic inference (`radixrt.executor.batch_invariant`): with
+``batch_invariant`` set, the forward pads the batch's token rows to a whole
+number of row tiles, runs every layer over the padded rows (linear layers
+tile by tile, elementwise kernels over aligned shapes) and hands only the
+real rows to the attention backend.
 """
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixrt.executor.batch_invariant import pad_rows, padded_rows
 from radixrt.executor.models.config import ModelConfig
-from radixrt.executor.models.rope import RotaryEmbedding
+from radixrt.executor.models.rope import _LENGTH_DEPENDENT, RotaryEmbedding
 
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
@@ -76,7 +83,10 @@ class Attention(nn.Module):
         rope: RotaryEmbedding,
         kv_pool: Any,
         backend: "AttentionBackend",
+        num_tokens: Optional[int] = None,
     ) -> torch.Tensor:
+        """``num_tokens``: rows of ``x`` that are real tokens (the rest is
+        padding, see the module doc); only those reach the attention backend."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
@@ -90,6 +100,10 @@ class Attention(nn.Module):
             q = rope.apply(q, cos, sin)
             k = rope.apply(k, cos, sin)
         # this layer's cache: K/V views of the pool, plus its scales when quantized (LayerKVCache)
+        if num_tokens is not None and num_tokens < t:
+            n = num_tokens
+            o = backend.forward(q[:n], k[:n], v[:n], kv_pool.layer_cache(self.layer_id), self.scale)
+            return self.o_proj(pad_rows(o, t))
         o = backend.forward(q, k, v, kv_pool.layer_cache(self.layer_id), self.scale)
         return self.o_proj(o)
 
@@ -123,8 +137,9 @@ class DecoderLayer(nn.Module):
         rope: RotaryEmbedding,
         kv_pool: Any,
         backend: "AttentionBackend",
+        num_tokens: Optional[int] = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend)
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend, num_tokens)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -138,6 +153,8 @@ class LlamaBody(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV pool."""
+
+    batch_invariant: bool = False  # set by batch_invariant.enable_batch_invariant
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -162,11 +179,34 @@ class LlamaForCausalLM(nn.Module):
         Writes every layer's new K/V into ``kv_pool`` at ``meta.out_slots``.
         ``backend.plan(meta)`` must have been called for this batch.
         """
+        if self.batch_invariant:
+            return self._forward_padded(input_ids, positions, meta, kv_pool, backend)
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
         for layer in self.model.layers:
             h = layer(h, cos, sin, self.rope, kv_pool, backend)
         return self.model.norm(h)
+
+    def _forward_padded(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: "AttentionMetadata",
+        kv_pool: Any,
+        backend: "AttentionBackend",
+    ) -> torch.Tensor:
+        """`forward` over token rows padded to whole row tiles (batch-invariant mode)."""
+        n = input_ids.shape[0]
+        mp = padded_rows(n)
+        h = self.model.embed_tokens(pad_rows(input_ids, mp))
+        if self.rope.rope_type in _LENGTH_DEPENDENT:  # its tables split positions by request
+            cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
+            cos, sin = pad_rows(cos, mp), pad_rows(sin, mp)
+        else:
+            cos, sin = self.rope.cos_sin(pad_rows(positions, mp), h.dtype)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, self.rope, kv_pool, backend, n)
+        return self.model.norm(h)[:n]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for hidden rows [N, hidden] returned by `forward`."""
