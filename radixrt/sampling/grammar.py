@@ -4,8 +4,11 @@ per-request matchers and verified jump-forward drafts.
 Pieces and who uses them:
 
 * ``grammar_key(sampling)`` names a request's constraint as a hashable
-  ``(kind, source)`` pair (kind ``"regex"``, ``"json_schema"`` or
-  ``"ebnf"``); ``None`` for an unconstrained request.
+  ``(kind, source)`` pair (kind ``"regex"``, ``"json_schema"``, ``"ebnf"``
+  or ``"structural_tag"``); ``None`` for an unconstrained request. A
+  structural tag (xgrammar's JSON format: free text with triggered tags,
+  tags with separators, JSON-schema contents...) is how tool calls are
+  constrained (radixrt/server/tools/grammar.py builds them).
 * ``check_grammar(key)`` parses the constraint without a tokenizer and raises
   ``ValueError`` with xgrammar's message when it is bad. It is cheap
   (microseconds, memoized) and runs at submission in the caller's thread (the
@@ -79,7 +82,7 @@ from typing import Any, Callable, Optional
 logger = logging.getLogger(__name__)
 
 GrammarKey = tuple[str, str]  # (kind, source); kind in GRAMMAR_KINDS
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 # JSON layout the grammars enforce: one line, ", " between items, ": " after keys.
 JSON_SEPARATORS = (", ", ": ")
@@ -87,8 +90,8 @@ JSON_SEPARATORS = (", ", ": ")
 
 def grammar_key(sampling: Any) -> Optional[GrammarKey]:
     """The constraint of a request's SamplingParams as ``(kind, source)``, or None.
-    At most one of ``regex``, ``json_schema``, ``ebnf`` is set (SamplingParams
-    validates that)."""
+    At most one of ``regex``, ``json_schema``, ``ebnf``, ``structural_tag`` is
+    set (SamplingParams validates that)."""
     for kind in GRAMMAR_KINDS:
         source = getattr(sampling, kind, None)
         if source is not None:
@@ -120,6 +123,9 @@ def _parse(key: GrammarKey) -> Any:
         return xgr.Grammar.from_json_schema(source, any_whitespace=False, separators=JSON_SEPARATORS)
     if kind == "ebnf":
         return xgr.Grammar.from_ebnf(source)
+    if kind == "structural_tag":
+        json.loads(source)
+        return xgr.Grammar.from_structural_tag(source)
     raise ValueError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
 
 
@@ -137,7 +143,7 @@ def check_grammar(key: Optional[GrammarKey]) -> None:
     try:
         _check_cached(key)
     except json.JSONDecodeError as e:
-        raise ValueError(f"sampling parameter 'json_schema' is not valid JSON: {e}") from None
+        raise ValueError(f"sampling parameter '{key[0]}' is not valid JSON: {e}") from None
     except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for every parse error
         raise ValueError(f"sampling parameter '{key[0]}' is invalid: {_clean_error(e)}") from None
 

@@ -56,12 +56,12 @@ _FLOAT_FIELDS = (
     "repetition_penalty",
 )
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
-_CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
+_CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 # Keys that SGLang's server or frontend may send but radixrt does not implement.
 # They are accepted while unset (None), so that SGLang's own client works
 # unchanged, and rejected with a clear message otherwise.
-_UNSUPPORTED_KEYS = ("structural_tag", "custom_params", "stream_interval")
+_UNSUPPORTED_KEYS = ("custom_params", "stream_interval")
 # SGLang spellings of our fields.
 _ALIASES = {"sampling_seed": "seed"}
 
@@ -145,6 +145,7 @@ class SamplingParams:
     regex: Optional[str] = None
     json_schema: Optional[str] = None
     ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None  # xgrammar structural tag, JSON text (SGLang's field)
     logit_bias: Optional[dict[str, float]] = None
 
     def __post_init__(self) -> None:
@@ -319,7 +320,7 @@ class SamplingParams:
         if len(set_constraints) > 1:
             raise ValueError(
                 f"sampling parameters {', '.join(repr(n) for n in set_constraints)} are exclusive: "
-                "set at most one of regex, json_schema, ebnf"
+                "set at most one of regex, json_schema, ebnf, structural_tag"
             )
 
     @property

@@ -50,6 +50,8 @@ class ServerArgs:
     timeout_graceful_shutdown: float = 5.0  # uvicorn's, after draining: open connections get this long
     shutdown_grace_s: float = 10.0
     scheduler_stall_timeout_s: float = 30.0
+    tool_call_parser: str = "auto"  # OpenAI tool calls' format (radixrt/server/tools/parsers.py)
+    reasoning_parser: Optional[str] = None  # "qwen3": <think> text into reasoning_content
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +78,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp", type=int, default=1,
                         help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
                              "cache; flags apply per replica) behind one router front (docs/scale_out.md)")
+    from radixrt.server.tools.parsers import PARSER_CHOICES
+    from radixrt.server.tools.reasoning import REASONING_PARSERS
+
+    parser.add_argument("--tool-call-parser", dest="tool_call_parser", default="auto", choices=PARSER_CHOICES,
+                        help="format of the model's tool calls on /v1/chat/completions (default: from the chat "
+                             "template; 'generic' where it renders no tools; docs/tool_calling.md)")
+    parser.add_argument("--reasoning-parser", dest="reasoning_parser", default=None, choices=REASONING_PARSERS,
+                        help="split <think>...</think> into reasoning_content on /v1/chat/completions")
     from radixrt.router.cli import add_policy_args
 
     add_policy_args(parser, prefix="router-")

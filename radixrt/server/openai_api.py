@@ -23,6 +23,9 @@ from radixrt.server.http_utils import JSON, raise_state_errors, stream_response,
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
+from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
+from radixrt.server.tools.grammar import tool_call_structural_tag
+from radixrt.server.tools.render import render_messages
 
 router = APIRouter()
 
@@ -108,7 +111,7 @@ def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_leng
         return build_specs(
             prompts, sampling_params=sampling if prompts.batch else sampling[0], return_logprob=want_lp,
             logprob_start_len=0 if (want_lp and req.echo) else -1, top_logprobs_num=req.logprobs or 0,
-            rid=(req.rid or None) if len(prompts.ids) == 1 else None, cache_salt=req.cache_salt,
+            rid=(req.rid or None) if len(prompts.ids) == 1 else None, cache_salt=req.cache_namespace(),
         )
 
 
@@ -139,6 +142,8 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
                                       f"(got a '{part.type}' part).", f"messages.{i}.content")
                 parts.append(part.text)
             content = "".join(parts)
+        if m.role == "tool" and not m.tool_call_id:
+            raise bad_request(f"messages[{i}]: a 'tool' message needs its 'tool_call_id'.", f"messages.{i}")
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
         for key in ("name", "tool_calls", "tool_call_id"):
             if getattr(m, key):
@@ -147,14 +152,16 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
     return messages
 
 
-def _chat_prompt_ids(req: ChatCompletionRequest, messages: list[dict], tm: TokenizerManager) -> list[int]:
-    """The rendered chat template, tokenized (without a second BOS)."""
+def _chat_prompt_ids(req: ChatCompletionRequest, messages: list[dict], tm: TokenizerManager,
+                     tools: Optional[list[dict]] = None) -> list[int]:
+    """The rendered chat template, tokenized (without a second BOS). ``tools``
+    goes to a template that renders them itself."""
     from radixrt.requests.tokenizer_utils import apply_chat_template
 
     cont = req.continue_final_message and messages[-1]["role"] == "assistant"
     extra_tpl = dict(req.chat_template_kwargs or {})
-    if req.tools:
-        extra_tpl["tools"] = req.tools
+    if tools:
+        extra_tpl["tools"] = tools
     try:
         prompt = apply_chat_template(tm.tokenizer, messages, continue_final_message=cont, extra=extra_tpl)
     except Exception as e:  # noqa: BLE001 - a template may reject a conversation
@@ -186,13 +193,40 @@ def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
     return {"json_schema": schema}
 
 
-def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager) -> RequestSpec:
-    """The one spec of a chat request; without a token limit it may fill the context."""
-    messages = _chat_messages(req)
+def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser) -> ToolRequest:
+    """The request's tools and tool_choice, checked (400 naming the bad tool)."""
+    try:
+        tr = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    except ToolError as e:
+        raise bad_request(str(e), e.param) from None
+    if tr.enforced and (req.regex or req.json_schema or req.ebnf or
+                        (req.response_format is not None and req.response_format.type != "text")):
+        raise bad_request(f"'tool_choice' {req.tool_choice!r} constrains the output to tool calls; it cannot be "
+                          f"combined with regex, json_schema, ebnf or response_format.", "tool_choice")
+    return tr
+
+
+def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser,
+               tr: ToolRequest) -> RequestSpec:
+    """The one spec of a chat request; without a token limit it may fill the context.
+
+    Tools are rendered by the chat template when it renders tools (and the
+    parser is not forced to ``generic``), else in the generic format; while
+    calls are on, their grammar (a structural tag) constrains the output unless
+    the request brings its own constraint."""
     if req.top_logprobs and not req.logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs': true.", "top_logprobs")
-    ids = _chat_prompt_ids(req, messages, tm)
+    native = parser.name != "generic" and template_renders_tools(getattr(tm.tokenizer, "chat_template", None))
+    try:
+        messages, tools_arg = render_messages(_chat_messages(req), tr, parser, native)
+    except ToolError as e:
+        raise bad_request(str(e), e.param) from None
+    ids = _chat_prompt_ids(req, messages, tm, tools_arg)
     extra = _response_format(req)
+    if not extra and not (req.regex or req.json_schema or req.ebnf):
+        tag = tool_call_structural_tag(parser, tr)
+        if tag is not None:
+            extra["structural_tag"] = tag
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_new is None:
         max_new = max(tm.context_length - len(ids), 0)
@@ -200,7 +234,7 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager) -> RequestSpec:
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"), sampling_params=_sampling(req, max_new, extra),
             return_logprob=req.logprobs, top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
-            rid=req.rid or None, cache_salt=req.cache_salt,
+            rid=req.rid or None, cache_salt=req.cache_namespace(),
         )
     return specs[0]
 
@@ -212,7 +246,12 @@ async def chat_completions(req: ChatCompletionRequest, request: Request,
     tm = ctx.tm
     tm.check_alive()
     _check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
-    spec = await tm.run_tokenize(_chat_spec, req, tm)
+    settings = ctx.server_args
+    parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
+    tr = _chat_tools(req, parser)
+    spec = await tm.run_tokenize(_chat_spec, req, tm, parser, tr)
     group = tm.submit([spec])
-    view = ChatView(req, group, len(spec.input_ids), tm.tokenizer, ctx.served_model_name)
+    reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
+    view = ChatView(req, group, len(spec.input_ids), tm.tokenizer, ctx.served_model_name,
+                    parser if tr.active else None, reasoning)
     return await _answer(request, tm, group, view, req.stream)

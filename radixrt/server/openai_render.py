@@ -13,6 +13,7 @@ from radixrt.server.errors import error_body
 from radixrt.server.http_utils import SSE_DONE, group_error, sse
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.tokenizer_manager import ReqGroup, ReqState
+from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 
 def finish_reason(st: ReqState) -> Optional[str]:
@@ -193,13 +194,20 @@ class CompletionView:
 
 # ---------------------------------------------------------------------- /v1/chat/completions
 class ChatView:
-    """The answer to one /v1/chat/completions request, whole or streamed."""
+    """The answer to one /v1/chat/completions request, whole or streamed.
+
+    With ``parser`` (tool calls are on) each choice's text is read for calls:
+    a choice that made any has ``message.tool_calls`` (streamed as
+    ``delta.tool_calls``) and ``finish_reason: "tool_calls"``. With
+    ``reasoning`` the ``<think>`` block goes to ``reasoning_content``."""
 
     def __init__(self, req: ChatCompletionRequest, group: ReqGroup, prompt_len: int, tokenizer: Any,
-                 model: str) -> None:
+                 model: str, parser: Optional[ToolCallParser] = None, reasoning: bool = False) -> None:
         self.req, self.group, self.prompt_len = req, group, prompt_len
         self.head = _head("chatcmpl", "chat.completion", model)
         self.tt = TokenTexts(tokenizer)
+        self.plain = parser is None and not reasoning  # text passes through as content
+        self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
 
     def logprob_entries(self, st: ReqState, start: int) -> list[dict]:
         """Chat logprobs ``content`` entries for output tokens from ``start``."""
@@ -216,24 +224,44 @@ class ChatView:
     def usage(self) -> dict:
         return usage(self.group, self.req.n, [self.prompt_len])
 
+    @staticmethod
+    def _finish(st: ReqState, calls: bool) -> Optional[str]:
+        fr = finish_reason(st)
+        return "tool_calls" if calls and fr == "stop" else fr
+
     def response(self) -> dict:
         """The whole answer, once every choice finished."""
-        choices = [{
-            "index": i,
-            "message": {"role": "assistant", "content": st.acc.text},
-            "logprobs": {"content": self.logprob_entries(st, 0)} if self.req.logprobs else None,
-            "finish_reason": finish_reason(st),
-        } for i, st in enumerate(self.group.states)]
+        choices = []
+        for i, st in enumerate(self.group.states):
+            if self.plain:
+                message, calls = {"role": "assistant", "content": st.acc.text}, False
+            else:
+                message, calls = self.outputs[i].message(st.acc.text)
+            choices.append({
+                "index": i,
+                "message": message,
+                "logprobs": {"content": self.logprob_entries(st, 0)} if self.req.logprobs else None,
+                "finish_reason": self._finish(st, calls),
+            })
         return {**self.head, "choices": choices, "usage": self.usage()}
 
     def render(self, u: ChoiceUpdate) -> list[dict]:
-        """A content delta (with its logprobs) and/or a closing entry with the finish reason."""
+        """Content / reasoning / tool-call deltas (the first with the logprobs) and a
+        closing entry with the finish reason."""
         out = []
         lp = {"content": self.logprob_entries(u.state, u.start_lp)} if self.req.logprobs else None
-        if u.delta or (lp and lp["content"]):
-            out.append({"index": u.index, "delta": {"content": u.delta}, "logprobs": lp, "finish_reason": None})
+        if self.plain:
+            deltas = [{"content": u.delta}] if u.delta else []
+        else:
+            deltas = self.outputs[u.index].deltas(u.state.acc.text, u.finish_reason is not None)
+        if not deltas and lp and lp["content"]:
+            deltas = [{"content": ""}]
+        for j, d in enumerate(deltas):
+            out.append({"index": u.index, "delta": d, "logprobs": lp if j == 0 else None, "finish_reason": None})
         if u.finish_reason is not None:
-            out.append({"index": u.index, "delta": {}, "logprobs": None, "finish_reason": u.finish_reason})
+            calls = not self.plain and self.outputs[u.index].has_calls(u.state.acc.text)
+            out.append({"index": u.index, "delta": {}, "logprobs": None,
+                        "finish_reason": self._finish(u.state, calls)})
         return out
 
     def stream(self) -> AsyncIterator[bytes]:

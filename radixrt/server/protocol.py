@@ -51,7 +51,16 @@ class _SamplingExtras(_Lenient):
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
     cache_salt: Optional[str] = None
+    # OpenAI's cache hint; here, like cache_salt, a radix namespace (see cache_namespace)
+    prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None
+
+    def cache_namespace(self) -> Optional[str]:
+        """The radix-cache namespace of this request: ``cache_salt``, ``prompt_cache_key``,
+        or both joined (requests share cached prefixes only within one namespace)."""
+        if self.cache_salt is not None and self.prompt_cache_key is not None:
+            return f"{self.cache_salt}\x00{self.prompt_cache_key}"
+        return self.cache_salt if self.cache_salt is not None else self.prompt_cache_key
 
     def sampling_dict(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """The SGLang sampling parameters this request asks for (None: default)."""
@@ -127,7 +136,9 @@ class ChatCompletionRequest(_SamplingExtras):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    tools: Optional[list[Any]] = None  # checked by radixrt.server.tools.spec (400 naming the tool)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    separate_reasoning: Optional[bool] = None  # SGLang's: reasoning_content split from content
     chat_template_kwargs: Optional[dict[str, Any]] = None
     continue_final_message: bool = False

@@ -1,0 +1,74 @@
+"""The xgrammar structural tag that constrains a request's tool calls.
+
+* ``"required"``: the output is one or more calls (one with
+  ``parallel_tool_calls: false``), each naming a tool and carrying arguments
+  that match its schema, and nothing else.
+* a named function: exactly one call of that tool.
+* ``"auto"``: free text; once the format's trigger appears (``<tool_call>``,
+  ``[TOOL_CALLS]``, ``{"name": ``) the call is constrained like the above.
+* ``"none"``: no grammar.
+
+The arguments' grammar is xgrammar's JSON-schema grammar with radixrt's fixed
+separators (``", "``, ``": "``, no free whitespace, as for ``json_schema``
+requests): a small model cannot wander into whitespace, the punctuation and
+keys become forced text for jump-forward, and the layout matches what chat
+templates' ``tojson`` writes when the call is rendered back.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Optional
+
+from radixrt.sampling.grammar import JSON_SEPARATORS
+from radixrt.server.tools.parsers import ToolCallParser
+from radixrt.server.tools.spec import ToolRequest, ToolSpec
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_ebnf(schema_json: str) -> str:
+    import xgrammar as xgr
+
+    return str(xgr.Grammar.from_json_schema(schema_json, any_whitespace=False, separators=JSON_SEPARATORS))
+
+
+def _tags(parser: ToolCallParser, tools: list[ToolSpec]) -> list[Any]:
+    from xgrammar.structural_tag import GrammarFormat, TagFormat
+
+    return [TagFormat(begin=parser.call_begin(t.name),
+                      content=GrammarFormat(grammar=_schema_ebnf(json.dumps(t.parameters, sort_keys=True))),
+                      end=parser.call_end) for t in tools]
+
+
+def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest) -> Optional[str]:
+    """The structural tag (JSON text, for the ``structural_tag`` sampling
+    parameter) that enforces ``tr``'s calls in ``parser``'s format; None when
+    calls are off."""
+    from xgrammar.structural_tag import (
+        ConstStringFormat,
+        SequenceFormat,
+        StructuralTag,
+        TagFormat,
+        TagsWithSeparatorFormat,
+        TriggeredTagsFormat,
+    )
+
+    if not tr.active:
+        return None
+    tags = _tags(parser, tr.allowed())
+    single = tr.mode == "named" or not tr.parallel
+    calls = TagsWithSeparatorFormat(tags=tags, separator=parser.separator, at_least_one=True,
+                                    stop_after_first=single)
+    fmt: Any
+    if tr.enforced:
+        if parser.block_begin or parser.block_end:
+            fmt = SequenceFormat(elements=[ConstStringFormat(value=parser.block_begin), calls,
+                                           ConstStringFormat(value=parser.block_end)])
+        else:
+            fmt = calls
+    elif parser.block_begin or parser.block_end:
+        fmt = TriggeredTagsFormat(triggers=[parser.trigger], stop_after_first=True,
+                                  tags=[TagFormat(begin=parser.block_begin, content=calls, end=parser.block_end)])
+    else:
+        fmt = TriggeredTagsFormat(triggers=[parser.trigger], tags=tags, stop_after_first=single)
+    return StructuralTag(format=fmt).model_dump_json()

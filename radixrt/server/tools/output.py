@@ -1,0 +1,106 @@
+"""One chat choice's output as an OpenAI message: content, ``tool_calls`` and
+``reasoning_content``, whole (``message``) or as stream deltas (``deltas``).
+
+``ChoiceOutput`` reads the choice's whole text each time (outputs are short;
+the parsers are linear), splits it (reasoning, then content and calls) and,
+when streaming, sends what is new since the last chunk:
+
+* reasoning and content as text deltas; content that may still turn into a
+  call marker, and whitespace before a call, are held back;
+* a call's first delta carries its ``index``, ``id``, ``type`` and
+  ``function.name`` (with empty arguments), sent once the name is complete;
+  later deltas carry argument fragments, the raw text as it is generated, so
+  the client's concatenation equals the final ``arguments`` string.
+
+The streamed pieces add up to the whole message: same content, same calls
+(ids included), same reasoning.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.server.tools.parsers import ParseResult, ToolCallParser
+from radixrt.server.tools.reasoning import split_reasoning
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class _Sent:
+    reasoning: int = 0
+    content: int = 0
+    call_ids: list[str] = field(default_factory=list)  # calls whose header was sent
+    call_args: list[int] = field(default_factory=list)  # argument characters sent per call
+
+
+class ChoiceOutput:
+    """Parses one choice; ``parser`` None means no tool calls are read."""
+
+    def __init__(self, parser: Optional[ToolCallParser], reasoning: bool) -> None:
+        self.parser = parser
+        self.reasoning = reasoning
+        self.sent = _Sent()
+        self.ids: list[str] = []  # call ids, stable between stream and final message
+
+    def _split(self, text: str, final: bool) -> tuple[str, ParseResult]:
+        reasoning, rest = split_reasoning(text, final) if self.reasoning else ("", text)
+        if self.parser is None:
+            return reasoning, ParseResult(rest)
+        return reasoning, self.parser.parse(rest, final)
+
+    def _id(self, i: int) -> str:
+        while len(self.ids) <= i:
+            self.ids.append(new_call_id())
+        return self.ids[i]
+
+    def message(self, text: str) -> tuple[dict[str, Any], bool]:
+        """The finished choice's message, and whether it holds tool calls."""
+        reasoning, parsed = self._split(text, True)
+        calls = parsed.complete_calls()
+        msg: dict[str, Any] = {"role": "assistant"}
+        if calls:
+            msg["content"] = parsed.content.rstrip() or None
+            msg["tool_calls"] = [{"id": self._id(i), "type": "function",
+                                  "function": {"name": c.name, "arguments": c.args or "{}"}}
+                                 for i, c in enumerate(calls)]
+        else:
+            msg["content"] = parsed.content if not parsed.calls else self._raw_content(text)
+        if self.reasoning:
+            msg["reasoning_content"] = reasoning or None
+        return msg, bool(calls)
+
+    def _raw_content(self, text: str) -> str:
+        """The content when calls started but none completed: all text after the reasoning."""
+        return split_reasoning(text, True)[1] if self.reasoning else text
+
+    def has_calls(self, text: str) -> bool:
+        return bool(self._split(text, True)[1].complete_calls())
+
+    def deltas(self, text: str, final: bool) -> list[dict[str, Any]]:
+        """The deltas that bring the client from what was sent to ``text``."""
+        reasoning, parsed = self._split(text, final)
+        out: list[dict[str, Any]] = []
+        s = self.sent
+        if len(reasoning) > s.reasoning:
+            out.append({"reasoning_content": reasoning[s.reasoning:]})
+            s.reasoning = len(reasoning)
+        content = parsed.content.rstrip() if (parsed.calls or not final) else parsed.content
+        if len(content) > s.content:
+            out.append({"content": content[s.content:]})
+            s.content = len(content)
+        for i, c in enumerate(parsed.calls):
+            if i >= len(s.call_ids):
+                if not c.name:
+                    break
+                s.call_ids.append(self._id(i))
+                s.call_args.append(0)
+                out.append({"tool_calls": [{"index": i, "id": self._id(i), "type": "function",
+                                            "function": {"name": c.name, "arguments": ""}}]})
+            if len(c.args) > s.call_args[i]:
+                out.append({"tool_calls": [{"index": i, "function": {"arguments": c.args[s.call_args[i]:]}}]})
+                s.call_args[i] = len(c.args)
+        return out

@@ -1,0 +1,165 @@
+"""Scanning JSON in text that may still be growing (a streamed model output).
+
+The parsers need to know, for a call object such as
+``{"name": "f", "arguments": {"x": 1}}`` that may be cut anywhere, the name
+once its string is complete and the raw text of the arguments seen so far.
+Raw text (not a re-serialisation) keeps every streamed fragment a prefix of
+the final arguments string, and keeps the model's own bytes, which is what
+makes a re-rendered conversation byte-identical to what was generated.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+_WS = " \t\r\n"
+ARG_KEYS = ("arguments", "parameters")
+
+
+def skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WS:
+        pos += 1
+    return pos
+
+
+def value_end(text: str, pos: int) -> Optional[int]:
+    """The end (exclusive) of the JSON value starting at ``pos`` (no leading
+    whitespace), or None when the text ends inside it. Not a validator: it
+    tracks strings and bracket depth only."""
+    if pos >= len(text):
+        return None
+    c = text[pos]
+    if c == '"':
+        i = pos + 1
+        while i < len(text):
+            if text[i] == "\\":
+                i += 2
+                continue
+            if text[i] == '"':
+                return i + 1
+            i += 1
+        return None
+    if c in "{[":
+        depth, i, in_str = 0, pos, False
+        while i < len(text):
+            ch = text[i]
+            if in_str:
+                if ch == "\\":
+                    i += 1
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return None
+    i = pos  # number, true, false, null: up to a delimiter
+    while i < len(text) and text[i] not in ",}] \t\r\n":
+        i += 1
+    return i if i < len(text) else None
+
+
+@dataclass
+class CallScan:
+    """One call object as far as the text goes."""
+
+    name: Optional[str] = None  # once its string is complete
+    args: str = ""  # raw arguments text so far ("" until it starts; whole when a JSON string)
+    args_done: bool = False
+    end: Optional[int] = None  # end of the object (exclusive) once complete
+    bad: bool = False  # not a call object (or not JSON)
+
+
+def scan_call(text: str, pos: int) -> CallScan:
+    """Scan ``{"name": ..., "arguments"|"parameters": ...}`` at ``pos`` (any key order,
+    other keys ignored). ``bad`` when the text cannot be such an object."""
+    out = CallScan()
+    if pos >= len(text):
+        return out
+    if text[pos] != "{":
+        out.bad = True
+        return out
+    i = pos + 1
+    while True:
+        i = skip_ws(text, i)
+        if i >= len(text):
+            return out
+        if text[i] == "}":
+            out.end = i + 1
+            out.bad = out.name is None
+            return out
+        if text[i] == ",":
+            i += 1
+            continue
+        if text[i] != '"':
+            out.bad = True
+            return out
+        kend = value_end(text, i)
+        if kend is None:
+            return out
+        try:
+            key = json.loads(text[i:kend])
+        except ValueError:
+            out.bad = True
+            return out
+        i = skip_ws(text, kend)
+        if i >= len(text):
+            return out
+        if text[i] != ":":
+            out.bad = True
+            return out
+        i = skip_ws(text, i + 1)
+        if i >= len(text):
+            return out
+        vend = value_end(text, i)
+        if key == "name":
+            if vend is None:
+                return out
+            try:
+                name = json.loads(text[i:vend])
+            except ValueError:
+                out.bad = True
+                return out
+            if not isinstance(name, str):
+                out.bad = True
+                return out
+            out.name = name
+        elif key in ARG_KEYS:
+            if text[i] == '"':  # arguments given as a JSON string: whole or nothing
+                if vend is None:
+                    return out
+                try:
+                    out.args = json.loads(text[i:vend])
+                except ValueError:
+                    out.bad = True
+                    return out
+            else:
+                out.args = text[i:vend] if vend is not None else text[i:]
+            if vend is None:
+                return out
+            out.args_done = True
+        elif vend is None:
+            return out
+        i = vend
+
+
+def is_json_object(s: str) -> bool:
+    try:
+        return isinstance(json.loads(s), dict)
+    except ValueError:
+        return False
+
+
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest proper prefix of ``marker`` that ``text`` ends with
+    (text to hold back while it may still become the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

@@ -1,0 +1,142 @@
+"""Tool definitions and ``tool_choice`` of an OpenAI chat request, checked.
+
+``check_tools(tools, tool_choice, parallel_tool_calls)`` turns the request's
+raw fields into a ``ToolRequest`` or raises ``ToolError`` (a ValueError
+carrying the OpenAI parameter name) with a message fit for a 400:
+
+* every tool is ``{"type": "function", "function": {"name": ..., ...}}``;
+  names are non-empty, at most 64 characters of ``[A-Za-z0-9_.-]`` (OpenAI's
+  rule) and unique;
+* ``parameters`` (default: any object) is a JSON schema that xgrammar can
+  compile, since enforced calls are decoded against it;
+* ``tool_choice`` is ``"auto"``, ``"none"``, ``"required"`` or
+  ``{"type": "function", "function": {"name": <a tool's name>}}``;
+  ``"required"`` or a named function without tools is refused.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.sampling.grammar import check_grammar
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+CHOICE_MODES = ("auto", "none", "required")
+
+
+class ToolError(ValueError):
+    """A bad tool definition or tool_choice; ``param`` is the OpenAI field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One function tool. ``parameters`` is its JSON schema (an object schema)."""
+
+    name: str
+    description: Optional[str]
+    parameters: dict[str, Any]
+    raw: dict[str, Any]  # the tool as the client sent it (what templates render)
+
+
+@dataclass
+class ToolRequest:
+    """The tools of one request and how calls are to be made.
+
+    ``mode`` is ``"auto"``, ``"none"``, ``"required"`` or ``"named"`` (then
+    ``forced`` names the tool)."""
+
+    tools: list[ToolSpec] = field(default_factory=list)
+    mode: str = "auto"
+    forced: Optional[str] = None
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Calls may be produced (and are parsed)."""
+        return bool(self.tools) and self.mode != "none"
+
+    @property
+    def enforced(self) -> bool:
+        """At least one call must be produced."""
+        return self.active and self.mode in ("required", "named")
+
+    def allowed(self) -> list[ToolSpec]:
+        """The tools a call may name."""
+        if self.mode == "named":
+            return [t for t in self.tools if t.name == self.forced]
+        return list(self.tools)
+
+
+def _check_tool(i: int, tool: Any) -> ToolSpec:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise ToolError(f"{where} must be an object.", "tools")
+    if tool.get("type", "function") != "function":
+        raise ToolError(f"{where}.type is {tool.get('type')!r}; only 'function' tools are supported.", "tools")
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        raise ToolError(f"{where}.function must be an object with a 'name'.", "tools")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolError(f"{where}.function.name is missing.", "tools")
+    if not _NAME.match(name):
+        raise ToolError(f"{where}.function.name {name!r} must be 1-64 characters of letters, digits, '_', '.' "
+                        f"or '-'.", "tools")
+    desc = fn.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise ToolError(f"{where}.function.description must be a string.", "tools")
+    params = fn.get("parameters")
+    if params is None:
+        params = {"type": "object"}
+    if not isinstance(params, dict):
+        raise ToolError(f"{where}.function.parameters must be a JSON schema object.", "tools")
+    if params.get("type", "object") != "object":
+        raise ToolError(f"{where}.function.parameters must describe an object (type 'object'), "
+                        f"got type {params.get('type')!r}.", "tools")
+    try:
+        check_grammar(("json_schema", json.dumps(params)))
+    except (ValueError, TypeError) as e:
+        msg = str(e).split(": ", 1)[-1] if isinstance(e, ValueError) else str(e)
+        raise ToolError(f"{where}.function.parameters is not a usable JSON schema: {msg}", "tools") from None
+    return ToolSpec(name, desc, params, {"type": "function", "function": fn})
+
+
+def _choice(tool_choice: Any) -> tuple[str, Optional[str]]:
+    if tool_choice is None:
+        return "auto", None
+    if isinstance(tool_choice, str):
+        if tool_choice not in CHOICE_MODES:
+            raise ToolError(f"'tool_choice' is {tool_choice!r}; expected 'auto', 'none', 'required' or "
+                            f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.", "tool_choice")
+        return tool_choice, None
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if tool_choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
+            raise ToolError("'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
+                            "{\"name\": <tool name>}}.", "tool_choice")
+        return "named", name
+    raise ToolError("'tool_choice' must be a string or an object.", "tool_choice")
+
+
+def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> ToolRequest:
+    """The request's tools and choice, checked (raises ``ToolError``)."""
+    mode, forced = _choice(tool_choice)
+    specs = [_check_tool(i, t) for i, t in enumerate(tools or [])]
+    seen: set[str] = set()
+    for t in specs:
+        if t.name in seen:
+            raise ToolError(f"tool name {t.name!r} is defined more than once.", "tools")
+        seen.add(t.name)
+    if mode in ("required", "named") and not specs:
+        raise ToolError(f"'tool_choice' {tool_choice!r} needs 'tools'.", "tool_choice")
+    if mode == "named" and forced not in seen:
+        raise ToolError(f"'tool_choice' names {forced!r}, which is not among the tools "
+                        f"({', '.join(sorted(seen))}).", "tool_choice")
+    return ToolRequest(specs, mode, forced, True if parallel_tool_calls is None else bool(parallel_tool_calls))
