@@ -41,6 +41,19 @@ CLI_HELP = {
     "schedule_low_priority_values_first": "with --enable-priority-scheduling: a lower 'priority' value runs "
                                           "first (default: a higher value runs first, as in SGLang)",
     "disable_radix_cache": "no prefix reuse: every prompt is computed in full (a baseline)",
+    "enable_hierarchical_cache": "a host-memory KV tier under the radix cache: prefixes evicted from the device "
+                                 "pool move to host memory and are loaded back when matched again",
+    "hicache_ratio": "host KV tier size as a multiple of the device KV pool (when neither --hicache-size nor "
+                     "--host-kv-size is given)",
+    "hicache_size": "host KV tier size in GiB (0: use --hicache-ratio)",
+    "host_kv_size": "host KV tier size in tokens (overrides --hicache-size and --hicache-ratio)",
+    "hicache_write_policy": "write_through (copy a prefix to the host when it is cached; evictions copy "
+                            "nothing) or write_back (copy it only when the device evicts it)",
+    "hicache_kv_cache_dtype": "how the host tier stores K/V: auto (as the device pool: exact) or int8 "
+                              "(about half the host bytes of bfloat16, lossy)",
+    "preemption_mode": "what happens to a request retracted under KV pressure: recompute (its KV is freed and "
+                       "recomputed when it resumes) or swap (with --enable-hierarchical-cache: its KV moves to "
+                       "the host tier and back, when a cost model says copying is cheaper than recomputing)",
     "in_batch_prefix_threshold": "hold back a request that shares at least this many uncached prompt tokens "
                                  "with one being computed, so it reads them from the cache instead",
     "random_seed": "seeds the sampling of requests that give no seed of their own",
@@ -84,6 +97,14 @@ class EngineConfig:
     enable_priority_scheduling: bool = False  # waiting queue ordered by request priority first
     schedule_low_priority_values_first: bool = False  # default: higher priority value runs first (SGLang's)
     disable_radix_cache: bool = False
+    # host-memory tier under the radix tree (radixrt/memory/host_pool.py); SGLang's flag names
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0  # host tier = ratio x device pool, unless a size is given
+    hicache_size: float = 0.0  # GiB of host KV; 0: use hicache_ratio
+    host_kv_size: Optional[int] = None  # tokens of host KV; overrides both
+    hicache_write_policy: str = "write_through"  # "write_through" | "write_back"
+    hicache_kv_cache_dtype: str = "auto"  # "auto" (as the device pool) | "int8"
+    preemption_mode: str = "recompute"  # "recompute" | "swap" (radixrt/memory/swap_cost.py decides per model)
     in_batch_prefix_threshold: int = 32  # defer a request sharing >= this many uncached tokens with one being computed
     random_seed: int = 0
     # batch-invariant kernels (executor/batch_invariant.py, kernels/fixed_split.py): bit-identical results
@@ -121,6 +142,23 @@ class EngineConfig:
             raise ValueError("max_n must be >= 1")
         if self.max_top_logprobs_num < 0:
             raise ValueError("max_top_logprobs_num must be >= 0")
+        self._check_hicache()
+
+    def _check_hicache(self) -> None:
+        if self.hicache_write_policy not in ("write_through", "write_back"):
+            raise ValueError(f"unknown hicache_write_policy {self.hicache_write_policy!r}; "
+                             "choose write_through or write_back")
+        if self.hicache_kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"unknown hicache_kv_cache_dtype {self.hicache_kv_cache_dtype!r}; choose auto or int8")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"unknown preemption_mode {self.preemption_mode!r}; choose recompute or swap")
+        if self.preemption_mode == "swap" and not self.enable_hierarchical_cache:
+            raise ValueError("preemption_mode swap needs the host tier: add --enable-hierarchical-cache")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
+        bad_tokens = self.host_kv_size is not None and self.host_kv_size < 1
+        if self.hicache_ratio <= 0 or self.hicache_size < 0 or bad_tokens:
+            raise ValueError("hicache_ratio must be > 0, hicache_size >= 0 and host_kv_size >= 1")
 
     def limits(self, context_length: int, kv_total_slots: int, vocab_size: int) -> "Limits":
         """The front door's `Limits` for a runtime of these sizes under this config."""
@@ -142,7 +180,7 @@ class EngineConfig:
                 parser.add_argument(flag, dest=f.name, action=action, default=default, help=CLI_HELP.get(f.name))
                 continue
             kind = {int: int, float: float}.get(type(default), str)
-            if f.name in ("max_total_tokens", "context_length"):
+            if f.name in ("max_total_tokens", "context_length", "host_kv_size"):
                 kind = int
             parser.add_argument(flag, *aliases, dest=f.name, type=kind, default=default, help=CLI_HELP.get(f.name))
 

@@ -7,12 +7,18 @@ whole pages). `check_invariant` asserts ``free + tree + private == total``.
 It also keeps the device-side request-to-slot table (`ReqToTokenPool`) in step
 with ``req.slots``: a running request owns one row of it (``req.row``), given
 at `admit` and taken back at `release`.
+
+With a host tier (``tree.host``), `match(load=True)` loads a prefix the host
+holds back into device slots, `release(swap=True)` moves a retracted
+request's KV to the host (swap preemption), and `take_transfers` hands the
+copies these queued to the step being launched (host_pool.py).
 """
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 from radixrt.memory.kv_pool import PageAllocator
+from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.memory.radix_cache import MatchResult, RadixCache
 from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.scheduler.request import Req
@@ -24,17 +30,28 @@ class KVCacheManager:
         self.tree = tree
         self.req_to_token = req_to_token
         self.page_size = allocator.page_size
+        self.swapped_out_requests = 0
+        self.swapped_out_tokens = 0
 
     # -- queries -----------------------------------------------------------------
-    def match(self, req: Req) -> MatchResult:
-        """Longest usable cached prefix of the request (does not lock, counts nothing)."""
+    def match(self, req: Req, load: bool = False) -> MatchResult:
+        """Longest usable cached prefix of the request (does not lock, counts nothing).
+        ``load``: also load back what the host tier holds of it (copies queued)."""
         cap = req.max_prefix_len
-        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False)
+        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False,
+                                      load_back=load and self.tree.host is not None)
 
-    def record_admission(self, req: Req, hit: int) -> None:
-        """Count a request's prompt in the hit-rate statistics, once, at first admission."""
+    def record_admission(self, req: Req, hit: int, host_hit: int = 0) -> None:
+        """Count a request's prompt in the hit-rate statistics, once, at first admission;
+        ``host_hit`` of the ``hit`` tokens came back from the host tier."""
         self.tree.queried_tokens += len(req.input_ids)
         self.tree.hit_tokens += hit
+        self.tree.host_hit_tokens += host_hit
+
+    def take_transfers(self) -> KVTransfers:
+        """The host-tier copies queued since the last call, for the step being launched."""
+        host = self.tree.host
+        return host.transfers.take() if host is not None else KVTransfers()
 
     def available_slots(self) -> int:
         """Slots obtainable now: free ones plus what eviction could free."""
@@ -74,15 +91,17 @@ class KVCacheManager:
         self.req_to_token.write(_row(req), start, req.slots[start:])
         return True
 
-    def cache_prefix(self, req: Req, limit: Optional[int] = None) -> None:
+    def cache_prefix(self, req: Req, limit: Optional[int] = None, computed: bool = True) -> None:
         """Hand the request's whole pages among its first ``limit`` slots (default:
         all) to the tree (RadixAttention's insert after prefill). Duplicates of
         what the tree already held are freed, and the request switches to the
         tree's slots, locked through its new node.
 
         The scheduler calls it when it launches a prefill chunk, before the
-        chunk's KV is computed: steps run in launch order, so only a later step
-        can read those slots, and the request's lock keeps them from eviction."""
+        chunk's KV is computed (``computed=False``: a write-through copy to the
+        host runs after that step's forward): steps run in launch order, so
+        only a later step can read those slots, and the request's lock keeps
+        them from eviction."""
         if self.tree.disable:
             return
         P = self.page_size
@@ -90,7 +109,7 @@ class KVCacheManager:
         if length <= req.tree_len:
             return
         key = req.seq[:length]
-        present = self.tree.insert(key, req.slots[:length], namespace=req.namespace)
+        present = self.tree.insert(key, req.slots[:length], namespace=req.namespace, computed=computed)
         if present > req.tree_len:
             self.allocator.free_slots(req.slots[req.tree_len:present])
         match = self.tree.match_prefix(key, namespace=req.namespace, record_stats=False)
@@ -120,10 +139,14 @@ class KVCacheManager:
             self.allocator.free_pages(pages)
         del req.slots[length:]
 
-    def release(self, req: Req) -> None:
+    def release(self, req: Req, swap: bool = False) -> None:
         """A request stops running (finished, aborted or retracted): its computed
-        prefix goes to the tree, its lock is dropped, its private pages are freed."""
+        prefix goes to the tree, its lock is dropped, its private pages are freed.
+        ``swap`` (a retraction, with a host tier): the part of its KV no other
+        request shares moves to the host now, freeing its device slots, and is
+        loaded back when it is admitted again."""
         self.cache_prefix(req)
+        node = req.last_node
         private = req.slots[req.tree_len:]
         if private:
             P = self.page_size
@@ -137,6 +160,11 @@ class KVCacheManager:
         if req.row is not None:
             self.req_to_token.free_row(req.row)
             req.row = None
+        if swap and node is not None and node.key:
+            moved = self.tree.offload(node)
+            if moved:
+                self.swapped_out_requests += 1
+                self.swapped_out_tokens += moved
 
     # -- accounting ----------------------------------------------------------------
     def private_pages(self, running: Iterable[Req]) -> int:
@@ -152,10 +180,24 @@ class KVCacheManager:
             "private_slots": self.private_pages(running) * P,
         }
 
+    def host_usage(self) -> Optional[dict[str, int]]:
+        """Host tier slots (free + tree == total), or None without a host tier."""
+        host = self.tree.host
+        if host is None:
+            return None
+        return {
+            "total_slots": host.allocator.total_slots,
+            "free_slots": host.allocator.num_free_slots,
+            "tree_slots": self.tree.host_size(),
+        }
+
     def check_invariant(self, running: Iterable[Req]) -> None:
         u = self.usage(running)
         total = u["free_slots"] + u["tree_slots"] + u["private_slots"]
         assert total == u["total_slots"], f"KV slots leaked or double-owned: {u}"
+        h = self.host_usage()
+        if h is not None:
+            assert h["free_slots"] + h["tree_slots"] == h["total_slots"], f"host KV slots leaked: {h}"
 
 
 def _row(req: Req) -> int:

@@ -96,9 +96,14 @@ class HostTier:
 
 
 class PageAllocatorLike(Protocol):
-    page_size: int
-    total_slots: int
-    num_free_slots: int
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def total_slots(self) -> int: ...
+
+    @property
+    def num_free_slots(self) -> int: ...
 
     def alloc_slots_for(self, num_tokens: int) -> Optional[list[int]]: ...
 

@@ -14,7 +14,11 @@ has to reach the host before the step that consumes it is launched.
 
 Everything the forward thread touches (the runner, its KV pool and table, the
 sampler) is touched by no other thread while a step is in flight: the
-scheduler only queues table writes, which travel inside `StepInputs`.
+scheduler only queues table writes, which travel inside `StepInputs`, and
+host-tier copies (`KVTransfers`, radixrt/memory/host_pool.py), which run
+here: loads and offloads before the step's forward (the forward that needs a
+loaded prefix waits for it), write-through copies of what the step computes
+after it.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 
+from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.sampling.sampler import SampleResult, token_logprobs
 from radixrt.scheduler.inputs import PromptLogprobJob, StepInputs
 
@@ -45,17 +50,18 @@ class StepLauncher:
         self.device = torch.device(runner.device)
         self.last_tokens = torch.zeros(runner.req_to_token.max_requests + 1, dtype=torch.int64, device=self.device)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="radixrt-forward") if overlap else None
+        self.host_pool: Optional[Any] = None  # the host tier's HostKVPool, when there is one
 
     @property
     def overlap(self) -> bool:
         return self._thread is not None
 
-    def launch(self, inputs: StepInputs) -> "Future[StepOutput]":
+    def launch(self, inputs: StepInputs, transfers: Optional[KVTransfers] = None) -> "Future[StepOutput]":
         if self._thread is not None:
-            return self._thread.submit(self.run, inputs)
+            return self._thread.submit(self.run, inputs, transfers)
         done: Future[StepOutput] = Future()
         try:
-            done.set_result(self.run(inputs))
+            done.set_result(self.run(inputs, transfers))
         except BaseException as e:  # noqa: BLE001 - re-raised by result(), as a thread's would be
             done.set_exception(e)
         return done
@@ -65,7 +71,17 @@ class StepLauncher:
             self._thread.shutdown(wait=True)
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs) -> StepOutput:
+    def run(self, inputs: StepInputs, transfers: Optional[KVTransfers] = None) -> StepOutput:
+        host = self.host_pool
+        if transfers:
+            assert host is not None, "host-tier copies without a host pool"
+            host.run(transfers.before)
+        out = self._run(inputs)
+        if transfers and host is not None:
+            host.run(transfers.after)
+        return out
+
+    def _run(self, inputs: StepInputs) -> StepOutput:
         ids = torch.tensor(inputs.input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         if inputs.future_positions:
             where = torch.tensor([inputs.future_positions, inputs.future_rows], dtype=torch.int64)

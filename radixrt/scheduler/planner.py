@@ -7,7 +7,10 @@ request cap and KV memory last; a share of memory stays reserved for the
 running requests' future decode tokens. When a running request cannot get a
 slot, requests are retracted from the end of the order (fewest outputs,
 longest prompts): their KV goes back (their prefix stays in the tree) and
-they wait to be recomputed.
+they wait to be recomputed; with ``--preemption-mode swap`` a retracted
+request's own KV moves to the host tier instead, when the cost model
+(radixrt/memory/swap_cost.py) says copying it out and back is cheaper than
+recomputing it, and is loaded back when it is admitted again.
 
 The planner mutates the `RequestQueues` (moves requests between waiting and
 running) and the requests' KV through `KVCacheManager`; it runs no model.
@@ -16,12 +19,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from radixrt.config import EngineConfig
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_explain import explain_match
+from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.policy import by_priority, order_waiting
 from radixrt.scheduler.request import Phase, Req
@@ -60,6 +64,8 @@ class BatchPlanner:
         self._drop_draft = drop_draft
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.retractions = 0
+        self.swap_cost: Optional[SwapCostModel] = None  # set under --preemption-mode swap
+        self.swap_declined = 0  # retractions the cost model left to recompute
 
     def schedule(self) -> Batch:
         """The next step's batch; each request's KV slots for it are allocated."""
@@ -118,7 +124,10 @@ class BatchPlanner:
         Its output and grammar matcher stay; a pending draft is dropped."""
         self.queues.running.remove(req)
         self._drop_draft(req)
-        self.kv.release(req)
+        swap = self.swap_cost is not None and self.swap_cost.should_swap(len(req.slots))
+        if self.swap_cost is not None and not swap:
+            self.swap_declined += 1
+        self.kv.release(req, swap=swap)
         if req.input_logprobs is None:
             req.prompt_logprob_acc = []
         req.phase = Phase.WAITING
@@ -155,7 +164,7 @@ class BatchPlanner:
                 break
             if req.grammar_pending or req.pending:
                 continue  # its grammar is still compiling / its last token is still in flight
-            match = self.kv.match(req)
+            match = self.kv.match(req, load=True)  # what the host tier holds comes back (copies queued)
             if not self.kv.tree.disable:
                 shared = inflight.match_prefix(req.seq[: req.max_prefix_len], record_stats=False).length
                 if shared - match.length >= threshold:
@@ -179,7 +188,7 @@ class BatchPlanner:
                 req.cached_tokens = match.length
                 req.cache_info = explained
                 req.admitted_once = True
-                self.kv.record_admission(req, match.length)
+                self.kv.record_admission(req, match.length, match.loaded)
             waiting.remove(req)
             req.phase = Phase.RUNNING
             running.append(req)

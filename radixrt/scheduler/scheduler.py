@@ -52,6 +52,7 @@ from radixrt.requests.messages import (
 )
 from radixrt.sampling.grammar import GrammarBackend, grammar_key
 from radixrt.scheduler.constrained import ConstrainedDecoding
+from radixrt.scheduler.host_tier import build_host_tier
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues
@@ -90,7 +91,9 @@ class Scheduler:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.vocab_size = mc.vocab_size
         allocator = PageAllocator(self.runner.num_pages, config.page_size)
-        tree = RadixCache(allocator, page_size=config.page_size, disable=config.disable_radix_cache)
+        self.host = build_host_tier(config, self.runner, allocator.total_slots)
+        tree = RadixCache(allocator, page_size=config.page_size, disable=config.disable_radix_cache,
+                          host=self.host.tier if self.host else None)
         self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token)
         self.limits = config.limits(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.random_seed)
@@ -103,8 +106,12 @@ class Scheduler:
             lambda: self.grammars, config.enable_jump_forward, self.context_length, self.vocab_size)
         self.planner = BatchPlanner(config, self.kv, self.queues, self.context_length, self._finish,
                                     self.constrained.drop_draft)
+        if self.host is not None and config.preemption_mode == "swap":
+            self.planner.swap_cost = self.host.swap_cost
         self.launcher = StepLauncher(self.runner, self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
                                      overlap=not config.disable_overlap_schedule)
+        if self.host is not None:
+            self.launcher.host_pool = self.host.pool
         self.results = ResultProcessor(self.kv, self.queues, self.constrained, self.tokenizer, self.eos_token_ids,
                                        self.context_length, config.enable_jump_forward, self._emit, self._finish)
         self.inflight: Optional[InFlight] = None
@@ -248,9 +255,12 @@ class Scheduler:
             if start < len(req.input_ids):
                 self.counters["prompt_tokens_computed"] += min(q, len(req.input_ids) - start)
             if q > 1:  # a prefill chunk: its prefix is matchable from the next schedule on
-                self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids))
+                self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
         overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
-        return InFlight(batch, inputs, self.launcher.launch(inputs), overlappable)
+        # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
+        # what was evicted, write-through of what this step computes) run on the forward thread around it
+        transfers = self.kv.take_transfers()
+        return InFlight(batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable)
 
     def _complete(self, step: InFlight) -> None:
         self.results.process(step.batch, step.inputs, step.output.result())
@@ -304,6 +314,7 @@ class Scheduler:
             "waiting": len(self.queues.waiting),
             "kv": self.kv_usage(),
             "cache": self.kv.tree.stats(),
+            **({"host_kv": self.host.stats(self.kv)} if self.host is not None else {}),
         }
 
     def _log_step(self, batch: Batch) -> None:

@@ -1,0 +1,54 @@
+"""Builds the host KV tier (``--enable-hierarchical-cache``) for a scheduler:
+the host pool shaped like the runner's device pool, the tree's view of it,
+and the swap cost model (``--preemption-mode swap``)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from radixrt.config import EngineConfig
+from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
+from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.memory.kv_transfer import HostTier, KVTransferQueue
+from radixrt.memory.swap_cost import SwapCostModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HostTierRuntime:
+    pool: HostKVPool
+    tier: HostTier
+    swap_cost: SwapCostModel
+
+    def stats(self, kv: KVCacheManager) -> dict[str, Any]:
+        """Host slots (free + tree == total), bytes, and the swap counters."""
+        usage = kv.host_usage() or {}
+        return {
+            **usage,
+            "bytes_per_token": self.pool.bytes_per_token,
+            "total_bytes": self.pool.bytes_per_token * self.pool.total_slots,
+            "kv_cache_dtype": self.pool.pool.kv_cache_dtype,
+            "write_policy": self.tier.write_policy,
+            "swapped_out_requests": kv.swapped_out_requests,
+            "swapped_out_tokens": kv.swapped_out_tokens,
+            **self.swap_cost.describe(),
+        }
+
+
+def build_host_tier(config: EngineConfig, runner: Any, device_tokens: int) -> Optional[HostTierRuntime]:
+    """The host tier for `runner`'s device pool, or None when it is off."""
+    if not config.enable_hierarchical_cache:
+        return None
+    dev = runner.kv_pool
+    tokens = host_pool_tokens(device_tokens, dev.bytes_per_token, config.hicache_ratio, config.hicache_size,
+                              config.host_kv_size)
+    pool = HostKVPool(dev, tokens, kv_cache_dtype=config.hicache_kv_cache_dtype)
+    tier = HostTier(pool.allocator, KVTransferQueue(), config.hicache_write_policy)
+    num_params = sum(p.numel() for p in runner.model.parameters())
+    cost = SwapCostModel.for_device(str(runner.device), num_params, dev.bytes_per_token)
+    logger.info("host KV tier: %d tokens (%.2f GiB, %s), %s; swap %.2f us/token vs recompute %.2f us/token",
+                pool.total_slots, pool.total_slots * pool.bytes_per_token / (1 << 30), pool.pool.kv_cache_dtype,
+                tier.write_policy, cost.swap_s(1) * 1e6, cost.recompute_s(1) * 1e6)
+    return HostTierRuntime(pool, tier, cost)

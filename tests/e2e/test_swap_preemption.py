@@ -1,0 +1,123 @@
+"""The host KV tier and swap preemption on real engines: outputs never change,
+only their cost.
+
+A tiny random-weight Llama runs the scheduler's retraction stress with
+``--preemption-mode swap`` (retracted requests' KV goes to the host tier and
+comes back), and a multi-turn workload whose history outgrows the device
+pool (prefixes evicted to the host and loaded back); greedy outputs must
+equal a run with a roomy pool, and no slot may leak in either tier. The
+embedded model runs the multi-turn check once (slow).
+"""
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import radixrt
+
+
+def _stress(seed: int = 0, n: int = 48) -> tuple[list[list[int]], list[dict]]:
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(100, 30000) for _ in range(40)] for _ in range(6)]
+    prompts = [prefixes[i % 6] + [rng.randrange(100, 30000) for _ in range(rng.randrange(4, 24))] for i in range(n)]
+    params = [{"max_new_tokens": rng.randrange(8, 48), "temperature": 0, "ignore_eos": True} for _ in prompts]
+    return prompts, params
+
+
+def _run_all(engine, prompts, params):
+    with ThreadPoolExecutor(32) as pool:
+        return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
+
+
+def _conversations(seed: int = 1, users: int = 6, turns: int = 4) -> list[list[list[int]]]:
+    """Per user, the prompt of each turn: the previous turn's prompt plus new tokens."""
+    rng = random.Random(seed)
+    system = [rng.randrange(100, 30000) for _ in range(24)]
+    out = []
+    for _ in range(users):
+        prompt = system + [rng.randrange(100, 30000) for _ in range(40)]
+        turns_ = []
+        for _ in range(turns):
+            turns_.append(list(prompt))
+            prompt = prompt + [rng.randrange(100, 30000) for _ in range(rng.randrange(20, 40))]
+        out.append(turns_)
+    return out
+
+
+def _multi_turn(engine, convs, max_new_tokens: int = 8) -> list[list[int]]:
+    """Round-robin over users, turn by turn (each user's working set is evicted
+    by the others' before it comes back)."""
+    sp = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
+    outs = []
+    for t in range(len(convs[0])):
+        for user in convs:
+            outs.append(engine.generate(input_ids=user[t], sampling_params=sp)["output_ids"])
+    return outs
+
+
+def _check_clean(engine) -> dict:
+    engine.wait_idle()
+    engine.scheduler.check_invariants()  # device free + tree + private == total; host free + tree == total
+    assert engine.scheduler.kv_usage()["private_slots"] == 0
+    return engine.get_stats()
+
+
+@pytest.fixture(scope="module")
+def stress_reference(tiny_llama):
+    prompts, params = _stress()
+    with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
+        return prompts, params, [r["output_ids"] for r in _run_all(ref, prompts, params)]
+
+
+@pytest.mark.parametrize("page_size", [pytest.param(1, marks=pytest.mark.slow), 4])
+def test_swap_preemption_stress_matches_roomy_run(tiny_llama, stress_reference, page_size):
+    prompts, params, reference = stress_reference
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=128, page_size=page_size,
+                            max_running_requests=24, debug_check_invariants=True, enable_hierarchical_cache=True,
+                            host_kv_size=4096, preemption_mode="swap")
+    try:
+        results = _run_all(engine, prompts, params)
+        assert [r["output_ids"] for r in results] == reference
+        stats = _check_clean(engine)
+        assert stats["retractions"] > 0, "the pool was meant to be too small to hold every request"
+        host = stats["host_kv"]
+        assert host["swapped_out_requests"] > 0 and host["swapped_out_tokens"] > 0
+        assert stats["cache"]["host_loaded_tokens"] > 0  # swapped KV came back
+        assert host["free_slots"] + host["tree_slots"] == host["total_slots"]
+    finally:
+        engine.shutdown()
+
+
+def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
+    convs = _conversations()
+    with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
+        reference = _multi_turn(ref, convs)
+    runs = {}
+    for tier in (False, True):
+        engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=512,
+                                debug_check_invariants=True, enable_hierarchical_cache=tier,
+                                host_kv_size=4096 if tier else None, hicache_write_policy="write_back")
+        try:
+            assert _multi_turn(engine, convs) == reference
+            runs[tier] = _check_clean(engine)
+        finally:
+            engine.shutdown()
+    on, off = runs[True], runs[False]
+    assert on["cache"]["host_hit_tokens"] > 0 and off["cache"]["host_hit_tokens"] == 0
+    assert on["cache"]["hit_tokens"] == on["cache"]["device_hit_tokens"] + on["cache"]["host_hit_tokens"]
+    # the tier saved prompt compute: every host hit is a token not recomputed
+    assert on["prompt_tokens_computed"] < off["prompt_tokens_computed"]
+
+
+@pytest.mark.slow
+def test_embedded_model_host_tier_matches_roomy_run():
+    convs = _conversations(seed=5, users=4, turns=3)
+    with radixrt.Engine("default", max_total_tokens=32768) as ref:
+        reference = _multi_turn(ref, convs, max_new_tokens=12)
+    with radixrt.Engine("default", max_total_tokens=192, enable_hierarchical_cache=True, host_kv_size=4096,
+                        debug_check_invariants=True) as engine:
+        assert _multi_turn(engine, convs, max_new_tokens=12) == reference
+        stats = _check_clean(engine)
+        assert stats["cache"]["host_hit_tokens"] > 0
