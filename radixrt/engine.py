@@ -356,12 +356,16 @@ class Engine:
     def get_server_info(self) -> dict:
         import dataclasses
 
+        stats = self.get_stats()
         return {
             **dataclasses.asdict(self.config),
             "model_path": self.model_path,
             "context_length": self.context_length,
             "max_total_num_tokens": self._kv_total_slots(),
-            "stats": self.get_stats(),
+            # as the server's /get_server_info: bytes per token and capacity (radixrt/memory/kv_format.py)
+            "kv_cache": self.scheduler.runner.kv_pool.footprint.describe(self._kv_total_slots()),
+            "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
+            "stats": stats,
         }
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:

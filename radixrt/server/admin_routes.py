@@ -69,6 +69,7 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
         "max_total_num_tokens": ctx.tm.kv_total_slots,
         "kv_cache": ctx.tm.info.get("kv_cache"),  # bytes per token and capacity (radixrt/memory/kv_format.py)
         "kv_slots": stats.get("kv", {}),
+        "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
         "internal_states": [stats],
         "process_ids": ctx.process_ids,
         "uptime_s": round(time.time() - ctx.started, 3),

@@ -48,6 +48,14 @@ class ServerMetrics:
                                  kv_lbl, registry=r)
         self.kv_bytes = Gauge("radixrt_kv_cache_bytes", "Bytes of the KV pool (data and scales)",
                               kv_lbl, registry=r)
+        self.cache_hit_tokens = Gauge("radixrt_cache_hit_tokens", "Prompt tokens served from the radix cache "
+                                      "since start, by tier (device: already there; host: loaded back)",
+                                      lbl + ["tier"], registry=r)
+        self.host_kv_slots = Gauge("radixrt_host_kv_slots", "Host KV tier slots by owner (free, tree, total)",
+                                   lbl + ["state"], registry=r)
+        self.swapped_out_tokens = Gauge("radixrt_swapped_out_tokens",
+                                        "KV tokens of retracted requests moved to the host tier since start",
+                                        lbl, registry=r)
         self.retractions = Gauge("radixrt_retractions", "Requests retracted under KV pressure since start",
                                  lbl, registry=r)
         self.ttft = Histogram("radixrt_time_to_first_token_seconds", "Time to first token",
@@ -92,6 +100,15 @@ class ServerMetrics:
         cache = stats.get("cache") or {}
         if "hit_rate" in cache:
             self._m(self.cache_hit_rate).set(cache["hit_rate"])
+        for tier in ("device", "host"):
+            if f"{tier}_hit_tokens" in cache:
+                self._m(self.cache_hit_tokens, tier=tier).set(cache[f"{tier}_hit_tokens"])
+        host = stats.get("host_kv") or {}
+        for state in ("free", "tree", "total"):
+            if f"{state}_slots" in host:
+                self._m(self.host_kv_slots, state=state).set(host[f"{state}_slots"])
+        if "swapped_out_tokens" in host:
+            self._m(self.swapped_out_tokens).set(host["swapped_out_tokens"])
         kv = stats.get("kv") or {}
         for state in ("free", "tree", "private", "total"):
             key = f"{state}_slots"

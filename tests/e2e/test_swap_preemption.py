@@ -31,7 +31,7 @@ def _run_all(engine, prompts, params):
         return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
 
 
-def _conversations(seed: int = 1, users: int = 6, turns: int = 4) -> list[list[list[int]]]:
+def _conversations(seed: int = 1, users: int = 4, turns: int = 3) -> list[list[list[int]]]:
     """Per user, the prompt of each turn: the previous turn's prompt plus new tokens."""
     rng = random.Random(seed)
     system = [rng.randrange(100, 30000) for _ in range(24)]
@@ -71,7 +71,8 @@ def stress_reference(tiny_llama):
         return prompts, params, [r["output_ids"] for r in _run_all(ref, prompts, params)]
 
 
-@pytest.mark.parametrize("page_size", [pytest.param(1, marks=pytest.mark.slow), 4])
+@pytest.mark.slow  # ~3 engines' worth of retraction stress: the fast path has the multi-turn check
+@pytest.mark.parametrize("page_size", [1, 4])
 def test_swap_preemption_stress_matches_roomy_run(tiny_llama, stress_reference, page_size):
     prompts, params, reference = stress_reference
     engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=128, page_size=page_size,
@@ -102,13 +103,25 @@ def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
         try:
             assert _multi_turn(engine, convs) == reference
             runs[tier] = _check_clean(engine)
+            info = engine.get_server_info()
         finally:
             engine.shutdown()
+        assert info["kv_cache"]["total_tokens"] == 256 and info["kv_cache"]["bytes_per_token"] > 0
+        assert (info["host_kv_cache"] or {}).get("total_slots") == (4096 if tier else None)
     on, off = runs[True], runs[False]
     assert on["cache"]["host_hit_tokens"] > 0 and off["cache"]["host_hit_tokens"] == 0
     assert on["cache"]["hit_tokens"] == on["cache"]["device_hit_tokens"] + on["cache"]["host_hit_tokens"]
     # the tier saved prompt compute: every host hit is a token not recomputed
     assert on["prompt_tokens_computed"] < off["prompt_tokens_computed"]
+    # /metrics shows hits by tier and the host slots from the same stats
+    from radixrt.server.metrics import ServerMetrics
+
+    m = ServerMetrics("tiny")
+    m.update_from_stats(on)
+    text = m.render().decode()
+    host_hits = float(on["cache"]["host_hit_tokens"])
+    assert f'radixrt_cache_hit_tokens{{model_name="tiny",tier="host"}} {host_hits}' in text
+    assert 'radixrt_host_kv_slots{model_name="tiny",state="total"} 4096.0' in text
 
 
 @pytest.mark.slow
