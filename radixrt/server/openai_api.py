@@ -26,6 +26,7 @@ from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
 from radixrt.server.tools.grammar import tool_call_structural_tag
 from radixrt.server.tools.render import render_messages
+from radixrt.server.tools.turns import TURNS, mark_turns, split_encode
 
 router = APIRouter()
 
@@ -153,23 +154,38 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
 
 
 def _chat_prompt_ids(req: ChatCompletionRequest, messages: list[dict], tm: TokenizerManager,
-                     tools: Optional[list[dict]] = None) -> list[int]:
+                     tools: Optional[list[dict]] = None, reuse_turns: bool = False) -> list[int]:
     """The rendered chat template, tokenized (without a second BOS). ``tools``
-    goes to a template that renders them itself."""
+    goes to a template that renders them itself. With ``reuse_turns``,
+    assistant turns the model generated keep the tokens it generated them with
+    (radixrt/server/tools/turns.py)."""
     from radixrt.requests.tokenizer_utils import apply_chat_template
 
     cont = req.continue_final_message and messages[-1]["role"] == "assistant"
     extra_tpl = dict(req.chat_template_kwargs or {})
     if tools:
         extra_tpl["tools"] = tools
+    spliced: list = []
+    original = messages
+    if reuse_turns:
+        marked, spliced = mark_turns(messages[:-1] if cont else messages, TURNS)
+        if spliced:
+            messages = marked + ([messages[-1]] if cont else [])
     try:
         prompt = apply_chat_template(tm.tokenizer, messages, continue_final_message=cont, extra=extra_tpl)
     except Exception as e:  # noqa: BLE001 - a template may reject a conversation
         raise bad_request(f"The chat template cannot render these messages: {e}", "messages") from None
     bos = getattr(tm.tokenizer, "bos_token", None)
-    if bos and prompt.startswith(bos):
-        return tm.encode(prompt, add_special_tokens=False)
-    return tm.encode(prompt)
+
+    def first(text: str) -> list[int]:
+        return tm.encode(text, add_special_tokens=False) if bos and text.startswith(bos) else tm.encode(text)
+
+    if spliced:
+        ids = split_encode(prompt, spliced, first, lambda t: tm.encode(t, add_special_tokens=False) if t else [])
+        if ids is not None:
+            return ids
+        return _chat_prompt_ids(req, original, tm, tools)  # the template changed a turn: plain tokens
+    return first(prompt)
 
 
 def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
@@ -206,6 +222,11 @@ def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser) -> ToolReque
     return tr
 
 
+def _native(parser: ToolCallParser, tm: TokenizerManager) -> bool:
+    """Tools are rendered by the model's chat template (else in the generic format)."""
+    return parser.name != "generic" and template_renders_tools(getattr(tm.tokenizer, "chat_template", None))
+
+
 def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser,
                tr: ToolRequest) -> RequestSpec:
     """The one spec of a chat request; without a token limit it may fill the context.
@@ -216,12 +237,12 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCal
     the request brings its own constraint."""
     if req.top_logprobs and not req.logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs': true.", "top_logprobs")
-    native = parser.name != "generic" and template_renders_tools(getattr(tm.tokenizer, "chat_template", None))
+    native = _native(parser, tm)
     try:
         messages, tools_arg = render_messages(_chat_messages(req), tr, parser, native)
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
-    ids = _chat_prompt_ids(req, messages, tm, tools_arg)
+    ids = _chat_prompt_ids(req, messages, tm, tools_arg, reuse_turns=bool(tr.tools) and not native)
     extra = _response_format(req)
     if not extra and not (req.regex or req.json_schema or req.ebnf):
         tag = tool_call_structural_tag(parser, tr)
@@ -252,6 +273,10 @@ async def chat_completions(req: ChatCompletionRequest, request: Request,
     spec = await tm.run_tokenize(_chat_spec, req, tm, parser, tr)
     group = tm.submit([spec])
     reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
+    remember = None
+    if tr.tools and not _native(parser, tm):
+        def remember(text: str, ids: list[int]) -> None:
+            TURNS.remember(text, ids, lambda x: tm.tokenizer.decode(x, skip_special_tokens=False))
     view = ChatView(req, group, len(spec.input_ids), tm.tokenizer, ctx.served_model_name,
-                    parser if tr.active else None, reasoning)
+                    parser if tr.active else None, reasoning, remember)
     return await _answer(request, tm, group, view, req.stream)

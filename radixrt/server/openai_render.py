@@ -199,15 +199,19 @@ class ChatView:
     With ``parser`` (tool calls are on) each choice's text is read for calls:
     a choice that made any has ``message.tool_calls`` (streamed as
     ``delta.tool_calls``) and ``finish_reason: "tool_calls"``. With
-    ``reasoning`` the ``<think>`` block goes to ``reasoning_content``."""
+    ``reasoning`` the ``<think>`` block goes to ``reasoning_content``.
+    ``remember`` sees each finished choice's text and tokens
+    (radixrt/server/tools/turns.py)."""
 
     def __init__(self, req: ChatCompletionRequest, group: ReqGroup, prompt_len: int, tokenizer: Any,
-                 model: str, parser: Optional[ToolCallParser] = None, reasoning: bool = False) -> None:
+                 model: str, parser: Optional[ToolCallParser] = None, reasoning: bool = False,
+                 remember: Optional[Callable[[str, list[int]], None]] = None) -> None:
         self.req, self.group, self.prompt_len = req, group, prompt_len
         self.head = _head("chatcmpl", "chat.completion", model)
         self.tt = TokenTexts(tokenizer)
         self.plain = parser is None and not reasoning  # text passes through as content
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
+        self.remember = remember  # called with each finished choice's text and output ids
 
     def logprob_entries(self, st: ReqState, start: int) -> list[dict]:
         """Chat logprobs ``content`` entries for output tokens from ``start``."""
@@ -233,6 +237,8 @@ class ChatView:
         """The whole answer, once every choice finished."""
         choices = []
         for i, st in enumerate(self.group.states):
+            if self.remember is not None and st.acc.finish_reason is not None:
+                self.remember(st.acc.text, list(st.acc.output_ids))
             if self.plain:
                 message, calls = {"role": "assistant", "content": st.acc.text}, False
             else:
@@ -259,6 +265,8 @@ class ChatView:
         for j, d in enumerate(deltas):
             out.append({"index": u.index, "delta": d, "logprobs": lp if j == 0 else None, "finish_reason": None})
         if u.finish_reason is not None:
+            if self.remember is not None:
+                self.remember(u.state.acc.text, list(u.state.acc.output_ids))
             calls = not self.plain and self.outputs[u.index].has_calls(u.state.acc.text)
             out.append({"index": u.index, "delta": {}, "logprobs": None,
                         "finish_reason": self._finish(u.state, calls)})

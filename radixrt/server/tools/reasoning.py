@@ -28,7 +28,7 @@ def split_reasoning(text: str, final: bool = True) -> tuple[str, str]:
         return body[:end].strip("\n"), body[end + len(THINK_CLOSE):].lstrip()
     if opened:
         hold = 0 if final else partial_suffix(body, THINK_CLOSE)
-        return body[:len(body) - hold].lstrip("\n"), ""
+        return body[:len(body) - hold].strip("\n"), ""  # trailing newlines wait: they may precede </think>
     if not final and THINK_OPEN.startswith(body):
         return "", ""  # may still open a thinking block
     return "", text

@@ -1,0 +1,149 @@
+"""Tool-call parsing, streaming assembly, tool checks, generic rendering and
+reasoning separation: strings only, no model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixrt.sampling.grammar import check_grammar
+from radixrt.server.tools import ChoiceOutput, ToolError, check_tools, get_parser
+from radixrt.server.tools.grammar import tool_call_structural_tag
+from radixrt.server.tools.parsers import detect_parser
+from radixrt.server.tools.reasoning import split_reasoning
+from radixrt.server.tools.render import render_messages
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+OUTPUTS = {
+    "qwen": ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'),
+    "generic": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+              '{"name": "add", "parameters": {"a": 1, "b": 2}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+               '{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}]',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(OUTPUTS))
+def test_parsers_read_their_format(fmt):
+    p = get_parser(fmt, None)
+    res = p.parse(OUTPUTS[fmt])
+    calls = [(c.name, json.loads(c.args)) for c in res.complete_calls()]
+    assert calls[0] == ("get_weather", {"city": "Paris"})
+    if fmt != "generic":
+        assert calls[1] == ("add", {"a": 1, "b": 2})
+    assert res.content.rstrip() == ("Sure." if fmt == "qwen" else "")
+
+
+@pytest.mark.parametrize("fmt", ["qwen", "llama3", "mistral"])
+def test_render_calls_reads_back(fmt):
+    p = get_parser(fmt, None)
+    text = p.render_calls([("f", '{"x": [1, "}"]}'), ("g", "{}")])
+    assert [(c.name, c.args) for c in p.parse(text).complete_calls()] == [("f", '{"x": [1, "}"]}'), ("g", "{}")]
+
+
+def test_plain_text_and_broken_calls_are_content():
+    p = get_parser("qwen", None)
+    assert p.parse("Paris is sunny.").content == "Paris is sunny."
+    broken = "<tool_call>\nnot json\n</tool_call>"
+    out = ChoiceOutput(p, False)
+    msg, calls = out.message(broken)
+    assert not calls and msg["content"] == broken and "tool_calls" not in msg
+
+
+def _assemble(out: ChoiceOutput, text: str, step: int) -> dict:
+    """Feed ``text`` in slices of ``step`` characters; join the deltas as a client would."""
+    content, reasoning, calls = "", "", {}
+    for k in list(range(step, len(text), step)) + [len(text)]:
+        for d in out.deltas(text[:k], k == len(text)):
+            content += d.get("content", "")
+            reasoning += d.get("reasoning_content", "")
+            for tc in d.get("tool_calls", []):
+                c = calls.setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
+                c["id"] = tc.get("id") or c["id"]
+                c["name"] = tc.get("function", {}).get("name") or c["name"]
+                c["arguments"] += tc.get("function", {}).get("arguments", "")
+    return {"content": content, "reasoning": reasoning, "calls": [calls[i] for i in sorted(calls)]}
+
+
+@pytest.mark.parametrize("fmt", sorted(OUTPUTS))
+@pytest.mark.parametrize("step", [1, 3, 17])
+def test_stream_deltas_add_up_to_the_message(fmt, step):
+    out = ChoiceOutput(get_parser(fmt, None), False)
+    text = OUTPUTS[fmt]
+    got = _assemble(out, text, step)
+    msg, _ = out.message(text)
+    assert got["content"] == (msg["content"] or "")
+    assert [(c["id"], c["name"], c["arguments"]) for c in got["calls"]] == [
+        (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in msg["tool_calls"]]
+
+
+def test_reasoning_split_whole_and_streamed():
+    text = "<think>\nThe user wants Paris.\n</think>\n\nIt is sunny."
+    assert split_reasoning(text) == ("The user wants Paris.", "It is sunny.")
+    assert split_reasoning("<think>still going") == ("still going", "")
+    assert split_reasoning("no thinking here") == ("", "no thinking here")
+    out = ChoiceOutput(None, True)
+    got = _assemble(out, text, 2)
+    msg, _ = out.message(text)
+    assert (got["reasoning"], got["content"]) == (msg["reasoning_content"], msg["content"])
+    both = ChoiceOutput(get_parser("qwen", None), True)
+    msg, calls = both.message("<think>call it</think>\n" + OUTPUTS["generic"])
+    assert calls and msg["reasoning_content"] == "call it" and msg["content"] is None
+
+
+@pytest.mark.parametrize("tools,choice,needle", [
+    ([{"type": "function", "function": {}}], "auto", "name is missing"),
+    ([WEATHER, WEATHER], "auto", "more than once"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among the tools"),
+    ([WEATHER], "sometimes", "'tool_choice'"),
+    (None, "required", "needs 'tools'"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "no-such-type"}}}}}], "auto", "not a usable JSON schema"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], "auto", "describe an object"),
+    ([{"type": "retrieval"}], "auto", "only 'function' tools"),
+])
+def test_bad_tools_are_refused(tools, choice, needle):
+    with pytest.raises(ToolError, match=needle):
+        check_tools(tools, choice, None)
+
+
+@pytest.mark.parametrize("fmt", ["generic", "llama3", "mistral"])
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "add"}}])
+def test_structural_tags_parse(fmt, choice):
+    tr = check_tools([WEATHER, ADD], choice, True)
+    tag = tool_call_structural_tag(get_parser(fmt, None), tr)
+    check_grammar(("structural_tag", tag))
+    assert tool_call_structural_tag(get_parser(fmt, None), check_tools([WEATHER], "none", None)) is None
+
+
+def test_generic_rendering_is_stable_and_round_trips():
+    p = get_parser("generic", None)
+    tr = check_tools([WEATHER], "auto", None)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    convo = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    short, _ = render_messages(convo[:1], tr, p, native=False)
+    long, tools_arg = render_messages(convo, tr, p, native=False)
+    assert tools_arg is None and long[:len(short)] == short
+    assert long[0]["role"] == "system" and '"name": "get_weather"' in long[0]["content"]
+    assert long[2]["content"] == OUTPUTS["generic"]  # what the model generated, byte for byte
+    assert long[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    native, tools_arg = render_messages(convo, tr, get_parser("qwen", None), native=True)
+    assert tools_arg == [WEATHER] and native[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_parser_detection():
+    assert detect_parser(None) == "generic"
+    assert detect_parser("{% for m in messages %}{{ m.content }}{% endfor %}") == "generic"
+    assert detect_parser("{% if tools %}<tool_call>{% endif %}") == "qwen"
+    assert detect_parser("{% if tools %}[TOOL_CALLS]{% endif %}") == "mistral"
+    assert detect_parser("{% if tools %}<|python_tag|>{% endif %}") == "llama3"
+    with pytest.raises(ValueError, match="unknown tool-call parser"):
+        get_parser("nope", None)
