@@ -17,6 +17,8 @@ so every system does the same work.
     few-shot          MMLU 5-shot: per-subject examples + Q      2 subjects x 16 Q, ~420 -> 1 token
     multi-turn        chat users; each turn re-sends history     8 users x 4 turns, -> 16 tokens
     agent-fanout      tool scaffold, plan, fork(4) calls, join   8 programs x 6 req, 16 tokens each
+    agent-loop        shared system+tools, k parallel tool calls 4 agents x (4 steps x 3 calls + 1), 12 / 16
+                      per step, tool results back, m steps       tokens (agent_loop.py)
     tree-of-thought   question, fork(4) x 2 levels, 16 answers   2 programs x 36 req, 16 / 8 tokens
     json-extraction   shared instructions + schema, unique doc   16 req, -> JSON (json_schema)
     no-sharing        unrelated prompts                          32 req, 256 -> 64 tokens
@@ -37,8 +39,8 @@ from radixrt.bench.common import ReqResult, words
 Gen = Callable[[list[int], dict, int], Awaitable[ReqResult]]
 Program = Callable[[Gen], Awaitable[None]]
 
-WORKLOADS = ("shared-prefix", "few-shot", "multi-turn", "agent-fanout", "tree-of-thought", "json-extraction",
-             "no-sharing")
+WORKLOADS = ("shared-prefix", "few-shot", "multi-turn", "agent-fanout", "agent-loop", "tree-of-thought",
+             "json-extraction", "no-sharing")
 
 
 @dataclass
@@ -292,11 +294,18 @@ def tree_of_thought(tok: Tokens, scale: float = 1.0, seed: int = 0, *, programs:
                     params=dict(programs=n, width=width, depth=depth))
 
 
+def _agent_loop(tok: Tokens, scale: float = 1.0, seed: int = 0, **kw: Any) -> Workload:
+    from radixrt.bench.agent_loop import agent_loop  # it builds on this module
+
+    return agent_loop(tok, scale, seed, **kw)
+
+
 BUILDERS: dict[str, Callable[..., Workload]] = {
     "shared-prefix": shared_prefix,
     "few-shot": few_shot,
     "multi-turn": multi_turn,
     "agent-fanout": agent_fanout,
+    "agent-loop": _agent_loop,
     "tree-of-thought": tree_of_thought,
     "json-extraction": json_extraction,
     "no-sharing": no_sharing,
