@@ -32,7 +32,7 @@ bytes as they are and never changes an answer.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -47,7 +47,8 @@ class HostKVPool:
     ``auto`` stores what the device pool stores (the copy is exact); ``int8``
     quantizes on the host (see the module docstring). Pinned on CUDA."""
 
-    def __init__(self, device_pool: KVPool, num_tokens: int, kv_cache_dtype: str = "auto") -> None:
+    def __init__(self, device_pool: KVPool, num_tokens: int, kv_cache_dtype: str = "auto",
+                 staged: Optional[bool] = None) -> None:
         P = device_pool.page_size
         num_pages = num_tokens // P
         if num_pages < 1:
@@ -60,6 +61,11 @@ class HostKVPool:
         self.allocator = PageAllocator(num_pages, P)
         self.exact = self.pool.storage_dtype == device_pool.storage_dtype
         self._stream: Optional[torch.cuda.Stream] = torch.cuda.Stream(device_pool.device) if pin else None
+        # staged copies (default on CUDA): one op's rows of every layer are gathered into one buffer
+        # (pinned on the host side) and cross in a single copy, instead of one small copy per tensor
+        self.staged = pin if staged is None else staged
+        self._staging: Optional[torch.Tensor] = None
+        self._staging_free: Optional[Any] = None  # CUDA event: the last load has left the staging buffer
 
     @property
     def total_slots(self) -> int:
@@ -95,20 +101,77 @@ class HostKVPool:
         src_pool, dst_pool = (dev, host) if op.to_host else (host, dev)
         src_idx = torch.tensor(op.src_slots, dtype=torch.int64, device=src_pool.device)
         dst_idx = torch.tensor(op.dst_slots, dtype=torch.int64, device=dst_pool.device)
-        for layer in range(dev.num_layers):
-            src, dst = src_pool.layer_cache(layer), dst_pool.layer_cache(layer)
-            if self.exact:
-                pairs = [(src.k, dst.k), (src.v, dst.v)]
-                if src.k_scale is not None and dst.k_scale is not None:
-                    assert src.v_scale is not None and dst.v_scale is not None
-                    pairs += [(src.k_scale, dst.k_scale), (src.v_scale, dst.v_scale)]
-                for s, d in pairs:
-                    if s.element_size() == 1:  # fp8 has no CPU index kernels: move the bytes
-                        s, d = s.view(torch.uint8), d.view(torch.uint8)
-                    d.index_copy_(0, dst_idx, s.index_select(0, src_idx).to(d.device, non_blocking=True))
-            else:
+        if not self.exact:
+            for layer in range(dev.num_layers):
+                src, dst = src_pool.layer_cache(layer), dst_pool.layer_cache(layer)
                 k, v = src.gather(src_idx, dev.dtype)
                 dst.store(dst_idx, k.to(dst_pool.device, non_blocking=True), v.to(dst_pool.device, non_blocking=True))
+            return
+        pairs = [pair for layer in range(dev.num_layers)
+                 for pair in _tensor_pairs(src_pool.layer_cache(layer), dst_pool.layer_cache(layer))]
+        if self.staged:
+            self._copy_staged(pairs, src_idx, dst_idx, op.to_host)
+            return
+        for s, d in pairs:
+            d.index_copy_(0, dst_idx, s.index_select(0, src_idx).to(d.device, non_blocking=True))
+
+    def _copy_staged(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], src_idx: torch.Tensor,
+                     dst_idx: torch.Tensor, to_host: bool) -> None:
+        """Gather the rows of every tensor into one buffer on the source side, move it
+        in one copy (through the pinned staging buffer), scatter on the destination side."""
+        n = int(src_idx.numel())
+        sizes = [n * s[0].numel() * s.element_size() for s, _ in pairs]
+        offsets, total = [], 0
+        for nb in sizes:
+            offsets.append(total)
+            total += -(-nb // 8) * 8  # 8-byte aligned views
+        staging = self._staging_buffer(total)
+        dev_device = self.device_pool.device
+
+        def view(buf: torch.Tensor, i: int, like: torch.Tensor) -> torch.Tensor:
+            o = offsets[i]
+            return buf[o:o + sizes[i]].view(like.dtype).view(n, *like.shape[1:])
+
+        if to_host:
+            gathered = torch.empty(total, dtype=torch.uint8, device=dev_device)
+            for i, (s, _) in enumerate(pairs):
+                torch.index_select(s, 0, src_idx, out=view(gathered, i, s))
+            staging.copy_(gathered, non_blocking=True)
+            if dev_device.type == "cuda":
+                torch.cuda.current_stream(dev_device).synchronize()  # the host scatter reads the staging buffer
+            for i, (s, d) in enumerate(pairs):
+                d.index_copy_(0, dst_idx, view(staging, i, s))
+            return
+        if self._staging_free is not None:
+            self._staging_free.synchronize()  # the previous load has finished reading the staging buffer
+        for i, (s, _) in enumerate(pairs):
+            torch.index_select(s, 0, src_idx, out=view(staging, i, s))
+        moved = staging.to(dev_device, non_blocking=True)
+        for i, (s, d) in enumerate(pairs):
+            d.index_copy_(0, dst_idx, view(moved, i, s))
+        if dev_device.type == "cuda":
+            self._staging_free = torch.cuda.Event()
+            self._staging_free.record(torch.cuda.current_stream(dev_device))
+
+    def _staging_buffer(self, nbytes: int) -> torch.Tensor:
+        """A host byte buffer of at least ``nbytes`` (pinned under a CUDA pool), grown by doubling."""
+        buf = self._staging
+        if buf is None or buf.numel() < nbytes:
+            if self._staging_free is not None:
+                self._staging_free.synchronize()
+            size = max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 20)
+            buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.device_pool.device.type == "cuda")
+            self._staging = buf
+        return buf[:nbytes]
+
+
+def _tensor_pairs(src: Any, dst: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(source, destination) flat tensors of one layer: K, V, then int8 scales;
+    1-byte dtypes as uint8 (fp8 has no CPU index kernels: move the bytes)."""
+    pairs = [(src.k, dst.k), (src.v, dst.v)]
+    if src.k_scale is not None and dst.k_scale is not None:
+        pairs += [(src.k_scale, dst.k_scale), (src.v_scale, dst.v_scale)]
+    return [(s.view(torch.uint8), d.view(torch.uint8)) if s.element_size() == 1 else (s, d) for s, d in pairs]
 
 
 def host_pool_tokens(device_tokens: int, bytes_per_token: float, ratio: float, size_gib: float,

@@ -30,11 +30,11 @@ class Rig:
     """A device pool, a host pool and a tree over them, plus running 'requests'."""
 
     def __init__(self, device_tokens: int, host_tokens: int, page_size: int, policy: str,
-                 host_dtype: str = "auto") -> None:
+                 host_dtype: str = "auto", staged: bool = False) -> None:
         P = page_size
         self.P = P
         self.dev = KVPool(1, device_tokens // P, P, 1, 2, torch.float32, "cpu")
-        self.host = HostKVPool(self.dev, host_tokens, kv_cache_dtype=host_dtype)
+        self.host = HostKVPool(self.dev, host_tokens, kv_cache_dtype=host_dtype, staged=staged)
         self.alloc = PageAllocator(device_tokens // P, P)
         self.queue = KVTransferQueue()
         self.tree = RadixCache(self.alloc, P, host=HostTier(self.host.allocator, self.queue, policy))
@@ -128,13 +128,13 @@ def _random_key(rng: random.Random, bases: list[list[int]]) -> list[int]:
     return base[:cut] + [rng.randrange(5) for _ in range(rng.randint(1, 12))]
 
 
-@pytest.mark.parametrize("page_size,policy", [
-    pytest.param(1, "write_through", marks=pytest.mark.slow),  # ~2-3 s each: one on the fast path
-    (4, "write_back"),
+@pytest.mark.parametrize("page_size,policy,staged", [
+    pytest.param(1, "write_through", True, marks=pytest.mark.slow),  # ~2-3 s each: one on the fast path
+    (4, "write_back", False),
 ])
-def test_randomized_two_tiers(page_size, policy):
+def test_randomized_two_tiers(page_size, policy, staged):
     rng = random.Random(7 + page_size)
-    rig = Rig(device_tokens=48, host_tokens=96, page_size=page_size, policy=policy)
+    rig = Rig(device_tokens=48, host_tokens=96, page_size=page_size, policy=policy, staged=staged)
     bases = _keys(rng)
     counts = dict.fromkeys(("request", "refused", "release", "match", "evict", "offload", "reset"), 0)
     for op_i in range(10_000):
@@ -211,8 +211,9 @@ def test_host_full_drops_lru_and_locked_nodes_stay():
     rig.check()
 
 
-def test_write_through_copies_at_insert_and_evicts_without_copy():
-    rig = Rig(device_tokens=16, host_tokens=32, page_size=1, policy="write_through")
+@pytest.mark.parametrize("staged", [False, True])
+def test_write_through_copies_at_insert_and_evicts_without_copy(staged):
+    rig = Rig(device_tokens=16, host_tokens=32, page_size=1, policy="write_through", staged=staged)
     assert rig.request(list(range(10)))
     rig.release(0)
     assert rig.queue.offloaded_tokens == 10  # copied once, after the forward that computed it
@@ -248,3 +249,27 @@ def test_host_pool_sizing_flags():
     assert host_pool_tokens(1000, 100.0, 2.0, 1.0, 77) == 77
     with pytest.raises(ValueError, match="write policy"):
         HostTier(PageAllocator(4, 1), write_policy="write_sometimes")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("staged", [False, True])
+def test_quantized_device_pool_round_trips_exactly(kv_cache_dtype, staged):
+    """A quantized device pool's bytes (and int8 scales) go to the host and back unchanged."""
+    from radixrt.memory.kv_transfer import TransferOp
+
+    dev = KVPool(2, 8, 2, 2, 4, torch.float32, "cpu", kv_cache_dtype=kv_cache_dtype)
+    host = HostKVPool(dev, 16, staged=staged)
+    assert host.exact and host.pool.kv_cache_dtype == kv_cache_dtype
+    g = torch.Generator().manual_seed(0)
+    for layer in range(2):
+        slots = torch.arange(16)
+        dev.layer_cache(layer).store(slots, torch.randn(16, 2, 4, generator=g), torch.randn(16, 2, 4, generator=g))
+    before = [dev.layer_cache(i).gather(torch.arange(16), torch.float32) for i in range(2)]
+    src, tmp = [3, 4, 9, 10], [0, 1, 14, 15]
+    host.run([TransferOp(True, src, tmp)])
+    for layer in range(2):  # clobber, then load back into other device slots
+        dev.layer_cache(layer).store(torch.tensor(src), torch.zeros(4, 2, 4), torch.zeros(4, 2, 4))
+    host.run([TransferOp(False, tmp, [12, 13, 6, 7])])
+    for layer in range(2):
+        k, v = dev.layer_cache(layer).gather(torch.tensor([12, 13, 6, 7]), torch.float32)
+        assert torch.equal(k, before[layer][0][src]) and torch.equal(v, before[layer][1][src])
