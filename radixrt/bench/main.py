@@ -94,6 +94,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time", action="store_true",
                    help="only measure the step loop: ms per decode step at batch 1, 64 and 128 on a tiny random "
                         "Llama (options: python -m radixrt.bench.step_time --help)")
+    p.add_argument("--hicache", action="store_true",
+                   help="only measure the host KV tier (multi-turn agents at 4x the device pool, tier on vs off) "
+                        "and the kv_cache_dtype sweep at a fixed KV budget (options: python -m "
+                        "radixrt.bench.hicache --help)")
 
 
 def _strip(rows: list[dict]) -> list[dict]:
@@ -107,6 +111,10 @@ def bench_main(args: argparse.Namespace) -> int:
 
         model = [] if args.model == "default" else ["--model", args.model]
         return step_time.main(model + (["--json", args.json_out] if args.json_out else []))
+    if args.hicache:
+        from radixrt.bench import hicache
+
+        return hicache.main(["--model", args.model] + (["--json", args.json_out] if args.json_out else []))
     names = args.workload or ["all"]
     if "none" in names:
         names = []
