@@ -18,7 +18,14 @@ Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
 3. ``sampling``: FlashInfer's top-k/top-p kernel (the optional
    ``sampling_backend="flashinfer"``) against the exact distribution (total
    variation over 16k draws) and its time against the default sampler.
-4. ``e2e``: generation with radixrt's Engine (FlashInfer, bf16, CUDA graphs)
+4. ``hostkv``: the host KV tier's reload path (``--enable-hierarchical-cache``):
+   pinned host -> device copy bandwidth of one large buffer, then
+   `HostKVPool` loading scattered host slots into scattered device slots of a
+   1B-Llama-shaped bf16 pool (16 layers, 8 KV heads, head dim 128, pages of
+   16) the way the scheduler's copies run (side stream, staged); reported as
+   a fraction of the pinned copy bandwidth (target >= 0.7), with the
+   device -> host offload bandwidth beside it and an exact round-trip check.
+5. ``e2e``: generation with radixrt's Engine (FlashInfer, bf16, CUDA graphs)
    against transformers ``generate`` on the same GPU, same prompts and output
    lengths (greedy, fixed lengths): the default model's architecture
    (SmolLM2-135M) and a random-weight ~1B Llama; workloads ``batch-decode``
@@ -467,6 +474,58 @@ def check_bandwidth(fi: Any, device: str, dry: bool) -> dict:
             "target_fraction": 0.8, "meets_target": headline["fraction_of_copy"] >= 0.8}
 
 
+# ----------------------------------------------------------------------------- host KV tier reload
+def pinned_copy_bandwidth(device: str, nbytes: int) -> dict:
+    """Host -> device bandwidth of one pinned buffer (bytes moved / time)."""
+    import torch
+
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device == "cuda")
+    host.random_(0, 255)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ms = time_ms(lambda: dev.copy_(host, non_blocking=True), device, iters=10)
+    return {"bytes": nbytes, "ms": ms, "GBps": nbytes / ms / 1e6}
+
+
+def check_host_kv(device: str, dry: bool) -> dict:
+    import torch
+
+    from radixrt.memory.host_pool import HostKVPool
+    from radixrt.memory.kv_pool import KVPool
+    from radixrt.memory.kv_transfer import TransferOp
+
+    layers, hkv, d, ps = (4, 2, 16, 4) if dry else (16, 8, 128, 16)
+    tokens = 1024 if dry else 32768  # per copy: 32k tokens x 64 KiB = 2 GiB at the 1B shape
+    dtype = torch.float32 if dry else torch.bfloat16
+    rng = random.Random(11)
+    dev = KVPool(layers, 2 * tokens // ps, ps, hkv, d, dtype, device)
+    # staged=True also on the CPU dry run, so that the path the GPU takes is the one exercised
+    host = HostKVPool(dev, 2 * tokens, staged=True)
+    for layer in range(layers):
+        for buf in host.pool.layer_kv(layer):
+            buf.copy_(torch.randn(buf.shape, dtype=torch.float32).to(dtype))
+    pages_h = rng.sample(range(2 * tokens // ps), tokens // ps)
+    pages_d = rng.sample(range(2 * tokens // ps), tokens // ps)
+    host_slots = [p * ps + j for p in pages_h for j in range(ps)]
+    dev_slots = [p * ps + j for p in pages_d for j in range(ps)]
+    load = TransferOp(False, host_slots, dev_slots)
+    offload = TransferOp(True, dev_slots, host_slots)
+    nbytes = tokens * dev.bytes_per_token
+    pinned = pinned_copy_bandwidth(device, nbytes)
+    load_ms = time_ms(lambda: host.run([load]), device, iters=2 if dry else 10, warmup=1)
+    # exact round trip: what was loaded is the host's data
+    hs, ds = torch.tensor(host_slots[:64]), torch.tensor(dev_slots[:64], device=device)
+    same = all(torch.equal(host.pool.layer_kv(i)[0][hs], dev.layer_kv(i)[0][ds].cpu()) for i in range(layers))
+    offload_ms = time_ms(lambda: host.run([offload]), device, iters=2 if dry else 10, warmup=1)
+    load_gbps = nbytes / load_ms / 1e6
+    frac = load_gbps / pinned["GBps"]
+    return {"shape": {"layers": layers, "kv_heads": hkv, "head_dim": d, "page_size": ps, "dtype": str(dtype)},
+            "tokens": tokens, "bytes": nbytes, "pinned_copy": pinned,
+            "load_ms": load_ms, "load_GBps": load_gbps, "offload_ms": offload_ms,
+            "offload_GBps": nbytes / offload_ms / 1e6, "round_trip_exact": same,
+            "fraction_of_pinned": frac, "target_fraction": 0.7, "meets_target": frac >= 0.7,
+            "pass": same}
+
+
 # ----------------------------------------------------------------------------- sampling (optional backend)
 def check_sampling(fi: Any, device: str, dry: bool) -> dict:
     """FlashInfer's top-k/top-p kernel through FlashInferSampler: its draws against the
@@ -744,7 +803,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check_out"))
     ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
-    ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,sampling,steptime,e2e")
+    ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e")
     for key, value in E2E_SIZES.items():
         ap.add_argument("--e2e-" + key.replace("_", "-"), type=int, default=value, dest="e2e_" + key,
                         help=f"e2e workload size (default {value})")
@@ -775,6 +834,8 @@ def main() -> None:
         report.section("fp8kv", lambda: check_fp8_kv(fi, device, args.dry_run), min_left_s=20)
     if "bandwidth" in wanted:
         report.section("bandwidth", lambda: check_bandwidth(fi, device, args.dry_run), min_left_s=30)
+    if "hostkv" in wanted:
+        report.section("hostkv", lambda: check_host_kv(device, args.dry_run), min_left_s=20)
     if "sampling" in wanted:
         report.section("sampling", lambda: check_sampling(fi, device, args.dry_run), min_left_s=20)
     if "steptime" in wanted:
@@ -793,6 +854,8 @@ def main() -> None:
         "fp8_kv_max_rel_err": s.get("fp8kv", {}).get("max_rel_err"),
         "decode_bw_fraction_of_copy": s.get("bandwidth", {}).get("headline_fraction"),
         "copy_GBps": s.get("bandwidth", {}).get("copy", {}).get("GBps"),
+        "host_kv_reload_fraction_of_pinned": s.get("hostkv", {}).get("fraction_of_pinned"),
+        "host_kv_round_trip_exact": s.get("hostkv", {}).get("round_trip_exact"),
         "sampling_pass": s.get("sampling", {}).get("pass"),
         "decode_ms_per_step": {k: [(r["batch"], round(r["ms_per_step"], 2), r["gpu_busy"]) for r in v]
                                for k, v in s.get("steptime", {}).get("rows", {}).items()},
