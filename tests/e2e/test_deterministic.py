@@ -1,0 +1,93 @@
+"""Deterministic inference (``enable_deterministic_inference``): a seeded,
+sampled request gives the same tokens alone, in a batch of 32 next to other
+requests (with prefix-cache hits), and under memory pressure with chunked
+prefill and retractions (re-prefill after preemption). On a tiny random Llama
+(fast: its near-flat distributions move with any change of bits) and on the
+embedded model (slow)."""
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import radixrt
+
+CASES = {
+    # model fixture, targets, fillers, new tokens, pool of the pressure run, chunked prefill there
+    "tiny": ("tiny_llama", 6, 30, 24, 700, 48),
+    "embedded": ("default_model_path", 4, 32, 16, 900, 64),
+}
+
+
+def _workload(targets: int, fillers: int, new_tokens: int) -> tuple[list, list]:
+    """Target prompts share a 40-token prefix (prefix-cache hits); fillers have other lengths."""
+    rng = random.Random(12)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(100, 30000) for _ in range(n)]
+
+    prefix = toks(40)
+    prompts = [prefix + toks(rng.randrange(3, 30)) for _ in range(targets)]
+    prompts += [toks(rng.randrange(5, 70)) for _ in range(fillers)]
+    params = [
+        {"max_new_tokens": new_tokens, "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i, "ignore_eos": True}
+        for i in range(len(prompts))
+    ]
+    return prompts, params
+
+
+def _run(engine, prompts, params) -> list[list[int]]:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]),
+                                zip(prompts, params)))
+    return [r["output_ids"] for r in results]
+
+
+@pytest.mark.parametrize("case", ["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+def test_seeded_outputs_alone_batched_and_retracted(case, request):
+    fixture, targets, fillers, new_tokens, small_pool, chunk = CASES[case]
+    model = request.getfixturevalue(fixture)
+    prompts, params = _workload(targets, fillers, new_tokens)
+
+    engine = radixrt.Engine(model, max_total_tokens=8192, enable_deterministic_inference=True,
+                            debug_check_invariants=True)
+    try:
+        alone = []
+        for p, sp in zip(prompts[:targets], params[:targets]):
+            alone.append(engine.generate(input_ids=p, sampling_params=sp)["output_ids"])
+            engine.flush_cache()  # cold: every target computes its whole prompt
+        assert len({tuple(a) for a in alone}) == targets
+        # a batch of 32+ with the targets' shared prefix cached
+        batched = _run(engine, prompts, params)
+        assert batched[:targets] == alone
+        engine.wait_idle()
+        assert engine.get_stats()["retractions"] == 0
+    finally:
+        engine.shutdown()
+
+    engine = radixrt.Engine(model, max_total_tokens=small_pool, chunked_prefill_size=chunk,
+                            enable_deterministic_inference=True, debug_check_invariants=True)
+    try:
+        pressed = _run(engine, prompts, params)
+        engine.wait_idle()
+        stats = engine.get_stats()
+        assert stats["retractions"] > 0, "the pool was meant to be too small for every request at once"
+        assert pressed[:targets] == alone
+        assert pressed == batched
+        engine.scheduler.check_invariants()
+        assert engine.scheduler.kv_usage()["private_slots"] == 0
+    finally:
+        engine.shutdown()
+
+
+def test_deterministic_mode_refuses_flashinfer():
+    from radixrt.config import EngineConfig
+    from radixrt.executor.model_runner import resolve_runtime
+
+    choice = resolve_runtime(EngineConfig(enable_deterministic_inference=True, device="cuda"))
+    assert (choice.attention_backend, choice.cuda_graph) == ("torch", False)
+    with pytest.raises(ValueError, match="deterministic"):
+        resolve_runtime(EngineConfig(enable_deterministic_inference=True, attention_backend="flashinfer"))
+    with pytest.raises(ValueError, match="deterministic"):
+        resolve_runtime(EngineConfig(enable_deterministic_inference=True, sampling_backend="flashinfer"))
