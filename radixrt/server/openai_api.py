@@ -113,6 +113,7 @@ def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_leng
             prompts, sampling_params=sampling if prompts.batch else sampling[0], return_logprob=want_lp,
             logprob_start_len=0 if (want_lp and req.echo) else -1, top_logprobs_num=req.logprobs or 0,
             rid=(req.rid or None) if len(prompts.ids) == 1 else None, cache_salt=req.cache_namespace(),
+            priority=req.priority, return_cache_info=req.return_cache_info,
         )
 
 
@@ -256,6 +257,7 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCal
             PromptBatch([ids], [None], False, "messages"), sampling_params=_sampling(req, max_new, extra),
             return_logprob=req.logprobs, top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
             rid=req.rid or None, cache_salt=req.cache_namespace(),
+            priority=req.priority, return_cache_info=req.return_cache_info,
         )
     return specs[0]
 

@@ -47,12 +47,17 @@ def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
     for p in range(len(prompt_lens)):
         subs = group.states[p * n:(p + 1) * n]
         cached += max((min(st.acc.cached_tokens, prompt_lens[p]) for st in subs), default=0)
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    # return_cache_info (radixrt's extension): each prompt's explanation, from its first sample
+    infos = [group.states[p * n].acc.cache_info for p in range(len(prompt_lens)) if p * n < len(group.states)]
+    if any(info is not None for info in infos):
+        body["cache_info"] = infos
+    return body
 
 
 # ---------------------------------------------------------------------- streaming

@@ -54,6 +54,8 @@ class _SamplingExtras(_Lenient):
     # OpenAI's cache hint; here, like cache_salt, a radix namespace (see cache_namespace)
     prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None
+    priority: Optional[int] = None  # SGLang's: waiting-queue order under --enable-priority-scheduling
+    return_cache_info: bool = False  # radixrt's: usage.cache_info explains each prompt's radix-cache match
 
     def cache_namespace(self) -> Optional[str]:
         """The radix-cache namespace of this request: ``cache_salt``, ``prompt_cache_key``,

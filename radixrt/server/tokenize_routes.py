@@ -106,13 +106,10 @@ def _chat_ids(body: dict, ctx: ServerContext) -> list[int]:
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise bad_request(f"Invalid value for '{where}': {first.get('msg')}", where or "messages") from None
     tm = ctx.tm
-    # TODO(tool calling): a public chat-prompt helper in openai_api would replace this probe.
-    if hasattr(openai_api, "_chat_tools"):
-        parser = openai_api.get_parser(ctx.server_args.get("tool_call_parser"),
-                                       getattr(tm.tokenizer, "chat_template", None))
-        tools = openai_api._chat_tools(req, parser)
-        return list(openai_api._chat_spec(req, tm, parser, tools).input_ids)
-    return list(openai_api._chat_spec(req, tm).input_ids)  # type: ignore[call-arg]
+    parser = openai_api.get_parser(ctx.server_args.get("tool_call_parser"),
+                                   getattr(tm.tokenizer, "chat_template", None))
+    tools = openai_api._chat_tools(req, parser)
+    return list(openai_api._chat_spec(req, tm, parser, tools).input_ids)
 
 
 def tokenize_body(body: dict, ctx: ServerContext) -> dict:

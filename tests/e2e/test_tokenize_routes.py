@@ -111,3 +111,21 @@ def test_generate_priority_and_cache_info(client, hf_tok):
     for bad in ({"priority": "high"}, {"return_cache_info": 1}):
         r = client.post("/generate", json={"text": "x", "sampling_params": sp, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), r.text
+
+
+def test_openai_chat_priority_and_cache_info(server):
+    import openai
+
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    head = [{"role": "system", "content": "You answer travel questions briefly. " * 6}]
+    kw = {"model": "default", "max_tokens": 2, "temperature": 0,
+          "extra_body": {"return_cache_info": True, "priority": 2}}
+    oa.chat.completions.create(messages=head + [{"role": "user", "content": "Lisbon?"}], **kw)
+    second = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Oslo?"}], **kw)
+    [info] = second.usage.model_extra["cache_info"]
+    assert info["matched_tokens"] == second.usage.prompt_tokens_details.cached_tokens > 20
+    assert info["reason"] == "diverged" and "Oslo" in info["prompt_after_text"]
+    assert "Lisbon" in info["cached_after_text"]
+    plain = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Rome?"}], model="default",
+                                       max_tokens=1)
+    assert "cache_info" not in (plain.usage.model_extra or {})
