@@ -32,40 +32,65 @@ bytes as they are and never changes an answer.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import math
+from typing import Optional
 
 import torch
 
+from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, dequantize_int8, kv_storage_dtype, quantize_int8
+from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool, PageAllocator
 from radixrt.memory.kv_transfer import TransferOp
 
 
 class HostKVPool:
-    """The host tier's storage and allocator, shaped like the device pool.
+    """The host tier's storage and allocator, page-first.
+
+    Layout: one pinned (on CUDA) byte buffer ``[num_pages, page_bytes]``; a
+    page holds its tokens' K and V of *every* layer (then the int8 scales),
+    so a host page is one contiguous block and a run of host pages crosses
+    to the device in one copy (SGLang's host pool offers the same
+    "page first" layout for the same reason). The device pool stays
+    layer-major; each copy is scattered or gathered there by page id.
 
     ``num_tokens`` is rounded down to whole pages. ``kv_cache_dtype``:
-    ``auto`` stores what the device pool stores (the copy is exact); ``int8``
-    quantizes on the host (see the module docstring). Pinned on CUDA."""
+    ``auto`` stores what the device pool stores (the copy is exact: bytes
+    move as they are); ``int8`` quantizes on the host (see the module
+    docstring). ``by_runs`` (default: on CUDA): host pages cross in one copy
+    per run of consecutive pages; otherwise one indexed gather/scatter on the
+    host (what a CPU device pool wants)."""
 
     def __init__(self, device_pool: KVPool, num_tokens: int, kv_cache_dtype: str = "auto",
-                 staged: Optional[bool] = None) -> None:
+                 by_runs: Optional[bool] = None) -> None:
         P = device_pool.page_size
         num_pages = num_tokens // P
         if num_pages < 1:
             raise ValueError(f"host KV pool of {num_tokens} tokens holds no page of {P}")
-        host_dtype = device_pool.kv_cache_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
         self.device_pool = device_pool
+        self.kv_cache_dtype = device_pool.kv_cache_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+        self.storage_dtype = kv_storage_dtype(self.kv_cache_dtype, device_pool.dtype)
+        self.exact = self.storage_dtype == device_pool.storage_dtype
+        self.footprint = kv_footprint(device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim,
+                                      self.kv_cache_dtype, str(device_pool.dtype))
+        H, D = device_pool.num_kv_heads, device_pool.head_dim
+        # (layer, name) -> (byte offset in a page, dtype, shape of one page's part)
+        self._segments: dict[tuple[int, str], tuple[int, torch.dtype, tuple[int, ...]]] = {}
+        off = 0
+        parts: list[tuple[str, torch.dtype, tuple[int, ...]]] = [("k", self.storage_dtype, (P, H, D)),
+                                                                 ("v", self.storage_dtype, (P, H, D))]
+        if self.storage_dtype == torch.int8:
+            parts += [("ks", INT8_SCALE_DTYPE, (P, H)), ("vs", INT8_SCALE_DTYPE, (P, H))]
+        for layer in range(device_pool.num_layers):
+            for name, dtype, shape in parts:
+                self._segments[(layer, name)] = (off, dtype, shape)
+                nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                off += -(-nbytes // 8) * 8  # 8-byte aligned, so every part views as its dtype
+        self.page_bytes = off
         pin = device_pool.device.type == "cuda"
-        self.pool = KVPool(device_pool.num_layers, num_pages, P, device_pool.num_kv_heads, device_pool.head_dim,
-                           device_pool.dtype, "cpu", kv_cache_dtype=host_dtype, pin_memory=pin)
+        self.buf = torch.zeros(num_pages, off, dtype=torch.uint8, pin_memory=pin)
         self.allocator = PageAllocator(num_pages, P)
-        self.exact = self.pool.storage_dtype == device_pool.storage_dtype
+        self.by_runs = pin if by_runs is None else by_runs
         self._stream: Optional[torch.cuda.Stream] = torch.cuda.Stream(device_pool.device) if pin else None
-        # staged copies (default on CUDA): one op's rows of every layer are gathered into one buffer
-        # (pinned on the host side) and cross in a single copy, instead of one small copy per tensor
-        self.staged = pin if staged is None else staged
-        self._staging: Optional[torch.Tensor] = None
-        self._staging_free: Optional[Any] = None  # CUDA event: the last load has left the staging buffer
 
     @property
     def total_slots(self) -> int:
@@ -73,7 +98,21 @@ class HostKVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.pool.bytes_per_token
+        return int(self.footprint.bytes_per_token)
+
+    def part(self, buf: torch.Tensor, layer: int, name: str) -> torch.Tensor:
+        """One part (``k``, ``v``, ``ks``, ``vs``) of one layer in a page-first byte
+        buffer ``[n, page_bytes]``, as a view ``[n, page_size, ...]`` of its dtype."""
+        off, dtype, shape = self._segments[(layer, name)]
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return buf[:, off:off + nbytes].view(dtype).view(buf.shape[0], *shape)
+
+    def read(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V ``[n, H, D]`` (host storage dtype) of host slots (tests, checks)."""
+        P = self.allocator.page_size
+        pages = torch.tensor([s // P for s in slots])
+        offs = torch.tensor([s % P for s in slots])
+        return (self.part(self.buf, layer, "k")[pages, offs], self.part(self.buf, layer, "v")[pages, offs])
 
     # ------------------------------------------------------------- copies
     def run(self, ops: list[TransferOp]) -> None:
@@ -97,81 +136,95 @@ class HostKVPool:
 
     @torch.inference_mode()
     def _copy(self, op: TransferOp) -> None:
-        dev, host = self.device_pool, self.pool
-        src_pool, dst_pool = (dev, host) if op.to_host else (host, dev)
-        src_idx = torch.tensor(op.src_slots, dtype=torch.int64, device=src_pool.device)
-        dst_idx = torch.tensor(op.dst_slots, dtype=torch.int64, device=dst_pool.device)
-        if not self.exact:
-            for layer in range(dev.num_layers):
-                src, dst = src_pool.layer_cache(layer), dst_pool.layer_cache(layer)
-                k, v = src.gather(src_idx, dev.dtype)
-                dst.store(dst_idx, k.to(dst_pool.device, non_blocking=True), v.to(dst_pool.device, non_blocking=True))
-            return
-        pairs = [pair for layer in range(dev.num_layers)
-                 for pair in _tensor_pairs(src_pool.layer_cache(layer), dst_pool.layer_cache(layer))]
-        if self.staged:
-            self._copy_staged(pairs, src_idx, dst_idx, op.to_host)
-            return
-        for s, d in pairs:
-            d.index_copy_(0, dst_idx, s.index_select(0, src_idx).to(d.device, non_blocking=True))
+        P = self.allocator.page_size
+        dev_slots, host_slots = (op.src_slots, op.dst_slots) if op.to_host else (op.dst_slots, op.src_slots)
+        if P > 1:  # tree nodes are whole pages on both tiers
+            dev_pages, host_pages = dev_slots[::P], host_slots[::P]
+            dev_pages, host_pages = [s // P for s in dev_pages], [s // P for s in host_pages]
+        else:
+            dev_pages, host_pages = list(dev_slots), list(host_slots)
+        if op.to_host:
+            self._offload(dev_pages, host_pages)
+        else:
+            self._load(host_pages, dev_pages)
 
-    def _copy_staged(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], src_idx: torch.Tensor,
-                     dst_idx: torch.Tensor, to_host: bool) -> None:
-        """Gather the rows of every tensor into one buffer on the source side, move it
-        in one copy (through the pinned staging buffer), scatter on the destination side."""
-        n = int(src_idx.numel())
-        sizes = [n * s[0].numel() * s.element_size() for s, _ in pairs]
-        offsets, total = [], 0
-        for nb in sizes:
-            offsets.append(total)
-            total += -(-nb // 8) * 8  # 8-byte aligned views
-        staging = self._staging_buffer(total)
-        dev_device = self.device_pool.device
+    def _load(self, host_pages: list[int], dev_pages: list[int]) -> None:
+        dev = self.device_pool
+        n = len(host_pages)
+        if self.by_runs:
+            staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
+            for i, p, ln in _runs(host_pages):
+                staged[i:i + ln].copy_(self.buf[p:p + ln], non_blocking=True)
+        else:
+            staged = self.buf.index_select(0, torch.tensor(host_pages)).to(dev.device)
+        idx = torch.tensor(dev_pages, dtype=torch.int64, device=dev.device)
+        for layer in range(dev.num_layers):
+            k, v = self.part(staged, layer, "k"), self.part(staged, layer, "v")
+            if self.exact:
+                _scatter(dev.k_buffers[layer], idx, k)
+                _scatter(dev.v_buffers[layer], idx, v)
+                if dev.k_scale_buffers is not None and dev.v_scale_buffers is not None:
+                    _scatter(dev.k_scale_buffers[layer], idx, self.part(staged, layer, "ks"))
+                    _scatter(dev.v_scale_buffers[layer], idx, self.part(staged, layer, "vs"))
+                continue
+            # int8 on the host under an unquantized device pool: dequantize on the device
+            P, H, D = dev.page_size, dev.num_kv_heads, dev.head_dim
+            kf = dequantize_int8(k, self.part(staged, layer, "ks"), dev.dtype).reshape(n * P, H, D)
+            vf = dequantize_int8(v, self.part(staged, layer, "vs"), dev.dtype).reshape(n * P, H, D)
+            slots = (idx.unsqueeze(1) * P + torch.arange(P, device=dev.device)).reshape(-1)
+            dev.layer_cache(layer).store(slots, kf, vf)
 
-        def view(buf: torch.Tensor, i: int, like: torch.Tensor) -> torch.Tensor:
-            o = offsets[i]
-            return buf[o:o + sizes[i]].view(like.dtype).view(n, *like.shape[1:])
-
-        if to_host:
-            gathered = torch.empty(total, dtype=torch.uint8, device=dev_device)
-            for i, (s, _) in enumerate(pairs):
-                torch.index_select(s, 0, src_idx, out=view(gathered, i, s))
-            staging.copy_(gathered, non_blocking=True)
-            if dev_device.type == "cuda":
-                torch.cuda.current_stream(dev_device).synchronize()  # the host scatter reads the staging buffer
-            for i, (s, d) in enumerate(pairs):
-                d.index_copy_(0, dst_idx, view(staging, i, s))
-            return
-        if self._staging_free is not None:
-            self._staging_free.synchronize()  # the previous load has finished reading the staging buffer
-        for i, (s, _) in enumerate(pairs):
-            torch.index_select(s, 0, src_idx, out=view(staging, i, s))
-        moved = staging.to(dev_device, non_blocking=True)
-        for i, (s, d) in enumerate(pairs):
-            d.index_copy_(0, dst_idx, view(moved, i, s))
-        if dev_device.type == "cuda":
-            self._staging_free = torch.cuda.Event()
-            self._staging_free.record(torch.cuda.current_stream(dev_device))
-
-    def _staging_buffer(self, nbytes: int) -> torch.Tensor:
-        """A host byte buffer of at least ``nbytes`` (pinned under a CUDA pool), grown by doubling."""
-        buf = self._staging
-        if buf is None or buf.numel() < nbytes:
-            if self._staging_free is not None:
-                self._staging_free.synchronize()
-            size = max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 20)
-            buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.device_pool.device.type == "cuda")
-            self._staging = buf
-        return buf[:nbytes]
+    def _offload(self, dev_pages: list[int], host_pages: list[int]) -> None:
+        dev = self.device_pool
+        n = len(dev_pages)
+        staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
+        idx = torch.tensor(dev_pages, dtype=torch.int64, device=dev.device)
+        for layer in range(dev.num_layers):
+            if self.exact:
+                pairs = [("k", dev.k_buffers[layer]), ("v", dev.v_buffers[layer])]
+                if dev.k_scale_buffers is not None and dev.v_scale_buffers is not None:
+                    pairs += [("ks", dev.k_scale_buffers[layer]), ("vs", dev.v_scale_buffers[layer])]
+                for name, src in pairs:
+                    _gather_into(self.part(staged, layer, name), src, idx)
+                continue
+            P = dev.page_size
+            slots = (idx.unsqueeze(1) * P + torch.arange(P, device=dev.device)).reshape(-1)
+            kf, vf = dev.layer_cache(layer).gather(slots, dev.dtype)
+            for name, x in (("k", kf), ("v", vf)):
+                q, scale = quantize_int8(x)
+                self.part(staged, layer, name).copy_(q.view(self.part(staged, layer, name).shape))
+                self.part(staged, layer, name + "s").copy_(scale.view(self.part(staged, layer, name + "s").shape))
+        if self.by_runs:
+            for i, p, ln in _runs(host_pages):
+                self.buf[p:p + ln].copy_(staged[i:i + ln], non_blocking=True)
+        else:
+            self.buf.index_copy_(0, torch.tensor(host_pages), staged.cpu())
 
 
-def _tensor_pairs(src: Any, dst: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(source, destination) flat tensors of one layer: K, V, then int8 scales;
-    1-byte dtypes as uint8 (fp8 has no CPU index kernels: move the bytes)."""
-    pairs = [(src.k, dst.k), (src.v, dst.v)]
-    if src.k_scale is not None and dst.k_scale is not None:
-        pairs += [(src.k_scale, dst.k_scale), (src.v_scale, dst.v_scale)]
-    return [(s.view(torch.uint8), d.view(torch.uint8)) if s.element_size() == 1 else (s, d) for s, d in pairs]
+def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
+    """(index in ``pages``, first page, length) of each run of consecutive page ids."""
+    out: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(pages) + 1):
+        if i == len(pages) or pages[i] != pages[i - 1] + 1:
+            out.append((start, pages[start], i - start))
+            start = i
+    return out
+
+
+def _as_bytes_if_1(t: torch.Tensor) -> torch.Tensor:
+    # fp8 has no CPU index kernels: move 1-byte dtypes as bytes
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _scatter(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[idx[i]] = src[i]`` over the first (page) dimension."""
+    _as_bytes_if_1(dst).index_copy_(0, idx, _as_bytes_if_1(src).contiguous())
+
+
+def _gather_into(out: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
+    """``out[i] = src[idx[i]]`` (``out`` may be a strided view)."""
+    _as_bytes_if_1(out).copy_(_as_bytes_if_1(src).index_select(0, idx))
 
 
 def host_pool_tokens(device_tokens: int, bytes_per_token: float, ratio: float, size_gib: float,

@@ -29,7 +29,7 @@ class HostTierRuntime:
             **usage,
             "bytes_per_token": self.pool.bytes_per_token,
             "total_bytes": self.pool.bytes_per_token * self.pool.total_slots,
-            "kv_cache_dtype": self.pool.pool.kv_cache_dtype,
+            "kv_cache_dtype": self.pool.kv_cache_dtype,
             "write_policy": self.tier.write_policy,
             "swapped_out_requests": kv.swapped_out_requests,
             "swapped_out_tokens": kv.swapped_out_tokens,
@@ -49,6 +49,6 @@ def build_host_tier(config: EngineConfig, runner: Any, device_tokens: int) -> Op
     num_params = sum(p.numel() for p in runner.model.parameters())
     cost = SwapCostModel.for_device(str(runner.device), num_params, dev.bytes_per_token)
     logger.info("host KV tier: %d tokens (%.2f GiB, %s), %s; swap %.2f us/token vs recompute %.2f us/token",
-                pool.total_slots, pool.total_slots * pool.bytes_per_token / (1 << 30), pool.pool.kv_cache_dtype,
+                pool.total_slots, pool.total_slots * pool.bytes_per_token / (1 << 30), pool.kv_cache_dtype,
                 tier.write_policy, cost.swap_s(1) * 1e6, cost.recompute_s(1) * 1e6)
     return HostTierRuntime(pool, tier, cost)

@@ -20,9 +20,11 @@ Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
    variation over 16k draws) and its time against the default sampler.
 4. ``hostkv``: the host KV tier's reload path (``--enable-hierarchical-cache``):
    pinned host -> device copy bandwidth of one large buffer, then
-   `HostKVPool` loading scattered host slots into scattered device slots of a
-   1B-Llama-shaped bf16 pool (16 layers, 8 KV heads, head dim 128, pages of
-   16) the way the scheduler's copies run (side stream, staged); reported as
+   `HostKVPool` (page-first host layout) loading 32k tokens of host pages
+   into scattered device pages of a 1B-Llama-shaped bf16 pool (16 layers, 8
+   KV heads, head dim 128, pages of 16) the way the scheduler's copies run
+   (side stream, one copy per run of host pages, scatter on the device);
+   host pages one by one and in nodes of 8 pages (the headline); reported as
    a fraction of the pinned copy bandwidth (target >= 0.7), with the
    device -> host offload bandwidth beside it and an exact round-trip check.
 5. ``e2e``: generation with radixrt's Engine (FlashInfer, bf16, CUDA graphs)
@@ -497,33 +499,42 @@ def check_host_kv(device: str, dry: bool) -> dict:
     tokens = 1024 if dry else 32768  # per copy: 32k tokens x 64 KiB = 2 GiB at the 1B shape
     dtype = torch.float32 if dry else torch.bfloat16
     rng = random.Random(11)
-    dev = KVPool(layers, 2 * tokens // ps, ps, hkv, d, dtype, device)
-    # staged=True also on the CPU dry run, so that the path the GPU takes is the one exercised
-    host = HostKVPool(dev, 2 * tokens, staged=True)
+    num_pages = 2 * tokens // ps
+    dev = KVPool(layers, num_pages, ps, hkv, d, dtype, device)
+    # by_runs=True also on the CPU dry run, so that the path the GPU takes is the one exercised
+    host = HostKVPool(dev, 2 * tokens, by_runs=True)
     for layer in range(layers):
-        for buf in host.pool.layer_kv(layer):
-            buf.copy_(torch.randn(buf.shape, dtype=torch.float32).to(dtype))
-    pages_h = rng.sample(range(2 * tokens // ps), tokens // ps)
-    pages_d = rng.sample(range(2 * tokens // ps), tokens // ps)
-    host_slots = [p * ps + j for p in pages_h for j in range(ps)]
-    dev_slots = [p * ps + j for p in pages_d for j in range(ps)]
-    load = TransferOp(False, host_slots, dev_slots)
-    offload = TransferOp(True, dev_slots, host_slots)
+        for name in ("k", "v"):
+            part = host.part(host.buf, layer, name)
+            part.copy_(torch.randn(part.shape, dtype=torch.float32).to(dtype))
     nbytes = tokens * dev.bytes_per_token
     pinned = pinned_copy_bandwidth(device, nbytes)
-    load_ms = time_ms(lambda: host.run([load]), device, iters=2 if dry else 10, warmup=1)
-    # exact round trip: what was loaded is the host's data
-    hs, ds = torch.tensor(host_slots[:64]), torch.tensor(dev_slots[:64], device=device)
-    same = all(torch.equal(host.pool.layer_kv(i)[0][hs], dev.layer_kv(i)[0][ds].cpu()) for i in range(layers))
-    offload_ms = time_ms(lambda: host.run([offload]), device, iters=2 if dry else 10, warmup=1)
-    load_gbps = nbytes / load_ms / 1e6
-    frac = load_gbps / pinned["GBps"]
+    iters = 2 if dry else 10
+    variants = []
+    # host pages: each page on its own (worst case), or nodes of 8 consecutive pages (a 128-token
+    # prefix allocated at once, as the tree allocates a node); device pages always scattered
+    for run in (1, 8):
+        starts = rng.sample(range(num_pages // run), tokens // ps // run)
+        pages_h = [s * run + j for s in starts for j in range(run)]
+        pages_d = rng.sample(range(num_pages), tokens // ps)
+        host_slots = [p * ps + j for p in pages_h for j in range(ps)]
+        dev_slots = [p * ps + j for p in pages_d for j in range(ps)]
+        load = TransferOp(False, host_slots, dev_slots)
+        offload = TransferOp(True, dev_slots, host_slots)
+        load_ms = time_ms(lambda op=load: host.run([op]), device, iters=iters, warmup=1)
+        same = all(torch.equal(host.read(i, host_slots[:64])[0].to(device),
+                               dev.layer_kv(i)[0][torch.tensor(dev_slots[:64], device=device)])
+                   for i in range(layers))
+        offload_ms = time_ms(lambda op=offload: host.run([op]), device, iters=iters, warmup=1)
+        variants.append({"host_pages_per_run": run, "load_ms": load_ms, "load_GBps": nbytes / load_ms / 1e6,
+                         "offload_ms": offload_ms, "offload_GBps": nbytes / offload_ms / 1e6,
+                         "fraction_of_pinned": nbytes / load_ms / 1e6 / pinned["GBps"], "round_trip_exact": same})
+    headline = variants[1]["fraction_of_pinned"]
+    exact = all(v["round_trip_exact"] for v in variants)
     return {"shape": {"layers": layers, "kv_heads": hkv, "head_dim": d, "page_size": ps, "dtype": str(dtype)},
-            "tokens": tokens, "bytes": nbytes, "pinned_copy": pinned,
-            "load_ms": load_ms, "load_GBps": load_gbps, "offload_ms": offload_ms,
-            "offload_GBps": nbytes / offload_ms / 1e6, "round_trip_exact": same,
-            "fraction_of_pinned": frac, "target_fraction": 0.7, "meets_target": frac >= 0.7,
-            "pass": same}
+            "tokens": tokens, "bytes": nbytes, "pinned_copy": pinned, "variants": variants,
+            "round_trip_exact": exact, "load_GBps": variants[1]["load_GBps"],
+            "fraction_of_pinned": headline, "target_fraction": 0.7, "meets_target": headline >= 0.7, "pass": exact}
 
 
 # ----------------------------------------------------------------------------- sampling (optional backend)

@@ -30,11 +30,11 @@ class Rig:
     """A device pool, a host pool and a tree over them, plus running 'requests'."""
 
     def __init__(self, device_tokens: int, host_tokens: int, page_size: int, policy: str,
-                 host_dtype: str = "auto", staged: bool = False) -> None:
+                 host_dtype: str = "auto", by_runs: bool = False) -> None:
         P = page_size
         self.P = P
         self.dev = KVPool(1, device_tokens // P, P, 1, 2, torch.float32, "cpu")
-        self.host = HostKVPool(self.dev, host_tokens, kv_cache_dtype=host_dtype, staged=staged)
+        self.host = HostKVPool(self.dev, host_tokens, kv_cache_dtype=host_dtype, by_runs=by_runs)
         self.alloc = PageAllocator(device_tokens // P, P)
         self.queue = KVTransferQueue()
         self.tree = RadixCache(self.alloc, P, host=HostTier(self.host.allocator, self.queue, policy))
@@ -98,7 +98,6 @@ class Rig:
     def check_data(self) -> None:
         """Every device and host copy in the tree holds its own prefix's KV."""
         assert not self.queue.pending
-        hk = self.host.pool.layer_kv(0)[0]
         stack = [(c, []) for sub in self.tree.root.children.values() for c in sub.children.values()]
         while stack:
             node, prefix = stack.pop()
@@ -107,7 +106,7 @@ class Rig:
             if node.value:
                 assert torch.equal(self.k[torch.tensor(node.value)].view(-1, 2), want), node
             if node.host_value is not None:
-                assert torch.equal(hk[torch.tensor(node.host_value)].view(-1, 2), want), node
+                assert torch.equal(self.host.read(0, node.host_value)[0].view(-1, 2), want), node
             stack.extend((c, full) for c in node.children.values())
 
     def check_match(self, key: list[int]) -> int:
@@ -128,13 +127,13 @@ def _random_key(rng: random.Random, bases: list[list[int]]) -> list[int]:
     return base[:cut] + [rng.randrange(5) for _ in range(rng.randint(1, 12))]
 
 
-@pytest.mark.parametrize("page_size,policy,staged", [
+@pytest.mark.parametrize("page_size,policy,by_runs", [
     pytest.param(1, "write_through", True, marks=pytest.mark.slow),  # ~2-3 s each: one on the fast path
     (4, "write_back", False),
 ])
-def test_randomized_two_tiers(page_size, policy, staged):
+def test_randomized_two_tiers(page_size, policy, by_runs):
     rng = random.Random(7 + page_size)
-    rig = Rig(device_tokens=48, host_tokens=96, page_size=page_size, policy=policy, staged=staged)
+    rig = Rig(device_tokens=48, host_tokens=96, page_size=page_size, policy=policy, by_runs=by_runs)
     bases = _keys(rng)
     counts = dict.fromkeys(("request", "refused", "release", "match", "evict", "offload", "reset"), 0)
     for op_i in range(10_000):
@@ -211,9 +210,9 @@ def test_host_full_drops_lru_and_locked_nodes_stay():
     rig.check()
 
 
-@pytest.mark.parametrize("staged", [False, True])
-def test_write_through_copies_at_insert_and_evicts_without_copy(staged):
-    rig = Rig(device_tokens=16, host_tokens=32, page_size=1, policy="write_through", staged=staged)
+@pytest.mark.parametrize("by_runs", [False, True])
+def test_write_through_copies_at_insert_and_evicts_without_copy(by_runs):
+    rig = Rig(device_tokens=16, host_tokens=32, page_size=1, policy="write_through", by_runs=by_runs)
     assert rig.request(list(range(10)))
     rig.release(0)
     assert rig.queue.offloaded_tokens == 10  # copied once, after the forward that computed it
@@ -252,20 +251,20 @@ def test_host_pool_sizing_flags():
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
-@pytest.mark.parametrize("staged", [False, True])
-def test_quantized_device_pool_round_trips_exactly(kv_cache_dtype, staged):
+@pytest.mark.parametrize("by_runs", [False, True])
+def test_quantized_device_pool_round_trips_exactly(kv_cache_dtype, by_runs):
     """A quantized device pool's bytes (and int8 scales) go to the host and back unchanged."""
     from radixrt.memory.kv_transfer import TransferOp
 
     dev = KVPool(2, 8, 2, 2, 4, torch.float32, "cpu", kv_cache_dtype=kv_cache_dtype)
-    host = HostKVPool(dev, 16, staged=staged)
-    assert host.exact and host.pool.kv_cache_dtype == kv_cache_dtype
+    host = HostKVPool(dev, 16, by_runs=by_runs)
+    assert host.exact and host.kv_cache_dtype == kv_cache_dtype
     g = torch.Generator().manual_seed(0)
     for layer in range(2):
         slots = torch.arange(16)
         dev.layer_cache(layer).store(slots, torch.randn(16, 2, 4, generator=g), torch.randn(16, 2, 4, generator=g))
     before = [dev.layer_cache(i).gather(torch.arange(16), torch.float32) for i in range(2)]
-    src, tmp = [3, 4, 9, 10], [0, 1, 14, 15]
+    src, tmp = [2, 3, 8, 9], [0, 1, 14, 15]  # whole pages of 2, as tree nodes are
     host.run([TransferOp(True, src, tmp)])
     for layer in range(2):  # clobber, then load back into other device slots
         dev.layer_cache(layer).store(torch.tensor(src), torch.zeros(4, 2, 4), torch.zeros(4, 2, 4))
