@@ -46,6 +46,8 @@ def add_policy_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
                    help="cache_aware: most characters/token ids kept per worker's prefix tree")
     p.add_argument(f"--{prefix}health-check-interval", dest="health_check_interval_s", type=float,
                    default=h.health_check_interval_s, help="seconds between /health checks of each worker")
+    p.add_argument(f"--{prefix}health-check-timeout", dest="health_check_timeout_s", type=float,
+                   default=h.health_check_timeout_s, help="seconds a worker's /health may take to answer")
     p.add_argument(f"--{prefix}health-failure-threshold", dest="health_failure_threshold", type=int,
                    default=h.health_failure_threshold,
                    help="failed checks in a row that remove a worker from routing")
@@ -74,6 +76,7 @@ def pool_from_args(args: argparse.Namespace, urls: list[str]) -> WorkerPool:
                              balance_rel_threshold=args.balance_rel_threshold,
                              eviction_interval_s=args.eviction_interval_s, max_tree_size=args.max_tree_size)
     health = HealthConfig(health_check_interval_s=args.health_check_interval_s,
+                          health_check_timeout_s=args.health_check_timeout_s,
                           health_failure_threshold=args.health_failure_threshold,
                           health_success_threshold=args.health_success_threshold)
     return WorkerPool(urls, make_policy(args.router_policy, cache), health)

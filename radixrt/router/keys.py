@@ -56,7 +56,10 @@ def routing_key(path: str, body: Any) -> Optional[RouteKey]:
     if path == "/generate":
         if body.get("text") is not None:
             return _prompt(body["text"])
-        return _prompt(body.get("input_ids"))
+        ids = body.get("input_ids")
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return _ids(ids)
     if path == "/v1/completions":
         return _prompt(body.get("prompt"))
     if path == "/v1/chat/completions":

@@ -1,0 +1,249 @@
+"""End-to-end tests of `radixrt serve --dp 2` and `radixrt router` on a
+tiny random Llama (slow: they start real servers).
+
+One module-scoped setup keeps the cost to one launch: a ``--dp 2`` server
+(two replica servers behind its router front, API key "k"), and two
+standalone router processes (cache_aware and round_robin) in front of the
+same two replicas, as a router in front of servers on other machines would
+be. Which replica answered is read from each replica's own cache counters
+(``/get_server_info``) and the router's ``x-radixrt-worker`` header. The
+health tests run last: a replica stopped (SIGSTOP) leaves routing and comes
+back (SIGCONT); a replica killed makes its requests fail over, and the
+``--dp`` front, whose health covers every replica, exits non-zero and takes
+the other replica down with it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from radixrt.server.local import LocalServer, free_port
+from tests.support.servers import pid_alive
+
+pytestmark = pytest.mark.slow
+
+KEY = "k"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# Two system prompts of ~60 tokens each; questions add a few tokens.
+SYSTEM = [f"You are assistant number {i}. " + " ".join(f"rule {i}-{j} is important." for j in range(12))
+          for i in range(2)]
+
+
+class Worker:
+    """One replica of the --dp server, by its private url and process ids."""
+
+    def __init__(self, url: str, pids: dict) -> None:
+        self.url = url
+        self.pids = pids
+
+
+class Router:
+    """A `radixrt router` process."""
+
+    def __init__(self, urls: list[str], policy: str, health_interval: float) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "radixrt.cli", "router", "--port", str(self.port), "--policy", policy,
+               "--api-key", KEY, "--health-check-interval", str(health_interval), "--health-check-timeout", "1",
+               "--health-failure-threshold", "1"]
+        for u in urls:
+            cmd += ["--worker-url", u]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, self.proc.stdout.read() if self.proc.stdout else ""
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "router not ready"
+            time.sleep(0.2)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def dp_server(tiny_llama):
+    srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", "--served-model-name", "tiny",
+                      "--router-health-check-interval", "0.5", "--router-health-check-timeout", "1",
+                      "--router-health-failure-threshold", "1", model=tiny_llama, api_key=KEY)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.cleanup()
+
+
+@pytest.fixture(scope="module")
+def workers(dp_server):
+    info = httpx.get(dp_server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    return [Worker(w["url"], w["info"]["process_ids"]) for w in info["workers"]]
+
+
+@pytest.fixture(scope="module")
+def routers(workers):
+    urls = [w.url for w in workers]
+    # cache_aware: rare health checks, so that only a failed request can remove a worker (the failover test);
+    # round_robin: frequent ones (the stopped-worker test)
+    made = {"cache_aware": Router(urls, "cache_aware", 60.0), "round_robin": Router(urls, "round_robin", 0.3)}
+    yield made
+    for r in made.values():
+        assert r.stop() == 0
+
+
+def _hits(worker: Worker) -> tuple[int, int]:
+    """(queried, hit) prompt tokens of a worker's radix cache since start."""
+    info = httpx.get(worker.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    cache = info["internal_states"][0]["cache"]
+    return cache["queried_tokens"], cache["hit_tokens"]
+
+
+def _generate(router: Router, text: str, max_new_tokens: int = 3) -> httpx.Response:
+    r = httpx.post(router.url + "/generate", headers=AUTH, timeout=120,
+                   json={"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_dp2_serves_native_and_openai_routes(dp_server, workers):
+    srv = dp_server
+    assert httpx.get(srv.url + "/health").status_code == 200
+    assert httpx.post(srv.url + "/generate", json={"text": "x"}).status_code == 401  # the key covers the front
+    info = httpx.get(srv.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    assert len(info["internal_states"]) == 2 and info["router"]["policy"] == "cache_aware"
+    prefix = SYSTEM[0] + " Question: "
+    metas = [httpx.post(srv.url + "/generate", headers=AUTH, timeout=60,
+                        json={"text": prefix + str(i), "sampling_params": {"max_new_tokens": 3}}).json()
+             ["meta_info"] for i in range(3)]
+    assert [m["completion_tokens"] for m in metas] == [3, 3, 3]
+    assert metas[1]["cached_tokens"] > 0 and metas[2]["cached_tokens"] > 0  # cache_aware: the same replica
+    r = httpx.post(srv.url + "/v1/chat/completions", headers=AUTH, timeout=60,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    assert {w.url for w in workers} == {w["url"] for w in info["workers"]}
+    assert all(w.url.startswith("http://127.0.0.1:") and w.url != srv.url for w in workers)
+
+
+def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(workers, routers):
+    router = routers["cache_aware"]
+    assert httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    first = {i: _generate(router, SYSTEM[i] + " Question: hello?").headers["x-radixrt-worker"] for i in range(2)}
+    assert sorted(first.values()) == sorted(w.url for w in workers)  # two new prefixes: one per worker
+    by_url = {w.url: w for w in workers}
+    for i in range(2):
+        owner = by_url[first[i]]
+        other = next(w for w in workers if w is not owner)
+        before_owner, before_other = _hits(owner), _hits(other)
+        r = _generate(router, SYSTEM[i] + f" Question: what is {i + 7}?")
+        assert r.headers["x-radixrt-worker"] == owner.url
+        meta = r.json()["meta_info"]
+        assert meta["cached_tokens"] >= 50, meta
+        after_owner, after_other = _hits(owner), _hits(other)
+        assert after_owner[1] - before_owner[1] == meta["cached_tokens"]  # the owner's tree served the prefix
+        assert after_other == before_other  # the other worker saw nothing
+    stats = httpx.get(router.url + "/list_workers", headers=AUTH).json()["policy_stats"]
+    assert stats["decisions"]["prefix"] >= 2
+
+
+def test_round_robin_alternates(workers, routers):
+    router = routers["round_robin"]
+    before = [_hits(w)[0] for w in workers]
+    picked = [_generate(router, SYSTEM[0] + " Question: again?").headers["x-radixrt-worker"] for _ in range(4)]
+    assert picked[0] != picked[1] and picked[:2] == picked[2:]
+    after = [_hits(w)[0] for w in workers]
+    assert all(a > b for a, b in zip(after, before))  # both workers computed the same prompt
+
+
+def test_streams_openai_and_broadcast_routes(workers, routers):
+    router = routers["cache_aware"]
+    assert httpx.post(router.url + "/generate", json={"text": "x"}).status_code == 401  # no key
+    assert httpx.get(router.url + "/health").status_code == 200  # health needs none
+    with httpx.stream("POST", router.url + "/generate", headers=AUTH, timeout=60,
+                      json={"text": SYSTEM[1] + " Stream?", "stream": True,
+                            "sampling_params": {"max_new_tokens": 4}}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 2
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0, timeout=60) as client:
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=3, temperature=0)
+        assert out.usage.completion_tokens == 3
+        chunks = list(client.chat.completions.create(model="tiny", max_tokens=3, stream=True,
+                                                     messages=[{"role": "user", "content": "hi"}]))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        comp = client.completions.create(model="tiny", prompt=SYSTEM[0], max_tokens=2)
+        assert comp.usage.completion_tokens == 2
+    info = httpx.get(router.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    assert len(info["internal_states"]) == 2 and {w["url"] for w in info["workers"]} == {w.url for w in workers}
+    assert info["router"]["policy"] == "cache_aware"
+    assert httpx.post(router.url + "/abort_request", headers=AUTH, json={"rid": "nope"}).status_code == 200
+    assert httpx.post(router.url + "/abort_request", headers=AUTH, json={}).status_code == 400
+    assert httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert all(_hits(w) is not None for w in workers)
+
+
+def _healthy(router: Router) -> dict:
+    return {w["url"]: w["healthy"] for w in httpx.get(router.url + "/list_workers", headers=AUTH).json()["workers"]}
+
+
+def _wait(cond, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_stopped_worker_leaves_routing_and_comes_back(workers, routers, dp_server):
+    router = routers["round_robin"]
+    frozen, other = workers
+    os.kill(frozen.pids["server"], signal.SIGSTOP)
+    try:
+        _wait(lambda: not _healthy(router)[frozen.url], "a stopped worker stayed in routing")
+        for i in range(3):
+            assert _generate(router, f"Prompt {i} while one worker sleeps").headers["x-radixrt-worker"] == other.url
+        _wait(lambda: httpx.get(dp_server.url + "/health").status_code == 503, "--dp health ignored a replica")
+    finally:
+        os.kill(frozen.pids["server"], signal.SIGCONT)
+    _wait(lambda: _healthy(router)[frozen.url], "the worker was not added back")
+    _wait(lambda: httpx.get(dp_server.url + "/health").status_code == 200, "--dp health did not recover")
+    picked = {_generate(router, "Round and round").headers["x-radixrt-worker"] for _ in range(2)}
+    assert picked == {frozen.url, other.url}
+
+
+def test_a_killed_worker_fails_over_and_the_dp_front_goes_down_with_it(workers, routers, dp_server):
+    router = routers["cache_aware"]
+    assert httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    owner_url = _generate(router, SYSTEM[0] + " Before the crash?").headers["x-radixrt-worker"]
+    victim = next(w for w in workers if w.url == owner_url)
+    survivor = next(w for w in workers if w is not victim)
+    # the --dp front is held still while the standalone router fails over (it would stop the survivor)
+    os.kill(dp_server.proc.pid, signal.SIGSTOP)
+    try:
+        for pid in victim.pids.values():
+            os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not pid_alive(victim.pids["server"]), "the replica did not die")
+        # routed to the dead worker by its prefix: the connect error moves it to the survivor
+        r = _generate(router, SYSTEM[0] + " After the crash?")
+        assert r.headers["x-radixrt-worker"] == survivor.url
+        listed = httpx.get(router.url + "/list_workers", headers=AUTH).json()
+        assert listed["failovers"] >= 1 and _healthy(router)[victim.url] is False
+        assert _generate(router, SYSTEM[0] + " And again?").headers["x-radixrt-worker"] == survivor.url
+    finally:
+        os.kill(dp_server.proc.pid, signal.SIGCONT)
+    # the --dp front's health covers every replica: it exits non-zero and stops the other one
+    assert dp_server.proc.wait(30) == 1, dp_server.log_tail()
+    _wait(lambda: not any(pid_alive(p) for p in survivor.pids.values()), "the other replica outlived the front")
+    # standalone, the router has no worker left: a clear 503, not a hang or a 500
+    r = httpx.post(router.url + "/generate", headers=AUTH, json={"text": "anyone?"}, timeout=30)
+    assert r.status_code == 503 and "no healthy worker" in r.json()["error"]["message"]
+    assert httpx.get(router.url + "/health").status_code == 503
