@@ -95,24 +95,21 @@ def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
     convs = _conversations()
     with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
         reference = _multi_turn(ref, convs)
-    runs = {}
-    for tier in (False, True):
-        engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=512,
-                                debug_check_invariants=True, enable_hierarchical_cache=tier,
-                                host_kv_size=4096 if tier else None, hicache_write_policy="write_back")
-        try:
-            assert _multi_turn(engine, convs) == reference
-            runs[tier] = _check_clean(engine)
-            info = engine.get_server_info()
-        finally:
-            engine.shutdown()
-        assert info["kv_cache"]["total_tokens"] == 256 and info["kv_cache"]["bytes_per_token"] > 0
-        assert (info["host_kv_cache"] or {}).get("total_slots") == (4096 if tier else None)
-    on, off = runs[True], runs[False]
-    assert on["cache"]["host_hit_tokens"] > 0 and off["cache"]["host_hit_tokens"] == 0
+        roomy = ref.get_stats()
+    engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=512, debug_check_invariants=True,
+                            enable_hierarchical_cache=True, host_kv_size=4096, hicache_write_policy="write_back")
+    try:
+        assert _multi_turn(engine, convs) == reference
+        on = _check_clean(engine)
+        info = engine.get_server_info()
+    finally:
+        engine.shutdown()
+    assert info["kv_cache"]["total_tokens"] == 256 and info["kv_cache"]["bytes_per_token"] > 0
+    assert info["host_kv_cache"]["total_slots"] == 4096
+    assert on["cache"]["host_hit_tokens"] > 0 and roomy["cache"]["host_hit_tokens"] == 0
     assert on["cache"]["hit_tokens"] == on["cache"]["device_hit_tokens"] + on["cache"]["host_hit_tokens"]
-    # the tier saved prompt compute: every host hit is a token not recomputed
-    assert on["prompt_tokens_computed"] < off["prompt_tokens_computed"]
+    # a 256-token pool under a ~1,000-token working set, and still (almost) the roomy run's compute
+    assert on["prompt_tokens_computed"] <= roomy["prompt_tokens_computed"] * 1.1
     # /metrics shows hits by tier and the host slots from the same stats
     from radixrt.server.metrics import ServerMetrics
 
@@ -129,8 +126,11 @@ def test_embedded_model_host_tier_matches_roomy_run():
     convs = _conversations(seed=5, users=4, turns=3)
     with radixrt.Engine("default", max_total_tokens=32768) as ref:
         reference = _multi_turn(ref, convs, max_new_tokens=12)
-    with radixrt.Engine("default", max_total_tokens=192, enable_hierarchical_cache=True, host_kv_size=4096,
-                        debug_check_invariants=True) as engine:
-        assert _multi_turn(engine, convs, max_new_tokens=12) == reference
-        stats = _check_clean(engine)
-        assert stats["cache"]["host_hit_tokens"] > 0
+    runs = {}
+    for tier in (False, True):
+        with radixrt.Engine("default", max_total_tokens=192, enable_hierarchical_cache=tier,
+                            host_kv_size=4096 if tier else None, debug_check_invariants=True) as engine:
+            assert _multi_turn(engine, convs, max_new_tokens=12) == reference
+            runs[tier] = _check_clean(engine)
+    assert runs[True]["cache"]["host_hit_tokens"] > 0
+    assert runs[True]["prompt_tokens_computed"] < runs[False]["prompt_tokens_computed"]
