@@ -1,0 +1,187 @@
+"""OpenAI tool calling against a real server on the embedded model, with the
+official ``openai`` client: tool_choice auto / required / named / none,
+streamed calls assembled by the client, parallel calls and n > 1 on one
+cached prefix, a 5-step tool loop's cache hit rate, 20 schemas whose every
+produced argument object validates, bad tool definitions refused with 400."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.support.servers import serving
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
+                   "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                    "b": {"type": "integer", "minimum": 0, "maximum": 999}},
+                   "required": ["a", "b"]}}}
+TOOLS = [WEATHER, ADD]
+ASK = [{"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
+       {"role": "user", "content": "What's the weather in Paris?"}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path):
+    yield from serving("--max-total-tokens", "24576", "--debug-check-invariants", model="default")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(client, **kw):
+    kw.setdefault("max_tokens", 64)  # a bound: an enforced single call ends (EOS) right after the call
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model="default", **kw)
+
+
+def _valid(call) -> dict:
+    """A call names a real tool and its arguments validate against its schema."""
+    assert call.type == "function" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMAS[call.function.name])
+    return args
+
+
+def test_tool_choice_modes(client):
+    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
+    _valid(c.message.tool_calls[0])
+
+    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
+              max_tokens=60)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and [t.function.name for t in c.message.tool_calls] == ["add"]
+    assert set(_valid(c.message.tool_calls[0])) == {"a", "b"}
+
+    # auto: the model may answer in text; a call, if any, is valid (the structural tag constrains it)
+    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=24)
+    c = r.choices[0]
+    for t in c.message.tool_calls or []:
+        _valid(t)
+    assert c.finish_reason == ("tool_calls" if c.message.tool_calls else "stop") or c.finish_reason == "length"
+
+    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=24)
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
+
+
+def test_streamed_calls_are_assembled_by_the_client(client):
+    kw = dict(messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    whole = _chat(client, **kw).choices[0].message.tool_calls[0]
+    with client.chat.completions.stream(model="default", max_tokens=64, temperature=0, **kw) as stream:
+        deltas = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion().choices[0]
+    assert len(deltas) > 1  # arguments arrive in fragments
+    assert final.finish_reason == "tool_calls"
+    call = final.message.tool_calls[0]
+    assert (call.function.name, call.function.arguments) == (whole.function.name, whole.function.arguments)
+    _valid(call)
+
+
+def test_parallel_calls_and_n_share_the_prefix(client):
+    two = [ASK[0], {"role": "user", "content": "Add 1 and 2. Also add 3 and 4."}]
+    r = _chat(client, messages=two, tools=TOOLS, tool_choice="required", max_tokens=80)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
+    for c in calls:
+        _valid(c)
+    # n samples of the same conversation: one prefix in the radix cache
+    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              n=3, temperature=0.8, seed=1)
+    assert len(r.choices) == 3
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls"
+        _valid(ch.message.tool_calls[0])
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0.9 * r.usage.prompt_tokens
+
+
+def test_five_step_tool_loop_hits_the_cache(client):
+    msgs = [{"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
+            {"role": "user", "content": "Add 1 and 2, then keep adding 3 to the result, five times."}]
+    rates = []
+    for _ in range(5):
+        r = _chat(client, messages=msgs, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                  prompt_cache_key="loop-test")
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls"
+        rates.append(r.usage.prompt_tokens_details.cached_tokens / r.usage.prompt_tokens)
+        msgs.append({"role": "assistant", "content": m.content,
+                     "tool_calls": [t.model_dump(exclude_none=True) for t in m.tool_calls]})
+        for t in m.tool_calls:
+            args = _valid(t)
+            msgs.append({"role": "tool", "tool_call_id": t.id, "content": json.dumps({"result": sum(args.values())
+                                                                                      if t.function.name == "add"
+                                                                                      else "sunny"})})
+    assert min(rates[1:]) >= 0.9, rates
+    print("cache hit rate per step:", [round(x, 3) for x in rates])
+
+
+def _schema(i: int) -> dict:
+    """Small schemas of varied kinds (bounded, so that 40 tokens always suffice)."""
+    kinds = [{"type": "integer", "minimum": 0, "maximum": 99}, {"type": "string", "maxLength": 8},
+             {"type": "boolean"}, {"type": "string", "enum": ["low", "mid", "high"]},
+             {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 2},
+             {"type": "number", "minimum": 0, "maximum": 10}]
+    props = {f"p{k}": kinds[(i + k) % len(kinds)] for k in range(1 + i % 2)}
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+def test_twenty_schemas_every_call_valid(client):
+    """20 tools with different schemas, each the only tool of a "required"
+    request (the 20 run concurrently): every call names it and validates."""
+    msgs = [{"role": "user", "content": "Use the tool."}]
+
+    def one(i):
+        tool = {"type": "function", "function": {"name": f"tool_{i}", "description": f"Tool number {i}",
+                                                 "parameters": _schema(i)}}
+        return i, _chat(client, messages=msgs, tools=[tool], tool_choice="required", parallel_tool_calls=False)
+
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(one, range(20)))
+    for i, r in results:
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", (i, c)
+        (call,) = c.message.tool_calls
+        assert call.function.name == f"tool_{i}"
+        jsonschema.validate(json.loads(call.function.arguments), _schema(i))
+
+
+@pytest.mark.parametrize("tools,choice,needle", [
+    ([{"type": "function", "function": {"description": "no name"}}], "auto", "name is missing"),
+    ([WEATHER, WEATHER], "auto", "more than once"),
+    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among the tools"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "no-such-type"}}}}}], "required", "not a usable JSON schema"),
+    (None, "required", "needs 'tools'"),
+])
+def test_bad_tools_are_400(client, server, tools, choice, needle):
+    with pytest.raises(openai.BadRequestError, match=needle):
+        _chat(client, messages=ASK, tools=tools, tool_choice=choice)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_prompt_cache_key_is_a_namespace(client):
+    msgs = [{"role": "user", "content": "Name three colours of the rainbow, please, in order."}]
+    first = _chat(client, messages=msgs, max_tokens=2, prompt_cache_key="tenant-a")
+    again = _chat(client, messages=msgs, max_tokens=2, prompt_cache_key="tenant-a")
+    other = _chat(client, messages=msgs, max_tokens=2, prompt_cache_key="tenant-b")
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
