@@ -272,3 +272,27 @@ def test_quantized_device_pool_round_trips_exactly(kv_cache_dtype, by_runs):
     for layer in range(2):
         k, v = dev.layer_cache(layer).gather(torch.tensor([12, 13, 6, 7]), torch.float32)
         assert torch.equal(k, before[layer][0][src]) and torch.equal(v, before[layer][1][src])
+
+
+def test_config_refuses_inconsistent_host_tier_flags():
+    from radixrt.config import EngineConfig
+
+    with pytest.raises(ValueError, match="enable-hierarchical-cache"):
+        EngineConfig(preemption_mode="swap")
+    with pytest.raises(ValueError, match="write_policy"):
+        EngineConfig(enable_hierarchical_cache=True, hicache_write_policy="sometimes")
+    with pytest.raises(ValueError, match="radix cache"):
+        EngineConfig(enable_hierarchical_cache=True, disable_radix_cache=True)
+    with pytest.raises(ValueError, match="host_kv_size"):
+        EngineConfig(enable_hierarchical_cache=True, host_kv_size=0)
+    EngineConfig(enable_hierarchical_cache=True, preemption_mode="swap", hicache_write_policy="write_back")
+
+
+def test_swap_cost_model_decides_by_model_and_device():
+    from radixrt.memory.swap_cost import SwapCostModel
+
+    small_cpu = SwapCostModel.for_device("cpu", 135_000_000, 46_080)
+    small_gpu = SwapCostModel.for_device("cuda", 135_000_000, 23_040)
+    big_gpu = SwapCostModel.for_device("cuda:0", 70_000_000_000, 327_680)
+    assert small_cpu.should_swap(100) and not small_gpu.should_swap(100) and big_gpu.should_swap(100)
+    assert not small_cpu.should_swap(0)
