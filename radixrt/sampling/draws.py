@@ -97,6 +97,20 @@ def _inverse_cdf_blocked(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor
     return block.squeeze(1) * _BLOCK + _inverse_cdf(wb, target=target - before)
 
 
+def _row_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x.sum(1)`` for ``x`` [R, V] with each row's bits independent of R: a
+    plain sum over a long row is split across threads when R is small (one
+    row: two halves added at the end) but not when R is large, which would make
+    a row's result depend on how many rows are drawn with it. Per-block sums
+    then a short sum are computed the same way for any R."""
+    R, V = x.shape
+    full = (V // _BLOCK) * _BLOCK
+    if full == 0:
+        return x.sum(1)
+    total = x[:, :full].reshape(R, -1, _BLOCK).sum(2).sum(1)
+    return total + x[:, full:].sum(1) if full < V else total
+
+
 def _float_mask(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``op(a, b)`` (torch.gt / torch.ge) as a 0/1 float32 tensor. Writing the
     comparison straight into a float buffer is several times faster on CPU
@@ -281,7 +295,7 @@ class TokenDrawer:
         tokens = tokens.clone()
         for attempt in range(1, self.max_rejection_rounds + 2):
             q_tok = q_a.gather(1, tok_a.unsqueeze(1))
-            mass_above = torch.gt(q_a, q_tok, out=self._workspace("check", q_a)).mul_(q_a).sum(1)
+            mass_above = _row_sum(torch.gt(q_a, q_tok, out=self._workspace("check", q_a)).mul_(q_a))
             rejected = (mass_above >= top_p).nonzero().squeeze(1)
             if rejected.numel() == 0:
                 break

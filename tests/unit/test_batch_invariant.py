@@ -34,6 +34,17 @@ def test_invariant_linear_rows_do_not_depend_on_batch(n, k):
     assert invariant_linear(x[:3].view(1, 3, k), w).shape == (1, 3, n)
 
 
+def test_sampler_row_sum_does_not_depend_on_rows():
+    """The top-p check's sum over the vocabulary (a plain ``sum(1)`` of one row is
+    split across threads, of many rows is not)."""
+    from radixrt.sampling.draws import _row_sum
+
+    x = torch.rand(32, 49152 + 100)
+    full = _row_sum(x)
+    torch.testing.assert_close(full, x.double().sum(1).float())
+    assert all(torch.equal(_row_sum(x[i:i + m]), full[i:i + m]) for i, m in ((0, 1), (5, 1), (3, 2), (0, 17)))
+
+
 HKV, G, D = 2, 3, 16
 
 
