@@ -91,6 +91,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot-dir", default=None, help="write PNG plots here (needs matplotlib: pip install "
                                                     "'radixrt[bench]')")
     p.add_argument("--log-level", default="warning", help="log level of the in-process engines (info: per-step lines)")
+    p.add_argument("--scale-out", action="store_true",
+                   help="only the data-parallel routing benchmark: a multi-tenant workload on one replica with "
+                        "2x KV against two replicas behind the router per policy (options: python -m "
+                        "radixrt.bench.scale_out --help; docs/scale_out.md)")
     p.add_argument("--step-time", action="store_true",
                    help="only measure the step loop: ms per decode step at batch 1, 64 and 128 on a tiny random "
                         "Llama (options: python -m radixrt.bench.step_time --help)")
@@ -106,6 +110,11 @@ def _strip(rows: list[dict]) -> list[dict]:
 
 def bench_main(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.scale_out:
+        from radixrt.bench import scale_out
+
+        return scale_out.main(([] if args.model == "default" else ["--model", args.model])
+                              + (["--json", args.json_out] if args.json_out else []))
     if args.step_time:
         from radixrt.bench import step_time
 
