@@ -147,3 +147,58 @@ def test_parser_detection():
     assert detect_parser("{% if tools %}<|python_tag|>{% endif %}") == "llama3"
     with pytest.raises(ValueError, match="unknown tool-call parser"):
         get_parser("nope", None)
+
+
+QWEN_LIKE_TEMPLATE = """
+{%- if tools %}<|im_start|>system
+{{ messages[0].content if messages[0].role == 'system' else 'You are helpful.' }}
+
+# Tools
+<tools>
+{%- for t in tools %}
+{{ t | tojson }}
+{%- endfor %}
+</tools><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and tools %}
+{%- elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% if m.content %}{{ m.content }}
+{% endif %}
+{%- for tc in m.tool_calls %}{% if not loop.first %}{{ "\\n" }}{% endif %}<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_native_template_renders_calls_as_generated(tiny_llama):
+    """With a template that renders tools (Qwen's layout), the parser is detected
+    from it, and a call the model generated (the parser's format, the grammar's
+    separators) comes back in the next prompt byte for byte."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    tok.chat_template = QWEN_LIKE_TEMPLATE
+    parser = get_parser("auto", tok.chat_template)
+    assert parser.name == "qwen"
+    tr = check_tools([WEATHER, ADD], "required", None)
+    generated = parser.render_calls([("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1, "b": 2}')])
+    call = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate([("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1, "b": 2}')])]
+    convo = [{"role": "user", "content": "Weather? Sum?"}, {"role": "assistant", "content": "", "tool_calls": call},
+             {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}]
+    msgs, tools_arg = render_messages(convo[:1], tr, parser, native=True)
+    step1 = tok.apply_chat_template(msgs, tools=tools_arg, tokenize=False, add_generation_prompt=True)
+    msgs, tools_arg = render_messages(convo, tr, parser, native=True)
+    step2 = tok.apply_chat_template(msgs, tools=tools_arg, tokenize=False, add_generation_prompt=True)
+    assert '{"type": "function", "function": {"name": "get_weather"' in step1
+    assert step2.startswith(step1 + generated + "<|im_end|>")
