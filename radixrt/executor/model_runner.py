@@ -242,6 +242,12 @@ class ModelRunner:
             self.followers.send("logits", hidden.cpu())
         return self.model.compute_logits(hidden.to(self.device))
 
+    def check_ranks(self) -> None:
+        """Raise if a tensor-parallel follower has exited (its next collective would hang or fail)."""
+        if self.followers is not None and not self.followers.alive():
+            codes = [p.returncode for p in self.followers.procs]
+            raise RuntimeError(f"a tensor-parallel rank exited (exit codes of ranks 1..: {codes})")
+
     def close(self) -> None:
         """Stop the follower ranks (tensor parallel; idempotent)."""
         if self.followers is not None:

@@ -145,8 +145,9 @@ class Scheduler:
         return self._grammars
 
     def close(self) -> None:
-        """Stop background work (the forward thread, grammar compilation)."""
+        """Stop background work (the forward thread, grammar compilation, tensor-parallel ranks)."""
         self.launcher.close()
+        self.runner.close()
         if self._grammars is not None:
             self._grammars.shutdown()
 
@@ -220,6 +221,7 @@ class Scheduler:
         (blocking only while idle); ``send`` ships TokenBatch and ControlReply."""
         try:
             while not should_stop():
+                self.runner.check_ranks()
                 for msg in recv(not self.has_work() and not self.pending_outputs):
                     reply = self.handle(msg)
                     if reply is not None:
@@ -229,6 +231,7 @@ class Scheduler:
                     send(TokenBatch(outputs))
         finally:
             self.launcher.close()
+            self.runner.close()
 
     def step(self) -> list[TokenOutput]:
         """Schedule and launch one batch, process the results of the step before

@@ -1,0 +1,61 @@
+"""A follower rank: ``python -m radixrt.executor.parallel.follower --rank R ...``.
+
+Loads its shard of the model (a `ModelRunner` for rank R), then repeats each
+model call its leader announces, until told to stop or until the leader's
+process is gone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import torch
+import zmq
+
+from radixrt.config import EngineConfig
+from radixrt.executor.parallel.group import TPGroup
+
+_POLL_MS = 500
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--init-method", required=True)
+    p.add_argument("--commands", required=True, help="the leader's ZMQ PUSH address")
+    p.add_argument("--config", required=True, help="the EngineConfig as JSON")
+    args = p.parse_args(argv)
+    config = EngineConfig(**json.loads(args.config))
+    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.WARNING),
+                        format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s")
+    leader = os.getppid()
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.connect(args.commands)
+    from radixrt.executor.model_runner import ModelRunner
+
+    group = TPGroup.join(args.rank, config.tp_size, args.init_method, config.device)
+    runner = ModelRunner(config, tp=group)
+    with torch.inference_mode():
+        while True:
+            if not sock.poll(_POLL_MS):
+                if os.getppid() != leader:  # the leader died without saying stop
+                    return 1
+                continue
+            command = sock.recv_pyobj()
+            if command[0] == "forward":
+                runner.forward_batch(*command[1:])
+            elif command[0] == "logits":
+                runner.logits(command[1])
+            elif command[0] == "stop":
+                break
+            else:
+                raise ValueError(f"unknown tensor-parallel command {command[0]!r}")
+    group.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

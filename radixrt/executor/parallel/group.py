@@ -1,0 +1,69 @@
+"""The tensor-parallel process group and the leader -> follower command channel."""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+# A follower blocks in a collective until the leader's next command; an idle
+# server sends none, so the timeout only bounds a hung collective.
+_TIMEOUT = datetime.timedelta(days=7)
+
+
+@dataclass
+class TPGroup:
+    """This process's place in a tensor-parallel group of ``size`` ranks.
+
+    Collectives must be called by every rank in the same order; rank 0 (the
+    leader) decides that order and announces each step with ``command``.
+    """
+
+    rank: int
+    size: int
+    device: str
+    group: Optional[Any] = None
+
+    @classmethod
+    def join(cls, rank: int, size: int, init_method: str, device: str) -> "TPGroup":
+        """Blocks until all ``size`` ranks have joined (gloo on CPU, NCCL on CUDA)."""
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if device.startswith("cuda"):
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=_TIMEOUT)
+        return cls(rank, size, f"cuda:{rank}" if device.startswith("cuda") else device, dist.group.WORLD)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place; returns ``x``."""
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def gather_columns(self, local: torch.Tensor, widths: list[int]) -> Optional[torch.Tensor]:
+        """Rank ``r`` holds columns of width ``widths[r]``; the leader gets them
+        concatenated in rank order ([N, sum(widths)]), the others None."""
+        width = max(widths)
+        if local.shape[1] < width:  # gather needs one shape: pad, then cut
+            local = torch.nn.functional.pad(local, (0, width - local.shape[1]))
+        local = local.contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.size)] if self.is_leader else None
+        dist.gather(local, parts, dst=0, group=self.group)
+        if parts is None:
+            return None
+        return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)
+
+    def command(self, message: Any = None) -> Any:
+        """The leader sends ``message`` (any picklable object, tensors included);
+        every other rank receives and returns it."""
+        box = [message if self.is_leader else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

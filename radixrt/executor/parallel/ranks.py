@@ -1,0 +1,114 @@
+"""Starting the follower ranks and sending them the leader's calls.
+
+The leader (rank 0, in the scheduler's process) starts ranks 1..size-1 as
+subprocesses (``python -m radixrt.executor.parallel.follower``), joins the
+process group with them, and from then on sends each model call it makes
+(``forward``, ``logits``) over a ZMQ socket per follower before making it
+itself; the followers make the same call, so the collectives inside meet.
+Commands travel outside the process group so that an idle follower waits on
+a socket it can poll (and exits when its leader is gone) instead of blocking
+in a collective.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from radixrt.config import EngineConfig
+from radixrt.executor.parallel.group import TPGroup
+
+logger = logging.getLogger(__name__)
+
+_STOP_GRACE_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Followers:
+    """The leader's handle on ranks 1..size-1: their processes and command sockets.
+
+    ``send`` must be called with every model call, in the order the leader
+    makes them; ``stop`` ends the followers (idempotent)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.size = config.tp_size
+        self._ctx = zmq.Context.instance()
+        self._socks: list[Any] = []
+        self.procs: list[subprocess.Popen] = []
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        payload = json.dumps(dataclasses.asdict(config))
+        for rank in range(1, self.size):
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            port = sock.bind_to_random_port("tcp://127.0.0.1")
+            self._socks.append(sock)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "radixrt.executor.parallel.follower", "--rank", str(rank),
+                 "--init-method", init_method, "--commands", f"tcp://127.0.0.1:{port}", "--config", payload],
+            ))
+        self.group = self._join(init_method, config.device)
+        self._stopped = False
+
+    def _join(self, init_method: str, device: str) -> TPGroup:
+        """Join as rank 0, failing fast if a follower dies before everyone has joined."""
+        box: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                box["group"] = TPGroup.join(0, self.size, init_method, device)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                box["error"] = e
+
+        t = threading.Thread(target=join, name="radixrt-tp-join", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.2)
+            dead = [(r + 1, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None]
+            if dead and t.is_alive():
+                self.stop()
+                raise RuntimeError(f"tensor-parallel rank(s) exited while starting: {dead} (rank, exit code); "
+                                   "their errors are in this process's stderr")
+        if "error" in box:
+            self.stop()
+            raise box["error"]
+        return box["group"]
+
+    def send(self, *command: Any) -> None:
+        for sock in self._socks:
+            sock.send_pyobj(command)
+
+    def stop(self) -> None:
+        if getattr(self, "_stopped", False):
+            return
+        self._stopped = True
+        for sock in self._socks:
+            try:
+                sock.send_pyobj(("stop",), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("tensor-parallel follower pid %d did not stop; killing it", p.pid)
+                p.kill()
+                p.wait()
+        for sock in self._socks:
+            sock.close()
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)

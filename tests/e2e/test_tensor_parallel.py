@@ -1,0 +1,101 @@
+"""Tensor parallel on the CPU (gloo): greedy outputs with tp_size 2 equal tp_size 1
+token for token, on random Llama and Qwen2 models through the Engine and on the
+embedded model through `radixrt serve --tp 2` (against the Engine at tp 1); the server's ranks live and die together."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+import radixrt
+from radixrt.server.local import LocalServer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, in a land far away,",
+    "1, 2, 3, 4,",
+]
+
+
+def _greedy(engine, prompts, n=20):
+    return [r["output_ids"] for r in engine.generate(prompts, {"max_new_tokens": n, "temperature": 0})]
+
+
+@pytest.mark.parametrize("arch", ["qwen2"])  # q/k/v biases; the server test below runs a Llama
+def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
+    """Also through chunked prefill (16-token chunks) and a second round served from the radix cache."""
+    path = make_tiny(arch, num_attention_heads=4, num_key_value_heads=2)
+    outputs = {}
+    for tp in (1, 2):
+        engine = radixrt.Engine(path, tp_size=tp, max_total_tokens=2048, chunked_prefill_size=16,
+                                debug_check_invariants=True)
+        try:
+            first = _greedy(engine, PROMPTS)
+            again = _greedy(engine, PROMPTS)
+            assert again == first
+            if tp == 2:
+                assert engine.scheduler.runner.shard_config.num_kv_heads == 1  # really split
+            outputs[tp] = first
+        finally:
+            engine.shutdown()
+    assert outputs[2] == outputs[1]
+
+
+@pytest.fixture(scope="module")
+def tp_server(default_model_path):
+    """One `radixrt serve --tp 2` for this module; its last test kills a rank, so
+    the teardown only cleans up (no clean-exit check)."""
+    srv = LocalServer("--tp", "2", "--max-total-tokens", "4096", model=default_model_path)
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+        srv.cleanup()
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(") ", 1)[1].split()[1])
+
+
+def _followers(server_pid: int) -> list[int]:
+    """Pids of this server's follower ranks (server -> scheduler process -> followers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                is_follower = b"radixrt.executor.parallel.follower" in f.read()
+            if is_follower and _ppid(_ppid(int(pid))) == server_pid:
+                found.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_embedded_model_served_with_tp2_equals_tp1(tp_server, default_model_path):
+    sp = {"max_new_tokens": 24, "temperature": 0}
+    engine = radixrt.Engine(default_model_path, max_total_tokens=4096)
+    try:
+        want = _greedy(engine, PROMPTS, 24)
+    finally:
+        engine.shutdown()
+    r = httpx.post(tp_server.url + "/generate", timeout=120, json={"text": PROMPTS, "sampling_params": sp})
+    assert r.status_code == 200, r.text
+    assert [o["output_ids"] for o in r.json()] == want
+
+
+def test_a_dead_rank_takes_the_server_down(tp_server):
+    """Killing a follower rank makes the whole server exit (no hang, no
+    half-model answers). Runs last: it ends the module's server."""
+    followers = _followers(tp_server.proc.pid)
+    assert len(followers) == 1, "the server runs one follower rank"
+    os.kill(followers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while tp_server.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tp_server.proc.poll() is not None, "the server kept running with a dead rank"
