@@ -229,7 +229,7 @@ def _native(parser: ToolCallParser, tm: TokenizerManager) -> bool:
 
 
 def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser,
-               tr: ToolRequest) -> RequestSpec:
+               tr: ToolRequest, reasoning: bool = False) -> RequestSpec:
     """The one spec of a chat request; without a token limit it may fill the context.
 
     Tools are rendered by the chat template when it renders tools (and the
@@ -246,7 +246,7 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCal
     ids = _chat_prompt_ids(req, messages, tm, tools_arg, reuse_turns=bool(tr.tools) and not native)
     extra = _response_format(req)
     if not extra and not (req.regex or req.json_schema or req.ebnf):
-        tag = tool_call_structural_tag(parser, tr)
+        tag = tool_call_structural_tag(parser, tr, reasoning)
         if tag is not None:
             extra["structural_tag"] = tag
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -272,9 +272,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request,
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     tr = _chat_tools(req, parser)
-    spec = await tm.run_tokenize(_chat_spec, req, tm, parser, tr)
-    group = tm.submit([spec])
     reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
+    spec = await tm.run_tokenize(_chat_spec, req, tm, parser, tr, reasoning)
+    group = tm.submit([spec])
     remember = None
     if tr.tools and not _native(parser, tm):
         def remember(text: str, ids: list[int]) -> None:

@@ -119,6 +119,7 @@ def test_structural_tags_parse(fmt, choice):
     tr = check_tools([WEATHER, ADD], choice, True)
     tag = tool_call_structural_tag(get_parser(fmt, None), tr)
     check_grammar(("structural_tag", tag))
+    check_grammar(("structural_tag", tool_call_structural_tag(get_parser(fmt, None), tr, reasoning=True)))
     assert tool_call_structural_tag(get_parser(fmt, None), check_tools([WEATHER], "none", None)) is None
 
 

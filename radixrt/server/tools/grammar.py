@@ -8,6 +8,9 @@
   ``[TOOL_CALLS]``, ``{"name": ``) the call is constrained like the above.
 * ``"none"``: no grammar.
 
+With ``reasoning`` (a ``<think>`` model whose reasoning is separated), an
+enforced call may be preceded by one ``<think>...</think>`` block.
+
 The arguments' grammar is xgrammar's JSON-schema grammar with radixrt's fixed
 separators (``", "``, ``": "``, no free whitespace, as for ``json_schema``
 requests): a small model cannot wander into whitespace, the punctuation and
@@ -40,12 +43,14 @@ def _tags(parser: ToolCallParser, tools: list[ToolSpec]) -> list[Any]:
                       end=parser.call_end) for t in tools]
 
 
-def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest) -> Optional[str]:
+def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning: bool = False) -> Optional[str]:
     """The structural tag (JSON text, for the ``structural_tag`` sampling
     parameter) that enforces ``tr``'s calls in ``parser``'s format; None when
     calls are off."""
     from xgrammar.structural_tag import (
+        AnyTextFormat,
         ConstStringFormat,
+        OptionalFormat,
         SequenceFormat,
         StructuralTag,
         TagFormat,
@@ -71,4 +76,7 @@ def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest) -> Optiona
                                   tags=[TagFormat(begin=parser.block_begin, content=calls, end=parser.block_end)])
     else:
         fmt = TriggeredTagsFormat(triggers=[parser.trigger], tags=tags, stop_after_first=single)
+    if reasoning and tr.enforced:
+        think = TagFormat(begin="<think>", content=AnyTextFormat(), end=["</think>\n\n", "</think>\n", "</think>"])
+        fmt = SequenceFormat(elements=[OptionalFormat(content=think), fmt])
     return StructuralTag(format=fmt).model_dump_json()
