@@ -123,3 +123,13 @@ def test_checker_sees_cycles_hidden_in_functions_and_skips_type_checking(tmp_pat
     assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": set(),
                      "pkg.d": {"pkg.c"}}
     assert find_cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_every_package_is_listed_for_installation():
+    """pyproject.toml names its packages one by one: a new subpackage left out
+    would be missing from a wheel (an editable install hides it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "radixrt").rglob("__init__.py")}
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
