@@ -40,6 +40,9 @@ CLI_HELP = {
                                   "--schedule-policy); without it 'priority' is accepted and ignored",
     "schedule_low_priority_values_first": "with --enable-priority-scheduling: a lower 'priority' value runs "
                                           "first (default: a higher value runs first, as in SGLang)",
+    "priority_scheduling_preemption_threshold": "with --enable-priority-scheduling and a full batch: a waiting "
+                                                "request at least this much more urgent than a running one "
+                                                "preempts it (the running one is retracted and re-queued)",
     "disable_radix_cache": "no prefix reuse: every prompt is computed in full (a baseline)",
     "enable_hierarchical_cache": "a host-memory KV tier under the radix cache: prefixes evicted from the device "
                                  "pool move to host memory and are loaded back when matched again",
@@ -96,6 +99,7 @@ class EngineConfig:
     schedule_policy: str = "lpm"  # "lpm" | "dfs-weight" | "fcfs"
     enable_priority_scheduling: bool = False  # waiting queue ordered by request priority first
     schedule_low_priority_values_first: bool = False  # default: higher priority value runs first (SGLang's)
+    priority_scheduling_preemption_threshold: int = 10  # urgency gap that lets a waiting request preempt
     disable_radix_cache: bool = False
     # host-memory tier under the radix tree (radixrt/memory/host_pool.py); SGLang's flag names
     enable_hierarchical_cache: bool = False

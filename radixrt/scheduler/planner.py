@@ -25,6 +25,7 @@ from radixrt.config import EngineConfig
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_explain import explain_match
+from radixrt.memory.radix_explain import explain_match
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.policy import by_priority, order_waiting
@@ -70,6 +71,8 @@ class BatchPlanner:
     def schedule(self) -> Batch:
         """The next step's batch; each request's KV slots for it are allocated."""
         batch: Batch = []
+        if self.config.enable_priority_scheduling:
+            self._preempt_for_priority()
         budget = self._schedule_running(batch, max(self.config.chunked_prefill_size, 1))
         self._admit(batch, budget)
         if batch:
@@ -137,6 +140,24 @@ class BatchPlanner:
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
         logger.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
+    def _preempt_for_priority(self) -> None:
+        """With the batch full (max_running_requests), retract the least urgent
+        running request for each admissible waiting one that is more urgent by
+        at least ``priority_scheduling_preemption_threshold`` (SGLang's rule)."""
+        cfg, running = self.config, self.queues.running
+        if len(running) < cfg.max_running_requests:
+            return
+        sign = -1 if cfg.schedule_low_priority_values_first else 1  # urgency = sign * priority
+        urgent = sorted((sign * r.priority for r in self.queues.waiting if not (r.grammar_pending or r.pending)),
+                        reverse=True)
+        for u in urgent:
+            if not running:
+                return
+            victim = min(running, key=lambda r: (sign * r.priority, -r.arrival))  # least urgent, latest
+            if u - sign * victim.priority < cfg.priority_scheduling_preemption_threshold:
+                return
+            self._retract(victim)
+
     def _remaining_tokens(self, req: Req) -> int:
         return min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), RESERVE_CAP_PER_REQUEST)
 
@@ -148,6 +169,8 @@ class BatchPlanner:
         if not waiting or budget <= 0:
             return
         ordered = order_waiting(self.config.schedule_policy, waiting, self.kv.match)
+        if self.config.enable_priority_scheduling:
+            ordered = by_priority(ordered, self.config.schedule_low_priority_values_first)
         if self.config.enable_priority_scheduling:
             ordered = by_priority(ordered, self.config.schedule_low_priority_values_first)
         # Prefixes being computed in this step (or by an unfinished chunked prefill):
