@@ -9,7 +9,8 @@ server, Poisson arrivals), in one process and one run.
     radixrt bench --json-out r.json --markdown-out r.md --plot-dir docs/img
 
 Workloads: see ``radixrt/bench/workloads.py`` (shared-prefix, few-shot,
-multi-turn, agent-fanout, tree-of-thought, json-extraction, no-sharing).
+multi-turn, agent-fanout, agent-loop (``agent_loop.py``), tree-of-thought,
+json-extraction, no-sharing).
 
 Systems, measured in the same run on the same machine:
 
