@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ROW_TILE = 16
+ROW_TILE = 16  # rows per product tile (8-row tiles were not invariant on MKL: a one-tile product differed)
 
 
 def padded_rows(m: int) -> int:

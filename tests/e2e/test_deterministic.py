@@ -16,7 +16,7 @@ import radixrt
 CASES = {
     # model fixture, targets, fillers, new tokens, pool of the pressure run, chunked prefill there
     "tiny": ("tiny_llama", 4, 28, 16, 500, 32),
-    "embedded": ("default_model_path", 4, 28, 16, 600, 64),
+    "embedded": ("default_model_path", 3, 29, 10, 400, 64),
 }
 
 

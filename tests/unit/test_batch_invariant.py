@@ -23,14 +23,17 @@ def test_invariant_linear_rows_do_not_depend_on_batch(n, k):
     torch.manual_seed(n + k)
     w = torch.randn(n, k) * 0.05
     b = torch.randn(n)
-    x = torch.randn(40, k)
-    alone = torch.stack([invariant_linear(x[i:i + 1], w, b)[0] for i in range(x.shape[0])])
-    torch.testing.assert_close(alone, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
-    for m in (1, 2, 3, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 33, 40):
-        assert torch.equal(invariant_linear(x[:m], w, b), alone[:m]), m
+    x = torch.randn(200, k)
+    rows = [0, 1, 2, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 39, 100, 199]
+    alone = {i: invariant_linear(x[i:i + 1], w, b)[0] for i in rows}  # one tile, one real row
+    torch.testing.assert_close(torch.stack(list(alone.values())), torch.nn.functional.linear(x[rows], w, b),
+                               rtol=1e-4, atol=1e-4)
+    for m in (2, 3, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 40, 101, 200):  # 1 to 13 tiles
+        y = invariant_linear(x[:m], w, b)
+        assert all(torch.equal(y[i], alone[i]) for i in rows if i < m), m
     # the same rows behind other rows (another place in their tiles)
-    other = torch.randn(5, k)
-    assert torch.equal(invariant_linear(torch.cat([other, x]), w, b)[5:], alone)
+    y = invariant_linear(torch.cat([torch.randn(5, k), x]), w, b)[5:]
+    assert all(torch.equal(y[i], alone[i]) for i in rows)
     assert invariant_linear(x[:3].view(1, 3, k), w).shape == (1, 3, n)
 
 
