@@ -50,6 +50,7 @@ class Worker:
     last_error: Optional[str] = None
     routed: int = 0  # requests sent, all time
     since: float = field(default_factory=time.time)  # when `healthy` last changed
+    was_healthy: bool = False  # ever healthy (so a change to healthy is a recovery)
 
     def public(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "load": self.load, "routed": self.routed,
@@ -110,7 +111,9 @@ class WorkerPool:
         w.since = time.time()
         if healthy:
             w.last_error = None
-            logger.warning("worker %s is healthy: routing to it", url)
+            # the first time is startup; later it is a worker coming back, worth a warning
+            logger.log(logging.WARNING if w.was_healthy else logging.INFO, "worker %s is healthy: routing to it", url)
+            w.was_healthy = True
         else:
             w.last_error = reason
             self.policy.remove_worker(url)
