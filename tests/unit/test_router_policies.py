@@ -179,3 +179,14 @@ def test_pool_routes_only_to_healthy_workers():
         pool.pick("k", exclude=("http://b",))
     with pytest.raises(ValueError, match="http://"):
         WorkerPool(["localhost:1"], make_policy("round_robin"))
+
+
+def test_the_router_needs_no_model_stack():
+    """`radixrt router` runs on a machine without torch: its modules import none of it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, radixrt.router.app, radixrt.router.cli; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
