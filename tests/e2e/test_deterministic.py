@@ -37,11 +37,10 @@ def _workload(targets: int, fillers: int, new_tokens: int) -> tuple[list, list]:
     return prompts, params
 
 
-def _run(engine, prompts, params) -> list[list[int]]:
+def _run(engine, prompts, params) -> list[dict]:
     with ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]),
-                                zip(prompts, params)))
-    return [r["output_ids"] for r in results]
+        return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]),
+                             zip(prompts, params)))
 
 
 @pytest.mark.parametrize("case", ["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
@@ -59,8 +58,10 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
             engine.flush_cache()  # cold: every target computes its whole prompt
         assert len({tuple(a) for a in alone}) == targets
         # a batch of 32 with the targets' shared prefix cached
-        batched = _run(engine, prompts, params)
+        results = _run(engine, prompts, params)
+        batched = [r["output_ids"] for r in results]
         assert batched[:targets] == alone
+        assert sum(r["meta_info"]["cached_tokens"] > 0 for r in results[:targets]) >= targets - 1
         engine.wait_idle()
         assert engine.get_stats()["retractions"] == 0
     finally:
@@ -69,7 +70,7 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
     engine = radixrt.Engine(model, max_total_tokens=small_pool, chunked_prefill_size=chunk,
                             enable_deterministic_inference=True, debug_check_invariants=True)
     try:
-        pressed = _run(engine, prompts, params)
+        pressed = [r["output_ids"] for r in _run(engine, prompts, params)]
         engine.wait_idle()
         stats = engine.get_stats()
         assert stats["retractions"] > 0, "the pool was meant to be too small for every request at once"
