@@ -56,6 +56,16 @@ def test_tokenize_messages_is_the_chat_prompt(client, hf_tok):
     chat = client.post("/v1/chat/completions", json={"model": "default", "messages": messages, "max_tokens": 1})
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+    # with tools too (rendered by the chat route's own code: here its generic format)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    with_tools = client.post("/tokenize", json={"messages": messages, "tools": tools}).json()["tokens"]
+    assert len(with_tools) > len(ids) and "get_weather" in hf_tok.decode(with_tools)
+    chat = client.post("/v1/chat/completions", json={"model": "default", "messages": messages, "tools": tools,
+                                                     "tool_choice": "none", "max_tokens": 1})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == len(with_tools)
 
 
 def test_detokenize_round_trip(client, hf_tok):
