@@ -6,6 +6,7 @@ produced argument object validates, bad tool definitions refused with 400."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -35,7 +36,7 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 @pytest.fixture(scope="module")
 def server(default_model_path):
-    yield from serving("--max-total-tokens", "24576", "--debug-check-invariants", model="default")
+    yield from serving("--max-total-tokens", "24576", model="default")
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +58,23 @@ def _valid(call) -> dict:
     return args
 
 
-def test_tool_choice_modes(client):
+def _jump_forward_tokens(server) -> int:
+    """Tokens the scheduler appended as grammar-forced text (kept jump-forward drafts) so far."""
+    return httpx.get(server.url + "/get_server_info", timeout=10).json()["internal_states"][0]["jump_forward_tokens"]
+
+
+def test_tool_choice_modes(client, server):
     r = _chat(client, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
     _valid(c.message.tool_calls[0])
 
+    jf = _jump_forward_tokens(server)
     r = _chat(client, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
               max_tokens=60)
+    forced = _jump_forward_tokens(server) - jf
+    print(f"named call: {forced} of {r.usage.completion_tokens} output tokens were forced text (jump-forward)")
+    assert forced > 0  # the markers, the name, keys and punctuation were appended without decode steps
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and [t.function.name for t in c.message.tool_calls] == ["add"]
     assert set(_valid(c.message.tool_calls[0])) == {"a", "b"}
@@ -185,3 +195,16 @@ def test_prompt_cache_key_is_a_namespace(client):
     assert first.usage.prompt_tokens == again.usage.prompt_tokens
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
     assert other.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_no_kv_leaked(server):
+    """After every request above (400s included): free + tree == total, nothing private."""
+    deadline = time.monotonic() + 60
+    while True:
+        st = httpx.get(server.url + "/debug/kv", timeout=10).json()
+        if st["running"] == 0 and st["waiting"] == 0 and st["inflight"] == 0:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.2)
+    kv = st["kv_slots"]
+    assert kv["private_slots"] == 0 and kv["free_slots"] + kv["tree_slots"] == kv["total_slots"], kv
