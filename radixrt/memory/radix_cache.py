@@ -172,8 +172,9 @@ class RadixCache:
         """Put `node` in / take it out of the evictable-leaf sets as its state requires:
         device-evictable when on the device, unlocked and no child is on the
         device; host-evictable when on the host only and childless."""
+        # without a host tier every child is on the device: skip the scan of a wide node's children
         want = (bool(node.value) and node.lock_ref == 0
-                and not any(c.value for c in node.children.values()))
+                and (not node.children if self.host is None else not any(c.value for c in node.children.values())))
         if want:
             if node.lru_entry is None:
                 node.lru_entry = (node.last_access, node.id, node)
