@@ -203,3 +203,32 @@ def test_native_template_renders_calls_as_generated(tiny_llama):
     step2 = tok.apply_chat_template(msgs, tools=tools_arg, tokenize=False, add_generation_prompt=True)
     assert '{"type": "function", "function": {"name": "get_weather"' in step1
     assert step2.startswith(step1 + generated + "<|im_end|>")
+
+
+def test_generated_turns_keep_their_tokens():
+    """A remembered assistant turn is spliced back as the tokens that generated it;
+    a template that does not keep the placeholder falls back to plain tokens."""
+    from radixrt.server.tools.turns import TurnTokens, mark_turns, split_encode
+
+    vocab = {1: "<tool", 2: "_call>", 3: "{", 4: '"', 5: "}", 9: "<eos>"}
+
+    def decode(ids):
+        return "".join(vocab[i] for i in ids)
+
+    turns = TurnTokens(capacity=2)
+    turns.remember('<tool_call>{"}', [1, 2, 3, 4, 5, 9], decode)  # the stop token is dropped
+    turns.remember("never produced", [1, 2], decode)  # ids that do not decode to the text: not kept
+    assert turns.get('<tool_call>{"}') == (1, 2, 3, 4, 5) and turns.get("never produced") is None
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": '<tool_call>{"}'}]
+    marked, spliced = mark_turns(msgs, turns)
+    assert marked[0] == msgs[0] and marked[1]["content"] != msgs[1]["content"] and spliced == [(1, 2, 3, 4, 5)]
+
+    def enc(text):
+        return [ord(ch) for ch in text]
+
+    prompt = f"U:hi|A:{marked[1]['content']}|U:"
+    assert split_encode(prompt, spliced, enc, enc) == enc("U:hi|A:") + [1, 2, 3, 4, 5] + enc("|U:")
+    assert split_encode("U:hi|A:rewritten|U:", spliced, enc, enc) is None
+    for k in range(3):  # least recently used out
+        turns.remember(f"t{k}", [3] * (k + 1), lambda ids: f"t{len(ids) - 1}")
+    assert turns.get('<tool_call>{"}') is None and turns.get("t2") == (3, 3, 3)
