@@ -31,8 +31,6 @@ class KVPool:
 
     The buffers are zero-initialised so that slots never written hold finite
     values (a masked-out NaN would still poison a softmax-weighted sum).
-    ``pin_memory`` pins CPU buffers (the host tier's pool under a CUDA device
-    pool, so that copies to and from it are asynchronous).
     """
 
     def __init__(
@@ -45,7 +43,6 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         kv_cache_dtype: str = "auto",
-        pin_memory: bool = False,
     ) -> None:
         if min(num_layers, num_pages, page_size, num_kv_heads, head_dim) < 1:
             raise ValueError("KVPool dimensions must all be >= 1")
@@ -75,9 +72,6 @@ class KVPool:
             self.v_scale_buffers = [
                 torch.zeros(shape[:3], dtype=INT8_SCALE_DTYPE, device=self.device) for _ in range(num_layers)
             ]
-        if pin_memory:
-            for bufs in (self.k_buffers, self.v_buffers, self.k_scale_buffers or [], self.v_scale_buffers or []):
-                bufs[:] = [b.pin_memory() for b in bufs]
         self.k_scalars = [1.0] * num_layers
         self.v_scalars = [1.0] * num_layers
         self._layer_caches = [self._make_layer_cache(i) for i in range(num_layers)]
