@@ -32,6 +32,7 @@ class KVCacheManager:
         self.page_size = allocator.page_size
         self.swapped_out_requests = 0
         self.swapped_out_tokens = 0
+        self.swap_declined = 0  # retractions the swap cost model left to recompute (the planner counts them)
 
     # -- queries -----------------------------------------------------------------
     def match(self, req: Req, load: bool = False) -> MatchResult:

@@ -33,6 +33,7 @@ class HostTierRuntime:
             "write_policy": self.tier.write_policy,
             "swapped_out_requests": kv.swapped_out_requests,
             "swapped_out_tokens": kv.swapped_out_tokens,
+            "swap_declined": kv.swap_declined,
             **self.swap_cost.describe(),
         }
 

@@ -66,7 +66,6 @@ class BatchPlanner:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.retractions = 0
         self.swap_cost: Optional[SwapCostModel] = None  # set under --preemption-mode swap
-        self.swap_declined = 0  # retractions the cost model left to recompute
 
     def schedule(self) -> Batch:
         """The next step's batch; each request's KV slots for it are allocated."""
@@ -129,7 +128,7 @@ class BatchPlanner:
         self._drop_draft(req)
         swap = self.swap_cost is not None and self.swap_cost.should_swap(len(req.slots))
         if self.swap_cost is not None and not swap:
-            self.swap_declined += 1
+            self.kv.swap_declined += 1
         self.kv.release(req, swap=swap)
         if req.input_logprobs is None:
             req.prompt_logprob_acc = []
