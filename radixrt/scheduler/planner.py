@@ -25,7 +25,6 @@ from radixrt.config import EngineConfig
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_explain import explain_match
-from radixrt.memory.radix_explain import explain_match
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.policy import by_priority, order_waiting
@@ -168,8 +167,6 @@ class BatchPlanner:
         if not waiting or budget <= 0:
             return
         ordered = order_waiting(self.config.schedule_policy, waiting, self.kv.match)
-        if self.config.enable_priority_scheduling:
-            ordered = by_priority(ordered, self.config.schedule_low_priority_values_first)
         if self.config.enable_priority_scheduling:
             ordered = by_priority(ordered, self.config.schedule_low_priority_values_first)
         # Prefixes being computed in this step (or by an unfinished chunked prefill):
