@@ -64,6 +64,7 @@ def test_priority_is_checked_at_the_front_door():
         assert e.value.param == "priority"
 
 
+@pytest.mark.slow  # three more schedulers; the fast path keeps the admission-order tests
 def test_much_more_urgent_request_preempts_and_the_preempted_one_still_answers_right(tiny_llama):
     def run(finish: bool = True, **config) -> tuple[dict[str, list[int]], list[str], int]:
         sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, max_running_requests=1,
