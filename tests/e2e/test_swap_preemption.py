@@ -139,3 +139,39 @@ def test_embedded_model_host_tier_matches_uncached_run():
         assert _multi_turn(engine, convs, max_new_tokens=8) == reference
         stats = _check_clean(engine)
     assert stats["cache"]["host_hit_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_server_reports_hits_by_tier(tiny_llama):
+    """A real server with the host tier: /generate under eviction, then /get_server_info and
+    /metrics report the host tier's slots and the hits by tier from the scheduler's stats."""
+    import re
+
+    import httpx
+
+    from radixrt.server.local import LocalServer
+
+    convs = _conversations(seed=3, users=3, turns=3)
+    srv = LocalServer("--max-total-tokens", "256", "--enable-hierarchical-cache", "--host-kv-size", "2048",
+                      "--hicache-write-policy", "write_back", "--preemption-mode", "swap", model=tiny_llama)
+    try:
+        srv.wait_ready()
+        with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=60) as c:
+            for t in range(3):
+                for user in convs:
+                    r = c.post("/generate", json={"input_ids": user[t], "sampling_params": {
+                        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+                    assert r.status_code == 200, r.text
+            info = c.get("/get_server_info").json()
+            metrics = c.get("/metrics").text
+    finally:
+        srv.stop()
+        srv.cleanup()
+    host = info["host_kv_cache"]
+    assert host["total_slots"] == 2048 and host["free_slots"] + host["tree_slots"] == 2048
+    assert info["enable_hierarchical_cache"] is True and info["preemption_mode"] == "swap"
+    cache = info["internal_states"][0]["cache"]
+    assert cache["host_hit_tokens"] > 0
+    m = re.search(r'radixrt_cache_hit_tokens\{model_name="[^"]*",tier="host"\} (\S+)', metrics)
+    assert m and float(m.group(1)) == cache["host_hit_tokens"]
+    assert re.search(r'radixrt_host_kv_slots\{model_name="[^"]*",state="total"\} 2048\.0', metrics)
