@@ -15,21 +15,21 @@ import radixrt
 
 CASES = {
     # model fixture, targets, fillers, new tokens, pool of the pressure run, chunked prefill there
-    "tiny": ("tiny_llama", 4, 28, 16, 500, 32),
-    "embedded": ("default_model_path", 3, 29, 10, 400, 64),
+    "tiny": ("tiny_llama", 3, 29, 12, 360, 32),
+    "embedded": ("default_model_path", 3, 29, 12, 360, 32),
 }
 
 
 def _workload(targets: int, fillers: int, new_tokens: int) -> tuple[list, list]:
-    """Target prompts share a 40-token prefix (prefix-cache hits); fillers have other lengths."""
+    """Target prompts share a 36-token prefix (prefix-cache hits); fillers have other lengths."""
     rng = random.Random(12)
 
     def toks(n: int) -> list[int]:
         return [rng.randrange(100, 30000) for _ in range(n)]
 
-    prefix = toks(40)
-    prompts = [prefix + toks(rng.randrange(3, 30)) for _ in range(targets)]
-    prompts += [toks(rng.randrange(5, 70)) for _ in range(fillers)]
+    prefix = toks(36)
+    prompts = [prefix + toks(rng.randrange(3, 20)) for _ in range(targets)]
+    prompts += [toks(rng.randrange(4, 40)) for _ in range(fillers)]
     params = [
         {"max_new_tokens": new_tokens, "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i, "ignore_eos": True}
         for i in range(len(prompts))
