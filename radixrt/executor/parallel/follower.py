@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.WARNING),
                         format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s")
     leader = os.getppid()
-    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.PULL)
     sock.connect(args.commands)
     from radixrt.executor.model_runner import ModelRunner
 

@@ -45,7 +45,7 @@ class Followers:
 
     def __init__(self, config: EngineConfig) -> None:
         self.size = config.tp_size
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._socks: list[Any] = []
         self.procs: list[subprocess.Popen] = []
         init_method = f"tcp://127.0.0.1:{_free_port()}"

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.executor.models.config import ModelConfig
+from radixrt.executor.models.llama import DecoderLayer, LlamaForCausalLM
 from radixrt.executor.parallel.group import TPGroup
 
 
@@ -69,14 +70,15 @@ def split_heads(num_heads: int, num_kv_heads: int, size: int) -> list[HeadSplit]
     return splits
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(nn.Linear):
     """``y = sum_over_ranks(x_local @ W_local^T) + b``: this rank's input columns
     of a linear layer; the all-reduce makes every rank's output the full one."""
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], group: TPGroup) -> None:
-        super().__init__()
+        super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.clone(), requires_grad=False)
+        if bias is not None:
+            self.bias = nn.Parameter(bias.clone(), requires_grad=False)
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +118,7 @@ class VocabParallelLMHead(nn.Module):
         return full if full is not None else h.new_empty(h.shape[0], 0)
 
 
-def shard_model(model: nn.Module, cfg: ModelConfig, group: TPGroup) -> ModelConfig:
+def shard_model(model: LlamaForCausalLM, cfg: ModelConfig, group: TPGroup) -> ModelConfig:
     """Replace ``model``'s layers by this rank's shards, in place. Returns the
     rank's view of the config (its own head counts), which sizes its KV pool
     and attention backend; everything else (vocabulary, layers) is unchanged."""
@@ -129,7 +131,9 @@ def shard_model(model: nn.Module, cfg: ModelConfig, group: TPGroup) -> ModelConf
     inter = _even_ranges(cfg.intermediate_size, group.size)[group.rank]
     mine_inter = torch.arange(inter.start, inter.stop)
     gate_up_rows = torch.cat([mine_inter, cfg.intermediate_size + mine_inter])
-    for layer in model.model.layers:
+    body = model.model
+    for layer in body.layers:
+        assert isinstance(layer, DecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = _rows_of(attn.qkv_proj, qkv_rows)
         attn.o_proj = RowParallelLinear(attn.o_proj.weight[:, q_rows], attn.o_proj.bias, group)
@@ -140,12 +144,14 @@ def shard_model(model: nn.Module, cfg: ModelConfig, group: TPGroup) -> ModelConf
         mlp.intermediate_size = len(inter)
     vocabs = _even_ranges(cfg.vocab_size, group.size)
     mine = vocabs[group.rank]
-    tied = model.lm_head.weight is model.model.embed_tokens.weight
-    embed = VocabParallelEmbedding(model.model.embed_tokens.weight[mine.start:mine.stop], mine, group)
-    model.model.embed_tokens = embed
+    table = body.embed_tokens.weight
+    tied = model.lm_head.weight is table
+    embed = VocabParallelEmbedding(table[mine.start:mine.stop], mine, group)
+    body.embed_tokens = embed  # type: ignore[assignment]  # same call signature as nn.Embedding
     head_weight = embed.weight if tied else nn.Parameter(
         model.lm_head.weight[mine.start:mine.stop].contiguous(), requires_grad=False)
-    model.lm_head = VocabParallelLMHead(head_weight, [len(v) for v in vocabs], group)
+    head = VocabParallelLMHead(head_weight, [len(v) for v in vocabs], group)
+    model.lm_head = head  # type: ignore[assignment]  # same call signature as nn.Linear
     return replace(cfg, num_heads=len(split.q_heads), num_kv_heads=len(split.kv_heads))
 
 
