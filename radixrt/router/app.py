@@ -122,11 +122,14 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
         w.load += 1
         try:
             resp = await _send(state, w, request.method, path, headers, body, request.query_params)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+                httpx.WriteError) as e:
             w.load -= 1
             last_error = f"worker {w.url}: {type(e).__name__}: {e}"
             if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                 state.pool.set_healthy(w.url, False, last_error)
+            else:  # closed without an answer: a dead worker, or only a stale keep-alive connection
+                state.pool.probe(w.url)
             state.failovers += 1
             logger.warning("failing over: %s", last_error)
             continue

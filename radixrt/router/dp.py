@@ -10,7 +10,8 @@ per replica: N replicas hold N times the KV).
 
 Health: the front's ``/health`` is 200 only while every replica is healthy.
 A replica process that exits stops the whole server with a non-zero code (as
-a dead scheduler does in a single server).
+a dead scheduler does in a single server); a replica whose front is gone
+(killed with SIGKILL) drains and exits by itself.
 
 Shutdown (SIGTERM or Ctrl-C): the front refuses new requests (503) and sends
 SIGTERM to each replica, which drains as a single server does (its requests
@@ -40,9 +41,19 @@ logger = logging.getLogger("radixrt.router")
 WATCH_INTERVAL_S = 0.5
 
 
+def _watch_parent(parent: int) -> None:
+    """In a replica: when the front is gone (killed without a chance to stop us), drain and exit."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _replica_main(config: EngineConfig, sargs: Any) -> None:
+    import threading
+
     from radixrt.server.launch import launch_server
 
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="watch-front").start()
     sys.exit(launch_server(config, sargs))
 
 

@@ -82,6 +82,7 @@ class WorkerPool:
         self._task: Optional[asyncio.Task] = None
         self._evict_task: Optional[asyncio.Task] = None
         self._client: Optional[httpx.AsyncClient] = None
+        self._probes: set[asyncio.Future] = set()
 
     # ------------------------------------------------------------------ membership
     def add(self, url: str) -> Worker:
@@ -150,6 +151,25 @@ class WorkerPool:
             w.last_error = reason
             if w.healthy and w.failures >= self.health.health_failure_threshold:
                 self.set_healthy(w.url, False, reason)
+
+    def probe(self, url: str) -> None:
+        """Check one worker now (a request to it failed in a way that may or may
+        not mean it is gone); it leaves routing at once if /health fails."""
+        async def run() -> None:
+            assert self._client is not None
+            try:
+                r = await self._client.get(url + "/health", timeout=self.health.health_check_timeout_s)
+                if r.status_code == 200:
+                    return
+                reason = f"/health answered {r.status_code} after a failed request"
+            except httpx.HTTPError as e:
+                reason = f"/health failed after a failed request: {type(e).__name__}: {e}"
+            self.set_healthy(url, False, reason)
+
+        if self._client is not None:
+            task = asyncio.ensure_future(run())
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
 
     async def _health_loop(self) -> None:
         while True:

@@ -130,6 +130,22 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
                    json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     assert {w.url for w in workers} == {w["url"] for w in info["workers"]}
+    # a program through the frontend's RuntimeEndpoint: the front looks like one server
+    import radixrt as rt
+
+    @rt.function
+    def fan(s):
+        s += rt.system(SYSTEM[1]) + rt.user("Pick one.")
+        s += rt.assistant(rt.select("c", choices=["red", "green", "blue"]))
+        forks = s.fork(3)
+        for f in forks:
+            f += rt.user("More?") + rt.assistant(rt.gen("more", max_tokens=3))
+        forks.join()
+
+    backend = rt.RuntimeEndpoint(srv.url, api_key=KEY)
+    assert backend.get_role_markers()["user"][0] == "<|im_start|>user\n"  # /get_model_info via the front
+    st = fan.run(backend=backend, temperature=0)
+    assert st.error() is None and st["c"] in ("red", "green", "blue") and len(st["more"]) == 3
     assert all(w.url.startswith("http://127.0.0.1:") and w.url != srv.url for w in workers)
 
 
@@ -235,8 +251,10 @@ def test_a_killed_worker_fails_over_and_the_dp_front_goes_down_with_it(workers, 
         # routed to the dead worker by its prefix: the connect error moves it to the survivor
         r = _generate(router, SYSTEM[0] + " After the crash?")
         assert r.headers["x-radixrt-worker"] == survivor.url
-        listed = httpx.get(router.url + "/list_workers", headers=AUTH).json()
-        assert listed["failovers"] >= 1 and _healthy(router)[victim.url] is False
+        assert httpx.get(router.url + "/list_workers", headers=AUTH).json()["failovers"] >= 1
+        # out of routing: at once after a connect error, after a probe of /health when a kept-alive
+        # connection was found closed
+        _wait(lambda: _healthy(router)[victim.url] is False, "the dead worker stayed in routing")
         assert _generate(router, SYSTEM[0] + " And again?").headers["x-radixrt-worker"] == survivor.url
     finally:
         os.kill(dp_server.proc.pid, signal.SIGCONT)
