@@ -128,6 +128,9 @@ class EngineConfig:
             raise ValueError("page_size must be >= 1")
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
+        if self.tp_size > 1 and self.enable_hierarchical_cache:
+            raise ValueError("the host KV tier (enable_hierarchical_cache) does not run tensor parallel yet: "
+                             "use tp_size 1")
         if self.tp_size > 1 and self.enable_deterministic_inference:
             raise ValueError("enable_deterministic_inference does not run tensor parallel yet: use tp_size 1")
         if self.schedule_policy not in ("lpm", "dfs-weight", "fcfs"):
