@@ -85,8 +85,8 @@ def _dense(q_all, cache, slots):
 def test_fixed_split_attention_is_batch_invariant():
     rng = random.Random(0)
     torch.manual_seed(0)
-    length = 2 * KV_CHUNK + 37  # three chunks, the last one partial
-    others_len = [5, KV_CHUNK + 3, 300, 1]
+    length = KV_CHUNK + 37  # two chunks, the last one partial
+    others_len = [5, KV_CHUNK + 3, 150, 1]
     num_slots = length + sum(others_len) + 8
     cache = _cache(num_slots)
     perm = list(range(num_slots))
