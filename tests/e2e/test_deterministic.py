@@ -82,9 +82,17 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
         engine.shutdown()
 
 
-def test_deterministic_mode_refuses_flashinfer():
+def test_deterministic_flag_and_refused_backends():
+    import argparse
+
     from radixrt.config import EngineConfig
     from radixrt.executor.model_runner import resolve_runtime
+
+    parser = argparse.ArgumentParser()
+    EngineConfig.add_cli_args(parser)
+    assert EngineConfig.from_cli_args(parser.parse_args(["--enable-deterministic-inference"])) \
+        .enable_deterministic_inference
+    assert not EngineConfig.from_cli_args(parser.parse_args([])).enable_deterministic_inference
 
     choice = resolve_runtime(EngineConfig(enable_deterministic_inference=True, device="cuda"))
     assert (choice.attention_backend, choice.cuda_graph) == ("torch", False)
