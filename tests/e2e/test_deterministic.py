@@ -13,9 +13,10 @@ import pytest
 import radixrt
 
 CASES = {
-    # model fixture, targets, fillers, new tokens, pool of the pressure run, chunked prefill there
-    "tiny": ("tiny_llama", 3, 29, 16, 240, 32),
-    "embedded": ("default_model_path", 3, 29, 12, 300, 32),
+    # model fixture, targets, fillers, new tokens; the pressure run's pool, chunked prefill size and
+    # number of requests (the first ones: the targets and some fillers)
+    "tiny": ("tiny_llama", 3, 29, 16, 240, 32, 32),
+    "embedded": ("default_model_path", 2, 30, 8, 140, 64, 12),
 }
 
 
@@ -45,7 +46,7 @@ def _run(engine, prompts, params) -> list[dict]:
 
 @pytest.mark.parametrize("case", ["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
 def test_seeded_outputs_alone_batched_and_retracted(case, request):
-    fixture, targets, fillers, new_tokens, small_pool, chunk = CASES[case]
+    fixture, targets, fillers, new_tokens, small_pool, chunk, pressed_count = CASES[case]
     model = request.getfixturevalue(fixture)
     prompts, params = _workload(targets, fillers, new_tokens)
 
@@ -70,12 +71,13 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
     engine = radixrt.Engine(model, max_total_tokens=small_pool, chunked_prefill_size=chunk,
                             enable_deterministic_inference=True, debug_check_invariants=True)
     try:
-        pressed = [r["output_ids"] for r in _run(engine, prompts, params)]
+        pressed = [r["output_ids"] for r in _run(engine, prompts[:pressed_count], params[:pressed_count])]
         engine.wait_idle()
         stats = engine.get_stats()
         assert stats["retractions"] > 0, "the pool was meant to be too small for every request at once"
+        assert [len(p) for p in pressed] == [new_tokens] * pressed_count  # none aborted
         assert pressed[:targets] == alone
-        assert pressed == batched
+        assert pressed == batched[:pressed_count]
         engine.scheduler.check_invariants()
         assert engine.scheduler.kv_usage()["private_slots"] == 0
     finally:
