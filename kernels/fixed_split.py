@@ -60,12 +60,8 @@ class TileGroup:
     pos: torch.Tensor  # [n, QT] int64 absolute positions (padding: 0, sees key 0 only)
     slots: torch.Tensor  # [n, C*KV_CHUNK] slot ids per tile, or [1, C*KV_CHUNK] shared by all tiles
     active: list[int]  # tiles that need chunk c, for c in range(C)
+    shared: bool  # one request's tiles, reading the same K/V chunks (slots is [1, C*KV_CHUNK])
     _hidden: Optional[list[torch.Tensor]] = None  # see hidden_masks (the same for every layer)
-
-    @property
-    def shared(self) -> bool:
-        """One request's tiles, reading the same K/V chunks."""
-        return self.slots.shape[0] == 1
 
     def hidden_masks(self, g: int, hkv: int) -> list[torch.Tensor]:
         """Per chunk ``c``, True where a row may not see a key: ``[active[c] * m, QT * g, KV_CHUNK]``
@@ -118,7 +114,7 @@ def plan_fixed_split(meta: AttentionMetadata) -> FixedSplitPlan:
         active = [sum(1 for p in last_pos if p // kc >= cc) for cc in range(c)]
         k = torch.arange(c * kc, device=device).clamp_(max=kv_len - 1)
         slots = meta.kv_slots[kv_starts[i] + k].unsqueeze(0)
-        groups.append(TileGroup(rows, valid, pos, slots, active))
+        groups.append(TileGroup(rows, valid, pos, slots, active, shared=True))
     if singles:
         singles.sort(key=lambda i: -meta.kv_lens[i])
         q_lens = torch.tensor([meta.q_lens[i] for i in singles], device=device)
@@ -134,7 +130,7 @@ def plan_fixed_split(meta: AttentionMetadata) -> FixedSplitPlan:
         k = torch.minimum(k[None, :], kv_lens[:, None] - 1)
         slots = meta.kv_slots[kv_st[:, None] + k]
         active = [sum(1 for n in chunks if n > cc) for cc in range(c)]
-        groups.append(TileGroup(rows, valid, pos, slots, active))
+        groups.append(TileGroup(rows, valid, pos, slots, active, shared=False))
     return FixedSplitPlan(groups)
 
 
