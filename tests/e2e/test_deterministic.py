@@ -15,7 +15,7 @@ import radixrt
 CASES = {
     # model fixture, targets, fillers, new tokens; the pressure run's pool, chunked prefill size and
     # number of requests (the first ones: the targets and some fillers)
-    "tiny": ("tiny_llama", 3, 29, 16, 240, 32, 32),
+    "tiny": ("tiny_llama", 3, 29, 12, 240, 32, 32),
     "embedded": ("default_model_path", 2, 30, 8, 140, 64, 12),
 }
 

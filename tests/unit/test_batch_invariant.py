@@ -124,6 +124,7 @@ def test_fixed_split_attention_is_batch_invariant():
         assert torch.equal(alone[0], whole[p]), p
 
 
+@pytest.mark.slow  # ~1.5 s; the fast e2e test covers the tiny model end to end
 def test_tiny_model_token_bits_same_in_prefill_and_decode(tiny_llama):
     """The whole model (linear tiles, padding, attention): a token's final hidden
     state is bit-identical whether computed in a prefill or a decode step, alone
