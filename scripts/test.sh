@@ -5,4 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 radixrt download >/dev/null
-python -m pytest -q -p no:cacheprovider "$@"
+# Two workers (pytest-xdist), each taking whole test files so a module's
+# server or engine fixture starts once: about 7 minutes here against 16 in
+# one process (much of the suite waits on servers starting). Set
+# RADIXRT_TEST_WORKERS=0 to run in this process only.
+python -m pytest -q -p no:cacheprovider -n "${RADIXRT_TEST_WORKERS:-2}" --dist loadfile "$@"
