@@ -106,7 +106,10 @@ class BatchPlanner:
                     continue
                 victim = queue.pop() if queue else None
                 if victim is None:
-                    if batch:  # retract this one; the others keep running
+                    # Others still hold KV (in this batch, or finishing in the step in
+                    # flight, which frees theirs once processed): retract this one.
+                    # Only a request alone in the pool that cannot grow is beyond saving.
+                    if batch or len(running) > 1:
                         victim = req
                     else:
                         running.remove(req)

@@ -193,3 +193,33 @@ def test_overlap_on_and_off_give_the_same_outputs(tiny_llama, page_size):
     assert retractions[True] > 0 and retractions[False] > 0
     stops = [fr for _, _, fr in outputs[True] if fr["type"] == "stop" and fr["matched"] == "a"]
     assert stops, "some requests were meant to end on their stop string"
+
+
+@pytest.mark.parametrize("pool", [70, 100])
+def test_request_is_not_aborted_while_finishing_ones_hold_kv(tiny_llama, pool):
+    """With overlap, a request whose in-flight token is its last still holds KV
+    while the next step is planned; a request that cannot grow then is
+    retracted and resumed, never aborted as too big for the pool (both pools
+    fit every request alone; they aborted one before the fix)."""
+    rng = random.Random(12)
+
+    def toks(n):
+        return [rng.randrange(100, 30000) for _ in range(n)]
+
+    prefix = toks(36)
+    prompts = [prefix + toks(rng.randrange(3, 20)) for _ in range(2)] + [toks(rng.randrange(4, 40)) for _ in range(10)]
+    sp = [{"max_new_tokens": 8, "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i, "ignore_eos": True}
+          for i in range(len(prompts))]
+    outputs = {}
+    for size in (pool, 4096):
+        engine = radixrt.Engine(tiny_llama, max_total_tokens=size, chunked_prefill_size=64,
+                                debug_check_invariants=True)
+        try:
+            results = engine.generate(input_ids=prompts, sampling_params=sp)
+            assert [r["meta_info"]["finish_reason"]["type"] for r in results] == ["length"] * len(prompts)
+            outputs[size] = [len(r["output_ids"]) for r in results]
+            engine.wait_idle()
+            assert engine.scheduler.kv_usage()["private_slots"] == 0
+        finally:
+            engine.shutdown()
+    assert outputs[pool] == outputs[4096] == [8] * len(prompts)
