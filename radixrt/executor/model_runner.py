@@ -115,6 +115,9 @@ class ModelRunner:
             self.followers = Followers(config)
             tp = self.followers.group
         self.tp = tp
+        if tp is not None and not config.device.startswith("cuda"):
+            # the ranks share the machine's cores: oversubscribed intra-op threads spin against each other
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp.size))
         self.device = tp.device if tp is not None else config.device
         self.choice = resolve_runtime(config)
         self.dtype = self.choice.dtype
