@@ -110,25 +110,7 @@ class QwenParser(ToolCallParser):
         return self.OPEN + "\n" + super().call_begin(name)
 
     def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
-        calls: list[CallScan] = []
-        pos = start
-        while True:
-            pos = skip_ws(text, pos)
-            if pos >= len(text) or not text.startswith(self.OPEN, pos):
-                return calls, False
-            c = scan_call(text, skip_ws(text, pos + len(self.OPEN)))
-            if c.bad:
-                return calls, not calls
-            calls.append(c)
-            if c.end is None:
-                return calls, False
-            pos = skip_ws(text, c.end)
-            if text.startswith(self.CLOSE, pos):
-                pos += len(self.CLOSE)
-            elif not self.CLOSE.startswith(text[pos:]):
-                return calls, False
-            else:
-                return calls, False
+        return scan_calls(text, start, self.OPEN, self.CLOSE)
 
 
 class GenericParser(QwenParser):
@@ -150,23 +132,8 @@ class Llama3Parser(ToolCallParser):
     TAG = "<|python_tag|>"
 
     def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
-        calls: list[CallScan] = []
         pos = start + len(self.TAG) if text.startswith(self.TAG, start) else start
-        while True:
-            pos = skip_ws(text, pos)
-            c = scan_call(text, pos)
-            if pos >= len(text):
-                return calls, False
-            if c.bad:
-                return calls, not calls
-            calls.append(c)
-            if c.end is None:
-                return calls, False
-            pos = skip_ws(text, c.end)
-            if pos < len(text) and text[pos] == ";":
-                pos += 1
-            else:
-                return calls, False
+        return scan_calls(text, pos, "", ";")
 
 
 class MistralParser(ToolCallParser):
@@ -180,28 +147,33 @@ class MistralParser(ToolCallParser):
     block_end = "]"
 
     def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
-        calls: list[CallScan] = []
         pos = skip_ws(text, start + len(self.trigger))
         if pos >= len(text):
-            return calls, False
+            return [], False
         if text[pos] != "[":
-            return calls, True
-        pos += 1
-        while True:
-            pos = skip_ws(text, pos)
-            if pos >= len(text):
-                return calls, False
-            c = scan_call(text, pos)
-            if c.bad:
-                return calls, not calls
-            calls.append(c)
-            if c.end is None:
-                return calls, False
-            pos = skip_ws(text, c.end)
-            if pos < len(text) and text[pos] == ",":
-                pos += 1
-            else:
-                return calls, False
+            return [], True
+        return scan_calls(text, pos + 1, "", ",")
+
+
+def scan_calls(text: str, pos: int, opener: str, separator: str) -> tuple[list[CallScan], bool]:
+    """The calls from ``pos``: each JSON call after ``opener`` (may be empty),
+    the next one only after ``separator``. Returns (calls, bad): ``bad`` when
+    the first call is malformed; a later malformed one ends the block."""
+    calls: list[CallScan] = []
+    while True:
+        pos = skip_ws(text, pos)
+        if pos >= len(text) or not text.startswith(opener, pos):
+            return calls, False
+        c = scan_call(text, skip_ws(text, pos + len(opener)))
+        if c.bad:
+            return calls, not calls
+        calls.append(c)
+        if c.end is None:
+            return calls, False
+        pos = skip_ws(text, c.end)
+        if not text.startswith(separator, pos):
+            return calls, False
+        pos += len(separator)
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
