@@ -179,34 +179,19 @@ class LlamaForCausalLM(nn.Module):
         Writes every layer's new K/V into ``kv_pool`` at ``meta.out_slots``.
         ``backend.plan(meta)`` must have been called for this batch.
         """
-        if self.batch_invariant:
-            return self._forward_padded(input_ids, positions, meta, kv_pool, backend)
-        h = self.model.embed_tokens(input_ids)
-        cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, self.rope, kv_pool, backend)
-        return self.model.norm(h)
-
-    def _forward_padded(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: "AttentionMetadata",
-        kv_pool: Any,
-        backend: "AttentionBackend",
-    ) -> torch.Tensor:
-        """`forward` over token rows padded to whole row tiles (batch-invariant mode)."""
         n = input_ids.shape[0]
-        mp = padded_rows(n)
-        h = self.model.embed_tokens(pad_rows(input_ids, mp))
-        if self.rope.rope_type in _LENGTH_DEPENDENT:  # its tables split positions by request
+        rows = padded_rows(n) if self.batch_invariant else n  # batch-invariant mode: whole row tiles
+        h = self.model.embed_tokens(pad_rows(input_ids, rows))
+        if not self.batch_invariant or self.rope.rope_type in _LENGTH_DEPENDENT:  # these split positions by request
             cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
-            cos, sin = pad_rows(cos, mp), pad_rows(sin, mp)
+            cos, sin = pad_rows(cos, rows), pad_rows(sin, rows)
         else:
-            cos, sin = self.rope.cos_sin(pad_rows(positions, mp), h.dtype)
+            cos, sin = self.rope.cos_sin(pad_rows(positions, rows), h.dtype)
+        real = n if self.batch_invariant else None  # only the real rows reach the attention backend
         for layer in self.model.layers:
-            h = layer(h, cos, sin, self.rope, kv_pool, backend, n)
-        return self.model.norm(h)[:n]
+            h = layer(h, cos, sin, self.rope, kv_pool, backend, real)
+        h = self.model.norm(h)
+        return h[:n] if self.batch_invariant else h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for hidden rows [N, hidden] returned by `forward`."""
