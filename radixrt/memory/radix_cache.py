@@ -175,21 +175,9 @@ class RadixCache:
         # without a host tier every child is on the device: skip the scan of a wide node's children
         want = (bool(node.value) and node.lock_ref == 0
                 and (not node.children if self.host is None else not any(c.value for c in node.children.values())))
-        if want:
-            if node.lru_entry is None:
-                node.lru_entry = (node.last_access, node.id, node)
-                self._leaves.add(node.lru_entry)
-        elif node.lru_entry is not None:
-            self._leaves.remove(node.lru_entry)
-            node.lru_entry = None
+        node.lru_entry = _member(self._leaves, node.lru_entry, node, want)
         want_host = bool(node.key) and not node.value and node.host_value is not None and not node.children
-        if want_host:
-            if node.host_lru_entry is None:
-                node.host_lru_entry = (node.last_access, node.id, node)
-                self._host_leaves.add(node.host_lru_entry)
-        elif node.host_lru_entry is not None:
-            self._host_leaves.remove(node.host_lru_entry)
-            node.host_lru_entry = None
+        node.host_lru_entry = _member(self._host_leaves, node.host_lru_entry, node, want_host)
 
     def _split(self, node: TreeNode, m: int) -> TreeNode:
         """Split `node` after its first ``m`` tokens (0 < m < len, page-aligned).
@@ -637,3 +625,14 @@ class RadixCache:
     def check_integrity(self) -> None:
         """Assert every structural invariant (O(tree size); for tests)."""
         check_tree_integrity(self)
+
+
+def _member(leaves: SortedList, entry: Optional[tuple], node: TreeNode, want: bool) -> Optional[tuple]:
+    """Put ``node`` in or take it out of the sorted LRU set ``leaves``; its new entry (None: out)."""
+    if want and entry is None:
+        entry = (node.last_access, node.id, node)
+        leaves.add(entry)
+    elif not want and entry is not None:
+        leaves.remove(entry)
+        entry = None
+    return entry

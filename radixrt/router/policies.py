@@ -47,14 +47,8 @@ class Policy(Protocol):
     def stats(self) -> dict: ...
 
 
-class RoundRobin:
-    name = "round_robin"
-
-    def __init__(self) -> None:
-        self._counter = itertools.count()
-
-    def select(self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey]) -> str:
-        return workers[next(self._counter) % len(workers)]
+class StatelessPolicy:
+    """The no-op upkeep of a policy that keeps no per-worker prefix state."""
 
     def remove_worker(self, url: str) -> None:
         pass
@@ -69,7 +63,17 @@ class RoundRobin:
         return {}
 
 
-class ShortestQueue:
+class RoundRobin(StatelessPolicy):
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def select(self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey]) -> str:
+        return workers[next(self._counter) % len(workers)]
+
+
+class ShortestQueue(StatelessPolicy):
     name = "shortest_queue"
 
     def __init__(self) -> None:
@@ -83,15 +87,6 @@ class ShortestQueue:
 
     def remove_worker(self, url: str) -> None:
         self._last_used.pop(url, None)
-
-    def reset(self) -> None:
-        pass
-
-    def evict(self) -> None:
-        pass
-
-    def stats(self) -> dict:
-        return {}
 
 
 @dataclass
