@@ -15,7 +15,7 @@ copies these queued to the step being launched (host_pool.py).
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, cast
 
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.kv_transfer import KVTransfers
@@ -90,6 +90,40 @@ class KVCacheManager:
         if pages:
             req.slots.extend(self.allocator.pages_to_slots(pages)[: num_tokens - take])
         self.req_to_token.write(_row(req), start, req.slots[start:])
+        return True
+
+    def extend_decode(self, reqs: list[Req]) -> bool:
+        """Reserve one slot for the next token of each request, in one allocator
+        call (the decode fast path): a request with room in its private last page
+        takes the next slot of it, the others a fresh page each, handed out in
+        order as `extend(req, 1)` for each in turn would. Unlocked tree leaves are
+        evicted if needed. All or nothing: on failure no slot is taken (eviction
+        may have happened) and False is returned."""
+        P = self.page_size
+        fresh = len(reqs) if P == 1 else sum(1 for r in reqs if not len(r.slots) % P)
+        short = fresh - self.allocator.num_free_pages
+        if short > 0:
+            self.tree.evict(short * P)
+        pages = self.allocator.alloc_pages(fresh)
+        if pages is None:
+            return False
+        if P == 1:
+            slots = pages
+            cols = [len(r.slots) for r in reqs]
+            for r, s in zip(reqs, slots):
+                r.slots.append(s)
+        else:
+            slots, cols = [], []
+            new_pages = iter(pages)
+            for r in reqs:
+                n = len(r.slots)
+                s = r.slots[-1] + 1 if n % P else next(new_pages) * P
+                r.slots.append(s)
+                slots.append(s)
+                cols.append(n)
+        rows = [r.row for r in reqs]
+        assert None not in rows, "a request being extended holds a table row"
+        self.req_to_token.write_many(cast("list[int]", rows), cols, slots)
         return True
 
     def cache_prefix(self, req: Req, limit: Optional[int] = None, computed: bool = True) -> None:

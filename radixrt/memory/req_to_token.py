@@ -67,6 +67,13 @@ class ReqToTokenPool:
         self._cols.extend(range(start, start + n))
         self._slots.extend(slots)
 
+    def write_many(self, rows: list[int], cols: list[int], slots: list[int]) -> None:
+        """Queue ``table[rows[i], cols[i]] = slots[i]`` for every ``i`` (one slot per
+        entry; the decode fast path queues a whole batch's new slots at once)."""
+        self._rows.extend(rows)
+        self._cols.extend(cols)
+        self._slots.extend(slots)
+
     def take_writes(self) -> Optional[torch.Tensor]:
         """The queued writes as one host tensor ``[3, n]`` (rows, columns, slots),
         or None; the queue is emptied. The scheduler takes them while preparing

@@ -18,6 +18,7 @@ running) and the requests' KV through `KVCacheManager`; it runs no model.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -40,6 +41,15 @@ MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
 
 Batch = list[tuple[Req, int]]  # (request, tokens it computes this step)
+
+
+def _running_order(req: Req) -> tuple[bool, int, int]:
+    """Running requests' scheduling order: decoders (one token, plus any draft)
+    before prefill chunks, then most outputs first, then shortest prompt first;
+    retraction takes from the end. (``uncomputed - len(draft_ids)``, inlined: it
+    is computed for every running request every step.)"""
+    n_out = len(req.output_ids)
+    return len(req.input_ids) + n_out + req.pending - len(req.slots) > 1, -n_out, len(req.input_ids)
 
 
 @dataclass
@@ -88,10 +98,11 @@ class BatchPlanner:
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         running = self.queues.running
-        running.sort(key=lambda r: (r.uncomputed - len(r.draft_ids) > 1, -len(r.output_ids), len(r.input_ids)))
-        queue = list(running)
+        running.sort(key=_running_order)
+        queue = deque(running)
+        budget = self._take_decoders(queue, batch, budget)
         while queue:
-            req = queue.pop(0)
+            req = queue.popleft()
             if req.pending and self._will_stop_at_length(req):
                 continue
             if req.draft_ids and req.uncomputed > budget:
@@ -122,6 +133,27 @@ class BatchPlanner:
                 batch.append((req, q))
                 budget -= q
         return budget
+
+    def _take_decoders(self, queue: deque[Req], batch: Batch, budget: int) -> int:
+        """The decode fast path: the leading requests of ``queue`` that compute one
+        token and have no draft take their slots in one allocation and leave the
+        queue, as the general loop would have scheduled them had memory sufficed
+        for all. When it does not, nothing is taken here and the general loop
+        takes them one by one (and retracts). Returns the budget left."""
+        decoders: list[Req] = []
+        n = 0
+        for req in queue:
+            if req.draft_ids or len(req.input_ids) + len(req.output_ids) + req.pending - len(req.slots) != 1:
+                break
+            n += 1
+            if not (req.pending and self._will_stop_at_length(req)):
+                decoders.append(req)
+        if not decoders or not self.kv.extend_decode(decoders):
+            return budget
+        for _ in range(n):
+            queue.popleft()
+        batch.extend((req, 1) for req in decoders)
+        return budget - len(decoders)
 
     def _retract(self, req: Req) -> None:
         """Release a running request's KV (its prefix stays in the tree) and re-queue it.
