@@ -88,38 +88,44 @@ def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
 def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding,
                    table_writes: Optional[torch.Tensor]) -> StepInputs:
     inp = StepInputs(input_ids=[], rows=[], q_lens=[], kv_lens=[], table_writes=table_writes)
+    input_ids, rows, kv_lens = inp.input_ids, inp.rows, inp.kv_lens
+    sample_positions, sampling_rows = inp.sample_positions, inp.sampling_rows
     masked: list[tuple[Req, int]] = []
     offset = 0
     for bi, (req, q) in enumerate(batch):
-        assert req.row is not None, "a request in a batch holds a table row"
+        row = req.row
+        assert row is not None, "a request in a batch holds a table row"
         end = len(req.slots)
-        start = end - q
+        rows.append(row)
+        kv_lens.append(end)
         if req.pending:  # a decode step whose input token is still in flight
             assert q == 1 and req.pending == 1, "one step in flight, decoding one token"
-            inp.future_positions.append(len(inp.input_ids))
-            inp.future_rows.append(req.row)
-            inp.input_ids.append(0)
+            inp.future_positions.append(len(input_ids))
+            inp.future_rows.append(row)
+            input_ids.append(0)
         else:
-            inp.input_ids.extend(req.tokens(start, end))
-        inp.rows.append(req.row)
-        inp.q_lens.append(q)
-        inp.kv_lens.append(end)
-        if req.wants_prompt_logprobs and req.input_logprobs is None:
-            inp.prompt_jobs.append(_prompt_job(req, bi, offset, start, q))
-        if samples_this_step(req):
-            # One row per draft token and one after them: the last k+1 positions.
-            k = len(req.draft_ids)
-            assert q > k, "a draft must be computed in the step that verifies it"
-            first = len(inp.sample_positions)
-            inp.samplers.append((bi, first))
-            inp.sample_positions.extend(range(offset + q - 1 - k, offset + q))
-            for j in range(k + 1):
-                if req.grammar is not None:
-                    inp.masked_rows.append(first + j)
-                    masked.append((req, j))
-                inp.sampling_rows.append(_sampling_row(req, j))
-            inp.last_token_rows.append(req.row)
-            inp.last_token_samples.append(first + k)
+            input_ids.extend(req.tokens(end - q, end))
+        if req.return_logprob and req.wants_prompt_logprobs and req.input_logprobs is None:
+            inp.prompt_jobs.append(_prompt_job(req, bi, offset, end - q, q))
         offset += q
+        if not samples_this_step(req):
+            continue
+        # One row per draft token and one after them: the last k+1 positions.
+        first = len(sample_positions)
+        inp.samplers.append((bi, first))
+        inp.last_token_rows.append(row)
+        k = len(req.draft_ids)
+        inp.last_token_samples.append(first + k)
+        if k:
+            assert q > k, "a draft must be computed in the step that verifies it"
+            sample_positions.extend(range(offset - 1 - k, offset))
+            sampling_rows.extend([_sampling_row(req, j) for j in range(k + 1)])
+        else:  # a decode row (most rows): the same without building ranges
+            sample_positions.append(offset - 1)
+            sampling_rows.append(_sampling_row(req, 0))
+        if req.grammar is not None:
+            inp.masked_rows.extend(range(first, first + k + 1))
+            masked.extend((req, j) for j in range(k + 1))
+    inp.q_lens = [q for _, q in batch]
     inp.bitmask = constrained.bitmask(masked)
     return inp
