@@ -91,48 +91,49 @@ class ResultProcessor:
         the model's own and ends the step. KV computed for the rejected rest is
         dropped and the matcher rolled back over it. Stop conditions are
         checked token by token, as decoding one token per step would."""
-        draft, req.draft_ids = req.draft_ids, []
-        base = len(req.input_ids) + len(req.output_ids)  # position of draft[0]
+        draft = req.draft_ids
         state = req.grammar
-        kept = 0
-        for j in range(len(draft) + 1):
-            i = first + j
-            token = result.token_ids[i]
-            lp = result.logprobs[i] if result.logprobs is not None else None
-            top = result.top_logprobs[i] if result.top_logprobs else None
-            if j < len(draft) and token == draft[j]:
-                kept += 1  # the matcher accepted it with the draft
-                self._append_token(req, token, lp, top)
+        if not draft:
+            self._take_token(req, result, first)
+        else:
+            req.draft_ids = []
+            base = len(req.input_ids) + len(req.output_ids)  # position of draft[0]
+            kept = 0
+            tokens = result.token_ids
+            while kept < len(draft) and tokens[first + kept] == draft[kept]:
+                self._append_token(req, draft[kept], result, first + kept)  # the matcher accepted it with the draft
+                kept += 1
                 if req.finish_reason is not None:
                     break
-                continue
-            accepted = True
-            if state is not None:
-                state.settle_draft(kept)
-                accepted = state.accept(token)
-            self._append_token(req, token, lp, top)
-            if not accepted:
-                logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
-                req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
-            break
-        if draft:
             assert state is not None, "only a constrained request has a draft"
-            if state.draft_len:
-                state.settle_draft(kept)  # finished inside the draft
+            state.settle_draft(kept)
+            if req.finish_reason is None:  # else it finished inside the draft
+                self._take_token(req, result, first + kept)
             self.constrained.kept += kept
             self.kv.truncate(req, base + kept)
         if req.finish_reason is None and state is not None and self.enable_jump_forward:
             self.constrained.propose_draft(req)
 
-    def _append_token(self, req: Req, token: int, logprob: Optional[float], top: Any) -> None:
+    def _take_token(self, req: Req, result: Any, i: int) -> None:
+        """Append the model's own token of row ``i`` (its matcher has no draft pending)."""
+        token = result.token_ids[i]
+        accepted = req.grammar is None or req.grammar.accept(token)
+        self._append_token(req, token, result, i)
+        if not accepted:
+            logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
+            req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
+
+    def _append_token(self, req: Req, token: int, result: Any, i: int) -> None:
+        """Append ``token``, sampled in row ``i`` of ``result``, and check the stop conditions."""
         req.output_ids.append(token)
         req.unsent_ids += 1
         self.generated_tokens += 1
         if req.return_logprob:
+            logprob = result.logprobs[i] if result.logprobs is not None else None
             assert logprob is not None, "the sampler gives a logprob to every row that asks for one"
             req.pending_output_logprobs.append((logprob, token))
             if req.top_logprobs_num:
-                req.pending_top_logprobs.append(top or [])
+                req.pending_top_logprobs.append((result.top_logprobs[i] if result.top_logprobs else None) or [])
         req.finish_reason = self._check_finish(req, token)
 
     def _check_finish(self, req: Req, token: int) -> Optional[FinishReason]:
