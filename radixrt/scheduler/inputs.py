@@ -54,7 +54,8 @@ class StepInputs:
     masked_rows: list[int] = field(default_factory=list)
     # (batch index, its first sampling row) of every request that samples
     samplers: list[tuple[int, int]] = field(default_factory=list)
-    # the device keeps each sampling request's last token, by table row
+    # the device keeps each sampling request's last token, by table row, when a step
+    # may be launched before this one's results are processed (empty otherwise)
     last_token_rows: list[int] = field(default_factory=list)
     last_token_samples: list[int] = field(default_factory=list)
     prompt_jobs: list[PromptLogprobJob] = field(default_factory=list)
@@ -85,8 +86,11 @@ def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
     )
 
 
-def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding,
-                   table_writes: Optional[torch.Tensor]) -> StepInputs:
+def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes: Optional[torch.Tensor],
+                   keep_last_tokens: bool = True) -> StepInputs:
+    """The inputs of ``batch``'s forward. ``keep_last_tokens``: the next step may be
+    launched before this one's results are processed (it then reads the tokens
+    sampled here from the device)."""
     inp = StepInputs(input_ids=[], rows=[], q_lens=[], kv_lens=[], table_writes=table_writes)
     input_ids, rows, kv_lens = inp.input_ids, inp.rows, inp.kv_lens
     sample_positions, sampling_rows = inp.sample_positions, inp.sampling_rows
@@ -113,9 +117,10 @@ def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding,
         # One row per draft token and one after them: the last k+1 positions.
         first = len(sample_positions)
         inp.samplers.append((bi, first))
-        inp.last_token_rows.append(row)
         k = len(req.draft_ids)
-        inp.last_token_samples.append(first + k)
+        if keep_last_tokens:
+            inp.last_token_rows.append(row)
+            inp.last_token_samples.append(first + k)
         if k:
             assert q > k, "a draft must be computed in the step that verifies it"
             sample_positions.extend(range(offset - 1 - k, offset))

@@ -8,9 +8,11 @@ same); torch releases the GIL inside its kernels, so the two really run at
 once, on CUDA and on the CPU alike. With overlap off it runs inline.
 
 Device state owned here: ``last_tokens[row]``, the last token sampled for the
-request holding row ``row`` of the request-to-slot table. A decode step whose
-input token is still in flight reads it from there, so a sampled token never
-has to reach the host before the step that consumes it is launched.
+request holding row ``row`` of the request-to-slot table, kept for the steps
+after which another is launched before their results are processed
+(``StepInputs.last_token_rows``). A decode step whose input token is still in
+flight reads it from there, so a sampled token never has to reach the host
+before the step that consumes it is launched.
 
 Everything the forward thread touches (the runner, its KV pool and table, the
 sampler) is touched by no other thread while a step is in flight: the
@@ -90,13 +92,17 @@ class StepLauncher:
         hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
         scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
         sample = None
-        if inputs.sample_positions:
-            rows = torch.tensor(inputs.sample_positions, dtype=torch.int64).to(self.device, non_blocking=True)
-            logits = self.runner.logits(hidden.index_select(0, rows))
+        positions = inputs.sample_positions
+        if positions:
+            if len(positions) < hidden.shape[0]:  # else (increasing, distinct) they are all the rows: a decode batch
+                hidden = hidden.index_select(0, torch.tensor(positions, dtype=torch.int64).to(self.device,
+                                                                                             non_blocking=True))
+            logits = self.runner.logits(hidden)
             sample = self.sampler.sample(logits, inputs.sampling_rows, inputs.bitmask, inputs.masked_rows)
-            last = torch.tensor([inputs.last_token_rows, [sample.token_ids[i] for i in inputs.last_token_samples]],
-                                dtype=torch.int64).to(self.device, non_blocking=True)
-            self.last_tokens[last[0]] = last[1]
+            if inputs.last_token_rows:
+                last = torch.tensor([inputs.last_token_rows, [sample.token_ids[i] for i in inputs.last_token_samples]],
+                                    dtype=torch.int64).to(self.device, non_blocking=True)
+                self.last_tokens[last[0]] = last[1]
         return StepOutput(sample, scores)
 
     def _score_prompt(self, hidden: torch.Tensor, job: PromptLogprobJob) -> PromptScores:

@@ -250,7 +250,9 @@ class Scheduler:
         return out
 
     def _launch(self, batch: Batch) -> InFlight:
-        inputs = prepare_inputs(batch, self.constrained, self.kv.req_to_token.take_writes())
+        overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
+        inputs = prepare_inputs(batch, self.constrained, self.kv.req_to_token.take_writes(),
+                                keep_last_tokens=overlappable)
         for bi, _ in inputs.samplers:
             batch[bi][0].pending += 1
         for req, q in batch:
@@ -259,7 +261,6 @@ class Scheduler:
                 self.counters["prompt_tokens_computed"] += min(q, len(req.input_ids) - start)
             if q > 1:  # a prefill chunk: its prefix is matchable from the next schedule on
                 self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
-        overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
         # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
         # what was evicted, write-through of what this step computes) run on the forward thread around it
         transfers = self.kv.take_transfers()
