@@ -13,8 +13,10 @@ if TYPE_CHECKING:
 
 # One line of `--help` per EngineConfig field (argparse adds the default).
 CLI_HELP = {
-    "disable_overlap_schedule": "process each step's results before scheduling the next (default: the next step "
-                                "is scheduled and launched while the current one runs)",
+    "disable_overlap_schedule": "process each step's results before scheduling the next; --no-disable-overlap-"
+                                "schedule schedules and launches the next step while the current one runs. Default: "
+                                "overlap on CUDA, none on the CPU (where it measured slower: the forward's many small "
+                                "ops and the scheduler's Python take turns on one interpreter lock)",
     "model_path": "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face model folder "
                   "(config.json + safetensors)",
     "device": "cpu or cuda",
@@ -75,6 +77,9 @@ CLI_HELP = {
                             "refused (400)",
 }
 
+# switches whose default (None) depends on the device
+_UNSET_SWITCHES = ("disable_overlap_schedule",)
+
 
 @dataclass
 class EngineConfig:
@@ -95,7 +100,8 @@ class EngineConfig:
     context_length: Optional[int] = None  # default: the model's max_position_embeddings
     chunked_prefill_size: int = 2048  # max prompt tokens computed in one step
     max_running_requests: int = 128
-    disable_overlap_schedule: bool = False  # process each step's results before scheduling the next
+    # process each step's results before scheduling the next; None: overlap on CUDA only (see overlap_schedule)
+    disable_overlap_schedule: Optional[bool] = None
     schedule_policy: str = "lpm"  # "lpm" | "dfs-weight" | "fcfs"
     enable_priority_scheduling: bool = False  # waiting queue ordered by request priority first
     schedule_low_priority_values_first: bool = False  # default: higher priority value runs first (SGLang's)
@@ -167,6 +173,19 @@ class EngineConfig:
         if self.hicache_ratio <= 0 or self.hicache_size < 0 or bad_tokens:
             raise ValueError("hicache_ratio must be > 0, hicache_size >= 0 and host_kv_size >= 1")
 
+    @property
+    def overlap_schedule(self) -> bool:
+        """Whether the next step is scheduled while the current one runs (the
+        scheduler's overlap). ``disable_overlap_schedule`` decides when set;
+        unset, overlap runs on CUDA, where kernels run asynchronously, and not
+        on the CPU: there the forward thread spends its time dispatching small
+        ops that need the interpreter lock the scheduler's Python holds, so the
+        two threads take turns and a step got slower with overlap
+        (``python -m radixrt.bench.step_time``)."""
+        if self.disable_overlap_schedule is None:
+            return self.device.startswith("cuda")
+        return not self.disable_overlap_schedule
+
     def limits(self, context_length: int, kv_total_slots: int, vocab_size: int) -> "Limits":
         """The front door's `Limits` for a runtime of these sizes under this config."""
         from radixrt.requests.intake import Limits
@@ -181,6 +200,10 @@ class EngineConfig:
             flag = "--model" if f.name == "model_path" else "--" + f.name.replace("_", "-")
             aliases = ("--tp",) if f.name == "tp_size" else ()  # SGLang's short form
             default = f.default
+            if f.name in _UNSET_SWITCHES:  # --flag, --no-flag, or neither (None: decided by the device)
+                parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                    help=CLI_HELP.get(f.name))
+                continue
             if isinstance(default, bool):
                 # --flag / --no-flag for switches that default to on
                 action = argparse.BooleanOptionalAction if default else "store_true"

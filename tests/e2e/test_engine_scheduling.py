@@ -213,7 +213,7 @@ def test_request_is_not_aborted_while_finishing_ones_hold_kv(tiny_llama, pool):
     outputs = {}
     for size in (pool, 4096):
         engine = radixrt.Engine(tiny_llama, max_total_tokens=size, chunked_prefill_size=64,
-                                debug_check_invariants=True)
+                                debug_check_invariants=True, disable_overlap_schedule=False)
         try:
             results = engine.generate(input_ids=prompts, sampling_params=sp)
             assert [r["meta_info"]["finish_reason"]["type"] for r in results] == ["length"] * len(prompts)

@@ -55,8 +55,10 @@ def _serving(model: str, folder: str, served_name: str, *extra: str):
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_llama):
-    # served as "default", the name the requests below give
-    with _serving(tiny_llama, tiny_llama, "default", "--served-model-name", "default") as srv:
+    # served as "default", the name the requests below give; with the overlap scheduler (a CUDA default, off on
+    # the CPU otherwise) so that streams, aborts and disconnects are also tested with a step in flight
+    with _serving(tiny_llama, tiny_llama, "default", "--served-model-name", "default",
+                  "--no-disable-overlap-schedule") as srv:
         yield srv
 
 
