@@ -83,25 +83,34 @@ class StepLauncher:
             host.run(transfers.after)
         return out
 
-    def _run(self, inputs: StepInputs) -> StepOutput:
-        ids = torch.tensor(inputs.input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+    def _to_device(self, values: list) -> torch.Tensor:
+        """An int64 tensor of host ints (a list, or a list of equal-length lists) on the device."""
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+
+    def _input_ids(self, inputs: StepInputs) -> torch.Tensor:
+        """The step's token ids on the device; those still in flight are read from ``last_tokens``."""
+        if len(inputs.future_positions) == len(inputs.input_ids):  # all in flight: a decode step under overlap
+            return self.last_tokens[self._to_device(inputs.future_rows)]
+        ids = self._to_device(inputs.input_ids)
         if inputs.future_positions:
-            where = torch.tensor([inputs.future_positions, inputs.future_rows], dtype=torch.int64)
-            where = where.to(self.device, non_blocking=True)
+            where = self._to_device([inputs.future_positions, inputs.future_rows])
             ids[where[0]] = self.last_tokens[where[1]]
+        return ids
+
+    def _run(self, inputs: StepInputs) -> StepOutput:
+        ids = self._input_ids(inputs)
         hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
         scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
         sample = None
         positions = inputs.sample_positions
         if positions:
             if len(positions) < hidden.shape[0]:  # else (increasing, distinct) they are all the rows: a decode batch
-                hidden = hidden.index_select(0, torch.tensor(positions, dtype=torch.int64).to(self.device,
-                                                                                             non_blocking=True))
+                hidden = hidden.index_select(0, self._to_device(positions))
             logits = self.runner.logits(hidden)
             sample = self.sampler.sample(logits, inputs.sampling_rows, inputs.bitmask, inputs.masked_rows)
             if inputs.last_token_rows:
-                last = torch.tensor([inputs.last_token_rows, [sample.token_ids[i] for i in inputs.last_token_samples]],
-                                    dtype=torch.int64).to(self.device, non_blocking=True)
+                tokens = [sample.token_ids[i] for i in inputs.last_token_samples]
+                last = self._to_device([inputs.last_token_rows, tokens])
                 self.last_tokens[last[0]] = last[1]
         return StepOutput(sample, scores)
 
