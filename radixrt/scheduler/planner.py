@@ -12,6 +12,11 @@ request's own KV moves to the host tier instead, when the cost model
 (radixrt/memory/swap_cost.py) says copying it out and back is cheaper than
 recomputing it, and is loaded back when it is admitted again.
 
+Per-request host work per step is kept small: the decoders at the head of the
+order (one token, no draft) take their KV slots in one allocator call
+(`KVCacheManager.extend_decode`) when memory suffices for all of them; only
+otherwise are they extended one by one, which is where retraction happens.
+
 The planner mutates the `RequestQueues` (moves requests between waiting and
 running) and the requests' KV through `KVCacheManager`; it runs no model.
 """
