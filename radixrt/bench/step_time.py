@@ -72,7 +72,8 @@ def _gpu_busy(scheduler: Any, steps: int) -> float:
 
 
 def measure(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
-            overlap: bool = True, prompt_len: int = PROMPT_LEN) -> list[StepTime]:
+            overlap: Optional[bool] = None, prompt_len: int = PROMPT_LEN) -> list[StepTime]:
+    """``overlap`` None: the engine's default for the device (overlap on CUDA only)."""
     import torch
 
     from radixrt.config import EngineConfig
@@ -84,7 +85,7 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
     config = EngineConfig(
         model_path=model_path, device=device, max_running_requests=max(batches),
         max_total_tokens=max(batches) * (prompt_len + max_new + 16), chunked_prefill_size=1 << 16,
-        context_length=prompt_len + max_new + 16, disable_overlap_schedule=not overlap,
+        context_length=prompt_len + max_new + 16, disable_overlap_schedule=None if overlap is None else not overlap,
     )
     scheduler = Scheduler(config)
     cuda = device.startswith("cuda")
@@ -146,7 +147,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=5, help="repeats; the median is reported (default: 5)")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU torch threads (default: 1, steadier on a shared machine)")
-    ap.add_argument("--no-overlap", action="store_true", help="turn the overlap scheduler off")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                    help="force the overlap scheduler on (--overlap) or off (--no-overlap); default: the "
+                         "engine's choice for the device (on for CUDA, off on the CPU)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -160,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tiny_cpu_model(tmp)
-        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=not args.no_overlap,
+        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
                        prompt_len=args.prompt_len)
     print(format_table(rows))
     if args.json:

@@ -19,9 +19,10 @@ A request's step computes tokens ``seq[len(slots):len(slots)+q]``; once all of
 chunked prefill, decode and recompute after retraction are all this one
 mechanism.
 
-Overlap (on unless ``disable_overlap_schedule``): a step launches its batch
-and only then processes the previous step's results, so the CPU's work runs
-while the forward does. The step after a batch holding constrained or
+Overlap (``EngineConfig.overlap_schedule``: on CUDA unless
+``disable_overlap_schedule``; on the CPU only when that is set to False): a
+step launches its batch and only then processes the previous step's results,
+so the CPU's work runs while the forward does. The step after a batch holding constrained or
 penalized requests waits for that batch's tokens first (their next masks and
 penalties need them on the host); outputs are the same either way.
 """
@@ -109,7 +110,7 @@ class Scheduler:
         if self.host is not None and config.preemption_mode == "swap":
             self.planner.swap_cost = self.host.swap_cost
         self.launcher = StepLauncher(self.runner, self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
-                                     overlap=not config.disable_overlap_schedule)
+                                     overlap=config.overlap_schedule)
         if self.host is not None:
             self.launcher.host_pool = self.host.pool
         self.results = ResultProcessor(self.kv, self.queues, self.constrained, self.tokenizer, self.eos_token_ids,
