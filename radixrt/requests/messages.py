@@ -57,7 +57,7 @@ class ControlReply:
     payload: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)  # one per request per step: no instance dict
 class TokenOutput:
     """What one request produced in one step.
 
@@ -84,7 +84,8 @@ class TokenOutput:
     cache_info: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
-        self.finish_reason = FinishReason.coerce(self.finish_reason)
+        if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason
+            self.finish_reason = FinishReason.coerce(self.finish_reason)
 
     @property
     def finished(self) -> bool:
