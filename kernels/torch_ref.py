@@ -1,12 +1,21 @@
 """Reference attention backend in plain PyTorch.
 
 It is the oracle the other backends are tested against and also the CPU
-production path, so the per-batch index work happens once in `plan` and each
-layer's `forward` only gathers and calls `scaled_dot_product_attention`:
+production path, so the per-batch index work happens once in `plan` (and once
+per head layout, at the first layer) and each layer's `forward` only gathers
+and multiplies:
 
 - decode requests (``q_len == 1``) of a batch are attended in one batched call
-  over a padded ``[B, max_kv]`` slot table with a key-padding mask (split into
-  a few calls only when ``B * max_kv`` would exceed ``decode_budget``);
+  over a padded ``[B, max_kv]`` slot table (split into a few calls only when
+  ``B * max_kv`` would exceed ``decode_budget``). All ``G = Hq / Hkv`` query
+  heads that share a KV head sit at the same position, so they are folded into
+  one ``[G, D]`` matrix per (request, KV head) and attention is two batched
+  matmuls around a softmax, in float32, with K/V gathered head-major straight
+  from the pool (one index per tensor). Padded key columns get a ``-inf``
+  additive bias, so they receive exactly zero weight. On the CPU this took
+  0.6-0.9x the time of `scaled_dot_product_attention` with ``enable_gqa`` and a
+  boolean mask from batch 1 to 64 (tiny heads and SmolLM2-135M's, 64 to 2048
+  keys), and the same time at batch 128, where gathering K/V dominates;
 - prefill/extend requests (``q_len > 1``) are attended one request at a time.
   A request with no cached prefix (``q_len == kv_len``) attends over its new
   keys directly with ``is_causal=True``; one extending a cached prefix gathers
@@ -42,7 +51,30 @@ from .kv_cache import LayerKVCache
 class _DecodePlan:
     rows: Optional[torch.Tensor]  # token rows of these decode requests; None: all rows of the batch, in order
     slot_table: torch.Tensor  # [B, max_kv] int64 flat slot ids (padding points at a valid slot)
-    mask: Optional[torch.Tensor]  # [B, 1, 1, max_kv] bool, True = attend; None when no padding
+    valid: Optional[torch.Tensor]  # [B, max_kv] bool, True = attend; None when no padding
+    heads: Optional["_HeadLayout"] = None  # made by the first layer's forward (it knows the head counts)
+
+
+@dataclass
+class _HeadLayout:
+    """A decode plan's gather index and score bias for one head layout, shared by every layer."""
+
+    num_kv_heads: int
+    group: int  # query heads per KV head
+    rows: torch.Tensor  # [B * Hkv * max_kv] rows of the cache seen as [num_slots * Hkv, D], request-major
+    bias: torch.Tensor  # [B * Hkv, 1, max_kv] float32: 0 where a key is attended, -inf on padding
+
+    @classmethod
+    def build(cls, dec: _DecodePlan, num_kv_heads: int, group: int) -> "_HeadLayout":
+        table = dec.slot_table
+        b, max_kv = table.shape
+        heads = torch.arange(num_kv_heads, device=table.device)
+        rows = (table.unsqueeze(1) * num_kv_heads + heads[:, None]).view(-1)
+        # one row per (request, KV head), broadcast over its query heads: cheaper than a full-size bias
+        bias = torch.zeros(b, num_kv_heads, max_kv, device=table.device)
+        if dec.valid is not None:
+            bias.masked_fill_(~dec.valid[:, None, :], float("-inf"))
+        return cls(num_kv_heads, group, rows, bias.view(b * num_kv_heads, 1, max_kv))
 
 
 @dataclass
@@ -144,7 +176,7 @@ class TorchReferenceBackend(AttentionBackend):
             return _DecodePlan(None, table, None)
         lens = meta.kv_indptr[1:] - meta.kv_indptr[:-1]
         valid = torch.arange(table.shape[1], device=table.device) < lens.unsqueeze(1)
-        return _DecodePlan(None, table, valid[:, None, None, :])
+        return _DecodePlan(None, table, valid)
 
     @staticmethod
     def _plan_decode_group(
@@ -158,7 +190,7 @@ class TorchReferenceBackend(AttentionBackend):
         lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
         valid = offs[None, :] < lens[:, None]
         idx = torch.where(valid, starts[:, None] + offs[None, :], starts[:, None])
-        return _DecodePlan(rows, meta.kv_slots[idx], valid[:, None, None, :])
+        return _DecodePlan(rows, meta.kv_slots[idx], valid)
 
     # --------------------------------------------------------------- forward
     def forward(
@@ -177,20 +209,20 @@ class TorchReferenceBackend(AttentionBackend):
         if self._cascade is not None:
             return cascade_attention(self._cascade, q, cache, scale).reshape(num_tokens, -1)
 
-        gqa = num_q_heads != k.shape[1]
         groups = self._decode
         if len(groups) == 1 and groups[0].rows is None:
             # pure decode batch: one batched call
-            return self._decode_attn(q, cache, groups[0], scale, gqa).reshape(num_tokens, -1)
+            return self._decode_attn(q, cache, groups[0], scale).reshape(num_tokens, -1)
 
         single = not groups and len(self._extends) == 1
         out = None if single else q.new_empty(num_tokens, num_q_heads, head_dim)
         for dec in groups:
             assert out is not None and dec.rows is not None, "several groups, or decode mixed with extends"
-            o = self._decode_attn(q.index_select(0, dec.rows), cache, dec, scale, gqa)
+            o = self._decode_attn(q.index_select(0, dec.rows), cache, dec, scale)
             out.index_copy_(0, dec.rows, o)
         # direct use of the new K/V is only exact when the cache keeps their dtype (never when quantized)
         same_dtype = k.dtype == cache.dtype and v.dtype == cache.dtype
+        gqa = num_q_heads != k.shape[1]
         for ep in self._extends:
             # 4-D [1, H, len, D] operands: 3-D ones fall back to SDPA's slow math kernel on CPU
             qi = q[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
@@ -217,20 +249,20 @@ class TorchReferenceBackend(AttentionBackend):
         return out.reshape(num_tokens, -1)
 
     @staticmethod
-    def _decode_attn(
-        q: torch.Tensor,
-        cache: LayerKVCache,
-        dec: _DecodePlan,
-        scale: float,
-        gqa: bool,
-    ) -> torch.Tensor:
-        """q [B, Hq, D] (one token per request) -> [B, Hq, D]."""
-        b, max_kv = dec.slot_table.shape
-        flat = dec.slot_table.view(-1)  # index_select: far faster on CPU than advanced indexing
-        kg, vg = cache.gather(flat, q.dtype)
-        ks = kg.view(b, max_kv, *kg.shape[1:]).transpose(1, 2)
-        vs = vg.view(b, max_kv, *vg.shape[1:]).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), ks, vs, attn_mask=dec.mask, scale=scale, enable_gqa=gqa
-        )  # [B, Hq, 1, D]
-        return o.squeeze(2)
+    def _decode_attn(q: torch.Tensor, cache: LayerKVCache, dec: _DecodePlan, scale: float) -> torch.Tensor:
+        """q [B, Hq, D] (one token per request) -> [B, Hq, D] in q's dtype.
+
+        Query head ``h`` reads KV head ``h // G``, so ``q`` viewed as ``[B * Hkv,
+        G, D]`` lines up with K/V gathered as ``[B * Hkv, max_kv, D]``."""
+        b, num_q_heads, head_dim = q.shape
+        hkv = cache.num_kv_heads
+        heads = dec.heads
+        if heads is None or heads.num_kv_heads != hkv:
+            heads = dec.heads = _HeadLayout.build(dec, hkv, num_q_heads // hkv)
+        kg, vg = cache.gather_heads(heads.rows, torch.float32)
+        ks = kg.view(b * hkv, -1, head_dim)
+        vs = vg.view(b * hkv, -1, head_dim)
+        qf = q.to(torch.float32).reshape(b * hkv, heads.group, head_dim)
+        scores = torch.baddbmm(heads.bias, qf, ks.transpose(1, 2), alpha=scale)
+        o = torch.bmm(torch.softmax(scores, dim=-1), vs)  # [B * Hkv, G, D]
+        return o.view(b, num_q_heads, head_dim).to(q.dtype)
