@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Optional
 
 import torch
@@ -35,7 +36,9 @@ class AttentionMetadata:
 
     qo_indptr: [B+1] int32, cumulative new-token counts.
     kv_indptr: [B+1] int32, cumulative sequence lengths (prefix + new).
-    kv_slots:  [sum(kv_len)] int64, flat slot ids of every request's whole sequence.
+    kv_slots:  [sum(kv_len)] int64, flat slot ids of every request's whole sequence
+               (a property: `from_table` leaves it to be cut from ``slot_table`` on
+               first use, which a decode batch of the torch backend never needs).
     out_slots: [num_new_tokens] int64, where each new token's K/V is written
                (equals the tail ``q_len[i]`` entries of request i's kv_slots).
     positions: [num_new_tokens] int64, absolute positions (for RoPE).
@@ -44,7 +47,7 @@ class AttentionMetadata:
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
-    kv_slots: torch.Tensor
+    _kv_slots: Optional[torch.Tensor]  # None: not cut from slot_table yet (see kv_slots)
     out_slots: torch.Tensor
     positions: torch.Tensor
     q_lens: list[int]
@@ -53,6 +56,15 @@ class AttentionMetadata:
     # [B, max(kv_lens)] int64: request i's slots in row i, padded with stale but
     # in-range slot ids past kv_lens[i] (set by `from_table`; None from `build`)
     slot_table: Optional[torch.Tensor] = None
+
+    @property
+    def kv_slots(self) -> torch.Tensor:
+        if self._kv_slots is None:
+            table = self.slot_table
+            assert table is not None, "metadata without kv_slots comes from a slot table"
+            lens = self.kv_indptr[1:] - self.kv_indptr[:-1]
+            self._kv_slots = _ragged(table, lens, self.kv_indptr, sum(self.kv_lens))
+        return self._kv_slots
 
     @property
     def batch_size(self) -> int:
@@ -99,7 +111,7 @@ class AttentionMetadata:
         return cls(
             qo_indptr=as_int(qo),
             kv_indptr=as_int(kv),
-            kv_slots=as_long(flat),
+            _kv_slots=as_long(flat),
             out_slots=as_long(out),
             positions=as_long(pos),
             q_lens=list(q_lens),
@@ -120,29 +132,31 @@ class AttentionMetadata:
         request-to-slot table: request ``i``'s slots are ``table[rows[i], :kv_lens[i]]``.
         Also sets ``slot_table``, those rows as a padded ``[B, max(kv_lens)]`` tensor.
 
-        Host work is one small copy of the three length-B lists; the per-token
-        index tensors are made by device ops, never by walking slot lists.
+        Host work is two small copies (the three length-B lists and the two
+        cumulative sums); the per-token index tensors are made by device ops,
+        never by walking slot lists.
         """
         device = table.device
         B = len(rows)
         max_kv = max(kv_lens)
         host = torch.tensor([rows, q_lens, kv_lens], dtype=torch.int64)
+        indptr_host = torch.tensor([[0, *accumulate(q_lens)], [0, *accumulate(kv_lens)]], dtype=torch.int32)
         rows_t, q_t, kv_t = host.to(device, non_blocking=True).unbind(0)
-        indptr = torch.zeros(2, B + 1, dtype=torch.int64, device=device)
-        torch.cumsum(torch.stack([q_t, kv_t]), 1, out=indptr[:, 1:])
-        slot_table = table[rows_t.unsqueeze(1), torch.arange(max_kv, device=device)].long()  # [B, max_kv]
-        num_q, num_kv = sum(q_lens), sum(kv_lens)
+        qo_indptr, kv_indptr = indptr_host.to(device, non_blocking=True).unbind(0)
+        # index_select of whole rows: far cheaper on CPU than advanced indexing
+        slot_table = table[:, :max_kv].index_select(0, rows_t).long()  # [B, max_kv]
+        num_q = sum(q_lens)
         if num_q == B:  # every request computes one token: a decode batch
             positions = kv_t - 1
             out_slots = slot_table.gather(1, positions.unsqueeze(1)).squeeze(1)
         else:
             req_of_q = torch.repeat_interleave(torch.arange(B, device=device), q_t, output_size=num_q)
-            positions = torch.arange(num_q, device=device) - indptr[0, req_of_q] + (kv_t - q_t)[req_of_q]
+            positions = torch.arange(num_q, device=device) - qo_indptr[req_of_q] + (kv_t - q_t)[req_of_q]
             out_slots = slot_table[req_of_q, positions]
         return cls(
-            qo_indptr=indptr[0].to(torch.int32),
-            kv_indptr=indptr[1].to(torch.int32),
-            kv_slots=slot_table.view(-1) if min(kv_lens) == max_kv else _ragged(slot_table, kv_t, indptr[1], num_kv),
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            _kv_slots=slot_table.view(-1) if min(kv_lens) == max_kv else None,
             out_slots=out_slots,
             positions=positions,
             q_lens=list(q_lens),
@@ -154,8 +168,9 @@ class AttentionMetadata:
 
 def _ragged(table: torch.Tensor, lens: torch.Tensor, indptr: torch.Tensor, total: int) -> torch.Tensor:
     """Row i's first ``lens[i]`` entries of a padded ``[B, max]`` table,
-    concatenated. ``total = sum(lens)`` comes from the host, so nothing waits
-    on the device (a boolean mask's ``nonzero`` would)."""
+    concatenated (``indptr``: the cumulative ``lens``, from 0). ``total =
+    sum(lens)`` comes from the host, so nothing waits on the device (a boolean
+    mask's ``nonzero`` would)."""
     rows = torch.repeat_interleave(torch.arange(table.shape[0], device=table.device), lens, output_size=total)
     cols = torch.arange(total, device=table.device) - indptr[:-1][rows]
     return table[rows, cols]

@@ -35,19 +35,29 @@ class CascadePlan:
     q_valid: torch.Tensor  # [B, Qmax] bool
 
 
+def _leading_slots(meta: AttentionMetadata, limit: int) -> torch.Tensor:
+    """``[B, limit]``: each request's first ``limit`` slot ids."""
+    if meta.slot_table is not None:
+        return meta.slot_table[:, :limit]
+    starts = meta.kv_indptr[:-1].to(torch.int64)
+    offs = torch.arange(limit, device=starts.device)
+    return meta.kv_slots[starts[:, None] + offs[None, :]]
+
+
 def shared_prefix_len(meta: AttentionMetadata) -> int:
-    """Length of the slot run that starts every request and precedes all new tokens."""
+    """Length of the slot run that starts every request and precedes all new
+    tokens; 0 also for any run shorter than ``MIN_SHARED_PREFIX``."""
     if meta.batch_size < 2:
         return 0
     limit = min(k - q for k, q in zip(meta.kv_lens, meta.q_lens))
     if limit < MIN_SHARED_PREFIX:
         return 0
-    if meta.slot_table is not None:
-        table = meta.slot_table[:, :limit]
-    else:
-        starts = meta.kv_indptr[:-1].to(torch.int64)
-        offs = torch.arange(limit, device=starts.device)
-        table = meta.kv_slots[starts[:, None] + offs[None, :]]  # [B, limit]
+    table = _leading_slots(meta, limit)
+    # a run of MIN_SHARED_PREFIX shares its last slot: most batches (no common
+    # prefix) are ruled out by comparing that one column
+    last = table[:, MIN_SHARED_PREFIX - 1]
+    if not bool((last == last[0]).all()):
+        return 0
     same = (table == table[:1]).all(dim=0)
     if bool(same.all()):
         return limit
