@@ -168,6 +168,8 @@ class ModelRunner:
         if use_graphs:
             from radixrt.executor.cuda_graph import DecodeCudaGraphRunner
 
+            # a replay reads rope's position table as captured: it must already cover the context
+            self.model.rope.reserve(self.context_length, next(self.model.parameters()).device, self.dtype)
             self.cuda_graph = DecodeCudaGraphRunner(
                 self.model, self.kv_pool, self.backend, self.choice.cuda_graph_max_bs,
                 scratch_slot=self.num_pages * self.page_size, page_size=self.page_size, device=self.device,

@@ -25,25 +25,29 @@ from torch import nn
 
 from radixrt.executor.batch_invariant import pad_rows, padded_rows
 from radixrt.executor.models.config import ModelConfig
-from radixrt.executor.models.rope import _LENGTH_DEPENDENT, RotaryEmbedding
+from radixrt.executor.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, like the reference implementation."""
+    """RMSNorm as the reference implementation computes it: normalized in
+    float32, cast back to the input dtype, then scaled by the weight."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.shape = (size,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # nothing to cast: the fused kernel gives the reference's bits (checked on the CPU by
+            # tests/unit/test_model_ops.py) in one op instead of eight
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        # otherwise the fused kernel would scale before rounding to the input dtype
+        return self.weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
 
 
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -182,11 +186,8 @@ class LlamaForCausalLM(nn.Module):
         n = input_ids.shape[0]
         rows = padded_rows(n) if self.batch_invariant else n  # batch-invariant mode: whole row tiles
         h = self.model.embed_tokens(pad_rows(input_ids, rows))
-        if not self.batch_invariant or self.rope.rope_type in _LENGTH_DEPENDENT:  # these split positions by request
-            cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
-            cos, sin = pad_rows(cos, rows), pad_rows(sin, rows)
-        else:
-            cos, sin = self.rope.cos_sin(pad_rows(positions, rows), h.dtype)
+        cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
+        cos, sin = pad_rows(cos, rows), pad_rows(sin, rows)
         real = n if self.batch_invariant else None  # only the real rows reach the attention backend
         for layer in self.model.layers:
             h = layer(h, cos, sin, self.rope, kv_pool, backend, real)

@@ -2,14 +2,18 @@
 
 The inverse frequencies and the attention scaling come from transformers'
 ``ROPE_INIT_FUNCTIONS`` (linear, dynamic, yarn, longrope, llama3, ...), so the
-scaling math is exactly the reference implementation's. cos/sin are computed
+scaling math is exactly the reference implementation's. cos/sin are looked up
 once per forward for the batch's positions and shared by every layer, and
-applied with the "rotate_half" convention of Llama-family weights.
+applied with the "rotate_half" convention of Llama-family weights. The lookup
+is one ``index_select`` from a table of every position up to the longest
+sequence seen so far (per device and dtype, grown by doubling), whose rows are
+exactly what computing them for the batch would give.
 
 Sequence-length dependent types (``dynamic``, ``longrope``) pick each
 request's frequencies from that request's current length, as transformers
 does for the sequence it is running (keys cached earlier keep the rotation
-they were computed with, as in transformers' own KV cache).
+they were computed with, as in transformers' own KV cache); they compute
+cos/sin per batch instead of reading a table.
 """
 from __future__ import annotations
 
@@ -64,6 +68,8 @@ class RotaryEmbedding:
             raise ValueError(f"rotary dim {self.rotary_dim} exceeds head_dim {head_dim}")
         self._by_device: dict[Any, torch.Tensor] = {}
         self._by_seq_len: dict[tuple[Any, int], tuple[torch.Tensor, float]] = {}
+        # (device, dtype) -> [n, 2 * rotary_dim] table: row p is cos | sin of position p
+        self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def _params_for(self, device: torch.device, seq_len: Optional[int]) -> tuple[torch.Tensor, float]:
         if self.rope_type in _LENGTH_DEPENDENT and seq_len is not None:
@@ -85,24 +91,39 @@ class RotaryEmbedding:
         self,
         positions: torch.Tensor,
         dtype: torch.dtype,
-        q_lens: Optional[Sequence[int]] = None,
-        kv_lens: Optional[Sequence[int]] = None,
+        q_lens: Sequence[int],
+        kv_lens: Sequence[int],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[T, 1, rotary_dim]`` in ``dtype`` for ``positions`` [T] (sin's first half negated).
 
-        ``q_lens``/``kv_lens`` (the batch's per-request new-token counts and
-        sequence lengths) matter only for the length-dependent rope types, whose
-        frequencies depend on each request's sequence length; without them
-        those types use their base frequencies.
+        ``q_lens``/``kv_lens`` are the batch's per-request new-token counts and
+        sequence lengths: every position is below ``max(kv_lens)``, and the
+        length-dependent rope types take each request's frequencies from its
+        sequence length.
         """
-        if self.rope_type in _LENGTH_DEPENDENT and q_lens is not None and kv_lens is not None:
+        if self.rope_type in _LENGTH_DEPENDENT:
             if len(set(kv_lens)) == 1:
                 return self._cos_sin(positions, dtype, kv_lens[0])
             parts = [
                 self._cos_sin(p, dtype, n) for p, n in zip(positions.split(list(q_lens)), kv_lens)
             ]
             return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
-        return self._cos_sin(positions, dtype, None)
+        rows = self.reserve(max(kv_lens), positions.device, dtype).index_select(0, positions)
+        rd = self.rotary_dim
+        return rows[:, None, :rd], rows[:, None, rd:]
+
+    def reserve(self, num_positions: int, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+        """The cos | sin table ``[n, 2 * rotary_dim]`` of positions ``0 .. n - 1`` for
+        ``n >= num_positions`` (base frequencies). Made before CUDA graph capture
+        for the longest context, a replay never needs it to grow."""
+        device = torch.device(device)
+        key = (device, dtype)
+        table = self._tables.get(key)
+        if table is None or table.shape[0] < num_positions:
+            n = max(256, 1 << (max(num_positions, 1) - 1).bit_length())
+            cos, sin = self._cos_sin(torch.arange(n, device=device), dtype, None)
+            table = self._tables[key] = torch.cat((cos, sin), dim=-1).squeeze(1)
+        return table
 
     def _cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype, seq_len: Optional[int]
@@ -123,9 +144,9 @@ class RotaryEmbedding:
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, first rotary_dim dims)."""
         rd = self.rotary_dim
-        half = rd // 2
+        # rolling by half the rotary dim swaps the halves (one kernel, where slicing + cat took three)
         if rd == x.shape[-1]:
-            return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+            return x * cos + x.roll(rd // 2, -1) * sin
         xr = x[..., :rd]
-        rotated = xr * cos + torch.cat((xr[..., half:], xr[..., :half]), dim=-1) * sin
+        rotated = xr * cos + xr.roll(rd // 2, -1) * sin
         return torch.cat((rotated, x[..., rd:]), dim=-1)
