@@ -38,7 +38,7 @@ def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tu
                     bias_val.append(value)
         if has_penalties(r):
             penalized.append(i)
-        if r.output_index < p.min_new_tokens:
+        if p.min_new_tokens and r.output_index < p.min_new_tokens:  # most rows set none: skip the property
             base = i * V
             banned = set(eos_token_ids)
             if p.stop_token_ids:

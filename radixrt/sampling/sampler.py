@@ -148,7 +148,8 @@ class Sampler(TokenDrawer):
 
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if len(greedy) == B:
-            tokens = x.argmax(dim=1)
+            # the first maximum of each row, as argmax gives, but faster on the CPU for B > 1
+            tokens = x.max(dim=1).indices
         else:
             sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
             drawn = self._draw(x, rows, sampled)
