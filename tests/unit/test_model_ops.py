@@ -1,0 +1,114 @@
+"""The decode step's cheaper formulations give the reference formulas' results:
+RMSNorm, rope's position table and rotation, the folded GQA decode attention
+(padding never contributes), the lazily cut ``kv_slots`` and the greedy pick."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from radixrt.executor.models.llama import RMSNorm
+from radixrt.executor.models.rope import RotaryEmbedding
+from radixrt.kernels import AttentionMetadata, LayerKVCache
+from radixrt.kernels.torch_ref import TorchReferenceBackend
+from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.sampler import Sampler, SamplingRow
+
+
+def _reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: normalize in float32, cast back, then scale."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 64), (37, 576), (5, 3, 16)])
+def test_rms_norm_is_bitwise_the_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(shape[-1], 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(shape[-1]) + 0.5)
+    x = (torch.randn(shape) * 3).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(norm(x), _reference_rms_norm(x, norm.weight, 1e-5))
+
+
+ROPE_CONFIGS = {
+    "default": {},
+    "partial": {"partial_rotary_factor": 0.5},
+    "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}},
+}
+
+
+@pytest.mark.parametrize("name", list(ROPE_CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_table_rows_are_the_computed_cos_sin(name: str, dtype: torch.dtype) -> None:
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=4096, **ROPE_CONFIGS[name])
+    rope = RotaryEmbedding(cfg, 64)
+    for positions in (torch.tensor([0, 3]), torch.tensor([5, 300, 77]), torch.randint(0, 3000, (41,))):
+        want_cos, want_sin = rope._cos_sin(positions, dtype, None)
+        n = int(positions.max()) + 1
+        cos, sin = rope.cos_sin(positions, dtype, [1] * len(positions), [n] * len(positions))
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert rope.reserve(1, "cpu", dtype).shape[0] >= 3000  # grown, never shrunk
+
+
+def test_rope_rotation_is_transformers_rotate_half() -> None:
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=512)
+    rope = RotaryEmbedding(cfg, 16)
+    positions = torch.tensor([0, 1, 17, 200])
+    x = torch.randn(4, 3, 16)
+    cos, sin = rope.cos_sin(positions, torch.float32, [1] * 4, [201] * 4)
+    freqs = positions.float()[:, None] * rope.inv_freq[None, :]
+    c, s = torch.cat((freqs.cos(), freqs.cos()), -1)[:, None], torch.cat((freqs.sin(), freqs.sin()), -1)[:, None]
+    rotate_half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
+    torch.testing.assert_close(rope.apply(x, cos, sin), x * c + rotate_half * s)
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(4, 2), (9, 3), (4, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_padding_never_contributes(num_q_heads: int, num_kv_heads: int, dtype: torch.dtype) -> None:
+    """Padded columns of the slot table point at stale slots; whatever those hold,
+    each request's output is attention over its own slots only."""
+    torch.manual_seed(0)
+    d, lens = 16, [3, 9, 1, 6]
+    table = torch.arange(40, dtype=torch.int32).view(4, 10)
+    k_pool, v_pool = torch.randn(40, num_kv_heads, d).to(dtype), torch.randn(40, num_kv_heads, d).to(dtype)
+    for i, n in enumerate(lens):  # large, finite stale values past each request's length
+        k_pool[10 * i + n:10 * i + 10] = 1e3
+        v_pool[10 * i + n:10 * i + 10] = -1e4
+    meta = AttentionMetadata.from_table(table, [0, 1, 2, 3], [1] * 4, lens)
+    backend = TorchReferenceBackend()
+    backend.plan(meta)
+    q = torch.randn(4, num_q_heads, d).to(dtype)
+    new_k, new_v = k_pool[meta.out_slots], v_pool[meta.out_slots]  # rewrite what is there
+    out = backend.forward(q, new_k, new_v, LayerKVCache(k_pool, v_pool), d ** -0.5)
+    assert out.dtype == dtype
+    group = num_q_heads // num_kv_heads
+    for i, n in enumerate(lens):
+        k = k_pool[10 * i:10 * i + n].float().repeat_interleave(group, 1)  # [n, Hq, D]
+        v = v_pool[10 * i:10 * i + n].float().repeat_interleave(group, 1)
+        p = (torch.einsum("hd,khd->hk", q[i].float(), k) * d ** -0.5).softmax(-1)
+        want = torch.einsum("hk,khd->hd", p, v).reshape(-1)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out[i].float(), want, atol=tol, rtol=tol)
+
+
+def test_from_table_cuts_kv_slots_on_demand() -> None:
+    table = torch.arange(40, dtype=torch.int32).view(4, 10)
+    seqs = [table[2, :4].tolist(), table[0, :6].tolist(), table[3, :2].tolist()]
+    got = AttentionMetadata.from_table(table, [2, 0, 3], [1, 3, 1], [4, 6, 2])
+    want = AttentionMetadata.build(seqs, [1, 3, 1])
+    assert got._kv_slots is None  # ragged: left for the first reader
+    for field in ("qo_indptr", "kv_indptr", "kv_slots", "out_slots", "positions"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), field
+
+
+def test_greedy_picks_the_first_maximum() -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("-inf")] * 4, [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 5.0, 5.0]])
+    params = SamplingParams.from_dict({"temperature": 0})
+    rows = [SamplingRow(params, i, [], [1]) for i in range(4)]
+    assert Sampler(4, []).sample(x, rows).token_ids == [1, 0, 0, 2]
