@@ -176,18 +176,6 @@ class LayerKVCache:
         vs = self.v_scale.index_select(0, slots) if self.v_scale is not None else None
         return self._dequantize(k, v, ks, vs, dtype)
 
-    def gather_heads(self, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V ``[n, D]`` of single heads, dequantized to ``dtype``: ``rows`` ``[n]``
-        indexes the cache as ``[num_slots * Hkv, D]``, so row ``slot * Hkv + h`` is
-        head ``h`` of slot ``slot``. Lets a caller gather in any (request, head,
-        position) order with one index per tensor."""
-        d = int(self.k.shape[-1])
-        k = self.k.view(-1, d).index_select(0, rows)
-        v = self.v.view(-1, d).index_select(0, rows)
-        ks = self.k_scale.view(-1).index_select(0, rows) if self.k_scale is not None else None
-        vs = self.v_scale.view(-1).index_select(0, rows) if self.v_scale is not None else None
-        return self._dequantize(k, v, ks, vs, dtype)
-
     def slice(self, start: int, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the consecutive slots ``start .. end - 1``, dequantized to ``dtype``
         (a view, no copy, when the cache is plain and already ``dtype``)."""
