@@ -123,6 +123,23 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
     return results
 
 
+def op_overhead_us(repeats: int = 5, calls: int = 2000) -> float:
+    """This machine's fixed cost of one small torch op, in microseconds: the
+    median over ``repeats`` of ``calls`` adds on a [64, 64] tensor. The tiny
+    model's step is mostly such ops on the CPU, so step times from machines of
+    different speed compare as multiples of it."""
+    import torch
+
+    x = torch.zeros(64, 64)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            x.add(1)
+        times.append((time.perf_counter() - start) * 1e6 / calls)
+    return statistics.median(times)
+
+
 def tiny_cpu_model(folder: str) -> str:
     from radixrt.bench.tiny_model import make_tiny_model
 
@@ -165,10 +182,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = args.model or tiny_cpu_model(tmp)
         rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
                        prompt_len=args.prompt_len)
+    overhead = op_overhead_us()
     print(format_table(rows))
+    print(f"one small torch op costs {overhead:.1f} us on this machine ({torch.get_num_threads()} threads); "
+          f"in those units: " + ", ".join(f"batch {r.batch} {1000 * r.ms_per_step / overhead:.0f}" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
+            json.dump({"op_overhead_us": overhead, "threads": torch.get_num_threads(),
+                       "rows": [asdict(r) for r in rows]}, f, indent=2)
     return 0
 
 

@@ -738,7 +738,8 @@ def _default_random_config(cfg: dict, dry: bool) -> dict:
 
 def check_steptime(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
     """Decode ms/step and the GPU's busy fraction at batch 1, 64 and 128, with
-    the overlap scheduler on and off (radixrt/bench/step_time.py)."""
+    the overlap scheduler on and off (radixrt/bench/step_time.py), and the CPU
+    figure (tiny random Llama) on this machine's CPU."""
     import torch
 
     from radixrt.bench import step_time
@@ -760,7 +761,28 @@ def check_steptime(device: str, dry: bool, carry: Path, work: Path, report: Repo
             report.log(f"steptime {label}:\n{step_time.format_table(rows)}")
         if device == "cuda":
             torch.cuda.empty_cache()
+    out["cpu_tiny"] = _cpu_step_time(work, batches, steps, repeats, report)
     return out
+
+
+def _cpu_step_time(work: Path, batches: list[int], steps: int, repeats: int, report: Report) -> dict:
+    """The CPU figure of the step-loop issue on this machine's CPU (tiny random
+    Llama, one torch thread, the engine's default loop), with the cost of one
+    small torch op here, so that it compares with other machines' runs."""
+    import torch
+
+    from radixrt.bench import step_time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = step_time.measure(step_time.tiny_cpu_model(str(work / "steptime-cpu-tiny")), batches, steps,
+                                 repeats, "cpu")
+        overhead = step_time.op_overhead_us()
+    finally:
+        torch.set_num_threads(threads)
+    report.log(f"steptime cpu tiny (1 thread, small op {overhead:.1f} us):\n{step_time.format_table(rows)}")
+    return {"op_overhead_us": overhead, "rows": [dataclasses.asdict(r) for r in rows]}
 
 
 def check_e2e(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:

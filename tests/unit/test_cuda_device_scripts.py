@@ -132,6 +132,8 @@ def test_gpu_check_dry_run(tmp_path):
         for overlap in ("on", "off"):
             rows = s["steptime"]["rows"][f"{shape}, overlap {overlap}"]
             assert [r["batch"] for r in rows] == [1, 4] and all(r["ms_per_step"] > 0 for r in rows)
+    cpu = s["steptime"]["cpu_tiny"]
+    assert cpu["op_overhead_us"] > 0 and [r["batch"] for r in cpu["rows"]] == [1, 4]
     e2e = s["e2e"]
     for model in ("default", "llama-1b"):
         row = e2e[model]["radixrt"]
