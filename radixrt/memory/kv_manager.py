@@ -107,21 +107,26 @@ class KVCacheManager:
         pages = self.allocator.alloc_pages(fresh)
         if pages is None:
             return False
+        rows: list[Optional[int]] = []
+        cols: list[int] = []
         if P == 1:
             slots = pages
-            cols = [len(r.slots) for r in reqs]
             for r, s in zip(reqs, slots):
-                r.slots.append(s)
+                own = r.slots
+                rows.append(r.row)
+                cols.append(len(own))
+                own.append(s)
         else:
-            slots, cols = [], []
+            slots = []
             new_pages = iter(pages)
             for r in reqs:
-                n = len(r.slots)
-                s = r.slots[-1] + 1 if n % P else next(new_pages) * P
-                r.slots.append(s)
+                own = r.slots
+                n = len(own)
+                s = own[-1] + 1 if n % P else next(new_pages) * P
+                own.append(s)
+                rows.append(r.row)
                 slots.append(s)
                 cols.append(n)
-        rows = [r.row for r in reqs]
         assert None not in rows, "a request being extended holds a table row"
         self.req_to_token.write_many(cast("list[int]", rows), cols, slots)
         return True

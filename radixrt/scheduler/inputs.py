@@ -52,18 +52,14 @@ class StepInputs:
     sampling_rows: list[SamplingRow] = field(default_factory=list)
     bitmask: Optional[torch.Tensor] = None
     masked_rows: list[int] = field(default_factory=list)
-    # (batch index, its first sampling row) of every request that samples
-    samplers: list[tuple[int, int]] = field(default_factory=list)
+    # per batch row: its first sampling row, or -1 when it does not sample this step
+    sample_starts: list[int] = field(default_factory=list)
     # the device keeps each sampling request's last token, by table row, when a step
     # may be launched before this one's results are processed (empty otherwise)
     last_token_rows: list[int] = field(default_factory=list)
     last_token_samples: list[int] = field(default_factory=list)
     prompt_jobs: list[PromptLogprobJob] = field(default_factory=list)
-
-
-def samples_this_step(req: Req) -> bool:
-    """All of the request's tokens (and its pending one) have KV after this step."""
-    return len(req.slots) == req.seq_len + req.pending and not req.prefill_only
+    prompt_tokens: int = 0  # prompt tokens computed by this step (statistics)
 
 
 def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> PromptLogprobJob:
@@ -78,46 +74,54 @@ def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
     """Row ``draft_pos`` of a request samples output index ``len(output_ids) +
     pending + draft_pos`` as if the draft's first tokens were already output."""
     output = req.output_ids + req.draft_ids[:draft_pos] if draft_pos else req.output_ids
-    return SamplingRow(
-        params=req.sampling, seed=req.seed, output_ids=output, prompt_ids=req.input_ids,
-        top_logprobs_num=req.top_logprobs_num, return_logprob=req.return_logprob,
-        index=len(req.output_ids) + req.pending + draft_pos,
-        counts=req.penalty_counts, draft_len=draft_pos,
-    )
+    # Positional: one is built per sampling row per step, and keyword arguments cost twice as much.
+    # (params, seed, output_ids, prompt_ids, top_logprobs_num, return_logprob, index, counts, draft_len)
+    return SamplingRow(req.sampling, req.seed, output, req.input_ids, req.top_logprobs_num, req.return_logprob,
+                       len(req.output_ids) + req.pending + draft_pos, req.penalty_counts, draft_pos)
 
 
 def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes: Optional[torch.Tensor],
                    keep_last_tokens: bool = True) -> StepInputs:
     """The inputs of ``batch``'s forward. ``keep_last_tokens``: the next step may be
     launched before this one's results are processed (it then reads the tokens
-    sampled here from the device)."""
+    sampled here from the device).
+
+    A request samples once all of its tokens (and its pending one) have KV after
+    this step, unless it is prefill-only: one row per draft token and one after
+    them, at its last k+1 positions."""
     inp = StepInputs(input_ids=[], rows=[], q_lens=[], kv_lens=[], table_writes=table_writes)
     input_ids, rows, kv_lens = inp.input_ids, inp.rows, inp.kv_lens
-    sample_positions, sampling_rows = inp.sample_positions, inp.sampling_rows
+    sample_positions, sampling_rows, sample_starts = inp.sample_positions, inp.sampling_rows, inp.sample_starts
     masked: list[tuple[Req, int]] = []
-    offset = 0
+    offset = prompt_tokens = 0
     for bi, (req, q) in enumerate(batch):
         row = req.row
         assert row is not None, "a request in a batch holds a table row"
         end = len(req.slots)
         rows.append(row)
         kv_lens.append(end)
-        if req.pending:  # a decode step whose input token is still in flight
+        n_in, n_out = len(req.input_ids), len(req.output_ids)
+        if req.pending:  # a decode step whose input token (an output) is still in flight
             assert q == 1 and req.pending == 1, "one step in flight, decoding one token"
-            inp.future_positions.append(len(input_ids))
+            inp.future_positions.append(offset)
             inp.future_rows.append(row)
             input_ids.append(0)
         else:
-            input_ids.extend(req.tokens(end - q, end))
+            if q == 1:  # a decode step (most rows): its one token without building a list
+                input_ids.append(req.input_ids[end - 1] if end <= n_in else req.output_ids[end - 1 - n_in])
+            else:
+                input_ids.extend(req.tokens(end - q, end))
+            if end - q < n_in:
+                prompt_tokens += min(end, n_in) - (end - q)
         if req.return_logprob and req.wants_prompt_logprobs and req.input_logprobs is None:
             inp.prompt_jobs.append(_prompt_job(req, bi, offset, end - q, q))
         offset += q
-        if not samples_this_step(req):
-            continue
-        # One row per draft token and one after them: the last k+1 positions.
-        first = len(sample_positions)
-        inp.samplers.append((bi, first))
         k = len(req.draft_ids)
+        if end != n_in + n_out + k + req.pending or req.sampling.max_new_tokens == 0:  # not yet / prefill-only
+            sample_starts.append(-1)
+            continue
+        first = len(sample_positions)
+        sample_starts.append(first)
         if keep_last_tokens:
             inp.last_token_rows.append(row)
             inp.last_token_samples.append(first + k)
@@ -132,5 +136,6 @@ def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes:
             inp.masked_rows.extend(range(first, first + k + 1))
             masked.extend((req, j) for j in range(k + 1))
     inp.q_lens = [q for _, q in batch]
+    inp.prompt_tokens = prompt_tokens
     inp.bitmask = constrained.bitmask(masked)
     return inp

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Callable, Optional
 
 from radixrt.config import EngineConfig
@@ -104,8 +105,9 @@ class BatchPlanner:
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         running = self.queues.running
         running.sort(key=_running_order)
-        queue = deque(running)
-        budget = self._take_decoders(queue, batch, budget)
+        taken = self._take_decoders(running, batch)
+        budget -= len(batch)  # one token for each decoder taken (the batch was empty)
+        queue = deque(running[taken:] if taken else running)
         while queue:
             req = queue.popleft()
             if req.pending and self._will_stop_at_length(req):
@@ -139,26 +141,26 @@ class BatchPlanner:
                 budget -= q
         return budget
 
-    def _take_decoders(self, queue: deque[Req], batch: Batch, budget: int) -> int:
-        """The decode fast path: the leading requests of ``queue`` that compute one
-        token and have no draft take their slots in one allocation and leave the
-        queue, as the general loop would have scheduled them had memory sufficed
-        for all. When it does not, nothing is taken here and the general loop
-        takes them one by one (and retracts). Returns the budget left."""
-        decoders: list[Req] = []
+    def _take_decoders(self, running: list[Req], batch: Batch) -> int:
+        """The decode fast path: the leading requests of (sorted) ``running`` that
+        compute one token and have no draft take their slots in one allocation and
+        join ``batch``, as the general loop would have scheduled them had memory
+        sufficed for all. When it does not, nothing is taken here and the general
+        loop takes them one by one (and retracts). Returns how many leading
+        requests were handled (those whose in-flight token is their last compute
+        nothing and join no batch)."""
         n = 0
-        for req in queue:
+        decoders = []
+        for req in running:
             if req.draft_ids or len(req.input_ids) + len(req.output_ids) + req.pending - len(req.slots) != 1:
                 break
             n += 1
             if not (req.pending and self._will_stop_at_length(req)):
                 decoders.append(req)
         if not decoders or not self.kv.extend_decode(decoders):
-            return budget
-        for _ in range(n):
-            queue.popleft()
-        batch.extend((req, 1) for req in decoders)
-        return budget - len(decoders)
+            return 0
+        batch.extend(zip(decoders, repeat(1)))
+        return n
 
     def _retract(self, req: Req) -> None:
         """Release a running request's KV (its prefix stays in the tree) and re-queue it.

@@ -33,14 +33,16 @@ logger = logging.getLogger(__name__)
 class ResultProcessor:
     def __init__(self, kv: KVCacheManager, queues: RequestQueues, constrained: ConstrainedDecoding,
                  tokenizer: Any, eos_token_ids: set[int], context_length: int, enable_jump_forward: bool,
-                 emit: Callable[[Req], None], finish: Callable[[Req, FinishReason], None]) -> None:
+                 outbox: list[TokenOutput], finish: Callable[[Req, FinishReason], None]) -> None:
+        """``outbox``: where a running request's `TokenOutput` goes (the scheduler's
+        pending outputs); ``finish`` ends a request (and emits its last output)."""
         self.kv = kv
         self.queues = queues
         self.constrained = constrained
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.enable_jump_forward = enable_jump_forward
-        self._emit = emit
+        self.outbox = outbox
         self._finish = finish
         # the fast tokenizer's own decode: stop strings are checked every step
         self._decode = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
@@ -48,26 +50,32 @@ class ResultProcessor:
         self.generated_tokens = 0
 
     def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> None:
+        """Fold ``output`` into the batch's requests, request by request in batch
+        order: take its samples, then finish it or emit what it produced."""
         for job, scores in zip(inputs.prompt_jobs, output.prompt_scores):
             req = batch[job.batch_index][0]
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
                 self._add_prompt_logprobs(req, scores, inputs.kv_lens[job.batch_index])
-        for bi, first in inputs.samplers:
-            req = batch[bi][0]
-            req.pending -= 1
-            if req.phase is not Phase.FINISHED:
-                self._take_samples(req, output.sample, first)
-        for (req, _), computed_to in zip(batch, inputs.kv_lens):
-            if req.phase is Phase.FINISHED:
+        sample = output.sample
+        for (req, _), first, computed_to in zip(batch, inputs.sample_starts, inputs.kv_lens):
+            if first >= 0:
+                req.pending -= 1
+                if req.phase is Phase.FINISHED:
+                    continue
+                assert sample is not None, "a step with sampling rows has a sample result"
+                if req.draft_ids or req.grammar is not None:
+                    self._take_samples(req, sample, first)
+                else:  # a plain row (most rows): its one token, no draft to verify or grammar to advance
+                    self._append_token(req, sample.token_ids[first], sample, first)
+            elif req.phase is Phase.FINISHED:
                 continue
-            if req.finish_reason is None and req.prefill_only and computed_to == req.seq_len:
+            elif req.finish_reason is None and req.prefill_only and computed_to == req.seq_len:
                 req.finish_reason = FinishReason.length(0)
             if req.finish_reason is not None:
                 self.queues.remove(req)
                 self._finish(req, req.finish_reason)
-                continue
-            if req.unsent_ids:
-                self._emit(req)
+            elif req.unsent_ids:
+                self.outbox.append(token_output(req))
 
     # ------------------------------------------------------------------ prompt logprobs
     @staticmethod
@@ -146,8 +154,8 @@ class ResultProcessor:
                 return FinishReason.stop(token)
             if sp.stop_token_ids and token in sp.stop_token_ids:
                 return FinishReason.stop(token)
-            stops, regexes = sp.stop or (), sp.stop_regex or ()  # lists once the params are built
-            if stops or regexes:
+            if sp.stop or sp.stop_regex:
+                stops, regexes = sp.stop or (), sp.stop_regex or ()
                 # Decode only the tail that can contain a newly completed stop string or regex match.
                 n_tail = self.max_stop_len + 8
                 if regexes:
@@ -168,7 +176,7 @@ class ResultProcessor:
                         return FinishReason.stop(hit)  # SGLang reports the pattern
         if n_out >= sp.max_new_tokens:
             return FinishReason.length(sp.max_new_tokens)
-        if req.seq_len >= self.context_length:
+        if len(req.input_ids) + n_out + len(req.draft_ids) >= self.context_length:  # req.seq_len, inlined
             return FinishReason.length(n_out)
         return None
 
@@ -176,13 +184,13 @@ class ResultProcessor:
 def token_output(req: Req) -> TokenOutput:
     """The request's news since its last TokenOutput (and its finish reason);
     the request's unsent deltas are handed over and reset."""
-    new_ids = req.output_ids[len(req.output_ids) - req.unsent_ids:] if req.unsent_ids else []
-    out = TokenOutput(
-        rid=req.rid, new_token_ids=new_ids, prompt_tokens=len(req.input_ids),
-        completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
-        finish_reason=req.finish_reason,
-        output_token_logprobs=req.pending_output_logprobs, output_top_logprobs=req.pending_top_logprobs,
-    )
+    n_out = len(req.output_ids)
+    new_ids = req.output_ids[n_out - req.unsent_ids:] if req.unsent_ids else []
+    # Positional (one is built per request per step; keyword arguments cost twice as much):
+    # rid, new_token_ids, prompt_tokens, completion_tokens, cached_tokens, finish_reason,
+    # output_token_logprobs, output_top_logprobs.
+    out = TokenOutput(req.rid, new_ids, len(req.input_ids), n_out, req.cached_tokens, req.finish_reason,
+                      req.pending_output_logprobs, req.pending_top_logprobs)
     if req.cache_info is not None:  # sent once, with the first output after admission
         out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:

@@ -114,7 +114,8 @@ class Scheduler:
         if self.host is not None:
             self.launcher.host_pool = self.host.pool
         self.results = ResultProcessor(self.kv, self.queues, self.constrained, self.tokenizer, self.eos_token_ids,
-                                       self.context_length, config.enable_jump_forward, self._emit, self._finish)
+                                       self.context_length, config.enable_jump_forward, self.pending_outputs,
+                                       self._finish)
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
 
@@ -247,19 +248,18 @@ class Scheduler:
             self.inflight = None
         if not batch and self.queues.waiting and not self.queues.running:
             self.constrained.wait(self.queues.waiting)
-        out, self.pending_outputs = self.pending_outputs, []
+        out = self.pending_outputs.copy()
+        self.pending_outputs.clear()  # the same list: the result processor appends to it
         return out
 
     def _launch(self, batch: Batch) -> InFlight:
         overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
         inputs = prepare_inputs(batch, self.constrained, self.kv.req_to_token.take_writes(),
                                 keep_last_tokens=overlappable)
-        for bi, _ in inputs.samplers:
-            batch[bi][0].pending += 1
-        for req, q in batch:
-            start = len(req.slots) - q
-            if start < len(req.input_ids):
-                self.counters["prompt_tokens_computed"] += min(q, len(req.input_ids) - start)
+        self.counters["prompt_tokens_computed"] += inputs.prompt_tokens
+        for (req, q), first_sample in zip(batch, inputs.sample_starts):
+            if first_sample >= 0:
+                req.pending += 1
             if q > 1:  # a prefill chunk: its prefix is matchable from the next schedule on
                 self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
         # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
