@@ -16,6 +16,9 @@ Per-request host work per step is kept small: the decoders at the head of the
 order (one token, no draft) take their KV slots in one allocator call
 (`KVCacheManager.extend_decode`) when memory suffices for all of them; only
 otherwise are they extended one by one, which is where retraction happens.
+The running list is sorted only when its order may have changed
+(`RequestQueues.running_ordered`): a step in which every running request
+decoded one token keeps it.
 
 The planner mutates the `RequestQueues` (moves requests between waiting and
 running) and the requests' KV through `KVCacheManager`; it runs no model.
@@ -49,7 +52,7 @@ NEW_TOKEN_RATIO_DECAY = 0.002
 Batch = list[tuple[Req, int]]  # (request, tokens it computes this step)
 
 
-def _running_order(req: Req) -> tuple[bool, int, int]:
+def running_order(req: Req) -> tuple[bool, int, int]:
     """Running requests' scheduling order: decoders (one token, plus any draft)
     before prefill chunks, then most outputs first, then shortest prompt first;
     retraction takes from the end. (``uncomputed - len(draft_ids)``, inlined: it
@@ -60,10 +63,18 @@ def _running_order(req: Req) -> tuple[bool, int, int]:
 
 @dataclass
 class RequestQueues:
-    """Every unfinished request is in exactly one of the two lists."""
+    """Every unfinished request is in exactly one of the two lists.
+
+    ``running_ordered``: ``running`` is known to be in `running_order` (sorting
+    it would change nothing), so the planner need not sort it. The planner sets
+    it when it sorts and clears it when it appends an admitted request; the
+    result processor clears it unless every running request just gained exactly
+    one token as a one-token decoder (everyone's key moves alike). Removing
+    requests keeps the order."""
 
     waiting: list[Req] = field(default_factory=list)
     running: list[Req] = field(default_factory=list)
+    running_ordered: bool = False
 
     def remove(self, req: Req) -> None:
         (self.running if req.phase is Phase.RUNNING else self.waiting).remove(req)
@@ -104,7 +115,9 @@ class BatchPlanner:
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         running = self.queues.running
-        running.sort(key=_running_order)
+        if not self.queues.running_ordered:
+            running.sort(key=running_order)
+            self.queues.running_ordered = True
         taken = self._take_decoders(running, batch)
         budget -= len(batch)  # one token for each decoder taken (the batch was empty)
         queue = deque(running[taken:] if taken else running)
@@ -253,6 +266,7 @@ class BatchPlanner:
             waiting.remove(req)
             req.phase = Phase.RUNNING
             running.append(req)
+            self.queues.running_ordered = False
             batch.append((req, q))
             budget -= q
             reserve += int(self._remaining_tokens(req) * self.new_token_ratio)

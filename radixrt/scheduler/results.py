@@ -57,7 +57,8 @@ class ResultProcessor:
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
                 self._add_prompt_logprobs(req, scores, inputs.kv_lens[job.batch_index])
         sample = output.sample
-        for (req, _), first, computed_to in zip(batch, inputs.sample_starts, inputs.kv_lens):
+        one_token_decoders = finished = 0  # running rows that decoded exactly one token; rows finished here
+        for (req, q), first, computed_to in zip(batch, inputs.sample_starts, inputs.kv_lens):
             if first >= 0:
                 req.pending -= 1
                 if req.phase is Phase.FINISHED:
@@ -66,6 +67,8 @@ class ResultProcessor:
                 if req.draft_ids or req.grammar is not None:
                     self._take_samples(req, sample, first)
                 else:  # a plain row (most rows): its one token, no draft to verify or grammar to advance
+                    if q == 1 and req.phase is Phase.RUNNING:
+                        one_token_decoders += 1
                     self._append_token(req, sample.token_ids[first], sample, first)
             elif req.phase is Phase.FINISHED:
                 continue
@@ -74,8 +77,13 @@ class ResultProcessor:
             if req.finish_reason is not None:
                 self.queues.remove(req)
                 self._finish(req, req.finish_reason)
+                finished += 1
             elif req.unsent_ids:
                 self.outbox.append(token_output(req))
+        # Unless every row was a running one-token decoder and every running request is one of
+        # them, some running request's order key moved differently from the others'.
+        if one_token_decoders != len(batch) or len(self.queues.running) != one_token_decoders - finished:
+            self.queues.running_ordered = False
 
     # ------------------------------------------------------------------ prompt logprobs
     @staticmethod

@@ -56,7 +56,7 @@ from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.host_tier import build_host_tier
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
-from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues
+from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, token_output
 
@@ -307,6 +307,9 @@ class Scheduler:
     def check_invariants(self) -> None:
         self.kv.check_invariant(self.queues.running)
         self.kv.tree.check_integrity()
+        if self.queues.running_ordered:
+            keys = [running_order(r) for r in self.queues.running]
+            assert keys == sorted(keys), "running is marked ordered but is not in scheduling order"
 
     def stats(self) -> dict[str, Any]:
         return {
