@@ -4,8 +4,11 @@
 With overlap on, the work runs on one forward thread, in launch order, while
 the scheduler thread processes the previous step's results and prepares the
 next one (SGLang's zero-overhead scheduler and vLLM's async scheduling do the
-same); torch releases the GIL inside its kernels, so the two really run at
-once, on CUDA and on the CPU alike. With overlap off it runs inline.
+same). On CUDA the two really run at once: the forward thread only launches
+kernels. On the CPU the forward's many small ops each need the interpreter
+lock that the scheduler's Python holds, so the threads mostly take turns,
+and overlap is off there by default (`EngineConfig.overlap_schedule`). With
+overlap off the work runs inline.
 
 Device state owned here: ``last_tokens[row]``, the last token sampled for the
 request holding row ``row`` of the request-to-slot table, kept for the steps
