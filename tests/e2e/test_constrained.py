@@ -92,7 +92,9 @@ def _check_output(case, text: str) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_llama):
-    eng = radixrt.Engine(tiny_llama, max_total_tokens=8192, debug_check_invariants=True)
+    # overlap on (a CUDA default, off on the CPU otherwise): constrained rows next to plain ones with a step in flight
+    eng = radixrt.Engine(tiny_llama, max_total_tokens=8192, debug_check_invariants=True,
+                         disable_overlap_schedule=False)
     yield eng
     eng.shutdown()
 
@@ -323,8 +325,9 @@ def test_retraction_and_pages_keep_constrained_outputs(tiny_llama):
         reference = [r["output_ids"] for r in run(ref_engine)]
     finally:
         ref_engine.shutdown()
+    # with overlap, against a reference without it
     engine = radixrt.Engine(tiny_llama, max_total_tokens=340, page_size=4, chunked_prefill_size=64,
-                            debug_check_invariants=True)
+                            debug_check_invariants=True, disable_overlap_schedule=False)
     try:
         results = run(engine)
         engine.wait_idle()
