@@ -75,9 +75,10 @@ def stress_reference(tiny_llama):
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_swap_preemption_stress_matches_roomy_run(tiny_llama, stress_reference, page_size):
     prompts, params, reference = stress_reference
+    # page_size 4 with the overlap scheduler (the CUDA default; host copies then run around steps in flight)
     engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=128, page_size=page_size,
                             max_running_requests=24, debug_check_invariants=True, enable_hierarchical_cache=True,
-                            host_kv_size=4096, preemption_mode="swap")
+                            host_kv_size=4096, preemption_mode="swap", disable_overlap_schedule=page_size == 1)
     try:
         results = _run_all(engine, prompts, params)
         assert [r["output_ids"] for r in results] == reference
@@ -97,7 +98,8 @@ def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
         reference = _multi_turn(ref, convs)
         roomy = ref.get_stats()
     engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=512, debug_check_invariants=True,
-                            enable_hierarchical_cache=True, host_kv_size=4096, hicache_write_policy="write_back")
+                            enable_hierarchical_cache=True, host_kv_size=4096, hicache_write_policy="write_back",
+                            disable_overlap_schedule=False)  # overlap as on CUDA, against a reference without
     try:
         assert _multi_turn(engine, convs) == reference
         on = _check_clean(engine)
