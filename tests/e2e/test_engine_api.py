@@ -14,7 +14,8 @@ import radixrt
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_llama):
-    e = radixrt.Engine(tiny_llama, max_total_tokens=8192)
+    # overlap on (the CUDA default, off on the CPU otherwise), so both loops run these tests
+    e = radixrt.Engine(tiny_llama, max_total_tokens=8192, disable_overlap_schedule=False)
     yield e
     e.shutdown()
 

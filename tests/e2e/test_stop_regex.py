@@ -16,7 +16,8 @@ PINNED = {"max_new_tokens": 24, "temperature": 0, "regex": "abc 123 xyz"}
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
-    e = radixrt.Engine(tiny_llama, max_total_tokens=8192)
+    # overlap on (the CUDA default, off on the CPU otherwise), so both loops run these tests
+    e = radixrt.Engine(tiny_llama, max_total_tokens=8192, disable_overlap_schedule=False)
     yield e
     e.shutdown()
 
