@@ -50,12 +50,12 @@ class Router:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixrt.cli", "router", "--port", str(self.port), "--policy", policy,
-               "--api-key", KEY, "--health-check-interval", str(health_interval), "--health-check-timeout", "1",
+               "--api-key", KEY, "--health-check-interval", str(health_interval), "--health-check-timeout", "3",
                "--health-failure-threshold", "1"]
         for u in urls:
             cmd += ["--worker-url", u]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a loaded 2-core CI machine imports slowly
         while True:
             assert self.proc.poll() is None, self.proc.stdout.read() if self.proc.stdout else ""
             try:
@@ -74,7 +74,7 @@ class Router:
 @pytest.fixture(scope="module")
 def dp_server(tiny_llama):
     srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", "--served-model-name", "tiny",
-                      "--router-health-check-interval", "0.5", "--router-health-check-timeout", "1",
+                      "--router-health-check-interval", "0.5", "--router-health-check-timeout", "3",
                       "--router-health-failure-threshold", "1", model=tiny_llama, api_key=KEY)
     try:
         srv.wait_ready()
