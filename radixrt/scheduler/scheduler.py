@@ -22,9 +22,10 @@ mechanism.
 Overlap (``EngineConfig.overlap_schedule``: on CUDA unless
 ``disable_overlap_schedule``; on the CPU only when that is set to False): a
 step launches its batch and only then processes the previous step's results,
-so the CPU's work runs while the forward does. The step after a batch holding constrained or
-penalized requests waits for that batch's tokens first (their next masks and
-penalties need them on the host); outputs are the same either way.
+so the CPU's work runs while the forward does. The step after a batch holding
+constrained or penalized requests waits for that batch's tokens first (their
+next masks and penalties need them on the host); outputs are the same either
+way.
 """
 from __future__ import annotations
 
