@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
-
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.plan import ModelShape, make_plan
-from radixrt.server.local import LocalServer
 from radixrt.server.metrics import ServerMetrics
+from tests.support.servers import client_of, info_and_metrics
 
 KV_TOKENS = 4096
 
@@ -36,18 +34,11 @@ def _gauge(metrics: str, name: str, kv: str) -> float:
 def test_server_reports_kv_cache_size(tiny_llama):
     kv = "int8"
     shape = ModelShape.from_config(json.loads(open(f"{tiny_llama}/config.json").read()))
-    srv = LocalServer("--max-total-tokens", str(KV_TOKENS), "--kv-cache-dtype", kv, model=tiny_llama)
-    try:
-        srv.wait_ready()
-        with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=60) as c:
-            out = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4,
-                                                                                 "temperature": 0}})
-            assert out.status_code == 200 and len(out.json()["meta_info"]["finish_reason"]) > 0
-            info = c.get("/get_server_info").json()
-            metrics = c.get("/metrics").text
-    finally:
-        srv.stop()
-        srv.cleanup()
+    with client_of("--max-total-tokens", str(KV_TOKENS), "--kv-cache-dtype", kv, model=tiny_llama) as c:
+        out = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4,
+                                                                             "temperature": 0}})
+        assert out.status_code == 200 and len(out.json()["meta_info"]["finish_reason"]) > 0
+        info, metrics = info_and_metrics(c)
     kv_info = info["kv_cache"]
     # the pool's own description (the CPU model dtype is float32)
     want = kv_footprint(shape.num_layers, shape.num_kv_heads, shape.head_dim, kv, "float32")

@@ -149,26 +149,17 @@ def test_server_reports_hits_by_tier(tiny_llama):
     /metrics report the host tier's slots and the hits by tier from the scheduler's stats."""
     import re
 
-    import httpx
-
-    from radixrt.server.local import LocalServer
+    from tests.support.servers import client_of, info_and_metrics
 
     convs = _conversations(seed=3, users=3, turns=3)
-    srv = LocalServer("--max-total-tokens", "256", "--enable-hierarchical-cache", "--host-kv-size", "2048",
-                      "--hicache-write-policy", "write_back", "--preemption-mode", "swap", model=tiny_llama)
-    try:
-        srv.wait_ready()
-        with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=60) as c:
-            for t in range(3):
-                for user in convs:
-                    r = c.post("/generate", json={"input_ids": user[t], "sampling_params": {
-                        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
-                    assert r.status_code == 200, r.text
-            info = c.get("/get_server_info").json()
-            metrics = c.get("/metrics").text
-    finally:
-        srv.stop()
-        srv.cleanup()
+    with client_of("--max-total-tokens", "256", "--enable-hierarchical-cache", "--host-kv-size", "2048",
+                   "--hicache-write-policy", "write_back", "--preemption-mode", "swap", model=tiny_llama) as c:
+        for t in range(3):
+            for user in convs:
+                r = c.post("/generate", json={"input_ids": user[t], "sampling_params": {
+                    "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+                assert r.status_code == 200, r.text
+        info, metrics = info_and_metrics(c)
     host = info["host_kv_cache"]
     assert host["total_slots"] == 2048 and host["free_slots"] + host["tree_slots"] == 2048
     assert info["enable_hierarchical_cache"] is True and info["preemption_mode"] == "swap"
