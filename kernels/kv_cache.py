@@ -96,6 +96,13 @@ def dequantize_fp8(q: torch.Tensor, scalar: float, dtype: torch.dtype) -> torch.
     return (q.float() * scalar).to(dtype)
 
 
+def _gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``cache[slots]`` for a ``[num_slots, Hkv, D]`` cache, each slot's ``Hkv * D``
+    values copied as one row: over the 3-D tensor, `index_select` took about 3x
+    as long on the CPU for slots in decode order (interleaved across requests)."""
+    return cache.view(cache.shape[0], -1).index_select(0, slots).view(-1, *cache.shape[1:])
+
+
 def _scheme(dtype: torch.dtype) -> str:
     if dtype == torch.int8:
         return "int8"
@@ -171,7 +178,7 @@ class LayerKVCache:
     # ------------------------------------------------------------------- read
     def gather(self, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V ``[n, Hkv, D]`` of the flat slot ids ``slots`` ``[n]``, dequantized to ``dtype``."""
-        k, v = self.k.index_select(0, slots), self.v.index_select(0, slots)
+        k, v = _gather_rows(self.k, slots), _gather_rows(self.v, slots)
         ks = self.k_scale.index_select(0, slots) if self.k_scale is not None else None
         vs = self.v_scale.index_select(0, slots) if self.v_scale is not None else None
         return self._dequantize(k, v, ks, vs, dtype)

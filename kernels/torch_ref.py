@@ -22,6 +22,12 @@ layer's `forward` only gathers and calls `scaled_dot_product_attention`:
 
 A batch may mix both kinds (chunked prefill next to decoding requests).
 
+On the CPU, decode requests of a plain float32 cache go to a small C kernel
+instead (`cpu_decode.py`, built on first use) that reads each slot's K/V in
+place rather than gathering them first: about 3x faster than the gather and
+SDPA it replaces at batch 64-128. ``native_decode=False``, or a machine where
+it cannot be built, keeps the torch path, which stays the reference.
+
 Quantized caches (int8, fp8) are dequantized as they are gathered
 (`LayerKVCache.gather`), to ``q``'s dtype; a prefill with no cached prefix
 then reads its own new K/V back from the cache too, not the unquantized
@@ -41,6 +47,8 @@ import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
 from .cascade import CascadePlan, cascade_attention, plan_cascade
+from .cpu_decode import NativeDecode
+from .cpu_decode import load as load_native_decode
 from .fixed_split import FixedSplitPlan, fixed_split_attention, plan_fixed_split
 from .kv_cache import LayerKVCache
 
@@ -51,6 +59,7 @@ class _DecodePlan:
     slot_table: torch.Tensor  # [B, max_kv] int64 flat slot ids (padding points at a valid slot)
     valid: Optional[torch.Tensor]  # [B, max_kv] bool, True = attend; None when no padding
     bias: Optional[torch.Tensor] = None  # valid as [B, 1, 1, max_kv] 0 / -inf, in q's dtype (made by layer 0)
+    lens: Optional[torch.Tensor] = None  # [B] int64 kv lengths, for the native CPU kernel (None: not used)
 
     def bias_for(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """The additive key-padding bias in ``dtype`` (None when nothing is padded)."""
@@ -73,7 +82,10 @@ class _ExtendPlan:
 class TorchReferenceBackend(AttentionBackend):
     """Paged causal GQA attention with `torch.nn.functional.scaled_dot_product_attention`."""
 
-    def __init__(self, decode_budget: int = 1 << 16, cascade: bool = True, deterministic: bool = False) -> None:
+    def __init__(
+        self, decode_budget: int = 1 << 16, cascade: bool = True, deterministic: bool = False,
+        native_decode: bool = True,
+    ) -> None:
         # most gathered K (and V) rows one batched decode call may hold (padding included);
         # a larger decode batch is split into a few calls, longest sequences first
         self.decode_budget = decode_budget
@@ -84,6 +96,8 @@ class TorchReferenceBackend(AttentionBackend):
         self._meta: Optional[AttentionMetadata] = None
         self._decode: list[_DecodePlan] = []
         self._extends: list[_ExtendPlan] = []
+        # the C decode kernel for CPU float32 caches (None: not wanted, or not buildable here)
+        self._native: Optional[NativeDecode] = load_native_decode() if native_decode else None
 
     # ------------------------------------------------------------------ plan
     def plan(self, meta: AttentionMetadata) -> None:
@@ -100,15 +114,18 @@ class TorchReferenceBackend(AttentionBackend):
         q_lens, kv_lens = meta.q_lens, meta.kv_lens
         device = meta.kv_slots.device
 
+        native = self._native is not None and device.type == "cpu"
         decode_ids = [i for i, q in enumerate(q_lens) if q == 1]
         if decode_ids:
             if len(decode_ids) == len(q_lens) and len(q_lens) * max(kv_lens) <= self.decode_budget:
                 # the common case: the whole batch decodes in one call, rows in order
                 if meta.slot_table is not None:
-                    self._decode.append(self._decode_plan_from_table(meta))
+                    dec = self._decode_plan_from_table(meta)
                 else:
-                    starts = meta.kv_indptr[:-1].to(torch.int64)
-                    self._decode.append(self._plan_decode_group(meta, starts, kv_lens, None))
+                    dec = self._plan_decode_group(meta, meta.kv_indptr[:-1].to(torch.int64), kv_lens, None)
+                if native:
+                    dec.lens = torch.tensor(kv_lens, dtype=torch.int64)
+                self._decode.append(dec)
             else:
                 qo_off, kv_off = [0], [0]
                 for q, k in zip(q_lens, kv_lens):
@@ -117,9 +134,11 @@ class TorchReferenceBackend(AttentionBackend):
                 for group in self._decode_groups(decode_ids, kv_lens):
                     starts = torch.tensor([kv_off[i] for i in group], dtype=torch.int64, device=device)
                     rows = torch.tensor([qo_off[i] for i in group], dtype=torch.int64, device=device)
-                    self._decode.append(
-                        self._plan_decode_group(meta, starts, [kv_lens[i] for i in group], rows)
-                    )
+                    lens = [kv_lens[i] for i in group]
+                    dec = self._plan_decode_group(meta, starts, lens, rows)
+                    if native:
+                        dec.lens = torch.tensor(lens, dtype=torch.int64)
+                    self._decode.append(dec)
 
         qo = 0
         kv = 0
@@ -233,12 +252,13 @@ class TorchReferenceBackend(AttentionBackend):
         assert out is not None  # None only for a single extend, which returned above
         return out.reshape(num_tokens, -1)
 
-    @staticmethod
-    def _decode_attn(q: torch.Tensor, cache: LayerKVCache, dec: _DecodePlan, scale: float) -> torch.Tensor:
+    def _decode_attn(self, q: torch.Tensor, cache: LayerKVCache, dec: _DecodePlan, scale: float) -> torch.Tensor:
         """q [B, Hq, D] (one token per request) -> [B, Hq, D].
 
         Query head ``h`` reads KV head ``h // G``: ``q`` viewed as ``[B, Hkv, G,
         D]`` lines up with K/V ``[B, Hkv, max_kv, D]``."""
+        if dec.lens is not None and self._native is not None and NativeDecode.supports(q, cache.k):
+            return self._native.forward(q, cache.k, cache.v, dec.slot_table, dec.lens, scale)
         b, num_q_heads, head_dim = q.shape
         max_kv = dec.slot_table.shape[1]
         hkv = cache.num_kv_heads

@@ -55,10 +55,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-decode", "torch-decode"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("gqa", [1, 3, 4])
 @pytest.mark.parametrize("name,kv_lens,q_lens", CASES, ids=[c[0] for c in CASES])
-def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size):
+def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size, native):
     rng = random.Random(zlib.crc32(f"{name}-{gqa}-{page_size}".encode()))
     torch.manual_seed(rng.randrange(1 << 30))
     hkv = 2
@@ -77,7 +78,7 @@ def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size):
     v = torch.randn(t, hkv, HEAD_DIM)
     scale = HEAD_DIM ** -0.5
 
-    backend = TorchReferenceBackend()
+    backend = TorchReferenceBackend(native_decode=native)
     backend.plan(meta)
     out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), scale)
 
@@ -98,9 +99,10 @@ def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size):
     torch.testing.assert_close(out2.double(), _naive(q, k2, v2, seq_slots, q_lens, scale), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-decode", "torch-decode"])
 @pytest.mark.parametrize("name,kv_lens,q_lens", [c for c in CASES if c[0] in ("decode", "mixed")],
                          ids=["decode", "mixed"])
-def test_decode_split_into_groups(name, kv_lens, q_lens):
+def test_decode_split_into_groups(name, kv_lens, q_lens, native):
     """A decode batch larger than the gather budget is split into several calls, same answer."""
     rng = random.Random(11)
     seq_slots = _alloc_slots(kv_lens, 1, sum(kv_lens) + 4, rng)
@@ -109,7 +111,7 @@ def test_decode_split_into_groups(name, kv_lens, q_lens):
     v_cache = torch.randn(sum(kv_lens) + 4, 1, HEAD_DIM)
     t = meta.num_tokens
     q, k, v = torch.randn(t, 3, HEAD_DIM), torch.randn(t, 1, HEAD_DIM), torch.randn(t, 1, HEAD_DIM)
-    backend = TorchReferenceBackend(decode_budget=40)
+    backend = TorchReferenceBackend(decode_budget=40, native_decode=native)
     backend.plan(meta)
     assert len(backend._decode) > 1
     out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), 0.3)

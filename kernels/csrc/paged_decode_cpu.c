@@ -1,0 +1,111 @@
+/*
+ * Paged decode attention on the CPU, float32: one query token per request
+ * attends over that request's KV slots, read in place from the paged pool.
+ *
+ * The torch path gathers every request's K and V into padded [B, max_kv]
+ * tensors and then calls scaled_dot_product_attention, so each step writes
+ * and re-reads a copy of the batch's whole KV; this kernel reads each slot's
+ * K and V rows once, where they are.
+ *
+ * Contract (checked by the caller, radixrt.kernels.cpu_decode):
+ *   q        [B, Hq, D]        heads and D contiguous, rows q_stride floats apart;
+ *                              query head hd reads KV head hd / (Hq / Hkv)
+ *   k_cache  [num_slots, Hkv, D] contiguous (one layer of the pool), v_cache likewise
+ *   table    [B, max_kv] int64 contiguous; row b holds request b's slot ids in order,
+ *            only the first lens[b] are read (the rest may be anything)
+ *   lens     [B] int64, 1 <= lens[b] <= max_kv, and every slot id read is < num_slots
+ *   out      [B, Hq, D]        contiguous, written, never read
+ *   D is a multiple of 8.
+ * Returns 0, or -1 when scratch memory cannot be allocated, -2 for a D that is
+ * not a multiple of 8 (out is then left untouched).
+ *
+ * Built with -ffast-math at compile time only (it lets the exp loop use glibc's
+ * vector expf and the dot products reassociate); the shared object is linked
+ * without it, so loading it does not switch the process to flush-to-zero.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* eight floats; the compiler maps it onto AVX / AVX-512 / NEON registers */
+typedef float vec8 __attribute__((vector_size(32), aligned(4)));
+
+static inline vec8 load8(const float *p) { vec8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store8(float *p, vec8 v) { memcpy(p, &v, sizeof v); }
+
+static inline float sum8(vec8 x) {
+    float s = 0.f;
+    for (int i = 0; i < 8; i++) s += x[i];
+    return s;
+}
+
+/* One request: scores [Hq, len] is scratch; NV = D / 8. */
+static inline __attribute__((always_inline)) void attend_request(
+    const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
+    const int64_t *restrict slots, int64_t len, int64_t hq, int64_t hkv, int64_t NV, float scale,
+    float *restrict scores, float *restrict out)
+{
+    const int64_t G = hq / hkv, D = NV * 8, row = hkv * D;
+    for (int64_t t = 0; t < len; t++) {
+        const float *restrict k_row = k_cache + slots[t] * row;
+        for (int64_t h = 0; h < hkv; h++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t head = h * G + g;
+                vec8 acc = {0};
+                for (int64_t c = 0; c < NV; c++) acc += load8(q + head * D + c * 8) * load8(k_row + h * D + c * 8);
+                scores[head * len + t] = sum8(acc) * scale;
+            }
+    }
+    for (int64_t head = 0; head < hq; head++) {
+        float *restrict s = scores + head * len;
+        float m = s[0];
+        for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;
+        float total = 0.f;
+        for (int64_t t = 0; t < len; t++) { s[t] = expf(s[t] - m); total += s[t]; }
+        const float inv = 1.f / total;
+        for (int64_t t = 0; t < len; t++) s[t] *= inv;
+    }
+    memset(out, 0, sizeof(float) * hq * D);
+    for (int64_t t = 0; t < len; t++) {
+        const float *restrict v_row = v_cache + slots[t] * row;
+        for (int64_t h = 0; h < hkv; h++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t head = h * G + g;
+                const float p = scores[head * len + t];
+                for (int64_t c = 0; c < NV; c++) {
+                    float *o = out + head * D + c * 8;
+                    store8(o, load8(o) + p * load8(v_row + h * D + c * 8));
+                }
+            }
+    }
+}
+
+static inline __attribute__((always_inline)) void attend_batch(
+    const float *q, int64_t q_stride, const float *k_cache, const float *v_cache, const int64_t *table,
+    const int64_t *lens, float *out, int64_t B, int64_t max_kv, int64_t hq, int64_t hkv, int64_t NV, float scale,
+    float *scores)
+{
+    for (int64_t b = 0; b < B; b++)
+        attend_request(q + b * q_stride, k_cache, v_cache, table + b * max_kv, lens[b], hq, hkv, NV, scale,
+                       scores, out + b * hq * NV * 8);
+}
+
+int radixrt_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+                             const int64_t *table, const int64_t *lens, float *out, int64_t B, int64_t max_kv,
+                             int64_t hq, int64_t hkv, int64_t D, float scale)
+{
+    if (D % 8 != 0) return -2;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_kv));
+    if (scores == NULL) return -1;
+    /* the common head sizes get loops of constant length */
+    switch (D / 8) {
+    case 2: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 2, scale, scores); break;
+    case 4: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 4, scale, scores); break;
+    case 8: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 8, scale, scores); break;
+    case 16: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 16, scale, scores); break;
+    default: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, D / 8, scale, scores);
+    }
+    free(scores);
+    return 0;
+}

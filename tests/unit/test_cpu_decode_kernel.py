@@ -1,0 +1,129 @@
+"""The CPU paged decode kernel (`radixrt.kernels.cpu_decode`) against dense
+float64 attention, its build and fallbacks, and the engine's greedy tokens
+with the kernel and with the torch path."""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+
+import pytest
+import torch
+
+from radixrt.config import EngineConfig
+from radixrt.kernels import cpu_decode
+from radixrt.requests.messages import GenerateReq
+from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.scheduler import Scheduler
+
+
+@pytest.fixture(scope="module")
+def kernel() -> cpu_decode.NativeDecode:
+    native = cpu_decode.load()
+    if native is None:
+        compiler = shlex.split(os.environ.get("CC") or "cc")[0]
+        assert shutil.which(compiler) is None, "a C compiler is here, so the kernel must build (see the warning)"
+        pytest.skip(f"no C compiler ({compiler}) on this machine: the torch path is used")
+    return native
+
+
+def _dense(q, k_cache, v_cache, table, lens, scale):
+    """float64 attention of each request's first lens[b] slots of table row b."""
+    group = q.shape[1] // k_cache.shape[1]
+    out = []
+    for b in range(q.shape[0]):
+        slots = table[b, : int(lens[b])]
+        k = k_cache[slots].double().repeat_interleave(group, dim=1)  # [len, Hq, D]
+        v = v_cache[slots].double().repeat_interleave(group, dim=1)
+        p = (torch.einsum("hd,thd->ht", q[b].double(), k) * scale).softmax(-1)
+        out.append(torch.einsum("ht,thd->hd", p, v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("batch,hkv,group,head_dim", [
+    (1, 1, 1, 8), (5, 2, 3, 16), (7, 3, 3, 64), (3, 1, 8, 128), (4, 2, 2, 24), (2, 4, 1, 256),
+])
+def test_kernel_matches_dense_attention(kernel, batch, hkv, group, head_dim) -> None:
+    gen = torch.Generator().manual_seed(batch * 1000 + head_dim)
+    num_slots, max_kv = 300, 37
+    k_cache = torch.randn(num_slots, hkv, head_dim, generator=gen)
+    v_cache = torch.randn(num_slots, hkv, head_dim, generator=gen)
+    # slot 0 holds huge values: the padding points at it, so reading padding would show
+    k_cache[0], v_cache[0] = 1e4, 1e4
+    lens = torch.randint(1, max_kv + 1, (batch,), generator=gen)
+    lens[0] = max_kv
+    table = torch.zeros(batch, max_kv, dtype=torch.int64)
+    for b in range(batch):
+        table[b, : int(lens[b])] = torch.randperm(num_slots - 1, generator=gen)[: int(lens[b])] + 1
+    q = torch.randn(batch, hkv * group, head_dim, generator=gen)
+    scale = head_dim ** -0.5
+    out = kernel.forward(q, k_cache, v_cache, table, lens, scale)
+    assert out.shape == q.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), _dense(q, k_cache, v_cache, table, lens, scale), atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_reads_query_rows_of_a_wider_tensor(kernel) -> None:
+    """q may be a view of the fused q/k/v projection: rows apart, heads contiguous."""
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = torch.randn(50, 2, 16, generator=gen), torch.randn(50, 2, 16, generator=gen)
+    qkv = torch.randn(4, 8, 16, generator=gen)
+    q = qkv[:, :4]  # [4, 4, 16], row stride 8 * 16
+    assert not q.is_contiguous()
+    table = torch.arange(40).view(4, 10)
+    lens = torch.tensor([10, 3, 7, 1])
+    out = kernel.forward(q, k_cache, v_cache, table, lens, 0.25)
+    torch.testing.assert_close(out, kernel.forward(q.contiguous(), k_cache, v_cache, table, lens, 0.25))
+    torch.testing.assert_close(out.double(), _dense(q, k_cache, v_cache, table, lens, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_loading_the_kernel_keeps_denormals(kernel) -> None:
+    """Compiled with -ffast-math but linked without it: the process must not switch
+    to flush-to-zero (gcc < 13 would, for a shared object linked with the flag)."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)  # a float32 subnormal
+    assert tiny.item() != 0.0
+    assert (tiny * 1.0).item() != 0.0 and (tiny + tiny).item() != 0.0
+
+
+def test_build_is_cached_per_machine(kernel) -> None:
+    assert cpu_decode.load() is kernel  # one build per process
+    assert kernel.path.exists() and kernel.path.parent.name == "kernels"
+    assert kernel.path.name.startswith("paged_decode_cpu-") and kernel.path.suffix == ".so"
+
+
+def test_turned_off_by_environment(monkeypatch) -> None:
+    monkeypatch.setenv(cpu_decode.DISABLE_ENV, "0")
+    assert cpu_decode.load() is None
+
+
+def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setenv("RADIXRT_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with caplog.at_level(logging.WARNING, logger=cpu_decode.__name__):
+        assert cpu_decode.load() is None
+    assert "torch path" in caplog.text and "no-such-cc" in caplog.text
+
+
+def _greedy(model_path: str) -> tuple[list[list[int]], bool]:
+    """Greedy tokens of six requests decoding together, and whether the kernel was used."""
+    sched = Scheduler(EngineConfig(model_path=model_path, max_running_requests=8, max_total_tokens=2048))
+    try:
+        sp = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
+        for i in range(6):
+            sched.add_request(GenerateReq(f"r{i}", [(11 * i + j) % 300 + 3 for j in range(5 + 9 * i)], sp))
+        tokens: dict[str, list[int]] = {}
+        while sched.has_work():
+            for out in sched.step():
+                tokens.setdefault(out.rid, []).extend(out.new_token_ids)
+        return [tokens[f"r{i}"] for i in range(6)], sched.runner.backend._native is not None
+    finally:
+        sched.close()
+
+
+def test_engine_greedy_tokens_same_with_and_without_the_kernel(kernel, tiny_llama, monkeypatch) -> None:
+    with_kernel, used = _greedy(tiny_llama)
+    monkeypatch.setenv(cpu_decode.DISABLE_ENV, "0")
+    torch_path, used_after = _greedy(tiny_llama)
+    assert used and not used_after
+    assert with_kernel == torch_path
+    assert all(len(t) == 24 for t in with_kernel)
