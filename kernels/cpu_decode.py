@@ -6,7 +6,7 @@ time is the copy and SDPA's per-(request, head) overhead, not arithmetic. The
 kernel in ``csrc/paged_decode_cpu.c`` reads each slot's K and V rows in place
 instead (contract in that file). On a 2-core AMD EPYC, one thread, it took
 0.2 ms where gather + SDPA took 0.6 ms (batch 128, 122 slots, 4 query heads
-over 2 KV heads of 16), and about a quarter of the time at batch 1.
+over 2 KV heads of 16), and a fifth of the time at batch 1.
 
 Build: the system C compiler (``$CC``, else ``cc``) with ``-O3 -march=native``
 into ``$RADIXRT_HOME/kernels/`` (default ``~/.cache/radixrt/kernels``), once

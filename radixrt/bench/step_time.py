@@ -146,6 +146,13 @@ def tiny_cpu_model(folder: str) -> str:
     return make_tiny_model(folder, "llama", vocab_size=512, max_position_embeddings=8192)
 
 
+def cpu_decode_kernel() -> bool:
+    """Whether CPU decode attention runs in the C kernel here (else the torch path)."""
+    from radixrt.kernels import cpu_decode
+
+    return cpu_decode.load() is not None
+
+
 def format_table(rows: list[StepTime]) -> str:
     lines = ["batch  ms/step  model ms  host ms  GPU busy"]
     for r in rows:
@@ -183,13 +190,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
                        prompt_len=args.prompt_len)
     overhead = op_overhead_us()
+    kernel = cpu_decode_kernel()
     print(format_table(rows))
+    if args.device == "cpu":
+        print("decode attention: " + ("the C kernel (radixrt.kernels.cpu_decode)" if kernel else "the torch path"))
     print(f"one small torch op costs {overhead:.1f} us on this machine ({torch.get_num_threads()} threads); "
           f"in those units: " + ", ".join(f"batch {r.batch} {1000 * r.ms_per_step / overhead:.0f}" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"op_overhead_us": overhead, "threads": torch.get_num_threads(),
-                       "rows": [asdict(r) for r in rows]}, f, indent=2)
+                       "cpu_decode_kernel": kernel, "rows": [asdict(r) for r in rows]}, f, indent=2)
     return 0
 
 

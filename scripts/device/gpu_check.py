@@ -781,8 +781,10 @@ def _cpu_step_time(work: Path, batches: list[int], steps: int, repeats: int, rep
         overhead = step_time.op_overhead_us()
     finally:
         torch.set_num_threads(threads)
-    report.log(f"steptime cpu tiny (1 thread, small op {overhead:.1f} us):\n{step_time.format_table(rows)}")
-    return {"op_overhead_us": overhead, "rows": [dataclasses.asdict(r) for r in rows]}
+    kernel = step_time.cpu_decode_kernel()
+    report.log(f"steptime cpu tiny (1 thread, small op {overhead:.1f} us, decode attention "
+               f"{'C kernel' if kernel else 'torch path'}):\n{step_time.format_table(rows)}")
+    return {"op_overhead_us": overhead, "cpu_decode_kernel": kernel, "rows": [dataclasses.asdict(r) for r in rows]}
 
 
 def check_e2e(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:

@@ -15,6 +15,8 @@ def test_step_time_bench_reports_each_batch(tmp_path):
     assert "one small torch op costs" in proc.stdout
     report = json.loads(out.read_text())
     assert report["op_overhead_us"] > 0 and report["threads"] == 1
+    assert isinstance(report["cpu_decode_kernel"], bool)
+    assert "decode attention: " in proc.stdout
     rows = report["rows"]
     assert [r["batch"] for r in rows] == [1, 3]
     for r in rows:
