@@ -16,8 +16,11 @@ and the caller keeps the torch path. ``RADIXRT_NATIVE_DECODE=0`` turns the
 kernel off.
 
 Only plain float32 caches on the CPU take this path (`supports`); quantized
-caches, other dtypes and CUDA tensors keep theirs. The kernel is
-single-threaded.
+caches, other dtypes and CUDA tensors keep theirs. A large batch (long
+contexts) is split by rows over ``torch.get_num_threads()`` threads, each
+calling the kernel on its share (ctypes lets go of the interpreter lock for
+the call); a small one runs on the calling thread, where handing out work
+would cost more than it saves.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import shlex
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -43,6 +47,8 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11"]
 # object, which sets flush-to-zero for the whole process when it is loaded
 LINK_FLAGS = ["-shared", "-lm"]
 DISABLE_ENV = "RADIXRT_NATIVE_DECODE"
+# query-head x slot pairs of one call below which it runs on one thread (about 1 ms of work)
+PARALLEL_MIN_PAIRS = 1 << 18
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional["NativeDecode"]] = {}
@@ -59,6 +65,8 @@ class NativeDecode:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float]
         self._fn = fn  # ctypes releases the GIL for the call
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool_size = 0
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -82,18 +90,39 @@ class NativeDecode:
         b, hq, d = q.shape
         if q.stride(2) != 1 or q.stride(1) != d:  # rows may be apart (a view of the fused projection)
             q = q.contiguous()
-        hkv = k_cache.shape[1]
+        hkv, max_kv = k_cache.shape[1], table.shape[1]
         assert k_cache.is_contiguous() and v_cache.is_contiguous(), "pool layers are contiguous"
         assert table.dtype == torch.int64 and lens.dtype == torch.int64 and table.is_contiguous()
         assert table.shape[0] == b == lens.shape[0] and hq % hkv == 0
-        out = torch.empty_like(q)
-        rc = self._fn(
-            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), lens.data_ptr(),
-            out.data_ptr(), b, table.shape[1], hq, hkv, d, scale,
-        )
-        if rc != 0:
-            raise RuntimeError(f"paged decode kernel failed (code {rc})")
+        out = q.new_empty((b, hq, d))
+
+        def rows(lo: int, hi: int) -> int:
+            """The kernel on requests lo .. hi - 1 (pointers offset in bytes; float32 and int64)."""
+            return self._fn(
+                q.data_ptr() + 4 * lo * q.stride(0), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                table.data_ptr() + 8 * lo * max_kv, lens.data_ptr() + 8 * lo, out.data_ptr() + 4 * lo * hq * d,
+                hi - lo, max_kv, hq, hkv, d, scale,
+            )
+
+        threads = min(torch.get_num_threads(), b)
+        if threads > 1 and b * max_kv * hq >= PARALLEL_MIN_PAIRS:
+            bounds = [b * i // threads for i in range(threads + 1)]
+            pool = self._workers(threads - 1)
+            futures = [pool.submit(rows, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+            codes = [rows(0, bounds[1])] + [f.result() for f in futures]  # the first share on this thread
+        else:
+            codes = [rows(0, b)]
+        if any(codes):
+            raise RuntimeError(f"paged decode kernel failed (codes {codes})")
         return out
+
+    def _workers(self, n: int) -> ThreadPoolExecutor:
+        """A pool of ``n`` threads, kept between calls (made again when the thread count changes)."""
+        if self._pool is None or self._pool_size != n:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool, self._pool_size = ThreadPoolExecutor(n, thread_name_prefix="radixrt-decode"), n
+        return self._pool
 
 
 def load() -> Optional[NativeDecode]:

@@ -29,6 +29,13 @@
 #include <string.h>
 
 /* eight floats; the compiler maps it onto AVX / AVX-512 / NEON registers */
+/* slot rows are scattered over the pool: ask for the row this many tokens ahead early */
+#define PREFETCH_DISTANCE 16
+
+static inline void prefetch_row(const float *row, int64_t floats) {
+    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(row + i);  /* one 64-byte line each */
+}
+
 typedef float vec8 __attribute__((vector_size(32), aligned(4)));
 
 static inline vec8 load8(const float *p) { vec8 v; memcpy(&v, p, sizeof v); return v; }
@@ -48,6 +55,7 @@ static inline __attribute__((always_inline)) void attend_request(
 {
     const int64_t G = hq / hkv, D = NV * 8, row = hkv * D;
     for (int64_t t = 0; t < len; t++) {
+        if (t + PREFETCH_DISTANCE < len) prefetch_row(k_cache + slots[t + PREFETCH_DISTANCE] * row, row);
         const float *restrict k_row = k_cache + slots[t] * row;
         for (int64_t h = 0; h < hkv; h++)
             for (int64_t g = 0; g < G; g++) {
@@ -68,6 +76,7 @@ static inline __attribute__((always_inline)) void attend_request(
     }
     memset(out, 0, sizeof(float) * hq * D);
     for (int64_t t = 0; t < len; t++) {
+        if (t + PREFETCH_DISTANCE < len) prefetch_row(v_cache + slots[t + PREFETCH_DISTANCE] * row, row);
         const float *restrict v_row = v_cache + slots[t] * row;
         for (int64_t h = 0; h < hkv; h++)
             for (int64_t g = 0; g < G; g++) {

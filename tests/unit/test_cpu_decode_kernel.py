@@ -77,6 +77,29 @@ def test_kernel_reads_query_rows_of_a_wider_tensor(kernel) -> None:
     torch.testing.assert_close(out.double(), _dense(q, k_cache, v_cache, table, lens, 0.25), atol=1e-5, rtol=1e-5)
 
 
+def test_large_batches_split_over_threads(kernel, monkeypatch) -> None:
+    """Rows split over the torch thread count give each request's own answer."""
+    gen = torch.Generator().manual_seed(5)
+    batch, hkv, group, d, num_slots = 9, 2, 2, 32, 400
+    k_cache, v_cache = torch.randn(num_slots, hkv, d, generator=gen), torch.randn(num_slots, hkv, d, generator=gen)
+    lens = torch.randint(1, 41, (batch,), generator=gen)
+    table = torch.stack([torch.randperm(num_slots, generator=gen)[:40] for _ in range(batch)])
+    q = torch.randn(batch, hkv * group, d, generator=gen)
+    one_thread = kernel.forward(q, k_cache, v_cache, table, lens, 0.2)
+    monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_PAIRS", 1)
+    threads = torch.get_num_threads()
+    try:
+        for n in (2, 4):
+            torch.set_num_threads(n)
+            split = kernel.forward(q, k_cache, v_cache, table, lens, 0.2)
+            assert kernel._pool_size == n - 1
+            assert torch.equal(split, one_thread)  # each request is computed alone, whichever thread runs it
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(one_thread.double(), _dense(q, k_cache, v_cache, table, lens, 0.2),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_loading_the_kernel_keeps_denormals(kernel) -> None:
     """Compiled with -ffast-math but linked without it: the process must not switch
     to flush-to-zero (gcc < 13 would, for a shared object linked with the flag)."""
