@@ -10,6 +10,15 @@ shares) and all of their new tokens come after it, attention splits in two:
 
 and the two partial results merge exactly through their log-sum-exp. This is
 FlashInfer's cascade / merge-state idea, in plain torch.
+
+Each part needs its log-sum-exp as well as its output. On the CPU both come
+from PyTorch's fused flash-attention kernel
+(``aten::_scaled_dot_product_flash_attention_for_cpu``, what SDPA itself runs
+there), which never materializes the score matrix: for the 992 new tokens of
+32 requests against a 1,024-token prefix it took 16 ms per layer where the
+matmul / logsumexp / exp / matmul sequence took 124 ms, and a 32-request
+decode step 0.8 ms against 2.9. Elsewhere (CUDA, or a torch without that op)
+the unfused sequence runs; both compute in float32.
 """
 from __future__ import annotations
 
@@ -24,6 +33,9 @@ from .kv_cache import LayerKVCache
 # Below this many shared tokens the split costs more than it saves.
 MIN_SHARED_PREFIX = 32
 
+# (q, k, v, dropout_p, is_causal, *, attn_mask, scale) -> (out, logsumexp, ...); None where absent
+_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
 
 @dataclass
 class CascadePlan:
@@ -33,6 +45,18 @@ class CascadePlan:
     rest_mask: torch.Tensor  # [B, Qmax, R] bool: query j of request i may see remaining key r
     q_index: torch.Tensor  # [B, Qmax] row of each (request, query) in the batch's token rows (padded: 0)
     q_valid: torch.Tensor  # [B, Qmax] bool
+    _rest_bias: Optional[torch.Tensor] = None  # rest_mask as an additive float32 bias, per query head (bias_for)
+
+    def rest_bias(self, group: int) -> torch.Tensor:
+        """``[B, 1, group * Qmax, R]`` float32: 0 where query (head-major within
+        its KV head's ``group`` query heads) may see a remaining key, -inf where
+        not. Made by the first layer that asks, reused by the others."""
+        b, q_max, r = self.rest_mask.shape
+        if self._rest_bias is None or self._rest_bias.shape[2] != group * q_max:
+            bias = torch.zeros(self.rest_mask.shape, dtype=torch.float32, device=self.rest_mask.device)
+            bias.masked_fill_(~self.rest_mask, float("-inf"))
+            self._rest_bias = bias[:, None, None].expand(b, 1, group, q_max, r).reshape(b, 1, group * q_max, r)
+        return self._rest_bias
 
 
 def _leading_slots(meta: AttentionMetadata, limit: int) -> torch.Tensor:
@@ -88,16 +112,21 @@ def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [..., Hkv, G*Q, D], k/v [..., Hkv, S, D], mask broadcastable to [..., Hkv, G*Q, S]
-    -> (out [..., Hkv, G*Q, D] float32, lse [..., Hkv, G*Q] float32)."""
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
+    """q [B, Hkv, G*Q, D], k/v [B, Hkv, S, D], bias (additive float32, 0 or
+    -inf) broadcastable to [B, Hkv, G*Q, S] -> (out [B, Hkv, G*Q, D] float32,
+    lse [B, Hkv, G*Q] float32). Every query must see at least one key."""
+    q, k, v = q.float(), k.float(), v.float()
+    if _FUSED_CPU is not None and q.device.type == "cpu":
+        out, lse = _FUSED_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)[:2]
+        return out, lse
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))
-    return torch.matmul(p, v.float()), lse
+    return torch.matmul(p, v), lse
 
 
 def cascade_attention(plan: CascadePlan, q: torch.Tensor, cache: LayerKVCache, scale: float) -> torch.Tensor:
@@ -114,8 +143,8 @@ def cascade_attention(plan: CascadePlan, q: torch.Tensor, cache: LayerKVCache, s
     else:
         kp, vp = cache.gather(plan.prefix_slots, read_dtype)
     # 1. all tokens x shared prefix: [Hkv, T*G, D] against [Hkv, C, D]
-    qh = q.view(T, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, T * g, d)
-    o1, lse1 = _attend(qh, kp.transpose(0, 1), vp.transpose(0, 1), None, scale)
+    qh = q.view(T, hkv, g, d).permute(1, 0, 2, 3).reshape(1, hkv, T * g, d)
+    o1, lse1 = _attend(qh, kp.transpose(0, 1)[None], vp.transpose(0, 1)[None], None, scale)
     o1 = o1.view(hkv, T, g, d).permute(1, 0, 2, 3)  # [T, Hkv, G, D]
     lse1 = lse1.view(hkv, T, g).permute(1, 0, 2)  # [T, Hkv, G]
     # 2. each request's queries x its own remaining slots: [B, Hkv, G*Qmax, D] against [B, Hkv, R, D]
@@ -126,8 +155,7 @@ def cascade_attention(plan: CascadePlan, q: torch.Tensor, cache: LayerKVCache, s
     kg, vg = cache.gather(flat, read_dtype)
     kr = kg.view(B, -1, hkv, d).transpose(1, 2)
     vr = vg.view(B, -1, hkv, d).transpose(1, 2)
-    mask = plan.rest_mask[:, None, None, :, :].expand(B, 1, g, qmax, -1).reshape(B, 1, g * qmax, -1)
-    o2, lse2 = _attend(qr, kr, vr, mask, scale)
+    o2, lse2 = _attend(qr, kr, vr, plan.rest_bias(g), scale)
     o2 = o2.view(B, hkv, g, qmax, d).permute(0, 3, 1, 2, 4)[plan.q_valid]  # [T, Hkv, G, D] in row order
     lse2 = lse2.view(B, hkv, g, qmax).permute(0, 3, 1, 2)[plan.q_valid]
     # 3. merge the two softmax partitions exactly

@@ -153,11 +153,20 @@ CASCADE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize("gqa", [1, 3])
 @pytest.mark.parametrize("name,shared,rest,q_lens", CASCADE_CASES, ids=[c[0] for c in CASCADE_CASES])
-def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, consecutive):
+def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, consecutive, fused, monkeypatch):
+    """Both ways of computing each part's output and log-sum-exp: the CPU's
+    fused flash-attention op, and the matmul sequence used elsewhere."""
+    from radixrt.kernels import cascade
     from radixrt.kernels.cascade import plan_cascade
+
+    if fused:
+        assert cascade._FUSED_CPU is not None, "this torch has no fused CPU flash-attention op"
+    else:
+        monkeypatch.setattr(cascade, "_FUSED_CPU", None)
 
     rng = random.Random(zlib.crc32(f"cascade-{name}-{gqa}-{consecutive}".encode()))
     torch.manual_seed(rng.randrange(1 << 30))
