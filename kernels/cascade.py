@@ -24,8 +24,9 @@ the unfused sequence runs; both compute in float32.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -35,8 +36,7 @@ from .kv_cache import LayerKVCache
 # Below this many shared tokens the split costs more than it saves.
 MIN_SHARED_PREFIX = 32
 
-# (q, k, v, dropout_p, is_causal, *, attn_mask, scale) -> (out, logsumexp, ...); None where absent
-_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +113,45 @@ def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
     return CascadePlan(prefix, (first, c) if consecutive else None, rest_table, rest_mask, q_index, q_valid)
 
 
+def _attend_unfused(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    return torch.matmul(p, v), lse
+
+
+def _load_fused_cpu() -> Optional[Callable[..., tuple[torch.Tensor, ...]]]:
+    """PyTorch's fused CPU flash-attention op, ``(q, k, v, dropout_p, is_causal,
+    *, attn_mask, scale) -> (out, logsumexp, ...)``, if this torch has it and it
+    agrees with `_attend_unfused` on a small masked case; else None (it is a
+    private op: a torch that changed it keeps the unfused path, with a warning)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=gen) for n in (3, 5, 5))
+    bias = torch.zeros(2, 1, 3, 5).masked_fill_(torch.rand(2, 1, 3, 5, generator=gen) < 0.4, float("-inf"))
+    bias[..., 0] = 0.0  # every query sees a key
+    try:
+        out, lse = op(q, k, v, 0.0, False, attn_mask=bias, scale=0.3)[:2]
+        ref_out, ref_lse = _attend_unfused(q, k, v, bias, 0.3)
+        ok = bool(torch.allclose(out, ref_out, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5))
+    except (RuntimeError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        logger.warning("torch's fused CPU flash-attention op does not give (output, log-sum-exp) as expected: "
+                       "cascade attention uses the unfused path")
+        return None
+    return op
+
+
+_FUSED_CPU = _load_fused_cpu()
+
+
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor], scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,12 +162,7 @@ def _attend(
     if _FUSED_CPU is not None and q.device.type == "cpu":
         out, lse = _FUSED_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)[:2]
         return out, lse
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if bias is not None:
-        s = s + bias
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))
-    return torch.matmul(p, v), lse
+    return _attend_unfused(q, k, v, bias, scale)
 
 
 def cascade_attention(plan: CascadePlan, q: torch.Tensor, cache: LayerKVCache, scale: float) -> torch.Tensor:

@@ -196,6 +196,19 @@ def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, co
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_fused_cascade_op_is_refused_when_it_disagrees(monkeypatch, caplog):
+    """The fused op is private to torch: where it stops matching the unfused
+    computation, the check at load time keeps the unfused path."""
+    from radixrt.kernels import cascade
+
+    assert cascade._load_fused_cpu() is not None
+    monkeypatch.setattr(cascade, "_attend_unfused", lambda q, k, v, bias, scale: (q.new_zeros(q.shape),
+                                                                                   q.new_zeros(q.shape[:-1])))
+    with caplog.at_level("WARNING", logger=cascade.__name__):
+        assert cascade._load_fused_cpu() is None
+    assert "unfused path" in caplog.text
+
+
 def test_no_cascade_when_prefix_is_short_or_unshared():
     from radixrt.kernels.cascade import plan_cascade
 
