@@ -61,6 +61,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a local model folder")
     p.add_argument("--workload", action="append", choices=[*WORKLOADS, "all", "none"],
                    help="repeatable (default: all; none: only the sweeps)")
+    p.add_argument("--prefix-groups", type=int, default=1,
+                   help="shared-prefix workload: distinct system prompts (the requests interleave them)")
     p.add_argument("--repeats", type=int, default=1, help="offline runs per system; the median is reported")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests / programs")
     p.add_argument("--policies", default="lpm,fcfs,dfs-weight",
@@ -139,7 +141,8 @@ def bench_main(args: argparse.Namespace) -> int:
         "model": systems.model_path, "torch_threads": torch.get_num_threads(),
         "workloads": [], "sweeps": [],
     }
-    workloads = [make_workload(n, systems.tokens, args.scale, args.seed) for n in names]
+    overrides: dict[str, dict[str, Any]] = {"shared-prefix": {"groups": args.prefix_groups}}
+    workloads = [make_workload(n, systems.tokens, args.scale, args.seed, **overrides.get(n, {})) for n in names]
     rows_by_wl: dict[str, list[dict]] = {}
     try:
         for wl in workloads:

@@ -202,6 +202,16 @@ def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_llama, capsys
     assert "| system | mode |" in md and "### Headline ratios" in md
 
 
+def test_bench_prefix_groups_give_the_shared_prefix_workload_several_prompts(tmp_path, tiny_llama):
+    rc, rep, _ = _bench(tmp_path, "--model", tiny_llama, "--offline-only", "--scale", "0.125",
+                        "--workload", "shared-prefix", "--prefix-groups", "2", "--policies", "lpm",
+                        "--skip-cache-off", "--skip-transformers", "--max-total-tokens", "8192")
+    assert rc == 0
+    (row,) = rep["workloads"][0]["rows"]
+    assert "2 x 1024-token shared prefix" in rep["workloads"][0]["shape"]
+    assert row["ideal_prompt_tokens"] == row["prompt_tokens_computed"] == 2 * 1024 + 4 * 32
+
+
 def test_bench_sweeps_on_a_tiny_model(tmp_path, tiny_llama):
     rc, rep, md = _bench(tmp_path, "--model", tiny_llama, "--workload", "none", "--policies", "lpm",
                          "--sweep", "prefix", "--sweep", "concurrency", "--prefix-lens", "64,256",
