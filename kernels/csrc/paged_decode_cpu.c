@@ -29,11 +29,14 @@
 #include <string.h>
 
 /* eight floats; the compiler maps it onto AVX / AVX-512 / NEON registers */
-/* slot rows are scattered over the pool: ask for the row this many tokens ahead early */
+/* slot rows are scattered over the pool: ask for the row this many tokens ahead early,
+   into L2 rather than L1 (locality 2): with L1 as the target, fewer lines are in flight
+   at once: the embedded model's shape (32 x 1,056 slots) took 1.1-1.2x as long, the tiny
+   model's (128 x 100 slots of 2 x 16) the same (radixrt.bench.decode_kernel) */
 #define PREFETCH_DISTANCE 16
 
 static inline void prefetch_row(const float *row, int64_t floats) {
-    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(row + i);  /* one 64-byte line each */
+    for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(row + i, 0, 2);  /* one 64-byte line each */
 }
 
 typedef float vec8 __attribute__((vector_size(32), aligned(4)));

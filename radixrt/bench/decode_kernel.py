@@ -1,0 +1,134 @@
+"""CPU paged decode attention by itself: the C kernel against the torch path.
+
+    python -m radixrt.bench.decode_kernel                    # the tiny and the embedded model's shapes
+    python -m radixrt.bench.decode_kernel --shape 32,1056,9,3,64
+
+Each shape is ``batch, context, query heads, KV heads, head dim``. The slots
+are laid out as a decode step finds them: every request's first 32 tokens
+(its prompt) in consecutive slots, the rest one decode step at a time, so
+consecutive tokens of a request lie ``batch`` slots apart. Times are medians
+over ``--calls`` calls, with the pool warm (the same call repeated, its K/V
+in cache) and cold (a 64 MiB buffer written between calls, as the rest of a
+model step evicts the pool in a real step). The torch path
+(``TorchReferenceBackend(native_decode=False)``: gather + SDPA) is timed the
+same way and is the reference the outputs are checked against.
+
+An untimed pass over every shape comes first. The torch path allocates its
+gathered K/V on every call, and until a process has freed blocks that large,
+glibc's malloc hands them back to the system each time, so that every call
+page-faults them in again (2 ms instead of 0.5 ms for the first shape here);
+a long-running engine is past that point.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:  # torch is imported where it is used: `radixrt bench --help` stays light
+    import torch
+
+PROMPT = 32
+SHAPES = ["128,100,4,2,16", "32,1056,9,3,64"]  # the step-time bench's tiny model; the embedded model
+
+
+@dataclass
+class KernelTime:
+    shape: str
+    kernel_warm_us: float
+    kernel_cold_us: float
+    torch_warm_us: float
+    torch_cold_us: float
+    max_abs_diff: float
+
+
+def decode_slot_table(batch: int, context: int) -> "torch.Tensor":
+    """[batch, context] int64 slot ids: prompts consecutive, decode tokens interleaved."""
+    import torch
+
+    prompt = min(PROMPT, context)
+    table = torch.empty(batch, context, dtype=torch.int64)
+    steps = torch.arange(context - prompt) * batch
+    for b in range(batch):
+        table[b, :prompt] = torch.arange(b * prompt, (b + 1) * prompt)
+        table[b, prompt:] = batch * prompt + steps + b
+    return table
+
+
+def _median_us(fn: Callable[[], object], calls: int, flush: Optional[Callable[[], None]]) -> float:
+    times = []
+    for _ in range(3):
+        fn()
+    for _ in range(calls):
+        if flush is not None:
+            flush()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def measure(shape: str, calls: int) -> KernelTime:
+    """One shape's figures (``calls`` timed calls per figure), both paths
+    through `TorchReferenceBackend`'s own ``plan`` and ``forward``."""
+    import torch
+
+    from radixrt.kernels import AttentionMetadata, LayerKVCache, cpu_decode
+    from radixrt.kernels.torch_ref import TorchReferenceBackend
+
+    batch, context, hq, hkv, dim = (int(x) for x in shape.split(","))
+    if cpu_decode.load() is None:
+        raise SystemExit("the C decode kernel cannot be built here (see radixrt.kernels.cpu_decode)")
+    table = decode_slot_table(batch, context)
+    gen = torch.Generator().manual_seed(0)
+    slots = int(table.max()) + 1
+    cache = LayerKVCache(torch.randn(slots, hkv, dim, generator=gen), torch.randn(slots, hkv, dim, generator=gen))
+    q = torch.randn(batch, hq, dim, generator=gen)
+    # each call writes the step's own K/V (the last slot of each request) with the values already there
+    last = table[:, -1]
+    k_new, v_new = cache.k[last].clone(), cache.v[last].clone()
+    meta = AttentionMetadata.build(table.tolist(), [1] * batch)
+    scale = dim ** -0.5
+
+    def path(native: bool) -> Callable[[], torch.Tensor]:
+        backend = TorchReferenceBackend(native_decode=native, cascade=False, decode_budget=batch * context)
+        backend.plan(meta)
+        return lambda: backend.forward(q, k_new, v_new, cache, scale)
+
+    kernel, torch_path = path(True), path(False)
+    junk = torch.zeros(16 << 20)  # 64 MiB, more than the last-level caches here
+
+    def flush() -> None:
+        junk.add_(1.0)
+
+    diff = float((kernel() - torch_path()).abs().max())
+    return KernelTime(shape, _median_us(kernel, calls, None), _median_us(kernel, calls, flush),
+                      _median_us(torch_path, calls, None), _median_us(torch_path, calls, flush), diff)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.decode_kernel", description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", action="append", default=None,
+                    help="batch,context,query heads,KV heads,head dim (repeatable; default: "
+                         + " and ".join(SHAPES) + ")")
+    ap.add_argument("--calls", type=int, default=100, help="timed calls per figure (default: 100)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, which the kernel also uses (default: 1)")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    shapes = args.shape or SHAPES
+    for shape in shapes:  # the untimed pass (see the module doc)
+        measure(shape, 1)
+    print("shape (B,ctx,Hq,Hkv,D)   kernel warm us  kernel cold us  torch warm us  torch cold us  max |diff|")
+    for shape in shapes:
+        r = measure(shape, args.calls)
+        print(f"{r.shape:22s}  {r.kernel_warm_us:14.0f}  {r.kernel_cold_us:14.0f}  {r.torch_warm_us:13.0f}  "
+              f"{r.torch_cold_us:13.0f}  {r.max_abs_diff:10.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
