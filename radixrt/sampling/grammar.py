@@ -79,6 +79,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
+from radixrt.sampling.grammar_bounds import GrammarLimits, GrammarTooCostly, check_grammar_bounds
+
 logger = logging.getLogger(__name__)
 
 GrammarKey = tuple[str, str]  # (kind, source); kind in GRAMMAR_KINDS
@@ -86,6 +88,10 @@ GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 # JSON layout the grammars enforce: one line, ", " between items, ": " after keys.
 JSON_SEPARATORS = (", ", ": ")
+
+# Characters of forced text tokenized per draft token allowed (tokens average ~4 characters; a
+# longer token cut at the end only shortens the draft, which verification keeps correct).
+MAX_DRAFT_CHARS_PER_TOKEN = 16
 
 
 def grammar_key(sampling: Any) -> Optional[GrammarKey]:
@@ -111,39 +117,46 @@ def _clean_error(e: BaseException) -> str:
     return msg.strip() or type(e).__name__
 
 
-def _parse(key: GrammarKey) -> Any:
-    """The xgrammar ``Grammar`` of ``key`` (raises on a bad grammar)."""
+def _parse(key: GrammarKey, limits: GrammarLimits) -> Any:
+    """The xgrammar ``Grammar`` of ``key`` (raises on a bad grammar, or one
+    beyond ``limits``: see radixrt/sampling/grammar_bounds.py)."""
     import xgrammar as xgr
 
     kind, source = key
     if kind == "regex":
-        return xgr.Grammar.from_regex(source)
-    if kind == "json_schema":
+        grammar = xgr.Grammar.from_regex(source)
+    elif kind == "json_schema":
         json.loads(source)  # a clearer message for malformed JSON than xgrammar's
-        return xgr.Grammar.from_json_schema(source, any_whitespace=False, separators=JSON_SEPARATORS)
-    if kind == "ebnf":
-        return xgr.Grammar.from_ebnf(source)
-    if kind == "structural_tag":
+        grammar = xgr.Grammar.from_json_schema(source, any_whitespace=False, separators=JSON_SEPARATORS)
+    elif kind == "ebnf":
+        grammar = xgr.Grammar.from_ebnf(source)
+    elif kind == "structural_tag":
         json.loads(source)
-        return xgr.Grammar.from_structural_tag(source)
-    raise ValueError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
+        grammar = xgr.Grammar.from_structural_tag(source)
+    else:
+        raise ValueError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
+    check_grammar_bounds(grammar, limits)
+    return grammar
 
 
 @functools.lru_cache(maxsize=1024)
-def _check_cached(key: GrammarKey) -> bool:
-    _parse(key)  # exceptions are not cached: a bad grammar is parsed again each time
+def _check_cached(key: GrammarKey, limits: GrammarLimits) -> bool:
+    _parse(key, limits)  # exceptions are not cached: a bad grammar is parsed again each time
     return True
 
 
-def check_grammar(key: Optional[GrammarKey]) -> None:
+def check_grammar(key: Optional[GrammarKey], limits: Optional[GrammarLimits] = None) -> None:
     """Raise ValueError naming the sampling parameter when ``key``'s grammar is
-    malformed. Needs no tokenizer; thread-safe; good grammars are memoized."""
+    malformed, has no finite instance, or exceeds ``limits`` (the defaults when
+    None). Needs no tokenizer; thread-safe; good grammars are memoized."""
     if key is None:
         return
     try:
-        _check_cached(key)
+        _check_cached(key, limits or GrammarLimits())
     except json.JSONDecodeError as e:
         raise ValueError(f"sampling parameter '{key[0]}' is not valid JSON: {e}") from None
+    except GrammarTooCostly as e:
+        raise ValueError(f"sampling parameter '{key[0]}' is refused: {e}") from None
     except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for every parse error
         raise ValueError(f"sampling parameter '{key[0]}' is invalid: {_clean_error(e)}") from None
 
@@ -201,8 +214,10 @@ class GrammarBackend:
         stop_token_ids: list[int],
         cache_size: int = 128,
         threads: int = 1,
+        limits: Optional[GrammarLimits] = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.limits = limits or GrammarLimits()
         self.vocab_size = int(vocab_size)
         self.stop_token_ids = sorted(int(t) for t in stop_token_ids)
         self.cache_size = max(int(cache_size), 1)
@@ -227,7 +242,7 @@ class GrammarBackend:
             return self._compiler
 
     def _compile(self, key: GrammarKey) -> Any:
-        grammar = _parse(key)
+        grammar = _parse(key, self.limits)  # checked again: nothing unbounded is compiled here
         compiled = self._get_compiler().compile_grammar(grammar)
         self.compilations += 1
         return compiled
@@ -303,7 +318,9 @@ class GrammarState:
         text = self.matcher.find_jump_forward_string()
         if not text:
             return []
-        draft = self._take(self._encode(text)[:max_tokens])
+        # A forced string is bounded (grammar_bounds.py) but may still be far longer than the
+        # draft: tokenize only what max_tokens can hold.
+        draft = self._take(self._encode(text[:max_tokens * MAX_DRAFT_CHARS_PER_TOKEN])[:max_tokens])
         if not draft:
             draft = self._take(self.matcher.find_jump_forward_tokens()[:max_tokens])
         return draft

@@ -1,0 +1,72 @@
+"""Grammar bounds (radixrt/sampling/grammar_bounds.py): grammars with no finite
+instance, huge forced strings and huge repetitions are refused from their
+structure, before any compilation; ordinary grammars pass."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from radixrt.sampling.grammar import check_grammar
+from radixrt.sampling.grammar_bounds import GrammarLimits
+
+RECURSIVE = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
+TOOL_TAG = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [
+    {"begin": "<tool_call>", "content": {"type": "json_schema", "json_schema": RECURSIVE}, "end": "</tool_call>"}]}}
+
+REFUSED = {
+    "recursive_schema": (("json_schema", json.dumps(RECURSIVE)), "no finite instance"),
+    "recursive_in_a_tool_tag": (("structural_tag", json.dumps(TOOL_TAG)), "no finite instance"),
+    "recursive_ebnf": (("ebnf", 'root ::= "a" root'), "no finite instance"),
+    "regex_bomb": (("regex", "a{3000000}"), "exceeds the limit"),
+    "range_bomb": (("regex", "[a-z]{0,3000000}"), "exceeds the limit"),
+    "pattern_bomb": (("json_schema", json.dumps(
+        {"type": "object", "properties": {"p": {"type": "string", "pattern": "a{3000000}"}}, "required": ["p"]})),
+        "exceeds the limit"),
+    "min_length_bomb": (("json_schema", json.dumps({"type": "string", "minLength": 3_000_000})), "exceeds the limit"),
+    "min_items_bomb": (("json_schema", json.dumps(
+        {"type": "array", "items": {"type": "integer"}, "minItems": 1_000_000})), "exceeds the limit"),
+    # every repetition within bounds, their product not: 60000 x 60000 characters
+    "nested_repeats": (("regex", "(a{60000}){60000}"), "needs at least 3600000000 characters"),
+    "doubling_rules": (("ebnf", "root ::= r30\n" + "\n".join(f"r{i + 1} ::= r{i} r{i}" for i in range(30))
+                        + '\nr0 ::= "ab"'), "characters, more than the limit"),
+}
+
+ACCEPTED = {
+    "self_reference_with_a_way_out": ("json_schema", json.dumps(
+        {"type": "object", "properties": {"n": {"$ref": "#"}}})),
+    "tree": ("json_schema", json.dumps({"$defs": {"node": {"type": "object", "properties": {
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["children"]}},
+        "$ref": "#/$defs/node"})),
+    "person": ("json_schema", json.dumps({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 64}, "age": {"type": "integer"}}, "required": ["name", "age"]})),
+    "date": ("regex", r"\d{4}-\d{2}-\d{2}"),
+    "recursive_ebnf_with_base": ("ebnf", 'root ::= "(" root ")" | "x"'),
+    "at_the_limit": ("regex", "a{65536}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_costly_grammars_are_refused_from_their_structure(case):
+    key, mention = REFUSED[case]
+    check_grammar(("regex", "x"))  # xgrammar imported (torch with it) before the clock starts
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"sampling parameter '{key[0]}' is refused: .*{mention}"):
+        check_grammar(key)
+    assert time.perf_counter() - t0 < 1.0  # structure only: nothing compiled, nothing searched
+
+
+@pytest.mark.parametrize("case", sorted(ACCEPTED))
+def test_ordinary_grammars_pass(case):
+    check_grammar(ACCEPTED[case])
+
+
+def test_limits_are_the_operators():
+    key = ("regex", "a{1000}")
+    check_grammar(key)
+    with pytest.raises(ValueError, match="needs at least 1000 characters, more than the limit of 999"):
+        check_grammar(key, GrammarLimits(max_chars=999))
+    with pytest.raises(ValueError, match="exceeds the limit of 100"):
+        check_grammar(key, GrammarLimits(max_repeat=100))
+    check_grammar(("regex", "a{100000}"), GrammarLimits(max_chars=100000, max_repeat=100000))
