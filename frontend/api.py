@@ -1,11 +1,18 @@
-"""Public constructors of the frontend language (``import radixrt as rt``)."""
+"""Public constructors of the frontend language (``import radixrt as rt``).
+
+Every public name of SGLang's ``sglang.lang.api`` is importable from here;
+``Engine`` (torch) and ``Runtime`` (httpx) load on first access, as in
+``radixrt.frontend``.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
 
+from .backend import BaseBackend  # noqa: F401  (SGLang's api exports it)
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .default_backend import backend_or_none, get_default_backend, set_default_backend  # noqa: F401  (public)
 from .function import SglFunction
+from .global_config import global_config  # noqa: F401  (SGLang's api exports it)
 from .ir import (
     SglExpr,
     SglExprList,
@@ -176,3 +183,15 @@ def _role_constructors(role: str) -> tuple[Callable[..., SglExprList], Callable[
 system, system_begin, system_end = _role_constructors("system")
 user, user_begin, user_end = _role_constructors("user")
 assistant, assistant_begin, assistant_end = _role_constructors("assistant")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":  # torch lives behind this import
+        from radixrt.engine import Engine
+
+        return Engine
+    if name == "Runtime":  # httpx lives behind this import
+        from .runtime_endpoint import Runtime
+
+        return Runtime
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

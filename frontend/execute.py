@@ -21,6 +21,7 @@ from .constraints import fit_to_constraint
 from .errors import FrontendError, UnsupportedModalityError
 from .ir import (
     SglCommitLazy,
+    SglConcateAndAppend,
     SglConstantText,
     SglExpr,
     SglExprList,
@@ -160,6 +161,11 @@ def _commit_lazy(ex: Any, expr: SglCommitLazy) -> None:
         ex.backend.cache_prefix(ex.text_)
 
 
+def _concate_and_append(ex: Any, expr: SglConcateAndAppend) -> None:
+    """Append what each joined branch added since its fork, in branch order."""
+    ex.append("".join(st.stream_executor.text_[st.stream_executor.fork_start_text_pos:] for st in expr.states))
+
+
 def _unsupported_modality(ex: Any, expr: SglExpr) -> None:
     raise UnsupportedModalityError("image/video inputs are not supported by this model")
 
@@ -173,6 +179,7 @@ _HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     SglVarScopeBegin: _var_scope_begin,
     SglVarScopeEnd: _var_scope_end,
     SglCommitLazy: _commit_lazy,
+    SglConcateAndAppend: _concate_and_append,
     SglSeparateReasoning: lambda ex, e: None,
     SglImage: _unsupported_modality,
     SglVideo: _unsupported_modality,

@@ -17,7 +17,7 @@ from typing import Any
 
 from .executor import StreamExecutor
 from .global_config import global_config
-from .ir import SglCommitLazy, SglConstantText, SglExpr
+from .ir import SglCommitLazy, SglConcateAndAppend, SglExpr
 
 
 def fork_executors(parent: StreamExecutor, size: int) -> list[StreamExecutor]:
@@ -96,7 +96,7 @@ class ProgramStateGroup:
         if mode == "gather_variable":
             _gather_variables(parent, branches)
         elif mode in ("concate_and_append", "concatenate_and_append"):
-            self.src_state += SglConstantText("".join(b.text_[b.fork_start_text_pos:] for b in branches))
+            self.src_state += SglConcateAndAppend(self.states)
         else:
             raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
         for b in branches:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Optional, Union
 
-from .interpreter import run_program, run_program_batch
+from .interpreter import cache_program, run_program, run_program_batch
 from .program_state import ProgramState
 from .sampling_params import SglSamplingParams, default_sampling_params
 from .tracer import TracedProgram, trace_program
@@ -110,6 +110,11 @@ class SglFunction:
     def trace(self, *, backend: Any = None, **kwargs: Any) -> TracedProgram:
         """Record the program's expressions without a model (see ``tracer.py``)."""
         return trace_program(self, kwargs, backend=backend)
+
+    def cache(self, backend: Any = None) -> str:
+        """Prefill the constant text the program starts with (SGLang's
+        ``SglFunction.cache``; see :func:`.interpreter.cache_program`)."""
+        return cache_program(self, backend)
 
     def __call__(self, *args: Any, **kwargs: Any):
         if args and isinstance(args[0], ProgramState):

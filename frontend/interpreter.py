@@ -12,21 +12,46 @@ others.
 Batches run each program on a thread pool with no per-state worker thread,
 after prefilling once the constant prefix the programs share (found by
 tracing a sample of them, ``tracer.shared_constant_prefix``).
+
+Every public name of SGLang's ``sglang.lang.interpreter`` is importable from
+here: the IR nodes it re-exports, ``run_internal``, ``cache_program`` and
+``get_exception_traceback`` work as SGLang's do; ``encode_image_base64`` and
+``encode_video_base64`` raise ``UnsupportedModalityError`` (radixrt serves
+text-only models).
 """
 from __future__ import annotations
 
 import logging
 import os
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Union
 
 from .default_backend import resolve_backend
+from .errors import UnsupportedModalityError
 from .executor import StreamExecutor
 from .fork import ProgramStateGroup  # noqa: F401  (re-exported: radixrt.frontend.interpreter.ProgramStateGroup)
 from .global_config import global_config
+from .ir import (  # noqa: F401  (SGLang's interpreter exports these nodes)
+    SglCommitLazy,
+    SglConcateAndAppend,
+    SglConstantText,
+    SglExpr,
+    SglExprList,
+    SglGen,
+    SglImage,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSelect,
+    SglSeparateReasoning,
+    SglVariable,
+    SglVarScopeBegin,
+    SglVarScopeEnd,
+    SglVideo,
+)
 from .program_state import ProgramState
 from .sampling_params import SglSamplingParams
-from .tracer import shared_constant_prefix
+from .tracer import Placeholder, shared_constant_prefix
 
 logger = logging.getLogger("radixrt.frontend")
 
@@ -52,6 +77,51 @@ def run_program(func: Any, backend: Any, arguments: dict[str, Any], default_samp
     if not stream:
         ex.sync()
     return state
+
+
+def run_internal(state: ProgramState, program: Any, func_args: Any, func_kwargs: Any, sync: bool) -> None:
+    """SGLang's: run ``program``'s body on an existing ``state`` with
+    ``func_args`` / ``func_kwargs``, end the state, and wait for its
+    expressions when ``sync``."""
+    try:
+        state.ret_value = program.call_body(state, program.bind_args(tuple(func_args), dict(func_kwargs)))
+    finally:
+        state.stream_executor.end()
+    if sync:
+        state.stream_executor.sync()
+
+
+def cache_program(program: Any, backend: Any = None) -> str:
+    """SGLang's: prefill, in ``backend``'s cache, the constant text
+    ``program`` starts with before its first generation call (found by
+    tracing it with placeholder arguments) when it has at least
+    ``global_config.min_shared_prefix_chars`` characters. Returns the
+    prefix found ("" when none)."""
+    backend = resolve_backend(backend)
+    arguments = dict(program.bind_arguments)
+    for name in program.arg_names:
+        arguments.setdefault(name, Placeholder("arg", name))
+    prefix = shared_constant_prefix(program, backend, [arguments])
+    if len(prefix) >= global_config.min_shared_prefix_chars:
+        backend.cache_prefix(prefix)
+    return prefix
+
+
+def get_exception_traceback() -> str:
+    """SGLang's: the traceback of the exception being handled, as text."""
+    return traceback.format_exc()
+
+
+def encode_image_base64(image_path: Any) -> str:
+    """SGLang's image encoder for multimodal requests: radixrt serves
+    text-only models, so this raises :class:`UnsupportedModalityError`."""
+    raise UnsupportedModalityError("images are not supported: radixrt serves text-only models")
+
+
+def encode_video_base64(video_path: Any, num_frames: int = 16) -> str:
+    """SGLang's video encoder for multimodal requests: radixrt serves
+    text-only models, so this raises :class:`UnsupportedModalityError`."""
+    raise UnsupportedModalityError("videos are not supported: radixrt serves text-only models")
 
 
 def run_program_batch(func: Any, backend: Any, batch_arguments: list[dict[str, Any]],

@@ -3,18 +3,30 @@
 A program is ordinary Python that appends expressions to a program state
 (``s += expr``). Expressions are small nodes: constant text, generation calls,
 choice selection, role and variable-scope brackets, and lists of those (built
-with ``+``). This module only defines them; it imports nothing of the
-frontend but the sampling-parameter record a ``gen`` carries.
+with ``+``). This module only defines them; of the frontend it imports
+only leaf modules (the sampling-parameter record a ``gen`` carries, the
+choice methods, the global settings).
 ``execute.py`` says what each node does to a program state, ``tracer.py``
 records them, and ``function.py`` holds the program object (``@function``).
+
+Every public name of SGLang's ``sglang.lang.ir`` is importable from here
+(programs write ``from sglang.lang.ir import REGEX_INT``): the regexes of
+``gen(dtype=...)``, ``SglSamplingParams``, ``ChoicesSamplingMethod``,
+``global_config`` and ``SglFunction`` (looked up in ``function.py`` on
+access: that module imports the interpreter, so this one cannot import
+it). ``SglGetForkItem``, a node of SGLang's tracer that radixrt's does not
+use, raises ``NotImplementedError``.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from typing import Any, Optional
 
-from .sampling_params import SglSamplingParams
+from .choices import ChoicesSamplingMethod  # noqa: F401  (SGLang's ir exports it)
+from .global_config import global_config  # noqa: F401  (SGLang's ir exports it)
+from .sampling_params import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, SglSamplingParams  # noqa: F401
 
 _ids = itertools.count()
 
@@ -186,6 +198,26 @@ class SglVariable(_SglLabeledExpr):
     """A reference to a generated variable seen by the tracer."""
 
 
+class SglConcateAndAppend(SglExpr):
+    """Append the text each of ``states`` (fork branches, already joined)
+    added since the fork: ``forks.join("concate_and_append")``."""
+
+    def __init__(self, states: list[Any]) -> None:
+        super().__init__()
+        self.states = list(states)
+
+
+class SglGetForkItem(SglExpr):
+    """SGLang's tracer node for ``forks[i]`` of a traced fork. radixrt's tracer
+    records a fork as one :class:`SglFork` holding each branch's nodes, so
+    there is no such node to build: constructing one raises."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "SglGetForkItem is a node of SGLang's tracer; radixrt records a traced fork as one SglFork with "
+            "each branch's nodes (TracedProgram.print_graph shows them)")
+
+
 class SglFork(SglExpr):
     """Recorded by the tracer: ``size`` branches, each with its own node list."""
 
@@ -210,3 +242,13 @@ def to_expr(x: Any) -> SglExpr:
     if isinstance(x, (list, tuple)):
         return SglExprList(list(x))
     raise TypeError(f"cannot append a {type(x).__name__} to a program state; use a str or an expression")
+
+
+def __getattr__(name: str) -> Any:
+    # SglFunction lives in function.py, which this module cannot import (it
+    # imports the interpreter, which executes these nodes). The package's
+    # __init__ loads function.py before any code can reach this module's
+    # attributes, so it is looked up there.
+    if name == "SglFunction":
+        return sys.modules[__name__.rpartition(".")[0] + ".function"].SglFunction
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

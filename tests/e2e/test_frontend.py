@@ -396,3 +396,51 @@ def test_sglang_programs_run_unchanged(engine):
     states = classify.run_batch([{"text": "I love this!"}, {"text": "This is terrible and I hate it."}])
     assert [st["label"] for st in states] == [" positive", " negative"]
     assert sgl.flush_cache() is True
+
+
+@pytest.fixture
+def sglang_bound_to_radixrt(monkeypatch):
+    """``sglang`` and its ``sglang.lang.*`` modules bound to radixrt's frontend
+    (for this test only), as a program written for SGLang runs here."""
+    import sys
+    import types
+
+    from radixrt.frontend import api, choices, interpreter, ir
+
+    lang = types.ModuleType("sglang.lang")
+    for name, module in (("api", api), ("ir", ir), ("choices", choices), ("interpreter", interpreter)):
+        setattr(lang, name, module)
+        monkeypatch.setitem(sys.modules, f"sglang.lang.{name}", module)
+    monkeypatch.setitem(sys.modules, "sglang.lang", lang)
+    monkeypatch.setitem(sys.modules, "sglang", rt)
+    return rt
+
+
+@embedded_only
+def test_sglang_decode_json_regex_program(engine, sglang_bound_to_radixrt):
+    """SGLang's own ``test_decode_json_regex`` program (sglang/test/test_programs.py),
+    its import of ``sglang.lang.ir``'s regexes included."""
+    import json
+
+    import sglang as sgl
+
+    @sgl.function
+    def decode_json(s):
+        from sglang.lang.ir import REGEX_FLOAT, REGEX_INT, REGEX_STR
+
+        s += "Generate a JSON object to describe the basic city information of Paris.\n"
+        s += "Here are the JSON object:\n"
+        with s.var_scope("json_output"):
+            s += "{\n"
+            s += '  "name": ' + sgl.gen(regex=REGEX_STR) + ",\n"
+            s += '  "population": ' + sgl.gen(regex=REGEX_INT, stop=[" ", "\n"]) + ",\n"
+            s += '  "area": ' + sgl.gen(regex=REGEX_INT, stop=[" ", "\n"]) + ",\n"
+            s += '  "latitude": ' + sgl.gen(regex=REGEX_FLOAT, stop=[" ", "\n"]) + "\n"
+            s += "}"
+
+    ret = decode_json.run(temperature=0.0)
+    assert ret.error() is None
+    js_obj = json.loads(ret["json_output"])
+    assert isinstance(js_obj["name"], str) and isinstance(js_obj["population"], int)
+    assert isinstance(js_obj["area"], int) and isinstance(js_obj["latitude"], (int, float))
+
