@@ -1,42 +1,48 @@
-"""Why a prompt did (not) hit the radix cache: a read-only walk of the tree.
+"""Why a prompt did (not) hit the radix cache.
 
 `explain_match` is called by the scheduler when a request that asked for it
 (``return_cache_info``) is admitted for the first time, right after its
 prefix was matched, so it explains the match that actually happened. It
-walks the tree token by token (not page by page) from the request's
-namespace and finds the *closest cached neighbour*: the cached sequence
-sharing the longest prefix with the prompt, even where that prefix ends
-inside a node or inside a page. It never splits, touches, locks or counts
-anything, and costs nothing for requests that did not ask.
+never splits, touches, locks or counts anything, and costs nothing for
+requests that did not ask. The result holds token ids only: the scheduler
+never detokenizes; the front (`render_cache_info`, called where results are
+built) adds the decoded text.
 
-The result holds token ids only: the scheduler never detokenizes. The front
-(`render_cache_info`, called where results are built) adds the decoded text
-on both sides of the divergence.
+Two views. The cache is shared by the clients of one namespace, so what it
+holds beyond a request's own match is other clients' text:
 
-Fields of the wire dict (`CacheExplanation.to_wire`) and of ``meta_info.cache_info``:
+* ``own`` (``return_cache_info: true``, anyone): built from the request's own
+  prompt and its match only, so it tells nothing a cache hit on the same
+  text would not (``cached_tokens`` already says how much matched);
+* ``full`` (``return_cache_info: "full"``, the operator: the server's admin
+  key, or the in-process Engine): a read-only walk of the tree token by token
+  (not page by page) from the request's namespace to the *closest cached
+  neighbour*, the cached sequence sharing the longest prefix with the prompt,
+  even where that prefix ends inside a node or inside a page.
 
+Fields of the wire dict and of ``meta_info.cache_info``, both views:
+
+* ``view``: ``"own"`` or ``"full"``;
 * ``prompt_tokens``; ``matched_tokens``: prompt tokens served from the cache;
-* ``neighbour_tokens``: length of the common prefix of the prompt and its
-  closest cached neighbour in the same namespace;
-* ``stop_position``: the token position where reuse stopped (=
-  ``matched_tokens``); ``divergence_position``: where the prompt first
-  differs from the neighbour (None when the neighbour holds the whole prompt);
-* ``reason``: why reuse stopped there: ``diverged`` (the prompt differs from
-  everything cached from that position on), ``no_cached_prefix`` (nothing
-  cached shares even the first token), ``last_token_recomputed`` (the
-  neighbour holds the whole prompt but at least one prompt token is always
-  computed, for its logits), ``prompt_logprobs`` (the positions whose
-  logprobs were asked for are recomputed), ``page_alignment`` (only whole
-  KV pages are reused; the rest of the page is recomputed),
-  ``cache_disabled``;
-* ``prompt_before`` / ``prompt_after`` / ``cached_after``: up to
-  `CONTEXT_TOKENS` token ids before the divergence, of the prompt after it
-  and of the neighbour after it (with ``_text`` twins once rendered);
-* ``namespace_differs`` and ``default_namespace_neighbour_tokens``, only for
-  a request with a cache salt: whether the shared (unsalted) namespace holds
-  a longer prefix of the prompt than the request's own namespace, and how
-  long. Other salted namespaces are never looked at: a salt keeps a tenant's
-  prompts private, so neither their content nor their match lengths leak.
+  ``stop_position``: where reuse stopped (= ``matched_tokens``);
+* ``reason``: ``cache_disabled``; ``last_token_recomputed`` /
+  ``prompt_logprobs`` (reuse reached the request's cap: at least one prompt
+  token is always computed, for its logits, and positions whose logprobs are
+  asked for are recomputed); otherwise, in the ``own`` view, ``not_cached``
+  (no whole KV page of the prompt from ``stop_position`` on is cached in the
+  request's namespace), and in the ``full`` view the finer ``diverged`` (the
+  prompt differs from everything cached from there), ``no_cached_prefix``
+  (nothing cached shares even the first token) or ``page_alignment`` (the
+  neighbour goes on inside a KV page, which is reused only whole);
+* ``prompt_before`` / ``prompt_after``: up to `CONTEXT_TOKENS` prompt token
+  ids on each side of the stop position (``full``: of the divergence).
+
+Only in the ``full`` view: ``neighbour_tokens`` (length of the common prefix
+with the closest cached neighbour), ``divergence_position`` (None when the
+neighbour holds the whole prompt), ``cached_after`` (the neighbour's tokens
+after the divergence), and, for a request with a cache salt,
+``namespace_differs`` / ``default_namespace_neighbour_tokens`` (whether the
+shared namespace holds a longer prefix of the prompt, and how long).
 """
 from __future__ import annotations
 
@@ -56,6 +62,7 @@ LAST_TOKEN = "last_token_recomputed"
 PROMPT_LOGPROBS = "prompt_logprobs"
 PAGE_ALIGNMENT = "page_alignment"
 CACHE_DISABLED = "cache_disabled"
+NOT_CACHED = "not_cached"
 
 
 @dataclass
@@ -142,11 +149,31 @@ def _tokens_after(nb: Neighbour, k: int) -> list[int]:
 
 
 def explain_match(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
-                  max_prefix_len: int) -> CacheExplanation:
-    """Explain a match of ``matched`` tokens of ``prompt`` in ``namespace``,
-    where at most ``max_prefix_len`` tokens could be reused (the request's
-    cap: its last prompt token, or its prompt-logprob positions, are always
-    computed). Call it right after the match, before the tree changes."""
+                  max_prefix_len: int, full: bool = False) -> dict[str, Any]:
+    """The wire dict explaining a match of ``matched`` tokens of ``prompt`` in
+    ``namespace``, where at most ``max_prefix_len`` tokens could be reused (the
+    request's cap). ``full``: the operator's view (see the module docstring);
+    otherwise only the request's own text and match are used. Call it right
+    after the match, before the tree changes."""
+    if full:
+        return {"view": "full", **explain_full(tree, prompt, namespace, matched, max_prefix_len).to_wire()}
+    n = len(prompt)
+    if tree.disable:
+        reason = CACHE_DISABLED
+    elif matched >= max_prefix_len:
+        reason = LAST_TOKEN if max_prefix_len >= n - 1 else PROMPT_LOGPROBS
+    else:
+        reason = NOT_CACHED
+    return {
+        "view": "own", "prompt_tokens": n, "matched_tokens": matched, "stop_position": matched, "reason": reason,
+        "prompt_before": list(prompt[max(0, matched - CONTEXT_TOKENS):matched]),
+        "prompt_after": list(prompt[matched:matched + CONTEXT_TOKENS]),
+    }
+
+
+def explain_full(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
+                 max_prefix_len: int) -> CacheExplanation:
+    """The operator's view of a match (`explain_match` with ``full``)."""
     n = len(prompt)
     if tree.disable:
         return CacheExplanation(n, matched, 0, 0, CACHE_DISABLED, [], list(prompt[:CONTEXT_TOKENS]), [])
@@ -175,9 +202,10 @@ def explain_match(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable
 
 
 def render_cache_info(wire: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:
-    """``wire`` (from `CacheExplanation.to_wire`) with the decoded text of
-    its token lists added as ``<name>_text``."""
+    """``wire`` (from `explain_match`) with the decoded text of its token
+    lists added as ``<name>_text``."""
     out = dict(wire)
     for name in ("prompt_before", "prompt_after", "cached_after"):
-        out[name + "_text"] = decode(list(wire.get(name) or []))
+        if name in wire:
+            out[name + "_text"] = decode(list(wire[name] or []))
     return out

@@ -30,9 +30,11 @@ class GenerateReq:
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     stream: bool = False
-    cache_salt: Optional[str] = None  # namespace key in the radix cache
+    namespace: Optional[str] = None  # the radix cache's namespace (intake.cache_namespace); None: shared
     priority: Optional[int] = None  # queue order under enable_priority_scheduling (None: 0)
-    return_cache_info: bool = False  # explain the prefix match (radixrt.memory.radix_explain)
+    # explain the prefix match (radixrt.memory.radix_explain): "" no, "own" from the request's own
+    # text and match only, "full" with the cache's neighbouring content (the operator's view)
+    cache_info: str = ""
 
 
 @dataclass

@@ -2,7 +2,9 @@
 server's identity and settings (one `ServerContext` per app)."""
 from __future__ import annotations
 
+import hmac
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -23,6 +25,9 @@ class ServerContext:
     resolved_model_path: str
     served_model_name: str
     api_key: Optional[str] = None
+    # --admin-api-key: unlocks what only the operator may ask for (e.g. cache explanations that
+    # show other clients' cached text); also accepted wherever api_key is. None: nobody is admin.
+    admin_api_key: Optional[str] = None
     max_request_bytes: int = 32 * 1024 * 1024
     server_args: dict = field(default_factory=dict)
     process_ids: dict = field(default_factory=dict)
@@ -35,6 +40,33 @@ class ServerContext:
     started: float = field(default_factory=time.time)
     draining: bool = False  # shutting down: new requests get 503 (GuardMiddleware)
     active_requests: int = 0  # HTTP requests being answered (counted by GuardMiddleware)
+
+    def authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether a request with ``headers`` may use the server (no key set, or
+        it presents the API key or the admin key)."""
+        if not self.api_key:
+            return True
+        key = presented_key(headers)
+        return key is not None and any(_same(key, k) for k in (self.api_key, self.admin_api_key) if k)
+
+    def is_admin(self, request: Request) -> bool:
+        """Whether ``request`` presents the admin key (never, when none is set)."""
+        key = presented_key(request.scope.get("headers", []))
+        return bool(self.admin_api_key) and key is not None and _same(key, self.admin_api_key or "")
+
+    def require_admin(self, request: Request, what: str, param: Optional[str] = None) -> None:
+        """ServerError 403 unless ``request`` presents the admin key."""
+        if not self.is_admin(request):
+            hint = "" if self.admin_api_key else " (this server has none: --admin-api-key)"
+            raise ServerError(403, f"{what} needs the server's admin key{hint}.", param, "permission_error")
+
+    def check_cache_info(self, request: Request, return_cache_info: object) -> None:
+        """ServerError 403 when ``request`` asks for the operator's view of the
+        cache (``return_cache_info: "full"``, which shows other clients' cached
+        text) without the admin key."""
+        if isinstance(return_cache_info, str) and return_cache_info == "full":
+            self.require_admin(request, 'return_cache_info "full" (the cached text around the match)',
+                               "return_cache_info")
 
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""
@@ -56,6 +88,22 @@ class ServerContext:
             "chat_default_system_prompt": self.chat_info.get("chat_default_system_prompt"),
             "preferred_sampling_params": None,
         }
+
+
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
+    """The key a request presents: ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``."""
+    for name, value in headers:
+        if name == b"authorization":
+            v = value.decode("latin-1").strip()
+            if v.lower().startswith("bearer "):
+                return v[7:].strip()
+        elif name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
 
 
 def server_context(request: Request) -> ServerContext:

@@ -94,7 +94,7 @@ class GuardMiddleware:
 
     def _refusal(self, scope: dict, ctx: ServerContext, path: str) -> Optional[Response]:
         """The error answer for a request refused before its body is read, or None."""
-        if ctx.api_key and path not in self.OPEN_PATHS and not self._authorized(scope, ctx.api_key):
+        if path not in self.OPEN_PATHS and not ctx.authorized(scope.get("headers", [])):
             return error_response(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
                                   err_type="authentication_error")
         if ctx.draining and path not in self.OPEN_WHILE_DRAINING:
@@ -149,17 +149,6 @@ class GuardMiddleware:
         """Whether the body is JSON by its Content-Type (none counts: FastAPI parses it as JSON too)."""
         ctype = cls._header(scope, b"content-type")
         return ctype is None or "json" in ctype.lower()
-
-    @staticmethod
-    def _authorized(scope: dict, key: str) -> bool:
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                v = value.decode("latin-1").strip()
-                if v.lower().startswith("bearer ") and v[7:].strip() == key:
-                    return True
-            elif name == b"x-api-key" and value.decode("latin-1").strip() == key:
-                return True
-        return False
 
     @staticmethod
     def _header(scope: dict, name: bytes) -> Optional[str]:

@@ -51,3 +51,53 @@ def pid_alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ")[-1][:1] != "Z"
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+class MemoryWatchdog:
+    """Kills ``pids`` (SIGKILL) as soon as one of them holds more than
+    ``limit_bytes`` resident, so that a test provoking unbounded growth fails
+    instead of taking the machine down. Use as a context manager; ``peak``
+    is each process's highest RSS seen (polled every ``interval_s``),
+    ``tripped`` names the process that passed the limit, if any."""
+
+    def __init__(self, pids: dict[str, int], limit_bytes: int, interval_s: float = 0.05) -> None:
+        import threading
+
+        self.pids, self.limit, self.interval = pids, limit_bytes, interval_s
+        self.peak = {name: rss_bytes(pid) for name, pid in pids.items()}
+        self.tripped: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        import signal
+
+        while not self._stop.wait(self.interval):
+            for name, pid in self.pids.items():
+                rss = rss_bytes(pid)
+                self.peak[name] = max(self.peak[name], rss)
+                if rss > self.limit and self.tripped is None:
+                    self.tripped = f"{name} (pid {pid}) reached {rss / 2**30:.2f} GiB"
+                    for p in self.pids.values():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(p, signal.SIGKILL)
+
+    def __enter__(self) -> "MemoryWatchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

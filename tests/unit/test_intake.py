@@ -14,6 +14,8 @@ from radixrt.requests.intake import (
     RequestSpec,
     RidAllocator,
     build_specs,
+    cache_info_mode,
+    cache_namespace,
     resolve_logprob,
     sample_rids,
     split_prompts,
@@ -56,7 +58,7 @@ def test_build_specs_per_item_values():
                         top_logprobs_num=[0, 3], rid=["x", "y"], cache_salt="s")
     assert [s.sampling.n for s in specs] == [2, 1]
     assert [s.return_logprob for s in specs] == [True, True]  # top logprobs imply logprobs
-    assert [s.rid for s in specs] == ["x", "y"] and all(s.cache_salt == "s" for s in specs)
+    assert [s.rid for s in specs] == ["x", "y"] and all(s.namespace == '["s", null]' for s in specs)
     single = split_prompts(None, [5, 6], encode)
     shared = SamplingParams(max_new_tokens=3)
     (spec,) = build_specs(single, sampling_params=[shared])  # a one-item list for a single prompt
@@ -122,9 +124,9 @@ def test_ids_and_logprob_flags():
     assert len({new() for _ in range(1000)}) == 1000
     assert RidAllocator()() != RidAllocator()()
     assert resolve_logprob(False, 2) and resolve_logprob(True, 0) and not resolve_logprob(None, 0)
-    spec = RequestSpec([1], SamplingParams(n=2), top_logprobs_num=1, cache_salt="c")
+    spec = RequestSpec([1], SamplingParams(n=2), top_logprobs_num=1, namespace="c")
     req = spec.to_generate_req("abc", stream=True)
-    assert (req.rid, req.return_logprob, req.top_logprobs_num, req.stream, req.cache_salt) == ("abc", True, 1, True,
+    assert (req.rid, req.return_logprob, req.top_logprobs_num, req.stream, req.namespace) == ("abc", True, 1, True,
                                                                                                "c")
     assert PromptBatch([[1]], [None], False, "messages").field == "messages"
 
@@ -147,3 +149,20 @@ def test_finish_reason_wire_shape_and_transport():
     assert back.outputs[0].finish_reason == FinishReason.length(1) and not back.outputs[1].finished
     with pytest.raises(ValueError):
         FinishReason.from_dict({"type": "nope"})
+
+
+def test_cache_namespaces_are_distinct_for_distinct_salt_and_key_pairs():
+    pairs = [("a", "b"), ("a\x00b", None), (None, "a\x00b"), ("a", None), (None, "a"), ("a", ""), ("", "a"),
+             ('["a", "b"]', None), ("a", '"b"]'), ("a\", \"b", None)]
+    spaces = [cache_namespace(*p) for p in pairs]
+    assert len(set(spaces)) == len(pairs) and None not in spaces
+    assert cache_namespace(None, None) is None
+    # a salt means the same namespace on every route, with or without a (None) key
+    assert cache_namespace("s") == cache_namespace("s", None)
+
+
+def test_cache_info_modes():
+    assert [cache_info_mode(v) for v in (None, False, True, "full")] == ["", "", "own", "full"]
+    for bad in (1, 0, "yes", "Full", "own"):
+        with pytest.raises(RequestError, match="return_cache_info"):
+            cache_info_mode(bad)
