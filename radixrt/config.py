@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from radixrt.config_deps import ENGINE_NEEDS, apply_needs, field_defaults
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ CLI_HELP = {
     "sampling_backend": "radixrt (reproducible per request) or flashinfer (CUDA sampling kernels)",
     "page_size": "tokens per KV-cache page",
     "max_total_tokens": "KV pool capacity in tokens; unset: sized by --mem-fraction",
-    "mem_fraction": "share of free memory given to the KV pool when --max-total-tokens is not set",
+    "mem_fraction": "share of free memory given to the KV pool (give it or --max-total-tokens, not both)",
     "context_length": "longest prompt + output in tokens; unset: the model's max_position_embeddings",
     "chunked_prefill_size": "most prompt tokens computed in one step; longer prompts are prefilled in chunks",
     "max_running_requests": "most requests decoding at once",
@@ -48,10 +49,10 @@ CLI_HELP = {
     "disable_radix_cache": "no prefix reuse: every prompt is computed in full (a baseline)",
     "enable_hierarchical_cache": "a host-memory KV tier under the radix cache: prefixes evicted from the device "
                                  "pool move to host memory and are loaded back when matched again",
-    "hicache_ratio": "host KV tier size as a multiple of the device KV pool (when neither --hicache-size nor "
-                     "--host-kv-size is given)",
-    "hicache_size": "host KV tier size in GiB (0: use --hicache-ratio)",
-    "host_kv_size": "host KV tier size in tokens (overrides --hicache-size and --hicache-ratio)",
+    "hicache_ratio": "host KV tier size as a multiple of the device KV pool (giving it turns the tier on; give one "
+                     "of --hicache-ratio, --hicache-size, --host-kv-size)",
+    "hicache_size": "host KV tier size in GiB (0: use --hicache-ratio; giving it turns the tier on)",
+    "host_kv_size": "host KV tier size in tokens (giving it turns the tier on)",
     "hicache_write_policy": "write_through (copy a prefix to the host when it is cached; evictions copy "
                             "nothing) or write_back (copy it only when the device evicts it)",
     "hicache_kv_cache_dtype": "how the host tier stores K/V: auto (as the device pool: exact) or int8 "
@@ -66,7 +67,7 @@ CLI_HELP = {
                                       "on batch composition, chunking, prefix-cache hits or retraction (slower; "
                                       "torch attention, no CUDA graphs)",
     "log_level": "debug, info (per-step batch size, throughput, cache hit rate, KV use), warning or error",
-    "log_interval": "steps between two throughput log lines (at --log-level info)",
+    "log_interval": "steps between two throughput log lines (needs --log-level info or debug)",
     "debug_check_invariants": "check free + tree + private == total KV slots after every step (slow; tests)",
     "enable_jump_forward": "constrained decoding: append grammar-forced text as verified drafts",
     "grammar_cache_size": "compiled grammars kept (least recently used dropped first)",
@@ -130,15 +131,12 @@ class EngineConfig:
     max_top_logprobs_num: int = 20  # most top logprobs per position, every route
 
     def __post_init__(self) -> None:
+        # flags that need another: implied or refused (one table: radixrt/config_deps.py)
+        apply_needs(self, ENGINE_NEEDS, field_defaults(EngineConfig))
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
-        if self.tp_size > 1 and self.enable_hierarchical_cache:
-            raise ValueError("the host KV tier (enable_hierarchical_cache) does not run tensor parallel yet: "
-                             "use tp_size 1")
-        if self.tp_size > 1 and self.enable_deterministic_inference:
-            raise ValueError("enable_deterministic_inference does not run tensor parallel yet: use tp_size 1")
         if self.schedule_policy not in ("lpm", "dfs-weight", "fcfs"):
             raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}; choose lpm, dfs-weight or fcfs")
         if self.chunked_prefill_size < self.page_size:
@@ -165,10 +163,6 @@ class EngineConfig:
             raise ValueError(f"unknown hicache_kv_cache_dtype {self.hicache_kv_cache_dtype!r}; choose auto or int8")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"unknown preemption_mode {self.preemption_mode!r}; choose recompute or swap")
-        if self.preemption_mode == "swap" and not self.enable_hierarchical_cache:
-            raise ValueError("preemption_mode swap needs the host tier: add --enable-hierarchical-cache")
-        if self.enable_hierarchical_cache and self.disable_radix_cache:
-            raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
         bad_tokens = self.host_kv_size is not None and self.host_kv_size < 1
         if self.hicache_ratio <= 0 or self.hicache_size < 0 or bad_tokens:
             raise ValueError("hicache_ratio must be > 0, hicache_size >= 0 and host_kv_size >= 1")

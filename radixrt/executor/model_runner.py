@@ -58,24 +58,21 @@ def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
 
     ``kv_cache_dtype``: fp8 runs on either backend; FlashInfer cannot read an
     int8 cache (per-token scales), so int8 on CUDA takes the torch backend
-    (and no graphs), and asking for flashinfer with int8 is an error.
+    (and no graphs).
 
     ``enable_deterministic_inference``: the torch backend's batch-invariant
     path on every device (FlashInfer's kernels split work by batch shape) and
-    no CUDA graphs; asking for flashinfer attention or sampling with it is an
-    error."""
+    no CUDA graphs.
+
+    (``EngineConfig`` has already refused what cannot run as asked, e.g.
+    flashinfer attention with an int8 cache or with deterministic inference:
+    ``radixrt/config_deps.py``.)"""
     cuda = config.device.startswith("cuda")
     dtype = _resolve_dtype(config.dtype, config.device)
     kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)
     backend = config.attention_backend
     if config.enable_deterministic_inference:
-        if backend == "flashinfer" or config.sampling_backend == "flashinfer":
-            raise ValueError("enable_deterministic_inference runs the torch attention backend and the radixrt "
-                             "sampler: leave attention_backend and sampling_backend at auto/torch/radixrt")
         return RuntimeChoice("torch", dtype, kv_dtype, False, 0)
-    if backend == "flashinfer" and kv_dtype == torch.int8:
-        raise ValueError("FlashInfer attention cannot read an int8 KV cache: use kv_cache_dtype fp8_e4m3, "
-                         "fp8_e5m2 or auto with it, or attention_backend torch (or auto) for int8")
     if backend == "auto":  # FlashInfer's kernels take 16-bit q (and 16-bit or fp8 KV) only
         backend = "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 \
             else "torch"

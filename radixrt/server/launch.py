@@ -98,6 +98,9 @@ def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
 
 def serve_main(args: argparse.Namespace) -> int:
     """Entry point for `radixrt serve` (returns the process exit code)."""
+    from radixrt.config_deps import apply_needs, serve_router_defaults, serve_router_needs
+
+    apply_needs(args, serve_router_needs(), serve_router_defaults())  # --router-* flags need --dp 2+
     config = EngineConfig.from_cli_args(args)
     if getattr(args, "dp", 1) > 1:
         from radixrt.router.dp import serve_dp

@@ -41,6 +41,19 @@ def test_generate_rejects_unknown_model_folder(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("flags,missing", [
+    (["--schedule-low-priority-values-first"], "--enable-priority-scheduling"),
+    (["--router-policy", "round_robin"], "--dp 2 or more"),
+    (["--host-kv-size", "4096", "--disable-radix-cache"], "no --disable-radix-cache"),
+])
+def test_serve_refuses_a_flag_without_what_it_needs(flags, missing):
+    """Refused before any model loads: exit 2, a message naming the missing flag."""
+    proc = _radixrt("serve", "--model", "/nonexistent", *flags)
+    assert proc.returncode == 2
+    assert "radixrt: error:" in proc.stderr and missing in proc.stderr and flags[0] in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def _options(parser):
     return [a for a in parser._actions if a.option_strings and a.dest != "help"]
 

@@ -119,7 +119,7 @@ def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
     m.update_from_stats(on)
     text = m.render().decode()
     host_hits = float(on["cache"]["host_hit_tokens"])
-    assert f'radixrt_cache_hit_tokens{{model_name="tiny",tier="host"}} {host_hits}' in text
+    assert f'radixrt_cache_hit_tokens_total{{model_name="tiny",tier="host"}} {host_hits}' in text
     assert 'radixrt_host_kv_slots{model_name="tiny",state="total"} 4096.0' in text
 
 
@@ -146,13 +146,15 @@ def test_embedded_model_host_tier_matches_uncached_run():
 @pytest.mark.slow
 def test_server_reports_hits_by_tier(tiny_llama):
     """A real server with the host tier: /generate under eviction, then /get_server_info and
-    /metrics report the host tier's slots and the hits by tier from the scheduler's stats."""
+    /metrics report the host tier's slots and the hits by tier from the scheduler's stats.
+    The tier is asked for by its size alone: --host-kv-size implies --enable-hierarchical-cache
+    (radixrt/config_deps.py), and --preemption-mode swap accepts the implied tier."""
     import re
 
     from tests.support.servers import client_of, info_and_metrics
 
     convs = _conversations(seed=3, users=3, turns=3)
-    with client_of("--max-total-tokens", "256", "--enable-hierarchical-cache", "--host-kv-size", "2048",
+    with client_of("--max-total-tokens", "256", "--host-kv-size", "2048",
                    "--hicache-write-policy", "write_back", "--preemption-mode", "swap", model=tiny_llama) as c:
         for t in range(3):
             for user in convs:
@@ -165,6 +167,6 @@ def test_server_reports_hits_by_tier(tiny_llama):
     assert info["enable_hierarchical_cache"] is True and info["preemption_mode"] == "swap"
     cache = info["internal_states"][0]["cache"]
     assert cache["host_hit_tokens"] > 0
-    m = re.search(r'radixrt_cache_hit_tokens\{model_name="[^"]*",tier="host"\} (\S+)', metrics)
+    m = re.search(r'radixrt_cache_hit_tokens_total\{model_name="[^"]*",tier="host"\} (\S+)', metrics)
     assert m and float(m.group(1)) == cache["host_hit_tokens"]
     assert re.search(r'radixrt_host_kv_slots\{model_name="[^"]*",state="total"\} 2048\.0', metrics)

@@ -1,0 +1,237 @@
+"""Flags that only act together with another setting: one table, applied in one place.
+
+A row of :data:`ENGINE_NEEDS` says: when the ``EngineConfig`` field ``flag``
+is set, the field ``needs`` must satisfy the row; if it does not, the row
+either sets it (``imply``: the flag leaves no doubt what is wanted) or the
+config is refused with a ``ValueError`` naming the flag and the missing
+setting. A flag counts as set when its value differs from the field's
+default (``when`` narrows that for flags where only some values need
+something, e.g. ``preemption_mode="swap"``), so passing a flag at its
+default is never refused: it changes nothing. ``EngineConfig.__post_init__``
+calls :func:`apply_needs` first, so the Engine, ``radixrt generate`` and
+``radixrt serve`` all get the same answer; :data:`serve_router_needs` does
+the same for the flags only `radixrt serve --dp N` reads.
+
+Decisions, per group (SGLang's behaviour where it has one):
+
+* host KV tier sizes and knobs (``host_kv_size``, ``hicache_size``,
+  ``hicache_ratio``, ``hicache_write_policy``, ``hicache_kv_cache_dtype``)
+  imply ``enable_hierarchical_cache``: sizing a tier asks for one (SGLang
+  ignores them without the switch, which is what this table exists to stop).
+  At most one of the three sizes may be given (the larger one used to win
+  silently).
+* ``preemption_mode="swap"`` is refused without the tier (it would bring a
+  tier nobody sized).
+* the priority knobs are refused without ``enable_priority_scheduling``
+  (SGLang warns that they "have no effect"; turning it on would reorder
+  every request by its ``priority``).
+* everything that cannot run as asked on the device or with another switch
+  (FlashInfer on the CPU, CUDA-graph sizes where no graph is captured,
+  deterministic inference with FlashInfer or tensor parallelism, the tier
+  without the radix cache) is refused: there is nothing to imply.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+@dataclass(frozen=True)
+class Need:
+    """``flag`` (when set) needs field ``needs`` to satisfy ``ok``.
+
+    ``example`` is a value of ``flag`` that counts as set; ``met`` and
+    ``unmet`` are values of ``needs`` that do and do not satisfy the row
+    (``met`` is what an ``imply`` row sets). The test of this table walks
+    every row both ways with them."""
+
+    flag: str
+    example: Any
+    needs: str
+    met: Any
+    unmet: Any
+    wants: str  # the missing setting, as a user of the CLI writes it
+    ok: Callable[[Any], bool]
+    imply: bool = False
+    when: Optional[Callable[[Any], bool]] = None  # None: set when it differs from its default
+    cli: Optional[str] = None  # the flag's CLI spelling when it is not --<flag with dashes>
+
+    def is_set(self, value: Any, default: Any) -> bool:
+        return self.when(value) if self.when is not None else value != default
+
+    def flag_text(self, value: Any) -> str:
+        cli = self.cli or "--" + self.flag.replace("_", "-")
+        return f"{self.flag}={value!r} ({cli if value is True else f'{cli} {value}'})"
+
+
+def _equals(value: Any) -> Callable[[Any], bool]:
+    return lambda v: v == value
+
+
+def _is_not(value: Any) -> Callable[[Any], bool]:
+    return lambda v: v != value
+
+
+def _on(flag: str, example: Any, switch: str, imply: bool = False, **kw: Any) -> Need:
+    """``flag`` needs the boolean field ``switch`` on."""
+    wants = f"{switch}=True (--{switch.replace('_', '-')})"
+    return Need(flag, example, switch, True, False, wants, _equals(True), imply=imply, **kw)
+
+
+def _off(flag: str, example: Any, switch: str, **kw: Any) -> Need:
+    """``flag`` cannot act with the boolean field ``switch`` on."""
+    wants = f"{switch}=False (no --{switch.replace('_', '-')})"
+    return Need(flag, example, switch, False, True, wants, _equals(False), **kw)
+
+
+def _cuda(flag: str, example: Any, **kw: Any) -> Need:
+    return Need(flag, example, "device", "cuda", "cpu", "device='cuda' (--device cuda)",
+                lambda v: str(v).startswith("cuda"), **kw)
+
+
+def _tp1(flag: str, example: Any) -> Need:
+    return Need(flag, example, "tp_size", 1, 2, "tp_size=1 (--tp-size 1: it does not run tensor parallel yet)",
+                _equals(1))
+
+
+def _unset(flag: str, example: Any, other: str, other_example: Any, what: str) -> Need:
+    """``flag`` and ``other`` size the same thing: give one."""
+    wants = f"{other} unset (no --{other.replace('_', '-')}: give one {what})"
+    return Need(flag, example, other, None, other_example, wants, _equals(None))
+
+
+_TIER = "enable_hierarchical_cache"
+_PRIORITY = "enable_priority_scheduling"
+_INT8 = _equals("int8")
+_FLASHINFER = _equals("flashinfer")
+_TORCH_OR_AUTO = "attention_backend='torch' or 'auto' (--attention-backend torch"
+
+ENGINE_NEEDS: tuple[Need, ...] = (
+    # the host KV tier: its sizes and knobs turn it on; one size at most
+    _on("host_kv_size", 20000, _TIER, imply=True),
+    _on("hicache_size", 4.0, _TIER, imply=True),
+    _on("hicache_ratio", 3.0, _TIER, imply=True),
+    _on("hicache_write_policy", "write_back", _TIER, imply=True),
+    _on("hicache_kv_cache_dtype", "int8", _TIER, imply=True),
+    Need("hicache_ratio", 3.0, "hicache_size", 0.0, 4.0, "hicache_size=0 (no --hicache-size: give one tier size)",
+         _equals(0.0)),
+    _unset("hicache_ratio", 3.0, "host_kv_size", 20000, "tier size"),
+    _unset("hicache_size", 4.0, "host_kv_size", 20000, "tier size"),
+    _on("preemption_mode", "swap", _TIER, when=_equals("swap")),
+    Need(_TIER, True, "disable_radix_cache", False, True,
+         "disable_radix_cache=False (no --disable-radix-cache: the tier sits under the radix cache)", _equals(False)),
+    _tp1(_TIER, True),
+    # priority scheduling's knobs
+    _on("schedule_low_priority_values_first", True, _PRIORITY),
+    _on("priority_scheduling_preemption_threshold", 5, _PRIORITY),
+    _on("priority_aging_s", 1.0, _PRIORITY),
+    # the KV pool's size: a token count, or a share of memory
+    _unset("mem_fraction", 0.5, "max_total_tokens", 4096, "pool size"),
+    # prefix reuse
+    _off("in_batch_prefix_threshold", 64, "disable_radix_cache"),
+    # device and backends
+    _cuda("attention_backend", "flashinfer", when=_FLASHINFER),
+    _cuda("sampling_backend", "flashinfer", when=_FLASHINFER),
+    Need("kv_cache_dtype", "int8", "attention_backend", "torch", "flashinfer",
+         _TORCH_OR_AUTO + ": FlashInfer cannot read an int8 cache)", _is_not("flashinfer"), when=_INT8),
+    # batch-invariant inference runs the torch backend and the radixrt sampler on one process
+    _tp1("enable_deterministic_inference", True),
+    Need("enable_deterministic_inference", True, "attention_backend", "torch", "flashinfer", _TORCH_OR_AUTO + ")",
+         lambda v: v in ("auto", "torch")),
+    Need("enable_deterministic_inference", True, "sampling_backend", "radixrt", "flashinfer",
+         "sampling_backend='radixrt' (--sampling-backend radixrt)", _equals("radixrt")),
+    # CUDA graphs are captured only on CUDA, with FlashInfer attention, on one process
+    _cuda("cuda_graph_max_bs", 32),
+    _off("cuda_graph_max_bs", 32, "disable_cuda_graph"),
+    _off("cuda_graph_max_bs", 32, "enable_deterministic_inference"),
+    _tp1("cuda_graph_max_bs", 32),
+    Need("cuda_graph_max_bs", 32, "attention_backend", "auto", "torch",
+         "attention_backend='auto' or 'flashinfer' (graphs need FlashInfer attention)", _is_not("torch")),
+    Need("cuda_graph_max_bs", 32, "kv_cache_dtype", "auto", "int8",
+         "a kv_cache_dtype other than 'int8' (an int8 cache runs the torch backend, without graphs)",
+         _is_not("int8")),
+    Need("cuda_graph_max_bs", 32, "dtype", "auto", "float32",
+         "dtype='auto', 'bfloat16' or 'float16' (FlashInfer, and so the graphs, take 16-bit models only)",
+         _is_not("float32")),
+    # logging
+    Need("log_interval", 10, "log_level", "info", "warning",
+         "log_level='info' or 'debug' (--log-level info: it paces the info lines)",
+         lambda v: str(v).lower() in ("info", "debug")),
+)
+
+# The EngineConfig fields that need nothing and that nothing else needs in a
+# way the table could check (each was reviewed; a new field must be added to
+# the table or here, tests/unit/test_config.py checks it).
+ENGINE_INDEPENDENT = frozenset({
+    "model_path", "device", "tp_size", "dtype", "page_size", "max_total_tokens", "context_length",
+    "chunked_prefill_size", "max_running_requests", "disable_overlap_schedule", "schedule_policy",
+    "enable_priority_scheduling", "max_client_priority", "disable_radix_cache", "disable_cuda_graph",
+    "random_seed", "log_level", "debug_check_invariants", "enable_jump_forward", "grammar_cache_size",
+    "grammar_max_chars", "grammar_max_repeat", "max_n", "max_top_logprobs_num", "incremental_streaming_output",
+})
+
+
+@functools.cache
+def field_defaults(cls: Any) -> dict[str, Any]:
+    """Each dataclass field's default (``default_factory`` fields called once;
+    the dict is shared: read it, do not change it)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def apply_needs(obj: Any, needs: tuple[Need, ...], defaults: dict[str, Any]) -> None:
+    """Apply ``needs`` to ``obj`` (a config, or parsed CLI arguments): set what
+    the set flags imply, then raise one ``ValueError`` naming every set flag
+    whose need is still unmet. Rows whose fields ``obj`` lacks are skipped."""
+    rows = [n for n in needs if hasattr(obj, n.flag) and hasattr(obj, n.needs)]
+    implied_by: dict[str, str] = {}
+    for n in rows:
+        if n.imply and n.is_set(getattr(obj, n.flag), defaults.get(n.flag)) and not n.ok(getattr(obj, n.needs)):
+            setattr(obj, n.needs, n.met)
+            implied_by.setdefault(n.needs, n.flag)
+    problems = []
+    for n in rows:
+        value = getattr(obj, n.flag)
+        if n.imply or not n.is_set(value, defaults.get(n.flag)) or n.ok(getattr(obj, n.needs)):
+            continue
+        src = implied_by.get(n.flag)
+        source = f" (implied by {src}, --{src.replace('_', '-')})" if src else ""
+        problems.append(f"{n.flag_text(value)}{source} needs {n.wants}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def serve_router_needs() -> tuple[Need, ...]:
+    """`radixrt serve`'s ``--router-*`` flags: read only by the router in front
+    of ``--dp N`` replicas, so each needs ``--dp`` 2 or more (refused, not
+    implied: replicas multiply the memory the server takes)."""
+    rows = []
+    for action in _router_parser()._actions:
+        cli = next((s for s in action.option_strings if s.startswith("--router-")), None)
+        if cli is None:
+            continue
+        example = next(c for c in action.choices if c != action.default) if action.choices else action.default + 1
+        rows.append(Need(action.dest, example, "dp", 2, 1, "--dp 2 or more (a router runs only in front of replicas)",
+                         lambda v: v >= 2, cli=cli))
+    return tuple(rows)
+
+
+def serve_router_defaults() -> dict[str, Any]:
+    return vars(_router_parser().parse_args([]))
+
+
+def _router_parser() -> Any:
+    import argparse
+
+    from radixrt.router.cli import add_policy_args
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_policy_args(p, prefix="router-")
+    return p
