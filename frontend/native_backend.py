@@ -40,6 +40,35 @@ def _lp(entry: Any) -> float:
     return 0.0 if v is None else float(v)
 
 
+class _StreamFold:
+    """Folds a ``/generate`` stream's events into cumulative results.
+
+    Events are cumulative (SGLang's default) or hold only what is new (a
+    server run with ``--incremental-streaming-output``). An incremental event
+    after the first has fewer ``output_ids`` than its running
+    ``completion_tokens``; a cumulative one has as many. (The first event is
+    the same either way.)"""
+
+    _OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs")
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.lists: dict[str, list] = {k: [] for k in self._OUTPUT_LISTS}
+
+    def add(self, chunk: dict[str, Any]) -> tuple[str, dict]:
+        meta = dict(chunk.get("meta_info") or {})
+        ids = chunk.get("output_ids")
+        total = meta.get("completion_tokens")
+        incremental = isinstance(ids, list) and isinstance(total, int) and len(ids) < total
+        text = chunk.get("text") or ""
+        self.text = self.text + text if incremental else text
+        for key in self._OUTPUT_LISTS:
+            if isinstance(meta.get(key), list):
+                self.lists[key] = self.lists[key] + meta[key] if incremental else meta[key]
+                meta[key] = self.lists[key]
+        return self.text, meta
+
+
 class NativeBackend(BaseBackend):
     def __init__(self) -> None:
         self._markers: dict[str, tuple[str, str]] = dict(PLAIN_ROLE_MARKERS)
@@ -79,12 +108,11 @@ class NativeBackend(BaseBackend):
         return resp["text"], resp.get("meta_info", {})
 
     def generate_stream(self, s: Any, sampling: SglSamplingParams) -> Iterator[tuple[str, dict]]:
-        text = ""
+        """(cumulative text, meta info with cumulative output logprobs) per event."""
+        fold = _StreamFold()
         for chunk in self._request_stream(self._payload(s.text_, sampling, stream=True)):
             _check(chunk)
-            t = chunk.get("text", "")
-            text = t if t.startswith(text) else text + t  # cumulative (SGLang) or incremental chunks
-            yield text, chunk.get("meta_info", {})
+            yield fold.add(chunk)
 
     def cache_prefix(self, prefix: str) -> None:
         self.raw_generate({"text": prefix, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}})

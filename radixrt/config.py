@@ -71,6 +71,9 @@ CLI_HELP = {
     "debug_check_invariants": "check free + tree + private == total KV slots after every step (slow; tests)",
     "enable_jump_forward": "constrained decoding: append grammar-forced text as verified drafts",
     "grammar_cache_size": "compiled grammars kept (least recently used dropped first)",
+    "incremental_streaming_output": "streamed /generate results (and Engine streams) send only what is new in "
+                                    "each event: text, output_ids and output logprobs (SGLang's flag); default: "
+                                    "each event is the cumulative result",
     "max_n": "most samples of one prompt (sampling param n) a request may ask for, on every route "
              "(/generate, the OpenAI routes, the Engine); more is refused (400)",
     "max_top_logprobs_num": "most top logprobs per position a request may ask for (top_logprobs_num on "
@@ -126,6 +129,7 @@ class EngineConfig:
     debug_check_invariants: bool = False  # assert free + tree + private == total after every step (tests)
     enable_jump_forward: bool = True  # append grammar-forced text as verified drafts (see grammar.py)
     grammar_cache_size: int = 128  # compiled grammars kept (LRU)
+    incremental_streaming_output: bool = False  # stream events carry only what is new (requests/results.py)
     # (the same defaults as intake.DEFAULT_MAX_N / DEFAULT_MAX_TOP_LOGPROBS_NUM)
     max_n: int = 128  # most samples per prompt (sampling param n), every route
     max_top_logprobs_num: int = 20  # most top logprobs per position, every route

@@ -266,15 +266,14 @@ class Engine:
         return self._stream(self._submit_all([spec])[0])
 
     async def _stream(self, sub: _Submission) -> AsyncIterator[dict]:
-        """Cumulative results (output logprobs as per-chunk deltas); leaving
-        early aborts the request."""
+        """One event per update, as `/generate` streams them: cumulative
+        results, or only what is new with ``incremental_streaming_output``
+        (`ResultAccumulator.stream_chunk`); leaving early aborts the request."""
         acc = next(iter(sub.accs.values()))
-        sent = 0
         try:
             while not acc.finished:
                 acc.add(await sub.inbox.get())
-                yield acc.to_dict(logprob_offset=sent)
-                sent = len(acc.output_token_logprobs)
+                yield acc.stream_chunk(self.config.incremental_streaming_output)
         finally:
             if not acc.finished:
                 self._abort(sub.rid)
@@ -293,7 +292,8 @@ class Engine:
         rid: Any = None, priority: Any = None, return_cache_info: bool = False,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
-        dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results.
+        dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
+        (only what is new in each with ``incremental_streaming_output``, as `/generate`).
         ``rid`` (a string, or one per prompt of a batch) names the request for
         ``meta_info.id`` and `abort_request`; one already running is refused.
         ``priority`` (an int, or one per prompt) orders the waiting queue when

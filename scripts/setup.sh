@@ -15,14 +15,20 @@
 # SGLang's own client (sglang.RuntimeEndpoint and its program language), which
 # tests/e2e/test_sglang_client.py drives `radixrt serve` with, is installed
 # pinned and WITHOUT its dependencies (they are SGLang's GPU server stack:
-# torch, flashinfer, ...); what its client imports (aiohttp, pybase64, ipython)
-# comes with the `test` extra. 0.5.10.post1 is the last SGLang release published
-# as a pure-Python wheel (later ones are per-Python-version binary wheels).
+# flashinfer, sgl-kernel, ...); what its client imports beyond radixrt's own
+# dependencies (aiohttp, pybase64, ipython, orjson, pillow, psutil, requests)
+# comes with the `test` extra. The pin is SGLang's current release, 0.5.23: its
+# wheels are per Python version (CPython 3.11-3.13, manylinux_2_34 x86_64; the
+# client's modules are plain Python, the compiled parts are server-only).
+# Where no such wheel fits this interpreter or platform, 0.5.10.post1, the last
+# pure-Python release, is installed instead: it speaks the same /generate
+# protocol, and the tests that need the current release's programs skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC="torch==2.13.0"
-SGLANG_VERSION="0.5.10.post1"
+SGLANG_VERSION="0.5.23"
+SGLANG_FALLBACK="0.5.10.post1"
 TORCH_INDEX=${RADIXRT_TORCH_INDEX:-${TORCH_INDEX_URL:-}}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -40,7 +46,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q -e ".[test]"
   touch "$stamp"
 fi
-if [ "$(python -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null)" != "$SGLANG_VERSION" ]; then
+sglang_installed=$(python -c 'import importlib.metadata as m; print(m.version("sglang"))' 2>/dev/null || true)
+if [ "$sglang_installed" != "$SGLANG_VERSION" ]; then
   # pip warns that sglang's own requirements are not met: expected, only its client is used
-  python -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
+  if ! python -m pip install -q --no-deps --only-binary=:all: "sglang==$SGLANG_VERSION"; then
+    echo "setup.sh: no sglang $SGLANG_VERSION wheel for this Python/platform; installing $SGLANG_FALLBACK" >&2
+    if [ "$sglang_installed" != "$SGLANG_FALLBACK" ]; then
+      python -m pip install -q --no-deps "sglang==$SGLANG_FALLBACK"
+    fi
+  fi
 fi

@@ -1,6 +1,9 @@
 """Accumulates a request's TokenOutputs into SGLang's `/generate` result shape.
 
-Shared by the in-process Engine and the HTTP server so both answer alike.
+Shared by the in-process Engine and the HTTP server so both answer alike,
+streams included (:meth:`ResultAccumulator.stream_chunk`). With
+``return_logprob``, ``meta_info`` carries ``output_token_logprobs_length``
+(the number of output logprobs so far), as SGLang's current release does.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class ResultAccumulator:
         self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
         self._input_meta: Optional[tuple[list, list]] = None  # built by _input_logprob_meta
         self.cache_info: Optional[dict[str, Any]] = None  # rendered meta_info.cache_info, once it arrived
+        self._streamed = (0, 0, 0)  # text chars, output ids, output logprobs already sent incrementally
 
     @property
     def finished(self) -> bool:
@@ -96,9 +100,27 @@ class ResultAccumulator:
     def _top_triples(self, tops: list) -> list:
         return [None if t is None else self._triples(t) for t in tops]
 
-    def to_dict(self, logprob_offset: int = 0) -> dict[str, Any]:
-        """The result so far. ``logprob_offset`` skips output logprobs already
-        streamed (per-chunk deltas); text is always cumulative."""
+    def stream_chunk(self, incremental: bool) -> dict[str, Any]:
+        """The next event of a stream, in SGLang's format.
+
+        Default: the result so far (cumulative ``text``, ``output_ids`` and
+        output logprobs). ``incremental`` (SGLang's
+        ``--incremental-streaming-output``): only what is new since this
+        request's previous event: ``text``, ``output_ids``,
+        ``output_token_logprobs`` and ``output_top_logprobs``; counts
+        (``completion_tokens``, ``output_token_logprobs_length``) stay running
+        totals and the prompt's logprobs are repeated in every event, as SGLang
+        sends them."""
+        if not incremental:
+            return self.to_dict()
+        out = self.to_dict(since=self._streamed)
+        self._streamed = (len(self.text), len(self.output_ids), len(self.output_token_logprobs))
+        return out
+
+    def to_dict(self, since: tuple[int, int, int] = (0, 0, 0)) -> dict[str, Any]:
+        """The result so far; ``since`` (text characters, output ids, output
+        logprobs) leaves out what an incremental stream already sent."""
+        chars, ids, lps = since
         meta: dict[str, Any] = {
             "id": self.rid,
             "prompt_tokens": self.prompt_tokens,
@@ -110,6 +132,7 @@ class ResultAccumulator:
             meta["cache_info"] = dict(self.cache_info)
         if self.return_logprob:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
-            meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[logprob_offset:])
-            meta["output_top_logprobs"] = self._top_triples(self.output_top_logprobs[logprob_offset:])
-        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+            meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[lps:])
+            meta["output_top_logprobs"] = self._top_triples(self.output_top_logprobs[lps:])
+            meta["output_token_logprobs_length"] = len(self.output_token_logprobs)
+        return {"text": self.text[chars:], "output_ids": self.output_ids[ids:], "meta_info": meta}

@@ -239,7 +239,7 @@ class BatchPlanner:
             if req.grammar_pending or req.pending:
                 continue  # its grammar is still compiling / its last token is still in flight
             match = self.kv.match(req, load=True)  # what the host tier holds comes back (copies queued)
-            if not self.kv.tree.disable:
+            if self.kv.tree.stores_prefixes:
                 shared = inflight.match_prefix(req.seq[: req.max_prefix_len], record_stats=False).length
                 if shared - match.length >= threshold:
                     continue

@@ -40,7 +40,6 @@ from radixrt.config import EngineConfig
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
-from radixrt.memory.radix_cache import RadixCache
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import sample_rids, validate_prompt
 from radixrt.requests.messages import (
@@ -54,7 +53,7 @@ from radixrt.requests.messages import (
 )
 from radixrt.sampling.grammar import GrammarBackend, grammar_key
 from radixrt.scheduler.constrained import ConstrainedDecoding
-from radixrt.scheduler.host_tier import build_host_tier
+from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
@@ -94,9 +93,7 @@ class Scheduler:
         self.vocab_size = mc.vocab_size
         allocator = PageAllocator(self.runner.num_pages, config.page_size)
         self.host = build_host_tier(config, self.runner, allocator.total_slots)
-        tree = RadixCache(allocator, page_size=config.page_size, disable=config.disable_radix_cache,
-                          host=self.host.tier if self.host else None)
-        self.kv = KVCacheManager(allocator, tree, self.runner.req_to_token)
+        self.kv = KVCacheManager(allocator, build_prefix_cache(config, allocator, self.host), self.runner.req_to_token)
         self.limits = config.limits(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.random_seed)
         self.queues = RequestQueues()

@@ -10,7 +10,11 @@ explains the prompt's radix-cache match). Answer: one result
 ``{"text", "output_ids", "meta_info"}``, or a list for a batch or n > 1; with
 ``stream``, SSE events of cumulative results (text, output ids and logprobs
 so far, as SGLang sends them: its clients keep the last event's
-``meta_info``; an ``index`` when several) closed by ``data: [DONE]``.
+``meta_info``; an ``index`` when several) closed by ``data: [DONE]``; under
+``--incremental-streaming-output`` (SGLang's flag) each event holds only what
+is new since the sample's previous one (`ResultAccumulator.stream_chunk`).
+With ``return_logprob``, ``meta_info.output_token_logprobs_length`` counts the
+output logprobs so far (SGLang's current field).
 
 Every other field of SGLang's ``GenerateReqInput`` is accepted while unset
 (``None``, ``false``, empty), since SGLang's clients send some of them
@@ -116,7 +120,8 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     group = tm.submit(specs)
     multi = batch or len(group.states) > 1
     if stream:
-        return stream_response(tm, group, _native_stream(group, multi))
+        incremental = bool(ctx.server_args.get("incremental_streaming_output"))
+        return stream_response(tm, group, _native_stream(group, multi, incremental))
     if not await wait_group(request, tm, group):
         return Response(status_code=499)
     raise_state_errors(group)
@@ -136,16 +141,16 @@ def _raise_refused(group: ReqGroup) -> None:
             raise bad_request(fr.message or "The request was refused.")
 
 
-async def _native_stream(group: ReqGroup, multi: bool) -> AsyncIterator[bytes]:
-    """SSE body: each update of a sample as its cumulative result (``index``
-    when ``multi``), then [DONE]."""
+async def _native_stream(group: ReqGroup, multi: bool, incremental: bool) -> AsyncIterator[bytes]:
+    """SSE body: each update of a sample as its cumulative result, or what is
+    new in it when ``incremental`` (``index`` when ``multi``), then [DONE]."""
     async for news in group.updates():
         chunks = []
         for st in news:
             if st.error is not None:
                 chunks.append(sse(error_body(503, st.error)))
                 continue
-            d = st.acc.to_dict()
+            d = st.acc.stream_chunk(incremental)
             if multi:
                 d["index"] = group.states.index(st)
             chunks.append(sse(d))

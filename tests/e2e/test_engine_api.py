@@ -62,6 +62,37 @@ def test_streaming_is_cumulative_and_ends_with_the_full_text(engine, prompt):
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
 
+def test_stream_logprobs_are_cumulative_with_their_count(engine, prompt):
+    """As `/generate` streams them (SGLang's default): every event holds all output
+    logprobs so far, and ``output_token_logprobs_length`` counts them."""
+    full = engine.generate(prompt, GREEDY, return_logprob=True)
+    chunks = list(engine.generate(prompt, GREEDY, return_logprob=True, stream=True))
+    for c in chunks:
+        m = c["meta_info"]
+        assert len(m["output_token_logprobs"]) == m["output_token_logprobs_length"] == m["completion_tokens"] \
+            == len(c["output_ids"])
+    assert [t[1] for t in chunks[-1]["meta_info"]["output_token_logprobs"]] == full["output_ids"]
+    assert full["meta_info"]["output_token_logprobs_length"] == len(full["output_ids"])
+
+
+def test_incremental_streaming_output(tiny_engine, monkeypatch):
+    """``incremental_streaming_output`` (SGLang's ``--incremental-streaming-output``):
+    each event holds only what is new; the events add up to the whole result."""
+    prompt = tiny_engine.apply_chat_template([{"role": "user", "content": "Name three fruits, one per line."}])
+    full = tiny_engine.generate(prompt, GREEDY, return_logprob=True, top_logprobs_num=2)
+    monkeypatch.setattr(tiny_engine.config, "incremental_streaming_output", True)  # read per stream
+    chunks = list(tiny_engine.generate(prompt, GREEDY, return_logprob=True, top_logprobs_num=2, stream=True))
+    assert len(chunks) > 1
+    metas = [c["meta_info"] for c in chunks]
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert [i for c in chunks for i in c["output_ids"]] == full["output_ids"]
+    counts = [m["completion_tokens"] for m in metas]
+    assert counts == [m["output_token_logprobs_length"] for m in metas] and counts[-1] == len(full["output_ids"])
+    assert [len(m["output_token_logprobs"]) for m in metas] == [len(c["output_ids"]) for c in chunks]
+    assert [t[1] for m in metas for t in m["output_token_logprobs"]] == full["output_ids"]
+    assert sum(len(m["output_top_logprobs"]) for m in metas) == len(full["output_ids"])
+
+
 def test_async_generate_many_concurrent(engine, prompt):
     async def main():
         outs = await asyncio.gather(*(engine.async_generate(prompt, GREEDY) for _ in range(4)))

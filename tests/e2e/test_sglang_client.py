@@ -3,13 +3,16 @@
 SGLang's program language (``sglang.function``, ``gen``, ``select``, forks)
 with its HTTP backend ``sglang.RuntimeEndpoint``, unchanged, driving a real
 radixrt server on 127.0.0.1. ``scripts/setup.sh`` installs SGLang's package
-(pinned, without its GPU server dependencies); without it this module is
-skipped.
+(pinned to its current release, 0.5.23, without its GPU server dependencies);
+without it this module is skipped.
 
 Most programs run on a tiny random Llama (SmolLM2's tokenizer and chat
 template): what is checked there holds for any weights, as outputs whose text
 is checked are pinned with a ``regex`` constraint. The embedded model's
-server runs the programs whose answers come from the model. The module is
+server runs the programs whose answers come from the model; it streams
+incrementally (``--incremental-streaming-output``, as SGLang's own CI serves
+its ``test_stream_logprobs`` program), the tiny model's server cumulatively
+(SGLang's default). The module is
 slow (two server start-ups); ``tests/unit/test_sglang_wire.py`` checks the
 request bodies SGLang's client sends on the fast path.
 
@@ -38,8 +41,8 @@ DEADLINE_S = 120
 IP = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 
 
-def _serve(model: str):
-    yield from serving("--max-total-tokens", "16384", "--debug-check-invariants", model=model)
+def _serve(model: str, *flags: str):
+    yield from serving("--max-total-tokens", "16384", "--debug-check-invariants", *flags, model=model)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def tiny_server(tiny_llama):
 
 @pytest.fixture(scope="module")
 def embedded_server():
-    yield from _serve("default")
+    yield from _serve("default", "--incremental-streaming-output")
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +65,13 @@ def embedded(embedded_server):
     return sgl.RuntimeEndpoint(embedded_server.url, chat_template_name="chatml")
 
 
-def run(program, backend, timeout: float = DEADLINE_S, **kwargs):
-    """``program.run(backend=backend, **kwargs)``, failing (not hanging) past ``timeout``."""
+def within_deadline(fn, timeout: float = DEADLINE_S):
+    """``fn()`` on a worker thread, failing (not hanging) past ``timeout``."""
     box: dict = {}
 
     def target() -> None:
         try:
-            box["state"] = program.run(backend=backend, **kwargs)
-            if not kwargs.get("stream"):
-                box["state"].sync()
+            box["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the test thread
             box["error"] = e
 
@@ -80,7 +81,18 @@ def run(program, backend, timeout: float = DEADLINE_S, **kwargs):
     assert not t.is_alive(), f"the SGLang program did not finish in {timeout} s"
     if "error" in box:
         raise box["error"]
-    return box["state"]
+    return box["value"]
+
+
+def run(program, backend, timeout: float = DEADLINE_S, **kwargs):
+    """``program.run(backend=backend, **kwargs)``, failing (not hanging) past ``timeout``."""
+    def target():
+        state = program.run(backend=backend, **kwargs)
+        if not kwargs.get("stream"):
+            state.sync()
+        return state
+
+    return within_deadline(target, timeout)
 
 
 def assert_kv_idle(srv: LocalServer) -> None:
@@ -221,7 +233,7 @@ def test_streaming_with_logprobs(tiny):
     assert answer == state["answer"]
     meta = state.get_meta_info("answer")
     lps = meta["output_token_logprobs"]  # all of them: the last event's are cumulative
-    assert len(lps) == meta["completion_tokens"] == 12
+    assert len(lps) == meta["completion_tokens"] == meta["output_token_logprobs_length"] == 12
     assert all(len(t) == 3 and isinstance(t[2], str) for t in lps)
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
     assert "".join(t[2] for t in lps) == answer
@@ -295,3 +307,59 @@ def test_embedded_model_programs(embedded, embedded_server):
     assert "Statement 1: Noah is the father of Julian." in state.text()
     assert state.get_meta_info("answer")["completion_tokens"] > 0
     assert_kv_idle(embedded_server)
+
+
+def assert_same_logprobs(got: list, want: list) -> None:
+    """``[logprob, token_id, text]`` lists: the same tokens, logprobs within 1e-3."""
+    assert [t[1:] for t in got] == [t[1:] for t in want]
+    assert all((a[0] is None and b[0] is None) or abs(a[0] - b[0]) < 1e-3 for a, b in zip(got, want)), (got, want)
+
+
+def test_sglang_stream_logprobs_program(embedded):
+    """SGLang's own ``test_stream_logprobs`` (sglang/test/test_programs.py) against a
+    server streaming incrementally: each event's ``output_token_logprobs`` holds
+    only its new tokens, ``output_token_logprobs_length`` the running count."""
+    programs = pytest.importorskip("sglang.test.test_programs")
+    if not hasattr(programs, "test_stream_logprobs"):
+        pytest.skip(f"SGLang {sgl.__version__} has no test_stream_logprobs (scripts/setup.sh installs 0.5.23)")
+    old = sgl.global_config.default_backend
+    sgl.set_default_backend(embedded)
+    try:
+        within_deadline(programs.test_stream_logprobs)
+    finally:
+        sgl.global_config.default_backend = old
+
+
+def test_incremental_stream_wire_format(embedded_server):
+    """``--incremental-streaming-output``: each event holds only what is new (text,
+    output ids, output logprobs and top logprobs); ``completion_tokens`` and
+    ``output_token_logprobs_length`` are running counts; the prompt's logprobs come
+    in every event; the events add up to the non-streamed result."""
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 12, "temperature": 0},
+            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0,
+            "return_text_in_logprobs": True}
+    with httpx.Client(base_url=embedded_server.url, timeout=120) as c:
+        whole = c.post("/generate", json=body).json()
+        with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = [ln[len("data: "):] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(ln) for ln in lines[:-1]]
+    assert len(events) > 1
+    metas = [e["meta_info"] for e in events]
+    assert "".join(e["text"] for e in events) == whole["text"]
+    assert [i for e in events for i in e["output_ids"]] == whole["output_ids"]
+    counts = [m["completion_tokens"] for m in metas]
+    assert counts == [m["output_token_logprobs_length"] for m in metas] == sorted(counts)
+    assert [len(e["output_ids"]) for e in events] == [b - a for a, b in zip([0] + counts, counts)]
+    # the second request reads the prompt from the cache: values may differ in the last bits
+    assert_same_logprobs([lp for m in metas for lp in m["output_token_logprobs"]],
+                         whole["meta_info"]["output_token_logprobs"])
+    tops = [t for m in metas for t in m["output_top_logprobs"]]
+    assert len(tops) == len(whole["meta_info"]["output_top_logprobs"]) == counts[-1]
+    for got, want in zip(tops, whole["meta_info"]["output_top_logprobs"]):
+        assert_same_logprobs(got, want)
+    for m in metas:
+        assert_same_logprobs(m["input_token_logprobs"], whole["meta_info"]["input_token_logprobs"])
+    assert whole["meta_info"]["output_token_logprobs_length"] == whole["meta_info"]["completion_tokens"]
+

@@ -200,6 +200,35 @@ def test_generate_shapes(app_client):
     assert r.json()["text"] == " the quick brown"
 
 
+def test_generate_stream_incremental(app_client, monkeypatch):
+    """--incremental-streaming-output (SGLang's): each event holds only what is new;
+    the counts run on; SGLang-protocol clients (radixrt's frontend) fold them back."""
+    from radixrt.frontend.native_backend import _StreamFold
+
+    monkeypatch.setitem(app_client.app.state.ctx.server_args, "incremental_streaming_output", True)
+    body = {"text": "Hi", "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0,
+            "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 5}}
+    whole = app_client.post("/generate", json=body).json()
+    chunks = events(app_client.post("/generate", json={**body, "stream": True}).text)[:-1]
+    metas = [c["meta_info"] for c in chunks]
+    assert [len(c["output_ids"]) for c in chunks] == [1, 1, 1, 1, 1]
+    assert [len(m["output_token_logprobs"]) for m in metas] == [1, 1, 1, 1, 1]
+    assert [len(m["output_top_logprobs"]) for m in metas] == [1, 1, 1, 1, 1]
+    assert [m["output_token_logprobs_length"] for m in metas] == [m["completion_tokens"] for m in metas] \
+        == [1, 2, 3, 4, 5]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [lp for m in metas for lp in m["output_token_logprobs"]] == whole["meta_info"]["output_token_logprobs"]
+    assert all(m["input_token_logprobs"] == whole["meta_info"]["input_token_logprobs"] for m in metas)
+    fold = _StreamFold()
+    text, meta = [fold.add(c) for c in chunks][-1]
+    assert text == whole["text"] and meta["output_top_logprobs"] == whole["meta_info"]["output_top_logprobs"]
+    assert meta["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+    monkeypatch.setitem(app_client.app.state.ctx.server_args, "incremental_streaming_output", False)
+    cumulative = events(app_client.post("/generate", json={**body, "stream": True}).text)[:-1]
+    fold = _StreamFold()
+    assert [fold.add(c)[0] for c in cumulative] == [c["text"] for c in cumulative]  # taken as they are
+
+
 def test_generate_stream_framing(app_client):
     body = {"text": "Hi", "stream": True, "return_logprob": True, "top_logprobs_num": 2,
             "sampling_params": {"max_new_tokens": 5}}
@@ -210,6 +239,7 @@ def test_generate_stream_framing(app_client):
     chunks = evs[:-1]
     assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5]
     assert [len(c["meta_info"]["output_token_logprobs"]) for c in chunks] == [1, 2, 3, 4, 5]  # cumulative
+    assert [c["meta_info"]["output_token_logprobs_length"] for c in chunks] == [1, 2, 3, 4, 5]
     assert all(len(c["meta_info"]["output_top_logprobs"][0]) == 2 for c in chunks)
     assert "index" not in chunks[0]
     r = app_client.post("/generate", json={"text": ["a", "b"], "stream": True,
