@@ -8,9 +8,11 @@ It also keeps the device-side request-to-slot table (`ReqToTokenPool`) in step
 with ``req.slots``: a running request owns one row of it (``req.row``), given
 at `admit` and taken back at `release`.
 
-With a host tier (``tree.host``), `match(load=True)` loads a prefix the host
-holds back into device slots, `release(swap=True)` moves a retracted
-request's KV to the host (swap preemption), and `take_transfers` hands the
+The prefix cache is any `PrefixCache` (prefix_cache.py): the device radix
+tree, the tree over a host tier, or the cache that keeps nothing; this class
+only calls that interface. With a tier below the device, `match(load=True)`
+loads a prefix it holds back into device slots, `release(swap=True)` moves a
+retracted request's KV down (swap preemption), and `take_transfers` hands the
 copies these queued to the step being launched (host_pool.py).
 """
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Iterable, Optional, cast
 
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.kv_transfer import KVTransfers
-from radixrt.memory.radix_cache import MatchResult, RadixCache
+from radixrt.memory.prefix_cache import PrefixCache
+from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.scheduler.request import Req
 
 
 class KVCacheManager:
-    def __init__(self, allocator: PageAllocator, tree: RadixCache, req_to_token: ReqToTokenPool) -> None:
+    def __init__(self, allocator: PageAllocator, tree: PrefixCache, req_to_token: ReqToTokenPool) -> None:
         self.allocator = allocator
         self.tree = tree
         self.req_to_token = req_to_token
@@ -37,22 +40,18 @@ class KVCacheManager:
     # -- queries -----------------------------------------------------------------
     def match(self, req: Req, load: bool = False) -> MatchResult:
         """Longest usable cached prefix of the request (does not lock, counts nothing).
-        ``load``: also load back what the host tier holds of it (copies queued)."""
+        ``load``: also load back what a lower tier holds of it (copies queued)."""
         cap = req.max_prefix_len
-        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False,
-                                      load_back=load and self.tree.host is not None)
+        return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False, load_back=load)
 
     def record_admission(self, req: Req, hit: int, host_hit: int = 0) -> None:
         """Count a request's prompt in the hit-rate statistics, once, at first admission;
         ``host_hit`` of the ``hit`` tokens came back from the host tier."""
-        self.tree.queried_tokens += len(req.input_ids)
-        self.tree.hit_tokens += hit
-        self.tree.host_hit_tokens += host_hit
+        self.tree.record_match(len(req.input_ids), hit, host_hit)
 
     def take_transfers(self) -> KVTransfers:
-        """The host-tier copies queued since the last call, for the step being launched."""
-        host = self.tree.host
-        return host.transfers.take() if host is not None else KVTransfers()
+        """The copies between tiers queued since the last call, for the step being launched."""
+        return self.tree.take_transfers()
 
     def available_slots(self) -> int:
         """Slots obtainable now: free ones plus what eviction could free."""
@@ -142,7 +141,7 @@ class KVCacheManager:
         host runs after that step's forward): steps run in launch order, so
         only a later step can read those slots, and the request's lock keeps
         them from eviction."""
-        if self.tree.disable:
+        if not self.tree.stores_prefixes:
             return
         P = self.page_size
         length = min(len(req.slots), len(req.slots) if limit is None else limit) // P * P
@@ -222,14 +221,7 @@ class KVCacheManager:
 
     def host_usage(self) -> Optional[dict[str, int]]:
         """Host tier slots (free + tree == total), or None without a host tier."""
-        host = self.tree.host
-        if host is None:
-            return None
-        return {
-            "total_slots": host.allocator.total_slots,
-            "free_slots": host.allocator.num_free_slots,
-            "tree_slots": self.tree.host_size(),
-        }
+        return self.tree.lower_tiers().get("host")
 
     def check_invariant(self, running: Iterable[Req]) -> None:
         u = self.usage(running)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional, Sequence
 from radixrt.memory.radix_node import TreeNode, _first_mismatch
 
 if TYPE_CHECKING:
-    from radixrt.memory.radix_cache import RadixCache
+    from radixrt.memory.prefix_cache import PrefixCache
 
 CONTEXT_TOKENS = 8  # token ids shown on each side of the divergence
 
@@ -106,7 +106,7 @@ class CacheExplanation:
         return d
 
 
-def closest_neighbour(tree: "RadixCache", key: Sequence[int], namespace: Hashable = None) -> Optional[Neighbour]:
+def closest_neighbour(tree: "PrefixCache", key: Sequence[int], namespace: Hashable = None) -> Optional[Neighbour]:
     """The deepest point of ``namespace``'s tree that shares a prefix with
     ``key``, token by token (a partial page or a partial node counts); None
     when the namespace holds nothing. Read-only."""
@@ -148,7 +148,7 @@ def _tokens_after(nb: Neighbour, k: int) -> list[int]:
     return out
 
 
-def explain_match(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
+def explain_match(tree: "PrefixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
                   max_prefix_len: int, full: bool = False) -> dict[str, Any]:
     """The wire dict explaining a match of ``matched`` tokens of ``prompt`` in
     ``namespace``, where at most ``max_prefix_len`` tokens could be reused (the
@@ -158,7 +158,7 @@ def explain_match(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable
     if full:
         return {"view": "full", **explain_full(tree, prompt, namespace, matched, max_prefix_len).to_wire()}
     n = len(prompt)
-    if tree.disable:
+    if not tree.stores_prefixes:
         reason = CACHE_DISABLED
     elif matched >= max_prefix_len:
         reason = LAST_TOKEN if max_prefix_len >= n - 1 else PROMPT_LOGPROBS
@@ -171,11 +171,11 @@ def explain_match(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable
     }
 
 
-def explain_full(tree: "RadixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
+def explain_full(tree: "PrefixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
                  max_prefix_len: int) -> CacheExplanation:
     """The operator's view of a match (`explain_match` with ``full``)."""
     n = len(prompt)
-    if tree.disable:
+    if not tree.stores_prefixes:
         return CacheExplanation(n, matched, 0, 0, CACHE_DISABLED, [], list(prompt[:CONTEXT_TOKENS]), [])
     nb = closest_neighbour(tree, prompt, namespace)
     depth = nb.depth if nb is not None else 0

@@ -1,9 +1,12 @@
-"""The radix tree's nodes and match results (see radix_cache.py for the tree)."""
+"""The radix tree's nodes, match results and the small helpers the tree
+classes share (see radix_cache.py for the tree)."""
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+from sortedcontainers import SortedList
 
 _ids = itertools.count()
 
@@ -104,3 +107,34 @@ def _first_mismatch(a: list[int], b: list[int], b_off: int, n: int) -> int:
         if a[i] != b[b_off + i]:
             return i
     return hi  # unreachable
+
+
+def as_list(seq: Sequence[int]) -> list[int]:
+    """A list of ints from a list, a tensor/array (``tolist``) or any sequence."""
+    if isinstance(seq, list):
+        return seq
+    tolist = getattr(seq, "tolist", None)
+    return tolist() if tolist is not None else list(seq)
+
+
+def concat_slots(parts: list[list[int]]) -> list[int]:
+    return parts[0][:] if len(parts) == 1 else [s for part in parts for s in part]
+
+
+def lru_member(leaves: SortedList, entry: Optional[tuple], node: TreeNode, want: bool) -> Optional[tuple]:
+    """Put ``node`` in or take it out of the sorted LRU set ``leaves``; its new entry (None: out)."""
+    if want and entry is None:
+        entry = (node.last_access, node.id, node)
+        leaves.add(entry)
+    elif not want and entry is not None:
+        leaves.remove(entry)
+        entry = None
+    return entry
+
+
+def check_pages(value: list[int], P: int) -> None:
+    """Raise ValueError unless `value` is whole pages of size `P`, each in order."""
+    starts = value[::P]
+    ends = value[P - 1::P]
+    if any(s % P for s in starts) or any(e - s != P - 1 for s, e in zip(starts, ends)):
+        raise ValueError("insert: slots must be whole pages (page-aligned, in order)")

@@ -1,6 +1,6 @@
-"""Builds the host KV tier (``--enable-hierarchical-cache``) for a scheduler:
-the host pool shaped like the runner's device pool, the tree's view of it,
-and the swap cost model (``--preemption-mode swap``)."""
+"""Builds a scheduler's prefix cache and, with ``--enable-hierarchical-cache``,
+the host KV tier under it: the host pool shaped like the runner's device pool,
+the tree's view of it, and the swap cost model (``--preemption-mode swap``)."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +9,13 @@ from typing import Any, Optional
 
 from radixrt.config import EngineConfig
 from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
+from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.kv_transfer import HostTier, KVTransferQueue
+from radixrt.memory.no_prefix_cache import NoPrefixCache
+from radixrt.memory.prefix_cache import PrefixCache
+from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.swap_cost import SwapCostModel
 
 logger = logging.getLogger(__name__)
@@ -53,3 +58,14 @@ def build_host_tier(config: EngineConfig, runner: Any, device_tokens: int) -> Op
                 pool.total_slots, pool.total_slots * pool.bytes_per_token / (1 << 30), pool.kv_cache_dtype,
                 tier.write_policy, cost.swap_s(1) * 1e6, cost.recompute_s(1) * 1e6)
     return HostTierRuntime(pool, tier, cost)
+
+
+def build_prefix_cache(config: EngineConfig, allocator: PageAllocator,
+                       host: Optional[HostTierRuntime]) -> PrefixCache:
+    """The prefix cache the flags ask for: none (``--disable-radix-cache``), the
+    radix tree over the host tier (`host`), or the device radix tree."""
+    if config.disable_radix_cache:
+        return NoPrefixCache(config.page_size)
+    if host is not None:
+        return HostRadixCache(allocator, config.page_size, host.tier)
+    return RadixCache(allocator, config.page_size)

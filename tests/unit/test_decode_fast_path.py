@@ -13,14 +13,14 @@ import pytest
 
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
-from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.no_prefix_cache import NoPrefixCache
 from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.request import Req
 
 
 def _setup(page_size: int, num_pages: int, prompt_lens: list[int]) -> tuple[KVCacheManager, list[Req]]:
-    kv = KVCacheManager(PageAllocator(num_pages, page_size), RadixCache(None, page_size=page_size, disable=True),
+    kv = KVCacheManager(PageAllocator(num_pages, page_size), NoPrefixCache(page_size),
                         ReqToTokenPool(len(prompt_lens), 256))
     reqs = []
     for i, n in enumerate(prompt_lens):

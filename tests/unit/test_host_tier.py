@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
+from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_pool import KVPool, PageAllocator
 from radixrt.memory.kv_transfer import HostTier, KVTransferQueue
-from radixrt.memory.radix_cache import RadixCache
 
 
 def _code(prefix: list[int]) -> float:
@@ -37,7 +37,7 @@ class Rig:
         self.host = HostKVPool(self.dev, host_tokens, kv_cache_dtype=host_dtype, by_runs=by_runs)
         self.alloc = PageAllocator(device_tokens // P, P)
         self.queue = KVTransferQueue()
-        self.tree = RadixCache(self.alloc, P, host=HostTier(self.host.allocator, self.queue, policy))
+        self.tree = HostRadixCache(self.alloc, P, HostTier(self.host.allocator, self.queue, policy))
         self.running: list[tuple[object, list[int]]] = []  # (locked node, private pages)
         self.k = self.dev.layer_kv(0)[0]
 

@@ -3,12 +3,13 @@ import random
 import pytest
 
 from radixrt.memory.kv_pool import PageAllocator
+from radixrt.memory.no_prefix_cache import NoPrefixCache
 from radixrt.memory.radix_cache import MatchResult, RadixCache, _first_mismatch
 
 
 def make(num_pages=64, page_size=1, disable=False):
     alloc = PageAllocator(num_pages, page_size)
-    return alloc, RadixCache(alloc, page_size=page_size, disable=disable)
+    return alloc, (NoPrefixCache(page_size) if disable else RadixCache(alloc, page_size=page_size))
 
 
 def alloc_for(alloc, n):
@@ -557,3 +558,70 @@ def test_randomized_against_model(page_size, num_pages, vocab):
         assert counts[k] > 100, counts
     assert counts["evict_hit"] > 100, counts
     assert st["hit_tokens"] > 0 and st["evicted_tokens"] > 0
+
+
+# ------------------------------------------- the three caches behind PrefixCache
+def _kv_manager(cache, alloc):
+    from radixrt.memory.kv_manager import KVCacheManager
+    from radixrt.memory.req_to_token import ReqToTokenPool
+
+    return KVCacheManager(alloc, cache, ReqToTokenPool(4, 64))
+
+
+def _serve(kv, tokens):
+    """One request's life through the KV manager: match, admit, extend, release."""
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.request import Req
+
+    req = Req(rid="r", input_ids=list(tokens), sampling=SamplingParams(max_new_tokens=4), seed=0)
+    m = kv.match(req, load=True)
+    kv.admit(req, m)
+    assert kv.extend(req, req.seq_len - m.length)
+    kv.record_admission(req, m.length, m.loaded)
+    kv.check_invariant([req])
+    kv.release(req)
+    kv.check_invariant([])
+    return m.length
+
+
+@pytest.mark.parametrize("kind", ["radix", "none"])
+def test_kv_manager_talks_to_any_prefix_cache(kind):
+    from radixrt.memory.prefix_cache import PrefixCache
+
+    alloc = PageAllocator(32, 2)
+    cache = RadixCache(alloc, page_size=2) if kind == "radix" else NoPrefixCache(2)
+    assert isinstance(cache, PrefixCache) and cache.stores_prefixes == (kind == "radix")
+    kv = _kv_manager(cache, alloc)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    assert _serve(kv, prompt) == 0
+    hit = _serve(kv, prompt)
+    # the tree serves the whole pages of the prompt but its last token; the no-cache keeps nothing
+    assert hit == (6 if kind == "radix" else 0)
+    assert cache.total_size() == (6 if kind == "radix" else 0)
+    assert alloc.num_free_slots + cache.total_size() == alloc.total_slots
+    assert kv.take_transfers().before == [] and kv.host_usage() is None
+    st = cache.stats()  # counted once per request, by the tree's own record_match
+    assert st["queried_tokens"] == 14 and st["hit_tokens"] == hit and st["host_hit_tokens"] == 0
+    cache.check_integrity()
+
+
+def test_no_prefix_cache_refuses_foreign_nodes():
+    _, tree = make()
+    cache = NoPrefixCache(1)
+    tree.insert([1, 2], [0, 1])
+    with pytest.raises(RuntimeError):
+        cache.lock(tree.match_prefix([1, 2]).node)
+    with pytest.raises(ValueError):
+        cache.insert([1, 2], [0])
+
+
+def test_integrity_module_does_not_import_the_trees_at_run_time():
+    import ast
+    import pathlib
+
+    import radixrt.memory.radix_integrity as mod
+
+    tree = ast.parse(pathlib.Path(mod.__file__).read_text())
+    runtime = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {n.module for n in runtime if isinstance(n, ast.ImportFrom)}
+    assert not names & {"radixrt.memory.radix_cache", "radixrt.memory.host_radix_cache"}, names
