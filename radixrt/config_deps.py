@@ -217,10 +217,21 @@ def serve_router_needs() -> tuple[Need, ...]:
         cli = next((s for s in action.option_strings if s.startswith("--router-")), None)
         if cli is None:
             continue
-        example = next(c for c in action.choices if c != action.default) if action.choices else action.default + 1
-        rows.append(Need(action.dest, example, "dp", 2, 1, "--dp 2 or more (a router runs only in front of replicas)",
-                         lambda v: v >= 2, cli=cli))
+        rows.append(Need(action.dest, _other_value(action), "dp", 2, 1,
+                         "--dp 2 or more (a router runs only in front of replicas)", lambda v: v >= 2, cli=cli))
     return tuple(rows)
+
+
+def _other_value(action: Any) -> Any:
+    """A value of an argparse option other than its default (a row's ``example``)."""
+    default = action.default
+    if action.choices:
+        return next(c for c in action.choices if c != default)
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default + 1
+    return f"{default}-other"
 
 
 def serve_router_defaults() -> dict[str, Any]:
