@@ -300,7 +300,8 @@ def split_prompts(text: Any, input_ids: Any, encode: Callable[[str], list[int]],
     if (isinstance(input_ids, (list, tuple)) and input_ids
             and all(isinstance(x, (list, tuple)) and all(_is_int(t) for t in x) for x in input_ids)):
         return PromptBatch([[int(t) for t in x] for x in input_ids], [None] * len(input_ids), True, ids_name)
-    raise RequestError(f"'{ids_name}' must be a list of integers or a non-empty list of such lists.", ids_name)
+    raise RequestError(f"'{ids_name}' must be a list of integers (token ids; true and false are not) or a non-empty "
+                       f"list of such lists.", ids_name)
 
 
 def per_item(name: str, value: Any, prompts: PromptBatch, default: Any, check: Callable[[Any], bool],

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
 import msgspec
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -125,6 +127,26 @@ async def read_json(request: Request) -> Any:
     if SCOPE_JSON_KEY in scope:
         return scope[SCOPE_JSON_KEY]
     return await parse_json_body_async(await request.body())
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    """The JSON body (`read_json`) validated as the pydantic ``model``;
+    RequestValidationError (a 400 naming the field) when it does not fit.
+    A body too large to parse on the event loop is validated in a worker
+    thread too (a route that declares its body model has FastAPI parse and
+    validate it again, on the loop)."""
+    body = await read_json(request)
+    length = request.headers.get("content-length")
+    large = not (length and length.isdigit()) or int(length) > PARSE_IN_THREAD_BYTES
+    try:
+        if large:
+            return await asyncio.to_thread(model.model_validate, body)
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
 
 
 class AbortingStreamingResponse(StreamingResponse):

@@ -95,7 +95,7 @@ def _check_keys(body: Any) -> None:
 def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], bool, bool]:
     """(specs, is_batch, stream) for a native /generate body, through the
     front door; ServerError 400 naming the field on bad input. The specs are
-    not yet validated against the limits (`TokenizerManager.submit` does that)."""
+    not yet validated against the limits (`TokenizerManager.validate_specs`)."""
     _check_keys(body)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
@@ -112,12 +112,19 @@ def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], 
     return specs, prompts.batch, bool(stream)
 
 
+def _checked_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], bool, bool]:
+    """`parse_generate`, then the specs validated (blocking: run off the event loop)."""
+    specs, batch, stream = parse_generate(body, tm)
+    tm.validate_specs(specs)
+    return specs, batch, stream
+
+
 @router.post("/generate")
 async def generate(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     """Generate for one prompt or a batch; 499 (empty) if the client leaves first."""
     tm = ctx.tm
-    specs, batch, stream = await tm.run_tokenize(parse_generate, await read_json(request), tm)
-    group = tm.submit(specs)
+    specs, batch, stream = await tm.run_tokenize(_checked_generate, await read_json(request), tm)
+    group = tm.submit(specs, validated=True)
     multi = batch or len(group.states) > 1
     if stream:
         incremental = bool(ctx.server_args.get("incremental_streaming_output"))

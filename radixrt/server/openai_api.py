@@ -19,11 +19,12 @@ from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
-from radixrt.server.http_utils import JSON, raise_state_errors, stream_response, wait_group
+from radixrt.server.http_utils import JSON, raise_state_errors, read_model, stream_response, wait_group
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
+from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag
 from radixrt.server.tools.render import render_messages
 from radixrt.server.tools.turns import TURNS, mark_turns, split_encode
@@ -95,6 +96,9 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("'best_of' other than n is not supported.", "best_of")
     p = req.prompt
+    if not isinstance(p, (str, list)):
+        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids (integers) or a "
+                          "list of such lists.", "prompt")
     if isinstance(p, list) and not p:
         raise bad_request("'prompt' must not be empty.", "prompt")
     is_text = isinstance(p, str) or isinstance(p[0], str)
@@ -117,22 +121,32 @@ def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_leng
         )
 
 
+def _completion_plan(req: CompletionRequest, tm: TokenizerManager) -> tuple[PromptBatch, list[RequestSpec]]:
+    """The prompts and their validated specs (blocking: tokenizes; run off the event loop)."""
+    prompts = _completion_prompts(req, tm)
+    specs = _completion_specs(req, prompts, tm.context_length)
+    tm.validate_specs(specs)
+    return prompts, specs
+
+
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, request: Request,
-                      ctx: ServerContext = Depends(server_context)) -> Response:
+async def completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    req = await read_model(request, CompletionRequest)
     ctx.check_model(req.model)
+    ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
     _check_limits(req, tm, "logprobs", req.logprobs)
-    prompts = await tm.run_tokenize(_completion_prompts, req, tm)
-    group = tm.submit(_completion_specs(req, prompts, tm.context_length))
+    prompts, specs = await tm.run_tokenize(_completion_plan, req, tm)
+    group = tm.submit(specs, validated=True)
     view = CompletionView(req, group, prompts, tm.tokenizer, ctx.served_model_name)
     return await _answer(request, tm, group, view, req.stream)
 
 
 # ---------------------------------------------------------------------- chat
 def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
-    """The messages as chat-template dicts (text parts joined; developer -> system)."""
+    """The messages as chat-template dicts (text parts joined; developer -> system),
+    their tool calls and tool messages checked (`check_tool_turns`: 400 naming the field)."""
     messages = []
     for i, m in enumerate(req.messages):
         content = m.content
@@ -144,13 +158,17 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
                                       f"(got a '{part.type}' part).", f"messages.{i}.content")
                 parts.append(part.text)
             content = "".join(parts)
-        if m.role == "tool" and not m.tool_call_id:
-            raise bad_request(f"messages[{i}]: a 'tool' message needs its 'tool_call_id'.", f"messages.{i}")
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         for key in ("name", "tool_calls", "tool_call_id"):
             if getattr(m, key):
                 msg[key] = getattr(m, key)
         messages.append(msg)
+    try:
+        check_tool_turns(messages)
+    except ToolError as e:
+        raise bad_request(str(e), e.param) from None
+    for msg in messages:
+        msg["content"] = msg["content"] or ""
     return messages
 
 
@@ -210,10 +228,14 @@ def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
     return {"json_schema": schema}
 
 
-def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser) -> ToolRequest:
-    """The request's tools and tool_choice, checked (400 naming the bad tool)."""
+def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser, settings: Optional[dict] = None) -> ToolRequest:
+    """The request's tools and tool_choice, checked (400 naming the bad tool)
+    against the server's ``settings`` (``max_tools``, ``max_tools_chars``).
+    Blocking: parses every tool's schema (run it off the event loop)."""
+    settings = settings or {}
     try:
-        tr = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        tr = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                         max_tools=settings.get("max_tools"), max_chars=settings.get("max_tools_chars"))
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
     if tr.enforced and (req.regex or req.json_schema or req.ebnf or
@@ -262,19 +284,29 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCal
     return specs[0]
 
 
+def _checked_chat(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser, reasoning: bool,
+                  settings: dict) -> tuple[ToolRequest, RequestSpec]:
+    """The tools and the validated spec of a chat request. Blocking and
+    O(size of the request): checks every tool, renders, tokenizes, validates
+    (`plan_chat` runs it off the event loop)."""
+    tr = _chat_tools(req, parser, settings)
+    spec = _chat_spec(req, tm, parser, tr, reasoning)
+    tm.validate_specs([spec])
+    return tr, spec
+
+
 @router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request,
-                           ctx: ServerContext = Depends(server_context)) -> Response:
+async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    req = await read_model(request, ChatCompletionRequest)
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
     _check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
-    tr = _chat_tools(req, parser)
     reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
-    spec = await tm.run_tokenize(_chat_spec, req, tm, parser, tr, reasoning)
-    group = tm.submit([spec])
+    tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings)
+    group = tm.submit([spec], validated=True)
     remember = None
     if tr.tools and not _native(parser, tm):
         def remember(text: str, ids: list[int]) -> None:

@@ -1,7 +1,9 @@
 """Request models of the OpenAI-compatible routes (pydantic v2).
 
 Unknown fields are ignored (clients send vendor extras); known fields are
-type- and range-checked so that a bad value is a 400 naming the field. The
+type- and range-checked so that a bad value is a 400 naming the field.
+Integer fields are strict: ``true`` or ``"5"`` is a 400, not read as 1 or 5
+(pydantic's lax mode would coerce them; ``/generate`` refuses them too). The
 extra sampling fields that SGLang accepts (top_k, min_p, regex, json_schema,
 stop_regex, ...) are accepted here too.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class _Lenient(BaseModel):
@@ -27,26 +29,26 @@ class _SamplingExtras(_Lenient):
     model: str
     temperature: Optional[float] = Field(None, ge=0)
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1)  # at most --max-n (checked by the route)
+    n: StrictInt = Field(1, ge=1)  # at most --max-n (checked by the route)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_regex: Optional[Union[str, list[str]]] = None  # SGLang's extra
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    seed: Optional[int] = None
+    seed: Optional[StrictInt] = None
     user: Optional[str] = None
     logit_bias: Optional[dict[str, float]] = None
     # SGLang / vLLM extras
-    top_k: Optional[int] = None
+    top_k: Optional[StrictInt] = None
     min_p: Optional[float] = Field(None, ge=0, le=1)
     repetition_penalty: Optional[float] = Field(None, gt=0)
-    min_tokens: Optional[int] = Field(None, ge=0)
+    min_tokens: Optional[StrictInt] = Field(None, ge=0)
     ignore_eos: Optional[bool] = None
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[StrictInt]] = None
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
@@ -99,11 +101,13 @@ class _SamplingExtras(_Lenient):
 
 
 class CompletionRequest(_SamplingExtras):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = Field(16, ge=0)
-    logprobs: Optional[int] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
+    # a string, a list of strings, a list of token ids or a list of such lists: checked by the route
+    # (`split_prompts`), where a token id is an int and never a bool (pydantic would read true as 1)
+    prompt: Any
+    max_tokens: Optional[StrictInt] = Field(16, ge=0)
+    logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     echo: bool = False
-    best_of: Optional[int] = Field(None, ge=1)
+    best_of: Optional[StrictInt] = Field(None, ge=1)
     suffix: Optional[str] = None
 
 
@@ -133,10 +137,10 @@ class ResponseFormat(_Lenient):
 
 class ChatCompletionRequest(_SamplingExtras):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=0)
-    max_completion_tokens: Optional[int] = Field(None, ge=0)
+    max_tokens: Optional[StrictInt] = Field(None, ge=0)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=0)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[Any]] = None  # checked by radixrt.server.tools.spec (400 naming the tool)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None

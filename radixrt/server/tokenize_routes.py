@@ -108,7 +108,7 @@ def _chat_ids(body: dict, ctx: ServerContext) -> list[int]:
     tm = ctx.tm
     parser = openai_api.get_parser(ctx.server_args.get("tool_call_parser"),
                                    getattr(tm.tokenizer, "chat_template", None))
-    tools = openai_api._chat_tools(req, parser)
+    tools = openai_api._chat_tools(req, parser, ctx.server_args)
     return list(openai_api._chat_spec(req, tm, parser, tools).input_ids)
 
 

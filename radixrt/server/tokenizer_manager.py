@@ -266,15 +266,25 @@ class TokenizerManager:
         if self.dead_reason is not None:
             raise ServerError(503, f"the server is shutting down: {self.dead_reason}")
 
-    def submit(self, specs: list[RequestSpec]) -> ReqGroup:
-        """Validate every prompt (ServerError 400 on the first bad one), then
-        queue them all: nothing is queued if one is bad. A spec without a rid
-        gets a random one; a rid already running (as a request's or a
-        sample's rid) is refused."""
-        self.check_alive()
+    def validate_specs(self, specs: list[RequestSpec]) -> None:
+        """`validate_spec` of every spec against this runtime's limits
+        (ServerError 400 on the first bad one). Blocking and O(size): it reads
+        every prompt id and parses grammars, so routes call it from
+        `run_tokenize` and then `submit(..., validated=True)`."""
         with as_bad_request():
             for spec in specs:
                 validate_spec(spec, self.limits)
+
+    def submit(self, specs: list[RequestSpec], validated: bool = False) -> ReqGroup:
+        """Validate every prompt (ServerError 400 on the first bad one; skipped
+        when ``validated``: the caller ran `validate_specs` off the event
+        loop), then queue them all: nothing is queued if one is bad. A spec
+        without a rid gets a random one; a rid already running (as a
+        request's or a sample's rid) is refused."""
+        self.check_alive()
+        if not validated:
+            self.validate_specs(specs)
+        with as_bad_request():
             entries = self.rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
         group = ReqGroup()
         for spec, entry in zip(specs, entries):

@@ -375,6 +375,18 @@ def test_openai_completion_n_and_logprobs(oai, model_name):
     assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the top token
 
 
+def test_openai_bool_token_ids_are_400(oai, model_name):
+    """``prompt: [true, false]`` is not the ids [1, 0]: a 400 naming 'prompt', as on /generate."""
+    import openai
+
+    for prompt in ([True, False], [[5, True]]):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.completions.create(model=model_name, prompt=prompt, max_tokens=1)
+        assert e.value.param == "prompt", e.value.message
+    r = oai.completions.create(model=model_name, prompt=[5, 6], max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens == 2
+
+
 def test_openai_extra_fields_accepted(client):
     r = client.post("/v1/completions", json={"model": "default", "prompt": "Hello", "max_tokens": 3,
                                              "top_k": 5, "min_p": 0.05, "temperature": 0.7})
@@ -453,6 +465,24 @@ BAD_INPUTS = {
     "bad_response_format": ("POST", "/v1/chat/completions", {"json": {
         "model": "default", "messages": _MSG, "response_format": {
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}}, 400, "response_format"),
+    # booleans are not token ids or counts (Python's bool is an int; pydantic's lax mode would read true as 1)
+    "bool_ids_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [True, False]}}, 400,
+                            "prompt"),
+    "bool_ids_completion_batch": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [[5, True]]}},
+                                  400, "prompt"),
+    "float_ids_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [5.0]}}, 400,
+                             "prompt"),
+    "bool_ids_generate": ("POST", "/generate", {"json": {"input_ids": [True, False]}}, 400, "input_ids"),
+    "bool_stop_token_ids_chat": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": _MSG,
+                                                                          "stop_token_ids": [True]}}, 400,
+                                 "stop_token_ids"),
+    "bool_stop_token_ids_generate": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {
+        "stop_token_ids": [True]}}}, 400, "stop_token_ids"),
+    "bool_max_tokens_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": "x",
+                                                                        "max_tokens": True}}, 400, "max_tokens"),
+    "bool_n_chat": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": _MSG, "n": True}}, 400,
+                    "'n'"),
+    "bool_tokens_detokenize": ("POST", "/detokenize", {"json": {"tokens": [True]}}, 400, "tokens"),
     "unknown_model": ("POST", "/v1/chat/completions", {"json": {"model": "nope", "messages": _MSG}}, 404, "nope"),
     "unknown_route": ("GET", "/no/such/route", {}, 404, ""),
     # the server runs with --max-request-bytes 200000

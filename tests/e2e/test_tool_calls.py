@@ -2,7 +2,9 @@
 official ``openai`` client: tool_choice auto / required / named / none,
 streamed calls assembled by the client, parallel calls and n > 1 on one
 cached prefix, a 5-step tool loop's cache hit rate, 20 schemas whose every
-produced argument object validates, bad tool definitions refused with 400."""
+produced argument object validates, bad tool definitions, tool turns that
+OpenAI refuses and too many tools refused with 400s naming the field, and the
+tool turns OpenAI accepts served."""
 from __future__ import annotations
 
 import json
@@ -188,6 +190,80 @@ def test_twenty_schemas_every_call_valid(client):
 def test_bad_tools_are_400(client, server, tools, choice, needle):
     with pytest.raises(openai.BadRequestError, match=needle):
         _chat(client, messages=ASK, tools=tools, tool_choice=choice)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def _call(cid: str, name: str = "get_weather", arguments: str = '{"city": "Paris", "unit": "c"}') -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _asked(*calls: dict) -> list[dict]:
+    """ASK, then an assistant message making ``calls``."""
+    return [*ASK, {"role": "assistant", "content": None, "tool_calls": list(calls)}]
+
+
+def _answer(cid: str, content="sunny") -> dict:
+    return {"role": "tool", "tool_call_id": cid, "content": content}
+
+
+NEWLINE_NAME = {"type": "function", "function": {"name": "get_weather\n", "parameters": {"type": "object"}}}
+BAD_TURNS = {
+    # name: (tools, messages, the error's param)
+    "name_with_newline_in_tools": ([NEWLINE_NAME], ASK, "tools"),
+    "name_with_newline_in_a_call": (TOOLS, [*_asked(_call("call_1", "get_weather\n")), _answer("call_1")],
+                                    "messages[2].tool_calls[0].function.name"),
+    "tool_message_answering_no_call": (TOOLS, [*ASK, _answer("call_1")], "messages[2].role"),
+    "tool_message_after_a_user_turn": (TOOLS, [*_asked(_call("call_1")), {"role": "user", "content": "and?"},
+                                               _answer("call_1")], "messages[4].role"),
+    "tool_call_id_matching_no_call": (TOOLS, [*_asked(_call("call_1")), _answer("call_2")],
+                                      "messages[3].tool_call_id"),
+    "tool_call_id_of_an_earlier_turn": (TOOLS, [*_asked(_call("call_1")), _answer("call_1"),
+                                                {"role": "assistant", "content": None, "tool_calls": [
+                                                    _call("call_2", "add", '{"a": 1, "b": 2}')]},
+                                                _answer("call_1")], "messages[5].tool_call_id"),
+    "tool_content_null": (TOOLS, [*_asked(_call("call_1")), _answer("call_1", None)], "messages[3].content"),
+    "tool_call_id_missing": (TOOLS, [*_asked(_call("call_1")), {"role": "tool", "content": "sunny"}],
+                             "messages[3].tool_call_id"),
+    "arguments_not_json": (TOOLS, [*_asked(_call("call_1", arguments='{"city": ')), _answer("call_1")],
+                           "messages[2].tool_calls[0].function.arguments"),
+    "arguments_not_an_object": (TOOLS, [*_asked(_call("call_1", arguments='["Paris"]')), _answer("call_1")],
+                                "messages[2].tool_calls[0].function.arguments"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TURNS))
+def test_bad_tool_turns_are_400_naming_the_field(client, server, case):
+    tools, messages, param = BAD_TURNS[case]
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, messages=messages, tools=tools, max_tokens=1)
+    assert e.value.param == param, (e.value.param, e.value.message)
+    assert param.split(".")[0] in e.value.message, e.value.message
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_valid_tool_turns_are_served(client):
+    """What OpenAI accepts is served: parallel calls answered in any order, an
+    empty arguments string (a call without arguments), and a call of a tool
+    that is not in this request's tools (an agent whose tool set changed,
+    e.g. after a handoff)."""
+    parallel = [*_asked(_call("call_a"), _call("call_b", "add", '{"a": 1, "b": 2}')),
+                _answer("call_b", "3"), _answer("call_a")]
+    handoff = [*_asked(_call("call_h", "transfer_to_weather_agent", "")), _answer("call_h", '{"agent": "weather"}')]
+    for messages, tools in ((parallel, TOOLS), (handoff, [WEATHER]), (handoff, None)):
+        r = _chat(client, messages=messages, tools=tools, max_tokens=1)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 20
+
+
+def test_tool_count_and_size_limits(client, server):
+    """The server's --max-tools (default 128, OpenAI's limit) and --max-tools-chars
+    (default 1,000,000) are 400s naming the flag, checked before any schema."""
+    many = [{"type": "function", "function": {"name": f"t{i}"}} for i in range(129)]
+    with pytest.raises(openai.BadRequestError, match="--max-tools") as e:
+        _chat(client, messages=ASK, tools=many, max_tokens=1)
+    assert e.value.param == "tools"
+    big = {"type": "function", "function": {"name": "big", "description": "x" * 1_000_001}}
+    with pytest.raises(openai.BadRequestError, match="--max-tools-chars"):
+        _chat(client, messages=ASK, tools=[big], max_tokens=1)
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 

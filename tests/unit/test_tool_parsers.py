@@ -1,5 +1,6 @@
-"""Tool-call parsing, streaming assembly, tool checks, generic rendering and
-reasoning separation: strings only, no model."""
+"""Tool-call parsing, streaming assembly, tool checks (definitions, limits,
+the tool turns of a conversation), generic rendering and reasoning
+separation: strings only, no model."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,12 @@ import pytest
 
 from radixrt.sampling.grammar import check_grammar
 from radixrt.server.tools import ChoiceOutput, ToolError, check_tools, get_parser
+from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag
 from radixrt.server.tools.parsers import detect_parser
 from radixrt.server.tools.reasoning import split_reasoning
 from radixrt.server.tools.render import render_messages
+from radixrt.server.tools.spec import is_tool_name
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -111,6 +114,57 @@ def test_reasoning_split_whole_and_streamed():
 def test_bad_tools_are_refused(tools, choice, needle):
     with pytest.raises(ToolError, match=needle):
         check_tools(tools, choice, None)
+
+
+def test_tool_names_and_limits():
+    assert is_tool_name("get_weather") and is_tool_name("a.b-c_1") and is_tool_name("x" * 64)
+    for bad in ("get_weather\n", "", "x" * 65, "a b", "f()", None, 3):
+        assert not is_tool_name(bad), bad
+    with pytest.raises(ToolError, match="--max-tools"):
+        check_tools([WEATHER, ADD], "auto", None, max_tools=1)
+    with pytest.raises(ToolError, match="--max-tools-chars"):
+        check_tools([WEATHER, ADD], "auto", None, max_chars=len(json.dumps(WEATHER, separators=(",", ":"))) + 10)
+    assert len(check_tools([WEATHER, ADD], "auto", None, max_tools=2, max_chars=10_000).tools) == 2
+
+
+def _turns(*calls, answers=()):
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": list(calls)},
+            *answers]
+
+
+def _c(cid, name="get_weather", args='{"city": "Paris"}'):
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _t(cid, content="ok"):
+    return {"role": "tool", "tool_call_id": cid, "content": content}
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([{"role": "user", "content": "hi"}, _t("c1")], "messages[1].role"),
+    (_turns(_c("c1"), answers=[_t("c2")]), "messages[2].tool_call_id"),
+    (_turns(_c("c1"), answers=[_t("c1", None)]), "messages[2].content"),
+    (_turns(_c("c1"), answers=[{"role": "tool", "content": "x"}]), "messages[2].tool_call_id"),
+    (_turns(_c("c1"), answers=[{"role": "user", "content": "?"}, _t("c1")]), "messages[3].role"),
+    (_turns(_c("c1", "get_weather\n")), "messages[1].tool_calls[0].function.name"),
+    (_turns(_c("c1", args='{"city": ')), "messages[1].tool_calls[0].function.arguments"),
+    (_turns(_c("c1", args="42")), "messages[1].tool_calls[0].function.arguments"),
+    (_turns(_c("c1", args=["x"])), "messages[1].tool_calls[0].function.arguments"),
+    (_turns({"id": "c1", "function": "get_weather"}), "messages[1].tool_calls[0].function"),
+    (_turns({"id": 7, "function": {"name": "f", "arguments": "{}"}}), "messages[1].tool_calls[0].id"),
+    ([{"role": "assistant", "content": None, "tool_calls": []}, _t("c1")], "messages[1].role"),
+])
+def test_bad_tool_turns_name_the_field(messages, param):
+    with pytest.raises(ToolError) as e:
+        check_tool_turns(messages)
+    assert e.value.param == param and param in str(e.value), (e.value.param, str(e.value))
+
+
+def test_good_tool_turns_pass():
+    check_tool_turns(_turns(_c("a"), _c("b", "add", '{"a": 1, "b": 2}'), answers=[_t("b"), _t("a")]))
+    check_tool_turns(_turns(_c("a", "not_a_defined_tool", ""), answers=[_t("a", "")]))  # names are not matched
+    check_tool_turns(_turns(_c("a", args={"city": "Paris"}), answers=[_t("a", [{"type": "text", "text": "ok"}])]))
+    check_tool_turns(_turns(_c("a")))  # a call nobody answered yet
 
 
 @pytest.mark.parametrize("fmt", ["generic", "llama3", "mistral"])

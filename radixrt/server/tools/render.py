@@ -22,6 +22,7 @@ import json
 from typing import Any, Optional
 
 from radixrt.sampling.grammar import JSON_SEPARATORS
+from radixrt.server.tools.conversation import call_arguments
 from radixrt.server.tools.parsers import ToolCallParser
 from radixrt.server.tools.spec import ToolError, ToolRequest
 
@@ -66,11 +67,7 @@ def _native_message(i: int, msg: dict) -> dict:
         return msg
     calls = []
     for j, (name, args) in enumerate(_calls(i, msg)):
-        try:
-            parsed = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise ToolError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON.",
-                            "messages") from None
+        parsed = call_arguments(args, f"messages[{i}].tool_calls[{j}].function.arguments")
         raw = msg["tool_calls"][j]
         calls.append({"id": raw.get("id"), "type": "function", "function": {"name": name, "arguments": parsed}})
     return {**msg, "tool_calls": calls}

@@ -5,8 +5,11 @@ raw fields into a ``ToolRequest`` or raises ``ToolError`` (a ValueError
 carrying the OpenAI parameter name) with a message fit for a 400:
 
 * every tool is ``{"type": "function", "function": {"name": ..., ...}}``;
-  names are non-empty, at most 64 characters of ``[A-Za-z0-9_.-]`` (OpenAI's
-  rule) and unique;
+  names are 1-64 characters of ``[A-Za-z0-9_.-]`` and nothing else (OpenAI's
+  rule, `is_tool_name`) and unique;
+* with the server's limits given, at most ``max_tools`` tools of at most
+  ``max_chars`` characters as compact JSON (counted before any tool is
+  checked);
 * ``parameters`` (default: any object) is a JSON schema that xgrammar can
   compile, since enforced calls are decoded against it;
 * ``tool_choice`` is ``"auto"``, ``"none"``, ``"required"`` or
@@ -22,8 +25,13 @@ from typing import Any, Optional
 
 from radixrt.sampling.grammar import check_grammar
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # whole string: fullmatch (``$`` would pass a final "\n")
 CHOICE_MODES = ("auto", "none", "required")
+
+
+def is_tool_name(name: Any) -> bool:
+    """``name`` is a valid function name: 1-64 of ``[A-Za-z0-9_.-]``, nothing more."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 class ToolError(ValueError):
@@ -85,7 +93,7 @@ def _check_tool(i: int, tool: Any) -> ToolSpec:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ToolError(f"{where}.function.name is missing.", "tools")
-    if not _NAME.match(name):
+    if not is_tool_name(name):
         raise ToolError(f"{where}.function.name {name!r} must be 1-64 characters of letters, digits, '_', '.' "
                         f"or '-'.", "tools")
     desc = fn.get("description")
@@ -125,9 +133,29 @@ def _choice(tool_choice: Any) -> tuple[str, Optional[str]]:
     raise ToolError("'tool_choice' must be a string or an object.", "tool_choice")
 
 
-def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> ToolRequest:
-    """The request's tools and choice, checked (raises ``ToolError``)."""
+def _check_size(tools: list[Any], max_tools: Optional[int], max_chars: Optional[int]) -> None:
+    if max_tools is not None and len(tools) > max_tools:
+        raise ToolError(f"'tools' has {len(tools)} tools; this server accepts at most {max_tools} per request "
+                        f"(--max-tools).", "tools")
+    if max_chars is not None:
+        # tool by tool (the separating commas aside): one json.dumps call holds the GIL
+        # throughout, and the event loop waits for it even from a worker thread
+        size = 0
+        for tool in tools:
+            size += len(json.dumps(tool, ensure_ascii=False, separators=(",", ":"), default=str))
+            if size > max_chars:
+                raise ToolError(f"'tools' is over {max_chars} characters long as JSON; this server accepts at most "
+                                f"{max_chars} per request (--max-tools-chars).", "tools")
+
+
+def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool], *,
+                max_tools: Optional[int] = None, max_chars: Optional[int] = None) -> ToolRequest:
+    """The request's tools and choice, checked (raises ``ToolError``).
+    ``max_tools`` and ``max_chars`` are the server's limits (None: none).
+    Blocking, and O(size of the tools): every schema is parsed into a grammar,
+    so servers call it off the event loop."""
     mode, forced = _choice(tool_choice)
+    _check_size(tools or [], max_tools, max_chars)
     specs = [_check_tool(i, t) for i, t in enumerate(tools or [])]
     seen: set[str] = set()
     for t in specs:
