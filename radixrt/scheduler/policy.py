@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable, Optional
 
-from radixrt.memory.radix_cache import MatchResult, TreeNode
+from radixrt.memory.radix_node import MatchResult, TreeNode
 from radixrt.scheduler.request import Req
 
 MatchFn = Callable[[Req], MatchResult]
