@@ -12,14 +12,12 @@ rejection).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional
 
 import torch
 
 from radixrt.sampling.params import SamplingParams
-
-if TYPE_CHECKING:
-    from radixrt.sampling.sampler import SamplingRow
+from radixrt.sampling.rows import SamplingRow, f32_tensor, long_tensor
 
 _M64 = (1 << 64) - 1
 
@@ -40,14 +38,6 @@ def draw_uniform(seed: int, index: int, attempt: int = 0) -> float:
     """
     z = _mix64(_mix64(_mix64(seed & _M64) ^ (index & _M64)) ^ (attempt & _M64))
     return (z >> 40) * (1.0 / (1 << 24))
-
-
-def _long(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
-
-
-def _f32(values: Sequence[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
 
 
 def _inverse_cdf(
@@ -118,7 +108,7 @@ def _float_mask(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return op(a, b, out=torch.empty(a.shape, dtype=a.dtype, device=a.device))
 
 
-def _nucleus_mask(q: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+def nucleus_mask(q: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     """Exact top-p set by sorting (tie-inclusive): token j is kept when the
     total of strictly larger entries of its row of ``q`` is < ``mass``."""
     sq = q.sort(dim=1, descending=True).values
@@ -167,16 +157,16 @@ class TokenDrawer:
                 raise ValueError(f"sampling row {i} has no seed")
             seeds.append(rows[i].seed)
         positions = [rows[i].output_index for i in sampled]
-        u0 = _f32([draw_uniform(sd, pos, 0) for sd, pos in zip(seeds, positions)], device)
+        u0 = f32_tensor([draw_uniform(sd, pos, 0) for sd, pos in zip(seeds, positions)], device)
 
         def pick(t: torch.Tensor, idx: list[int]) -> torch.Tensor:
-            return t if len(idx) == t.shape[0] else t.index_select(0, _long(idx, device))
+            return t if len(idx) == t.shape[0] else t.index_select(0, long_tensor(idx, device))
 
         # Out-of-place ops only: ``s`` may alias x, which may alias the caller's logits.
         s = pick(x, sampled)
         temps = [p.temperature for p in params]
         if any(t != 1.0 for t in temps):
-            s = torch.div(s, _f32(temps, device).unsqueeze(1), out=self._workspace("scaled", s))
+            s = torch.div(s, f32_tensor(temps, device).unsqueeze(1), out=self._workspace("scaled", s))
 
         ks = [p.top_k if 0 < p.top_k < V else 0 for p in params]
         cand = [j for j, k in enumerate(ks) if 0 < k <= self.candidate_top_k]
@@ -191,7 +181,7 @@ class TokenDrawer:
             if not full:
                 return tok_c
             tokens = torch.empty(S, dtype=torch.long, device=device)
-            tokens[_long(cand, device)] = tok_c
+            tokens[long_tensor(cand, device)] = tok_c
         tok_f = self._draw_full(
             pick(s, full),
             [params[j] for j in full],
@@ -202,7 +192,7 @@ class TokenDrawer:
         )
         if tokens is None:
             return tok_f
-        tokens[_long(full, device)] = tok_f
+        tokens[long_tensor(full, device)] = tok_f
         return tokens
 
     def _draw_top_k(
@@ -216,7 +206,7 @@ class TokenDrawer:
         device = s.device
         kk = max(ks) + 1  # every k < V, so kk <= V
         vals, idx = s.topk(kk, dim=1)  # sorted, best first
-        k_t = _long(ks, device).unsqueeze(1)
+        k_t = long_tensor(ks, device).unsqueeze(1)
         tie = (vals.gather(1, k_t) == vals.gather(1, k_t - 1)).squeeze(1)
         ties = tie.nonzero().squeeze(1).tolist() if bool(tie.any()) else []
         pos = torch.arange(kk, device=device)
@@ -225,11 +215,11 @@ class TokenDrawer:
         top_ps = [p.top_p if p.top_p < 1.0 else 2.0 for p in params]
         if any(tp < 1.0 for tp in top_ps):
             exclusive = prob.cumsum(1) - prob
-            n_keep = (exclusive < _f32(top_ps, device).unsqueeze(1)).sum(1, keepdim=True).clamp_(min=1, max=kk)
+            n_keep = (exclusive < f32_tensor(top_ps, device).unsqueeze(1)).sum(1, keepdim=True).clamp_(min=1, max=kk)
             keep = prob >= prob.gather(1, n_keep - 1)  # tie-inclusive
         min_ps = [p.min_p for p in params]
         if any(m > 0.0 for m in min_ps):
-            above = prob >= prob[:, :1] * _f32(min_ps, device).unsqueeze(1)
+            above = prob >= prob[:, :1] * f32_tensor(min_ps, device).unsqueeze(1)
             keep = above if keep is None else keep & above
         w = prob if keep is None else prob * keep
         # Draw in token-id order, so the result does not depend on how topk
@@ -253,16 +243,17 @@ class TokenDrawer:
         R = s.shape[0]
         k_rows = [j for j, k in enumerate(ks) if k > 0]
         if k_rows:
-            kr_t = _long(k_rows, device)
+            kr_t = long_tensor(k_rows, device)
             sub = s if len(k_rows) == R else s.index_select(0, kr_t)
-            kth = sub.topk(max(ks), dim=1).values.gather(1, _long([ks[j] - 1 for j in k_rows], device).unsqueeze(1))
+            kth_index = long_tensor([ks[j] - 1 for j in k_rows], device).unsqueeze(1)
+            kth = sub.topk(max(ks), dim=1).values.gather(1, kth_index)
             sub = sub.masked_fill(sub < kth, float("-inf"))  # tie-inclusive
             s = sub if len(k_rows) == R else s.index_copy(0, kr_t, sub)
         q = torch.softmax(s, dim=1, out=self._workspace("probs", s))  # the top-k-renormalized distribution
         w = q
         min_ps = [p.min_p for p in params]
         if any(m > 0.0 for m in min_ps):
-            floor = q.amax(dim=1, keepdim=True) * _f32(min_ps, device).unsqueeze(1)
+            floor = q.amax(dim=1, keepdim=True) * f32_tensor(min_ps, device).unsqueeze(1)
             w = torch.ge(q, floor, out=self._workspace("min_p", q)).mul_(q)
         tokens = _inverse_cdf_blocked(w, u0)
         p_rows = [j for j, p in enumerate(params) if p.top_p < 1.0]
@@ -287,11 +278,11 @@ class TokenDrawer:
         R = q.shape[0]
         active = p_rows
         whole = len(active) == R
-        a_t = _long(active, device)
+        a_t = long_tensor(active, device)
         q_a = q if whole else q.index_select(0, a_t)
         w_a = w if whole else w.index_select(0, a_t)
         tok_a = tokens if whole else tokens.index_select(0, a_t)
-        top_p = _f32(top_ps, device)
+        top_p = f32_tensor(top_ps, device)
         tokens = tokens.clone()
         for attempt in range(1, self.max_rejection_rounds + 2):
             q_tok = q_a.gather(1, tok_a.unsqueeze(1))
@@ -301,15 +292,15 @@ class TokenDrawer:
                 break
             picked = rejected.tolist()
             active = [active[k] for k in picked]
-            a_t = _long(active, device)
+            a_t = long_tensor(active, device)
             if len(picked) < q_a.shape[0]:
                 q_a, w_a, top_p, q_tok = q_a[rejected], w_a[rejected], top_p[rejected], q_tok[rejected]
             if attempt <= self.max_rejection_rounds:
                 # Every token no more probable than a rejected one is outside the nucleus too.
                 w_a = _float_mask(torch.gt, q_a, q_tok).mul_(w_a)
             else:
-                w_a = w_a * _nucleus_mask(q_a, top_p)
-            u = _f32([draw_uniform(seeds[j], positions[j], attempt) for j in active], device)
+                w_a = w_a * nucleus_mask(q_a, top_p)
+            u = f32_tensor([draw_uniform(seeds[j], positions[j], attempt) for j in active], device)
             tok_a = _inverse_cdf_blocked(w_a, u)
             tokens[a_t] = tok_a
             if attempt > self.max_rejection_rounds:

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from radixrt.sampling.sampler import Sampler, SamplingRow
+from radixrt.sampling.rows import SamplingRow
+from radixrt.sampling.sampler import Sampler
 
 _SEED_MASK = (1 << 63) - 1
 

@@ -6,16 +6,11 @@ else a fresh float32 tensor.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from radixrt.sampling.draws import _f32, _long
 from radixrt.sampling.grammar import apply_token_bitmask
 from radixrt.sampling.penalties import apply_penalties, has_penalties
-
-if TYPE_CHECKING:
-    from radixrt.sampling.sampler import SamplingRow
+from radixrt.sampling.rows import SamplingRow, f32_tensor, long_tensor
 
 
 def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tuple[int, ...]) -> torch.Tensor:
@@ -50,11 +45,11 @@ def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tu
     x = raw.to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True)
     xf = x.view(-1)
     if bias_flat:
-        xf.index_put_((_long(bias_flat, device),), _f32(bias_val, device), accumulate=True)
+        xf.index_put_((long_tensor(bias_flat, device),), f32_tensor(bias_val, device), accumulate=True)
     if penalized:
         apply_penalties(x, rows, penalized)
     if ban_flat:
-        xf[_long(ban_flat, device)] = float("-inf")
+        xf[long_tensor(ban_flat, device)] = float("-inf")
     return x
 
 
@@ -66,11 +61,11 @@ def apply_grammar(
     if x is raw:
         x = raw.clone(memory_format=torch.contiguous_format)
     apply_token_bitmask(x, bitmask, masked_rows)
-    idx = _long(masked_rows, x.device)
+    idx = long_tensor(masked_rows, x.device)
     dead = (x.index_select(0, idx).amax(dim=1) == float("-inf")).nonzero().squeeze(1).tolist()
     if dead:
         rows_dead = [masked_rows[i] for i in dead]
-        fresh = raw.index_select(0, _long(rows_dead, x.device))  # a copy
-        apply_token_bitmask(fresh, bitmask.index_select(0, _long(dead, bitmask.device)), list(range(len(dead))))
-        x[_long(rows_dead, x.device)] = fresh
+        fresh = raw.index_select(0, long_tensor(rows_dead, x.device))  # a copy
+        apply_token_bitmask(fresh, bitmask.index_select(0, long_tensor(dead, bitmask.device)), list(range(len(dead))))
+        x[long_tensor(rows_dead, x.device)] = fresh
     return x

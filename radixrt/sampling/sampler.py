@@ -76,33 +76,12 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
-from radixrt.sampling.draws import TokenDrawer, _long, _nucleus_mask, draw_uniform
+from radixrt.sampling.draws import TokenDrawer, draw_uniform, nucleus_mask
 from radixrt.sampling.logit_processing import apply_grammar, process_logits
-from radixrt.sampling.params import SamplingParams
-from radixrt.sampling.penalties import TokenCounts
+from radixrt.sampling.rows import SamplingRow, long_tensor
 
+# SamplingRow (rows.py) and draw_uniform (draws.py) are re-exported: callers import them from here
 __all__ = ["SamplingRow", "SampleResult", "Sampler", "token_logprobs", "draw_uniform"]
-
-
-@dataclass
-class SamplingRow:
-    params: SamplingParams
-    seed: int  # every request has one (the user's, or drawn at submission)
-    output_ids: list[int]  # tokens generated so far; the new token is output index len(output_ids) (see index)
-    prompt_ids: list[int]  # for repetition_penalty (HF semantics: over prompt + output)
-    top_logprobs_num: int = 0
-    return_logprob: bool = False
-    # output index of the new token; None: len(output_ids). The overlap
-    # scheduler sets it: tokens of a step still in flight are not in output_ids
-    index: Optional[int] = None
-    # Penalty state carried by the request across steps (see penalties.py);
-    # None: built from the lists for this call only.
-    counts: Optional[TokenCounts] = None
-    draft_len: int = 0  # trailing output_ids that are an unverified jump-forward draft
-
-    @property
-    def output_index(self) -> int:
-        return len(self.output_ids) if self.index is None else self.index
 
 
 @dataclass
@@ -157,16 +136,16 @@ class Sampler(TokenDrawer):
                 tokens = drawn
             else:
                 tokens = torch.empty(B, dtype=torch.long, device=device)
-                g_t = _long(greedy, device)
+                g_t = long_tensor(greedy, device)
                 tokens[g_t] = x.index_select(0, g_t).argmax(dim=1)
-                tokens[_long(sampled, device)] = drawn
+                tokens[long_tensor(sampled, device)] = drawn
         token_ids = tokens.tolist()
 
         want = [i for i, r in enumerate(rows) if r.return_logprob or r.top_logprobs_num > 0]
         logprobs: Optional[list[Optional[float]]] = None
         top: list[Optional[list[tuple[float, int]]]] = [None] * B
         if want:
-            w_t = _long(want, device)
+            w_t = long_tensor(want, device)
             sub = raw if len(want) == B else raw.index_select(0, w_t)
             lp = torch.log_softmax(sub, dim=1)
             chosen = lp.gather(1, tokens.index_select(0, w_t).unsqueeze(1)).squeeze(1).tolist()
@@ -210,7 +189,7 @@ class Sampler(TokenDrawer):
             q = torch.softmax(s, dim=1)
             keep = torch.ones_like(q, dtype=torch.bool)
             if p.top_p < 1.0:
-                keep &= _nucleus_mask(q, torch.tensor([p.top_p], device=q.device))
+                keep &= nucleus_mask(q, torch.tensor([p.top_p], device=q.device))
             if p.min_p > 0.0:
                 keep &= q >= p.min_p * q.max()
             w = q * keep

@@ -1,0 +1,55 @@
+"""What the sampler is given per batch row, and the list-to-tensor helpers
+its stages share.
+
+A `SamplingRow` is one request's sampling inputs for one step: its
+parameters, seed, the tokens it has (for penalties and the draw's output
+index) and the penalty counts it carries. The scheduler builds one per row
+(``scheduler/inputs.py``, positionally: see the field-order test); every
+stage of sampling (draws.py, penalties.py, logit_processing.py, sampler.py)
+reads them and none writes them.
+
+This module imports nothing of the sampling package but the parameter record
+and the counts, so every stage can import it: the package's imports point one
+way (sampler -> logit_processing -> penalties/draws -> rows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.token_counts import TokenCounts
+
+
+@dataclass
+class SamplingRow:
+    params: SamplingParams
+    seed: int  # every request has one (the user's, or drawn at submission)
+    output_ids: list[int]  # tokens generated so far; the new token is output index len(output_ids) (see index)
+    prompt_ids: list[int]  # for repetition_penalty (HF semantics: over prompt + output)
+    top_logprobs_num: int = 0
+    return_logprob: bool = False
+    # output index of the new token; None: len(output_ids). The overlap
+    # scheduler sets it: tokens of a step still in flight are not in output_ids
+    index: Optional[int] = None
+    # Penalty state carried by the request across steps (see token_counts.py);
+    # None: built from the lists for this call only.
+    counts: Optional[TokenCounts] = None
+    draft_len: int = 0  # trailing output_ids that are an unverified jump-forward draft
+
+    @property
+    def output_index(self) -> int:
+        return len(self.output_ids) if self.index is None else self.index
+
+
+def long_tensor(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device`` (built on the host, copied
+    with ``non_blocking``)."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
+def f32_tensor(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    """``values`` as a float32 tensor on ``device`` (as `long_tensor`)."""
+    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
