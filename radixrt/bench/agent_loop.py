@@ -38,7 +38,7 @@ import random
 from typing import Any
 
 from radixrt.bench.common import words
-from radixrt.bench.workloads import Gen, Program, Tokens, Workload, greedy
+from radixrt.bench.workload_base import Gen, Program, Tokens, Workload, greedy
 
 TOOL_NAMES = ["search_flights", "book_hotel", "get_weather", "convert_currency", "lookup_visa",
               "find_restaurants", "rent_car", "check_calendar"]

@@ -31,60 +31,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
-from radixrt.bench.common import ReqResult, words
-
-Gen = Callable[[list[int], dict, int], Awaitable[ReqResult]]
-Program = Callable[[Gen], Awaitable[None]]
+from radixrt.bench.agent_loop import agent_loop
+from radixrt.bench.common import words
+from radixrt.bench.workload_base import Gen, Program, Tokens, Workload, greedy
 
 WORKLOADS = ("shared-prefix", "few-shot", "multi-turn", "agent-fanout", "agent-loop", "tree-of-thought",
              "json-extraction", "no-sharing")
-
-
-@dataclass
-class Workload:
-    name: str
-    shape: str  # one line for the table header
-    programs: list[Program]
-    num_requests: int
-    validate: Optional[Callable[[str], bool]] = None  # e.g. "is this valid JSON for the schema"
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-class Tokens:
-    """Turns text into token ids (no special tokens added) and draws random ids."""
-
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self._markers: Optional[dict[str, tuple[str, str]]] = None
-
-    def text(self, s: str) -> list[int]:
-        return list(self.tokenizer.encode(s, add_special_tokens=False))
-
-    def random(self, rng: random.Random, n: int) -> list[int]:
-        hi = min(self.vocab_size, 40000)
-        return [rng.randrange(100, hi) for _ in range(n)]
-
-    def role(self, role: str, content: str = "", close: bool = True) -> list[int]:
-        """A chat block as the model's template renders it (open only: ``close=False``)."""
-        if self._markers is None:
-            from radixrt.requests.chat_roles import derive_role_markers
-
-            self._markers = derive_role_markers(self.tokenizer)
-        pre, post = self._markers[role]
-        return self.text(pre + content + (post if close else ""))
-
-    def close(self, role: str) -> list[int]:
-        if self._markers is None:
-            self.role(role)
-        return self.text(self._markers[role][1])
-
-
-def greedy(n: int) -> dict:
-    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
 
 
 def _count(n: int, scale: float, least: int = 1) -> int:
@@ -294,18 +248,12 @@ def tree_of_thought(tok: Tokens, scale: float = 1.0, seed: int = 0, *, programs:
                     params=dict(programs=n, width=width, depth=depth))
 
 
-def _agent_loop(tok: Tokens, scale: float = 1.0, seed: int = 0, **kw: Any) -> Workload:
-    from radixrt.bench.agent_loop import agent_loop  # it builds on this module
-
-    return agent_loop(tok, scale, seed, **kw)
-
-
 BUILDERS: dict[str, Callable[..., Workload]] = {
     "shared-prefix": shared_prefix,
     "few-shot": few_shot,
     "multi-turn": multi_turn,
     "agent-fanout": agent_fanout,
-    "agent-loop": _agent_loop,
+    "agent-loop": agent_loop,
     "tree-of-thought": tree_of_thought,
     "json-extraction": json_extraction,
     "no-sharing": no_sharing,
