@@ -46,6 +46,11 @@ CLI_HELP = {
     "priority_scheduling_preemption_threshold": "with --enable-priority-scheduling and a full batch: a waiting "
                                                 "request at least this much more urgent than a running one "
                                                 "preempts it (the running one is retracted and re-queued)",
+    "max_client_priority": "largest 'priority' a request may give, in absolute value: a value outside "
+                           "[-N, N] is refused (400 naming 'priority'); the same bound holds for the Engine",
+    "priority_aging_s": "with --enable-priority-scheduling: a request's effective priority rises by one every "
+                        "this many seconds since it arrived, so no request waits forever behind more urgent "
+                        "ones (0: no aging)",
     "disable_radix_cache": "no prefix reuse: every prompt is computed in full (a baseline)",
     "enable_hierarchical_cache": "a host-memory KV tier under the radix cache: prefixes evicted from the device "
                                  "pool move to host memory and are loaded back when matched again",
@@ -71,6 +76,11 @@ CLI_HELP = {
     "debug_check_invariants": "check free + tree + private == total KV slots after every step (slow; tests)",
     "enable_jump_forward": "constrained decoding: append grammar-forced text as verified drafts",
     "grammar_cache_size": "compiled grammars kept (least recently used dropped first)",
+    "grammar_max_chars": "refuse (400) a regex, JSON schema or grammar whose shortest instance, or any part's, is "
+                         "longer than this many characters, or that has no finite instance (a schema that "
+                         "requires itself): bounds jump-forward searches",
+    "grammar_max_repeat": "refuse (400) a grammar with a counted repetition ({m,n}, minLength, maxItems, ...) "
+                          "above this: bounds grammar compilation",
     "incremental_streaming_output": "streamed /generate results (and Engine streams) send only what is new in "
                                     "each event: text, output_ids and output logprobs (SGLang's flag); default: "
                                     "each event is the cumulative result",
@@ -110,6 +120,8 @@ class EngineConfig:
     enable_priority_scheduling: bool = False  # waiting queue ordered by request priority first
     schedule_low_priority_values_first: bool = False  # default: higher priority value runs first (SGLang's)
     priority_scheduling_preemption_threshold: int = 10  # urgency gap that lets a waiting request preempt
+    max_client_priority: int = 100  # |priority| above this is refused at the front door (400)
+    priority_aging_s: float = 0.1  # +1 effective priority per this many seconds since arrival; 0: no aging
     disable_radix_cache: bool = False
     # host-memory tier under the radix tree (radixrt/memory/host_pool.py); SGLang's flag names
     enable_hierarchical_cache: bool = False
@@ -129,6 +141,9 @@ class EngineConfig:
     debug_check_invariants: bool = False  # assert free + tree + private == total after every step (tests)
     enable_jump_forward: bool = True  # append grammar-forced text as verified drafts (see grammar.py)
     grammar_cache_size: int = 128  # compiled grammars kept (LRU)
+    # what one request's grammar may cost (radixrt/sampling/grammar_bounds.py); beyond: a 400
+    grammar_max_chars: int = 65536  # shortest text of any grammar rule, in characters
+    grammar_max_repeat: int = 65536  # largest counted repetition ({m,n}, minLength, minItems, ...)
     incremental_streaming_output: bool = False  # stream events carry only what is new (requests/results.py)
     # (the same defaults as intake.DEFAULT_MAX_N / DEFAULT_MAX_TOP_LOGPROBS_NUM)
     max_n: int = 128  # most samples per prompt (sampling param n), every route
@@ -153,10 +168,16 @@ class EngineConfig:
             raise ValueError(f"unknown sampling_backend {self.sampling_backend!r}; choose radixrt or flashinfer")
         if self.grammar_cache_size < 1:
             raise ValueError("grammar_cache_size must be >= 1")
+        if self.grammar_max_chars < 1 or self.grammar_max_repeat < 1:
+            raise ValueError("grammar_max_chars and grammar_max_repeat must be >= 1")
         if self.max_n < 1:
             raise ValueError("max_n must be >= 1")
         if self.max_top_logprobs_num < 0:
             raise ValueError("max_top_logprobs_num must be >= 0")
+        if not 0 <= self.max_client_priority < 2**62:
+            raise ValueError("max_client_priority must be in [0, 2**62)")
+        if not self.priority_aging_s >= 0:
+            raise ValueError("priority_aging_s must be >= 0 (0: no aging)")
         self._check_hicache()
 
     def _check_hicache(self) -> None:
@@ -187,9 +208,11 @@ class EngineConfig:
     def limits(self, context_length: int, kv_total_slots: int, vocab_size: int) -> "Limits":
         """The front door's `Limits` for a runtime of these sizes under this config."""
         from radixrt.requests.intake import Limits
+        from radixrt.sampling.grammar_bounds import GrammarLimits
 
         return Limits(context_length, kv_total_slots, vocab_size, max_n=self.max_n,
-                      max_top_logprobs_num=self.max_top_logprobs_num)
+                      max_top_logprobs_num=self.max_top_logprobs_num, max_client_priority=self.max_client_priority,
+                      grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat))
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

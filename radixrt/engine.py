@@ -289,7 +289,7 @@ class Engine:
         self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
         return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
         return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-        rid: Any = None, priority: Any = None, return_cache_info: bool = False,
+        rid: Any = None, priority: Any = None, return_cache_info: Union[bool, str] = False,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
@@ -298,10 +298,14 @@ class Engine:
         ``meta_info.id`` and `abort_request`; one already running is refused.
         ``priority`` (an int, or one per prompt) orders the waiting queue when
         the engine runs with ``enable_priority_scheduling`` (a higher value
-        first, unless ``schedule_low_priority_values_first``), else it is
-        ignored. ``return_cache_info`` adds ``meta_info.cache_info``: how the
-        prompt matched the radix cache at admission, and where it diverged
-        from the closest cached prompt (see `radixrt.memory.radix_explain`).
+        first, unless ``schedule_low_priority_values_first``; older requests
+        gain urgency per ``priority_aging_s``), else it is ignored; outside
+        ``[-max_client_priority, max_client_priority]`` it is a RequestError.
+        ``return_cache_info`` adds ``meta_info.cache_info``: how the
+        prompt matched the radix cache at admission; True explains it from the
+        request's own text, ``"full"`` also shows where it diverged from the
+        closest cached prompt, whoever sent that (the in-process caller is the
+        operator; see `radixrt.memory.radix_explain`).
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
@@ -317,7 +321,7 @@ class Engine:
         self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
         return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
         return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-        rid: Any = None, priority: Any = None, return_cache_info: bool = False,
+        rid: Any = None, priority: Any = None, return_cache_info: Union[bool, str] = False,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
         specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
@@ -348,9 +352,12 @@ class Engine:
             return self._control.get()
 
     def flush_cache(self) -> bool:
+        """Drop every cached prefix (False while requests run). The counters of
+        `get_stats` are not reset: they count from the engine's start."""
         return self._control_call(FlushCacheReq()).ok
 
     def get_stats(self) -> dict:
+        """The scheduler's counters (cumulative since the start) and its state now."""
         return self._control_call(StatsReq()).payload
 
     def get_server_info(self) -> dict:

@@ -9,7 +9,7 @@ OpenAI routes, and the scheduler itself) turns its input into requests here:
 * `validate_prompt` / `validate_spec`: the admission checks against the
   runtime's `Limits` (prompt empty or too long for the context or the KV
   pool, ids outside the vocabulary, sampling params, ``n``, grammar syntax,
-  ``logprob_start_len``, ``top_logprobs_num``);
+  ``logprob_start_len``, ``top_logprobs_num``, ``priority``);
 * request ids (`new_request_id`, `sample_rids`, `RidTable`, see below);
 * `resolve_logprob`: whether a request returns logprobs.
 
@@ -30,6 +30,7 @@ fault): the Engine raises it as is, the server answers it with a 400.
 """
 from __future__ import annotations
 
+import json
 import numbers
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from radixrt.requests.messages import GenerateReq
 from radixrt.sampling.grammar import check_grammar, grammar_key
+from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.sampling.params import SamplingParams
 
 
@@ -50,9 +52,10 @@ class RequestError(ValueError):
         self.param = param
 
 
-# The defaults of EngineConfig.max_n and .max_top_logprobs_num.
+# The defaults of EngineConfig.max_n, .max_top_logprobs_num and .max_client_priority.
 DEFAULT_MAX_N = 128
 DEFAULT_MAX_TOP_LOGPROBS_NUM = 20
+DEFAULT_MAX_CLIENT_PRIORITY = 100
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Limits:
     vocab_size: int  # token ids are in [0, vocab_size)
     max_n: int = DEFAULT_MAX_N  # samples of one prompt (sampling param n)
     max_top_logprobs_num: int = DEFAULT_MAX_TOP_LOGPROBS_NUM  # top logprobs per position
+    max_client_priority: int = DEFAULT_MAX_CLIENT_PRIORITY  # |priority| at most this
+    grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
 
 
 def resolve_logprob(return_logprob: Any, top_logprobs_num: int) -> bool:
@@ -191,11 +196,11 @@ class RequestSpec:
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    cache_salt: Optional[str] = None
+    namespace: Optional[str] = None  # the radix-cache namespace (`cache_namespace`); None: the shared one
     rid: Optional[str] = None  # None: assigned when queued
     field: str = "text"
     priority: Optional[int] = None  # honoured only under enable_priority_scheduling
-    return_cache_info: bool = False  # meta_info.cache_info: how the prompt matched the radix cache
+    cache_info: str = ""  # meta_info.cache_info: "" none, "own" or "full" (see cache_info_mode)
 
     def __post_init__(self) -> None:
         self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num)
@@ -205,7 +210,7 @@ class RequestSpec:
         return GenerateReq(
             rid=rid, input_ids=self.input_ids, sampling=self.sampling, return_logprob=self.return_logprob,
             logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num, stream=stream,
-            cache_salt=self.cache_salt, priority=self.priority, return_cache_info=self.return_cache_info,
+            namespace=self.namespace, priority=self.priority, cache_info=self.cache_info,
         )
 
 
@@ -246,13 +251,13 @@ def validate_prompt(input_ids: Sequence[int], sampling: SamplingParams, limits: 
         raise RequestError(str(e), "sampling_params") from None
     key = grammar_key(sampling)
     try:
-        check_grammar(key)
+        check_grammar(key, limits.grammar)
     except ValueError as e:
         raise RequestError(str(e), key[0] if key else "sampling_params") from None
 
 
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:
-    """`validate_prompt`, then the logprob fields."""
+    """`validate_prompt`, then the logprob fields and the priority's range."""
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
     if spec.return_logprob and spec.logprob_start_len >= len(spec.input_ids):
         raise RequestError(f"logprob_start_len {spec.logprob_start_len} is not below the prompt length "
@@ -263,6 +268,10 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
         raise RequestError(f"top_logprobs_num is {spec.top_logprobs_num}; this server returns at most "
                            f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
                            "top_logprobs_num")
+    cap = limits.max_client_priority
+    if spec.priority is not None and not -cap <= spec.priority <= cap:
+        raise RequestError(f"'priority' is {spec.priority}; this server accepts priorities from {-cap} to {cap} "
+                           f"(--max-client-priority)", "priority")
 
 
 # ---------------------------------------------------------------------- normalization
@@ -335,6 +344,31 @@ def to_sampling_params(value: Any) -> SamplingParams:
         raise RequestError(str(e), "sampling_params") from None
 
 
+def cache_namespace(cache_salt: Optional[str], prompt_cache_key: Optional[str] = None) -> Optional[str]:
+    """The radix-cache namespace of a request: None (the shared one) when it
+    gives neither ``cache_salt`` nor ``prompt_cache_key``, else the JSON array
+    of both, so that distinct pairs never share a namespace (whatever
+    characters the strings hold) and a salt means the same on every route."""
+    if cache_salt is None and prompt_cache_key is None:
+        return None
+    return json.dumps([cache_salt, prompt_cache_key])
+
+
+def cache_info_mode(return_cache_info: Any) -> str:
+    """The `RequestSpec.cache_info` mode of a ``return_cache_info`` value:
+    False / None: "" (none); True: "own" (explained from the request's own text
+    and match only: what a cache hit on it tells anyway); "full": "full" (the
+    cache's content around the match too, i.e. other requests' text: the
+    server asks for its admin key)."""
+    if return_cache_info is None or return_cache_info is False:
+        return ""
+    if return_cache_info is True:
+        return "own"
+    if return_cache_info == "full":
+        return "full"
+    raise RequestError("'return_cache_info' must be a boolean or \"full\".", "return_cache_info")
+
+
 def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
     if not prompts.batch and isinstance(rid, list):
         raise RequestError("'rid' must be a string for a single prompt.", "rid")
@@ -348,7 +382,7 @@ def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
 def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_logprob: Any = None,
                 logprob_start_len: Any = None, top_logprobs_num: Any = None, rid: Any = None,
                 return_text_in_logprobs: Any = False, cache_salt: Any = None, priority: Any = None,
-                return_cache_info: Any = False) -> list[RequestSpec]:
+                return_cache_info: Any = False, prompt_cache_key: Any = None) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
     SamplingParams. Types are checked; limits are not (`validate_spec`)."""
@@ -362,19 +396,18 @@ def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_log
     _check_rids(rids, prompts, rid)
     if not isinstance(return_text_in_logprobs, bool):
         raise RequestError("'return_text_in_logprobs' must be a boolean.", "return_text_in_logprobs")
-    if cache_salt is not None and not isinstance(cache_salt, str):
-        raise RequestError("'cache_salt' must be a string.", "cache_salt")
-    priorities = per_item("priority", priority, prompts, None, lambda v: v is None or _is_int(v) and abs(v) < 2**63,
+    for name, value in (("cache_salt", cache_salt), ("prompt_cache_key", prompt_cache_key)):
+        if value is not None and not isinstance(value, str):
+            raise RequestError(f"'{name}' must be a string.", name)
+    priorities = per_item("priority", priority, prompts, None, lambda v: v is None or _is_int(v),
                           "an integer (or one per prompt)")
-    if return_cache_info is None:
-        return_cache_info = False
-    if not isinstance(return_cache_info, bool):
-        raise RequestError("'return_cache_info' must be a boolean.", "return_cache_info")
+    cache_info = cache_info_mode(return_cache_info)
+    namespace = cache_namespace(cache_salt, prompt_cache_key)
     return [
         RequestSpec(input_ids=ids, sampling=to_sampling_params(sampling[i]), return_logprob=flags[i],
                     logprob_start_len=int(starts[i]), top_logprobs_num=int(tops[i]),
-                    return_text_in_logprobs=return_text_in_logprobs, cache_salt=cache_salt, rid=rids[i],
+                    return_text_in_logprobs=return_text_in_logprobs, namespace=namespace, rid=rids[i],
                     field=prompts.field, priority=None if priorities[i] is None else int(priorities[i]),
-                    return_cache_info=return_cache_info)
+                    cache_info=cache_info)
         for i, ids in enumerate(prompts.ids)
     ]

@@ -196,18 +196,21 @@ class BatchPlanner:
     def _preempt_for_priority(self) -> None:
         """With the batch full (max_running_requests), retract the least urgent
         running request for each admissible waiting one that is more urgent by
-        at least ``priority_scheduling_preemption_threshold`` (SGLang's rule)."""
+        at least ``priority_scheduling_preemption_threshold`` (SGLang's rule).
+        Urgency includes aging (`policy.urgency`): a running request ages as a
+        waiting one does, so a later arrival must outrank it by the threshold
+        plus the ticks between their arrivals. Keys are fixed, so a retracted
+        request can never preempt its preemptor back."""
         cfg, running = self.config, self.queues.running
         if len(running) < cfg.max_running_requests:
             return
-        sign = -1 if cfg.schedule_low_priority_values_first else 1  # urgency = sign * priority
-        urgent = sorted((sign * r.priority for r in self.queues.waiting if not (r.grammar_pending or r.pending)),
+        urgent = sorted((r.urgency for r in self.queues.waiting if not (r.grammar_pending or r.pending)),
                         reverse=True)
         for u in urgent:
             if not running:
                 return
-            victim = min(running, key=lambda r: (sign * r.priority, -r.arrival))  # least urgent, latest
-            if u - sign * victim.priority < cfg.priority_scheduling_preemption_threshold:
+            victim = min(running, key=lambda r: (r.urgency, -r.arrival))  # least urgent, latest
+            if u - victim.urgency < cfg.priority_scheduling_preemption_threshold:
                 return
             self._retract(victim)
 
@@ -223,7 +226,7 @@ class BatchPlanner:
             return
         ordered = order_waiting(self.config.schedule_policy, waiting, self.kv.match)
         if self.config.enable_priority_scheduling:
-            ordered = by_priority(ordered, self.config.schedule_low_priority_values_first)
+            ordered = by_priority(ordered)
         # Prefixes being computed in this step (or by an unfinished chunked prefill):
         # a request sharing a long uncached prefix with one of them waits a step
         # and then reads that prefix from the tree instead of computing it again.
@@ -251,9 +254,9 @@ class BatchPlanner:
             if running and self.kv.available_slots() - q < reserve:
                 break
             explained = None  # before admit/extend change the tree: the match as it happened
-            if req.return_cache_info and not req.admitted_once:
+            if req.cache_info_mode and not req.admitted_once:
                 explained = explain_match(self.kv.tree, req.input_ids, req.namespace, match.length,
-                                          req.max_prefix_len).to_wire()
+                                          req.max_prefix_len, full=req.cache_info_mode == "full")
             self.kv.admit(req, match)
             if not self.kv.extend(req, q):
                 self.kv.release(req)

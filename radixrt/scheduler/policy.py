@@ -4,9 +4,21 @@ matches; none of them changes what is computed, only when.
 Priority scheduling (``enable_priority_scheduling``) is a stable sort on
 top of the policy's order: requests of a more urgent priority come first,
 and within one priority the policy's order stands. As in SGLang, a higher
-``priority`` value is more urgent unless ``schedule_low_priority_values_first``."""
+``priority`` value is more urgent unless ``schedule_low_priority_values_first``.
+
+Aging (``priority_aging_s``): a request gains one unit of urgency for every
+tick of a clock that ticks every ``priority_aging_s`` seconds, from its
+arrival on (waiting or running), so a request waiting behind a flood of more
+urgent ones is admitted ahead of any that arrive more than about
+``gap * priority_aging_s`` seconds after it, ``gap`` being the priorities'
+difference: nothing waits forever. As every request ages at the same rate, the order of two requests
+never changes with time: `urgency` is a fixed integer computed once at
+arrival, and sorting by it costs nothing per step beyond the sort itself.
+Whole ticks (not seconds) keep equal-priority requests that arrived within
+one tick equal, so the policy's order still decides among them."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any, Callable, Optional
 
@@ -31,12 +43,26 @@ def order_waiting(policy: str, waiting: list[Req], match: MatchFn) -> list[Req]:
     raise ValueError(f"unknown schedule policy {policy!r}")
 
 
-def by_priority(ordered: list[Req], low_values_first: bool = False) -> list[Req]:
-    """``ordered`` with the most urgent priority first; a stable sort, so the
-    policy's order holds among requests of equal priority."""
-    if low_values_first:
-        return sorted(ordered, key=lambda r: r.priority)
-    return sorted(ordered, key=lambda r: -r.priority)
+def urgency(priority: int, arrived_s: float, *, low_values_first: bool = False, aging_s: float = 0.0,
+            max_priority: Optional[int] = None) -> int:
+    """A request's fixed sort key under priority scheduling (higher: more
+    urgent): its priority, negated under ``low_values_first``, minus the
+    aging clock's tick count at its arrival (``arrived_s``, seconds on any
+    clock common to all requests; no aging when ``aging_s`` is 0). At time
+    ``t`` the request's effective priority is ``urgency + floor(t / aging_s)``;
+    comparing two requests, that common term drops out. ``max_priority``
+    clamps the priority into ``[-max_priority, max_priority]`` (the front
+    door refuses more; this keeps the arithmetic bounded for any caller)."""
+    if max_priority is not None:
+        priority = max(-max_priority, min(priority, max_priority))
+    ticks = math.floor(arrived_s / aging_s) if aging_s > 0 else 0
+    return (-priority if low_values_first else priority) - ticks
+
+
+def by_priority(ordered: list[Req]) -> list[Req]:
+    """``ordered`` with the most urgent (highest `urgency`) first; a stable
+    sort, so the policy's order holds among requests of equal urgency."""
+    return sorted(ordered, key=lambda r: -r.urgency)
 
 
 def _dfs_weight(waiting: list[Req], matches: dict[int, MatchResult]) -> list[Req]:

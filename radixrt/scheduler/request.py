@@ -54,7 +54,8 @@ class Req:
     arrival: int = 0
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
     priority: int = 0  # waiting-queue order under enable_priority_scheduling
-    return_cache_info: bool = False
+    urgency: int = 0  # its fixed sort key there: priority with aging (policy.urgency)
+    cache_info_mode: str = ""  # "" / "own" / "full": explain the first admission's match (GenerateReq.cache_info)
     cache_info: Optional[dict] = None  # the explained prefix match of the first admission (to send once)
 
     output_ids: list[int] = field(default_factory=list)

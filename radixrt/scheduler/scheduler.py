@@ -57,6 +57,7 @@ from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
+from radixrt.scheduler.policy import urgency
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, token_output
 
@@ -140,7 +141,7 @@ class Scheduler:
         if self._grammars is None:
             self._grammars = GrammarBackend(
                 self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
-                cache_size=self.config.grammar_cache_size,
+                cache_size=self.config.grammar_cache_size, limits=self.limits.grammar,
             )
         return self._grammars
 
@@ -161,15 +162,18 @@ class Scheduler:
             return
         key = grammar_key(msg.sampling)
         grammar_future = self.grammars.compile_async(key) if key is not None else None
+        cfg = self.config
+        prio = urgency(msg.priority or 0, time.monotonic(), low_values_first=cfg.schedule_low_priority_values_first,
+                       aging_s=cfg.priority_aging_s, max_priority=cfg.max_client_priority)
         for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
             req = Req(
                 rid=rid, input_ids=list(msg.input_ids), sampling=msg.sampling, seed=seed,
                 return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
-                top_logprobs_num=msg.top_logprobs_num, namespace=msg.cache_salt, arrival=self.arrivals,
-                grammar_future=grammar_future, parent=msg.rid, priority=msg.priority or 0,
-                return_cache_info=msg.return_cache_info,
+                top_logprobs_num=msg.top_logprobs_num, namespace=msg.namespace, arrival=self.arrivals,
+                grammar_future=grammar_future, parent=msg.rid, priority=msg.priority or 0, urgency=prio,
+                cache_info_mode=msg.cache_info,
             )
             self.arrivals += 1
             self.queues.waiting.append(req)
@@ -187,11 +191,13 @@ class Scheduler:
             self._finish(r, FinishReason.abort("aborted"))
 
     def flush_cache(self) -> bool:
-        """Drop every cached prefix. Only when nothing is running (like SGLang)."""
+        """Drop every cached prefix. Only when nothing is running (like SGLang).
+        The cache's counters (queried, hit, inserted, evicted tokens) and the
+        rates from them keep counting from the start: they are history, which
+        dropping the cache's content does not undo."""
         if self.has_work():
             return False
         self.kv.tree.reset()
-        self.kv.tree.reset_stats()
         return True
 
     def handle(self, msg: Any) -> Optional[ControlReply]:

@@ -3,10 +3,11 @@
 Body: ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params``
 (an object, or one per prompt), ``return_logprob``, ``logprob_start_len``,
 ``top_logprobs_num`` (a value or one per prompt), ``rid`` (one per prompt),
-``return_text_in_logprobs``, ``stream``, ``cache_salt``, ``priority`` (an int, or
-one per prompt: orders the waiting queue under ``--enable-priority-scheduling``,
-else ignored), ``return_cache_info`` (radixrt's extension: ``meta_info.cache_info``
-explains the prompt's radix-cache match). Answer: one result
+``return_text_in_logprobs``, ``stream``, ``cache_salt``, ``priority`` (an int in
+``[-N, N]`` for ``--max-client-priority N``, or one per prompt: orders the waiting
+queue under ``--enable-priority-scheduling``, else ignored), ``return_cache_info``
+(radixrt's extension: ``meta_info.cache_info`` explains the prompt's radix-cache
+match). Answer: one result
 ``{"text", "output_ids", "meta_info"}``, or a list for a batch or n > 1; with
 ``stream``, SSE events of cumulative results (text, output ids and logprobs
 so far, as SGLang sends them: its clients keep the last event's

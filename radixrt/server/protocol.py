@@ -56,7 +56,9 @@ class _SamplingExtras(_Lenient):
     # OpenAI's cache hint; here, like cache_salt, a radix namespace (see cache_namespace)
     prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None
-    priority: Optional[int] = None  # SGLang's: waiting-queue order under --enable-priority-scheduling
+    # SGLang's: waiting-queue order under --enable-priority-scheduling. Strict, as on /generate: "1" and
+    # true are 400s, not coerced; the range (--max-client-priority) is checked at the front door.
+    priority: Optional[StrictInt] = None
     return_cache_info: bool = False  # radixrt's: usage.cache_info explains each prompt's radix-cache match
 
     def cache_namespace(self) -> Optional[str]:

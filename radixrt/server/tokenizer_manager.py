@@ -25,6 +25,7 @@ from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import Limits, RequestSpec, RidEntry, RidTable, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq
 from radixrt.requests.results import ResultAccumulator
+from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
 from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
 from radixrt.server.metrics import ServerMetrics
@@ -127,8 +128,10 @@ class TokenizerManager:
         self.context_length: int = info["context_length"]
         self.vocab_size: int = info["vocab_size"]
         self.kv_total_slots: int = info["kv_total_slots"]
-        extra = {k: int(info[k]) for k in ("max_n", "max_top_logprobs_num") if k in info}
-        self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size, **extra)
+        extra = {k: int(info[k]) for k in ("max_n", "max_top_logprobs_num", "max_client_priority")
+                 if k in info}
+        grammar = GrammarLimits(**info["grammar_limits"]) if "grammar_limits" in info else GrammarLimits()
+        self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size, grammar=grammar, **extra)
         self.states: dict[str, ReqState] = {}  # by a sample's internal id
         self.parents: dict[str, list[ReqState]] = {}  # by a request's internal id
         self.rids = RidTable()  # the clients' rids of the running requests

@@ -3,6 +3,7 @@ multiprocessing "spawn" context, so everything here must be importable and
 picklable)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -58,6 +59,8 @@ def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: 
             "eos_token_ids": sorted(int(t) for t in sched.eos_token_ids),
             "max_n": int(sched.limits.max_n),
             "max_top_logprobs_num": int(sched.limits.max_top_logprobs_num),
+            "max_client_priority": int(sched.limits.max_client_priority),
+            "grammar_limits": dataclasses.asdict(sched.limits.grammar),
         })
     except BaseException:  # noqa: BLE001 - reported to the parent, then exit non-zero
         err = traceback.format_exc()

@@ -3,19 +3,27 @@ real server (tiny random Llama, SmolLM2's tokenizer and chat template), with
 httpx and the official openai client."""
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 
 from tests.support.servers import serving
 
 KEY = "tok-key"
+MAX_PRIORITY = 10  # --max-client-priority of the module's server
+AGING_S = 0.1  # --priority-aging-s: a request outranks a max-priority one arriving ~1 s after it
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     yield from serving("--max-total-tokens", "8192", "--served-model-name", "default", "--context-length", "512",
-                       "--enable-priority-scheduling", "--debug-check-invariants", model=tiny_llama, api_key=KEY)
+                       "--enable-priority-scheduling", "--debug-check-invariants", "--max-running-requests", "1",
+                       "--max-client-priority", str(MAX_PRIORITY), "--priority-aging-s", str(AGING_S),
+                       model=tiny_llama, api_key=KEY)
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +147,66 @@ def test_openai_chat_priority_and_cache_info(server):
     plain = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Rome?"}], model="default",
                                        max_tokens=1)
     assert "cache_info" not in (plain.usage.model_extra or {})
+
+
+def test_priority_outside_the_cap_or_not_an_int_is_400_on_both_routes(server, client):
+    import openai
+
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    for bad, mention in ((MAX_PRIORITY + 1, "--max-client-priority"), (-2**63, "--max-client-priority"),
+                         (2**63 - 1, "--max-client-priority"), ("1", "integer"), (True, "integer"),
+                         (1.5, "integer")):
+        r = client.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}, "priority": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "priority", (bad, r.text)
+        assert mention in r.json()["error"]["message"], (bad, r.text)
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                       extra_body={"priority": bad})
+        assert e.value.body["param"] == "priority", (bad, e.value.body)
+    for ok in (MAX_PRIORITY, -MAX_PRIORITY):
+        r = client.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}, "priority": ok})
+        assert r.status_code == 200, r.text
+
+
+def test_a_flood_of_max_priority_requests_delays_a_normal_one_only_as_long_as_aging_allows(server):
+    """Four clients keep the one-request batch and the queue full of
+    max-priority requests for FLOOD_S; a priority-0 request sent meanwhile
+    waits behind them at first, then outranks every flood request that arrives
+    more than MAX_PRIORITY ticks of AGING_S after it (about 1.1 s), and is
+    answered while the flood still runs (without aging it would wait for the
+    flood's end)."""
+    flood_s, sp = 6.0, {"max_new_tokens": 6, "ignore_eos": True}
+    finished: list[float] = []  # when each flood request was answered
+    stop = threading.Event()
+
+    def flood(i: int) -> None:
+        with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
+            while not stop.is_set():
+                r = c.post("/generate", json={"text": f"flood {i}", "sampling_params": sp,
+                                              "priority": MAX_PRIORITY})
+                assert r.status_code == 200, r.text
+                finished.append(time.monotonic())
+
+    end_flood = threading.Timer(flood_s, stop.set)  # the flood ends on time, whatever the normal request does
+    with ThreadPoolExecutor(4) as pool:
+        end_flood.start()
+        try:
+            futures = [pool.submit(flood, i) for i in range(4)]
+            time.sleep(1.0)
+            sent = time.monotonic()
+            with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
+                r = c.post("/generate", json={"text": "a normal request", "sampling_params": sp, "priority": 0})
+            answered = time.monotonic()
+            end_flood.join()
+        finally:
+            stop.set()
+            end_flood.cancel()
+        for f in futures:
+            f.result()
+    assert r.status_code == 200, r.text
+    waited = answered - sent
+    served_before = sum(sent < t < answered for t in finished)
+    served_after = sum(t > answered for t in finished)
+    assert served_before >= 2, (waited, served_before)  # priority still held at first
+    assert waited < MAX_PRIORITY * AGING_S + 2.0, (waited, served_before)  # aging's bound, with slack
+    assert served_after >= 4, (waited, served_after)  # the flood went on: aging, not its end, let it in

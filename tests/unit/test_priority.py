@@ -4,19 +4,25 @@ field is accepted and ignored. Driven through the real Scheduler and Engine
 on the tiny random Llama."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from radixrt.config import EngineConfig
-from radixrt.requests.intake import RequestError, build_specs, split_prompts
+from radixrt.requests.intake import Limits, RequestError, build_specs, split_prompts, validate_spec
 from radixrt.requests.messages import GenerateReq
 from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.policy import by_priority, urgency
+from radixrt.scheduler.request import Req
 from radixrt.scheduler.scheduler import Scheduler
 
 
-def _admission_order(tiny_llama: str, **config) -> list[str]:
-    """One long request fills the batch (max_running_requests=1); then b, c
-    (priority 0) and d (priority 5) arrive, in that order. Returns the order
-    in which the four were admitted."""
+def _admission_order(tiny_llama: str, arrivals: tuple = (("b", 0, 0.0), ("c", 0, 0.0), ("d", 5, 0.0)),
+                     **config) -> list[str]:
+    """One long request fills the batch (max_running_requests=1); then the
+    ``arrivals`` (rid, priority, seconds slept before it arrives) come, by
+    default b, c (priority 0) and d (priority 5), in that order. Returns the
+    order in which all were admitted."""
     sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, max_running_requests=1,
                                    disable_overlap_schedule=True, debug_check_invariants=True, **config))
     try:
@@ -26,8 +32,9 @@ def _admission_order(tiny_llama: str, **config) -> list[str]:
 
         sched.handle(req("a", 0, 6))
         sched.step()
-        for msg in (req("b", 0, 2), req("c", 0, 2), req("d", 5, 2)):
-            sched.handle(msg)
+        for rid, prio, pause in arrivals:
+            time.sleep(pause)
+            sched.handle(req(rid, prio, 2))
         order: list[str] = []
         for _ in range(100):
             for r in sched.running:
@@ -58,10 +65,56 @@ def test_priority_is_checked_at_the_front_door():
     specs = build_specs(prompts, priority=[1, None])
     assert [s.priority for s in specs] == [1, None]
     assert specs[0].to_generate_req("x").priority == 1
-    for bad in ("high", 1.5, True):
+    for bad in ("high", "1", 1.5, True):
         with pytest.raises(RequestError, match="'priority' must be an integer") as e:
             build_specs(prompts, priority=bad)
         assert e.value.param == "priority"
+    limits = Limits(context_length=64, kv_total_slots=64, vocab_size=100, max_client_priority=10)
+    for ok in (10, -10, 0):
+        validate_spec(build_specs(prompts, priority=ok)[0], limits)
+    for bad in (11, -11, 2**63 - 1, -2**63, 10**40):  # beyond the cap: a 400 on the server
+        spec = build_specs(prompts, priority=bad)[0]
+        with pytest.raises(RequestError, match=r"accepts priorities from -10 to 10 \(--max-client-priority\)") as e:
+            validate_spec(spec, limits)
+        assert e.value.param == "priority"
+
+
+def test_urgency_ages_by_whole_ticks_and_is_bounded():
+    # one tick per second: arriving 6.5 s later costs 6 units (whole ticks passed: 16 - 10)
+    assert urgency(0, 10.0, aging_s=1.0) == -10 and urgency(5, 16.5, aging_s=1.0) == -11
+    assert urgency(7, 16.5, aging_s=1.0) == -9  # more than the ticks between them: more urgent
+    assert urgency(5, 1e6) == 5  # aging off: the priority alone
+    assert urgency(5, 3.0, low_values_first=True, aging_s=1.0) == -8  # a lower value is more urgent
+    assert urgency(2**63 - 1, 0.0, max_priority=100) == 100 and urgency(-2**63, 0.0, max_priority=100) == -100
+
+
+def test_by_priority_orders_by_aged_urgency_and_keeps_the_policy_order_among_equals():
+    def req(rid: str, priority: int, arrived_s: float) -> Req:
+        return Req(rid, [1], SamplingParams(), 0, priority=priority,
+                   urgency=urgency(priority, arrived_s, aging_s=0.5, max_priority=100))
+
+    old = req("old", 0, 100.0)  # waited 30 ticks longer than the flood
+    flood = [req(f"f{i}", 20, 115.0 + i / 10) for i in range(3)]  # ticks 230-230.6: equal urgency
+    same_tick = req("same", 0, 100.2)  # the same tick as "old"
+    fresh_urgent = req("urgent", 100, 116.0)  # outranks the 30-tick head start
+    ordered = [same_tick, *flood, old, fresh_urgent]  # the policy's order (e.g. lpm)
+    got = [r.rid for r in by_priority(ordered)]
+    assert got == ["urgent", "same", "old", "f0", "f1", "f2"]
+    # without aging the flood (20) comes before both priority-0 requests
+    for r in ordered:
+        r.urgency = urgency(r.priority, 0.0)
+    assert [r.rid for r in by_priority(ordered)] == ["urgent", "f0", "f1", "f2", "same", "old"]
+
+
+def test_a_request_that_waited_goes_before_a_fresh_more_urgent_one(tiny_llama):
+    """b (priority 0) waits 0.5 s, about 10 ticks of 0.05 s; then c (priority 3)
+    arrives: b has outgrown it. d (priority 100) outranks b's age."""
+    arrivals = (("b", 0, 0.0), ("c", 3, 0.5), ("d", 100, 0.0))
+    assert _admission_order(tiny_llama, arrivals, enable_priority_scheduling=True,
+                            priority_aging_s=0.05) == ["a", "d", "b", "c"]
+    # no aging: priority alone
+    assert _admission_order(tiny_llama, arrivals, enable_priority_scheduling=True,
+                            priority_aging_s=0) == ["a", "d", "c", "b"]
 
 
 @pytest.mark.slow  # three more schedulers; the fast path keeps the admission-order tests
