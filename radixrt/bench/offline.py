@@ -24,6 +24,12 @@ def _reset_peak(engine: Any) -> None:
     engine.scheduler.counters["peak_kv_used_slots"] = 0
 
 
+def _delta_rate(before: dict, after: dict) -> float:
+    """The radix tree's hit rate between two stats (its counters count from the start)."""
+    queried = after["queried_tokens"] - before["queried_tokens"]
+    return (after["hit_tokens"] - before["hit_tokens"]) / queried if queried else 0.0
+
+
 def run_offline(engine: Any, wl: Workload, label: str, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     runs = []
     for _ in range(max(1, args.repeats)):
@@ -40,7 +46,7 @@ def run_offline(engine: Any, wl: Workload, label: str, args: argparse.Namespace)
         counters = {
             "prompt_tokens_computed": after["prompt_tokens_computed"] - before["prompt_tokens_computed"],
             "retractions": after["retractions"] - before["retractions"],
-            "tree_hit_rate": cache["hit_tokens"] / cache["queried_tokens"] if cache["queried_tokens"] else 0.0,
+            "tree_hit_rate": _delta_rate(before["cache"], cache),
             "peak_kv_slots": after["peak_kv_used_slots"],
             "kv_pool_slots": after["kv"]["total_slots"],
         }

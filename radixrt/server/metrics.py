@@ -1,15 +1,69 @@
 """Prometheus metrics of one server (its own registry, so several servers or
-apps in one process do not collide)."""
+apps in one process do not collide).
+
+Conventions (Prometheus's and SGLang's): a count that only grows is a
+counter (``*_total``) and never goes down, not even on ``/flush_cache``
+(which drops cached prefixes, not history); a rate over any window is the
+client's ``rate()`` of counters. A gauge says in its help text what instant
+or window it describes. Values taken from the scheduler (its stats) are
+refreshed whenever ``/metrics`` is scraped.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST  # re-exported for admin_routes
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+# The scheduler's cumulative counts, exposed as counters: (name without _total, help,
+# label name or None, {label value or None: key of the scheduler's stats}).
+_SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tuple[str, str]]], ...] = (
+    ("radixrt_cache_queried_tokens", "Prompt tokens looked up in the radix cache (each request's prompt once, "
+     "at its first admission) since the server started", None,
+     {None: ("cache", "queried_tokens")}),
+    ("radixrt_cache_hit_tokens", "Of the queried prompt tokens, those found in the radix cache since the server "
+     "started, by tier (device: already there; host: loaded back from the host tier)", "tier",
+     {"device": ("cache", "device_hit_tokens"), "host": ("cache", "host_hit_tokens")}),
+    ("radixrt_retractions", "Running requests retracted (KV pressure, or preempted by priority) since the "
+     "server started", None, {None: ("", "retractions")}),
+    ("radixrt_swapped_out_tokens", "KV tokens of retracted requests moved to the host tier since the server "
+     "started", None, {None: ("host_kv", "swapped_out_tokens")}),
+)
+
+
+class _SchedulerCounters(Collector):
+    """The scheduler's own running totals, as Prometheus counters: the
+    scheduler counts (from its start, never reset), this process mirrors the
+    latest stats it has seen."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.values: dict[tuple[str, Optional[str]], float] = {}
+
+    def update(self, stats: dict) -> None:
+        for name, _help, _label, keys in _SCHEDULER_COUNTERS:
+            for label, (section, key) in keys.items():
+                src = (stats.get(section) or {}) if section else stats
+                if key in src:
+                    self.values[(name, label)] = float(src[key])
+
+    def collect(self) -> Iterator[Metric]:
+        for name, help_text, label_name, keys in _SCHEDULER_COUNTERS:
+            labels = ["model_name"] + ([label_name] if label_name else [])
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            for label in keys:
+                value = self.values.get((name, label))
+                if value is not None:
+                    family.add_metric([self.model_name] + ([label] if label else []), value)
+            yield family
 
 
 class ServerMetrics:
@@ -24,17 +78,23 @@ class ServerMetrics:
                                      lbl + ["route", "status"], registry=r)
         self.prompt_tokens = Counter("radixrt_prompt_tokens", "Prompt tokens of finished requests",
                                      lbl, registry=r)
-        self.generation_tokens = Counter("radixrt_generation_tokens", "Generated tokens", lbl, registry=r)
-        self.cached_tokens = Counter("radixrt_cached_tokens", "Prompt tokens served from the radix cache",
-                                     lbl, registry=r)
+        self.generation_tokens = Counter("radixrt_generation_tokens", "Generated tokens of finished requests",
+                                         lbl, registry=r)
+        self.cached_tokens = Counter("radixrt_cached_tokens", "Prompt tokens of finished requests served from the "
+                                     "radix cache (their first admission's match)", lbl, registry=r)
         self.cache_hit_rate = Gauge("radixrt_cache_hit_rate",
-                                    "Radix cache hit rate in tokens (hit / queried) since start", lbl, registry=r)
-        self.running = Gauge("radixrt_num_running_reqs", "Requests running in the scheduler", lbl, registry=r)
-        self.queued = Gauge("radixrt_num_queued_reqs", "Requests waiting in the scheduler", lbl, registry=r)
-        self.inflight = Gauge("radixrt_num_inflight_reqs", "Requests the HTTP server awaits", lbl, registry=r)
-        self.kv_slots = Gauge("radixrt_kv_slots", "KV slots by owner (free, tree, private, total)",
-                              lbl + ["state"], registry=r)
-        self.kv_usage = Gauge("radixrt_kv_usage", "Share of KV slots not free", lbl, registry=r)
+                                    "Radix cache hit rate in tokens since the server started: "
+                                    "radixrt_cache_hit_tokens_total / radixrt_cache_queried_tokens_total "
+                                    "(/flush_cache does not reset it; rate() those counters for a window)",
+                                    lbl, registry=r)
+        self.running = Gauge("radixrt_num_running_reqs", "Requests running in the scheduler, at the last scrape",
+                             lbl, registry=r)
+        self.queued = Gauge("radixrt_num_queued_reqs", "Requests waiting in the scheduler, at the last scrape",
+                            lbl, registry=r)
+        self.inflight = Gauge("radixrt_num_inflight_reqs", "Requests the HTTP server awaits now", lbl, registry=r)
+        self.kv_slots = Gauge("radixrt_kv_slots", "KV slots by owner (free, tree, private, total), at the last "
+                              "scrape", lbl + ["state"], registry=r)
+        self.kv_usage = Gauge("radixrt_kv_usage", "Share of KV slots not free, at the last scrape", lbl, registry=r)
         kv_lbl = lbl + ["kv_cache_dtype"]
         self.kv_bytes_per_token = Gauge("radixrt_kv_cache_bytes_per_token",
                                         "KV cache bytes per token, all layers, K and V, scales included",
@@ -48,16 +108,10 @@ class ServerMetrics:
                                  kv_lbl, registry=r)
         self.kv_bytes = Gauge("radixrt_kv_cache_bytes", "Bytes of the KV pool (data and scales)",
                               kv_lbl, registry=r)
-        self.cache_hit_tokens = Gauge("radixrt_cache_hit_tokens", "Prompt tokens served from the radix cache "
-                                      "since start, by tier (device: already there; host: loaded back)",
-                                      lbl + ["tier"], registry=r)
-        self.host_kv_slots = Gauge("radixrt_host_kv_slots", "Host KV tier slots by owner (free, tree, total)",
-                                   lbl + ["state"], registry=r)
-        self.swapped_out_tokens = Gauge("radixrt_swapped_out_tokens",
-                                        "KV tokens of retracted requests moved to the host tier since start",
-                                        lbl, registry=r)
-        self.retractions = Gauge("radixrt_retractions", "Requests retracted under KV pressure since start",
-                                 lbl, registry=r)
+        self.host_kv_slots = Gauge("radixrt_host_kv_slots", "Host KV tier slots by owner (free, tree, total), at "
+                                   "the last scrape", lbl + ["state"], registry=r)
+        self.scheduler_counters = _SchedulerCounters(model_name)
+        r.register(self.scheduler_counters)
         self.ttft = Histogram("radixrt_time_to_first_token_seconds", "Time to first token",
                               lbl, buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("radixrt_inter_token_latency_seconds", "Time between output tokens",
@@ -96,19 +150,14 @@ class ServerMetrics:
     def update_from_stats(self, stats: dict) -> None:
         self._m(self.running).set(stats.get("running", 0))
         self._m(self.queued).set(stats.get("waiting", 0))
-        self._m(self.retractions).set(stats.get("retractions", 0))
+        self.scheduler_counters.update(stats)
         cache = stats.get("cache") or {}
         if "hit_rate" in cache:
             self._m(self.cache_hit_rate).set(cache["hit_rate"])
-        for tier in ("device", "host"):
-            if f"{tier}_hit_tokens" in cache:
-                self._m(self.cache_hit_tokens, tier=tier).set(cache[f"{tier}_hit_tokens"])
         host = stats.get("host_kv") or {}
         for state in ("free", "tree", "total"):
             if f"{state}_slots" in host:
                 self._m(self.host_kv_slots, state=state).set(host[f"{state}_slots"])
-        if "swapped_out_tokens" in host:
-            self._m(self.swapped_out_tokens).set(host["swapped_out_tokens"])
         kv = stats.get("kv") or {}
         for state in ("free", "tree", "private", "total"):
             key = f"{state}_slots"

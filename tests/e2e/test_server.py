@@ -521,6 +521,62 @@ def test_metrics(server, client):
     assert ttft_count and float(ttft_count[0].split()[-1]) > 0
 
 
+def _scrape(client: httpx.Client) -> tuple[dict, dict]:
+    """(samples, help texts) of /metrics: {(name, labels): value} and {family name: help}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples, helps = {}, {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        helps[family.name] = family.documentation
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples, helps
+
+
+def _tokens_total(samples: dict, name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def test_flush_cache_resets_no_counter_and_the_hit_rate_is_since_start(tiny_server):
+    """Counters only go up: /flush_cache drops the cached prefixes, not the
+    history. radixrt_cache_hit_rate is what its help text says: hit / queried
+    tokens since the server started, i.e. the ratio of the two counters."""
+    with _http_client(tiny_server) as client:
+        prompt = "Counters only ever go up, whatever happens to the cache. " * 3
+        for _ in range(2):  # the second one hits the first one's prefix
+            assert client.post("/generate", json={"text": prompt, "sampling_params": greedy(2)}).status_code == 200
+        wait_idle(client)
+        before, helps = _scrape(client)
+        assert "since the server started" in helps["radixrt_cache_hit_rate"]
+        assert "/flush_cache does not reset it" in helps["radixrt_cache_hit_rate"]
+
+        def rate_of(samples: dict) -> float:
+            hit = _tokens_total(samples, "radixrt_cache_hit_tokens_total")
+            return hit / _tokens_total(samples, "radixrt_cache_queried_tokens_total")
+
+        [rate_before] = [v for (n, _), v in before.items() if n == "radixrt_cache_hit_rate"]
+        assert 0 < rate_before == pytest.approx(rate_of(before))
+        assert client.post("/flush_cache").status_code == 200
+        after, _ = _scrape(client)
+        totals = [k for k in before if k[0].endswith("_total")]
+        assert len(totals) >= 8 and ("radixrt_cache_queried_tokens_total", (("model_name", "default"),)) in totals
+        for key in totals:
+            assert after[key] >= before[key], (key, before[key], after[key])
+        [rate_after] = [v for (n, _), v in after.items() if n == "radixrt_cache_hit_rate"]
+        assert rate_after == rate_before  # not reset by the flush
+        # the same prompt now misses (the cache is empty): the totals and the rate move as documented
+        r = client.post("/generate", json={"text": prompt, "sampling_params": greedy(2)}).json()
+        assert r["meta_info"]["cached_tokens"] == 0
+        wait_idle(client)
+        last, _ = _scrape(client)
+        queried = _tokens_total(last, "radixrt_cache_queried_tokens_total")
+        assert queried - _tokens_total(after, "radixrt_cache_queried_tokens_total") == r["meta_info"]["prompt_tokens"]
+        assert _tokens_total(last, "radixrt_cache_hit_tokens_total") == _tokens_total(
+            after, "radixrt_cache_hit_tokens_total")
+        [rate_last] = [v for (n, _), v in last.items() if n == "radixrt_cache_hit_rate"]
+        assert rate_last == pytest.approx(rate_of(last)) and rate_last < rate_before
+
+
 # ------------------------------------------------------------------ disconnects and load
 def test_client_disconnect_aborts_and_frees_kv(server, client):
     wait_idle(client)
