@@ -215,3 +215,14 @@ def raise_state_errors(group: ReqGroup) -> None:
     err = group_error(group)
     if err is not None:
         raise ServerError(503, err)
+
+
+def raise_refused(group: ReqGroup) -> None:
+    """ServerError 400 if the scheduler refused a sample of ``group`` (an abort
+    with status 400: a grammar that does not compile, a stop_regex whose search
+    runs away), as SGLang answers such a request; a stream ends with the abort
+    in its last event instead."""
+    for st in group.states:
+        fr = st.acc.finish_reason
+        if fr is not None and fr.is_abort and fr.status_code == 400:
+            raise bad_request(fr.message or "The request was refused.")

@@ -55,6 +55,22 @@ class ServerArgs:
     reasoning_parser: Optional[str] = None  # "qwen3": <think> text into reasoning_content
     max_tools: int = 128  # most function tools per request (OpenAI's limit); more: 400
     max_tools_chars: int = 1_000_000  # most characters of a request's tools as compact JSON; more: 400
+    responses_store_size: int = 1024  # /v1/responses kept for GET and previous_response_id (LRU); 0: none
+    responses_store_mb: float = 256.0  # ... and at most this much memory in all
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +109,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="most function tools one chat request may define (a 400 above; OpenAI's limit is 128)")
     parser.add_argument("--max-tools-chars", dest="max_tools_chars", type=int, default=1_000_000,
                         help="most characters a chat request's tools may take as compact JSON (a 400 above)")
+    parser.add_argument("--responses-store-size", dest="responses_store_size", type=_non_negative_int,
+                        default=1024,
+                        help="/v1/responses: how many responses (store: true) are kept for GET /v1/responses/{id} "
+                             "and previous_response_id; the least recently used go first (0: none is kept)")
+    parser.add_argument("--responses-store-mb", dest="responses_store_mb", type=_non_negative_float, default=256.0,
+                        help="/v1/responses: the most memory the stored responses may take, in MiB")
     from radixrt.router.cli import add_policy_args
 
     add_policy_args(parser, prefix="router-")

@@ -39,6 +39,7 @@ from radixrt.server.errors import as_bad_request, bad_request, error_body
 from radixrt.server.http_utils import (
     JSON,
     SSE_DONE,
+    raise_refused,
     raise_state_errors,
     read_json,
     sse,
@@ -133,20 +134,9 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     if not await wait_group(request, tm, group):
         return Response(status_code=499)
     raise_state_errors(group)
-    _raise_refused(group)
+    raise_refused(group)
     results = [st.acc.to_dict() for st in group.states]
     return JSON(results if multi else results[0])
-
-
-def _raise_refused(group: ReqGroup) -> None:
-    """ServerError 400 if the scheduler refused a sample of ``group`` (an abort
-    with status 400: a grammar that does not compile, a stop_regex whose search
-    runs away), as SGLang answers such a request; a stream ends with the abort
-    in its last event instead."""
-    for st in group.states:
-        fr = st.acc.finish_reason
-        if fr is not None and fr.is_abort and fr.status_code == 400:
-            raise bad_request(fr.message or "The request was refused.")
 
 
 async def _native_stream(group: ReqGroup, multi: bool, incremental: bool) -> AsyncIterator[bytes]:

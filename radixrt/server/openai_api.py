@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
@@ -234,7 +235,7 @@ def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser, settings: Op
     Blocking: parses every tool's schema (run it off the event loop)."""
     settings = settings or {}
     try:
-        tr = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+        tr = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, flat=req._flat_tools,
                          max_tools=settings.get("max_tools"), max_chars=settings.get("max_tools_chars"))
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
@@ -295,9 +296,24 @@ def _checked_chat(req: ChatCompletionRequest, tm: TokenizerManager, parser: Tool
     return tr, spec
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    req = await read_model(request, ChatCompletionRequest)
+@dataclass
+class ChatPlan:
+    """A checked chat request, ready to submit: its one spec (already validated:
+    ``tm.submit([plan.spec], validated=True)``) and how to read its output."""
+
+    spec: RequestSpec
+    tools: ToolRequest
+    parser: Optional[ToolCallParser]  # reads tool calls from the output; None while calls are off
+    reasoning: bool  # a <think> block goes to reasoning_content
+    remember: Optional[Callable[[str, list[int]], None]]  # sees each finished choice's text and ids
+
+
+async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext) -> ChatPlan:
+    """Everything /v1/chat/completions does before submitting (also used by
+    /v1/responses, whose requests become chat requests): the model name, the
+    server's limits, tools and tool_choice, the prompt, the sampling params
+    and the grammar that enforces calls, each refused with a 400 naming the
+    field."""
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
@@ -306,11 +322,19 @@ async def chat_completions(request: Request, ctx: ServerContext = Depends(server
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
     tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings)
-    group = tm.submit([spec], validated=True)
     remember = None
     if tr.tools and not _native(parser, tm):
         def remember(text: str, ids: list[int]) -> None:
             TURNS.remember(text, ids, lambda x: tm.tokenizer.decode(x, skip_special_tokens=False))
-    view = ChatView(req, group, len(spec.input_ids), tm.tokenizer, ctx.served_model_name,
-                    parser if tr.active else None, reasoning, remember)
+    return ChatPlan(spec, tr, parser if tr.active else None, reasoning, remember)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    req = await read_model(request, ChatCompletionRequest)
+    plan = await plan_chat(req, ctx)
+    tm = ctx.tm
+    group = tm.submit([plan.spec], validated=True)
+    view = ChatView(req, group, len(plan.spec.input_ids), tm.tokenizer, ctx.served_model_name,
+                    plan.parser, plan.reasoning, plan.remember)
     return await _answer(request, tm, group, view, req.stream)

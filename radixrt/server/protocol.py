@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt
 
 
 class _Lenient(BaseModel):
@@ -150,3 +150,6 @@ class ChatCompletionRequest(_SamplingExtras):
     separate_reasoning: Optional[bool] = None  # SGLang's: reasoning_content split from content
     chat_template_kwargs: Optional[dict[str, Any]] = None
     continue_final_message: bool = False
+    # True when built from a /v1/responses request: tools and tool_choice are in the Responses
+    # API's flat shapes (never set from a request body)
+    _flat_tools: bool = PrivateAttr(False)

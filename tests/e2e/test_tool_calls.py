@@ -16,8 +16,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.servers import serving
-
 pytestmark = pytest.mark.slow
 
 WEATHER = {"type": "function", "function": {
@@ -37,8 +35,8 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path):
-    yield from serving("--max-total-tokens", "24576", model="default")
+def server(default_server):
+    return default_server  # tests/e2e/conftest.py: shared with test_responses_api.py
 
 
 @pytest.fixture(scope="module")

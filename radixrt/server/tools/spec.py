@@ -4,16 +4,19 @@
 raw fields into a ``ToolRequest`` or raises ``ToolError`` (a ValueError
 carrying the OpenAI parameter name) with a message fit for a 400:
 
-* every tool is ``{"type": "function", "function": {"name": ..., ...}}``;
-  names are 1-64 characters of ``[A-Za-z0-9_.-]`` and nothing else (OpenAI's
-  rule, `is_tool_name`) and unique;
+* every tool is ``{"type": "function", "function": {"name": ..., ...}}``
+  (with ``flat``, the Responses API's shape: ``{"type": "function",
+  "name": ..., "parameters": ...}``); names are 1-64 characters of
+  ``[A-Za-z0-9_.-]`` and nothing else (OpenAI's rule, `is_tool_name`) and
+  unique;
 * with the server's limits given, at most ``max_tools`` tools of at most
   ``max_chars`` characters as compact JSON (counted before any tool is
   checked);
 * ``parameters`` (default: any object) is a JSON schema that xgrammar can
   compile, since enforced calls are decoded against it;
 * ``tool_choice`` is ``"auto"``, ``"none"``, ``"required"`` or
-  ``{"type": "function", "function": {"name": <a tool's name>}}``;
+  ``{"type": "function", "function": {"name": <a tool's name>}}`` (with
+  ``flat``: ``{"type": "function", "name": <a tool's name>}``);
   ``"required"`` or a named function without tools is refused.
 """
 from __future__ import annotations
@@ -81,54 +84,58 @@ class ToolRequest:
         return list(self.tools)
 
 
-def _check_tool(i: int, tool: Any) -> ToolSpec:
+def _check_tool(i: int, tool: Any, flat: bool) -> ToolSpec:
     where = f"tools[{i}]"
     if not isinstance(tool, dict):
         raise ToolError(f"{where} must be an object.", "tools")
     if tool.get("type", "function") != "function":
         raise ToolError(f"{where}.type is {tool.get('type')!r}; only 'function' tools are supported.", "tools")
-    fn = tool.get("function")
-    if not isinstance(fn, dict):
-        raise ToolError(f"{where}.function must be an object with a 'name'.", "tools")
+    if flat:
+        fn = {k: v for k, v in tool.items() if k != "type"}
+    else:
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise ToolError(f"{where}.function must be an object with a 'name'.", "tools")
+        where += ".function"
     name = fn.get("name")
     if not isinstance(name, str) or not name:
-        raise ToolError(f"{where}.function.name is missing.", "tools")
+        raise ToolError(f"{where}.name is missing.", "tools")
     if not is_tool_name(name):
-        raise ToolError(f"{where}.function.name {name!r} must be 1-64 characters of letters, digits, '_', '.' "
+        raise ToolError(f"{where}.name {name!r} must be 1-64 characters of letters, digits, '_', '.' "
                         f"or '-'.", "tools")
     desc = fn.get("description")
     if desc is not None and not isinstance(desc, str):
-        raise ToolError(f"{where}.function.description must be a string.", "tools")
+        raise ToolError(f"{where}.description must be a string.", "tools")
     params = fn.get("parameters")
     if params is None:
         params = {"type": "object"}
     if not isinstance(params, dict):
-        raise ToolError(f"{where}.function.parameters must be a JSON schema object.", "tools")
+        raise ToolError(f"{where}.parameters must be a JSON schema object.", "tools")
     if params.get("type", "object") != "object":
-        raise ToolError(f"{where}.function.parameters must describe an object (type 'object'), "
+        raise ToolError(f"{where}.parameters must describe an object (type 'object'), "
                         f"got type {params.get('type')!r}.", "tools")
     try:
         check_grammar(("json_schema", json.dumps(params)))
     except (ValueError, TypeError) as e:
         msg = str(e).split(": ", 1)[-1] if isinstance(e, ValueError) else str(e)
-        raise ToolError(f"{where}.function.parameters is not a usable JSON schema: {msg}", "tools") from None
+        raise ToolError(f"{where}.parameters is not a usable JSON schema: {msg}", "tools") from None
     return ToolSpec(name, desc, params, {"type": "function", "function": fn})
 
 
-def _choice(tool_choice: Any) -> tuple[str, Optional[str]]:
+def _choice(tool_choice: Any, flat: bool) -> tuple[str, Optional[str]]:
+    shape = '{"type": "function", "name": ...}' if flat else '{"type": "function", "function": {"name": ...}}'
     if tool_choice is None:
         return "auto", None
     if isinstance(tool_choice, str):
         if tool_choice not in CHOICE_MODES:
             raise ToolError(f"'tool_choice' is {tool_choice!r}; expected 'auto', 'none', 'required' or "
-                            f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.", "tool_choice")
+                            f"{shape}.", "tool_choice")
         return tool_choice, None
     if isinstance(tool_choice, dict):
-        fn = tool_choice.get("function")
+        fn = tool_choice if flat else tool_choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if tool_choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
-            raise ToolError("'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
-                            "{\"name\": <tool name>}}.", "tool_choice")
+            raise ToolError(f"'tool_choice' as an object must be {shape} naming a tool.", "tool_choice")
         return "named", name
     raise ToolError("'tool_choice' must be a string or an object.", "tool_choice")
 
@@ -148,15 +155,16 @@ def _check_size(tools: list[Any], max_tools: Optional[int], max_chars: Optional[
                                 f"{max_chars} per request (--max-tools-chars).", "tools")
 
 
-def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool], *,
-                max_tools: Optional[int] = None, max_chars: Optional[int] = None) -> ToolRequest:
-    """The request's tools and choice, checked (raises ``ToolError``).
-    ``max_tools`` and ``max_chars`` are the server's limits (None: none).
-    Blocking, and O(size of the tools): every schema is parsed into a grammar,
-    so servers call it off the event loop."""
-    mode, forced = _choice(tool_choice)
+def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool],
+                flat: bool = False, *, max_tools: Optional[int] = None,
+                max_chars: Optional[int] = None) -> ToolRequest:
+    """The request's tools and choice, checked (raises ``ToolError``); ``flat``:
+    in the Responses API's shapes. ``max_tools`` and ``max_chars`` are the
+    server's limits (None: none). Blocking, and O(size of the tools): every
+    schema is parsed into a grammar, so servers call it off the event loop."""
+    mode, forced = _choice(tool_choice, flat)
     _check_size(tools or [], max_tools, max_chars)
-    specs = [_check_tool(i, t) for i, t in enumerate(tools or [])]
+    specs = [_check_tool(i, t, flat) for i, t in enumerate(tools or [])]
     seen: set[str] = set()
     for t in specs:
         if t.name in seen:

@@ -1,0 +1,281 @@
+"""The OpenAI Responses API (``/v1/responses``) against a real server on the
+embedded model, with the official ``openai`` client: text answers equal to
+the chat route's, a ``previous_response_id`` continuation served from the
+radix cache, function tools under each ``tool_choice`` with the chat route's
+enforcement, a tool result sent back as a ``function_call_output``, streamed
+typed events that add up to the whole answer, ``store`` (retrieve, delete,
+``store: false``), structured output through ``text.format``, and bad
+requests refused with 400s naming the field."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                           "unit": {"type": "string", "enum": ["c", "f"]}},
+                          "required": ["city", "unit"]}}
+ADD = {"type": "function", "name": "add", "description": "Add two integers",
+       "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                       "b": {"type": "integer", "minimum": 0, "maximum": 999}},
+                      "required": ["a", "b"]}}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
+INSTRUCTIONS = "You are a careful assistant. Use the tools to answer."
+
+
+@pytest.fixture(scope="module")
+def server(default_server):
+    return default_server  # tests/e2e/conftest.py: shared with test_tool_calls.py
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _create(client, **kw):
+    kw.setdefault("max_output_tokens", 32)
+    kw.setdefault("temperature", 0)
+    return client.responses.create(model="default", **kw)
+
+
+def _call(response):
+    """The response's one function call, checked: a declared tool, arguments valid for its schema."""
+    calls = [o for o in response.output if o.type == "function_call"]
+    assert len(calls) == 1, response.output
+    call = calls[0]
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_") and call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    return call
+
+
+def test_text_equals_the_chat_answer(client):
+    """instructions + a list of input messages are the chat route's system + messages: same prompt, same
+    greedy answer."""
+    r = _create(client, instructions="Answer in one short sentence.",
+                input=[{"role": "user", "content": [{"type": "input_text", "text": "Name a colour of the sky."}]}])
+    chat = client.chat.completions.create(model="default", temperature=0, max_tokens=32, messages=[
+        {"role": "system", "content": "Answer in one short sentence."},
+        {"role": "user", "content": "Name a colour of the sky."}])
+    assert r.object == "response" and r.id.startswith("resp_") and r.status in ("completed", "incomplete")
+    assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
+    assert r.output_text and r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.instructions == "Answer in one short sentence." and r.store is True and r.temperature == 0
+
+
+def test_continuation_is_served_from_the_cache(client):
+    first = _create(client, input="Tell me one fact about the Moon.", max_output_tokens=24)
+    then = _create(client, previous_response_id=first.id, input="And one about Mars?", max_output_tokens=24)
+    assert then.previous_response_id == first.id and then.status in ("completed", "incomplete")
+    # the earlier turn (prompt and answer) is in the prompt, and the radix cache serves it
+    assert then.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    cached = then.usage.input_tokens_details.cached_tokens
+    print(f"continuation: {cached} of {then.usage.input_tokens} input tokens cached "
+          f"(the earlier turn: {first.usage.total_tokens})")
+    assert cached >= first.usage.input_tokens
+    # a third turn continues the second: the whole chain is the prompt
+    third = _create(client, previous_response_id=then.id, input="Thanks.", max_output_tokens=8)
+    assert third.usage.input_tokens > then.usage.input_tokens + then.usage.output_tokens
+    assert third.usage.input_tokens_details.cached_tokens >= then.usage.input_tokens
+
+
+def test_tool_choice_modes(client):
+    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
+                tool_choice="required", parallel_tool_calls=False, max_output_tokens=64)
+    assert r.status == "completed"
+    _call(r)
+    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
+                tool_choice={"type": "function", "name": "add"}, max_output_tokens=64)
+    assert _call(r).name == "add"
+    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
+                tool_choice="none", max_output_tokens=8)
+    assert [o.type for o in r.output] == ["message"] and r.output_text
+    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
+                tool_choice="auto", max_output_tokens=12)
+    for o in r.output:  # free text, or a call the grammar kept valid
+        if o.type == "function_call" and o.status == "completed":
+            jsonschema.validate(json.loads(o.arguments), SCHEMAS[o.name])
+
+
+def test_tool_result_continues_the_conversation(client):
+    """The Agents SDK's loop: a required call, its result as a function_call_output item on
+    previous_response_id, then an answer; the earlier turn is served from the cache."""
+    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
+                tool_choice="required", parallel_tool_calls=False, max_output_tokens=64)
+    call = _call(r)
+    then = _create(client, instructions=INSTRUCTIONS, previous_response_id=r.id, tools=TOOLS,
+                   input=[{"type": "function_call_output", "call_id": call.call_id,
+                           "output": json.dumps({"weather": "sunny", "celsius": 21})}], max_output_tokens=24)
+    assert then.status in ("completed", "incomplete") and then.output
+    assert then.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
+    # the same turn sent whole (no previous_response_id): the same prompt
+    whole = _create(client, instructions=INSTRUCTIONS, tools=TOOLS, input=[
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id,
+         "output": json.dumps({"weather": "sunny", "celsius": 21})}], max_output_tokens=24)
+    assert whole.usage.input_tokens == then.usage.input_tokens and whole.output_text == then.output_text
+    # a result for a call that was never made is refused, as on chat
+    with pytest.raises(openai.BadRequestError) as e:
+        _create(client, previous_response_id=r.id, tools=TOOLS,
+                input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}])
+    assert e.value.body["param"] == "input.0.call_id", e.value.body
+
+
+def _stream(client, **kw):
+    """The events of a streamed response, and the response its last event carries
+    (``get_final_response`` when it completed; a cut answer ends with response.incomplete)."""
+    kw.setdefault("max_output_tokens", 32)
+    kw.setdefault("temperature", 0)
+    with client.responses.stream(model="default", **kw) as stream:
+        events = list(stream)
+        final = stream.get_final_response() if events[-1].type == "response.completed" else events[-1].response
+    assert events[-1].type == {"completed": "response.completed", "incomplete": "response.incomplete"}[final.status]
+    return events, final
+
+
+def test_stream_adds_up_to_the_whole_answer(client):
+    ask = dict(instructions="Answer briefly.", input="Why is the sea salty?")
+    events, final = _stream(client, **ask)
+    whole = _create(client, **ask)
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and final.status == whole.status
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert "".join(deltas) == done.text == final.output_text == whole.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    # the streamed response is stored like a whole one
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_streamed_call_adds_up_to_the_whole_call(client):
+    ask = dict(instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
+               tool_choice="required", parallel_tool_calls=False, max_output_tokens=64)
+    events, final = _stream(client, **ask)
+    whole = _call(_create(client, **ask))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1  # the arguments arrive in fragments
+    call = _call(final)
+    assert "".join(deltas) == call.arguments
+    assert (call.name, call.arguments) == (whole.name, whole.arguments)
+    added = [e.item.id for e in events if e.type == "response.output_item.added"]
+    assert added == [o.id for o in final.output]
+
+
+def test_store_retrieve_delete(client, server):
+    r = _create(client, input="Say hi.", max_output_tokens=4)
+    got = client.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text and got.usage == r.usage
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError, match="store=false") as e:
+        _create(client, previous_response_id=r.id, input="again")
+    assert e.value.body["param"] == "previous_response_id"
+    assert httpx.delete(server.url + f"/v1/responses/{r.id}", timeout=10).status_code == 404
+
+
+def test_store_false_is_neither_kept_nor_continued(client):
+    r = _create(client, input="Say hi.", max_output_tokens=4, store=False)
+    assert r.store is False and r.output_text
+    with pytest.raises(openai.NotFoundError, match="store=false"):
+        client.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError, match="store=false"):
+        _create(client, previous_response_id=r.id, input="again")
+
+
+def test_text_format_json_schema(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"], "additionalProperties": False}
+    r = _create(client, input="Paris is sunny today. Give the city and whether it is sunny as JSON.",
+                text={"format": {"type": "json_schema", "name": "weather", "schema": schema, "strict": True}},
+                max_output_tokens=48)
+    assert r.status == "completed", r
+    jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.text.format.type == "json_schema"
+
+
+BAD = {
+    # name: (body fields besides model, the error's param)
+    "no_input": ({}, "input"),
+    "empty_input": ({"input": []}, "input"),
+    "input_not_a_list": ({"input": {"role": "user"}}, "input"),
+    "unknown_item_type": ({"input": [{"type": "bogus"}]}, "input.0"),
+    "bad_role": ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
+    "image_part": ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+                   "input.0.content.0"),
+    "call_without_call_id": ({"input": [{"type": "function_call", "name": "add", "arguments": "{}"}]},
+                             "input.0.call_id"),
+    "call_arguments_not_json": ({"input": [{"role": "user", "content": "x"}, {
+        "type": "function_call", "call_id": "c1", "name": "add", "arguments": "{"}]}, "input.1.arguments"),
+    "call_name_with_newline": ({"input": [{"type": "function_call", "call_id": "c1", "name": "add\n",
+                                           "arguments": "{}"}]}, "input.0.name"),
+    "output_answering_no_call": ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]},
+                                 "input.0"),
+    "item_reference": ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
+    "hosted_tool": ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+    "tool_without_name": ({"input": "x", "tools": [{"type": "function", "parameters": {}}]}, "tools"),
+    "named_choice_not_a_tool": ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function",
+                                                                                  "name": "nope"}}, "tool_choice"),
+    "required_without_tools": ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+    "choice_in_chat_shape": ({"input": "x", "tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    "unusable_schema": ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "no-such-type"}}}}], "tool_choice": "required"}, "tools"),
+    "format_without_schema": ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}},
+                              "text.format"),
+    "format_with_a_bad_schema": ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "no-such-type"}}}}, "text.format"),
+    "max_output_tokens_a_string": ({"input": "x", "max_output_tokens": "5"}, "max_output_tokens"),
+    "max_output_tokens_zero": ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    "temperature_too_high": ({"input": "x", "temperature": 3}, "temperature"),
+    "unknown_previous_response": ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id"),
+    "background": ({"input": "x", "background": True}, "background"),
+    "truncation_auto": ({"input": "x", "truncation": "auto"}, "truncation"),
+    "metadata_too_large": ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_requests_are_400_naming_the_field(server, case):
+    fields, param = BAD[case]
+    r = httpx.post(server.url + "/v1/responses", json={"model": "default", **fields}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert err["message"] and err["type"] == "invalid_request_error"
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_unknown_model_and_id_are_404(server):
+    r = httpx.post(server.url + "/v1/responses", json={"model": "nope", "input": "x"}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.get(server.url + "/v1/responses/resp_nope", timeout=30)
+    assert r.status_code == 404 and "resp_nope" in r.json()["error"]["message"]
+
+
+def test_no_kv_leaked(server):
+    """After every request above (400s and streams included): free + tree == total, nothing private."""
+    deadline = time.monotonic() + 60
+    while True:
+        st = httpx.get(server.url + "/debug/kv", timeout=10).json()
+        if st["running"] == 0 and st["waiting"] == 0 and st["inflight"] == 0:
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.2)
+    kv = st["kv_slots"]
+    assert kv["private_slots"] == 0 and kv["free_slots"] + kv["tree_slots"] == kv["total_slots"], kv
