@@ -7,15 +7,22 @@ are built field by field from what each route takes, each field either a
 plausible value or any JSON value (NaN and huge numbers included), plus raw
 junk: bytes that are not JSON, wrong content types, wrong methods.
 
+Tool calling gets its own run (`test_fuzz_tool_calling_and_responses`) on
+a second server whose context holds the tools' description: chat bodies with
+tools, tool_choice, assistant tool_calls and tool messages, and Responses
+bodies with tools, function_call / function_call_output items and
+continuations of the responses the fuzz stored (``previous_response_id``).
+
 It checks that no request is answered with a 5xx, that none hangs (each has a
-deadline), and afterwards that the server is healthy, still generates, and
+deadline), and afterwards that each server is healthy, still generates, and
 holds no request's KV once idle (free + tree + private == total, private ==
 0). Failures are collected over the whole run and reported together with the
 requests that caused them; the counts of 2xx/4xx/5xx answers are printed.
 
 Bounded: a fixed number of examples per route (derandomized, so CI sees the
 same requests every run), a context of 64 tokens so that no generation is
-long; about a minute on two CPU cores, server start-up included.
+long (the tools' server: every body bounds its output); about a minute and
+a half on two CPU cores, the two servers' start-ups (together) included.
 """
 from __future__ import annotations
 
@@ -32,9 +39,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from radixrt.bench.tiny_model import VOCAB_SIZE
-from tests.support.servers import serving
+from radixrt.server.local import LocalServer
 
-pytestmark = pytest.mark.slow  # a server start-up and ~600 requests: about a minute
+pytestmark = pytest.mark.slow  # two server start-ups and ~900 requests: about a minute and a half
 
 REQUEST_TIMEOUT_S = 60
 CONTEXT = 64  # no generation is long: a chat without max_tokens fills the context
@@ -149,6 +156,110 @@ CHAT = st.fixed_dictionaries({
                                             "type": "object", "properties": {"b": {"type": "boolean"}},
                                             "required": ["b"]}}}]),
 })
+
+# ---------------------------------------------------------------- tool calling and the Responses API
+# Tools, tool turns and Responses items, mostly valid (so that calls are enforced, parsed and streamed)
+# and sometimes not: names OpenAI refuses, schemas that are unusable, recursive or a regex bomb (both must
+# be 400s at once), arguments that are not JSON, results answering no call.
+GOOD_FUNCTIONS = [
+    {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}},
+    {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}}, "required": ["a", "b"]}},
+    {"name": "f.x-1"},
+]
+GOOD_NAMES = [f["name"] for f in GOOD_FUNCTIONS]
+bad_names = st.sampled_from(["bad name", "", "get_weather\n", "x" * 65, None])
+bad_params = st.sampled_from([
+    {"type": "string"}, {"type": "object", "properties": {"x": {"type": "no-such-type"}}}, [], "{}",
+    {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]},
+    {"type": "object", "properties": {"s": {"type": "string", "pattern": "a{3000000}"}}, "required": ["s"]},
+])
+tool_names = st.one_of(*[st.sampled_from(GOOD_NAMES)] * 6, bad_names)
+# text without the lone surrogate that `prompt_text` holds (any body with it is refused at once)
+clean_text = st.text(max_size=30) | st.sampled_from(["Hello", "What's the weather in Paris?", "Add 1 and 2.", ""])
+_clean_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "user", "developer"]),
+                                        "content": clean_text})
+_function = st.one_of(*[st.sampled_from(GOOD_FUNCTIONS)] * 4, st.fixed_dictionaries(
+    {"name": tool_names}, optional={"description": st.text(max_size=8) | st.just(3), "parameters": bad_params,
+                                    "strict": st.booleans()}))
+_functions = st.lists(_function, min_size=1, max_size=3, unique_by=lambda f: repr(f.get("name")))
+# (tools that are not functions, and any other junk, come from `mutated`)
+CHAT_TOOLS_LIST = _functions.map(lambda fs: [{"type": "function", "function": f} for f in fs])
+FLAT_TOOLS_LIST = _functions.map(lambda fs: [{"type": "function", **f} for f in fs])
+_modes = st.sampled_from(["required", "auto", "none", "required"])
+CHAT_TOOL_CHOICE = st.one_of(_modes, _modes, st.fixed_dictionaries({
+    "type": st.just("function"), "function": st.fixed_dictionaries({"name": tool_names})}))
+FLAT_TOOL_CHOICE = st.one_of(_modes, _modes, st.fixed_dictionaries({"type": st.just("function"),
+                                                                    "name": st.sampled_from(GOOD_NAMES)}))
+call_ids = st.sampled_from(["call_1", "call_2", "call_3", "call_1", "call_2", ""])
+call_arguments = st.one_of(*[st.sampled_from(['{"a": 1, "b": true}', '{"city": "Paris"}', "{}"])] * 3,
+                           st.sampled_from(["", "{", "[1]", "null"]))
+_chat_call = st.fixed_dictionaries({"id": call_ids, "type": st.just("function"), "function": st.fixed_dictionaries(
+    {"name": tool_names, "arguments": call_arguments | st.fixed_dictionaries({"a": st.integers(0, 9)})})})
+_assistant_calls = st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | clean_text,
+                                          "tool_calls": st.lists(_chat_call, min_size=1, max_size=2)})
+_tool_message = st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": call_ids,
+                                       "content": st.none() | clean_text})
+
+
+def _results(ids: list, result: st.SearchStrategy) -> st.SearchStrategy:
+    """Results answering calls with ``ids`` (mostly one of them; sometimes another id)."""
+    return st.lists(st.tuples(st.one_of(st.sampled_from(ids), st.sampled_from(ids), call_ids), result), max_size=2)
+
+
+# an agent's turn (a question, the calls, their results) or any mix of messages
+_chat_turn = st.tuples(_clean_message, _assistant_calls).flatmap(lambda t: _results(
+    [c["id"] for c in t[1]["tool_calls"]], clean_text).map(
+    lambda rs: [t[0], t[1], *({"role": "tool", "tool_call_id": i, "content": c} for i, c in rs)]))
+_chat_turns = st.one_of(_chat_turn, _chat_turn, st.lists(_clean_message, min_size=1, max_size=2),
+                        st.lists(_message | _assistant_calls | _tool_message, min_size=1, max_size=4))
+CHAT_TOOLS = st.fixed_dictionaries({
+    "model": st.just("default"), "messages": _chat_turns, "tools": CHAT_TOOLS_LIST, "max_tokens": st.integers(0, 24),
+}, optional={"tool_choice": CHAT_TOOL_CHOICE, "parallel_tool_calls": st.booleans(), "stream": st.booleans(),
+             "temperature": st.floats(0, 2), "n": st.integers(1, 2), "separate_reasoning": st.booleans(),
+             "response_format": st.sampled_from([{"type": "json_object"}, {"type": "text"}])})
+
+_part_types = st.sampled_from(["input_text", "output_text", "text"])  # (an image part is a 400: tests elsewhere)
+_parts = st.lists(st.fixed_dictionaries({"type": _part_types, "text": clean_text}), min_size=1, max_size=2)
+_item_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "user", "system", "developer", "assistant"]),
+     "content": clean_text | clean_text | _parts}, optional={"type": st.just("message")})
+_item_call = st.fixed_dictionaries({"type": st.just("function_call"), "call_id": call_ids, "name": tool_names,
+                                    "arguments": call_arguments})
+_item_output = st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": call_ids,
+                                      "output": clean_text | _parts})
+_item_odd = st.sampled_from([{"type": "reasoning", "summary": []}, {"type": "item_reference", "id": "msg_1"},
+                             {"type": "bogus"}, {"type": 5}, 5, None, []])
+# an agent's turn as items (a question, the calls, their outputs), a question, or any mix of items
+_item_turn = st.tuples(_item_message, st.lists(_item_call, min_size=1, max_size=2)).flatmap(lambda t: _results(
+    [c["call_id"] for c in t[1]], clean_text | _parts).map(
+    lambda rs: [t[0], *t[1], *({"type": "function_call_output", "call_id": i, "output": o} for i, o in rs)]))
+_items = st.one_of(_item_turn, _item_turn, st.lists(_item_message, min_size=1, max_size=2),
+                   st.lists(_item_message | _item_call | _item_output | _item_odd, max_size=4))
+LAST_RESPONSE = "<the last response the fuzz made>"  # `Continuations` puts a real id there
+_text_format = st.sampled_from([
+    {"format": {"type": "text"}}, {"format": {"type": "json_object"}}, {}, {"format": None},
+    {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "properties": {
+        "b": {"type": "boolean"}}, "required": ["b"]}}}])
+_responses_common = {
+    "instructions": clean_text, "stream": st.booleans(), "store": st.booleans(), "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.05, 1),
+    "previous_response_id": st.sampled_from([LAST_RESPONSE, LAST_RESPONSE, LAST_RESPONSE, "resp_nope"]),
+    "text": _text_format, "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    "truncation": st.just("disabled"), "user": st.text(max_size=4), "top_k": st.sampled_from([-1, 1, 5]),
+}
+RESPONSES = st.fixed_dictionaries({"model": st.just("default"), "input": prompt_text | _items}, optional={
+    **_responses_common, "max_output_tokens": st.integers(1, 24)})
+RESPONSES_TOOLS = st.fixed_dictionaries({
+    "model": st.just("default"), "input": clean_text | _items, "tools": FLAT_TOOLS_LIST,
+    "max_output_tokens": st.integers(1, 24),
+}, optional={**_responses_common, "tool_choice": FLAT_TOOL_CHOICE, "parallel_tool_calls": st.booleans()})
+# (the values refused on purpose, background: true and truncation: "auto" among them, come from `mutated`)
+RESPONSES_KEYS = ["model", "input", "instructions", "previous_response_id", "store", "stream", "tools",
+                  "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "text",
+                  "truncation", "metadata", "user", "background", "prompt_cache_key", "priority", "top_k"]
+
 ABORT = st.fixed_dictionaries({}, optional={"rid": st.text(max_size=8), "abort_all": st.booleans()})
 CONCAT = st.fixed_dictionaries({"src_rids": st.lists(st.text(max_size=6), max_size=3), "dst_rid": st.text(max_size=6)})
 GENERIC = st.one_of(st.just(None), ANY)
@@ -159,10 +270,16 @@ BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
                             (mutated_sampling(GENERATE, SAMPLING_KEYS), 60)],
     ("POST", "/v1/completions"): [(COMPLETIONS, 40), (mutated(COMPLETIONS, OPENAI_KEYS), 40)],
     ("POST", "/v1/chat/completions"): [(CHAT, 40), (mutated(CHAT, OPENAI_KEYS), 40)],
+    ("POST", "/v1/responses"): [(RESPONSES, 30), (mutated(RESPONSES, RESPONSES_KEYS), 20)],
     ("POST", "/abort_request"): [(ABORT, 10), (mutated(ABORT, ["rid", "abort_all"]), 15)],
     ("POST", "/concate_and_append_request"): [(CONCAT, 10), (mutated(CONCAT, ["src_rids", "dst_rid"]), 15)],
 }
 GENERIC_EXAMPLES = 8
+# the bodies with tools, on a server whose context holds the tools' description (every body bounds its output)
+TOOL_BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
+    ("POST", "/v1/chat/completions"): [(CHAT_TOOLS, 50), (mutated(CHAT_TOOLS, OPENAI_KEYS), 25)],
+    ("POST", "/v1/responses"): [(RESPONSES_TOOLS, 50), (mutated(RESPONSES_TOOLS, RESPONSES_KEYS), 25)],
+}
 # raw bodies that are not (valid) JSON objects, sent to every POST route
 JUNK = st.one_of(
     st.binary(max_size=64),
@@ -204,9 +321,12 @@ class Recorder:
         self.by_route: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.failures: list[str] = []
         self.seconds: collections.Counter = collections.Counter()
+        self.refusals: collections.Counter = collections.Counter()  # 4xx answers by route and message
         self.slowest: list[tuple[float, str]] = []
 
-    def send(self, method: str, path: str, *, body: Any = None, raw: tuple[str, bytes] | None = None) -> None:
+    def send(self, method: str, path: str, *, body: Any = None,
+             raw: tuple[str, bytes] | None = None) -> httpx.Response | None:
+        """Send one request; its answer (None when none came)."""
         kwargs: dict[str, Any] = {}
         if raw is not None:
             ctype, content = raw
@@ -216,6 +336,7 @@ class Recorder:
             kwargs["content"] = json.dumps(body, allow_nan=True).encode()
             kwargs["headers"] = {"content-type": "application/json"}
         t0 = time.monotonic()
+        r = None
         try:
             r = self.client.request(method, path, **kwargs)
             status = r.status_code
@@ -229,11 +350,56 @@ class Recorder:
         self.seconds[f"{method} {path}"] += took
         self.slowest = sorted(self.slowest + [(took, f"{status} {method} {path} {str(body)[:300]}")])[-5:]
         self.counts[cls] += 1
+        if cls == "4xx" and r is not None:
+            try:
+                message = str(r.json()["error"]["message"])
+            except (ValueError, KeyError, TypeError):
+                message = text
+            self.refusals[f"{method} {path.split('/v1/responses/')[0]}: {message[:70]}"] += 1
         self.by_route[f"{method} {path}"][cls] += 1
         if not isinstance(status, int) or status >= 500:
             sent = raw if raw is not None else json.dumps(body, allow_nan=True)[:500]
             self.failures.append(f"{method} {path} -> {status} after {time.monotonic() - t0:.1f}s: {text}\n"
                                  f"    sent: {sent!r}")
+        return r
+
+
+class Continuations:
+    """Sends /v1/responses bodies, putting the id of the last stored response the fuzz made where a body
+    holds `LAST_RESPONSE` (so continuations reach the stored conversation), and reads each new one back."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.last = "resp_none_yet"
+        self.last_calls: list[str] = []  # the call ids of the last stored response
+        self.continued = 0  # continuations of a real response that were answered 200
+
+    def _answering(self, items: Any) -> Any:
+        """``items`` with the placeholder call ids (call_1, call_2, ...) of their call outputs replaced by the
+        last response's call ids, as an agent loop answers its calls."""
+        if not isinstance(items, list):
+            return items
+        real = dict(zip(["call_1", "call_2", "call_3"], self.last_calls))
+        return [{**it, "call_id": real.get(it.get("call_id"), it.get("call_id"))}
+                if isinstance(it, dict) and it.get("type") == "function_call_output" else it for it in items]
+
+    def send(self, body: Any) -> None:
+        cont = isinstance(body, dict) and body.get("previous_response_id") == LAST_RESPONSE
+        if cont:
+            body = {**body, "previous_response_id": self.last, "input": self._answering(body.get("input"))}
+        r = self.rec.send("POST", "/v1/responses", body=body)
+        if r is None or r.status_code != 200:
+            return
+        self.continued += cont
+        if r.headers.get("content-type", "").startswith("text/event-stream"):  # the last event holds the response
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+            made = events[-1].get("response", {}) if events else {}
+        else:
+            made = r.json()
+        if made.get("store") and made.get("status") != "failed":
+            self.last = made["id"]
+            self.last_calls = [o["call_id"] for o in made["output"] if o["type"] == "function_call"]
+            self.rec.send("GET", f"/v1/responses/{made['id']}")
 
 
 def _fuzz(strategy: st.SearchStrategy, examples: int, send) -> None:
@@ -255,17 +421,55 @@ def _wait_idle(client: httpx.Client, timeout: float = 60.0) -> dict:
         time.sleep(0.2)
 
 
+TOOLS_CONTEXT = 512  # the generic tools description alone is about 100 tokens
+
+
 @pytest.fixture(scope="module")
-def fuzz_server(tiny_llama):
-    yield from serving("--context-length", str(CONTEXT), "--max-total-tokens", "4096", "--debug-check-invariants",
-                       "--served-model-name", "default", model=tiny_llama)
+def fuzz_servers(tiny_llama):
+    """Two servers on the tiny model, started together: a 64-token context for every route, and one
+    whose context holds tools for the bodies with tools."""
+    common = ("--max-total-tokens", "4096", "--debug-check-invariants", "--served-model-name", "default")
+    servers = [LocalServer("--context-length", str(CONTEXT), *common, model=tiny_llama),
+               LocalServer("--context-length", str(TOOLS_CONTEXT), *common, model=tiny_llama)]
+    try:
+        for srv in servers:
+            srv.wait_ready()
+        yield servers
+        for srv in servers:
+            assert srv.stop() == 0, srv.log_tail()
+    finally:
+        for srv in servers:
+            srv.cleanup()
 
 
-def test_fuzz_every_route(fuzz_server):
+def _report_and_check(rec: Recorder, client: httpx.Client) -> None:
+    """Print the counts; assert no 5xx or hang, and that the server is idle, healthy, still generates and
+    holds no request's KV."""
+    idle = _wait_idle(client)
+    health = client.get("/health").status_code
+    after = client.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+    kv = _wait_idle(client)["kv_slots"]
+
+    summary = ", ".join(f"{k}: {v}" for k, v in sorted(rec.counts.items()))
+    per_route = "\n".join(f"  {r}: {dict(c)}" for r, c in sorted(rec.by_route.items()))
+    print(f"\nfuzzed {sum(rec.counts.values())} requests ({summary})\n{per_route}")
+    print("seconds by route:", {k: round(v, 1) for k, v in rec.seconds.most_common(6)})
+    print("slowest:\n" + "\n".join(f"  {t:.2f}s {what}" for t, what in rec.slowest))
+    print("most frequent refusals:\n" + "\n".join(f"  {n} x {what}" for what, n in rec.refusals.most_common(8)))
+    assert not rec.failures, f"{len(rec.failures)} failures ({summary}):\n" + "\n".join(rec.failures[:40])
+    assert (idle["running"], idle["waiting"], idle["inflight"]) == (0, 0, 0), idle
+    assert health == 200
+    assert after.status_code == 200 and len(after.json()["output_ids"]) == 4
+    assert kv["private_slots"] == 0, kv
+    assert kv["free_slots"] + kv["tree_slots"] + kv["private_slots"] == kv["total_slots"], kv
+
+
+def test_fuzz_every_route(fuzz_servers):
     routes = _routes()
     assert ("POST", "/generate") in routes and ("POST", "/concate_and_append_request") in routes
-    with httpx.Client(base_url=fuzz_server.url, timeout=REQUEST_TIMEOUT_S) as client:
+    with httpx.Client(base_url=fuzz_servers[0].url, timeout=REQUEST_TIMEOUT_S) as client:
         rec = Recorder(client)
+        responses = Continuations(rec)
         for method, path in routes:
             if "{" in path:  # a path parameter: fill it
                 head = path.split("{")[0]
@@ -276,25 +480,28 @@ def test_fuzz_every_route(fuzz_server):
                 _fuzz(st.just(None), 2, lambda _, p=path: rec.send("GET", p))
             else:
                 for strategy, n in BODIES.get((method, path), [(GENERIC, GENERIC_EXAMPLES)]):
-                    _fuzz(strategy, n, lambda v, m=method, p=path: rec.send(m, p, body=v))
+                    send = responses.send if path == "/v1/responses" else (
+                        lambda v, m=method, p=path: rec.send(m, p, body=v))
+                    _fuzz(strategy, n, send)
                 _fuzz(JUNK, 12, lambda raw, m=method, p=path: rec.send(m, p, raw=raw))
             for wrong in {"GET", "POST", "PUT", "DELETE"} - {m for m, p in routes if p == path}:
                 rec.send(wrong, path.split("{")[0])
         rec.send("GET", "/no/such/route")
+        _report_and_check(rec, client)
 
-        idle = _wait_idle(client)
-        health = client.get("/health").status_code
-        after = client.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
-        kv = _wait_idle(client)["kv_slots"]
 
-    summary = ", ".join(f"{k}: {v}" for k, v in sorted(rec.counts.items()))
-    per_route = "\n".join(f"  {r}: {dict(c)}" for r, c in sorted(rec.by_route.items()))
-    print(f"\nfuzzed {sum(rec.counts.values())} requests ({summary})\n{per_route}")
-    print("seconds by route:", {k: round(v, 1) for k, v in rec.seconds.most_common(6)})
-    print("slowest:\n" + "\n".join(f"  {t:.2f}s {what}" for t, what in rec.slowest))
-    assert not rec.failures, f"{len(rec.failures)} failures ({summary}):\n" + "\n".join(rec.failures[:40])
-    assert (idle["running"], idle["waiting"], idle["inflight"]) == (0, 0, 0), idle
-    assert health == 200
-    assert after.status_code == 200 and len(after.json()["output_ids"]) == 4
-    assert kv["private_slots"] == 0, kv
-    assert kv["free_slots"] + kv["tree_slots"] + kv["private_slots"] == kv["total_slots"], kv
+def test_fuzz_tool_calling_and_responses(fuzz_servers):
+    """Chat and Responses bodies with tools, tool_choice, assistant calls and tool results (chat messages
+    or Responses items), and Responses continuations of stored responses, on a context that holds the
+    tools: calls are enforced, parsed and streamed, or the body is refused with a 4xx."""
+    with httpx.Client(base_url=fuzz_servers[1].url, timeout=REQUEST_TIMEOUT_S) as client:
+        rec = Recorder(client)
+        responses = Continuations(rec)
+        for (method, path), strategies in TOOL_BODIES.items():
+            for strategy, n in strategies:
+                send = responses.send if path == "/v1/responses" else (
+                    lambda v, m=method, p=path: rec.send(m, p, body=v))
+                _fuzz(strategy, n, send)
+        print(f"\n{responses.continued} continuations of a stored response answered")
+        assert rec.by_route["POST /v1/chat/completions"]["2xx"] > 0 and rec.by_route["POST /v1/responses"]["2xx"] > 0
+        _report_and_check(rec, client)
