@@ -37,6 +37,7 @@ from typing import Any, Optional
 
 import httpx
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.keys import routing_key
@@ -194,7 +195,9 @@ async def _broadcast(state: RouterState, request: Request, path: str) -> list[An
 
 class _Guard:
     """ASGI middleware: the API key, 503 while draining, and the count of
-    answers in progress (streams included, until their last byte)."""
+    answers in progress (streams included, until their last byte). A client
+    that leaves (or is cut off by a read timeout) before its body is complete
+    costs one log line at INFO, not a traceback."""
 
     def __init__(self, app: Any, state: RouterState) -> None:
         self.app = app
@@ -217,6 +220,9 @@ class _Guard:
         self.state.active += 1
         try:
             await self.app(scope, receive, send)
+        except ClientDisconnect:
+            logger.info("%s %s: the client left before its request body was complete",
+                        scope.get("method"), scope["path"])
         finally:
             self.state.active -= 1
 

@@ -68,6 +68,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace-s", dest="shutdown_grace_s", type=float, default=10.0,
                    help="on SIGTERM/Ctrl-C, seconds the answers in flight may take to finish")
     p.add_argument("--log-level", dest="log_level", default="warning", help="log level")
+    from radixrt.server.slow_clients import add_read_timeout_args
+
+    add_read_timeout_args(p)
     add_policy_args(p)
 
 
@@ -83,11 +86,16 @@ def pool_from_args(args: argparse.Namespace, urls: list[str]) -> WorkerPool:
 
 
 def serve_router(app: Any, host: str, port: int, grace_s: float, log_level: str = "warning",
-                 on_drain: Optional[Callable[[], None]] = None, banner: str = "radixrt router") -> int:
+                 on_drain: Optional[Callable[[], None]] = None, banner: str = "radixrt router",
+                 header_timeout_s: float = 10.0, body_timeout_s: float = 30.0) -> int:
     """Run ``app`` (from `build_router_app`) until a signal; drain on the first.
     ``on_drain`` runs when draining starts (``--dp``: signal the replicas).
+    A request's head and body must arrive within ``header_timeout_s`` and
+    ``body_timeout_s`` (radixrt/server/slow_clients.py).
     Returns 0 after a clean stop, 1 when the port could not be bound."""
     import uvicorn
+
+    from radixrt.server.slow_clients import timed_h11_protocol
 
     state = app.state.router
     loop_box: list[asyncio.AbstractEventLoop] = []
@@ -119,7 +127,7 @@ def serve_router(app: Any, host: str, port: int, grace_s: float, log_level: str 
     level = log_level.lower()
     config = uvicorn.Config(app, host=host, port=port, log_level=level if level in ("debug", "info") else "warning",
                             access_log=level in ("debug", "info"), lifespan="on", timeout_keep_alive=30,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=timed_h11_protocol(header_timeout_s, body_timeout_s))
     server = DrainingServer(config)
     server.run()
     return 0 if server.started else 1
@@ -135,4 +143,5 @@ def router_main(args: argparse.Namespace) -> int:
                           eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware"
                           else None)
     app = build_router_app(pool, config)
-    return serve_router(app, args.host, args.port, args.shutdown_grace_s, args.log_level)
+    return serve_router(app, args.host, args.port, args.shutdown_grace_s, args.log_level,
+                        header_timeout_s=args.header_read_timeout_s, body_timeout_s=args.body_read_timeout_s)

@@ -157,7 +157,8 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
                     os.kill(p.pid, signal.SIGTERM)
 
         code = serve_router(app, sargs.host, sargs.port, sargs.shutdown_grace_s, config.log_level,
-                            on_drain=on_drain, banner=f"radixrt server (--dp {n})")
+                            on_drain=on_drain, banner=f"radixrt server (--dp {n})",
+                            header_timeout_s=sargs.header_read_timeout_s, body_timeout_s=sargs.body_read_timeout_s)
         return code or state["exit_code"]
     finally:
         _stop(procs, sargs.shutdown_grace_s + 10.0)

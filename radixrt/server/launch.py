@@ -45,12 +45,15 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: Optional[str] = None
+    admin_api_key: Optional[str] = None
     served_model_name: Optional[str] = None
     max_request_bytes: int = 32 * 1024 * 1024
     startup_timeout: float = 600.0
     timeout_graceful_shutdown: float = 5.0  # uvicorn's, after draining: open connections get this long
     shutdown_grace_s: float = 10.0
     scheduler_stall_timeout_s: float = 30.0
+    header_read_timeout_s: float = 10.0  # a request's head must arrive within this (radixrt/server/slow_clients.py)
+    body_read_timeout_s: float = 30.0  # ... and its body within this after the head
     tool_call_parser: str = "auto"  # OpenAI tool calls' format (radixrt/server/tools/parsers.py)
     reasoning_parser: Optional[str] = None  # "qwen3": <think> text into reasoning_content
     max_tools: int = 128  # most function tools per request (OpenAI's limit); more: 400
@@ -81,6 +84,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", dest="api_key", default=os.environ.get("RADIXRT_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health "
                              "(default: $RADIXRT_API_KEY)")
+    parser.add_argument("--admin-api-key", dest="admin_api_key", default=os.environ.get("RADIXRT_ADMIN_API_KEY"),
+                        help="the operator's key (default: $RADIXRT_ADMIN_API_KEY): accepted wherever --api-key "
+                             "is, and needed for what only the operator may ask for (return_cache_info: "
+                             "'full', which shows other clients' cached text); unset: nobody may")
     parser.add_argument("--served-model-name", dest="served_model_name", default=None,
                         help="the model id for the OpenAI routes (default: the model folder's name)")
     parser.add_argument("--max-request-bytes", dest="max_request_bytes", type=int, default=32 * 1024 * 1024,
@@ -116,7 +123,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--responses-store-mb", dest="responses_store_mb", type=_non_negative_float, default=256.0,
                         help="/v1/responses: the most memory the stored responses may take, in MiB")
     from radixrt.router.cli import add_policy_args
+    from radixrt.server.slow_clients import add_read_timeout_args
 
+    add_read_timeout_args(parser)
     add_policy_args(parser, prefix="router-")
 
 
@@ -270,6 +279,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
 
     from radixrt.server.http_server import ServerContext, build_app
     from radixrt.server.metrics import ServerMetrics
+    from radixrt.server.slow_clients import timed_h11_protocol
     from radixrt.server.tokenizer_manager import TokenizerManager
 
     sched_info = children[0].info or {}
@@ -283,6 +293,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
     chat_info = _chat_template_info(tokenizer)
     public_args = {**dataclasses.asdict(config), **dataclasses.asdict(sargs)}
     public_args["api_key"] = "***" if sargs.api_key else None
+    public_args["admin_api_key"] = "***" if sargs.admin_api_key else None
     state = {"exit_code": 0, "stopping": False}
     heartbeat.value = time.monotonic()  # the scheduler is ready; its loop beats from now on
     server_box: list[Any] = []
@@ -301,7 +312,8 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
 
     ctx = ServerContext(
         tm=tm, metrics=metrics, model_path=config.model_path, resolved_model_path=resolved,
-        served_model_name=served, api_key=sargs.api_key, max_request_bytes=sargs.max_request_bytes,
+        served_model_name=served, api_key=sargs.api_key, admin_api_key=sargs.admin_api_key,
+        max_request_bytes=sargs.max_request_bytes,
         server_args=public_args, model_aliases=aliases, chat_info=chat_info, healthy=healthy,
         health_problem=health_problem,
         process_ids={"server": os.getpid(), **{c.name: c.proc.pid for c in children}},
@@ -385,6 +397,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
         app, host=sargs.host, port=sargs.port, log_level=level if level in ("debug", "info") else "warning",
         access_log=level in ("debug", "info"), timeout_graceful_shutdown=sargs.timeout_graceful_shutdown,
         lifespan="on", timeout_keep_alive=30,
+        http=timed_h11_protocol(sargs.header_read_timeout_s, sargs.body_read_timeout_s),
     )
     server = DrainingServer(uconfig)
     server_box.append(server)

@@ -22,8 +22,11 @@ import pytest
 
 from radixrt.server.local import LocalServer
 from tests.support.servers import pid_alive, serving
+from tests.support.slow_client import drip
 
 STALL_TIMEOUT_S = 1.5  # --scheduler-stall-timeout-s of the module's server
+HEADER_TIMEOUT_S = 1.5  # its --header-read-timeout-s
+BODY_TIMEOUT_S = 3.0  # its --body-read-timeout-s (the 30 MB uploads below take well under a second)
 LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test waits
 
 
@@ -31,6 +34,7 @@ LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test 
 def server(tiny_llama):
     yield from serving("--max-total-tokens", "24576", "--served-model-name", "default",
                        "--scheduler-stall-timeout-s", str(STALL_TIMEOUT_S),
+                       "--header-read-timeout-s", str(HEADER_TIMEOUT_S), "--body-read-timeout-s", str(BODY_TIMEOUT_S),
                        "--max-tools", "20000", "--max-tools-chars", "50000000", model=tiny_llama)
 
 
@@ -99,6 +103,56 @@ def test_upload_cut_short_logs_no_traceback(server):
     assert httpx.get(server.url + "/health").status_code == 200
     log = server.log_tail(100_000)
     assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]
+
+
+def test_slow_clients_are_cut_off_and_others_are_served_meanwhile(server):
+    """Slowloris: headers a byte every 0.2 s, a body likewise, and a connection
+    that sends nothing. Each is closed within its read timeout (+ slack), the
+    first two after a 408; a normal client is served meanwhile, and an idle
+    kept-alive connection (idle longer than the header timeout) stays usable."""
+    slack = 1.5
+    cases = {
+        "headers": (b"POST /generate HTTP/1.1\r\nHost: x\r\n", b"X-Slow: yes\r\n", HEADER_TIMEOUT_S),
+        "body": (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n", b'{"text": "aaaaaaaaaa', BODY_TIMEOUT_S),
+        "silent": (b"", b"", HEADER_TIMEOUT_S),
+    }
+    results: dict = {}
+
+    def run(name: str) -> None:
+        head, trickle, timeout = cases[name]
+        results[name] = drip(server.port, head, trickle, timeout + 10)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in cases]
+    for t in threads:
+        t.start()
+    served = []
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        port = _local_port(c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}))
+        while any(t.is_alive() for t in threads):
+            r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+            assert r.status_code == 200, r.text
+            served.append(_local_port(r))
+            time.sleep(0.1)
+        time.sleep(HEADER_TIMEOUT_S + 0.5)  # idle on a kept-alive connection: not a slow request
+        again = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+        assert again.status_code == 200 and _local_port(again) == port
+    for t in threads:
+        t.join()
+    assert len(served) >= 5 and set(served) == {port}, served
+    print("slow clients closed after " + ", ".join(f"{n} {r[0]:.2f} s" for n, r in results.items())
+          + f" (read timeouts: headers {HEADER_TIMEOUT_S} s, body {BODY_TIMEOUT_S} s); "
+          f"{len(served)} normal requests served meanwhile")
+    for name, (elapsed, received) in results.items():
+        timeout = cases[name][2]
+        assert timeout - 0.3 <= elapsed <= timeout + slack, (name, elapsed, received[:200])
+        if name == "silent":
+            assert received == b"", received
+            continue
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower(), (name, received)
+        assert json.loads(body)["error"]["code"] == 408, body
+    assert "Traceback" not in server.log_tail(100_000)
 
 
 def _health_while(server, request: Callable[[], httpx.Response]) -> tuple[httpx.Response, float, list[float]]:

@@ -25,10 +25,12 @@ import pytest
 
 from radixrt.server.local import LocalServer, free_port
 from tests.support.servers import pid_alive
+from tests.support.slow_client import drip
 
 pytestmark = pytest.mark.slow
 
 KEY = "k"
+ROUTER_READ_TIMEOUT_S = 1.0  # the round_robin router's --header-read-timeout-s and --body-read-timeout-s
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # Two system prompts of ~60 tokens each; questions add a few tokens.
 SYSTEM = [f"You are assistant number {i}. " + " ".join(f"rule {i}-{j} is important." for j in range(12))
@@ -46,12 +48,12 @@ class Worker:
 class Router:
     """A `radixrt router` process."""
 
-    def __init__(self, urls: list[str], policy: str, health_interval: float) -> None:
+    def __init__(self, urls: list[str], policy: str, health_interval: float, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixrt.cli", "router", "--port", str(self.port), "--policy", policy,
                "--api-key", KEY, "--health-check-interval", str(health_interval), "--health-check-timeout", "3",
-               "--health-failure-threshold", "1"]
+               "--health-failure-threshold", "1", *extra]
         for u in urls:
             cmd += ["--worker-url", u]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -94,10 +96,27 @@ def routers(workers):
     urls = [w.url for w in workers]
     # cache_aware: rare health checks, so that only a failed request can remove a worker (the failover test);
     # round_robin: frequent ones (the stopped-worker test)
-    made = {"cache_aware": Router(urls, "cache_aware", 60.0), "round_robin": Router(urls, "round_robin", 0.3)}
+    # round_robin also has short read timeouts (the slow-client test)
+    made = {"cache_aware": Router(urls, "cache_aware", 60.0),
+            "round_robin": Router(urls, "round_robin", 0.3, "--header-read-timeout-s", str(ROUTER_READ_TIMEOUT_S),
+                                  "--body-read-timeout-s", str(ROUTER_READ_TIMEOUT_S))}
     yield made
     for r in made.values():
         assert r.stop() == 0
+
+
+def test_router_cuts_off_slow_clients(routers):
+    """The router shares the server's read timeouts (radixrt/server/slow_clients.py):
+    headers or a body sent a byte every 0.2 s get a 408 and a closed connection."""
+    router = routers["round_robin"]
+    auth = f"Authorization: Bearer {KEY}\r\n".encode()
+    for head, trickle in ((b"POST /generate HTTP/1.1\r\nHost: x\r\n", b"X-Slow: yes\r\n"),
+                          (b"POST /generate HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 500\r\n\r\n",
+                           b'{"text": "aaaa')):
+        elapsed, received = drip(router.port, head, trickle, ROUTER_READ_TIMEOUT_S + 10)
+        assert ROUTER_READ_TIMEOUT_S - 0.3 <= elapsed <= ROUTER_READ_TIMEOUT_S + 1.5, (elapsed, received)
+        assert received.startswith(b"HTTP/1.1 408 "), received
+    assert _generate(router, "still served").status_code == 200
 
 
 def _hits(worker: Worker) -> tuple[int, int]:
