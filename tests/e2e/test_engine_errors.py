@@ -25,6 +25,10 @@ def engine(request):
         (dict(prompt="hi", sampling_params={"temperature": -0.5}), "temperature"),
         (dict(prompt="hi", sampling_params={"temprature": 0.5}), "unknown sampling parameter"),
         (dict(input_ids=[1, 2, 10**9]), "vocabulary"),
+        (dict(prompt="hi", priority=101), r"priorities from -100 to 100 \(--max-client-priority\)"),  # the default
+        (dict(prompt="hi", priority=-2**63), "--max-client-priority"),
+        (dict(prompt="hi", priority="1"), "'priority' must be an integer"),
+        (dict(prompt="hi", priority=True), "'priority' must be an integer"),
     ],
 )
 def test_bad_input_is_refused_and_engine_keeps_serving(engine, kwargs, match):
