@@ -13,7 +13,7 @@ from .choices import ChoicesSamplingMethod, token_length_normalized
 from .default_backend import backend_or_none, get_default_backend, set_default_backend  # noqa: F401  (public)
 from .function import SglFunction
 from .global_config import global_config  # noqa: F401  (SGLang's api exports it)
-from .ir import (
+from .nodes import (
     SglExpr,
     SglExprList,
     SglGen,

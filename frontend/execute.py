@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from .constraints import fit_to_constraint
 from .errors import FrontendError, UnsupportedModalityError
-from .ir import (
+from .nodes import (
     SglCommitLazy,
     SglConcateAndAppend,
     SglConstantText,

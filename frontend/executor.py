@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from .errors import FrontendError, ProgramError, StopTracing
 from .execute import check_supported, execute, produced_names
-from .ir import SglExpr, to_expr
+from .nodes import SglExpr, to_expr
 from .sampling_params import SglSamplingParams
 from .stream_log import StreamLog
 

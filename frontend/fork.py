@@ -17,7 +17,7 @@ from typing import Any
 
 from .executor import StreamExecutor
 from .global_config import global_config
-from .ir import SglCommitLazy, SglConcateAndAppend, SglExpr
+from .nodes import SglCommitLazy, SglConcateAndAppend, SglExpr
 
 
 def fork_executors(parent: StreamExecutor, size: int) -> list[StreamExecutor]:

@@ -3,8 +3,8 @@
 :class:`SglFunction` wraps a function whose first parameter is the program
 state. It binds program arguments to parameter names and starts runs; the
 running itself is ``interpreter.py``'s and the tracing ``tracer.py``'s. This
-module sits above both (they never import it), so the frontend's imports
-form no cycle.
+module sits above both (they never import it: they type the program as
+`program.Program`), so the frontend's imports form no cycle.
 """
 from __future__ import annotations
 

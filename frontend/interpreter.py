@@ -32,7 +32,7 @@ from .errors import UnsupportedModalityError
 from .executor import StreamExecutor
 from .fork import ProgramStateGroup  # noqa: F401  (re-exported: radixrt.frontend.interpreter.ProgramStateGroup)
 from .global_config import global_config
-from .ir import (  # noqa: F401  (SGLang's interpreter exports these nodes)
+from .nodes import (  # noqa: F401  (SGLang's interpreter exports these nodes)
     SglCommitLazy,
     SglConcateAndAppend,
     SglConstantText,
@@ -49,6 +49,7 @@ from .ir import (  # noqa: F401  (SGLang's interpreter exports these nodes)
     SglVarScopeEnd,
     SglVideo,
 )
+from .program import Program
 from .program_state import ProgramState
 from .sampling_params import SglSamplingParams
 from .tracer import Placeholder, shared_constant_prefix
@@ -56,7 +57,7 @@ from .tracer import Placeholder, shared_constant_prefix
 logger = logging.getLogger("radixrt.frontend")
 
 
-def run_program(func: Any, backend: Any, arguments: dict[str, Any], default_sampling: SglSamplingParams,
+def run_program(func: Program, backend: Any, arguments: dict[str, Any], default_sampling: SglSamplingParams,
                 stream: bool = False, use_thread: bool = True, catch_errors: bool = False) -> ProgramState:
     """Run program ``func`` (an ``SglFunction``) once with bound ``arguments``.
     ``catch_errors``: keep an ``Exception`` from the body in the state's
@@ -79,7 +80,7 @@ def run_program(func: Any, backend: Any, arguments: dict[str, Any], default_samp
     return state
 
 
-def run_internal(state: ProgramState, program: Any, func_args: Any, func_kwargs: Any, sync: bool) -> None:
+def run_internal(state: ProgramState, program: Program, func_args: Any, func_kwargs: Any, sync: bool) -> None:
     """SGLang's: run ``program``'s body on an existing ``state`` with
     ``func_args`` / ``func_kwargs``, end the state, and wait for its
     expressions when ``sync``."""
@@ -91,7 +92,7 @@ def run_internal(state: ProgramState, program: Any, func_args: Any, func_kwargs:
         state.stream_executor.sync()
 
 
-def cache_program(program: Any, backend: Any = None) -> str:
+def cache_program(program: Program, backend: Any = None) -> str:
     """SGLang's: prefill, in ``backend``'s cache, the constant text
     ``program`` starts with before its first generation call (found by
     tracing it with placeholder arguments) when it has at least
@@ -124,7 +125,7 @@ def encode_video_base64(video_path: Any, num_frames: int = 16) -> str:
     raise UnsupportedModalityError("videos are not supported: radixrt serves text-only models")
 
 
-def run_program_batch(func: Any, backend: Any, batch_arguments: list[dict[str, Any]],
+def run_program_batch(func: Program, backend: Any, batch_arguments: list[dict[str, Any]],
                       default_sampling: SglSamplingParams, num_threads: Union[str, int] = "auto",
                       progress_bar: bool = False, generator_style: bool = False,
                       prefill_shared_prefix: bool = True):
@@ -143,7 +144,7 @@ def run_program_batch(func: Any, backend: Any, batch_arguments: list[dict[str, A
     return states if generator_style else list(states)
 
 
-def _prefill_shared_prefix(func: Any, backend: Any, batch_arguments: list[dict[str, Any]],
+def _prefill_shared_prefix(func: Program, backend: Any, batch_arguments: list[dict[str, Any]],
                            default_sampling: SglSamplingParams) -> None:
     """Prefill the batch's shared constant prefix when it is long enough
     (``global_config.min_shared_prefix_chars``). A hint only: never fails."""

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Iterator, Optional
 
 from .executor import StreamExecutor
 from .fork import ProgramStateGroup, fork_executors
-from .ir import SglExpr, SglRoleBegin, SglRoleEnd, SglVarScopeBegin, SglVarScopeEnd, role_turn
+from .nodes import SglExpr, SglRoleBegin, SglRoleEnd, SglVarScopeBegin, SglVarScopeEnd, role_turn
 
 
 class ProgramState:

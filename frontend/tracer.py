@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .backend import PLAIN_ROLE_MARKERS
 from .default_backend import resolve_backend
 from .errors import StopTracing
 from .executor import StreamExecutor
 from .global_config import global_config
-from .ir import SglArgument, SglConstantText, SglExpr, SglFork, SglGen, SglSelect, SglVariable
+from .nodes import SglArgument, SglConstantText, SglExpr, SglFork, SglGen, SglSelect, SglVariable
+from .program import Program
 from .program_state import ProgramState
 from .sampling_params import SglSamplingParams, default_sampling_params
-
-if TYPE_CHECKING:  # annotations only: function.py imports this module
-    from .function import SglFunction
 
 logger = logging.getLogger("radixrt.frontend")
 
@@ -117,7 +115,7 @@ class TraceRecorder:
 class TracedProgram:
     """Result of ``f.trace()``."""
 
-    def __init__(self, func: SglFunction, state: Any, recorder: TraceRecorder, error: Optional[BaseException]) -> None:
+    def __init__(self, func: Program, state: Any, recorder: TraceRecorder, error: Optional[BaseException]) -> None:
         self.func = func
         self.state = state
         self.nodes = recorder.nodes
@@ -163,7 +161,7 @@ def _markers_of(backend: Any) -> tuple[dict[str, tuple[str, str]], Optional[str]
     return b.get_role_markers(), b.get_default_system_prompt()
 
 
-def _traced_run(func: SglFunction, arguments: dict[str, Any], markers, default_system, stop_at_dynamic: bool,
+def _traced_run(func: Program, arguments: dict[str, Any], markers, default_system, stop_at_dynamic: bool,
                 default_sampling: Optional[SglSamplingParams] = None):
     """Run ``func``'s body synchronously with a recorder and a stand-in
     backend; ``(state, recorder, error the body raised or None)``."""
@@ -183,7 +181,7 @@ def _traced_run(func: SglFunction, arguments: dict[str, Any], markers, default_s
     return state, recorder, error
 
 
-def trace_program(func: SglFunction, kwargs: dict[str, Any], backend: Any = None) -> TracedProgram:
+def trace_program(func: Program, kwargs: dict[str, Any], backend: Any = None) -> TracedProgram:
     markers, default_system = _markers_of(backend)
     arguments = dict(func.bind_arguments)
     arguments.update(kwargs)
@@ -194,7 +192,7 @@ def trace_program(func: SglFunction, kwargs: dict[str, Any], backend: Any = None
     return TracedProgram(func, state, recorder, error)
 
 
-def shared_constant_prefix(func: SglFunction, backend: Any, batch_arguments: list[dict[str, Any]],
+def shared_constant_prefix(func: Program, backend: Any, batch_arguments: list[dict[str, Any]],
                            default_sampling: Optional[SglSamplingParams] = None) -> str:
     """The text every program of the batch starts with before its first
     generation call, estimated from up to ``global_config.prefix_trace_samples``
