@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from radixrt.version import __version__ as __version__  # the package's version, re-exported
 
 
 def _map_checkout_packages() -> None:

@@ -14,6 +14,7 @@ from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.http_utils import JSON, error_response, raise_state_errors, read_json, wait_group
 from radixrt.server.metrics import CONTENT_TYPE_LATEST
+from radixrt.version import __version__
 
 router = APIRouter()
 
@@ -60,11 +61,9 @@ async def get_model_info(ctx: ServerContext = Depends(server_context)) -> Respon
 async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Response:
     """Server arguments, model info, KV size and the scheduler's live stats."""
     stats = await ctx.tm.get_stats()
-    import radixrt
-
     return JSON({
         **ctx.server_args,
-        "version": getattr(radixrt, "__version__", "0"),
+        "version": __version__,
         "model_info": ctx.model_info(),
         "max_total_num_tokens": ctx.tm.kv_total_slots,
         "kv_cache": ctx.tm.info.get("kv_cache"),  # bytes per token and capacity (radixrt/memory/kv_format.py)
