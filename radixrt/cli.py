@@ -5,9 +5,10 @@ import argparse
 import json
 import logging
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from radixrt.config import EngineConfig
+from radixrt.config_deps import Need
 
 
 def _setup_logging(level: str) -> None:
@@ -57,6 +58,78 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_serve_command(p: argparse.ArgumentParser) -> None:
+    """The flags of `radixrt serve`: one server's (radixrt/server/launch.py),
+    then ``--dp`` and the ``--router-*`` flags of the router in front of
+    ``--dp`` replicas (radixrt/router/cli.py); runs :func:`cmd_serve`."""
+    from radixrt.router.cli import add_policy_args
+    from radixrt.server.launch import add_serve_args
+
+    add_serve_args(p)
+    p.add_argument("--dp", type=int, default=1,
+                   help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
+                        "cache; flags apply per replica) behind one router front (docs/scale_out.md)")
+    add_policy_args(p, prefix="router-")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`radixrt serve`: one server, or with ``--dp N`` (N > 1) N replicas behind
+    a router (radixrt/router/dp.py). The server and the router do not import
+    each other: this is where the choice is made."""
+    from radixrt.config_deps import apply_needs
+    from radixrt.server.launch import launch_server, server_args_from_cli
+
+    apply_needs(args, serve_router_needs(), serve_router_defaults())  # --router-* flags need --dp 2+
+    config = EngineConfig.from_cli_args(args)
+    if args.dp > 1:
+        from radixrt.router.dp import serve_dp
+
+        return serve_dp(config, server_args_from_cli(args), args)
+    if args.dp < 1:
+        raise ValueError(f"--dp must be at least 1, got {args.dp}")
+    return launch_server(config, server_args_from_cli(args))
+
+
+def serve_router_needs() -> tuple[Need, ...]:
+    """`radixrt serve`'s ``--router-*`` flags: read only by the router in front
+    of ``--dp N`` replicas, so each needs ``--dp`` 2 or more (refused, not
+    implied: replicas multiply the memory the server takes)."""
+    rows = []
+    for action in _router_parser()._actions:
+        cli = next((s for s in action.option_strings if s.startswith("--router-")), None)
+        if cli is None:
+            continue
+        rows.append(Need(action.dest, _other_value(action), "dp", 2, 1,
+                         "--dp 2 or more (a router runs only in front of replicas)", lambda v: v >= 2, cli=cli))
+    return tuple(rows)
+
+
+def serve_router_defaults() -> dict[str, Any]:
+    """The ``--router-*`` flags' defaults, by destination."""
+    return vars(_router_parser().parse_args([]))
+
+
+def _router_parser() -> argparse.ArgumentParser:
+    from radixrt.router.cli import add_policy_args
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_policy_args(p, prefix="router-")
+    return p
+
+
+def _other_value(action: argparse.Action) -> Any:
+    """A value of an argparse option other than its default (a row's ``example``)."""
+    default = action.default
+    if action.choices:
+        return next(c for c in action.choices if c != default)
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default + 1
+    return f"{default}-other"
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" to an option's help unless the help already says
     what the default is (e.g. an environment variable, whose value must not be
@@ -92,14 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results, one JSON per line")
     p.set_defaults(func=cmd_generate)
 
-    try:
-        from radixrt.server.launch import add_serve_args, serve_main
-    except ImportError:  # the server package is optional at this stage
-        pass
-    else:
-        p = add("serve", "run the HTTP server (SGLang-native and OpenAI APIs)")
-        add_serve_args(p)
-        p.set_defaults(func=serve_main)
+    p = add("serve", "run the HTTP server (SGLang-native and OpenAI APIs)")
+    add_serve_command(p)
 
     from radixrt.router.cli import add_router_args, router_main
 

@@ -9,8 +9,9 @@ default (``when`` narrows that for flags where only some values need
 something, e.g. ``preemption_mode="swap"``), so passing a flag at its
 default is never refused: it changes nothing. ``EngineConfig.__post_init__``
 calls :func:`apply_needs` first, so the Engine, ``radixrt generate`` and
-``radixrt serve`` all get the same answer; :data:`serve_router_needs` does
-the same for the flags only `radixrt serve --dp N` reads.
+``radixrt serve`` all get the same answer; ``serve_router_needs`` in
+radixrt/cli.py makes rows of the same kind for the flags only
+`radixrt serve --dp N` reads.
 
 Decisions, per group (SGLang's behaviour where it has one):
 
@@ -206,43 +207,3 @@ def apply_needs(obj: Any, needs: tuple[Need, ...], defaults: dict[str, Any]) -> 
         problems.append(f"{n.flag_text(value)}{source} needs {n.wants}")
     if problems:
         raise ValueError("; ".join(problems))
-
-
-def serve_router_needs() -> tuple[Need, ...]:
-    """`radixrt serve`'s ``--router-*`` flags: read only by the router in front
-    of ``--dp N`` replicas, so each needs ``--dp`` 2 or more (refused, not
-    implied: replicas multiply the memory the server takes)."""
-    rows = []
-    for action in _router_parser()._actions:
-        cli = next((s for s in action.option_strings if s.startswith("--router-")), None)
-        if cli is None:
-            continue
-        rows.append(Need(action.dest, _other_value(action), "dp", 2, 1,
-                         "--dp 2 or more (a router runs only in front of replicas)", lambda v: v >= 2, cli=cli))
-    return tuple(rows)
-
-
-def _other_value(action: Any) -> Any:
-    """A value of an argparse option other than its default (a row's ``example``)."""
-    default = action.default
-    if action.choices:
-        return next(c for c in action.choices if c != default)
-    if isinstance(default, bool):
-        return not default
-    if isinstance(default, (int, float)):
-        return default + 1
-    return f"{default}-other"
-
-
-def serve_router_defaults() -> dict[str, Any]:
-    return vars(_router_parser().parse_args([]))
-
-
-def _router_parser() -> Any:
-    import argparse
-
-    from radixrt.router.cli import add_policy_args
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_policy_args(p, prefix="router-")
-    return p

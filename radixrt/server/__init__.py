@@ -17,9 +17,11 @@ logprobs, ``stream`` as ``data: {...}`` events closed by ``data: [DONE]``),
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /metrics``
 (Prometheus), ``GET /debug/kv`` (KV slots: free, tree, private, total).
 
-`radixrt serve` (or ``python -m radixrt.server``) calls :func:`add_serve_args`
-and :func:`serve_main`; :class:`radixrt.server.local.LocalServer` runs one as
-a subprocess. The heavy modules load only when a server starts.
+`radixrt serve` (or ``python -m radixrt.server``) takes the flags of
+:func:`add_serve_args` and runs :func:`launch_server` (radixrt/cli.py; with
+``--dp N``, the replicas of radixrt/router/dp.py instead);
+:class:`radixrt.server.local.LocalServer` runs one as a subprocess. The heavy
+modules load only when a server starts.
 """
 from __future__ import annotations
 

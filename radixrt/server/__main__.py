@@ -1,15 +1,16 @@
-"""`python -m radixrt.server [flags]`: the same as `radixrt serve`."""
+"""`python -m radixrt.server [flags]`: the same as `radixrt serve` (radixrt/cli.py)."""
 import argparse
 import sys
 
-from radixrt.server.launch import add_serve_args, serve_main
+from radixrt.cli import add_serve_command
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m radixrt.server",
                                      description="radixrt HTTP server (SGLang-native and OpenAI-compatible)")
-    add_serve_args(parser)
-    return serve_main(parser.parse_args())
+    add_serve_command(parser)
+    args = parser.parse_args()
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -101,9 +101,6 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="/health answers 503 while the scheduler process has shown no progress (no loop "
                              "iteration; it beats at least every 0.2 s when idle) for this many seconds; keep "
                              "it above the longest step (a prefill chunk)")
-    parser.add_argument("--dp", type=int, default=1,
-                        help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
-                             "cache; flags apply per replica) behind one router front (docs/scale_out.md)")
     from radixrt.server.tools.parsers import PARSER_CHOICES
     from radixrt.server.tools.reasoning import REASONING_PARSERS
 
@@ -122,11 +119,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "and previous_response_id; the least recently used go first (0: none is kept)")
     parser.add_argument("--responses-store-mb", dest="responses_store_mb", type=_non_negative_float, default=256.0,
                         help="/v1/responses: the most memory the stored responses may take, in MiB")
-    from radixrt.router.cli import add_policy_args
     from radixrt.server.slow_clients import add_read_timeout_args
 
     add_read_timeout_args(parser)
-    add_policy_args(parser, prefix="router-")
 
 
 def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
@@ -135,18 +130,11 @@ def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    """Entry point for `radixrt serve` (returns the process exit code)."""
-    from radixrt.config_deps import apply_needs, serve_router_defaults, serve_router_needs
-
-    apply_needs(args, serve_router_needs(), serve_router_defaults())  # --router-* flags need --dp 2+
-    config = EngineConfig.from_cli_args(args)
-    if getattr(args, "dp", 1) > 1:
-        from radixrt.router.dp import serve_dp
-
-        return serve_dp(config, server_args_from_cli(args), args)
-    if getattr(args, "dp", 1) < 1:
-        raise ValueError(f"--dp must be at least 1, got {args.dp}")
-    return launch_server(config, server_args_from_cli(args))
+    """Run one server from the flags of :func:`add_serve_args`; the process
+    exit code. (`radixrt serve`, radixrt/cli.py, adds ``--dp``: with N > 1
+    it runs radixrt/router/dp.py instead, whose replicas are
+    :func:`launch_server` calls.)"""
+    return launch_server(EngineConfig.from_cli_args(args), server_args_from_cli(args))
 
 
 class _Child:

@@ -4,15 +4,9 @@ import dataclasses
 
 import pytest
 
+from radixrt.cli import serve_router_defaults, serve_router_needs
 from radixrt.config import EngineConfig
-from radixrt.config_deps import (
-    ENGINE_INDEPENDENT,
-    ENGINE_NEEDS,
-    Need,
-    apply_needs,
-    serve_router_defaults,
-    serve_router_needs,
-)
+from radixrt.config_deps import ENGINE_INDEPENDENT, ENGINE_NEEDS, Need, apply_needs
 
 
 @pytest.mark.parametrize("device,flag,overlap", [
