@@ -125,7 +125,10 @@ def _checked_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec
 async def generate(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     """Generate for one prompt or a batch; 499 (empty) if the client leaves first."""
     tm = ctx.tm
-    specs, batch, stream = await tm.run_tokenize(_checked_generate, await read_json(request), tm)
+    body = await read_json(request)
+    if isinstance(body, dict):
+        ctx.check_cache_info(request, body.get("return_cache_info"))
+    specs, batch, stream = await tm.run_tokenize(_checked_generate, body, tm)
     group = tm.submit(specs, validated=True)
     multi = batch or len(group.states) > 1
     if stream:

@@ -117,7 +117,8 @@ def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_leng
         return build_specs(
             prompts, sampling_params=sampling if prompts.batch else sampling[0], return_logprob=want_lp,
             logprob_start_len=0 if (want_lp and req.echo) else -1, top_logprobs_num=req.logprobs or 0,
-            rid=(req.rid or None) if len(prompts.ids) == 1 else None, cache_salt=req.cache_namespace(),
+            rid=(req.rid or None) if len(prompts.ids) == 1 else None, cache_salt=req.cache_salt,
+            prompt_cache_key=req.prompt_cache_key,
             priority=req.priority, return_cache_info=req.return_cache_info,
         )
 
@@ -279,7 +280,7 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCal
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"), sampling_params=_sampling(req, max_new, extra),
             return_logprob=req.logprobs, top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
-            rid=req.rid or None, cache_salt=req.cache_namespace(),
+            rid=req.rid or None, cache_salt=req.cache_salt, prompt_cache_key=req.prompt_cache_key,
             priority=req.priority, return_cache_info=req.return_cache_info,
         )
     return specs[0]
@@ -332,6 +333,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext) -> ChatPlan:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, ChatCompletionRequest)
+    ctx.check_cache_info(request, req.return_cache_info)
     plan = await plan_chat(req, ctx)
     tm = ctx.tm
     group = tm.submit([plan.spec], validated=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt
 
 
 class _Lenient(BaseModel):
@@ -53,20 +53,14 @@ class _SamplingExtras(_Lenient):
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
     cache_salt: Optional[str] = None
-    # OpenAI's cache hint; here, like cache_salt, a radix namespace (see cache_namespace)
+    # OpenAI's cache hint; here, with cache_salt, a radix namespace (intake.cache_namespace)
     prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None
     # SGLang's: waiting-queue order under --enable-priority-scheduling. Strict, as on /generate: "1" and
     # true are 400s, not coerced; the range (--max-client-priority) is checked at the front door.
     priority: Optional[StrictInt] = None
-    return_cache_info: bool = False  # radixrt's: usage.cache_info explains each prompt's radix-cache match
-
-    def cache_namespace(self) -> Optional[str]:
-        """The radix-cache namespace of this request: ``cache_salt``, ``prompt_cache_key``,
-        or both joined (requests share cached prefixes only within one namespace)."""
-        if self.cache_salt is not None and self.prompt_cache_key is not None:
-            return f"{self.cache_salt}\x00{self.prompt_cache_key}"
-        return self.cache_salt if self.cache_salt is not None else self.prompt_cache_key
+    # radixrt's: usage.cache_info explains each prompt's radix-cache match ("full": the admin's view)
+    return_cache_info: Union[StrictBool, Literal["full"]] = False
 
     def sampling_dict(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """The SGLang sampling parameters this request asks for (None: default)."""

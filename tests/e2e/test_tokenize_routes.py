@@ -3,6 +3,7 @@ real server (tiny random Llama, SmolLM2's tokenizer and chat template), with
 httpx and the official openai client."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ import pytest
 from tests.support.servers import serving
 
 KEY = "tok-key"
+ADMIN_KEY = "tok-admin-key"  # --admin-api-key of the module's server
 MAX_PRIORITY = 10  # --max-client-priority of the module's server
 AGING_S = 0.1  # --priority-aging-s: a request outranks a max-priority one arriving ~1 s after it
 pytestmark = pytest.mark.slow
@@ -23,7 +25,7 @@ def server(tiny_llama):
     yield from serving("--max-total-tokens", "8192", "--served-model-name", "default", "--context-length", "512",
                        "--enable-priority-scheduling", "--debug-check-invariants", "--max-running-requests", "1",
                        "--max-client-priority", str(MAX_PRIORITY), "--priority-aging-s", str(AGING_S),
-                       model=tiny_llama, api_key=KEY)
+                       "--admin-api-key", ADMIN_KEY, model=tiny_llama, api_key=KEY)
 
 
 @pytest.fixture(scope="module")
@@ -110,25 +112,58 @@ def test_routes_need_the_key_and_the_model(server, client):
     assert r.status_code == 404
 
 
-def test_generate_priority_and_cache_info(client, hf_tok):
+def test_generate_priority_and_cache_info(server, client, hf_tok):
     base = "A long shared system prompt about radix trees and caches. " * 4
     sp = {"max_new_tokens": 2, "temperature": 0}
     first = client.post("/generate", json={"text": base + "First question?", "sampling_params": sp,
                                            "priority": 3, "return_cache_info": True}).json()
-    assert first["meta_info"]["cache_info"]["reason"] == "no_cached_prefix"
+    assert first["meta_info"]["cache_info"]["reason"] == "not_cached"
     second = client.post("/generate", json={"text": base + "Other ask?", "sampling_params": sp,
                                             "priority": -1, "return_cache_info": True}).json()
     info = second["meta_info"]["cache_info"]
     a, b = hf_tok.encode(base + "First question?"), hf_tok.encode(base + "Other ask?")
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    assert info["matched_tokens"] == second["meta_info"]["cached_tokens"] == common
-    assert info["divergence_position"] == common and info["reason"] == "diverged"
-    assert info["prompt_after_text"] == hf_tok.decode(b[common:common + 8])
-    # the neighbour is the first prompt followed by its generated tokens
-    assert info["cached_after_text"].startswith(hf_tok.decode(a[common:common + 4]))
-    for bad in ({"priority": "high"}, {"return_cache_info": 1}):
+    # the client's own view: its match and its own text, nothing of what else is cached
+    assert info == {"view": "own", "prompt_tokens": len(b), "matched_tokens": common, "stop_position": common,
+                    "reason": "not_cached", "prompt_before": b[common - 8:common], "prompt_after": b[common:],
+                    "prompt_before_text": hf_tok.decode(b[common - 8:common]),
+                    "prompt_after_text": hf_tok.decode(b[common:])}
+    assert second["meta_info"]["cached_tokens"] == common
+    # the operator's view needs the admin key (the API key is not enough)
+    full = {"text": base + "Third one?", "sampling_params": sp, "return_cache_info": "full"}
+    r = client.post("/generate", json=full)
+    assert r.status_code == 403 and r.json()["error"]["param"] == "return_cache_info", r.text
+    admin = httpx.post(server.url + "/generate", json=full, headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                       timeout=60).json()["meta_info"]["cache_info"]
+    assert admin["view"] == "full" and admin["reason"] == "diverged" and admin["neighbour_tokens"] == common
+    # the neighbour is one of the earlier prompts followed by its generated tokens
+    assert admin["cached_after_text"].startswith(("First", " First", "Other", " Other"))
+    for bad in ({"priority": "high"}, {"return_cache_info": 1}, {"return_cache_info": "yes"}):
         r = client.post("/generate", json={"text": "x", "sampling_params": sp, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), r.text
+
+
+def test_cache_info_never_shows_another_clients_prompt(client):
+    """The attack of issue #22: a client appends the returned text after the
+    divergence to its guess, round after round, to read another client's
+    prompt. Now nothing in any answer holds text the client did not send."""
+    secret = "Note for the on-call admin: the vault password is tulip-4729-orange, rotate it monthly."
+    sp = {"max_new_tokens": 1, "temperature": 0}
+    client.post("/generate", json={"text": secret, "sampling_params": sp}).raise_for_status()
+    guess = "Note for the on-call admin: the vault"
+    for salt in (None, "tenant-b"):
+        for round_ in range(4):
+            body = {"text": guess + "\u00a7", "sampling_params": sp, "return_cache_info": True}
+            if salt:
+                body["cache_salt"] = salt
+            r = client.post("/generate", json=body)
+            assert r.status_code == 200, r.text
+            info = r.json()["meta_info"]["cache_info"]
+            assert set(info) == {"view", "prompt_tokens", "matched_tokens", "stop_position", "reason",
+                                 "prompt_before", "prompt_after", "prompt_before_text", "prompt_after_text"}
+            assert "tulip" not in json.dumps(info) and " password" not in info["prompt_after_text"]
+            if round_ == 0:  # the secret's namespace shares the guess's tokens; the salted one holds nothing
+                assert (info["matched_tokens"] > 0) == (salt is None)
 
 
 def test_openai_chat_priority_and_cache_info(server):
@@ -142,8 +177,17 @@ def test_openai_chat_priority_and_cache_info(server):
     second = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Oslo?"}], **kw)
     [info] = second.usage.model_extra["cache_info"]
     assert info["matched_tokens"] == second.usage.prompt_tokens_details.cached_tokens > 20
-    assert info["reason"] == "diverged" and "Oslo" in info["prompt_after_text"]
-    assert "Lisbon" in info["cached_after_text"]
+    assert info["reason"] == "not_cached" and "Oslo" in info["prompt_after_text"]
+    assert "Lisbon" not in str(info) and "cached_after" not in info
+    admin = openai.OpenAI(base_url=server.url + "/v1", api_key=ADMIN_KEY)
+    third = admin.chat.completions.create(messages=head + [{"role": "user", "content": "Bern?"}],
+                                          **{**kw, "extra_body": {"return_cache_info": "full"}})
+    [info] = third.usage.model_extra["cache_info"]
+    assert info["view"] == "full" and info["reason"] == "diverged"
+    assert "Lisbon" in info["cached_after_text"] or "Oslo" in info["cached_after_text"]
+    with pytest.raises(openai.PermissionDeniedError, match="admin key"):
+        oa.chat.completions.create(messages=head + [{"role": "user", "content": "Bern?"}],
+                                   **{**kw, "extra_body": {"return_cache_info": "full"}})
     plain = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Rome?"}], model="default",
                                        max_tokens=1)
     assert "cache_info" not in (plain.usage.model_extra or {})

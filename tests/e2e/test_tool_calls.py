@@ -16,6 +16,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.support.servers import MemoryWatchdog
+
 pytestmark = pytest.mark.slow
 
 WEATHER = {"type": "function", "function": {
@@ -273,6 +275,66 @@ def test_prompt_cache_key_is_a_namespace(client):
     assert first.usage.prompt_tokens == again.usage.prompt_tokens
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
     assert other.usage.prompt_tokens_details.cached_tokens == 0
+    # salt "a" with key "b" and salt "a\0b" were one namespace when the two were joined with a NUL
+    msgs = [{"role": "user", "content": "List the four seasons of the year, please, one per line."}]
+    pair = _chat(client, messages=msgs, max_tokens=2, prompt_cache_key="b", extra_body={"cache_salt": "a"})
+    joined = _chat(client, messages=msgs, max_tokens=2, extra_body={"cache_salt": "a\u0000b"})
+    same_pair = _chat(client, messages=msgs, max_tokens=2, prompt_cache_key="b", extra_body={"cache_salt": "a"})
+    assert joined.usage.prompt_tokens_details.cached_tokens == 0
+    assert same_pair.usage.prompt_tokens_details.cached_tokens == pair.usage.prompt_tokens - 1
+
+
+RECURSIVE = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
+REGEX_BOMB = {"type": "object", "properties": {"p": {"type": "string", "pattern": "a{3000000}"}}, "required": ["p"]}
+WATCHDOG_BYTES = 4 * 2**30  # the server's processes hold ~0.5-1.5 GiB each on the embedded model
+
+
+def _generate_s(server, **extra) -> float:
+    t0 = time.perf_counter()
+    r = httpx.post(server.url + "/generate", json={"text": "Hello", "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0, **extra}}, timeout=60)
+    assert r.status_code == 200, r.text
+    return time.perf_counter() - t0
+
+
+def test_costly_grammars_are_400_and_stall_no_one(server, client):
+    """Issue #22 items 1-2: a schema with no finite instance (it once grew the
+    scheduler to 16.8 GB, then the kernel killed it) and a regex bomb (it
+    once froze every request for 21 s) are 400s on every route that takes a
+    grammar, at once; requests in between are not slowed; a watchdog kills
+    the server if any of its processes passes 4 GiB, so a regression fails
+    here instead of taking the machine down."""
+    pids = httpx.get(server.url + "/get_server_info", timeout=10).json()["process_ids"]
+    baseline = min(_generate_s(server) for _ in range(3))
+    bad_tools = {"recursive": RECURSIVE, "regex_bomb": REGEX_BOMB}
+    with MemoryWatchdog(pids, WATCHDOG_BYTES) as dog:
+        for name, schema in bad_tools.items():
+            tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+            for choice in ("required", {"type": "function", "function": {"name": "f"}}, "auto"):
+                t0 = time.perf_counter()
+                with pytest.raises(openai.BadRequestError, match="not a usable JSON schema") as e:
+                    _chat(client, messages=ASK, tools=[tool], tool_choice=choice)
+                assert time.perf_counter() - t0 < 5, (name, choice)
+                assert e.value.body["param"] == "tools", e.value.body
+            rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+            with pytest.raises(openai.BadRequestError, match="response_format"):
+                _chat(client, messages=ASK, response_format=rf)
+            for body in ({"json_schema": json.dumps(schema)}, {"regex": "a{3000000}"},
+                         {"ebnf": 'root ::= "a" root'}):
+                r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {
+                    "max_new_tokens": 4, **body}}, timeout=30)
+                assert r.status_code == 400 and "is refused" in r.json()["error"]["message"], r.text
+        # the largest forced text the default limits let through: 65,536 characters jumped forward
+        # in one search, a 4-token /generate meanwhile
+        with ThreadPoolExecutor(2) as pool:
+            big = pool.submit(_generate_s, server, regex="a{65536}")
+            during = max(_generate_s(server) for _ in range(3))
+            big.result()
+    assert dog.tripped is None, dog.tripped
+    assert during < baseline + 5.0, (baseline, during)  # the machine may be busy; the bug froze 21 s
+    print(f"\ncostly grammars: 4-token /generate {baseline:.2f} s alone, {during:.2f} s beside a 65,536-"
+          f"character forced string; peak RSS " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in dog.peak.items()))
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
 def test_no_kv_leaked(server):
