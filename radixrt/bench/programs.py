@@ -182,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
             results[w]["hf_generate_s"] = hf_replay(model, tok, recorded[w])
             print(f"[transformers] {w}: {results[w]['hf_generate_s']:.2f}s", file=sys.stderr)
 
+    _print_report(results, workloads, model_path)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def _print_report(results: dict[str, dict[str, Any]], workloads: list[str], model_path: str) -> None:
+    """The table of timings per workload (adding the speedups to ``results``) and the few-shot line."""
     print(f"\nradixrt program benchmark ({model_path}, torch threads={_threads()})")
     header = f"{'workload':<16}{'requests':>9}{'radixrt s':>11}{'cache off s':>13}{'HF s':>9}" \
              f"{'HF/radixrt':>12}{'off/on':>8}{'hit rate':>10}"
@@ -206,10 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nfew-shot: {fs['correct']}/{fs['programs']} correct; cache hit rate over the "
               f"{fs['programs']} generations {fs['program_cache_hit_rate']:.1%} "
               f"(over all {fs['requests']} requests incl. the prefix prefill {fs['cache_hit_rate']:.1%})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0
 
 
 def _threads() -> int:

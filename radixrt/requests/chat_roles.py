@@ -82,55 +82,13 @@ class _Parts:
         self._derive()
 
     def _derive(self) -> None:
-        tok = self.tok
         # user: [user U] alone -> <default system block?> + user_prefix + U + user_suffix
-        only_user = _strip_bos(_render(tok, [{"role": "user", "content": _U}]), self.bos)
-        before_u, after_u = only_user.split(_U, 1)
-        user_suffix = after_u
-
-        # system: [system S] alone -> system_prefix + S + system_suffix
-        sys_prefix = sys_suffix = None
-        try:
-            only_sys = _strip_bos(_render(tok, [{"role": "system", "content": _S}]), self.bos)
-            if only_sys.count(_S) == 1:
-                sys_prefix, sys_suffix = only_sys.split(_S, 1)
-        except Exception:
-            pass
-
-        # user prefix: between S and U in [system S, user U] minus the system suffix;
-        # without a usable system role, compare [user U] with [user U, assistant A, user U2].
-        user_prefix = None
-        if sys_prefix is not None and sys_suffix is not None:
-            try:
-                sys_user = [{"role": "system", "content": _S}, {"role": "user", "content": _U}]
-                su = _strip_bos(_render(tok, sys_user), self.bos)
-                if su.count(_S) == 1 and su.count(_U) == 1 and su.index(_S) < su.index(_U):
-                    mid = su.split(_S, 1)[1].split(_U, 1)[0]
-                    if mid.startswith(sys_suffix):
-                        user_prefix = mid[len(sys_suffix):]
-                    # the system block might render differently when followed by a turn
-                    elif sys_suffix and mid.startswith(sys_suffix.rstrip()):
-                        user_prefix = mid[len(sys_suffix.rstrip()):]
-            except Exception:
-                pass
+        only_user = self._render([{"role": "user", "content": _U}])
+        before_u, user_suffix = only_user.split(_U, 1)
+        sys_prefix, sys_suffix = self._system_markers()
+        user_prefix = self._user_prefix_after_system(sys_prefix, sys_suffix)
         if user_prefix is None:
-            user_prefix = before_u
-            try:
-                conv = _strip_bos(_render(tok, [
-                    {"role": "user", "content": _U},
-                    {"role": "assistant", "content": _A},
-                    {"role": "user", "content": _U2},
-                ]), self.bos)
-                between = conv.split(_A, 1)[1].split(_U2, 1)[0]
-                # between = assistant_suffix + user_prefix; the user prefix is the
-                # longest tail of `between` that also ends `before_u`.
-                for k in range(len(between), 0, -1):
-                    tail = between[-k:]
-                    if before_u.endswith(tail):
-                        user_prefix = tail
-                        break
-            except Exception:
-                pass
+            user_prefix = self._user_prefix_between_turns(before_u)
 
         # default system block: what precedes the user prefix in [user U] alone
         default_block = before_u[: len(before_u) - len(user_prefix)] if before_u.endswith(user_prefix) else ""
@@ -139,28 +97,7 @@ class _Parts:
             content = default_block[len(sys_prefix): len(default_block) - len(sys_suffix)]
             self.default_system_prompt = content or None
 
-        # assistant: [user U, assistant A] -> ... U + user_suffix + asst_prefix + A + asst_suffix
-        asst_prefix = asst_suffix = None
-        try:
-            user_asst = [{"role": "user", "content": _U}, {"role": "assistant", "content": _A}]
-            ua = _strip_bos(_render(tok, user_asst), self.bos)
-            mid = ua.split(_U, 1)[1].split(_A, 1)[0]
-            asst_suffix = ua.split(_A, 1)[1]
-            if mid.startswith(user_suffix):
-                asst_prefix = mid[len(user_suffix):]
-            else:
-                asst_prefix = mid
-        except Exception:
-            pass
-        # the generation prompt is the most reliable assistant prefix
-        try:
-            gp = _strip_bos(_render(tok, [{"role": "user", "content": _U}], add_generation_prompt=True), self.bos)
-            gen_prompt = gp.split(_U, 1)[1]
-            if gen_prompt.startswith(user_suffix) and len(gen_prompt) > len(user_suffix):
-                asst_prefix = gen_prompt[len(user_suffix):]
-        except Exception:
-            pass
-
+        asst_prefix, asst_suffix = self._assistant_markers(user_suffix)
         self.markers["user"] = (user_prefix, user_suffix)
         self.markers["system"] = (
             (sys_prefix, sys_suffix) if sys_prefix is not None and sys_suffix is not None
@@ -171,6 +108,79 @@ class _Parts:
             (asst_prefix, asst_suffix) if asst_prefix is not None and asst_suffix is not None
             else PLAIN_ROLE_MARKERS["assistant"]
         )
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return _strip_bos(_render(self.tok, messages, add_generation_prompt), self.bos)
+
+    def _system_markers(self) -> tuple[Optional[str], Optional[str]]:
+        """[system S] alone -> system_prefix + S + system_suffix; (None, None) when
+        the template cannot render a lone system message."""
+        try:
+            only_sys = self._render([{"role": "system", "content": _S}])
+            if only_sys.count(_S) == 1:
+                sys_prefix, sys_suffix = only_sys.split(_S, 1)
+                return sys_prefix, sys_suffix
+        except Exception:
+            pass
+        return None, None
+
+    def _user_prefix_after_system(self, sys_prefix: Optional[str], sys_suffix: Optional[str]) -> Optional[str]:
+        """The user prefix: between S and U in [system S, user U], minus the
+        system suffix; None without a usable system role."""
+        if sys_prefix is None or sys_suffix is None:
+            return None
+        try:
+            su = self._render([{"role": "system", "content": _S}, {"role": "user", "content": _U}])
+            if su.count(_S) == 1 and su.count(_U) == 1 and su.index(_S) < su.index(_U):
+                mid = su.split(_S, 1)[1].split(_U, 1)[0]
+                if mid.startswith(sys_suffix):
+                    return mid[len(sys_suffix):]
+                # the system block might render differently when followed by a turn
+                if sys_suffix and mid.startswith(sys_suffix.rstrip()):
+                    return mid[len(sys_suffix.rstrip()):]
+        except Exception:
+            pass
+        return None
+
+    def _user_prefix_between_turns(self, before_u: str) -> str:
+        """The user prefix from [user U, assistant A, user U2]: what lies between A
+        and U2 is assistant_suffix + user_prefix, so the user prefix is its longest
+        tail that also ends ``before_u`` (all of ``before_u`` when that fails)."""
+        try:
+            conv = self._render([
+                {"role": "user", "content": _U},
+                {"role": "assistant", "content": _A},
+                {"role": "user", "content": _U2},
+            ])
+            between = conv.split(_A, 1)[1].split(_U2, 1)[0]
+            for k in range(len(between), 0, -1):
+                tail = between[-k:]
+                if before_u.endswith(tail):
+                    return tail
+        except Exception:
+            pass
+        return before_u
+
+    def _assistant_markers(self, user_suffix: str) -> tuple[Optional[str], Optional[str]]:
+        """[user U, assistant A] -> ... U + user_suffix + asst_prefix + A + asst_suffix;
+        the generation prompt, when it renders, gives the prefix (the most
+        reliable source)."""
+        asst_prefix = asst_suffix = None
+        try:
+            ua = self._render([{"role": "user", "content": _U}, {"role": "assistant", "content": _A}])
+            mid = ua.split(_U, 1)[1].split(_A, 1)[0]
+            asst_suffix = ua.split(_A, 1)[1]
+            asst_prefix = mid[len(user_suffix):] if mid.startswith(user_suffix) else mid
+        except Exception:
+            pass
+        try:
+            gp = self._render([{"role": "user", "content": _U}], add_generation_prompt=True)
+            gen_prompt = gp.split(_U, 1)[1]
+            if gen_prompt.startswith(user_suffix) and len(gen_prompt) > len(user_suffix):
+                asst_prefix = gen_prompt[len(user_suffix):]
+        except Exception:
+            pass
+        return asst_prefix, asst_suffix
 
 
 def derive_role_markers(tokenizer: Any) -> dict[str, tuple[str, str]]:

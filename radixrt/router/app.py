@@ -228,50 +228,76 @@ class _Guard:
 
 
 def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = None) -> FastAPI:
+    """The router's app over ``pool``; ``lifespan`` (an async context manager
+    factory) runs inside the router's own (HTTP client, worker health checks)."""
     state = RouterState(pool, config)
+    app = FastAPI(title="radixrt router", lifespan=_router_lifespan(state, lifespan), docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.state.router = state
+    app.add_middleware(_Guard, state=state)
+    _add_worker_routes(app, state)
+    _add_broadcast_routes(app, state)
+    _add_server_info_routes(app, state)
+    _add_proxied_routes(app, state)  # last: its catch-all route takes every other path
+    return app
+
+
+def _router_lifespan(state: RouterState, inner: Any) -> Any:
+    """The app's lifespan: the HTTP client and the pool's health checks around ``inner``'s."""
 
     @contextlib.asynccontextmanager
-    async def default_lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def router_lifespan(app: FastAPI) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
         state.client = httpx.AsyncClient(limits=limits)
-        await pool.start(config.eviction_interval_s)
+        await state.pool.start(state.config.eviction_interval_s)
         try:
-            if lifespan is not None:
-                async with lifespan(_app):
+            if inner is not None:
+                async with inner(app):
                     yield
             else:
                 yield
         finally:
-            await pool.stop()
+            await state.pool.stop()
             await state.client.aclose()
 
-    app = FastAPI(title="radixrt router", lifespan=default_lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.state.router = state
+    return router_lifespan
 
-    app.add_middleware(_Guard, state=state)
+
+def _health_problem(state: RouterState) -> Optional[str]:
+    """Why ``/health`` answers 503 (draining, no healthy worker, an unhealthy
+    replica under ``require_all_healthy``), or None."""
+    workers = state.pool.public()
+    healthy = [w for w in workers if w["healthy"]]
+    if state.draining:
+        return "the server is shutting down"
+    if not healthy:
+        return "no healthy worker"
+    if state.config.require_all_healthy and len(healthy) < len(workers):
+        return "unhealthy replicas: " + ", ".join(f"{w['url']} ({w['last_error']})"
+                                                  for w in workers if not w["healthy"])
+    return None
+
+
+def _router_view(state: RouterState) -> dict[str, Any]:
+    pool = state.pool
+    return {"policy": pool.policy.name, "workers": pool.public(), "policy_stats": pool.policy.stats(),
+            "failovers": state.failovers}
+
+
+def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
+    """/health, /list_workers, /add_worker, /remove_worker."""
+    pool = state.pool
 
     @app.get("/health")
     async def health() -> Response:
-        workers = pool.public()
-        healthy = [w for w in workers if w["healthy"]]
-        if state.draining:
-            problem: Optional[str] = "the server is shutting down"
-        elif not healthy:
-            problem = "no healthy worker"
-        elif config.require_all_healthy and len(healthy) < len(workers):
-            problem = "unhealthy replicas: " + ", ".join(f"{w['url']} ({w['last_error']})"
-                                                         for w in workers if not w["healthy"])
-        else:
-            problem = None
+        problem = _health_problem(state)
         if problem:
             return error_response(503, f"unhealthy: {problem}")
         return Response(status_code=200)
 
     @app.get("/list_workers")
     async def list_workers() -> Response:
-        return JSONResponse({"policy": pool.policy.name, "workers": pool.public(),
-                             "policy_stats": pool.policy.stats(), "failovers": state.failovers})
+        return JSONResponse(_router_view(state))
 
     @app.post("/add_worker")
     async def add_worker(url: str) -> Response:
@@ -292,10 +318,14 @@ def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = Non
             return error_response(404, f"no worker {url!r}")
         return JSONResponse({"workers": pool.public()})
 
+
+def _add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
+    """/flush_cache and /abort_request, sent to every healthy worker."""
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
         results = await _broadcast(state, request, "/flush_cache")
-        pool.policy.reset()
+        state.pool.policy.reset()
         failed = [f"{u}: {r.status_code} {r.text.strip()}" if r is not None else f"{u}: {err}"
                   for u, r, err in results if r is None or r.status_code != 200]
         if not results:
@@ -317,23 +347,28 @@ def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = Non
                             media_type=bad[0].headers.get("content-type"))
         return Response(status_code=200)
 
+
+async def _worker_info(state: RouterState, url: str, headers: dict[str, str]) -> dict:
+    """``{"url", "info"}`` with a worker's /get_server_info, or ``{"url", "error"}``."""
+    assert state.client is not None
+    try:
+        r = await state.client.get(url + "/get_server_info", headers=headers, timeout=30.0)
+        if r.status_code == 200:
+            return {"url": url, "info": r.json()}
+        return {"url": url, "error": f"{r.status_code}: {r.text[:500]}"}
+    except (httpx.HTTPError, ValueError) as e:
+        return {"url": url, "error": f"{type(e).__name__}: {e}"}
+
+
+def _add_server_info_routes(app: FastAPI, state: RouterState) -> None:
+    """/get_server_info (and /server_info): the workers' infos and the router's view."""
+
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def get_server_info(request: Request) -> Response:
         assert state.client is not None
         headers = state.headers(request)
-
-        async def one(url: str) -> dict:
-            assert state.client is not None
-            try:
-                r = await state.client.get(url + "/get_server_info", headers=headers, timeout=30.0)
-                if r.status_code == 200:
-                    return {"url": url, "info": r.json()}
-                return {"url": url, "error": f"{r.status_code}: {r.text[:500]}"}
-            except (httpx.HTTPError, ValueError) as e:
-                return {"url": url, "error": f"{type(e).__name__}: {e}"}
-
-        per = list(await asyncio.gather(*(one(u) for u in pool.healthy_urls())))
+        per = list(await asyncio.gather(*(_worker_info(state, u, headers) for u in state.pool.healthy_urls())))
         infos = [p["info"] for p in per if "info" in p]
         if not infos:
             errs = "; ".join(f"{p['url']}: {p['error']}" for p in per) or "no healthy worker"
@@ -342,9 +377,13 @@ def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = Non
         out = dict(infos[0])
         out["internal_states"] = [s for i in infos for s in i.get("internal_states", [])]
         out["workers"] = per
-        out["router"] = {"policy": pool.policy.name, "workers": pool.public(),
-                         "policy_stats": pool.policy.stats(), "failovers": state.failovers}
+        out["router"] = _router_view(state)
         return JSONResponse(out)
+
+
+def _add_proxied_routes(app: FastAPI, state: RouterState) -> None:
+    """The routed paths (by the policy, on the prompt), then every other path
+    (to the least loaded worker)."""
 
     def routed(path: str) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -357,5 +396,3 @@ def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = Non
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def other(request: Request, path: str) -> Response:
         return await proxy(state, request, "/" + path, key_from_body=False)
-
-    return app
