@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -25,6 +25,7 @@ from radixrt.kernels.kv_cache import kv_storage_dtype
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool
 from radixrt.memory.req_to_token import ReqToTokenPool
+from radixrt.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
 
-    def create_sampler(self, vocab_size: int, eos_token_ids: Any) -> Any:
+    def create_sampler(self, vocab_size: int, eos_token_ids: Iterable[int]) -> Sampler:
         """The sampler ``config.sampling_backend`` asks for (FlashInfer's kernels only on CUDA)."""
         from radixrt.sampling.flashinfer_sampler import create_sampler
 

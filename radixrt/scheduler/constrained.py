@@ -14,22 +14,40 @@ step's mask, so a batch holding one is never overlapped with the next.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable, Optional
+from typing import Any, Optional
 
 import torch
 
 from radixrt.requests.finish import FinishReason
 from radixrt.sampling.grammar import GrammarBackend, grammar_key, new_bitmask
+from radixrt.sampling.grammar_bounds import GrammarLimits
+from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.request import Req
 
 MAX_DRAFT_TOKENS = 256  # longest jump-forward draft appended at once
 GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar when nothing else can run
 
 
+def drop_draft(req: Req) -> None:
+    """Forget a request's draft (it has no KV yet); the matcher rolls back over it."""
+    if req.draft_ids:
+        assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
+        assert req.grammar is not None, "only a constrained request has a draft"
+        req.grammar.settle_draft(0)
+        req.draft_ids = []
+
+
 class ConstrainedDecoding:
-    def __init__(self, grammars: Callable[[], GrammarBackend], enable_jump_forward: bool, context_length: int,
-                 vocab_size: int) -> None:
-        self._grammars = grammars
+    """The grammar backend (created on first use) and the step loop's use of it:
+    matchers for compiled grammars, jump-forward drafts, token bitmasks."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], limits: GrammarLimits,
+                 cache_size: int, enable_jump_forward: bool, context_length: int) -> None:
+        self._tokenizer = tokenizer
+        self._eos_token_ids = eos_token_ids
+        self._limits = limits
+        self._cache_size = cache_size
+        self._grammars: Optional[GrammarBackend] = None
         self.enable_jump_forward = enable_jump_forward
         self.context_length = context_length
         self.vocab_size = vocab_size
@@ -38,29 +56,51 @@ class ConstrainedDecoding:
         self.proposed = 0
         self.kept = 0
 
-    def resolve(self, waiting: list[Req], fail: Callable[[Req, FinishReason], None]) -> None:
+    @property
+    def grammars(self) -> GrammarBackend:
+        """The grammar compiler and cache, created on first use."""
+        if self._grammars is None:
+            self._grammars = GrammarBackend(self._tokenizer, self.vocab_size, self._eos_token_ids,
+                                            cache_size=self._cache_size, limits=self._limits)
+        return self._grammars
+
+    def compile(self, sampling: SamplingParams) -> Optional[concurrent.futures.Future]:
+        """The future of ``sampling``'s compiled grammar (compiling on the backend's
+        thread), or None for an unconstrained request."""
+        key = grammar_key(sampling)
+        return self.grammars.compile_async(key) if key is not None else None
+
+    def shutdown(self) -> None:
+        """Stop the grammar compilation thread, if it was ever started."""
+        if self._grammars is not None:
+            self._grammars.shutdown()
+
+    def resolve(self, waiting: list[Req]) -> list[tuple[Req, FinishReason]]:
         """Give waiting requests whose grammar finished compiling their matcher
-        (and, with jump-forward, the draft forced at the start); a grammar that
-        failed to compile ends its request (``fail``) with an error."""
+        (and, with jump-forward, the draft forced at the start). Returns the
+        requests whose grammar failed to compile, each with the error that ends
+        it; they are left in ``waiting``."""
+        failed = []
         done = [(r, f) for r in waiting if r.grammar is None and (f := r.grammar_future) is not None and f.done()]
         for req, future in done:
             try:
                 compiled = future.result()
             except Exception as e:  # noqa: BLE001 - reported to the client, never raised here
                 key = grammar_key(req.sampling)
-                fail(req, FinishReason.abort(
-                    f"the {key[0] if key else 'constrained'} grammar failed to compile: {e}", status_code=400))
+                failed.append((req, FinishReason.abort(
+                    f"the {key[0] if key else 'constrained'} grammar failed to compile: {e}", status_code=400)))
                 continue
-            req.grammar = self._grammars().new_state(compiled)
+            req.grammar = self.grammars.new_state(compiled)
             if self.enable_jump_forward and not req.output_ids:
                 self.propose_draft(req)
+        return failed
 
     @staticmethod
     def wait(waiting: list[Req]) -> None:
         """Nothing can run: sleep until a compiling grammar is done (or briefly)."""
-        pending = [f for r in waiting if r.grammar is None and (f := r.grammar_future) is not None]
-        if pending:
-            concurrent.futures.wait(pending, timeout=GRAMMAR_WAIT_S, return_when=concurrent.futures.FIRST_COMPLETED)
+        compiling = [f for r in waiting if r.grammar is None and (f := r.grammar_future) is not None]
+        if compiling:
+            concurrent.futures.wait(compiling, timeout=GRAMMAR_WAIT_S, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def propose_draft(self, req: Req) -> None:
         """Append the continuation the grammar forces as a draft (none when the
@@ -73,15 +113,6 @@ class ConstrainedDecoding:
         assert req.grammar is not None, "only a constrained request has a draft"
         req.draft_ids = req.grammar.propose_draft(limit)
         self.proposed += len(req.draft_ids)
-
-    @staticmethod
-    def drop_draft(req: Req) -> None:
-        """Forget a pending draft (it has no KV yet); the matcher rolls back over it."""
-        if req.draft_ids:
-            assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
-            assert req.grammar is not None, "only a constrained request has a draft"
-            req.grammar.settle_draft(0)
-            req.draft_ids = []
 
     def bitmask(self, masked: list[tuple[Req, int]]) -> Optional[torch.Tensor]:
         """Token bitmasks of the constrained rows, one per (request, draft position)."""

@@ -72,12 +72,12 @@ def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> 
 
 def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
     """Row ``draft_pos`` of a request samples output index ``len(output_ids) +
-    pending + draft_pos`` as if the draft's first tokens were already output."""
+    inflight_tokens + draft_pos`` as if the draft's first tokens were already output."""
     output = req.output_ids + req.draft_ids[:draft_pos] if draft_pos else req.output_ids
     # Positional: one is built per sampling row per step, and keyword arguments cost twice as much.
     # (params, seed, output_ids, prompt_ids, top_logprobs_num, return_logprob, index, counts, draft_len)
     return SamplingRow(req.sampling, req.seed, output, req.input_ids, req.top_logprobs_num, req.return_logprob,
-                       len(req.output_ids) + req.pending + draft_pos, req.penalty_counts, draft_pos)
+                       len(req.output_ids) + req.inflight_tokens + draft_pos, req.penalty_counts, draft_pos)
 
 
 def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes: Optional[torch.Tensor],
@@ -86,7 +86,7 @@ def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes:
     launched before this one's results are processed (it then reads the tokens
     sampled here from the device).
 
-    A request samples once all of its tokens (and its pending one) have KV after
+    A request samples once all of its tokens (and its in-flight one) have KV after
     this step, unless it is prefill-only: one row per draft token and one after
     them, at its last k+1 positions."""
     inp = StepInputs(input_ids=[], rows=[], q_lens=[], kv_lens=[], table_writes=table_writes)
@@ -101,8 +101,8 @@ def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes:
         rows.append(row)
         kv_lens.append(end)
         n_in, n_out = len(req.input_ids), len(req.output_ids)
-        if req.pending:  # a decode step whose input token (an output) is still in flight
-            assert q == 1 and req.pending == 1, "one step in flight, decoding one token"
+        if req.inflight_tokens:  # a decode step whose input token (an output) is still in flight
+            assert q == 1 and req.inflight_tokens == 1, "one step in flight, decoding one token"
             inp.future_positions.append(offset)
             inp.future_rows.append(row)
             input_ids.append(0)
@@ -117,7 +117,7 @@ def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes:
             inp.prompt_jobs.append(_prompt_job(req, bi, offset, end - q, q))
         offset += q
         k = len(req.draft_ids)
-        if end != n_in + n_out + k + req.pending or req.sampling.max_new_tokens == 0:  # not yet / prefill-only
+        if end != n_in + n_out + k + req.inflight_tokens or req.sampling.max_new_tokens == 0:  # not yet / prefill-only
             sample_starts.append(-1)
             continue
         first = len(sample_positions)

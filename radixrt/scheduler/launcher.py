@@ -29,13 +29,15 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from radixrt.memory.host_pool import HostKVPool
 from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.sampling.sampler import SampleResult, token_logprobs
 from radixrt.scheduler.inputs import PromptLogprobJob, StepInputs
+from radixrt.scheduler.interfaces import StepRunner, StepSampler
 
 PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
 
@@ -44,24 +46,33 @@ PromptScores = list[tuple[float, int, Optional[list[tuple[float, int]]]]]  # (lo
 
 @dataclass
 class StepOutput:
-    sample: Optional[SampleResult]
+    """A launched step's results, on the host."""
+
+    sample: Optional[SampleResult]  # one token per StepInputs.sampling_rows entry; None without any
     prompt_scores: list[PromptScores]  # one list per StepInputs.prompt_jobs entry
 
 
 class StepLauncher:
-    def __init__(self, runner: Any, sampler: Any, overlap: bool) -> None:
+    def __init__(self, runner: StepRunner, sampler: StepSampler, overlap: bool,
+                 host_pool: Optional[HostKVPool] = None) -> None:
+        """``overlap``: run steps on a forward thread (else inline, in `launch`);
+        ``host_pool``: the host tier's pool, which runs a step's host-tier copies
+        (None without a host tier: a step then carries none)."""
         self.runner = runner
         self.sampler = sampler
+        self.host_pool = host_pool
         self.device = torch.device(runner.device)
         self.last_tokens = torch.zeros(runner.req_to_token.max_requests + 1, dtype=torch.int64, device=self.device)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="radixrt-forward") if overlap else None
-        self.host_pool: Optional[Any] = None  # the host tier's HostKVPool, when there is one
 
     @property
     def overlap(self) -> bool:
         return self._thread is not None
 
     def launch(self, inputs: StepInputs, transfers: Optional[KVTransfers] = None) -> "Future[StepOutput]":
+        """Start the step (on the forward thread, after those launched before it)
+        and return the future of its output; an error in the step is raised by
+        the future's ``result()``."""
         if self._thread is not None:
             return self._thread.submit(self.run, inputs, transfers)
         done: Future[StepOutput] = Future()
@@ -77,6 +88,8 @@ class StepLauncher:
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, transfers: Optional[KVTransfers] = None) -> StepOutput:
+        """The step itself: host-tier loads and offloads, forward, logits, sampling,
+        then the write-through copies."""
         host = self.host_pool
         if transfers:
             assert host is not None, "host-tier copies without a host pool"

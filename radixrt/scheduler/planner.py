@@ -22,6 +22,8 @@ decoded one token keeps it.
 
 The planner mutates the `RequestQueues` (moves requests between waiting and
 running) and the requests' KV through `KVCacheManager`; it runs no model.
+`BatchPlanner.schedule` returns a `Plan`: the batch, the requests it
+retracted and those it had to end.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Callable, Optional
+from typing import Optional
 
 from radixrt.config import EngineConfig
 from radixrt.memory.kv_manager import KVCacheManager
@@ -37,6 +39,7 @@ from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_explain import explain_match
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
+from radixrt.scheduler.constrained import drop_draft
 from radixrt.scheduler.policy import by_priority, order_waiting
 from radixrt.scheduler.request import Phase, Req
 
@@ -52,13 +55,29 @@ NEW_TOKEN_RATIO_DECAY = 0.002
 Batch = list[tuple[Req, int]]  # (request, tokens it computes this step)
 
 
+@dataclass
+class Plan:
+    """What scheduling one step decided.
+
+    ``batch``: the requests that compute this step, each with its token count;
+    their KV slots for it are allocated. ``retracted``: running requests moved
+    back to the head of the waiting queue (their KV released), in the order
+    retracted. ``ended``: requests that can never run (alone in the KV pool and
+    unable to grow), each with its finish reason; they are in neither queue,
+    their KV is released, and the caller reports them as finished."""
+
+    batch: Batch = field(default_factory=list)
+    retracted: list[Req] = field(default_factory=list)
+    ended: list[tuple[Req, FinishReason]] = field(default_factory=list)
+
+
 def running_order(req: Req) -> tuple[bool, int, int]:
     """Running requests' scheduling order: decoders (one token, plus any draft)
     before prefill chunks, then most outputs first, then shortest prompt first;
     retraction takes from the end. (``uncomputed - len(draft_ids)``, inlined: it
     is computed for every running request every step.)"""
     n_out = len(req.output_ids)
-    return len(req.input_ids) + n_out + req.pending - len(req.slots) > 1, -n_out, len(req.input_ids)
+    return len(req.input_ids) + n_out + req.inflight_tokens - len(req.slots) > 1, -n_out, len(req.input_ids)
 
 
 @dataclass
@@ -82,27 +101,26 @@ class RequestQueues:
 
 class BatchPlanner:
     def __init__(self, config: EngineConfig, kv: KVCacheManager, queues: RequestQueues, context_length: int,
-                 finish: Callable[[Req, FinishReason], None], drop_draft: Callable[[Req], None]) -> None:
+                 swap_cost: Optional[SwapCostModel] = None) -> None:
+        """``swap_cost``: under ``--preemption-mode swap``, the model that decides
+        whether a retracted request's KV moves to the host tier; None: recompute."""
         self.config = config
         self.kv = kv
         self.queues = queues
         self.context_length = context_length
-        self._finish = finish
-        self._drop_draft = drop_draft
+        self.swap_cost = swap_cost
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        self.retractions = 0
-        self.swap_cost: Optional[SwapCostModel] = None  # set under --preemption-mode swap
 
-    def schedule(self) -> Batch:
-        """The next step's batch; each request's KV slots for it are allocated."""
-        batch: Batch = []
+    def schedule(self) -> Plan:
+        """Plan the next step: its batch, and the requests retracted or ended to make it."""
+        plan = Plan()
         if self.config.enable_priority_scheduling:
-            self._preempt_for_priority()
-        budget = self._schedule_running(batch, max(self.config.chunked_prefill_size, 1))
-        self._admit(batch, budget)
-        if batch:
+            self._preempt_for_priority(plan)
+        budget = self._schedule_running(plan, max(self.config.chunked_prefill_size, 1))
+        self._admit(plan.batch, budget)
+        if plan.batch:
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        return batch
+        return plan
 
     def _tokens_this_step(self, req: Req, budget: int) -> int:
         need = req.uncomputed
@@ -110,11 +128,14 @@ class BatchPlanner:
 
     def _will_stop_at_length(self, req: Req) -> bool:
         """A request whose in-flight token is its last: nothing to compute for it."""
-        n_out = len(req.output_ids) + req.pending
-        return n_out >= req.sampling.max_new_tokens or req.seq_len + req.pending >= self.context_length
+        n_out = len(req.output_ids) + req.inflight_tokens
+        return n_out >= req.sampling.max_new_tokens or req.seq_len + req.inflight_tokens >= self.context_length
 
-    def _schedule_running(self, batch: Batch, budget: int) -> int:
-        running = self.queues.running
+    def _schedule_running(self, plan: Plan, budget: int) -> int:
+        """Put the running requests into ``plan.batch`` in `running_order`, each
+        with its KV for this step, while ``budget`` tokens last; short of memory,
+        retract from the end of the order. Returns the budget left."""
+        running, batch = self.queues.running, plan.batch
         if not self.queues.running_ordered:
             running.sort(key=running_order)
             self.queues.running_ordered = True
@@ -123,36 +144,46 @@ class BatchPlanner:
         queue = deque(running[taken:] if taken else running)
         while queue:
             req = queue.popleft()
-            if req.pending and self._will_stop_at_length(req):
+            if req.inflight_tokens and self._will_stop_at_length(req):
                 continue
             if req.draft_ids and req.uncomputed > budget:
-                self._drop_draft(req)  # a draft is computed in one piece or not at all
+                drop_draft(req)  # a draft is computed in one piece or not at all
             q = self._tokens_this_step(req, budget)
-            if q <= 0:
-                continue
-            while not self.kv.extend(req, q):
-                if req.draft_ids:  # short of memory: decode one token rather than retract anyone
-                    self._drop_draft(req)
-                    q = self._tokens_this_step(req, budget)
-                    continue
-                victim = queue.pop() if queue else None
-                if victim is None:
-                    # Others still hold KV (in this batch, or finishing in the step in
-                    # flight, which frees theirs once processed): retract this one.
-                    # Only a request alone in the pool that cannot grow is beyond saving.
-                    if batch or len(running) > 1:
-                        victim = req
-                    else:
-                        running.remove(req)
-                        self._finish(req, FinishReason.abort("out of KV memory for a single request"))
-                        break
-                self._retract(victim)
-                if victim is req:
-                    break
-            else:
+            if q > 0:
+                q = self._extend_or_retract(req, q, queue, plan, budget)
+            if q > 0:
                 batch.append((req, q))
                 budget -= q
         return budget
+
+    def _extend_or_retract(self, req: Req, q: int, queue: deque[Req], plan: Plan, budget: int) -> int:
+        """Allocate ``req``'s KV for ``q`` tokens this step, retracting the requests
+        at the end of ``queue`` while memory is short; short of memory, a draft is
+        dropped first (fewer tokens). Returns the tokens allocated, or 0 when
+        ``req`` itself was retracted or ended instead."""
+        running = self.queues.running
+        while not self.kv.extend(req, q):
+            if req.draft_ids:  # short of memory: decode one token rather than retract anyone
+                drop_draft(req)
+                q = self._tokens_this_step(req, budget)
+                continue
+            victim = queue.pop() if queue else None
+            if victim is None:
+                # Others still hold KV (in this batch, or finishing in the step in
+                # flight, which frees theirs once processed): retract this one.
+                # Only a request alone in the pool that cannot grow is beyond saving.
+                if plan.batch or len(running) > 1:
+                    victim = req
+                else:
+                    running.remove(req)
+                    drop_draft(req)
+                    self.kv.release(req)  # now: what it held is admissible in this very step
+                    plan.ended.append((req, FinishReason.abort("out of KV memory for a single request")))
+                    return 0
+            self._retract(victim, plan)
+            if victim is req:
+                return 0
+        return q
 
     def _take_decoders(self, running: list[Req], batch: Batch) -> int:
         """The decode fast path: the leading requests of (sorted) ``running`` that
@@ -165,21 +196,21 @@ class BatchPlanner:
         n = 0
         decoders = []
         for req in running:
-            if req.draft_ids or len(req.input_ids) + len(req.output_ids) + req.pending - len(req.slots) != 1:
+            if req.draft_ids or len(req.input_ids) + len(req.output_ids) + req.inflight_tokens - len(req.slots) != 1:
                 break
             n += 1
-            if not (req.pending and self._will_stop_at_length(req)):
+            if not (req.inflight_tokens and self._will_stop_at_length(req)):
                 decoders.append(req)
         if not decoders or not self.kv.extend_decode(decoders):
             return 0
         batch.extend(zip(decoders, repeat(1)))
         return n
 
-    def _retract(self, req: Req) -> None:
+    def _retract(self, req: Req, plan: Plan) -> None:
         """Release a running request's KV (its prefix stays in the tree) and re-queue it.
-        Its output and grammar matcher stay; a pending draft is dropped."""
+        Its output and grammar matcher stay; its draft is dropped."""
         self.queues.running.remove(req)
-        self._drop_draft(req)
+        drop_draft(req)
         swap = self.swap_cost is not None and self.swap_cost.should_swap(len(req.slots))
         if self.swap_cost is not None and not swap:
             self.kv.swap_declined += 1
@@ -189,11 +220,11 @@ class BatchPlanner:
         req.phase = Phase.WAITING
         req.retractions += 1
         self.queues.waiting.insert(0, req)
-        self.retractions += 1
+        plan.retracted.append(req)
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
         logger.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
 
-    def _preempt_for_priority(self) -> None:
+    def _preempt_for_priority(self, plan: Plan) -> None:
         """With the batch full (max_running_requests), retract the least urgent
         running request for each admissible waiting one that is more urgent by
         at least ``priority_scheduling_preemption_threshold`` (SGLang's rule).
@@ -204,7 +235,7 @@ class BatchPlanner:
         cfg, running = self.config, self.queues.running
         if len(running) < cfg.max_running_requests:
             return
-        urgent = sorted((r.urgency for r in self.queues.waiting if not (r.grammar_pending or r.pending)),
+        urgent = sorted((r.urgency for r in self.queues.waiting if not (r.grammar_compiling or r.inflight_tokens)),
                         reverse=True)
         for u in urgent:
             if not running:
@@ -212,7 +243,7 @@ class BatchPlanner:
             victim = min(running, key=lambda r: (r.urgency, -r.arrival))  # least urgent, latest
             if u - victim.urgency < cfg.priority_scheduling_preemption_threshold:
                 return
-            self._retract(victim)
+            self._retract(victim, plan)
 
     def _remaining_tokens(self, req: Req) -> int:
         return min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), RESERVE_CAP_PER_REQUEST)
@@ -239,7 +270,7 @@ class BatchPlanner:
         for req in ordered:
             if budget <= 0 or len(running) >= self.config.max_running_requests:
                 break
-            if req.grammar_pending or req.pending:
+            if req.grammar_compiling or req.inflight_tokens:
                 continue  # its grammar is still compiling / its last token is still in flight
             match = self.kv.match(req, load=True)  # what the host tier holds comes back (copies queued)
             if self.kv.tree.stores_prefixes:
@@ -248,7 +279,7 @@ class BatchPlanner:
                     continue
             extend = req.seq_len - match.length
             if req.draft_ids and extend > budget:
-                self._drop_draft(req)  # a draft is computed in one piece or not at all
+                drop_draft(req)  # a draft is computed in one piece or not at all
                 extend = req.seq_len - match.length
             q = min(extend, budget)
             if running and self.kv.available_slots() - q < reserve:

@@ -27,20 +27,24 @@ class Req:
     KV ownership: ``slots[i]`` holds the KV of token ``seq[i]``. The first
     ``tree_len`` slots belong to the radix tree (kept alive by a lock on
     ``last_node``); the rest are private to this request. Invariant while
-    RUNNING: ``len(slots) <= len(seq) + pending``; each step computes the next
-    ``uncomputed`` tokens or a chunk of them, and once all have KV the logits
-    of the last one sample a new token. ``pending`` counts sampled tokens whose
-    step is still in flight (overlap scheduling): the next step already
-    computes the KV of the last of them, whose id only the device knows yet.
+    RUNNING: ``len(slots) <= len(seq) + inflight_tokens``; each step computes
+    the next ``uncomputed`` tokens or a chunk of them, and once all have KV the
+    logits of the last one sample a new token. ``inflight_tokens`` counts
+    sampled tokens whose step is still in flight (overlap scheduling): the next
+    step already computes the KV of the last of them, whose id only the device
+    knows yet.
 
-    Constrained requests (see grammar.py): ``grammar_future`` is the pending
-    compilation (the request waits in the queue until it is done), then
-    ``grammar`` holds the matcher, which has accepted every output token. It
-    lives as long as the request, through retraction (the output persists).
-    ``draft_ids`` is a pending jump-forward draft: tokens the grammar forces
-    after ``output_ids``, part of ``seq`` so that the next step computes their
-    KV, but not output until that step has verified them. Between steps the
-    draft never has KV (``len(slots) <= len(input_ids) + len(output_ids)``).
+    Constrained requests (see grammar.py): ``grammar_future`` is the
+    compilation (the request waits in the queue while ``grammar_compiling``),
+    then ``grammar`` holds the matcher, which has accepted every output token.
+    It lives as long as the request, through retraction (the output persists).
+    ``draft_ids`` is the unverified jump-forward draft: tokens the grammar
+    forces after ``output_ids``, part of ``seq`` so that the next step computes
+    their KV, but not output until that step has verified them. Between steps
+    the draft never has KV (``len(slots) <= len(input_ids) + len(output_ids)``).
+
+    What the front has not been sent yet: the last ``unsent_ids`` output
+    tokens, with their ``unsent_output_logprobs`` and ``unsent_top_logprobs``.
     """
 
     rid: str
@@ -76,12 +80,14 @@ class Req:
     # Tokens sampled by a launched step whose results are not processed yet (the
     # overlap scheduler keeps one step in flight). They are not in output_ids
     # and have no KV; the next decode step reads the last one on the device.
-    pending: int = 0
+    inflight_tokens: int = 0
+    # the longest of its stop strings, in characters (how much output tail to decode for them)
+    max_stop_chars: int = 0
 
     # Deltas not yet reported to the front.
     unsent_ids: int = 0
-    pending_output_logprobs: list[tuple[float, int]] = field(default_factory=list)
-    pending_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    unsent_output_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    unsent_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: Optional[list[tuple[Optional[float], int]]] = None
     input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
     input_logprobs_sent: bool = False
@@ -89,7 +95,7 @@ class Req:
 
     @property
     def seq(self) -> list[int]:
-        """The tokens to hold KV for: prompt, output and the pending draft."""
+        """The tokens to hold KV for: prompt, output and the draft."""
         return self.input_ids + self.output_ids + self.draft_ids
 
     def tokens(self, start: int, end: int) -> list[int]:
@@ -108,11 +114,11 @@ class Req:
 
     @property
     def uncomputed(self) -> int:
-        """Tokens still without KV, counting a pending sampled one and the draft."""
-        return self.seq_len + self.pending - len(self.slots)
+        """Tokens still without KV, counting an in-flight sampled one and the draft."""
+        return self.seq_len + self.inflight_tokens - len(self.slots)
 
     @property
-    def grammar_pending(self) -> bool:
+    def grammar_compiling(self) -> bool:
         """Waiting for its grammar to compile (not admissible yet)."""
         return self.grammar_future is not None and self.grammar is None
 

@@ -3,8 +3,9 @@
 Sampled tokens are appended (verifying a jump-forward draft position by
 position), stop conditions are checked token by token, prompt logprobs are
 collected, and every request that produced something or finished gets a
-`TokenOutput`. (Prefill chunks went to the radix tree when they were
-launched, see `Scheduler._launch`.)
+`TokenOutput`: `ResultProcessor.process` returns them, in batch order.
+(Prefill chunks went to the radix tree when they were launched, see
+`Scheduler._launch`.)
 
 With overlap on, this runs one step late: by then the next step is already
 launched, and a request of this step may have been aborted (it is skipped),
@@ -15,13 +16,15 @@ dropped with its KV).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import TokenOutput
 from radixrt.sampling import stop_regex
-from radixrt.scheduler.constrained import ConstrainedDecoding
+from radixrt.sampling.sampler import SampleResult
+from radixrt.scheduler.constrained import ConstrainedDecoding, drop_draft
 from radixrt.scheduler.inputs import StepInputs
 from radixrt.scheduler.launcher import PromptScores, StepOutput
 from radixrt.scheduler.planner import Batch, RequestQueues
@@ -30,37 +33,55 @@ from radixrt.scheduler.request import Phase, Req
 logger = logging.getLogger(__name__)
 
 
+def finish_request(req: Req, reason: FinishReason, kv: KVCacheManager) -> TokenOutput:
+    """End a request that is in neither queue any more: its draft is dropped, its
+    KV released (its prefix stays in the tree), its phase FINISHED; returns its
+    last `TokenOutput`, which carries ``reason``."""
+    drop_draft(req)
+    if req.slots or req.last_node is not None:
+        kv.release(req)
+    req.finish_reason = reason
+    req.phase = Phase.FINISHED
+    return token_output(req)
+
+
+@dataclass
+class StepResults:
+    """What processing one step's output gave."""
+
+    outputs: list[TokenOutput]  # in batch order: each request's news, or its last output when it finished
+    finished: int  # how many of the batch's requests finished here
+
+
 class ResultProcessor:
     def __init__(self, kv: KVCacheManager, queues: RequestQueues, constrained: ConstrainedDecoding,
-                 tokenizer: Any, eos_token_ids: set[int], context_length: int, enable_jump_forward: bool,
-                 outbox: list[TokenOutput], finish: Callable[[Req, FinishReason], None]) -> None:
-        """``outbox``: where a running request's `TokenOutput` goes (the scheduler's
-        pending outputs); ``finish`` ends a request (and emits its last output)."""
+                 tokenizer: Any, eos_token_ids: set[int], context_length: int, enable_jump_forward: bool) -> None:
+        """``tokenizer``: decodes output tails for stop strings (a Hugging Face
+        tokenizer; its fast backend's ``decode`` when it has one)."""
         self.kv = kv
         self.queues = queues
         self.constrained = constrained
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.enable_jump_forward = enable_jump_forward
-        self.outbox = outbox
-        self._finish = finish
         # the fast tokenizer's own decode: stop strings are checked every step
-        self._decode = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
-        self.max_stop_len = 0
+        self._decode: Callable[..., str] = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
         self.generated_tokens = 0
 
-    def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> None:
+    def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> StepResults:
         """Fold ``output`` into the batch's requests, request by request in batch
-        order: take its samples, then finish it or emit what it produced."""
+        order: take its samples, then end it (out of the queues, KV released) or
+        report what it produced. Returns the outputs, in batch order."""
         for job, scores in zip(inputs.prompt_jobs, output.prompt_scores):
             req = batch[job.batch_index][0]
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
                 self._add_prompt_logprobs(req, scores, inputs.kv_lens[job.batch_index])
         sample = output.sample
+        outputs: list[TokenOutput] = []
         one_token_decoders = finished = 0  # running rows that decoded exactly one token; rows finished here
         for (req, q), first, computed_to in zip(batch, inputs.sample_starts, inputs.kv_lens):
             if first >= 0:
-                req.pending -= 1
+                req.inflight_tokens -= 1
                 if req.phase is Phase.FINISHED:
                     continue
                 assert sample is not None, "a step with sampling rows has a sample result"
@@ -76,14 +97,15 @@ class ResultProcessor:
                 req.finish_reason = FinishReason.length(0)
             if req.finish_reason is not None:
                 self.queues.remove(req)
-                self._finish(req, req.finish_reason)
+                outputs.append(finish_request(req, req.finish_reason, self.kv))
                 finished += 1
             elif req.unsent_ids:
-                self.outbox.append(token_output(req))
+                outputs.append(token_output(req))
         # Unless every row was a running one-token decoder and every running request is one of
         # them, some running request's order key moved differently from the others'.
         if one_token_decoders != len(batch) or len(self.queues.running) != one_token_decoders - finished:
             self.queues.running_ordered = False
+        return StepResults(outputs, finished)
 
     # ------------------------------------------------------------------ prompt logprobs
     @staticmethod
@@ -98,7 +120,7 @@ class ResultProcessor:
             req.input_top_logprobs = tops + [tp for _, _, tp in acc]
 
     # ------------------------------------------------------------------ sampled tokens
-    def _take_samples(self, req: Req, result: Any, first: int) -> None:
+    def _take_samples(self, req: Req, result: SampleResult, first: int) -> None:
         """Append the tokens sampled for ``req`` from its rows ``first..first+k``.
 
         Without a draft (k == 0) that is one token. With one, draft tokens are
@@ -130,8 +152,8 @@ class ResultProcessor:
         if req.finish_reason is None and state is not None and self.enable_jump_forward:
             self.constrained.propose_draft(req)
 
-    def _take_token(self, req: Req, result: Any, i: int) -> None:
-        """Append the model's own token of row ``i`` (its matcher has no draft pending)."""
+    def _take_token(self, req: Req, result: SampleResult, i: int) -> None:
+        """Append the model's own token of row ``i`` (its matcher holds no draft)."""
         token = result.token_ids[i]
         accepted = req.grammar is None or req.grammar.accept(token)
         self._append_token(req, token, result, i)
@@ -139,7 +161,7 @@ class ResultProcessor:
             logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
             req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
 
-    def _append_token(self, req: Req, token: int, result: Any, i: int) -> None:
+    def _append_token(self, req: Req, token: int, result: SampleResult, i: int) -> None:
         """Append ``token``, sampled in row ``i`` of ``result``, and check the stop conditions."""
         req.output_ids.append(token)
         req.unsent_ids += 1
@@ -147,9 +169,9 @@ class ResultProcessor:
         if req.return_logprob:
             logprob = result.logprobs[i] if result.logprobs is not None else None
             assert logprob is not None, "the sampler gives a logprob to every row that asks for one"
-            req.pending_output_logprobs.append((logprob, token))
+            req.unsent_output_logprobs.append((logprob, token))
             if req.top_logprobs_num:
-                req.pending_top_logprobs.append((result.top_logprobs[i] if result.top_logprobs else None) or [])
+                req.unsent_top_logprobs.append((result.top_logprobs[i] if result.top_logprobs else None) or [])
         req.finish_reason = self._check_finish(req, token)
 
     def _check_finish(self, req: Req, token: int) -> Optional[FinishReason]:
@@ -165,7 +187,7 @@ class ResultProcessor:
             if sp.stop or sp.stop_regex:
                 stops, regexes = sp.stop or (), sp.stop_regex or ()
                 # Decode only the tail that can contain a newly completed stop string or regex match.
-                n_tail = self.max_stop_len + 8
+                n_tail = req.max_stop_chars + 8
                 if regexes:
                     n_tail = max(n_tail, stop_regex.window_tokens(regexes))
                 tail_ids = req.output_ids[-n_tail:]
@@ -198,7 +220,7 @@ def token_output(req: Req) -> TokenOutput:
     # rid, new_token_ids, prompt_tokens, completion_tokens, cached_tokens, finish_reason,
     # output_token_logprobs, output_top_logprobs.
     out = TokenOutput(req.rid, new_ids, len(req.input_ids), n_out, req.cached_tokens, req.finish_reason,
-                      req.pending_output_logprobs, req.pending_top_logprobs)
+                      req.unsent_output_logprobs, req.unsent_top_logprobs)
     if req.cache_info is not None:  # sent once, with the first output after admission
         out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:
@@ -206,6 +228,6 @@ def token_output(req: Req) -> TokenOutput:
         out.input_top_logprobs = req.input_top_logprobs
         req.input_logprobs_sent = True
     req.unsent_ids = 0
-    req.pending_output_logprobs = []
-    req.pending_top_logprobs = []
+    req.unsent_output_logprobs = []
+    req.unsent_top_logprobs = []
     return out

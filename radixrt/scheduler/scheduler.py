@@ -4,15 +4,21 @@ One `Scheduler` serves both transports: the in-process Engine feeds it from a
 thread with queues, the server's scheduler process from ZMQ (see
 `event_loop`). It knows nothing of HTTP.
 
-Every step re-forms the batch and runs four phases, each in its own module:
+Every step re-forms the batch and runs four phases, each in its own module;
+each phase returns what the next one (or the scheduler) needs:
 
-1. schedule (planner.py): running requests take one token each (decode) or
-   their next prefill chunk, then waiting requests are admitted in policy
-   order while the token budget and KV memory last;
-2. prepare inputs (inputs.py): token ids, request-to-slot table rows and
-   lengths, sampling rows, grammar bitmasks;
-3. launch (launcher.py): forward, logits and sampling, on the forward thread;
-4. process results (results.py): append tokens, check stops, emit outputs.
+1. schedule (planner.py, `BatchPlanner.schedule` -> `Plan`): running
+   requests take one token each (decode) or their next prefill chunk, then
+   waiting requests are admitted in policy order while the token budget and
+   KV memory last; the plan also names the requests retracted or ended;
+2. prepare inputs (inputs.py, `prepare_inputs` -> `StepInputs`): token ids,
+   request-to-slot table rows and lengths, sampling rows, grammar bitmasks;
+3. launch (launcher.py, `StepLauncher.launch` -> future of `StepOutput`):
+   forward, logits and sampling, on the forward thread, through the
+   `StepRunner` and `StepSampler` interfaces (interfaces.py);
+4. process results (results.py, `ResultProcessor.process` -> `StepResults`):
+   append tokens, check stops, end finished requests; the outputs, in batch
+   order.
 
 A request's step computes tokens ``seq[len(slots):len(slots)+q]``; once all of
 ``seq`` has KV, the last position's logits sample the next token. Prefill,
@@ -51,15 +57,17 @@ from radixrt.requests.messages import (
     TokenBatch,
     TokenOutput,
 )
-from radixrt.sampling.grammar import GrammarBackend, grammar_key
+from radixrt.sampling.grammar import GrammarBackend
+from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
+from radixrt.scheduler.interfaces import StepSampler
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
-from radixrt.scheduler.request import Phase, Req
-from radixrt.scheduler.results import ResultProcessor, token_output
+from radixrt.scheduler.request import Req
+from radixrt.scheduler.results import ResultProcessor, finish_request
 
 logger = logging.getLogger(__name__)
 
@@ -99,22 +107,20 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.queues = RequestQueues()
         self.arrivals = 0
-        self.pending_outputs: list[TokenOutput] = []
-        self.counters = {"steps": 0, "prompt_tokens_computed": 0, "requests_finished": 0, "peak_kv_used_slots": 0}
-        self._grammars: Optional[GrammarBackend] = None
+        # outputs made between steps (aborts, refused requests): the next step returns them first
+        self._queued_outputs: list[TokenOutput] = []
+        self.counters = {"steps": 0, "prompt_tokens_computed": 0, "requests_finished": 0, "peak_kv_used_slots": 0,
+                         "retractions": 0}
         self.constrained = ConstrainedDecoding(
-            lambda: self.grammars, config.enable_jump_forward, self.context_length, self.vocab_size)
-        self.planner = BatchPlanner(config, self.kv, self.queues, self.context_length, self._finish,
-                                    self.constrained.drop_draft)
-        if self.host is not None and config.preemption_mode == "swap":
-            self.planner.swap_cost = self.host.swap_cost
+            self.tokenizer, self.vocab_size, sorted(self.eos_token_ids), self.limits.grammar,
+            config.grammar_cache_size, config.enable_jump_forward, self.context_length)
+        swap = self.host.swap_cost if self.host is not None and config.preemption_mode == "swap" else None
+        self.planner = BatchPlanner(config, self.kv, self.queues, self.context_length, swap)
         self.launcher = StepLauncher(self.runner, self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
-                                     overlap=config.overlap_schedule)
-        if self.host is not None:
-            self.launcher.host_pool = self.host.pool
+                                     overlap=config.overlap_schedule,
+                                     host_pool=self.host.pool if self.host is not None else None)
         self.results = ResultProcessor(self.kv, self.queues, self.constrained, self.tokenizer, self.eos_token_ids,
-                                       self.context_length, config.enable_jump_forward, self.pending_outputs,
-                                       self._finish)
+                                       self.context_length, config.enable_jump_forward)
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
 
@@ -127,30 +133,24 @@ class Scheduler:
         return self.queues.running
 
     @property
-    def sampler(self) -> Any:
+    def sampler(self) -> StepSampler:
         return self.launcher.sampler
 
     # ------------------------------------------------------------------ intake
-    def validate(self, input_ids: list[int], sampling: Any) -> None:
+    def validate(self, input_ids: list[int], sampling: SamplingParams) -> None:
         """Raise ValueError for a request that can never be served (the front door's checks)."""
         validate_prompt(input_ids, sampling, self.limits)
 
     @property
     def grammars(self) -> GrammarBackend:
         """The grammar compiler and cache, created on first use."""
-        if self._grammars is None:
-            self._grammars = GrammarBackend(
-                self.tokenizer, self.vocab_size, sorted(self.eos_token_ids),
-                cache_size=self.config.grammar_cache_size, limits=self.limits.grammar,
-            )
-        return self._grammars
+        return self.constrained.grammars
 
     def close(self) -> None:
         """Stop background work (the forward thread, grammar compilation, tensor-parallel ranks)."""
         self.launcher.close()
         self.runner.close()
-        if self._grammars is not None:
-            self._grammars.shutdown()
+        self.constrained.shutdown()
 
     def add_request(self, msg: GenerateReq) -> None:
         try:
@@ -158,10 +158,12 @@ class Scheduler:
             if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
                 raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
         except ValueError as e:
-            self._emit_abort(msg.rid, len(msg.input_ids), str(e))
+            self._queued_outputs.append(TokenOutput(
+                rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids), completion_tokens=0,
+                cached_tokens=0, finish_reason=FinishReason.abort(str(e), status_code=400)))
             return
-        key = grammar_key(msg.sampling)
-        grammar_future = self.grammars.compile_async(key) if key is not None else None
+        grammar_future = self.constrained.compile(msg.sampling)
+        max_stop_chars = max((len(s) for s in msg.sampling.stop or ()), default=0)
         cfg = self.config
         prio = urgency(msg.priority or 0, time.monotonic(), low_values_first=cfg.schedule_low_priority_values_first,
                        aging_s=cfg.priority_aging_s, max_priority=cfg.max_client_priority)
@@ -173,12 +175,10 @@ class Scheduler:
                 return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                 top_logprobs_num=msg.top_logprobs_num, namespace=msg.namespace, arrival=self.arrivals,
                 grammar_future=grammar_future, parent=msg.rid, priority=msg.priority or 0, urgency=prio,
-                cache_info_mode=msg.cache_info,
+                cache_info_mode=msg.cache_info, max_stop_chars=max_stop_chars,
             )
             self.arrivals += 1
             self.queues.waiting.append(req)
-        stops = msg.sampling.stop or []
-        self.results.max_stop_len = max([self.results.max_stop_len] + [len(s) for s in stops])
 
     def abort(self, rid: str) -> None:
         """Abort one request with all its samples, or one sample (or all, for
@@ -188,7 +188,7 @@ class Scheduler:
 
         for r in [r for r in self.queues.waiting + self.queues.running if hit(r)]:
             self.queues.remove(r)
-            self._finish(r, FinishReason.abort("aborted"))
+            self._queued_outputs.append(self._finish(r, FinishReason.abort("aborted")))
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when nothing is running (like SGLang).
@@ -228,7 +228,7 @@ class Scheduler:
         try:
             while not should_stop():
                 self.runner.check_ranks()
-                for msg in recv(not self.has_work() and not self.pending_outputs):
+                for msg in recv(not self.has_work() and not self._queued_outputs):
                     reply = self.handle(msg)
                     if reply is not None:
                         send(reply)
@@ -241,19 +241,25 @@ class Scheduler:
 
     def step(self) -> list[TokenOutput]:
         """Schedule and launch one batch, process the results of the step before
-        it (or of this one, when it cannot overlap); return what requests produced."""
-        self.constrained.resolve(self.queues.waiting, self._fail_waiting)
-        batch = self.planner.schedule()
+        it (or of this one, when it cannot overlap); return what requests produced
+        (after the outputs queued since the last step)."""
+        out, self._queued_outputs = self._queued_outputs, []
+        for req, reason in self.constrained.resolve(self.queues.waiting):
+            self.queues.waiting.remove(req)
+            out.append(self._finish(req, reason))
+        plan = self.planner.schedule()
+        self.counters["retractions"] += len(plan.retracted)
+        for req, reason in plan.ended:
+            out.append(self._finish(req, reason))
+        batch = plan.batch
         previous, self.inflight = self.inflight, self._launch(batch) if batch else None
         if previous is not None:
-            self._complete(previous)
+            out += self._complete(previous)
         if self.inflight is not None and not self.inflight.overlappable:
-            self._complete(self.inflight)
+            out += self._complete(self.inflight)
             self.inflight = None
         if not batch and self.queues.waiting and not self.queues.running:
             self.constrained.wait(self.queues.waiting)
-        out = self.pending_outputs.copy()
-        self.pending_outputs.clear()  # the same list: the result processor appends to it
         return out
 
     def _launch(self, batch: Batch) -> InFlight:
@@ -263,7 +269,7 @@ class Scheduler:
         self.counters["prompt_tokens_computed"] += inputs.prompt_tokens
         for (req, q), first_sample in zip(batch, inputs.sample_starts):
             if first_sample >= 0:
-                req.pending += 1
+                req.inflight_tokens += 1
             if q > 1:  # a prefill chunk: its prefix is matchable from the next schedule on
                 self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
         # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
@@ -271,38 +277,22 @@ class Scheduler:
         transfers = self.kv.take_transfers()
         return InFlight(batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable)
 
-    def _complete(self, step: InFlight) -> None:
-        self.results.process(step.batch, step.inputs, step.output.result())
+    def _complete(self, step: InFlight) -> list[TokenOutput]:
+        """Process a launched step's results (waiting for them); its outputs."""
+        results = self.results.process(step.batch, step.inputs, step.output.result())
+        self.counters["requests_finished"] += results.finished
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots
         self.counters["peak_kv_used_slots"] = max(self.counters["peak_kv_used_slots"], used)
         self._log_step(step.batch)
         if self.config.debug_check_invariants:
             self.check_invariants()
+        return results.outputs
 
-    # ------------------------------------------------------------------ outputs
-    def _fail_waiting(self, req: Req, reason: FinishReason) -> None:
-        self.queues.waiting.remove(req)
-        self._finish(req, reason)
-
-    def _finish(self, req: Req, reason: FinishReason) -> None:
-        """End a request that is in neither queue any more; its KV is released."""
-        self.constrained.drop_draft(req)
-        if req.slots or req.last_node is not None:
-            self.kv.release(req)
-        req.finish_reason = reason
-        req.phase = Phase.FINISHED
+    def _finish(self, req: Req, reason: FinishReason) -> TokenOutput:
+        """End a request that is in neither queue any more (its KV is released); its last output."""
         self.counters["requests_finished"] += 1
-        self._emit(req)
-
-    def _emit(self, req: Req) -> None:
-        self.pending_outputs.append(token_output(req))
-
-    def _emit_abort(self, rid: str, prompt_tokens: int, message: str) -> None:
-        self.pending_outputs.append(TokenOutput(
-            rid=rid, new_token_ids=[], prompt_tokens=prompt_tokens, completion_tokens=0, cached_tokens=0,
-            finish_reason=FinishReason.abort(message, status_code=400),
-        ))
+        return finish_request(req, reason, self.kv)
 
     # ------------------------------------------------------------------ introspection
     def kv_usage(self) -> dict[str, int]:
@@ -318,7 +308,6 @@ class Scheduler:
     def stats(self) -> dict[str, Any]:
         return {
             **self.counters,
-            "retractions": self.planner.retractions,
             "generated_tokens": self.results.generated_tokens,
             "jump_forward_proposed": self.constrained.proposed,
             "jump_forward_tokens": self.constrained.kept,

@@ -139,7 +139,7 @@ def test_much_more_urgent_request_preempts_and_the_preempted_one_still_answers_r
             while finish and sched.has_work():
                 step()
             sched.check_invariants()
-            return outputs, running_after, sched.planner.retractions
+            return outputs, running_after, sched.stats()["retractions"]
         finally:
             sched.close()
 

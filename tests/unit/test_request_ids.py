@@ -59,7 +59,11 @@ def _sched() -> SimpleNamespace:
     finished = []
     queues = SimpleNamespace(waiting=[], running=[])
     queues.remove = lambda r: (queues.waiting if r in queues.waiting else queues.running).remove(r)
-    return SimpleNamespace(queues=queues, _finish=lambda r, reason: finished.append(r.rid), finished=finished)
+    def finish(r: Req, reason: object) -> str:
+        finished.append(r.rid)
+        return r.rid
+
+    return SimpleNamespace(queues=queues, _finish=finish, _queued_outputs=[], finished=finished)
 
 
 def test_scheduler_abort_matches_ids_exactly():
@@ -73,6 +77,7 @@ def test_scheduler_abort_matches_ids_exactly():
     assert s.finished == ["job", "p-0", "p-1"]
     Scheduler.abort(s, "")
     assert s.finished == ["job", "p-0", "p-1", "job-7", "p-10"]
+    assert s._queued_outputs == s.finished  # each abort's last output goes out with the next step
 
 
 def test_detokenizer_forgets_only_its_own_samples(tokenizer):

@@ -28,7 +28,7 @@ def _run(tiny_llama: str, overlap: bool, always_sort: bool) -> tuple[list[list[t
                                    debug_check_invariants=True))
     if always_sort:
         p = sched.planner
-        sched.planner = _AlwaysSort(p.config, p.kv, p.queues, p.context_length, p._finish, p._drop_draft)
+        sched.planner = _AlwaysSort(p.config, p.kv, p.queues, p.context_length, p.swap_cost)
     try:
         steps: list[list[tuple[str, list[int]]]] = []
         arrivals = {0: 3, 2: 2, 5: 2, 9: 3}  # step -> requests arriving then
@@ -43,7 +43,7 @@ def _run(tiny_llama: str, overlap: bool, always_sort: bool) -> tuple[list[list[t
             if step > 9 and not sched.has_work():
                 break
         assert not sched.has_work()
-        return steps, sched.planner.retractions
+        return steps, sched.stats()["retractions"]
     finally:
         sched.close()
 
