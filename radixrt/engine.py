@@ -13,25 +13,25 @@ running is refused (ValueError).
 There is one implementation of generation, and it is async: `async_generate`
 runs it in the caller's event loop. The sync API (`generate`, and its
 ``stream=True`` iterator) runs the same coroutines on a private event loop
-thread owned by the engine (started on first use). Outputs reach the loop that
-submitted a request through ``call_soon_threadsafe``; detokenization happens
-on that loop.
+thread owned by the engine (started on first use). Requests and their results
+go through the result router the server uses too (`radixrt.requests.router`),
+over an in-process queue: each scheduler step's outputs reach the loop that
+submitted them with one wake-up per loop, and detokenization happens on that
+loop.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, Union
 
 from radixrt.config import EngineConfig
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestSpec, RidEntry, RidTable, build_specs, split_prompts, validate_spec
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch, TokenOutput
-from radixrt.requests.results import ResultAccumulator
+from radixrt.requests.intake import RequestSpec, RidEntry, build_specs, split_prompts, validate_spec
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch
+from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -41,16 +41,17 @@ _IDLE_POLL_S = 0.05
 T = TypeVar("T")
 
 
-@dataclass
-class _Submission:
-    """One prompt's request and where its outputs arrive (one accumulator per
-    sample, by the sample's internal id)."""
+class _QueueTransport:
+    """The router's transport in-process: the scheduler thread's inbox."""
 
-    rid: str  # the internal id
-    accs: dict[str, ResultAccumulator]
-    inbox: asyncio.Queue  # of TokenOutput, on the loop that submitted it
-    loop: asyncio.AbstractEventLoop
-    live: set[str]  # the samples not finished yet (under the engine's routes lock)
+    def __init__(self, inbox: queue.Queue) -> None:
+        self.inbox = inbox
+
+    def send_request(self, spec: RequestSpec, entry: RidEntry) -> None:
+        self.inbox.put(spec.to_generate_req(entry.iid))
+
+    def send_abort(self, iid: str) -> None:
+        self.inbox.put(AbortReq(iid))
 
 
 class _LoopThread:
@@ -116,9 +117,7 @@ class Engine:
         self.limits = self.config.limits(self.context_length, self._kv_total_slots(), self.scheduler.vocab_size)
         self._inbox: queue.Queue = queue.Queue()
         self._control: queue.Queue = queue.Queue()
-        self._routes: dict[str, _Submission] = {}  # by internal id (of the request, and of each sample)
-        self._rids = RidTable()  # under _routes_lock
-        self._routes_lock = threading.Lock()
+        self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
         self._control_lock = threading.Lock()
         self._sync_loop: Optional[_LoopThread] = None
         self._sync_loop_lock = threading.Lock()
@@ -138,10 +137,7 @@ class Engine:
         except BaseException as e:  # surface to callers instead of hanging them
             logger.exception("scheduler thread died")
             self._error = e
-            with self._routes_lock:
-                rids = list(self._routes)
-            for rid in rids:
-                self._deliver(TokenOutput(rid, [], 0, 0, 0, FinishReason.abort(f"engine error: {e}")))
+            self.router.finish_all(FinishReason.abort(f"engine error: {e}"))
 
     def _recv(self, block: bool) -> list[Any]:
         msgs = []
@@ -160,35 +156,9 @@ class Engine:
 
     def _send(self, msg: Any) -> None:
         if isinstance(msg, TokenBatch):
-            for out in msg.outputs:
-                self._deliver(out)
+            self.router.deliver(msg.outputs)  # one wake-up per caller's loop, not one per output
         elif isinstance(msg, ControlReply):
             self._control.put(msg)
-
-    def _deliver(self, out: TokenOutput) -> None:
-        """Hand ``out`` to the loop of the request it belongs to (scheduler thread)."""
-        with self._routes_lock:
-            sub = self._routes.get(out.rid)
-            if sub is None:
-                return
-            if out.rid in sub.accs:
-                outs = [out]
-            elif out.finished:  # n > 1 refused as a whole (before its samples were made): end each
-                outs = [dataclasses.replace(out, rid=r) for r in sub.accs if r in sub.live]
-            else:
-                outs = []
-            for o in outs:
-                if o.finished:
-                    sub.live.discard(o.rid)
-                    self._routes.pop(o.rid, None)
-            if not sub.live:
-                self._routes.pop(sub.rid, None)
-                self._rids.remove(sub.rid)
-        for o in outs:
-            try:
-                sub.loop.call_soon_threadsafe(sub.inbox.put_nowait, o)
-            except RuntimeError:  # that loop is closed: its caller is gone
-                pass
 
     # ------------------------------------------------------------------ requests
     def _prepare(
@@ -211,72 +181,48 @@ class Engine:
             raise ValueError("stream=True takes a single prompt with n=1")
         return specs, prompts.batch
 
-    def _submit_all(self, specs: list[RequestSpec]) -> list[_Submission]:
-        """Queue every spec for the scheduler (their outputs go to the running
-        loop), or none: ValueError if a rid is already running."""
+    def _submit(self, specs: list[RequestSpec], stream: bool = False) -> ReqGroup:
+        """Queue every spec for the scheduler as one group of the running loop,
+        or none: ValueError if a rid is already running."""
         if self._error is not None:
             raise RuntimeError(f"the engine's scheduler died: {self._error}")
-        loop = asyncio.get_running_loop()
-        subs = []
-        with self._routes_lock:
-            entries = self._rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
-            for spec, entry in zip(specs, entries):
-                subs.append(self._route(spec, entry, loop))
-        for spec, sub in zip(specs, subs):
-            self._inbox.put(spec.to_generate_req(sub.rid))
-        return subs
-
-    def _route(self, spec: RequestSpec, entry: RidEntry, loop: asyncio.AbstractEventLoop) -> _Submission:
-        """The submission of ``spec`` under ``entry``'s ids, routed (under the routes lock)."""
-        accs = {
-            iid: ResultAccumulator(rid, self.tokenizer, spec.sampling, spec.return_logprob,
-                                   spec.return_text_in_logprobs)
-            for iid, rid in zip(entry.sample_iids, entry.sample_rids)
-        }
-        sub = _Submission(entry.iid, accs, asyncio.Queue(), loop, set(accs))
-        self._routes[entry.iid] = sub
-        for iid in accs:
-            self._routes[iid] = sub
-        return sub
+        return self.router.submit(specs, live_text=stream)
 
     # ------------------------------------------------------------------ the async core
     async def _generate(self, specs: list[RequestSpec], batch: bool) -> Union[dict, list[dict]]:
-        """Submit every prompt, wait for all, and answer in SGLang's shape."""
-        subs = self._submit_all(specs)
-        gathered = await asyncio.gather(*(self._collect(sub) for sub in subs))
-        results = [r for rs in gathered for r in rs]
-        return results[0] if not batch and len(results) == 1 else results
-
-    async def _collect(self, sub: _Submission) -> list[dict]:
-        """Every sample's final result; cancelling this aborts the request."""
-        pending = set(sub.accs)
+        """Submit every prompt, wait for all, and answer in SGLang's shape;
+        cancelling this aborts the requests."""
+        group = self._submit(specs)
         try:
-            while pending:
-                out = await sub.inbox.get()
-                sub.accs[out.rid].add(out)
-                if out.finished:
-                    pending.discard(out.rid)
+            await group.wait()
         except asyncio.CancelledError:
-            self._abort(sub.rid)
+            self.router.abort_group(group, "aborted: the caller was cancelled")
             raise
-        return [acc.to_dict() for acc in sub.accs.values()]
+        results = [st.acc.to_dict() for st in group.states]
+        return results[0] if not batch and len(results) == 1 else results
 
     async def _start_stream(self, spec: RequestSpec) -> AsyncIterator[dict]:
         """Submit ``spec`` now and return the iterator of its cumulative results."""
-        return self._stream(self._submit_all([spec])[0])
+        return self._stream(self._submit([spec], stream=True))
 
-    async def _stream(self, sub: _Submission) -> AsyncIterator[dict]:
+    async def _stream(self, group: ReqGroup) -> AsyncIterator[dict]:
         """One event per update, as `/generate` streams them: cumulative
         results, or only what is new with ``incremental_streaming_output``
         (`ResultAccumulator.stream_chunk`); leaving early aborts the request."""
-        acc = next(iter(sub.accs.values()))
+        st = group.states[0]
         try:
-            while not acc.finished:
-                acc.add(await sub.inbox.get())
-                yield acc.stream_chunk(self.config.incremental_streaming_output)
+            while True:
+                if st.has_news:
+                    st.sent_version = st.version
+                    yield st.acc.stream_chunk(self.config.incremental_streaming_output)
+                elif st.done:
+                    return
+                else:
+                    await group.event.wait()
+                    group.event.clear()
         finally:
-            if not acc.finished:
-                self._abort(sub.rid)
+            if not st.done:
+                self.router.abort_group(group, "aborted: the stream was closed")
 
     # ------------------------------------------------------------------ public API
     def _loop(self) -> _LoopThread:
@@ -335,16 +281,7 @@ class Engine:
         """Abort the request of rid ``rid`` (its ``meta_info.id``) with its
         samples, or the one sample of that rid ("" aborts all); their KV slots
         are released. Rids match exactly; an unknown one is ignored."""
-        if not rid:
-            self._abort("")
-            return
-        with self._routes_lock:
-            iids = self._rids.resolve(rid)
-        for iid in iids:
-            self._abort(iid)
-
-    def _abort(self, iid: str) -> None:
-        self._inbox.put(AbortReq(iid))
+        self.router.abort_rid(rid)
 
     def _control_call(self, msg: Any) -> ControlReply:
         with self._control_lock:

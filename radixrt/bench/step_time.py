@@ -2,6 +2,7 @@
 
     python -m radixrt.bench.step_time                  # CPU, tiny random Llama
     python -m radixrt.bench.step_time --device cuda --model PATH
+    python -m radixrt.bench.step_time --engine         # also through Engine.generate
 
 Drives `Scheduler.step` directly (no HTTP, no detokenization): ``B`` greedy
 requests with ``--prompt-len``-token prompts (default 32) decode until their
@@ -12,7 +13,9 @@ the logits and the sampler; ``host ms`` is the rest of the wall time: the
 scheduler's own work that the model waits for (scheduling, inputs, results).
 With overlap on, host work that runs while the forward does is not counted.
 On CUDA the torch profiler also gives the fraction of the wall time the GPU
-was busy.
+was busy. ``--engine`` also times the same workload through the public
+``Engine.generate`` (`radixrt.bench.engine_step`) in the same run and prints
+it beside the scheduler-only figure, with their ratio.
 
 The default CPU model is a tiny random Llama (hidden 64, 2 layers) with a
 512-token vocabulary, so that the model's math is small and the figure is the
@@ -162,6 +165,23 @@ def format_table(rows: list[StepTime]) -> str:
     return "\n".join(lines)
 
 
+def _measure_engine(model: str, batches: list[int], args: argparse.Namespace) -> list[Any]:
+    from radixrt.bench.engine_step import measure_engine
+
+    return measure_engine(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
+                          prompt_len=args.prompt_len)
+
+
+def format_engine_table(rows: list[StepTime], engine_rows: list[Any]) -> str:
+    """Engine.generate's ms per step beside the scheduler-only figure of the same batch."""
+    by_batch = {r.batch: r.ms_per_step for r in rows}
+    lines = ["batch  Engine.generate ms/step  scheduler-only ms/step  ratio"]
+    for e in engine_rows:
+        base = by_batch[e.batch]
+        lines.append(f"{e.batch:5d}  {e.ms_per_step:23.2f}  {base:22.2f}  {e.ms_per_step / base:5.2f}x")
+    return "\n".join(lines)
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="model folder (default: a tiny random Llama on CPU)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -174,6 +194,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="force the overlap scheduler on (--overlap) or off (--no-overlap); default: the "
                          "engine's choice for the device (on for CUDA, off on the CPU)")
+    ap.add_argument("--engine", action="store_true",
+                    help="also time the same workload through Engine.generate (radixrt.bench.engine_step)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -189,9 +211,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         model = args.model or tiny_cpu_model(tmp)
         rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
                        prompt_len=args.prompt_len)
+        engine_rows = _measure_engine(model, batches, args) if args.engine else []
     overhead = op_overhead_us()
     kernel = cpu_decode_kernel()
     print(format_table(rows))
+    if engine_rows:
+        print(format_engine_table(rows, engine_rows))
     if args.device == "cpu":
         print("decode attention: " + ("the C kernel (radixrt.kernels.cpu_decode)" if kernel else "the torch path"))
     print(f"one small torch op costs {overhead:.1f} us on this machine ({torch.get_num_threads()} threads); "
@@ -199,7 +224,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"op_overhead_us": overhead, "threads": torch.get_num_threads(),
-                       "cpu_decode_kernel": kernel, "rows": [asdict(r) for r in rows]}, f, indent=2)
+                       "cpu_decode_kernel": kernel, "rows": [asdict(r) for r in rows],
+                       "engine_rows": [asdict(r) for r in engine_rows]}, f, indent=2)
     return 0
 
 

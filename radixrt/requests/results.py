@@ -25,8 +25,14 @@ class ResultAccumulator:
         sampling: SamplingParams,
         return_logprob: bool = False,
         return_text_in_logprobs: bool = False,
+        live_text: bool = True,
     ) -> None:
+        """``live_text`` False: ``text`` is made only when the request
+        finishes (the final text is a plain decode of every output id, so it
+        is the same); for a result nobody reads before it ends."""
         self.rid = rid
+        self.live_text = live_text
+        self._detok_ids = 0  # output ids handed to the detokenizer
         self.tokenizer = tokenizer
         self.return_logprob = return_logprob
         self.return_text_in_logprobs = return_text_in_logprobs
@@ -64,7 +70,11 @@ class ResultAccumulator:
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
         self.finish_reason = out.finish_reason
-        self.text = self.detok.push(out.new_token_ids, out.finish_reason) if text is None else text
+        if text is not None:
+            self.text = text
+        elif self.live_text or out.finish_reason is not None:
+            self.text = self.detok.push(self.output_ids[self._detok_ids:], out.finish_reason)
+            self._detok_ids = len(self.output_ids)
         self.output_token_logprobs.extend(out.output_token_logprobs)
         self.output_top_logprobs.extend(out.output_top_logprobs)
         if out.cache_info is not None:

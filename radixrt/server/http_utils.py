@@ -14,8 +14,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from radixrt.requests.router import ReqGroup
 from radixrt.server.errors import ServerError, bad_request, error_body
-from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
+from radixrt.server.tokenizer_manager import TokenizerManager
 
 _json_encoder = msgspec.json.Encoder()
 

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from radixrt.requests.intake import RequestSpec, build_specs, split_prompts
+from radixrt.requests.router import ReqGroup
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request, error_body
 from radixrt.server.http_utils import (
@@ -46,7 +47,7 @@ from radixrt.server.http_utils import (
     stream_response,
     wait_group,
 )
-from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
+from radixrt.server.tokenizer_manager import TokenizerManager
 
 router = APIRouter()
 

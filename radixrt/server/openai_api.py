@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from radixrt.requests.intake import PromptBatch, RequestSpec, build_specs, split_prompts
+from radixrt.requests.router import ReqGroup
 from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.context import ServerContext, server_context
@@ -23,7 +24,7 @@ from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, raise_state_errors, read_model, stream_response, wait_group
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
-from radixrt.server.tokenizer_manager import ReqGroup, TokenizerManager
+from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
 from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag

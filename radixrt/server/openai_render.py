@@ -9,10 +9,10 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.intake import PromptBatch
+from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.errors import error_body
 from radixrt.server.http_utils import SSE_DONE, group_error, sse
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
-from radixrt.server.tokenizer_manager import ReqGroup, ReqState
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 

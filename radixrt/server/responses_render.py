@@ -32,9 +32,9 @@ import uuid
 from typing import Any, AsyncIterator, Callable, Optional
 
 from radixrt.requests.finish import LENGTH, STOP
+from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.http_utils import dumps, group_error
 from radixrt.server.openai_render import take_update, usage
-from radixrt.server.tokenizer_manager import ReqGroup, ReqState
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 

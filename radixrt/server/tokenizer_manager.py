@@ -1,5 +1,6 @@
-"""The server's asyncio side: turns request specs into scheduler requests,
-tracks every request's state and hands results (or streamed chunks) back.
+"""The server's asyncio side: tokenizes and validates requests, and is the
+ZMQ transport of the result router (`radixrt.requests.router`), which tracks
+every request's state and hands results (or streamed chunks) back.
 
 Specs come from the front door (`radixrt.requests.intake`), and `submit`
 validates them there against this runtime's limits before anything reaches
@@ -7,9 +8,9 @@ the scheduler, so bad input becomes a 400 here, never an error inside the
 scheduler process.
 
 Request ids (intake's "Request ids"): the scheduler and the detokenizer know
-a request by a random internal id (``ReqState.rid``/``parent``, the keys of
-``states`` and ``parents``); the client's rid (or a random one) is only a
-label, in ``meta_info.id``, mapped to the internal id by ``rids``.
+a request by a random internal id (``ReqState.rid``/``parent``); the client's
+rid (or a random one) is only a label, in ``meta_info.id``, mapped to the
+internal id by the router's rid table.
 """
 from __future__ import annotations
 
@@ -17,14 +18,12 @@ import asyncio
 import collections
 import functools
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Callable, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
-from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import Limits, RequestSpec, RidEntry, RidTable, validate_spec
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq
-from radixrt.requests.results import ResultAccumulator
+from radixrt.requests.intake import Limits, RequestSpec, RidEntry, validate_spec
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenOutput
+from radixrt.requests.router import ReqGroup, ReqState, ResultRouter
 from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
 from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
@@ -53,70 +52,33 @@ def max_token_chars(tokenizer: Any) -> int:
         return 256
 
 
-__all__ = ["ReqGroup", "ReqState", "ServerError", "TokenizerManager"]
+__all__ = ["ServerError", "TokenizerManager"]
 
 
-class ReqState:
-    """One sample being generated (a sub-request when n > 1); ``rid`` and
-    ``parent`` are internal ids (the client's rid is ``acc.rid``)."""
+class _Metrics:
+    """The router's observer on the server: TTFT, inter-token latency and finishes."""
 
-    __slots__ = ("rid", "parent", "acc", "group", "input_ids", "error", "version", "sent_version",
-                 "sent_logprobs", "sent_text", "t_start", "t_first", "t_last", "done")
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
 
-    def __init__(self, rid: str, parent: str, acc: ResultAccumulator, group: "ReqGroup",
-                 input_ids: list[int]) -> None:
-        self.rid = rid
-        self.parent = parent
-        self.acc = acc
-        self.group = group
-        self.input_ids = input_ids
-        self.error: Optional[str] = None  # server-side failure (a child process died)
-        self.version = 0  # bumped on every update
-        self.sent_version = 0  # what the stream consumer has seen
-        self.sent_logprobs = 0  # output logprobs already streamed
-        self.sent_text = 0  # characters of text already streamed (OpenAI deltas)
-        self.t_start = time.perf_counter()
-        self.t_first: Optional[float] = None
-        self.t_last: Optional[float] = None
-        self.done = False  # finished, failed or aborted: no more updates
+    def on_output(self, st: ReqState, out: TokenOutput, now: float) -> None:
+        n = len(out.new_token_ids)
+        if not n:
+            return
+        if st.t_first is None:
+            st.t_first = now
+            self.metrics.observe_ttft(now - st.t_start)
+            if n > 1:
+                self.metrics.observe_itl(0.0, n - 1)
+        else:
+            self.metrics.observe_itl((now - (st.t_last or now)) / n, n)
+        st.t_last = now
 
-    @property
-    def has_news(self) -> bool:
-        return self.version != self.sent_version
-
-
-class ReqGroup:
-    """The samples of one HTTP request, in answer order (prompt-major)."""
-
-    def __init__(self) -> None:
-        self.states: list[ReqState] = []
-        self.parents: list[str] = []
-        self.event = asyncio.Event()
-
-    @property
-    def done(self) -> bool:
-        return all(s.done for s in self.states)
-
-    async def wait(self) -> None:
-        while not self.done:
-            await self.event.wait()
-            self.event.clear()
-
-    async def updates(self) -> AsyncIterator[list[ReqState]]:
-        """Yield the states with news (each time at least one), until all are done."""
-        while True:
-            news = [s for s in self.states if s.has_news]
-            if news:
-                # Marked seen before the consumer runs: it must read the states
-                # it is given before its next await.
-                for s in news:
-                    s.sent_version = s.version
-                yield news
-                continue
-            if self.done:
-                return
-            await self.event.wait()
-            self.event.clear()
+    def on_finish(self, st: ReqState, now: float, inflight: int) -> None:
+        fr = st.acc.finish_reason
+        self.metrics.observe_finish(fr.type if fr else "error", st.acc.prompt_tokens, st.acc.completion_tokens,
+                                    st.acc.cached_tokens, now - st.t_start)
+        self.metrics.set_inflight(inflight)
 
 
 class TokenizerManager:
@@ -132,9 +94,7 @@ class TokenizerManager:
                  if k in info}
         grammar = GrammarLimits(**info["grammar_limits"]) if "grammar_limits" in info else GrammarLimits()
         self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size, grammar=grammar, **extra)
-        self.states: dict[str, ReqState] = {}  # by a sample's internal id
-        self.parents: dict[str, list[ReqState]] = {}  # by a request's internal id
-        self.rids = RidTable()  # the clients' rids of the running requests
+        self.router = ResultRouter(tokenizer, self, _Metrics(metrics))  # this manager is its transport
         self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.dead_reason: Optional[str] = None
         self._recv_task: Optional[asyncio.Task] = None
@@ -191,47 +151,12 @@ class TokenizerManager:
                 logger.exception("failed to handle %s", type(msg).__name__)
 
     def _on_batch(self, batch: DetokBatch) -> None:
-        now = time.perf_counter()
-        for item in batch.items:
-            st = self.states.get(item.rid)
-            if st is None:
-                out = item.out
-                if out.finished and item.rid in self.parents:
-                    # The scheduler refused the whole request before expanding n.
-                    for sub in list(self.parents[item.rid]):
-                        if not sub.done:
-                            sub.acc.add(out, text="")
-                            self._finish(sub, now)
-                            sub.group.event.set()
-                continue
-            out = item.out
-            st.acc.add(out, text=item.text)
-            st.version += 1
-            if out.new_token_ids:
-                if st.t_first is None:
-                    st.t_first = now
-                    self.metrics.observe_ttft(now - st.t_start)
-                    if len(out.new_token_ids) > 1:
-                        self.metrics.observe_itl(0.0, len(out.new_token_ids) - 1)
-                else:
-                    self.metrics.observe_itl((now - (st.t_last or now)) / len(out.new_token_ids),
-                                             len(out.new_token_ids))
-                st.t_last = now
-            if out.finished:
-                self._finish(st, now)
-            st.group.event.set()
+        self.router.deliver([item.out for item in batch.items], [item.text for item in batch.items])
 
-    def _finish(self, st: ReqState, now: float) -> None:
-        st.done = True
-        self.states.pop(st.rid, None)
-        subs = self.parents.get(st.parent)
-        if subs is not None and all(s.done for s in subs):
-            self.parents.pop(st.parent, None)
-            self.rids.remove(st.parent)
-        fr = st.acc.finish_reason
-        self.metrics.observe_finish(fr.type if fr else "error", st.acc.prompt_tokens, st.acc.completion_tokens,
-                                    st.acc.cached_tokens, now - st.t_start)
-        self.metrics.set_inflight(len(self.states))
+    @property
+    def states(self) -> Mapping[str, ReqState]:
+        """The samples being generated, by internal id."""
+        return self.router.states
 
     # ------------------------------------------------------------------ requests
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -288,76 +213,40 @@ class TokenizerManager:
         if not validated:
             self.validate_specs(specs)
         with as_bad_request():
-            entries = self.rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
-        group = ReqGroup()
-        for spec, entry in zip(specs, entries):
-            self._queue(spec, entry, group)
-        self.metrics.set_inflight(len(self.states))
+            group = self.router.submit(specs)
+        self.metrics.set_inflight(self.router.inflight)
         return group
 
-    def _queue(self, spec: RequestSpec, entry: RidEntry, group: ReqGroup) -> None:
-        """Track the samples of ``spec`` in ``group`` and send it on under its
-        internal ids (the detokenizer hears of it before the scheduler)."""
+    # ------------------------------------------------------------------ the router's transport
+    def send_request(self, spec: RequestSpec, entry: RidEntry) -> None:
+        """Send ``spec`` on under its internal ids (the detokenizer hears of it before the scheduler)."""
         sp = spec.sampling
-        parent, iids = entry.iid, entry.sample_iids
-        subs = []
-        for iid, rid in zip(iids, entry.sample_rids):
-            acc = ResultAccumulator(rid, self.tokenizer, sp, spec.return_logprob, spec.return_text_in_logprobs)
-            st = ReqState(iid, parent, acc, group, spec.input_ids)
-            self.states[iid] = st
-            group.states.append(st)
-            subs.append(st)
-        self.parents[parent] = subs
-        group.parents.append(parent)
         self._to_detokenizer.send_pyobj(DetokRegister(
-            rids=iids, skip_special_tokens=sp.skip_special_tokens,
+            rids=entry.sample_iids, skip_special_tokens=sp.skip_special_tokens,
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
-            stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim, parent=parent,
+            stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim, parent=entry.iid,
             stop_regex=list(sp.stop_regex or []),
         ))
-        self._to_scheduler.send_pyobj(spec.to_generate_req(parent, stream=True))
+        self._to_scheduler.send_pyobj(spec.to_generate_req(entry.iid, stream=True))
 
+    def send_abort(self, iid: str) -> None:
+        self._to_scheduler.send_pyobj(AbortReq(iid))
+
+    # ------------------------------------------------------------------ aborts
     def abort_group(self, group: ReqGroup, reason: str = "aborted: the client disconnected") -> None:
         """Stop every unfinished sample of ``group``; the scheduler frees their KV."""
-        now = time.perf_counter()
-        for parent in group.parents:
-            subs = self.parents.get(parent)
-            if not subs:
-                continue
-            self._abort(parent)
-            for st in subs:
-                if not st.done:
-                    st.acc.finish_reason = FinishReason.abort(reason)
-                    st.version += 1
-                    self._finish(st, now)
-            self.parents.pop(parent, None)
-            self.rids.remove(parent)
-        group.event.set()
+        self.router.abort_group(group, reason)
 
     def abort_rid(self, rid: str) -> None:
         """Abort the request of the client's rid ``rid`` with its samples, or
         the one sample of that rid ("" aborts every request). Rids match
         exactly; an unknown one is ignored."""
-        if not rid:
-            self._abort("")
-            return
-        for iid in self.rids.resolve(rid):
-            self._abort(iid)
-
-    def _abort(self, iid: str) -> None:
-        self._to_scheduler.send_pyobj(AbortReq(iid))
+        self.router.abort_rid(rid)
 
     def fail_all(self, reason: str) -> None:
         """A child process died: end every request with an error."""
         self.dead_reason = reason
-        for st in list(self.states.values()):
-            st.error = reason
-            st.done = True
-            st.version += 1
-            st.group.event.set()
-        self.states.clear()
-        self.parents.clear()
-        self.rids.clear()
+        self.router.fail_all(reason)
         for waiters in self.control_waiters.values():
             while waiters:
                 fut = waiters.popleft()

@@ -1,4 +1,5 @@
-"""`python -m radixrt.bench.step_time` runs end to end and reports every batch it was asked for."""
+"""`python -m radixrt.bench.step_time` runs end to end and reports every batch it was asked for
+(with ``--engine``, through `Engine.generate` too)."""
 import json
 import subprocess
 import sys
@@ -8,7 +9,7 @@ def test_step_time_bench_reports_each_batch(tmp_path):
     out = tmp_path / "steps.json"
     proc = subprocess.run(
         [sys.executable, "-m", "radixrt.bench.step_time", "--batches", "1,3", "--steps", "2", "--repeats", "1",
-         "--json", str(out)],
+         "--engine", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -22,6 +23,9 @@ def test_step_time_bench_reports_each_batch(tmp_path):
     for r in rows:
         assert r["ms_per_step"] > 0 and r["model_ms_per_step"] > 0
         assert abs(r["model_ms_per_step"] + r["host_ms_per_step"] - r["ms_per_step"]) < 1e-6
+    assert [r["batch"] for r in report["engine_rows"]] == [1, 3]
+    assert all(r["ms_per_step"] >= 0 for r in report["engine_rows"])
+    assert "Engine.generate ms/step" in proc.stdout
 
 
 def test_decode_kernel_bench_times_both_paths_and_checks_them():
