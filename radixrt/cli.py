@@ -26,12 +26,10 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from radixrt.engine import Engine
 
     config = EngineConfig.from_cli_args(args)
-    engine = Engine(**dataclasses.asdict(config))
+    engine = Engine(**config.to_flat())
     try:
         prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
         if args.chat:
@@ -63,7 +61,7 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
     then ``--dp`` and the ``--router-*`` flags of the router in front of
     ``--dp`` replicas (radixrt/router/cli.py); runs :func:`cmd_serve`."""
     from radixrt.router.cli import add_policy_args
-    from radixrt.server.launch import add_serve_args
+    from radixrt.server.args import add_serve_args
 
     add_serve_args(p)
     p.add_argument("--dp", type=int, default=1,
@@ -78,7 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     a router (radixrt/router/dp.py). The server and the router do not import
     each other: this is where the choice is made."""
     from radixrt.config_deps import apply_needs
-    from radixrt.server.launch import launch_server, server_args_from_cli
+    from radixrt.server.args import server_args_from_cli
+    from radixrt.server.launch import launch_server
 
     apply_needs(args, serve_router_needs(), serve_router_defaults())  # --router-* flags need --dp 2+
     config = EngineConfig.from_cli_args(args)

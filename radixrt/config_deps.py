@@ -1,14 +1,16 @@
 """Flags that only act together with another setting: one table, applied in one place.
 
-A row of :data:`ENGINE_NEEDS` says: when the ``EngineConfig`` field ``flag``
-is set, the field ``needs`` must satisfy the row; if it does not, the row
+A row of :data:`ENGINE_NEEDS` says: when the flag ``flag`` (a field of one
+of ``EngineConfig``'s sections, by its flat name) is set, the flag ``needs``
+(of any section) must satisfy the row; if it does not, the row
 either sets it (``imply``: the flag leaves no doubt what is wanted) or the
 config is refused with a ``ValueError`` naming the flag and the missing
 setting. A flag counts as set when its value differs from the field's
 default (``when`` narrows that for flags where only some values need
 something, e.g. ``preemption_mode="swap"``), so passing a flag at its
-default is never refused: it changes nothing. ``EngineConfig.__post_init__``
-calls :func:`apply_needs` first, so the Engine, ``radixrt generate`` and
+default is never refused: it changes nothing. ``EngineConfig``'s constructor
+calls :func:`apply_needs` on the flat flags before it builds the sections, so
+the Engine, ``radixrt generate`` and
 ``radixrt serve`` all get the same answer; ``serve_router_needs`` in
 radixrt/cli.py makes rows of the same kind for the flags only
 `radixrt serve --dp N` reads.
@@ -162,7 +164,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
          lambda v: str(v).lower() in ("info", "debug")),
 )
 
-# The EngineConfig fields that need nothing and that nothing else needs in a
+# The EngineConfig flags that need nothing and that nothing else needs in a
 # way the table could check (each was reviewed; a new field must be added to
 # the table or here, tests/unit/test_config.py checks it).
 ENGINE_INDEPENDENT = frozenset({

@@ -113,8 +113,9 @@ class Engine:
         self.scheduler = Scheduler(self.config)
         self.tokenizer = self.scheduler.tokenizer
         self.model_path = self.scheduler.runner.model_path
-        self.context_length = self.scheduler.context_length
-        self.limits = self.config.limits(self.context_length, self._kv_total_slots(), self.scheduler.vocab_size)
+        self.info = self.scheduler.runtime_info()
+        self.context_length = self.info.context_length
+        self.limits = self.info.limits
         self._inbox: queue.Queue = queue.Queue()
         self._control: queue.Queue = queue.Queue()
         self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
@@ -126,9 +127,6 @@ class Engine:
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._serve, name="radixrt-scheduler", daemon=True)
         self._thread.start()
-
-    def _kv_total_slots(self) -> int:
-        return self.scheduler.kv.allocator.num_pages * self.config.page_size
 
     # ------------------------------------------------------------------ scheduler thread
     def _serve(self) -> None:
@@ -214,7 +212,7 @@ class Engine:
             while True:
                 if st.has_news:
                     st.sent_version = st.version
-                    yield st.acc.stream_chunk(self.config.incremental_streaming_output)
+                    yield st.acc.stream_chunk(self.config.output.incremental_streaming_output)
                 elif st.done:
                     return
                 else:
@@ -298,16 +296,14 @@ class Engine:
         return self._control_call(StatsReq()).payload
 
     def get_server_info(self) -> dict:
-        import dataclasses
-
         stats = self.get_stats()
         return {
-            **dataclasses.asdict(self.config),
+            **self.config.to_flat(),
             "model_path": self.model_path,
             "context_length": self.context_length,
-            "max_total_num_tokens": self._kv_total_slots(),
+            "max_total_num_tokens": self.info.kv_total_slots,
             # as the server's /get_server_info: bytes per token and capacity (radixrt/memory/kv_format.py)
-            "kv_cache": self.scheduler.runner.kv_pool.footprint.describe(self._kv_total_slots()),
+            "kv_cache": self.info.kv_cache,
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
             "stats": stats,
         }

@@ -81,7 +81,7 @@ def _runner(model: str, device: str, kv_cache_dtype: str, max_tokens: int, dtype
 
     cfg = EngineConfig(model_path=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                        max_total_tokens=max_tokens, disable_cuda_graph=True, max_running_requests=64)
-    return ModelRunner(cfg)
+    return ModelRunner.from_config(cfg)
 
 
 def _batches(lengths: list[int], budget: int) -> list[list[int]]:

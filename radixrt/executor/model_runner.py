@@ -19,6 +19,7 @@ from radixrt.executor.models import load_model
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
+from radixrt.executor.runner_settings import RunnerSettings
 from radixrt.kernels import AttentionBackend, AttentionMetadata, create_backend
 from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from radixrt.kernels.kv_cache import kv_storage_dtype
@@ -51,7 +52,7 @@ class RuntimeChoice:
     cuda_graph_max_bs: int
 
 
-def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
+def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
     """``device="cuda"`` with the defaults: FlashInfer attention, bf16, decode CUDA
     graphs up to ``min(cuda_graph_max_bs, max_running_requests)``. CPU: the torch
     reference backend, fp32, no graphs. Graphs need the FlashInfer backend (the
@@ -68,17 +69,18 @@ def resolve_runtime(config: EngineConfig) -> RuntimeChoice:
     (``EngineConfig`` has already refused what cannot run as asked, e.g.
     flashinfer attention with an int8 cache or with deterministic inference:
     ``radixrt/config_deps.py``.)"""
-    cuda = config.device.startswith("cuda")
-    dtype = _resolve_dtype(config.dtype, config.device)
-    kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype)
-    backend = config.attention_backend
-    if config.enable_deterministic_inference:
+    ex = settings.execution
+    cuda = ex.device.startswith("cuda")
+    dtype = _resolve_dtype(settings.model.dtype, ex.device)
+    kv_dtype = kv_storage_dtype(settings.cache.kv_cache_dtype, dtype)
+    backend = ex.attention_backend
+    if ex.enable_deterministic_inference:
         return RuntimeChoice("torch", dtype, kv_dtype, False, 0)
     if backend == "auto":  # FlashInfer's kernels take 16-bit q (and 16-bit or fp8 KV) only
         backend = "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 \
             else "torch"
-    max_bs = min(config.cuda_graph_max_bs, config.max_running_requests)
-    graphs = cuda and backend == "flashinfer" and not config.disable_cuda_graph and max_bs > 0
+    max_bs = min(ex.cuda_graph_max_bs, settings.max_running_requests)
+    graphs = cuda and backend == "flashinfer" and not ex.disable_cuda_graph and max_bs > 0
     return RuntimeChoice(backend, dtype, kv_dtype, graphs, max_bs if graphs else 0)
 
 
@@ -101,28 +103,34 @@ def _available_memory_bytes(device: str) -> int:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, tp: Optional[TPGroup] = None) -> None:
-        """With ``config.tp_size > 1`` and no ``tp``, this runner is rank 0 (the
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "ModelRunner":
+        """The runner of ``config``'s model, execution and cache sections."""
+        return cls(RunnerSettings.of(config))
+
+    def __init__(self, settings: RunnerSettings, tp: Optional[TPGroup] = None) -> None:
+        """With ``tp_size > 1`` and no ``tp``, this runner is rank 0 (the
         leader): it starts the other ranks and forwards each model call to them
         (see ``radixrt.executor.parallel``); a follower passes its ``tp``."""
         from transformers import AutoTokenizer
 
-        self.config = config
+        self.settings = settings
+        model, ex, cache = settings.model, settings.execution, settings.cache
         self.followers: Optional[Followers] = None
-        if config.tp_size > 1 and tp is None:
-            self.followers = Followers(config)
+        if ex.tp_size > 1 and tp is None:
+            self.followers = Followers(settings)
             tp = self.followers.group
         self.tp = tp
-        if tp is not None and not config.device.startswith("cuda"):
+        if tp is not None and not ex.device.startswith("cuda"):
             # the ranks share the machine's cores: oversubscribed intra-op threads spin against each other
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp.size))
-        self.device = tp.device if tp is not None else config.device
-        self.choice = resolve_runtime(config)
+        self.device = tp.device if tp is not None else ex.device
+        self.choice = resolve_runtime(settings)
         self.dtype = self.choice.dtype
         if self.device.startswith("cuda") and self.choice.kv_dtype == torch.int8:
             logger.warning("kv_cache_dtype int8: FlashInfer cannot read it, attention runs on the torch backend "
                            "without CUDA graphs (fp8_e4m3 keeps FlashInfer)")
-        self.model_path = resolve_model_path(config.model_path)
+        self.model_path = resolve_model_path(model.model_path)
         # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
         self.model, self.model_config = load_model(self.model_path, self.dtype, "cpu" if tp else self.device)
         self.shard_config = self.model_config  # this rank's heads: what its KV pool and attention see
@@ -134,8 +142,8 @@ class ModelRunner:
         self.choice = fit_to_model(self.choice, mc.head_dim)
         if tp is not None:  # the graphs would capture collectives; not supported yet
             self.choice = replace(self.choice, cuda_graph=False, cuda_graph_max_bs=0)
-        self.context_length = config.context_length or mc.max_position_embeddings
-        self.page_size = config.page_size
+        self.context_length = model.context_length or mc.max_position_embeddings
+        self.page_size = cache.page_size
         self.num_pages = self._num_pages()  # what the allocator hands out: pages 0 .. num_pages-1
         if tp is not None:  # every rank's pool has the leader's slot numbering
             self.num_pages = tp.command(self.num_pages)
@@ -144,14 +152,14 @@ class ModelRunner:
         # scratch page past the allocator's range
         self.kv_pool = KVPool(
             mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, self.shard_config.num_kv_heads,
-            mc.head_dim, self.dtype, self.device, kv_cache_dtype=config.kv_cache_dtype,
+            mc.head_dim, self.dtype, self.device, kv_cache_dtype=cache.kv_cache_dtype,
         )
         # one row per running request, one column per token it may hold
         self.req_to_token = ReqToTokenPool(
-            config.max_running_requests, self.context_length + 1, self.device,
+            settings.max_running_requests, self.context_length + 1, self.device,
             scratch_slot=self.num_pages * self.page_size if use_graphs else 0,
         )
-        self.deterministic = config.enable_deterministic_inference
+        self.deterministic = ex.enable_deterministic_inference
         if self.deterministic:
             from radixrt.kernels.torch_ref import TorchReferenceBackend
 
@@ -183,12 +191,13 @@ class ModelRunner:
 
     def _num_pages(self) -> int:
         mc = self.model_config
-        if self.config.max_total_tokens is not None:
-            tokens = self.config.max_total_tokens
+        cache = self.settings.cache
+        if cache.max_total_tokens is not None:
+            tokens = cache.max_total_tokens
         else:
-            fp = kv_footprint(mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, self.config.kv_cache_dtype,
+            fp = kv_footprint(mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, cache.kv_cache_dtype,
                               str(self.dtype))
-            tokens = fp.tokens_in(_available_memory_bytes(self.device) * self.config.mem_fraction)
+            tokens = fp.tokens_in(_available_memory_bytes(self.device) * cache.mem_fraction)
             tokens = min(tokens, 1 << 20)
         pages = tokens // self.page_size
         if pages < 1:
@@ -233,10 +242,10 @@ class ModelRunner:
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
 
     def create_sampler(self, vocab_size: int, eos_token_ids: Iterable[int]) -> Sampler:
-        """The sampler ``config.sampling_backend`` asks for (FlashInfer's kernels only on CUDA)."""
+        """The sampler ``sampling_backend`` asks for (FlashInfer's kernels only on CUDA)."""
         from radixrt.sampling.flashinfer_sampler import create_sampler
 
-        return create_sampler(self.config.sampling_backend, vocab_size, eos_token_ids, self.device)
+        return create_sampler(self.settings.execution.sampling_backend, vocab_size, eos_token_ids, self.device)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

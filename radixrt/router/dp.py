@@ -95,7 +95,7 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     from radixrt.router.cli import pool_from_args, serve_router
     from radixrt.server.local import free_port
 
-    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.WARNING),
+    logging.basicConfig(level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
                         format="[%(asctime)s dp-front] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     n = int(args.dp)
     ports = [free_port() for _ in range(n)]
@@ -156,7 +156,7 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGTERM)
 
-        code = serve_router(app, sargs.host, sargs.port, sargs.shutdown_grace_s, config.log_level,
+        code = serve_router(app, sargs.host, sargs.port, sargs.shutdown_grace_s, config.debug.log_level,
                             on_drain=on_drain, banner=f"radixrt server (--dp {n})",
                             header_timeout_s=sargs.header_read_timeout_s, body_timeout_s=sargs.body_read_timeout_s)
         return code or state["exit_code"]

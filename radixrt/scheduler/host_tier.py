@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from radixrt.config import EngineConfig
+from radixrt.config import CacheSettings, HostCacheSettings
 from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
 from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_manager import KVCacheManager
@@ -43,7 +43,7 @@ class HostTierRuntime:
         }
 
 
-def build_host_tier(config: EngineConfig, runner: Any, device_tokens: int) -> Optional[HostTierRuntime]:
+def build_host_tier(config: HostCacheSettings, runner: Any, device_tokens: int) -> Optional[HostTierRuntime]:
     """The host tier for `runner`'s device pool, or None when it is off."""
     if not config.enable_hierarchical_cache:
         return None
@@ -60,7 +60,7 @@ def build_host_tier(config: EngineConfig, runner: Any, device_tokens: int) -> Op
     return HostTierRuntime(pool, tier, cost)
 
 
-def build_prefix_cache(config: EngineConfig, allocator: PageAllocator,
+def build_prefix_cache(config: CacheSettings, allocator: PageAllocator,
                        host: Optional[HostTierRuntime]) -> PrefixCache:
     """The prefix cache the flags ask for: none (``--disable-radix-cache``), the
     radix tree over the host tier (`host`), or the device radix tree."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Optional
 
-from radixrt.config import EngineConfig
+from radixrt.config import SchedulingSettings
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_explain import explain_match
@@ -100,7 +100,7 @@ class RequestQueues:
 
 
 class BatchPlanner:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, queues: RequestQueues, context_length: int,
+    def __init__(self, config: SchedulingSettings, kv: KVCacheManager, queues: RequestQueues, context_length: int,
                  swap_cost: Optional[SwapCostModel] = None) -> None:
         """``swap_cost``: under ``--preemption-mode swap``, the model that decides
         whether a retracted request's KV moves to the host tier; None: recompute."""

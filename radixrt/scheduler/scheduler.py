@@ -57,6 +57,7 @@ from radixrt.requests.messages import (
     TokenBatch,
     TokenOutput,
 )
+from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.sampling.grammar import GrammarBackend
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.constrained import ConstrainedDecoding
@@ -92,7 +93,7 @@ def _needs_host_tokens(req: Req) -> bool:
 class Scheduler:
     def __init__(self, config: EngineConfig, runner: Optional[ModelRunner] = None) -> None:
         self.config = config
-        self.runner = runner or ModelRunner(config)
+        self.runner = runner or ModelRunner.from_config(config)
         self.tokenizer = self.runner.tokenizer
         self.context_length = self.runner.context_length
         mc = self.runner.model_config
@@ -100,11 +101,12 @@ class Scheduler:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.vocab_size = mc.vocab_size
-        allocator = PageAllocator(self.runner.num_pages, config.page_size)
-        self.host = build_host_tier(config, self.runner, allocator.total_slots)
-        self.kv = KVCacheManager(allocator, build_prefix_cache(config, allocator, self.host), self.runner.req_to_token)
-        self.limits = config.limits(self.context_length, allocator.total_slots, self.vocab_size)
-        self.rng = random.Random(config.random_seed)
+        allocator = PageAllocator(self.runner.num_pages, config.cache.page_size)
+        self.host = build_host_tier(config.host_cache, self.runner, allocator.total_slots)
+        prefix_cache = build_prefix_cache(config.cache, allocator, self.host)
+        self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token)
+        self.limits = config.limits.for_runtime(self.context_length, allocator.total_slots, self.vocab_size)
+        self.rng = random.Random(config.scheduling.random_seed)
         self.queues = RequestQueues()
         self.arrivals = 0
         # outputs made between steps (aborts, refused requests): the next step returns them first
@@ -113,14 +115,14 @@ class Scheduler:
                          "retractions": 0}
         self.constrained = ConstrainedDecoding(
             self.tokenizer, self.vocab_size, sorted(self.eos_token_ids), self.limits.grammar,
-            config.grammar_cache_size, config.enable_jump_forward, self.context_length)
-        swap = self.host.swap_cost if self.host is not None and config.preemption_mode == "swap" else None
-        self.planner = BatchPlanner(config, self.kv, self.queues, self.context_length, swap)
+            config.grammar.grammar_cache_size, config.grammar.enable_jump_forward, self.context_length)
+        swap = self.host.swap_cost if self.host is not None and config.scheduling.preemption_mode == "swap" else None
+        self.planner = BatchPlanner(config.scheduling, self.kv, self.queues, self.context_length, swap)
         self.launcher = StepLauncher(self.runner, self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
-                                     overlap=config.overlap_schedule,
+                                     overlap=config.execution.overlap_schedule,
                                      host_pool=self.host.pool if self.host is not None else None)
         self.results = ResultProcessor(self.kv, self.queues, self.constrained, self.tokenizer, self.eos_token_ids,
-                                       self.context_length, config.enable_jump_forward)
+                                       self.context_length, config.grammar.enable_jump_forward)
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
 
@@ -164,9 +166,9 @@ class Scheduler:
             return
         grammar_future = self.constrained.compile(msg.sampling)
         max_stop_chars = max((len(s) for s in msg.sampling.stop or ()), default=0)
-        cfg = self.config
-        prio = urgency(msg.priority or 0, time.monotonic(), low_values_first=cfg.schedule_low_priority_values_first,
-                       aging_s=cfg.priority_aging_s, max_priority=cfg.max_client_priority)
+        sched = self.config.scheduling
+        prio = urgency(msg.priority or 0, time.monotonic(), low_values_first=sched.schedule_low_priority_values_first,
+                       aging_s=sched.priority_aging_s, max_priority=self.limits.max_client_priority)
         for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
@@ -285,7 +287,7 @@ class Scheduler:
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots
         self.counters["peak_kv_used_slots"] = max(self.counters["peak_kv_used_slots"], used)
         self._log_step(step.batch)
-        if self.config.debug_check_invariants:
+        if self.config.debug.debug_check_invariants:
             self.check_invariants()
         return results.outputs
 
@@ -295,6 +297,12 @@ class Scheduler:
         return finish_request(req, reason, self.kv)
 
     # ------------------------------------------------------------------ introspection
+    def runtime_info(self) -> RuntimeInfo:
+        """The loaded model, sizes and limits, as the Engine and the server's fronts read them."""
+        return RuntimeInfo(model_path=str(self.runner.model_path), limits=self.limits,
+                           eos_token_ids=tuple(sorted(int(t) for t in self.eos_token_ids)),
+                           kv_cache=self.runner.kv_pool.footprint.describe(self.limits.kv_total_slots))
+
     def kv_usage(self) -> dict[str, int]:
         return self.kv.usage(self.queues.running)
 
@@ -319,7 +327,7 @@ class Scheduler:
         }
 
     def _log_step(self, batch: Batch) -> None:
-        if not logger.isEnabledFor(logging.INFO) or self.counters["steps"] % self.config.log_interval:
+        if not logger.isEnabledFor(logging.INFO) or self.counters["steps"] % self.config.debug.log_interval:
             return
         t0, gen0 = self._log_window
         now, gen = time.perf_counter(), self.results.generated_tokens

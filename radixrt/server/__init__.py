@@ -18,8 +18,8 @@ logprobs, ``stream`` as ``data: {...}`` events closed by ``data: [DONE]``),
 (Prometheus), ``GET /debug/kv`` (KV slots: free, tree, private, total).
 
 `radixrt serve` (or ``python -m radixrt.server``) takes the flags of
-:func:`add_serve_args` and runs :func:`launch_server` (radixrt/cli.py; with
-``--dp N``, the replicas of radixrt/router/dp.py instead);
+:func:`add_serve_args` (radixrt/server/args.py) and runs :func:`launch_server`
+(radixrt/cli.py; with ``--dp N``, the replicas of radixrt/router/dp.py instead);
 :class:`radixrt.server.local.LocalServer` runs one as a subprocess. The heavy
 modules load only when a server starts.
 """
@@ -31,6 +31,10 @@ __all__ = ["add_serve_args", "serve_main", "launch_server", "ServerArgs"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("add_serve_args", "ServerArgs"):
+        from radixrt.server import args
+
+        return getattr(args, name)
     if name in __all__:
         from radixrt.server import launch
 

@@ -2,11 +2,11 @@
 import argparse
 import sys
 
-from radixrt.cli import add_serve_command
+from radixrt.cli import HelpFormatter, add_serve_command
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixrt.server",
+    parser = argparse.ArgumentParser(prog="python -m radixrt.server", formatter_class=HelpFormatter,
                                      description="radixrt HTTP server (SGLang-native and OpenAI-compatible)")
     add_serve_command(parser)
     args = parser.parse_args()

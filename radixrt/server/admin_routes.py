@@ -66,7 +66,7 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
         "version": __version__,
         "model_info": ctx.model_info(),
         "max_total_num_tokens": ctx.tm.kv_total_slots,
-        "kv_cache": ctx.tm.info.get("kv_cache"),  # bytes per token and capacity (radixrt/memory/kv_format.py)
+        "kv_cache": ctx.tm.info.kv_cache,  # bytes per token and capacity (radixrt/memory/kv_format.py)
         "kv_slots": stats.get("kv", {}),
         "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
         "internal_states": [stats],
@@ -90,7 +90,7 @@ async def metrics(ctx: ServerContext = Depends(server_context)) -> Response:
         await ctx.tm.get_stats(timeout=3.0)
     except ServerError:
         pass  # still serve what the server itself measured
-    ctx.metrics.set_kv_cache(ctx.tm.info.get("kv_cache"))
+    ctx.metrics.set_kv_cache(ctx.tm.info.kv_cache)
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -29,10 +29,12 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.config import EngineConfig
+from radixrt.requests.runtime_info import RuntimeInfo
+from radixrt.server.args import ServerArgs, server_args_from_cli
+from radixrt.server.workers import ChildFailed, ChildReady
 
 logger = logging.getLogger("radixrt.server")
 
@@ -40,97 +42,8 @@ WATCHDOG_INTERVAL_S = 0.5
 HARD_EXIT_AFTER_S = 8.0  # after a child died: give uvicorn this long to stop, then os._exit
 
 
-@dataclass
-class ServerArgs:
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: Optional[str] = None
-    admin_api_key: Optional[str] = None
-    served_model_name: Optional[str] = None
-    max_request_bytes: int = 32 * 1024 * 1024
-    startup_timeout: float = 600.0
-    timeout_graceful_shutdown: float = 5.0  # uvicorn's, after draining: open connections get this long
-    shutdown_grace_s: float = 10.0
-    scheduler_stall_timeout_s: float = 30.0
-    header_read_timeout_s: float = 10.0  # a request's head must arrive within this (radixrt/server/slow_clients.py)
-    body_read_timeout_s: float = 30.0  # ... and its body within this after the head
-    tool_call_parser: str = "auto"  # OpenAI tool calls' format (radixrt/server/tools/parsers.py)
-    reasoning_parser: Optional[str] = None  # "qwen3": <think> text into reasoning_content
-    max_tools: int = 128  # most function tools per request (OpenAI's limit); more: 400
-    max_tools_chars: int = 1_000_000  # most characters of a request's tools as compact JSON; more: 400
-    responses_store_size: int = 1024  # /v1/responses kept for GET and previous_response_id (LRU); 0: none
-    responses_store_mb: float = 256.0  # ... and at most this much memory in all
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    """The `radixrt serve` flags: every EngineConfig flag plus the server's own."""
-    EngineConfig.add_cli_args(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    parser.add_argument("--port", type=int, default=30000, help="HTTP port")
-    parser.add_argument("--api-key", dest="api_key", default=os.environ.get("RADIXRT_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on every route but /health "
-                             "(default: $RADIXRT_API_KEY)")
-    parser.add_argument("--admin-api-key", dest="admin_api_key", default=os.environ.get("RADIXRT_ADMIN_API_KEY"),
-                        help="the operator's key (default: $RADIXRT_ADMIN_API_KEY): accepted wherever --api-key "
-                             "is, and needed for what only the operator may ask for (return_cache_info: "
-                             "'full', which shows other clients' cached text); unset: nobody may")
-    parser.add_argument("--served-model-name", dest="served_model_name", default=None,
-                        help="the model id for the OpenAI routes (default: the model folder's name)")
-    parser.add_argument("--max-request-bytes", dest="max_request_bytes", type=int, default=32 * 1024 * 1024,
-                        help="largest accepted request body in bytes (413 above)")
-    parser.add_argument("--startup-timeout", dest="startup_timeout", type=float, default=600.0,
-                        help="seconds to wait for the model to load")
-    parser.add_argument("--shutdown-grace-s", dest="shutdown_grace_s", type=float, default=10.0,
-                        help="on SIGTERM/Ctrl-C, seconds the requests in flight may take to finish (new ones "
-                             "get 503); those still running then end with an error")
-    parser.add_argument("--scheduler-stall-timeout-s", dest="scheduler_stall_timeout_s", type=float, default=30.0,
-                        help="/health answers 503 while the scheduler process has shown no progress (no loop "
-                             "iteration; it beats at least every 0.2 s when idle) for this many seconds; keep "
-                             "it above the longest step (a prefill chunk)")
-    from radixrt.server.tools.parsers import PARSER_CHOICES
-    from radixrt.server.tools.reasoning import REASONING_PARSERS
-
-    parser.add_argument("--tool-call-parser", dest="tool_call_parser", default="auto", choices=PARSER_CHOICES,
-                        help="format of the model's tool calls on /v1/chat/completions (default: from the chat "
-                             "template; 'generic' where it renders no tools; docs/tool_calling.md)")
-    parser.add_argument("--reasoning-parser", dest="reasoning_parser", default=None, choices=REASONING_PARSERS,
-                        help="split <think>...</think> into reasoning_content on /v1/chat/completions")
-    parser.add_argument("--max-tools", dest="max_tools", type=int, default=128,
-                        help="most function tools one chat request may define (a 400 above; OpenAI's limit is 128)")
-    parser.add_argument("--max-tools-chars", dest="max_tools_chars", type=int, default=1_000_000,
-                        help="most characters a chat request's tools may take as compact JSON (a 400 above)")
-    parser.add_argument("--responses-store-size", dest="responses_store_size", type=_non_negative_int,
-                        default=1024,
-                        help="/v1/responses: how many responses (store: true) are kept for GET /v1/responses/{id} "
-                             "and previous_response_id; the least recently used go first (0: none is kept)")
-    parser.add_argument("--responses-store-mb", dest="responses_store_mb", type=_non_negative_float, default=256.0,
-                        help="/v1/responses: the most memory the stored responses may take, in MiB")
-    from radixrt.server.slow_clients import add_read_timeout_args
-
-    add_read_timeout_args(parser)
-
-
-def server_args_from_cli(args: argparse.Namespace) -> ServerArgs:
-    return ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)
-                         if hasattr(args, f.name)})
-
-
 def serve_main(args: argparse.Namespace) -> int:
-    """Run one server from the flags of :func:`add_serve_args`; the process
+    """Run one server from the flags of `radixrt.server.args.add_serve_args`; the process
     exit code. (`radixrt serve`, radixrt/cli.py, adds ``--dp``: with N > 1
     it runs radixrt/router/dp.py instead, whose replicas are
     :func:`launch_server` calls.)"""
@@ -142,7 +55,7 @@ class _Child:
         self.name = name
         self.proc = proc
         self.conn = conn
-        self.info: Optional[dict] = None
+        self.info: Optional[RuntimeInfo] = None
 
 
 def _wait_ready(children: list[_Child], timeout: float) -> None:
@@ -159,9 +72,10 @@ def _wait_ready(children: list[_Child], timeout: float) -> None:
                 except EOFError:
                     raise RuntimeError(f"the {c.name} process exited during startup "
                                        f"(exit code {c.proc.exitcode})") from None
-                if not msg.get("ok"):
-                    raise RuntimeError(f"the {c.name} process failed to start:\n{msg.get('error')}")
-                c.info = msg
+                if isinstance(msg, ChildFailed):
+                    raise RuntimeError(f"the {c.name} process failed to start:\n{msg.error}")
+                assert isinstance(msg, ChildReady), msg
+                c.info = msg.info
                 pending.remove(c)
             elif not c.proc.is_alive():
                 raise RuntimeError(f"the {c.name} process exited during startup (exit code {c.proc.exitcode})")
@@ -181,14 +95,14 @@ def _stop_children(children: list[_Child], timeout: float = 5.0) -> None:
 
 def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     logging.basicConfig(
-        level=getattr(logging, config.log_level.upper(), logging.WARNING),
+        level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
         format="[%(asctime)s server] %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
     )
     from radixrt.executor.model_store import resolve_model_path
     from radixrt.server.ipc import IpcAddrs
     from radixrt.server.workers import run_detokenizer_process, run_scheduler_process
 
-    resolved = str(resolve_model_path(config.model_path))
+    resolved = str(resolve_model_path(config.model.model_path))
     addrs = IpcAddrs.create()
     mp = multiprocessing.get_context("spawn")
     children: list[_Child] = []
@@ -215,7 +129,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
         children.append(_Child("scheduler", proc, r))
         r, w = mp.Pipe(duplex=False)
         proc = mp.Process(target=run_detokenizer_process, name="radixrt-detokenizer", daemon=True,
-                          args=(resolved, config.log_level, addrs, w, os.getpid()))
+                          args=(resolved, config.debug.log_level, addrs, w, os.getpid()))
         proc.start()
         w.close()
         children.append(_Child("detokenizer", proc, r))
@@ -270,16 +184,17 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
     from radixrt.server.slow_clients import timed_h11_protocol
     from radixrt.server.tokenizer_manager import TokenizerManager
 
-    sched_info = children[0].info or {}
+    info = children[0].info
+    assert info is not None, "the scheduler process sends its RuntimeInfo when ready"
+    model_path = config.model.model_path
     served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
-    aliases = {served, config.model_path, resolved, os.path.basename(os.path.normpath(resolved))}
-    if config.model_path == "default":
+    aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved))}
+    if model_path == "default":
         aliases.add("default")
     metrics = ServerMetrics(served)
-    info = dict(sched_info)
     tm = TokenizerManager(tokenizer, addrs, info, metrics)
     chat_info = _chat_template_info(tokenizer)
-    public_args = {**dataclasses.asdict(config), **dataclasses.asdict(sargs)}
+    public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}
     public_args["api_key"] = "***" if sargs.api_key else None
     public_args["admin_api_key"] = "***" if sargs.admin_api_key else None
     state = {"exit_code": 0, "stopping": False}
@@ -299,7 +214,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
         return None
 
     ctx = ServerContext(
-        tm=tm, metrics=metrics, model_path=config.model_path, resolved_model_path=resolved,
+        tm=tm, metrics=metrics, model_path=model_path, resolved_model_path=resolved,
         served_model_name=served, api_key=sargs.api_key, admin_api_key=sargs.admin_api_key,
         max_request_bytes=sargs.max_request_bytes,
         server_args=public_args, model_aliases=aliases, chat_info=chat_info, healthy=healthy,
@@ -380,7 +295,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
             tm.close()
 
     app = build_app(ctx, lifespan=lifespan)
-    level = config.log_level.lower()
+    level = config.debug.log_level.lower()
     uconfig = uvicorn.Config(
         app, host=sargs.host, port=sargs.port, log_level=level if level in ("debug", "info") else "warning",
         access_log=level in ("debug", "info"), timeout_graceful_shutdown=sargs.timeout_graceful_shutdown,

@@ -130,14 +130,17 @@ def timed_h11_protocol(header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
                 {"header_timeout_s": float(header_timeout_s), "body_timeout_s": float(body_timeout_s)})
 
 
+HEADER_TIMEOUT_HELP = ("a request's line and headers must arrive within this many seconds of their first byte (of "
+                       "the connection's opening, for its first request), else a 408 and the connection is closed "
+                       "(0: no limit)")
+BODY_TIMEOUT_HELP = ("a request's body must arrive within this many seconds of its headers, else a 408 and the "
+                     "connection is closed (0: no limit)")
+
+
 def add_read_timeout_args(parser: Any) -> None:
-    """``--header-read-timeout-s`` and ``--body-read-timeout-s`` (of `radixrt serve` and `radixrt router`)."""
+    """``--header-read-timeout-s`` and ``--body-read-timeout-s`` of `radixrt router` (`radixrt serve`
+    has them as `ServerArgs` fields, with the same defaults and help)."""
     parser.add_argument("--header-read-timeout-s", dest="header_read_timeout_s", type=float,
-                        default=DEFAULT_HEADER_TIMEOUT_S,
-                        help="a request's line and headers must arrive within this many seconds of their first "
-                             "byte (of the connection's opening, for its first request), else a 408 and the "
-                             "connection is closed (0: no limit)")
+                        default=DEFAULT_HEADER_TIMEOUT_S, help=HEADER_TIMEOUT_HELP)
     parser.add_argument("--body-read-timeout-s", dest="body_read_timeout_s", type=float,
-                        default=DEFAULT_BODY_TIMEOUT_S,
-                        help="a request's body must arrive within this many seconds of its headers, else a 408 "
-                             "and the connection is closed (0: no limit)")
+                        default=DEFAULT_BODY_TIMEOUT_S, help=BODY_TIMEOUT_HELP)

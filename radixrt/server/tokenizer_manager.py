@@ -21,10 +21,10 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
-from radixrt.requests.intake import Limits, RequestSpec, RidEntry, validate_spec
+from radixrt.requests.intake import RequestSpec, RidEntry, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenOutput
 from radixrt.requests.router import ReqGroup, ReqState, ResultRouter
-from radixrt.sampling.grammar_bounds import GrammarLimits
+from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
 from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
 from radixrt.server.metrics import ServerMetrics
@@ -82,18 +82,15 @@ class _Metrics:
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, addrs: IpcAddrs, info: dict, metrics: ServerMetrics) -> None:
+    def __init__(self, tokenizer: Any, addrs: IpcAddrs, info: RuntimeInfo, metrics: ServerMetrics) -> None:
         self.tokenizer = tokenizer
         self.addrs = addrs
         self.info = info
         self.metrics = metrics
-        self.context_length: int = info["context_length"]
-        self.vocab_size: int = info["vocab_size"]
-        self.kv_total_slots: int = info["kv_total_slots"]
-        extra = {k: int(info[k]) for k in ("max_n", "max_top_logprobs_num", "max_client_priority")
-                 if k in info}
-        grammar = GrammarLimits(**info["grammar_limits"]) if "grammar_limits" in info else GrammarLimits()
-        self.limits = Limits(self.context_length, self.kv_total_slots, self.vocab_size, grammar=grammar, **extra)
+        self.context_length = info.context_length
+        self.vocab_size = info.vocab_size
+        self.kv_total_slots = info.kv_total_slots
+        self.limits = info.limits
         self.router = ResultRouter(tokenizer, self, _Metrics(metrics))  # this manager is its transport
         self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.dead_reason: Optional[str] = None

@@ -3,18 +3,36 @@ multiprocessing "spawn" context, so everything here must be importable and
 picklable)."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Optional
 
+from radixrt.config import EngineConfig
+from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.ipc import DetokBatch, DetokItem, DetokRegister, IpcAddrs, make_socket, parent_alive
 
 POLL_MS = 200  # how often an idle child looks at its parent and stop flag
+
+
+@dataclass(frozen=True)
+class ChildReady:
+    """A child's first message on its ``ready`` pipe: started. The scheduler
+    process sends its `RuntimeInfo` (the detokenizer none)."""
+
+    pid: int
+    info: Optional[RuntimeInfo] = None
+
+
+@dataclass(frozen=True)
+class ChildFailed:
+    """A child's first message on its ``ready`` pipe: it could not start (``error``: the traceback)."""
+
+    error: str
 
 
 def _setup_child(name: str, log_level: str) -> None:
@@ -28,13 +46,14 @@ def _setup_child(name: str, log_level: str) -> None:
     )
 
 
-def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int],
+def run_scheduler_process(config: EngineConfig, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int],
                           heartbeat: Any = None) -> None:
-    """Load the model, report readiness (or the error) on ``ready``, then serve
+    """Load the model, report readiness (`ChildReady` with the `RuntimeInfo`, or
+    `ChildFailed`) on ``ready``, then serve
     the scheduler's event loop over ZMQ until the parent goes away. Every loop
     iteration (at least every POLL_MS while idle) stores time.monotonic() in
     ``heartbeat`` (a shared double) when given: the server's /health reads it."""
-    _setup_child("scheduler", config.log_level)
+    _setup_child("scheduler", config.debug.log_level)
     log = logging.getLogger("radixrt.server.scheduler")
     try:
         import zmq
@@ -45,28 +64,12 @@ def run_scheduler_process(config: Any, addrs: IpcAddrs, ready: Any, parent_pid: 
         ctx = zmq.Context()
         pull = make_socket(ctx, zmq.PULL, addrs.scheduler_in, bind=True)
         push = make_socket(ctx, zmq.PUSH, addrs.detokenizer_in, bind=False)
-        usage = sched.kv_usage()
-        runner = getattr(sched, "runner", None)
-        ready.send({
-            "ok": True,
-            "pid": os.getpid(),
-            "model_path": str(getattr(runner, "model_path", config.model_path)),
-            "context_length": int(sched.context_length),
-            "vocab_size": int(sched.vocab_size),
-            "kv_total_slots": int(usage["total_slots"]),
-            # KV format, bytes per token and capacity of the pool (radixrt/memory/kv_format.py)
-            "kv_cache": runner.kv_pool.footprint.describe(int(usage["total_slots"])) if runner is not None else None,
-            "eos_token_ids": sorted(int(t) for t in sched.eos_token_ids),
-            "max_n": int(sched.limits.max_n),
-            "max_top_logprobs_num": int(sched.limits.max_top_logprobs_num),
-            "max_client_priority": int(sched.limits.max_client_priority),
-            "grammar_limits": dataclasses.asdict(sched.limits.grammar),
-        })
+        ready.send(ChildReady(os.getpid(), sched.runtime_info()))
     except BaseException:  # noqa: BLE001 - reported to the parent, then exit non-zero
         err = traceback.format_exc()
         log.error("scheduler failed to start:\n%s", err)
         try:
-            ready.send({"ok": False, "error": err})
+            ready.send(ChildFailed(err))
         finally:
             os._exit(1)
     ready.close()
@@ -205,12 +208,12 @@ def run_detokenizer_process(model_path: str, log_level: str, addrs: IpcAddrs, re
         ctx = zmq.Context()
         pull = make_socket(ctx, zmq.PULL, addrs.detokenizer_in, bind=True)
         push = make_socket(ctx, zmq.PUSH, addrs.tokenizer_in, bind=False)
-        ready.send({"ok": True, "pid": os.getpid()})
+        ready.send(ChildReady(os.getpid()))
     except BaseException:  # noqa: BLE001
         err = traceback.format_exc()
         log.error("detokenizer failed to start:\n%s", err)
         try:
-            ready.send({"ok": False, "error": err})
+            ready.send(ChildFailed(err))
         finally:
             os._exit(1)
     ready.close()

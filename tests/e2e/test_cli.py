@@ -73,6 +73,26 @@ def test_every_flag_has_a_help_line_with_its_default():
             assert "".join(line.split()) in text and "default" in line, (name, action.option_strings, line)
 
 
+def test_engine_flags_are_listed_by_section():
+    """`radixrt serve --help` and `radixrt generate --help` group the flags by
+    EngineConfig section (each flag under its own), then the server's."""
+    import argparse
+
+    from radixrt.cli import build_parser
+    from radixrt.config import SECTIONS, flag_sections
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, extra in (("serve", ["server"]), ("generate", [])):
+        parser = sub.choices[name]
+        groups = {g.title: g for g in parser._action_groups}
+        assert [*SECTIONS, *extra] == [t for t in groups if t in (*SECTIONS, *extra)]
+        help_text = parser.format_help()
+        for section in (*SECTIONS, *extra):
+            assert f"\n{section}:\n" in help_text
+        for dest, section in flag_sections().items():
+            assert dest in {a.dest for a in groups[section]._group_actions}, (name, dest)
+
+
 def test_serve_help_never_prints_the_api_key(monkeypatch):
     monkeypatch.setenv("RADIXRT_API_KEY", "s3cret-key")
     proc = _radixrt("serve", "--help")

@@ -89,16 +89,20 @@ def test_deterministic_flag_and_refused_backends():
 
     from radixrt.config import EngineConfig
     from radixrt.executor.model_runner import resolve_runtime
+    from radixrt.executor.runner_settings import RunnerSettings
+
+    def _resolve(**flags):
+        return resolve_runtime(RunnerSettings.of(EngineConfig(**flags)))
 
     parser = argparse.ArgumentParser()
     EngineConfig.add_cli_args(parser)
     assert EngineConfig.from_cli_args(parser.parse_args(["--enable-deterministic-inference"])) \
-        .enable_deterministic_inference
-    assert not EngineConfig.from_cli_args(parser.parse_args([])).enable_deterministic_inference
+        .execution.enable_deterministic_inference
+    assert not EngineConfig.from_cli_args(parser.parse_args([])).execution.enable_deterministic_inference
 
-    choice = resolve_runtime(EngineConfig(enable_deterministic_inference=True, device="cuda"))
+    choice = _resolve(enable_deterministic_inference=True, device="cuda")
     assert (choice.attention_backend, choice.cuda_graph) == ("torch", False)
     with pytest.raises(ValueError, match="deterministic"):
-        resolve_runtime(EngineConfig(enable_deterministic_inference=True, attention_backend="flashinfer"))
+        _resolve(enable_deterministic_inference=True, attention_backend="flashinfer")
     with pytest.raises(ValueError, match="deterministic"):
-        resolve_runtime(EngineConfig(enable_deterministic_inference=True, sampling_backend="flashinfer"))
+        _resolve(enable_deterministic_inference=True, sampling_backend="flashinfer")

@@ -10,6 +10,7 @@ import math
 import pytest
 
 import radixrt
+from radixrt.config import OutputSettings
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def test_incremental_streaming_output(tiny_engine, monkeypatch):
     each event holds only what is new; the events add up to the whole result."""
     prompt = tiny_engine.apply_chat_template([{"role": "user", "content": "Name three fruits, one per line."}])
     full = tiny_engine.generate(prompt, GREEDY, return_logprob=True, top_logprobs_num=2)
-    monkeypatch.setattr(tiny_engine.config, "incremental_streaming_output", True)  # read per stream
+    monkeypatch.setattr(tiny_engine.config, "output", OutputSettings(incremental_streaming_output=True))  # per stream
     chunks = list(tiny_engine.generate(prompt, GREEDY, return_logprob=True, top_logprobs_num=2, stream=True))
     assert len(chunks) > 1
     metas = [c["meta_info"] for c in chunks]

@@ -15,7 +15,7 @@ QUANTIZED = ("int8", "fp8_e4m3", "fp8_e5m2")
 def _runner(path: str, kv: str, **kw):
     from radixrt.executor.model_runner import ModelRunner
 
-    return ModelRunner(EngineConfig(model_path=path, kv_cache_dtype=kv, max_total_tokens=512, **kw))
+    return ModelRunner.from_config(EngineConfig(model_path=path, kv_cache_dtype=kv, max_total_tokens=512, **kw))
 
 
 @pytest.mark.parametrize("kv", ("auto",) + QUANTIZED)

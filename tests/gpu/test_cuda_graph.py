@@ -19,6 +19,7 @@ from radixrt.executor.cuda_graph import (
 )
 from radixrt.executor.model_runner import resolve_runtime
 from radixrt.executor.models import load_model
+from radixrt.executor.runner_settings import RunnerSettings
 from radixrt.kernels import AttentionMetadata
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.kernels.torch_ref import TorchReferenceBackend
@@ -47,16 +48,21 @@ def test_padded_batch_size_and_padding():
         pad_decode_batch([1, 2], [[0], [1]], 1, 99)
 
 
+def _resolve(**flags):
+    """What the runner resolves an ``EngineConfig(**flags)`` to on its device."""
+    return resolve_runtime(RunnerSettings.of(EngineConfig(**flags)))
+
+
 def test_cuda_config_resolves_to_flashinfer_bf16_graphs():
-    c = resolve_runtime(EngineConfig(device="cuda"))
+    c = _resolve(device="cuda")
     assert (c.attention_backend, c.dtype, c.cuda_graph) == ("flashinfer", torch.bfloat16, True)
     assert c.cuda_graph_max_bs == 128
-    assert resolve_runtime(EngineConfig(device="cuda", max_running_requests=48)).cuda_graph_max_bs == 48
-    assert not resolve_runtime(EngineConfig(device="cuda", disable_cuda_graph=True)).cuda_graph
-    assert not resolve_runtime(EngineConfig(device="cuda", attention_backend="torch")).cuda_graph
-    fp32 = resolve_runtime(EngineConfig(device="cuda", dtype="float32"))  # FlashInfer takes 16-bit only
+    assert _resolve(device="cuda", max_running_requests=48).cuda_graph_max_bs == 48
+    assert not _resolve(device="cuda", disable_cuda_graph=True).cuda_graph
+    assert not _resolve(device="cuda", attention_backend="torch").cuda_graph
+    fp32 = _resolve(device="cuda", dtype="float32")  # FlashInfer takes 16-bit only
     assert (fp32.attention_backend, fp32.cuda_graph) == ("torch", False)
-    cpu = resolve_runtime(EngineConfig(device="cpu"))
+    cpu = _resolve(device="cpu")
     assert (cpu.attention_backend, cpu.dtype, cpu.cuda_graph) == ("torch", torch.float32, False)
 
 
@@ -201,7 +207,7 @@ def test_unsupported_head_dim_falls_back_to_torch(caplog):
 
     from radixrt.executor.model_runner import fit_to_model
 
-    graphs = resolve_runtime(EngineConfig(device="cuda"))
+    graphs = _resolve(device="cuda")
     assert (graphs.attention_backend, graphs.cuda_graph) == ("flashinfer", True)
     with caplog.at_level(logging.WARNING, logger="radixrt.executor.model_runner"):
         fallback = fit_to_model(graphs, 16)

@@ -222,8 +222,9 @@ def test_cpu_paths_never_import_flashinfer():
         "create_backend('torch', 'cpu')\n"
         "from radixrt.executor.model_runner import resolve_runtime\n"
         "from radixrt.config import EngineConfig\n"
-        "resolve_runtime(EngineConfig(device='cpu'))\n"
-        "resolve_runtime(EngineConfig(device='cuda'))\n"
+        "from radixrt.executor.runner_settings import RunnerSettings\n"
+        "resolve_runtime(RunnerSettings.of(EngineConfig(device='cpu')))\n"
+        "resolve_runtime(RunnerSettings.of(EngineConfig(device='cuda')))\n"
         "assert 'flashinfer' not in sys.modules, 'flashinfer imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -132,7 +132,8 @@ def test_tiny_model_token_bits_same_in_prefill_and_decode(tiny_llama):
     from radixrt.config import EngineConfig
     from radixrt.executor.model_runner import ModelRunner
 
-    runner = ModelRunner(EngineConfig(tiny_llama, max_total_tokens=512, enable_deterministic_inference=True))
+    runner = ModelRunner.from_config(EngineConfig(model_path=tiny_llama, max_total_tokens=512,
+                                                  enable_deterministic_inference=True))
     rng = random.Random(1)
     ids = [rng.randrange(100, 30000) for _ in range(40)]
     other = [rng.randrange(100, 30000) for _ in range(23)]

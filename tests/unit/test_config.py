@@ -1,29 +1,155 @@
-"""EngineConfig: switches whose default depends on the device; flags that need another."""
+"""EngineConfig: its sections, the flags generated from them, switches whose
+default depends on the device, flags that need another, and the RuntimeInfo a
+started scheduler reports."""
 import argparse
 import dataclasses
+import pickle
+import typing
 
 import pytest
 
 from radixrt.cli import serve_router_defaults, serve_router_needs
-from radixrt.config import EngineConfig
+from radixrt.config import SECTIONS, EngineConfig, flag_defaults, flag_sections
+from radixrt.config.fields import flag_of
 from radixrt.config_deps import ENGINE_INDEPENDENT, ENGINE_NEEDS, Need, apply_needs
+from radixrt.server.args import ServerArgs, add_serve_args, server_args_from_cli
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    EngineConfig.add_cli_args(parser)
+    return parser
+
+
+# ---------------------------------------------------------------- sections, help, flags
+@pytest.mark.parametrize("cls", [*SECTIONS.values(), ServerArgs], ids=lambda c: c.__name__)
+def test_every_setting_has_its_help_once_as_field_metadata(cls):
+    for f in dataclasses.fields(cls):
+        text = f.metadata.get("help")
+        assert isinstance(text, str) and len(text) >= 5, f"{cls.__name__}.{f.name} has no help"
+    assert cls.__doc__, f"{cls.__name__} has no docstring (its --help group's description)"
+
+
+def _example(name: str) -> object:
+    """A value of flag ``name`` other than its default that the config accepts (with its needs met)."""
+    row = next((n for n in ENGINE_NEEDS if n.flag == name), None)
+    if row is not None:
+        return row.example
+    default = flag_defaults()[name]
+    strings = {"model_path": "/models/x", "dtype": "bfloat16", "device": "cuda", "kv_cache_dtype": "fp8_e4m3",
+               "schedule_policy": "fcfs", "log_level": "debug"}
+    if name in strings:
+        return strings[name]
+    if isinstance(default, bool):
+        return not default
+    if default is None:
+        return True if name == "disable_overlap_schedule" else 4096
+    return default + 1
+
+
+def _argv(name: str, value: object) -> list[str]:
+    f = next(f for f in dataclasses.fields(SECTIONS[flag_sections()[name]]) if f.name == name)
+    if isinstance(value, bool):
+        return [flag_of(f) if value else "--no-" + flag_of(f)[2:]]
+    return [flag_of(f), str(value)]
+
+
+@pytest.mark.parametrize("name", list(flag_sections()))
+def test_every_flag_parses_into_its_section(name):
+    value = _example(name)
+    args = _parser().parse_args(_argv(name, value))
+    assert getattr(args, name) == value and type(getattr(args, name)) is type(value)
+    met = {n.needs: n.met for n in ENGINE_NEEDS if n.flag == name}
+    config = EngineConfig.from_cli_args(argparse.Namespace(**{**vars(args), **met}))
+    section = getattr(config, flag_sections()[name])
+    assert getattr(section, name) == value
+    assert EngineConfig(**{name: value, **met}) == config  # the Engine's keywords: the same flat names
+
+
+def test_defaults_live_once():
+    """The parsers' defaults are the dataclasses': no flag repeats a default of its own."""
+    assert EngineConfig.from_cli_args(_parser().parse_args([])) == EngineConfig()
+    assert EngineConfig().to_flat() == flag_defaults()
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    env_keys = {f.name for f in dataclasses.fields(ServerArgs) if "env" in f.metadata}
+    parsed = server_args_from_cli(parser.parse_args([]))
+    assert dataclasses.replace(parsed, **{k: None for k in env_keys}) == ServerArgs()
+
+
+def test_sections_group_the_help_and_flat_keywords_round_trip():
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    titles = [g.title for g in parser._action_groups]
+    assert [*SECTIONS, "server"] == [t for t in titles if t in (*SECTIONS, "server")]
+    c = EngineConfig(page_size=4, chunked_prefill_size=64, log_level="info", max_n=3)
+    assert (c.cache.page_size, c.scheduling.chunked_prefill_size, c.debug.log_level, c.limits.max_n) == \
+        (4, 64, "info", 3)
+    assert EngineConfig(**c.to_flat()) == c == EngineConfig(**dataclasses.asdict(c))
+    assert EngineConfig(cache=c.cache, page_size=8).cache.page_size == 8  # a flag over a whole section
+    with pytest.raises(TypeError, match="'page_sise'"):
+        EngineConfig(page_sise=4)
+    with pytest.raises(ValueError, match="chunked_prefill_size must be at least page_size"):
+        EngineConfig(page_size=16, chunked_prefill_size=8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.cache.page_size = 2  # type: ignore[misc]
+
+
+def test_each_component_takes_only_its_sections():
+    """The planner, the host tier, the prefix cache and the runner are typed by
+    the sections they read, never the whole EngineConfig."""
+    from radixrt.config import CacheSettings, ExecutionSettings, HostCacheSettings, ModelSettings, SchedulingSettings
+    from radixrt.executor.model_runner import ModelRunner, resolve_runtime
+    from radixrt.executor.runner_settings import RunnerSettings
+    from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
+    from radixrt.scheduler.planner import BatchPlanner
+
+    def first_param(fn):
+        hints = typing.get_type_hints(fn)
+        return hints[[p for p in fn.__code__.co_varnames if p != "self"][0]]
+
+    assert first_param(BatchPlanner.__init__) is SchedulingSettings
+    assert first_param(build_host_tier) is HostCacheSettings
+    assert first_param(build_prefix_cache) is CacheSettings
+    assert first_param(ModelRunner.__init__) is first_param(resolve_runtime) is RunnerSettings
+    assert typing.get_type_hints(RunnerSettings) == {"model": ModelSettings, "execution": ExecutionSettings,
+                                                     "cache": CacheSettings, "max_running_requests": int}
+
+
+def test_a_scheduler_hands_out_sections_and_reports_runtime_info(tiny_llama):
+    from radixrt.scheduler.scheduler import Scheduler
+
+    config = EngineConfig(model_path=tiny_llama, max_total_tokens=512, page_size=4, host_kv_size=1024,
+                          max_n=5, grammar_max_chars=999)
+    sched = Scheduler(config)
+    try:
+        assert sched.planner.config is config.scheduling
+        assert sched.runner.settings.cache is config.cache and sched.runner.settings.model is config.model
+        assert sched.host is not None and sched.host.pool.total_slots == 1024
+        info = pickle.loads(pickle.dumps(sched.runtime_info()))  # it crosses the server's ready pipe
+        assert (info.context_length, info.kv_total_slots, info.vocab_size) == (8192, 512, sched.vocab_size)
+        assert info.limits == sched.limits and (info.limits.max_n, info.limits.grammar.max_chars) == (5, 999)
+        assert info.eos_token_ids == tuple(sorted(sched.eos_token_ids))
+        assert info.kv_cache["total_tokens"] == 512 and info.kv_cache["bytes_per_token"] > 0
+        assert info.model_path == str(sched.runner.model_path)
+    finally:
+        sched.close()
+
+
+# ---------------------------------------------------------------- overlap: default by device
 @pytest.mark.parametrize("device,flag,overlap", [
     ("cpu", None, False), ("cuda", None, True),  # unset: overlap on CUDA only
     ("cpu", False, True), ("cuda", True, False),  # set: as asked
 ])
 def test_overlap_schedule_follows_the_device_unless_set(device, flag, overlap):
-    assert EngineConfig(device=device, disable_overlap_schedule=flag).overlap_schedule is overlap
+    assert EngineConfig(device=device, disable_overlap_schedule=flag).execution.overlap_schedule is overlap
 
 
 @pytest.mark.parametrize("argv,value", [
     ([], None), (["--disable-overlap-schedule"], True), (["--no-disable-overlap-schedule"], False),
 ])
 def test_overlap_cli_flag_is_three_way(argv, value):
-    parser = argparse.ArgumentParser()
-    EngineConfig.add_cli_args(parser)
-    assert EngineConfig.from_cli_args(parser.parse_args(argv)).disable_overlap_schedule is value
+    assert EngineConfig.from_cli_args(_parser().parse_args(argv)).execution.disable_overlap_schedule is value
 
 
 # ---------------------------------------------------------------- flags that need another (radixrt/config_deps.py)
@@ -36,36 +162,34 @@ def _met(need: Need) -> dict:
 
 @pytest.mark.parametrize("need", ENGINE_NEEDS, ids=lambda n: f"{n.flag}->{n.needs}")
 def test_every_dependent_flag_is_implied_or_refused(need):
-    ok = EngineConfig(**_met(need))  # met: taken as given
-    assert getattr(ok, need.flag) == need.example and getattr(ok, need.needs) == need.met
+    ok = EngineConfig(**_met(need)).to_flat()  # met: taken as given
+    assert ok[need.flag] == need.example and ok[need.needs] == need.met
     unmet = {**_met(need), need.needs: need.unmet}
     if need.imply:
-        assert getattr(EngineConfig(**unmet), need.needs) == need.met
+        assert EngineConfig(**unmet).to_flat()[need.needs] == need.met
     else:
         with pytest.raises(ValueError) as e:
             EngineConfig(**unmet)
         assert need.flag_text(need.example) in str(e.value) and f"needs {need.wants}" in str(e.value)
-    default = dataclasses.fields(EngineConfig)[[f.name for f in dataclasses.fields(EngineConfig)].index(need.flag)]
-    assert not need.is_set(default.default, default.default)  # a flag left at its default needs nothing
+    default = flag_defaults()[need.flag]
+    assert not need.is_set(default, default)  # a flag left at its default needs nothing
 
 
-def test_every_field_is_in_the_table_or_reviewed_as_needing_nothing():
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+def test_every_flag_is_in_the_table_or_reviewed_as_needing_nothing():
+    fields = set(flag_sections())
     flags = {n.flag for n in ENGINE_NEEDS}
-    assert fields - flags - ENGINE_INDEPENDENT == set(), "add the new field to ENGINE_NEEDS or ENGINE_INDEPENDENT"
+    assert fields - flags - ENGINE_INDEPENDENT == set(), "add the new flag to ENGINE_NEEDS or ENGINE_INDEPENDENT"
     assert flags & ENGINE_INDEPENDENT == set()
     assert (flags | {n.needs for n in ENGINE_NEEDS} | ENGINE_INDEPENDENT) <= fields
 
 
 def test_host_tier_size_turns_the_tier_on_and_the_implied_tier_is_checked_too():
-    parser = argparse.ArgumentParser()
-    EngineConfig.add_cli_args(parser)
-    c = EngineConfig.from_cli_args(parser.parse_args(["--host-kv-size", "20000"]))
-    assert c.enable_hierarchical_cache and c.host_kv_size == 20000
-    assert EngineConfig(**dataclasses.asdict(c)) == c  # the Engine rebuilds it from the CLI's fields
+    c = EngineConfig.from_cli_args(_parser().parse_args(["--host-kv-size", "20000"]))
+    assert c.host_cache.enable_hierarchical_cache and c.host_cache.host_kv_size == 20000
+    assert EngineConfig(**c.to_flat()) == c  # the Engine rebuilds it from the CLI's flags
     with pytest.raises(ValueError, match=r"\(implied by host_kv_size, --host-kv-size\) needs tp_size=1"):
         EngineConfig(host_kv_size=20000, tp_size=2)
-    assert not EngineConfig().enable_hierarchical_cache
+    assert not EngineConfig().host_cache.enable_hierarchical_cache
 
 
 @pytest.mark.parametrize("need", serve_router_needs(), ids=lambda n: n.cli)

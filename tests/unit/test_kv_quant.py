@@ -257,15 +257,21 @@ def test_flashinfer_backend_refuses_int8():
                         cache, 1.0)
 
 
-def test_runtime_choice_by_kv_cache_dtype():
+def _resolve(**flags):
+    """What the runner resolves an ``EngineConfig(**flags)`` to on its device."""
     from radixrt.executor.model_runner import resolve_runtime
+    from radixrt.executor.runner_settings import RunnerSettings
 
-    cpu = resolve_runtime(EngineConfig(kv_cache_dtype="int8"))
+    return resolve_runtime(RunnerSettings.of(EngineConfig(**flags)))
+
+
+def test_runtime_choice_by_kv_cache_dtype():
+    cpu = _resolve(kv_cache_dtype="int8")
     assert cpu.attention_backend == "torch" and cpu.kv_dtype == torch.int8 and cpu.dtype == torch.float32
-    fp8 = resolve_runtime(EngineConfig(device="cuda", kv_cache_dtype="fp8_e4m3"))
+    fp8 = _resolve(device="cuda", kv_cache_dtype="fp8_e4m3")
     assert fp8.attention_backend == "flashinfer" and fp8.kv_dtype == torch.float8_e4m3fn and fp8.cuda_graph
-    int8 = resolve_runtime(EngineConfig(device="cuda", kv_cache_dtype="int8"))
+    int8 = _resolve(device="cuda", kv_cache_dtype="int8")
     assert int8.attention_backend == "torch" and not int8.cuda_graph  # FlashInfer reads no int8 cache
-    assert resolve_runtime(EngineConfig(device="cuda")).kv_dtype == torch.bfloat16  # auto: the model dtype
+    assert _resolve(device="cuda").kv_dtype == torch.bfloat16  # auto: the model dtype
     with pytest.raises(ValueError, match="int8"):
-        resolve_runtime(EngineConfig(device="cuda", kv_cache_dtype="int8", attention_backend="flashinfer"))
+        _resolve(device="cuda", kv_cache_dtype="int8", attention_backend="flashinfer")

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from radixrt.config import CLI_HELP, EngineConfig
+from radixrt.config import EngineConfig, LimitSettings
+from radixrt.config.fields import help_of
 from radixrt.requests.intake import (
     DEFAULT_MAX_N,
     DEFAULT_MAX_TOP_LOGPROBS_NUM,
@@ -113,13 +114,13 @@ def test_front_door_limits():
 
 def test_config_fields_and_flags():
     c = EngineConfig()
-    assert (c.max_n, c.max_top_logprobs_num) == (DEFAULT_MAX_N, DEFAULT_MAX_TOP_LOGPROBS_NUM)
-    assert Limits(1, 1, 1) == c.limits(1, 1, 1)
-    assert CLI_HELP["max_n"] and CLI_HELP["max_top_logprobs_num"]
+    assert (c.limits.max_n, c.limits.max_top_logprobs_num) == (DEFAULT_MAX_N, DEFAULT_MAX_TOP_LOGPROBS_NUM)
+    assert Limits(1, 1, 1) == c.limits.for_runtime(1, 1, 1)
+    assert help_of(LimitSettings, "max_n") and help_of(LimitSettings, "max_top_logprobs_num")
     parser = argparse.ArgumentParser()
     EngineConfig.add_cli_args(parser)
     c = EngineConfig.from_cli_args(parser.parse_args(["--max-n", "7", "--max-top-logprobs-num", "0"]))
-    assert c.limits(8, 8, 8) == Limits(8, 8, 8, max_n=7, max_top_logprobs_num=0)
+    assert c.limits.for_runtime(8, 8, 8) == Limits(8, 8, 8, max_n=7, max_top_logprobs_num=0)
     with pytest.raises(ValueError, match="max_n"):
         EngineConfig(max_n=0)
     with pytest.raises(ValueError, match="max_top_logprobs_num"):

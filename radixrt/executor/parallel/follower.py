@@ -7,7 +7,6 @@ process is gone.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -15,8 +14,8 @@ import sys
 import torch
 import zmq
 
-from radixrt.config import EngineConfig
 from radixrt.executor.parallel.group import TPGroup
+from radixrt.executor.runner_settings import RunnerSettings
 
 _POLL_MS = 500
 
@@ -26,18 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--init-method", required=True)
     p.add_argument("--commands", required=True, help="the leader's ZMQ PUSH address")
-    p.add_argument("--config", required=True, help="the EngineConfig as JSON")
+    p.add_argument("--settings", required=True, help="the leader's RunnerSettings as JSON")
+    p.add_argument("--log-level", default="WARNING", help="the leader's log level")
     args = p.parse_args(argv)
-    config = EngineConfig(**json.loads(args.config))
-    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.WARNING),
+    settings = RunnerSettings.from_json(args.settings)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
                         format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s")
     leader = os.getppid()
     sock: zmq.Socket = zmq.Context.instance().socket(zmq.PULL)
     sock.connect(args.commands)
     from radixrt.executor.model_runner import ModelRunner
 
-    group = TPGroup.join(args.rank, config.tp_size, args.init_method, config.device)
-    runner = ModelRunner(config, tp=group)
+    ex = settings.execution
+    group = TPGroup.join(args.rank, ex.tp_size, args.init_method, ex.device)
+    runner = ModelRunner(settings, tp=group)
     with torch.inference_mode():
         while True:
             if not sock.poll(_POLL_MS):

@@ -11,8 +11,6 @@ in a collective.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import socket
 import subprocess
@@ -23,8 +21,8 @@ from typing import Any
 
 import zmq
 
-from radixrt.config import EngineConfig
 from radixrt.executor.parallel.group import TPGroup
+from radixrt.executor.runner_settings import RunnerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +41,14 @@ class Followers:
     ``send`` must be called with every model call, in the order the leader
     makes them; ``stop`` ends the followers (idempotent)."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        self.size = config.tp_size
+    def __init__(self, settings: RunnerSettings) -> None:
+        self.size = settings.execution.tp_size
         self._ctx: zmq.Context = zmq.Context.instance()
         self._socks: list[Any] = []
         self.procs: list[subprocess.Popen] = []
         init_method = f"tcp://127.0.0.1:{_free_port()}"
-        payload = json.dumps(dataclasses.asdict(config))
+        payload = settings.to_json()
+        log_level = logging.getLevelName(logging.getLogger("radixrt").getEffectiveLevel())
         for rank in range(1, self.size):
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
@@ -57,9 +56,10 @@ class Followers:
             self._socks.append(sock)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "radixrt.executor.parallel.follower", "--rank", str(rank),
-                 "--init-method", init_method, "--commands", f"tcp://127.0.0.1:{port}", "--config", payload],
+                 "--init-method", init_method, "--commands", f"tcp://127.0.0.1:{port}", "--settings", payload,
+                 "--log-level", log_level],
             ))
-        self.group = self._join(init_method, config.device)
+        self.group = self._join(init_method, settings.execution.device)
         self._stopped = False
 
     def _join(self, init_method: str, device: str) -> TPGroup:
