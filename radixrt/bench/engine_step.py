@@ -14,7 +14,8 @@ and the answer's assembly cancel out: for each repeat, one call with
 ``WARM_STEPS`` new tokens and one with ``WARM_STEPS + steps``, and
 ``(t_long - t_short) / steps``; the median over the repeats is reported. The
 prompts are cached by a first call, so both calls of a repeat do the same
-prefill.
+prefill. ``step_time --engine`` runs one such repeat after each of its own
+(`EngineBench.repeat`), so that both figures see the same load.
 """
 from __future__ import annotations
 
@@ -57,20 +58,47 @@ def _timed_generate(engine: Any, ids: list[list[int]], new_tokens: int) -> float
     return elapsed
 
 
+class EngineBench:
+    """One Engine for the workload; `repeat` times one repeat of a batch size
+    (the first call for a batch caches its prompts first)."""
+
+    def __init__(self, model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
+                 overlap: Optional[bool] = None, prompt_len: int = 32) -> None:
+        from radixrt.engine import Engine
+
+        self.steps = steps
+        self.prompt_len = prompt_len
+        self.engine = Engine(model_path, **engine_kwargs(batches, steps, repeats, prompt_len, device, overlap))
+        self.times: dict[int, list[float]] = {}  # ms per step of each repeat, by batch size
+
+    def repeat(self, batch: int) -> None:
+        ids = prompts(batch, self.prompt_len)
+        if batch not in self.times:
+            _timed_generate(self.engine, ids, WARM_STEPS)  # caches the prompts, warms the paths
+            self.times[batch] = []
+        short = _timed_generate(self.engine, ids, WARM_STEPS)
+        long = _timed_generate(self.engine, ids, WARM_STEPS + self.steps)
+        self.times[batch].append(max(long - short, 0.0) * 1000 / self.steps)
+
+    def rows(self) -> list[EngineStepTime]:
+        """The median of each batch size's repeats."""
+        return [EngineStepTime(b, statistics.median(ts)) for b, ts in self.times.items()]
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> "EngineBench":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def measure_engine(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
                    overlap: Optional[bool] = None, prompt_len: int = 32) -> list[EngineStepTime]:
     """ms per decode step through `Engine.generate` for each batch size (see the module docstring)."""
-    from radixrt.engine import Engine
-
-    rows = []
-    with Engine(model_path, **engine_kwargs(batches, steps, repeats, prompt_len, device, overlap)) as engine:
+    with EngineBench(model_path, batches, steps, repeats, device, overlap, prompt_len) as bench:
         for batch in batches:
-            ids = prompts(batch, prompt_len)
-            _timed_generate(engine, ids, WARM_STEPS)  # caches the prompts, warms the paths
-            times = []
             for _ in range(repeats):
-                short = _timed_generate(engine, ids, WARM_STEPS)
-                long = _timed_generate(engine, ids, WARM_STEPS + steps)
-                times.append(max(long - short, 0.0) * 1000 / steps)
-            rows.append(EngineStepTime(batch, statistics.median(times)))
-    return rows
+                bench.repeat(batch)
+        return bench.rows()

@@ -14,8 +14,9 @@ scheduler's own work that the model waits for (scheduling, inputs, results).
 With overlap on, host work that runs while the forward does is not counted.
 On CUDA the torch profiler also gives the fraction of the wall time the GPU
 was busy. ``--engine`` also times the same workload through the public
-``Engine.generate`` (`radixrt.bench.engine_step`) in the same run and prints
-it beside the scheduler-only figure, with their ratio.
+``Engine.generate`` (`radixrt.bench.engine_step`) in the same run, one of its
+repeats after each scheduler-only repeat, and prints it beside the
+scheduler-only figure, with their ratio.
 
 The default CPU model is a tiny random Llama (hidden 64, 2 layers) with a
 512-token vocabulary, so that the model's math is small and the figure is the
@@ -75,8 +76,11 @@ def _gpu_busy(scheduler: Any, steps: int) -> float:
 
 
 def measure(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
-            overlap: Optional[bool] = None, prompt_len: int = PROMPT_LEN) -> list[StepTime]:
-    """``overlap`` None: the engine's default for the device (overlap on CUDA only)."""
+            overlap: Optional[bool] = None, prompt_len: int = PROMPT_LEN,
+            after_repeat: Optional[Callable[[int], None]] = None) -> list[StepTime]:
+    """``overlap`` None: the engine's default for the device (overlap on CUDA only).
+    ``after_repeat(batch)`` runs after each timed repeat, untimed (``--engine``
+    times its own repeat there, so that both figures share the machine's moods)."""
     import torch
 
     from radixrt.config import EngineConfig
@@ -115,6 +119,8 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
             sync()
             times.append((time.perf_counter() - start) * 1000 / steps)
             model_times.append(model_s[0] * 1000 / steps)
+            if after_repeat is not None:
+                after_repeat(batch)
         busy = _gpu_busy(scheduler, steps) if cuda else None
         assert len(scheduler.running) == batch, "every request must still be decoding"
         ms, model_ms = statistics.median(times), statistics.median(model_times)
@@ -165,11 +171,18 @@ def format_table(rows: list[StepTime]) -> str:
     return "\n".join(lines)
 
 
-def _measure_engine(model: str, batches: list[int], args: argparse.Namespace) -> list[Any]:
-    from radixrt.bench.engine_step import measure_engine
+def _measure_both(model: str, batches: list[int], args: argparse.Namespace) -> tuple[list[StepTime], list[Any]]:
+    """The scheduler-only rows and, with ``--engine``, the Engine.generate rows,
+    their repeats alternated."""
+    if not args.engine:
+        return measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
+                       prompt_len=args.prompt_len), []
+    from radixrt.bench.engine_step import EngineBench
 
-    return measure_engine(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
-                          prompt_len=args.prompt_len)
+    with EngineBench(model, batches, args.steps, args.repeats, args.device, args.overlap, args.prompt_len) as eb:
+        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
+                       prompt_len=args.prompt_len, after_repeat=eb.repeat)
+        return rows, eb.rows()
 
 
 def format_engine_table(rows: list[StepTime], engine_rows: list[Any]) -> str:
@@ -209,9 +222,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tiny_cpu_model(tmp)
-        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
-                       prompt_len=args.prompt_len)
-        engine_rows = _measure_engine(model, batches, args) if args.engine else []
+        rows, engine_rows = _measure_both(model, batches, args)
     overhead = op_overhead_us()
     kernel = cpu_decode_kernel()
     print(format_table(rows))
