@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 from radixrt.config import EngineConfig
 from radixrt.requests.runtime_info import RuntimeInfo
@@ -175,82 +175,68 @@ def _chat_template_info(tokenizer: Any) -> dict:
     return info
 
 
-def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
-           children: list[_Child], stop_signal: list[int], heartbeat: Any) -> int:
-    import uvicorn
+class _Serving:
+    """One running server's lifecycle: its health, the watchdog over the
+    children, the drain on the first signal, and the app's lifespan. ``ctx``
+    (the routes' `ServerContext`, which takes `healthy` and `health_problem`)
+    and ``server`` (uvicorn) are set once built."""
 
-    from radixrt.server.http_server import ServerContext, build_app
-    from radixrt.server.metrics import ServerMetrics
-    from radixrt.server.slow_clients import timed_h11_protocol
-    from radixrt.server.tokenizer_manager import TokenizerManager
+    def __init__(self, sargs: ServerArgs, resolved: str, children: list[_Child], heartbeat: Any, tm: Any) -> None:
+        self.sargs = sargs
+        self.resolved = resolved
+        self.children = children
+        self.heartbeat = heartbeat
+        self.tm = tm
+        self.ctx: Any = None
+        self.server: Any = None
+        self.exit_code = 0
+        self.stopping = False
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.drain_tasks: list[asyncio.Future] = []
 
-    info = children[0].info
-    assert info is not None, "the scheduler process sends its RuntimeInfo when ready"
-    model_path = config.model.model_path
-    served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
-    aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved))}
-    if model_path == "default":
-        aliases.add("default")
-    metrics = ServerMetrics(served)
-    tm = TokenizerManager(tokenizer, addrs, info, metrics)
-    chat_info = _chat_template_info(tokenizer)
-    public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}
-    public_args["api_key"] = "***" if sargs.api_key else None
-    public_args["admin_api_key"] = "***" if sargs.admin_api_key else None
-    state = {"exit_code": 0, "stopping": False}
-    heartbeat.value = time.monotonic()  # the scheduler is ready; its loop beats from now on
-    server_box: list[Any] = []
+    def healthy(self) -> bool:
+        return not self.stopping and all(c.proc.is_alive() for c in self.children)
 
-    def healthy() -> bool:
-        return not state["stopping"] and all(c.proc.is_alive() for c in children)
-
-    def health_problem() -> Optional[str]:
-        if ctx.draining or state["stopping"]:
+    def health_problem(self) -> Optional[str]:
+        if self.ctx.draining or self.stopping:
             return "the server is shutting down"
-        late = time.monotonic() - heartbeat.value
-        if late > sargs.scheduler_stall_timeout_s:
+        late = time.monotonic() - self.heartbeat.value
+        limit = self.sargs.scheduler_stall_timeout_s
+        if late > limit:
             return (f"the scheduler process has shown no progress for {late:.1f} s "
-                    f"(--scheduler-stall-timeout-s {sargs.scheduler_stall_timeout_s:g})")
+                    f"(--scheduler-stall-timeout-s {limit:g})")
         return None
 
-    ctx = ServerContext(
-        tm=tm, metrics=metrics, model_path=model_path, resolved_model_path=resolved,
-        served_model_name=served, api_key=sargs.api_key, admin_api_key=sargs.admin_api_key,
-        max_request_bytes=sargs.max_request_bytes,
-        server_args=public_args, model_aliases=aliases, chat_info=chat_info, healthy=healthy,
-        health_problem=health_problem,
-        process_ids={"server": os.getpid(), **{c.name: c.proc.pid for c in children}},
-    )
-
-    async def watchdog() -> None:
+    async def watchdog(self) -> None:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            dead = [c for c in children if not c.proc.is_alive()]
-            if dead and not state["stopping"]:
+            dead = [c for c in self.children if not c.proc.is_alive()]
+            if dead and not self.stopping:
                 reason = ", ".join(f"the {c.name} process (pid {c.proc.pid}) exited with code {c.proc.exitcode}"
                                    for c in dead)
                 logger.error("%s; shutting down", reason)
                 print(f"radixrt serve: {reason}; shutting down", file=sys.stderr, flush=True)
-                state["stopping"] = True
-                state["exit_code"] = 1
-                tm.fail_all(reason)
+                self.stopping = True
+                self.exit_code = 1
+                self.tm.fail_all(reason)
                 timer = threading.Timer(HARD_EXIT_AFTER_S, lambda: os._exit(1))
                 timer.daemon = True
                 timer.start()
-                if server_box:
-                    server_box[0].should_exit = True
+                if self.server is not None:
+                    self.server.should_exit = True
                 return
 
-    async def announce_ready() -> None:
-        while server_box and not server_box[0].started:
+    async def announce_ready(self) -> None:
+        while self.server is not None and not self.server.started:
             await asyncio.sleep(0.05)
-        print(f"radixrt server ready at http://{sargs.host}:{sargs.port} (model {resolved})",
+        print(f"radixrt server ready at http://{self.sargs.host}:{self.sargs.port} (model {self.resolved})",
               file=sys.stderr, flush=True)
 
-    async def drain(sig: int) -> None:
+    async def drain(self, sig: int) -> None:
         """Refuse new requests, give those in flight the grace period, end the rest, then stop uvicorn."""
+        ctx, tm = self.ctx, self.tm
         ctx.draining = True
-        grace = sargs.shutdown_grace_s
+        grace = self.sargs.shutdown_grace_s
         in_flight = len(tm.states)
         if in_flight or ctx.active_requests:
             print(f"radixrt serve: signal {sig}: draining {in_flight} request(s) in flight "
@@ -265,36 +251,85 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
         deadline = time.monotonic() + 2.0  # let the answers and the streams' last events go out
         while ctx.active_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        server.should_exit = True
+        self.server.should_exit = True
 
-    class DrainingServer(uvicorn.Server):
-        """uvicorn, whose first SIGTERM/SIGINT starts `drain` instead of stopping at once."""
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit or ctx.draining or not self.started or not loop_box:
-                super().handle_exit(sig, frame)  # a second signal, or not serving yet: stop now
-                return
-            ctx.draining = True
-            loop_box[0].call_soon_threadsafe(lambda: drain_tasks.append(asyncio.ensure_future(drain(sig))))
-
-    loop_box: list[asyncio.AbstractEventLoop] = []
-    drain_tasks: list[asyncio.Future] = []
+    def start_drain(self, sig: int) -> bool:
+        """From uvicorn's signal handler: start `drain` on the server's loop;
+        False when there is nothing to drain from (not serving yet, or already draining)."""
+        if self.ctx.draining or self.loop is None:
+            return False
+        self.ctx.draining = True
+        loop = self.loop
+        loop.call_soon_threadsafe(lambda: self.drain_tasks.append(asyncio.ensure_future(self.drain(sig))))
+        return True
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app: Any):
-        loop_box.append(asyncio.get_running_loop())
-        await tm.start()
-        tasks = [asyncio.create_task(watchdog()), asyncio.create_task(announce_ready())]
+    async def lifespan(self, _app: Any) -> AsyncIterator[None]:
+        self.loop = asyncio.get_running_loop()
+        await self.tm.start()
+        tasks = [asyncio.create_task(self.watchdog()), asyncio.create_task(self.announce_ready())]
         try:
             yield
         finally:
-            state["stopping"] = True
-            for t in tasks + drain_tasks:
+            self.stopping = True
+            for t in tasks + self.drain_tasks:
                 t.cancel()
-            tm.fail_all("the server is stopping")
-            tm.close()
+            self.tm.fail_all("the server is stopping")
+            self.tm.close()
 
-    app = build_app(ctx, lifespan=lifespan)
+
+def _draining_server(uconfig: Any, run: _Serving) -> Any:
+    """uvicorn, whose first SIGTERM/SIGINT starts `_Serving.drain` instead of stopping at once."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit or not self.started or not run.start_drain(sig):
+                super().handle_exit(sig, frame)  # a second signal, or not serving yet: stop now
+
+    return DrainingServer(uconfig)
+
+
+def _server_context(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
+                    children: list[_Child], heartbeat: Any) -> _Serving:
+    """A server whose children are ready, with its tokenizer manager and its routes' context."""
+    from radixrt.server.http_server import ServerContext
+    from radixrt.server.metrics import ServerMetrics
+    from radixrt.server.tokenizer_manager import TokenizerManager
+
+    info = children[0].info
+    assert info is not None, "the scheduler process sends its RuntimeInfo when ready"
+    model_path = config.model.model_path
+    served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
+    aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved))}
+    if model_path == "default":
+        aliases.add("default")
+    metrics = ServerMetrics(served)
+    run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics))
+    public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}
+    public_args["api_key"] = "***" if sargs.api_key else None
+    public_args["admin_api_key"] = "***" if sargs.admin_api_key else None
+    run.ctx = ServerContext(
+        tm=run.tm, metrics=metrics, model_path=model_path, resolved_model_path=resolved,
+        served_model_name=served, api_key=sargs.api_key, admin_api_key=sargs.admin_api_key,
+        max_request_bytes=sargs.max_request_bytes,
+        server_args=public_args, model_aliases=aliases, chat_info=_chat_template_info(tokenizer),
+        healthy=run.healthy, health_problem=run.health_problem,
+        process_ids={"server": os.getpid(), **{c.name: c.proc.pid for c in children}},
+    )
+    return run
+
+
+def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
+           children: list[_Child], stop_signal: list[int], heartbeat: Any) -> int:
+    import uvicorn
+
+    from radixrt.server.http_server import build_app
+    from radixrt.server.slow_clients import timed_h11_protocol
+
+    run = _server_context(config, sargs, resolved, tokenizer, addrs, children, heartbeat)
+    heartbeat.value = time.monotonic()  # the scheduler is ready; its loop beats from now on
+    app = build_app(run.ctx, lifespan=run.lifespan)
     level = config.debug.log_level.lower()
     uconfig = uvicorn.Config(
         app, host=sargs.host, port=sargs.port, log_level=level if level in ("debug", "info") else "warning",
@@ -302,8 +337,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
         lifespan="on", timeout_keep_alive=30,
         http=timed_h11_protocol(sargs.header_read_timeout_s, sargs.body_read_timeout_s),
     )
-    server = DrainingServer(uconfig)
-    server_box.append(server)
+    run.server = _draining_server(uconfig, run)
     # What start-up loaded (torch, transformers, the tokenizer) lives as long as the process:
     # out of the cyclic GC's sight, a full collection (which allocation-heavy requests, e.g.
     # parsing a large JSON body in a worker thread, trigger while holding the GIL) costs a
@@ -311,7 +345,7 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
     # loaded, held the GIL 0.5 s with collections, 0.15 s once the start-up heap was frozen.
     gc.collect()
     gc.freeze()
-    server.run()
-    if not server.started and state["exit_code"] == 0 and not stop_signal:
+    run.server.run()
+    if not run.server.started and run.exit_code == 0 and not stop_signal:
         return 1  # could not bind the port, or startup failed
-    return state["exit_code"]
+    return run.exit_code
