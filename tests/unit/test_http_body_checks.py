@@ -11,6 +11,8 @@ import threading
 
 import pytest
 
+from radixrt.requests.intake import Limits
+from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
 from radixrt.server.http_utils import MAX_JSON_DEPTH, SCOPE_JSON_KEY, parse_json_body
@@ -151,7 +153,7 @@ def test_guard_answers_unhandled_errors_and_drains(caplog):
 
 # ------------------------------------------------------------------ tokenizing
 def test_prompt_size_bound_and_tokenizing_thread(tokenizer):
-    info = {"context_length": 64, "vocab_size": len(tokenizer), "kv_total_slots": 1000}
+    info = RuntimeInfo("fake", Limits(64, 1000, len(tokenizer)), (), {})
     tm = TokenizerManager(tokenizer, addrs=None, info=info, metrics=ServerMetrics("m"))
     longest = max_token_chars(tokenizer)
     assert longest >= max(len(t) for t in tokenizer.get_vocab())

@@ -12,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import sample_rids
+from radixrt.requests.intake import Limits, sample_rids
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -22,6 +22,7 @@ from radixrt.requests.messages import (
     TokenBatch,
     TokenOutput,
 )
+from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.http_server import ServerContext, build_app
 from radixrt.server.ipc import DetokBatch, DetokRegister
 from radixrt.server.metrics import ServerMetrics
@@ -120,7 +121,7 @@ class FakePipeline:
 
 @pytest.fixture(scope="module")
 def app_client(tokenizer):
-    info = {"context_length": 64, "vocab_size": len(tokenizer), "kv_total_slots": 1000}
+    info = RuntimeInfo("fake", Limits(64, 1000, len(tokenizer)), (), {})
     metrics = ServerMetrics("fake-model")
     tm = TokenizerManager(tokenizer, addrs=None, info=info, metrics=metrics)
     pipe = FakePipeline(tm, tokenizer)
