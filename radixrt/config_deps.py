@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -90,8 +91,14 @@ def _off(flag: str, example: Any, switch: str, **kw: Any) -> Need:
 
 
 def _cuda(flag: str, example: Any, **kw: Any) -> Need:
-    return Need(flag, example, "device", "cuda", "cpu", "device='cuda' (--device cuda)",
-                lambda v: str(v).startswith("cuda"), **kw)
+    return Need(flag, example, "device", "cuda", "cpu", "device='cuda' (--device cuda)", _runs_flashinfer, **kw)
+
+
+def _runs_flashinfer(device: Any) -> bool:
+    """FlashInfer's kernels run on CUDA only; a loaded stand-in module that
+    declares ``RUNS_ON_CPU`` (the CPU emulation of scripts/device/gpu_check.py
+    --dry-run) runs on the CPU. Never imports flashinfer."""
+    return str(device).startswith("cuda") or bool(getattr(sys.modules.get("flashinfer"), "RUNS_ON_CPU", False))
 
 
 def _tp1(flag: str, example: Any) -> Need:

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 __version__ = "0.0.0+radixrt-cpu-emulation"
+RUNS_ON_CPU = True  # radixrt's config lets FlashInfer backends run on device 'cpu' with this module loaded
 calls: list[tuple[str, Any]] = []
 
 
