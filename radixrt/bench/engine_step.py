@@ -10,9 +10,10 @@ costs: submitting, routing each step's outputs to the caller's event loop,
 accumulating and detokenizing them, while the scheduler thread runs.
 
 A decode step's cost is a difference of two calls, so that admission, prefill
-and the answer's assembly cancel out: for each repeat, one call with
-``WARM_STEPS`` new tokens and one with ``WARM_STEPS + steps``, and
-``(t_long - t_short) / steps``; the median over the repeats is reported. The
+and the answer's assembly cancel out: for repeat ``k``, one call with
+``n = WARM_STEPS + k * steps`` new tokens and one with ``n + steps``, and
+``(t_long - t_short) / steps`` (the same output positions as the
+scheduler-only repeat ``k``); the median over the repeats is reported. The
 prompts are cached by a first call, so both calls of a repeat do the same
 prefill. ``step_time --engine`` runs one such repeat after each of its own
 (`EngineBench.repeat`), so that both figures see the same load.
@@ -72,12 +73,16 @@ class EngineBench:
         self.times: dict[int, list[float]] = {}  # ms per step of each repeat, by batch size
 
     def repeat(self, batch: int) -> None:
+        """Time repeat ``k`` (the k-th call for ``batch``): its decode steps make
+        output tokens ``WARM_STEPS + k * steps + 1`` to ``WARM_STEPS + (k + 1) * steps``,
+        as the scheduler-only repeat ``k`` does, so both attend over as many tokens."""
         ids = prompts(batch, self.prompt_len)
         if batch not in self.times:
             _timed_generate(self.engine, ids, WARM_STEPS)  # caches the prompts, warms the paths
             self.times[batch] = []
-        short = _timed_generate(self.engine, ids, WARM_STEPS)
-        long = _timed_generate(self.engine, ids, WARM_STEPS + self.steps)
+        before = WARM_STEPS + len(self.times[batch]) * self.steps
+        short = _timed_generate(self.engine, ids, before)
+        long = _timed_generate(self.engine, ids, before + self.steps)
         self.times[batch].append(max(long - short, 0.0) * 1000 / self.steps)
 
     def rows(self) -> list[EngineStepTime]:
