@@ -108,11 +108,24 @@ class ConstrainedDecoding:
         limit = min(
             req.sampling.max_new_tokens - len(req.output_ids) - 1,  # the step's own token comes after it
             self.context_length - 1 - req.seq_len,
-            MAX_DRAFT_TOKENS,
+            MAX_DRAFT_TOKENS if req.draft_limit is None else req.draft_limit,
         )
         assert req.grammar is not None, "only a constrained request has a draft"
         req.draft_ids = req.grammar.propose_draft(limit)
         self.proposed += len(req.draft_ids)
+
+    @staticmethod
+    def next_draft_limit(req: Req, proposed: int, kept: int) -> None:
+        """Adapt ``req``'s next draft to how the last one fared: a draft whose
+        tokenization the model does not follow (forced text it would spell with
+        other tokens) costs a long extend per step for one kept token, so a
+        rejected draft shrinks the next one to what was kept (at least 1) and a
+        draft kept whole doubles it, up to MAX_DRAFT_TOKENS. Outputs do not
+        depend on it: drafts are verified."""
+        if kept < proposed:
+            req.draft_limit = max(1, kept)
+        else:
+            req.draft_limit = min(MAX_DRAFT_TOKENS, 2 * max(proposed, req.draft_limit or 0))
 
     def bitmask(self, masked: list[tuple[Req, int]]) -> Optional[torch.Tensor]:
         """Token bitmasks of the constrained rows, one per (request, draft position)."""

@@ -77,6 +77,9 @@ class Req:
     grammar_future: Optional[Future] = None
     grammar: Optional["GrammarState"] = None
     draft_ids: list[int] = field(default_factory=list)
+    # longest next jump-forward draft (None: constrained.MAX_DRAFT_TOKENS); it shrinks to what the model
+    # kept when a draft is rejected and doubles when one is kept whole (constrained.next_draft_limit)
+    draft_limit: Optional[int] = None
     # Tokens sampled by a launched step whose results are not processed yet (the
     # overlap scheduler keeps one step in flight). They are not in output_ids
     # and have no KV; the next decode step reads the last one on the device.

@@ -145,6 +145,7 @@ class ResultProcessor:
                     break
             assert state is not None, "only a constrained request has a draft"
             state.settle_draft(kept)
+            self.constrained.next_draft_limit(req, len(draft), kept)
             if req.finish_reason is None:  # else it finished inside the draft
                 self._take_token(req, result, first + kept)
             self.constrained.kept += kept
