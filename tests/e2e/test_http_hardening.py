@@ -343,7 +343,7 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
 
         def short_stream() -> None:
             with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/generate", json={
-                    "text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}) as r:
+                    "text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 250, "ignore_eos": True}}) as r:
                 lines = r.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 short_started.set()
@@ -370,7 +370,7 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
 
         evs = short["events"]
         assert evs[-1] == "[DONE]" and evs[-2]["meta_info"]["finish_reason"]["type"] == "length", evs[-3:]
-        assert len(evs[-2]["output_ids"]) == 400
+        assert len(evs[-2]["output_ids"]) == 250
         for name in ("native", "openai"):
             status, evs = results[name]
             assert status == 200 and evs[-1] == "[DONE]", (name, evs[-3:])
