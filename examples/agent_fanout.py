@@ -9,16 +9,21 @@ concurrently: their requests reach the engine together, batch, and share the
 conversation prefix from the radix cache. The join gathers the summaries and
 the agent writes the final answer.
 """
+
 import time
 
 import radixrt as rt
 
 TOOLS = {
     "weather": lambda city: {"lisbon": "sunny, 24 C", "oslo": "rain, 9 C"}.get(city.lower(), "mild, 18 C"),
-    "food": lambda city: {"lisbon": "grilled sardines and pastel de nata",
-                          "oslo": "smoked salmon and cinnamon buns"}.get(city.lower(), "local street food"),
-    "sights": lambda city: {"lisbon": "Belem Tower and the Alfama district",
-                            "oslo": "the Opera House and Vigeland Park"}.get(city.lower(), "the old town"),
+    "food": lambda city: {
+        "lisbon": "grilled sardines and pastel de nata",
+        "oslo": "smoked salmon and cinnamon buns",
+    }.get(city.lower(), "local street food"),
+    "sights": lambda city: {
+        "lisbon": "Belem Tower and the Alfama district",
+        "oslo": "the Opera House and Vigeland Park",
+    }.get(city.lower(), "the old town"),
 }
 
 SYSTEM = (
@@ -37,7 +42,7 @@ def plan_trip(s, request):
     branches = s.fork(len(TOOLS))
     for branch, tool in zip(branches, TOOLS):
         branch += rt.user(f"Call the {tool} tool.")
-        branch += rt.assistant(f"{tool}(city=\"" + rt.gen("arg", max_tokens=6, stop="\"") + "\")")
+        branch += rt.assistant(f'{tool}(city="' + rt.gen("arg", max_tokens=6, stop='"') + '")')
         observation = TOOLS[tool](branch["arg"].strip() or city)  # the tool runs here, in Python
         branch += rt.user(f"Tool result: {observation}. Summarize it in one sentence.")
         branch += rt.assistant(rt.gen("summary", max_tokens=32, stop="\n", frequency_penalty=0.8))

@@ -10,6 +10,7 @@ The program, ``capital_qa`` (a shared preamble, then one question), and its
 questions are in ``radixrt/bench/example_programs.py``, where
 ``python -m radixrt.bench.programs`` takes them from as well.
 """
+
 import argparse
 import time
 

@@ -15,6 +15,7 @@ the choice below); for longer free text, sample with some temperature and a
 frequency penalty, e.g. ``temperature=0.7, frequency_penalty=0.5``, as the
 last program shows.
 """
+
 import time
 
 import radixrt as rt
@@ -65,8 +66,9 @@ def main() -> None:
     for m in state.messages():
         print(f"{m['role']:>9}: {m['content']}")
     meta = state.get_meta_info("answer_2")
-    print(f"  (second turn: {meta['cached_tokens']} of {meta['prompt_tokens']} prompt tokens "
-          "came from the radix cache)\n")
+    print(
+        f"  (second turn: {meta['cached_tokens']} of {meta['prompt_tokens']} prompt tokens came from the radix cache)\n"
+    )
 
     state = sky.run()
     scores = state.get_meta_info("color")["normalized_prompt_logprobs"]
@@ -81,9 +83,10 @@ def main() -> None:
 
     # Greedy decoding makes this small model loop on a phrase; sampling with a
     # frequency penalty keeps the paragraph moving (and varies run to run).
-    for label, options in (("greedy (temperature=0)", dict(temperature=0)),
-                           ("sampled (temperature=0.7, frequency_penalty=0.5)",
-                            dict(temperature=0.7, frequency_penalty=0.5))):
+    for label, options in (
+        ("greedy (temperature=0)", dict(temperature=0)),
+        ("sampled (temperature=0.7, frequency_penalty=0.5)", dict(temperature=0.7, frequency_penalty=0.5)),
+    ):
         print(f"\n{label}:\n  {paragraph.run(topic='cats', **options)['text'].strip()!r}")
     print(f"\nprograms ran in {time.time() - t:.1f}s")
     engine.shutdown()

@@ -16,6 +16,7 @@ are the prompt tokens each branch found cached.
 Over HTTP the same loop is a plain OpenAI-SDK agent: ``tools=...``,
 ``tool_choice="required"`` and ``message.tool_calls`` (docs/tool_calling.md).
 """
+
 import json
 import time
 
@@ -24,20 +25,48 @@ from radixrt.server.tools import check_tools, get_parser
 from radixrt.server.tools.render import generic_tools_text
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "weather", "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                       "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "restaurants", "description": "Restaurants in a city for a budget",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                        "budget": {"type": "string", "enum": ["low", "mid", "high"]}},
-                       "required": ["city", "budget"]}}},
-    {"type": "function", "function": {
-        "name": "sights", "description": "Sights worth seeing in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                        "count": {"type": "integer", "minimum": 1, "maximum": 5}},
-                       "required": ["city", "count"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "restaurants",
+            "description": "Restaurants in a city for a budget",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 20},
+                    "budget": {"type": "string", "enum": ["low", "mid", "high"]},
+                },
+                "required": ["city", "budget"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "sights",
+            "description": "Sights worth seeing in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 20},
+                    "count": {"type": "integer", "minimum": 1, "maximum": 5},
+                },
+                "required": ["city", "count"],
+            },
+        },
+    },
 ]
 RUN = {
     "weather": lambda a: f"{a['city']}: sunny, 24 C",
@@ -46,7 +75,8 @@ RUN = {
 }
 PARSER = get_parser("generic", None)
 SYSTEM = "You are a travel agent. Call the tools you are asked to call.\n\n" + generic_tools_text(
-    check_tools(TOOLS, "required", None))
+    check_tools(TOOLS, "required", None)
+)
 
 
 def call_prefix(name: str) -> str:
@@ -62,8 +92,9 @@ def plan_trip(s, request):
     for branch, tool in zip(branches, TOOLS):
         fn = tool["function"]
         branch += rt.user(f"Call the {fn['name']} tool.")
-        branch += rt.assistant(call_prefix(fn["name"]) + rt.gen("args", max_tokens=40, json_schema=fn["parameters"])
-                               + PARSER.call_end)
+        branch += rt.assistant(
+            call_prefix(fn["name"]) + rt.gen("args", max_tokens=40, json_schema=fn["parameters"]) + PARSER.call_end
+        )
         (call,) = PARSER.parse(call_prefix(fn["name"]) + branch["args"] + PARSER.call_end).complete_calls()
         result = RUN[call.name](json.loads(call.args))  # the tool runs here, in Python
         branch += rt.user(f"<tool_response>\n{result}\n</tool_response>")

@@ -10,6 +10,7 @@ concurrently and batch together.
 The program, ``tree_of_thought``, is in ``radixrt/bench/example_programs.py``, where
 ``python -m radixrt.bench.programs`` takes it from as well.
 """
+
 import argparse
 import time
 
@@ -33,8 +34,10 @@ def main() -> None:
         print(f"score {score:6.2f} | answer: {answer}")
         print("        " + path.strip().replace("\n", "\n        ") + "\n")
     stats = engine.get_stats()["cache"]
-    print(f"radix cache: {stats['hit_tokens']} of {stats['queried_tokens']} prompt tokens were cache hits "
-          f"({stats['hit_rate']:.0%})")
+    print(
+        f"radix cache: {stats['hit_tokens']} of {stats['queried_tokens']} prompt tokens were cache hits "
+        f"({stats['hit_rate']:.0%})"
+    )
     engine.shutdown()
 
 

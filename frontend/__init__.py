@@ -14,6 +14,7 @@ openai package when an ``OpenAI`` backend is created.
     rt.set_default_backend(rt.Engine())
     print(qa.run(question="What is 2+2?", temperature=0)["answer"])
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -70,17 +71,45 @@ LAZY_NAMES = ("Engine", "RuntimeEndpoint", "Runtime")
 
 __all__ = [
     # language
-    "function", "gen", "gen_int", "gen_string", "select", "separate_reasoning", "image", "video",
-    "system", "user", "assistant", "system_begin", "system_end", "user_begin", "user_end",
-    "assistant_begin", "assistant_end",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "select",
+    "separate_reasoning",
+    "image",
+    "video",
+    "system",
+    "user",
+    "assistant",
+    "system_begin",
+    "system_end",
+    "user_begin",
+    "user_end",
+    "assistant_begin",
+    "assistant_end",
     # backends and admin
-    "set_default_backend", "get_default_backend", "flush_cache", "get_server_info", "BaseBackend",
+    "set_default_backend",
+    "get_default_backend",
+    "flush_cache",
+    "get_server_info",
+    "BaseBackend",
     # choice methods
-    "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
-    "ChoicesSamplingMethod", "ChoicesDecision",
+    "token_length_normalized",
+    "greedy_token_selection",
+    "unconditional_likelihood_normalized",
+    "ChoicesSamplingMethod",
+    "ChoicesDecision",
     # state and errors
-    "ProgramState", "ProgramStateGroup", "SglFunction", "global_config",
-    "FrontendError", "BackendError", "NoBackendError", "ProgramError", "UnsupportedByBackendError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "SglFunction",
+    "global_config",
+    "FrontendError",
+    "BackendError",
+    "NoBackendError",
+    "ProgramError",
+    "UnsupportedByBackendError",
     "UnsupportedModalityError",
 ]
 

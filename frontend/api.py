@@ -4,6 +4,7 @@ Every public name of SGLang's ``sglang.lang.api`` is importable from here;
 ``Engine`` (torch) and ``Runtime`` (httpx) load on first access, as in
 ``radixrt.frontend``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
@@ -42,6 +43,7 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
 
 # --- backends (set_default_backend / get_default_backend: default_backend.py) ------
 
+
 def flush_cache(backend: Any = None, empty_cache: bool = True) -> bool:
     """Drop the backend's radix cache. False when there is no backend."""
     b = backend_or_none(backend)
@@ -55,23 +57,44 @@ def get_server_info(backend: Any = None) -> Optional[dict]:
 
 # --- generation ------------------------------------------------------------------
 
-def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens: Optional[int] = None,
-        n: Optional[int] = None, stop: Optional[Union[str, list[str]]] = None,
-        stop_token_ids: Optional[list[int]] = None, stop_regex: Optional[Union[str, list[str]]] = None,
-        temperature: Optional[float] = None, top_p: Optional[float] = None, top_k: Optional[int] = None,
-        min_p: Optional[float] = None, frequency_penalty: Optional[float] = None,
-        presence_penalty: Optional[float] = None, ignore_eos: Optional[bool] = None,
-        return_logprob: Optional[bool] = None, logprob_start_len: Optional[int] = None,
-        top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-        dtype: Optional[Union[type, str]] = None, choices: Optional[list[str]] = None,
-        choices_method: Optional[ChoicesSamplingMethod] = None, regex: Optional[str] = None,
-        json_schema: Optional[Union[str, dict]] = None, repetition_penalty: Optional[float] = None,
-        seed: Optional[int] = None, ebnf: Optional[str] = None) -> SglExpr:
+
+def gen(
+    name: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+    min_tokens: Optional[int] = None,
+    n: Optional[int] = None,
+    stop: Optional[Union[str, list[str]]] = None,
+    stop_token_ids: Optional[list[int]] = None,
+    stop_regex: Optional[Union[str, list[str]]] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    min_p: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    ignore_eos: Optional[bool] = None,
+    return_logprob: Optional[bool] = None,
+    logprob_start_len: Optional[int] = None,
+    top_logprobs_num: Optional[int] = None,
+    return_text_in_logprobs: Optional[bool] = None,
+    dtype: Optional[Union[type, str]] = None,
+    choices: Optional[list[str]] = None,
+    choices_method: Optional[ChoicesSamplingMethod] = None,
+    regex: Optional[str] = None,
+    json_schema: Optional[Union[str, dict]] = None,
+    repetition_penalty: Optional[float] = None,
+    seed: Optional[int] = None,
+    ebnf: Optional[str] = None,
+) -> SglExpr:
     """Generate text into variable ``name`` (unset options take the program's
     defaults). With ``choices``, this is :func:`select`."""
     if choices:
-        return SglSelect(name, choices, 0.0 if temperature is None else temperature,
-                         token_length_normalized if choices_method is None else choices_method)
+        return SglSelect(
+            name,
+            choices,
+            0.0 if temperature is None else temperature,
+            token_length_normalized if choices_method is None else choices_method,
+        )
     if regex is not None:
         is_valid_regex(regex)
     for pattern in [stop_regex] if isinstance(stop_regex, str) else (stop_regex or ()):
@@ -81,15 +104,34 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         raise ValueError("use only one of regex, json_schema and ebnf")
     if dtype is not None and dtype not in (int, str, float, bool, "int", "str", "string", "float", "bool"):
         raise ValueError(f"unsupported dtype {dtype!r}; use int, str, float or bool")
-    return SglGen(name, SglSamplingParams(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
-        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs, dtype=dtype, regex=regex, json_schema=json_schema,
-        ebnf=ebnf,
-    ))
+    return SglGen(
+        name,
+        SglSamplingParams(
+            max_new_tokens=max_tokens,
+            min_new_tokens=min_tokens,
+            n=n,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            stop_regex=stop_regex,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            repetition_penalty=repetition_penalty,
+            ignore_eos=ignore_eos,
+            seed=seed,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            dtype=dtype,
+            regex=regex,
+            json_schema=json_schema,
+            ebnf=ebnf,
+        ),
+    )
 
 
 def _public(f: Callable, name: str, doc: str) -> Callable:
@@ -105,33 +147,67 @@ def _typed_gen(public_name: str, dtype: type, default_max_tokens: Optional[int],
     signature: no constraint or choice options), whose ``max_tokens`` falls
     back to ``default_max_tokens`` (None: the program's default)."""
 
-    def typed_gen(name: Optional[str] = None, max_tokens: Optional[int] = None, n: Optional[int] = None,
-                  stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
-                  stop_regex: Optional[Union[str, list[str]]] = None, temperature: Optional[float] = None,
-                  top_p: Optional[float] = None, top_k: Optional[int] = None, min_p: Optional[float] = None,
-                  frequency_penalty: Optional[float] = None, presence_penalty: Optional[float] = None,
-                  ignore_eos: Optional[bool] = None, return_logprob: Optional[bool] = None,
-                  logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
-                  return_text_in_logprobs: Optional[bool] = None) -> SglExpr:
-        return gen(name, max_tokens=default_max_tokens if max_tokens is None else max_tokens, n=n, stop=stop,
-                   stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature, top_p=top_p,
-                   top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-                   presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-                   logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                   return_text_in_logprobs=return_text_in_logprobs, dtype=dtype)
+    def typed_gen(
+        name: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        n: Optional[int] = None,
+        stop: Optional[Union[str, list[str]]] = None,
+        stop_token_ids: Optional[list[int]] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
+        temperature: Optional[float] = None,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        min_p: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        ignore_eos: Optional[bool] = None,
+        return_logprob: Optional[bool] = None,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+    ) -> SglExpr:
+        return gen(
+            name,
+            max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+            n=n,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            stop_regex=stop_regex,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            dtype=dtype,
+        )
 
     return _public(typed_gen, public_name, doc)
 
 
-gen_int = _typed_gen("gen_int", int, 16,
-                     'Generate an integer (as its decimal string, e.g. ``"42"``): constrained by a regex '
-                     "where the backend supports constraints, and cut to the leading integer otherwise.")
-gen_string = _typed_gen("gen_string", str, None,
-                        "Generate a double-quoted string literal (constrained where supported).")
+gen_int = _typed_gen(
+    "gen_int",
+    int,
+    16,
+    'Generate an integer (as its decimal string, e.g. ``"42"``): constrained by a regex '
+    "where the backend supports constraints, and cut to the leading integer otherwise.",
+)
+gen_string = _typed_gen(
+    "gen_string", str, None, "Generate a double-quoted string literal (constrained where supported)."
+)
 
 
-def select(name: Optional[str] = None, choices: Optional[list[str]] = None, temperature: float = 0.0,
-           choices_method: ChoicesSamplingMethod = token_length_normalized) -> SglExpr:
+def select(
+    name: Optional[str] = None,
+    choices: Optional[list[str]] = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> SglExpr:
     """Append the most likely of ``choices`` (scored by ``choices_method``) and
     store it in ``name``."""
     if not choices:
@@ -144,6 +220,7 @@ def separate_reasoning(expr: Optional[SglExpr] = None, model_type: Optional[str]
 
 
 # --- multimodal --------------------------------------------------------------------
+
 
 def image(expr: Any) -> SglExpr:
     """Image input. radixrt's models are text-only: appending it raises
@@ -159,8 +236,10 @@ def video(path: str, num_frames: int = 0) -> SglExpr:
 
 # --- roles ---------------------------------------------------------------------------
 
-def _role_constructors(role: str) -> tuple[Callable[..., SglExprList], Callable[[], SglRoleBegin],
-                                           Callable[[], SglRoleEnd]]:
+
+def _role_constructors(
+    role: str,
+) -> tuple[Callable[..., SglExprList], Callable[[], SglRoleBegin], Callable[[], SglRoleEnd]]:
     """The public constructors of one chat role: ``<role>(expr=None)``, a
     whole turn (:func:`.ir.role_turn`), and ``<role>_begin()`` /
     ``<role>_end()``, its markers alone, for a turn built across several
@@ -175,9 +254,11 @@ def _role_constructors(role: str) -> tuple[Callable[..., SglExprList], Callable[
     def end() -> SglRoleEnd:
         return SglRoleEnd(role)
 
-    return (_public(whole, role, f"A {role} turn holding ``expr`` (an empty one when None)."),
-            _public(begin, f"{role}_begin", f"The begin marker of a {role} turn."),
-            _public(end, f"{role}_end", f"The end marker of a {role} turn."))
+    return (
+        _public(whole, role, f"A {role} turn holding ``expr`` (an empty one when None)."),
+        _public(begin, f"{role}_begin", f"The begin marker of a {role} turn."),
+        _public(end, f"{role}_end", f"The end marker of a {role} turn."),
+    )
 
 
 system, system_begin, system_end = _role_constructors("system")

@@ -5,6 +5,7 @@ parameters into completions, scores choices for ``select``, and optionally
 prefills a prefix into its cache. The interpreter only calls the methods
 below; everything model-specific lives behind them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional

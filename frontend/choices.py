@@ -7,6 +7,7 @@ own tokens given the prompt (``input_token_logprobs``: lists of
 log-probabilities of the same tokens without the prompt
 (``unconditional_token_logprobs``). It returns a :class:`ChoicesDecision`.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,9 +43,15 @@ class ChoicesSamplingMethod:
     requires_unconditional_logprobs = False
     name = "base"
 
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float],
-                 input_token_logprobs: list[list[Any]], output_token_logprobs: Optional[list[list[Any]]] = None,
-                 unconditional_token_logprobs: Optional[list[list[Any]]] = None) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list[Any]],
+        output_token_logprobs: Optional[list[list[Any]]] = None,
+        unconditional_token_logprobs: Optional[list[list[Any]]] = None,
+    ) -> ChoicesDecision:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -56,14 +63,24 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
 
     name = "token_length_normalized"
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs=None, unconditional_token_logprobs=None):
+    def __call__(
+        self,
+        *,
+        choices,
+        normalized_prompt_logprobs,
+        input_token_logprobs,
+        output_token_logprobs=None,
+        unconditional_token_logprobs=None,
+    ):
         best = _argmax(normalized_prompt_logprobs)
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs,
-        })
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+            },
+        )
 
 
 class GreedyTokenSelection(ChoicesSamplingMethod):
@@ -74,8 +91,15 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
 
     name = "greedy_token_selection"
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs=None, unconditional_token_logprobs=None):
+    def __call__(
+        self,
+        *,
+        choices,
+        normalized_prompt_logprobs,
+        input_token_logprobs,
+        output_token_logprobs=None,
+        unconditional_token_logprobs=None,
+    ):
         rows = [[_lp(e) for e in toks] for toks in input_token_logprobs]
         width = max((len(r) for r in rows), default=0)
         padded = []
@@ -89,12 +113,15 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
             if len(alive) == 1:
                 break
         best = alive[0]
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs,
-            "greedy_logprob_matrix": padded,
-        })
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "greedy_logprob_matrix": padded,
+            },
+        )
 
 
 class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
@@ -106,8 +133,15 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
     name = "unconditional_likelihood_normalized"
     requires_unconditional_logprobs = True
 
-    def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs,
-                 output_token_logprobs=None, unconditional_token_logprobs=None):
+    def __call__(
+        self,
+        *,
+        choices,
+        normalized_prompt_logprobs,
+        input_token_logprobs,
+        output_token_logprobs=None,
+        unconditional_token_logprobs=None,
+    ):
         if unconditional_token_logprobs is None:
             raise ValueError("unconditional_likelihood_normalized needs unconditional_token_logprobs")
         scores = []
@@ -120,13 +154,16 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
             u = (u + [0.0] * len(c))[: len(c)]
             scores.append(sum(a - b for a, b in zip(c, u)) / len(c))
         best = _argmax(scores)
-        return ChoicesDecision(choices[best], {
-            "normalized_prompt_logprobs": normalized_prompt_logprobs,
-            "input_token_logprobs": input_token_logprobs,
-            "output_token_logprobs": output_token_logprobs,
-            "unconditional_token_logprobs": unconditional_token_logprobs,
-            "normalized_unconditional_prompt_logprobs": scores,
-        })
+        return ChoicesDecision(
+            choices[best],
+            {
+                "normalized_prompt_logprobs": normalized_prompt_logprobs,
+                "input_token_logprobs": input_token_logprobs,
+                "output_token_logprobs": output_token_logprobs,
+                "unconditional_token_logprobs": unconditional_token_logprobs,
+                "normalized_unconditional_prompt_logprobs": scores,
+            },
+        )
 
 
 token_length_normalized = TokenLengthNormalized()

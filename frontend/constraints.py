@@ -12,6 +12,7 @@ test backend) can return text that breaks the constraint;
 * ``dtype=int`` / ``float``: keep the leading number (the variable holds the
   number alone), else flag ``dtype_mismatch``.
 """
+
 from __future__ import annotations
 
 import re

@@ -5,6 +5,7 @@
 ``generate`` / ``async_generate`` that is not a :class:`BaseBackend`) is
 wrapped once in the in-process :class:`EngineBackend`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

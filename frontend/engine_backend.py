@@ -5,6 +5,7 @@ not import it. Program worker threads call ``engine.generate`` directly (it
 is thread-safe), so all of them can have requests in flight at once and the
 engine's scheduler batches them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -115,8 +116,14 @@ class EngineBackend(NativeBackend):
         if "input_ids" in payload:
             kw["input_ids"] = payload["input_ids"]
         kw["sampling_params"] = payload.get("sampling_params")
-        for k in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
-                  "stream", "cache_salt"):
+        for k in (
+            "return_logprob",
+            "logprob_start_len",
+            "top_logprobs_num",
+            "return_text_in_logprobs",
+            "stream",
+            "cache_salt",
+        ):
             if k in payload:
                 kw[k] = payload[k]
         return kw

@@ -1,4 +1,5 @@
 """Exceptions raised by the frontend."""
+
 from __future__ import annotations
 
 

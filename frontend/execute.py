@@ -13,6 +13,7 @@ Contract: called only from the executor's worker (one expression at a
 time per state); it raises on any failure and leaves recording the error
 to the caller.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -84,6 +85,7 @@ def _handler_for(expr: SglExpr) -> Callable[[Any, Any], None]:
 
 # --- generation --------------------------------------------------------------------
 
+
 def _gen(ex: Any, expr: SglGen) -> None:
     sp = expr.sampling.merged_over(ex.default_sampling)
     if ex.tracer is not None:
@@ -108,7 +110,7 @@ def _gen_streamed(ex: Any, sp: SglSamplingParams, name: Optional[str], start: in
     for cum_text, meta_so_far in ex.backend.generate_stream(ex, sp):
         final_text, meta = cum_text, meta_so_far
         if cum_text.startswith(streamed) and len(cum_text) > len(streamed):
-            ex.append(cum_text[len(streamed):], var=name, meta=meta_so_far)
+            ex.append(cum_text[len(streamed) :], var=name, meta=meta_so_far)
             streamed = cum_text
     if final_text != streamed:
         ex.text_ = ex.text_[:start] + final_text
@@ -146,6 +148,7 @@ def _select(ex: Any, expr: SglSelect) -> None:
 
 # --- everything else ------------------------------------------------------------------
 
+
 def _var_scope_begin(ex: Any, expr: SglVarScopeBegin) -> None:
     ex.var_scope_begin[expr.name] = len(ex.text_)
 
@@ -153,7 +156,7 @@ def _var_scope_begin(ex: Any, expr: SglVarScopeBegin) -> None:
 def _var_scope_end(ex: Any, expr: SglVarScopeEnd) -> None:
     if expr.name not in ex.var_scope_begin:
         raise FrontendError(f"var_scope {expr.name!r} ended without beginning")
-    ex.store_var(expr.name, ex.text_[ex.var_scope_begin.pop(expr.name):])
+    ex.store_var(expr.name, ex.text_[ex.var_scope_begin.pop(expr.name) :])
 
 
 def _commit_lazy(ex: Any, expr: SglCommitLazy) -> None:
@@ -163,7 +166,7 @@ def _commit_lazy(ex: Any, expr: SglCommitLazy) -> None:
 
 def _concate_and_append(ex: Any, expr: SglConcateAndAppend) -> None:
     """Append what each joined branch added since its fork, in branch order."""
-    ex.append("".join(st.stream_executor.text_[st.stream_executor.fork_start_text_pos:] for st in expr.states))
+    ex.append("".join(st.stream_executor.text_[st.stream_executor.fork_start_text_pos :] for st in expr.states))
 
 
 def _unsupported_modality(ex: Any, expr: SglExpr) -> None:

@@ -18,6 +18,7 @@ Contract:
 * backends read the prompt from ``text_`` (and ``messages_``, ``cur_role``,
   ``cur_role_begin_pos`` for chat APIs); only the worker writes them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,15 @@ class StreamExecutor:
     """Runs one program state's expressions (on a worker thread when
     ``use_thread``) and holds its text, messages, variables and meta info."""
 
-    def __init__(self, backend: Any, arguments: dict[str, Any], default_sampling: SglSamplingParams,
-                 stream: bool = False, use_thread: bool = True, tracer: Any = None) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        arguments: dict[str, Any],
+        default_sampling: SglSamplingParams,
+        stream: bool = False,
+        use_thread: bool = True,
+        tracer: Any = None,
+    ) -> None:
         self.sid = uuid.uuid4().hex
         self.backend = backend
         self.arguments = arguments
@@ -202,8 +210,10 @@ class StreamExecutor:
         if name in self.variables:
             return self.variables[name]
         if self.error_ is not None:
-            raise ProgramError(f"variable {name!r} was never produced: the program failed earlier "
-                               f"({type(self.error_).__name__}: {self.error_})") from self.error_
+            raise ProgramError(
+                f"variable {name!r} was never produced: the program failed earlier "
+                f"({type(self.error_).__name__}: {self.error_})"
+            ) from self.error_
         raise KeyError(name)
 
     def _wait_for(self, name: str) -> None:

@@ -11,6 +11,7 @@ Joining waits for the parent and every branch, records the branches' errors
 on the parent (``error()`` reports them), merges their results into the
 parent (see :meth:`ProgramStateGroup.join`) and ends the branches.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,8 +34,14 @@ def fork_executors(parent: StreamExecutor, size: int) -> list[StreamExecutor]:
 
 def _branch(parent: StreamExecutor, index: int, size: int) -> StreamExecutor:
     tracer = parent.tracer.child(parent, index, size) if parent.tracer is not None else None
-    c = StreamExecutor(parent.backend, parent.arguments, parent.default_sampling, stream=parent.stream,
-                       use_thread=parent.tracer is None, tracer=tracer)
+    c = StreamExecutor(
+        parent.backend,
+        parent.arguments,
+        parent.default_sampling,
+        stream=parent.stream,
+        use_thread=parent.tracer is None,
+        tracer=tracer,
+    )
     c.text_ = parent.text_
     c.messages_ = [dict(m) for m in parent.messages_]
     c.cur_role = parent.cur_role

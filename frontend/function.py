@@ -6,6 +6,7 @@ running itself is ``interpreter.py``'s and the tracing ``tracer.py``'s. This
 module sits above both (they never import it: they type the program as
 `program.Program`), so the frontend's imports form no cycle.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -19,9 +20,21 @@ from .tracer import TracedProgram, trace_program
 # The sampling options that ``run()`` and ``run_batch()`` take as keyword
 # arguments: the program-level defaults under every ``gen`` of the program.
 _RUN_SAMPLING_OPTIONS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
 )
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -43,8 +56,9 @@ class SglFunction:
     otherwise ``f(...)`` is ``f.run(...)``.
     """
 
-    def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None,
-                 bind_arguments: Optional[dict[str, Any]] = None) -> None:
+    def __init__(
+        self, func: Callable, num_api_spec_tokens: Optional[int] = None, bind_arguments: Optional[dict[str, Any]] = None
+    ) -> None:
         self.func = func
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
@@ -69,28 +83,60 @@ class SglFunction:
         return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
 
     # --- running --------------------------------------------------------------
-    def run(self, *args: Any, max_new_tokens: int = 128, stop: Optional[Union[str, list[str]]] = None,
-            stop_token_ids: Optional[list[int]] = None, stop_regex: Optional[Union[str, list[str]]] = None,
-            temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
-            frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
-            return_logprob: bool = False, logprob_start_len: Optional[int] = None,
-            top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-            stream: bool = False, backend: Any = None, use_thread: bool = True, **kwargs: Any) -> ProgramState:
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        stop: Optional[Union[str, list[str]]] = None,
+        stop_token_ids: Optional[list[int]] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        stream: bool = False,
+        backend: Any = None,
+        use_thread: bool = True,
+        **kwargs: Any,
+    ) -> ProgramState:
         """Run the program once; the sampling options are the defaults of its
         ``gen`` calls. Returns the finished state (``stream=True``: at once)."""
         defaults = _run_defaults(locals())
         arguments = self.bind_args(args, kwargs)
         return run_program(self, backend, arguments, defaults, stream=stream, use_thread=use_thread)
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, max_new_tokens: int = 128,
-                  stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
-                  stop_regex: Optional[Union[str, list[str]]] = None, temperature: float = 1.0,
-                  top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0,
-                  presence_penalty: float = 0.0, ignore_eos: bool = False, return_logprob: bool = False,
-                  logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None,
-                  return_text_in_logprobs: Optional[bool] = None, backend: Any = None,
-                  num_threads: Union[str, int] = "auto", progress_bar: bool = False,
-                  generator_style: bool = False, prefill_shared_prefix: bool = True):
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        max_new_tokens: int = 128,
+        stop: Optional[Union[str, list[str]]] = None,
+        stop_token_ids: Optional[list[int]] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        backend: Any = None,
+        num_threads: Union[str, int] = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+        prefill_shared_prefix: bool = True,
+    ):
         """Run the program once per dict of arguments, concurrently. Returns the
         states in input order (a generator of them with ``generator_style``);
         a program's failure is kept in its state's ``error()``."""
@@ -98,9 +144,16 @@ class SglFunction:
             raise TypeError("run_batch takes a list of keyword-argument dicts")
         defaults = _run_defaults(locals())
         batch_arguments = [self._batch_entry(kw) for kw in batch_kwargs]
-        return run_program_batch(self, backend, batch_arguments, defaults, num_threads=num_threads,
-                                 progress_bar=progress_bar, generator_style=generator_style,
-                                 prefill_shared_prefix=prefill_shared_prefix)
+        return run_program_batch(
+            self,
+            backend,
+            batch_arguments,
+            defaults,
+            num_threads=num_threads,
+            progress_bar=progress_bar,
+            generator_style=generator_style,
+            prefill_shared_prefix=prefill_shared_prefix,
+        )
 
     def _batch_entry(self, kw: Any) -> dict[str, Any]:
         if not isinstance(kw, dict):

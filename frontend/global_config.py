@@ -1,4 +1,5 @@
 """Process-wide frontend settings."""
+
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -19,6 +19,7 @@ here: the IR nodes it re-exports, ``run_internal``, ``cache_program`` and
 ``encode_video_base64`` raise ``UnsupportedModalityError`` (radixrt serves
 text-only models).
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,8 +58,15 @@ from .tracer import Placeholder, shared_constant_prefix
 logger = logging.getLogger("radixrt.frontend")
 
 
-def run_program(func: Program, backend: Any, arguments: dict[str, Any], default_sampling: SglSamplingParams,
-                stream: bool = False, use_thread: bool = True, catch_errors: bool = False) -> ProgramState:
+def run_program(
+    func: Program,
+    backend: Any,
+    arguments: dict[str, Any],
+    default_sampling: SglSamplingParams,
+    stream: bool = False,
+    use_thread: bool = True,
+    catch_errors: bool = False,
+) -> ProgramState:
     """Run program ``func`` (an ``SglFunction``) once with bound ``arguments``.
     ``catch_errors``: keep an ``Exception`` from the body in the state's
     ``error()`` instead of raising it."""
@@ -125,10 +133,16 @@ def encode_video_base64(video_path: Any, num_frames: int = 16) -> str:
     raise UnsupportedModalityError("videos are not supported: radixrt serves text-only models")
 
 
-def run_program_batch(func: Program, backend: Any, batch_arguments: list[dict[str, Any]],
-                      default_sampling: SglSamplingParams, num_threads: Union[str, int] = "auto",
-                      progress_bar: bool = False, generator_style: bool = False,
-                      prefill_shared_prefix: bool = True):
+def run_program_batch(
+    func: Program,
+    backend: Any,
+    batch_arguments: list[dict[str, Any]],
+    default_sampling: SglSamplingParams,
+    num_threads: Union[str, int] = "auto",
+    progress_bar: bool = False,
+    generator_style: bool = False,
+    prefill_shared_prefix: bool = True,
+):
     """Run ``func`` once per entry of ``batch_arguments`` on ``num_threads``
     threads; the states in input order (a generator with ``generator_style``)."""
     backend = resolve_backend(backend)
@@ -137,15 +151,17 @@ def run_program_batch(func: Program, backend: Any, batch_arguments: list[dict[st
     threads = _thread_count(num_threads, len(batch_arguments))
 
     def one(arguments: dict[str, Any]) -> ProgramState:
-        return run_program(func, backend, arguments, default_sampling, stream=False, use_thread=False,
-                           catch_errors=True)
+        return run_program(
+            func, backend, arguments, default_sampling, stream=False, use_thread=False, catch_errors=True
+        )
 
     states = _run_all(one, batch_arguments, threads, progress_bar)
     return states if generator_style else list(states)
 
 
-def _prefill_shared_prefix(func: Program, backend: Any, batch_arguments: list[dict[str, Any]],
-                           default_sampling: SglSamplingParams) -> None:
+def _prefill_shared_prefix(
+    func: Program, backend: Any, batch_arguments: list[dict[str, Any]], default_sampling: SglSamplingParams
+) -> None:
     """Prefill the batch's shared constant prefix when it is long enough
     (``global_config.min_shared_prefix_chars``). A hint only: never fails."""
     try:
@@ -164,8 +180,9 @@ def _thread_count(num_threads: Union[str, int], n: int) -> int:
     return min(threads, max(1, n))
 
 
-def _run_all(one: Callable, batch_arguments: list[dict[str, Any]], threads: int,
-             progress_bar: bool) -> Iterator[ProgramState]:
+def _run_all(
+    one: Callable, batch_arguments: list[dict[str, Any]], threads: int, progress_bar: bool
+) -> Iterator[ProgramState]:
     """Yield ``one(a)`` for each ``a`` in order, ``threads`` at a time."""
     bar = _progress_bar(len(batch_arguments)) if progress_bar else None
     try:

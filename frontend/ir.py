@@ -10,6 +10,7 @@ regexes of ``gen(dtype=...)`` and ``SglSamplingParams`` in
 imports it, so it may import the program object, which imports the
 interpreter, which executes the nodes.
 """
+
 from __future__ import annotations
 
 from .choices import ChoicesSamplingMethod
@@ -40,9 +41,32 @@ from .nodes import (
 from .sampling_params import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, SglSamplingParams
 
 __all__ = [
-    "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "ChoicesSamplingMethod", "SglArgument", "SglCommitLazy",
-    "SglConcateAndAppend", "SglConstantText", "SglExpr", "SglExprList", "SglFork", "SglFunction", "SglGen",
-    "SglGetForkItem", "SglImage", "SglRoleBegin", "SglRoleEnd", "SglSamplingParams", "SglSelect",
-    "SglSeparateReasoning", "SglVarScopeBegin", "SglVarScopeEnd", "SglVariable", "SglVideo", "global_config",
-    "role_turn", "to_expr",
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_STR",
+    "ChoicesSamplingMethod",
+    "SglArgument",
+    "SglCommitLazy",
+    "SglConcateAndAppend",
+    "SglConstantText",
+    "SglExpr",
+    "SglExprList",
+    "SglFork",
+    "SglFunction",
+    "SglGen",
+    "SglGetForkItem",
+    "SglImage",
+    "SglRoleBegin",
+    "SglRoleEnd",
+    "SglSamplingParams",
+    "SglSelect",
+    "SglSeparateReasoning",
+    "SglVarScopeBegin",
+    "SglVarScopeEnd",
+    "SglVariable",
+    "SglVideo",
+    "global_config",
+    "role_turn",
+    "to_expr",
 ]

@@ -7,6 +7,7 @@ Requests are dicts in the ``/generate`` body shape (``text`` or
 in-process engine backend and the HTTP endpoint only differ in how a request
 travels (:meth:`NativeBackend._request` / :meth:`_request_stream`).
 """
+
 from __future__ import annotations
 
 import math
@@ -129,13 +130,15 @@ class NativeBackend(BaseBackend):
         prefix_len = int(head["meta_info"]["prompt_tokens"])
         start = max(prefix_len - SELECT_BOUNDARY_TOKENS, 0)
         texts = [prefix] + [prefix + c for c in choices]
-        resps = self.raw_generate({
-            "text": texts,
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-            "return_logprob": True,
-            "logprob_start_len": start,
-            "return_text_in_logprobs": True,
-        })
+        resps = self.raw_generate(
+            {
+                "text": texts,
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                "return_logprob": True,
+                "logprob_start_len": start,
+                "return_text_in_logprobs": True,
+            }
+        )
         tail = [e[1] for e in resps[0]["meta_info"]["input_token_logprobs"]]
         choice_lps: list[list[Any]] = []
         for r in resps[1:]:
@@ -152,13 +155,15 @@ class NativeBackend(BaseBackend):
             todo = [i for i, x in enumerate(ids) if x]
             unconditional = [[] for _ in choices]
             if todo:
-                ur = self.raw_generate({
-                    "input_ids": [ids[i] for i in todo],
-                    "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-                    "return_logprob": True,
-                    "logprob_start_len": 0,
-                    "return_text_in_logprobs": True,
-                })
+                ur = self.raw_generate(
+                    {
+                        "input_ids": [ids[i] for i in todo],
+                        "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                        "return_logprob": True,
+                        "logprob_start_len": 0,
+                        "return_text_in_logprobs": True,
+                    }
+                )
                 for i, r in zip(todo, ur if isinstance(ur, list) else [ur]):
                     unconditional[i] = [list(e) for e in r["meta_info"]["input_token_logprobs"]]
 

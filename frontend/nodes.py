@@ -12,6 +12,7 @@ them under SGLang's names, with the rest of ``sglang.lang.ir``.
 ``SglGetForkItem``, a node of SGLang's tracer that radixrt's does not use,
 raises ``NotImplementedError``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,8 +87,11 @@ class SglGen(SglExpr):
         self.sampling = sampling
 
     def _repr_fields(self) -> str:
-        set_fields = {f.name: getattr(self.sampling, f.name) for f in dataclasses.fields(self.sampling)
-                      if getattr(self.sampling, f.name) is not None}
+        set_fields = {
+            f.name: getattr(self.sampling, f.name)
+            for f in dataclasses.fields(self.sampling)
+            if getattr(self.sampling, f.name) is not None
+        }
         return ", ".join([repr(self.name)] + [f"{k}={v!r}" for k, v in set_fields.items()])
 
 
@@ -207,7 +211,8 @@ class SglGetForkItem(SglExpr):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
             "SglGetForkItem is a node of SGLang's tracer; radixrt records a traced fork as one SglFork with "
-            "each branch's nodes (TracedProgram.print_graph shows them)")
+            "each branch's nodes (TracedProgram.print_graph shows them)"
+        )
 
 
 class SglFork(SglExpr):
@@ -234,4 +239,3 @@ def to_expr(x: Any) -> SglExpr:
     if isinstance(x, (list, tuple)):
         return SglExprList(list(x))
     raise TypeError(f"cannot append a {type(x).__name__} to a program state; use a str or an expression")
-

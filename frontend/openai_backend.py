@@ -17,6 +17,7 @@ Sampling options outside the OpenAI schema (``top_k``, ``min_p``,
 travel in ``extra_body``, which OpenAI-compatible servers (radixrt, SGLang,
 vLLM) accept and OpenAI itself rejects.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,16 @@ _COMPLETION_ONLY_MODELS = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002
 
 
 class OpenAI(BaseBackend):
-    def __init__(self, model_name: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 is_chat_model: Optional[bool] = None, chat_template: Optional[dict] = None,
-                 client: Any = None, **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        is_chat_model: Optional[bool] = None,
+        chat_template: Optional[dict] = None,
+        client: Any = None,
+        **client_kwargs: Any,
+    ) -> None:
         try:
             import openai  # lazy: only this backend needs it
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -111,7 +119,7 @@ class OpenAI(BaseBackend):
         return kw
 
     def _chat_messages(self, s: Any) -> list[dict[str, str]]:
-        if s.cur_role != "assistant" or s.text_[s.cur_role_begin_pos:] != "":
+        if s.cur_role != "assistant" or s.text_[s.cur_role_begin_pos :] != "":
             raise UnsupportedByBackendError(
                 "with an OpenAI chat model, gen must come first in an assistant turn: "
                 "write s += assistant(gen(...)) after the user turn"
@@ -145,8 +153,9 @@ class OpenAI(BaseBackend):
         if lp is not None:
             if getattr(lp, "content", None) is not None:  # chat
                 meta["output_token_logprobs"] = [[t.logprob, None, t.token] for t in lp.content]
-                meta["output_top_logprobs"] = [[[x.logprob, None, x.token] for x in (t.top_logprobs or [])]
-                                               for t in lp.content]
+                meta["output_top_logprobs"] = [
+                    [[x.logprob, None, x.token] for x in (t.top_logprobs or [])] for t in lp.content
+                ]
             elif getattr(lp, "token_logprobs", None) is not None:  # completions
                 meta["output_token_logprobs"] = [[v, None, t] for v, t in zip(lp.token_logprobs, lp.tokens)]
         return meta
@@ -165,8 +174,7 @@ class OpenAI(BaseBackend):
                     kw["top_logprobs"] = sp.top_logprobs_num
             if sp.json_schema is not None:
                 schema = json.loads(sp.json_schema) if isinstance(sp.json_schema, str) else sp.json_schema
-                kw["response_format"] = {"type": "json_schema",
-                                         "json_schema": {"name": "output", "schema": schema}}
+                kw["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
             return self.client.chat.completions.create, kw
         kw["prompt"] = s.text_
         if sp.return_logprob:
@@ -202,8 +210,15 @@ class OpenAI(BaseBackend):
 
     # select ----------------------------------------------------------------------------
     def _echo_logprobs(self, prompts: list[str], starts: list[int], ends: list[int]) -> list[list[list[Any]]]:
-        resp = self._call(self.client.completions.create, model=self.model_name, prompt=prompts, max_tokens=1,
-                          temperature=0.0, echo=True, logprobs=1)
+        resp = self._call(
+            self.client.completions.create,
+            model=self.model_name,
+            prompt=prompts,
+            max_tokens=1,
+            temperature=0.0,
+            echo=True,
+            logprobs=1,
+        )
         out: list[list[list[Any]]] = [[] for _ in prompts]
         for c in resp.choices:
             lp = c.logprobs
@@ -224,15 +239,25 @@ class OpenAI(BaseBackend):
             )
         method = choices_method or token_length_normalized
         prefix = s.text_
-        cond = self._echo_logprobs([prefix + c for c in choices], [len(prefix)] * len(choices),
-                                   [len(prefix) + len(c) for c in choices])
+        cond = self._echo_logprobs(
+            [prefix + c for c in choices], [len(prefix)] * len(choices), [len(prefix) + len(c) for c in choices]
+        )
         normalized = [sum((e[0] or 0.0) for e in x) / len(x) if x else -math.inf for x in cond]
         uncond = None
         if getattr(method, "requires_unconditional_logprobs", False):
             uncond = self._echo_logprobs(list(choices), [0] * len(choices), [len(c) for c in choices])
-        return method(choices=choices, normalized_prompt_logprobs=normalized, input_token_logprobs=cond,
-                      output_token_logprobs=[[] for _ in choices], unconditional_token_logprobs=uncond)
+        return method(
+            choices=choices,
+            normalized_prompt_logprobs=normalized,
+            input_token_logprobs=cond,
+            output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=uncond,
+        )
 
     def get_server_info(self) -> dict:
-        return {"backend": "openai", "model": self.model_name, "base_url": self.base_url,
-                "is_chat_model": self.is_chat_model}
+        return {
+            "backend": "openai",
+            "model": self.model_name,
+            "base_url": self.base_url,
+            "is_chat_model": self.is_chat_model,
+        }

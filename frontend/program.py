@@ -7,6 +7,7 @@ traces one. Both take any object with the attributes below rather than
 against this protocol keeps the frontend's imports one-way (function ->
 interpreter -> tracer -> program).
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol

@@ -6,6 +6,7 @@ the backend; reading (``s["x"]``, ``text()``, ``messages()``, ``error()``)
 waits for what it reads. ``text_iter`` / ``text_async_iter`` follow the
 output as it streams (``run(stream=True)``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -130,8 +131,9 @@ class ProgramState:
         for chunk, _ in ex.log.iter_chunks(var_name):
             yield chunk
 
-    async def text_async_iter(self, var_name: Optional[str] = None,
-                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+    async def text_async_iter(
+        self, var_name: Optional[str] = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         """:meth:`text_iter` for asyncio; with ``return_meta_data`` each item
         is ``(chunk, meta_info)``."""
         ex = self.stream_executor

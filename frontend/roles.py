@@ -12,6 +12,7 @@ The functions take the program state's executor (``ex``) and use its
 ``text_``, ``messages_``, ``cur_role``, ``cur_role_begin_pos``,
 ``role_markers``, ``default_system_prompt`` and ``append``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,7 +41,7 @@ def end_role(ex: Any, role: str) -> None:
     """Close the open ``role`` turn: record its message and append its end marker."""
     if ex.cur_role != role:
         raise FrontendError(f"role {role!r} closed while {ex.cur_role!r} is open")
-    content = ex.text_[ex.cur_role_begin_pos:]
+    content = ex.text_[ex.cur_role_begin_pos :]
     ex.append(ex.role_markers[role][1])
     ex.messages_.append({"role": role, "content": content})
     ex.cur_role = None
@@ -48,5 +49,10 @@ def end_role(ex: Any, role: str) -> None:
 
 
 def _default_system_due(ex: Any, role: str) -> bool:
-    return bool(role != "system" and not ex.messages_ and not ex.text_ and ex.default_system_prompt
-                and global_config.insert_default_system_prompt)
+    return bool(
+        role != "system"
+        and not ex.messages_
+        and not ex.text_
+        and ex.default_system_prompt
+        and global_config.insert_default_system_prompt
+    )

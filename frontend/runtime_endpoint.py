@@ -1,5 +1,6 @@
 """HTTP backends: ``RuntimeEndpoint`` (SGLang's native protocol) and ``Runtime``
 (a local radixrt server subprocess wrapped in an endpoint)."""
+
 from __future__ import annotations
 
 import atexit
@@ -29,9 +30,16 @@ class RuntimeEndpoint(NativeBackend):
     ``POST /flush_cache`` and ``GET /get_server_info``.
     """
 
-    def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
-                 chat_template: Optional[dict] = None, chat_template_name: Optional[str] = None,
-                 timeout: Optional[float] = None, default_system_prompt: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: Optional[str] = None,
+        verify: Any = None,
+        chat_template: Optional[dict] = None,
+        chat_template_name: Optional[str] = None,
+        timeout: Optional[float] = None,
+        default_system_prompt: Optional[str] = None,
+    ) -> None:
         super().__init__()
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
@@ -119,12 +127,31 @@ class RuntimeEndpoint(NativeBackend):
         self.client.close()
 
 
-def _serve_command(python: str, model_path: str, host: str, port: int, log_level: str, api_key: Optional[str],
-                   server_args: dict[str, Any]) -> list[str]:
+def _serve_command(
+    python: str,
+    model_path: str,
+    host: str,
+    port: int,
+    log_level: str,
+    api_key: Optional[str],
+    server_args: dict[str, Any],
+) -> list[str]:
     """The ``radixrt serve`` command line; each of ``server_args`` becomes a
     ``--flag`` (``True``: bare flag, ``False``/``None``: left out)."""
-    cmd = [python, "-m", "radixrt.cli", "serve", "--model", str(model_path),
-           "--host", host, "--port", str(port), "--log-level", log_level]
+    cmd = [
+        python,
+        "-m",
+        "radixrt.cli",
+        "serve",
+        "--model",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--log-level",
+        log_level,
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     for k, v in server_args.items():
@@ -154,23 +181,38 @@ class Runtime(BaseBackend):
     tail and the file is kept (its path is in the error) for the full text.
     """
 
-    def __init__(self, model_path: str = "default", host: str = "127.0.0.1", port: Optional[int] = None,
-                 api_key: Optional[str] = None, startup_timeout: float = 600.0, log_level: str = "warning",
-                 python: Optional[str] = None, env: Optional[dict[str, str]] = None, **server_args: Any) -> None:
+    def __init__(
+        self,
+        model_path: str = "default",
+        host: str = "127.0.0.1",
+        port: Optional[int] = None,
+        api_key: Optional[str] = None,
+        startup_timeout: float = 600.0,
+        log_level: str = "warning",
+        python: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+        **server_args: Any,
+    ) -> None:
         self.model_path = model_path
         self.host = host
         self.port = port or _free_port(host)
         self.url = f"http://{host}:{self.port}"
-        self.cmd = _serve_command(python or sys.executable, model_path, host, self.port, log_level, api_key,
-                                  server_args)
+        self.cmd = _serve_command(
+            python or sys.executable, model_path, host, self.port, log_level, api_key, server_args
+        )
         self._keep_log = False
         self.process: Optional[subprocess.Popen] = None
         self._log = tempfile.NamedTemporaryFile(prefix="radixrt-serve-", suffix=".log", delete=False)
         self.log_path = self._log.name
         atexit.register(self.shutdown)
         try:
-            self.process = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **(env or {})}, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.cmd,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
             self._wait_ready(startup_timeout)
             self.endpoint = RuntimeEndpoint(self.url, api_key=api_key)
         except Exception as e:
@@ -209,8 +251,10 @@ class Runtime(BaseBackend):
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.5)
-        raise TimeoutError(f"radixrt server at {self.url} not healthy after {timeout:.0f}s; full log kept at "
-                           f"{self.log_path}:\n{self._log_tail()}")
+        raise TimeoutError(
+            f"radixrt server at {self.url} not healthy after {timeout:.0f}s; full log kept at "
+            f"{self.log_path}:\n{self._log_tail()}"
+        )
 
     # backend interface: delegate to the endpoint ---------------------------------
     @property

@@ -6,6 +6,7 @@ field left ``None`` means "not set here", so that a ``gen``'s values can be
 layered over the program-level defaults (:func:`default_sampling_params`);
 ``to_wire()`` turns the merged record into SGLang's ``sampling_params`` keys.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,9 +84,21 @@ class SglSamplingParams:
         """SGLang ``sampling_params`` (only the keys that are set)."""
         out: dict[str, Any] = {}
         simple = (
-            "max_new_tokens", "min_new_tokens", "n", "stop_token_ids", "stop_regex", "temperature",
-            "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-            "ignore_eos", "seed", "ebnf",
+            "max_new_tokens",
+            "min_new_tokens",
+            "n",
+            "stop_token_ids",
+            "stop_regex",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+            "ignore_eos",
+            "seed",
+            "ebnf",
         )
         for k in simple:
             v = getattr(self, k)
@@ -119,10 +132,29 @@ class SglSamplingParams:
 def default_sampling_params(**kwargs) -> SglSamplingParams:
     """Program-level defaults (what ``run()`` fills when a ``gen`` leaves a field unset)."""
     base = dict(
-        max_new_tokens=128, min_new_tokens=0, n=1, stop=None, stop_token_ids=None, stop_regex=None,
-        temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0,
-        repetition_penalty=None, ignore_eos=False, seed=None, return_logprob=False, logprob_start_len=None,
-        top_logprobs_num=None, return_text_in_logprobs=None, dtype=None, regex=None, json_schema=None, ebnf=None,
+        max_new_tokens=128,
+        min_new_tokens=0,
+        n=1,
+        stop=None,
+        stop_token_ids=None,
+        stop_regex=None,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        min_p=0.0,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        repetition_penalty=None,
+        ignore_eos=False,
+        seed=None,
+        return_logprob=False,
+        logprob_start_len=None,
+        top_logprobs_num=None,
+        return_text_in_logprobs=None,
+        dtype=None,
+        regex=None,
+        json_schema=None,
+        ebnf=None,
     )
     for k, v in kwargs.items():
         if k not in base:

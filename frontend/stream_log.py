@@ -9,6 +9,7 @@ block until more arrives or the log is finished.
 Contract: one writer (the worker thread); any number of readers, sync or
 async. Nothing is appended after :meth:`StreamLog.finish`.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -13,6 +13,7 @@ Two uses:
   up to the first generation call or argument-dependent text), prefilled once
   before the batch so that every program starts from a cached prefix.
 """
+
 from __future__ import annotations
 
 import logging
@@ -75,7 +76,7 @@ class TraceRecorder:
             pos = 0
             for m in _PLACEHOLDER.finditer(expr.value):
                 if m.start() > pos:
-                    self.nodes.append(SglConstantText(expr.value[pos:m.start()]))
+                    self.nodes.append(SglConstantText(expr.value[pos : m.start()]))
                 kind, name = m.group(1), m.group(2)
                 self.nodes.append(SglArgument(name) if kind == "arg" else SglVariable(name))
                 pos = m.end()
@@ -161,14 +162,25 @@ def _markers_of(backend: Any) -> tuple[dict[str, tuple[str, str]], Optional[str]
     return b.get_role_markers(), b.get_default_system_prompt()
 
 
-def _traced_run(func: Program, arguments: dict[str, Any], markers, default_system, stop_at_dynamic: bool,
-                default_sampling: Optional[SglSamplingParams] = None):
+def _traced_run(
+    func: Program,
+    arguments: dict[str, Any],
+    markers,
+    default_system,
+    stop_at_dynamic: bool,
+    default_sampling: Optional[SglSamplingParams] = None,
+):
     """Run ``func``'s body synchronously with a recorder and a stand-in
     backend; ``(state, recorder, error the body raised or None)``."""
     recorder = TraceRecorder(stop_at_dynamic)
-    ex = StreamExecutor(_TraceBackend(markers, default_system), arguments,
-                        default_sampling or default_sampling_params(), stream=False, use_thread=False,
-                        tracer=recorder)
+    ex = StreamExecutor(
+        _TraceBackend(markers, default_system),
+        arguments,
+        default_sampling or default_sampling_params(),
+        stream=False,
+        use_thread=False,
+        tracer=recorder,
+    )
     state = ProgramState(ex)
     error: Optional[BaseException] = None
     try:
@@ -192,8 +204,12 @@ def trace_program(func: Program, kwargs: dict[str, Any], backend: Any = None) ->
     return TracedProgram(func, state, recorder, error)
 
 
-def shared_constant_prefix(func: Program, backend: Any, batch_arguments: list[dict[str, Any]],
-                           default_sampling: Optional[SglSamplingParams] = None) -> str:
+def shared_constant_prefix(
+    func: Program,
+    backend: Any,
+    batch_arguments: list[dict[str, Any]],
+    default_sampling: Optional[SglSamplingParams] = None,
+) -> str:
     """The text every program of the batch starts with before its first
     generation call, estimated from up to ``global_config.prefix_trace_samples``
     programs run up to their first ``gen``/``select``/``fork``."""

@@ -1,4 +1,5 @@
 """Attention backends behind one interface (see `base.AttentionBackend`)."""
+
 from .base import AttentionBackend, AttentionMetadata
 from .kv_cache import LayerKVCache
 

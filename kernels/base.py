@@ -18,6 +18,7 @@ slots. The cache may be quantized (``kv_cache_dtype`` int8 or fp8, see
 `kv_cache.py`): K/V are quantized on the way in, by the one shared write step,
 and attention reads the dequantized cache.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -94,7 +95,7 @@ class AttentionMetadata:
         for slots, q in zip(seq_slots, q_lens):
             assert 1 <= q <= len(slots), "each request computes at least one token"
             flat.extend(slots)
-            out.extend(slots[len(slots) - q:])
+            out.extend(slots[len(slots) - q :])
             pos.extend(range(len(slots) - q, len(slots)))
         qo = [0]
         kv = [0]

@@ -22,6 +22,7 @@ threads on a 2-core CPU; `radixrt bench --workload shared-prefix` shows the
 effect end to end). Elsewhere (CUDA, or a torch without that op)
 the unfused sequence runs; both compute in float32.
 """
+
 from __future__ import annotations
 
 import logging
@@ -96,7 +97,7 @@ def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
         return None
     device = meta.kv_slots.device
     starts = meta.kv_indptr[:-1].to(torch.int64)
-    prefix = meta.kv_slots[int(starts[0]):int(starts[0]) + c]
+    prefix = meta.kv_slots[int(starts[0]) : int(starts[0]) + c]
     first = int(prefix[0])
     consecutive = bool((prefix == torch.arange(first, first + c, device=device)).all())
     rest_lens = torch.tensor([k - c for k in meta.kv_lens], dtype=torch.int64, device=device)
@@ -143,8 +144,10 @@ def _load_fused_cpu() -> Optional[Callable[..., tuple[torch.Tensor, ...]]]:
     except (RuntimeError, TypeError, ValueError):
         ok = False
     if not ok:
-        logger.warning("torch's fused CPU flash-attention op does not give (output, log-sum-exp) as expected: "
-                       "cascade attention uses the unfused path")
+        logger.warning(
+            "torch's fused CPU flash-attention op does not give (output, log-sum-exp) as expected: "
+            "cascade attention uses the unfused path"
+        )
         return None
     return op
 

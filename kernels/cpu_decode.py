@@ -22,6 +22,7 @@ calling the kernel on its share (ctypes lets go of the interpreter lock for
 the call); a small one runs on the calling thread, where handing out work
 would cost more than it saves.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -72,13 +73,20 @@ class NativeDecode:
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         """Whether `forward` takes these operands (else use the torch path)."""
         return (
-            q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+            q.device.type == "cpu"
+            and q.dtype == torch.float32
+            and k_cache.dtype == torch.float32
             and q.shape[-1] % 8 == 0
         )
 
     def forward(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
-        lens: torch.Tensor, scale: float,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        table: torch.Tensor,
+        lens: torch.Tensor,
+        scale: float,
     ) -> torch.Tensor:
         """``q`` [B, Hq, D] attends over request b's slots ``table[b, :lens[b]]`` of
         ``k_cache``/``v_cache`` [num_slots, Hkv, D]; returns [B, Hq, D].
@@ -99,9 +107,19 @@ class NativeDecode:
         def rows(lo: int, hi: int) -> int:
             """The kernel on requests lo .. hi - 1 (pointers offset in bytes; float32 and int64)."""
             return self._fn(
-                q.data_ptr() + 4 * lo * q.stride(0), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                table.data_ptr() + 8 * lo * max_kv, lens.data_ptr() + 8 * lo, out.data_ptr() + 4 * lo * hq * d,
-                hi - lo, max_kv, hq, hkv, d, scale,
+                q.data_ptr() + 4 * lo * q.stride(0),
+                q.stride(0),
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                table.data_ptr() + 8 * lo * max_kv,
+                lens.data_ptr() + 8 * lo,
+                out.data_ptr() + 4 * lo * hq * d,
+                hi - lo,
+                max_kv,
+                hq,
+                hkv,
+                d,
+                scale,
             )
 
         threads = min(torch.get_num_threads(), b)
@@ -199,12 +217,12 @@ def _self_check(kernel: NativeDecode) -> None:
     q = torch.randn(2, hkv * group, d, generator=gen)
     table = torch.randperm(num_slots, generator=gen)[:14].view(2, 7).contiguous()
     lens = torch.tensor([7, 3])
-    out = kernel.forward(q, k_cache, v_cache, table, lens, d ** -0.5)
+    out = kernel.forward(q, k_cache, v_cache, table, lens, d**-0.5)
     for b in range(2):
         slots = table[b, : int(lens[b])]
         k = k_cache[slots].repeat_interleave(group, dim=1)  # [len, Hq, D]
         v = v_cache[slots].repeat_interleave(group, dim=1)
-        p = (torch.einsum("hd,thd->ht", q[b], k) * d ** -0.5).softmax(-1)
+        p = (torch.einsum("hd,thd->ht", q[b], k) * d**-0.5).softmax(-1)
         expected = torch.einsum("ht,thd->hd", p, v)
         if not torch.allclose(out[b], expected, atol=1e-5, rtol=1e-4):
             raise RuntimeError("self-check against dense attention failed")

@@ -35,6 +35,7 @@ Always reads K/V from the cache (after this step's write), so a token's
 attention is the same whether its keys were written in this step or long
 ago. Computes in float32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,8 +76,9 @@ class TileGroup:
             rows = rows.reshape(-1, rows.shape[2])
             m = 1 if self.shared else hkv
             offs = torch.arange(KV_CHUNK, device=rows.device)
-            self._hidden = [(c * KV_CHUNK + offs)[None, None, :] > rows[:a * m, :, None]
-                            for c, a in enumerate(self.active)]
+            self._hidden = [
+                (c * KV_CHUNK + offs)[None, None, :] > rows[: a * m, :, None] for c, a in enumerate(self.active)
+            ]
         return self._hidden
 
 
@@ -172,7 +174,7 @@ def _shared_chunk(
     cache: LayerKVCache, slots: torch.Tensor, h: int, c: int, n: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunk ``c`` of one request's slots ``[C*KV_CHUNK]``, KV head ``h``: K [1, D, KC], V [1, KC, D]."""
-    kg, vg = cache.gather(slots[c * KV_CHUNK:(c + 1) * KV_CHUNK], torch.float32)
+    kg, vg = cache.gather(slots[c * KV_CHUNK : (c + 1) * KV_CHUNK], torch.float32)
     return kg[:, h, :].t().contiguous().unsqueeze(0), vg[:, h, :].contiguous().unsqueeze(0)
 
 
@@ -181,16 +183,14 @@ def _per_tile_chunk(cache: LayerKVCache, slots: torch.Tensor, c: int, n: int) ->
     (tile, KV head): K [n, D, KC], V [n, KC, D]."""
     hkv = cache.num_kv_heads
     mt = n // hkv
-    kg, vg = cache.gather(slots[:mt, c * KV_CHUNK:(c + 1) * KV_CHUNK].reshape(-1), torch.float32)
+    kg, vg = cache.gather(slots[:mt, c * KV_CHUNK : (c + 1) * KV_CHUNK].reshape(-1), torch.float32)
     d = kg.shape[-1]
     kg = kg.view(mt, KV_CHUNK, hkv, d).permute(0, 2, 3, 1).reshape(n, d, KV_CHUNK)
     vg = vg.view(mt, KV_CHUNK, hkv, d).permute(0, 2, 1, 3).reshape(n, KV_CHUNK, d)
     return kg, vg
 
 
-def fixed_split_attention(
-    plan: FixedSplitPlan, q: torch.Tensor, cache: LayerKVCache, scale: float
-) -> torch.Tensor:
+def fixed_split_attention(plan: FixedSplitPlan, q: torch.Tensor, cache: LayerKVCache, scale: float) -> torch.Tensor:
     """q [T, Hq, D] -> [T, Hq * D]; this step's K/V must already be in the cache."""
     T, hq, d = q.shape
     hkv = cache.num_kv_heads
@@ -212,9 +212,9 @@ def fixed_split_attention(
             ]
             o = torch.stack(heads, dim=1)  # [n, Hkv, R, D]
         else:  # one tile per request: K/V gathered per tile, KV heads batched
-            o = _attend_tiles(
-                qg.reshape(n * hkv, r, d), hidden, partial(_per_tile_chunk, cache, grp.slots)
-            ).view(n, hkv, r, d)
+            o = _attend_tiles(qg.reshape(n * hkv, r, d), hidden, partial(_per_tile_chunk, cache, grp.slots)).view(
+                n, hkv, r, d
+            )
         # [n, Hkv, QT, G, D] -> [n*QT, Hq*D]
         o = o.view(n, hkv, qt, g, d).permute(0, 2, 1, 3, 4).reshape(n * qt, hq * d)
         keep = grp.valid.reshape(-1)

@@ -37,6 +37,7 @@ FlashInfer is imported lazily, only when this backend is constructed, so CPU
 installs never import it (``import flashinfer`` may succeed on a CPU machine,
 but its kernels only run on CUDA).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -240,11 +241,17 @@ class FlashInferBackend(AttentionBackend):
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
         if self.device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"FlashInfer attention needs bfloat16 or float16, not {dtype} "
-                             "(use dtype='auto'/'bfloat16', or attention_backend='torch')")
+            raise ValueError(
+                f"FlashInfer attention needs bfloat16 or float16, not {dtype} "
+                "(use dtype='auto'/'bfloat16', or attention_backend='torch')"
+            )
         self._shape = _Shape(
-            num_q_heads, num_kv_heads, head_dim, dtype, kv_dtype or dtype,
-            float(head_dim ** -0.5 if scale is None else scale),
+            num_q_heads,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            kv_dtype or dtype,
+            float(head_dim**-0.5 if scale is None else scale),
         )
 
     def use_tensor_cores(self, num_q_heads: int, num_kv_heads: int) -> bool:
@@ -255,7 +262,10 @@ class FlashInferBackend(AttentionBackend):
         if w is None:
             w = self._decode[tensor_cores] = _wrapper(
                 self.fi.BatchDecodeWithPagedKVCacheWrapper,
-                self.workspace, "NHD", use_tensor_cores=tensor_cores, backend=self.decode_backend,
+                self.workspace,
+                "NHD",
+                use_tensor_cores=tensor_cores,
+                backend=self.decode_backend,
             )
         return w
 
@@ -277,16 +287,29 @@ class FlashInferBackend(AttentionBackend):
         if meta.is_decode:
             w = self._decode_wrapper(self.use_tensor_cores(shape.num_q_heads, shape.num_kv_heads))
             w.plan(
-                layout.indptr, indices, layout.last_page_len,
-                shape.num_q_heads, shape.num_kv_heads, shape.head_dim, meta.page_size, **common,
+                layout.indptr,
+                indices,
+                layout.last_page_len,
+                shape.num_q_heads,
+                shape.num_kv_heads,
+                shape.head_dim,
+                meta.page_size,
+                **common,
             )
         else:
             w = self._prefill
             qo_indptr = torch.tensor(_cumsum0(list(meta.q_lens)), dtype=torch.int32)
             w.plan(
-                qo_indptr, layout.indptr, indices, layout.last_page_len,
-                shape.num_q_heads, shape.num_kv_heads, shape.head_dim, meta.page_size,
-                causal=True, **common,
+                qo_indptr,
+                layout.indptr,
+                indices,
+                layout.last_page_len,
+                shape.num_q_heads,
+                shape.num_kv_heads,
+                shape.head_dim,
+                meta.page_size,
+                causal=True,
+                **common,
             )
         self._active = w
         self._planned = shape
@@ -329,9 +352,16 @@ class FlashInferBackend(AttentionBackend):
         if layout.indices.numel() > self._graph_max_pages:
             raise ValueError(f"batch uses {layout.indices.numel()} pages; graphs reserved {self._graph_max_pages}")
         w.plan(
-            layout.indptr, layout.indices.to(self.device, non_blocking=True), layout.last_page_len,
-            shape.num_q_heads, shape.num_kv_heads, shape.head_dim, meta.page_size,
-            q_data_type=shape.q_dtype, kv_data_type=shape.kv_dtype, sm_scale=shape.scale,
+            layout.indptr,
+            layout.indices.to(self.device, non_blocking=True),
+            layout.last_page_len,
+            shape.num_q_heads,
+            shape.num_kv_heads,
+            shape.head_dim,
+            meta.page_size,
+            q_data_type=shape.q_dtype,
+            kv_data_type=shape.kv_dtype,
+            sm_scale=shape.scale,
         )
         self._active = w
         self._planned = shape
@@ -347,8 +377,10 @@ class FlashInferBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         if cache.scheme == "int8":
-            raise ValueError("FlashInfer's kernels cannot read an int8 KV cache (per-token scales); "
-                             "use kv_cache_dtype fp8_e4m3/fp8_e5m2/auto, or attention_backend='torch'")
+            raise ValueError(
+                "FlashInfer's kernels cannot read an int8 KV cache (per-token scales); "
+                "use kv_cache_dtype fp8_e4m3/fp8_e5m2/auto, or attention_backend='torch'"
+            )
         # 1. write the new K/V into the pool (flat views share the pool's storage)
         meta = self._store_new_kv(self._meta, q, k, v, cache)
         num_tokens, num_q_heads, head_dim = q.shape

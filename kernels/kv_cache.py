@@ -37,6 +37,7 @@ step give the same numbers.
 
 This module is part of the `kernels/` leaf: it imports nothing from radixrt.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,7 @@ def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dty
     if kv_cache_dtype == "auto":
         return model_dtype
     if kv_cache_dtype not in KV_STORAGE_DTYPES:
-        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose auto, "
-                         + ", ".join(KV_STORAGE_DTYPES))
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose auto, " + ", ".join(KV_STORAGE_DTYPES))
     return KV_STORAGE_DTYPES[kv_cache_dtype]
 
 
@@ -129,8 +129,9 @@ class LayerKVCache:
 
     def __post_init__(self) -> None:
         if self.k.shape != self.v.shape or self.k.dtype != self.v.dtype:
-            raise ValueError(f"K {tuple(self.k.shape)} {self.k.dtype} and V {tuple(self.v.shape)} {self.v.dtype} "
-                             "caches differ")
+            raise ValueError(
+                f"K {tuple(self.k.shape)} {self.k.dtype} and V {tuple(self.v.shape)} {self.v.dtype} caches differ"
+            )
         scheme = _scheme(self.k.dtype)
         has_scales = self.k_scale is not None and self.v_scale is not None
         if scheme == "int8":
@@ -191,7 +192,11 @@ class LayerKVCache:
         return self._dequantize(self.k[start:end], self.v[start:end], ks, vs, dtype)
 
     def _dequantize(
-        self, k: torch.Tensor, v: torch.Tensor, ks: Optional[torch.Tensor], vs: Optional[torch.Tensor],
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ks: Optional[torch.Tensor],
+        vs: Optional[torch.Tensor],
         dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         scheme = self.scheme

@@ -37,6 +37,7 @@ When all requests of a batch share a cached prefix of slots (the radix tree's
 whole point), the batch takes the cascade path instead (`cascade.py`): the
 prefix's K/V are read once for every query, not once per request.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,7 +84,10 @@ class TorchReferenceBackend(AttentionBackend):
     """Paged causal GQA attention with `torch.nn.functional.scaled_dot_product_attention`."""
 
     def __init__(
-        self, decode_budget: int = 1 << 16, cascade: bool = True, deterministic: bool = False,
+        self,
+        decode_budget: int = 1 << 16,
+        cascade: bool = True,
+        deterministic: bool = False,
         native_decode: bool = True,
     ) -> None:
         # most gathered K (and V) rows one batched decode call may hold (padding included);
@@ -147,7 +151,7 @@ class TorchReferenceBackend(AttentionBackend):
                 if q_len == kv_len:
                     self._extends.append(_ExtendPlan(qo, qo + q_len, None, None))
                 else:
-                    slots = meta.kv_slots[kv:kv + kv_len]
+                    slots = meta.kv_slots[kv : kv + kv_len]
                     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
                     k_pos = torch.arange(kv_len, device=device)
                     mask = k_pos[None, :] <= q_pos[:, None]
@@ -229,14 +233,14 @@ class TorchReferenceBackend(AttentionBackend):
         gqa = num_q_heads != k.shape[1]
         for ep in self._extends:
             # 4-D [1, H, len, D] operands: 3-D ones fall back to SDPA's slow math kernel on CPU
-            qi = q[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+            qi = q[ep.q_start : ep.q_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
             if ep.slots is None and same_dtype:
-                ki = k[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)
-                vi = v[ep.q_start:ep.q_end].transpose(0, 1).unsqueeze(0)
+                ki = k[ep.q_start : ep.q_end].transpose(0, 1).unsqueeze(0)
+                vi = v[ep.q_start : ep.q_end].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
             else:
                 if ep.slots is None:
-                    slots = meta.out_slots[ep.q_start:ep.q_end]
+                    slots = meta.out_slots[ep.q_start : ep.q_end]
                     mask, causal = None, True
                 else:
                     slots, mask, causal = ep.slots, ep.mask, False
@@ -248,7 +252,7 @@ class TorchReferenceBackend(AttentionBackend):
                 )
             if out is None:  # a single prefill/extend request: no scatter needed
                 return o[0].transpose(0, 1).reshape(num_tokens, -1)
-            out[ep.q_start:ep.q_end] = o[0].transpose(0, 1)
+            out[ep.q_start : ep.q_end] = o[0].transpose(0, 1)
         assert out is not None  # None only for a single extend, which returned above
         return out.reshape(num_tokens, -1)
 

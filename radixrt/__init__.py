@@ -3,6 +3,7 @@
 ``import radixrt`` stays light (no torch): heavy names such as `Engine` load
 on first use.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,7 +39,8 @@ def _map_checkout_packages() -> None:
             if folder is None:
                 return None
             return importlib.util.spec_from_file_location(
-                fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
+                fullname, folder / "__init__.py", submodule_search_locations=[str(folder)]
+            )
 
     if not any(type(f).__name__ == "CheckoutFinder" for f in sys.meta_path):
         sys.meta_path.insert(0, CheckoutFinder())

@@ -1,4 +1,5 @@
 """The `radixrt` command: download, generate, serve, bench, plan."""
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(json.dumps(r))
             else:
                 print(r["text"])
-                print(f"--- {r['meta_info']['completion_tokens']} tokens, "
-                      f"{r['meta_info']['cached_tokens']} cached prompt tokens", file=sys.stderr)
+                print(
+                    f"--- {r['meta_info']['completion_tokens']} tokens, "
+                    f"{r['meta_info']['cached_tokens']} cached prompt tokens",
+                    file=sys.stderr,
+                )
     finally:
         engine.shutdown()
     return 0
@@ -64,9 +68,13 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
     from radixrt.server.args import add_serve_args
 
     add_serve_args(p)
-    p.add_argument("--dp", type=int, default=1,
-                   help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
-                        "cache; flags apply per replica) behind one router front (docs/scale_out.md)")
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
+        "cache; flags apply per replica) behind one router front (docs/scale_out.md)",
+    )
     add_policy_args(p, prefix="router-")
     p.set_defaults(func=cmd_serve)
 
@@ -99,8 +107,18 @@ def serve_router_needs() -> tuple[Need, ...]:
         cli = next((s for s in action.option_strings if s.startswith("--router-")), None)
         if cli is None:
             continue
-        rows.append(Need(action.dest, _other_value(action), "dp", 2, 1,
-                         "--dp 2 or more (a router runs only in front of replicas)", lambda v: v >= 2, cli=cli))
+        rows.append(
+            Need(
+                action.dest,
+                _other_value(action),
+                "dp",
+                2,
+                1,
+                "--dp 2 or more (a router runs only in front of replicas)",
+                lambda v: v >= 2,
+                cli=cli,
+            )
+        )
     return tuple(rows)
 
 
@@ -148,8 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
 
-    p = add("download", "fetch and convert the embedded default model (SmolLM2-135M-Instruct) into "
-                        "$RADIXRT_HOME (default ~/.cache/radixrt); prints its folder")
+    p = add(
+        "download",
+        "fetch and convert the embedded default model (SmolLM2-135M-Instruct) into "
+        "$RADIXRT_HOME (default ~/.cache/radixrt); prints its folder",
+    )
     p.add_argument("--force", action="store_true", help="convert again even if cached")
     p.set_defaults(func=cmd_download)
 
@@ -157,8 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     EngineConfig.add_cli_args(p)
     p.add_argument("prompt", nargs="*", help="prompts; none: one prompt per non-empty stdin line")
     p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature (0: greedy)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
     p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results, one JSON per line")
@@ -169,23 +189,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     from radixrt.router.cli import add_router_args, router_main
 
-    p = add("router", "route requests over radixrt servers (data parallel): cache_aware, round_robin or "
-                      "shortest_queue, with health checks and failover (see docs/scale_out.md)")
+    p = add(
+        "router",
+        "route requests over radixrt servers (data parallel): cache_aware, round_robin or "
+        "shortest_queue, with health checks and failover (see docs/scale_out.md)",
+    )
     add_router_args(p)
     p.set_defaults(func=router_main)
 
     from radixrt.bench.main import add_bench_args, bench_main
 
-    p = add("bench", "benchmark radixrt against its baselines (transformers generate, radix cache off, "
-                     "other policies), offline on in-process engines and online against HTTP servers "
-                     "(see docs/benchmarks.md)")
+    p = add(
+        "bench",
+        "benchmark radixrt against its baselines (transformers generate, radix cache off, "
+        "other policies), offline on in-process engines and online against HTTP servers "
+        "(see docs/benchmarks.md)",
+    )
     add_bench_args(p)
     p.set_defaults(func=bench_main)
 
     from radixrt.plan import add_plan_args, plan_main
 
-    p = add("plan", "capacity arithmetic from a model's config.json: KV bytes per token, "
-                    "max live tokens, concurrency (loads no weights)")
+    p = add(
+        "plan",
+        "capacity arithmetic from a model's config.json: KV bytes per token, "
+        "max live tokens, concurrency (loads no weights)",
+    )
     add_plan_args(p)
     p.set_defaults(func=plan_main)
     return parser

@@ -33,6 +33,7 @@ Decisions, per group (SGLang's behaviour where it has one):
   deterministic inference with FlashInfer or tensor parallelism, the tier
   without the radix cache) is refused: there is nothing to imply.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -102,8 +103,9 @@ def _runs_flashinfer(device: Any) -> bool:
 
 
 def _tp1(flag: str, example: Any) -> Need:
-    return Need(flag, example, "tp_size", 1, 2, "tp_size=1 (--tp-size 1: it does not run tensor parallel yet)",
-                _equals(1))
+    return Need(
+        flag, example, "tp_size", 1, 2, "tp_size=1 (--tp-size 1: it does not run tensor parallel yet)", _equals(1)
+    )
 
 
 def _unset(flag: str, example: Any, other: str, other_example: Any, what: str) -> Need:
@@ -125,13 +127,27 @@ ENGINE_NEEDS: tuple[Need, ...] = (
     _on("hicache_ratio", 3.0, _TIER, imply=True),
     _on("hicache_write_policy", "write_back", _TIER, imply=True),
     _on("hicache_kv_cache_dtype", "int8", _TIER, imply=True),
-    Need("hicache_ratio", 3.0, "hicache_size", 0.0, 4.0, "hicache_size=0 (no --hicache-size: give one tier size)",
-         _equals(0.0)),
+    Need(
+        "hicache_ratio",
+        3.0,
+        "hicache_size",
+        0.0,
+        4.0,
+        "hicache_size=0 (no --hicache-size: give one tier size)",
+        _equals(0.0),
+    ),
     _unset("hicache_ratio", 3.0, "host_kv_size", 20000, "tier size"),
     _unset("hicache_size", 4.0, "host_kv_size", 20000, "tier size"),
     _on("preemption_mode", "swap", _TIER, when=_equals("swap")),
-    Need(_TIER, True, "disable_radix_cache", False, True,
-         "disable_radix_cache=False (no --disable-radix-cache: the tier sits under the radix cache)", _equals(False)),
+    Need(
+        _TIER,
+        True,
+        "disable_radix_cache",
+        False,
+        True,
+        "disable_radix_cache=False (no --disable-radix-cache: the tier sits under the radix cache)",
+        _equals(False),
+    ),
     _tp1(_TIER, True),
     # priority scheduling's knobs
     _on("schedule_low_priority_values_first", True, _PRIORITY),
@@ -144,43 +160,112 @@ ENGINE_NEEDS: tuple[Need, ...] = (
     # device and backends
     _cuda("attention_backend", "flashinfer", when=_FLASHINFER),
     _cuda("sampling_backend", "flashinfer", when=_FLASHINFER),
-    Need("kv_cache_dtype", "int8", "attention_backend", "torch", "flashinfer",
-         _TORCH_OR_AUTO + ": FlashInfer cannot read an int8 cache)", _is_not("flashinfer"), when=_INT8),
+    Need(
+        "kv_cache_dtype",
+        "int8",
+        "attention_backend",
+        "torch",
+        "flashinfer",
+        _TORCH_OR_AUTO + ": FlashInfer cannot read an int8 cache)",
+        _is_not("flashinfer"),
+        when=_INT8,
+    ),
     # batch-invariant inference runs the torch backend and the radixrt sampler on one process
     _tp1("enable_deterministic_inference", True),
-    Need("enable_deterministic_inference", True, "attention_backend", "torch", "flashinfer", _TORCH_OR_AUTO + ")",
-         lambda v: v in ("auto", "torch")),
-    Need("enable_deterministic_inference", True, "sampling_backend", "radixrt", "flashinfer",
-         "sampling_backend='radixrt' (--sampling-backend radixrt)", _equals("radixrt")),
+    Need(
+        "enable_deterministic_inference",
+        True,
+        "attention_backend",
+        "torch",
+        "flashinfer",
+        _TORCH_OR_AUTO + ")",
+        lambda v: v in ("auto", "torch"),
+    ),
+    Need(
+        "enable_deterministic_inference",
+        True,
+        "sampling_backend",
+        "radixrt",
+        "flashinfer",
+        "sampling_backend='radixrt' (--sampling-backend radixrt)",
+        _equals("radixrt"),
+    ),
     # CUDA graphs are captured only on CUDA, with FlashInfer attention, on one process
     _cuda("cuda_graph_max_bs", 32),
     _off("cuda_graph_max_bs", 32, "disable_cuda_graph"),
     _off("cuda_graph_max_bs", 32, "enable_deterministic_inference"),
     _tp1("cuda_graph_max_bs", 32),
-    Need("cuda_graph_max_bs", 32, "attention_backend", "auto", "torch",
-         "attention_backend='auto' or 'flashinfer' (graphs need FlashInfer attention)", _is_not("torch")),
-    Need("cuda_graph_max_bs", 32, "kv_cache_dtype", "auto", "int8",
-         "a kv_cache_dtype other than 'int8' (an int8 cache runs the torch backend, without graphs)",
-         _is_not("int8")),
-    Need("cuda_graph_max_bs", 32, "dtype", "auto", "float32",
-         "dtype='auto', 'bfloat16' or 'float16' (FlashInfer, and so the graphs, take 16-bit models only)",
-         _is_not("float32")),
+    Need(
+        "cuda_graph_max_bs",
+        32,
+        "attention_backend",
+        "auto",
+        "torch",
+        "attention_backend='auto' or 'flashinfer' (graphs need FlashInfer attention)",
+        _is_not("torch"),
+    ),
+    Need(
+        "cuda_graph_max_bs",
+        32,
+        "kv_cache_dtype",
+        "auto",
+        "int8",
+        "a kv_cache_dtype other than 'int8' (an int8 cache runs the torch backend, without graphs)",
+        _is_not("int8"),
+    ),
+    Need(
+        "cuda_graph_max_bs",
+        32,
+        "dtype",
+        "auto",
+        "float32",
+        "dtype='auto', 'bfloat16' or 'float16' (FlashInfer, and so the graphs, take 16-bit models only)",
+        _is_not("float32"),
+    ),
     # logging
-    Need("log_interval", 10, "log_level", "info", "warning",
-         "log_level='info' or 'debug' (--log-level info: it paces the info lines)",
-         lambda v: str(v).lower() in ("info", "debug")),
+    Need(
+        "log_interval",
+        10,
+        "log_level",
+        "info",
+        "warning",
+        "log_level='info' or 'debug' (--log-level info: it paces the info lines)",
+        lambda v: str(v).lower() in ("info", "debug"),
+    ),
 )
 
 # The EngineConfig flags that need nothing and that nothing else needs in a
 # way the table could check (each was reviewed; a new field must be added to
 # the table or here, tests/unit/test_config.py checks it).
-ENGINE_INDEPENDENT = frozenset({
-    "model_path", "device", "tp_size", "dtype", "page_size", "max_total_tokens", "context_length",
-    "chunked_prefill_size", "max_running_requests", "disable_overlap_schedule", "schedule_policy",
-    "enable_priority_scheduling", "max_client_priority", "disable_radix_cache", "disable_cuda_graph",
-    "random_seed", "log_level", "debug_check_invariants", "enable_jump_forward", "grammar_cache_size",
-    "grammar_max_chars", "grammar_max_repeat", "max_n", "max_top_logprobs_num", "incremental_streaming_output",
-})
+ENGINE_INDEPENDENT = frozenset(
+    {
+        "model_path",
+        "device",
+        "tp_size",
+        "dtype",
+        "page_size",
+        "max_total_tokens",
+        "context_length",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "disable_overlap_schedule",
+        "schedule_policy",
+        "enable_priority_scheduling",
+        "max_client_priority",
+        "disable_radix_cache",
+        "disable_cuda_graph",
+        "random_seed",
+        "log_level",
+        "debug_check_invariants",
+        "enable_jump_forward",
+        "grammar_cache_size",
+        "grammar_max_chars",
+        "grammar_max_repeat",
+        "max_n",
+        "max_top_logprobs_num",
+        "incremental_streaming_output",
+    }
+)
 
 
 @functools.cache

@@ -19,6 +19,7 @@ over an in-process queue: each scheduler step's outputs reach the loop that
 submitted them with one wake-up per loop, and detokenization happens on that
 loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,9 @@ from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, U
 
 from radixrt.config import EngineConfig
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestSpec, RidEntry, build_specs, split_prompts, validate_spec
+from radixrt.requests.intake import RequestSpec, build_specs, split_prompts, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch
+from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.scheduler.scheduler import Scheduler
 
@@ -160,18 +162,33 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def _prepare(
-        self, prompt: Prompt, sampling_params: Any, input_ids: Any, return_logprob: Any, logprob_start_len: Any,
-        top_logprobs_num: Any, return_text_in_logprobs: bool, cache_salt: Optional[str], stream: bool, rid: Any,
-        priority: Any = None, return_cache_info: Any = False,
+        self,
+        prompt: Prompt,
+        sampling_params: Any,
+        input_ids: Any,
+        return_logprob: Any,
+        logprob_start_len: Any,
+        top_logprobs_num: Any,
+        return_text_in_logprobs: bool,
+        cache_salt: Optional[str],
+        stream: bool,
+        rid: Any,
+        priority: Any = None,
+        return_cache_info: Any = False,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
-        prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt",
-                                allow_empty_batch=True)
+        prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt", allow_empty_batch=True)
         specs = build_specs(
-            prompts, sampling_params=sampling_params, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=bool(return_text_in_logprobs), cache_salt=cache_salt, rid=rid,
-            priority=priority, return_cache_info=return_cache_info,
+            prompts,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=bool(return_text_in_logprobs),
+            cache_salt=cache_salt,
+            rid=rid,
+            priority=priority,
+            return_cache_info=return_cache_info,
         )
         for spec in specs:
             validate_spec(spec, self.limits)
@@ -230,10 +247,19 @@ class Engine:
             return self._sync_loop
 
     def generate(
-        self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
-        return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
-        return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-        rid: Any = None, priority: Any = None, return_cache_info: Union[bool, str] = False,
+        self,
+        prompt: Prompt = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        return_logprob: Any = False,
+        logprob_start_len: Any = None,
+        top_logprobs_num: Any = None,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        cache_salt: Optional[str] = None,
+        rid: Any = None,
+        priority: Any = None,
+        return_cache_info: Union[bool, str] = False,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
@@ -253,24 +279,55 @@ class Engine:
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
-        specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid,
-                                     priority, return_cache_info)
+        specs, batch = self._prepare(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            cache_salt,
+            stream,
+            rid,
+            priority,
+            return_cache_info,
+        )
         loop = self._loop()
         if stream:
             return loop.iterate(loop.run(self._start_stream(specs[0])))
         return loop.run(self._generate(specs, batch))
 
     async def async_generate(
-        self, prompt: Prompt = None, sampling_params: Any = None, input_ids: Any = None,
-        return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
-        return_text_in_logprobs: bool = False, stream: bool = False, cache_salt: Optional[str] = None,
-        rid: Any = None, priority: Any = None, return_cache_info: Union[bool, str] = False,
+        self,
+        prompt: Prompt = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        return_logprob: Any = False,
+        logprob_start_len: Any = None,
+        top_logprobs_num: Any = None,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        cache_salt: Optional[str] = None,
+        rid: Any = None,
+        priority: Any = None,
+        return_cache_info: Union[bool, str] = False,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
-        specs, batch = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                     top_logprobs_num, return_text_in_logprobs, cache_salt, stream, rid,
-                                     priority, return_cache_info)
+        specs, batch = self._prepare(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            cache_salt,
+            stream,
+            rid,
+            priority,
+            return_cache_info,
+        )
         if stream:
             return await self._start_stream(specs[0])
         return await self._generate(specs, batch)

@@ -24,6 +24,7 @@ Units: ``GB`` is 10^9 bytes and ``GiB`` 2^30 (an "80 GB" card has 80 GiB:
 pass ``80GiB`` for its full size). Bytes per token print in decimal KB, as
 the seeds do (Llama-2-13B in fp16: 819.2 KB).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,15 +39,50 @@ from typing import Any, Optional
 from radixrt.memory.kv_format import KVCacheFormat, KVFootprint, kv_cache_format
 
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
-    "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "int8": 1, "uint8": 1, "int4": 0.5,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float8": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int4": 0.5,
 }
-_ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1,
-                   "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
-_UNITS = {"": 10**9, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_ST_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "I16": 2,
+    "I32": 4,
+    "I64": 8,
+    "BOOL": 1,
+}
+_UNITS = {
+    "": 10**9,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -180,15 +216,24 @@ class Plan:
 
 
 def make_plan(
-    shape: ModelShape, gpu_mem_bytes: int, *, params: int, params_source: str = "config",
-    weight_dtype: str = "bfloat16", kv_dtype: Optional[str] = None, overhead_bytes: int = 0,
-    avg_tokens: int = 2000, shared_prefix: int = 0,
+    shape: ModelShape,
+    gpu_mem_bytes: int,
+    *,
+    params: int,
+    params_source: str = "config",
+    weight_dtype: str = "bfloat16",
+    kv_dtype: Optional[str] = None,
+    overhead_bytes: int = 0,
+    avg_tokens: int = 2000,
+    shared_prefix: int = 0,
 ) -> Plan:
     if avg_tokens <= 0:
         raise ValueError("avg_tokens must be positive")
     if not 0 <= shared_prefix < avg_tokens:
-        raise ValueError(f"shared_prefix ({shared_prefix}) must be below avg_tokens ({avg_tokens}): "
-                         "it is the part of each request's tokens that every request has in common")
+        raise ValueError(
+            f"shared_prefix ({shared_prefix}) must be below avg_tokens ({avg_tokens}): "
+            "it is the part of each request's tokens that every request has in common"
+        )
     kv_dtype = kv_dtype or weight_dtype
     footprint = shape.kv_footprint(kv_dtype, weight_dtype)
     kv_per_token = footprint.bytes_per_token
@@ -199,13 +244,24 @@ def make_plan(
     if shared_prefix:
         shared = max(0.0, (max_tokens - shared_prefix) / (avg_tokens - shared_prefix))
     return Plan(
-        model=shape.name, params=params, params_source=params_source, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype, kv_bytes_per_token=kv_per_token, weights_bytes=weights,
-        gpu_mem_bytes=gpu_mem_bytes, overhead_bytes=overhead_bytes, kv_budget_bytes=budget,
-        max_live_tokens=max_tokens, avg_tokens=avg_tokens, concurrency=max_tokens / avg_tokens,
-        shared_prefix=shared_prefix, concurrency_shared=shared,
+        model=shape.name,
+        params=params,
+        params_source=params_source,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        kv_bytes_per_token=kv_per_token,
+        weights_bytes=weights,
+        gpu_mem_bytes=gpu_mem_bytes,
+        overhead_bytes=overhead_bytes,
+        kv_budget_bytes=budget,
+        max_live_tokens=max_tokens,
+        avg_tokens=avg_tokens,
+        concurrency=max_tokens / avg_tokens,
+        shared_prefix=shared_prefix,
+        concurrency_shared=shared,
         max_position_embeddings=shape.max_position_embeddings,
-        kv_scale_bytes_per_token=footprint.scale_bytes_per_token, kv_tokens_per_gib=footprint.tokens_per_gib,
+        kv_scale_bytes_per_token=footprint.scale_bytes_per_token,
+        kv_tokens_per_gib=footprint.tokens_per_gib,
     )
 
 
@@ -228,19 +284,29 @@ def format_plan(p: Plan) -> str:
         ("model", p.model),
         ("parameters", f"{p.params:,} ({p.params / 1e9:.2f} B, from {p.params_source})"),
         ("weights", f"{_gb(p.weights_bytes)} ({p.weight_dtype})"),
-        ("KV bytes per token", f"{p.kv_bytes_per_token:,.0f} B = {p.kv_bytes_per_token / 1e3:,.1f} KB ({p.kv_dtype}"
-         + (f", scales {p.kv_scale_bytes_per_token:,.0f} B" if p.kv_scale_bytes_per_token else "") + ")"),
+        (
+            "KV bytes per token",
+            f"{p.kv_bytes_per_token:,.0f} B = {p.kv_bytes_per_token / 1e3:,.1f} KB ({p.kv_dtype}"
+            + (f", scales {p.kv_scale_bytes_per_token:,.0f} B" if p.kv_scale_bytes_per_token else "")
+            + ")",
+        ),
         ("KV tokens per GiB", f"{p.kv_tokens_per_gib:,}"),
         ("GPU memory", _gb(p.gpu_mem_bytes)),
-        ("overhead (activations etc.)", _gb(p.overhead_bytes)
-         + ("  (none reserved: pass --overhead, e.g. 4GB)" if not p.overhead_bytes else "")),
+        (
+            "overhead (activations etc.)",
+            _gb(p.overhead_bytes) + ("  (none reserved: pass --overhead, e.g. 4GB)" if not p.overhead_bytes else ""),
+        ),
         ("KV budget", _gb(p.kv_budget_bytes)),
         ("max live tokens", f"{p.max_live_tokens:,}"),
         (f"concurrency at {p.avg_tokens:,} tokens/request", f"{p.concurrency:,.1f}"),
     ]
     if p.concurrency_shared is not None:
-        rows.append((f"  with a {p.shared_prefix:,}-token shared prefix",
-                     f"{p.concurrency_shared:,.1f} ({p.sharing_gain:.2f}x)"))
+        rows.append(
+            (
+                f"  with a {p.shared_prefix:,}-token shared prefix",
+                f"{p.concurrency_shared:,.1f} ({p.sharing_gain:.2f}x)",
+            )
+        )
     if p.max_position_embeddings and p.max_live_tokens < p.max_position_embeddings:
         rows.append(("note", f"one full-context request ({p.max_position_embeddings:,} tokens) does not fit"))
     if p.kv_budget_bytes <= 0:
@@ -252,16 +318,28 @@ def format_plan(p: Plan) -> str:
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="model folder with config.json, or 'default'")
     p.add_argument("--gpu-mem", default="80GB", help="GPU memory: 80GB (10^9 B), 80GiB (2^30 B), 141GB ...")
-    p.add_argument("--kv-dtype", default=None, help="KV cache dtype: fp16, bf16, fp32, fp8 (= fp8_e4m3), fp8_e5m2, "
-                                                    "int8 (with radixrt's float16 scale per token and KV head) "
-                                                    "(default: the weight dtype)")
-    p.add_argument("--weight-dtype", default="bf16", help="weights dtype as served (default bf16, "
-                                                          "what radixrt runs on CUDA)")
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        help="KV cache dtype: fp16, bf16, fp32, fp8 (= fp8_e4m3), fp8_e5m2, "
+        "int8 (with radixrt's float16 scale per token and KV head) "
+        "(default: the weight dtype)",
+    )
+    p.add_argument(
+        "--weight-dtype", default="bf16", help="weights dtype as served (default bf16, what radixrt runs on CUDA)"
+    )
     p.add_argument("--avg-tokens", type=int, default=2000, help="average live tokens per request (prompt + output)")
-    p.add_argument("--shared-prefix", type=int, default=0, help="tokens every request shares (system prompt, "
-                                                                 "few-shot examples), stored once")
-    p.add_argument("--overhead", default="0GB", help="memory kept for activations, CUDA context, "
-                                                     "graphs (default 0GB: none reserved; 2-4GB is realistic)")
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="tokens every request shares (system prompt, few-shot examples), stored once",
+    )
+    p.add_argument(
+        "--overhead",
+        default="0GB",
+        help="memory kept for activations, CUDA context, graphs (default 0GB: none reserved; 2-4GB is realistic)",
+    )
     p.add_argument("--params", type=float, default=None, help="override the parameter count (e.g. 13e9)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -274,8 +352,14 @@ def plan_main(args: argparse.Namespace) -> int:
         counted = safetensors_param_count(folder)
         params, source = (counted, "safetensors headers") if counted else (shape.param_count(), "config.json")
     plan = make_plan(
-        shape, parse_bytes(args.gpu_mem), params=params, params_source=source, weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype, overhead_bytes=parse_bytes(args.overhead), avg_tokens=args.avg_tokens,
+        shape,
+        parse_bytes(args.gpu_mem),
+        params=params,
+        params_source=source,
+        weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype,
+        overhead_bytes=parse_bytes(args.overhead),
+        avg_tokens=args.avg_tokens,
         shared_prefix=args.shared_prefix,
     )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lint (ruff, whole repository) and type-check (mypy, the runtime core) with the
+# Lint (ruff check and ruff format --check, whole repository) and type-check (mypy, the runtime core) with the
 # versions of the `test` extra in .venv (scripts/setup.sh installs them).
 # CI runs it after the tests (.ci/run); configuration: pyproject.toml.
 set -euo pipefail
@@ -9,6 +9,9 @@ status=0
 
 echo "== ruff check"
 "$BIN/ruff" check . || status=1
+
+echo "== ruff format --check"
+"$BIN/ruff" format --check . || status=1
 
 # mypy cannot follow setuptools' package-dir mapping (radixrt.kernels -> kernels/,
 # radixrt.frontend -> frontend/): lay out radixrt/ with links to the real folders.

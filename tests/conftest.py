@@ -9,6 +9,7 @@ Markers (registered in pyproject.toml): ``slow`` for end-to-end tests on the
 embedded model, server spin-ups and long stress runs (``-m "not slow"`` is the
 fast path); ``gpu`` for tests that need CUDA, skipped here without it.
 """
+
 import os
 
 import pytest
@@ -67,8 +68,9 @@ def make_tiny(tmp_path_factory):
     def make(arch: str = "llama", *, tokenizer: bool = True, seed: int = 0, **overrides) -> str:
         key = (arch, tokenizer, seed, repr(sorted(overrides.items())))
         if key not in made:
-            made[key] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{arch}"), arch, tokenizer=tokenizer,
-                                        seed=seed, **overrides)
+            made[key] = make_tiny_model(
+                tmp_path_factory.mktemp(f"tiny-{arch}"), arch, tokenizer=tokenizer, seed=seed, **overrides
+            )
         return made[key]
 
     return make

@@ -1,4 +1,5 @@
 """``python -m radixrt.bench``: the same as ``radixrt bench``."""
+
 import sys
 
 from radixrt.bench.main import main

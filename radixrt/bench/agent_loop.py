@@ -30,6 +30,7 @@ against those computed, with the cache on and off, is the figure to read:
 with the cache on only the new tail of each step (the calls' headers, the
 previous step's calls and results) should be computed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,16 @@ from typing import Any
 from radixrt.bench.common import words
 from radixrt.bench.workload_base import Gen, Program, Tokens, Workload, greedy
 
-TOOL_NAMES = ["search_flights", "book_hotel", "get_weather", "convert_currency", "lookup_visa",
-              "find_restaurants", "rent_car", "check_calendar"]
+TOOL_NAMES = [
+    "search_flights",
+    "book_hotel",
+    "get_weather",
+    "convert_currency",
+    "lookup_visa",
+    "find_restaurants",
+    "rent_car",
+    "check_calendar",
+]
 CALL_OPEN = '<tool_call>\n{"name": "%s", "arguments": '
 CALL_CLOSE = "}\n</tool_call>\n"
 
@@ -52,11 +61,20 @@ def tool_schemas(rng: random.Random, description_words: int) -> list[dict]:
     for name in TOOL_NAMES:
         props: dict[str, Any] = {}
         for p in rng.sample(["city", "date", "country", "amount", "budget", "days", "cuisine", "user"], 3):
-            props[p] = {"type": "number" if p in ("amount", "budget", "days") else "string",
-                        "description": words(rng, 6)}
-        tools.append({"type": "function", "function": {
-            "name": name, "description": words(rng, description_words),
-            "parameters": {"type": "object", "properties": props, "required": list(props)[:2]}}})
+            props[p] = {
+                "type": "number" if p in ("amount", "budget", "days") else "string",
+                "description": words(rng, 6),
+            }
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": words(rng, description_words),
+                    "parameters": {"type": "object", "properties": props, "required": list(props)[:2]},
+                },
+            }
+        )
     return tools
 
 
@@ -79,9 +97,11 @@ class ChatBlocks:
         with_tools = self._render(messages, tools=tools)
         if with_tools == plain:  # the template ignores tools: the generic format in the system message
             listing = json.dumps([t["function"] for t in tools])
-            messages[0]["content"] = (f"{system}\n\nYou can call these tools:\n<tools>{listing}</tools>\n"
-                                      "To call a tool, write <tool_call>{\"name\": <tool name>, \"arguments\": "
-                                      "<JSON object>}</tool_call>, one per call.")
+            messages[0]["content"] = (
+                f"{system}\n\nYou can call these tools:\n<tools>{listing}</tools>\n"
+                'To call a tool, write <tool_call>{"name": <tool name>, "arguments": '
+                "<JSON object>}</tool_call>, one per call."
+            )
             with_tools = self._render(messages)
         return self.tok.text(with_tools)
 
@@ -92,15 +112,27 @@ class ChatBlocks:
         try:
             before, after = self._render(base), self._render(base + [msg])
             if after.startswith(before) and content in after:
-                return self.tok.text(after[len(before):])
+                return self.tok.text(after[len(before) :])
         except Exception:  # noqa: BLE001 - a template without a tool role
             pass
         return self.tok.role("user", f"Result of {call_id}: {content}")
 
 
-def agent_loop(tok: Tokens, scale: float = 1.0, seed: int = 0, *, agents: int = 4, steps: int = 4, calls: int = 3,
-               system_words: int = 120, tool_words: int = 20, task_words: int = 24, call_tokens: int = 12,
-               result_words: int = 24, answer_tokens: int = 16) -> Workload:
+def agent_loop(
+    tok: Tokens,
+    scale: float = 1.0,
+    seed: int = 0,
+    *,
+    agents: int = 4,
+    steps: int = 4,
+    calls: int = 3,
+    system_words: int = 120,
+    tool_words: int = 20,
+    task_words: int = 24,
+    call_tokens: int = 12,
+    result_words: int = 24,
+    answer_tokens: int = 16,
+) -> Workload:
     """``agents`` agents x ``steps`` steps x ``calls`` parallel tool calls, then an answer each."""
     rng = random.Random(seed + 11)
     n = max(1, round(agents * scale))
@@ -113,8 +145,10 @@ def agent_loop(tok: Tokens, scale: float = 1.0, seed: int = 0, *, agents: int = 
     call_close = tok.text(CALL_CLOSE)
     answer_head = tok.text("All tool results are in. Answer:")
     # a step's calls name different tools (as parallel calls usually do), so its branches differ
-    names = [rng.sample(TOOL_NAMES, calls) if calls <= len(TOOL_NAMES) else
-             [rng.choice(TOOL_NAMES) for _ in range(calls)] for _ in range(steps)]
+    names = [
+        rng.sample(TOOL_NAMES, calls) if calls <= len(TOOL_NAMES) else [rng.choice(TOOL_NAMES) for _ in range(calls)]
+        for _ in range(steps)
+    ]
     results = [[[words(rng, result_words) for _ in range(calls)] for _ in range(steps)] for _ in range(n)]
 
     def program(a: int) -> Program:
@@ -130,9 +164,17 @@ def agent_loop(tok: Tokens, scale: float = 1.0, seed: int = 0, *, agents: int = 
                 for c in range(calls):
                     history += blocks.tool_result(f"call_{s}_{c}", results[a][s][c])
             await gen(history + asst_open + answer_head, greedy(answer_tokens), steps)
+
         return run
 
-    shape = (f"{n} agents x {steps} steps x {calls} parallel calls, shared head ~{len(heads[0])} tokens "
-             f"({len(tools)} tools), {call_tokens}-token calls, {result_words}-word results, answer {answer_tokens}")
-    return Workload("agent-loop", shape, [program(a) for a in range(n)], n * (steps * calls + 1),
-                    params=dict(agents=n, steps=steps, calls=calls, tools=len(tools)))
+    shape = (
+        f"{n} agents x {steps} steps x {calls} parallel calls, shared head ~{len(heads[0])} tokens "
+        f"({len(tools)} tools), {call_tokens}-token calls, {result_words}-word results, answer {answer_tokens}"
+    )
+    return Workload(
+        "agent-loop",
+        shape,
+        [program(a) for a in range(n)],
+        n * (steps * calls + 1),
+        params=dict(agents=n, steps=steps, calls=calls, tools=len(tools)),
+    )

@@ -6,6 +6,7 @@ number of prompt tokens a perfect prefix cache computes.
 
 Nothing here imports torch at module level.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -165,8 +166,10 @@ async def engine_stream(engine: Any, payload: dict) -> ReqResult:
     meta: dict = {}
     try:
         stream = await engine.async_generate(
-            prompt=payload.get("text"), input_ids=payload.get("input_ids"),
-            sampling_params=payload.get("sampling_params"), stream=True,
+            prompt=payload.get("text"),
+            input_ids=payload.get("input_ids"),
+            sampling_params=payload.get("sampling_params"),
+            stream=True,
         )
         async for obj in stream:
             timer.tokens(len(obj["output_ids"]))
@@ -183,8 +186,15 @@ async def engine_stream(engine: Any, payload: dict) -> ReqResult:
 async def chat_stream(client: Any, model: str, messages: list, max_tokens: int) -> ReqResult:
     """A streaming ``/v1/chat/completions`` request (greedy, ``ignore_eos``)."""
     res = ReqResult()
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     res.start = t0
     last = None
@@ -232,9 +242,12 @@ async def server_counters(client: Any) -> dict:
     r.raise_for_status()
     st = r.json()["internal_states"][0]
     cache = st.get("cache", {})
-    return {"hit_tokens": cache.get("hit_tokens", 0), "queried_tokens": cache.get("queried_tokens", 0),
-            "prompt_tokens_computed": st.get("prompt_tokens_computed", 0),
-            "retractions": st.get("retractions", 0)}
+    return {
+        "hit_tokens": cache.get("hit_tokens", 0),
+        "queried_tokens": cache.get("queried_tokens", 0),
+        "prompt_tokens_computed": st.get("prompt_tokens_computed", 0),
+        "retractions": st.get("retractions", 0),
+    }
 
 
 async def server_kv_peak(client: Any, stop: asyncio.Event, every: float = 0.25) -> int:
@@ -304,19 +317,25 @@ class HFGenerate:
         with torch.inference_mode():
             for wave in waves:
                 for i in range(0, len(wave), self.batch_size):
-                    chunk = wave[i:i + self.batch_size]
+                    chunk = wave[i : i + self.batch_size]
                     width = max(len(ids) for ids, _ in chunk)
                     ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
                     mask = torch.zeros((len(chunk), width), dtype=torch.long)
                     for row, (p, _) in enumerate(chunk):
-                        ids[row, width - len(p):] = torch.tensor(p)
-                        mask[row, width - len(p):] = 1
+                        ids[row, width - len(p) :] = torch.tensor(p)
+                        mask[row, width - len(p) :] = 1
                     k = max(n for _, n in chunk)
                     if k == 0:
                         self.model(input_ids=ids, attention_mask=mask)
                     else:
-                        self.model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=k,
-                                            min_new_tokens=k, pad_token_id=self.pad_id)
+                        self.model.generate(
+                            ids,
+                            attention_mask=mask,
+                            do_sample=False,
+                            max_new_tokens=k,
+                            min_new_tokens=k,
+                            pad_token_id=self.pad_id,
+                        )
                     if progress is not None:
                         progress.update(len(chunk))
         return time.perf_counter() - t0

@@ -19,6 +19,7 @@ would have cost a request one decode step. Jump-forward's output equals the
 token-by-token run's (checked and reported). Figures are ratios from one run
 on one machine; absolute times only mean something on that machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,18 @@ SCHEMA = {
         "employed": {"type": "boolean"},
         "contact": {
             "type": "object",
-            "properties": {"email": {"type": "string", "maxLength": 40},
-                           "phone": {"type": "string", "pattern": "[0-9]{3}-[0-9]{4}"}},
+            "properties": {
+                "email": {"type": "string", "maxLength": 40},
+                "phone": {"type": "string", "pattern": "[0-9]{3}-[0-9]{4}"},
+            },
             "required": ["email", "phone"],
         },
-        "languages": {"type": "array", "items": {"type": "string", "enum": ["English", "French", "Spanish",
-                                                                             "German", "Japanese"]},
-                      "minItems": 1, "maxItems": 3},
+        "languages": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["English", "French", "Spanish", "German", "Japanese"]},
+            "minItems": 1,
+            "maxItems": 3,
+        },
     },
     "required": ["name", "age", "city", "occupation", "employed", "contact", "languages"],
 }
@@ -91,8 +97,9 @@ def run_once(engine: Any, prompts: list[str], sampling: dict) -> dict:
     results = engine.generate(prompts, [dict(sampling) for _ in prompts])
     wall = time.perf_counter() - t0
     after = engine.get_stats()
-    delta = {k: after[k] - before[k] for k in ("steps", "generated_tokens", "jump_forward_proposed",
-                                                "jump_forward_tokens")}
+    delta = {
+        k: after[k] - before[k] for k in ("steps", "generated_tokens", "jump_forward_proposed", "jump_forward_tokens")
+    }
     out_tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
     return {
         "wall_s": wall,
@@ -127,13 +134,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     free = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     runs: dict[str, dict] = {}
     for label, jf in (("jump-forward on", True), ("jump-forward off", False)):
-        engine = Engine(args.model, max_total_tokens=args.max_total_tokens, device=args.device,
-                        enable_jump_forward=jf)
+        engine = Engine(args.model, max_total_tokens=args.max_total_tokens, device=args.device, enable_jump_forward=jf)
         try:
-            system = ("Extract the person described in the document into JSON with the fields name, age, city, "
-                      "occupation, employed, contact (email, phone) and languages. Reply with the JSON object only.")
-            prompts = [engine.apply_chat_template([{"role": "system", "content": system},
-                                                   {"role": "user", "content": d}]) for d in docs]
+            system = (
+                "Extract the person described in the document into JSON with the fields name, age, city, "
+                "occupation, employed, contact (email, phone) and languages. Reply with the JSON object only."
+            )
+            prompts = [
+                engine.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": d}])
+                for d in docs
+            ]
             engine.generate(prompts[0], {**constrained, "max_new_tokens": 4})  # warm-up + compile the schema
             runs[label] = run_once(engine, prompts, constrained)
             if jf:
@@ -143,21 +153,33 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     on, off, plain = runs["jump-forward on"], runs["jump-forward off"], runs["unconstrained"]
     identical = on["output_ids"] == off["output_ids"]
-    print(f"{args.documents} documents, <= {args.max_new_tokens} new tokens, greedy, model {args.model}, "
-          f"device {args.device}")
-    print(f"{'run':<18} {'wall s':>7} {'steps':>6} {'out tok':>8} {'tok/s':>7} {'valid':>6} {'stop':>5} "
-          f"{'drafted':>8} {'saved':>6}")
+    print(
+        f"{args.documents} documents, <= {args.max_new_tokens} new tokens, greedy, model {args.model}, "
+        f"device {args.device}"
+    )
+    print(
+        f"{'run':<18} {'wall s':>7} {'steps':>6} {'out tok':>8} {'tok/s':>7} {'valid':>6} {'stop':>5} "
+        f"{'drafted':>8} {'saved':>6}"
+    )
     for label in ("jump-forward on", "jump-forward off", "unconstrained"):
         r = runs[label]
-        print(f"{label:<18} {r['wall_s']:7.2f} {r['steps']:6d} {r['output_tokens']:8d} {r['tokens_per_s']:7.1f} "
-              f"{r['valid']:6d} {r['finished_stop']:5d} {r['draft_proposed']:8d} {r['decode_steps_saved']:6d}")
+        print(
+            f"{label:<18} {r['wall_s']:7.2f} {r['steps']:6d} {r['output_tokens']:8d} {r['tokens_per_s']:7.1f} "
+            f"{r['valid']:6d} {r['finished_stop']:5d} {r['draft_proposed']:8d} {r['decode_steps_saved']:6d}"
+        )
     saved = on["decode_steps_saved"]
-    print(f"decode steps saved by jump-forward: {saved} of {on['output_tokens']} output tokens "
-          f"({100 * saved / max(on['output_tokens'], 1):.1f}%); draft tokens kept {saved}/{on['draft_proposed']}")
-    print(f"throughput ratio jump-forward on / off: {on['tokens_per_s'] / off['tokens_per_s']:.2f}x "
-          f"(wall {off['wall_s'] / on['wall_s']:.2f}x); engine steps {on['steps']} vs {off['steps']}")
-    print(f"throughput ratio jump-forward on / unconstrained: {on['tokens_per_s'] / plain['tokens_per_s']:.2f}x; "
-          f"off / unconstrained: {off['tokens_per_s'] / plain['tokens_per_s']:.2f}x")
+    print(
+        f"decode steps saved by jump-forward: {saved} of {on['output_tokens']} output tokens "
+        f"({100 * saved / max(on['output_tokens'], 1):.1f}%); draft tokens kept {saved}/{on['draft_proposed']}"
+    )
+    print(
+        f"throughput ratio jump-forward on / off: {on['tokens_per_s'] / off['tokens_per_s']:.2f}x "
+        f"(wall {off['wall_s'] / on['wall_s']:.2f}x); engine steps {on['steps']} vs {off['steps']}"
+    )
+    print(
+        f"throughput ratio jump-forward on / unconstrained: {on['tokens_per_s'] / plain['tokens_per_s']:.2f}x; "
+        f"off / unconstrained: {off['tokens_per_s'] / plain['tokens_per_s']:.2f}x"
+    )
     print(f"jump-forward on and off outputs identical: {identical}")
     print(f"sample output: {on['sample']}")
     if args.json_out:

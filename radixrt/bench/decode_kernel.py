@@ -19,6 +19,7 @@ glibc's malloc hands them back to the system each time, so that every call
 page-faults them in again (2 ms instead of 0.5 ms for the first shape here;
 ``MALLOC_MMAP_THRESHOLD_=33554432`` removed the difference).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,7 +91,7 @@ def measure(shape: str, calls: int) -> KernelTime:
     last = table[:, -1]
     k_new, v_new = cache.k[last].clone(), cache.v[last].clone()
     meta = AttentionMetadata.build(table.tolist(), [1] * batch)
-    scale = dim ** -0.5
+    scale = dim**-0.5
 
     def path(native: bool) -> Callable[[], torch.Tensor]:
         backend = TorchReferenceBackend(native_decode=native, cascade=False, decode_budget=batch * context)
@@ -104,15 +105,24 @@ def measure(shape: str, calls: int) -> KernelTime:
         junk.add_(1.0)
 
     diff = float((kernel() - torch_path()).abs().max())
-    return KernelTime(shape, _median_us(kernel, calls, None), _median_us(kernel, calls, flush),
-                      _median_us(torch_path, calls, None), _median_us(torch_path, calls, flush), diff)
+    return KernelTime(
+        shape,
+        _median_us(kernel, calls, None),
+        _median_us(kernel, calls, flush),
+        _median_us(torch_path, calls, None),
+        _median_us(torch_path, calls, flush),
+        diff,
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixrt.bench.decode_kernel", description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", action="append", default=None,
-                    help="batch,context,query heads,KV heads,head dim (repeatable; default: "
-                         + " and ".join(SHAPES) + ")")
+    ap.add_argument(
+        "--shape",
+        action="append",
+        default=None,
+        help="batch,context,query heads,KV heads,head dim (repeatable; default: " + " and ".join(SHAPES) + ")",
+    )
     ap.add_argument("--calls", type=int, default=100, help="timed calls per figure (default: 100)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, which the kernel also uses (default: 1)")
     args = ap.parse_args(argv)
@@ -125,8 +135,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("shape (B,ctx,Hq,Hkv,D)   kernel warm us  kernel cold us  torch warm us  torch cold us  max |diff|")
     for shape in shapes:
         r = measure(shape, args.calls)
-        print(f"{r.shape:22s}  {r.kernel_warm_us:14.0f}  {r.kernel_cold_us:14.0f}  {r.torch_warm_us:13.0f}  "
-              f"{r.torch_cold_us:13.0f}  {r.max_abs_diff:10.1e}")
+        print(
+            f"{r.shape:22s}  {r.kernel_warm_us:14.0f}  {r.kernel_cold_us:14.0f}  {r.torch_warm_us:13.0f}  "
+            f"{r.torch_cold_us:13.0f}  {r.max_abs_diff:10.1e}"
+        )
     return 0
 
 

@@ -6,6 +6,7 @@ A workload's programs start at Poisson arrival times (all at once offline);
 every request they issue is recorded, and :func:`summarize` turns the records
 plus the engine's or server's counters into one table row.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,12 +26,15 @@ HF_LABEL = "transformers generate"
 # Warm-up requests for every engine and server: first-call costs, and the
 # compilation of the JSON workload's grammar (compiled once per schema and
 # cached; the steady state is what the table should show).
-WARMUP_SAMPLING = [{"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
-                   {"max_new_tokens": 4, "temperature": 0, "json_schema": json.dumps(PERSON_SCHEMA)}]
+WARMUP_SAMPLING = [
+    {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+    {"max_new_tokens": 4, "temperature": 0, "json_schema": json.dumps(PERSON_SCHEMA)},
+]
 
 
-async def drive(wl: Workload, submit: Callable[[dict], Any], rate: float, seed: int,
-                bar: Any = None) -> tuple[list[dict], float]:
+async def drive(
+    wl: Workload, submit: Callable[[dict], Any], rate: float, seed: int, bar: Any = None
+) -> tuple[list[dict], float]:
     """Run every program of ``wl``; programs start at Poisson arrival times
     (``rate`` programs/s; inf: all at once). Returns the request records
     (submission order, stage, ids, outcome) and the wall time."""
@@ -40,8 +44,16 @@ async def drive(wl: Workload, submit: Callable[[dict], Any], rate: float, seed: 
     async def gen(ids: list[int], sp: dict, stage: int) -> ReqResult:
         idx = next(order)
         res = await submit({"input_ids": ids, "sampling_params": sp})
-        records.append({"order": idx, "stage": stage, "input_ids": ids, "output_ids": list(res.output_ids),
-                        "completion_tokens": res.output_tokens, "res": res})
+        records.append(
+            {
+                "order": idx,
+                "stage": stage,
+                "input_ids": ids,
+                "output_ids": list(res.output_ids),
+                "completion_tokens": res.output_tokens,
+                "res": res,
+            }
+        )
         if bar is not None:
             bar.update(1)
         return res
@@ -66,12 +78,17 @@ def summarize(wl: Workload, records: list[dict], wall: float, counters: dict) ->
     cached = sum(r.cached_tokens for r in ok)
     ideal = ideal_prompt_tokens((r["input_ids"], r["output_ids"]) for r in sorted(records, key=lambda r: r["order"]))
     row = {
-        "requests": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+        "requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:3],
-        "wall_s": wall, "programs": len(wl.programs),
+        "wall_s": wall,
+        "programs": len(wl.programs),
         "request_throughput": len(ok) / wall if wall else 0.0,
         "output_throughput": out / wall if wall else 0.0,
-        "prompt_tokens": prompt, "output_tokens": out, "cached_tokens": cached,
+        "prompt_tokens": prompt,
+        "output_tokens": out,
+        "cached_tokens": cached,
         "cache_hit_rate": cached / prompt if prompt else 0.0,
         "ideal_prompt_tokens": ideal,
         **counters,

@@ -18,6 +18,7 @@ prompts are cached by a first call, so both calls of a repeat do the same
 prefill. ``step_time --engine`` runs one such repeat after each of its own
 (`EngineBench.repeat`), so that both figures see the same load.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -34,14 +35,18 @@ class EngineStepTime:
     ms_per_step: float
 
 
-def engine_kwargs(batches: list[int], steps: int, repeats: int, prompt_len: int, device: str,
-                  overlap: Optional[bool]) -> dict[str, Any]:
+def engine_kwargs(
+    batches: list[int], steps: int, repeats: int, prompt_len: int, device: str, overlap: Optional[bool]
+) -> dict[str, Any]:
     """The engine settings of `step_time.measure` for this workload."""
     max_new = WARM_STEPS + steps * (repeats + 1) + 64
     return dict(
-        device=device, max_running_requests=max(batches),
-        max_total_tokens=max(batches) * (prompt_len + max_new + 16), chunked_prefill_size=1 << 16,
-        context_length=prompt_len + max_new + 16, disable_overlap_schedule=None if overlap is None else not overlap,
+        device=device,
+        max_running_requests=max(batches),
+        max_total_tokens=max(batches) * (prompt_len + max_new + 16),
+        chunked_prefill_size=1 << 16,
+        context_length=prompt_len + max_new + 16,
+        disable_overlap_schedule=None if overlap is None else not overlap,
     )
 
 
@@ -63,8 +68,16 @@ class EngineBench:
     """One Engine for the workload; `repeat` times one repeat of a batch size
     (the first call for a batch caches its prompts first)."""
 
-    def __init__(self, model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
-                 overlap: Optional[bool] = None, prompt_len: int = 32) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        batches: list[int],
+        steps: int,
+        repeats: int,
+        device: str = "cpu",
+        overlap: Optional[bool] = None,
+        prompt_len: int = 32,
+    ) -> None:
         from radixrt.engine import Engine
 
         self.steps = steps
@@ -99,8 +112,15 @@ class EngineBench:
         self.close()
 
 
-def measure_engine(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
-                   overlap: Optional[bool] = None, prompt_len: int = 32) -> list[EngineStepTime]:
+def measure_engine(
+    model_path: str,
+    batches: list[int],
+    steps: int,
+    repeats: int,
+    device: str = "cpu",
+    overlap: Optional[bool] = None,
+    prompt_len: int = 32,
+) -> list[EngineStepTime]:
     """ms per decode step through `Engine.generate` for each batch size (see the module docstring)."""
     with EngineBench(model_path, batches, steps, repeats, device, overlap, prompt_len) as bench:
         for batch in batches:

@@ -9,6 +9,7 @@ the examples run.
     rt.set_default_backend(rt.Engine())
     print(capital_qa.run(country="France", temperature=0)["answer"])
 """
+
 from __future__ import annotations
 
 import radixrt as rt
@@ -16,26 +17,78 @@ import radixrt as rt
 # --- 5-shot capital cities ------------------------------------------------------
 
 # The worked examples every ``capital_qa`` program starts with.
-FEW_SHOT_CAPITALS = [("Germany", "Berlin"), ("Spain", "Madrid"), ("Japan", "Tokyo"), ("Canada", "Ottawa"),
-                     ("Egypt", "Cairo")]
+FEW_SHOT_CAPITALS = [
+    ("Germany", "Berlin"),
+    ("Spain", "Madrid"),
+    ("Japan", "Tokyo"),
+    ("Canada", "Ottawa"),
+    ("Egypt", "Cairo"),
+]
 # The questions: (country, its capital), none of them among the worked examples.
 CAPITAL_QUESTIONS = [
-    ("France", "Paris"), ("Italy", "Rome"), ("England", "London"), ("Russia", "Moscow"), ("China", "Beijing"),
-    ("Greece", "Athens"), ("Portugal", "Lisbon"), ("Austria", "Vienna"), ("Poland", "Warsaw"),
-    ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"),
-    ("Ireland", "Dublin"), ("Hungary", "Budapest"), ("Belgium", "Brussels"), ("the Netherlands", "Amsterdam"),
-    ("Switzerland", "Bern"), ("Czechia", "Prague"), ("Romania", "Bucharest"), ("Bulgaria", "Sofia"),
-    ("Serbia", "Belgrade"), ("Croatia", "Zagreb"), ("Ukraine", "Kyiv"), ("Turkey", "Ankara"),
-    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Israel", "Jerusalem"), ("Saudi Arabia", "Riyadh"),
-    ("India", "New Delhi"), ("Pakistan", "Islamabad"), ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"),
-    ("South Korea", "Seoul"), ("Indonesia", "Jakarta"), ("the Philippines", "Manila"),
-    ("Malaysia", "Kuala Lumpur"), ("Australia", "Canberra"), ("New Zealand", "Wellington"),
-    ("Mexico", "Mexico City"), ("Cuba", "Havana"), ("Argentina", "Buenos Aires"), ("Chile", "Santiago"),
-    ("Peru", "Lima"), ("Colombia", "Bogota"), ("Venezuela", "Caracas"), ("Brazil", "Brasilia"),
-    ("Kenya", "Nairobi"), ("Ethiopia", "Addis Ababa"), ("Nigeria", "Abuja"), ("Ghana", "Accra"),
-    ("Morocco", "Rabat"), ("Algeria", "Algiers"), ("Tunisia", "Tunis"), ("Senegal", "Dakar"),
-    ("Uganda", "Kampala"), ("Afghanistan", "Kabul"), ("Nepal", "Kathmandu"), ("Bangladesh", "Dhaka"),
-    ("Sri Lanka", "Colombo"), ("Mongolia", "Ulaanbaatar"), ("Iceland", "Reykjavik"), ("Estonia", "Tallinn"),
+    ("France", "Paris"),
+    ("Italy", "Rome"),
+    ("England", "London"),
+    ("Russia", "Moscow"),
+    ("China", "Beijing"),
+    ("Greece", "Athens"),
+    ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"),
+    ("Poland", "Warsaw"),
+    ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"),
+    ("Finland", "Helsinki"),
+    ("Denmark", "Copenhagen"),
+    ("Ireland", "Dublin"),
+    ("Hungary", "Budapest"),
+    ("Belgium", "Brussels"),
+    ("the Netherlands", "Amsterdam"),
+    ("Switzerland", "Bern"),
+    ("Czechia", "Prague"),
+    ("Romania", "Bucharest"),
+    ("Bulgaria", "Sofia"),
+    ("Serbia", "Belgrade"),
+    ("Croatia", "Zagreb"),
+    ("Ukraine", "Kyiv"),
+    ("Turkey", "Ankara"),
+    ("Iran", "Tehran"),
+    ("Iraq", "Baghdad"),
+    ("Israel", "Jerusalem"),
+    ("Saudi Arabia", "Riyadh"),
+    ("India", "New Delhi"),
+    ("Pakistan", "Islamabad"),
+    ("Thailand", "Bangkok"),
+    ("Vietnam", "Hanoi"),
+    ("South Korea", "Seoul"),
+    ("Indonesia", "Jakarta"),
+    ("the Philippines", "Manila"),
+    ("Malaysia", "Kuala Lumpur"),
+    ("Australia", "Canberra"),
+    ("New Zealand", "Wellington"),
+    ("Mexico", "Mexico City"),
+    ("Cuba", "Havana"),
+    ("Argentina", "Buenos Aires"),
+    ("Chile", "Santiago"),
+    ("Peru", "Lima"),
+    ("Colombia", "Bogota"),
+    ("Venezuela", "Caracas"),
+    ("Brazil", "Brasilia"),
+    ("Kenya", "Nairobi"),
+    ("Ethiopia", "Addis Ababa"),
+    ("Nigeria", "Abuja"),
+    ("Ghana", "Accra"),
+    ("Morocco", "Rabat"),
+    ("Algeria", "Algiers"),
+    ("Tunisia", "Tunis"),
+    ("Senegal", "Dakar"),
+    ("Uganda", "Kampala"),
+    ("Afghanistan", "Kabul"),
+    ("Nepal", "Kathmandu"),
+    ("Bangladesh", "Dhaka"),
+    ("Sri Lanka", "Colombo"),
+    ("Mongolia", "Ulaanbaatar"),
+    ("Iceland", "Reykjavik"),
+    ("Estonia", "Tallinn"),
     ("Latvia", "Riga"),
 ]
 CAPITALS_PREAMBLE = "Answer with the name of the capital city.\n\n" + "".join(
@@ -55,8 +108,7 @@ def capital_qa(s, country):
 
 # --- tree of thought -------------------------------------------------------------
 
-TOT_QUESTION = ("A farmer has 3 pens with 4 sheep in each pen. He buys 5 more sheep. "
-                "How many sheep does he have now?")
+TOT_QUESTION = "A farmer has 3 pens with 4 sheep in each pen. He buys 5 more sheep. How many sheep does he have now?"
 
 
 @rt.function
@@ -78,8 +130,11 @@ def tree_of_thought(s, question, width=4, depth=2, thought_tokens=24):
             kids = node.fork(width)
             for k, kid in enumerate(kids):
                 seed = 1000 * level + width * n + k
-                kid += f"Step {level + 1}:" + rt.gen("thought", max_tokens=thought_tokens, stop="\n",
-                                                     temperature=0.8, top_p=0.95, seed=seed) + "\n"
+                kid += (
+                    f"Step {level + 1}:"
+                    + rt.gen("thought", max_tokens=thought_tokens, stop="\n", temperature=0.8, top_p=0.95, seed=seed)
+                    + "\n"
+                )
             children.extend(kids)
         frontier = children
     for leaf in frontier:
@@ -88,7 +143,7 @@ def tree_of_thought(s, question, width=4, depth=2, thought_tokens=24):
     leaves = []
     for leaf in frontier:
         yes_score = leaf.get_meta_info("verdict")["normalized_prompt_logprobs"][0]
-        path = leaf.text()[len(s.text()):].split("Answer:")[0]
+        path = leaf.text()[len(s.text()) :].split("Answer:")[0]
         leaves.append((yes_score, leaf["answer"].strip(), path))
     leaves.sort(key=lambda x: -x[0])
     return leaves

@@ -23,6 +23,7 @@ times, carry over to other machines):
     python -m radixrt.bench.hicache --only tier --users 8 --turns 4
     python -m radixrt.bench.hicache --only dtype --kv-budget-mib 64
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,10 @@ class AgentWorkload:
         lo, hi = 100, max(101, vocab - 1)
         system = [rng.randrange(lo, hi) for _ in range(self.system_tokens)]
         firsts = [system + [rng.randrange(lo, hi) for _ in range(self.task_tokens)] for _ in range(self.users)]
-        tools = [[[rng.randrange(lo, hi) for _ in range(self.tool_tokens)] for _ in range(self.turns - 1)]
-                 for _ in range(self.users)]
+        tools = [
+            [[rng.randrange(lo, hi) for _ in range(self.tool_tokens)] for _ in range(self.turns - 1)]
+            for _ in range(self.users)
+        ]
         return firsts, tools
 
     def final_history_tokens(self) -> int:
@@ -93,20 +96,29 @@ def run_agents(engine: Any, wl: AgentWorkload, vocab: int) -> dict[str, Any]:
 def bench_tier(model: str, args: argparse.Namespace) -> dict[str, Any]:
     import radixrt
 
-    wl = AgentWorkload(args.users, args.turns, args.system_tokens, args.task_tokens, args.tool_tokens,
-                       args.output_tokens, args.seed)
+    wl = AgentWorkload(
+        args.users, args.turns, args.system_tokens, args.task_tokens, args.tool_tokens, args.output_tokens, args.seed
+    )
     working_set = wl.users * wl.final_history_tokens()
     # at least two agents' histories fit at once (fewer agents than --working-set would not)
-    pool = args.max_total_tokens or max(256, int(working_set / args.working_set),
-                                        2 * (wl.final_history_tokens() + wl.output_tokens))
+    pool = args.max_total_tokens or max(
+        256, int(working_set / args.working_set), 2 * (wl.final_history_tokens() + wl.output_tokens)
+    )
     rows = []
     runs: dict[bool, dict[str, Any]] = {}
     for tier in (False, True):
-        kw: dict[str, Any] = dict(max_total_tokens=pool, chunked_prefill_size=args.chunked_prefill_size,
-                                  max_running_requests=max(8, wl.users), log_level=args.log_level)
+        kw: dict[str, Any] = dict(
+            max_total_tokens=pool,
+            chunked_prefill_size=args.chunked_prefill_size,
+            max_running_requests=max(8, wl.users),
+            log_level=args.log_level,
+        )
         if tier:
-            kw.update(enable_hierarchical_cache=True, host_kv_size=args.host_kv_size or 4 * working_set,
-                      hicache_write_policy=args.write_policy)
+            kw.update(
+                enable_hierarchical_cache=True,
+                host_kv_size=args.host_kv_size or 4 * working_set,
+                hicache_write_policy=args.write_policy,
+            )
         engine = radixrt.Engine(model, **kw)
         try:
             vocab = engine.scheduler.vocab_size
@@ -117,23 +129,25 @@ def bench_tier(model: str, args: argparse.Namespace) -> dict[str, Any]:
         st, cache = run["stats"], run["stats"]["cache"]
         prompt = sum(len(p) for p, _ in run["requests"])
         out = sum(len(o) for o in run["outputs"])
-        rows.append({
-            "host_tier": "on" if tier else "off",
-            "device_pool_tokens": pool,
-            "working_set_tokens": working_set,
-            "prompt_tokens": prompt,
-            "prompt_tokens_computed": st["prompt_tokens_computed"],
-            "ideal_prompt_tokens": ideal_prompt_tokens(run["requests"]),
-            "hit_rate": round(cache["hit_rate"], 4),
-            "device_hit_rate": round(cache["device_hit_rate"], 4),
-            "host_hit_rate": round(cache["host_hit_rate"], 4),
-            "host_loaded_tokens": cache.get("host_loaded_tokens", 0),
-            "host_offloaded_tokens": cache.get("host_offloaded_tokens", 0),
-            "retractions": st["retractions"],
-            "wall_s": round(run["wall_s"], 3),
-            "output_tok_s": round(out / run["wall_s"], 2),
-            "prompt_tok_s": round(prompt / run["wall_s"], 2),
-        })
+        rows.append(
+            {
+                "host_tier": "on" if tier else "off",
+                "device_pool_tokens": pool,
+                "working_set_tokens": working_set,
+                "prompt_tokens": prompt,
+                "prompt_tokens_computed": st["prompt_tokens_computed"],
+                "ideal_prompt_tokens": ideal_prompt_tokens(run["requests"]),
+                "hit_rate": round(cache["hit_rate"], 4),
+                "device_hit_rate": round(cache["device_hit_rate"], 4),
+                "host_hit_rate": round(cache["host_hit_rate"], 4),
+                "host_loaded_tokens": cache.get("host_loaded_tokens", 0),
+                "host_offloaded_tokens": cache.get("host_offloaded_tokens", 0),
+                "retractions": st["retractions"],
+                "wall_s": round(run["wall_s"], 3),
+                "output_tok_s": round(out / run["wall_s"], 2),
+                "prompt_tok_s": round(prompt / run["wall_s"], 2),
+            }
+        )
     off, on = rows
     on["computed_vs_off"] = round(on["prompt_tokens_computed"] / max(1, off["prompt_tokens_computed"]), 4)
     on["speedup_vs_off"] = round(off["wall_s"] / max(on["wall_s"], 1e-9), 3)
@@ -166,12 +180,19 @@ def bench_dtypes(model: str, args: argparse.Namespace) -> dict[str, Any]:
             probe = None
             fp = kv_footprint(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype, model_dtype)
             tokens = fp.tokens_in(budget)
-            engine = radixrt.Engine(model, max_total_tokens=tokens, kv_cache_dtype=dtype,
-                                    max_running_requests=args.sweep_requests,
-                                    chunked_prefill_size=args.chunked_prefill_size, log_level=args.log_level)
+            engine = radixrt.Engine(
+                model,
+                max_total_tokens=tokens,
+                kv_cache_dtype=dtype,
+                max_running_requests=args.sweep_requests,
+                chunked_prefill_size=args.chunked_prefill_size,
+                log_level=args.log_level,
+            )
             rng = random.Random(args.seed)
-            prompts = [[rng.randrange(100, vocab - 1) for _ in range(args.sweep_prompt_tokens)]
-                       for _ in range(args.sweep_requests)]
+            prompts = [
+                [rng.randrange(100, vocab - 1) for _ in range(args.sweep_prompt_tokens)]
+                for _ in range(args.sweep_requests)
+            ]
             sp = {"max_new_tokens": args.sweep_output_tokens, "temperature": 0, "ignore_eos": True}
             seen: list[int] = []
             stop = threading.Event()
@@ -185,22 +206,29 @@ def bench_dtypes(model: str, args: argparse.Namespace) -> dict[str, Any]:
             poller.join()
             st = engine.get_stats()
             out = sum(len(r["output_ids"]) for r in res)
-            rows.append({
-                "kv_cache_dtype": dtype,
-                "bytes_per_token": fp.bytes_per_token,
-                "pool_tokens": tokens,
-                "peak_running": max(seen or [0]),
-                "peak_kv_used_slots": st["peak_kv_used_slots"],
-                "retractions": st["retractions"],
-                "wall_s": round(wall, 3),
-                "output_tok_s": round(out / wall, 2),
-            })
+            rows.append(
+                {
+                    "kv_cache_dtype": dtype,
+                    "bytes_per_token": fp.bytes_per_token,
+                    "pool_tokens": tokens,
+                    "peak_running": max(seen or [0]),
+                    "peak_kv_used_slots": st["peak_kv_used_slots"],
+                    "retractions": st["retractions"],
+                    "wall_s": round(wall, 3),
+                    "output_tok_s": round(out / wall, 2),
+                }
+            )
         finally:
             for e in (probe, engine):
                 if e is not None:
                     e.shutdown()
-    return {"budget_mib": args.kv_budget_mib, "requests": args.sweep_requests,
-            "prompt_tokens": args.sweep_prompt_tokens, "output_tokens": args.sweep_output_tokens, "rows": rows}
+    return {
+        "budget_mib": args.kv_budget_mib,
+        "requests": args.sweep_requests,
+        "prompt_tokens": args.sweep_prompt_tokens,
+        "output_tokens": args.sweep_output_tokens,
+        "rows": rows,
+    }
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
@@ -215,16 +243,49 @@ def render(report: dict[str, Any]) -> str:
     if "tier" in report:
         t = report["tier"]
         parts.append(f"host tier on vs off: {t['workload']}")
-        parts.append(_table(t["rows"], ["host_tier", "device_pool_tokens", "working_set_tokens", "prompt_tokens",
-                                        "prompt_tokens_computed", "ideal_prompt_tokens", "computed_vs_off",
-                                        "hit_rate", "device_hit_rate", "host_hit_rate", "retractions", "wall_s",
-                                        "output_tok_s", "speedup_vs_off", "outputs_equal_off"]))
+        parts.append(
+            _table(
+                t["rows"],
+                [
+                    "host_tier",
+                    "device_pool_tokens",
+                    "working_set_tokens",
+                    "prompt_tokens",
+                    "prompt_tokens_computed",
+                    "ideal_prompt_tokens",
+                    "computed_vs_off",
+                    "hit_rate",
+                    "device_hit_rate",
+                    "host_hit_rate",
+                    "retractions",
+                    "wall_s",
+                    "output_tok_s",
+                    "speedup_vs_off",
+                    "outputs_equal_off",
+                ],
+            )
+        )
     if "dtype" in report:
         d = report["dtype"]
-        parts.append(f"kv_cache_dtype at {d['budget_mib']} MiB of KV, {d['requests']} requests of "
-                     f"{d['prompt_tokens']} + {d['output_tokens']} tokens at once:")
-        parts.append(_table(d["rows"], ["kv_cache_dtype", "bytes_per_token", "pool_tokens", "peak_running",
-                                        "peak_kv_used_slots", "retractions", "wall_s", "output_tok_s"]))
+        parts.append(
+            f"kv_cache_dtype at {d['budget_mib']} MiB of KV, {d['requests']} requests of "
+            f"{d['prompt_tokens']} + {d['output_tokens']} tokens at once:"
+        )
+        parts.append(
+            _table(
+                d["rows"],
+                [
+                    "kv_cache_dtype",
+                    "bytes_per_token",
+                    "pool_tokens",
+                    "peak_running",
+                    "peak_kv_used_slots",
+                    "retractions",
+                    "wall_s",
+                    "output_tok_s",
+                ],
+            )
+        )
     return "\n\n".join(parts)
 
 
@@ -237,8 +298,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-tokens", type=int, default=128, help="each agent's own first message")
     p.add_argument("--tool-tokens", type=int, default=160, help="tool result appended per turn")
     p.add_argument("--output-tokens", type=int, default=8, help="tokens the model writes per turn")
-    p.add_argument("--working-set", type=float, default=4.0,
-                   help="device pool = the agents' final histories / this (unless --max-total-tokens)")
+    p.add_argument(
+        "--working-set",
+        type=float,
+        default=4.0,
+        help="device pool = the agents' final histories / this (unless --max-total-tokens)",
+    )
     p.add_argument("--max-total-tokens", type=int, default=None, help="device KV pool in tokens")
     p.add_argument("--host-kv-size", type=int, default=None, help="host tier in tokens (default 4x working set)")
     p.add_argument("--write-policy", default="write_through", choices=["write_through", "write_back"])

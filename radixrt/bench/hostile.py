@@ -15,6 +15,7 @@ schema with no finite instance, a regex bomb, the largest forced string the
 default grammar limits allow, a prompt at the context length, a 30 MB body,
 a maximal-priority request, and a tool list at the server's limits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,23 +34,35 @@ RECURSIVE = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": [
 
 def _hostile(context: int) -> dict[str, tuple[str, Any]]:
     """name -> (route, body)."""
+
     def gen(**sp: Any) -> dict:
         return {"text": "Write it:", "sampling_params": {"max_new_tokens": 64, "temperature": 0, **sp}}
 
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    tools = [{"type": "function", "function": {"name": f"t{i}", "description": "x" * 7000, "parameters": schema}}
-             for i in range(128)]
+    tools = [
+        {"type": "function", "function": {"name": f"t{i}", "description": "x" * 7000, "parameters": schema}}
+        for i in range(128)
+    ]
     return {
         "recursive schema": ("/generate", gen(json_schema=json.dumps(RECURSIVE))),
         "regex a{3000000}": ("/generate", gen(regex="a{3000000}")),
         "forced a{65536} (allowed)": ("/generate", gen(regex="a{65536}")),
-        "prompt at the context": ("/generate", {"input_ids": [17] * (context - 2),
-                                                "sampling_params": {"max_new_tokens": 1}}),
+        "prompt at the context": (
+            "/generate",
+            {"input_ids": [17] * (context - 2), "sampling_params": {"max_new_tokens": 1}},
+        ),
         "30 MB body": ("/generate", {"text": "x" * 30_000_000}),
         "priority 2**63-1": ("/generate", {**gen(), "priority": 2**63 - 1}),
-        "128 tools, 0.9 MB (at the limits)": ("/v1/chat/completions", {
-            "model": "default", "messages": [{"role": "user", "content": "hi"}], "tools": tools,
-            "tool_choice": "required", "max_tokens": 8}),
+        "128 tools, 0.9 MB (at the limits)": (
+            "/v1/chat/completions",
+            {
+                "model": "default",
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": tools,
+                "tool_choice": "required",
+                "max_tokens": 8,
+            },
+        ),
     }
 
 
@@ -84,15 +97,20 @@ def run(model: str, probes: int) -> None:
             pids, context = info["process_ids"], int(info.get("context_length") or 8192)
 
             def probe() -> float:
-                r, s = _timed(lambda: c.post("/generate", json={"text": "Hello", "sampling_params": {
-                    "max_new_tokens": 4, "temperature": 0}}))
+                r, s = _timed(
+                    lambda: c.post(
+                        "/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+                    )
+                )
                 r.raise_for_status()
                 return s
 
             idle = statistics.median(probe() for _ in range(probes))
             print(f"probe (4-token /generate) alone: median {idle * 1000:.0f} ms")
-            print(f"{'hostile request':36} {'status':>6} {'its s':>7} {'probe worst':>12} {'median':>8} "
-                  f"{'/health worst':>14} {'RSS +MiB':>9}")
+            print(
+                f"{'hostile request':36} {'status':>6} {'its s':>7} {'probe worst':>12} {'median':>8} "
+                f"{'/health worst':>14} {'RSS +MiB':>9}"
+            )
             for name, (route, body) in _hostile(context).items():
                 rss0 = _max_rss_mib(pids)
                 done: dict[str, Any] = {}
@@ -103,9 +121,11 @@ def run(model: str, probes: int) -> None:
                     lat.append(probe())
                     health.append(_timed(lambda: c.get("/health"))[1])
                 th.join()
-                print(f"{name:36} {done['r'].status_code:>6} {done['s']:>7.2f} {max(lat) * 1000:>9.0f} ms "
-                      f"{statistics.median(lat) * 1000:>5.0f} ms {max(health) * 1000:>11.0f} ms "
-                      f"{_max_rss_mib(pids) - rss0:>9.0f}")
+                print(
+                    f"{name:36} {done['r'].status_code:>6} {done['s']:>7.2f} {max(lat) * 1000:>9.0f} ms "
+                    f"{statistics.median(lat) * 1000:>5.0f} ms {max(health) * 1000:>11.0f} ms "
+                    f"{_max_rss_mib(pids) - rss0:>9.0f}"
+                )
     finally:
         srv.stop()
         srv.cleanup()

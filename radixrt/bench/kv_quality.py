@@ -27,6 +27,7 @@ same weights, the same attention backend), and three figures are taken:
 
 Not a timed benchmark; on the 2-core CPU it takes a few minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,9 @@ def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """The chat template's user turn (and the assistant's opening) when the tokenizer has one."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
@@ -79,8 +81,15 @@ def _runner(model: str, device: str, kv_cache_dtype: str, max_tokens: int, dtype
     from radixrt.config import EngineConfig
     from radixrt.executor.model_runner import ModelRunner
 
-    cfg = EngineConfig(model_path=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                       max_total_tokens=max_tokens, disable_cuda_graph=True, max_running_requests=64)
+    cfg = EngineConfig(
+        model_path=model,
+        device=device,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        max_total_tokens=max_tokens,
+        disable_cuda_graph=True,
+        max_running_requests=64,
+    )
     return ModelRunner.from_config(cfg)
 
 
@@ -120,12 +129,11 @@ def greedy_answers(runner: Any, prompts: list[list[int]], n: int, budget: int) -
                 s.append(int(t))
             ids, q_lens = [int(t) for t in nxt], [1] * len(seqs)
         for i, s in zip(group, seqs):
-            answers[i] = s[len(prompts[i]):]
+            answers[i] = s[len(prompts[i]) :]
     return answers
 
 
-def teacher_forced(runner: Any, prompts: list[list[int]], answers: list[list[int]], budget: int
-                   ) -> tuple[Any, Any]:
+def teacher_forced(runner: Any, prompts: list[list[int]], answers: list[list[int]], budget: int) -> tuple[Any, Any]:
     """(argmax [P], log-probability of the answer's token [P]) over every answer position P, in order."""
     import torch
 
@@ -147,9 +155,9 @@ def teacher_forced(runner: Any, prompts: list[list[int]], answers: list[list[int
         rows_t = torch.tensor(rows, device=hidden.device)
         tgt = torch.tensor(targets, device=hidden.device)
         for a in range(0, len(rows), 256):
-            logp = torch.log_softmax(runner.logits(hidden[rows_t[a:a + 256]]).float(), -1)
+            logp = torch.log_softmax(runner.logits(hidden[rows_t[a : a + 256]]).float(), -1)
             top.append(logp.argmax(-1).cpu())
-            lps.append(logp.gather(1, tgt[a:a + 256, None]).squeeze(1).cpu())
+            lps.append(logp.gather(1, tgt[a : a + 256, None]).squeeze(1).cpu())
     return torch.cat(top), torch.cat(lps)
 
 
@@ -159,21 +167,29 @@ def perplexity(runner: Any, tokens: list[int], window: int) -> float:
 
     nll, count = 0.0, 0
     for a in range(0, len(tokens) - 1, window):
-        w = tokens[a:a + window]
+        w = tokens[a : a + window]
         if len(w) < 2:
             break
         hidden = runner.forward(w, [list(range(len(w)))], [len(w)])
         tgt = torch.tensor(w[1:], device=hidden.device)
         for b in range(0, len(w) - 1, 256):
-            logp = torch.log_softmax(runner.logits(hidden[b:min(b + 256, len(w) - 1)]).float(), -1)
-            nll -= float(logp.gather(1, tgt[b:b + 256, None]).sum())
+            logp = torch.log_softmax(runner.logits(hidden[b : min(b + 256, len(w) - 1)]).float(), -1)
+            nll -= float(logp.gather(1, tgt[b : b + 256, None]).sum())
         count += len(w) - 1
     return math.exp(nll / count)
 
 
-def run(model: str = "default", device: str = "cpu", dtypes: tuple[str, ...] = ALL_DTYPES, num_prompts: int = 50,
-        tokens: int = 64, window: int = 1024, budget: int = 2048, dtype: str = "auto",
-        log: Optional[Any] = print) -> list[QualityRow]:
+def run(
+    model: str = "default",
+    device: str = "cpu",
+    dtypes: tuple[str, ...] = ALL_DTYPES,
+    num_prompts: int = 50,
+    tokens: int = 64,
+    window: int = 1024,
+    budget: int = 2048,
+    dtype: str = "auto",
+    log: Optional[Any] = print,
+) -> list[QualityRow]:
     """The table's rows, ``auto`` first (it is the reference and is added when missing)."""
     import torch
 
@@ -201,14 +217,21 @@ def run(model: str = "default", device: str = "cpu", dtypes: tuple[str, ...] = A
         target = [t for a in answers for t in a]
         diff = (lp - ref_lp).abs()
         fp = runner.kv_pool.footprint
-        rows.append(QualityRow(
-            kv_cache_dtype=name if name != "auto" else f"auto ({fp.format.name})",
-            bytes_per_token=fp.bytes_per_token, scale_bytes_per_token=fp.scale_bytes_per_token,
-            tokens_per_gib=fp.tokens_per_gib, positions=int(top.numel()),
-            top1_agreement=float((top == torch.tensor(target)).float().mean()),
-            mean_abs_logprob_diff=float(diff.mean()), max_abs_logprob_diff=float(diff.max()),
-            perplexity=ppl, perplexity_change=ppl / ref_ppl - 1.0, seconds=time.perf_counter() - t0,
-        ))
+        rows.append(
+            QualityRow(
+                kv_cache_dtype=name if name != "auto" else f"auto ({fp.format.name})",
+                bytes_per_token=fp.bytes_per_token,
+                scale_bytes_per_token=fp.scale_bytes_per_token,
+                tokens_per_gib=fp.tokens_per_gib,
+                positions=int(top.numel()),
+                top1_agreement=float((top == torch.tensor(target)).float().mean()),
+                mean_abs_logprob_diff=float(diff.mean()),
+                max_abs_logprob_diff=float(diff.max()),
+                perplexity=ppl,
+                perplexity_change=ppl / ref_ppl - 1.0,
+                seconds=time.perf_counter() - t0,
+            )
+        )
         if log is not None:
             log(f"# {rows[-1].kv_cache_dtype}: done in {rows[-1].seconds:.0f} s", flush=True)
         del runner
@@ -217,21 +240,43 @@ def run(model: str = "default", device: str = "cpu", dtypes: tuple[str, ...] = A
 
 
 def format_table(rows: list[QualityRow], prompts: int, tokens: int) -> str:
-    head = ("kv_cache_dtype", "B/token", "scales", "tokens/GiB", "x auto", "top-1", "|dlogprob|", "max",
-            "perplexity", "dppl")
+    head = (
+        "kv_cache_dtype",
+        "B/token",
+        "scales",
+        "tokens/GiB",
+        "x auto",
+        "top-1",
+        "|dlogprob|",
+        "max",
+        "perplexity",
+        "dppl",
+    )
     ref = rows[0]
     body = [
-        (r.kv_cache_dtype, f"{r.bytes_per_token:,.0f}", f"{r.scale_bytes_per_token:,}", f"{r.tokens_per_gib:,}",
-         f"{r.tokens_per_gib / ref.tokens_per_gib:.2f}x", f"{r.top1_agreement:.4f}",
-         f"{r.mean_abs_logprob_diff:.4f}", f"{r.max_abs_logprob_diff:.3f}", f"{r.perplexity:.4f}",
-         f"{100 * r.perplexity_change:+.2f}%")
+        (
+            r.kv_cache_dtype,
+            f"{r.bytes_per_token:,.0f}",
+            f"{r.scale_bytes_per_token:,}",
+            f"{r.tokens_per_gib:,}",
+            f"{r.tokens_per_gib / ref.tokens_per_gib:.2f}x",
+            f"{r.top1_agreement:.4f}",
+            f"{r.mean_abs_logprob_diff:.4f}",
+            f"{r.max_abs_logprob_diff:.3f}",
+            f"{r.perplexity:.4f}",
+            f"{100 * r.perplexity_change:+.2f}%",
+        )
         for r in rows
     ]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-             for line in [head, *body]]
-    note = (f"{prompts} prompts x {tokens} greedy tokens of the unquantized model, teacher-forced "
-            f"({ref.positions} positions); perplexity on {TEXT_FILE.name}")
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+        for line in [head, *body]
+    ]
+    note = (
+        f"{prompts} prompts x {tokens} greedy tokens of the unquantized model, teacher-forced "
+        f"({ref.positions} positions); perplexity on {TEXT_FILE.name}"
+    )
     return "\n".join(lines + [note])
 
 
@@ -240,8 +285,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a model folder")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="model dtype (auto: float32 on CPU, bfloat16 on CUDA)")
-    p.add_argument("--dtypes", default=",".join(ALL_DTYPES[1:]),
-                   help="kv_cache_dtypes to compare with auto, comma-separated")
+    p.add_argument(
+        "--dtypes", default=",".join(ALL_DTYPES[1:]), help="kv_cache_dtypes to compare with auto, comma-separated"
+    )
     p.add_argument("--prompts", type=int, default=50, help="prompts from data/kv_quality_prompts.txt (at most 50)")
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt")
     p.add_argument("--window", type=int, default=1024, help="perplexity window in tokens")
@@ -249,8 +295,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    rows = run(args.model, args.device, dtypes, args.prompts, args.tokens, args.window, args.budget, args.dtype,
-               log=None if args.json else print)
+    rows = run(
+        args.model,
+        args.device,
+        dtypes,
+        args.prompts,
+        args.tokens,
+        args.window,
+        args.budget,
+        args.dtype,
+        log=None if args.json else print,
+    )
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
     else:

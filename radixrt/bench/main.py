@@ -42,6 +42,7 @@ workload into one row), ``offline`` (the Engines, the transformers loop, the
 sweeps), ``online`` (the two servers), ``report`` (the tables), ``workloads``,
 ``common`` (clients, counters, the ideal) and ``plots``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,53 +59,105 @@ from radixrt.bench.workloads import WORKLOADS, make_workload
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
+    _add_workload_args(p)
+    _add_run_args(p)
+    _add_mode_args(p)
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a local model folder")
-    p.add_argument("--workload", action="append", choices=[*WORKLOADS, "all", "none"],
-                   help="repeatable (default: all; none: only the sweeps)")
-    p.add_argument("--prefix-groups", type=int, default=1,
-                   help="shared-prefix workload: distinct system prompts (the requests interleave them)")
+    p.add_argument(
+        "--workload",
+        action="append",
+        choices=[*WORKLOADS, "all", "none"],
+        help="repeatable (default: all; none: only the sweeps)",
+    )
+    p.add_argument(
+        "--prefix-groups",
+        type=int,
+        default=1,
+        help="shared-prefix workload: distinct system prompts (the requests interleave them)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="offline runs per system; the median is reported")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests / programs")
-    p.add_argument("--policies", default="lpm,fcfs,dfs-weight",
-                   help="schedule policies to compare offline (lpm is the reference row)")
+    p.add_argument(
+        "--policies",
+        default="lpm,fcfs,dfs-weight",
+        help="schedule policies to compare offline (lpm is the reference row)",
+    )
     p.add_argument("--skip-cache-off", action="store_true", help="no radix-cache-off baseline")
     p.add_argument("--skip-transformers", action="store_true", help="no transformers generate baseline")
     p.add_argument("--hf-batch-size", type=int, default=8, help="batch size of the transformers generate loop")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
     online = p.add_mutually_exclusive_group()
-    online.add_argument("--offline-only", "--no-online", dest="online", action="store_false", default=True,
-                        help="skip the HTTP server runs (default: run them)")
-    p.add_argument("--request-rate", default="auto",
-                   help="online program arrivals per second, or auto (--load x the offline program rate)")
+    online.add_argument(
+        "--offline-only",
+        "--no-online",
+        dest="online",
+        action="store_false",
+        default=True,
+        help="skip the HTTP server runs (default: run them)",
+    )
+    p.add_argument(
+        "--request-rate",
+        default="auto",
+        help="online program arrivals per second, or auto (--load x the offline program rate)",
+    )
     p.add_argument("--load", type=float, default=0.8, help="for --request-rate auto")
     p.add_argument("--timeout", type=float, default=1800.0, help="online per-request timeout (s)")
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV-cache page")
     p.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size in tokens")
     p.add_argument("--chunked-prefill-size", type=int, default=2048, help="most prompt tokens computed in one step")
-    p.add_argument("--sweep", action="append", choices=["prefix", "concurrency"], default=[],
-                   help="also measure cost growth with the shared prefix length / with concurrency")
+    p.add_argument(
+        "--sweep",
+        action="append",
+        choices=["prefix", "concurrency"],
+        default=[],
+        help="also measure cost growth with the shared prefix length / with concurrency",
+    )
     p.add_argument("--prefix-lens", default="256,512,1024,2048,4096", help="prefix sweep: shared prefix lengths")
     p.add_argument("--sweep-requests", type=int, default=4, help="prefix sweep: requests sharing the prefix")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64,128", help="concurrency sweep: requests at once")
     p.add_argument("--concurrency-prefix", type=int, default=128, help="concurrency sweep: shared prefix tokens")
     p.add_argument("--seed", type=int, default=0, help="seed of the workloads' prompts and arrival times")
-    p.add_argument("--no-progress", dest="progress", action="store_false", default=True,
-                   help="no progress bars on stderr (default: show them)")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=True,
+        help="no progress bars on stderr (default: show them)",
+    )
     p.add_argument("--json-out", default=None, help="write every row as JSON here")
     p.add_argument("--markdown-out", default=None, help="write the tables as Markdown here")
-    p.add_argument("--plot-dir", default=None, help="write PNG plots here (needs matplotlib: pip install "
-                                                    "'radixrt[bench]')")
+    p.add_argument(
+        "--plot-dir", default=None, help="write PNG plots here (needs matplotlib: pip install 'radixrt[bench]')"
+    )
+
+
+def _add_mode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning", help="log level of the in-process engines (info: per-step lines)")
-    p.add_argument("--scale-out", action="store_true",
-                   help="only the data-parallel routing benchmark: a multi-tenant workload on one replica with "
-                        "2x KV against two replicas behind the router per policy (options: python -m "
-                        "radixrt.bench.scale_out --help; docs/scale_out.md)")
-    p.add_argument("--step-time", action="store_true",
-                   help="only measure the step loop: ms per decode step at batch 1, 64 and 128 on a tiny random "
-                        "Llama (options: python -m radixrt.bench.step_time --help)")
-    p.add_argument("--hicache", action="store_true",
-                   help="only measure the host KV tier (multi-turn agents at 4x the device pool, tier on vs off) "
-                        "and the kv_cache_dtype sweep at a fixed KV budget (options: python -m "
-                        "radixrt.bench.hicache --help)")
+    p.add_argument(
+        "--scale-out",
+        action="store_true",
+        help="only the data-parallel routing benchmark: a multi-tenant workload on one replica with "
+        "2x KV against two replicas behind the router per policy (options: python -m "
+        "radixrt.bench.scale_out --help; docs/scale_out.md)",
+    )
+    p.add_argument(
+        "--step-time",
+        action="store_true",
+        help="only measure the step loop: ms per decode step at batch 1, 64 and 128 on a tiny random "
+        "Llama (options: python -m radixrt.bench.step_time --help)",
+    )
+    p.add_argument(
+        "--hicache",
+        action="store_true",
+        help="only measure the host KV tier (multi-turn agents at 4x the device pool, tier on vs off) "
+        "and the kv_cache_dtype sweep at a fixed KV budget (options: python -m "
+        "radixrt.bench.hicache --help)",
+    )
 
 
 def _strip(rows: list[dict]) -> list[dict]:
@@ -116,8 +169,10 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.scale_out:
         from radixrt.bench import scale_out
 
-        return scale_out.main(([] if args.model == "default" else ["--model", args.model])
-                              + (["--json", args.json_out] if args.json_out else []))
+        return scale_out.main(
+            ([] if args.model == "default" else ["--model", args.model])
+            + (["--json", args.json_out] if args.json_out else [])
+        )
     if args.step_time:
         from radixrt.bench import step_time
 
@@ -138,8 +193,10 @@ def bench_main(args: argparse.Namespace) -> int:
 
     report: dict[str, Any] = {
         "args": {k: v for k, v in vars(args).items() if k != "func"},
-        "model": systems.model_path, "torch_threads": torch.get_num_threads(),
-        "workloads": [], "sweeps": [],
+        "model": systems.model_path,
+        "torch_threads": torch.get_num_threads(),
+        "workloads": [],
+        "sweeps": [],
     }
     overrides: dict[str, dict[str, Any]] = {"shared-prefix": {"groups": args.prefix_groups}}
     workloads = [make_workload(n, systems.tokens, args.scale, args.seed, **overrides.get(n, {})) for n in names]
@@ -157,8 +214,7 @@ def bench_main(args: argparse.Namespace) -> int:
     for wl in workloads:
         rows = rows_by_wl[wl.name]
         add_ratios(rows)
-        report["workloads"].append({"name": wl.name, "shape": wl.shape, "params": wl.params,
-                                    "rows": _strip(rows)})
+        report["workloads"].append({"name": wl.name, "shape": wl.shape, "params": wl.params, "rows": _strip(rows)})
     report["elapsed_s"] = time.perf_counter() - started
 
     print(render(report))

@@ -3,6 +3,7 @@ the lpm reference, the other policies, the radix cache off), the plain
 transformers ``generate`` loop replaying the reference's requests wave by wave,
 and the offline sweeps (shared prefix length, concurrency).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,9 @@ def run_offline(engine: Any, wl: Workload, label: str, args: argparse.Namespace)
     return {**row, "system": label, "mode": "offline", "repeats": len(runs)}, records
 
 
-def run_hf(hf: HFGenerate, wl: Workload, records: list[dict], args: argparse.Namespace,
-           batch_size: Optional[int] = None) -> dict:
+def run_hf(
+    hf: HFGenerate, wl: Workload, records: list[dict], args: argparse.Namespace, batch_size: Optional[int] = None
+) -> dict:
     waves = stage_waves(records)
     hf.batch_size = batch_size or args.hf_batch_size
     walls = []
@@ -71,12 +73,23 @@ def run_hf(hf: HFGenerate, wl: Workload, records: list[dict], args: argparse.Nam
     out = sum(c for w in waves for _, c in w)
     prompt = sum(len(ids) for w in waves for ids, _ in w)
     return {
-        "system": f"{HF_LABEL} (batch {hf.batch_size})", "mode": "offline", "repeats": len(walls),
-        "requests": n, "completed": n, "failed": 0, "wall_s": wall, "programs": len(wl.programs),
-        "request_throughput": n / wall, "output_throughput": out / wall, "prompt_tokens": prompt,
-        "output_tokens": out, "cached_tokens": 0, "cache_hit_rate": 0.0,
-        "ideal_prompt_tokens": ideal_prompt_tokens((r["input_ids"], r["output_ids"]) for r in
-                                                   sorted(records, key=lambda r: r["order"])),
+        "system": f"{HF_LABEL} (batch {hf.batch_size})",
+        "mode": "offline",
+        "repeats": len(walls),
+        "requests": n,
+        "completed": n,
+        "failed": 0,
+        "wall_s": wall,
+        "programs": len(wl.programs),
+        "request_throughput": n / wall,
+        "output_throughput": out / wall,
+        "prompt_tokens": prompt,
+        "output_tokens": out,
+        "cached_tokens": 0,
+        "cache_hit_rate": 0.0,
+        "ideal_prompt_tokens": ideal_prompt_tokens(
+            (r["input_ids"], r["output_ids"]) for r in sorted(records, key=lambda r: r["order"])
+        ),
         "prompt_tokens_computed": prompt,
     }
 
@@ -91,8 +104,12 @@ class Systems:
     def __init__(self, args: argparse.Namespace) -> None:
         from radixrt.engine import Engine
 
-        common = dict(page_size=args.page_size, max_total_tokens=args.max_total_tokens,
-                      chunked_prefill_size=args.chunked_prefill_size, log_level=args.log_level)
+        common = dict(
+            page_size=args.page_size,
+            max_total_tokens=args.max_total_tokens,
+            chunked_prefill_size=args.chunked_prefill_size,
+            log_level=args.log_level,
+        )
         policies = [x.strip() for x in args.policies.split(",") if x.strip()]
         if "lpm" in policies:
             policies.remove("lpm")
@@ -141,11 +158,25 @@ def run_sweep(kind: str, systems: Systems, args: argparse.Namespace) -> dict:
         xs, xname = _ints(args.concurrency), "concurrent requests"
     for x in xs:
         if kind == "prefix":
-            wl = shared_prefix(systems.tokens, requests=args.sweep_requests, prefix=x, unique=16,
-                               output=8, seed=args.seed + x, scale_requests=False)
+            wl = shared_prefix(
+                systems.tokens,
+                requests=args.sweep_requests,
+                prefix=x,
+                unique=16,
+                output=8,
+                seed=args.seed + x,
+                scale_requests=False,
+            )
         else:
-            wl = shared_prefix(systems.tokens, requests=x, prefix=args.concurrency_prefix, unique=16,
-                               output=16, seed=args.seed + x, scale_requests=False)
+            wl = shared_prefix(
+                systems.tokens,
+                requests=x,
+                prefix=args.concurrency_prefix,
+                unique=16,
+                output=16,
+                seed=args.seed + x,
+                scale_requests=False,
+            )
         print(f"\n== sweep {kind}: {xname} = {x} ({wl.shape})", file=sys.stderr)
         point = []
         for label in (REF, OFF):
@@ -155,10 +186,13 @@ def run_sweep(kind: str, systems: Systems, args: argparse.Namespace) -> dict:
                 if label == REF:
                     ref_records = records
         if systems.hf is not None:
-            point.append(run_hf(systems.hf, wl, ref_records, args,
-                                batch_size=x if kind == "concurrency" else None))
+            point.append(run_hf(systems.hf, wl, ref_records, args, batch_size=x if kind == "concurrency" else None))
         add_ratios(point)
         rows += [{**r, "x": x} for r in point]
-    return {"kind": kind, "x": xname, "rows": rows,
-            "params": {"requests": args.sweep_requests, "concurrency_prefix": args.concurrency_prefix},
-            "context": {"model": systems.model_path, "args": {"max_total_tokens": args.max_total_tokens}}}
+    return {
+        "kind": kind,
+        "x": xname,
+        "rows": rows,
+        "params": {"requests": args.sweep_requests, "concurrency_prefix": args.concurrency_prefix},
+        "context": {"model": systems.model_path, "args": {"max_total_tokens": args.max_total_tokens}},
+    }

@@ -3,6 +3,7 @@ on and one with it off (both :class:`radixrt.server.local.LocalServer`
 processes, up at once), each workload's programs arriving as a Poisson process
 and every request streamed through the native ``/generate`` route.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,16 @@ def run_online(workloads: list[Workload], rows_by_wl: dict[str, list[dict]], arg
     """Both servers up at once; each workload runs on one, then on the other."""
     from radixrt.server.local import LocalServer
 
-    flags = ["--max-total-tokens", str(args.max_total_tokens), "--chunked-prefill-size",
-             str(args.chunked_prefill_size), "--page-size", str(args.page_size), "--schedule-policy", "lpm"]
+    flags = [
+        "--max-total-tokens",
+        str(args.max_total_tokens),
+        "--chunked-prefill-size",
+        str(args.chunked_prefill_size),
+        "--page-size",
+        str(args.page_size),
+        "--schedule-policy",
+        "lpm",
+    ]
     configs = [(REF, [])] + ([] if args.skip_cache_off else [(OFF, ["--disable-radix-cache"])])
     servers = []
     try:

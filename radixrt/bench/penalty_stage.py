@@ -7,6 +7,7 @@ by one token per step, through ``Sampler.process_logits`` (stages 1-3) for
 a fresh count each step, i.e. the cost of rebuilding from the whole lists).
 The figure includes the ``[B, V]`` float32 copy every processed batch makes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     logits = torch.randn(args.batch, args.vocab)
     times = []
     for _ in range(args.steps + 1):
-        rows = [SamplingRow(params, i, outputs[i], prompts[i], counts=None if args.no_carry else counts[i])
-                for i in range(args.batch)]
+        rows = [
+            SamplingRow(params, i, outputs[i], prompts[i], counts=None if args.no_carry else counts[i])
+            for i in range(args.batch)
+        ]
         t = time.perf_counter()
         sampler.process_logits(logits, rows)
         times.append(time.perf_counter() - t)
@@ -48,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
             out.append(rng.randrange(args.vocab))
     per_step = statistics.median(times[1:]) * 1e3  # the first step builds the counts
     mode = "rebuilt each step" if args.no_carry else "carried across steps"
-    print(f"penalty stage, batch {args.batch}, prompt {args.prompt_len}, output {args.output_len}+: "
-          f"{per_step:.2f} ms/step (counts {mode}, {torch.get_num_threads()} threads)")
+    print(
+        f"penalty stage, batch {args.batch}, prompt {args.prompt_len}, output {args.output_len}+: "
+        f"{per_step:.2f} ms/step (counts {mode}, {torch.get_num_threads()} threads)"
+    )
 
 
 if __name__ == "__main__":

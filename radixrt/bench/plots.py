@@ -19,6 +19,7 @@ Writes (those the report has data for):
 matplotlib is an optional dependency (``pip install 'radixrt[bench]'``),
 imported only here and only when plotting.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ def _plt() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False,
-                         "axes.spines.right": False, "font.size": 9})
+    plt.rcParams.update(
+        {"figure.dpi": 110, "savefig.dpi": 110, "axes.spines.top": False, "axes.spines.right": False, "font.size": 9}
+    )
     return plt
 
 
@@ -69,8 +71,10 @@ def _subtitle(report: dict) -> str:
     model = os.path.basename(str(report.get("model", "")).rstrip("/"))
     a = report.get("args", {})
     scale = f"scale {a['scale']}, " if a.get("scale") is not None else ""
-    return (f"{model}, CPU, {report.get('torch_threads', '?')} threads, {scale}"
-            f"KV pool {a.get('max_total_tokens')} tokens; ratios from one run")
+    return (
+        f"{model}, CPU, {report.get('torch_threads', '?')} threads, {scale}"
+        f"KV pool {a.get('max_total_tokens')} tokens; ratios from one run"
+    )
 
 
 def plot_throughput(report: dict, out_dir: str, plt: Any) -> Optional[str]:
@@ -125,8 +129,13 @@ def plot_cache(report: dict, out_dir: str, plt: Any) -> Optional[str]:
         ys = [(_row(w["rows"], label) or {}).get("computed_vs_ideal") for w in wls]
         if not any(_finite(y) for y in ys):
             continue
-        bars = a2.bar([i + dx for i in x], [y or 0 for y in ys], 0.4, color=color,
-                      label="radix cache on" if label == REF else "radix cache off")
+        bars = a2.bar(
+            [i + dx for i in x],
+            [y or 0 for y in ys],
+            0.4,
+            color=color,
+            label="radix cache on" if label == REF else "radix cache off",
+        )
         a2.bar_label(bars, labels=[f"{y:.1f}" if _finite(y) else "" for y in ys], fontsize=7, padding=1)
     a2.axhline(1.0, color="black", lw=0.8, ls=":")
     a2.set_yscale("log")
@@ -152,8 +161,15 @@ def plot_online(report: dict, out_dir: str, plt: Any) -> Optional[str]:
         p50 = [_row(w["rows"], label, "online")["p50_ttft_ms"] for w in wls]
         p99 = [_row(w["rows"], label, "online")["p99_ttft_ms"] for w in wls]
         ax.bar([i + dx for i in x], [v if _finite(v) else 0 for v in p50], 0.4, color=color, label=f"{name}: p50")
-        ax.scatter([i + dx for i in x], [v if _finite(v) else float("nan") for v in p99], color=color,
-                   edgecolor="black", marker="v", zorder=3, label=f"{name}: p99")
+        ax.scatter(
+            [i + dx for i in x],
+            [v if _finite(v) else float("nan") for v in p99],
+            color=color,
+            edgecolor="black",
+            marker="v",
+            zorder=3,
+            label=f"{name}: p99",
+        )
     ax.set_yscale("log")
     ax.set_xticks(x, [w["name"] for w in wls])
     ax.set_ylabel("time to first token (ms, log)")
@@ -243,8 +259,7 @@ def plot_sweep(report: dict, sweep: dict, out_dir: str, plt: Any) -> str:
 def plot_report(report: dict, out_dir: str) -> list[str]:
     plt = _plt()
     os.makedirs(out_dir, exist_ok=True)
-    paths = [plot_throughput(report, out_dir, plt), plot_cache(report, out_dir, plt),
-             plot_online(report, out_dir, plt)]
+    paths = [plot_throughput(report, out_dir, plt), plot_cache(report, out_dir, plt), plot_online(report, out_dir, plt)]
     paths += [plot_sweep(report, s, out_dir, plt) for s in report.get("sweeps", [])]
     return [p for p in paths if p]
 

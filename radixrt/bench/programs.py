@@ -25,6 +25,7 @@ Reported: wall times, their ratios, and the radix cache hit rate in tokens
 Figures are ratios from one run; absolute times only mean something on the
 machine they were taken on.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,14 +65,16 @@ def _requests(log: list[tuple[dict, Any]]) -> list[dict[str, Any]]:
         resps = resp if isinstance(resp, list) else [resp]
         for i, r in enumerate(resps):
             m = r["meta_info"]
-            out.append({
-                "text": prompts[i] if prompts is not None else None,
-                "input_ids": id_lists[i] if id_lists is not None else None,
-                "max_new_tokens": payload.get("sampling_params", {}).get("max_new_tokens", 128),
-                "completion_tokens": m["completion_tokens"],
-                "prompt_tokens": m["prompt_tokens"],
-                "cached_tokens": m["cached_tokens"],
-            })
+            out.append(
+                {
+                    "text": prompts[i] if prompts is not None else None,
+                    "input_ids": id_lists[i] if id_lists is not None else None,
+                    "max_new_tokens": payload.get("sampling_params", {}).get("max_new_tokens", 128),
+                    "completion_tokens": m["completion_tokens"],
+                    "prompt_tokens": m["prompt_tokens"],
+                    "cached_tokens": m["cached_tokens"],
+                }
+            )
     return out
 
 
@@ -96,15 +99,16 @@ def run_workload(engine: Any, name: str, args: argparse.Namespace) -> tuple[floa
         states = capital_qa.run_batch(batch, temperature=0, backend=backend, progress_bar=args.progress)
         elapsed = time.perf_counter() - t
         answers = [(CAPITAL_QUESTIONS * 2)[i][1] for i in range(args.questions)]
-        extra = {"correct": sum(st["answer"].strip() == a for st, a in zip(states, answers)),
-                 "programs": len(states),
-                 "errors": sum(st.error() is not None for st in states)}
+        extra = {
+            "correct": sum(st["answer"].strip() == a for st, a in zip(states, answers)),
+            "programs": len(states),
+            "errors": sum(st.error() is not None for st in states),
+        }
         prog = [st.get_meta_info("answer") for st in states]
         p, c = sum(m["prompt_tokens"] for m in prog), sum(m["cached_tokens"] for m in prog)
         extra["program_cache_hit_rate"] = c / p if p else 0.0  # the 64 generations alone
     else:
-        st = tree_of_thought.run(question=TOT_QUESTION, width=args.tot_width, depth=args.tot_depth,
-                                 backend=backend)
+        st = tree_of_thought.run(question=TOT_QUESTION, width=args.tot_width, depth=args.tot_depth, backend=backend)
         elapsed = time.perf_counter() - t
         extra = {"leaves": len(st.ret_value or []), "errors": int(st.error() is not None)}
     return elapsed, _requests(backend.log), extra
@@ -122,8 +126,14 @@ def hf_replay(model: Any, tokenizer: Any, reqs: list[dict[str, Any]]) -> float:
             if k == 0:
                 torch.log_softmax(model(x).logits.float(), dim=-1)
             else:
-                model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=k, min_new_tokens=k,
-                               do_sample=False, pad_token_id=tokenizer.eos_token_id)
+                model.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    max_new_tokens=k,
+                    min_new_tokens=k,
+                    do_sample=False,
+                    pad_token_id=tokenizer.eos_token_id,
+                )
     return time.perf_counter() - t
 
 
@@ -155,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             elapsed, reqs, extra = run_workload(engine, w, args)
             recorded[w] = reqs
             results[w].update({"radixrt_s": elapsed, **_summary(reqs), **extra})
-            print(f"[radixrt] {w}: {elapsed:.2f}s, {len(reqs)} requests, "
-                  f"cache hit {results[w]['cache_hit_rate']:.1%}", file=sys.stderr)
+            print(
+                f"[radixrt] {w}: {elapsed:.2f}s, {len(reqs)} requests, cache hit {results[w]['cache_hit_rate']:.1%}",
+                file=sys.stderr,
+            )
     finally:
         engine.shutdown()
 
@@ -192,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
 def _print_report(results: dict[str, dict[str, Any]], workloads: list[str], model_path: str) -> None:
     """The table of timings per workload (adding the speedups to ``results``) and the few-shot line."""
     print(f"\nradixrt program benchmark ({model_path}, torch threads={_threads()})")
-    header = f"{'workload':<16}{'requests':>9}{'radixrt s':>11}{'cache off s':>13}{'HF s':>9}" \
-             f"{'HF/radixrt':>12}{'off/on':>8}{'hit rate':>10}"
+    header = (
+        f"{'workload':<16}{'requests':>9}{'radixrt s':>11}{'cache off s':>13}{'HF s':>9}"
+        f"{'HF/radixrt':>12}{'off/on':>8}{'hit rate':>10}"
+    )
     print(header)
     print("-" * len(header))
     for w in workloads:
@@ -208,13 +222,17 @@ def _print_report(results: dict[str, dict[str, Any]], workloads: list[str], mode
             f"{r['speedup_vs_hf']:.2f}x" if hf else "-",
             f"{r['speedup_vs_cache_off']:.2f}x" if off else "-",
         ]
-        print(f"{w:<16}{r['requests']:>9}{r['radixrt_s']:>11.2f}{cells[0]:>13}{cells[1]:>9}{cells[2]:>12}"
-              f"{cells[3]:>8}{r['cache_hit_rate']:>10.1%}")
+        print(
+            f"{w:<16}{r['requests']:>9}{r['radixrt_s']:>11.2f}{cells[0]:>13}{cells[1]:>9}{cells[2]:>12}"
+            f"{cells[3]:>8}{r['cache_hit_rate']:>10.1%}"
+        )
     if "few_shot" in results:
         fs = results["few_shot"]
-        print(f"\nfew-shot: {fs['correct']}/{fs['programs']} correct; cache hit rate over the "
-              f"{fs['programs']} generations {fs['program_cache_hit_rate']:.1%} "
-              f"(over all {fs['requests']} requests incl. the prefix prefill {fs['cache_hit_rate']:.1%})")
+        print(
+            f"\nfew-shot: {fs['correct']}/{fs['programs']} correct; cache hit rate over the "
+            f"{fs['programs']} generations {fs['program_cache_hit_rate']:.1%} "
+            f"(over all {fs['requests']} requests incl. the prefix prefill {fs['cache_hit_rate']:.1%})"
+        )
 
 
 def _threads() -> int:

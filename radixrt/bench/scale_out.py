@@ -21,6 +21,7 @@ each replica got, and the hit rate of an unlimited prefix cache on one
 replica (the ideal). The servers run a tiny random-weight Llama unless
 ``--model`` names one (the embedded model: ``--model default``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ class Request:
     input_ids: list[int]
 
 
-def make_requests(tenants: int, system_len: int, question_len: int, requests: int, seed: int,
-                  vocab: int = 49152) -> list[Request]:
+def make_requests(
+    tenants: int, system_len: int, question_len: int, requests: int, seed: int, vocab: int = 49152
+) -> list[Request]:
     """The multi-tenant workload (token ids drawn from [1000, vocab))."""
     rng = random.Random(seed)
     systems = [[rng.randrange(1000, vocab) for _ in range(system_len)] for _ in range(tenants)]
@@ -58,8 +60,7 @@ def make_requests(tenants: int, system_len: int, question_len: int, requests: in
     return out
 
 
-async def _run(url: str, reqs: list[Request], rate: float, max_new_tokens: int, seed: int,
-               timeout: float) -> dict:
+async def _run(url: str, reqs: list[Request], rate: float, max_new_tokens: int, seed: int, timeout: float) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
@@ -72,9 +73,10 @@ async def _run(url: str, reqs: list[Request], rate: float, max_new_tokens: int, 
 
         async def one(req: Request, at: float) -> Any:
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            payload = {"input_ids": req.input_ids,
-                       "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                                           "ignore_eos": True}}
+            payload = {
+                "input_ids": req.input_ids,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+            }
             return await native_stream(client, payload)
 
         results = await asyncio.gather(*(one(q, at) for q, at in zip(reqs, offsets)))
@@ -87,10 +89,15 @@ async def _run(url: str, reqs: list[Request], rate: float, max_new_tokens: int, 
     router = info.get("router") or {}
     share = {w["url"]: w["routed"] for w in router.get("workers", [])}
     return {
-        "requests": len(reqs), "ok": len(ok), "errors": sorted({r.error for r in results if not r.ok})[:3],
-        "hit_rate": cached / prompt if prompt else 0.0, "req_per_s": len(ok) / wall if wall else 0.0,
-        "wall_s": wall, "mean_ttft_ms": 1000 * sum(ttfts) / len(ttfts) if ttfts else math.nan,
-        "p90_ttft_ms": 1000 * pct(ttfts, 0.9), "routed": share,
+        "requests": len(reqs),
+        "ok": len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:3],
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "req_per_s": len(ok) / wall if wall else 0.0,
+        "wall_s": wall,
+        "mean_ttft_ms": 1000 * sum(ttfts) / len(ttfts) if ttfts else math.nan,
+        "p90_ttft_ms": 1000 * pct(ttfts, 0.9),
+        "routed": share,
         "evicted_tokens": _evicted(info) - before,
     }
 
@@ -105,8 +112,7 @@ class _RouterProc:
         from radixrt.server.local import free_port
 
         self.url = f"http://127.0.0.1:{free_port()}"
-        cmd = [sys.executable, "-m", "radixrt.cli", "router", "--policy", policy,
-               "--port", self.url.rsplit(":", 1)[1]]
+        cmd = [sys.executable, "-m", "radixrt.cli", "router", "--policy", policy, "--port", self.url.rsplit(":", 1)[1]]
         for u in urls:
             cmd += ["--worker-url", u]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -169,13 +175,20 @@ def run(args: argparse.Namespace) -> dict:
                         router.stop()
                 row["system"] = label
                 rows.append(row)
-                print(f"{label:>22}: hit rate {row['hit_rate']:.3f}, {row['req_per_s']:.2f} req/s, "
-                      f"{row['ok']}/{row['requests']} ok", file=sys.stderr, flush=True)
+                print(
+                    f"{label:>22}: hit rate {row['hit_rate']:.3f}, {row['req_per_s']:.2f} req/s, "
+                    f"{row['ok']}/{row['requests']} ok",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             for s in servers:
                 s.cleanup()
-    return {"params": {k: v for k, v in vars(args).items() if k not in ("json", "func")},
-            "ideal_hit_rate": ideal, "rows": rows}
+    return {
+        "params": {k: v for k, v in vars(args).items() if k not in ("json", "func")},
+        "ideal_hit_rate": ideal,
+        "rows": rows,
+    }
 
 
 def render(report: dict) -> str:
@@ -191,15 +204,20 @@ def render(report: dict) -> str:
     base = report["rows"][0]["hit_rate"] if report["rows"] else 0.0
     for r in report["rows"]:
         routed = "/".join(str(v) for v in r["routed"].values()) or "-"
-        lines.append(f"| {r['system']} | {r['hit_rate']:.3f} | {100 * (r['hit_rate'] - base):+.1f} pt | "
-                     f"{r['req_per_s']:.2f} | {r['mean_ttft_ms']:.0f} | {r['p90_ttft_ms']:.0f} | "
-                     f"{r['evicted_tokens']} | {r['ok']}/{r['requests']} | {routed} |")
+        lines.append(
+            f"| {r['system']} | {r['hit_rate']:.3f} | {100 * (r['hit_rate'] - base):+.1f} pt | "
+            f"{r['req_per_s']:.2f} | {r['mean_ttft_ms']:.0f} | {r['p90_ttft_ms']:.0f} | "
+            f"{r['evicted_tokens']} | {r['ok']}/{r['requests']} | {routed} |"
+        )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.scale_out", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m radixrt.bench.scale_out",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default=None, help="a model folder or 'default' (default: a tiny random Llama)")
     p.add_argument("--tenants", type=int, default=16, help="system prompts")
     p.add_argument("--system-len", type=int, default=256, help="tokens per system prompt")
@@ -207,11 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=320, help="requests in a run")
     p.add_argument("--rate", type=float, default=16.0, help="Poisson arrivals per second (inf: all at once)")
     p.add_argument("--max-new-tokens", type=int, default=4, help="tokens generated per request")
-    p.add_argument("--kv-tokens", type=int, default=3072,
-                   help="KV pool per dp2 replica (the single replica gets twice this)")
+    p.add_argument(
+        "--kv-tokens", type=int, default=3072, help="KV pool per dp2 replica (the single replica gets twice this)"
+    )
     p.add_argument("--chunked-prefill-size", type=int, default=2048, help="servers' prefill chunk")
-    p.add_argument("--policies", type=lambda s: [x for x in s.split(",") if x], default=list(POLICIES),
-                   help="routing policies to run, comma-separated")
+    p.add_argument(
+        "--policies",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=list(POLICIES),
+        help="routing policies to run, comma-separated",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--json", default=None, help="write the report here")

@@ -25,6 +25,7 @@ from the radix cache / prompt tokens), from the responses and from the
 server's own counters. Each configuration gets a fresh server (the same
 flags but ``--disable-radix-cache``), warmed up by one request and flushed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,9 @@ async def run_shared_prefix(client: Any, args: argparse.Namespace) -> list[ReqRe
     payloads = []
     for i in range(args.num_prompts):
         text = prefixes[i % args.num_groups] + f"\nQuestion {i}: " + _words(rng, args.suffix_len) + "?\nAnswer:"
-        payloads.append({"text": text, "sampling_params": {"max_new_tokens": args.output_len, "temperature": 0,
-                                                           "ignore_eos": True}})
+        payloads.append(
+            {"text": text, "sampling_params": {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True}}
+        )
     order = list(range(len(payloads)))
     rng.shuffle(order)
     starts = _arrivals(rng, len(order), args.request_rate)
@@ -66,8 +68,9 @@ async def run_multi_turn(client: Any, args: argparse.Namespace, model: str) -> l
     rng = random.Random(args.seed + 1)
     system = "You are a helpful assistant for a travel agency. " + _words(rng, args.system_len)
     starts = _arrivals(rng, args.num_users, args.request_rate)
-    questions = [[f"Turn {t}: " + _words(rng, args.suffix_len) + "?" for t in range(args.turns)]
-                 for _ in range(args.num_users)]
+    questions = [
+        [f"Turn {t}: " + _words(rng, args.suffix_len) + "?" for t in range(args.turns)] for _ in range(args.num_users)
+    ]
     t0 = time.perf_counter()
 
     async def user(u: int, at: float) -> list[ReqResult]:
@@ -166,8 +169,10 @@ _server_counters = server_counters
 
 def _delta(before: dict, after: dict) -> dict:
     q = after["queried_tokens"] - before["queried_tokens"]
-    return {"hit_rate": (after["hit_tokens"] - before["hit_tokens"]) / q if q else None,
-            "prompt_tokens_computed": after["prompt_tokens_computed"] - before["prompt_tokens_computed"]}
+    return {
+        "hit_rate": (after["hit_tokens"] - before["hit_tokens"]) / q if q else None,
+        "prompt_tokens_computed": after["prompt_tokens_computed"] - before["prompt_tokens_computed"],
+    }
 
 
 async def bench_server(base_url: str, api_key: Optional[str], args: argparse.Namespace) -> dict[str, dict]:
@@ -179,8 +184,10 @@ async def bench_server(base_url: str, api_key: Optional[str], args: argparse.Nam
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=args.timeout, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         # warm up (first-call costs), then start from an empty cache
-        await native_stream(client, {"text": "Warm up " + " ".join(WORDS[:40]),
-                                     "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        await native_stream(
+            client,
+            {"text": "Warm up " + " ".join(WORDS[:40]), "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+        )
         await client.post("/flush_cache")
         for workload in args.workloads:
             before = await _server_counters(client)
@@ -197,8 +204,11 @@ async def bench_server(base_url: str, api_key: Optional[str], args: argparse.Nam
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.serving", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m radixrt.bench.serving",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workload", choices=["shared-prefix", "multi-turn", "all"], default="all")
     p.add_argument("--request-rate", type=float, default=4.0, help="arrivals per second (inf: all at once)")
     p.add_argument("--num-prompts", type=int, default=32, help="shared-prefix: requests")
@@ -215,14 +225,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--api-key", default=None)
     p.add_argument("--model", default="default", help="model for the launched servers")
     p.add_argument("--no-compare", action="store_true", help="only radix cache on (no --disable-radix-cache run)")
-    p.add_argument("--server-args", default="--max-total-tokens 32768",
-                   help="extra flags for the launched servers (one string)")
+    p.add_argument(
+        "--server-args", default="--max-total-tokens 32768", help="extra flags for the launched servers (one string)"
+    )
     p.add_argument("--output-json", default=None, help="also write the figures here")
     args = p.parse_args(argv)
     args.workloads = ["shared-prefix", "multi-turn"] if args.workload == "all" else [args.workload]
 
-    print(f"radixrt.bench.serving: workloads {args.workloads}, request rate {args.request_rate}/s, "
-          f"output {args.output_len} tokens", flush=True)
+    print(
+        f"radixrt.bench.serving: workloads {args.workloads}, request rate {args.request_rate}/s, "
+        f"output {args.output_len} tokens",
+        flush=True,
+    )
     runs: dict[str, dict[str, dict]] = {}
     if args.base_url:
         runs["server"] = asyncio.run(bench_server(args.base_url, args.api_key, args))

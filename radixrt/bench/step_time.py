@@ -23,6 +23,7 @@ The default CPU model is a tiny random Llama (hidden 64, 2 layers) with a
 loop's; with the real 49,152-token vocabulary the LM head and argmax alone
 cost several ms per step at batch 64 on a 2-core CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,9 +76,16 @@ def _gpu_busy(scheduler: Any, steps: int) -> float:
     return min(1.0, busy_us / wall_us)
 
 
-def measure(model_path: str, batches: list[int], steps: int, repeats: int, device: str = "cpu",
-            overlap: Optional[bool] = None, prompt_len: int = PROMPT_LEN,
-            after_repeat: Optional[Callable[[int], None]] = None) -> list[StepTime]:
+def measure(
+    model_path: str,
+    batches: list[int],
+    steps: int,
+    repeats: int,
+    device: str = "cpu",
+    overlap: Optional[bool] = None,
+    prompt_len: int = PROMPT_LEN,
+    after_repeat: Optional[Callable[[int], None]] = None,
+) -> list[StepTime]:
     """``overlap`` None: the engine's default for the device (overlap on CUDA only).
     ``after_repeat(batch)`` runs after each timed repeat, untimed (``--engine``
     times its own repeat there, so that both figures share the machine's moods)."""
@@ -90,9 +98,13 @@ def measure(model_path: str, batches: list[int], steps: int, repeats: int, devic
 
     max_new = WARM_STEPS + steps * (repeats + 1) + 64
     config = EngineConfig(
-        model_path=model_path, device=device, max_running_requests=max(batches),
-        max_total_tokens=max(batches) * (prompt_len + max_new + 16), chunked_prefill_size=1 << 16,
-        context_length=prompt_len + max_new + 16, disable_overlap_schedule=None if overlap is None else not overlap,
+        model_path=model_path,
+        device=device,
+        max_running_requests=max(batches),
+        max_total_tokens=max(batches) * (prompt_len + max_new + 16),
+        chunked_prefill_size=1 << 16,
+        context_length=prompt_len + max_new + 16,
+        disable_overlap_schedule=None if overlap is None else not overlap,
     )
     scheduler = Scheduler(config)
     cuda = device.startswith("cuda")
@@ -166,8 +178,9 @@ def format_table(rows: list[StepTime]) -> str:
     lines = ["batch  ms/step  model ms  host ms  GPU busy"]
     for r in rows:
         busy = "-" if r.gpu_busy is None else f"{100 * r.gpu_busy:.0f}%"
-        lines.append(f"{r.batch:5d}  {r.ms_per_step:7.2f}  {r.model_ms_per_step:8.2f}  "
-                     f"{r.host_ms_per_step:7.2f}  {busy:>8}")
+        lines.append(
+            f"{r.batch:5d}  {r.ms_per_step:7.2f}  {r.model_ms_per_step:8.2f}  {r.host_ms_per_step:7.2f}  {busy:>8}"
+        )
     return "\n".join(lines)
 
 
@@ -175,13 +188,22 @@ def _measure_both(model: str, batches: list[int], args: argparse.Namespace) -> t
     """The scheduler-only rows and, with ``--engine``, the Engine.generate rows,
     their repeats alternated."""
     if not args.engine:
-        return measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
-                       prompt_len=args.prompt_len), []
+        return measure(
+            model, batches, args.steps, args.repeats, args.device, overlap=args.overlap, prompt_len=args.prompt_len
+        ), []
     from radixrt.bench.engine_step import EngineBench
 
     with EngineBench(model, batches, args.steps, args.repeats, args.device, args.overlap, args.prompt_len) as eb:
-        rows = measure(model, batches, args.steps, args.repeats, args.device, overlap=args.overlap,
-                       prompt_len=args.prompt_len, after_repeat=eb.repeat)
+        rows = measure(
+            model,
+            batches,
+            args.steps,
+            args.repeats,
+            args.device,
+            overlap=args.overlap,
+            prompt_len=args.prompt_len,
+            after_repeat=eb.repeat,
+        )
         return rows, eb.rows()
 
 
@@ -202,13 +224,21 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help=f"prompt tokens (default: {PROMPT_LEN})")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat (default: 20)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats; the median is reported (default: 5)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="CPU torch threads (default: 1, steadier on a shared machine)")
-    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
-                    help="force the overlap scheduler on (--overlap) or off (--no-overlap); default: the "
-                         "engine's choice for the device (on for CUDA, off on the CPU)")
-    ap.add_argument("--engine", action="store_true",
-                    help="also time the same workload through Engine.generate (radixrt.bench.engine_step)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="CPU torch threads (default: 1, steadier on a shared machine)"
+    )
+    ap.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="force the overlap scheduler on (--overlap) or off (--no-overlap); default: the "
+        "engine's choice for the device (on for CUDA, off on the CPU)",
+    )
+    ap.add_argument(
+        "--engine",
+        action="store_true",
+        help="also time the same workload through Engine.generate (radixrt.bench.engine_step)",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -230,13 +260,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(format_engine_table(rows, engine_rows))
     if args.device == "cpu":
         print("decode attention: " + ("the C kernel (radixrt.kernels.cpu_decode)" if kernel else "the torch path"))
-    print(f"one small torch op costs {overhead:.1f} us on this machine ({torch.get_num_threads()} threads); "
-          f"in those units: " + ", ".join(f"batch {r.batch} {1000 * r.ms_per_step / overhead:.0f}" for r in rows))
+    print(
+        f"one small torch op costs {overhead:.1f} us on this machine ({torch.get_num_threads()} threads); "
+        f"in those units: " + ", ".join(f"batch {r.batch} {1000 * r.ms_per_step / overhead:.0f}" for r in rows)
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"op_overhead_us": overhead, "threads": torch.get_num_threads(),
-                       "cpu_decode_kernel": kernel, "rows": [asdict(r) for r in rows],
-                       "engine_rows": [asdict(r) for r in engine_rows]}, f, indent=2)
+            json.dump(
+                {
+                    "op_overhead_us": overhead,
+                    "threads": torch.get_num_threads(),
+                    "cpu_decode_kernel": kernel,
+                    "rows": [asdict(r) for r in rows],
+                    "engine_rows": [asdict(r) for r in engine_rows],
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -9,6 +9,7 @@ embedded default model (converted once into ``$RADIXRT_HOME`` on first use).
 Weights are random but unit-scale (not the near-zero init of transformers), so
 logits and attention patterns are far from uniform.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,32 +45,47 @@ _ARCH_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             tie_word_embeddings=False,
             rope_parameters=dict(
-                rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
-                high_freq_factor=4.0, original_max_position_embeddings=64,
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
             ),
         ),
     ),
     # q/k/v bias, tied embeddings, GQA ratio 4
     "qwen2": (
         "Qwen2Config",
-        dict(num_key_value_heads=1, tie_word_embeddings=True,
-             rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        dict(
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
     ),
     # per-head q/k norm, head_dim != hidden / heads, yarn rope, tied embeddings
     "qwen3": (
         "Qwen3Config",
         dict(
-            head_dim=32, tie_word_embeddings=True,
-            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                 original_max_position_embeddings=128),
+            head_dim=32,
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128
+            ),
         ),
     ),
     # GQA ratio 3, linear rope scaling, untied
     "mistral": (
         "MistralConfig",
-        dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
-             tie_word_embeddings=False, sliding_window=None,
-             rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
+        dict(
+            hidden_size=96,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=16,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0),
+        ),
     ),
 }
 

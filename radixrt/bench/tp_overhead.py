@@ -6,6 +6,7 @@ prefill and start-up cancel out; the median over ``--repeats``. On the CPU
 (gloo) the ranks share the cores, so this measures the communication and
 coordination cost, not a speed-up.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@ the program and ``gen`` signatures, `Tokens` (text and chat blocks as token
 ids) and `greedy` sampling. The workload builders (workloads.py,
 agent_loop.py) import this module; it imports none of them.
 """
+
 from __future__ import annotations
 
 import random

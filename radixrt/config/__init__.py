@@ -1,6 +1,7 @@
 """The runtime's configuration, shared by the Engine, the server and the CLI:
 `EngineConfig` and its sections (radixrt/config/sections.py), each field's
 default and help once; the flags are generated from them (fields.py)."""
+
 from radixrt.config.engine_config import SECTIONS, EngineConfig, flag_defaults, flag_sections
 from radixrt.config.sections import (
     CacheSettings,
@@ -15,7 +16,17 @@ from radixrt.config.sections import (
 )
 
 __all__ = [
-    "SECTIONS", "EngineConfig", "flag_defaults", "flag_sections", "CacheSettings", "DebugSettings",
-    "ExecutionSettings", "GrammarSettings", "HostCacheSettings", "LimitSettings", "ModelSettings",
-    "OutputSettings", "SchedulingSettings",
+    "SECTIONS",
+    "EngineConfig",
+    "flag_defaults",
+    "flag_sections",
+    "CacheSettings",
+    "DebugSettings",
+    "ExecutionSettings",
+    "GrammarSettings",
+    "HostCacheSettings",
+    "LimitSettings",
+    "ModelSettings",
+    "OutputSettings",
+    "SchedulingSettings",
 ]

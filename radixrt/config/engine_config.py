@@ -8,6 +8,7 @@ fields, as `dataclasses.asdict` of an EngineConfig gives). Construction then
 applies radixrt/config_deps.py (flags that need another: implied or refused)
 on the flags, and builds and checks each section.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,14 @@ from radixrt.config_deps import ENGINE_NEEDS, apply_needs, field_defaults
 
 # EngineConfig's attribute for each section, in the order of `--help`
 SECTIONS: dict[str, type] = {
-    "model": ModelSettings, "execution": ExecutionSettings, "cache": CacheSettings, "host_cache": HostCacheSettings,
-    "scheduling": SchedulingSettings, "limits": LimitSettings, "grammar": GrammarSettings, "output": OutputSettings,
+    "model": ModelSettings,
+    "execution": ExecutionSettings,
+    "cache": CacheSettings,
+    "host_cache": HostCacheSettings,
+    "scheduling": SchedulingSettings,
+    "limits": LimitSettings,
+    "grammar": GrammarSettings,
+    "output": OutputSettings,
     "debug": DebugSettings,
 }
 
@@ -72,11 +79,30 @@ class EngineConfig:
     output: OutputSettings
     debug: DebugSettings
 
-    def __init__(self, model: _Section = None, execution: _Section = None, cache: _Section = None,
-                 host_cache: _Section = None, scheduling: _Section = None, limits: _Section = None,
-                 grammar: _Section = None, output: _Section = None, debug: _Section = None, **flags: Any) -> None:
-        given = {"model": model, "execution": execution, "cache": cache, "host_cache": host_cache,
-                 "scheduling": scheduling, "limits": limits, "grammar": grammar, "output": output, "debug": debug}
+    def __init__(
+        self,
+        model: _Section = None,
+        execution: _Section = None,
+        cache: _Section = None,
+        host_cache: _Section = None,
+        scheduling: _Section = None,
+        limits: _Section = None,
+        grammar: _Section = None,
+        output: _Section = None,
+        debug: _Section = None,
+        **flags: Any,
+    ) -> None:
+        given = {
+            "model": model,
+            "execution": execution,
+            "cache": cache,
+            "host_cache": host_cache,
+            "scheduling": scheduling,
+            "limits": limits,
+            "grammar": grammar,
+            "output": output,
+            "debug": debug,
+        }
         values = dict(flag_defaults())
         for section, value in given.items():
             values.update(_section_values(section, value))
@@ -118,4 +144,3 @@ def _section_values(section: str, value: Optional[Any]) -> dict[str, Any]:
     if isinstance(value, cls):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
     raise TypeError(f"EngineConfig {section} must be a {cls.__name__} or a dict, got {type(value).__name__}")
-

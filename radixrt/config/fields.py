@@ -15,6 +15,7 @@ drift from the field. Metadata keys besides ``help``:
   printed);
 * ``cli``: False for a setting that has no flag.
 """
+
 from __future__ import annotations
 
 import argparse

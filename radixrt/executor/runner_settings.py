@@ -1,4 +1,5 @@
 """`RunnerSettings`: what the model runner reads of the configuration."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,5 +31,9 @@ class RunnerSettings:
     @classmethod
     def from_json(cls, text: str) -> "RunnerSettings":
         d = json.loads(text)
-        return cls(ModelSettings(**d["model"]), ExecutionSettings(**d["execution"]), CacheSettings(**d["cache"]),
-                   int(d["max_running_requests"]))
+        return cls(
+            ModelSettings(**d["model"]),
+            ExecutionSettings(**d["execution"]),
+            CacheSettings(**d["cache"]),
+            int(d["max_running_requests"]),
+        )

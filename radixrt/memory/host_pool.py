@@ -30,6 +30,7 @@ are dequantized to the model dtype and requantized on each copy. Such a host
 tier is lossy, so the default is the device pool's own format, which copies
 bytes as they are and never changes an answer.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,9 @@ class HostKVPool:
     per run of consecutive pages; otherwise one indexed gather/scatter on the
     host (what a CPU device pool wants)."""
 
-    def __init__(self, device_pool: KVPool, num_tokens: int, kv_cache_dtype: str = "auto",
-                 by_runs: Optional[bool] = None) -> None:
+    def __init__(
+        self, device_pool: KVPool, num_tokens: int, kv_cache_dtype: str = "auto", by_runs: Optional[bool] = None
+    ) -> None:
         P = device_pool.page_size
         num_pages = num_tokens // P
         if num_pages < 1:
@@ -70,14 +72,21 @@ class HostKVPool:
         self.kv_cache_dtype = device_pool.kv_cache_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
         self.storage_dtype = kv_storage_dtype(self.kv_cache_dtype, device_pool.dtype)
         self.exact = self.storage_dtype == device_pool.storage_dtype
-        self.footprint = kv_footprint(device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim,
-                                      self.kv_cache_dtype, str(device_pool.dtype))
+        self.footprint = kv_footprint(
+            device_pool.num_layers,
+            device_pool.num_kv_heads,
+            device_pool.head_dim,
+            self.kv_cache_dtype,
+            str(device_pool.dtype),
+        )
         H, D = device_pool.num_kv_heads, device_pool.head_dim
         # (layer, name) -> (byte offset in a page, dtype, shape of one page's part)
         self._segments: dict[tuple[int, str], tuple[int, torch.dtype, tuple[int, ...]]] = {}
         off = 0
-        parts: list[tuple[str, torch.dtype, tuple[int, ...]]] = [("k", self.storage_dtype, (P, H, D)),
-                                                                 ("v", self.storage_dtype, (P, H, D))]
+        parts: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
+            ("k", self.storage_dtype, (P, H, D)),
+            ("v", self.storage_dtype, (P, H, D)),
+        ]
         if self.storage_dtype == torch.int8:
             parts += [("ks", INT8_SCALE_DTYPE, (P, H)), ("vs", INT8_SCALE_DTYPE, (P, H))]
         for layer in range(device_pool.num_layers):
@@ -105,7 +114,7 @@ class HostKVPool:
         buffer ``[n, page_bytes]``, as a view ``[n, page_size, ...]`` of its dtype."""
         off, dtype, shape = self._segments[(layer, name)]
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        return buf[:, off:off + nbytes].view(dtype).view(buf.shape[0], *shape)
+        return buf[:, off : off + nbytes].view(dtype).view(buf.shape[0], *shape)
 
     def read(self, layer: int, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V ``[n, H, D]`` (host storage dtype) of host slots (tests, checks)."""
@@ -154,7 +163,7 @@ class HostKVPool:
         if self.by_runs:
             staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
             for i, p, ln in _runs(host_pages):
-                staged[i:i + ln].copy_(self.buf[p:p + ln], non_blocking=True)
+                staged[i : i + ln].copy_(self.buf[p : p + ln], non_blocking=True)
         else:
             staged = self.buf.index_select(0, torch.tensor(host_pages)).to(dev.device)
         idx = torch.tensor(dev_pages, dtype=torch.int64, device=dev.device)
@@ -196,7 +205,7 @@ class HostKVPool:
                 self.part(staged, layer, name + "s").copy_(scale.view(self.part(staged, layer, name + "s").shape))
         if self.by_runs:
             for i, p, ln in _runs(host_pages):
-                self.buf[p:p + ln].copy_(staged[i:i + ln], non_blocking=True)
+                self.buf[p : p + ln].copy_(staged[i : i + ln], non_blocking=True)
         else:
             self.buf.index_copy_(0, torch.tensor(host_pages), staged.cpu())
 
@@ -227,8 +236,9 @@ def _gather_into(out: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> Non
     _as_bytes_if_1(out).copy_(_as_bytes_if_1(src).index_select(0, idx))
 
 
-def host_pool_tokens(device_tokens: int, bytes_per_token: float, ratio: float, size_gib: float,
-                     num_tokens: Optional[int]) -> int:
+def host_pool_tokens(
+    device_tokens: int, bytes_per_token: float, ratio: float, size_gib: float, num_tokens: Optional[int]
+) -> int:
     """Host tier capacity in tokens from the flags, first match wins:
     ``num_tokens`` (``--host-kv-size``), ``size_gib`` > 0 (``--hicache-size``,
     GiB of host KV), else ``ratio`` x the device pool (``--hicache-ratio``)."""

@@ -15,6 +15,7 @@ needs room. Host slots are either free or tree-owned:
 Everything else (the walk, locks, device eviction, the device slot contract)
 is `RadixCache`'s; this class fills in its hooks.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -155,7 +156,7 @@ class HostRadixCache(RadixCache):
         for node in path:
             k = len(node.key)
             if not node.value:  # always a whole node: only a device node is left unsplit
-                value = slots[pos:pos + k]
+                value = slots[pos : pos + k]
                 if self.page_size > 1:
                     check_pages(value, self.page_size)
                 node.value = value
@@ -259,8 +260,13 @@ class HostRadixCache(RadixCache):
 
     def lower_tiers(self) -> dict[str, dict[str, int]]:
         alloc = self.host.allocator
-        return {"host": {"total_slots": alloc.total_slots, "free_slots": alloc.num_free_slots,
-                         "tree_slots": self._host_tokens}}
+        return {
+            "host": {
+                "total_slots": alloc.total_slots,
+                "free_slots": alloc.num_free_slots,
+                "tree_slots": self._host_tokens,
+            }
+        }
 
     def stats(self) -> dict[str, Any]:
         host = self.host

@@ -18,6 +18,7 @@ of the data at head_dim 64); ``fp8_e4m3`` / ``fp8_e5m2`` store one byte per
 value and one scalar per layer (no per-token cost). The schemes themselves
 are in ``kernels/kv_cache.py``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,15 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8")
 
 # plain (unquantized) storage dtypes: bytes per element
 PLAIN_DTYPE_BYTES: dict[str, float] = {
-    "float64": 8, "float32": 4, "fp32": 4, "float": 4,
-    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "float64": 8,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
 }
 _ALIASES = {"fp8": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3", "float8_e4m3": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 INT8_SCALE_BYTES = 2  # float16, kernels/kv_cache.py INT8_SCALE_DTYPE

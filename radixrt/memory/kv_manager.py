@@ -15,6 +15,7 @@ loads a prefix it holds back into device slots, `release(swap=True)` moves a
 retracted request's KV down (swap preemption), and `take_transfers` hands the
 copies these queued to the step being launched (host_pool.py).
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, cast
@@ -150,15 +151,15 @@ class KVCacheManager:
         key = req.seq[:length]
         present = self.tree.insert(key, req.slots[:length], namespace=req.namespace, computed=computed)
         if present > req.tree_len:
-            self.allocator.free_slots(req.slots[req.tree_len:present])
+            self.allocator.free_slots(req.slots[req.tree_len : present])
         match = self.tree.match_prefix(key, namespace=req.namespace, record_stats=False)
         assert match.length == length, (match.length, length)
         self.tree.lock(match.node)
         if req.last_node is not None:
             self.tree.unlock(req.last_node)
         if present > req.tree_len:  # the tree's own copies replace the freed duplicates
-            req.slots[req.tree_len:present] = match.slots[req.tree_len:present]
-            self.req_to_token.write(_row(req), req.tree_len, req.slots[req.tree_len:present])
+            req.slots[req.tree_len : present] = match.slots[req.tree_len : present]
+            self.req_to_token.write(_row(req), req.tree_len, req.slots[req.tree_len : present])
         req.tree_len = length
         req.last_node = match.node
 
@@ -172,7 +173,7 @@ class KVCacheManager:
         if not dropped:
             return
         P = self.page_size
-        kept_pages = {s // P for s in req.slots[req.tree_len:length]}
+        kept_pages = {s // P for s in req.slots[req.tree_len : length]}
         pages = sorted({s // P for s in dropped} - kept_pages)
         if pages:
             self.allocator.free_pages(pages)
@@ -186,7 +187,7 @@ class KVCacheManager:
         loaded back when it is admitted again."""
         self.cache_prefix(req)
         node = req.last_node
-        private = req.slots[req.tree_len:]
+        private = req.slots[req.tree_len :]
         if private:
             P = self.page_size
             pages = sorted({s // P for s in private})

@@ -9,6 +9,7 @@ by the radix tree*, or *private to a running request*. The allocator only
 knows free versus not free; who owns a non-free page is the caller's business.
 Memory is handed out and taken back in whole pages.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
@@ -174,8 +175,8 @@ class PageAllocator:
         if n == 0:
             return []
         free = self._free
-        pages = free[len(free) - n:]
-        del free[len(free) - n:]
+        pages = free[len(free) - n :]
+        del free[len(free) - n :]
         pages.reverse()
         is_free = self._is_free
         for p in pages:

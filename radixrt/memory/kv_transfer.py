@@ -1,6 +1,7 @@
 """Copies between the device KV pool and the host tier, as queued work
 (torch-free: the radix tree queues them; `host_pool.HostKVPool.run` runs them).
 See host_pool.py for the ordering contract."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -87,8 +88,9 @@ class HostTier:
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
-            raise ValueError(f"unknown hicache write policy {self.write_policy!r}; choose "
-                             + " or ".join(WRITE_POLICIES))
+            raise ValueError(
+                f"unknown hicache write policy {self.write_policy!r}; choose " + " or ".join(WRITE_POLICIES)
+            )
 
     @property
     def write_through(self) -> bool:

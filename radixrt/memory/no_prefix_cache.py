@@ -1,5 +1,6 @@
 """`NoPrefixCache`: the ``--disable-radix-cache`` baseline, a prefix cache
 that keeps nothing (every prompt is computed in full)."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Hashable, Sequence
@@ -20,14 +21,16 @@ class NoPrefixCache(PrefixCache):
         super().__init__(page_size)
         self.root = TreeNode([], [], None)
 
-    def match_prefix(self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True,
-                     load_back: bool = False) -> MatchResult:
+    def match_prefix(
+        self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True, load_back: bool = False
+    ) -> MatchResult:
         if record_stats:
             self.record_match(len(key), 0)
         return MatchResult([], self.root)
 
-    def insert(self, key: Sequence[int], slots: Sequence[int], namespace: Hashable = None,
-               computed: bool = True) -> int:
+    def insert(
+        self, key: Sequence[int], slots: Sequence[int], namespace: Hashable = None, computed: bool = True
+    ) -> int:
         if len(slots) != len(key):
             raise ValueError(f"insert: {len(key)} tokens but {len(slots)} slots")
         return 0

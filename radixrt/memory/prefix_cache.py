@@ -33,6 +33,7 @@ a lower tier), inserted, evicted. `match_prefix` counts unless told not to;
 a caller that matched without counting reports the outcome with
 `record_match`. `stats` renders them; `reset_stats` zeroes them.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -65,8 +66,9 @@ class PrefixCache(ABC):
 
     # ------------------------------------------------------------- lookups
     @abstractmethod
-    def match_prefix(self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True,
-                     load_back: bool = False) -> MatchResult:
+    def match_prefix(
+        self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True, load_back: bool = False
+    ) -> MatchResult:
         """The longest cached prefix of `key` in `namespace` (whole pages).
 
         The returned slots stay cache-owned; they are valid past the next
@@ -78,8 +80,9 @@ class PrefixCache(ABC):
         the counters alone."""
 
     @abstractmethod
-    def insert(self, key: Sequence[int], slots: Sequence[int], namespace: Hashable = None,
-               computed: bool = True) -> int:
+    def insert(
+        self, key: Sequence[int], slots: Sequence[int], namespace: Hashable = None, computed: bool = True
+    ) -> int:
         """Cache ``key[:n] -> slots[:n]``, n = ``len(key)`` rounded down to a page.
 
         Returns p, the leading tokens the cache already held on the device.

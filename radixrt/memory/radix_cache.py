@@ -38,6 +38,7 @@ tier changes only hooks: what a walked path yields (`_matched`,
 `_forget`) become, and the leaf bookkeeping (`_refresh_leaf`, `_touch`,
 `_split`).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Hashable, Iterator, Optional, Sequence
@@ -108,7 +109,7 @@ class RadixCache(PrefixCache):
     def _child_key(self, key: list[int], pos: int = 0) -> Any:
         if self.page_size == 1:
             return key[pos]
-        return tuple(key[pos:pos + self.page_size])
+        return tuple(key[pos : pos + self.page_size])
 
     def _sub_root_created(self, namespace: Hashable) -> TreeNode:
         """The namespace's sub-root, created if missing."""
@@ -155,8 +156,9 @@ class RadixCache(PrefixCache):
         return n - n % self.page_size
 
     # ------------------------------------------------------------------- walk
-    def _walk(self, node: TreeNode, key: list[int], n: int, t: int,
-              split_end: bool = True) -> tuple[list[TreeNode], int]:
+    def _walk(
+        self, node: TreeNode, key: list[int], n: int, t: int, split_end: bool = True
+    ) -> tuple[list[TreeNode], int]:
         """Descend from sub-root `node` along ``key[:n]`` (n page-aligned),
         touching every node walked into at time `t`.
 
@@ -170,7 +172,7 @@ class RadixCache(PrefixCache):
         path: list[TreeNode] = []
         pos = 0
         while pos < n:
-            child = node.children.get(key[pos] if P == 1 else tuple(key[pos:pos + P]))
+            child = node.children.get(key[pos] if P == 1 else tuple(key[pos : pos + P]))
             if child is None:
                 break
             clen = len(child.key)
@@ -190,8 +192,9 @@ class RadixCache(PrefixCache):
         return path, pos
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True,
-                     load_back: bool = False) -> MatchResult:
+    def match_prefix(
+        self, key: Sequence[int], namespace: Hashable = None, record_stats: bool = True, load_back: bool = False
+    ) -> MatchResult:
         """Longest cached prefix of `key` (whole pages; `PrefixCache.match_prefix`).
 
         Splits a node on a partial match so that the returned node ends exactly
@@ -217,8 +220,9 @@ class RadixCache(PrefixCache):
         return MatchResult(concat_slots([x.value for x in path]), path[-1])
 
     # ----------------------------------------------------------------- insert
-    def insert(self, key: Sequence[int], slots: Sequence[int], namespace: Hashable = None,
-               computed: bool = True) -> int:
+    def insert(
+        self, key: Sequence[int], slots: Sequence[int], namespace: Hashable = None, computed: bool = True
+    ) -> int:
         """Cache ``key[:n]`` -> ``slots[:n]`` where n = len(key) rounded down to a page.
 
         Requires ``len(slots) == len(key)``; with page_size > 1 ``slots[:n]``
@@ -384,4 +388,3 @@ class RadixCache(PrefixCache):
     # -------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
         check_tree_integrity(self)
-

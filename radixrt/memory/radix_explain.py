@@ -44,6 +44,7 @@ after the divergence), and, for a request with a cache salt,
 ``namespace_differs`` / ``default_namespace_neighbour_tokens`` (whether the
 shared namespace holds a longer prefix of the prompt, and how long).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ def closest_neighbour(tree: "PrefixCache", key: Sequence[int], namespace: Hashab
             child = node.children.get(key[pos])
             candidates = [child] if child is not None else []
         else:
-            child = node.children.get(tuple(key[pos:pos + P]))
+            child = node.children.get(tuple(key[pos : pos + P]))
             # no whole first page in common: some child may still share part of it
             candidates = [child] if child is not None else list(node.children.values())
         best, best_m = None, 0
@@ -140,16 +141,22 @@ def closest_neighbour(tree: "PrefixCache", key: Sequence[int], namespace: Hashab
 def _tokens_after(nb: Neighbour, k: int) -> list[int]:
     """Up to ``k`` cached tokens following the neighbour's common prefix: the
     rest of its node, then down the most recently used children."""
-    out = list(nb.node.key[nb.offset:nb.offset + k])
+    out = list(nb.node.key[nb.offset : nb.offset + k])
     node = nb.node
     while len(out) < k and node.children:
         node = max(node.children.values(), key=lambda c: c.last_access)
-        out.extend(node.key[:k - len(out)])
+        out.extend(node.key[: k - len(out)])
     return out
 
 
-def explain_match(tree: "PrefixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
-                  max_prefix_len: int, full: bool = False) -> dict[str, Any]:
+def explain_match(
+    tree: "PrefixCache",
+    prompt: Sequence[int],
+    namespace: Hashable,
+    matched: int,
+    max_prefix_len: int,
+    full: bool = False,
+) -> dict[str, Any]:
     """The wire dict explaining a match of ``matched`` tokens of ``prompt`` in
     ``namespace``, where at most ``max_prefix_len`` tokens could be reused (the
     request's cap). ``full``: the operator's view (see the module docstring);
@@ -165,14 +172,19 @@ def explain_match(tree: "PrefixCache", prompt: Sequence[int], namespace: Hashabl
     else:
         reason = NOT_CACHED
     return {
-        "view": "own", "prompt_tokens": n, "matched_tokens": matched, "stop_position": matched, "reason": reason,
-        "prompt_before": list(prompt[max(0, matched - CONTEXT_TOKENS):matched]),
-        "prompt_after": list(prompt[matched:matched + CONTEXT_TOKENS]),
+        "view": "own",
+        "prompt_tokens": n,
+        "matched_tokens": matched,
+        "stop_position": matched,
+        "reason": reason,
+        "prompt_before": list(prompt[max(0, matched - CONTEXT_TOKENS) : matched]),
+        "prompt_after": list(prompt[matched : matched + CONTEXT_TOKENS]),
     }
 
 
-def explain_full(tree: "PrefixCache", prompt: Sequence[int], namespace: Hashable, matched: int,
-                 max_prefix_len: int) -> CacheExplanation:
+def explain_full(
+    tree: "PrefixCache", prompt: Sequence[int], namespace: Hashable, matched: int, max_prefix_len: int
+) -> CacheExplanation:
     """The operator's view of a match (`explain_match` with ``full``)."""
     n = len(prompt)
     if not tree.stores_prefixes:
@@ -190,9 +202,13 @@ def explain_full(tree: "PrefixCache", prompt: Sequence[int], namespace: Hashable
         reason = DIVERGED
     split = depth if divergence is not None else matched
     exp = CacheExplanation(
-        prompt_tokens=n, matched_tokens=matched, neighbour_tokens=depth, divergence_position=divergence,
-        reason=reason, prompt_before=list(prompt[max(0, split - CONTEXT_TOKENS):split]),
-        prompt_after=list(prompt[split:split + CONTEXT_TOKENS]),
+        prompt_tokens=n,
+        matched_tokens=matched,
+        neighbour_tokens=depth,
+        divergence_position=divergence,
+        reason=reason,
+        prompt_before=list(prompt[max(0, split - CONTEXT_TOKENS) : split]),
+        prompt_after=list(prompt[split : split + CONTEXT_TOKENS]),
         cached_after=_tokens_after(nb, CONTEXT_TOKENS) if nb is not None and 0 < depth < n else [],
     )
     if namespace is not None:

@@ -9,6 +9,7 @@ locked, host slots are unique, in range, not free, and
 The trees are only read here (through their private fields): this module
 imports neither tree class at run time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,7 +57,8 @@ def check_tree_integrity(tree: RadixCache, host_tree: Optional[HostRadixCache] =
         assert c.host_slots == len(c.host_seen), "a host slot appears twice in the tree"
         assert c.host_slots == host_tree._host_tokens, f"host token counter {host_tree._host_tokens} != {c.host_slots}"
         assert alloc.num_free_slots + c.host_slots == alloc.total_slots, (
-            f"host slots leaked: free {alloc.num_free_slots} + tree {c.host_slots} != total {alloc.total_slots}")
+            f"host slots leaked: free {alloc.num_free_slots} + tree {c.host_slots} != total {alloc.total_slots}"
+        )
         assert len(host_tree._host_leaves) == c.host_leaves, "host-evictable-leaf set holds extra entries"
 
 
@@ -107,7 +109,7 @@ def _check_node(tree: RadixCache, node: TreeNode, c: _Census) -> None:
     if P > 1 and on_device:
         for i in range(0, k, P):
             s = node.value[i]
-            assert s % P == 0 and node.value[i:i + P] == list(range(s, s + P)), f"bad page at {node!r}"
+            assert s % P == 0 and node.value[i : i + P] == list(range(s, s + P)), f"bad page at {node!r}"
     c.seen.update(node.value)
     c.slots += len(node.value)
     if tree.allocator is not None:
@@ -136,6 +138,6 @@ def _check_host_node(tree: HostRadixCache, node: TreeNode, c: _Census) -> None:
     if HP > 1:
         for i in range(0, k, HP):
             s = node.host_value[i]
-            assert s % HP == 0 and node.host_value[i:i + HP] == list(range(s, s + HP)), f"host page {node!r}"
+            assert s % HP == 0 and node.host_value[i : i + HP] == list(range(s, s + HP)), f"host page {node!r}"
     c.host_seen.update(node.host_value)
     c.host_slots += k

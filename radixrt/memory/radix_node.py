@@ -1,5 +1,6 @@
 """The radix tree's nodes, match results and the small helpers the tree
 classes share (see radix_cache.py for the tree)."""
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,18 @@ class TreeNode:
     that went through this node (a counter, not wall time).
     """
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "id", "lru_entry",
-                 "host_value", "host_lru_entry")
+    __slots__ = (
+        "children",
+        "parent",
+        "key",
+        "value",
+        "lock_ref",
+        "last_access",
+        "id",
+        "lru_entry",
+        "host_value",
+        "host_lru_entry",
+    )
 
     def __init__(self, key: list[int], value: list[int], parent: Optional["TreeNode"], last_access: int = 0):
         self.children: dict[Any, TreeNode] = {}
@@ -54,8 +65,10 @@ class TreeNode:
     def __repr__(self) -> str:
         k = self.key if len(self.key) <= 8 else self.key[:8] + ["..."]
         where = ("device+host" if self.on_host else "device") if self.value else ("host" if self.on_host else "-")
-        return (f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, "
-                f"t={self.last_access}, on={where})")
+        return (
+            f"TreeNode(id={self.id}, len={len(self.key)}, key={k}, lock_ref={self.lock_ref}, "
+            f"t={self.last_access}, on={where})"
+        )
 
 
 @dataclass
@@ -89,17 +102,17 @@ def _first_mismatch(a: list[int], b: list[int], b_off: int, n: int) -> int:
     otherwise galloping then bisection, O(n) element compares overall and
     O(log n) Python-level steps.
     """
-    if a[:n] == b[b_off:b_off + n]:
+    if a[:n] == b[b_off : b_off + n]:
         return n
     lo, step = 0, 16
     while True:
         hi = min(n, lo + step)
-        if a[lo:hi] != b[b_off + lo:b_off + hi]:
+        if a[lo:hi] != b[b_off + lo : b_off + hi]:
             break
         lo, step = hi, step * 2
     while hi - lo > 8:  # mismatch lies in [lo, hi)
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[b_off + lo:b_off + mid]:
+        if a[lo:mid] == b[b_off + lo : b_off + mid]:
             lo = mid
         else:
             hi = mid
@@ -135,6 +148,6 @@ def lru_member(leaves: SortedList, entry: Optional[tuple], node: TreeNode, want:
 def check_pages(value: list[int], P: int) -> None:
     """Raise ValueError unless `value` is whole pages of size `P`, each in order."""
     starts = value[::P]
-    ends = value[P - 1::P]
+    ends = value[P - 1 :: P]
     if any(s % P for s in starts) or any(e - s != P - 1 for s, e in zip(starts, ends)):
         raise ValueError("insert: slots must be whole pages (page-aligned, in order)")

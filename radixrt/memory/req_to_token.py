@@ -17,6 +17,7 @@ them once per step (`take_writes`) and the forward applies them in one
 The last row (``padding_row``) is never handed out: its column 0 points at a
 scratch slot, for the padding rows of captured CUDA-graph batches.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -25,8 +26,9 @@ import torch
 
 
 class ReqToTokenPool:
-    def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str = "cpu",
-                 scratch_slot: int = 0) -> None:
+    def __init__(
+        self, max_requests: int, max_context_len: int, device: torch.device | str = "cpu", scratch_slot: int = 0
+    ) -> None:
         if max_requests < 1 or max_context_len < 1:
             raise ValueError("ReqToTokenPool needs max_requests >= 1 and max_context_len >= 1")
         self.max_requests = max_requests

@@ -17,6 +17,7 @@ Examples: SmolLM2-135M in float32 on a CPU: recompute ~2.7 ms/token, swap
 ~0.5 us/token, swap ~1.8 us/token (recompute). A 70B model on an H200:
 recompute ~280 us/token, swap ~26 us/token (swap).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,5 +50,7 @@ class SwapCostModel:
         return tokens > 0 and self.swap_s(tokens) < self.recompute_s(tokens)
 
     def describe(self) -> dict[str, float]:
-        return {"recompute_us_per_token": round(self.recompute_s(1) * 1e6, 3),
-                "swap_us_per_token": round(self.swap_s(1) * 1e6, 3)}
+        return {
+            "recompute_us_per_token": round(self.recompute_s(1) * 1e6, 3),
+            "swap_us_per_token": round(self.swap_s(1) * 1e6, 3),
+        }

@@ -19,6 +19,7 @@ Templates differ in what they put around a message:
 
 This module imports nothing heavy: the tokenizer is passed in.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -46,8 +47,10 @@ def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool = 
 
 
 def _has_template(tokenizer: Any) -> bool:
-    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None)) and hasattr(
-        tokenizer, "apply_chat_template"
+    return (
+        tokenizer is not None
+        and bool(getattr(tokenizer, "chat_template", None))
+        and hasattr(tokenizer, "apply_chat_template")
     )
 
 
@@ -67,7 +70,7 @@ def _auto_bos_text(tokenizer: Any) -> str:
 
 def _strip_bos(text: str, bos: str) -> str:
     if bos and text.startswith(bos):
-        return text[len(bos):]
+        return text[len(bos) :]
     return text
 
 
@@ -92,20 +95,27 @@ class _Parts:
 
         # default system block: what precedes the user prefix in [user U] alone
         default_block = before_u[: len(before_u) - len(user_prefix)] if before_u.endswith(user_prefix) else ""
-        if (default_block and sys_prefix is not None and sys_suffix is not None
-                and default_block.startswith(sys_prefix) and default_block.endswith(sys_suffix)):
-            content = default_block[len(sys_prefix): len(default_block) - len(sys_suffix)]
+        if (
+            default_block
+            and sys_prefix is not None
+            and sys_suffix is not None
+            and default_block.startswith(sys_prefix)
+            and default_block.endswith(sys_suffix)
+        ):
+            content = default_block[len(sys_prefix) : len(default_block) - len(sys_suffix)]
             self.default_system_prompt = content or None
 
         asst_prefix, asst_suffix = self._assistant_markers(user_suffix)
         self.markers["user"] = (user_prefix, user_suffix)
         self.markers["system"] = (
-            (sys_prefix, sys_suffix) if sys_prefix is not None and sys_suffix is not None
+            (sys_prefix, sys_suffix)
+            if sys_prefix is not None and sys_suffix is not None
             else PLAIN_ROLE_MARKERS["system"]
         )
         # (the generation prompt alone may give a prefix when [user, assistant] did not render)
         self.markers["assistant"] = (
-            (asst_prefix, asst_suffix) if asst_prefix is not None and asst_suffix is not None
+            (asst_prefix, asst_suffix)
+            if asst_prefix is not None and asst_suffix is not None
             else PLAIN_ROLE_MARKERS["assistant"]
         )
 
@@ -134,10 +144,10 @@ class _Parts:
             if su.count(_S) == 1 and su.count(_U) == 1 and su.index(_S) < su.index(_U):
                 mid = su.split(_S, 1)[1].split(_U, 1)[0]
                 if mid.startswith(sys_suffix):
-                    return mid[len(sys_suffix):]
+                    return mid[len(sys_suffix) :]
                 # the system block might render differently when followed by a turn
                 if sys_suffix and mid.startswith(sys_suffix.rstrip()):
-                    return mid[len(sys_suffix.rstrip()):]
+                    return mid[len(sys_suffix.rstrip()) :]
         except Exception:
             pass
         return None
@@ -147,11 +157,13 @@ class _Parts:
         and U2 is assistant_suffix + user_prefix, so the user prefix is its longest
         tail that also ends ``before_u`` (all of ``before_u`` when that fails)."""
         try:
-            conv = self._render([
-                {"role": "user", "content": _U},
-                {"role": "assistant", "content": _A},
-                {"role": "user", "content": _U2},
-            ])
+            conv = self._render(
+                [
+                    {"role": "user", "content": _U},
+                    {"role": "assistant", "content": _A},
+                    {"role": "user", "content": _U2},
+                ]
+            )
             between = conv.split(_A, 1)[1].split(_U2, 1)[0]
             for k in range(len(between), 0, -1):
                 tail = between[-k:]
@@ -170,14 +182,14 @@ class _Parts:
             ua = self._render([{"role": "user", "content": _U}, {"role": "assistant", "content": _A}])
             mid = ua.split(_U, 1)[1].split(_A, 1)[0]
             asst_suffix = ua.split(_A, 1)[1]
-            asst_prefix = mid[len(user_suffix):] if mid.startswith(user_suffix) else mid
+            asst_prefix = mid[len(user_suffix) :] if mid.startswith(user_suffix) else mid
         except Exception:
             pass
         try:
             gp = self._render([{"role": "user", "content": _U}], add_generation_prompt=True)
             gen_prompt = gp.split(_U, 1)[1]
             if gen_prompt.startswith(user_suffix) and len(gen_prompt) > len(user_suffix):
-                asst_prefix = gen_prompt[len(user_suffix):]
+                asst_prefix = gen_prompt[len(user_suffix) :]
         except Exception:
             pass
         return asst_prefix, asst_suffix
@@ -218,8 +230,12 @@ def chat_template_info(tokenizer: Any) -> dict[str, Any]:
         return {"chat_role_markers": dict(PLAIN_ROLE_MARKERS), "chat_default_system_prompt": None}
 
 
-def render_messages(messages: list[dict], markers: dict[str, tuple[str, str]],
-                    default_system_prompt: Optional[str] = None, add_generation_prompt: bool = False) -> str:
+def render_messages(
+    messages: list[dict],
+    markers: dict[str, tuple[str, str]],
+    default_system_prompt: Optional[str] = None,
+    add_generation_prompt: bool = False,
+) -> str:
     """Render a message list with role markers, the way the frontend does (used
     to check markers against ``apply_chat_template``)."""
     out = []

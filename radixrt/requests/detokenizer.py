@@ -10,6 +10,7 @@ of the whole output: the cost of a request's text is linear in its length.
 The final text, once, is the tokenizer's plain ``decode`` of all output ids,
 so it always equals what ``tokenizer.decode(output_ids)`` gives.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence

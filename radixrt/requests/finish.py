@@ -12,6 +12,7 @@ result accumulator keeps. On the wire (a `/generate` result's
 It is a frozen dataclass of plain fields, so it pickles (the server's ZMQ
 sockets send pickled messages) and compares by value.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -86,4 +87,3 @@ class FinishReason:
         """Read a field of the wire dict by name (``fr.get("type")``), for code
         that still reads finish reasons as dicts."""
         return self.to_dict().get(key, default)
-

@@ -28,29 +28,19 @@ scheduler each knows its request's internal id as its ``parent``.
 Every problem is a `RequestError` (a ValueError naming the request field at
 fault): the Engine raises it as is, the server answers it with a 400.
 """
+
 from __future__ import annotations
 
 import json
 import numbers
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from radixrt.requests.errors import RequestError
 from radixrt.requests.messages import GenerateReq
 from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.sampling.params import SamplingParams
-
-
-class RequestError(ValueError):
-    """A request that can never be served. ``param`` names the request field
-    at fault (OpenAI's error ``param``), or is None."""
-
-    def __init__(self, message: str, param: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
 
 # The defaults of EngineConfig.max_n, .max_top_logprobs_num and .max_client_priority.
 DEFAULT_MAX_N = 128
@@ -74,113 +64,6 @@ class Limits:
 def resolve_logprob(return_logprob: Any, top_logprobs_num: int) -> bool:
     """A request returns logprobs when asked to, or when it asks for top logprobs."""
     return bool(return_logprob) or top_logprobs_num > 0
-
-
-def sample_rids(rid: str, n: int) -> list[str]:
-    """The ids of the ``n`` samples of request ``rid``: ``[rid]`` when n == 1,
-    else ``rid-0 .. rid-{n-1}``. Aborting ``rid`` aborts all of them."""
-    return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
-
-
-def new_request_id() -> str:
-    """A fresh random id (uuid4 hex): unguessable, and free of '-'."""
-    return uuid.uuid4().hex
-
-
-class RidAllocator:
-    """Callable giving a fresh `new_request_id` on every call."""
-
-    def __call__(self) -> str:
-        return new_request_id()
-
-
-@dataclass
-class RidEntry:
-    """A running request: its rid (the client's label) and its internal id."""
-
-    rid: str
-    iid: str
-    n: int
-
-    @property
-    def sample_iids(self) -> list[str]:
-        return sample_rids(self.iid, self.n)
-
-    @property
-    def sample_rids(self) -> list[str]:
-        return sample_rids(self.rid, self.n)
-
-
-class RidTable:
-    """The rids of the running requests of one front, and their internal ids.
-
-    Not thread-safe: the Engine calls it under its lock, the server from its
-    event loop only."""
-
-    def __init__(self) -> None:
-        self._by_rid: dict[str, RidEntry] = {}
-        self._by_iid: dict[str, RidEntry] = {}
-
-    def __len__(self) -> int:
-        return len(self._by_iid)
-
-    def _sample_of(self, rid: str) -> Optional[tuple[RidEntry, int]]:
-        """(request, sample index) when ``rid`` is the rid of a sample of a running request."""
-        head, sep, tail = rid.rpartition("-")
-        if not sep or not (tail.isascii() and tail.isdigit()) or tail != str(int(tail)):
-            return None
-        entry = self._by_rid.get(head)
-        if entry is None or entry.n == 1 or int(tail) >= entry.n:
-            return None
-        return entry, int(tail)
-
-    def running(self, rid: str) -> bool:
-        """``rid`` names a running request or one of its samples."""
-        return rid in self._by_rid or self._sample_of(rid) is not None
-
-    def add(self, rids: Sequence[Optional[str]], ns: Sequence[int]) -> list[RidEntry]:
-        """Register one request per item (a rid, or None for a new random
-        one; its ``n``), all or none: RequestError (param 'rid') if a given
-        rid is already running, here or earlier in ``rids``."""
-        added: list[RidEntry] = []
-        try:
-            for rid, n in zip(rids, ns):
-                if rid is None:
-                    rid = new_request_id()
-                    while self.running(rid):  # pragma: no cover - a uuid4 collision
-                        rid = new_request_id()
-                elif self.running(rid):
-                    raise RequestError(f"a request with rid {rid!r} is already running", "rid")
-                entry = RidEntry(rid, new_request_id(), n)
-                self._by_rid[rid] = self._by_iid[entry.iid] = entry
-                added.append(entry)
-        except BaseException:
-            for entry in added:
-                self.remove(entry.iid)
-            raise
-        return added
-
-    def remove(self, iid: str) -> None:
-        """Forget the request of internal id ``iid`` (finished or aborted)."""
-        entry = self._by_iid.pop(iid, None)
-        if entry is not None and self._by_rid.get(entry.rid) is entry:
-            del self._by_rid[entry.rid]
-
-    def resolve(self, rid: str) -> list[str]:
-        """The internal ids an abort of ``rid`` stops: the request of that rid
-        (which the scheduler stops with its samples), or else the one sample
-        of that rid; nothing for an unknown rid. Never a prefix match."""
-        entry = self._by_rid.get(rid)
-        if entry is not None:
-            return [entry.iid]
-        sample = self._sample_of(rid)
-        if sample is not None:
-            return [sample[0].sample_iids[sample[1]]]
-        return []
-
-    def clear(self) -> None:
-        self._by_rid.clear()
-        self._by_iid.clear()
 
 
 @dataclass
@@ -208,24 +91,32 @@ class RequestSpec:
     def to_generate_req(self, rid: str, stream: bool = False) -> GenerateReq:
         """The scheduler message for this prompt under request id ``rid``."""
         return GenerateReq(
-            rid=rid, input_ids=self.input_ids, sampling=self.sampling, return_logprob=self.return_logprob,
-            logprob_start_len=self.logprob_start_len, top_logprobs_num=self.top_logprobs_num, stream=stream,
-            namespace=self.namespace, priority=self.priority, cache_info=self.cache_info,
+            rid=rid,
+            input_ids=self.input_ids,
+            sampling=self.sampling,
+            return_logprob=self.return_logprob,
+            logprob_start_len=self.logprob_start_len,
+            top_logprobs_num=self.top_logprobs_num,
+            stream=stream,
+            namespace=self.namespace,
+            priority=self.priority,
+            cache_info=self.cache_info,
         )
 
 
 # ---------------------------------------------------------------------- validation
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _bad_ids(ids: Sequence[Any], vocab_size: int) -> list[Any]:
+def bad_token_ids(ids: Sequence[Any], vocab_size: int) -> list[Any]:
     rough = [t for t in ids if type(t) is not int or not 0 <= t < vocab_size]  # fast path: plain ints
-    return [t for t in rough if not (_is_int(t) and 0 <= t < vocab_size)]
+    return [t for t in rough if not (is_int(t) and 0 <= t < vocab_size)]
 
 
-def validate_prompt(input_ids: Sequence[int], sampling: SamplingParams, limits: Limits,
-                    field: str = "input_ids") -> None:
+def validate_prompt(
+    input_ids: Sequence[int], sampling: SamplingParams, limits: Limits, field: str = "input_ids"
+) -> None:
     """Raise RequestError unless ``input_ids`` with ``sampling`` can be served
     within ``limits``; the grammar (if any) is parsed, not compiled."""
     n = len(input_ids)
@@ -234,17 +125,22 @@ def validate_prompt(input_ids: Sequence[int], sampling: SamplingParams, limits: 
     if n >= limits.context_length:
         raise RequestError(
             f"the prompt has {n} tokens; this model's context length is {limits.context_length}, "
-            f"so at most {limits.context_length - 1} prompt tokens fit", field)
+            f"so at most {limits.context_length - 1} prompt tokens fit",
+            field,
+        )
     if n + 1 > limits.kv_total_slots:
-        raise RequestError(f"the prompt has {n} tokens, more than the KV pool holds ({limits.kv_total_slots})",
-                           field)
+        raise RequestError(f"the prompt has {n} tokens, more than the KV pool holds ({limits.kv_total_slots})", field)
     if sampling.n > limits.max_n:
-        raise RequestError(f"sampling parameter 'n' is {sampling.n}; this server allows at most {limits.max_n} "
-                           f"samples per prompt (--max-n)", "sampling_params")
-    bad = _bad_ids(input_ids, limits.vocab_size)
+        raise RequestError(
+            f"sampling parameter 'n' is {sampling.n}; this server allows at most {limits.max_n} "
+            f"samples per prompt (--max-n)",
+            "sampling_params",
+        )
+    bad = bad_token_ids(input_ids, limits.vocab_size)
     if bad:
         raise RequestError(
-            f"input_ids contains ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}", "input_ids")
+            f"input_ids contains ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}", "input_ids"
+        )
     try:
         sampling.validate(limits.vocab_size)
     except ValueError as e:
@@ -260,18 +156,25 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     """`validate_prompt`, then the logprob fields and the priority's range."""
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
     if spec.return_logprob and spec.logprob_start_len >= len(spec.input_ids):
-        raise RequestError(f"logprob_start_len {spec.logprob_start_len} is not below the prompt length "
-                           f"{len(spec.input_ids)}", "logprob_start_len")
+        raise RequestError(
+            f"logprob_start_len {spec.logprob_start_len} is not below the prompt length {len(spec.input_ids)}",
+            "logprob_start_len",
+        )
     if spec.top_logprobs_num < 0:
         raise RequestError("top_logprobs_num must be >= 0", "top_logprobs_num")
     if spec.top_logprobs_num > limits.max_top_logprobs_num:
-        raise RequestError(f"top_logprobs_num is {spec.top_logprobs_num}; this server returns at most "
-                           f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
-                           "top_logprobs_num")
+        raise RequestError(
+            f"top_logprobs_num is {spec.top_logprobs_num}; this server returns at most "
+            f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
+            "top_logprobs_num",
+        )
     cap = limits.max_client_priority
     if spec.priority is not None and not -cap <= spec.priority <= cap:
-        raise RequestError(f"'priority' is {spec.priority}; this server accepts priorities from {-cap} to {cap} "
-                           f"(--max-client-priority)", "priority")
+        raise RequestError(
+            f"'priority' is {spec.priority}; this server accepts priorities from {-cap} to {cap} "
+            f"(--max-client-priority)",
+            "priority",
+        )
 
 
 # ---------------------------------------------------------------------- normalization
@@ -285,8 +188,15 @@ class PromptBatch:
     field: str  # the request field they came from
 
 
-def split_prompts(text: Any, input_ids: Any, encode: Callable[[str], list[int]], *, text_name: str = "text",
-                  ids_name: str = "input_ids", allow_empty_batch: bool = False) -> PromptBatch:
+def split_prompts(
+    text: Any,
+    input_ids: Any,
+    encode: Callable[[str], list[int]],
+    *,
+    text_name: str = "text",
+    ids_name: str = "input_ids",
+    allow_empty_batch: bool = False,
+) -> PromptBatch:
     """Exactly one of ``text`` (a string or a list of strings) and
     ``input_ids`` (a list of ints, or a list of such lists) -> a PromptBatch.
 
@@ -297,24 +207,30 @@ def split_prompts(text: Any, input_ids: Any, encode: Callable[[str], list[int]],
     if text is not None:
         if isinstance(text, str):
             texts = [text]
-        elif (isinstance(text, (list, tuple)) and (text or allow_empty_batch)
-              and all(isinstance(t, str) for t in text)):
+        elif isinstance(text, (list, tuple)) and (text or allow_empty_batch) and all(isinstance(t, str) for t in text):
             texts = list(text)
         else:
             raise RequestError(f"'{text_name}' must be a string or a non-empty list of strings.", text_name)
         ids = [list(encode(t)) if t else [] for t in texts]
         return PromptBatch(ids, list(texts), not isinstance(text, str), text_name)
-    if isinstance(input_ids, (list, tuple)) and all(_is_int(t) for t in input_ids):
+    if isinstance(input_ids, (list, tuple)) and all(is_int(t) for t in input_ids):
         return PromptBatch([[int(t) for t in input_ids]], [None], False, ids_name)  # [] is one empty prompt
-    if (isinstance(input_ids, (list, tuple)) and input_ids
-            and all(isinstance(x, (list, tuple)) and all(_is_int(t) for t in x) for x in input_ids)):
+    if (
+        isinstance(input_ids, (list, tuple))
+        and input_ids
+        and all(isinstance(x, (list, tuple)) and all(is_int(t) for t in x) for x in input_ids)
+    ):
         return PromptBatch([[int(t) for t in x] for x in input_ids], [None] * len(input_ids), True, ids_name)
-    raise RequestError(f"'{ids_name}' must be a list of integers (token ids; true and false are not) or a non-empty "
-                       f"list of such lists.", ids_name)
+    raise RequestError(
+        f"'{ids_name}' must be a list of integers (token ids; true and false are not) or a non-empty "
+        f"list of such lists.",
+        ids_name,
+    )
 
 
-def per_item(name: str, value: Any, prompts: PromptBatch, default: Any, check: Callable[[Any], bool],
-             what: str) -> list[Any]:
+def per_item(
+    name: str, value: Any, prompts: PromptBatch, default: Any, check: Callable[[Any], bool], what: str
+) -> list[Any]:
     """``value`` for each prompt: a list gives one value per prompt (for a
     batch, or for ``sampling_params`` of a single prompt, a one-item list),
     anything else is shared. None (or a None entry) means ``default``. Every
@@ -379,19 +295,34 @@ def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
         raise RequestError("'rid' values must be unique.", "rid")
 
 
-def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_logprob: Any = None,
-                logprob_start_len: Any = None, top_logprobs_num: Any = None, rid: Any = None,
-                return_text_in_logprobs: Any = False, cache_salt: Any = None, priority: Any = None,
-                return_cache_info: Any = False, prompt_cache_key: Any = None) -> list[RequestSpec]:
+def build_specs(
+    prompts: PromptBatch,
+    *,
+    sampling_params: Any = None,
+    return_logprob: Any = None,
+    logprob_start_len: Any = None,
+    top_logprobs_num: Any = None,
+    rid: Any = None,
+    return_text_in_logprobs: Any = False,
+    cache_salt: Any = None,
+    priority: Any = None,
+    return_cache_info: Any = False,
+    prompt_cache_key: Any = None,
+) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
     SamplingParams. Types are checked; limits are not (`validate_spec`)."""
-    sampling = per_item("sampling_params", sampling_params, prompts, {},
-                        lambda v: isinstance(v, (dict, SamplingParams)), "an object (or a list of objects)")
+    sampling = per_item(
+        "sampling_params",
+        sampling_params,
+        prompts,
+        {},
+        lambda v: isinstance(v, (dict, SamplingParams)),
+        "an object (or a list of objects)",
+    )
     flags = per_item("return_logprob", return_logprob, prompts, False, lambda v: isinstance(v, bool), "a boolean")
-    starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, _is_int, "an integer")
-    tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: _is_int(v) and v >= 0,
-                    "an integer >= 0")
+    starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, is_int, "an integer")
+    tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: is_int(v) and v >= 0, "an integer >= 0")
     rids = per_item("rid", rid, prompts, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
     _check_rids(rids, prompts, rid)
     if not isinstance(return_text_in_logprobs, bool):
@@ -399,15 +330,24 @@ def build_specs(prompts: PromptBatch, *, sampling_params: Any = None, return_log
     for name, value in (("cache_salt", cache_salt), ("prompt_cache_key", prompt_cache_key)):
         if value is not None and not isinstance(value, str):
             raise RequestError(f"'{name}' must be a string.", name)
-    priorities = per_item("priority", priority, prompts, None, lambda v: v is None or _is_int(v),
-                          "an integer (or one per prompt)")
+    priorities = per_item(
+        "priority", priority, prompts, None, lambda v: v is None or is_int(v), "an integer (or one per prompt)"
+    )
     cache_info = cache_info_mode(return_cache_info)
     namespace = cache_namespace(cache_salt, prompt_cache_key)
     return [
-        RequestSpec(input_ids=ids, sampling=to_sampling_params(sampling[i]), return_logprob=flags[i],
-                    logprob_start_len=int(starts[i]), top_logprobs_num=int(tops[i]),
-                    return_text_in_logprobs=return_text_in_logprobs, namespace=namespace, rid=rids[i],
-                    field=prompts.field, priority=None if priorities[i] is None else int(priorities[i]),
-                    cache_info=cache_info)
+        RequestSpec(
+            input_ids=ids,
+            sampling=to_sampling_params(sampling[i]),
+            return_logprob=flags[i],
+            logprob_start_len=int(starts[i]),
+            top_logprobs_num=int(tops[i]),
+            return_text_in_logprobs=return_text_in_logprobs,
+            namespace=namespace,
+            rid=rids[i],
+            field=prompts.field,
+            priority=None if priorities[i] is None else int(priorities[i]),
+            cache_info=cache_info,
+        )
         for i, ids in enumerate(prompts.ids)
     ]

@@ -6,6 +6,7 @@ The scheduler consumes `GenerateReq`, `AbortReq`, `FlushCacheReq` and
 `ControlReply` (answers to flush/stats). The same dataclasses travel through
 an in-process queue (Engine) or are pickled over ZMQ (server).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ streams included (:meth:`ResultAccumulator.stream_chunk`). With
 ``return_logprob``, ``meta_info`` carries ``output_token_logprobs_length``
 (the number of output logprobs so far), as SGLang's current release does.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -73,7 +74,7 @@ class ResultAccumulator:
         if text is not None:
             self.text = text
         elif self.live_text or out.finish_reason is not None:
-            self.text = self.detok.push(self.output_ids[self._detok_ids:], out.finish_reason)
+            self.text = self.detok.push(self.output_ids[self._detok_ids :], out.finish_reason)
             self._detok_ids = len(self.output_ids)
         self.output_token_logprobs.extend(out.output_token_logprobs)
         self.output_top_logprobs.extend(out.output_top_logprobs)
@@ -102,8 +103,10 @@ class ResultAccumulator:
         """Prompt logprob triples, built once (streamed chunks repeat them)."""
         cached = self.__dict__.get("_input_meta")
         if cached is None:
-            cached = self._input_meta = (self._triples(self.input_token_logprobs),
-                                         self._top_triples(self.input_top_logprobs))
+            cached = self._input_meta = (
+                self._triples(self.input_token_logprobs),
+                self._top_triples(self.input_top_logprobs),
+            )
         tokens, tops = cached
         return [list(t) for t in tokens], [None if t is None else [list(x) for x in t] for t in tops]
 

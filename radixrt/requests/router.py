@@ -26,6 +26,7 @@ The tables (states, requests, rids) are guarded by one lock, never held while
 the transport sends or while outputs are applied, so a transport may deliver
 from inside a send (a test's in-process pipeline does).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,9 +36,10 @@ import weakref
 from typing import AsyncIterator, Iterable, Mapping, Optional, Protocol, Sequence
 
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestSpec, RidEntry, RidTable
+from radixrt.requests.intake import RequestSpec
 from radixrt.requests.messages import TokenOutput
 from radixrt.requests.results import ResultAccumulator
+from radixrt.requests.rids import RidEntry, RidTable
 
 __all__ = ["ReqGroup", "ReqState", "ResultObserver", "ResultRouter", "Transport"]
 
@@ -75,11 +77,24 @@ class ReqState:
     """One sample being generated (a sub-request when n > 1); ``rid`` and
     ``parent`` are internal ids (the client's rid is ``acc.rid``)."""
 
-    __slots__ = ("rid", "parent", "acc", "group", "input_ids", "error", "version", "sent_version",
-                 "sent_logprobs", "sent_text", "t_start", "t_first", "t_last", "done")
+    __slots__ = (
+        "rid",
+        "parent",
+        "acc",
+        "group",
+        "input_ids",
+        "error",
+        "version",
+        "sent_version",
+        "sent_logprobs",
+        "sent_text",
+        "t_start",
+        "t_first",
+        "t_last",
+        "done",
+    )
 
-    def __init__(self, rid: str, parent: str, acc: ResultAccumulator, group: "ReqGroup",
-                 input_ids: list[int]) -> None:
+    def __init__(self, rid: str, parent: str, acc: ResultAccumulator, group: "ReqGroup", input_ids: list[int]) -> None:
         self.rid = rid
         self.parent = parent
         self.acc = acc
@@ -158,8 +173,7 @@ class ResultRouter:
         self._states: dict[str, ReqState] = {}  # the live samples, by internal id
         self._requests: dict[str, list[ReqState]] = {}  # the live requests' samples, by internal id
         self._rids = RidTable()  # the clients' rids of the live requests
-        self._mailboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]" = (
-            weakref.WeakKeyDictionary())
+        self._mailboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]" = weakref.WeakKeyDictionary()
 
     @property
     def states(self) -> Mapping[str, ReqState]:
@@ -192,8 +206,14 @@ class ResultRouter:
     def _register(self, group: ReqGroup, spec: RequestSpec, entry: RidEntry, live_text: bool) -> None:
         samples = []
         for iid, rid in zip(entry.sample_iids, entry.sample_rids):
-            acc = ResultAccumulator(rid, self.tokenizer, spec.sampling, spec.return_logprob,
-                                    spec.return_text_in_logprobs, live_text=live_text)
+            acc = ResultAccumulator(
+                rid,
+                self.tokenizer,
+                spec.sampling,
+                spec.return_logprob,
+                spec.return_text_in_logprobs,
+                live_text=live_text,
+            )
             st = ReqState(iid, entry.iid, acc, group, spec.input_ids)
             self._states[iid] = st
             samples.append(st)

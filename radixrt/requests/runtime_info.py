@@ -6,6 +6,7 @@ to the server's main process when it is ready (radixrt/server/workers.py), so
 both fronts validate requests against the same `Limits` and report the same
 sizes (``/get_server_info``, ``Engine.get_server_info``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

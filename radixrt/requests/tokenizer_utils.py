@@ -1,4 +1,5 @@
 """Tokenizer loading and prompt building shared by the server's processes."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -15,8 +16,14 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text))
 
 
-def apply_chat_template(tokenizer: Any, messages: list[dict], *, add_generation_prompt: bool = True,
-                        continue_final_message: bool = False, extra: Optional[dict] = None) -> str:
+def apply_chat_template(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    extra: Optional[dict] = None,
+) -> str:
     """The chat prompt as text (special tokens written out), ready for `encode`."""
     kwargs = dict(extra or {})
     if continue_final_message:

@@ -25,6 +25,7 @@ Auth: with an API key, every route but ``/health`` needs ``Authorization:
 Bearer KEY`` (or ``x-api-key``); the client's header is passed to the
 workers, so they may share the key.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,14 +49,20 @@ logger = logging.getLogger("radixrt.router")
 ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 FORWARD_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
 SSE_DONE = b"data: [DONE]\n\n"
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                502: "bad_gateway", 503: "service_unavailable"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    502: "bad_gateway",
+    503: "service_unavailable",
+}
 
 
 def error_body(status: int, message: str) -> dict:
     """The OpenAI-shaped error body radixrt's servers use."""
-    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
-                      "param": None, "code": status}}
+    return {
+        "error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None, "code": status}
+    }
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -94,11 +101,18 @@ class RouterState:
         return request.headers.get("x-api-key", "").strip() == key
 
 
-async def _send(state: RouterState, w: Worker, method: str, path: str, headers: dict,
-                body: bytes, params: Any) -> httpx.Response:
+async def _send(
+    state: RouterState, w: Worker, method: str, path: str, headers: dict, body: bytes, params: Any
+) -> httpx.Response:
     assert state.client is not None
-    req = state.client.build_request(method, w.url + path, headers=headers, content=body, params=params,
-                                     timeout=httpx.Timeout(state.config.request_timeout_s, connect=5.0))
+    req = state.client.build_request(
+        method,
+        w.url + path,
+        headers=headers,
+        content=body,
+        params=params,
+        timeout=httpx.Timeout(state.config.request_timeout_s, connect=5.0),
+    )
     return await state.client.send(req, stream=True)
 
 
@@ -123,8 +137,13 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
         w.load += 1
         try:
             resp = await _send(state, w, request.method, path, headers, body, request.query_params)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
-                httpx.WriteError) as e:
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.RemoteProtocolError,
+            httpx.ReadError,
+            httpx.WriteError,
+        ) as e:
             w.load -= 1
             last_error = f"worker {w.url}: {type(e).__name__}: {e}"
             if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
@@ -184,8 +203,9 @@ async def _broadcast(state: RouterState, request: Request, path: str) -> list[An
     async def one(url: str) -> Answer:
         assert state.client is not None
         try:
-            r = await state.client.request(request.method, url + path, headers=headers, content=body,
-                                           params=request.query_params, timeout=60.0)
+            r = await state.client.request(
+                request.method, url + path, headers=headers, content=body, params=request.query_params, timeout=60.0
+            )
             return url, r, ""
         except httpx.HTTPError as e:
             return url, None, f"{type(e).__name__}: {e}"
@@ -221,8 +241,9 @@ class _Guard:
         try:
             await self.app(scope, receive, send)
         except ClientDisconnect:
-            logger.info("%s %s: the client left before its request body was complete",
-                        scope.get("method"), scope["path"])
+            logger.info(
+                "%s %s: the client left before its request body was complete", scope.get("method"), scope["path"]
+            )
         finally:
             self.state.active -= 1
 
@@ -231,8 +252,13 @@ def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = Non
     """The router's app over ``pool``; ``lifespan`` (an async context manager
     factory) runs inside the router's own (HTTP client, worker health checks)."""
     state = RouterState(pool, config)
-    app = FastAPI(title="radixrt router", lifespan=_router_lifespan(state, lifespan), docs_url=None,
-                  redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="radixrt router",
+        lifespan=_router_lifespan(state, lifespan),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.router = state
     app.add_middleware(_Guard, state=state)
     _add_worker_routes(app, state)
@@ -273,15 +299,20 @@ def _health_problem(state: RouterState) -> Optional[str]:
     if not healthy:
         return "no healthy worker"
     if state.config.require_all_healthy and len(healthy) < len(workers):
-        return "unhealthy replicas: " + ", ".join(f"{w['url']} ({w['last_error']})"
-                                                  for w in workers if not w["healthy"])
+        return "unhealthy replicas: " + ", ".join(
+            f"{w['url']} ({w['last_error']})" for w in workers if not w["healthy"]
+        )
     return None
 
 
 def _router_view(state: RouterState) -> dict[str, Any]:
     pool = state.pool
-    return {"policy": pool.policy.name, "workers": pool.public(), "policy_stats": pool.policy.stats(),
-            "failovers": state.failovers}
+    return {
+        "policy": pool.policy.name,
+        "workers": pool.public(),
+        "policy_stats": pool.policy.stats(),
+        "failovers": state.failovers,
+    }
 
 
 def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
@@ -326,13 +357,19 @@ def _add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
     async def flush_cache(request: Request) -> Response:
         results = await _broadcast(state, request, "/flush_cache")
         state.pool.policy.reset()
-        failed = [f"{u}: {r.status_code} {r.text.strip()}" if r is not None else f"{u}: {err}"
-                  for u, r, err in results if r is None or r.status_code != 200]
+        failed = [
+            f"{u}: {r.status_code} {r.text.strip()}" if r is not None else f"{u}: {err}"
+            for u, r, err in results
+            if r is None or r.status_code != 200
+        ]
         if not results:
             return error_response(503, "no healthy worker is available")
         if failed:
-            return Response("Cache not flushed on every worker:\n" + "\n".join(failed) + "\n",
-                            status_code=400, media_type="text/plain")
+            return Response(
+                "Cache not flushed on every worker:\n" + "\n".join(failed) + "\n",
+                status_code=400,
+                media_type="text/plain",
+            )
         return Response("Cache flushed.\n", media_type="text/plain")
 
     @app.post("/abort_request")
@@ -343,8 +380,9 @@ def _add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
             return error_response(503, "no healthy worker is available")
         bad = [r for r in answered if r.status_code != 200]
         if bad:  # the same body went to all: a 400 from one is a 400 from each
-            return Response(bad[0].content, status_code=bad[0].status_code,
-                            media_type=bad[0].headers.get("content-type"))
+            return Response(
+                bad[0].content, status_code=bad[0].status_code, media_type=bad[0].headers.get("content-type")
+            )
         return Response(status_code=200)
 
 
@@ -388,6 +426,7 @@ def _add_proxied_routes(app: FastAPI, state: RouterState) -> None:
     def routed(path: str) -> Any:
         async def endpoint(request: Request) -> Response:
             return await proxy(state, request, path, key_from_body=True)
+
         return endpoint
 
     for route in ROUTED_PATHS:

@@ -14,6 +14,7 @@ per character) or a ``tuple`` of token ids. Keep the two kinds in separate
 trees: a tree compares elements, and a character never equals a token id
 anyway, but a tree of one kind keeps edge labels of one type.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -71,7 +72,7 @@ class ApproxTree:
             child = node.children.get(key[pos])
             if child is None:
                 break
-            n = _common_len(child.label, key[pos:pos + len(child.label)])
+            n = _common_len(child.label, key[pos : pos + len(child.label)])
             for t in child.tenants:
                 out[t] = pos + n  # deeper nodes overwrite: the longest match wins
                 child.tenants[t] = now
@@ -93,7 +94,7 @@ class ApproxTree:
                 node.children[key[pos]] = leaf
                 self._sizes[tenant] = self._sizes.get(tenant, 0) + len(leaf.label)
                 return
-            n = _common_len(child.label, key[pos:pos + len(child.label)])
+            n = _common_len(child.label, key[pos : pos + len(child.label)])
             if n < len(child.label):
                 child = self._split(child, n)
             if tenant not in child.tenants:
@@ -163,8 +164,12 @@ class ApproxTree:
             parent = node.parent
             if not node.tenants and parent is not None:
                 del parent.children[node.label[0]]
-            if (parent is not None and parent is not self.root and tenant in parent.tenants
-                    and not any(tenant in c.tenants for c in parent.children.values())):
+            if (
+                parent is not None
+                and parent is not self.root
+                and tenant in parent.tenants
+                and not any(tenant in c.tenants for c in parent.children.values())
+            ):
                 heapq.heappush(heap, (parent.tenants[tenant], next(tie), parent))
         return dropped
 
@@ -184,5 +189,7 @@ class ApproxTree:
                 for t in c.tenants:
                     sizes[t] = sizes.get(t, 0) + len(c.label)
                 stack.append(c)
-        assert {t: s for t, s in sizes.items() if s} == {t: s for t, s in self._sizes.items() if s}, \
-            (sizes, self._sizes)
+        assert {t: s for t, s in sizes.items() if s} == {t: s for t, s in self._sizes.items() if s}, (
+            sizes,
+            self._sizes,
+        )

@@ -9,6 +9,7 @@ Ctrl-C: new requests get a 503, answers in flight may finish for
 ``--shutdown-grace-s``, then it stops (a second signal stops at once).
 ``radixrt serve --dp N`` uses the same function with its replicas.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,44 +30,112 @@ def add_policy_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
     """The routing flags (``prefix`` 'router-' for `radixrt serve --dp`)."""
     d = CacheAwareConfig()
     h = HealthConfig()
-    p.add_argument(f"--{prefix}policy", dest="router_policy", choices=POLICIES, default="cache_aware",
-                   help="how requests are spread over the workers")
-    p.add_argument(f"--{prefix}cache-threshold", dest="cache_threshold", type=float, default=d.cache_threshold,
-                   help="cache_aware: route by prefix when the best worker holds at least this fraction of "
-                        "the prompt; otherwise to the worker with the smallest tree")
-    p.add_argument(f"--{prefix}balance-abs-threshold", dest="balance_abs_threshold", type=int,
-                   default=d.balance_abs_threshold,
-                   help="cache_aware: loads are imbalanced (route to the least loaded) when max - min in-flight "
-                        "requests exceeds this and ...")
-    p.add_argument(f"--{prefix}balance-rel-threshold", dest="balance_rel_threshold", type=float,
-                   default=d.balance_rel_threshold, help="cache_aware: ... max exceeds this times min")
-    p.add_argument(f"--{prefix}eviction-interval", dest="eviction_interval_s", type=float,
-                   default=d.eviction_interval_s, help="cache_aware: seconds between cuts of the prefix trees")
-    p.add_argument(f"--{prefix}max-tree-size", dest="max_tree_size", type=int, default=d.max_tree_size,
-                   help="cache_aware: most characters/token ids kept per worker's prefix tree")
-    p.add_argument(f"--{prefix}health-check-interval", dest="health_check_interval_s", type=float,
-                   default=h.health_check_interval_s, help="seconds between /health checks of each worker")
-    p.add_argument(f"--{prefix}health-check-timeout", dest="health_check_timeout_s", type=float,
-                   default=h.health_check_timeout_s, help="seconds a worker's /health may take to answer")
-    p.add_argument(f"--{prefix}health-failure-threshold", dest="health_failure_threshold", type=int,
-                   default=h.health_failure_threshold,
-                   help="failed checks in a row that remove a worker from routing")
-    p.add_argument(f"--{prefix}health-success-threshold", dest="health_success_threshold", type=int,
-                   default=h.health_success_threshold, help="passed checks in a row that add it back")
+    p.add_argument(
+        f"--{prefix}policy",
+        dest="router_policy",
+        choices=POLICIES,
+        default="cache_aware",
+        help="how requests are spread over the workers",
+    )
+    p.add_argument(
+        f"--{prefix}cache-threshold",
+        dest="cache_threshold",
+        type=float,
+        default=d.cache_threshold,
+        help="cache_aware: route by prefix when the best worker holds at least this fraction of "
+        "the prompt; otherwise to the worker with the smallest tree",
+    )
+    p.add_argument(
+        f"--{prefix}balance-abs-threshold",
+        dest="balance_abs_threshold",
+        type=int,
+        default=d.balance_abs_threshold,
+        help="cache_aware: loads are imbalanced (route to the least loaded) when max - min in-flight "
+        "requests exceeds this and ...",
+    )
+    p.add_argument(
+        f"--{prefix}balance-rel-threshold",
+        dest="balance_rel_threshold",
+        type=float,
+        default=d.balance_rel_threshold,
+        help="cache_aware: ... max exceeds this times min",
+    )
+    p.add_argument(
+        f"--{prefix}eviction-interval",
+        dest="eviction_interval_s",
+        type=float,
+        default=d.eviction_interval_s,
+        help="cache_aware: seconds between cuts of the prefix trees",
+    )
+    p.add_argument(
+        f"--{prefix}max-tree-size",
+        dest="max_tree_size",
+        type=int,
+        default=d.max_tree_size,
+        help="cache_aware: most characters/token ids kept per worker's prefix tree",
+    )
+    p.add_argument(
+        f"--{prefix}health-check-interval",
+        dest="health_check_interval_s",
+        type=float,
+        default=h.health_check_interval_s,
+        help="seconds between /health checks of each worker",
+    )
+    p.add_argument(
+        f"--{prefix}health-check-timeout",
+        dest="health_check_timeout_s",
+        type=float,
+        default=h.health_check_timeout_s,
+        help="seconds a worker's /health may take to answer",
+    )
+    p.add_argument(
+        f"--{prefix}health-failure-threshold",
+        dest="health_failure_threshold",
+        type=int,
+        default=h.health_failure_threshold,
+        help="failed checks in a row that remove a worker from routing",
+    )
+    p.add_argument(
+        f"--{prefix}health-success-threshold",
+        dest="health_success_threshold",
+        type=int,
+        default=h.health_success_threshold,
+        help="passed checks in a row that add it back",
+    )
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--worker-url", dest="worker_urls", action="append", default=[], required=True,
-                   help="a worker's base url (repeat for each worker)")
+    p.add_argument(
+        "--worker-url",
+        dest="worker_urls",
+        action="append",
+        default=[],
+        required=True,
+        help="a worker's base url (repeat for each worker)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=30000, help="HTTP port")
-    p.add_argument("--api-key", dest="api_key", default=os.environ.get("RADIXRT_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every route but /health; the header is passed "
-                        "on to the workers (default: $RADIXRT_API_KEY)")
-    p.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=1800.0,
-                   help="seconds a proxied request may take")
-    p.add_argument("--shutdown-grace-s", dest="shutdown_grace_s", type=float, default=10.0,
-                   help="on SIGTERM/Ctrl-C, seconds the answers in flight may take to finish")
+    p.add_argument(
+        "--api-key",
+        dest="api_key",
+        default=os.environ.get("RADIXRT_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health; the header is passed "
+        "on to the workers (default: $RADIXRT_API_KEY)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        default=1800.0,
+        help="seconds a proxied request may take",
+    )
+    p.add_argument(
+        "--shutdown-grace-s",
+        dest="shutdown_grace_s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/Ctrl-C, seconds the answers in flight may take to finish",
+    )
     p.add_argument("--log-level", dest="log_level", default="warning", help="log level")
     from radixrt.server.slow_clients import add_read_timeout_args
 
@@ -75,19 +144,33 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
 
 
 def pool_from_args(args: argparse.Namespace, urls: list[str]) -> WorkerPool:
-    cache = CacheAwareConfig(cache_threshold=args.cache_threshold, balance_abs_threshold=args.balance_abs_threshold,
-                             balance_rel_threshold=args.balance_rel_threshold,
-                             eviction_interval_s=args.eviction_interval_s, max_tree_size=args.max_tree_size)
-    health = HealthConfig(health_check_interval_s=args.health_check_interval_s,
-                          health_check_timeout_s=args.health_check_timeout_s,
-                          health_failure_threshold=args.health_failure_threshold,
-                          health_success_threshold=args.health_success_threshold)
+    cache = CacheAwareConfig(
+        cache_threshold=args.cache_threshold,
+        balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold,
+        eviction_interval_s=args.eviction_interval_s,
+        max_tree_size=args.max_tree_size,
+    )
+    health = HealthConfig(
+        health_check_interval_s=args.health_check_interval_s,
+        health_check_timeout_s=args.health_check_timeout_s,
+        health_failure_threshold=args.health_failure_threshold,
+        health_success_threshold=args.health_success_threshold,
+    )
     return WorkerPool(urls, make_policy(args.router_policy, cache), health)
 
 
-def serve_router(app: Any, host: str, port: int, grace_s: float, log_level: str = "warning",
-                 on_drain: Optional[Callable[[], None]] = None, banner: str = "radixrt router",
-                 header_timeout_s: float = 10.0, body_timeout_s: float = 30.0) -> int:
+def serve_router(
+    app: Any,
+    host: str,
+    port: int,
+    grace_s: float,
+    log_level: str = "warning",
+    on_drain: Optional[Callable[[], None]] = None,
+    banner: str = "radixrt router",
+    header_timeout_s: float = 10.0,
+    body_timeout_s: float = 30.0,
+) -> int:
     """Run ``app`` (from `build_router_app`) until a signal; drain on the first.
     ``on_drain`` runs when draining starts (``--dp``: signal the replicas).
     A request's head and body must arrive within ``header_timeout_s`` and
@@ -113,8 +196,12 @@ def serve_router(app: Any, host: str, port: int, grace_s: float, log_level: str 
             loop_box.append(asyncio.get_running_loop())
             await super().startup(sockets)
             if self.started:
-                print(f"{banner} ready at http://{host}:{port} ({state.pool.policy.name}, "
-                      f"{len(state.pool.workers)} workers)", file=sys.stderr, flush=True)
+                print(
+                    f"{banner} ready at http://{host}:{port} ({state.pool.policy.name}, "
+                    f"{len(state.pool.workers)} workers)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self.should_exit or state.draining or not self.started or not loop_box:
@@ -125,9 +212,17 @@ def serve_router(app: Any, host: str, port: int, grace_s: float, log_level: str 
 
     tasks: list[asyncio.Future] = []
     level = log_level.lower()
-    config = uvicorn.Config(app, host=host, port=port, log_level=level if level in ("debug", "info") else "warning",
-                            access_log=level in ("debug", "info"), lifespan="on", timeout_keep_alive=30,
-                            timeout_graceful_shutdown=5, http=timed_h11_protocol(header_timeout_s, body_timeout_s))
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=level if level in ("debug", "info") else "warning",
+        access_log=level in ("debug", "info"),
+        lifespan="on",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=5,
+        http=timed_h11_protocol(header_timeout_s, body_timeout_s),
+    )
     server = DrainingServer(config)
     server.run()
     return 0 if server.started else 1
@@ -139,9 +234,18 @@ def router_main(args: argparse.Namespace) -> int:
 
     logging.getLogger("radixrt.router").setLevel(args.log_level.upper())
     pool = pool_from_args(args, args.worker_urls)
-    config = RouterConfig(api_key=args.api_key, request_timeout_s=args.request_timeout_s,
-                          eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware"
-                          else None)
+    config = RouterConfig(
+        api_key=args.api_key,
+        request_timeout_s=args.request_timeout_s,
+        eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware" else None,
+    )
     app = build_router_app(pool, config)
-    return serve_router(app, args.host, args.port, args.shutdown_grace_s, args.log_level,
-                        header_timeout_s=args.header_read_timeout_s, body_timeout_s=args.body_read_timeout_s)
+    return serve_router(
+        app,
+        args.host,
+        args.port,
+        args.shutdown_grace_s,
+        args.log_level,
+        header_timeout_s=args.header_read_timeout_s,
+        body_timeout_s=args.body_read_timeout_s,
+    )

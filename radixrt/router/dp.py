@@ -18,6 +18,7 @@ SIGTERM to each replica, which drains as a single server does (its requests
 in flight get ``--shutdown-grace-s``); the front stops once its answers are
 out, waits for the replicas, and exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,16 +88,44 @@ def _stop(procs: list[Any], timeout: float) -> None:
             p.join(2.0)
 
 
-def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
-    """Run ``args.dp`` replicas and the router front until a signal; the exit code."""
+def _replica_watch(urls: list[str], procs: list[Any], n: int, state: dict[str, int]) -> Any:
+    """The front's lifespan: a task that, when a replica exits, records exit code 1
+    and sends this process SIGTERM (the front drains and the other replicas stop)."""
     import asyncio
 
+    @contextlib.asynccontextmanager
+    async def watch(app: Any) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(WATCH_INTERVAL_S)
+                dead = [(u, p) for u, p in zip(urls, procs) if not p.is_alive()]
+                if dead and not app.state.router.draining:
+                    reason = ", ".join(f"replica {u} (pid {p.pid}) exited with code {p.exitcode}" for u, p in dead)
+                    print(f"radixrt serve --dp {n}: {reason}; shutting down", file=sys.stderr, flush=True)
+                    state["exit_code"] = 1
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    return watch
+
+
+def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
+    """Run ``args.dp`` replicas and the router front until a signal; the exit code."""
     from radixrt.router.app import RouterConfig, build_router_app
     from radixrt.router.cli import pool_from_args, serve_router
     from radixrt.server.local import free_port
 
-    logging.basicConfig(level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
-                        format="[%(asctime)s dp-front] %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
+        format="[%(asctime)s dp-front] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     n = int(args.dp)
     ports = [free_port() for _ in range(n)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -105,9 +134,8 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     state = {"exit_code": 0}
     for port in ports:
         rargs = dataclasses.replace(sargs, host="127.0.0.1", port=port)
-        proc = mp.Process(target=_replica_main, args=(config, rargs), name=f"radixrt-replica-{port}")
-        proc.start()
-        procs.append(proc)
+        procs.append(mp.Process(target=_replica_main, args=(config, rargs), name=f"radixrt-replica-{port}"))
+        procs[-1].start()
 
     def interrupt(_sig: int, _frame: Any) -> None:
         raise KeyboardInterrupt
@@ -125,30 +153,13 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
             for sig, h in prev.items():
                 signal.signal(sig, h)
         pool = pool_from_args(args, urls)
-        rconfig = RouterConfig(api_key=sargs.api_key, require_all_healthy=True,
-                               eviction_interval_s=args.eviction_interval_s
-                               if args.router_policy == "cache_aware" else None)
+        rconfig = RouterConfig(
+            api_key=sargs.api_key,
+            require_all_healthy=True,
+            eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware" else None,
+        )
 
-        @contextlib.asynccontextmanager
-        async def watch(app: Any) -> AsyncIterator[None]:
-            async def loop() -> None:
-                while True:
-                    await asyncio.sleep(WATCH_INTERVAL_S)
-                    dead = [(u, p) for u, p in zip(urls, procs) if not p.is_alive()]
-                    if dead and not app.state.router.draining:
-                        reason = ", ".join(f"replica {u} (pid {p.pid}) exited with code {p.exitcode}"
-                                           for u, p in dead)
-                        print(f"radixrt serve --dp {n}: {reason}; shutting down", file=sys.stderr, flush=True)
-                        state["exit_code"] = 1
-                        os.kill(os.getpid(), signal.SIGTERM)  # the front drains and the others stop
-                        return
-
-            task = asyncio.create_task(loop())
-            try:
-                yield
-            finally:
-                task.cancel()
-
+        watch = _replica_watch(urls, procs, n, state)
         app = build_router_app(pool, rconfig, lifespan=watch)
 
         def on_drain() -> None:
@@ -156,9 +167,17 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGTERM)
 
-        code = serve_router(app, sargs.host, sargs.port, sargs.shutdown_grace_s, config.debug.log_level,
-                            on_drain=on_drain, banner=f"radixrt server (--dp {n})",
-                            header_timeout_s=sargs.header_read_timeout_s, body_timeout_s=sargs.body_read_timeout_s)
+        code = serve_router(
+            app,
+            sargs.host,
+            sargs.port,
+            sargs.shutdown_grace_s,
+            config.debug.log_level,
+            on_drain=on_drain,
+            banner=f"radixrt server (--dp {n})",
+            header_timeout_s=sargs.header_read_timeout_s,
+            body_timeout_s=sargs.body_read_timeout_s,
+        )
         return code or state["exit_code"]
     finally:
         _stop(procs, sargs.shutdown_grace_s + 10.0)

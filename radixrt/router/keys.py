@@ -13,6 +13,7 @@ Anything else (a malformed body, a route without a prompt) has no key: the
 policy then routes by load. The router never rejects a body itself; the
 worker answers malformed ones with its own 4xx.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -44,8 +45,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and isinstance(p.get("text", ""), str))
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text", ""), str))
     return ""
 
 

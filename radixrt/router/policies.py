@@ -18,6 +18,7 @@ when a worker leaves (``remove_worker``), when caches were flushed
   ``balance_rel_threshold`` x min) the least loaded worker gets it. Either
   way the key is inserted into the chosen worker's tree.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -97,7 +98,7 @@ class CacheAwareConfig:
     balance_abs_threshold: int = 64  # imbalanced when max - min load exceeds this ...
     balance_rel_threshold: float = 1.5  # ... and max load exceeds this times the min
     eviction_interval_s: float = 120.0  # how often the trees are cut down to max_tree_size
-    max_tree_size: int = 2 ** 24  # elements (characters or token ids) per worker's tree
+    max_tree_size: int = 2**24  # elements (characters or token ids) per worker's tree
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cache_threshold <= 1.0:

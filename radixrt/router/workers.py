@@ -11,6 +11,7 @@ once; the health loop adds it back when it answers again.
 Load: the requests the router has in flight on a worker (from sending the
 request to the end of its answer or stream).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,13 @@ class Worker:
     was_healthy: bool = False  # ever healthy (so a change to healthy is a recovery)
 
     def public(self) -> dict:
-        return {"url": self.url, "healthy": self.healthy, "load": self.load, "routed": self.routed,
-                "last_error": self.last_error}
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "load": self.load,
+            "routed": self.routed,
+            "last_error": self.last_error,
+        }
 
 
 def normalize_url(url: str) -> str:
@@ -155,6 +161,7 @@ class WorkerPool:
     def probe(self, url: str) -> None:
         """Check one worker now (a request to it failed in a way that may or may
         not mean it is gone); it leaves routing at once if /health fails."""
+
         async def run() -> None:
             assert self._client is not None
             try:

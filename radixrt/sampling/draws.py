@@ -10,6 +10,7 @@ full-width cumsum is the slowest op on CPU). See sampler.py for the whole
 pipeline and the two paths (top-k candidates, full vocabulary with top-p by
 rejection).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -258,9 +259,7 @@ class TokenDrawer:
         tokens = _inverse_cdf_blocked(w, u0)
         p_rows = [j for j, p in enumerate(params) if p.top_p < 1.0]
         if p_rows:
-            tokens = self._top_p_rejection(
-                q, w, tokens, p_rows, [params[j].top_p for j in p_rows], seeds, positions
-            )
+            tokens = self._top_p_rejection(q, w, tokens, p_rows, [params[j].top_p for j in p_rows], seeds, positions)
         return tokens
 
     def _top_p_rejection(

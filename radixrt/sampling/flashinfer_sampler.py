@@ -17,6 +17,7 @@ batch: the same request in another batch draws differently, and results do
 not match the CPU path. The distribution is the same (top-k first, then top-p
 over the renormalized top-k set).
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Optional
@@ -32,8 +33,9 @@ _SEED_MASK = (1 << 63) - 1
 class FlashInferSampler(Sampler):
     """`Sampler` whose top-k/top-p draws run FlashInfer's sampling kernel."""
 
-    def __init__(self, vocab_size: int, eos_token_ids: Iterable[int], flashinfer_module: Any = None,
-                 require_cuda: bool = True) -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_ids: Iterable[int], flashinfer_module: Any = None, require_cuda: bool = True
+    ) -> None:
         super().__init__(vocab_size, eos_token_ids)
         if flashinfer_module is None:
             from radixrt.kernels.flashinfer_backend import import_flashinfer
@@ -56,8 +58,9 @@ class FlashInferSampler(Sampler):
         logits = x.index_select(0, idx).float()
         temps = torch.tensor([params[j].temperature for j in fast], dtype=torch.float32, device=device)
         probs = torch.softmax(logits / temps.unsqueeze(1), dim=1)
-        top_k = torch.tensor([params[j].top_k if 0 < params[j].top_k < V else V for j in fast],
-                             dtype=torch.int32, device=device)
+        top_k = torch.tensor(
+            [params[j].top_k if 0 < params[j].top_k < V else V for j in fast], dtype=torch.int32, device=device
+        )
         top_p = torch.tensor([params[j].top_p for j in fast], dtype=torch.float32, device=device)
         seeds = torch.tensor([rows[sampled[j]].seed & _SEED_MASK for j in fast], dtype=torch.int64, device=device)
         offsets = torch.tensor([rows[sampled[j]].output_index for j in fast], dtype=torch.int64, device=device)
@@ -71,18 +74,16 @@ class FlashInferSampler(Sampler):
         tokens[torch.tensor(fast, dtype=torch.long, device=device)] = drawn
         fast_set = set(fast)
         slow = [j for j in range(len(sampled)) if j not in fast_set]
-        tokens[torch.tensor(slow, dtype=torch.long, device=device)] = super()._draw(
-            x, rows, [sampled[j] for j in slow]
-        )
+        tokens[torch.tensor(slow, dtype=torch.long, device=device)] = super()._draw(x, rows, [sampled[j] for j in slow])
         return tokens
 
 
-def create_sampler(backend: str, vocab_size: int, eos_token_ids: Iterable[int], device: str,
-                   flashinfer_module: Optional[Any] = None) -> Sampler:
+def create_sampler(
+    backend: str, vocab_size: int, eos_token_ids: Iterable[int], device: str, flashinfer_module: Optional[Any] = None
+) -> Sampler:
     """``"radixrt"`` (default, reproducible) or ``"flashinfer"`` (CUDA only; on CPU the default)."""
     if backend == "flashinfer" and (device.startswith("cuda") or flashinfer_module is not None):
-        return FlashInferSampler(vocab_size, eos_token_ids, flashinfer_module,
-                                 require_cuda=flashinfer_module is None)
+        return FlashInferSampler(vocab_size, eos_token_ids, flashinfer_module, require_cuda=flashinfer_module is None)
     if backend not in ("radixrt", "flashinfer"):
         raise ValueError(f"unknown sampling_backend {backend!r}; choose radixrt or flashinfer")
     return Sampler(vocab_size, eos_token_ids)

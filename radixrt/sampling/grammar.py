@@ -67,6 +67,7 @@ boundaries:
   or in an extend step (bit-level float differences between the two can, as
   everywhere in the runtime, move a token that sits on an exact tie).
 """
+
 from __future__ import annotations
 
 import functools
@@ -320,7 +321,7 @@ class GrammarState:
             return []
         # A forced string is bounded (grammar_bounds.py) but may still be far longer than the
         # draft: tokenize only what max_tokens can hold.
-        draft = self._take(self._encode(text[:max_tokens * MAX_DRAFT_CHARS_PER_TOKEN])[:max_tokens])
+        draft = self._take(self._encode(text[: max_tokens * MAX_DRAFT_CHARS_PER_TOKEN])[:max_tokens])
         if not draft:
             draft = self._take(self.matcher.find_jump_forward_tokens()[:max_tokens])
         return draft

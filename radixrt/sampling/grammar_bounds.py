@@ -28,6 +28,7 @@ free text (tag dispatch, token-level dispatch) count as empty, and regular
 expressions embedded in a rule (JSON-schema ``pattern``) are measured with
 Python's regex parser.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,22 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 # xgrammar's GrammarExprType, in order.
-(BYTE_STRING, CHARACTER_CLASS, CHARACTER_CLASS_STAR, EMPTY_STR, RULE_REF, SEQUENCE, CHOICES, TAG_DISPATCH,
- REPEAT, TOKEN, EXCLUDE_TOKEN, TOKEN_TAG_DISPATCH, REGEX, SUBSTRING) = range(14)
+(
+    BYTE_STRING,
+    CHARACTER_CLASS,
+    CHARACTER_CLASS_STAR,
+    EMPTY_STR,
+    RULE_REF,
+    SEQUENCE,
+    CHOICES,
+    TAG_DISPATCH,
+    REPEAT,
+    TOKEN,
+    EXCLUDE_TOKEN,
+    TOKEN_TAG_DISPATCH,
+    REGEX,
+    SUBSTRING,
+) = range(14)
 
 INFINITE = float("inf")
 
@@ -71,7 +86,7 @@ class _Exprs:
         start = self.indptr[i]
         end = self.indptr[i + 1] if i + 1 < len(self.indptr) else len(self.data)
         kind, n = self.data[start], self.data[start + 1]
-        return kind, self.data[start + 2:start + 2 + n] if end - start >= 2 + n else self.data[start + 2:end]
+        return kind, self.data[start + 2 : start + 2 + n] if end - start >= 2 + n else self.data[start + 2 : end]
 
 
 def _regex_min_len(pattern: str, limits: GrammarLimits, rule: str) -> float:
@@ -80,16 +95,18 @@ def _regex_min_len(pattern: str, limits: GrammarLimits, rule: str) -> float:
     for m in re.finditer(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}", pattern):
         for count in m.groups():
             if count and int(count) > limits.max_repeat:
-                raise GrammarTooCostly(f"rule '{rule}': the repetition {m.group(0)} exceeds the limit of "
-                                       f"{limits.max_repeat}")
+                raise GrammarTooCostly(
+                    f"rule '{rule}': the repetition {m.group(0)} exceeds the limit of {limits.max_repeat}"
+                )
     try:
         return float(_sre_parse.parse(pattern).getwidth()[0])
     except Exception:  # noqa: BLE001 - a pattern Python cannot read: xgrammar's own dialect, counted as empty
         return 0.0
 
 
-def _expr_min_len(exprs: _Exprs, i: int, rule_min: list[float], limits: GrammarLimits, rule: str,
-                  names: list[str]) -> float:
+def _expr_min_len(
+    exprs: _Exprs, i: int, rule_min: list[float], limits: GrammarLimits, rule: str, names: list[str]
+) -> float:
     """Shortest string of expression ``i`` given the rules' current estimates."""
     kind, d = exprs.get(i)
     if kind == BYTE_STRING:
@@ -107,8 +124,10 @@ def _expr_min_len(exprs: _Exprs, i: int, rule_min: list[float], limits: GrammarL
     if kind == REPEAT:
         ref, lo, hi = d[0], d[1], d[2]
         if lo > limits.max_repeat or hi > limits.max_repeat:
-            raise GrammarTooCostly(f"rule '{rule}': a repetition of '{names[ref]}' "
-                                   f"{{{lo}, {hi if hi >= 0 else ''}}} exceeds the limit of {limits.max_repeat}")
+            raise GrammarTooCostly(
+                f"rule '{rule}': a repetition of '{names[ref]}' "
+                f"{{{lo}, {hi if hi >= 0 else ''}}} exceeds the limit of {limits.max_repeat}"
+            )
         return 0.0 if lo == 0 else lo * rule_min[ref]
     if kind in (TOKEN, EXCLUDE_TOKEN):
         return 1.0
@@ -139,8 +158,11 @@ def check_grammar_bounds(grammar: Any, limits: Optional[GrammarLimits] = None) -
                 changed = True
     for r, n in enumerate(rule_min):
         if n == INFINITE:
-            raise GrammarTooCostly(f"it has no finite instance: rule '{names[r]}' can only be completed by "
-                                   "repeating itself (a recursive schema or grammar with no way out)")
+            raise GrammarTooCostly(
+                f"it has no finite instance: rule '{names[r]}' can only be completed by "
+                "repeating itself (a recursive schema or grammar with no way out)"
+            )
         if n > limits.max_chars:
-            raise GrammarTooCostly(f"rule '{names[r]}' needs at least {int(n)} characters, more than the limit "
-                                   f"of {limits.max_chars}")
+            raise GrammarTooCostly(
+                f"rule '{names[r]}' needs at least {int(n)} characters, more than the limit of {limits.max_chars}"
+            )

@@ -4,6 +4,7 @@ See sampler.py for the semantics of each stage. `process_logits` never
 modifies its input: it returns ``raw`` itself when no row needs any stage,
 else a fresh float32 tensor.
 """
+
 from __future__ import annotations
 
 import torch
@@ -53,9 +54,7 @@ def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tu
     return x
 
 
-def apply_grammar(
-    raw: torch.Tensor, x: torch.Tensor, bitmask: torch.Tensor, masked_rows: list[int]
-) -> torch.Tensor:
+def apply_grammar(raw: torch.Tensor, x: torch.Tensor, bitmask: torch.Tensor, masked_rows: list[int]) -> torch.Tensor:
     """Stage 3b on ``x`` (copied first when it is ``raw``, which must stay
     intact for logprobs)."""
     if x is raw:

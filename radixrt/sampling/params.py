@@ -36,6 +36,7 @@ frontend sends keys such as ``"regex": None`` explicitly.
 
 This module imports no torch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -177,9 +178,7 @@ class SamplingParams:
                         f"got an element of type {_type_name(s)}"
                     )
         else:
-            raise ValueError(
-                f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}"
-            )
+            raise ValueError(f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}")
         self.stop = stop
         self.stop_regex = _as_str_list("stop_regex", self.stop_regex)
 
@@ -237,9 +236,7 @@ class SamplingParams:
                 raise ValueError(f"sampling parameter '{key}' is not supported by radixrt")
             name = _ALIASES.get(key, key)
             if name not in _FIELD_NAMES:
-                raise ValueError(
-                    f"unknown sampling parameter {key!r}; valid: {', '.join(sorted(_FIELD_NAMES))}"
-                )
+                raise ValueError(f"unknown sampling parameter {key!r}; valid: {', '.join(sorted(_FIELD_NAMES))}")
             if name in kwargs and kwargs[name] is not None and value is not None:
                 raise ValueError(f"sampling parameter '{name}' given twice (as {key!r} and another spelling)")
             if value is None:

@@ -7,6 +7,7 @@ in numpy arrays on the host) and the penalties touch only those logits: one
 gather and one scatter over all penalized rows. On the CPU a dense ``[P, V]``
 pass costs more than the sparse one at SmolLM2's 49k vocabulary.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,9 @@ def apply_penalties(x: torch.Tensor, rows: list[SamplingRow], which: list[int]) 
     freq = np.repeat(np.asarray([p.frequency_penalty for p in params], dtype=np.float32), lengths)
     pres = np.repeat(np.asarray([p.presence_penalty for p in params], dtype=np.float32), lengths)
     device = x.device
-    flat_t, count_t, rep_t, freq_t, pres_t = (torch.from_numpy(a).to(device, non_blocking=True)
-                                              for a in (flat, count, rep, freq, pres))
+    flat_t, count_t, rep_t, freq_t, pres_t = (
+        torch.from_numpy(a).to(device, non_blocking=True) for a in (flat, count, rep, freq, pres)
+    )
     xf = x.view(-1)
     v = xf.index_select(0, flat_t)
     v = torch.where(v > 0, v / rep_t, v * rep_t)  # exact no-op where the penalty is 1

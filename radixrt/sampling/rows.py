@@ -12,6 +12,7 @@ This module imports nothing of the sampling package but the parameter record
 and the counts, so every stage can import it: the package's imports point one
 way (sampler -> logit_processing -> penalties/draws -> rows).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -69,6 +69,7 @@ The logits may have more columns than ``vocab_size`` (models pad their
 embedding); only the first ``vocab_size`` columns are used, so padding ids are
 never sampled.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -27,6 +27,7 @@ with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` per pattern
 and step; past it `search` raises `SearchTimeout`, and the scheduler ends that
 request with an error. This module imports no torch.
 """
+
 from __future__ import annotations
 
 import functools

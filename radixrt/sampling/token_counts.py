@@ -8,6 +8,7 @@ work is proportional to the number of penalized rows, not to their lengths.
 The counts are sparse: the distinct ids a request has seen, in numpy arrays
 on the host (`penalties.py` applies them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,14 +47,14 @@ class TokenCounts:
             self._position = {t: i for i, t in enumerate(seen.tolist())}
         if committed < self.counted:
             raise ValueError(f"output shrank from {self.counted} to {committed} tokens")
-        for t in output_ids[self.counted:committed]:
+        for t in output_ids[self.counted : committed]:
             self._add(t)
         self.counted = committed
 
     def view(self, extra: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, counts) of the state plus ``extra`` output ids counted once
         each (a jump-forward draft), without changing the state."""
-        ids, counts = self.ids[:self.size], self.counts[:self.size]
+        ids, counts = self.ids[: self.size], self.counts[: self.size]
         if not extra:
             return ids, counts
         ids, counts = ids.copy(), counts.copy()

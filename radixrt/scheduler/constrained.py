@@ -11,6 +11,7 @@ position (results.py), so outputs equal token-by-token decoding.
 Constrained requests need each sampled token on the host before their next
 step's mask, so a batch holding one is never overlapped with the next.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -41,8 +42,16 @@ class ConstrainedDecoding:
     """The grammar backend (created on first use) and the step loop's use of it:
     matchers for compiled grammars, jump-forward drafts, token bitmasks."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], limits: GrammarLimits,
-                 cache_size: int, enable_jump_forward: bool, context_length: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        limits: GrammarLimits,
+        cache_size: int,
+        enable_jump_forward: bool,
+        context_length: int,
+    ) -> None:
         self._tokenizer = tokenizer
         self._eos_token_ids = eos_token_ids
         self._limits = limits
@@ -60,8 +69,9 @@ class ConstrainedDecoding:
     def grammars(self) -> GrammarBackend:
         """The grammar compiler and cache, created on first use."""
         if self._grammars is None:
-            self._grammars = GrammarBackend(self._tokenizer, self.vocab_size, self._eos_token_ids,
-                                            cache_size=self._cache_size, limits=self._limits)
+            self._grammars = GrammarBackend(
+                self._tokenizer, self.vocab_size, self._eos_token_ids, cache_size=self._cache_size, limits=self._limits
+            )
         return self._grammars
 
     def compile(self, sampling: SamplingParams) -> Optional[concurrent.futures.Future]:
@@ -87,8 +97,14 @@ class ConstrainedDecoding:
                 compiled = future.result()
             except Exception as e:  # noqa: BLE001 - reported to the client, never raised here
                 key = grammar_key(req.sampling)
-                failed.append((req, FinishReason.abort(
-                    f"the {key[0] if key else 'constrained'} grammar failed to compile: {e}", status_code=400)))
+                failed.append(
+                    (
+                        req,
+                        FinishReason.abort(
+                            f"the {key[0] if key else 'constrained'} grammar failed to compile: {e}", status_code=400
+                        ),
+                    )
+                )
                 continue
             req.grammar = self.grammars.new_state(compiled)
             if self.enable_jump_forward and not req.output_ids:

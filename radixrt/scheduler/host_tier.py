@@ -1,6 +1,7 @@
 """Builds a scheduler's prefix cache and, with ``--enable-hierarchical-cache``,
 the host KV tier under it: the host pool shaped like the runner's device pool,
 the tree's view of it, and the swap cost model (``--preemption-mode swap``)."""
+
 from __future__ import annotations
 
 import logging
@@ -48,20 +49,26 @@ def build_host_tier(config: HostCacheSettings, runner: Any, device_tokens: int) 
     if not config.enable_hierarchical_cache:
         return None
     dev = runner.kv_pool
-    tokens = host_pool_tokens(device_tokens, dev.bytes_per_token, config.hicache_ratio, config.hicache_size,
-                              config.host_kv_size)
+    tokens = host_pool_tokens(
+        device_tokens, dev.bytes_per_token, config.hicache_ratio, config.hicache_size, config.host_kv_size
+    )
     pool = HostKVPool(dev, tokens, kv_cache_dtype=config.hicache_kv_cache_dtype)
     tier = HostTier(pool.allocator, KVTransferQueue(), config.hicache_write_policy)
     num_params = sum(p.numel() for p in runner.model.parameters())
     cost = SwapCostModel.for_device(str(runner.device), num_params, dev.bytes_per_token)
-    logger.info("host KV tier: %d tokens (%.2f GiB, %s), %s; swap %.2f us/token vs recompute %.2f us/token",
-                pool.total_slots, pool.total_slots * pool.bytes_per_token / (1 << 30), pool.kv_cache_dtype,
-                tier.write_policy, cost.swap_s(1) * 1e6, cost.recompute_s(1) * 1e6)
+    logger.info(
+        "host KV tier: %d tokens (%.2f GiB, %s), %s; swap %.2f us/token vs recompute %.2f us/token",
+        pool.total_slots,
+        pool.total_slots * pool.bytes_per_token / (1 << 30),
+        pool.kv_cache_dtype,
+        tier.write_policy,
+        cost.swap_s(1) * 1e6,
+        cost.recompute_s(1) * 1e6,
+    )
     return HostTierRuntime(pool, tier, cost)
 
 
-def build_prefix_cache(config: CacheSettings, allocator: PageAllocator,
-                       host: Optional[HostTierRuntime]) -> PrefixCache:
+def build_prefix_cache(config: CacheSettings, allocator: PageAllocator, host: Optional[HostTierRuntime]) -> PrefixCache:
     """The prefix cache the flags ask for: none (``--disable-radix-cache``), the
     radix tree over the host tier (`host`), or the device radix tree."""
     if config.disable_radix_cache:

@@ -7,6 +7,7 @@ mutable lists. Host work is per request, never per cached token: a decode
 row contributes one token id (or, while its previous token is still in
 flight, a reference to the device's copy of it), its table row and lengths.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,8 +67,9 @@ def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> 
     first = max(req.logprob_start_len, 1)  # token 0 has no logprob
     lo = max(first - 1, start)  # positions whose next token is scored
     hi = min(len(req.input_ids) - 1, start + q)
-    return PromptLogprobJob(batch_index, offset, start, lo, hi, req.input_ids[lo + 1:hi + 1], req.top_logprobs_num,
-                            req.retractions)
+    return PromptLogprobJob(
+        batch_index, offset, start, lo, hi, req.input_ids[lo + 1 : hi + 1], req.top_logprobs_num, req.retractions
+    )
 
 
 def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
@@ -76,12 +78,22 @@ def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
     output = req.output_ids + req.draft_ids[:draft_pos] if draft_pos else req.output_ids
     # Positional: one is built per sampling row per step, and keyword arguments cost twice as much.
     # (params, seed, output_ids, prompt_ids, top_logprobs_num, return_logprob, index, counts, draft_len)
-    return SamplingRow(req.sampling, req.seed, output, req.input_ids, req.top_logprobs_num, req.return_logprob,
-                       len(req.output_ids) + req.inflight_tokens + draft_pos, req.penalty_counts, draft_pos)
+    return SamplingRow(
+        req.sampling,
+        req.seed,
+        output,
+        req.input_ids,
+        req.top_logprobs_num,
+        req.return_logprob,
+        len(req.output_ids) + req.inflight_tokens + draft_pos,
+        req.penalty_counts,
+        draft_pos,
+    )
 
 
-def prepare_inputs(batch: Batch, constrained: ConstrainedDecoding, table_writes: Optional[torch.Tensor],
-                   keep_last_tokens: bool = True) -> StepInputs:
+def prepare_inputs(
+    batch: Batch, constrained: ConstrainedDecoding, table_writes: Optional[torch.Tensor], keep_last_tokens: bool = True
+) -> StepInputs:
     """The inputs of ``batch``'s forward. ``keep_last_tokens``: the next step may be
     launched before this one's results are processed (it then reads the tokens
     sampled here from the device).

@@ -11,6 +11,7 @@ steps in launch order; no other thread calls them while a step is in flight
 (the scheduler thread only queues table writes, which reach the runner inside
 the step's inputs).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Protocol
@@ -33,8 +34,14 @@ class StepRunner(Protocol):
     device: str
     req_to_token: ReqToTokenPool
 
-    def forward_batch(self, input_ids: list[int] | torch.Tensor, rows: list[int], q_lens: list[int],
-                      kv_lens: list[int], table_writes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_batch(
+        self,
+        input_ids: list[int] | torch.Tensor,
+        rows: list[int],
+        q_lens: list[int],
+        kv_lens: list[int],
+        table_writes: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Apply ``table_writes`` to the table, then compute, for each request
         ``i``, its last ``q_lens[i]`` of ``kv_lens[i]`` tokens, whose slots are row
         ``rows[i]`` of the table; the new tokens' K/V are written into the pool.
@@ -52,8 +59,13 @@ class StepRunner(Protocol):
 class StepSampler(Protocol):
     """Turns logits into one token per sampling row."""
 
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: Optional[torch.Tensor] = None,
-               masked_rows: Optional[list[int]] = None) -> SampleResult:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        token_bitmask: Optional[torch.Tensor] = None,
+        masked_rows: Optional[list[int]] = None,
+    ) -> SampleResult:
         """One token per row of ``logits`` (``[len(rows), vocab]``), drawn as
         ``rows[i]`` says: its parameters, seed and output index (the default
         sampler's draw depends on nothing else, not on the batch; FlashInfer's

@@ -25,6 +25,7 @@ here: loads and offloads before the step's forward (the forward that needs a
 loaded prefix waits for it), write-through copies of what the step computes
 after it.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,8 +54,9 @@ class StepOutput:
 
 
 class StepLauncher:
-    def __init__(self, runner: StepRunner, sampler: StepSampler, overlap: bool,
-                 host_pool: Optional[HostKVPool] = None) -> None:
+    def __init__(
+        self, runner: StepRunner, sampler: StepSampler, overlap: bool, host_pool: Optional[HostKVPool] = None
+    ) -> None:
         """``overlap``: run steps on a forward thread (else inline, in `launch`);
         ``host_pool``: the host tier's pool, which runs a step's host-tier copies
         (None without a host tier: a step then carries none)."""
@@ -135,8 +137,8 @@ class StepLauncher:
         for b in range(job.lo, job.hi, PROMPT_LOGITS_BLOCK):
             e = min(b + PROMPT_LOGITS_BLOCK, job.hi)
             first = job.offset + b - job.start
-            logits = self.runner.logits(hidden[first:first + e - b])
-            targets = job.targets[b - job.lo:e - job.lo]
+            logits = self.runner.logits(hidden[first : first + e - b])
+            targets = job.targets[b - job.lo : e - job.lo]
             lps, tops = token_logprobs(logits, targets, job.top_k)
             out.extend((lps[j], targets[j], tops[j] if tops else None) for j in range(e - b))
         return out

@@ -25,6 +25,7 @@ running) and the requests' KV through `KVCacheManager`; it runs no model.
 `BatchPlanner.schedule` returns a `Plan`: the batch, the requests it
 retracted and those it had to end.
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,14 @@ class RequestQueues:
 
 
 class BatchPlanner:
-    def __init__(self, config: SchedulingSettings, kv: KVCacheManager, queues: RequestQueues, context_length: int,
-                 swap_cost: Optional[SwapCostModel] = None) -> None:
+    def __init__(
+        self,
+        config: SchedulingSettings,
+        kv: KVCacheManager,
+        queues: RequestQueues,
+        context_length: int,
+        swap_cost: Optional[SwapCostModel] = None,
+    ) -> None:
         """``swap_cost``: under ``--preemption-mode swap``, the model that decides
         whether a retracted request's KV moves to the host tier; None: recompute."""
         self.config = config
@@ -235,8 +242,9 @@ class BatchPlanner:
         cfg, running = self.config, self.queues.running
         if len(running) < cfg.max_running_requests:
             return
-        urgent = sorted((r.urgency for r in self.queues.waiting if not (r.grammar_compiling or r.inflight_tokens)),
-                        reverse=True)
+        urgent = sorted(
+            (r.urgency for r in self.queues.waiting if not (r.grammar_compiling or r.inflight_tokens)), reverse=True
+        )
         for u in urgent:
             if not running:
                 return
@@ -286,8 +294,14 @@ class BatchPlanner:
                 break
             explained = None  # before admit/extend change the tree: the match as it happened
             if req.cache_info_mode and not req.admitted_once:
-                explained = explain_match(self.kv.tree, req.input_ids, req.namespace, match.length,
-                                          req.max_prefix_len, full=req.cache_info_mode == "full")
+                explained = explain_match(
+                    self.kv.tree,
+                    req.input_ids,
+                    req.namespace,
+                    match.length,
+                    req.max_prefix_len,
+                    full=req.cache_info_mode == "full",
+                )
             self.kv.admit(req, match)
             if not self.kv.extend(req, q):
                 self.kv.release(req)

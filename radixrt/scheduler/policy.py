@@ -16,6 +16,7 @@ never changes with time: `urgency` is a fixed integer computed once at
 arrival, and sorting by it costs nothing per step beyond the sort itself.
 Whole ticks (not seconds) keep equal-priority requests that arrived within
 one tick equal, so the policy's order still decides among them."""
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,14 @@ def order_waiting(policy: str, waiting: list[Req], match: MatchFn) -> list[Req]:
     raise ValueError(f"unknown schedule policy {policy!r}")
 
 
-def urgency(priority: int, arrived_s: float, *, low_values_first: bool = False, aging_s: float = 0.0,
-            max_priority: Optional[int] = None) -> int:
+def urgency(
+    priority: int,
+    arrived_s: float,
+    *,
+    low_values_first: bool = False,
+    aging_s: float = 0.0,
+    max_priority: Optional[int] = None,
+) -> int:
     """A request's fixed sort key under priority scheduling (higher: more
     urgent): its priority, negated under ``low_values_first``, minus the
     aging clock's tick count at its arrival (``arrived_s``, seconds on any

@@ -1,4 +1,5 @@
 """A request's state inside the scheduler."""
+
 from __future__ import annotations
 
 import enum
@@ -106,7 +107,7 @@ class Req:
         decode step's one token, or a prefill chunk)."""
         n_in, n_out = len(self.input_ids), len(self.output_ids)
         if start >= n_in and end <= n_in + n_out:
-            return self.output_ids[start - n_in:end - n_in]
+            return self.output_ids[start - n_in : end - n_in]
         if end <= n_in:
             return self.input_ids[start:end]
         return self.seq[start:end]

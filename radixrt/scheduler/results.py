@@ -13,6 +13,7 @@ retracted (its tokens are kept; it recomputes its KV when readmitted) or have
 finished in the step just launched (the extra token computed for it is
 dropped with its KV).
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,8 +55,16 @@ class StepResults:
 
 
 class ResultProcessor:
-    def __init__(self, kv: KVCacheManager, queues: RequestQueues, constrained: ConstrainedDecoding,
-                 tokenizer: Any, eos_token_ids: set[int], context_length: int, enable_jump_forward: bool) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        queues: RequestQueues,
+        constrained: ConstrainedDecoding,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        context_length: int,
+        enable_jump_forward: bool,
+    ) -> None:
         """``tokenizer``: decodes output tails for stop strings (a Hugging Face
         tokenizer; its fast backend's ``decode`` when it has one)."""
         self.kv = kv
@@ -216,12 +225,20 @@ def token_output(req: Req) -> TokenOutput:
     """The request's news since its last TokenOutput (and its finish reason);
     the request's unsent deltas are handed over and reset."""
     n_out = len(req.output_ids)
-    new_ids = req.output_ids[n_out - req.unsent_ids:] if req.unsent_ids else []
+    new_ids = req.output_ids[n_out - req.unsent_ids :] if req.unsent_ids else []
     # Positional (one is built per request per step; keyword arguments cost twice as much):
     # rid, new_token_ids, prompt_tokens, completion_tokens, cached_tokens, finish_reason,
     # output_token_logprobs, output_top_logprobs.
-    out = TokenOutput(req.rid, new_ids, len(req.input_ids), n_out, req.cached_tokens, req.finish_reason,
-                      req.unsent_output_logprobs, req.unsent_top_logprobs)
+    out = TokenOutput(
+        req.rid,
+        new_ids,
+        len(req.input_ids),
+        n_out,
+        req.cached_tokens,
+        req.finish_reason,
+        req.unsent_output_logprobs,
+        req.unsent_top_logprobs,
+    )
     if req.cache_info is not None:  # sent once, with the first output after admission
         out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:

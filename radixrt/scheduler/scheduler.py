@@ -33,6 +33,7 @@ constrained or penalized requests waits for that batch's tokens first (their
 next masks and penalties need them on the host); outputs are the same either
 way.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,7 @@ from radixrt.executor.model_runner import ModelRunner
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import sample_rids, validate_prompt
+from radixrt.requests.intake import validate_prompt
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -57,6 +58,7 @@ from radixrt.requests.messages import (
     TokenBatch,
     TokenOutput,
 )
+from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.sampling.grammar import GrammarBackend
 from radixrt.sampling.params import SamplingParams
@@ -86,8 +88,13 @@ class InFlight:
 def _needs_host_tokens(req: Req) -> bool:
     """Its next step's inputs depend on this step's token (grammar mask, penalties)."""
     sp = req.sampling
-    return (req.grammar is not None or req.grammar_future is not None or sp.repetition_penalty != 1.0
-            or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0)
+    return (
+        req.grammar is not None
+        or req.grammar_future is not None
+        or sp.repetition_penalty != 1.0
+        or sp.frequency_penalty != 0.0
+        or sp.presence_penalty != 0.0
+    )
 
 
 class Scheduler:
@@ -111,18 +118,39 @@ class Scheduler:
         self.arrivals = 0
         # outputs made between steps (aborts, refused requests): the next step returns them first
         self._queued_outputs: list[TokenOutput] = []
-        self.counters = {"steps": 0, "prompt_tokens_computed": 0, "requests_finished": 0, "peak_kv_used_slots": 0,
-                         "retractions": 0}
+        self.counters = {
+            "steps": 0,
+            "prompt_tokens_computed": 0,
+            "requests_finished": 0,
+            "peak_kv_used_slots": 0,
+            "retractions": 0,
+        }
         self.constrained = ConstrainedDecoding(
-            self.tokenizer, self.vocab_size, sorted(self.eos_token_ids), self.limits.grammar,
-            config.grammar.grammar_cache_size, config.grammar.enable_jump_forward, self.context_length)
+            self.tokenizer,
+            self.vocab_size,
+            sorted(self.eos_token_ids),
+            self.limits.grammar,
+            config.grammar.grammar_cache_size,
+            config.grammar.enable_jump_forward,
+            self.context_length,
+        )
         swap = self.host.swap_cost if self.host is not None and config.scheduling.preemption_mode == "swap" else None
         self.planner = BatchPlanner(config.scheduling, self.kv, self.queues, self.context_length, swap)
-        self.launcher = StepLauncher(self.runner, self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
-                                     overlap=config.execution.overlap_schedule,
-                                     host_pool=self.host.pool if self.host is not None else None)
-        self.results = ResultProcessor(self.kv, self.queues, self.constrained, self.tokenizer, self.eos_token_ids,
-                                       self.context_length, config.grammar.enable_jump_forward)
+        self.launcher = StepLauncher(
+            self.runner,
+            self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
+            overlap=config.execution.overlap_schedule,
+            host_pool=self.host.pool if self.host is not None else None,
+        )
+        self.results = ResultProcessor(
+            self.kv,
+            self.queues,
+            self.constrained,
+            self.tokenizer,
+            self.eos_token_ids,
+            self.context_length,
+            config.grammar.enable_jump_forward,
+        )
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
 
@@ -160,24 +188,46 @@ class Scheduler:
             if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
                 raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
         except ValueError as e:
-            self._queued_outputs.append(TokenOutput(
-                rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids), completion_tokens=0,
-                cached_tokens=0, finish_reason=FinishReason.abort(str(e), status_code=400)))
+            self._queued_outputs.append(
+                TokenOutput(
+                    rid=msg.rid,
+                    new_token_ids=[],
+                    prompt_tokens=len(msg.input_ids),
+                    completion_tokens=0,
+                    cached_tokens=0,
+                    finish_reason=FinishReason.abort(str(e), status_code=400),
+                )
+            )
             return
         grammar_future = self.constrained.compile(msg.sampling)
         max_stop_chars = max((len(s) for s in msg.sampling.stop or ()), default=0)
         sched = self.config.scheduling
-        prio = urgency(msg.priority or 0, time.monotonic(), low_values_first=sched.schedule_low_priority_values_first,
-                       aging_s=sched.priority_aging_s, max_priority=self.limits.max_client_priority)
+        prio = urgency(
+            msg.priority or 0,
+            time.monotonic(),
+            low_values_first=sched.schedule_low_priority_values_first,
+            aging_s=sched.priority_aging_s,
+            max_priority=self.limits.max_client_priority,
+        )
         for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
             req = Req(
-                rid=rid, input_ids=list(msg.input_ids), sampling=msg.sampling, seed=seed,
-                return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
-                top_logprobs_num=msg.top_logprobs_num, namespace=msg.namespace, arrival=self.arrivals,
-                grammar_future=grammar_future, parent=msg.rid, priority=msg.priority or 0, urgency=prio,
-                cache_info_mode=msg.cache_info, max_stop_chars=max_stop_chars,
+                rid=rid,
+                input_ids=list(msg.input_ids),
+                sampling=msg.sampling,
+                seed=seed,
+                return_logprob=msg.return_logprob,
+                logprob_start_len=msg.logprob_start_len,
+                top_logprobs_num=msg.top_logprobs_num,
+                namespace=msg.namespace,
+                arrival=self.arrivals,
+                grammar_future=grammar_future,
+                parent=msg.rid,
+                priority=msg.priority or 0,
+                urgency=prio,
+                cache_info_mode=msg.cache_info,
+                max_stop_chars=max_stop_chars,
             )
             self.arrivals += 1
             self.queues.waiting.append(req)
@@ -185,6 +235,7 @@ class Scheduler:
     def abort(self, rid: str) -> None:
         """Abort one request with all its samples, or one sample (or all, for
         rid ""), at any stage; its KV is released. Ids match exactly."""
+
         def hit(r: Req) -> bool:
             return rid == "" or r.rid == rid or r.parent == rid
 
@@ -266,8 +317,9 @@ class Scheduler:
 
     def _launch(self, batch: Batch) -> InFlight:
         overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
-        inputs = prepare_inputs(batch, self.constrained, self.kv.req_to_token.take_writes(),
-                                keep_last_tokens=overlappable)
+        inputs = prepare_inputs(
+            batch, self.constrained, self.kv.req_to_token.take_writes(), keep_last_tokens=overlappable
+        )
         self.counters["prompt_tokens_computed"] += inputs.prompt_tokens
         for (req, q), first_sample in zip(batch, inputs.sample_starts):
             if first_sample >= 0:
@@ -299,9 +351,12 @@ class Scheduler:
     # ------------------------------------------------------------------ introspection
     def runtime_info(self) -> RuntimeInfo:
         """The loaded model, sizes and limits, as the Engine and the server's fronts read them."""
-        return RuntimeInfo(model_path=str(self.runner.model_path), limits=self.limits,
-                           eos_token_ids=tuple(sorted(int(t) for t in self.eos_token_ids)),
-                           kv_cache=self.runner.kv_pool.footprint.describe(self.limits.kv_total_slots))
+        return RuntimeInfo(
+            model_path=str(self.runner.model_path),
+            limits=self.limits,
+            eos_token_ids=tuple(sorted(int(t) for t in self.eos_token_ids)),
+            kv_cache=self.runner.kv_pool.footprint.describe(self.limits.kv_total_slots),
+        )
 
     def kv_usage(self) -> dict[str, int]:
         return self.kv.usage(self.queues.running)
@@ -337,7 +392,14 @@ class Scheduler:
         logger.info(
             "step %d: batch %d (prefill %d tok), running %d, waiting %d, gen %.1f tok/s, "
             "cache hit %.1f%%, KV used %d/%d (tree %d)",
-            self.counters["steps"], len(batch), sum(q for _, q in batch if q > 1), len(self.queues.running),
-            len(self.queues.waiting), (gen - gen0) / max(now - t0, 1e-9), 100 * self.kv.tree.stats()["hit_rate"],
-            used, u["total_slots"], u["tree_slots"],
+            self.counters["steps"],
+            len(batch),
+            sum(q for _, q in batch if q > 1),
+            len(self.queues.running),
+            len(self.queues.waiting),
+            (gen - gen0) / max(now - t0, 1e-9),
+            100 * self.kv.tree.stats()["hit_rate"],
+            used,
+            u["total_slots"],
+            u["tree_slots"],
         )

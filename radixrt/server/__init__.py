@@ -23,6 +23,7 @@ logprobs, ``stream`` as ``data: {...}`` events closed by ``data: [DONE]``),
 :class:`radixrt.server.local.LocalServer` runs one as a subprocess. The heavy
 modules load only when a server starts.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """`python -m radixrt.server [flags]`: the same as `radixrt serve` (radixrt/cli.py)."""
+
 import argparse
 import sys
 
@@ -6,8 +7,11 @@ from radixrt.cli import HelpFormatter, add_serve_command
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixrt.server", formatter_class=HelpFormatter,
-                                     description="radixrt HTTP server (SGLang-native and OpenAI-compatible)")
+    parser = argparse.ArgumentParser(
+        prog="python -m radixrt.server",
+        formatter_class=HelpFormatter,
+        description="radixrt HTTP server (SGLang-native and OpenAI-compatible)",
+    )
     add_serve_command(parser)
     args = parser.parse_args()
     return args.func(args)

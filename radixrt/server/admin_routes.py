@@ -1,5 +1,6 @@
 """Admin routes: health, model and server info, cache flush, abort,
 Prometheus metrics and the KV debug view."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,9 @@ async def health_generate(request: Request, ctx: ServerContext = Depends(server_
     """200 (empty) once a one-token generation finished, 503 if it did not in 30 s."""
     tm = ctx.tm
     tm.check_alive()
-    spec = RequestSpec(input_ids=[tm.tokenizer.eos_token_id or 0],
-                       sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+    spec = RequestSpec(
+        input_ids=[tm.tokenizer.eos_token_id or 0], sampling=SamplingParams(max_new_tokens=1, temperature=0.0)
+    )
     group = tm.submit([spec])
     try:
         await asyncio.wait_for(wait_group(request, tm, group), HEALTH_GENERATE_TIMEOUT_S)
@@ -61,26 +63,34 @@ async def get_model_info(ctx: ServerContext = Depends(server_context)) -> Respon
 async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Response:
     """Server arguments, model info, KV size and the scheduler's live stats."""
     stats = await ctx.tm.get_stats()
-    return JSON({
-        **ctx.server_args,
-        "version": __version__,
-        "model_info": ctx.model_info(),
-        "max_total_num_tokens": ctx.tm.kv_total_slots,
-        "kv_cache": ctx.tm.info.kv_cache,  # bytes per token and capacity (radixrt/memory/kv_format.py)
-        "kv_slots": stats.get("kv", {}),
-        "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
-        "internal_states": [stats],
-        "process_ids": ctx.process_ids,
-        "uptime_s": round(time.time() - ctx.started, 3),
-    })
+    return JSON(
+        {
+            **ctx.server_args,
+            "version": __version__,
+            "model_info": ctx.model_info(),
+            "max_total_num_tokens": ctx.tm.kv_total_slots,
+            "kv_cache": ctx.tm.info.kv_cache,  # bytes per token and capacity (radixrt/memory/kv_format.py)
+            "kv_slots": stats.get("kv", {}),
+            "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
+            "internal_states": [stats],
+            "process_ids": ctx.process_ids,
+            "uptime_s": round(time.time() - ctx.started, 3),
+        }
+    )
 
 
 @router.get("/debug/kv")
 async def debug_kv(ctx: ServerContext = Depends(server_context)) -> Response:
     """KV slots (free, tree, private, total), running/waiting counts, requests in flight."""
     stats = await ctx.tm.get_stats()
-    return JSON({"kv_slots": stats.get("kv", {}), "running": stats.get("running"),
-                 "waiting": stats.get("waiting"), "inflight": len(ctx.tm.states)})
+    return JSON(
+        {
+            "kv_slots": stats.get("kv", {}),
+            "running": stats.get("running"),
+            "waiting": stats.get("waiting"),
+            "inflight": len(ctx.tm.states),
+        }
+    )
 
 
 @router.get("/metrics")

@@ -4,6 +4,7 @@ Each field's default and ``--help`` text live here once (as
 radixrt/config/sections.py does for `EngineConfig`); the flags are generated
 from them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,41 +44,62 @@ class ServerArgs:
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
     port: int = setting(30000, "HTTP port")
     api_key: Optional[str] = setting(
-        None, "require 'Authorization: Bearer KEY' on every route but /health (default: $RADIXRT_API_KEY)",
-        env="RADIXRT_API_KEY")
+        None,
+        "require 'Authorization: Bearer KEY' on every route but /health (default: $RADIXRT_API_KEY)",
+        env="RADIXRT_API_KEY",
+    )
     admin_api_key: Optional[str] = setting(
-        None, "the operator's key (default: $RADIXRT_ADMIN_API_KEY): accepted wherever --api-key is, and needed "
-              "for what only the operator may ask for (return_cache_info: 'full', which shows other clients' "
-              "cached text); unset: nobody may", env="RADIXRT_ADMIN_API_KEY")
+        None,
+        "the operator's key (default: $RADIXRT_ADMIN_API_KEY): accepted wherever --api-key is, and needed "
+        "for what only the operator may ask for (return_cache_info: 'full', which shows other clients' "
+        "cached text); unset: nobody may",
+        env="RADIXRT_ADMIN_API_KEY",
+    )
     served_model_name: Optional[str] = setting(
-        None, "the model id for the OpenAI routes (default: the model folder's name)")
+        None, "the model id for the OpenAI routes (default: the model folder's name)"
+    )
     max_request_bytes: int = setting(32 * 1024 * 1024, "largest accepted request body in bytes (413 above)")
     startup_timeout: float = setting(600.0, "seconds to wait for the model to load")
     timeout_graceful_shutdown: float = setting(
-        5.0, "uvicorn's, after draining: open connections get this many seconds", cli=False)
+        5.0, "uvicorn's, after draining: open connections get this many seconds", cli=False
+    )
     shutdown_grace_s: float = setting(
-        10.0, "on SIGTERM/Ctrl-C, seconds the requests in flight may take to finish (new ones get 503); those "
-              "still running then end with an error")
+        10.0,
+        "on SIGTERM/Ctrl-C, seconds the requests in flight may take to finish (new ones get 503); those "
+        "still running then end with an error",
+    )
     scheduler_stall_timeout_s: float = setting(
-        30.0, "/health answers 503 while the scheduler process has shown no progress (no loop iteration; it beats "
-              "at least every 0.2 s when idle) for this many seconds; keep it above the longest step (a prefill "
-              "chunk)")
+        30.0,
+        "/health answers 503 while the scheduler process has shown no progress (no loop iteration; it beats "
+        "at least every 0.2 s when idle) for this many seconds; keep it above the longest step (a prefill "
+        "chunk)",
+    )
     header_read_timeout_s: float = setting(DEFAULT_HEADER_TIMEOUT_S, HEADER_TIMEOUT_HELP)
     body_read_timeout_s: float = setting(DEFAULT_BODY_TIMEOUT_S, BODY_TIMEOUT_HELP)
     tool_call_parser: str = setting(
-        "auto", "format of the model's tool calls on /v1/chat/completions (default: from the chat template; "
-                "'generic' where it renders no tools; docs/tool_calling.md)", choices=PARSER_CHOICES)
+        "auto",
+        "format of the model's tool calls on /v1/chat/completions (default: from the chat template; "
+        "'generic' where it renders no tools; docs/tool_calling.md)",
+        choices=PARSER_CHOICES,
+    )
     reasoning_parser: Optional[str] = setting(
-        None, "split <think>...</think> into reasoning_content on /v1/chat/completions", choices=REASONING_PARSERS)
-    max_tools: int = setting(128, "most function tools one chat request may define (a 400 above; OpenAI's limit "
-                                  "is 128)")
+        None, "split <think>...</think> into reasoning_content on /v1/chat/completions", choices=REASONING_PARSERS
+    )
+    max_tools: int = setting(
+        128, "most function tools one chat request may define (a 400 above; OpenAI's limit is 128)"
+    )
     max_tools_chars: int = setting(
-        1_000_000, "most characters a chat request's tools may take as compact JSON (a 400 above)")
+        1_000_000, "most characters a chat request's tools may take as compact JSON (a 400 above)"
+    )
     responses_store_size: int = setting(
-        1024, "/v1/responses: how many responses (store: true) are kept for GET /v1/responses/{id} and "
-              "previous_response_id; the least recently used go first (0: none is kept)", type=_non_negative_int)
+        1024,
+        "/v1/responses: how many responses (store: true) are kept for GET /v1/responses/{id} and "
+        "previous_response_id; the least recently used go first (0: none is kept)",
+        type=_non_negative_int,
+    )
     responses_store_mb: float = setting(
-        256.0, "/v1/responses: the most memory the stored responses may take, in MiB", type=_non_negative_float)
+        256.0, "/v1/responses: the most memory the stored responses may take, in MiB", type=_non_negative_float
+    )
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

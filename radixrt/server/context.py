@@ -1,5 +1,6 @@
 """What the server's routes share: the tokenizer manager, metrics and the
 server's identity and settings (one `ServerContext` per app)."""
+
 from __future__ import annotations
 
 import hmac
@@ -65,15 +66,20 @@ class ServerContext:
         cache (``return_cache_info: "full"``, which shows other clients' cached
         text) without the admin key."""
         if isinstance(return_cache_info, str) and return_cache_info == "full":
-            self.require_admin(request, 'return_cache_info "full" (the cached text around the match)',
-                               "return_cache_info")
+            self.require_admin(
+                request, 'return_cache_info "full" (the cached text around the match)', "return_cache_info"
+            )
 
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""
         if name is None or name in self.model_aliases:
             return
-        raise ServerError(404, f"The model `{name}` does not exist; this server serves "
-                               f"`{self.served_model_name}`.", "model", "model_not_found")
+        raise ServerError(
+            404,
+            f"The model `{name}` does not exist; this server serves `{self.served_model_name}`.",
+            "model",
+            "model_not_found",
+        )
 
     def model_info(self) -> dict:
         """The body of ``/get_model_info`` (also inside ``/get_server_info``)."""

@@ -1,5 +1,6 @@
 """Errors answered to HTTP clients, in OpenAI's body shape on every route:
 ``{"error": {"message", "type", "param", "code"}}``."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,16 +9,18 @@ from typing import Iterator, Optional
 from radixrt.requests.intake import RequestError
 
 _ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-    413: "invalid_request_error", 503: "service_unavailable",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
 }
 
 
 class ServerError(Exception):
     """An error answered to the client with ``status`` and an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 err_type: Optional[str] = None) -> None:
+    def __init__(self, status: int, message: str, param: Optional[str] = None, err_type: Optional[str] = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

@@ -4,6 +4,7 @@
 Error bodies follow OpenAI's shape on every route:
 ``{"error": {"message", "type", "param", "code"}}``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -80,7 +81,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         if isinstance(cause, ServerError):  # e.g. the body limit hit while FastAPI read a model's body
             return error_response(cause.status, cause.message, cause.param, cause.err_type)
         message = {404: "Not found: no such route.", 405: "Method not allowed on this route."}.get(
-            exc.status_code, str(exc.detail))
+            exc.status_code, str(exc.detail)
+        )
         return error_response(exc.status_code, message)
 
     @app.exception_handler(Exception)

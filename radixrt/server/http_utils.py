@@ -1,6 +1,7 @@
 """HTTP helpers shared by the route modules: JSON and SSE encoding, error
 responses, body reading, streamed responses that abort on close, and waiting
 for a request group while watching for the client to leave."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,7 @@ def sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
-def error_response(status: int, message: str, param: Optional[str] = None,
-                   err_type: Optional[str] = None) -> JSON:
+def error_response(status: int, message: str, param: Optional[str] = None, err_type: Optional[str] = None) -> JSON:
     """An error answer with `error_body`'s body."""
     return JSON(error_body(status, message, param, err_type), status_code=status)
 
@@ -107,9 +107,11 @@ def parse_json_body(raw: bytes) -> Any:
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as e:
-            raise bad_request(f"The JSON body holds a lone UTF-16 surrogate ({e.object[e.start:e.end]!a}), "
-                              "which is not a Unicode character; escape astral characters as a "
-                              "surrogate pair or send them as UTF-8.") from None
+            raise bad_request(
+                f"The JSON body holds a lone UTF-16 surrogate ({e.object[e.start : e.end]!a}), "
+                "which is not a Unicode character; escape astral characters as a "
+                "surrogate pair or send them as UTF-8."
+            ) from None
     return obj
 
 
@@ -155,8 +157,9 @@ class AbortingStreamingResponse(StreamingResponse):
     client gone, server stopping): unfinished requests are aborted there."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self.on_close = on_close
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -169,6 +172,7 @@ class AbortingStreamingResponse(StreamingResponse):
 def stream_response(tm: TokenizerManager, group: ReqGroup, body: AsyncIterator[bytes]) -> Response:
     """An SSE response of ``body``; the group's unfinished samples are
     aborted when it closes."""
+
     def on_close() -> None:
         if not group.done:
             tm.abort_group(group)

@@ -9,6 +9,7 @@ Every socket is a PUSH/PULL pair on an ``ipc://`` path inside a private
 temporary folder; messages are pickled dataclasses (all processes run the same
 code, and nothing outside this machine can reach the sockets).
 """
+
 from __future__ import annotations
 
 import os

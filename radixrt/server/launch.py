@@ -15,6 +15,7 @@ error event and ``[DONE]`` on streams, a 503 JSON answer otherwise); then
 uvicorn stops and the children with it, and the process exits 0. A second
 signal stops at once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,15 +64,15 @@ def _wait_ready(children: list[_Child], timeout: float) -> None:
     pending = list(children)
     while pending:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for: "
-                               + ", ".join(c.name for c in pending))
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for: " + ", ".join(c.name for c in pending))
         for c in list(pending):
             if c.conn.poll(0.1):
                 try:
                     msg = c.conn.recv()
                 except EOFError:
-                    raise RuntimeError(f"the {c.name} process exited during startup "
-                                       f"(exit code {c.proc.exitcode})") from None
+                    raise RuntimeError(
+                        f"the {c.name} process exited during startup (exit code {c.proc.exitcode})"
+                    ) from None
                 if isinstance(msg, ChildFailed):
                     raise RuntimeError(f"the {c.name} process failed to start:\n{msg.error}")
                 assert isinstance(msg, ChildReady), msg
@@ -96,7 +97,8 @@ def _stop_children(children: list[_Child], timeout: float = 5.0) -> None:
 def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     logging.basicConfig(
         level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
-        format="[%(asctime)s server] %(levelname)s %(name)s: %(message)s", stream=sys.stderr,
+        format="[%(asctime)s server] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
     from radixrt.executor.model_store import resolve_model_path
     from radixrt.server.ipc import IpcAddrs
@@ -122,14 +124,22 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     exit_code = 0
     try:
         r, w = mp.Pipe(duplex=False)
-        proc = mp.Process(target=run_scheduler_process, name="radixrt-scheduler", daemon=True,
-                          args=(config, addrs, w, os.getpid(), heartbeat))
+        proc = mp.Process(
+            target=run_scheduler_process,
+            name="radixrt-scheduler",
+            daemon=True,
+            args=(config, addrs, w, os.getpid(), heartbeat),
+        )
         proc.start()
         w.close()
         children.append(_Child("scheduler", proc, r))
         r, w = mp.Pipe(duplex=False)
-        proc = mp.Process(target=run_detokenizer_process, name="radixrt-detokenizer", daemon=True,
-                          args=(resolved, config.debug.log_level, addrs, w, os.getpid()))
+        proc = mp.Process(
+            target=run_detokenizer_process,
+            name="radixrt-detokenizer",
+            daemon=True,
+            args=(resolved, config.debug.log_level, addrs, w, os.getpid()),
+        )
         proc.start()
         w.close()
         children.append(_Child("detokenizer", proc, r))
@@ -164,8 +174,7 @@ def _chat_template_info(tokenizer: Any) -> dict:
         if hasattr(chat_roles, "chat_template_info"):
             info = dict(chat_roles.chat_template_info(tokenizer))
         else:
-            info = {"chat_role_markers": chat_roles.derive_role_markers(tokenizer),
-                    "chat_default_system_prompt": None}
+            info = {"chat_role_markers": chat_roles.derive_role_markers(tokenizer), "chat_default_system_prompt": None}
     except Exception as e:  # noqa: BLE001 - templates vary; the frontend falls back to plain markers
         logger.warning("cannot derive chat role markers: %s", e)
         return {"chat_role_markers": None, "chat_default_system_prompt": None}
@@ -203,8 +212,9 @@ class _Serving:
         late = time.monotonic() - self.heartbeat.value
         limit = self.sargs.scheduler_stall_timeout_s
         if late > limit:
-            return (f"the scheduler process has shown no progress for {late:.1f} s "
-                    f"(--scheduler-stall-timeout-s {limit:g})")
+            return (
+                f"the scheduler process has shown no progress for {late:.1f} s (--scheduler-stall-timeout-s {limit:g})"
+            )
         return None
 
     async def watchdog(self) -> None:
@@ -212,8 +222,9 @@ class _Serving:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             dead = [c for c in self.children if not c.proc.is_alive()]
             if dead and not self.stopping:
-                reason = ", ".join(f"the {c.name} process (pid {c.proc.pid}) exited with code {c.proc.exitcode}"
-                                   for c in dead)
+                reason = ", ".join(
+                    f"the {c.name} process (pid {c.proc.pid}) exited with code {c.proc.exitcode}" for c in dead
+                )
                 logger.error("%s; shutting down", reason)
                 print(f"radixrt serve: {reason}; shutting down", file=sys.stderr, flush=True)
                 self.stopping = True
@@ -229,8 +240,11 @@ class _Serving:
     async def announce_ready(self) -> None:
         while self.server is not None and not self.server.started:
             await asyncio.sleep(0.05)
-        print(f"radixrt server ready at http://{self.sargs.host}:{self.sargs.port} (model {self.resolved})",
-              file=sys.stderr, flush=True)
+        print(
+            f"radixrt server ready at http://{self.sargs.host}:{self.sargs.port} (model {self.resolved})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def drain(self, sig: int) -> None:
         """Refuse new requests, give those in flight the grace period, end the rest, then stop uvicorn."""
@@ -239,14 +253,18 @@ class _Serving:
         grace = self.sargs.shutdown_grace_s
         in_flight = len(tm.states)
         if in_flight or ctx.active_requests:
-            print(f"radixrt serve: signal {sig}: draining {in_flight} request(s) in flight "
-                  f"(up to {grace:g} s)", file=sys.stderr, flush=True)
+            print(
+                f"radixrt serve: signal {sig}: draining {in_flight} request(s) in flight (up to {grace:g} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         deadline = time.monotonic() + grace
         while (tm.states or ctx.active_requests) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if tm.states:
-            logger.warning("%d request(s) still running after the %g s shutdown grace period: ending them",
-                           len(tm.states), grace)
+            logger.warning(
+                "%d request(s) still running after the %g s shutdown grace period: ending them", len(tm.states), grace
+            )
             tm.fail_all(f"the server is shutting down (the {grace:g} s shutdown grace period ran out)")
         deadline = time.monotonic() + 2.0  # let the answers and the streams' last events go out
         while ctx.active_requests and time.monotonic() < deadline:
@@ -290,8 +308,15 @@ def _draining_server(uconfig: Any, run: _Serving) -> Any:
     return DrainingServer(uconfig)
 
 
-def _server_context(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
-                    children: list[_Child], heartbeat: Any) -> _Serving:
+def _server_context(
+    config: EngineConfig,
+    sargs: ServerArgs,
+    resolved: str,
+    tokenizer: Any,
+    addrs: Any,
+    children: list[_Child],
+    heartbeat: Any,
+) -> _Serving:
     """A server whose children are ready, with its tokenizer manager and its routes' context."""
     from radixrt.server.http_server import ServerContext
     from radixrt.server.metrics import ServerMetrics
@@ -310,18 +335,34 @@ def _server_context(config: EngineConfig, sargs: ServerArgs, resolved: str, toke
     public_args["api_key"] = "***" if sargs.api_key else None
     public_args["admin_api_key"] = "***" if sargs.admin_api_key else None
     run.ctx = ServerContext(
-        tm=run.tm, metrics=metrics, model_path=model_path, resolved_model_path=resolved,
-        served_model_name=served, api_key=sargs.api_key, admin_api_key=sargs.admin_api_key,
+        tm=run.tm,
+        metrics=metrics,
+        model_path=model_path,
+        resolved_model_path=resolved,
+        served_model_name=served,
+        api_key=sargs.api_key,
+        admin_api_key=sargs.admin_api_key,
         max_request_bytes=sargs.max_request_bytes,
-        server_args=public_args, model_aliases=aliases, chat_info=_chat_template_info(tokenizer),
-        healthy=run.healthy, health_problem=run.health_problem,
+        server_args=public_args,
+        model_aliases=aliases,
+        chat_info=_chat_template_info(tokenizer),
+        healthy=run.healthy,
+        health_problem=run.health_problem,
         process_ids={"server": os.getpid(), **{c.name: c.proc.pid for c in children}},
     )
     return run
 
 
-def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: Any, addrs: Any,
-           children: list[_Child], stop_signal: list[int], heartbeat: Any) -> int:
+def _serve(
+    config: EngineConfig,
+    sargs: ServerArgs,
+    resolved: str,
+    tokenizer: Any,
+    addrs: Any,
+    children: list[_Child],
+    stop_signal: list[int],
+    heartbeat: Any,
+) -> int:
     import uvicorn
 
     from radixrt.server.http_server import build_app
@@ -332,9 +373,14 @@ def _serve(config: EngineConfig, sargs: ServerArgs, resolved: str, tokenizer: An
     app = build_app(run.ctx, lifespan=run.lifespan)
     level = config.debug.log_level.lower()
     uconfig = uvicorn.Config(
-        app, host=sargs.host, port=sargs.port, log_level=level if level in ("debug", "info") else "warning",
-        access_log=level in ("debug", "info"), timeout_graceful_shutdown=sargs.timeout_graceful_shutdown,
-        lifespan="on", timeout_keep_alive=30,
+        app,
+        host=sargs.host,
+        port=sargs.port,
+        log_level=level if level in ("debug", "info") else "warning",
+        access_log=level in ("debug", "info"),
+        timeout_graceful_shutdown=sargs.timeout_graceful_shutdown,
+        lifespan="on",
+        timeout_keep_alive=30,
         http=timed_h11_protocol(sargs.header_read_timeout_s, sargs.body_read_timeout_s),
     )
     run.server = _draining_server(uconfig, run)

@@ -6,6 +6,7 @@ server from Python)::
     ... srv.url ...
     srv.stop()
 """
+
 from __future__ import annotations
 
 import os
@@ -27,14 +28,30 @@ def free_port() -> int:
 
 
 class LocalServer:
-    def __init__(self, *extra: str, model: str = "default", api_key: Optional[str] = None,
-                 port: Optional[int] = None, env: Optional[dict] = None) -> None:
+    def __init__(
+        self,
+        *extra: str,
+        model: str = "default",
+        api_key: Optional[str] = None,
+        port: Optional[int] = None,
+        env: Optional[dict] = None,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile("w+", prefix="radixrt-server-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "radixrt.server", "--model", model, "--host", "127.0.0.1",
-               "--port", str(self.port), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt.server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *extra,
+        ]
         if api_key:
             cmd += ["--api-key", api_key]
         full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}

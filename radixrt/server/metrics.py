@@ -8,6 +8,7 @@ client's ``rate()`` of counters. A gauge says in its help text what instant
 or window it describes. Values taken from the scheduler (its stats) are
 refreshed whenever ``/metrics`` is scraped.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -18,24 +19,63 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
 # The scheduler's cumulative counts, exposed as counters: (name without _total, help,
 # label name or None, {label value or None: key of the scheduler's stats}).
 _SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tuple[str, str]]], ...] = (
-    ("radixrt_cache_queried_tokens", "Prompt tokens looked up in the radix cache (each request's prompt once, "
-     "at its first admission) since the server started", None,
-     {None: ("cache", "queried_tokens")}),
-    ("radixrt_cache_hit_tokens", "Of the queried prompt tokens, those found in the radix cache since the server "
-     "started, by tier (device: already there; host: loaded back from the host tier)", "tier",
-     {"device": ("cache", "device_hit_tokens"), "host": ("cache", "host_hit_tokens")}),
-    ("radixrt_retractions", "Running requests retracted (KV pressure, or preempted by priority) since the "
-     "server started", None, {None: ("", "retractions")}),
-    ("radixrt_swapped_out_tokens", "KV tokens of retracted requests moved to the host tier since the server "
-     "started", None, {None: ("host_kv", "swapped_out_tokens")}),
+    (
+        "radixrt_cache_queried_tokens",
+        "Prompt tokens looked up in the radix cache (each request's prompt once, "
+        "at its first admission) since the server started",
+        None,
+        {None: ("cache", "queried_tokens")},
+    ),
+    (
+        "radixrt_cache_hit_tokens",
+        "Of the queried prompt tokens, those found in the radix cache since the server "
+        "started, by tier (device: already there; host: loaded back from the host tier)",
+        "tier",
+        {"device": ("cache", "device_hit_tokens"), "host": ("cache", "host_hit_tokens")},
+    ),
+    (
+        "radixrt_retractions",
+        "Running requests retracted (KV pressure, or preempted by priority) since the server started",
+        None,
+        {None: ("", "retractions")},
+    ),
+    (
+        "radixrt_swapped_out_tokens",
+        "KV tokens of retracted requests moved to the host tier since the server started",
+        None,
+        {None: ("host_kv", "swapped_out_tokens")},
+    ),
 )
 
 
@@ -72,52 +112,96 @@ class ServerMetrics:
         r = self.registry
         lbl = ["model_name"]
         self.model_name = model_name
-        self.requests = Counter("radixrt_requests", "Generation requests finished, by finish reason",
-                                lbl + ["finish_reason"], registry=r)
-        self.http_requests = Counter("radixrt_http_requests", "HTTP requests answered, by route and status",
-                                     lbl + ["route", "status"], registry=r)
-        self.prompt_tokens = Counter("radixrt_prompt_tokens", "Prompt tokens of finished requests",
-                                     lbl, registry=r)
-        self.generation_tokens = Counter("radixrt_generation_tokens", "Generated tokens of finished requests",
-                                         lbl, registry=r)
-        self.cached_tokens = Counter("radixrt_cached_tokens", "Prompt tokens of finished requests served from the "
-                                     "radix cache (their first admission's match)", lbl, registry=r)
-        self.cache_hit_rate = Gauge("radixrt_cache_hit_rate",
-                                    "Radix cache hit rate in tokens since the server started: "
-                                    "radixrt_cache_hit_tokens_total / radixrt_cache_queried_tokens_total "
-                                    "(/flush_cache does not reset it; rate() those counters for a window)",
-                                    lbl, registry=r)
-        self.running = Gauge("radixrt_num_running_reqs", "Requests running in the scheduler, at the last scrape",
-                             lbl, registry=r)
-        self.queued = Gauge("radixrt_num_queued_reqs", "Requests waiting in the scheduler, at the last scrape",
-                            lbl, registry=r)
+        self.requests = Counter(
+            "radixrt_requests", "Generation requests finished, by finish reason", lbl + ["finish_reason"], registry=r
+        )
+        self.http_requests = Counter(
+            "radixrt_http_requests",
+            "HTTP requests answered, by route and status",
+            lbl + ["route", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("radixrt_prompt_tokens", "Prompt tokens of finished requests", lbl, registry=r)
+        self.generation_tokens = Counter(
+            "radixrt_generation_tokens", "Generated tokens of finished requests", lbl, registry=r
+        )
+        self.cached_tokens = Counter(
+            "radixrt_cached_tokens",
+            "Prompt tokens of finished requests served from the radix cache (their first admission's match)",
+            lbl,
+            registry=r,
+        )
+        self.cache_hit_rate = Gauge(
+            "radixrt_cache_hit_rate",
+            "Radix cache hit rate in tokens since the server started: "
+            "radixrt_cache_hit_tokens_total / radixrt_cache_queried_tokens_total "
+            "(/flush_cache does not reset it; rate() those counters for a window)",
+            lbl,
+            registry=r,
+        )
+        self.running = Gauge(
+            "radixrt_num_running_reqs", "Requests running in the scheduler, at the last scrape", lbl, registry=r
+        )
+        self.queued = Gauge(
+            "radixrt_num_queued_reqs", "Requests waiting in the scheduler, at the last scrape", lbl, registry=r
+        )
         self.inflight = Gauge("radixrt_num_inflight_reqs", "Requests the HTTP server awaits now", lbl, registry=r)
-        self.kv_slots = Gauge("radixrt_kv_slots", "KV slots by owner (free, tree, private, total), at the last "
-                              "scrape", lbl + ["state"], registry=r)
+        self.kv_slots = Gauge(
+            "radixrt_kv_slots",
+            "KV slots by owner (free, tree, private, total), at the last scrape",
+            lbl + ["state"],
+            registry=r,
+        )
         self.kv_usage = Gauge("radixrt_kv_usage", "Share of KV slots not free, at the last scrape", lbl, registry=r)
-        kv_lbl = lbl + ["kv_cache_dtype"]
-        self.kv_bytes_per_token = Gauge("radixrt_kv_cache_bytes_per_token",
-                                        "KV cache bytes per token, all layers, K and V, scales included",
-                                        kv_lbl, registry=r)
-        self.kv_scale_bytes_per_token = Gauge("radixrt_kv_cache_scale_bytes_per_token",
-                                              "Of which quantization scales (int8: per token and KV head)",
-                                              kv_lbl, registry=r)
-        self.kv_tokens_per_gib = Gauge("radixrt_kv_cache_tokens_per_gib", "KV cache tokens one GiB holds",
-                                       kv_lbl, registry=r)
-        self.kv_capacity = Gauge("radixrt_kv_cache_capacity_tokens", "Tokens the KV pool holds",
-                                 kv_lbl, registry=r)
-        self.kv_bytes = Gauge("radixrt_kv_cache_bytes", "Bytes of the KV pool (data and scales)",
-                              kv_lbl, registry=r)
-        self.host_kv_slots = Gauge("radixrt_host_kv_slots", "Host KV tier slots by owner (free, tree, total), at "
-                                   "the last scrape", lbl + ["state"], registry=r)
+        self._init_kv_gauges(r, lbl)
         self.scheduler_counters = _SchedulerCounters(model_name)
         r.register(self.scheduler_counters)
-        self.ttft = Histogram("radixrt_time_to_first_token_seconds", "Time to first token",
-                              lbl, buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("radixrt_inter_token_latency_seconds", "Time between output tokens",
-                             lbl, buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("radixrt_e2e_request_latency_seconds", "Request latency, arrival to finish",
-                             lbl, buckets=_E2E_BUCKETS, registry=r)
+        self._init_latency_histograms(r, lbl)
+
+    def _init_kv_gauges(self, r: CollectorRegistry, lbl: list[str]) -> None:
+        kv_lbl = lbl + ["kv_cache_dtype"]
+        self.kv_bytes_per_token = Gauge(
+            "radixrt_kv_cache_bytes_per_token",
+            "KV cache bytes per token, all layers, K and V, scales included",
+            kv_lbl,
+            registry=r,
+        )
+        self.kv_scale_bytes_per_token = Gauge(
+            "radixrt_kv_cache_scale_bytes_per_token",
+            "Of which quantization scales (int8: per token and KV head)",
+            kv_lbl,
+            registry=r,
+        )
+        self.kv_tokens_per_gib = Gauge(
+            "radixrt_kv_cache_tokens_per_gib", "KV cache tokens one GiB holds", kv_lbl, registry=r
+        )
+        self.kv_capacity = Gauge("radixrt_kv_cache_capacity_tokens", "Tokens the KV pool holds", kv_lbl, registry=r)
+        self.kv_bytes = Gauge("radixrt_kv_cache_bytes", "Bytes of the KV pool (data and scales)", kv_lbl, registry=r)
+        self.host_kv_slots = Gauge(
+            "radixrt_host_kv_slots",
+            "Host KV tier slots by owner (free, tree, total), at the last scrape",
+            lbl + ["state"],
+            registry=r,
+        )
+
+    def _init_latency_histograms(self, r: CollectorRegistry, lbl: list[str]) -> None:
+        self.ttft = Histogram(
+            "radixrt_time_to_first_token_seconds", "Time to first token", lbl, buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "radixrt_inter_token_latency_seconds",
+            "Time between output tokens",
+            lbl,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "radixrt_e2e_request_latency_seconds",
+            "Request latency, arrival to finish",
+            lbl,
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
 
     def _m(self, metric: Any, **labels: str) -> Any:
         return metric.labels(model_name=self.model_name, **labels)
@@ -131,8 +215,9 @@ class ServerMetrics:
         for _ in range(count):
             h.observe(seconds)
 
-    def observe_finish(self, finish_type: str, prompt_tokens: int, completion_tokens: int,
-                       cached_tokens: int, latency: Optional[float]) -> None:
+    def observe_finish(
+        self, finish_type: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int, latency: Optional[float]
+    ) -> None:
         self._m(self.requests, finish_reason=finish_type).inc()
         self._m(self.prompt_tokens).inc(prompt_tokens)
         self._m(self.generation_tokens).inc(completion_tokens)
@@ -173,10 +258,13 @@ class ServerMetrics:
         if not info:
             return
         dt = str(info.get("kv_cache_dtype", "?"))
-        for gauge, key in ((self.kv_bytes_per_token, "bytes_per_token"),
-                           (self.kv_scale_bytes_per_token, "scale_bytes_per_token"),
-                           (self.kv_tokens_per_gib, "tokens_per_gib"), (self.kv_capacity, "total_tokens"),
-                           (self.kv_bytes, "total_bytes")):
+        for gauge, key in (
+            (self.kv_bytes_per_token, "bytes_per_token"),
+            (self.kv_scale_bytes_per_token, "scale_bytes_per_token"),
+            (self.kv_tokens_per_gib, "tokens_per_gib"),
+            (self.kv_capacity, "total_tokens"),
+            (self.kv_bytes, "total_bytes"),
+        ):
             if key in info:
                 self._m(gauge, kv_cache_dtype=dt).set(info[key])
 

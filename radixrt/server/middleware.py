@@ -1,5 +1,6 @@
 """The server's ASGI guard: API key, request body (size limit, JSON check),
 draining, HTTP metrics, and a last-resort error answer."""
+
 from __future__ import annotations
 
 import logging
@@ -15,9 +16,20 @@ logger = logging.getLogger(__name__)
 
 # Paths counted by name in the HTTP metrics; anything else counts as "other".
 KNOWN_ROUTES = {
-    "/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health_generate",
-    "/model_info", "/get_model_info", "/server_info", "/get_server_info", "/flush_cache", "/abort_request",
-    "/metrics", "/debug/kv",
+    "/generate",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/health_generate",
+    "/model_info",
+    "/get_model_info",
+    "/server_info",
+    "/get_server_info",
+    "/flush_cache",
+    "/abort_request",
+    "/metrics",
+    "/debug/kv",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
@@ -86,7 +98,8 @@ class GuardMiddleware:
                 logger.exception("unhandled error on %s %s", scope.get("method"), path)
                 if not status_box[0]:
                     await error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")(
-                        scope, receive, send_wrapper)
+                        scope, receive, send_wrapper
+                    )
         finally:
             ctx.active_requests -= 1
             if status_box[0]:
@@ -95,8 +108,9 @@ class GuardMiddleware:
     def _refusal(self, scope: dict, ctx: ServerContext, path: str) -> Optional[Response]:
         """The error answer for a request refused before its body is read, or None."""
         if path not in self.OPEN_PATHS and not ctx.authorized(scope.get("headers", [])):
-            return error_response(401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.",
-                                  err_type="authentication_error")
+            return error_response(
+                401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.", err_type="authentication_error"
+            )
         if ctx.draining and path not in self.OPEN_WHILE_DRAINING:
             resp = error_response(503, "The server is shutting down and takes no new requests.")
             resp.headers["connection"] = "close"
@@ -156,4 +170,3 @@ class GuardMiddleware:
             if n == name:
                 return value.decode("latin-1")
         return None
-

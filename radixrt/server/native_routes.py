@@ -26,6 +26,7 @@ pure hints in ``_GENERATE_ALWAYS_IGNORED`` (logging, tracing, routing).
 ``POST /concate_and_append_request`` is what SGLang's ``RuntimeEndpoint``
 posts when a program joins its forks with ``mode="concate_and_append"``.
 """
+
 from __future__ import annotations
 
 from typing import Any, AsyncIterator
@@ -52,30 +53,85 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 router = APIRouter()
 
 _GENERATE_KEYS = {
-    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "return_text_in_logprobs", "stream", "cache_salt", "priority", "return_cache_info",
+    "text",
+    "input_ids",
+    "sampling_params",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+    "cache_salt",
+    "priority",
+    "return_cache_info",
 }
 # SGLang request fields (GenerateReqInput, SGLang 0.5.x) radixrt does not implement:
 # accepted while empty/unset, a 400 naming the field when set.
 _GENERATE_IGNORED = {
     # multimodal inputs
-    "image_data", "audio_data", "video_data", "input_embeds", "modalities", "mm_hashes", "mm_content_hashes",
-    "use_audio_in_video", "video_config", "images_config", "mm_processor_kwargs", "max_dynamic_patch",
-    "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch", "need_wait_for_mm_inputs",
-    "num_items_assigned", "encoder_urls", "positional_embed_overrides",
+    "image_data",
+    "audio_data",
+    "video_data",
+    "input_embeds",
+    "modalities",
+    "mm_hashes",
+    "mm_content_hashes",
+    "use_audio_in_video",
+    "video_config",
+    "images_config",
+    "mm_processor_kwargs",
+    "max_dynamic_patch",
+    "min_dynamic_patch",
+    "image_max_dynamic_patch",
+    "video_max_dynamic_patch",
+    "need_wait_for_mm_inputs",
+    "num_items_assigned",
+    "encoder_urls",
+    "positional_embed_overrides",
     # adapters, sessions, custom processors
-    "lora_path", "lora_id", "session_params", "session_id", "custom_logit_processor",
+    "lora_path",
+    "lora_id",
+    "session_params",
+    "session_id",
+    "custom_logit_processor",
     # disaggregation and data parallelism
-    "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
-    "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank", "http_worker_ipc", "kv_hints",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+    "data_parallel_rank",
+    "routed_dp_rank",
+    "disagg_prefill_dp_rank",
+    "http_worker_ipc",
+    "kv_hints",
     # extra outputs
-    "return_hidden_states", "token_ids_logprob", "return_routed_experts", "routed_experts_start_len",
-    "return_indexer_topk", "return_sampling_mask", "sampling_logprobs_mode", "return_flat_raw_top_logprobs",
-    "return_flat_raw_output_top_logprobs", "return_flat_raw_top_logprobs_b64", "return_bytes", "return_entropy",
-    "return_prompt_token_ids", "multi_item_delimiter_indices", "token_indices_to_pool",
+    "return_hidden_states",
+    "token_ids_logprob",
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "return_indexer_topk",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+    "return_flat_raw_top_logprobs",
+    "return_flat_raw_output_top_logprobs",
+    "return_flat_raw_top_logprobs_b64",
+    "return_bytes",
+    "return_entropy",
+    "return_prompt_token_ids",
+    "multi_item_delimiter_indices",
+    "token_indices_to_pool",
     # generation options radixrt does not have
-    "stream_options", "extra_key", "background", "require_reasoning", "max_thinking_tokens", "watermark",
-    "conversation_id", "label", "custom_labels",
+    "stream_options",
+    "extra_key",
+    "background",
+    "require_reasoning",
+    "max_thinking_tokens",
+    "watermark",
+    "conversation_id",
+    "label",
+    "custom_labels",
 }
 # Hints that never change an answer (logging, tracing, routing): ignored whatever their value.
 _GENERATE_ALWAYS_IGNORED = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time"}
@@ -106,10 +162,15 @@ def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], 
     with as_bad_request():
         prompts = split_prompts(body.get("text"), body.get("input_ids"), tm.encode)
         specs = build_specs(
-            prompts, sampling_params=body.get("sampling_params"), return_logprob=body.get("return_logprob"),
-            logprob_start_len=body.get("logprob_start_len"), top_logprobs_num=body.get("top_logprobs_num"),
-            rid=body.get("rid"), return_text_in_logprobs=body.get("return_text_in_logprobs", False),
-            cache_salt=body.get("cache_salt"), priority=body.get("priority"),
+            prompts,
+            sampling_params=body.get("sampling_params"),
+            return_logprob=body.get("return_logprob"),
+            logprob_start_len=body.get("logprob_start_len"),
+            top_logprobs_num=body.get("top_logprobs_num"),
+            rid=body.get("rid"),
+            return_text_in_logprobs=body.get("return_text_in_logprobs", False),
+            cache_salt=body.get("cache_salt"),
+            priority=body.get("priority"),
             return_cache_info=body.get("return_cache_info", False),
         )
     return specs, prompts.batch, bool(stream)

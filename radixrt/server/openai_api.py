@@ -5,6 +5,7 @@ Requests are pydantic models (`radixrt.server.protocol`); their prompts go
 through the front door (`radixrt.requests.intake`) like every other request,
 and the answers are built by `radixrt.server.openai_render`.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,18 +37,28 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
-    return JSON({"object": "list", "data": [{
-        "id": ctx.served_model_name, "object": "model", "created": int(ctx.started), "owned_by": "radixrt",
-        "root": ctx.resolved_model_path, "max_model_len": ctx.tm.context_length,
-    }]})
+    return JSON(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": ctx.served_model_name,
+                    "object": "model",
+                    "created": int(ctx.started),
+                    "owned_by": "radixrt",
+                    "root": ctx.resolved_model_path,
+                    "max_model_len": ctx.tm.context_length,
+                }
+            ],
+        }
+    )
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, ctx: ServerContext = Depends(server_context)) -> Response:
     """The served model, under any of its names; 404 for another name."""
     ctx.check_model(model_id)
-    return JSON({"id": ctx.served_model_name, "object": "model", "created": int(ctx.started),
-                 "owned_by": "radixrt"})
+    return JSON({"id": ctx.served_model_name, "object": "model", "created": int(ctx.started), "owned_by": "radixrt"})
 
 
 async def _answer(request: Request, tm: TokenizerManager, group: ReqGroup, view: Any, stream: bool) -> Response:
@@ -86,8 +97,10 @@ def _check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[i
     if req.n > limits.max_n:
         raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
     if top is not None and top > limits.max_top_logprobs_num:
-        raise bad_request(f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} "
-                          f"top logprobs per token.", top_name)
+        raise bad_request(
+            f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} top logprobs per token.",
+            top_name,
+        )
 
 
 # ---------------------------------------------------------------------- completions
@@ -99,28 +112,38 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
         raise bad_request("'best_of' other than n is not supported.", "best_of")
     p = req.prompt
     if not isinstance(p, (str, list)):
-        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids (integers) or a "
-                          "list of such lists.", "prompt")
+        raise bad_request(
+            "'prompt' must be a string, a list of strings, a list of token ids (integers) or a list of such lists.",
+            "prompt",
+        )
     if isinstance(p, list) and not p:
         raise bad_request("'prompt' must not be empty.", "prompt")
     is_text = isinstance(p, str) or isinstance(p[0], str)
     with as_bad_request():
-        return split_prompts(p if is_text else None, None if is_text else p, tm.encode,
-                             text_name="prompt", ids_name="prompt")
+        return split_prompts(
+            p if is_text else None, None if is_text else p, tm.encode, text_name="prompt", ids_name="prompt"
+        )
 
 
 def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_length: int) -> list[RequestSpec]:
     """One spec per prompt; without max_tokens a prompt may fill the context."""
-    sampling = [_sampling(req, req.max_tokens if req.max_tokens is not None else max(context_length - len(ids), 0))
-                for ids in prompts.ids]
+    sampling = [
+        _sampling(req, req.max_tokens if req.max_tokens is not None else max(context_length - len(ids), 0))
+        for ids in prompts.ids
+    ]
     want_lp = req.logprobs is not None
     with as_bad_request():
         return build_specs(
-            prompts, sampling_params=sampling if prompts.batch else sampling[0], return_logprob=want_lp,
-            logprob_start_len=0 if (want_lp and req.echo) else -1, top_logprobs_num=req.logprobs or 0,
-            rid=(req.rid or None) if len(prompts.ids) == 1 else None, cache_salt=req.cache_salt,
+            prompts,
+            sampling_params=sampling if prompts.batch else sampling[0],
+            return_logprob=want_lp,
+            logprob_start_len=0 if (want_lp and req.echo) else -1,
+            top_logprobs_num=req.logprobs or 0,
+            rid=(req.rid or None) if len(prompts.ids) == 1 else None,
+            cache_salt=req.cache_salt,
             prompt_cache_key=req.prompt_cache_key,
-            priority=req.priority, return_cache_info=req.return_cache_info,
+            priority=req.priority,
+            return_cache_info=req.return_cache_info,
         )
 
 
@@ -157,8 +180,11 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
             parts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise bad_request(f"messages[{i}].content: only text parts are supported by this model "
-                                      f"(got a '{part.type}' part).", f"messages.{i}.content")
+                    raise bad_request(
+                        f"messages[{i}].content: only text parts are supported by this model "
+                        f"(got a '{part.type}' part).",
+                        f"messages.{i}.content",
+                    )
                 parts.append(part.text)
             content = "".join(parts)
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
@@ -175,8 +201,13 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
     return messages
 
 
-def _chat_prompt_ids(req: ChatCompletionRequest, messages: list[dict], tm: TokenizerManager,
-                     tools: Optional[list[dict]] = None, reuse_turns: bool = False) -> list[int]:
+def _chat_prompt_ids(
+    req: ChatCompletionRequest,
+    messages: list[dict],
+    tm: TokenizerManager,
+    tools: Optional[list[dict]] = None,
+    reuse_turns: bool = False,
+) -> list[int]:
     """The rendered chat template, tokenized (without a second BOS). ``tools``
     goes to a template that renders them itself. With ``reuse_turns``,
     assistant turns the model generated keep the tokens it generated them with
@@ -226,8 +257,9 @@ def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
     try:
         check_grammar(("json_schema", schema))
     except ValueError as e:
-        raise bad_request(f"'response_format' holds an unusable JSON schema: {str(e).split(': ', 1)[-1]}",
-                          "response_format") from None
+        raise bad_request(
+            f"'response_format' holds an unusable JSON schema: {str(e).split(': ', 1)[-1]}", "response_format"
+        ) from None
     return {"json_schema": schema}
 
 
@@ -237,14 +269,27 @@ def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser, settings: Op
     Blocking: parses every tool's schema (run it off the event loop)."""
     settings = settings or {}
     try:
-        tr = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, flat=req._flat_tools,
-                         max_tools=settings.get("max_tools"), max_chars=settings.get("max_tools_chars"))
+        tr = check_tools(
+            req.tools,
+            req.tool_choice,
+            req.parallel_tool_calls,
+            flat=req._flat_tools,
+            max_tools=settings.get("max_tools"),
+            max_chars=settings.get("max_tools_chars"),
+        )
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
-    if tr.enforced and (req.regex or req.json_schema or req.ebnf or
-                        (req.response_format is not None and req.response_format.type != "text")):
-        raise bad_request(f"'tool_choice' {req.tool_choice!r} constrains the output to tool calls; it cannot be "
-                          f"combined with regex, json_schema, ebnf or response_format.", "tool_choice")
+    if tr.enforced and (
+        req.regex
+        or req.json_schema
+        or req.ebnf
+        or (req.response_format is not None and req.response_format.type != "text")
+    ):
+        raise bad_request(
+            f"'tool_choice' {req.tool_choice!r} constrains the output to tool calls; it cannot be "
+            f"combined with regex, json_schema, ebnf or response_format.",
+            "tool_choice",
+        )
     return tr
 
 
@@ -253,8 +298,9 @@ def _native(parser: ToolCallParser, tm: TokenizerManager) -> bool:
     return parser.name != "generic" and template_renders_tools(getattr(tm.tokenizer, "chat_template", None))
 
 
-def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser,
-               tr: ToolRequest, reasoning: bool = False) -> RequestSpec:
+def _chat_spec(
+    req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser, tr: ToolRequest, reasoning: bool = False
+) -> RequestSpec:
     """The one spec of a chat request; without a token limit it may fill the context.
 
     Tools are rendered by the chat template when it renders tools (and the
@@ -279,16 +325,22 @@ def _chat_spec(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCal
         max_new = max(tm.context_length - len(ids), 0)
     with as_bad_request():
         specs = build_specs(
-            PromptBatch([ids], [None], False, "messages"), sampling_params=_sampling(req, max_new, extra),
-            return_logprob=req.logprobs, top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
-            rid=req.rid or None, cache_salt=req.cache_salt, prompt_cache_key=req.prompt_cache_key,
-            priority=req.priority, return_cache_info=req.return_cache_info,
+            PromptBatch([ids], [None], False, "messages"),
+            sampling_params=_sampling(req, max_new, extra),
+            return_logprob=req.logprobs,
+            top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
+            rid=req.rid or None,
+            cache_salt=req.cache_salt,
+            prompt_cache_key=req.prompt_cache_key,
+            priority=req.priority,
+            return_cache_info=req.return_cache_info,
         )
     return specs[0]
 
 
-def _checked_chat(req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser, reasoning: bool,
-                  settings: dict) -> tuple[ToolRequest, RequestSpec]:
+def _checked_chat(
+    req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser, reasoning: bool, settings: dict
+) -> tuple[ToolRequest, RequestSpec]:
     """The tools and the validated spec of a chat request. Blocking and
     O(size of the request): checks every tool, renders, tokenizes, validates
     (`plan_chat` runs it off the event loop)."""
@@ -326,8 +378,10 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext) -> ChatPlan:
     tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings)
     remember = None
     if tr.tools and not _native(parser, tm):
+
         def remember(text: str, ids: list[int]) -> None:
             TURNS.remember(text, ids, lambda x: tm.tokenizer.decode(x, skip_special_tokens=False))
+
     return ChatPlan(spec, tr, parser if tr.active else None, reasoning, remember)
 
 
@@ -338,6 +392,14 @@ async def chat_completions(request: Request, ctx: ServerContext = Depends(server
     plan = await plan_chat(req, ctx)
     tm = ctx.tm
     group = tm.submit([plan.spec], validated=True)
-    view = ChatView(req, group, len(plan.spec.input_ids), tm.tokenizer, ctx.served_model_name,
-                    plan.parser, plan.reasoning, plan.remember)
+    view = ChatView(
+        req,
+        group,
+        len(plan.spec.input_ids),
+        tm.tokenizer,
+        ctx.served_model_name,
+        plan.parser,
+        plan.reasoning,
+        plan.remember,
+    )
     return await _answer(request, tm, group, view, req.stream)

@@ -1,5 +1,6 @@
 """OpenAI response bodies: completion and chat choices (whole or streamed as
 SSE chunks), logprobs, usage and finish reasons, from a request group's states."""
+
 from __future__ import annotations
 
 import time
@@ -45,7 +46,7 @@ def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
     completion = sum(st.acc.completion_tokens for st in group.states)
     cached = 0
     for p in range(len(prompt_lens)):
-        subs = group.states[p * n:(p + 1) * n]
+        subs = group.states[p * n : (p + 1) * n]
         cached += max((min(st.acc.cached_tokens, prompt_lens[p]) for st in subs), default=0)
     body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
@@ -75,7 +76,7 @@ class ChoiceUpdate:
 def take_update(group: ReqGroup, st: ReqState) -> ChoiceUpdate:
     """``st``'s news since its last chunk; marks its text and logprobs as sent."""
     text = st.acc.text
-    delta = text[st.sent_text:] if len(text) > st.sent_text else ""
+    delta = text[st.sent_text :] if len(text) > st.sent_text else ""
     start_lp = st.sent_logprobs
     st.sent_text = max(st.sent_text, len(text))
     st.sent_logprobs = len(st.acc.output_token_logprobs)
@@ -91,9 +92,13 @@ def sse_chunk(head: dict, choices: list, usage_body: Optional[dict] = None) -> b
     return sse(d)
 
 
-async def stream_choices(group: ReqGroup, head: dict, render: Callable[[ChoiceUpdate], list[dict]],
-                         usage_fn: Optional[Callable[[], dict]], opening: Optional[list[dict]] = None,
-                         ) -> AsyncIterator[bytes]:
+async def stream_choices(
+    group: ReqGroup,
+    head: dict,
+    render: Callable[[ChoiceUpdate], list[dict]],
+    usage_fn: Optional[Callable[[], dict]],
+    opening: Optional[list[dict]] = None,
+) -> AsyncIterator[bytes]:
     """The SSE body of a streamed completion, one chunk per choice entry.
 
     First the ``opening`` entries (one write). Then, for each batch of engine
@@ -129,8 +134,9 @@ def _include_usage(req: Any) -> bool:
 class CompletionView:
     """The answer to one /v1/completions request, whole or streamed."""
 
-    def __init__(self, req: CompletionRequest, group: ReqGroup, prompts: PromptBatch, tokenizer: Any,
-                 model: str) -> None:
+    def __init__(
+        self, req: CompletionRequest, group: ReqGroup, prompts: PromptBatch, tokenizer: Any, model: str
+    ) -> None:
         self.req, self.group, self.prompts, self.tokenizer = req, group, prompts, tokenizer
         self.head = _head("cmpl", "text_completion", model)
         self.tt = TokenTexts(tokenizer)
@@ -161,11 +167,14 @@ class CompletionView:
             top = top_lists[i] if i < len(top_lists) else None
             if top_n:
                 tops.append(None if top is None else {self.tt(t): v for v, t in top})
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops if top_n else None,
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": lps,
+            "top_logprobs": tops if top_n else None,
+            "text_offset": offsets,
+        }
 
-    def _choice(self, index: int, st: ReqState, text: str, start_lp: int, echo: bool,
-                finish: Optional[str]) -> dict:
+    def _choice(self, index: int, st: ReqState, text: str, start_lp: int, echo: bool, finish: Optional[str]) -> dict:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
         if self.req.logprobs is not None:
             choice["logprobs"] = self.logprobs(st, start_lp, echo)
@@ -178,8 +187,9 @@ class CompletionView:
         """The whole answer, once every choice finished."""
         echo = self.req.echo
         choices = [
-            self._choice(i, st, (self.prompt_text(i // self.req.n) if echo else "") + st.acc.text, 0, echo,
-                         finish_reason(st))
+            self._choice(
+                i, st, (self.prompt_text(i // self.req.n) if echo else "") + st.acc.text, 0, echo, finish_reason(st)
+            )
             for i, st in enumerate(self.group.states)
         ]
         return {**self.head, "choices": choices, "usage": self.usage()}
@@ -208,9 +218,17 @@ class ChatView:
     ``remember`` sees each finished choice's text and tokens
     (radixrt/server/tools/turns.py)."""
 
-    def __init__(self, req: ChatCompletionRequest, group: ReqGroup, prompt_len: int, tokenizer: Any,
-                 model: str, parser: Optional[ToolCallParser] = None, reasoning: bool = False,
-                 remember: Optional[Callable[[str, list[int]], None]] = None) -> None:
+    def __init__(
+        self,
+        req: ChatCompletionRequest,
+        group: ReqGroup,
+        prompt_len: int,
+        tokenizer: Any,
+        model: str,
+        parser: Optional[ToolCallParser] = None,
+        reasoning: bool = False,
+        remember: Optional[Callable[[str, list[int]], None]] = None,
+    ) -> None:
         self.req, self.group, self.prompt_len = req, group, prompt_len
         self.head = _head("chatcmpl", "chat.completion", model)
         self.tt = TokenTexts(tokenizer)
@@ -225,9 +243,16 @@ class ChatView:
         for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start:], start):
             s = tt(tid)
             top = tops[i] if i < len(tops) and tops[i] is not None else []
-            out.append({"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")),
-                        "top_logprobs": [{"token": tt(t), "logprob": v, "bytes": list(tt(t).encode("utf-8"))}
-                                         for v, t in top]})
+            out.append(
+                {
+                    "token": s,
+                    "logprob": lp,
+                    "bytes": list(s.encode("utf-8")),
+                    "top_logprobs": [
+                        {"token": tt(t), "logprob": v, "bytes": list(tt(t).encode("utf-8"))} for v, t in top
+                    ],
+                }
+            )
         return out
 
     def usage(self) -> dict:
@@ -248,12 +273,14 @@ class ChatView:
                 message, calls = {"role": "assistant", "content": st.acc.text}, False
             else:
                 message, calls = self.outputs[i].message(st.acc.text)
-            choices.append({
-                "index": i,
-                "message": message,
-                "logprobs": {"content": self.logprob_entries(st, 0)} if self.req.logprobs else None,
-                "finish_reason": self._finish(st, calls),
-            })
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": {"content": self.logprob_entries(st, 0)} if self.req.logprobs else None,
+                    "finish_reason": self._finish(st, calls),
+                }
+            )
         return {**self.head, "choices": choices, "usage": self.usage()}
 
     def render(self, u: ChoiceUpdate) -> list[dict]:
@@ -273,13 +300,13 @@ class ChatView:
             if self.remember is not None:
                 self.remember(u.state.acc.text, list(u.state.acc.output_ids))
             calls = not self.plain and self.outputs[u.index].has_calls(u.state.acc.text)
-            out.append({"index": u.index, "delta": {}, "logprobs": None,
-                        "finish_reason": self._finish(u.state, calls)})
+            out.append({"index": u.index, "delta": {}, "logprobs": None, "finish_reason": self._finish(u.state, calls)})
         return out
 
     def stream(self) -> AsyncIterator[bytes]:
         head = {**self.head, "object": "chat.completion.chunk"}
-        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                    "finish_reason": None} for i in range(self.req.n)]
-        return stream_choices(self.group, head, self.render, self.usage if _include_usage(self.req) else None,
-                              opening)
+        opening = [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for i in range(self.req.n)
+        ]
+        return stream_choices(self.group, head, self.render, self.usage if _include_usage(self.req) else None, opening)

@@ -7,6 +7,7 @@ Integer fields are strict: ``true`` or ``"5"`` is a 400, not read as 1 or 5
 extra sampling fields that SGLang accepts (top_k, min_p, regex, json_schema,
 stop_regex, ...) are accepted here too.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union

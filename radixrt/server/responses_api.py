@@ -18,6 +18,7 @@ As in OpenAI's API, the earlier ``instructions`` are not carried over.
 ``--responses-store-mb``); one made with ``store: false`` cannot be
 retrieved or continued.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,31 +53,43 @@ def responses_store(request: Request) -> ResponseStore:
         mb = args.get("responses_store_mb")
         store = state.responses_store = ResponseStore(
             DEFAULT_STORE_SIZE if size is None else int(size),
-            int((DEFAULT_STORE_MB if mb is None else float(mb)) * 2**20))
+            int((DEFAULT_STORE_MB if mb is None else float(mb)) * 2**20),
+        )
     return store
 
 
 def _not_stored(rid: str, store: ResponseStore) -> str:
-    return (f"No response with id {rid!r} is stored on this server: a response made with store=false is "
-            f"not kept, and the store keeps the {store.capacity} most recently used "
-            f"(--responses-store-size).")
+    return (
+        f"No response with id {rid!r} is stored on this server: a response made with store=false is "
+        f"not kept, and the store keeps the {store.capacity} most recently used "
+        f"(--responses-store-size)."
+    )
 
 
 def _check_request(req: ResponsesRequest) -> None:
     if req.background:
         raise bad_request("'background' responses are not supported; leave it false (or stream).", "background")
     if req.truncation == "auto":
-        raise bad_request("'truncation': 'auto' is not supported: a conversation longer than the context is "
-                          "refused; leave it 'disabled'.", "truncation")
+        raise bad_request(
+            "'truncation': 'auto' is not supported: a conversation longer than the context is "
+            "refused; leave it 'disabled'.",
+            "truncation",
+        )
     md = req.metadata or {}
-    if len(md) > MAX_METADATA_PAIRS or any(len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE
-                                           for k, v in md.items()):
-        raise bad_request(f"'metadata' holds at most {MAX_METADATA_PAIRS} pairs, keys of at most "
-                          f"{MAX_METADATA_KEY} characters and values of at most {MAX_METADATA_VALUE}.", "metadata")
+    if len(md) > MAX_METADATA_PAIRS or any(
+        len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE for k, v in md.items()
+    ):
+        raise bad_request(
+            f"'metadata' holds at most {MAX_METADATA_PAIRS} pairs, keys of at most "
+            f"{MAX_METADATA_KEY} characters and values of at most {MAX_METADATA_VALUE}.",
+            "metadata",
+        )
 
 
-def _prepare(req: ResponsesRequest, prev: Optional[StoredResponse],
-             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ChatCompletionRequest, Conversation]:
+def _prepare(
+    req: ResponsesRequest,
+    prev: Optional[StoredResponse],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ChatCompletionRequest, Conversation]:
     """The stored conversation, the new input items, and the chat request of
     both with its `Conversation`. Blocking and O(size of the conversation):
     run off the event loop."""
@@ -91,15 +104,27 @@ def _skeleton(req: ResponsesRequest, rid: str, model: str, plan: ChatPlan) -> di
     """The response object's fields that do not depend on the output."""
     fmt = req.text.format if req.text is not None else None
     return {
-        "id": rid, "object": "response", "created_at": int(time.time()), "model": model, "background": False,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "metadata": req.metadata or {}, "parallel_tool_calls": plan.tools.parallel,
-        "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
-        "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "background": False,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": plan.tools.parallel,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.store,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
-        "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": req.truncation or "disabled",
-        "user": req.user, "error": None, "incomplete_details": None,
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": req.tools or [],
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "truncation": req.truncation or "disabled",
+        "user": req.user,
+        "error": None,
+        "incomplete_details": None,
     }
 
 
@@ -129,8 +154,15 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
             store.put(rid, body, history + new_items + said)
 
     group = tm.submit([plan.spec], validated=True)
-    view = ResponseView(_skeleton(req, rid, ctx.served_model_name, plan), group, len(plan.spec.input_ids),
-                        plan.parser, plan.reasoning, plan.remember, on_done)
+    view = ResponseView(
+        _skeleton(req, rid, ctx.served_model_name, plan),
+        group,
+        len(plan.spec.input_ids),
+        plan.parser,
+        plan.reasoning,
+        plan.remember,
+        on_done,
+    )
     if req.stream:
         return stream_response(tm, group, view.stream())
     if not await wait_group(request, tm, group):

@@ -20,6 +20,7 @@ into the Responses request's words: ``messages[3].tool_call_id`` becomes
 ``input[1].call_id`` (the item that made message 3), ``response_format``
 becomes ``text.format``, ``max_tokens`` ``max_output_tokens``.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,12 +36,20 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 HISTORY = "previous_response_id"  # what errors in the stored conversation name
 
 # chat field -> Responses field, per item kind (after "messages[i]" / "messages[i].tool_calls[j]")
-_CALL_FIELDS = {".function.name": ".name", ".function.arguments": ".arguments", ".function": "", ".id": ".call_id",
-                ".type": ".type"}
+_CALL_FIELDS = {
+    ".function.name": ".name",
+    ".function.arguments": ".arguments",
+    ".function": "",
+    ".id": ".call_id",
+    ".type": ".type",
+}
 _TOOL_FIELDS = {".tool_call_id": ".call_id", ".content": ".output", ".role": ""}
 _MESSAGE_REF = re.compile(r"messages(?:\[(\d+)\]|\.(\d+))(?:\.tool_calls(?:\[(\d+)\]|\.(\d+)))?((?:\.[A-Za-z_]+)*)")
-_FIELD_NAMES = [(re.compile(r"\bmessages\b"), "input"), (re.compile(r"\bresponse_format\b"), "text.format"),
-                (re.compile(r"\bmax_(?:completion_)?tokens\b"), "max_output_tokens")]
+_FIELD_NAMES = [
+    (re.compile(r"\bmessages\b"), "input"),
+    (re.compile(r"\bresponse_format\b"), "text.format"),
+    (re.compile(r"\bmax_(?:completion_)?tokens\b"), "max_output_tokens"),
+]
 
 
 def as_param(where: str) -> str:
@@ -55,8 +64,10 @@ def _text(content: Any, where: str) -> str:
     parts = []
     for j, part in enumerate(content):
         if part.get("type") not in TEXT_PARTS or part.get("text") is None:
-            raise bad_request(f"{where}.content[{j}]: only text parts are supported by this model "
-                              f"(got a {part.get('type')!r} part).", as_param(f"{where}.content[{j}]"))
+            raise bad_request(
+                f"{where}.content[{j}]: only text parts are supported by this model (got a {part.get('type')!r} part).",
+                as_param(f"{where}.content[{j}]"),
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -86,8 +97,11 @@ class Conversation:
         if kind == "message":
             self.add(where, {"role": item["role"], "content": _text(item["content"], where)})
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
             last = self.messages[-1] if self.messages else None
             if last is None or last["role"] != "assistant":
                 self.add(where, {"role": "assistant", "content": None})
@@ -99,8 +113,11 @@ class Conversation:
         elif kind == "function_call_output":
             self.add(where, {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"], where)})
         elif kind == "item_reference":
-            raise bad_request(f"{where}: 'item_reference' items are not supported; send the item itself, or "
-                              f"continue a stored response with 'previous_response_id'.", as_param(where))
+            raise bad_request(
+                f"{where}: 'item_reference' items are not supported; send the item itself, or "
+                f"continue a stored response with 'previous_response_id'.",
+                as_param(where),
+            )
 
     def _ref(self, m: re.Match) -> str:
         i = int(m.group(1) or m.group(2))
@@ -137,12 +154,15 @@ def _text_format(req: ResponsesRequest) -> Optional[dict[str, Any]]:
         return {"type": "json_object"}
     if fmt.schema_ is None:
         raise bad_request("'text.format' of type 'json_schema' needs a 'schema'.", "text.format")
-    return {"type": "json_schema", "json_schema": {"name": fmt.name or "response", "schema": fmt.schema_,
-                                                   "strict": fmt.strict}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict},
+    }
 
 
-def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
-                    new_items: list[dict[str, Any]]) -> tuple[ChatCompletionRequest, Conversation]:
+def to_chat_request(
+    req: ResponsesRequest, history: list[dict[str, Any]], new_items: list[dict[str, Any]]
+) -> tuple[ChatCompletionRequest, Conversation]:
     """The chat request that answers ``req`` after the stored conversation
     ``history``, and its conversation (for `Conversation.renamed`)."""
     conv = Conversation()
@@ -155,11 +175,22 @@ def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
     if not conv.messages:
         raise bad_request("'input' must not be empty.", "input")
     fields = {
-        "model": req.model, "messages": conv.messages, "tools": req.tools, "tool_choice": req.tool_choice,
-        "parallel_tool_calls": req.parallel_tool_calls, "max_completion_tokens": req.max_output_tokens,
-        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-        "repetition_penalty": req.repetition_penalty, "seed": req.seed, "cache_salt": req.cache_salt,
-        "prompt_cache_key": req.prompt_cache_key, "priority": req.priority, "user": req.user,
+        "model": req.model,
+        "messages": conv.messages,
+        "tools": req.tools,
+        "tool_choice": req.tool_choice,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "seed": req.seed,
+        "cache_salt": req.cache_salt,
+        "prompt_cache_key": req.prompt_cache_key,
+        "priority": req.priority,
+        "user": req.user,
         "response_format": _text_format(req),
     }
     try:

@@ -20,6 +20,7 @@ OpenAI routes; integer fields are strict (``"5"`` and ``true`` are 400s),
 as on chat; ``tools`` and ``tool_choice`` are checked by the chat path
 (radixrt.server.tools.spec, in their flat Responses shapes).
 """
+
 from __future__ import annotations
 
 import re
@@ -173,8 +174,10 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
         where = _where(err["loc"])
         kind = err["type"]
         if kind == "union_tag_invalid":
-            msg = (f"'{where}.type' is {err['input'].get('type')!r}; expected one of "
-                   f"{', '.join(repr(t) for t in ITEM_TYPES)}.")
+            msg = (
+                f"'{where}.type' is {err['input'].get('type')!r}; expected one of "
+                f"{', '.join(repr(t) for t in ITEM_TYPES)}."
+            )
         elif kind == "union_tag_not_found":
             msg = f"'{where}' must be an input item (an object), got {type(err['input']).__name__}."
         elif _BRANCH.match(str(err["loc"][-1])):

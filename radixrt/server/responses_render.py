@@ -25,6 +25,7 @@ Status: ``completed``; ``incomplete`` with ``incomplete_details.reason``
 ``"max_output_tokens"`` when the output was cut by the token limit (or the
 context); ``failed`` with an ``error`` when the engine ended the request.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,10 +46,13 @@ def new_id(prefix: str) -> str:
 def responses_usage(group: ReqGroup, prompt_len: int) -> dict[str, Any]:
     """The Responses API's usage object (input / output tokens, cached input tokens)."""
     u = usage(group, 1, [prompt_len])
-    return {"input_tokens": u["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u["total_tokens"]}
+    return {
+        "input_tokens": u["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+        "output_tokens": u["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u["total_tokens"],
+    }
 
 
 def outcome(st: ReqState) -> tuple[str, Optional[dict], Optional[dict]]:
@@ -80,8 +84,14 @@ def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
-            "status": status}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 class ResponseView:
@@ -91,10 +101,16 @@ class ResponseView:
     request's settings); ``on_done`` gets the finished response object
     (stores it) before it is answered."""
 
-    def __init__(self, skeleton: dict[str, Any], group: ReqGroup, prompt_len: int,
-                 parser: Optional[ToolCallParser], reasoning: bool,
-                 remember: Optional[Callable[[str, list[int]], None]],
-                 on_done: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        skeleton: dict[str, Any],
+        group: ReqGroup,
+        prompt_len: int,
+        parser: Optional[ToolCallParser],
+        reasoning: bool,
+        remember: Optional[Callable[[str, list[int]], None]],
+        on_done: Callable[[dict[str, Any]], None],
+    ) -> None:
         self.skeleton, self.group, self.prompt_len = skeleton, group, prompt_len
         self.out = ChoiceOutput(parser, reasoning)
         self.plain = parser is None and not reasoning
@@ -109,8 +125,14 @@ class ResponseView:
         if self.remember is not None and st.acc.finish_reason is not None:
             self.remember(st.acc.text, list(st.acc.output_ids))
         status, incomplete, error = outcome(st)
-        body = {**self.skeleton, "status": status, "incomplete_details": incomplete, "error": error,
-                "output": output, "usage": responses_usage(self.group, self.prompt_len)}
+        body = {
+            **self.skeleton,
+            "status": status,
+            "incomplete_details": incomplete,
+            "error": error,
+            "output": output,
+            "usage": responses_usage(self.group, self.prompt_len),
+        }
         if status == "completed":
             body["completed_at"] = int(time.time())
         if status != "failed":
@@ -132,15 +154,17 @@ class ResponseView:
         if message.get("content") or not calls:
             output.append(message_item(new_id("msg"), message.get("content") or "", item_status))
         for c in calls:
-            output.append(call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
-                                    "completed"))
+            output.append(
+                call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"], "completed")
+            )
         return self._finished(output)
 
     async def stream(self) -> AsyncIterator[bytes]:
         """The SSE body (module docstring)."""
         ev = _Events(self.skeleton)
-        yield ev.emit("response.created", response=ev.snapshot()) + ev.emit("response.in_progress",
-                                                                             response=ev.snapshot())
+        yield ev.emit("response.created", response=ev.snapshot()) + ev.emit(
+            "response.in_progress", response=ev.snapshot()
+        )
         async for news in self.group.updates():
             if group_error(self.group) is not None:
                 break
@@ -186,11 +210,23 @@ class _Events:
         out = self._close_open()
         index = len(self.items)
         self.items.append(item)
-        out.append(self.emit("response.output_item.added", output_index=index,
-                             item={**item, "content": []} if part is not None else dict(item)))
+        out.append(
+            self.emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "content": []} if part is not None else dict(item),
+            )
+        )
         if part is not None:
-            out.append(self.emit("response.content_part.added", item_id=item["id"], output_index=index,
-                                 content_index=0, part=dict(part)))
+            out.append(
+                self.emit(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=dict(part),
+                )
+            )
         self.open = index if part is not None else None
         return out
 
@@ -206,10 +242,13 @@ class _Events:
         part = item["content"][0]
         kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
         extra: dict[str, Any] = {"logprobs": []} if item["type"] == "message" else {}
-        return [self.emit(kind, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra),
-                self.emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                          part=dict(part)),
-                self.emit("response.output_item.done", output_index=index, item=item)]
+        return [
+            self.emit(kind, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra),
+            self.emit(
+                "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=dict(part)
+            ),
+            self.emit("response.output_item.done", output_index=index, item=item),
+        ]
 
     def _text(self, kind: str, delta: str) -> list[bytes]:
         out: list[bytes] = []
@@ -233,9 +272,16 @@ class _Events:
         self.calls_done.add(i)
         item = self.items[index]
         item["status"] = status
-        return [self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                          name=item["name"], arguments=item["arguments"]),
-                self.emit("response.output_item.done", output_index=index, item=item)]
+        return [
+            self.emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            ),
+            self.emit("response.output_item.done", output_index=index, item=item),
+        ]
 
     def feed(self, delta: dict[str, Any]) -> list[bytes]:
         """The events of one chat delta (radixrt.server.tools.output.ChoiceOutput.deltas)."""
@@ -256,8 +302,14 @@ class _Events:
             if args:
                 index = self.calls[i]
                 self.items[index]["arguments"] += args
-                out.append(self.emit("response.function_call_arguments.delta", item_id=self.items[index]["id"],
-                                     output_index=index, delta=args))
+                out.append(
+                    self.emit(
+                        "response.function_call_arguments.delta",
+                        item_id=self.items[index]["id"],
+                        output_index=index,
+                        delta=args,
+                    )
+                )
         return out
 
     def finish(self, status: str) -> list[bytes]:

@@ -13,6 +13,7 @@ it has one).
 
 Used from the event loop only, so it takes no lock.
 """
+
 from __future__ import annotations
 
 import json

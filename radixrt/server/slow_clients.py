@@ -18,6 +18,7 @@ close``) goes out first when the client had begun a request and no answer to
 it had started. A timeout of 0 means no limit. The app sees a body timeout as
 a client that left (``http.disconnect``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,10 +37,13 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 
 def request_timeout_response(message: str) -> bytes:
     """A complete HTTP/1.1 408 answer with an OpenAI-shaped JSON error body."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": 408}}).encode()
-    head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": 408}}
+    ).encode()
+    head = (
+        f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
     return head + body
 
 
@@ -113,34 +117,53 @@ class TimedH11Protocol(H11Protocol):
         what = "request headers" if phase == "head" else "request body"
         answered = phase == "body" and self.cycle is not None and self.cycle.response_started
         if began and not answered:
-            self.transport.write(request_timeout_response(
-                f"The {what} did not arrive within {timeout:g} s; the connection is closed."))
+            self.transport.write(
+                request_timeout_response(f"The {what} did not arrive within {timeout:g} s; the connection is closed.")
+            )
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
         logger.info("closing the connection of %s: its %s took longer than %g s", client, what, timeout)
         self.transport.close()
 
 
-def timed_h11_protocol(header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-                       body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> type[TimedH11Protocol]:
+def timed_h11_protocol(
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+) -> type[TimedH11Protocol]:
     """The protocol class for ``uvicorn.Config(http=...)`` with these deadlines
     (seconds; 0: no limit)."""
     if header_timeout_s < 0 or body_timeout_s < 0:
         raise ValueError("request read timeouts must be >= 0 (0: no limit)")
-    return type("TimedH11Protocol", (TimedH11Protocol,),
-                {"header_timeout_s": float(header_timeout_s), "body_timeout_s": float(body_timeout_s)})
+    return type(
+        "TimedH11Protocol",
+        (TimedH11Protocol,),
+        {"header_timeout_s": float(header_timeout_s), "body_timeout_s": float(body_timeout_s)},
+    )
 
 
-HEADER_TIMEOUT_HELP = ("a request's line and headers must arrive within this many seconds of their first byte (of "
-                       "the connection's opening, for its first request), else a 408 and the connection is closed "
-                       "(0: no limit)")
-BODY_TIMEOUT_HELP = ("a request's body must arrive within this many seconds of its headers, else a 408 and the "
-                     "connection is closed (0: no limit)")
+HEADER_TIMEOUT_HELP = (
+    "a request's line and headers must arrive within this many seconds of their first byte (of "
+    "the connection's opening, for its first request), else a 408 and the connection is closed "
+    "(0: no limit)"
+)
+BODY_TIMEOUT_HELP = (
+    "a request's body must arrive within this many seconds of its headers, else a 408 and the "
+    "connection is closed (0: no limit)"
+)
 
 
 def add_read_timeout_args(parser: Any) -> None:
     """``--header-read-timeout-s`` and ``--body-read-timeout-s`` of `radixrt router` (`radixrt serve`
     has them as `ServerArgs` fields, with the same defaults and help)."""
-    parser.add_argument("--header-read-timeout-s", dest="header_read_timeout_s", type=float,
-                        default=DEFAULT_HEADER_TIMEOUT_S, help=HEADER_TIMEOUT_HELP)
-    parser.add_argument("--body-read-timeout-s", dest="body_read_timeout_s", type=float,
-                        default=DEFAULT_BODY_TIMEOUT_S, help=BODY_TIMEOUT_HELP)
+    parser.add_argument(
+        "--header-read-timeout-s",
+        dest="header_read_timeout_s",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help=HEADER_TIMEOUT_HELP,
+    )
+    parser.add_argument(
+        "--body-read-timeout-s",
+        dest="body_read_timeout_s",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help=BODY_TIMEOUT_HELP,
+    )

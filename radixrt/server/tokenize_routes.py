@@ -26,6 +26,7 @@ batch). Special tokens are kept. Ids outside the vocabulary are a 400.
 Tokenizing and decoding run in the tokenizer manager's worker threads, off
 the event loop.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -34,7 +35,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from radixrt.requests.intake import _bad_ids, _is_int
+from radixrt.requests.intake import bad_token_ids, is_int
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import bad_request
 from radixrt.server.http_utils import JSON, read_json
@@ -42,8 +43,18 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 
 router = APIRouter()
 
-_TOKENIZE_KEYS = {"model", "prompt", "messages", "add_special_tokens", "return_token_strs", "add_generation_prompt",
-                  "continue_final_message", "tools", "tool_choice", "chat_template_kwargs"}
+_TOKENIZE_KEYS = {
+    "model",
+    "prompt",
+    "messages",
+    "add_special_tokens",
+    "return_token_strs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",
+}
 _DETOKENIZE_KEYS = {"model", "tokens"}
 
 
@@ -77,13 +88,14 @@ def _encode_texts(tm: TokenizerManager, texts: list[str], add_special_tokens: bo
     out = []
     for text in texts:
         if len(text) > tm.max_prompt_chars:
-            raise bad_request(f"the prompt is {len(text)} characters long; this server tokenizes at most "
-                              f"{tm.max_prompt_chars}", "prompt")
+            raise bad_request(
+                f"the prompt is {len(text)} characters long; this server tokenizes at most {tm.max_prompt_chars}",
+                "prompt",
+            )
         try:
             out.append(list(tm.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
         except UnicodeEncodeError:
-            raise bad_request("the prompt holds a lone surrogate, which is not a Unicode character",
-                              "prompt") from None
+            raise bad_request("the prompt holds a lone surrogate, which is not a Unicode character", "prompt") from None
     return out
 
 
@@ -94,11 +106,16 @@ def _chat_ids(body: dict, ctx: ServerContext) -> list[int]:
     from radixrt.server.protocol import ChatCompletionRequest
 
     if not _flag(body, "add_generation_prompt", True):
-        raise bad_request("'add_generation_prompt': false is not supported; the chat route always adds the "
-                          "generation prompt (or continues the final message with 'continue_final_message').",
-                          "add_generation_prompt")
-    fields = {k: body[k] for k in ("messages", "tools", "tool_choice", "chat_template_kwargs",
-                                   "continue_final_message") if body.get(k) is not None}
+        raise bad_request(
+            "'add_generation_prompt': false is not supported; the chat route always adds the "
+            "generation prompt (or continues the final message with 'continue_final_message').",
+            "add_generation_prompt",
+        )
+    fields = {
+        k: body[k]
+        for k in ("messages", "tools", "tool_choice", "chat_template_kwargs", "continue_final_message")
+        if body.get(k) is not None
+    }
     try:
         req = ChatCompletionRequest.model_validate({**fields, "model": ctx.served_model_name})
     except ValidationError as e:
@@ -106,8 +123,9 @@ def _chat_ids(body: dict, ctx: ServerContext) -> list[int]:
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise bad_request(f"Invalid value for '{where}': {first.get('msg')}", where or "messages") from None
     tm = ctx.tm
-    parser = openai_api.get_parser(ctx.server_args.get("tool_call_parser"),
-                                   getattr(tm.tokenizer, "chat_template", None))
+    parser = openai_api.get_parser(
+        ctx.server_args.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None)
+    )
     tools = openai_api._chat_tools(req, parser, ctx.server_args)
     return list(openai_api._chat_spec(req, tm, parser, tools).input_ids)
 
@@ -146,15 +164,14 @@ def tokenize_body(body: dict, ctx: ServerContext) -> dict:
 
 def _token_lists(tokens: Any, vocab_size: int) -> tuple[list[list[int]], bool]:
     """(id lists, is_batch) from a list of ids or a list of such lists; 400 else."""
-    if isinstance(tokens, list) and all(_is_int(t) for t in tokens):
+    if isinstance(tokens, list) and all(is_int(t) for t in tokens):
         lists, batch = [tokens], False
-    elif isinstance(tokens, list) and tokens and all(
-            isinstance(x, list) and all(_is_int(t) for t in x) for x in tokens):
+    elif isinstance(tokens, list) and tokens and all(isinstance(x, list) and all(is_int(t) for t in x) for x in tokens):
         lists, batch = tokens, True
     else:
         raise bad_request("'tokens' must be a list of integers or a non-empty list of such lists.", "tokens")
     for x in lists:
-        bad = _bad_ids(x, vocab_size)
+        bad = bad_token_ids(x, vocab_size)
         if bad:
             raise bad_request(f"'tokens' holds ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", "tokens")
     return [[int(t) for t in x] for x in lists], batch

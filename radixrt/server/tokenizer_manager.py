@@ -12,6 +12,7 @@ a request by a random internal id (``ReqState.rid``/``parent``); the client's
 rid (or a random one) is only a label, in ``meta_info.id``, mapped to the
 internal id by the router's rid table.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,9 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
-from radixrt.requests.intake import RequestSpec, RidEntry, validate_spec
+from radixrt.requests.intake import RequestSpec, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenOutput
+from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ReqState, ResultRouter
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
@@ -76,8 +78,13 @@ class _Metrics:
 
     def on_finish(self, st: ReqState, now: float, inflight: int) -> None:
         fr = st.acc.finish_reason
-        self.metrics.observe_finish(fr.type if fr else "error", st.acc.prompt_tokens, st.acc.completion_tokens,
-                                    st.acc.cached_tokens, now - st.t_start)
+        self.metrics.observe_finish(
+            fr.type if fr else "error",
+            st.acc.prompt_tokens,
+            st.acc.completion_tokens,
+            st.acc.cached_tokens,
+            now - st.t_start,
+        )
         self.metrics.set_inflight(inflight)
 
 
@@ -166,17 +173,21 @@ class TokenizerManager:
         if n > self.max_prompt_chars:
             raise bad_request(
                 f"the prompt is {n} characters long; this model's context length is {self.context_length} "
-                f"tokens, which cannot hold more than {self.max_prompt_chars} characters")
+                f"tokens, which cannot hold more than {self.max_prompt_chars} characters"
+            )
         if not text.isascii():
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise bad_request(f"the prompt holds a lone surrogate ({text[e.start:e.end]!a}), "
-                                  "which is not a Unicode character") from None
+                raise bad_request(
+                    f"the prompt holds a lone surrogate ({text[e.start : e.end]!a}), which is not a Unicode character"
+                ) from None
         ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         if len(ids) >= self.context_length:
-            raise bad_request(f"the prompt has {len(ids)} tokens; this model's context length is "
-                              f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit")
+            raise bad_request(
+                f"the prompt has {len(ids)} tokens; this model's context length is "
+                f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit"
+            )
         return ids
 
     async def run_tokenize(self, fn: Callable[..., T], *args: Any) -> T:
@@ -218,12 +229,17 @@ class TokenizerManager:
     def send_request(self, spec: RequestSpec, entry: RidEntry) -> None:
         """Send ``spec`` on under its internal ids (the detokenizer hears of it before the scheduler)."""
         sp = spec.sampling
-        self._to_detokenizer.send_pyobj(DetokRegister(
-            rids=entry.sample_iids, skip_special_tokens=sp.skip_special_tokens,
-            spaces_between_special_tokens=sp.spaces_between_special_tokens,
-            stop=list(sp.stop or []), no_stop_trim=sp.no_stop_trim, parent=entry.iid,
-            stop_regex=list(sp.stop_regex or []),
-        ))
+        self._to_detokenizer.send_pyobj(
+            DetokRegister(
+                rids=entry.sample_iids,
+                skip_special_tokens=sp.skip_special_tokens,
+                spaces_between_special_tokens=sp.spaces_between_special_tokens,
+                stop=list(sp.stop or []),
+                no_stop_trim=sp.no_stop_trim,
+                parent=entry.iid,
+                stop_regex=list(sp.stop_regex or []),
+            )
+        )
         self._to_scheduler.send_pyobj(spec.to_generate_req(entry.iid, stream=True))
 
     def send_abort(self, iid: str) -> None:

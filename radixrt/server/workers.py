@@ -1,6 +1,7 @@
 """Entry points of the server's two child processes (started with the
 multiprocessing "spawn" context, so everything here must be importable and
 picklable)."""
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,9 @@ def _setup_child(name: str, log_level: str) -> None:
     )
 
 
-def run_scheduler_process(config: EngineConfig, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int],
-                          heartbeat: Any = None) -> None:
+def run_scheduler_process(
+    config: EngineConfig, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int], heartbeat: Any = None
+) -> None:
     """Load the model, report readiness (`ChildReady` with the `RuntimeInfo`, or
     `ChildFailed`) on ``ready``, then serve
     the scheduler's event loop over ZMQ until the parent goes away. Every loop
@@ -195,8 +197,9 @@ class DetokenizerLoop:
                     del self.children[parent]
 
 
-def run_detokenizer_process(model_path: str, log_level: str, addrs: IpcAddrs, ready: Any,
-                            parent_pid: Optional[int]) -> None:
+def run_detokenizer_process(
+    model_path: str, log_level: str, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int]
+) -> None:
     _setup_child("detokenizer", log_level)
     log = logging.getLogger("radixrt.server.detokenizer")
     try:

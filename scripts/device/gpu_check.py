@@ -43,6 +43,7 @@ Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
 tests/support/fake_flashinfer.py, runs on CPU at toy sizes and checks the logic of
 every section end to end (numbers are meaningless there).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -149,8 +150,9 @@ def install_flashinfer(carry: Path, report: Optional[Report]) -> Path:
         shutil.copy2(f, STAGE / f.name)
     manifest_path = STAGE / "manifest.json"
     if not manifest_path.exists():
-        raise FileNotFoundError(f"no manifest.json in {carry} or {STAGE}: run scripts/device/pack_flashinfer.py "
-                                "and carry its output folder")
+        raise FileNotFoundError(
+            f"no manifest.json in {carry} or {STAGE}: run scripts/device/pack_flashinfer.py and carry its output folder"
+        )
     manifest = json.loads(manifest_path.read_text())
     done = SITE_DIR / f".installed-{manifest['archive_sha256'][:16]}"
     if done.exists():
@@ -178,8 +180,10 @@ def install_flashinfer(carry: Path, report: Optional[Report]) -> Path:
     archive.unlink()
     done.touch()
     if report is not None:
-        report.log(f"unpacked flashinfer {manifest['flashinfer_version']} ({len(manifest['parts'])} part(s)) "
-                   f"in {time.perf_counter() - t:.1f}s")
+        report.log(
+            f"unpacked flashinfer {manifest['flashinfer_version']} ({len(manifest['parts'])} part(s)) "
+            f"in {time.perf_counter() - t:.1f}s"
+        )
     return SITE_DIR / "site"
 
 
@@ -231,7 +235,7 @@ def setup(args: argparse.Namespace, report: Report) -> tuple[Any, str]:
 def _seq_slots(kv_lens: list[int], ps: int, rng: random.Random, shared: int, num_pages: int) -> list[list[int]]:
     free = list(range(num_pages))
     rng.shuffle(free)
-    shared_pages, free = free[: shared // ps], free[shared // ps:]
+    shared_pages, free = free[: shared // ps], free[shared // ps :]
     out = []
     for n in kv_lens:
         need = -(-n // ps) - len(shared_pages)
@@ -296,7 +300,7 @@ def check_correctness(fi: Any, device: str, dry: bool) -> dict:
                     t = meta.num_tokens
                     qkv = torch.randn(t, hq + 2 * hkv, d, device=device, dtype=dtype)
                     q, k, v = qkv.split([hq, hkv, hkv], dim=1)  # views of a fused projection, as in the model
-                    sc = d ** -0.5
+                    sc = d**-0.5
                     ref = TorchReferenceBackend()
                     ref.plan(meta)
                     kc32, vc32 = kc.float(), vc.float()
@@ -307,8 +311,15 @@ def check_correctness(fi: Any, device: str, dry: bool) -> dict:
                     finite = bool(torch.isfinite(got).all())
                     rel = float((got - want).norm() / want.norm())
                     kv_ok = bool(torch.equal(kc.float(), kc32)) and bool(torch.equal(vc.float(), vc32))
-                    entry = {"case": name, "head_dim": d, "gqa": gqa, "page_size": ps, "rel_err": rel,
-                             "finite": finite, "kv_writes_ok": kv_ok}
+                    entry = {
+                        "case": name,
+                        "head_dim": d,
+                        "gqa": gqa,
+                        "page_size": ps,
+                        "rel_err": rel,
+                        "finite": finite,
+                        "kv_writes_ok": kv_ok,
+                    }
                     if meta.is_decode:
                         # the CUDA-graph-mode wrapper, padded by one row on a spare page
                         bs = meta.batch_size + 1
@@ -329,8 +340,15 @@ def check_correctness(fi: Any, device: str, dry: bool) -> dict:
                     worst = max(worst, rel)
                     results.append(entry)
     failures = [r for r in results if not r["ok"]]
-    return {"pass": all_ok, "cases": len(results), "max_rel_err": worst, "tolerance": TOL,
-            "failures": failures[:20], "by_case": _worst_by(results, "case"), "by_gqa": _worst_by(results, "gqa")}
+    return {
+        "pass": all_ok,
+        "cases": len(results),
+        "max_rel_err": worst,
+        "tolerance": TOL,
+        "failures": failures[:20],
+        "by_case": _worst_by(results, "case"),
+        "by_gqa": _worst_by(results, "gqa"),
+    }
 
 
 def check_fp8_kv(fi: Any, device: str, dry: bool) -> dict:
@@ -365,18 +383,27 @@ def check_fp8_kv(fi: Any, device: str, dry: bool) -> dict:
                     ref_cache = LayerKVCache(kq.clone(), vq.clone(), k_scalar=0.5, v_scalar=2.0)
                     t = meta.num_tokens
                     q = torch.randn(t, hq, d, device=device, dtype=dtype)
-                    k, v = torch.randn(t, hkv, d, device=device, dtype=dtype), torch.randn(t, hkv, d, device=device,
-                                                                                             dtype=dtype)
+                    k, v = (
+                        torch.randn(t, hkv, d, device=device, dtype=dtype),
+                        torch.randn(t, hkv, d, device=device, dtype=dtype),
+                    )
                     ref = TorchReferenceBackend()
                     ref.plan(meta)
-                    want = ref.forward(q.float(), k.float(), v.float(), ref_cache, d ** -0.5)
+                    want = ref.forward(q.float(), k.float(), v.float(), ref_cache, d**-0.5)
                     backend.configure(hq, hkv, d, dtype, kv_dtype=fp8)
                     backend.plan(meta)
-                    got = backend.forward(q, k, v, cache, d ** -0.5).float()
+                    got = backend.forward(q, k, v, cache, d**-0.5).float()
                     rel = float((got - want).norm() / want.norm())
                     same_writes = bool(torch.equal(cache.k.view(torch.uint8), ref_cache.k.view(torch.uint8)))
-                    entry = {"fp8": str(fp8).replace("torch.", ""), "case": name, "gqa": gqa, "page_size": ps,
-                             "rel_err": rel, "finite": bool(torch.isfinite(got).all()), "kv_writes_ok": same_writes}
+                    entry = {
+                        "fp8": str(fp8).replace("torch.", ""),
+                        "case": name,
+                        "gqa": gqa,
+                        "page_size": ps,
+                        "rel_err": rel,
+                        "finite": bool(torch.isfinite(got).all()),
+                        "kv_writes_ok": same_writes,
+                    }
                     if meta.is_decode:
                         bs = meta.batch_size + 1
                         used = {x // ps for sl in seq for x in sl}
@@ -384,8 +411,13 @@ def check_fp8_kv(fi: Any, device: str, dry: bool) -> dict:
                         gmeta = AttentionMetadata.build(seq + [[pad_slot]], [1] * bs, ps, device)
                         backend.init_cuda_graph_state(max_bs=bs, max_num_pages=num_pages)
                         backend.plan_cuda_graph(gmeta, bs)
-                        g = backend.forward(torch.cat([q, q[:1]]).contiguous(), torch.cat([k, k[:1]]),
-                                            torch.cat([v, v[:1]]), cache, d ** -0.5)[:t].float()
+                        g = backend.forward(
+                            torch.cat([q, q[:1]]).contiguous(),
+                            torch.cat([k, k[:1]]),
+                            torch.cat([v, v[:1]]),
+                            cache,
+                            d**-0.5,
+                        )[:t].float()
                         entry["graph_rel_err"] = float((g - want).norm() / want.norm())
                         rel = max(rel, entry["graph_rel_err"])
                         backend._graph_decode.clear()
@@ -395,8 +427,15 @@ def check_fp8_kv(fi: Any, device: str, dry: bool) -> dict:
                     worst = max(worst, rel)
                     results.append(entry)
     failures = [r for r in results if not r["ok"]]
-    return {"pass": all_ok, "cases": len(results), "max_rel_err": worst, "tolerance": TOL,
-            "failures": failures[:20], "by_case": _worst_by(results, "case"), "by_fp8": _worst_by(results, "fp8")}
+    return {
+        "pass": all_ok,
+        "cases": len(results),
+        "max_rel_err": worst,
+        "tolerance": TOL,
+        "failures": failures[:20],
+        "by_case": _worst_by(results, "case"),
+        "by_fp8": _worst_by(results, "fp8"),
+    }
 
 
 def _worst_by(results: list[dict], key: str) -> dict:
@@ -417,8 +456,18 @@ def copy_bandwidth(device: str, nbytes: int) -> dict:
     return {"bytes": nbytes, "ms": ms, "GBps": 2 * nbytes / ms / 1e6}
 
 
-def decode_bandwidth(fi: Any, device: str, batch: int, ctx: int, hq: int, hkv: int, d: int, ps: int,
-                     tensor_cores: Optional[bool], iters: int) -> dict:
+def decode_bandwidth(
+    fi: Any,
+    device: str,
+    batch: int,
+    ctx: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    ps: int,
+    tensor_cores: Optional[bool],
+    iters: int,
+) -> dict:
     import torch
 
     from radixrt.kernels import AttentionMetadata
@@ -432,14 +481,15 @@ def decode_bandwidth(fi: Any, device: str, batch: int, ctx: int, hq: int, hkv: i
     rng.shuffle(perm)
     seq = []
     for i in range(batch):
-        pages = perm[i * pages_per:(i + 1) * pages_per]
+        pages = perm[i * pages_per : (i + 1) * pages_per]
         seq.append([pages[j // ps] * ps + j % ps for j in range(ctx)])
     meta = AttentionMetadata.build(seq, [1] * batch, ps, device)
     kc = torch.randn(num_pages * ps, hkv, d, device=device, dtype=dtype)
     vc = torch.randn_like(kc)
     q = torch.randn(batch, hq, d, device=device, dtype=dtype)
-    backend = FlashInferBackend(device=device, flashinfer_module=fi,
-                                workspace_bytes=(1 << 10) if device == "cpu" else (256 << 20))
+    backend = FlashInferBackend(
+        device=device, flashinfer_module=fi, workspace_bytes=(1 << 10) if device == "cpu" else (256 << 20)
+    )
     if tensor_cores is not None:
         backend.tensor_core_min_group = 1 if tensor_cores else 1 << 30
     backend.configure(hq, hkv, d, dtype)
@@ -449,9 +499,17 @@ def decode_bandwidth(fi: Any, device: str, batch: int, ctx: int, hq: int, hkv: i
     ms = time_ms(lambda: wrapper.run(q, paged), device, iters=iters)
     kv_bytes = 2 * batch * ctx * hkv * d * kc.element_size()
     io_bytes = kv_bytes + 2 * q.numel() * q.element_size() + meta.kv_slots.numel() // ps * 4
-    return {"batch": batch, "ctx": ctx, "heads": f"{hq}/{hkv}", "head_dim": d, "page_size": ps,
-            "tensor_cores": backend.use_tensor_cores(hq, hkv), "ms": ms, "kv_bytes": kv_bytes,
-            "GBps": io_bytes / ms / 1e6}
+    return {
+        "batch": batch,
+        "ctx": ctx,
+        "heads": f"{hq}/{hkv}",
+        "head_dim": d,
+        "page_size": ps,
+        "tensor_cores": backend.use_tensor_cores(hq, hkv),
+        "ms": ms,
+        "kv_bytes": kv_bytes,
+        "GBps": io_bytes / ms / 1e6,
+    }
 
 
 def check_bandwidth(fi: Any, device: str, dry: bool) -> dict:
@@ -472,8 +530,13 @@ def check_bandwidth(fi: Any, device: str, dry: bool) -> dict:
         variants.append(r)
         torch.cuda.empty_cache() if device == "cuda" else None
     headline = variants[0]  # what the runtime picks: page 16 here, tensor cores at GQA 4
-    return {"copy": copy, "decode": variants, "headline_fraction": headline["fraction_of_copy"],
-            "target_fraction": 0.8, "meets_target": headline["fraction_of_copy"] >= 0.8}
+    return {
+        "copy": copy,
+        "decode": variants,
+        "headline_fraction": headline["fraction_of_copy"],
+        "target_fraction": 0.8,
+        "meets_target": headline["fraction_of_copy"] >= 0.8,
+    }
 
 
 # ----------------------------------------------------------------------------- host KV tier reload
@@ -522,19 +585,40 @@ def check_host_kv(device: str, dry: bool) -> dict:
         load = TransferOp(False, host_slots, dev_slots)
         offload = TransferOp(True, dev_slots, host_slots)
         load_ms = time_ms(lambda op=load: host.run([op]), device, iters=iters, warmup=1)
-        same = all(torch.equal(host.read(i, host_slots[:64])[0].to(device),
-                               dev.layer_kv(i)[0][torch.tensor(dev_slots[:64], device=device)])
-                   for i in range(layers))
+        same = all(
+            torch.equal(
+                host.read(i, host_slots[:64])[0].to(device),
+                dev.layer_kv(i)[0][torch.tensor(dev_slots[:64], device=device)],
+            )
+            for i in range(layers)
+        )
         offload_ms = time_ms(lambda op=offload: host.run([op]), device, iters=iters, warmup=1)
-        variants.append({"host_pages_per_run": run, "load_ms": load_ms, "load_GBps": nbytes / load_ms / 1e6,
-                         "offload_ms": offload_ms, "offload_GBps": nbytes / offload_ms / 1e6,
-                         "fraction_of_pinned": nbytes / load_ms / 1e6 / pinned["GBps"], "round_trip_exact": same})
+        variants.append(
+            {
+                "host_pages_per_run": run,
+                "load_ms": load_ms,
+                "load_GBps": nbytes / load_ms / 1e6,
+                "offload_ms": offload_ms,
+                "offload_GBps": nbytes / offload_ms / 1e6,
+                "fraction_of_pinned": nbytes / load_ms / 1e6 / pinned["GBps"],
+                "round_trip_exact": same,
+            }
+        )
     headline = variants[1]["fraction_of_pinned"]
     exact = all(v["round_trip_exact"] for v in variants)
-    return {"shape": {"layers": layers, "kv_heads": hkv, "head_dim": d, "page_size": ps, "dtype": str(dtype)},
-            "tokens": tokens, "bytes": nbytes, "pinned_copy": pinned, "variants": variants,
-            "round_trip_exact": exact, "load_GBps": variants[1]["load_GBps"],
-            "fraction_of_pinned": headline, "target_fraction": 0.7, "meets_target": headline >= 0.7, "pass": exact}
+    return {
+        "shape": {"layers": layers, "kv_heads": hkv, "head_dim": d, "page_size": ps, "dtype": str(dtype)},
+        "tokens": tokens,
+        "bytes": nbytes,
+        "pinned_copy": pinned,
+        "variants": variants,
+        "round_trip_exact": exact,
+        "load_GBps": variants[1]["load_GBps"],
+        "fraction_of_pinned": headline,
+        "target_fraction": 0.7,
+        "meets_target": headline >= 0.7,
+        "pass": exact,
+    }
 
 
 # ----------------------------------------------------------------------------- sampling (optional backend)
@@ -565,21 +649,52 @@ def check_sampling(fi: Any, device: str, dry: bool) -> dict:
     fast = FlashInferSampler(vocab, [2], flashinfer_module=fi, require_cuda=not dry)
     t_default = time_ms(lambda: default.sample(big, brows), device, iters=3 if dry else 20)
     t_fast = time_ms(lambda: fast.sample(big, brows), device, iters=3 if dry else 20)
-    return {"total_variation": tv, "samples": n, "outside_support": outside, "pass": tv < 0.03 + (0.05 if dry else 0)
-            and outside == 0, "batch": b, "vocab": vocab, "default_ms": t_default, "flashinfer_ms": t_fast}
+    return {
+        "total_variation": tv,
+        "samples": n,
+        "outside_support": outside,
+        "pass": tv < 0.03 + (0.05 if dry else 0) and outside == 0,
+        "batch": b,
+        "vocab": vocab,
+        "default_ms": t_default,
+        "flashinfer_ms": t_fast,
+    }
 
 
 # ----------------------------------------------------------------------------- 3. end to end
 LLAMA_1B = dict(  # Llama-3.2-1B shapes (~1.1B parameters with this vocabulary), random weights
-    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192,
-    num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
-    hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
 )
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64)  # a head dim FlashInfer has kernels for
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+)  # a head dim FlashInfer has kernels for
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def _default_model_source(carry: Path) -> tuple[Optional[Path], Optional[Path]]:
@@ -623,14 +738,20 @@ def hf_generate(
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     sync(device)
     t = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
     sync(device)
     wall = time.perf_counter() - t
     return wall, [row[width:].tolist() for row in out]
@@ -665,8 +786,9 @@ def workloads(vocab: int, dry: bool) -> dict[str, tuple[list[list[int]], int]]:
     return {"batch-decode": (batch, new), "shared-prefix": (fan, snew)}
 
 
-def run_model(name: str, folder: Path, hf_model: Any, device: str, dry: bool, graphs_off_too: bool,
-              report: Report) -> dict:
+def run_model(
+    name: str, folder: Path, hf_model: Any, device: str, dry: bool, graphs_off_too: bool, report: Report
+) -> dict:
     import torch
 
     import radixrt
@@ -685,8 +807,9 @@ def run_model(name: str, folder: Path, hf_model: Any, device: str, dry: bool, gr
     configs = [("radixrt", {})]
     if graphs_off_too:
         configs.append(("radixrt, cuda graphs off", {"disable_cuda_graph": True}))
-    kwargs = dict(device=device, max_total_tokens=4096 if dry else 200_000, max_running_requests=128,
-                  log_level="warning")
+    kwargs = dict(
+        device=device, max_total_tokens=4096 if dry else 200_000, max_running_requests=128, log_level="warning"
+    )
     if dry:
         kwargs["attention_backend"] = "flashinfer"  # the CPU emulation stands in
     for label, extra in configs:
@@ -694,20 +817,30 @@ def run_model(name: str, folder: Path, hf_model: Any, device: str, dry: bool, gr
         engine = radixrt.Engine(str(folder), **kwargs, **extra)
         load_s = time.perf_counter() - t
         runner = engine.scheduler.runner
-        info = {"load_s": load_s, "backend": type(runner.backend).__name__, "dtype": str(runner.dtype),
-                "cuda_graph_sizes": runner.cuda_graph.sizes if runner.cuda_graph is not None else None}
+        info = {
+            "load_s": load_s,
+            "backend": type(runner.backend).__name__,
+            "dtype": str(runner.dtype),
+            "cuda_graph_sizes": runner.cuda_graph.sizes if runner.cuda_graph is not None else None,
+        }
         try:
             radixrt_generate(engine, [loads["batch-decode"][0][0][:8]], 2)  # warm-up
             for wl, (prompts, new) in loads.items():
                 wall, toks, cached = radixrt_generate(engine, prompts, new)
                 n_tok = sum(len(x) for x in toks)
-                row = {"wall_s": wall, "tok_s": n_tok / wall, "cached_tokens": cached,
-                       "speedup_vs_transformers": (n_tok / wall) / hf[wl]["tok_s"]}
+                row = {
+                    "wall_s": wall,
+                    "tok_s": n_tok / wall,
+                    "cached_tokens": cached,
+                    "speedup_vs_transformers": (n_tok / wall) / hf[wl]["tok_s"],
+                }
                 agree = [a[:8] == b[:8] for a, b in zip(toks, hf[wl]["outputs"])]
                 row["first8_agree_with_transformers"] = sum(agree) / len(agree)
                 info[wl] = row
-                report.log(f"{name} {wl}: {label} {row['tok_s']:.0f} tok/s "
-                           f"({row['speedup_vs_transformers']:.2f}x transformers, cached {cached})")
+                report.log(
+                    f"{name} {wl}: {label} {row['tok_s']:.0f} tok/s "
+                    f"({row['speedup_vs_transformers']:.2f}x transformers, cached {cached})"
+                )
             if runner.cuda_graph is not None:
                 info["graph_replays"] = runner.cuda_graph.replays
         finally:
@@ -724,9 +857,21 @@ def run_model(name: str, folder: Path, hf_model: Any, device: str, dry: bool, gr
 
 def _default_random_config(cfg: dict, dry: bool) -> dict:
     """The default model's config, for random weights of its shape (tiny when dry)."""
-    keep = ("vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "max_position_embeddings",
-            "bos_token_id", "eos_token_id", "hidden_act", "hidden_size", "intermediate_size",
-            "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    keep = (
+        "vocab_size",
+        "rms_norm_eps",
+        "rope_theta",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "hidden_act",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+    )
     c = {k: cfg[k] for k in keep if k in cfg}
     if "rope_theta" not in c and isinstance(cfg.get("rope_parameters"), dict):
         c["rope_theta"] = cfg["rope_parameters"].get("rope_theta", 10000.0)
@@ -776,14 +921,17 @@ def _cpu_step_time(work: Path, batches: list[int], steps: int, repeats: int, rep
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rows = step_time.measure(step_time.tiny_cpu_model(str(work / "steptime-cpu-tiny")), batches, steps,
-                                 repeats, "cpu")
+        rows = step_time.measure(
+            step_time.tiny_cpu_model(str(work / "steptime-cpu-tiny")), batches, steps, repeats, "cpu"
+        )
         overhead = step_time.op_overhead_us()
     finally:
         torch.set_num_threads(threads)
     kernel = step_time.cpu_decode_kernel()
-    report.log(f"steptime cpu tiny (1 thread, small op {overhead:.1f} us, decode attention "
-               f"{'C kernel' if kernel else 'torch path'}):\n{step_time.format_table(rows)}")
+    report.log(
+        f"steptime cpu tiny (1 thread, small op {overhead:.1f} us, decode attention "
+        f"{'C kernel' if kernel else 'torch path'}):\n{step_time.format_table(rows)}"
+    )
     return {"op_overhead_us": overhead, "cpu_decode_kernel": kernel, "rows": [dataclasses.asdict(r) for r in rows]}
 
 
@@ -840,10 +988,16 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
     ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e")
     for key, value in E2E_SIZES.items():
-        ap.add_argument("--e2e-" + key.replace("_", "-"), type=int, default=value, dest="e2e_" + key,
-                        help=f"e2e workload size (default {value})")
-    ap.add_argument("--install-only", action="store_true",
-                    help="only unpack the carried FlashInfer; print the PYTHONPATH to use")
+        ap.add_argument(
+            "--e2e-" + key.replace("_", "-"),
+            type=int,
+            default=value,
+            dest="e2e_" + key,
+            help=f"e2e workload size (default {value})",
+        )
+    ap.add_argument(
+        "--install-only", action="store_true", help="only unpack the carried FlashInfer; print the PYTHONPATH to use"
+    )
     args = ap.parse_args()
 
     E2E_SIZES.update({k: getattr(args, "e2e_" + k) for k in E2E_SIZES})
@@ -858,8 +1012,11 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     report.data["env"] = {
-        "dry_run": args.dry_run, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__, "flashinfer": getattr(fi, "__version__", "?"), "python": sys.version.split()[0],
+        "dry_run": args.dry_run,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "flashinfer": getattr(fi, "__version__", "?"),
+        "python": sys.version.split()[0],
     }
     report.log(f"env: {report.data['env']}")
     wanted = set(args.sections.split(","))
@@ -874,8 +1031,9 @@ def main() -> None:
     if "sampling" in wanted:
         report.section("sampling", lambda: check_sampling(fi, device, args.dry_run), min_left_s=20)
     if "steptime" in wanted:
-        report.section("steptime", lambda: check_steptime(device, args.dry_run, Path(args.carry), work, report),
-                       min_left_s=60)
+        report.section(
+            "steptime", lambda: check_steptime(device, args.dry_run, Path(args.carry), work, report), min_left_s=60
+        )
     if "e2e" in wanted:
         report.section("e2e", lambda: check_e2e(device, args.dry_run, Path(args.carry), work, report), min_left_s=90)
     if device == "cuda":
@@ -892,8 +1050,10 @@ def main() -> None:
         "host_kv_reload_fraction_of_pinned": s.get("hostkv", {}).get("fraction_of_pinned"),
         "host_kv_round_trip_exact": s.get("hostkv", {}).get("round_trip_exact"),
         "sampling_pass": s.get("sampling", {}).get("pass"),
-        "decode_ms_per_step": {k: [(r["batch"], round(r["ms_per_step"], 2), r["gpu_busy"]) for r in v]
-                               for k, v in s.get("steptime", {}).get("rows", {}).items()},
+        "decode_ms_per_step": {
+            k: [(r["batch"], round(r["ms_per_step"], 2), r["gpu_busy"]) for r in v]
+            for k, v in s.get("steptime", {}).get("rows", {}).items()
+        },
         "shared_prefix_speedup_1b": s.get("e2e", {}).get("shared_prefix_speedup_1b"),
         "shared_prefix_speedup_default": s.get("e2e", {}).get("shared_prefix_speedup_default"),
         "errors": report.data["errors"],

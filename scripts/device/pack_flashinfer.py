@@ -33,6 +33,7 @@ scripts/device/run_on_gpu.md.
     python scripts/device/pack_flashinfer.py               # full build (~15 min on 1 core)
     python scripts/device/pack_flashinfer.py --no-aot      # package only (device JIT-compiles)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,17 +53,27 @@ ROOT = Path(__file__).resolve().parents[2]
 FLASHINFER_VERSION = "0.7.4"
 DEVICE_PYTHON = "3.12"
 DEVICE_PLATFORMS = [
-    "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
 ]
 # pure-Python helpers flashinfer imports that the host venv may lack (only used here, to run the AOT build)
 HOST_HELPERS = ["nvidia-ml-py", "einops", "tabulate", "ninja"]
 SMALL_FILE = 256 * 1024  # non-Python files kept outside data/ when smaller than this
 CSRC_SMALL = 200 * 1024  # top-level csrc templates/sources kept when smaller than this
-DEFAULT_MODEL_META = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                      "chat_template.jinja", "special_tokens_map.json")
+DEFAULT_MODEL_META = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 
-AOT_BUILDER = r'''
+AOT_BUILDER = r"""
 import json, sys, time, torch
 from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
 from flashinfer.jit.sampling import gen_sampling_module
@@ -80,9 +91,9 @@ for spec in specs:
     spec.build()
     print(json.dumps({"name": spec.name, "so": str(spec.jit_library_path), "build_dir": str(spec.build_dir),
                       "seconds": round(time.time() - t, 1)}), flush=True)
-'''
+"""
 
-VERIFY = r'''
+VERIFY = r"""
 import sys, torch, flashinfer
 from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
 from flashinfer.jit.sampling import gen_sampling_module
@@ -98,7 +109,7 @@ missing = [n for n in names if not found.get(n)]
 assert not missing, f"AOT modules not found by flashinfer: {missing}"
 assert flashinfer.BatchDecodeWithPagedKVCacheWrapper and flashinfer.BatchPrefillWithPagedKVCacheWrapper
 print("flashinfer", flashinfer.__version__, "imports; AOT modules found:", sum(found.values()))
-'''
+"""
 
 
 def log(msg: str) -> None:
@@ -204,13 +215,16 @@ def cuda_home_with_curand(work: Path, cuda_home: str) -> str:
     return str(overlay)
 
 
-def aot_build(work: Path, site: Path, host_site: Path, head_dims: list[int], sampling: bool, jobs: int,
-              arch: str) -> list[dict]:
+def aot_build(
+    work: Path, site: Path, host_site: Path, head_dims: list[int], sampling: bool, jobs: int, arch: str
+) -> list[dict]:
     cuda_home = find_cuda_home()
     builder = work / "aot_build.py"
     builder.write_text(AOT_BUILDER)
-    log(f"AOT-compiling for sm_{arch} (head dims {head_dims}, sampling={sampling}, {jobs} job(s)); "
-        "decode ~1 min, prefill ~4-8 min, sampling a few min per core")
+    log(
+        f"AOT-compiling for sm_{arch} (head dims {head_dims}, sampling={sampling}, {jobs} job(s)); "
+        "decode ~1 min, prefill ~4-8 min, sampling a few min per core"
+    )
     built = []
     # the attention modules with the plain CUDA_HOME; sampling possibly with the curand overlay
     # (a changed CUDA_HOME changes the build commands, and ninja would rebuild everything)
@@ -228,8 +242,9 @@ def aot_build(work: Path, site: Path, host_site: Path, head_dims: list[int], sam
             LIBRARY_PATH=f"{libcuda_stub(work)}{os.pathsep}{env.get('LIBRARY_PATH', '')}",
             PATH=f"{host_site / 'bin'}{os.pathsep}{env['PATH']}",
         )
-        proc = subprocess.run([sys.executable, str(builder), dims, with_sampling],
-                              env=env, check=True, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.run(
+            [sys.executable, str(builder), dims, with_sampling], env=env, check=True, stdout=subprocess.PIPE, text=True
+        )
         for line in proc.stdout.splitlines():
             if line.startswith("{"):
                 b = json.loads(line)
@@ -240,8 +255,9 @@ def aot_build(work: Path, site: Path, host_site: Path, head_dims: list[int], sam
 
 
 def ninja_deps(build_dir: Path, env: dict) -> list[str]:
-    out = subprocess.run(["ninja", "-C", str(build_dir), "-t", "deps"], env=env, check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(
+        ["ninja", "-C", str(build_dir), "-t", "deps"], env=env, check=True, stdout=subprocess.PIPE, text=True
+    ).stdout
     return sorted({tok for line in out.splitlines() for tok in line.split() if tok.startswith("/")})
 
 
@@ -310,8 +326,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", default=FLASHINFER_VERSION, help="flashinfer-python version")
     ap.add_argument("--out", default=str(ROOT / ".device_carry"), help="folder the device call carries")
-    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "radixrt-flashinfer-pack"),
-                    help="downloads and build trees (reused between runs)")
+    ap.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "radixrt-flashinfer-pack"),
+        help="downloads and build trees (reused between runs)",
+    )
     ap.add_argument("--no-aot", action="store_true", help="skip the ahead-of-time kernel build")
     ap.add_argument("--no-sampling", action="store_true", help="do not AOT-compile the sampling kernels")
     ap.add_argument("--head-dims", default="64,128")
@@ -348,8 +367,20 @@ def main() -> None:
         unpack(fi_wheel, full)
     if not (host_site / "tvm_ffi").exists():
         shutil.rmtree(host_site, ignore_errors=True)
-        run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", host_site,
-             *sorted(glob.glob(str(host_wheels / "*.whl")))])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                host_site,
+                *sorted(glob.glob(str(host_wheels / "*.whl"))),
+            ]
+        )
 
     built: list[dict] = []
     aot_dir = full / "flashinfer" / "data" / "aot"
@@ -373,13 +404,19 @@ def main() -> None:
     site.mkdir(parents=True)
     trim(full, site, keep_data)
     unpack(dev_tvm, site)
-    log(f"trimmed site: {tree_bytes(site) / 2**20:.1f} MiB unpacked "
-        f"(full wheel unpacked: {tree_bytes(full) / 2**20:.1f} MiB)")
+    log(
+        f"trimmed site: {tree_bytes(site) / 2**20:.1f} MiB unpacked "
+        f"(full wheel unpacked: {tree_bytes(full) / 2**20:.1f} MiB)"
+    )
 
     # verify on this machine: the trimmed package imports and finds its AOT modules
     # (host tvm_ffi first on the path: the carried one is built for the device's Python)
-    env = dict(os.environ, PYTHONPATH=f"{host_site}{os.pathsep}{site}", FLASHINFER_CUDA_ARCH_LIST=args.arch,
-               FLASHINFER_WORKSPACE_BASE=str(work / "verify-ws"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{host_site}{os.pathsep}{site}",
+        FLASHINFER_CUDA_ARCH_LIST=args.arch,
+        FLASHINFER_WORKSPACE_BASE=str(work / "verify-ws"),
+    )
     run([sys.executable, "-c", VERIFY, ",".join(b["name"] for b in built)], env=env, cwd=tempfile.gettempdir())
 
     # 4. archive, split, manifest
@@ -418,12 +455,16 @@ def main() -> None:
         "seconds": round(time.time() - t0, 1),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    log(f"flashinfer-python wheel {fi_wheel.stat().st_size / 2**20:.1f} MiB -> archive "
+    log(
+        f"flashinfer-python wheel {fi_wheel.stat().st_size / 2**20:.1f} MiB -> archive "
         f"{archive_bytes / 2**20:.1f} MiB in {len(parts)} part(s); carry folder {out} holds "
-        f"{manifest['carry_bytes'] / 2**20:.1f} MiB")
+        f"{manifest['carry_bytes'] / 2**20:.1f} MiB"
+    )
     if manifest["carry_bytes"] > 60 * 2**20:
-        log("WARNING: more than 60 MiB to carry: the parts must travel over consecutive calls "
-            "(see run_on_gpu.md, 'staging')")
+        log(
+            "WARNING: more than 60 MiB to carry: the parts must travel over consecutive calls "
+            "(see run_on_gpu.md, 'staging')"
+        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 Session-scoped, so pytest-xdist (``--dist loadfile``) starts one per worker
 that runs a module using it, and a single process starts one in all."""
+
 from __future__ import annotations
 
 import pytest

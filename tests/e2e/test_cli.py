@@ -1,4 +1,5 @@
 """The `radixrt` command line, run as a user would."""
+
 import json
 import subprocess
 import sys
@@ -23,8 +24,21 @@ def test_generate_json_and_logs(request, model):
     if model == "tiny":
         model = request.getfixturevalue("tiny_llama")
     proc = _radixrt(
-        "generate", "--model", model, "--json", "--max-new-tokens", "5", "--max-total-tokens", "2048",
-        "--log-level", "info", "--log-interval", "1", "--chat", "What is 2+2?", "Name a color.",
+        "generate",
+        "--model",
+        model,
+        "--json",
+        "--max-new-tokens",
+        "5",
+        "--max-total-tokens",
+        "2048",
+        "--log-level",
+        "info",
+        "--log-interval",
+        "1",
+        "--chat",
+        "What is 2+2?",
+        "Name a color.",
     )
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -41,11 +55,14 @@ def test_generate_rejects_unknown_model_folder(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("flags,missing", [
-    (["--schedule-low-priority-values-first"], "--enable-priority-scheduling"),
-    (["--router-policy", "round_robin"], "--dp 2 or more"),
-    (["--host-kv-size", "4096", "--disable-radix-cache"], "no --disable-radix-cache"),
-])
+@pytest.mark.parametrize(
+    "flags,missing",
+    [
+        (["--schedule-low-priority-values-first"], "--enable-priority-scheduling"),
+        (["--router-policy", "round_robin"], "--dp 2 or more"),
+        (["--host-kv-size", "4096", "--disable-radix-cache"], "no --disable-radix-cache"),
+    ],
+)
 def test_serve_refuses_a_flag_without_what_it_needs(flags, missing):
     """Refused before any model loads: exit 2, a message naming the missing flag."""
     proc = _radixrt("serve", "--model", "/nonexistent", *flags)

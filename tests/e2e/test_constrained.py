@@ -8,6 +8,7 @@ Kept short: every batch of requests is submitted at once, generations are at
 most 64 tokens, and the engines (the tiny one, the embedded model's with
 jump-forward on and off) are shared by the module.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,15 @@ from radixrt.sampling.grammar import GrammarBackend, apply_token_bitmask, check_
 
 IP = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
 SHORT = {"type": "string", "maxLength": 24}
-PERSON = {"type": "object", "properties": {"name": SHORT, "age": {"type": "integer"},
-                                           "city": {"type": "string", "enum": ["Paris", "London", "New York"]}},
-          "required": ["name", "age", "city"]}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": SHORT,
+        "age": {"type": "integer"},
+        "city": {"type": "string", "enum": ["Paris", "London", "New York"]},
+    },
+    "required": ["name", "age", "city"],
+}
 
 # (kind, grammar, question, Python regex the output must fullmatch for ebnf)
 CASES = [
@@ -44,35 +51,126 @@ CASES = [
     ("regex", r"([01]\d|2[0-3]):[0-5]\d", "What time is noon in 24-hour format?", None),
     ("regex", r"[a-z]{2,10}(, [a-z]{2,10}){2}", "List three fruits, lowercase, comma separated.", None),
     ("json_schema", PERSON, "Describe a person as JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"user": {"type": "object", "properties": {
-        "name": SHORT, "address": {"type": "object", "properties": {
-            "street": SHORT, "zip": {"type": "string", "pattern": "[0-9]{5}"}}, "required": ["street", "zip"]}},
-        "required": ["name", "address"]}}, "required": ["user"]},
-     "Give a user with a postal address as JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"fruits": {
-        "type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 2, "maxItems": 3}},
-        "required": ["fruits"]}, "List some fruits as JSON.", None),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {
+                "user": {
+                    "type": "object",
+                    "properties": {
+                        "name": SHORT,
+                        "address": {
+                            "type": "object",
+                            "properties": {"street": SHORT, "zip": {"type": "string", "pattern": "[0-9]{5}"}},
+                            "required": ["street", "zip"],
+                        },
+                    },
+                    "required": ["name", "address"],
+                }
+            },
+            "required": ["user"],
+        },
+        "Give a user with a postal address as JSON.",
+        None,
+    ),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {
+                "fruits": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 2, "maxItems": 3}
+            },
+            "required": ["fruits"],
+        },
+        "List some fruits as JSON.",
+        None,
+    ),
     ("json_schema", {"type": "string", "enum": ["red", "green", "blue"]}, "What color is grass? Answer in JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"valid": {"type": "boolean"}, "score": {"type": "number"}},
-                     "required": ["valid", "score"]}, "Rate the sentence 'I like cats.' as JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"items": {"type": "array", "maxItems": 3, "items": {
-        "type": "object", "properties": {"id": {"type": "integer"}, "tag": {"type": "string", "enum": ["new", "used"]}},
-        "required": ["id", "tag"]}}}, "required": ["items"]}, "List inventory items as JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"year": {"type": "integer", "minimum": 1900, "maximum": 2100}},
-                     "required": ["year"]}, "In what year did World War II end? Answer in JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"title": SHORT, "pages": {"type": "integer"},
-                     "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2}},
-                     "required": ["title"]}, "Describe a book as JSON.", None),
-    ("json_schema", {"type": "object", "properties": {"kind": {"const": "point"}, "x": {"type": "integer"},
-                     "y": {"type": "integer"}}, "required": ["kind", "x", "y"]}, "Give a 2D point as JSON.", None),
-    ("json_schema", {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 3},
-     "Give the first three prime numbers as a JSON array.", None),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {"valid": {"type": "boolean"}, "score": {"type": "number"}},
+            "required": ["valid", "score"],
+        },
+        "Rate the sentence 'I like cats.' as JSON.",
+        None,
+    ),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "maxItems": 3,
+                    "items": {
+                        "type": "object",
+                        "properties": {"id": {"type": "integer"}, "tag": {"type": "string", "enum": ["new", "used"]}},
+                        "required": ["id", "tag"],
+                    },
+                }
+            },
+            "required": ["items"],
+        },
+        "List inventory items as JSON.",
+        None,
+    ),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {"year": {"type": "integer", "minimum": 1900, "maximum": 2100}},
+            "required": ["year"],
+        },
+        "In what year did World War II end? Answer in JSON.",
+        None,
+    ),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {
+                "title": SHORT,
+                "pages": {"type": "integer"},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2},
+            },
+            "required": ["title"],
+        },
+        "Describe a book as JSON.",
+        None,
+    ),
+    (
+        "json_schema",
+        {
+            "type": "object",
+            "properties": {"kind": {"const": "point"}, "x": {"type": "integer"}, "y": {"type": "integer"}},
+            "required": ["kind", "x", "y"],
+        },
+        "Give a 2D point as JSON.",
+        None,
+    ),
+    (
+        "json_schema",
+        {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 3},
+        "Give the first three prime numbers as a JSON array.",
+        None,
+    ),
     ("json_schema", {"type": "object"}, "Return a JSON object describing a cat with its name and age.", None),
     ("ebnf", 'root ::= "The answer is " ("yes" | "no") "."', "Is water wet?", r"The answer is (yes|no)\."),
-    ("ebnf", 'root ::= num " " op " " num\nnum ::= [1-9] [0-9]?\nop ::= "+" | "-" | "*"',
-     "Write a short arithmetic expression.", r"[1-9][0-9]? [+\-*] [1-9][0-9]?"),
-    ("ebnf", 'root ::= "(" num (", " num)* ")"\nnum ::= [0-9]+', "Give the coordinates of a point as a tuple.",
-     r"\(\d+(, \d+)*\)"),
+    (
+        "ebnf",
+        'root ::= num " " op " " num\nnum ::= [1-9] [0-9]?\nop ::= "+" | "-" | "*"',
+        "Write a short arithmetic expression.",
+        r"[1-9][0-9]? [+\-*] [1-9][0-9]?",
+    ),
+    (
+        "ebnf",
+        'root ::= "(" num (", " num)* ")"\nnum ::= [0-9]+',
+        "Give the coordinates of a point as a tuple.",
+        r"\(\d+(, \d+)*\)",
+    ),
 ]
 FREE_PROMPTS = ["The capital of France is", "Once upon a time"]
 MAX_NEW = 64
@@ -93,8 +191,7 @@ def _check_output(case, text: str) -> None:
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_llama):
     # overlap on (a CUDA default, off on the CPU otherwise): constrained rows next to plain ones with a step in flight
-    eng = radixrt.Engine(tiny_llama, max_total_tokens=8192, debug_check_invariants=True,
-                         disable_overlap_schedule=False)
+    eng = radixrt.Engine(tiny_llama, max_total_tokens=8192, debug_check_invariants=True, disable_overlap_schedule=False)
     yield eng
     eng.shutdown()
 
@@ -135,8 +232,13 @@ def greedy_runs(embedded_engine, engine_no_jf):
         prompts, params = _batch(eng, temperature=0)
         results = eng.generate(prompts, params)
         after = eng.get_stats()
-        out[name] = (results, {k: after[k] - before[k] for k in ("steps", "generated_tokens",
-                                                                 "jump_forward_tokens", "jump_forward_proposed")})
+        out[name] = (
+            results,
+            {
+                k: after[k] - before[k]
+                for k in ("steps", "generated_tokens", "jump_forward_tokens", "jump_forward_proposed")
+            },
+        )
     return out
 
 
@@ -164,7 +266,7 @@ def test_jump_forward_gives_token_by_token_output(greedy_runs):
 def test_mixed_batch_leaves_unconstrained_requests_alone(embedded_engine, greedy_runs):
     results, _ = greedy_runs["jf"]
     alone = embedded_engine.generate(FREE_PROMPTS, {"max_new_tokens": 16, "temperature": 0})
-    assert [r["output_ids"] for r in results[len(CASES):]] == [r["output_ids"] for r in alone]
+    assert [r["output_ids"] for r in results[len(CASES) :]] == [r["output_ids"] for r in alone]
 
 
 @pytest.mark.slow
@@ -174,8 +276,9 @@ def test_sampled_jump_forward_matches_with_logprobs(embedded_engine, engine_no_j
     engine = embedded_engine
     picks = [CASES[i] for i in (0, 11, 12, 16, 19, 22)]
     prompts = [engine.apply_chat_template([{"role": "user", "content": q}]) for _, _, q, _ in picks]
-    params = [_param(k, g, max_new_tokens=MAX_NEW, temperature=0.8, seed=11 + i, n=2)
-              for i, (k, g, _, _) in enumerate(picks)]
+    params = [
+        _param(k, g, max_new_tokens=MAX_NEW, temperature=0.8, seed=11 + i, n=2) for i, (k, g, _, _) in enumerate(picks)
+    ]
     a = engine.generate(prompts, params, return_logprob=True)
     b = engine_no_jf.generate(prompts, params, return_logprob=True)
     assert [r["output_ids"] for r in a] == [r["output_ids"] for r in b]
@@ -243,8 +346,7 @@ def test_compiling_grammar_waits_without_blocking_others(engine, monkeypatch):
     monkeypatch.setattr(backend, "_compile", slow)
     before = backend.compilations
     with ThreadPoolExecutor(3) as pool:
-        waiting = [pool.submit(engine.generate, "Say", {"regex": slow_key[1], "max_new_tokens": 8})
-                   for _ in range(2)]
+        waiting = [pool.submit(engine.generate, "Say", {"regex": slow_key[1], "max_new_tokens": 8}) for _ in range(2)]
         free = engine.generate("Count: 1, 2,", {"max_new_tokens": 12, "temperature": 0})
         assert len(free["output_ids"]) > 0 and not any(f.done() for f in waiting)
         release.set()
@@ -255,8 +357,11 @@ def test_compiling_grammar_waits_without_blocking_others(engine, monkeypatch):
 
 def test_abort_constrained_requests(engine):
     schema = json.dumps(PERSON)
-    stream = engine.generate(engine.apply_chat_template([{"role": "user", "content": "A person as JSON."}]),
-                             {"json_schema": schema, "max_new_tokens": 64, "temperature": 0}, stream=True)
+    stream = engine.generate(
+        engine.apply_chat_template([{"role": "user", "content": "A person as JSON."}]),
+        {"json_schema": schema, "max_new_tokens": 64, "temperature": 0},
+        stream=True,
+    )
     next(stream)
     stream.close()  # aborts it, possibly with a draft pending
     engine.wait_idle()
@@ -265,8 +370,7 @@ def test_abort_constrained_requests(engine):
 
 
 def test_min_new_tokens_yields_to_the_grammar(engine):
-    r = engine.generate("Answer:", {"regex": "(yes|no)", "min_new_tokens": 5, "max_new_tokens": 8,
-                                    "temperature": 0})
+    r = engine.generate("Answer:", {"regex": "(yes|no)", "min_new_tokens": 5, "max_new_tokens": 8, "temperature": 0})
     assert r["text"] in ("yes", "no") and r["meta_info"]["finish_reason"]["type"] == "stop"
 
 
@@ -303,10 +407,26 @@ def test_retraction_and_pages_keep_constrained_outputs(tiny_llama):
     """A random model under grammars, in a pool small enough to retract, with
     pages of 4 and short prefill chunks: the same outputs as a roomy engine
     decoding token by token, and no KV leaked."""
-    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {
-        "id": {"type": "integer", "minimum": 0, "maximum": 99},
-        "tag": {"type": "string", "enum": ["alpha", "beta", "gamma"]}, "ok": {"type": "boolean"}},
-        "required": ["id", "tag", "ok"]}, "minItems": 2, "maxItems": 4}}, "required": ["items"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer", "minimum": 0, "maximum": 99},
+                        "tag": {"type": "string", "enum": ["alpha", "beta", "gamma"]},
+                        "ok": {"type": "boolean"},
+                    },
+                    "required": ["id", "tag", "ok"],
+                },
+                "minItems": 2,
+                "maxItems": 4,
+            }
+        },
+        "required": ["items"],
+    }
     regex = r"(abc|abd|xyz)-[0-9]{2}-(left|right)(, (abc|abd)-[0-9]{2}-(left|right)){0,5}"
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 30000) for _ in range(rng.randrange(20, 60))] for _ in range(40)]
@@ -326,8 +446,14 @@ def test_retraction_and_pages_keep_constrained_outputs(tiny_llama):
     finally:
         ref_engine.shutdown()
     # with overlap, against a reference without it
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=340, page_size=4, chunked_prefill_size=64,
-                            debug_check_invariants=True, disable_overlap_schedule=False)
+    engine = radixrt.Engine(
+        tiny_llama,
+        max_total_tokens=340,
+        page_size=4,
+        chunked_prefill_size=64,
+        debug_check_invariants=True,
+        disable_overlap_schedule=False,
+    )
     try:
         results = run(engine)
         engine.wait_idle()

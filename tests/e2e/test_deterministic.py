@@ -4,6 +4,7 @@ requests (a batch of 32, with prefix-cache hits), and under memory pressure with
 prefill and retractions (re-prefill after preemption). On a tiny random Llama
 (fast: its near-flat distributions move with any change of bits) and on the
 embedded model (slow)."""
+
 from __future__ import annotations
 
 import random
@@ -50,8 +51,9 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
     model = request.getfixturevalue(fixture)
     prompts, params = _workload(targets, fillers, new_tokens)
 
-    engine = radixrt.Engine(model, max_total_tokens=8192, enable_deterministic_inference=True,
-                            debug_check_invariants=True)
+    engine = radixrt.Engine(
+        model, max_total_tokens=8192, enable_deterministic_inference=True, debug_check_invariants=True
+    )
     try:
         alone = []
         for p, sp in zip(prompts[:targets], params[:targets]):
@@ -68,8 +70,13 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
     finally:
         engine.shutdown()
 
-    engine = radixrt.Engine(model, max_total_tokens=small_pool, chunked_prefill_size=chunk,
-                            enable_deterministic_inference=True, debug_check_invariants=True)
+    engine = radixrt.Engine(
+        model,
+        max_total_tokens=small_pool,
+        chunked_prefill_size=chunk,
+        enable_deterministic_inference=True,
+        debug_check_invariants=True,
+    )
     try:
         pressed = [r["output_ids"] for r in _run(engine, prompts[:pressed_count], params[:pressed_count])]
         engine.wait_idle()
@@ -96,8 +103,9 @@ def test_deterministic_flag_and_refused_backends():
 
     parser = argparse.ArgumentParser()
     EngineConfig.add_cli_args(parser)
-    assert EngineConfig.from_cli_args(parser.parse_args(["--enable-deterministic-inference"])) \
-        .execution.enable_deterministic_inference
+    assert EngineConfig.from_cli_args(
+        parser.parse_args(["--enable-deterministic-inference"])
+    ).execution.enable_deterministic_inference
     assert not EngineConfig.from_cli_args(parser.parse_args([])).execution.enable_deterministic_inference
 
     choice = _resolve(enable_deterministic_inference=True, device="cuda")

@@ -4,6 +4,7 @@ logprobs, chat templating, stats.
 Each test runs on a tiny random Llama (fast) and on the embedded model
 (slow); what only a real model can show (it knows the capital of France)
 runs on the embedded model alone."""
+
 import asyncio
 import math
 
@@ -70,8 +71,12 @@ def test_stream_logprobs_are_cumulative_with_their_count(engine, prompt):
     chunks = list(engine.generate(prompt, GREEDY, return_logprob=True, stream=True))
     for c in chunks:
         m = c["meta_info"]
-        assert len(m["output_token_logprobs"]) == m["output_token_logprobs_length"] == m["completion_tokens"] \
+        assert (
+            len(m["output_token_logprobs"])
+            == m["output_token_logprobs_length"]
+            == m["completion_tokens"]
             == len(c["output_ids"])
+        )
     assert [t[1] for t in chunks[-1]["meta_info"]["output_token_logprobs"]] == full["output_ids"]
     assert full["meta_info"]["output_token_logprobs_length"] == len(full["output_ids"])
 
@@ -124,11 +129,11 @@ def test_stop_string_taken_from_the_free_output(engine, prompt):
     free = engine.generate(prompt, GREEDY)
     text = free["text"]
     head = engine.tokenizer.decode(free["output_ids"][:3], skip_special_tokens=True)
-    stop = text[len(head):].lstrip()[:4]
+    stop = text[len(head) :].lstrip()[:4]
     assert len(head) > 0 and len(stop) == 4 and text.find(stop) >= len(head), (head, text)
     stopped = engine.generate(prompt, {**GREEDY, "stop": [stop]})
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    assert stopped["text"] == text[:text.find(stop)]
+    assert stopped["text"] == text[: text.find(stop)]
 
 
 def test_stop_token_ids_and_min_new_tokens(engine, prompt):

@@ -1,5 +1,6 @@
 """Bad input raises a clear error and leaves the engine serving (a tiny
 random Llama on the fast path, the embedded model in the slow set)."""
+
 import pytest
 
 import radixrt
@@ -26,7 +27,7 @@ def engine(request):
         (dict(prompt="hi", sampling_params={"temprature": 0.5}), "unknown sampling parameter"),
         (dict(input_ids=[1, 2, 10**9]), "vocabulary"),
         (dict(prompt="hi", priority=101), r"priorities from -100 to 100 \(--max-client-priority\)"),  # the default
-        (dict(prompt="hi", priority=-2**63), "--max-client-priority"),
+        (dict(prompt="hi", priority=-(2**63)), "--max-client-priority"),
         (dict(prompt="hi", priority="1"), "'priority' must be an integer"),
         (dict(prompt="hi", priority=True), "'priority' must be an integer"),
     ],

@@ -1,6 +1,7 @@
 """Greedy outputs of the engine equal transformers' `generate`, token for token,
 with the radix cache on and off, page_size 1 and 16, prompts submitted concurrently:
 on a tiny random Llama (fast) and on the embedded model (slow)."""
+
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -46,7 +47,7 @@ def reference_outputs(model, tokenizer, chat_prompts):
         ids = tokenizer(p, return_tensors="pt").input_ids
         with torch.no_grad():
             gen = hf_model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=tokenizer.eos_token_id)
-        outs.append(gen[0, ids.shape[1]:].tolist())
+        outs.append(gen[0, ids.shape[1] :].tolist())
     return outs
 
 
@@ -62,7 +63,10 @@ def test_greedy_matches_transformers_concurrently(
     model, page_size, disable_radix_cache, chat_prompts, reference_outputs, tokenizer
 ):
     engine = radixrt.Engine(
-        model[0], page_size=page_size, disable_radix_cache=disable_radix_cache, max_total_tokens=4096,
+        model[0],
+        page_size=page_size,
+        disable_radix_cache=disable_radix_cache,
+        max_total_tokens=4096,
         chunked_prefill_size=64,
     )
     try:
@@ -103,8 +107,9 @@ def test_repetition_penalty_matches_transformers(tiny_llama, tokenizer, chat_pro
         for p, res in zip(chat_prompts, results):
             ids = tokenizer(p, return_tensors="pt").input_ids
             with torch.no_grad():
-                gen = hf_model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos,
-                                        repetition_penalty=1.8)
-            assert _strip_eos(res["output_ids"], eos) == _strip_eos(gen[0, ids.shape[1]:].tolist(), eos)
+                gen = hf_model.generate(
+                    ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos, repetition_penalty=1.8
+                )
+            assert _strip_eos(res["output_ids"], eos) == _strip_eos(gen[0, ids.shape[1] :].tolist(), eos)
     finally:
         engine.shutdown()

@@ -2,6 +2,7 @@
 Llama): ``generate(..., rid=)`` labels a request, ``abort_request(rid)``
 matches it exactly, a running rid is refused, and the limits on ``n``, top
 logprobs and float32-breaking numbers are the server's."""
+
 from __future__ import annotations
 
 import asyncio
@@ -88,13 +89,16 @@ def test_running_rids_are_refused_and_automatic_ids_are_random(engine):
         engine.generate(["a", "b"], greedy(1), rid=["same", "same"])
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"sampling_params": greedy(1, n=5)}, "'n'"),
-    ({"sampling_params": greedy(1), "top_logprobs_num": 6}, "top_logprobs_num"),
-    ({"sampling_params": {"max_new_tokens": 1, "logit_bias": {"5": 1e300}}}, "logit_bias"),
-    ({"sampling_params": SamplingParams(max_new_tokens=1, logit_bias={"5": float("inf")})}, "logit_bias"),
-    ({"sampling_params": SamplingParams(max_new_tokens=1, repetition_penalty=1e-300)}, "repetition_penalty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"sampling_params": greedy(1, n=5)}, "'n'"),
+        ({"sampling_params": greedy(1), "top_logprobs_num": 6}, "top_logprobs_num"),
+        ({"sampling_params": {"max_new_tokens": 1, "logit_bias": {"5": 1e300}}}, "logit_bias"),
+        ({"sampling_params": SamplingParams(max_new_tokens=1, logit_bias={"5": float("inf")})}, "logit_bias"),
+        ({"sampling_params": SamplingParams(max_new_tokens=1, repetition_penalty=1e-300)}, "repetition_penalty"),
+    ],
+)
 def test_limits(engine, kwargs, match):
     with pytest.raises(ValueError, match=match):
         engine.generate("Hi", **kwargs)

@@ -1,5 +1,6 @@
 """Scheduler behaviour on a tiny random-weight Llama: memory pressure and
 retraction, n > 1 prefix sharing, policies, aborts, and the KV invariant."""
+
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,10 +31,13 @@ def _run_all(engine, prompts, params):
         return list(pool.map(lambda a: engine.generate(input_ids=a[0], sampling_params=a[1]), zip(prompts, params)))
 
 
-@pytest.mark.parametrize("requests,pool,running", [
-    (64, 320, 32),  # the fast path's
-    pytest.param(200, 800, 96, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "requests,pool,running",
+    [
+        (64, 320, 32),  # the fast path's
+        pytest.param(200, 800, 96, marks=pytest.mark.slow),
+    ],
+)
 def test_stress_small_pool_retracts_and_matches(tiny_llama, requests, pool, running):
     prompts, params = _stress_prompts()
     prompts, params = prompts[:requests], params[:requests]
@@ -43,8 +47,13 @@ def test_stress_small_pool_retracts_and_matches(tiny_llama, requests, pool, runn
     finally:
         ref_engine.shutdown()
 
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=pool, chunked_prefill_size=256,
-                            max_running_requests=running, debug_check_invariants=True)
+    engine = radixrt.Engine(
+        tiny_llama,
+        max_total_tokens=pool,
+        chunked_prefill_size=256,
+        max_running_requests=running,
+        debug_check_invariants=True,
+    )
     try:
         results = _run_all(engine, prompts, params)
         engine.wait_idle()
@@ -61,8 +70,9 @@ def test_stress_small_pool_retracts_and_matches(tiny_llama, requests, pool, runn
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_n_samples_share_prompt_slots(tiny_llama, page_size):
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=8192, page_size=page_size, chunked_prefill_size=512,
-                            debug_check_invariants=True)
+    engine = radixrt.Engine(
+        tiny_llama, max_total_tokens=8192, page_size=page_size, chunked_prefill_size=512, debug_check_invariants=True
+    )
     try:
         rng = random.Random(1)
         prompt = [rng.randrange(100, 30000) for _ in range(2000)]
@@ -91,8 +101,9 @@ def test_policies_agree(tiny_llama, policy):
     engine = radixrt.Engine(tiny_llama, max_total_tokens=4096, schedule_policy=policy)
     try:
         outs = [r["output_ids"] for r in _run_all(engine, prompts, params)]
-        single = [engine.generate(input_ids=p, sampling_params=s)["output_ids"]
-                  for p, s in zip(prompts[:5], params[:5])]
+        single = [
+            engine.generate(input_ids=p, sampling_params=s)["output_ids"] for p, s in zip(prompts[:5], params[:5])
+        ]
         assert outs[:5] == single
         engine.wait_idle()
         engine.scheduler.check_invariants()
@@ -115,8 +126,9 @@ def test_seeded_sampling_is_reproducible(tiny_llama):
 def test_abort_releases_kv(tiny_llama):
     engine = radixrt.Engine(tiny_llama, max_total_tokens=4096)
     try:
-        stream = engine.generate(input_ids=list(range(100, 140)),
-                                 sampling_params={"max_new_tokens": 400, "ignore_eos": True}, stream=True)
+        stream = engine.generate(
+            input_ids=list(range(100, 140)), sampling_params={"max_new_tokens": 400, "ignore_eos": True}, stream=True
+        )
         first = next(stream)
         assert first["meta_info"]["finish_reason"] is None
         stream.close()  # the caller goes away: the request is aborted
@@ -133,8 +145,13 @@ def test_prefill_only_and_prompt_logprobs(tiny_llama):
     engine = radixrt.Engine(tiny_llama, max_total_tokens=4096, chunked_prefill_size=16)
     try:
         ids = list(range(200, 260))
-        full = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                               return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+        full = engine.generate(
+            input_ids=ids,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=3,
+        )
         meta = full["meta_info"]
         assert full["output_ids"] == [] and meta["finish_reason"]["type"] == "length"
         lps = meta["input_token_logprobs"]
@@ -142,8 +159,9 @@ def test_prefill_only_and_prompt_logprobs(tiny_llama):
         assert all(lp is not None and lp <= 0 for lp, _, _ in lps[1:])
         assert len(meta["input_top_logprobs"][5]) == 3
         # From a later start, served partly from the cache: the same numbers.
-        part = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                               return_logprob=True, logprob_start_len=40)["meta_info"]
+        part = engine.generate(
+            input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=40
+        )["meta_info"]
         assert part["cached_tokens"] > 0
         got = [lp for lp, _, _ in part["input_token_logprobs"]]
         want = [lp for lp, _, _ in lps[40:]]
@@ -177,9 +195,15 @@ def test_overlap_on_and_off_give_the_same_outputs(tiny_llama, page_size):
     prompts, params = _mixed_requests()
     outputs, retractions = {}, {}
     for overlap in (True, False):
-        engine = radixrt.Engine(tiny_llama, max_total_tokens=800, chunked_prefill_size=128, page_size=page_size,
-                                max_running_requests=48, debug_check_invariants=True,
-                                disable_overlap_schedule=not overlap)
+        engine = radixrt.Engine(
+            tiny_llama,
+            max_total_tokens=800,
+            chunked_prefill_size=128,
+            page_size=page_size,
+            max_running_requests=48,
+            debug_check_invariants=True,
+            disable_overlap_schedule=not overlap,
+        )
         try:
             results = _run_all(engine, prompts, params)
             engine.wait_idle()
@@ -208,12 +232,19 @@ def test_request_is_not_aborted_while_finishing_ones_hold_kv(tiny_llama, pool):
 
     prefix = toks(36)
     prompts = [prefix + toks(rng.randrange(3, 20)) for _ in range(2)] + [toks(rng.randrange(4, 40)) for _ in range(10)]
-    sp = [{"max_new_tokens": 8, "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i, "ignore_eos": True}
-          for i in range(len(prompts))]
+    sp = [
+        {"max_new_tokens": 8, "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i, "ignore_eos": True}
+        for i in range(len(prompts))
+    ]
     outputs = {}
     for size in (pool, 4096):
-        engine = radixrt.Engine(tiny_llama, max_total_tokens=size, chunked_prefill_size=64,
-                                debug_check_invariants=True, disable_overlap_schedule=False)
+        engine = radixrt.Engine(
+            tiny_llama,
+            max_total_tokens=size,
+            chunked_prefill_size=64,
+            debug_check_invariants=True,
+            disable_overlap_schedule=False,
+        )
         try:
             results = engine.generate(input_ids=prompts, sampling_params=sp)
             assert [r["meta_info"]["finish_reason"]["type"] for r in results] == ["length"] * len(prompts)

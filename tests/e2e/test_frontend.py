@@ -9,6 +9,7 @@ Greedy decoding (temperature 0) wherever an answer is checked. One engine per
 model is shared by the module; generations are kept short so that the module
 runs in well under three minutes on two CPU cores.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -119,14 +120,16 @@ def test_default_system_prompt_matches_template(engine):
         s += rt.assistant_begin()
 
     st = chat.run()
-    expected = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                                    add_generation_prompt=True)
+    expected = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert st.text() == expected
 
 
 @embedded_only
-@pytest.mark.parametrize("method", [rt.token_length_normalized, rt.greedy_token_selection,
-                                    rt.unconditional_likelihood_normalized])
+@pytest.mark.parametrize(
+    "method", [rt.token_length_normalized, rt.greedy_token_selection, rt.unconditional_likelihood_normalized]
+)
 def test_select_scores_choices_from_the_cached_prefix(engine, method):
     @rt.function
     def pick(s, question, choices):
@@ -370,8 +373,9 @@ def test_sglang_programs_run_unchanged(engine):
         pytest.skip("radixrt/__init__.py does not re-export the frontend language yet")
 
     program = multi_turn_question(sgl, max_tokens=16)
-    state = program.run(question_1="What is the capital of France?", question_2="What is the capital of Italy?",
-                        temperature=0)
+    state = program.run(
+        question_1="What is the capital of France?", question_2="What is the capital of Italy?", temperature=0
+    )
     assert "Paris" in state["answer_1"] and "Rome" in state["answer_2"]
 
     @sgl.function
@@ -443,4 +447,3 @@ def test_sglang_decode_json_regex_program(engine, sglang_bound_to_radixrt):
     js_obj = json.loads(ret["json_output"])
     assert isinstance(js_obj["name"], str) and isinstance(js_obj["population"], int)
     assert isinstance(js_obj["area"], int) and isinstance(js_obj["latitude"], (int, float))
-

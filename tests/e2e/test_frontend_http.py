@@ -2,6 +2,7 @@
 subprocess; programs run through ``RuntimeEndpoint`` (SGLang's native
 protocol) and through ``OpenAI`` (the official client) against its OpenAI
 routes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,12 +41,14 @@ def test_runtime_endpoint_runs_programs(runtime, tokenizer):
     assert "Paris" in st["answer"]
     assert st.text() == tokenizer.apply_chat_template(st.messages(), tokenize=False)
     if backend.model_info.get("chat_default_system_prompt"):  # servers that report it render user-first chats
-        @rt.function                                            # exactly like the template (and the Engine)
+
+        @rt.function  # exactly like the template (and the Engine)
         def hi(s):
             s += rt.user("Hi") + rt.assistant_begin()
 
-        expected = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                                 add_generation_prompt=True)
+        expected = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+        )
         assert hi.run(backend=backend).text() == expected
 
     @rt.function

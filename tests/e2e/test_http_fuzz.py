@@ -24,6 +24,7 @@ same requests every run), a context of 64 tokens so that no generation is
 long (the tools' server: every body bounds its output); about a minute and
 a half on two CPU cores, the two servers' start-ups (together) included.
 """
+
 from __future__ import annotations
 
 import collections
@@ -47,12 +48,21 @@ REQUEST_TIMEOUT_S = 60
 CONTEXT = 64  # no generation is long: a chat without max_tokens fills the context
 
 # ---------------------------------------------------------------- value strategies
-_scalar = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
-ANY = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4)
-                   | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
-EDGE_NUMBERS = st.sampled_from([0, -1, 1, 511, 512, 513, 2**31, -(2**63), 2**64, 1e-40, 1e300, math.nan, math.inf,
-                                -math.inf, 0.5, True])
+_scalar = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+)
+ANY = st.recursive(
+    _scalar,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=8,
+)
+EDGE_NUMBERS = st.sampled_from(
+    [0, -1, 1, 511, 512, 513, 2**31, -(2**63), 2**64, 1e-40, 1e300, math.nan, math.inf, -math.inf, 0.5, True]
+)
 
 token_id = st.integers(0, VOCAB_SIZE - 1)
 prompt_text = st.text(max_size=40) | st.sampled_from(["Hello", "x" * 3000, "\udcff", "<|im_start|>user\n", "🙂" * 5])
@@ -60,10 +70,23 @@ stops = st.text(min_size=1, max_size=4) | st.lists(st.text(min_size=1, max_size=
 regexes = st.sampled_from(["[0-9]+", "abc", "a|b", "\\d{2}", ".", "^x$", "(?<=a)b", "\\s", "[a-z]{3}", "(a+)+$"])
 grammars = st.one_of(
     st.fixed_dictionaries({"regex": st.sampled_from(["[a-c]{1,8}", "(yes|no)", "[0-9]{3}-[0-9]{2}", "a*"])}),
-    st.fixed_dictionaries({"json_schema": st.sampled_from([
-        json.dumps({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-                    "required": ["a"]}),
-        json.dumps({"type": "string", "maxLength": 5}), json.dumps({"type": "boolean"})])}),
+    st.fixed_dictionaries(
+        {
+            "json_schema": st.sampled_from(
+                [
+                    json.dumps(
+                        {
+                            "type": "object",
+                            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                            "required": ["a"],
+                        }
+                    ),
+                    json.dumps({"type": "string", "maxLength": 5}),
+                    json.dumps({"type": "boolean"}),
+                ]
+            )
+        }
+    ),
     st.fixed_dictionaries({"ebnf": st.just('root ::= "a" | "b" "c"')}),
 )
 
@@ -77,130 +100,302 @@ def _merge(parts: tuple) -> dict:
 
 def sampling(max_tokens: int = 24) -> st.SearchStrategy:
     """Valid SGLang sampling params (each field optional)."""
-    plain = st.fixed_dictionaries({}, optional={
-        "max_new_tokens": st.integers(0, max_tokens) | st.sampled_from([200]),  # 200: past the context
-        "min_new_tokens": st.integers(0, 2), "temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
-        "top_k": st.sampled_from([-1, 1, 5, 100]), "min_p": st.floats(0, 0.5), "n": st.integers(1, 3),
-        "frequency_penalty": st.floats(-2, 2), "presence_penalty": st.floats(-2, 2),
-        "repetition_penalty": st.floats(0.5, 2), "stop": stops, "stop_regex": regexes | st.lists(regexes, max_size=3),
-        "stop_token_ids": st.lists(token_id, max_size=3), "ignore_eos": st.booleans(),
-        "skip_special_tokens": st.booleans(), "no_stop_trim": st.booleans(), "seed": st.integers(0, 2**32),
-        "logit_bias": st.dictionaries(token_id.map(str), st.floats(-100, 100), max_size=3),
-    })
+    plain = st.fixed_dictionaries(
+        {},
+        optional={
+            "max_new_tokens": st.integers(0, max_tokens) | st.sampled_from([200]),  # 200: past the context
+            "min_new_tokens": st.integers(0, 2),
+            "temperature": st.floats(0, 2),
+            "top_p": st.floats(0.05, 1),
+            "top_k": st.sampled_from([-1, 1, 5, 100]),
+            "min_p": st.floats(0, 0.5),
+            "n": st.integers(1, 3),
+            "frequency_penalty": st.floats(-2, 2),
+            "presence_penalty": st.floats(-2, 2),
+            "repetition_penalty": st.floats(0.5, 2),
+            "stop": stops,
+            "stop_regex": regexes | st.lists(regexes, max_size=3),
+            "stop_token_ids": st.lists(token_id, max_size=3),
+            "ignore_eos": st.booleans(),
+            "skip_special_tokens": st.booleans(),
+            "no_stop_trim": st.booleans(),
+            "seed": st.integers(0, 2**32),
+            "logit_bias": st.dictionaries(token_id.map(str), st.floats(-100, 100), max_size=3),
+        },
+    )
     return st.tuples(plain, st.just({}) | grammars).map(_merge)
 
 
 def mutated(valid: st.SearchStrategy, keys: list[str]) -> st.SearchStrategy:
     """A valid body with one field (a known one, or a new one) set to any JSON value or an edge number."""
     return st.tuples(valid, st.sampled_from(keys) | st.text(max_size=6), ANY | EDGE_NUMBERS).map(
-        lambda t: {**t[0], t[1]: t[2]})
+        lambda t: {**t[0], t[1]: t[2]}
+    )
 
 
 def mutated_sampling(body_strategy: st.SearchStrategy, keys: list[str]) -> st.SearchStrategy:
     """A valid /generate body with one sampling parameter set to any JSON value or an edge number."""
+
     def put(t: tuple) -> dict:
         body, key, value = t
         sp = body.get("sampling_params")
         return {**body, "sampling_params": {**(sp if isinstance(sp, dict) else {}), key: value}}
+
     return st.tuples(body_strategy, st.sampled_from(keys), ANY | EDGE_NUMBERS).map(put)
 
 
-SAMPLING_KEYS = ["max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "n",
-                 "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_regex",
-                 "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim", "seed", "regex",
-                 "json_schema", "ebnf", "logit_bias", "sampling_seed", "spaces_between_special_tokens"]
+SAMPLING_KEYS = [
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_regex",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "seed",
+    "regex",
+    "json_schema",
+    "ebnf",
+    "logit_bias",
+    "sampling_seed",
+    "spaces_between_special_tokens",
+]
 _prompt = st.one_of(
     st.fixed_dictionaries({"text": prompt_text | st.lists(prompt_text, min_size=1, max_size=3)}),
-    st.fixed_dictionaries({"input_ids": st.lists(token_id, min_size=1, max_size=8)
-                           | st.lists(st.lists(token_id, min_size=1, max_size=4), min_size=1, max_size=3)}),
+    st.fixed_dictionaries(
+        {
+            "input_ids": st.lists(token_id, min_size=1, max_size=8)
+            | st.lists(st.lists(token_id, min_size=1, max_size=4), min_size=1, max_size=3)
+        }
+    ),
 )
-GENERATE = st.tuples(_prompt, st.fixed_dictionaries({}, optional={
-    "sampling_params": sampling(), "return_logprob": st.booleans(), "logprob_start_len": st.integers(-1, 3),
-    "top_logprobs_num": st.integers(0, 3), "return_text_in_logprobs": st.booleans(), "stream": st.booleans(),
-    "rid": st.uuids().map(str), "cache_salt": st.text(max_size=4), "lora_path": st.none(),
-    "session_id": st.none(), "log_metrics": st.booleans(),
-})).map(_merge)
-GENERATE_KEYS = ["text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-                 "return_text_in_logprobs", "stream", "rid", "cache_salt", "lora_path", "session_id", "image_data"]
+GENERATE = st.tuples(
+    _prompt,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "sampling_params": sampling(),
+            "return_logprob": st.booleans(),
+            "logprob_start_len": st.integers(-1, 3),
+            "top_logprobs_num": st.integers(0, 3),
+            "return_text_in_logprobs": st.booleans(),
+            "stream": st.booleans(),
+            "rid": st.uuids().map(str),
+            "cache_salt": st.text(max_size=4),
+            "lora_path": st.none(),
+            "session_id": st.none(),
+            "log_metrics": st.booleans(),
+        },
+    ),
+).map(_merge)
+GENERATE_KEYS = [
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+    "rid",
+    "cache_salt",
+    "lora_path",
+    "session_id",
+    "image_data",
+]
 
 _openai_common = {
-    "max_tokens": st.integers(0, 24), "temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
-    "n": st.integers(1, 3), "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}), "stop": stops,
-    "stop_regex": regexes, "seed": st.integers(0, 2**32), "presence_penalty": st.floats(-2, 2),
-    "frequency_penalty": st.floats(-2, 2), "top_k": st.sampled_from([-1, 1, 5]), "min_p": st.floats(0, 0.5),
-    "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 2), "user": st.text(max_size=4),
+    "max_tokens": st.integers(0, 24),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.05, 1),
+    "n": st.integers(1, 3),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "stop": stops,
+    "stop_regex": regexes,
+    "seed": st.integers(0, 2**32),
+    "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2),
+    "top_k": st.sampled_from([-1, 1, 5]),
+    "min_p": st.floats(0, 0.5),
+    "ignore_eos": st.booleans(),
+    "min_tokens": st.integers(0, 2),
+    "user": st.text(max_size=4),
     "logit_bias": st.dictionaries(token_id.map(str), st.floats(-100, 100), max_size=2),
 }
-OPENAI_KEYS = ["model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "stop_regex",
-               "seed", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p", "regex",
-               "json_schema", "ignore_eos", "min_tokens", "rid", "cache_salt", "logprobs", "echo", "best_of",
-               "suffix", "prompt", "messages", "top_logprobs", "max_completion_tokens", "response_format",
-               "tools", "tool_choice", "chat_template_kwargs", "continue_final_message"]
-COMPLETIONS = st.fixed_dictionaries({
-    "model": st.just("default"),
-    "prompt": prompt_text | st.lists(prompt_text, min_size=1, max_size=3) | st.lists(token_id, min_size=1, max_size=6),
-}, optional={**_openai_common, "logprobs": st.integers(0, 3), "echo": st.booleans()})
-_message = st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "user", "assistant", "developer"]),
-    "content": prompt_text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": prompt_text}),
-                                      min_size=1, max_size=2),
-})
-CHAT = st.fixed_dictionaries({
-    "model": st.just("default"), "messages": st.lists(_message, min_size=1, max_size=3),
-}, optional={
-    **_openai_common, "logprobs": st.booleans(), "max_completion_tokens": st.integers(0, 24),
-    "continue_final_message": st.booleans(),
-    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"},
-                                        {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-                                            "type": "object", "properties": {"b": {"type": "boolean"}},
-                                            "required": ["b"]}}}]),
-})
+OPENAI_KEYS = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "stop_regex",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "top_k",
+    "min_p",
+    "regex",
+    "json_schema",
+    "ignore_eos",
+    "min_tokens",
+    "rid",
+    "cache_salt",
+    "logprobs",
+    "echo",
+    "best_of",
+    "suffix",
+    "prompt",
+    "messages",
+    "top_logprobs",
+    "max_completion_tokens",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",
+    "continue_final_message",
+]
+COMPLETIONS = st.fixed_dictionaries(
+    {
+        "model": st.just("default"),
+        "prompt": prompt_text
+        | st.lists(prompt_text, min_size=1, max_size=3)
+        | st.lists(token_id, min_size=1, max_size=6),
+    },
+    optional={**_openai_common, "logprobs": st.integers(0, 3), "echo": st.booleans()},
+)
+_message = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant", "developer"]),
+        "content": prompt_text
+        | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": prompt_text}), min_size=1, max_size=2),
+    }
+)
+CHAT = st.fixed_dictionaries(
+    {
+        "model": st.just("default"),
+        "messages": st.lists(_message, min_size=1, max_size=3),
+    },
+    optional={
+        **_openai_common,
+        "logprobs": st.booleans(),
+        "max_completion_tokens": st.integers(0, 24),
+        "continue_final_message": st.booleans(),
+        "response_format": st.sampled_from(
+            [
+                {"type": "text"},
+                {"type": "json_object"},
+                {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]},
+                    },
+                },
+            ]
+        ),
+    },
+)
 
 # ---------------------------------------------------------------- tool calling and the Responses API
 # Tools, tool turns and Responses items, mostly valid (so that calls are enforced, parsed and streamed)
 # and sometimes not: names OpenAI refuses, schemas that are unusable, recursive or a regex bomb (both must
 # be 400s at once), arguments that are not JSON, results answering no call.
 GOOD_FUNCTIONS = [
-    {"name": "get_weather", "description": "Weather in a city", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}},
-    {"name": "add", "parameters": {"type": "object", "properties": {
-        "a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}}, "required": ["a", "b"]}},
+    {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 6}},
+            "required": ["city"],
+        },
+    },
+    {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+            "required": ["a", "b"],
+        },
+    },
     {"name": "f.x-1"},
 ]
 GOOD_NAMES = [f["name"] for f in GOOD_FUNCTIONS]
 bad_names = st.sampled_from(["bad name", "", "get_weather\n", "x" * 65, None])
-bad_params = st.sampled_from([
-    {"type": "string"}, {"type": "object", "properties": {"x": {"type": "no-such-type"}}}, [], "{}",
-    {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]},
-    {"type": "object", "properties": {"s": {"type": "string", "pattern": "a{3000000}"}}, "required": ["s"]},
-])
+bad_params = st.sampled_from(
+    [
+        {"type": "string"},
+        {"type": "object", "properties": {"x": {"type": "no-such-type"}}},
+        [],
+        "{}",
+        {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]},
+        {"type": "object", "properties": {"s": {"type": "string", "pattern": "a{3000000}"}}, "required": ["s"]},
+    ]
+)
 tool_names = st.one_of(*[st.sampled_from(GOOD_NAMES)] * 6, bad_names)
 # text without the lone surrogate that `prompt_text` holds (any body with it is refused at once)
 clean_text = st.text(max_size=30) | st.sampled_from(["Hello", "What's the weather in Paris?", "Add 1 and 2.", ""])
-_clean_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "user", "developer"]),
-                                        "content": clean_text})
-_function = st.one_of(*[st.sampled_from(GOOD_FUNCTIONS)] * 4, st.fixed_dictionaries(
-    {"name": tool_names}, optional={"description": st.text(max_size=8) | st.just(3), "parameters": bad_params,
-                                    "strict": st.booleans()}))
+_clean_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "user", "developer"]), "content": clean_text}
+)
+_function = st.one_of(
+    *[st.sampled_from(GOOD_FUNCTIONS)] * 4,
+    st.fixed_dictionaries(
+        {"name": tool_names},
+        optional={"description": st.text(max_size=8) | st.just(3), "parameters": bad_params, "strict": st.booleans()},
+    ),
+)
 _functions = st.lists(_function, min_size=1, max_size=3, unique_by=lambda f: repr(f.get("name")))
 # (tools that are not functions, and any other junk, come from `mutated`)
 CHAT_TOOLS_LIST = _functions.map(lambda fs: [{"type": "function", "function": f} for f in fs])
 FLAT_TOOLS_LIST = _functions.map(lambda fs: [{"type": "function", **f} for f in fs])
 _modes = st.sampled_from(["required", "auto", "none", "required"])
-CHAT_TOOL_CHOICE = st.one_of(_modes, _modes, st.fixed_dictionaries({
-    "type": st.just("function"), "function": st.fixed_dictionaries({"name": tool_names})}))
-FLAT_TOOL_CHOICE = st.one_of(_modes, _modes, st.fixed_dictionaries({"type": st.just("function"),
-                                                                    "name": st.sampled_from(GOOD_NAMES)}))
+CHAT_TOOL_CHOICE = st.one_of(
+    _modes,
+    _modes,
+    st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": tool_names})}),
+)
+FLAT_TOOL_CHOICE = st.one_of(
+    _modes, _modes, st.fixed_dictionaries({"type": st.just("function"), "name": st.sampled_from(GOOD_NAMES)})
+)
 call_ids = st.sampled_from(["call_1", "call_2", "call_3", "call_1", "call_2", ""])
-call_arguments = st.one_of(*[st.sampled_from(['{"a": 1, "b": true}', '{"city": "Paris"}', "{}"])] * 3,
-                           st.sampled_from(["", "{", "[1]", "null"]))
-_chat_call = st.fixed_dictionaries({"id": call_ids, "type": st.just("function"), "function": st.fixed_dictionaries(
-    {"name": tool_names, "arguments": call_arguments | st.fixed_dictionaries({"a": st.integers(0, 9)})})})
-_assistant_calls = st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | clean_text,
-                                          "tool_calls": st.lists(_chat_call, min_size=1, max_size=2)})
-_tool_message = st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": call_ids,
-                                       "content": st.none() | clean_text})
+call_arguments = st.one_of(
+    *[st.sampled_from(['{"a": 1, "b": true}', '{"city": "Paris"}', "{}"])] * 3,
+    st.sampled_from(["", "{", "[1]", "null"]),
+)
+_chat_call = st.fixed_dictionaries(
+    {
+        "id": call_ids,
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": tool_names, "arguments": call_arguments | st.fixed_dictionaries({"a": st.integers(0, 9)})}
+        ),
+    }
+)
+_assistant_calls = st.fixed_dictionaries(
+    {
+        "role": st.just("assistant"),
+        "content": st.none() | clean_text,
+        "tool_calls": st.lists(_chat_call, min_size=1, max_size=2),
+    }
+)
+_tool_message = st.fixed_dictionaries(
+    {"role": st.just("tool"), "tool_call_id": call_ids, "content": st.none() | clean_text}
+)
 
 
 def _results(ids: list, result: st.SearchStrategy) -> st.SearchStrategy:
@@ -209,56 +404,138 @@ def _results(ids: list, result: st.SearchStrategy) -> st.SearchStrategy:
 
 
 # an agent's turn (a question, the calls, their results) or any mix of messages
-_chat_turn = st.tuples(_clean_message, _assistant_calls).flatmap(lambda t: _results(
-    [c["id"] for c in t[1]["tool_calls"]], clean_text).map(
-    lambda rs: [t[0], t[1], *({"role": "tool", "tool_call_id": i, "content": c} for i, c in rs)]))
-_chat_turns = st.one_of(_chat_turn, _chat_turn, st.lists(_clean_message, min_size=1, max_size=2),
-                        st.lists(_message | _assistant_calls | _tool_message, min_size=1, max_size=4))
-CHAT_TOOLS = st.fixed_dictionaries({
-    "model": st.just("default"), "messages": _chat_turns, "tools": CHAT_TOOLS_LIST, "max_tokens": st.integers(0, 24),
-}, optional={"tool_choice": CHAT_TOOL_CHOICE, "parallel_tool_calls": st.booleans(), "stream": st.booleans(),
-             "temperature": st.floats(0, 2), "n": st.integers(1, 2), "separate_reasoning": st.booleans(),
-             "response_format": st.sampled_from([{"type": "json_object"}, {"type": "text"}])})
+_chat_turn = st.tuples(_clean_message, _assistant_calls).flatmap(
+    lambda t: _results([c["id"] for c in t[1]["tool_calls"]], clean_text).map(
+        lambda rs: [t[0], t[1], *({"role": "tool", "tool_call_id": i, "content": c} for i, c in rs)]
+    )
+)
+_chat_turns = st.one_of(
+    _chat_turn,
+    _chat_turn,
+    st.lists(_clean_message, min_size=1, max_size=2),
+    st.lists(_message | _assistant_calls | _tool_message, min_size=1, max_size=4),
+)
+CHAT_TOOLS = st.fixed_dictionaries(
+    {
+        "model": st.just("default"),
+        "messages": _chat_turns,
+        "tools": CHAT_TOOLS_LIST,
+        "max_tokens": st.integers(0, 24),
+    },
+    optional={
+        "tool_choice": CHAT_TOOL_CHOICE,
+        "parallel_tool_calls": st.booleans(),
+        "stream": st.booleans(),
+        "temperature": st.floats(0, 2),
+        "n": st.integers(1, 2),
+        "separate_reasoning": st.booleans(),
+        "response_format": st.sampled_from([{"type": "json_object"}, {"type": "text"}]),
+    },
+)
 
 _part_types = st.sampled_from(["input_text", "output_text", "text"])  # (an image part is a 400: tests elsewhere)
 _parts = st.lists(st.fixed_dictionaries({"type": _part_types, "text": clean_text}), min_size=1, max_size=2)
 _item_message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "user", "system", "developer", "assistant"]),
-     "content": clean_text | clean_text | _parts}, optional={"type": st.just("message")})
-_item_call = st.fixed_dictionaries({"type": st.just("function_call"), "call_id": call_ids, "name": tool_names,
-                                    "arguments": call_arguments})
-_item_output = st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": call_ids,
-                                      "output": clean_text | _parts})
-_item_odd = st.sampled_from([{"type": "reasoning", "summary": []}, {"type": "item_reference", "id": "msg_1"},
-                             {"type": "bogus"}, {"type": 5}, 5, None, []])
+    {
+        "role": st.sampled_from(["user", "user", "system", "developer", "assistant"]),
+        "content": clean_text | clean_text | _parts,
+    },
+    optional={"type": st.just("message")},
+)
+_item_call = st.fixed_dictionaries(
+    {"type": st.just("function_call"), "call_id": call_ids, "name": tool_names, "arguments": call_arguments}
+)
+_item_output = st.fixed_dictionaries(
+    {"type": st.just("function_call_output"), "call_id": call_ids, "output": clean_text | _parts}
+)
+_item_odd = st.sampled_from(
+    [
+        {"type": "reasoning", "summary": []},
+        {"type": "item_reference", "id": "msg_1"},
+        {"type": "bogus"},
+        {"type": 5},
+        5,
+        None,
+        [],
+    ]
+)
 # an agent's turn as items (a question, the calls, their outputs), a question, or any mix of items
-_item_turn = st.tuples(_item_message, st.lists(_item_call, min_size=1, max_size=2)).flatmap(lambda t: _results(
-    [c["call_id"] for c in t[1]], clean_text | _parts).map(
-    lambda rs: [t[0], *t[1], *({"type": "function_call_output", "call_id": i, "output": o} for i, o in rs)]))
-_items = st.one_of(_item_turn, _item_turn, st.lists(_item_message, min_size=1, max_size=2),
-                   st.lists(_item_message | _item_call | _item_output | _item_odd, max_size=4))
+_item_turn = st.tuples(_item_message, st.lists(_item_call, min_size=1, max_size=2)).flatmap(
+    lambda t: _results([c["call_id"] for c in t[1]], clean_text | _parts).map(
+        lambda rs: [t[0], *t[1], *({"type": "function_call_output", "call_id": i, "output": o} for i, o in rs)]
+    )
+)
+_items = st.one_of(
+    _item_turn,
+    _item_turn,
+    st.lists(_item_message, min_size=1, max_size=2),
+    st.lists(_item_message | _item_call | _item_output | _item_odd, max_size=4),
+)
 LAST_RESPONSE = "<the last response the fuzz made>"  # `Continuations` puts a real id there
-_text_format = st.sampled_from([
-    {"format": {"type": "text"}}, {"format": {"type": "json_object"}}, {}, {"format": None},
-    {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "properties": {
-        "b": {"type": "boolean"}}, "required": ["b"]}}}])
+_text_format = st.sampled_from(
+    [
+        {"format": {"type": "text"}},
+        {"format": {"type": "json_object"}},
+        {},
+        {"format": None},
+        {
+            "format": {
+                "type": "json_schema",
+                "name": "x",
+                "schema": {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]},
+            }
+        },
+    ]
+)
 _responses_common = {
-    "instructions": clean_text, "stream": st.booleans(), "store": st.booleans(), "temperature": st.floats(0, 2),
+    "instructions": clean_text,
+    "stream": st.booleans(),
+    "store": st.booleans(),
+    "temperature": st.floats(0, 2),
     "top_p": st.floats(0.05, 1),
     "previous_response_id": st.sampled_from([LAST_RESPONSE, LAST_RESPONSE, LAST_RESPONSE, "resp_nope"]),
-    "text": _text_format, "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
-    "truncation": st.just("disabled"), "user": st.text(max_size=4), "top_k": st.sampled_from([-1, 1, 5]),
+    "text": _text_format,
+    "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    "truncation": st.just("disabled"),
+    "user": st.text(max_size=4),
+    "top_k": st.sampled_from([-1, 1, 5]),
 }
-RESPONSES = st.fixed_dictionaries({"model": st.just("default"), "input": prompt_text | _items}, optional={
-    **_responses_common, "max_output_tokens": st.integers(1, 24)})
-RESPONSES_TOOLS = st.fixed_dictionaries({
-    "model": st.just("default"), "input": clean_text | _items, "tools": FLAT_TOOLS_LIST,
-    "max_output_tokens": st.integers(1, 24),
-}, optional={**_responses_common, "tool_choice": FLAT_TOOL_CHOICE, "parallel_tool_calls": st.booleans()})
+RESPONSES = st.fixed_dictionaries(
+    {"model": st.just("default"), "input": prompt_text | _items},
+    optional={**_responses_common, "max_output_tokens": st.integers(1, 24)},
+)
+RESPONSES_TOOLS = st.fixed_dictionaries(
+    {
+        "model": st.just("default"),
+        "input": clean_text | _items,
+        "tools": FLAT_TOOLS_LIST,
+        "max_output_tokens": st.integers(1, 24),
+    },
+    optional={**_responses_common, "tool_choice": FLAT_TOOL_CHOICE, "parallel_tool_calls": st.booleans()},
+)
 # (the values refused on purpose, background: true and truncation: "auto" among them, come from `mutated`)
-RESPONSES_KEYS = ["model", "input", "instructions", "previous_response_id", "store", "stream", "tools",
-                  "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "text",
-                  "truncation", "metadata", "user", "background", "prompt_cache_key", "priority", "top_k"]
+RESPONSES_KEYS = [
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "store",
+    "stream",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "text",
+    "truncation",
+    "metadata",
+    "user",
+    "background",
+    "prompt_cache_key",
+    "priority",
+    "top_k",
+]
 
 ABORT = st.fixed_dictionaries({}, optional={"rid": st.text(max_size=8), "abort_all": st.booleans()})
 CONCAT = st.fixed_dictionaries({"src_rids": st.lists(st.text(max_size=6), max_size=3), "dst_rid": st.text(max_size=6)})
@@ -266,8 +543,11 @@ GENERIC = st.one_of(st.just(None), ANY)
 
 # (method, path) -> [(strategy of JSON bodies, examples), ...]
 BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
-    ("POST", "/generate"): [(GENERATE, 80), (mutated(GENERATE, GENERATE_KEYS), 40),
-                            (mutated_sampling(GENERATE, SAMPLING_KEYS), 60)],
+    ("POST", "/generate"): [
+        (GENERATE, 80),
+        (mutated(GENERATE, GENERATE_KEYS), 40),
+        (mutated_sampling(GENERATE, SAMPLING_KEYS), 60),
+    ],
     ("POST", "/v1/completions"): [(COMPLETIONS, 40), (mutated(COMPLETIONS, OPENAI_KEYS), 40)],
     ("POST", "/v1/chat/completions"): [(CHAT, 40), (mutated(CHAT, OPENAI_KEYS), 40)],
     ("POST", "/v1/responses"): [(RESPONSES, 30), (mutated(RESPONSES, RESPONSES_KEYS), 20)],
@@ -283,8 +563,22 @@ TOOL_BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
 # raw bodies that are not (valid) JSON objects, sent to every POST route
 JUNK = st.one_of(
     st.binary(max_size=64),
-    st.sampled_from([b"", b"{", b"null", b"[]", b'{"text": "a"', b"\xff\xfe", b"NaN", b'"text"', b"1e999",
-                     b'{"text": "a", "text": "b"}', b'{"a": ' * 2000, b'{"text": "\\ud800"}']),
+    st.sampled_from(
+        [
+            b"",
+            b"{",
+            b"null",
+            b"[]",
+            b'{"text": "a"',
+            b"\xff\xfe",
+            b"NaN",
+            b'"text"',
+            b"1e999",
+            b'{"text": "a", "text": "b"}',
+            b'{"a": ' * 2000,
+            b'{"text": "\\ud800"}',
+        ]
+    ),
 ).map(lambda b: ("application/json", b)) | st.tuples(
     st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", ""]),
     st.binary(max_size=32),
@@ -324,8 +618,9 @@ class Recorder:
         self.refusals: collections.Counter = collections.Counter()  # 4xx answers by route and message
         self.slowest: list[tuple[float, str]] = []
 
-    def send(self, method: str, path: str, *, body: Any = None,
-             raw: tuple[str, bytes] | None = None) -> httpx.Response | None:
+    def send(
+        self, method: str, path: str, *, body: Any = None, raw: tuple[str, bytes] | None = None
+    ) -> httpx.Response | None:
         """Send one request; its answer (None when none came)."""
         kwargs: dict[str, Any] = {}
         if raw is not None:
@@ -359,8 +654,9 @@ class Recorder:
         self.by_route[f"{method} {path}"][cls] += 1
         if not isinstance(status, int) or status >= 500:
             sent = raw if raw is not None else json.dumps(body, allow_nan=True)[:500]
-            self.failures.append(f"{method} {path} -> {status} after {time.monotonic() - t0:.1f}s: {text}\n"
-                                 f"    sent: {sent!r}")
+            self.failures.append(
+                f"{method} {path} -> {status} after {time.monotonic() - t0:.1f}s: {text}\n    sent: {sent!r}"
+            )
         return r
 
 
@@ -380,8 +676,12 @@ class Continuations:
         if not isinstance(items, list):
             return items
         real = dict(zip(["call_1", "call_2", "call_3"], self.last_calls))
-        return [{**it, "call_id": real.get(it.get("call_id"), it.get("call_id"))}
-                if isinstance(it, dict) and it.get("type") == "function_call_output" else it for it in items]
+        return [
+            {**it, "call_id": real.get(it.get("call_id"), it.get("call_id"))}
+            if isinstance(it, dict) and it.get("type") == "function_call_output"
+            else it
+            for it in items
+        ]
 
     def send(self, body: Any) -> None:
         cont = isinstance(body, dict) and body.get("previous_response_id") == LAST_RESPONSE
@@ -403,8 +703,14 @@ class Continuations:
 
 
 def _fuzz(strategy: st.SearchStrategy, examples: int, send) -> None:
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def run(value: Any) -> None:
         send(value)
@@ -429,8 +735,10 @@ def fuzz_servers(tiny_llama):
     """Two servers on the tiny model, started together: a 64-token context for every route, and one
     whose context holds tools for the bodies with tools."""
     common = ("--max-total-tokens", "4096", "--debug-check-invariants", "--served-model-name", "default")
-    servers = [LocalServer("--context-length", str(CONTEXT), *common, model=tiny_llama),
-               LocalServer("--context-length", str(TOOLS_CONTEXT), *common, model=tiny_llama)]
+    servers = [
+        LocalServer("--context-length", str(CONTEXT), *common, model=tiny_llama),
+        LocalServer("--context-length", str(TOOLS_CONTEXT), *common, model=tiny_llama),
+    ]
     try:
         for srv in servers:
             srv.wait_ready()
@@ -473,15 +781,21 @@ def test_fuzz_every_route(fuzz_servers):
         for method, path in routes:
             if "{" in path:  # a path parameter: fill it
                 head = path.split("{")[0]
-                _fuzz(st.text(max_size=20), GENERIC_EXAMPLES,
-                      lambda v, m=method, h=head: rec.send(m, h + urllib.parse.quote(v, safe="/:")))
+                _fuzz(
+                    st.text(max_size=20),
+                    GENERIC_EXAMPLES,
+                    lambda v, m=method, h=head: rec.send(m, h + urllib.parse.quote(v, safe="/:")),
+                )
                 continue
             if method == "GET":
                 _fuzz(st.just(None), 2, lambda _, p=path: rec.send("GET", p))
             else:
                 for strategy, n in BODIES.get((method, path), [(GENERIC, GENERIC_EXAMPLES)]):
-                    send = responses.send if path == "/v1/responses" else (
-                        lambda v, m=method, p=path: rec.send(m, p, body=v))
+                    send = (
+                        responses.send
+                        if path == "/v1/responses"
+                        else (lambda v, m=method, p=path: rec.send(m, p, body=v))
+                    )
                     _fuzz(strategy, n, send)
                 _fuzz(JUNK, 12, lambda raw, m=method, p=path: rec.send(m, p, raw=raw))
             for wrong in {"GET", "POST", "PUT", "DELETE"} - {m for m, p in routes if p == path}:
@@ -499,8 +813,9 @@ def test_fuzz_tool_calling_and_responses(fuzz_servers):
         responses = Continuations(rec)
         for (method, path), strategies in TOOL_BODIES.items():
             for strategy, n in strategies:
-                send = responses.send if path == "/v1/responses" else (
-                    lambda v, m=method, p=path: rec.send(m, p, body=v))
+                send = (
+                    responses.send if path == "/v1/responses" else (lambda v, m=method, p=path: rec.send(m, p, body=v))
+                )
                 _fuzz(strategy, n, send)
         print(f"\n{responses.continued} continuations of a stored response answered")
         assert rec.by_route["POST /v1/chat/completions"]["2xx"] > 0 and rec.by_route["POST /v1/responses"]["2xx"] > 0

@@ -6,6 +6,7 @@ loop (or refused by size before tokenizing), /health follows the scheduler's
 heartbeat, and SIGTERM
 drains: requests in flight finish within the grace period or end with an
 error event (streams) or a JSON 503, and the process exits 0."""
+
 from __future__ import annotations
 
 import gc
@@ -32,10 +33,23 @@ LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    yield from serving("--max-total-tokens", "24576", "--served-model-name", "default",
-                       "--scheduler-stall-timeout-s", str(STALL_TIMEOUT_S),
-                       "--header-read-timeout-s", str(HEADER_TIMEOUT_S), "--body-read-timeout-s", str(BODY_TIMEOUT_S),
-                       "--max-tools", "20000", "--max-tools-chars", "50000000", model=tiny_llama)
+    yield from serving(
+        "--max-total-tokens",
+        "24576",
+        "--served-model-name",
+        "default",
+        "--scheduler-stall-timeout-s",
+        str(STALL_TIMEOUT_S),
+        "--header-read-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--body-read-timeout-s",
+        str(BODY_TIMEOUT_S),
+        "--max-tools",
+        "20000",
+        "--max-tools-chars",
+        "50000000",
+        model=tiny_llama,
+    )
 
 
 def _error(r: httpx.Response, status: int, mention: str = "") -> dict:
@@ -53,21 +67,28 @@ def _local_port(r: httpx.Response) -> int:
 
 
 def _chat(content: str) -> bytes:
-    return json.dumps({"model": "default", "messages": [{"role": "user", "content": content}],
-                       "max_tokens": 2}).encode()
+    return json.dumps(
+        {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    ).encode()
 
 
 LONE_SURROGATE = "a\\ud800b"  # a JSON escape of a lone surrogate, as it goes on the wire
 BAD_BODIES = {
     "surrogate_generate": ("/generate", b'{"text": "' + LONE_SURROGATE.encode() + b'"}', "surrogate"),
-    "surrogate_completion": ("/v1/completions", b'{"model": "default", "prompt": "'
-                             + LONE_SURROGATE.encode() + b'"}', "surrogate"),
-    "surrogate_chat": ("/v1/chat/completions", _chat("x").replace(b'"x"', b'"' + LONE_SURROGATE.encode() + b'"'),
-                       "surrogate"),
+    "surrogate_completion": (
+        "/v1/completions",
+        b'{"model": "default", "prompt": "' + LONE_SURROGATE.encode() + b'"}',
+        "surrogate",
+    ),
+    "surrogate_chat": (
+        "/v1/chat/completions",
+        _chat("x").replace(b'"x"', b'"' + LONE_SURROGATE.encode() + b'"'),
+        "surrogate",
+    ),
     "low_surrogate_in_a_key": ("/generate", b'{"text": "hi", "\\udc00": 1}', "surrogate"),
     "deep_generate": ("/generate", b"[" * 100_000, "deep"),
     "deep_completion": ("/v1/completions", b"[" * 100_000, "deep"),
-    "deep_chat": ("/v1/chat/completions", b"{\"messages\": " + b"[" * 100_000, "deep"),
+    "deep_chat": ("/v1/chat/completions", b'{"messages": ' + b"[" * 100_000, "deep"),
     "deep_but_closed": ("/generate", b'{"text": ' + b"[" * 500 + b"]" * 500 + b"}", "deep"),
     "not_utf8": ("/generate", b'{"text": "\xff\xfe"}', "UTF-8"),
     "utf8_encoded_surrogate": ("/generate", b'{"text": "\xed\xa0\x80"}', "UTF-8"),
@@ -96,8 +117,10 @@ def test_malformed_bodies_are_400_and_keep_the_connection(server):
 def test_upload_cut_short_logs_no_traceback(server):
     for _ in range(3):
         with socket.create_connection(("127.0.0.1", server.port)) as s:
-            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 100000\r\n\r\n" + b'{"text": "' + b"a" * 5000)
+            s.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000\r\n\r\n" + b'{"text": "' + b"a" * 5000
+            )
             time.sleep(0.2)
     time.sleep(0.5)
     assert httpx.get(server.url + "/health").status_code == 200
@@ -113,8 +136,11 @@ def test_slow_clients_are_cut_off_and_others_are_served_meanwhile(server):
     slack = 1.5
     cases = {
         "headers": (b"POST /generate HTTP/1.1\r\nHost: x\r\n", b"X-Slow: yes\r\n", HEADER_TIMEOUT_S),
-        "body": (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 1000\r\n\r\n", b'{"text": "aaaaaaaaaa', BODY_TIMEOUT_S),
+        "body": (
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+            b'{"text": "aaaaaaaaaa',
+            BODY_TIMEOUT_S,
+        ),
         "silent": (b"", b"", HEADER_TIMEOUT_S),
     }
     results: dict = {}
@@ -140,9 +166,12 @@ def test_slow_clients_are_cut_off_and_others_are_served_meanwhile(server):
     for t in threads:
         t.join()
     assert len(served) >= 5 and set(served) == {port}, served
-    print("slow clients closed after " + ", ".join(f"{n} {r[0]:.2f} s" for n, r in results.items())
-          + f" (read timeouts: headers {HEADER_TIMEOUT_S} s, body {BODY_TIMEOUT_S} s); "
-          f"{len(served)} normal requests served meanwhile")
+    print(
+        "slow clients closed after "
+        + ", ".join(f"{n} {r[0]:.2f} s" for n, r in results.items())
+        + f" (read timeouts: headers {HEADER_TIMEOUT_S} s, body {BODY_TIMEOUT_S} s); "
+        f"{len(served)} normal requests served meanwhile"
+    )
     for name, (elapsed, received) in results.items():
         timeout = cases[name][2]
         assert timeout - 0.3 <= elapsed <= timeout + slack, (name, elapsed, received[:200])
@@ -183,7 +212,8 @@ def test_long_prompt_is_tokenized_off_the_event_loop(server):
     text = "hello world, this is a test. " * 80_000
     idle = _idle_health(server)
     r, seconds, latencies = _health_while(
-        server, lambda: httpx.post(server.url + "/generate", json={"text": text}, timeout=120))
+        server, lambda: httpx.post(server.url + "/generate", json={"text": text}, timeout=120)
+    )
     _error(r, 400, "context length")
     assert len(latencies) >= 5, (seconds, latencies)  # /health was asked while the prompt was tokenized
     # on the loop, one /health would wait for the whole tokenization; bounds relative to this machine's load
@@ -212,13 +242,22 @@ def test_ten_thousand_tools_are_checked_off_the_event_loop(server):
     under 0.5 s, or twice an idle answer plus three parses of the body, timed
     here at the same moment, on a loaded machine). With the tools checked on
     the event loop, one /health waited through nearly all of it."""
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-              "required": ["city"]}
-    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"Tool number {i}, for {i} things",
-                                               "parameters": schema}} for i in range(10_000)]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    }
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"tool_{i}", "description": f"Tool number {i}, for {i} things", "parameters": schema},
+        }
+        for i in range(10_000)
+    ]
     tools[-1]["function"]["parameters"] = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
-    body = json.dumps({"model": "default", "messages": [{"role": "user", "content": "Use a tool."}], "tools": tools,
-                       "max_tokens": 1}).encode()
+    body = json.dumps(
+        {"model": "default", "messages": [{"role": "user", "content": "Use a tool."}], "tools": tools, "max_tokens": 1}
+    ).encode()
     gc.disable()  # the server's start-up heap is frozen (gc.freeze): time the parse alone, as it runs there
     try:
         t0 = time.monotonic()
@@ -231,15 +270,20 @@ def test_ten_thousand_tools_are_checked_off_the_event_loop(server):
         t0 = time.monotonic()
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
         idle.append(time.monotonic() - t0)
-    r, seconds, latencies = _health_while(server, lambda: httpx.post(
-        server.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"},
-        timeout=120))
+    r, seconds, latencies = _health_while(
+        server,
+        lambda: httpx.post(
+            server.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=120
+        ),
+    )
     _error(r, 400, "tools[9999]")
     worst = max(latencies)
-    print(f"10,000 tools ({len(body) / 1e6:.1f} MB) checked: answered in {seconds:.2f} s; /health answered "
-          f"{len(latencies)} times meanwhile, worst {worst * 1000:.0f} ms, median "
-          f"{sorted(latencies)[len(latencies) // 2] * 1000:.0f} ms (idle: worst {max(idle) * 1000:.0f} ms; "
-          f"one parse of the body here: {parse_s * 1000:.0f} ms)")
+    print(
+        f"10,000 tools ({len(body) / 1e6:.1f} MB) checked: answered in {seconds:.2f} s; /health answered "
+        f"{len(latencies)} times meanwhile, worst {worst * 1000:.0f} ms, median "
+        f"{sorted(latencies)[len(latencies) // 2] * 1000:.0f} ms (idle: worst {max(idle) * 1000:.0f} ms; "
+        f"one parse of the body here: {parse_s * 1000:.0f} ms)"
+    )
     assert len(latencies) >= 5, (seconds, latencies)
     assert worst < 0.5 * seconds, (seconds, latencies)
     assert worst < max(0.5, 2 * max(idle) + 3 * parse_s), (idle, parse_s, latencies)
@@ -248,8 +292,11 @@ def test_ten_thousand_tools_are_checked_off_the_event_loop(server):
 @pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/v1/chat/completions"])
 def test_huge_prompt_is_refused_by_size(server, route):
     big = "x" * 30_000_000  # a 30 MB body: under the default 32 MiB body limit
-    body = {"/generate": {"text": big}, "/v1/completions": {"model": "default", "prompt": big},
-            "/v1/chat/completions": json.loads(_chat("x"))}[route]
+    body = {
+        "/generate": {"text": big},
+        "/v1/completions": {"model": "default", "prompt": big},
+        "/v1/chat/completions": json.loads(_chat("x")),
+    }[route]
     if route == "/v1/chat/completions":
         body["messages"][0]["content"] = big
     t0 = time.monotonic()
@@ -261,8 +308,9 @@ def test_huge_prompt_is_refused_by_size(server, route):
     # refused at the first one
     if route == "/generate":
         t0 = time.monotonic()
-        _error(httpx.post(server.url + route, json={"text": "hello world. " * 60_000}, timeout=60), 400,
-               "context length")
+        _error(
+            httpx.post(server.url + route, json={"text": "hello world. " * 60_000}, timeout=60), 400, "context length"
+        )
         one = time.monotonic() - t0
         t0 = time.monotonic()
         r = httpx.post(server.url + route, json={"text": ["hello world. " * 60_000] * 38}, timeout=60)
@@ -288,8 +336,7 @@ def test_health_follows_the_scheduler_heartbeat(server):
     while httpx.get(server.url + "/health").status_code != 200:
         assert time.monotonic() - t0 < 2, "/health did not recover after SIGCONT"
         time.sleep(0.05)
-    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
-                   timeout=30)
+    r = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
     assert r.status_code == 200
 
 
@@ -307,8 +354,15 @@ def _events(lines) -> list:
 @pytest.mark.slow  # a server of its own: about 30 s with the grace period
 def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
     grace = 5.0
-    srv = LocalServer("--max-total-tokens", "24576", "--served-model-name", "default",
-                      "--shutdown-grace-s", str(grace), model=tiny_llama)
+    srv = LocalServer(
+        "--max-total-tokens",
+        "24576",
+        "--served-model-name",
+        "default",
+        "--shutdown-grace-s",
+        str(grace),
+        model=tiny_llama,
+    )
     try:
         srv.wait_ready()
         pids = httpx.get(srv.url + "/get_server_info").json()["process_ids"]
@@ -328,10 +382,17 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
             results[name] = (r.status_code, r.headers.get("content-type"), r.json())
 
         workers = [
-            threading.Thread(target=stream, args=("native", "/generate", {
-                "text": "hi", "stream": True, "sampling_params": LONG})),
-            threading.Thread(target=stream, args=("openai", "/v1/completions", {
-                "model": "default", "prompt": "hi", "stream": True, "max_tokens": 8000, "ignore_eos": True})),
+            threading.Thread(
+                target=stream, args=("native", "/generate", {"text": "hi", "stream": True, "sampling_params": LONG})
+            ),
+            threading.Thread(
+                target=stream,
+                args=(
+                    "openai",
+                    "/v1/completions",
+                    {"model": "default", "prompt": "hi", "stream": True, "max_tokens": 8000, "ignore_eos": True},
+                ),
+            ),
             threading.Thread(target=plain, args=("plain", {"text": "hi", "sampling_params": LONG})),
         ]
         for w in workers:
@@ -342,8 +403,14 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         short_started = threading.Event()
 
         def short_stream() -> None:
-            with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/generate", json={
-                    "text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 250, "ignore_eos": True}}) as r:
+            with (
+                httpx.Client(base_url=srv.url, timeout=60) as c,
+                c.stream(
+                    "POST",
+                    "/generate",
+                    json={"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 250, "ignore_eos": True}},
+                ) as r,
+            ):
                 lines = r.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 short_started.set()
@@ -386,5 +453,3 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         assert not any(pid_alive(p) for p in pids.values()), pids
     finally:
         srv.cleanup()
-
-

@@ -1,6 +1,7 @@
 """kv_cache_dtype end to end: exact invariants on a tiny random Llama (fast) and closeness
 to the unquantized cache on the embedded model (slow). The quality table itself is a
 command, not a test: ``python -m radixrt.bench.kv_quality``."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,9 +51,9 @@ def test_pool_holds_quantized_keys_of_the_same_values(tiny_llama, kv):
     assert cache.dtype == {"int8": torch.int8, "fp8_e4m3": FP8_DTYPES[0], "fp8_e5m2": FP8_DTYPES[1]}[kv]
     for got, want in ((k, k_ref), (v, v_ref)):
         if kv == "int8":
-            bound = want.abs().amax(-1, keepdim=True) * (0.5 / 127 + 2 ** -11) + 1e-6
+            bound = want.abs().amax(-1, keepdim=True) * (0.5 / 127 + 2**-11) + 1e-6
         else:
-            bound = torch.clamp(want.abs() * (2 ** -4 if kv == "fp8_e4m3" else 2 ** -3), min=2 ** -10)
+            bound = torch.clamp(want.abs() * (2**-4 if kv == "fp8_e4m3" else 2**-3), min=2**-10)
         assert bool(((got - want).abs() <= bound).all())
         assert float((got - want).abs().max()) > 0  # it was quantized
 
@@ -101,8 +102,13 @@ def test_quantized_engines_agree_with_auto_on_the_embedded_model():
         try:
             agree = total = 0
             for p, a in zip(prompts, answers):
-                out = engine.generate(input_ids=p + a, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                                      return_logprob=True, logprob_start_len=len(p), top_logprobs_num=1)
+                out = engine.generate(
+                    input_ids=p + a,
+                    sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                    return_logprob=True,
+                    logprob_start_len=len(p),
+                    top_logprobs_num=1,
+                )
                 tops = [row[0][1] for row in out["meta_info"]["input_top_logprobs"]]
                 assert len(tops) == len(a)
                 agree += sum(t == x for t, x in zip(tops, a))

@@ -1,6 +1,7 @@
 """A server with a quantized KV cache reports its bytes per token and capacity at
 /get_server_info and /metrics, with the same arithmetic as `radixrt plan`
 (radixrt/memory/kv_format.py)."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,7 @@ def test_server_reports_kv_cache_size(tiny_llama):
     kv = "int8"
     shape = ModelShape.from_config(json.loads(open(f"{tiny_llama}/config.json").read()))
     with client_of("--max-total-tokens", str(KV_TOKENS), "--kv-cache-dtype", kv, model=tiny_llama) as c:
-        out = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4,
-                                                                             "temperature": 0}})
+        out = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
         assert out.status_code == 200 and len(out.json()["meta_info"]["finish_reason"]) > 0
         info, metrics = info_and_metrics(c)
     kv_info = info["kv_cache"]

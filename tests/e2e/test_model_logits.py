@@ -1,4 +1,5 @@
 """Our models give transformers' logits (fp32, CPU), through one prefill and through the KV cache."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,7 @@ class _Runner:
     def __init__(self, model, cfg: ModelConfig, num_pages: int, page_size: int) -> None:
         self.model = model
         self.page_size = page_size
-        self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
-                           torch.float32, "cpu")
+        self.pool = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
         self.backend = TorchReferenceBackend()
 
     @torch.inference_mode()
@@ -118,8 +118,8 @@ def test_cache_path_matches_transformers(tiny, arch, page_size):
 
     def run(new_counts: dict[int, int]) -> None:
         ids = list(new_counts)
-        toks = [seqs[i][done[i]:done[i] + new_counts[i]] for i in ids]
-        sl = [slots[i][:done[i] + new_counts[i]] for i in ids]
+        toks = [seqs[i][done[i] : done[i] + new_counts[i]] for i in ids]
+        sl = [slots[i][: done[i] + new_counts[i]] for i in ids]
         for i, lg in zip(ids, runner.step(toks, sl)):
             ours[i].append(lg)
             done[i] += new_counts[i]
@@ -136,8 +136,11 @@ def test_cache_path_matches_transformers(tiny, arch, page_size):
 
 def test_dynamic_rope_prefill(tiny):
     """Dynamic NTK scaling: a sequence longer than max_position_embeddings rescales its frequencies."""
-    path, model, cfg, hf = tiny("llama", max_position_embeddings=16,
-                                rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    path, model, cfg, hf = tiny(
+        "llama",
+        max_position_embeddings=16,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    )
     assert model.rope.rope_type == "dynamic"
     seqs = _random_seqs(SEQ_LENS, seed=5, vocab=cfg.vocab_size)  # 19 > 16 triggers the scaling
     num_pages, slots = _alloc(SEQ_LENS, 1, seed=6)
@@ -155,7 +158,10 @@ def test_config_fields(tiny):
     _, _, cfg, _ = tiny("llama")
     assert cfg.architecture == "LlamaForCausalLM" and not cfg.tie_word_embeddings and not cfg.qk_norm
     assert set(SUPPORTED_ARCHITECTURES) == {
-        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
     }
 
 
@@ -229,7 +235,11 @@ def smollm2():
 def test_default_model_folder(smollm2):
     path, _, cfg, tok = smollm2
     assert (cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (
-        "LlamaForCausalLM", 30, 576, 9, 3,
+        "LlamaForCausalLM",
+        30,
+        576,
+        9,
+        3,
     )
     assert (cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings) == (64, 49152, True)
     assert 2 in cfg.eos_token_ids and tok.eos_token == "<|im_end|>"
@@ -253,7 +263,7 @@ def test_default_model_logits_match_transformers(smollm2):
     num_pages, (slots,) = _alloc([n], 16, seed=8)
     runner = _Runner(model, cfg, num_pages, 16)
     head = runner.step([ids[: n - 3]], [slots[: n - 3]])[0]  # prefill all but 3 tokens
-    tail = [runner.step([ids[i:i + 1]], [slots[: i + 1]])[0] for i in range(n - 3, n)]  # decode 3
+    tail = [runner.step([ids[i : i + 1]], [slots[: i + 1]])[0] for i in range(n - 3, n)]  # decode 3
     ours = torch.cat([head, *tail])
     print(f"smollm2 max diff {(ours - ref).abs().max().item():.2e} (|logit| max {ref.abs().max().item():.1f})")
     assert (ours - ref).abs().max().item() <= ATOL

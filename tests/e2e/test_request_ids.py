@@ -7,6 +7,7 @@ other clients. ``n`` and the number of top logprobs are capped alike on every
 route (the server's --max-n and --max-top-logprobs-num), and numbers that
 would break float32 sampling are refused with a 400.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,18 @@ MAX_TOP = 5
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    yield from serving("--max-total-tokens", "16384", "--served-model-name", "default", "--max-n", str(MAX_N),
-                       "--max-top-logprobs-num", str(MAX_TOP), model=tiny_llama, api_key=KEY)
+    yield from serving(
+        "--max-total-tokens",
+        "16384",
+        "--served-model-name",
+        "default",
+        "--max-n",
+        str(MAX_N),
+        "--max-top-logprobs-num",
+        str(MAX_TOP),
+        model=tiny_llama,
+        api_key=KEY,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -140,39 +151,67 @@ def test_numbers_that_break_sampling_are_refused(client):
         r = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 3, **extra}})
         assert r.status_code == 400, (extra, r.text)
         assert r.json()["error"]["param"] == "sampling_params"
-    r = client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 2,
-                                             "logit_bias": {"5": 1e300}})
+    r = client.post(
+        "/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 2, "logit_bias": {"5": 1e300}}
+    )
     assert r.status_code == 400, r.text
     # still serving; a large finite bias is clamped to 100 and still picks its token
-    r = client.post("/generate", json={"text": "Hi", "sampling_params": {
-        "max_new_tokens": 3, "temperature": 0.5, "logit_bias": {"7": 1e30}}})
+    r = client.post(
+        "/generate",
+        json={"text": "Hi", "sampling_params": {"max_new_tokens": 3, "temperature": 0.5, "logit_bias": {"7": 1e30}}},
+    )
     assert r.status_code == 200 and r.json()["output_ids"] == [7, 7, 7]
 
 
 def test_limits_are_the_same_on_every_route(client):
     cases = [
         ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "n": MAX_N + 1}}, "sampling_params"),
-        ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
-                       "top_logprobs_num": MAX_TOP + 1}, "top_logprobs_num"),
-        ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}, "top_logprobs_num": 1_000_000},
-         "top_logprobs_num"),
+        (
+            "/generate",
+            {
+                "text": "Hi",
+                "sampling_params": {"max_new_tokens": 1},
+                "return_logprob": True,
+                "top_logprobs_num": MAX_TOP + 1,
+            },
+            "top_logprobs_num",
+        ),
+        (
+            "/generate",
+            {"text": "Hi", "sampling_params": {"max_new_tokens": 1}, "top_logprobs_num": 1_000_000},
+            "top_logprobs_num",
+        ),
         ("/v1/completions", {"model": "default", "prompt": "Hi", "max_tokens": 1, "n": MAX_N + 1}, "n"),
-        ("/v1/completions", {"model": "default", "prompt": "Hi", "max_tokens": 1, "logprobs": MAX_TOP + 1},
-         "logprobs"),
-        ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
-                                  "max_tokens": 1, "n": MAX_N + 1}, "n"),
-        ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
-                                  "max_tokens": 1, "logprobs": True, "top_logprobs": MAX_TOP + 1}, "top_logprobs"),
+        ("/v1/completions", {"model": "default", "prompt": "Hi", "max_tokens": 1, "logprobs": MAX_TOP + 1}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "n": MAX_N + 1},
+            "n",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "default",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 1,
+                "logprobs": True,
+                "top_logprobs": MAX_TOP + 1,
+            },
+            "top_logprobs",
+        ),
     ]
     for path, body, param in cases:
         r = client.post(path, json=body)
         assert r.status_code == 400, (path, body, r.text)
         assert r.json()["error"]["param"] == param, r.text
     # at the limits: served
-    r = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 1, "n": MAX_N},
-                                       "top_logprobs_num": MAX_TOP})
+    r = client.post(
+        "/generate",
+        json={"text": "Hi", "sampling_params": {"max_new_tokens": 1, "n": MAX_N}, "top_logprobs_num": MAX_TOP},
+    )
     assert r.status_code == 200 and len(r.json()) == MAX_N
     assert len(r.json()[0]["meta_info"]["output_top_logprobs"][0]) == MAX_TOP
-    r = client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 1, "n": MAX_N,
-                                             "logprobs": MAX_TOP})
+    r = client.post(
+        "/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 1, "n": MAX_N, "logprobs": MAX_TOP}
+    )
     assert r.status_code == 200 and len(r.json()["choices"]) == MAX_N

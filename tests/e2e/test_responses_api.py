@@ -6,6 +6,7 @@ enforcement, a tool result sent back as a ``function_call_output``, streamed
 typed events that add up to the whole answer, ``store`` (retrieve, delete,
 ``store: false``), structured output through ``text.format``, and bad
 requests refused with 400s naming the field."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,29 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                           "unit": {"type": "string", "enum": ["c", "f"]}},
-                          "required": ["city", "unit"]}}
-ADD = {"type": "function", "name": "add", "description": "Add two integers",
-       "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
-                                                       "b": {"type": "integer", "minimum": 0, "maximum": 999}},
-                      "required": ["a", "b"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+    },
+}
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two integers",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 999},
+            "b": {"type": "integer", "minimum": 0, "maximum": 999},
+        },
+        "required": ["a", "b"],
+    },
+}
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
 INSTRUCTIONS = "You are a careful assistant. Use the tools to answer."
@@ -60,11 +76,20 @@ def _call(response):
 def test_text_equals_the_chat_answer(client):
     """instructions + a list of input messages are the chat route's system + messages: same prompt, same
     greedy answer."""
-    r = _create(client, instructions="Answer in one short sentence.",
-                input=[{"role": "user", "content": [{"type": "input_text", "text": "Name a colour of the sky."}]}])
-    chat = client.chat.completions.create(model="default", temperature=0, max_tokens=32, messages=[
-        {"role": "system", "content": "Answer in one short sentence."},
-        {"role": "user", "content": "Name a colour of the sky."}])
+    r = _create(
+        client,
+        instructions="Answer in one short sentence.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Name a colour of the sky."}]}],
+    )
+    chat = client.chat.completions.create(
+        model="default",
+        temperature=0,
+        max_tokens=32,
+        messages=[
+            {"role": "system", "content": "Answer in one short sentence."},
+            {"role": "user", "content": "Name a colour of the sky."},
+        ],
+    )
     assert r.object == "response" and r.id.startswith("resp_") and r.status in ("completed", "incomplete")
     assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
     assert r.output_text and r.output_text == chat.choices[0].message.content
@@ -81,8 +106,10 @@ def test_continuation_is_served_from_the_cache(client):
     # the earlier turn (prompt and answer) is in the prompt, and the radix cache serves it
     assert then.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     cached = then.usage.input_tokens_details.cached_tokens
-    print(f"continuation: {cached} of {then.usage.input_tokens} input tokens cached "
-          f"(the earlier turn: {first.usage.total_tokens})")
+    print(
+        f"continuation: {cached} of {then.usage.input_tokens} input tokens cached "
+        f"(the earlier turn: {first.usage.total_tokens})"
+    )
     assert cached >= first.usage.input_tokens
     # a third turn continues the second: the whole chain is the prompt
     third = _create(client, previous_response_id=then.id, input="Thanks.", max_output_tokens=8)
@@ -91,18 +118,43 @@ def test_continuation_is_served_from_the_cache(client):
 
 
 def test_tool_choice_modes(client):
-    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
-                tool_choice="required", parallel_tool_calls=False, max_output_tokens=64)
+    r = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=64,
+    )
     assert r.status == "completed"
     _call(r)
-    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
-                tool_choice={"type": "function", "name": "add"}, max_output_tokens=64)
+    r = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice={"type": "function", "name": "add"},
+        max_output_tokens=64,
+    )
     assert _call(r).name == "add"
-    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
-                tool_choice="none", max_output_tokens=8)
+    r = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="none",
+        max_output_tokens=8,
+    )
     assert [o.type for o in r.output] == ["message"] and r.output_text
-    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
-                tool_choice="auto", max_output_tokens=12)
+    r = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="auto",
+        max_output_tokens=12,
+    )
     for o in r.output:  # free text, or a call the grammar kept valid
         if o.type == "function_call" and o.status == "completed":
             jsonschema.validate(json.loads(o.arguments), SCHEMAS[o.name])
@@ -111,25 +163,57 @@ def test_tool_choice_modes(client):
 def test_tool_result_continues_the_conversation(client):
     """The Agents SDK's loop: a required call, its result as a function_call_output item on
     previous_response_id, then an answer; the earlier turn is served from the cache."""
-    r = _create(client, instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
-                tool_choice="required", parallel_tool_calls=False, max_output_tokens=64)
+    r = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=64,
+    )
     call = _call(r)
-    then = _create(client, instructions=INSTRUCTIONS, previous_response_id=r.id, tools=TOOLS,
-                   input=[{"type": "function_call_output", "call_id": call.call_id,
-                           "output": json.dumps({"weather": "sunny", "celsius": 21})}], max_output_tokens=24)
+    then = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        previous_response_id=r.id,
+        tools=TOOLS,
+        input=[
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": json.dumps({"weather": "sunny", "celsius": 21}),
+            }
+        ],
+        max_output_tokens=24,
+    )
     assert then.status in ("completed", "incomplete") and then.output
     assert then.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
     # the same turn sent whole (no previous_response_id): the same prompt
-    whole = _create(client, instructions=INSTRUCTIONS, tools=TOOLS, input=[
-        {"role": "user", "content": "What's the weather in Paris?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id,
-         "output": json.dumps({"weather": "sunny", "celsius": 21})}], max_output_tokens=24)
+    whole = _create(
+        client,
+        instructions=INSTRUCTIONS,
+        tools=TOOLS,
+        input=[
+            {"role": "user", "content": "What's the weather in Paris?"},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": json.dumps({"weather": "sunny", "celsius": 21}),
+            },
+        ],
+        max_output_tokens=24,
+    )
     assert whole.usage.input_tokens == then.usage.input_tokens and whole.output_text == then.output_text
     # a result for a call that was never made is refused, as on chat
     with pytest.raises(openai.BadRequestError) as e:
-        _create(client, previous_response_id=r.id, tools=TOOLS,
-                input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}])
+        _create(
+            client,
+            previous_response_id=r.id,
+            tools=TOOLS,
+            input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}],
+        )
     assert e.value.body["param"] == "input.0.call_id", e.value.body
 
 
@@ -162,8 +246,14 @@ def test_stream_adds_up_to_the_whole_answer(client):
 
 
 def test_streamed_call_adds_up_to_the_whole_call(client):
-    ask = dict(instructions=INSTRUCTIONS, input="What's the weather in Paris?", tools=TOOLS,
-               tool_choice="required", parallel_tool_calls=False, max_output_tokens=64)
+    ask = dict(
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=64,
+    )
     events, final = _stream(client, **ask)
     whole = _call(_create(client, **ask))
     deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
@@ -198,12 +288,18 @@ def test_store_false_is_neither_kept_nor_continued(client):
 
 
 def test_text_format_json_schema(client):
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                               "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
-    r = _create(client, input="Paris is sunny today. Give the city and whether it is sunny as JSON.",
-                text={"format": {"type": "json_schema", "name": "weather", "schema": schema, "strict": True}},
-                max_output_tokens=48)
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    r = _create(
+        client,
+        input="Paris is sunny today. Give the city and whether it is sunny as JSON.",
+        text={"format": {"type": "json_schema", "name": "weather", "schema": schema, "strict": True}},
+        max_output_tokens=48,
+    )
     assert r.status == "completed", r
     jsonschema.validate(json.loads(r.output_text), schema)
     assert r.text.format.type == "json_schema"
@@ -216,30 +312,62 @@ BAD = {
     "input_not_a_list": ({"input": {"role": "user"}}, "input"),
     "unknown_item_type": ({"input": [{"type": "bogus"}]}, "input.0"),
     "bad_role": ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
-    "image_part": ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-                   "input.0.content.0"),
-    "call_without_call_id": ({"input": [{"type": "function_call", "name": "add", "arguments": "{}"}]},
-                             "input.0.call_id"),
-    "call_arguments_not_json": ({"input": [{"role": "user", "content": "x"}, {
-        "type": "function_call", "call_id": "c1", "name": "add", "arguments": "{"}]}, "input.1.arguments"),
-    "call_name_with_newline": ({"input": [{"type": "function_call", "call_id": "c1", "name": "add\n",
-                                           "arguments": "{}"}]}, "input.0.name"),
-    "output_answering_no_call": ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]},
-                                 "input.0"),
+    "image_part": (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input.0.content.0",
+    ),
+    "call_without_call_id": (
+        {"input": [{"type": "function_call", "name": "add", "arguments": "{}"}]},
+        "input.0.call_id",
+    ),
+    "call_arguments_not_json": (
+        {
+            "input": [
+                {"role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{"},
+            ]
+        },
+        "input.1.arguments",
+    ),
+    "call_name_with_newline": (
+        {"input": [{"type": "function_call", "call_id": "c1", "name": "add\n", "arguments": "{}"}]},
+        "input.0.name",
+    ),
+    "output_answering_no_call": (
+        {"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]},
+        "input.0",
+    ),
     "item_reference": ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
     "hosted_tool": ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     "tool_without_name": ({"input": "x", "tools": [{"type": "function", "parameters": {}}]}, "tools"),
-    "named_choice_not_a_tool": ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function",
-                                                                                  "name": "nope"}}, "tool_choice"),
+    "named_choice_not_a_tool": (
+        {"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
+        "tool_choice",
+    ),
     "required_without_tools": ({"input": "x", "tool_choice": "required"}, "tool_choice"),
-    "choice_in_chat_shape": ({"input": "x", "tools": [WEATHER], "tool_choice": {
-        "type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
-    "unusable_schema": ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "no-such-type"}}}}], "tool_choice": "required"}, "tools"),
-    "format_without_schema": ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}},
-                              "text.format"),
-    "format_with_a_bad_schema": ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
-        "type": "no-such-type"}}}}, "text.format"),
+    "choice_in_chat_shape": (
+        {"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        "tool_choice",
+    ),
+    "unusable_schema": (
+        {
+            "input": "x",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"x": {"type": "no-such-type"}}},
+                }
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+    ),
+    "format_without_schema": ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    "format_with_a_bad_schema": (
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "no-such-type"}}}},
+        "text.format",
+    ),
     "max_output_tokens_a_string": ({"input": "x", "max_output_tokens": "5"}, "max_output_tokens"),
     "max_output_tokens_zero": ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     "temperature_too_high": ({"input": "x", "temperature": 3}, "temperature"),

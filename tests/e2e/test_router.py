@@ -12,6 +12,7 @@ back (SIGCONT); a replica killed makes its requests fail over, and the
 ``--dp`` front, whose health covers every replica, exits non-zero and takes
 the other replica down with it.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ KEY = "k"
 ROUTER_READ_TIMEOUT_S = 1.0  # the round_robin router's --header-read-timeout-s and --body-read-timeout-s
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # Two system prompts of ~60 tokens each; questions add a few tokens.
-SYSTEM = [f"You are assistant number {i}. " + " ".join(f"rule {i}-{j} is important." for j in range(12))
-          for i in range(2)]
+SYSTEM = [
+    f"You are assistant number {i}. " + " ".join(f"rule {i}-{j} is important." for j in range(12)) for i in range(2)
+]
 
 
 class Worker:
@@ -51,9 +53,25 @@ class Router:
     def __init__(self, urls: list[str], policy: str, health_interval: float, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "radixrt.cli", "router", "--port", str(self.port), "--policy", policy,
-               "--api-key", KEY, "--health-check-interval", str(health_interval), "--health-check-timeout", "3",
-               "--health-failure-threshold", "1", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt.cli",
+            "router",
+            "--port",
+            str(self.port),
+            "--policy",
+            policy,
+            "--api-key",
+            KEY,
+            "--health-check-interval",
+            str(health_interval),
+            "--health-check-timeout",
+            "3",
+            "--health-failure-threshold",
+            "1",
+            *extra,
+        ]
         for u in urls:
             cmd += ["--worker-url", u]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -75,9 +93,22 @@ class Router:
 
 @pytest.fixture(scope="module")
 def dp_server(tiny_llama):
-    srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", "--served-model-name", "tiny",
-                      "--router-health-check-interval", "0.5", "--router-health-check-timeout", "3",
-                      "--router-health-failure-threshold", "1", model=tiny_llama, api_key=KEY)
+    srv = LocalServer(
+        "--dp",
+        "2",
+        "--max-total-tokens",
+        "4096",
+        "--served-model-name",
+        "tiny",
+        "--router-health-check-interval",
+        "0.5",
+        "--router-health-check-timeout",
+        "3",
+        "--router-health-failure-threshold",
+        "1",
+        model=tiny_llama,
+        api_key=KEY,
+    )
     try:
         srv.wait_ready()
         yield srv
@@ -97,9 +128,18 @@ def routers(workers):
     # cache_aware: rare health checks, so that only a failed request can remove a worker (the failover test);
     # round_robin: frequent ones (the stopped-worker test)
     # round_robin also has short read timeouts (the slow-client test)
-    made = {"cache_aware": Router(urls, "cache_aware", 60.0),
-            "round_robin": Router(urls, "round_robin", 0.3, "--header-read-timeout-s", str(ROUTER_READ_TIMEOUT_S),
-                                  "--body-read-timeout-s", str(ROUTER_READ_TIMEOUT_S))}
+    made = {
+        "cache_aware": Router(urls, "cache_aware", 60.0),
+        "round_robin": Router(
+            urls,
+            "round_robin",
+            0.3,
+            "--header-read-timeout-s",
+            str(ROUTER_READ_TIMEOUT_S),
+            "--body-read-timeout-s",
+            str(ROUTER_READ_TIMEOUT_S),
+        ),
+    }
     yield made
     for r in made.values():
         assert r.stop() == 0
@@ -110,9 +150,10 @@ def test_router_cuts_off_slow_clients(routers):
     headers or a body sent a byte every 0.2 s get a 408 and a closed connection."""
     router = routers["round_robin"]
     auth = f"Authorization: Bearer {KEY}\r\n".encode()
-    for head, trickle in ((b"POST /generate HTTP/1.1\r\nHost: x\r\n", b"X-Slow: yes\r\n"),
-                          (b"POST /generate HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 500\r\n\r\n",
-                           b'{"text": "aaaa')):
+    for head, trickle in (
+        (b"POST /generate HTTP/1.1\r\nHost: x\r\n", b"X-Slow: yes\r\n"),
+        (b"POST /generate HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 500\r\n\r\n", b'{"text": "aaaa'),
+    ):
         elapsed, received = drip(router.port, head, trickle, ROUTER_READ_TIMEOUT_S + 10)
         assert ROUTER_READ_TIMEOUT_S - 0.3 <= elapsed <= ROUTER_READ_TIMEOUT_S + 1.5, (elapsed, received)
         assert received.startswith(b"HTTP/1.1 408 "), received
@@ -127,8 +168,12 @@ def _hits(worker: Worker) -> tuple[int, int]:
 
 
 def _generate(router: Router, text: str, max_new_tokens: int = 3) -> httpx.Response:
-    r = httpx.post(router.url + "/generate", headers=AUTH, timeout=120,
-                   json={"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
+    r = httpx.post(
+        router.url + "/generate",
+        headers=AUTH,
+        timeout=120,
+        json={"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}},
+    )
     assert r.status_code == 200, r.text
     return r
 
@@ -140,13 +185,23 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     info = httpx.get(srv.url + "/get_server_info", headers=AUTH, timeout=30).json()
     assert len(info["internal_states"]) == 2 and info["router"]["policy"] == "cache_aware"
     prefix = SYSTEM[0] + " Question: "
-    metas = [httpx.post(srv.url + "/generate", headers=AUTH, timeout=60,
-                        json={"text": prefix + str(i), "sampling_params": {"max_new_tokens": 3}}).json()
-             ["meta_info"] for i in range(3)]
+    metas = [
+        httpx.post(
+            srv.url + "/generate",
+            headers=AUTH,
+            timeout=60,
+            json={"text": prefix + str(i), "sampling_params": {"max_new_tokens": 3}},
+        ).json()["meta_info"]
+        for i in range(3)
+    ]
     assert [m["completion_tokens"] for m in metas] == [3, 3, 3]
     assert metas[1]["cached_tokens"] > 0 and metas[2]["cached_tokens"] > 0  # cache_aware: the same replica
-    r = httpx.post(srv.url + "/v1/chat/completions", headers=AUTH, timeout=60,
-                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        headers=AUTH,
+        timeout=60,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     assert {w.url for w in workers} == {w["url"] for w in info["workers"]}
     # a program through the frontend's RuntimeEndpoint: the front looks like one server
@@ -202,19 +257,27 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
     router = routers["cache_aware"]
     assert httpx.post(router.url + "/generate", json={"text": "x"}).status_code == 401  # no key
     assert httpx.get(router.url + "/health").status_code == 200  # health needs none
-    with httpx.stream("POST", router.url + "/generate", headers=AUTH, timeout=60,
-                      json={"text": SYSTEM[1] + " Stream?", "stream": True,
-                            "sampling_params": {"max_new_tokens": 4}}) as r:
+    with httpx.stream(
+        "POST",
+        router.url + "/generate",
+        headers=AUTH,
+        timeout=60,
+        json={"text": SYSTEM[1] + " Stream?", "stream": True, "sampling_params": {"max_new_tokens": 4}},
+    ) as r:
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) >= 2
     openai = pytest.importorskip("openai")
     with openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0, timeout=60) as client:
         assert [m.id for m in client.models.list().data] == ["tiny"]
-        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=3, temperature=0)
+        out = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+        )
         assert out.usage.completion_tokens == 3
-        chunks = list(client.chat.completions.create(model="tiny", max_tokens=3, stream=True,
-                                                     messages=[{"role": "user", "content": "hi"}]))
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny", max_tokens=3, stream=True, messages=[{"role": "user", "content": "hi"}]
+            )
+        )
         assert chunks[-1].choices[0].finish_reason == "length"
         comp = client.completions.create(model="tiny", prompt=SYSTEM[0], max_tokens=2)
         assert comp.usage.completion_tokens == 2

@@ -10,6 +10,7 @@ SIGTERM stops it and its children cleanly. The last test (slow) starts another
 server on the tiny model, kills its scheduler process and checks that the
 server reports unhealthy and exits non-zero.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,9 @@ KV_TOKENS = 24576
 @contextlib.contextmanager
 def _serving(model: str, folder: str, served_name: str, *extra: str):
     """A server on ``model``; ``folder`` and ``served_name`` are what it should report."""
-    srv = LocalServer("--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000", *extra,
-                      model=model, api_key=KEY)
+    srv = LocalServer(
+        "--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000", *extra, model=model, api_key=KEY
+    )
     srv.folder, srv.served_name = folder, served_name
     try:
         srv.wait_ready()
@@ -57,8 +59,9 @@ def _serving(model: str, folder: str, served_name: str, *extra: str):
 def tiny_server(tiny_llama):
     # served as "default", the name the requests below give; with the overlap scheduler (a CUDA default, off on
     # the CPU otherwise) so that streams, aborts and disconnects are also tested with a step in flight
-    with _serving(tiny_llama, tiny_llama, "default", "--served-model-name", "default",
-                  "--no-disable-overlap-schedule") as srv:
+    with _serving(
+        tiny_llama, tiny_llama, "default", "--served-model-name", "default", "--no-disable-overlap-schedule"
+    ) as srv:
         yield srv
 
 
@@ -124,7 +127,7 @@ def sse_events(text: str) -> list:
     events = []
     for line in text.splitlines():
         if line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -183,16 +186,16 @@ def test_generate_single_batch_and_input_ids(client):
     # the same prompt as input_ids, inside a batch: the same greedy answer, and the prefix was cached
     tok = client.post("/generate", json={"text": "The capital of France is", "sampling_params": greedy(0)}).json()
     assert tok["output_ids"] == [] and tok["meta_info"]["finish_reason"]["type"] == "length"
-    batch = client.post("/generate", json={
-        "text": ["The capital of France is", "1, 2, 3,"], "sampling_params": greedy(6)}).json()
+    batch = client.post(
+        "/generate", json={"text": ["The capital of France is", "1, 2, 3,"], "sampling_params": greedy(6)}
+    ).json()
     assert isinstance(batch, list) and len(batch) == 2
     assert batch[0]["output_ids"] == single["output_ids"]
     assert batch[0]["meta_info"]["cached_tokens"] >= 4
 
 
 def test_generate_n_samples_and_seed(client):
-    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 5, "temperature": 1.0, "n": 3,
-                                                            "seed": 7}}
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 5, "temperature": 1.0, "n": 3, "seed": 7}}
     a = client.post("/generate", json=body).json()
     b = client.post("/generate", json=body).json()
     assert isinstance(a, list) and len(a) == 3
@@ -201,10 +204,17 @@ def test_generate_n_samples_and_seed(client):
 
 
 def test_generate_logprobs(client):
-    r = client.post("/generate", json={
-        "text": "Paris is the capital of", "sampling_params": greedy(3), "return_logprob": True,
-        "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True,
-    }).json()
+    r = client.post(
+        "/generate",
+        json={
+            "text": "Paris is the capital of",
+            "sampling_params": greedy(3),
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+        },
+    ).json()
     meta = r["meta_info"]
     assert len(meta["output_token_logprobs"]) == 3
     lp, tid, text = meta["output_token_logprobs"][0]
@@ -284,8 +294,11 @@ def _frontend_programs_on_both(engine, client) -> list:
     endpoint = rt.RuntimeEndpoint(str(client.base_url), api_key=KEY)
     local = engine  # run(backend=engine) wraps it in the frontend's in-process backend
     pairs = []
-    for program, kwargs, names in ((chat, {"question": "What is the capital of Italy?"}, ("answer", "word")),
-                                   (few_shot, {}, ("color", "fruit")), (fan, {}, ("animal",))):
+    for program, kwargs, names in (
+        (chat, {"question": "What is the capital of Italy?"}, ("answer", "word")),
+        (few_shot, {}, ("color", "fruit")),
+        (fan, {}, ("animal",)),
+    ):
         a = program.run(temperature=0, backend=local, **kwargs)
         b = program.run(temperature=0, backend=endpoint, **kwargs)
         assert a.error() is None and b.error() is None, (a.error(), b.error())
@@ -316,8 +329,9 @@ def test_server_matches_in_process_engine(server, client):
     got = client.post("/generate", json={"text": prompts, "sampling_params": greedy(8)}).json()
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
     assert [g["text"] for g in got] == [w["text"] for w in want]
-    r = client.post("/v1/chat/completions", json={"model": "default", "messages": chat, "max_tokens": 8,
-                                                  "temperature": 0}).json()
+    r = client.post(
+        "/v1/chat/completions", json={"model": "default", "messages": chat, "max_tokens": 8, "temperature": 0}
+    ).json()
     assert r["choices"][0]["message"]["content"] == want_chat["text"]
 
 
@@ -336,8 +350,14 @@ def test_openai_chat(oai, model_name):
 def test_openai_chat_stream(oai, model_name):
     msgs = [{"role": "user", "content": "Say hello."}]
     full = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0)
-    stream = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=8, temperature=0,
-                                         stream=True, stream_options={"include_usage": True})
+    stream = oai.chat.completions.create(
+        model=model_name,
+        messages=msgs,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     parts, finish, usage = [], None, None
     for chunk in stream:
         if chunk.usage is not None:
@@ -353,14 +373,14 @@ def test_openai_chat_stream(oai, model_name):
 @pytest.mark.slow
 def test_openai_completion_stop(embedded_oai):
     model_name = embedded_oai.models.list().data[0].id
-    r = embedded_oai.completions.create(model=model_name, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0,
-                                        stop=[" 7"])
+    r = embedded_oai.completions.create(
+        model=model_name, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"]
+    )
     assert r.choices[0].finish_reason == "stop" and " 7" not in r.choices[0].text
 
 
 def test_openai_completion_n_and_logprobs(oai, model_name):
-    r = oai.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, n=3,
-                               temperature=0.9, seed=3)
+    r = oai.completions.create(model=model_name, prompt="Once upon a time", max_tokens=6, n=3, temperature=0.9, seed=3)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert len(r.choices) == 3 and 3 <= r.usage.completion_tokens <= 18
     r = oai.completions.create(model=model_name, prompt="The sky is", max_tokens=4, temperature=0, logprobs=2)
@@ -368,8 +388,14 @@ def test_openai_completion_n_and_logprobs(oai, model_name):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert all(x <= 0 for x in lp.token_logprobs) and len(lp.top_logprobs[0]) == 2
     assert "".join(lp.tokens) == r.choices[0].text
-    c = oai.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-                                    temperature=0, logprobs=True, top_logprobs=3)
+    c = oai.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = c.choices[0].logprobs.content
     assert len(content) == c.usage.completion_tokens and len(content[0].top_logprobs) == 3
     assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the top token
@@ -388,8 +414,10 @@ def test_openai_bool_token_ids_are_400(oai, model_name):
 
 
 def test_openai_extra_fields_accepted(client):
-    r = client.post("/v1/completions", json={"model": "default", "prompt": "Hello", "max_tokens": 3,
-                                             "top_k": 5, "min_p": 0.05, "temperature": 0.7})
+    r = client.post(
+        "/v1/completions",
+        json={"model": "default", "prompt": "Hello", "max_tokens": 3, "top_k": 5, "min_p": 0.05, "temperature": 0.7},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -401,24 +429,39 @@ def test_constrained_generate_and_response_format(embedded_client, embedded_oai)
     client, oai = embedded_client, embedded_oai
     model_name = oai.models.list().data[0].id
     ip = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
-    r = client.post("/generate", json={"text": "Google's public DNS server has the IP address",
-                                       "sampling_params": greedy(20, regex=" " + ip)}).json()
+    r = client.post(
+        "/generate",
+        json={"text": "Google's public DNS server has the IP address", "sampling_params": greedy(20, regex=" " + ip)},
+    ).json()
     assert re.fullmatch(" " + ip, r["text"]) and r["meta_info"]["finish_reason"]["type"] == "stop"
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     msgs = [{"role": "user", "content": "Describe a person as JSON."}]
-    c = oai.chat.completions.create(model=model_name, messages=msgs, max_tokens=48, temperature=0,
-                                    response_format={"type": "json_schema",
-                                                     "json_schema": {"name": "person", "schema": schema}})
+    c = oai.chat.completions.create(
+        model=model_name,
+        messages=msgs,
+        max_tokens=48,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+    )
     jsonschema.validate(json.loads(c.choices[0].message.content), schema)
     assert c.choices[0].finish_reason == "stop"
     cat = [{"role": "user", "content": "Return a JSON object describing a cat with its name and age."}]
-    c = oai.chat.completions.create(model=model_name, messages=cat, max_tokens=48, temperature=0,
-                                    response_format={"type": "json_object"})
+    c = oai.chat.completions.create(
+        model=model_name, messages=cat, max_tokens=48, temperature=0, response_format={"type": "json_object"}
+    )
     assert isinstance(json.loads(c.choices[0].message.content), dict)
     # a schema that is not an object, through the native API
-    r = client.post("/generate", json={"text": "Name a color:", "sampling_params": greedy(8, json_schema=json.dumps(
-        {"enum": ["red", "green", "blue"]}))}).json()
+    r = client.post(
+        "/generate",
+        json={
+            "text": "Name a color:",
+            "sampling_params": greedy(8, json_schema=json.dumps({"enum": ["red", "green", "blue"]})),
+        },
+    ).json()
     assert r["text"] in ('"red"', '"green"', '"blue"')
 
 
@@ -437,51 +480,133 @@ _MSG = [{"role": "user", "content": "x"}]
 BAD_INPUTS = {
     # name: (method, route, request kwargs, status, text the error message names)
     "malformed_json_native": ("POST", "/generate", {"content": b"{not json", "headers": _JSON}, 400, "JSON"),
-    "malformed_json_openai": ("POST", "/v1/chat/completions", {"content": b'{"model": ', "headers": _JSON}, 400,
-                              "JSON"),
+    "malformed_json_openai": (
+        "POST",
+        "/v1/chat/completions",
+        {"content": b'{"model": ', "headers": _JSON},
+        400,
+        "JSON",
+    ),
     "wrong_type_text": ("POST", "/generate", {"json": {"text": 5}}, 400, "text"),
-    "wrong_type_sampling": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"max_new_tokens": "m"}}},
-                            400, "max_new_tokens"),
+    "wrong_type_sampling": (
+        "POST",
+        "/generate",
+        {"json": {"text": "hi", "sampling_params": {"max_new_tokens": "m"}}},
+        400,
+        "max_new_tokens",
+    ),
     "wrong_type_stream": ("POST", "/generate", {"json": {"text": "hi", "stream": "yes"}}, 400, "stream"),
-    "wrong_type_openai": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": "x",
-                                                               "max_tokens": "ten"}}, 400, "max_tokens"),
-    "unknown_sampling_param": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"bogus": 1}}}, 400,
-                               "bogus"),
-    "negative_max_new_tokens": ("POST", "/generate", {"json": {"text": "hi", "sampling_params":
-                                                               {"max_new_tokens": -1}}}, 400, "max_new_tokens"),
-    "negative_max_tokens": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": "x",
-                                                                 "max_tokens": -3}}, 400, "max_tokens"),
-    "negative_temperature_native": ("POST", "/generate", {"json": {"text": "hi", "sampling_params":
-                                                                   {"temperature": -0.5}}}, 400, "temperature"),
-    "negative_temperature_chat": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": _MSG,
-                                                                           "temperature": -1}}, 400, "temperature"),
-    "empty_messages": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": []}}, 400,
-                       "messages"),
+    "wrong_type_openai": (
+        "POST",
+        "/v1/completions",
+        {"json": {"model": "default", "prompt": "x", "max_tokens": "ten"}},
+        400,
+        "max_tokens",
+    ),
+    "unknown_sampling_param": (
+        "POST",
+        "/generate",
+        {"json": {"text": "hi", "sampling_params": {"bogus": 1}}},
+        400,
+        "bogus",
+    ),
+    "negative_max_new_tokens": (
+        "POST",
+        "/generate",
+        {"json": {"text": "hi", "sampling_params": {"max_new_tokens": -1}}},
+        400,
+        "max_new_tokens",
+    ),
+    "negative_max_tokens": (
+        "POST",
+        "/v1/completions",
+        {"json": {"model": "default", "prompt": "x", "max_tokens": -3}},
+        400,
+        "max_tokens",
+    ),
+    "negative_temperature_native": (
+        "POST",
+        "/generate",
+        {"json": {"text": "hi", "sampling_params": {"temperature": -0.5}}},
+        400,
+        "temperature",
+    ),
+    "negative_temperature_chat": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": _MSG, "temperature": -1}},
+        400,
+        "temperature",
+    ),
+    "empty_messages": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": []}}, 400, "messages"),
     "empty_prompt": ("POST", "/generate", {"json": {"text": ""}}, 400, "empty"),
     "over_long_prompt": ("POST", "/generate", {"json": {"input_ids": [1] * 9000}}, 400, "context length"),
     "bad_regex": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {"regex": "(ab"}}}, 400, "regex"),
-    "bad_json_schema": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {
-        "json_schema": '{"type": "foo"}'}}}, 400, "json_schema"),
-    "bad_response_format": ("POST", "/v1/chat/completions", {"json": {
-        "model": "default", "messages": _MSG, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}}, 400, "response_format"),
+    "bad_json_schema": (
+        "POST",
+        "/generate",
+        {"json": {"text": "hi", "sampling_params": {"json_schema": '{"type": "foo"}'}}},
+        400,
+        "json_schema",
+    ),
+    "bad_response_format": (
+        "POST",
+        "/v1/chat/completions",
+        {
+            "json": {
+                "model": "default",
+                "messages": _MSG,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+            }
+        },
+        400,
+        "response_format",
+    ),
     # booleans are not token ids or counts (Python's bool is an int; pydantic's lax mode would read true as 1)
-    "bool_ids_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [True, False]}}, 400,
-                            "prompt"),
-    "bool_ids_completion_batch": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [[5, True]]}},
-                                  400, "prompt"),
-    "float_ids_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [5.0]}}, 400,
-                             "prompt"),
+    "bool_ids_completion": (
+        "POST",
+        "/v1/completions",
+        {"json": {"model": "default", "prompt": [True, False]}},
+        400,
+        "prompt",
+    ),
+    "bool_ids_completion_batch": (
+        "POST",
+        "/v1/completions",
+        {"json": {"model": "default", "prompt": [[5, True]]}},
+        400,
+        "prompt",
+    ),
+    "float_ids_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [5.0]}}, 400, "prompt"),
     "bool_ids_generate": ("POST", "/generate", {"json": {"input_ids": [True, False]}}, 400, "input_ids"),
-    "bool_stop_token_ids_chat": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": _MSG,
-                                                                          "stop_token_ids": [True]}}, 400,
-                                 "stop_token_ids"),
-    "bool_stop_token_ids_generate": ("POST", "/generate", {"json": {"text": "hi", "sampling_params": {
-        "stop_token_ids": [True]}}}, 400, "stop_token_ids"),
-    "bool_max_tokens_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": "x",
-                                                                        "max_tokens": True}}, 400, "max_tokens"),
-    "bool_n_chat": ("POST", "/v1/chat/completions", {"json": {"model": "default", "messages": _MSG, "n": True}}, 400,
-                    "'n'"),
+    "bool_stop_token_ids_chat": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": _MSG, "stop_token_ids": [True]}},
+        400,
+        "stop_token_ids",
+    ),
+    "bool_stop_token_ids_generate": (
+        "POST",
+        "/generate",
+        {"json": {"text": "hi", "sampling_params": {"stop_token_ids": [True]}}},
+        400,
+        "stop_token_ids",
+    ),
+    "bool_max_tokens_completion": (
+        "POST",
+        "/v1/completions",
+        {"json": {"model": "default", "prompt": "x", "max_tokens": True}},
+        400,
+        "max_tokens",
+    ),
+    "bool_n_chat": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": _MSG, "n": True}},
+        400,
+        "'n'",
+    ),
     "bool_tokens_detokenize": ("POST", "/detokenize", {"json": {"tokens": [True]}}, 400, "tokens"),
     "unknown_model": ("POST", "/v1/chat/completions", {"json": {"model": "nope", "messages": _MSG}}, 404, "nope"),
     "unknown_route": ("GET", "/no/such/route", {}, 404, ""),
@@ -496,11 +621,20 @@ def test_bad_input(client, case):
     _error(client.request(method, route, **kwargs), status, mention)
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
-                         ids=["missing_key", "wrong_key", "no_bearer"])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
+    ids=["missing_key", "wrong_key", "no_bearer"],
+)
 def test_api_key_required(server, headers):
-    for method, route in (("POST", "/generate"), ("GET", "/v1/models"), ("GET", "/metrics"),
-                          ("GET", "/get_model_info"), ("POST", "/v1/chat/completions"), ("GET", "/no/such/route")):
+    for method, route in (
+        ("POST", "/generate"),
+        ("GET", "/v1/models"),
+        ("GET", "/metrics"),
+        ("GET", "/get_model_info"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/no/such/route"),
+    ):
         _error(httpx.request(method, server.url + route, headers=headers, json={"text": "x"}), 401)
     assert httpx.get(server.url + "/health", headers=headers).status_code == 200  # /health stays open
 
@@ -512,10 +646,19 @@ def test_still_serving_after_bad_inputs(client):
 def test_metrics(server, client):
     text = client.get("/metrics").text
     kv_free = f'radixrt_kv_slots{{model_name="{server.served_name}",state="free"}}'
-    for name in ("radixrt_requests_total", "radixrt_prompt_tokens_total", "radixrt_generation_tokens_total",
-                 "radixrt_cached_tokens_total", "radixrt_cache_hit_rate", "radixrt_num_running_reqs",
-                 "radixrt_num_queued_reqs", "radixrt_kv_usage", "radixrt_time_to_first_token_seconds_bucket",
-                 "radixrt_inter_token_latency_seconds_bucket", kv_free):
+    for name in (
+        "radixrt_requests_total",
+        "radixrt_prompt_tokens_total",
+        "radixrt_generation_tokens_total",
+        "radixrt_cached_tokens_total",
+        "radixrt_cache_hit_rate",
+        "radixrt_num_running_reqs",
+        "radixrt_num_queued_reqs",
+        "radixrt_kv_usage",
+        "radixrt_time_to_first_token_seconds_bucket",
+        "radixrt_inter_token_latency_seconds_bucket",
+        kv_free,
+    ):
         assert name in text, name
     ttft_count = [line for line in text.splitlines() if line.startswith("radixrt_time_to_first_token_seconds_count")]
     assert ttft_count and float(ttft_count[0].split()[-1]) > 0
@@ -572,7 +715,8 @@ def test_flush_cache_resets_no_counter_and_the_hit_rate_is_since_start(tiny_serv
         queried = _tokens_total(last, "radixrt_cache_queried_tokens_total")
         assert queried - _tokens_total(after, "radixrt_cache_queried_tokens_total") == r["meta_info"]["prompt_tokens"]
         assert _tokens_total(last, "radixrt_cache_hit_tokens_total") == _tokens_total(
-            after, "radixrt_cache_hit_tokens_total")
+            after, "radixrt_cache_hit_tokens_total"
+        )
         [rate_last] = [v for (n, _), v in last.items() if n == "radixrt_cache_hit_rate"]
         assert rate_last == pytest.approx(rate_of(last)) and rate_last < rate_before
 
@@ -580,8 +724,10 @@ def test_flush_cache_resets_no_counter_and_the_hit_rate_is_since_start(tiny_serv
 # ------------------------------------------------------------------ disconnects and load
 def test_client_disconnect_aborts_and_frees_kv(server, client):
     wait_idle(client)
-    body = {"text": "Write a very long essay about the sea.", "sampling_params": {
-        "max_new_tokens": 8000, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "Write a very long essay about the sea.",
+        "sampling_params": {"max_new_tokens": 8000, "ignore_eos": True, "temperature": 0},
+    }
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/generate", json=body, headers=server.headers, timeout=3)
     st = wait_idle(client, timeout=10)  # far sooner than 8000 tokens would take, even on the tiny model
@@ -600,8 +746,10 @@ def test_200_concurrent_streams_with_aborts(server, client):
     """Shared and unshared prefixes, native and OpenAI streams, every fifth
     client leaves after its first chunk; all end cleanly and no KV leaks."""
     rng = random.Random(0)
-    shared = ("You are a meticulous assistant for a shipping company. Answer in one short sentence. "
-              "Customers ask about parcels, delays, customs forms and refunds. ")
+    shared = (
+        "You are a meticulous assistant for a shipping company. Answer in one short sentence. "
+        "Customers ask about parcels, delays, customs forms and refunds. "
+    )
     words = "apple river stone cloud piano garden rocket violet silver window lantern meadow".split()
 
     def prompt(i: int) -> str:
@@ -611,11 +759,19 @@ def test_200_concurrent_streams_with_aborts(server, client):
     async def one(ac: httpx.AsyncClient, i: int) -> str:
         leave_early = i % 5 == 4
         if i % 3 == 0:
-            route, body = "/v1/completions", {"model": "default", "prompt": prompt(i), "max_tokens": 4,
-                                              "temperature": 0, "stream": True}
+            route, body = (
+                "/v1/completions",
+                {"model": "default", "prompt": prompt(i), "max_tokens": 4, "temperature": 0, "stream": True},
+            )
         else:
-            route, body = "/generate", {"text": prompt(i), "stream": True,
-                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0.5, "seed": i}}
+            route, body = (
+                "/generate",
+                {
+                    "text": prompt(i),
+                    "stream": True,
+                    "sampling_params": {"max_new_tokens": 4, "temperature": 0.5, "seed": i},
+                },
+            )
         got_done = False
         async with ac.stream("POST", route, json=body) as r:
             assert r.status_code == 200, await r.aread()
@@ -634,8 +790,7 @@ def test_200_concurrent_streams_with_aborts(server, client):
 
     async def run_all() -> list:
         limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=240,
-                                     limits=limits) as ac:
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=240, limits=limits) as ac:
             return await asyncio.gather(*(one(ac, i) for i in range(200)))
 
     t0 = time.monotonic()

@@ -20,6 +20,7 @@ Every program runs under a deadline: SGLang's interpreter runs each program in
 worker threads and waits for them, so a request that fails inside one (such as
 the ``concate_and_append`` join's POST to a route that is missing) used to
 hang the caller forever."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,8 @@ from tests.support.servers import serving
 pytestmark = pytest.mark.slow  # two server start-ups: ~45 s on two busy cores
 
 sgl = pytest.importorskip(
-    "sglang", reason="SGLang's client is not installed (scripts/setup.sh installs it: sglang --no-deps, pinned)")
+    "sglang", reason="SGLang's client is not installed (scripts/setup.sh installs it: sglang --no-deps, pinned)"
+)
 
 DEADLINE_S = 120
 IP = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
@@ -86,6 +88,7 @@ def within_deadline(fn, timeout: float = DEADLINE_S):
 
 def run(program, backend, timeout: float = DEADLINE_S, **kwargs):
     """``program.run(backend=backend, **kwargs)``, failing (not hanging) past ``timeout``."""
+
     def target():
         state = program.run(backend=backend, **kwargs)
         if not kwargs.get("stream"):
@@ -124,9 +127,14 @@ def test_gen_stop_and_stop_regex(tiny):
 
 
 def test_regex_json_and_typed_gens(tiny):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-              "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
+        "required": ["name", "age"],
+    }
 
     @sgl.function
     def prog(s):
@@ -223,8 +231,9 @@ def test_streaming_with_logprobs(tiny):
     def prog(s):
         s += sgl.system("You are a helpful assistant.")
         s += sgl.user("Tell me a story.")
-        s += sgl.assistant(sgl.gen("answer", max_tokens=12, return_logprob=True, top_logprobs_num=2,
-                                   return_text_in_logprobs=True))
+        s += sgl.assistant(
+            sgl.gen("answer", max_tokens=12, return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True)
+        )
 
     state = run(prog, tiny, temperature=0, stream=True)
     chunks = list(state.text_iter("answer"))
@@ -252,8 +261,9 @@ def test_run_batch_and_server_calls(tiny, tiny_server):
     box: dict = {}
 
     def target() -> None:
-        box["states"] = prog.run_batch([{"topic": t} for t in ("cats", "dogs", "owls", "bees")],
-                                       backend=tiny, temperature=0.7, num_threads=4)
+        box["states"] = prog.run_batch(
+            [{"topic": t} for t in ("cats", "dogs", "owls", "bees")], backend=tiny, temperature=0.7, num_threads=4
+        )
         for st in box["states"]:
             st.sync()
 
@@ -301,9 +311,13 @@ def test_embedded_model_programs(embedded, embedded_server):
         s += sgl.user("Question: " + question + " Answer with a name.")
         s += sgl.assistant(sgl.gen("answer", max_tokens=16, stop="\n"))
 
-    state = run(parallel_encoding, embedded, question="Who is the father of Julian?",
-                contexts=["Ethan is the father of Liam.", "Noah is the father of Julian.",
-                          "Oliver is the father of Carlos."], temperature=0)
+    state = run(
+        parallel_encoding,
+        embedded,
+        question="Who is the father of Julian?",
+        contexts=["Ethan is the father of Liam.", "Noah is the father of Julian.", "Oliver is the father of Carlos."],
+        temperature=0,
+    )
     assert "Statement 1: Noah is the father of Julian." in state.text()
     assert state.get_meta_info("answer")["completion_tokens"] > 0
     assert_kv_idle(embedded_server)
@@ -335,14 +349,19 @@ def test_incremental_stream_wire_format(embedded_server):
     output ids, output logprobs and top logprobs); ``completion_tokens`` and
     ``output_token_logprobs_length`` are running counts; the prompt's logprobs come
     in every event; the events add up to the non-streamed result."""
-    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 12, "temperature": 0},
-            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0,
-            "return_text_in_logprobs": True}
+    body = {
+        "text": "The capital of France is",
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+    }
     with httpx.Client(base_url=embedded_server.url, timeout=120) as c:
         whole = c.post("/generate", json=body).json()
         with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
             assert r.status_code == 200
-            lines = [ln[len("data: "):] for ln in r.iter_lines() if ln.startswith("data: ")]
+            lines = [ln[len("data: ") :] for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     events = [json.loads(ln) for ln in lines[:-1]]
     assert len(events) > 1
@@ -353,8 +372,9 @@ def test_incremental_stream_wire_format(embedded_server):
     assert counts == [m["output_token_logprobs_length"] for m in metas] == sorted(counts)
     assert [len(e["output_ids"]) for e in events] == [b - a for a, b in zip([0] + counts, counts)]
     # the second request reads the prompt from the cache: values may differ in the last bits
-    assert_same_logprobs([lp for m in metas for lp in m["output_token_logprobs"]],
-                         whole["meta_info"]["output_token_logprobs"])
+    assert_same_logprobs(
+        [lp for m in metas for lp in m["output_token_logprobs"]], whole["meta_info"]["output_token_logprobs"]
+    )
     tops = [t for m in metas for t in m["output_top_logprobs"]]
     assert len(tops) == len(whole["meta_info"]["output_top_logprobs"]) == counts[-1]
     for got, want in zip(tops, whole["meta_info"]["output_top_logprobs"]):
@@ -362,4 +382,3 @@ def test_incremental_stream_wire_format(embedded_server):
     for m in metas:
         assert_same_logprobs(m["input_token_logprobs"], whole["meta_info"]["input_token_logprobs"])
     assert whole["meta_info"]["output_token_logprobs_length"] == whole["meta_info"]["completion_tokens"]
-

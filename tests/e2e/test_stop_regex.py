@@ -4,6 +4,7 @@ frontend's ``gen(stop_regex=...)``).
 A random model's text is noise, so the outputs here are pinned with a
 ``regex`` constraint: "abc 123 xyz" is generated whatever the weights, and
 a stop regex must end it where the pattern first matches."""
+
 from __future__ import annotations
 
 import pytest

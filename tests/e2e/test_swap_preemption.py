@@ -8,6 +8,7 @@ pool (prefixes evicted to the host and loaded back); greedy outputs must
 equal a run with a roomy pool, and no slot may leak in either tier. The
 embedded model runs the multi-turn check once (slow).
 """
+
 from __future__ import annotations
 
 import random
@@ -76,9 +77,18 @@ def stress_reference(tiny_llama):
 def test_swap_preemption_stress_matches_roomy_run(tiny_llama, stress_reference, page_size):
     prompts, params, reference = stress_reference
     # page_size 4 with the overlap scheduler (the CUDA default; host copies then run around steps in flight)
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=128, page_size=page_size,
-                            max_running_requests=24, debug_check_invariants=True, enable_hierarchical_cache=True,
-                            host_kv_size=4096, preemption_mode="swap", disable_overlap_schedule=page_size == 1)
+    engine = radixrt.Engine(
+        tiny_llama,
+        max_total_tokens=256,
+        chunked_prefill_size=128,
+        page_size=page_size,
+        max_running_requests=24,
+        debug_check_invariants=True,
+        enable_hierarchical_cache=True,
+        host_kv_size=4096,
+        preemption_mode="swap",
+        disable_overlap_schedule=page_size == 1,
+    )
     try:
         results = _run_all(engine, prompts, params)
         assert [r["output_ids"] for r in results] == reference
@@ -97,9 +107,16 @@ def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
     with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
         reference = _multi_turn(ref, convs)
         roomy = ref.get_stats()
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=256, chunked_prefill_size=512, debug_check_invariants=True,
-                            enable_hierarchical_cache=True, host_kv_size=4096, hicache_write_policy="write_back",
-                            disable_overlap_schedule=False)  # overlap as on CUDA, against a reference without
+    engine = radixrt.Engine(
+        tiny_llama,
+        max_total_tokens=256,
+        chunked_prefill_size=512,
+        debug_check_invariants=True,
+        enable_hierarchical_cache=True,
+        host_kv_size=4096,
+        hicache_write_policy="write_back",
+        disable_overlap_schedule=False,
+    )  # overlap as on CUDA, against a reference without
     try:
         assert _multi_turn(engine, convs) == reference
         on = _check_clean(engine)
@@ -130,8 +147,9 @@ def test_embedded_model_host_tier_matches_uncached_run():
     evicted to the host and loaded back."""
     convs = _conversations(seed=5, users=3, turns=3)
     sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-    with radixrt.Engine("default", max_total_tokens=160, enable_hierarchical_cache=True, host_kv_size=2048,
-                        debug_check_invariants=True) as engine:
+    with radixrt.Engine(
+        "default", max_total_tokens=160, enable_hierarchical_cache=True, host_kv_size=2048, debug_check_invariants=True
+    ) as engine:
         reference = []
         for t in range(len(convs[0])):
             for user in convs:
@@ -154,12 +172,26 @@ def test_server_reports_hits_by_tier(tiny_llama):
     from tests.support.servers import client_of, info_and_metrics
 
     convs = _conversations(seed=3, users=3, turns=3)
-    with client_of("--max-total-tokens", "256", "--host-kv-size", "2048",
-                   "--hicache-write-policy", "write_back", "--preemption-mode", "swap", model=tiny_llama) as c:
+    with client_of(
+        "--max-total-tokens",
+        "256",
+        "--host-kv-size",
+        "2048",
+        "--hicache-write-policy",
+        "write_back",
+        "--preemption-mode",
+        "swap",
+        model=tiny_llama,
+    ) as c:
         for t in range(3):
             for user in convs:
-                r = c.post("/generate", json={"input_ids": user[t], "sampling_params": {
-                    "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+                r = c.post(
+                    "/generate",
+                    json={
+                        "input_ids": user[t],
+                        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+                    },
+                )
                 assert r.status_code == 200, r.text
         info, metrics = info_and_metrics(c)
     host = info["host_kv_cache"]

@@ -1,6 +1,7 @@
 """Tensor parallel on the CPU (gloo): greedy outputs with tp_size 2 equal tp_size 1
 token for token, on random Llama and Qwen2 models through the Engine and on the
 embedded model through `radixrt serve --tp 2` (against the Engine at tp 1); the server's ranks live and die together."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
     path = make_tiny(arch, num_attention_heads=4, num_key_value_heads=2)
     outputs = {}
     for tp in (1, 2):
-        engine = radixrt.Engine(path, tp_size=tp, max_total_tokens=2048, chunked_prefill_size=16,
-                                debug_check_invariants=True)
+        engine = radixrt.Engine(
+            path, tp_size=tp, max_total_tokens=2048, chunked_prefill_size=16, debug_check_invariants=True
+        )
         try:
             first = _greedy(engine, PROMPTS)
             again = _greedy(engine, PROMPTS)

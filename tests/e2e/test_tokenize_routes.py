@@ -1,6 +1,7 @@
 """/tokenize, /detokenize, request priority and return_cache_info against a
 real server (tiny random Llama, SmolLM2's tokenizer and chat template), with
 httpx and the official openai client."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,26 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    yield from serving("--max-total-tokens", "8192", "--served-model-name", "default", "--context-length", "512",
-                       "--enable-priority-scheduling", "--debug-check-invariants", "--max-running-requests", "1",
-                       "--max-client-priority", str(MAX_PRIORITY), "--priority-aging-s", str(AGING_S),
-                       "--admin-api-key", ADMIN_KEY, model=tiny_llama, api_key=KEY)
+    yield from serving(
+        "--max-total-tokens",
+        "8192",
+        "--served-model-name",
+        "default",
+        "--context-length",
+        "512",
+        "--enable-priority-scheduling",
+        "--debug-check-invariants",
+        "--max-running-requests",
+        "1",
+        "--max-client-priority",
+        str(MAX_PRIORITY),
+        "--priority-aging-s",
+        str(AGING_S),
+        "--admin-api-key",
+        ADMIN_KEY,
+        model=tiny_llama,
+        api_key=KEY,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +67,10 @@ def test_tokenize_prompt_shapes(client, hf_tok):
     assert body["max_model_len"] == 512
     assert body["token_strs"] == hf_tok.convert_ids_to_tokens(body["tokens"])
     batch = client.post("/v1/tokenize", json={"prompt": ["a b", "c"], "add_special_tokens": False}).json()
-    assert batch["tokens"] == [hf_tok.encode("a b", add_special_tokens=False), hf_tok.encode("c",
-                                                                                              add_special_tokens=False)]
+    assert batch["tokens"] == [
+        hf_tok.encode("a b", add_special_tokens=False),
+        hf_tok.encode("c", add_special_tokens=False),
+    ]
     assert batch["count"] == [len(x) for x in batch["tokens"]] and "token_strs" not in batch
     # longer than the context: still counted (that is what a caller wants to know)
     assert client.post("/tokenize", json={"prompt": "word " * 600}).json()["count"] > 512
@@ -67,13 +86,22 @@ def test_tokenize_messages_is_the_chat_prompt(client, hf_tok):
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["prompt_tokens"] == len(ids)
     # with tools too (rendered by the chat route's own code: here its generic format)
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object",
-                                                              "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     with_tools = client.post("/tokenize", json={"messages": messages, "tools": tools}).json()["tokens"]
     assert len(with_tools) > len(ids) and "get_weather" in hf_tok.decode(with_tools)
-    chat = client.post("/v1/chat/completions", json={"model": "default", "messages": messages, "tools": tools,
-                                                     "tool_choice": "none", "max_tokens": 1})
+    chat = client.post(
+        "/v1/chat/completions",
+        json={"model": "default", "messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 1},
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["prompt_tokens"] == len(with_tools)
 
@@ -86,20 +114,26 @@ def test_detokenize_round_trip(client, hf_tok):
     assert batch["text"] == [hf_tok.decode(ids[:2]), hf_tok.decode(ids[2:])]
 
 
-@pytest.mark.parametrize("route, body, param", [
-    ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
-    ("/tokenize", {"prompt": 5}, "prompt"),
-    ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens"),
-    ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
-    ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
-     "add_generation_prompt"),
-    ("/detokenize", {"tokens": [1, 49152]}, "tokens"),
-    ("/detokenize", {"tokens": [-1]}, "tokens"),
-    ("/detokenize", {"tokens": "abc"}, "tokens"),
-    ("/detokenize", {}, "tokens"),
-])
+@pytest.mark.parametrize(
+    "route, body, param",
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens"),
+        ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+            "add_generation_prompt",
+        ),
+        ("/detokenize", {"tokens": [1, 49152]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/detokenize", {}, "tokens"),
+    ],
+)
 def test_bad_input_is_a_400(client, route, body, param):
     r = client.post(route, json=body)
     assert r.status_code == 400, r.text
@@ -115,26 +149,38 @@ def test_routes_need_the_key_and_the_model(server, client):
 def test_generate_priority_and_cache_info(server, client, hf_tok):
     base = "A long shared system prompt about radix trees and caches. " * 4
     sp = {"max_new_tokens": 2, "temperature": 0}
-    first = client.post("/generate", json={"text": base + "First question?", "sampling_params": sp,
-                                           "priority": 3, "return_cache_info": True}).json()
+    first = client.post(
+        "/generate",
+        json={"text": base + "First question?", "sampling_params": sp, "priority": 3, "return_cache_info": True},
+    ).json()
     assert first["meta_info"]["cache_info"]["reason"] == "not_cached"
-    second = client.post("/generate", json={"text": base + "Other ask?", "sampling_params": sp,
-                                            "priority": -1, "return_cache_info": True}).json()
+    second = client.post(
+        "/generate",
+        json={"text": base + "Other ask?", "sampling_params": sp, "priority": -1, "return_cache_info": True},
+    ).json()
     info = second["meta_info"]["cache_info"]
     a, b = hf_tok.encode(base + "First question?"), hf_tok.encode(base + "Other ask?")
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
     # the client's own view: its match and its own text, nothing of what else is cached
-    assert info == {"view": "own", "prompt_tokens": len(b), "matched_tokens": common, "stop_position": common,
-                    "reason": "not_cached", "prompt_before": b[common - 8:common], "prompt_after": b[common:],
-                    "prompt_before_text": hf_tok.decode(b[common - 8:common]),
-                    "prompt_after_text": hf_tok.decode(b[common:])}
+    assert info == {
+        "view": "own",
+        "prompt_tokens": len(b),
+        "matched_tokens": common,
+        "stop_position": common,
+        "reason": "not_cached",
+        "prompt_before": b[common - 8 : common],
+        "prompt_after": b[common:],
+        "prompt_before_text": hf_tok.decode(b[common - 8 : common]),
+        "prompt_after_text": hf_tok.decode(b[common:]),
+    }
     assert second["meta_info"]["cached_tokens"] == common
     # the operator's view needs the admin key (the API key is not enough)
     full = {"text": base + "Third one?", "sampling_params": sp, "return_cache_info": "full"}
     r = client.post("/generate", json=full)
     assert r.status_code == 403 and r.json()["error"]["param"] == "return_cache_info", r.text
-    admin = httpx.post(server.url + "/generate", json=full, headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                       timeout=60).json()["meta_info"]["cache_info"]
+    admin = httpx.post(
+        server.url + "/generate", json=full, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60
+    ).json()["meta_info"]["cache_info"]
     assert admin["view"] == "full" and admin["reason"] == "diverged" and admin["neighbour_tokens"] == common
     # the neighbour is one of the earlier prompts followed by its generated tokens
     assert admin["cached_after_text"].startswith(("First", " First", "Other", " Other"))
@@ -159,8 +205,17 @@ def test_cache_info_never_shows_another_clients_prompt(client):
             r = client.post("/generate", json=body)
             assert r.status_code == 200, r.text
             info = r.json()["meta_info"]["cache_info"]
-            assert set(info) == {"view", "prompt_tokens", "matched_tokens", "stop_position", "reason",
-                                 "prompt_before", "prompt_after", "prompt_before_text", "prompt_after_text"}
+            assert set(info) == {
+                "view",
+                "prompt_tokens",
+                "matched_tokens",
+                "stop_position",
+                "reason",
+                "prompt_before",
+                "prompt_after",
+                "prompt_before_text",
+                "prompt_after_text",
+            }
             assert "tulip" not in json.dumps(info) and " password" not in info["prompt_after_text"]
             if round_ == 0:  # the secret's namespace shares the guess's tokens; the salted one holds nothing
                 assert (info["matched_tokens"] > 0) == (salt is None)
@@ -171,8 +226,12 @@ def test_openai_chat_priority_and_cache_info(server):
 
     oa = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
     head = [{"role": "system", "content": "You answer travel questions briefly. " * 6}]
-    kw = {"model": "default", "max_tokens": 2, "temperature": 0,
-          "extra_body": {"return_cache_info": True, "priority": 2}}
+    kw = {
+        "model": "default",
+        "max_tokens": 2,
+        "temperature": 0,
+        "extra_body": {"return_cache_info": True, "priority": 2},
+    }
     oa.chat.completions.create(messages=head + [{"role": "user", "content": "Lisbon?"}], **kw)
     second = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Oslo?"}], **kw)
     [info] = second.usage.model_extra["cache_info"]
@@ -180,16 +239,20 @@ def test_openai_chat_priority_and_cache_info(server):
     assert info["reason"] == "not_cached" and "Oslo" in info["prompt_after_text"]
     assert "Lisbon" not in str(info) and "cached_after" not in info
     admin = openai.OpenAI(base_url=server.url + "/v1", api_key=ADMIN_KEY)
-    third = admin.chat.completions.create(messages=head + [{"role": "user", "content": "Bern?"}],
-                                          **{**kw, "extra_body": {"return_cache_info": "full"}})
+    third = admin.chat.completions.create(
+        messages=head + [{"role": "user", "content": "Bern?"}], **{**kw, "extra_body": {"return_cache_info": "full"}}
+    )
     [info] = third.usage.model_extra["cache_info"]
     assert info["view"] == "full" and info["reason"] == "diverged"
     assert "Lisbon" in info["cached_after_text"] or "Oslo" in info["cached_after_text"]
     with pytest.raises(openai.PermissionDeniedError, match="admin key"):
-        oa.chat.completions.create(messages=head + [{"role": "user", "content": "Bern?"}],
-                                   **{**kw, "extra_body": {"return_cache_info": "full"}})
-    plain = oa.chat.completions.create(messages=head + [{"role": "user", "content": "Rome?"}], model="default",
-                                       max_tokens=1)
+        oa.chat.completions.create(
+            messages=head + [{"role": "user", "content": "Bern?"}],
+            **{**kw, "extra_body": {"return_cache_info": "full"}},
+        )
+    plain = oa.chat.completions.create(
+        messages=head + [{"role": "user", "content": "Rome?"}], model="default", max_tokens=1
+    )
     assert "cache_info" not in (plain.usage.model_extra or {})
 
 
@@ -197,15 +260,21 @@ def test_priority_outside_the_cap_or_not_an_int_is_400_on_both_routes(server, cl
     import openai
 
     oa = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-    for bad, mention in ((MAX_PRIORITY + 1, "--max-client-priority"), (-2**63, "--max-client-priority"),
-                         (2**63 - 1, "--max-client-priority"), ("1", "integer"), (True, "integer"),
-                         (1.5, "integer")):
+    for bad, mention in (
+        (MAX_PRIORITY + 1, "--max-client-priority"),
+        (-(2**63), "--max-client-priority"),
+        (2**63 - 1, "--max-client-priority"),
+        ("1", "integer"),
+        (True, "integer"),
+        (1.5, "integer"),
+    ):
         r = client.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}, "priority": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "priority", (bad, r.text)
         assert mention in r.json()["error"]["message"], (bad, r.text)
         with pytest.raises(openai.BadRequestError) as e:
-            oa.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}], max_tokens=1,
-                                       extra_body={"priority": bad})
+            oa.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "x"}], max_tokens=1, extra_body={"priority": bad}
+            )
         assert e.value.body["param"] == "priority", (bad, e.value.body)
     for ok in (MAX_PRIORITY, -MAX_PRIORITY):
         r = client.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}, "priority": ok})
@@ -226,8 +295,7 @@ def test_a_flood_of_max_priority_requests_delays_a_normal_one_only_as_long_as_ag
     def flood(i: int) -> None:
         with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
             while not stop.is_set():
-                r = c.post("/generate", json={"text": f"flood {i}", "sampling_params": sp,
-                                              "priority": MAX_PRIORITY})
+                r = c.post("/generate", json={"text": f"flood {i}", "sampling_params": sp, "priority": MAX_PRIORITY})
                 assert r.status_code == 200, r.text
                 finished.append(time.monotonic())
 

@@ -5,6 +5,7 @@ cached prefix, a 5-step tool loop's cache hit rate, 20 schemas whose every
 produced argument object validates, bad tool definitions, tool turns that
 OpenAI refuses and too many tools refused with 400s naming the field, and the
 tool turns OpenAI accepts served."""
+
 from __future__ import annotations
 
 import json
@@ -20,19 +21,38 @@ from tests.support.servers import MemoryWatchdog
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
-                   "required": ["city", "unit"]}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
-                                                    "b": {"type": "integer", "minimum": 0, "maximum": 999}},
-                   "required": ["a", "b"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 999},
+                "b": {"type": "integer", "minimum": 0, "maximum": 999},
+            },
+            "required": ["a", "b"],
+        },
+    },
+}
 TOOLS = [WEATHER, ADD]
-ASK = [{"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
-       {"role": "user", "content": "What's the weather in Paris?"}]
+ASK = [
+    {"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
+    {"role": "user", "content": "What's the weather in Paris?"},
+]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
@@ -72,8 +92,9 @@ def test_tool_choice_modes(client, server):
     _valid(c.message.tool_calls[0])
 
     jf = _jump_forward_tokens(server)
-    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
-              max_tokens=60)
+    r = _chat(
+        client, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=60
+    )
     forced = _jump_forward_tokens(server) - jf
     print(f"named call: {forced} of {r.usage.completion_tokens} output tokens were forced text (jump-forward)")
     assert forced > 0  # the markers, the name, keys and punctuation were appended without decode steps
@@ -115,8 +136,16 @@ def test_parallel_calls_and_n_share_the_prefix(client):
     for c in calls:
         _valid(c)
     # n samples of the same conversation: one prefix in the radix cache
-    r = _chat(client, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-              n=3, temperature=0.8, seed=1)
+    r = _chat(
+        client,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        n=3,
+        temperature=0.8,
+        seed=1,
+    )
     assert len(r.choices) == 3
     for ch in r.choices:
         assert ch.finish_reason == "tool_calls"
@@ -125,32 +154,53 @@ def test_parallel_calls_and_n_share_the_prefix(client):
 
 
 def test_five_step_tool_loop_hits_the_cache(client):
-    msgs = [{"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
-            {"role": "user", "content": "Add 1 and 2, then keep adding 3 to the result, five times."}]
+    msgs = [
+        {"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
+        {"role": "user", "content": "Add 1 and 2, then keep adding 3 to the result, five times."},
+    ]
     rates = []
     for _ in range(5):
-        r = _chat(client, messages=msgs, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-                  prompt_cache_key="loop-test")
+        r = _chat(
+            client,
+            messages=msgs,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            prompt_cache_key="loop-test",
+        )
         m = r.choices[0].message
         assert r.choices[0].finish_reason == "tool_calls"
         rates.append(r.usage.prompt_tokens_details.cached_tokens / r.usage.prompt_tokens)
-        msgs.append({"role": "assistant", "content": m.content,
-                     "tool_calls": [t.model_dump(exclude_none=True) for t in m.tool_calls]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": m.content,
+                "tool_calls": [t.model_dump(exclude_none=True) for t in m.tool_calls],
+            }
+        )
         for t in m.tool_calls:
             args = _valid(t)
-            msgs.append({"role": "tool", "tool_call_id": t.id, "content": json.dumps({"result": sum(args.values())
-                                                                                      if t.function.name == "add"
-                                                                                      else "sunny"})})
+            msgs.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": t.id,
+                    "content": json.dumps({"result": sum(args.values()) if t.function.name == "add" else "sunny"}),
+                }
+            )
     assert min(rates[1:]) >= 0.9, rates
     print("cache hit rate per step:", [round(x, 3) for x in rates])
 
 
 def _schema(i: int) -> dict:
     """Small schemas of varied kinds (bounded, so that 40 tokens always suffice)."""
-    kinds = [{"type": "integer", "minimum": 0, "maximum": 99}, {"type": "string", "maxLength": 8},
-             {"type": "boolean"}, {"type": "string", "enum": ["low", "mid", "high"]},
-             {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 2},
-             {"type": "number", "minimum": 0, "maximum": 10}]
+    kinds = [
+        {"type": "integer", "minimum": 0, "maximum": 99},
+        {"type": "string", "maxLength": 8},
+        {"type": "boolean"},
+        {"type": "string", "enum": ["low", "mid", "high"]},
+        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 2},
+        {"type": "number", "minimum": 0, "maximum": 10},
+    ]
     props = {f"p{k}": kinds[(i + k) % len(kinds)] for k in range(1 + i % 2)}
     return {"type": "object", "properties": props, "required": list(props)}
 
@@ -160,8 +210,13 @@ def test_twenty_schemas_every_call_valid(client):
     computed once), 20 concurrent enforced requests: 15 name a tool (so every
     kind of schema is produced), 5 are "required" (the model picks). Every call
     names a real tool and its arguments validate."""
-    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"Tool number {i}",
-                                               "parameters": _schema(i)}} for i in range(20)]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"tool_{i}", "description": f"Tool number {i}", "parameters": _schema(i)},
+        }
+        for i in range(20)
+    ]
     msgs = [{"role": "user", "content": "Use a tool."}]
 
     def one(i):
@@ -179,14 +234,28 @@ def test_twenty_schemas_every_call_valid(client):
         jsonschema.validate(json.loads(call.function.arguments), _schema(int(name.split("_")[1])))
 
 
-@pytest.mark.parametrize("tools,choice,needle", [
-    ([{"type": "function", "function": {"description": "no name"}}], "auto", "name is missing"),
-    ([WEATHER, WEATHER], "auto", "more than once"),
-    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among the tools"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "x": {"type": "no-such-type"}}}}}], "required", "not a usable JSON schema"),
-    (None, "required", "needs 'tools'"),
-])
+@pytest.mark.parametrize(
+    "tools,choice,needle",
+    [
+        ([{"type": "function", "function": {"description": "no name"}}], "auto", "name is missing"),
+        ([WEATHER, WEATHER], "auto", "more than once"),
+        ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among the tools"),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"x": {"type": "no-such-type"}}},
+                    },
+                }
+            ],
+            "required",
+            "not a usable JSON schema",
+        ),
+        (None, "required", "needs 'tools'"),
+    ],
+)
 def test_bad_tools_are_400(client, server, tools, choice, needle):
     with pytest.raises(openai.BadRequestError, match=needle):
         _chat(client, messages=ASK, tools=tools, tool_choice=choice)
@@ -210,24 +279,44 @@ NEWLINE_NAME = {"type": "function", "function": {"name": "get_weather\n", "param
 BAD_TURNS = {
     # name: (tools, messages, the error's param)
     "name_with_newline_in_tools": ([NEWLINE_NAME], ASK, "tools"),
-    "name_with_newline_in_a_call": (TOOLS, [*_asked(_call("call_1", "get_weather\n")), _answer("call_1")],
-                                    "messages[2].tool_calls[0].function.name"),
+    "name_with_newline_in_a_call": (
+        TOOLS,
+        [*_asked(_call("call_1", "get_weather\n")), _answer("call_1")],
+        "messages[2].tool_calls[0].function.name",
+    ),
     "tool_message_answering_no_call": (TOOLS, [*ASK, _answer("call_1")], "messages[2].role"),
-    "tool_message_after_a_user_turn": (TOOLS, [*_asked(_call("call_1")), {"role": "user", "content": "and?"},
-                                               _answer("call_1")], "messages[4].role"),
-    "tool_call_id_matching_no_call": (TOOLS, [*_asked(_call("call_1")), _answer("call_2")],
-                                      "messages[3].tool_call_id"),
-    "tool_call_id_of_an_earlier_turn": (TOOLS, [*_asked(_call("call_1")), _answer("call_1"),
-                                                {"role": "assistant", "content": None, "tool_calls": [
-                                                    _call("call_2", "add", '{"a": 1, "b": 2}')]},
-                                                _answer("call_1")], "messages[5].tool_call_id"),
+    "tool_message_after_a_user_turn": (
+        TOOLS,
+        [*_asked(_call("call_1")), {"role": "user", "content": "and?"}, _answer("call_1")],
+        "messages[4].role",
+    ),
+    "tool_call_id_matching_no_call": (TOOLS, [*_asked(_call("call_1")), _answer("call_2")], "messages[3].tool_call_id"),
+    "tool_call_id_of_an_earlier_turn": (
+        TOOLS,
+        [
+            *_asked(_call("call_1")),
+            _answer("call_1"),
+            {"role": "assistant", "content": None, "tool_calls": [_call("call_2", "add", '{"a": 1, "b": 2}')]},
+            _answer("call_1"),
+        ],
+        "messages[5].tool_call_id",
+    ),
     "tool_content_null": (TOOLS, [*_asked(_call("call_1")), _answer("call_1", None)], "messages[3].content"),
-    "tool_call_id_missing": (TOOLS, [*_asked(_call("call_1")), {"role": "tool", "content": "sunny"}],
-                             "messages[3].tool_call_id"),
-    "arguments_not_json": (TOOLS, [*_asked(_call("call_1", arguments='{"city": ')), _answer("call_1")],
-                           "messages[2].tool_calls[0].function.arguments"),
-    "arguments_not_an_object": (TOOLS, [*_asked(_call("call_1", arguments='["Paris"]')), _answer("call_1")],
-                                "messages[2].tool_calls[0].function.arguments"),
+    "tool_call_id_missing": (
+        TOOLS,
+        [*_asked(_call("call_1")), {"role": "tool", "content": "sunny"}],
+        "messages[3].tool_call_id",
+    ),
+    "arguments_not_json": (
+        TOOLS,
+        [*_asked(_call("call_1", arguments='{"city": ')), _answer("call_1")],
+        "messages[2].tool_calls[0].function.arguments",
+    ),
+    "arguments_not_an_object": (
+        TOOLS,
+        [*_asked(_call("call_1", arguments='["Paris"]')), _answer("call_1")],
+        "messages[2].tool_calls[0].function.arguments",
+    ),
 }
 
 
@@ -246,8 +335,11 @@ def test_valid_tool_turns_are_served(client):
     empty arguments string (a call without arguments), and a call of a tool
     that is not in this request's tools (an agent whose tool set changed,
     e.g. after a handoff)."""
-    parallel = [*_asked(_call("call_a"), _call("call_b", "add", '{"a": 1, "b": 2}')),
-                _answer("call_b", "3"), _answer("call_a")]
+    parallel = [
+        *_asked(_call("call_a"), _call("call_b", "add", '{"a": 1, "b": 2}')),
+        _answer("call_b", "3"),
+        _answer("call_a"),
+    ]
     handoff = [*_asked(_call("call_h", "transfer_to_weather_agent", "")), _answer("call_h", '{"agent": "weather"}')]
     for messages, tools in ((parallel, TOOLS), (handoff, [WEATHER]), (handoff, None)):
         r = _chat(client, messages=messages, tools=tools, max_tokens=1)
@@ -291,8 +383,11 @@ WATCHDOG_BYTES = 4 * 2**30  # the server's processes hold ~0.5-1.5 GiB each on t
 
 def _generate_s(server, **extra) -> float:
     t0 = time.perf_counter()
-    r = httpx.post(server.url + "/generate", json={"text": "Hello", "sampling_params": {
-        "max_new_tokens": 4, "temperature": 0, **extra}}, timeout=60)
+    r = httpx.post(
+        server.url + "/generate",
+        json={"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0, **extra}},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     return time.perf_counter() - t0
 
@@ -319,10 +414,12 @@ def test_costly_grammars_are_400_and_stall_no_one(server, client):
             rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
             with pytest.raises(openai.BadRequestError, match="response_format"):
                 _chat(client, messages=ASK, response_format=rf)
-            for body in ({"json_schema": json.dumps(schema)}, {"regex": "a{3000000}"},
-                         {"ebnf": 'root ::= "a" root'}):
-                r = httpx.post(server.url + "/generate", json={"text": "x", "sampling_params": {
-                    "max_new_tokens": 4, **body}}, timeout=30)
+            for body in ({"json_schema": json.dumps(schema)}, {"regex": "a{3000000}"}, {"ebnf": 'root ::= "a" root'}):
+                r = httpx.post(
+                    server.url + "/generate",
+                    json={"text": "x", "sampling_params": {"max_new_tokens": 4, **body}},
+                    timeout=30,
+                )
                 assert r.status_code == 400 and "is refused" in r.json()["error"]["message"], r.text
         # the largest forced text the default limits let through: 65,536 characters jumped forward
         # in one search, a 4-token /generate meanwhile
@@ -332,8 +429,10 @@ def test_costly_grammars_are_400_and_stall_no_one(server, client):
             big.result()
     assert dog.tripped is None, dog.tripped
     assert during < baseline + 5.0, (baseline, during)  # the machine may be busy; the bug froze 21 s
-    print(f"\ncostly grammars: 4-token /generate {baseline:.2f} s alone, {during:.2f} s beside a 65,536-"
-          f"character forced string; peak RSS " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in dog.peak.items()))
+    print(
+        f"\ncostly grammars: 4-token /generate {baseline:.2f} s alone, {during:.2f} s beside a 65,536-"
+        f"character forced string; peak RSS " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in dog.peak.items())
+    )
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 

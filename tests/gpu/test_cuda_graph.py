@@ -2,6 +2,7 @@
 plumbing checked on CPU with an eager stand-in for the graph and the CPU
 emulation of FlashInfer, the runtime choices a CUDA config resolves to, and
 (CUDA only) real capture and replay against eager decoding."""
+
 from __future__ import annotations
 
 import random
@@ -118,8 +119,16 @@ def test_graph_runner_matches_eager_decode_on_cpu(make_tiny, arch, ps, backend_k
     and must give what a plain eager decode step gives, KV writes included."""
     rng = random.Random(f"{arch}-{ps}")
     model, mc, pool, backend, num_pages = _setup(make_tiny, arch, ps, backend_kind)
-    runner = DecodeCudaGraphRunner(model, pool, backend, max_bs=8, scratch_slot=num_pages * ps,
-                                   page_size=ps, device="cpu", graph_factory=EagerGraph)
+    runner = DecodeCudaGraphRunner(
+        model,
+        pool,
+        backend,
+        max_bs=8,
+        scratch_slot=num_pages * ps,
+        page_size=ps,
+        device="cpu",
+        graph_factory=EagerGraph,
+    )
     runner.capture()
     assert sorted(runner.graphs) == [1, 2, 4, 8]
     seqs, nxt = _prefill_some(model, pool, backend, ps, 5, rng, "cpu")
@@ -148,8 +157,9 @@ def test_cuda_graph_replay_matches_eager_on_gpu(make_tiny, arch, ps):
     pytest.importorskip("flashinfer")
     rng = random.Random(f"gpu-{arch}-{ps}")
     model, mc, pool, backend, num_pages = _setup(make_tiny, arch, ps, "flashinfer", "cuda", torch.bfloat16)
-    runner = DecodeCudaGraphRunner(model, pool, backend, max_bs=8, scratch_slot=num_pages * ps,
-                                   page_size=ps, device="cuda")
+    runner = DecodeCudaGraphRunner(
+        model, pool, backend, max_bs=8, scratch_slot=num_pages * ps, page_size=ps, device="cuda"
+    )
     runner.capture()
     seqs, nxt = _prefill_some(model, pool, backend, ps, 5, rng, "cuda")
     before = [b.clone() for b in pool.k_buffers + pool.v_buffers]
@@ -186,8 +196,13 @@ def test_model_runner_captures_and_replays_with_emulated_graphs(make_tiny, monke
     real_resolve = model_runner.resolve_runtime
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
     monkeypatch.setattr(cuda_graph_mod, "_CudaGraph", EagerGraph)
-    monkeypatch.setattr(model_runner, "resolve_runtime", lambda c: dataclasses.replace(
-        real_resolve(c), attention_backend="flashinfer", cuda_graph=True, cuda_graph_max_bs=8))
+    monkeypatch.setattr(
+        model_runner,
+        "resolve_runtime",
+        lambda c: dataclasses.replace(
+            real_resolve(c), attention_backend="flashinfer", cuda_graph=True, cuda_graph_max_bs=8
+        ),
+    )
     eng = radixrt.Engine(path, **kwargs)
     try:
         runner = eng.scheduler.runner

@@ -1,6 +1,7 @@
 """FlashInfer sampling (optional backend): the glue around the kernel checked on CPU
 through the emulation (temperature, per-row top-k/top-p, greedy and min_p rows
 left to the default sampler, row order), and the real kernel's distribution on CUDA."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,7 +59,7 @@ def test_mixed_rows_keep_order_and_default_paths():
     for i in (0, 2, 4, 5):
         assert fi.token_ids[i] == ref.token_ids[i]
     for i in (1, 3):
-        allowed = Sampler(V, [2]).sampling_probs(logits[i:i + 1], [rows[i]])[0] > 0
+        allowed = Sampler(V, [2]).sampling_probs(logits[i : i + 1], [rows[i]])[0] > 0
         assert bool(allowed[fi.token_ids[i]])
     calls = [c for c in fake_flashinfer.calls if c[0] == "sampling.top_k_top_p"]
     assert calls[-1][1]["rows"] == 2
@@ -75,8 +76,7 @@ def test_kernel_draws_are_reproducible_for_a_fixed_batch():
 def test_create_sampler_choices():
     assert type(create_sampler("radixrt", V, [2], "cuda")) is Sampler
     assert type(create_sampler("flashinfer", V, [2], "cpu")) is Sampler  # CPU: the default path
-    assert isinstance(create_sampler("flashinfer", V, [2], "cpu", flashinfer_module=fake_flashinfer),
-                      FlashInferSampler)
+    assert isinstance(create_sampler("flashinfer", V, [2], "cpu", flashinfer_module=fake_flashinfer), FlashInferSampler)
     with pytest.raises(ValueError):
         create_sampler("fast", V, [2], "cpu")
 

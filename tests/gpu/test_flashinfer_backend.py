@@ -1,6 +1,7 @@
 """FlashInfer backend: paged-layout metadata on CPU, the backend's logic through a
 CPU emulation of the two wrappers, and (CUDA only) the real kernels against the
 torch reference."""
+
 from __future__ import annotations
 
 import random
@@ -31,7 +32,7 @@ def _alloc(kv_lens: list[int], ps: int, rng: random.Random, shared_prefix: int =
     num_pages = sum(-(-n // ps) for n in kv_lens) + 4
     free = list(range(num_pages))
     rng.shuffle(free)
-    shared, free = free[: shared_prefix // ps], free[shared_prefix // ps:]
+    shared, free = free[: shared_prefix // ps], free[shared_prefix // ps :]
     out = []
     for n in kv_lens:
         need = -(-n // ps) - len(shared)
@@ -93,7 +94,7 @@ def test_paged_metadata_random_roundtrip(ps):
         indptr, indices, last = paged_kv_metadata(meta, validate=True)
         # rebuild every slot list from the page form
         for i, slots in enumerate(seq):
-            pages = indices[indptr[i]:indptr[i + 1]].tolist()
+            pages = indices[indptr[i] : indptr[i + 1]].tolist()
             n = (len(pages) - 1) * ps + int(last[i])
             assert _pages_to_slots(pages, n, ps) == slots
 
@@ -128,7 +129,7 @@ def _run_case(backend, kv_lens, q_lens, gqa, ps, shared, seed, configure):
     t = meta.num_tokens
     qkv = torch.randn(t, hq + 2 * hkv, HEAD_DIM)  # q/k/v as views of a fused projection
     q, k, v = qkv.split([hq, hkv, hkv], dim=1)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     ref = TorchReferenceBackend()
     ref.plan(meta)
     kc_ref, vc_ref = kc.clone(), vc.clone()
@@ -150,8 +151,9 @@ def test_backend_matches_reference_through_emulation(name, kv_lens, q_lens, shar
     if shared % ps:
         pytest.skip("shared prefix not page aligned")
     fake_flashinfer.calls.clear()
-    backend = FlashInferBackend(device="cpu", workspace_bytes=1024, flashinfer_module=fake_flashinfer,
-                                validate_paging=True)
+    backend = FlashInferBackend(
+        device="cpu", workspace_bytes=1024, flashinfer_module=fake_flashinfer, validate_paging=True
+    )
     seed = zlib.crc32(f"{name}-{gqa}-{ps}-{configure}".encode())
     meta = _run_case(backend, kv_lens, q_lens, gqa, ps, shared, seed, configure)
     plans = [c for c in fake_flashinfer.calls if c[0].endswith(".plan")]
@@ -174,8 +176,13 @@ def test_backend_plans_once_per_batch_for_all_layers():
     backend.configure(4, 1, HEAD_DIM, torch.float32)
     backend.plan(meta)
     for _ in range(3):  # three "layers"
-        backend.forward(torch.randn(2, 4, HEAD_DIM), torch.randn(2, 1, HEAD_DIM), torch.randn(2, 1, HEAD_DIM),
-                        LayerKVCache(kc, vc), HEAD_DIM ** -0.5)
+        backend.forward(
+            torch.randn(2, 4, HEAD_DIM),
+            torch.randn(2, 1, HEAD_DIM),
+            torch.randn(2, 1, HEAD_DIM),
+            LayerKVCache(kc, vc),
+            HEAD_DIM**-0.5,
+        )
     assert [c[0] for c in fake_flashinfer.calls] == ["decode.plan", "decode.run", "decode.run", "decode.run"]
 
 
@@ -196,9 +203,9 @@ def test_graph_mode_decode_wrapper_per_batch_size():
     ref = TorchReferenceBackend()
     ref.plan(AttentionMetadata.build(seq, [1] * 3, page_size=ps))
     kc2, vc2 = kc.clone(), vc.clone()
-    want = ref.forward(q[:3], k[:3], v[:3], LayerKVCache(kc2, vc2), HEAD_DIM ** -0.5)
+    want = ref.forward(q[:3], k[:3], v[:3], LayerKVCache(kc2, vc2), HEAD_DIM**-0.5)
     backend.plan_cuda_graph(meta, 4)
-    got = backend.forward(q, k, v, LayerKVCache(kc, vc), HEAD_DIM ** -0.5)
+    got = backend.forward(q, k, v, LayerKVCache(kc, vc), HEAD_DIM**-0.5)
     torch.testing.assert_close(got[:3], want, rtol=1e-4, atol=1e-4)
     w = backend._graph_decode[4]
     assert w.use_cuda_graph and w.plan_count == 1
@@ -255,10 +262,10 @@ def test_flashinfer_kernels_match_reference_bf16(name, kv_lens, q_lens, shared, 
     ref = TorchReferenceBackend()
     ref.plan(meta)
     kc2, vc2 = kc.clone(), vc.clone()
-    want = ref.forward(q.float(), k.float(), v.float(), LayerKVCache(kc2.float(), vc2.float()), d ** -0.5)
+    want = ref.forward(q.float(), k.float(), v.float(), LayerKVCache(kc2.float(), vc2.float()), d**-0.5)
     backend = FlashInferBackend(device="cuda")
     backend.configure(hq, hkv, d, torch.bfloat16)
     backend.plan(meta)
-    got = backend.forward(q, k, v, LayerKVCache(kc, vc), d ** -0.5).float()
+    got = backend.forward(q, k, v, LayerKVCache(kc, vc), d**-0.5).float()
     rel = (got - want).norm() / want.norm()
     assert rel < 1e-2, f"relative error {rel:.2e}"

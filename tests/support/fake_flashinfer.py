@@ -13,6 +13,7 @@ This is test scaffolding written for radixrt, not FlashInfer code. The real
 kernels are checked against the torch reference on a GPU by
 scripts/device/gpu_check.py.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -33,8 +34,14 @@ def _as_host_list(t: torch.Tensor, name: str) -> list[int]:
 class _PagedBase:
     kind = "?"
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 backend: str = "auto", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        backend: str = "auto",
+        **kwargs: Any,
+    ) -> None:
         if kv_layout != "NHD":
             raise ValueError("the emulation supports the NHD layout only")
         self.workspace = float_workspace_buffer
@@ -50,10 +57,21 @@ class _PagedBase:
                 return self.buffers[key]
         raise ValueError(f"a graph-mode wrapper needs {name}_buffer")
 
-    def _store_plan(self, qo_indptr: list[int], indptr: torch.Tensor, indices: torch.Tensor,
-                    last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                    page_size: int, causal: bool, sm_scale: Optional[float], q_data_type: Any,
-                    kv_data_type: Any) -> None:
+    def _store_plan(
+        self,
+        qo_indptr: list[int],
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool,
+        sm_scale: Optional[float],
+        q_data_type: Any,
+        kv_data_type: Any,
+    ) -> None:
         ip = _as_host_list(indptr, "indptr")
         lp = _as_host_list(last_page_len, "last_page_len")
         if indices.dtype != torch.int32:
@@ -83,17 +101,43 @@ class _PagedBase:
             ind_buf[: indices.numel()].copy_(indices)
             indices = ind_buf[: indices.numel()]
         self._plan = dict(
-            qo_indptr=qo_indptr, indptr=ip, indices=indices.to(torch.int64), last=lp,
-            hq=num_qo_heads, hkv=num_kv_heads, d=head_dim, ps=page_size, causal=causal,
-            scale=head_dim ** -0.5 if sm_scale is None else float(sm_scale),
-            q_dtype=q_data_type, kv_dtype=kv_data_type,
+            qo_indptr=qo_indptr,
+            indptr=ip,
+            indices=indices.to(torch.int64),
+            last=lp,
+            hq=num_qo_heads,
+            hkv=num_kv_heads,
+            d=head_dim,
+            ps=page_size,
+            causal=causal,
+            scale=head_dim**-0.5 if sm_scale is None else float(sm_scale),
+            q_dtype=q_data_type,
+            kv_dtype=kv_data_type,
         )
         self.plan_count += 1
-        calls.append((f"{self.kind}.plan", dict(batch=b, hq=num_qo_heads, hkv=num_kv_heads, ps=page_size,
-                                                 graph=self.use_cuda_graph, backend=self.backend)))
+        calls.append(
+            (
+                f"{self.kind}.plan",
+                dict(
+                    batch=b,
+                    hq=num_qo_heads,
+                    hkv=num_kv_heads,
+                    ps=page_size,
+                    graph=self.use_cuda_graph,
+                    backend=self.backend,
+                ),
+            )
+        )
 
-    def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, k_scale: Optional[float] = None,
-            v_scale: Optional[float] = None, **kwargs: Any) -> torch.Tensor:
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        *args: Any,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         """``k_scale``/``v_scale``: scalars the stored K/V are multiplied by (fp8 caches)."""
         p = self._plan
         if p is None:
@@ -111,7 +155,7 @@ class _PagedBase:
         g = p["hq"] // hkv
         out = torch.empty_like(q)
         for i in range(len(p["indptr"]) - 1):
-            pages = p["indices"][p["indptr"][i]:p["indptr"][i + 1]]
+            pages = p["indices"][p["indptr"][i] : p["indptr"][i + 1]]
             kv_len = (pages.numel() - 1) * ps + p["last"][i]
             kk = k_cache[pages].reshape(-1, hkv, d)[:kv_len].double().repeat_interleave(g, dim=1)
             vv = v_cache[pages].reshape(-1, hkv, d)[:kv_len].double().repeat_interleave(g, dim=1)
@@ -130,29 +174,81 @@ class _PagedBase:
 class BatchPrefillWithPagedKVCacheWrapper(_PagedBase):
     kind = "prefill"
 
-    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
-             paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
-             page_size: int, causal: bool = False, sm_scale: Optional[float] = None,
-             q_data_type: Any = torch.float16, kv_data_type: Any = None, **kwargs: Any) -> None:
-        self._store_plan(_as_host_list(qo_indptr, "qo_indptr"), paged_kv_indptr, paged_kv_indices,
-                         paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
-                         sm_scale, q_data_type, kv_data_type or q_data_type)
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        causal: bool = False,
+        sm_scale: Optional[float] = None,
+        q_data_type: Any = torch.float16,
+        kv_data_type: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self._store_plan(
+            _as_host_list(qo_indptr, "qo_indptr"),
+            paged_kv_indptr,
+            paged_kv_indices,
+            paged_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            page_size,
+            causal,
+            sm_scale,
+            q_data_type,
+            kv_data_type or q_data_type,
+        )
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_PagedBase):
     kind = "decode"
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 use_tensor_cores: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, **kwargs)
         self.use_tensor_cores = use_tensor_cores
 
-    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor, num_qo_heads: int,
-             num_kv_heads: int, head_dim: int, page_size: int, sm_scale: Optional[float] = None,
-             q_data_type: Any = torch.float16, kv_data_type: Any = None, **kwargs: Any) -> None:
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        sm_scale: Optional[float] = None,
+        q_data_type: Any = torch.float16,
+        kv_data_type: Any = None,
+        **kwargs: Any,
+    ) -> None:
         b = indptr.numel() - 1
-        self._store_plan(list(range(b + 1)), indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
-                         head_dim, page_size, False, sm_scale, q_data_type, kv_data_type or q_data_type)
+        self._store_plan(
+            list(range(b + 1)),
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            False,
+            sm_scale,
+            q_data_type,
+            kv_data_type or q_data_type,
+        )
         calls[-1][1]["tensor_cores"] = self.use_tensor_cores
 
 
@@ -161,10 +257,18 @@ class sampling:  # noqa: N801  (stands in for the flashinfer.sampling module)
     top-k first, then top-p over the renormalized top-k set; per-row seed/offset."""
 
     @staticmethod
-    def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Any, top_p: Any, indices: Any = None,
-                                        filter_apply_order: str = "top_k_first", deterministic: bool = True,
-                                        generator: Any = None, check_nan: bool = False, seed: Any = None,
-                                        offset: Any = None) -> torch.Tensor:
+    def top_k_top_p_sampling_from_probs(
+        probs: torch.Tensor,
+        top_k: Any,
+        top_p: Any,
+        indices: Any = None,
+        filter_apply_order: str = "top_k_first",
+        deterministic: bool = True,
+        generator: Any = None,
+        check_nan: bool = False,
+        seed: Any = None,
+        offset: Any = None,
+    ) -> torch.Tensor:
         b, v = probs.shape
         k = torch.as_tensor(top_k).reshape(-1).expand(b) if torch.as_tensor(top_k).numel() == 1 else top_k
         p = torch.as_tensor(top_p).reshape(-1).expand(b) if torch.as_tensor(top_p).numel() == 1 else top_p

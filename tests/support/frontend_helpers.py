@@ -1,5 +1,6 @@
 """Programs and checks shared by the frontend tests: ``test_frontend_unit.py``
 (a scripted backend, no model) and ``test_frontend.py`` (the embedded model)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Real servers on 127.0.0.1 for the e2e tests (``radixrt serve`` in a child process)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """A slow HTTP client on a raw socket (slowloris), for the read-timeout tests."""
+
 from __future__ import annotations
 
 import socket
@@ -19,7 +20,7 @@ def drip(port: int, head: bytes, trickle: bytes, limit_s: float, interval_s: flo
         while time.monotonic() - t0 < limit_s:
             try:
                 if trickle:
-                    s.sendall(trickle[i % len(trickle):i % len(trickle) + 1])
+                    s.sendall(trickle[i % len(trickle) : i % len(trickle) + 1])
                     i += 1
                 chunk = s.recv(65536)
             except TimeoutError:

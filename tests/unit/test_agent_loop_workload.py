@@ -1,5 +1,6 @@
 """The agent-loop workload of `radixrt bench`: what it sends, step by step
 (a recording backend answers every request with fixed tokens)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,7 @@ def test_agent_loop_steps_extend_one_conversation(tokenizer):
     text = tokenizer.decode(heads[0])
     assert "search_flights" in text and "<tools>" in text  # the embedded template ignores tools: generic format
     for agent_head in (heads[0], heads[-1]):
-        mine = [r for r in recs if r["input_ids"][:len(agent_head) - 12] == agent_head[:len(agent_head) - 12]]
+        mine = [r for r in recs if r["input_ids"][: len(agent_head) - 12] == agent_head[: len(agent_head) - 12]]
         by_stage = {s: [r for r in mine if r["stage"] == s] for s in range(4)}
         assert [len(by_stage[s]) for s in range(4)] == [2, 2, 2, 1]
         for s in range(3):
@@ -53,4 +54,4 @@ def test_agent_loop_steps_extend_one_conversation(tokenizer):
 
 
 def _contains(seq: list[int], sub: list[int]) -> bool:
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))

@@ -1,4 +1,5 @@
 """The torch reference backend against naive per-request dense attention."""
+
 from __future__ import annotations
 
 import random
@@ -35,7 +36,7 @@ def _naive(q, k_cache, v_cache, seq_slots, q_lens, scale):
         idx = torch.tensor(slots)
         k = k_cache[idx].double().repeat_interleave(hq // hkv, dim=1)  # [kv, Hq, D]
         v = v_cache[idx].double().repeat_interleave(hq // hkv, dim=1)
-        qi = q[t:t + ql].double()  # [ql, Hq, D]
+        qi = q[t : t + ql].double()  # [ql, Hq, D]
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
         qpos = torch.arange(kv_len - ql, kv_len)[:, None]
         kpos = torch.arange(kv_len)[None, :]
@@ -76,7 +77,7 @@ def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size, nati
     q = torch.randn(t, hq, HEAD_DIM)
     k = torch.randn(t, hkv, HEAD_DIM)
     v = torch.randn(t, hkv, HEAD_DIM)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
 
     backend = TorchReferenceBackend(native_decode=native)
     backend.plan(meta)
@@ -100,8 +101,9 @@ def test_torch_backend_matches_naive(name, kv_lens, q_lens, gqa, page_size, nati
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["c-decode", "torch-decode"])
-@pytest.mark.parametrize("name,kv_lens,q_lens", [c for c in CASES if c[0] in ("decode", "mixed")],
-                         ids=["decode", "mixed"])
+@pytest.mark.parametrize(
+    "name,kv_lens,q_lens", [c for c in CASES if c[0] in ("decode", "mixed")], ids=["decode", "mixed"]
+)
 def test_decode_split_into_groups(name, kv_lens, q_lens, native):
     """A decode batch larger than the gather budget is split into several calls, same answer."""
     rng = random.Random(11)
@@ -115,8 +117,7 @@ def test_decode_split_into_groups(name, kv_lens, q_lens, native):
     backend.plan(meta)
     assert len(backend._decode) > 1
     out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), 0.3)
-    torch.testing.assert_close(out.double(), _naive(q, k_cache, v_cache, seq_slots, q_lens, 0.3),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), _naive(q, k_cache, v_cache, seq_slots, q_lens, 0.3), atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_runs_close():
@@ -132,9 +133,9 @@ def test_bfloat16_runs_close():
     v = torch.randn(t, 2, HEAD_DIM, dtype=torch.bfloat16)
     backend = TorchReferenceBackend()
     backend.plan(meta)
-    out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), HEAD_DIM ** -0.5)
+    out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), HEAD_DIM**-0.5)
     assert out.dtype == torch.bfloat16
-    ref = _naive(q, k_cache, v_cache, seq_slots, q_lens, HEAD_DIM ** -0.5)
+    ref = _naive(q, k_cache, v_cache, seq_slots, q_lens, HEAD_DIM**-0.5)
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
 
 
@@ -188,7 +189,7 @@ def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, co
     k_cache, v_cache = torch.randn(num_slots, hkv, HEAD_DIM), torch.randn(num_slots, hkv, HEAD_DIM)
     t = meta.num_tokens
     q, k, v = torch.randn(t, hq, HEAD_DIM), torch.randn(t, hkv, HEAD_DIM), torch.randn(t, hkv, HEAD_DIM)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     backend = TorchReferenceBackend()
     backend.plan(meta)
     out = backend.forward(q, k, v, LayerKVCache(k_cache, v_cache), scale)
@@ -202,8 +203,9 @@ def test_fused_cascade_op_is_refused_when_it_disagrees(monkeypatch, caplog):
     from radixrt.kernels import cascade
 
     assert cascade._load_fused_cpu() is not None
-    monkeypatch.setattr(cascade, "_attend_unfused", lambda q, k, v, bias, scale: (q.new_zeros(q.shape),
-                                                                                   q.new_zeros(q.shape[:-1])))
+    monkeypatch.setattr(
+        cascade, "_attend_unfused", lambda q, k, v, bias, scale: (q.new_zeros(q.shape), q.new_zeros(q.shape[:-1]))
+    )
     with caplog.at_level("WARNING", logger=cascade.__name__):
         assert cascade._load_fused_cpu() is None
     assert "unfused path" in caplog.text

@@ -5,6 +5,7 @@ row offset; the fixed-split attention (kernels/fixed_split.py) for one
 request's tokens computed as a whole prefill, in chunks, one decode step at a
 time and next to other requests; and the tiny model's hidden states for a
 token computed in a prefill versus a decode step."""
+
 from __future__ import annotations
 
 import random
@@ -25,9 +26,10 @@ def test_invariant_linear_rows_do_not_depend_on_batch(n, k):
     b = torch.randn(n)
     x = torch.randn(200, k)
     rows = [0, 1, 2, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 39, 100, 199]
-    alone = {i: invariant_linear(x[i:i + 1], w, b)[0] for i in rows}  # one tile, one real row
-    torch.testing.assert_close(torch.stack(list(alone.values())), torch.nn.functional.linear(x[rows], w, b),
-                               rtol=1e-4, atol=1e-4)
+    alone = {i: invariant_linear(x[i : i + 1], w, b)[0] for i in rows}  # one tile, one real row
+    torch.testing.assert_close(
+        torch.stack(list(alone.values())), torch.nn.functional.linear(x[rows], w, b), rtol=1e-4, atol=1e-4
+    )
     for m in (2, 3, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 40, 101, 200):  # 1 to 13 tiles
         y = invariant_linear(x[:m], w, b)
         assert all(torch.equal(y[i], alone[i]) for i in rows if i < m), m
@@ -45,7 +47,7 @@ def test_sampler_row_sum_does_not_depend_on_rows():
     x = torch.rand(32, 49152 + 100)
     full = _row_sum(x)
     torch.testing.assert_close(full, x.double().sum(1).float())
-    assert all(torch.equal(_row_sum(x[i:i + m]), full[i:i + m]) for i, m in ((0, 1), (5, 1), (3, 2), (0, 17)))
+    assert all(torch.equal(_row_sum(x[i : i + m]), full[i : i + m]) for i, m in ((0, 1), (5, 1), (3, 2), (0, 17)))
 
 
 HKV, G, D = 2, 3, 16
@@ -66,7 +68,7 @@ def _attend(backend, cache, q_all, seqs):
     backend.plan(meta)
     k = cache.k[idx].clone()
     v = cache.v[idx].clone()
-    out = backend.forward(q_all[idx], k, v, cache, D ** -0.5)
+    out = backend.forward(q_all[idx], k, v, cache, D**-0.5)
     return out, idx
 
 
@@ -76,7 +78,7 @@ def _dense(q_all, cache, slots):
     q = q_all[idx].double()
     k = cache.k[idx].double().repeat_interleave(G, dim=1)
     v = cache.v[idx].double().repeat_interleave(G, dim=1)
-    s = torch.einsum("qhd,khd->hqk", q, k) * D ** -0.5
+    s = torch.einsum("qhd,khd->hqk", q, k) * D**-0.5
     n = len(slots)
     s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(n, -1)
@@ -110,17 +112,17 @@ def test_fixed_split_attention_is_batch_invariant():
         if done == end:
             break
         out, _ = _attend(backend, cache, q_all, [(others[1], 7), (slots[:end], end - done), (others[2], 1)])
-        rows.append(out[7:7 + end - done])
+        rows.append(out[7 : 7 + end - done])
         done = end
     assert done == length
     assert torch.equal(torch.cat(rows), whole)
 
     # one decode step at a time at a few positions, in batches of other decodes and extends
     for p in (0, 1, KV_CHUNK - 1, KV_CHUNK, length - 1):
-        batch = [(others[0], 1), (slots[:p + 1], 1), (others[3], 1), (others[2], 3)]
+        batch = [(others[0], 1), (slots[: p + 1], 1), (others[3], 1), (others[2], 3)]
         out, _ = _attend(backend, cache, q_all, batch)
         assert torch.equal(out[1], whole[p]), p
-        alone, _ = _attend(backend, cache, q_all, [(slots[:p + 1], 1)])
+        alone, _ = _attend(backend, cache, q_all, [(slots[: p + 1], 1)])
         assert torch.equal(alone[0], whole[p]), p
 
 
@@ -132,8 +134,9 @@ def test_tiny_model_token_bits_same_in_prefill_and_decode(tiny_llama):
     from radixrt.config import EngineConfig
     from radixrt.executor.model_runner import ModelRunner
 
-    runner = ModelRunner.from_config(EngineConfig(model_path=tiny_llama, max_total_tokens=512,
-                                                  enable_deterministic_inference=True))
+    runner = ModelRunner.from_config(
+        EngineConfig(model_path=tiny_llama, max_total_tokens=512, enable_deterministic_inference=True)
+    )
     rng = random.Random(1)
     ids = [rng.randrange(100, 30000) for _ in range(40)]
     other = [rng.randrange(100, 30000) for _ in range(23)]
@@ -143,7 +146,7 @@ def test_tiny_model_token_bits_same_in_prefill_and_decode(tiny_llama):
     # b's prompt, then a's last token decoded next to b's own decode
     runner.forward(other, [b], [23])
     for p in (5, 39):
-        dec = runner.forward([other[-1], ids[p]], [b, a[:p + 1]], [1, 1])
+        dec = runner.forward([other[-1], ids[p]], [b, a[: p + 1]], [1, 1])
         assert torch.equal(dec[1], whole[p]), p
     # a in two chunks next to b
     first = runner.forward(ids[:17], [a[:17]], [17])

@@ -1,5 +1,6 @@
 """`radixrt bench`: workload shapes, the ideal-prefill arithmetic, and an
 end-to-end run of every system on a tiny random model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,9 +46,11 @@ def test_percentiles_and_arrivals():
 
 
 def test_stage_waves_group_by_stage_in_submission_order():
-    recs = [{"order": 2, "stage": 1, "input_ids": [3], "completion_tokens": 1},
-            {"order": 0, "stage": 0, "input_ids": [1], "completion_tokens": 4},
-            {"order": 1, "stage": 1, "input_ids": [2], "completion_tokens": 2}]
+    recs = [
+        {"order": 2, "stage": 1, "input_ids": [3], "completion_tokens": 1},
+        {"order": 0, "stage": 0, "input_ids": [1], "completion_tokens": 4},
+        {"order": 1, "stage": 1, "input_ids": [2], "completion_tokens": 2},
+    ]
     assert stage_waves(recs) == [[([1], 4)], [([2], 2), ([3], 1)]]
 
 
@@ -114,8 +117,10 @@ def test_multi_turn_resends_history_with_answers(tok):
     recs = sorted(_record(wl), key=lambda r: r["order"])
     assert [r["stage"] for r in recs] == [0, 1, 2, 3]
     for prev, nxt in zip(recs, recs[1:]):
-        assert nxt["input_ids"][:len(prev["input_ids"]) + len(prev["output_ids"])] == \
-            prev["input_ids"] + prev["output_ids"]
+        assert (
+            nxt["input_ids"][: len(prev["input_ids"]) + len(prev["output_ids"])]
+            == prev["input_ids"] + prev["output_ids"]
+        )
 
 
 def test_agent_fanout_forks_from_the_plan_and_joins(tok):
@@ -125,10 +130,12 @@ def test_agent_fanout_forks_from_the_plan_and_joins(tok):
     plan = recs[0]
     base = plan["input_ids"] + plan["output_ids"]
     for br in recs[1:5]:
-        assert br["input_ids"][:len(base)] == base
+        assert br["input_ids"][: len(base)] == base
     first = recs[1]
-    assert recs[5]["input_ids"][:len(first["input_ids"]) + len(first["output_ids"])] == \
-        first["input_ids"] + first["output_ids"]
+    assert (
+        recs[5]["input_ids"][: len(first["input_ids"]) + len(first["output_ids"])]
+        == first["input_ids"] + first["output_ids"]
+    )
     # every program shares the tool scaffold
     two = _record(make_workload("agent-fanout", tok, scale=0.25))
     stage0 = [r["input_ids"] for r in two if r["stage"] == 0]
@@ -155,9 +162,11 @@ def test_json_extraction_asks_for_the_schema(tok):
 
 
 def test_bench_modules_import_no_matplotlib_or_torch():
-    code = ("import sys, radixrt.bench.main, radixrt.bench.driver, radixrt.bench.offline, radixrt.bench.online,"
-            " radixrt.bench.report, radixrt.bench.plots, radixrt.bench.workloads, radixrt.plan;"
-            "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, radixrt.bench.main, radixrt.bench.driver, radixrt.bench.offline, radixrt.bench.online,"
+        " radixrt.bench.report, radixrt.bench.plots, radixrt.bench.workloads, radixrt.plan;"
+        "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -173,15 +182,33 @@ def _bench(tmp_path, *argv):
 
 
 def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_llama, capsys):
-    rc, rep, md = _bench(tmp_path, "--model", tiny_llama, "--offline-only", "--scale", "0.125",
-                         "--workload", "shared-prefix", "--workload", "multi-turn", "--workload", "no-sharing",
-                         "--max-total-tokens", "8192")
+    rc, rep, md = _bench(
+        tmp_path,
+        "--model",
+        tiny_llama,
+        "--offline-only",
+        "--scale",
+        "0.125",
+        "--workload",
+        "shared-prefix",
+        "--workload",
+        "multi-turn",
+        "--workload",
+        "no-sharing",
+        "--max-total-tokens",
+        "8192",
+    )
     assert rc == 0
     by = {w["name"]: {r["system"].split(" (")[0]: r for r in w["rows"]} for w in rep["workloads"]}
     assert set(by) == {"shared-prefix", "multi-turn", "no-sharing"}
     for rows in by.values():
-        assert set(rows) == {"radixrt", "radixrt, cache off", "radixrt fcfs", "radixrt dfs-weight",
-                             "transformers generate"}
+        assert set(rows) == {
+            "radixrt",
+            "radixrt, cache off",
+            "radixrt fcfs",
+            "radixrt dfs-weight",
+            "transformers generate",
+        }
         assert all(r["failed"] == 0 for r in rows.values())
         ref, off = rows["radixrt"], rows["radixrt, cache off"]
         assert ref["output_tokens"] == off["output_tokens"] == rows["transformers generate"]["output_tokens"]
@@ -203,9 +230,24 @@ def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_llama, capsys
 
 
 def test_bench_prefix_groups_give_the_shared_prefix_workload_several_prompts(tmp_path, tiny_llama):
-    rc, rep, _ = _bench(tmp_path, "--model", tiny_llama, "--offline-only", "--scale", "0.125",
-                        "--workload", "shared-prefix", "--prefix-groups", "2", "--policies", "lpm",
-                        "--skip-cache-off", "--skip-transformers", "--max-total-tokens", "8192")
+    rc, rep, _ = _bench(
+        tmp_path,
+        "--model",
+        tiny_llama,
+        "--offline-only",
+        "--scale",
+        "0.125",
+        "--workload",
+        "shared-prefix",
+        "--prefix-groups",
+        "2",
+        "--policies",
+        "lpm",
+        "--skip-cache-off",
+        "--skip-transformers",
+        "--max-total-tokens",
+        "8192",
+    )
     assert rc == 0
     (row,) = rep["workloads"][0]["rows"]
     assert "2 x 1024-token shared prefix" in rep["workloads"][0]["shape"]
@@ -213,13 +255,34 @@ def test_bench_prefix_groups_give_the_shared_prefix_workload_several_prompts(tmp
 
 
 def test_bench_sweeps_on_a_tiny_model(tmp_path, tiny_llama):
-    rc, rep, md = _bench(tmp_path, "--model", tiny_llama, "--workload", "none", "--policies", "lpm",
-                         "--sweep", "prefix", "--sweep", "concurrency", "--prefix-lens", "64,256",
-                         "--concurrency", "1,8", "--sweep-requests", "3", "--skip-transformers")
+    rc, rep, md = _bench(
+        tmp_path,
+        "--model",
+        tiny_llama,
+        "--workload",
+        "none",
+        "--policies",
+        "lpm",
+        "--sweep",
+        "prefix",
+        "--sweep",
+        "concurrency",
+        "--prefix-lens",
+        "64,256",
+        "--concurrency",
+        "1,8",
+        "--sweep-requests",
+        "3",
+        "--skip-transformers",
+    )
     assert rc == 0 and rep["workloads"] == []
     prefix, conc = rep["sweeps"]
     assert [(r["x"], r["system"]) for r in prefix["rows"]] == [
-        (64, "radixrt"), (64, "radixrt, cache off"), (256, "radixrt"), (256, "radixrt, cache off")]
+        (64, "radixrt"),
+        (64, "radixrt, cache off"),
+        (256, "radixrt"),
+        (256, "radixrt, cache off"),
+    ]
     for r in prefix["rows"]:
         if r["system"] == "radixrt":
             assert r["prompt_tokens_computed"] == r["x"] + 3 * 16
@@ -233,9 +296,24 @@ def test_bench_plots_from_a_report(tmp_path, tiny_llama):
     pytest.importorskip("matplotlib")
     from radixrt.bench.plots import plot_report
 
-    rc, rep, _ = _bench(tmp_path, "--model", tiny_llama, "--offline-only", "--scale", "0.125",
-                        "--workload", "shared-prefix", "--policies", "lpm", "--sweep", "prefix",
-                        "--prefix-lens", "64,128", "--sweep-requests", "2")
+    rc, rep, _ = _bench(
+        tmp_path,
+        "--model",
+        tiny_llama,
+        "--offline-only",
+        "--scale",
+        "0.125",
+        "--workload",
+        "shared-prefix",
+        "--policies",
+        "lpm",
+        "--sweep",
+        "prefix",
+        "--prefix-lens",
+        "64,128",
+        "--sweep-requests",
+        "2",
+    )
     paths = plot_report(rep, str(tmp_path / "img"))
     names = sorted(p.rsplit("/", 1)[-1] for p in paths)
     assert names == ["bench_cache.png", "bench_throughput.png", "sweep_prefix.png"]
@@ -244,9 +322,22 @@ def test_bench_plots_from_a_report(tmp_path, tiny_llama):
 
 @pytest.mark.slow
 def test_bench_online_on_a_tiny_model(tmp_path, tiny_llama):
-    rc, rep, _ = _bench(tmp_path, "--model", tiny_llama, "--scale", "0.125", "--workload", "agent-fanout",
-                        "--workload", "json-extraction", "--skip-transformers", "--policies", "lpm",
-                        "--max-total-tokens", "8192")
+    rc, rep, _ = _bench(
+        tmp_path,
+        "--model",
+        tiny_llama,
+        "--scale",
+        "0.125",
+        "--workload",
+        "agent-fanout",
+        "--workload",
+        "json-extraction",
+        "--skip-transformers",
+        "--policies",
+        "lpm",
+        "--max-total-tokens",
+        "8192",
+    )
     assert rc == 0
     for w in rep["workloads"]:
         online = {r["system"]: r for r in w["rows"] if r["mode"] == "online"}
@@ -260,8 +351,17 @@ def test_bench_online_on_a_tiny_model(tmp_path, tiny_llama):
             assert "valid_outputs" in offline
 
 
-@pytest.mark.parametrize("module", ["radixrt.bench", "radixrt.bench.main", "radixrt.bench.programs",
-                                    "radixrt.bench.constrained", "radixrt.bench.serving", "radixrt.bench.plots"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "radixrt.bench",
+        "radixrt.bench.main",
+        "radixrt.bench.programs",
+        "radixrt.bench.constrained",
+        "radixrt.bench.serving",
+        "radixrt.bench.plots",
+    ],
+)
 def test_bench_entry_points_answer_help(module):
     proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

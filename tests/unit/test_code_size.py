@@ -6,6 +6,7 @@ excluded; a nested function counts inside its enclosing one and again on its
 own). A module's length is its number of lines. There is no exceptions list:
 the test lists every offender with its length.
 """
+
 from __future__ import annotations
 
 import ast

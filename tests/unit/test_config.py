@@ -1,6 +1,7 @@
 """EngineConfig: its sections, the flags generated from them, switches whose
 default depends on the device, flags that need another, and the RuntimeInfo a
 started scheduler reports."""
+
 import argparse
 import dataclasses
 import pickle
@@ -36,8 +37,14 @@ def _example(name: str) -> object:
     if row is not None:
         return row.example
     default = flag_defaults()[name]
-    strings = {"model_path": "/models/x", "dtype": "bfloat16", "device": "cuda", "kv_cache_dtype": "fp8_e4m3",
-               "schedule_policy": "fcfs", "log_level": "debug"}
+    strings = {
+        "model_path": "/models/x",
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "kv_cache_dtype": "fp8_e4m3",
+        "schedule_policy": "fcfs",
+        "log_level": "debug",
+    }
     if name in strings:
         return strings[name]
     if isinstance(default, bool):
@@ -83,8 +90,12 @@ def test_sections_group_the_help_and_flat_keywords_round_trip():
     titles = [g.title for g in parser._action_groups]
     assert [*SECTIONS, "server"] == [t for t in titles if t in (*SECTIONS, "server")]
     c = EngineConfig(page_size=4, chunked_prefill_size=64, log_level="info", max_n=3)
-    assert (c.cache.page_size, c.scheduling.chunked_prefill_size, c.debug.log_level, c.limits.max_n) == \
-        (4, 64, "info", 3)
+    assert (c.cache.page_size, c.scheduling.chunked_prefill_size, c.debug.log_level, c.limits.max_n) == (
+        4,
+        64,
+        "info",
+        3,
+    )
     assert EngineConfig(**c.to_flat()) == c == EngineConfig(**dataclasses.asdict(c))
     assert EngineConfig(cache=c.cache, page_size=8).cache.page_size == 8  # a flag over a whole section
     with pytest.raises(TypeError, match="'page_sise'"):
@@ -112,15 +123,20 @@ def test_each_component_takes_only_its_sections():
     assert first_param(build_host_tier) is HostCacheSettings
     assert first_param(build_prefix_cache) is CacheSettings
     assert first_param(ModelRunner.__init__) is first_param(resolve_runtime) is RunnerSettings
-    assert typing.get_type_hints(RunnerSettings) == {"model": ModelSettings, "execution": ExecutionSettings,
-                                                     "cache": CacheSettings, "max_running_requests": int}
+    assert typing.get_type_hints(RunnerSettings) == {
+        "model": ModelSettings,
+        "execution": ExecutionSettings,
+        "cache": CacheSettings,
+        "max_running_requests": int,
+    }
 
 
 def test_a_scheduler_hands_out_sections_and_reports_runtime_info(tiny_llama):
     from radixrt.scheduler.scheduler import Scheduler
 
-    config = EngineConfig(model_path=tiny_llama, max_total_tokens=512, page_size=4, host_kv_size=1024,
-                          max_n=5, grammar_max_chars=999)
+    config = EngineConfig(
+        model_path=tiny_llama, max_total_tokens=512, page_size=4, host_kv_size=1024, max_n=5, grammar_max_chars=999
+    )
     sched = Scheduler(config)
     try:
         assert sched.planner.config is config.scheduling
@@ -137,17 +153,27 @@ def test_a_scheduler_hands_out_sections_and_reports_runtime_info(tiny_llama):
 
 
 # ---------------------------------------------------------------- overlap: default by device
-@pytest.mark.parametrize("device,flag,overlap", [
-    ("cpu", None, False), ("cuda", None, True),  # unset: overlap on CUDA only
-    ("cpu", False, True), ("cuda", True, False),  # set: as asked
-])
+@pytest.mark.parametrize(
+    "device,flag,overlap",
+    [
+        ("cpu", None, False),
+        ("cuda", None, True),  # unset: overlap on CUDA only
+        ("cpu", False, True),
+        ("cuda", True, False),  # set: as asked
+    ],
+)
 def test_overlap_schedule_follows_the_device_unless_set(device, flag, overlap):
     assert EngineConfig(device=device, disable_overlap_schedule=flag).execution.overlap_schedule is overlap
 
 
-@pytest.mark.parametrize("argv,value", [
-    ([], None), (["--disable-overlap-schedule"], True), (["--no-disable-overlap-schedule"], False),
-])
+@pytest.mark.parametrize(
+    "argv,value",
+    [
+        ([], None),
+        (["--disable-overlap-schedule"], True),
+        (["--no-disable-overlap-schedule"], False),
+    ],
+)
 def test_overlap_cli_flag_is_three_way(argv, value):
     assert EngineConfig.from_cli_args(_parser().parse_args(argv)).execution.disable_overlap_schedule is value
 

@@ -1,6 +1,7 @@
 """The CPU paged decode kernel (`radixrt.kernels.cpu_decode`) against dense
 float64 attention, its build and fallbacks, and the engine's greedy tokens
 with the kernel and with the torch path."""
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,17 @@ def _dense(q, k_cache, v_cache, table, lens, scale):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("batch,hkv,group,head_dim", [
-    (1, 1, 1, 8), (5, 2, 3, 16), (7, 3, 3, 64), (3, 1, 8, 128), (4, 2, 2, 24), (2, 4, 1, 256),
-])
+@pytest.mark.parametrize(
+    "batch,hkv,group,head_dim",
+    [
+        (1, 1, 1, 8),
+        (5, 2, 3, 16),
+        (7, 3, 3, 64),
+        (3, 1, 8, 128),
+        (4, 2, 2, 24),
+        (2, 4, 1, 256),
+    ],
+)
 def test_kernel_matches_dense_attention(kernel, batch, hkv, group, head_dim) -> None:
     gen = torch.Generator().manual_seed(batch * 1000 + head_dim)
     num_slots, max_kv = 300, 37
@@ -57,7 +66,7 @@ def test_kernel_matches_dense_attention(kernel, batch, hkv, group, head_dim) -> 
     for b in range(batch):
         table[b, : int(lens[b])] = torch.randperm(num_slots - 1, generator=gen)[: int(lens[b])] + 1
     q = torch.randn(batch, hkv * group, head_dim, generator=gen)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     out = kernel.forward(q, k_cache, v_cache, table, lens, scale)
     assert out.shape == q.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), _dense(q, k_cache, v_cache, table, lens, scale), atol=1e-5, rtol=1e-5)
@@ -96,8 +105,7 @@ def test_large_batches_split_over_threads(kernel, monkeypatch) -> None:
             assert torch.equal(split, one_thread)  # each request is computed alone, whichever thread runs it
     finally:
         torch.set_num_threads(threads)
-    torch.testing.assert_close(one_thread.double(), _dense(q, k_cache, v_cache, table, lens, 0.2),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one_thread.double(), _dense(q, k_cache, v_cache, table, lens, 0.2), atol=1e-5, rtol=1e-5)
 
 
 def test_loading_the_kernel_keeps_denormals(kernel) -> None:

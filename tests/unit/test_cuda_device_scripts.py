@@ -1,5 +1,6 @@
 """The device scripts on CPU: the carried-archive install logic and the packer's
 pure helpers (no network, no nvcc), and gpu_check.py's --dry-run end to end."""
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,12 @@ def test_split_and_reinstall_carried_archive(tmp_path, monkeypatch):
     sha = hashlib.sha256(archive.read_bytes()).hexdigest()
     parts = pack.split_file(archive, 4096)
     assert len(parts) > 1 and not archive.exists() and all(p.stat().st_size <= 4096 for p in parts)
-    manifest = {"flashinfer_version": "0.0", "archive": archive.name, "archive_sha256": sha,
-                "parts": [{"name": p.name, "bytes": p.stat().st_size} for p in parts]}
+    manifest = {
+        "flashinfer_version": "0.0",
+        "archive": archive.name,
+        "archive_sha256": sha,
+        "parts": [{"name": p.name, "bytes": p.stat().st_size} for p in parts],
+    }
     (carry / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(check, "STAGE", tmp_path / "dev-stage")
     monkeypatch.setattr(check, "SITE_DIR", tmp_path / "dev-site")
@@ -71,12 +76,15 @@ def test_split_and_reinstall_carried_archive(tmp_path, monkeypatch):
 def test_plain_checkout_imports_mapped_packages(tmp_path):
     """Without an install (as on the GPU machine), the checkout's root on sys.path
     is enough: radixrt maps radixrt.kernels -> kernels/ and radixrt.frontend -> frontend/."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__.lower()]; "
-            "import radixrt.kernels.flashinfer_backend as k, radixrt.frontend.interpreter as f; "
-            "print(k.__file__); print(f.__file__)")
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True,
-                         cwd=tmp_path).stdout.split()
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__.lower()]; "
+        "import radixrt.kernels.flashinfer_backend as k, radixrt.frontend.interpreter as f; "
+        "print(k.__file__); print(f.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.split()
     assert out == [str(ROOT / "kernels" / "flashinfer_backend.py"), str(ROOT / "frontend" / "interpreter.py")]
 
 
@@ -85,11 +93,17 @@ def test_pack_trim_keeps_python_and_needed_data(tmp_path):
     full = tmp_path / "full"
     pkg = full / "flashinfer"
     files = {
-        "__init__.py": b"x", "decode.py": b"x", "tuning_configs/a.json": b"{}",
+        "__init__.py": b"x",
+        "decode.py": b"x",
+        "tuning_configs/a.json": b"{}",
         "cake_backend/kernels.so": b"\0" * (pack.SMALL_FILE + 1),
-        "data/include/flashinfer/attention.cuh": b"x", "data/csrc/batch_decode.cu": b"x",
-        "data/csrc/huge.cu": b"x" * (pack.CSRC_SMALL + 1), "data/csrc/sub/other.cu": b"x",
-        "data/cutlass/include/cute/a.hpp": b"x", "data/cccl/used.h": b"x", "data/cccl/unused.h": b"x",
+        "data/include/flashinfer/attention.cuh": b"x",
+        "data/csrc/batch_decode.cu": b"x",
+        "data/csrc/huge.cu": b"x" * (pack.CSRC_SMALL + 1),
+        "data/csrc/sub/other.cu": b"x",
+        "data/cutlass/include/cute/a.hpp": b"x",
+        "data/cccl/used.h": b"x",
+        "data/cccl/unused.h": b"x",
         "data/aot/mod/mod.so": b"elf",
     }
     for rel, data in files.items():
@@ -103,8 +117,15 @@ def test_pack_trim_keeps_python_and_needed_data(tmp_path):
     out = tmp_path / "out"
     pack.trim(full, out, keep_data={pkg / "data/cccl/used.h"})
     kept = {str(p.relative_to(out / "flashinfer")) for p in (out / "flashinfer").rglob("*") if p.is_file()}
-    assert kept == {"__init__.py", "decode.py", "tuning_configs/a.json", "data/include/flashinfer/attention.cuh",
-                    "data/csrc/batch_decode.cu", "data/cccl/used.h", "data/aot/mod/mod.so"}
+    assert kept == {
+        "__init__.py",
+        "decode.py",
+        "tuning_configs/a.json",
+        "data/include/flashinfer/attention.cuh",
+        "data/csrc/batch_decode.cu",
+        "data/cccl/used.h",
+        "data/aot/mod/mod.so",
+    }
     assert (out / "flashinfer_python-0.0.dist-info" / "METADATA").exists()
     assert not (out / "flashinfer_python-0.0.dist-info" / "RECORD").exists()
     assert (out / "flashinfer_python-0.0.dist-info" / "licenses" / "LICENSE").exists()
@@ -115,9 +136,21 @@ def test_gpu_check_dry_run(tmp_path):
     """Every section of the device script, on CPU with the FlashInfer emulation."""
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "scripts/device/gpu_check.py", "--dry-run", "--out", str(out),
-         "--work", str(tmp_path / "work"), "--carry", str(tmp_path / "no-carry")],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "scripts/device/gpu_check.py",
+            "--dry-run",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--carry",
+            str(tmp_path / "no-carry"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())

@@ -5,6 +5,7 @@ decoders) must leave requests, allocator and request-to-slot table exactly as
 `extend(req, 1)` for each request in turn does, and change nothing when memory
 is short.
 """
+
 from __future__ import annotations
 
 import random
@@ -20,8 +21,9 @@ from radixrt.scheduler.request import Req
 
 
 def _setup(page_size: int, num_pages: int, prompt_lens: list[int]) -> tuple[KVCacheManager, list[Req]]:
-    kv = KVCacheManager(PageAllocator(num_pages, page_size), NoPrefixCache(page_size),
-                        ReqToTokenPool(len(prompt_lens), 256))
+    kv = KVCacheManager(
+        PageAllocator(num_pages, page_size), NoPrefixCache(page_size), ReqToTokenPool(len(prompt_lens), 256)
+    )
     reqs = []
     for i, n in enumerate(prompt_lens):
         req = Req(rid=f"r{i}", input_ids=[3 + i] * n, sampling=SamplingParams(max_new_tokens=8), seed=i)
@@ -33,8 +35,12 @@ def _setup(page_size: int, num_pages: int, prompt_lens: list[int]) -> tuple[KVCa
 
 def _state(kv: KVCacheManager, reqs: list[Req]) -> tuple:
     writes = kv.req_to_token.take_writes()
-    return ([r.slots[:] for r in reqs], kv.allocator.num_free_pages, kv.allocator.alloc_pages(3),
-            None if writes is None else writes.tolist())
+    return (
+        [r.slots[:] for r in reqs],
+        kv.allocator.num_free_pages,
+        kv.allocator.alloc_pages(3),
+        None if writes is None else writes.tolist(),
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

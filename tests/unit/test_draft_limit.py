@@ -1,6 +1,7 @@
 """Jump-forward drafts adapt their length per request (scheduler/constrained.py):
 a draft the model does not follow shrinks the next one to what was kept, a
 draft kept whole doubles it, within [1, MAX_DRAFT_TOKENS]."""
+
 from __future__ import annotations
 
 from radixrt.sampling.params import SamplingParams

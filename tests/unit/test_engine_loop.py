@@ -1,5 +1,6 @@
 """The Engine's private event loop thread, which runs the async core for the
 sync API: results, errors, many callers, and closing a stream early."""
+
 from __future__ import annotations
 
 import asyncio

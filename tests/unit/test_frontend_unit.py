@@ -4,6 +4,7 @@ The interpreter is exercised through a small deterministic backend (a real
 ``BaseBackend`` subclass, not a mock of anything users call): it completes a
 prompt with a scripted function and records every request it receives.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -109,8 +110,18 @@ def test_expressions_concatenate_and_flatten():
 
 
 def test_gen_parameters_map_to_sglang_sampling_params():
-    g = rt.gen("x", max_tokens=7, min_tokens=2, stop="\n", temperature=0, top_k=5, regex=r"\d+",
-               return_logprob=True, logprob_start_len=3, top_logprobs_num=2)
+    g = rt.gen(
+        "x",
+        max_tokens=7,
+        min_tokens=2,
+        stop="\n",
+        temperature=0,
+        top_k=5,
+        regex=r"\d+",
+        return_logprob=True,
+        logprob_start_len=3,
+        top_logprobs_num=2,
+    )
     sp = g.sampling.merged_over(rt.gen("y").sampling.merged_over(default_sampling_params()))
     assert isinstance(sp, SglSamplingParams)
     wire = sp.to_wire()
@@ -198,8 +209,12 @@ def test_roles_render_with_markers_and_default_system_prompt():
         s += rt.assistant_begin() + rt.gen("r2") + rt.assistant_end()
 
     st = chat.run(backend=be)
-    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]
+    msgs = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "ok"},
+    ]
     assert st.text() == render_messages(msgs, CHATML, "Be nice.")
     assert st.messages() == [{"role": "system", "content": "Be nice."}] + msgs
     # generation prompt = the chat template's generation prompt
@@ -486,9 +501,11 @@ def test_sglang_style_import_alias_program_runs_unchanged():
 
 
 def test_import_frontend_does_not_import_torch():
-    code = ("import sys, radixrt, radixrt.frontend as f; f.gen; f.function; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
-            "f.RuntimeEndpoint; assert 'torch' not in sys.modules; print('ok')")
+    code = (
+        "import sys, radixrt, radixrt.frontend as f; f.gen; f.function; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; "
+        "f.RuntimeEndpoint; assert 'torch' not in sys.modules; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
@@ -510,16 +527,19 @@ def test_choice_methods():
     d = rt.greedy_token_selection(choices=choices, normalized_prompt_logprobs=norm, input_token_logprobs=toks)
     assert d.decision == "ccc"  # best first token
     uncond = [_entries([-5.0]), _entries([-0.1, -0.1]), _entries([-0.1, -3.0, -3.0])]
-    d = rt.unconditional_likelihood_normalized(choices=choices, normalized_prompt_logprobs=norm,
-                                               input_token_logprobs=toks, unconditional_token_logprobs=uncond)
+    d = rt.unconditional_likelihood_normalized(
+        choices=choices, normalized_prompt_logprobs=norm, input_token_logprobs=toks, unconditional_token_logprobs=uncond
+    )
     assert d.decision == "a"  # the prompt raised "a" the most above its baseline
     # ties on the first token fall through to the next one
     toks2 = [_entries([-1.0, -2.0]), _entries([-1.0, -0.5])]
     d = rt.greedy_token_selection(choices=["p", "q"], normalized_prompt_logprobs=[0, 0], input_token_logprobs=toks2)
     assert d.decision == "q"
-    assert math.isinf(rt.token_length_normalized(
-        choices=["x"], normalized_prompt_logprobs=[-math.inf], input_token_logprobs=[[]]).meta_info[
-        "normalized_prompt_logprobs"][0])
+    assert math.isinf(
+        rt.token_length_normalized(
+            choices=["x"], normalized_prompt_logprobs=[-math.inf], input_token_logprobs=[[]]
+        ).meta_info["normalized_prompt_logprobs"][0]
+    )
 
 
 # ------------------------------------------------------------------- chat roles
@@ -548,8 +568,12 @@ class _TemplateTokenizer:
         return ([1] if self._add_bos else []) + [5]
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
-        return self._tpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                bos_token=self.bos_token or "", **self._special)
+        return self._tpl.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            **self._special,
+        )
 
 
 SMOL_TEMPLATE = (
@@ -575,8 +599,11 @@ NO_SYSTEM_TEMPLATE = (  # Gemma-like: rejects the system role
 
 
 def _conv(markers, default_system=None):
-    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-            {"role": "user", "content": "Bye"}]
+    msgs = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]
     return msgs, render_messages(msgs, markers, default_system, add_generation_prompt=True)
 
 
@@ -588,8 +615,9 @@ def test_chat_roles_smollm2_chatml_with_default_system_prompt():
     msgs, text = _conv(info["chat_role_markers"], info["chat_default_system_prompt"])
     assert text == tok.apply_chat_template(msgs, add_generation_prompt=True)
     sys_msgs = [{"role": "system", "content": "S"}] + msgs
-    assert render_messages(sys_msgs, CHATML, info["chat_default_system_prompt"], True) == \
-        tok.apply_chat_template(sys_msgs, add_generation_prompt=True)
+    assert render_messages(sys_msgs, CHATML, info["chat_default_system_prompt"], True) == tok.apply_chat_template(
+        sys_msgs, add_generation_prompt=True
+    )
 
 
 def test_chat_roles_llama3_strips_auto_bos():

@@ -1,6 +1,7 @@
 """Grammar bounds (radixrt/sampling/grammar_bounds.py): grammars with no finite
 instance, huge forced strings and huge repetitions are refused from their
 structure, before any compilation; ordinary grammars pass."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,20 @@ from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.grammar_bounds import GrammarLimits
 
 RECURSIVE = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
-TOOL_TAG = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [
-    {"begin": "<tool_call>", "content": {"type": "json_schema", "json_schema": RECURSIVE}, "end": "</tool_call>"}]}}
+TOOL_TAG = {
+    "type": "structural_tag",
+    "format": {
+        "type": "triggered_tags",
+        "triggers": ["<tool_call>"],
+        "tags": [
+            {
+                "begin": "<tool_call>",
+                "content": {"type": "json_schema", "json_schema": RECURSIVE},
+                "end": "</tool_call>",
+            }
+        ],
+    },
+}
 
 REFUSED = {
     "recursive_schema": (("json_schema", json.dumps(RECURSIVE)), "no finite instance"),
@@ -21,26 +34,58 @@ REFUSED = {
     "recursive_ebnf": (("ebnf", 'root ::= "a" root'), "no finite instance"),
     "regex_bomb": (("regex", "a{3000000}"), "exceeds the limit"),
     "range_bomb": (("regex", "[a-z]{0,3000000}"), "exceeds the limit"),
-    "pattern_bomb": (("json_schema", json.dumps(
-        {"type": "object", "properties": {"p": {"type": "string", "pattern": "a{3000000}"}}, "required": ["p"]})),
-        "exceeds the limit"),
+    "pattern_bomb": (
+        (
+            "json_schema",
+            json.dumps(
+                {"type": "object", "properties": {"p": {"type": "string", "pattern": "a{3000000}"}}, "required": ["p"]}
+            ),
+        ),
+        "exceeds the limit",
+    ),
     "min_length_bomb": (("json_schema", json.dumps({"type": "string", "minLength": 3_000_000})), "exceeds the limit"),
-    "min_items_bomb": (("json_schema", json.dumps(
-        {"type": "array", "items": {"type": "integer"}, "minItems": 1_000_000})), "exceeds the limit"),
+    "min_items_bomb": (
+        ("json_schema", json.dumps({"type": "array", "items": {"type": "integer"}, "minItems": 1_000_000})),
+        "exceeds the limit",
+    ),
     # every repetition within bounds, their product not: 60000 x 60000 characters
     "nested_repeats": (("regex", "(a{60000}){60000}"), "needs at least 3600000000 characters"),
-    "doubling_rules": (("ebnf", "root ::= r30\n" + "\n".join(f"r{i + 1} ::= r{i} r{i}" for i in range(30))
-                        + '\nr0 ::= "ab"'), "characters, more than the limit"),
+    "doubling_rules": (
+        ("ebnf", "root ::= r30\n" + "\n".join(f"r{i + 1} ::= r{i} r{i}" for i in range(30)) + '\nr0 ::= "ab"'),
+        "characters, more than the limit",
+    ),
 }
 
 ACCEPTED = {
-    "self_reference_with_a_way_out": ("json_schema", json.dumps(
-        {"type": "object", "properties": {"n": {"$ref": "#"}}})),
-    "tree": ("json_schema", json.dumps({"$defs": {"node": {"type": "object", "properties": {
-        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["children"]}},
-        "$ref": "#/$defs/node"})),
-    "person": ("json_schema", json.dumps({"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 64}, "age": {"type": "integer"}}, "required": ["name", "age"]})),
+    "self_reference_with_a_way_out": (
+        "json_schema",
+        json.dumps({"type": "object", "properties": {"n": {"$ref": "#"}}}),
+    ),
+    "tree": (
+        "json_schema",
+        json.dumps(
+            {
+                "$defs": {
+                    "node": {
+                        "type": "object",
+                        "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                        "required": ["children"],
+                    }
+                },
+                "$ref": "#/$defs/node",
+            }
+        ),
+    ),
+    "person": (
+        "json_schema",
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 64}, "age": {"type": "integer"}},
+                "required": ["name", "age"],
+            }
+        ),
+    ),
     "date": ("regex", r"\d{4}-\d{2}-\d{2}"),
     "recursive_ebnf_with_base": ("ebnf", 'root ::= "(" root ")" | "x"'),
     "at_the_limit": ("regex", "a{65536}"),

@@ -7,6 +7,7 @@ load-back, compute and insert; releases; evictions; swap-outs; look-ups;
 resets) and checks the tree's integrity after each: device
 ``free + tree + private == total``, host ``free + tree == total``.
 """
+
 from __future__ import annotations
 
 import random
@@ -29,8 +30,15 @@ def _code(prefix: list[int]) -> float:
 class Rig:
     """A device pool, a host pool and a tree over them, plus running 'requests'."""
 
-    def __init__(self, device_tokens: int, host_tokens: int, page_size: int, policy: str,
-                 host_dtype: str = "auto", by_runs: bool = False) -> None:
+    def __init__(
+        self,
+        device_tokens: int,
+        host_tokens: int,
+        page_size: int,
+        policy: str,
+        host_dtype: str = "auto",
+        by_runs: bool = False,
+    ) -> None:
         P = page_size
         self.P = P
         self.dev = KVPool(1, device_tokens // P, P, 1, 2, torch.float32, "cpu")
@@ -60,7 +68,7 @@ class Rig:
         p = tree.insert(key[:n], slots[:n], computed=False)  # at launch, before the forward
         assert p >= m.length
         if p > m.length:
-            self.alloc.free_slots(slots[m.length:p])
+            self.alloc.free_slots(slots[m.length : p])
         m2 = tree.match_prefix(key[:n], record_stats=False)
         assert m2.length == n and m2.loaded == 0
         tree.lock(m2.node)
@@ -77,7 +85,7 @@ class Rig:
         self.host.run(t.before)
         for key, slots, start in computed:
             idx = torch.tensor(slots[start:], dtype=torch.int64)
-            vals = torch.tensor([[_code(key[:i + 1]), float(i)] for i in range(start, len(key))])
+            vals = torch.tensor([[_code(key[: i + 1]), float(i)] for i in range(start, len(key))])
             self.k.index_copy_(0, idx, vals.view(-1, 1, 2))
         self.host.run(t.after)
 
@@ -102,7 +110,7 @@ class Rig:
         while stack:
             node, prefix = stack.pop()
             full = prefix + node.key
-            want = torch.tensor([[_code(full[:i + 1]), float(i)] for i in range(len(prefix), len(full))])
+            want = torch.tensor([[_code(full[: i + 1]), float(i)] for i in range(len(prefix), len(full))])
             if node.value:
                 assert torch.equal(self.k[torch.tensor(node.value)].view(-1, 2), want), node
             if node.host_value is not None:
@@ -112,7 +120,7 @@ class Rig:
     def check_match(self, key: list[int]) -> int:
         m = self.tree.match_prefix(key, load_back=True)
         self.step([])
-        want = torch.tensor([[_code(key[:i + 1]), float(i)] for i in range(m.length)]).view(-1, 2)
+        want = torch.tensor([[_code(key[: i + 1]), float(i)] for i in range(m.length)]).view(-1, 2)
         assert torch.equal(self.k[torch.tensor(m.slots, dtype=torch.int64)].view(-1, 2), want)
         return m.loaded
 
@@ -127,10 +135,13 @@ def _random_key(rng: random.Random, bases: list[list[int]]) -> list[int]:
     return base[:cut] + [rng.randrange(5) for _ in range(rng.randint(1, 12))]
 
 
-@pytest.mark.parametrize("page_size,policy,by_runs", [
-    pytest.param(1, "write_through", True, marks=pytest.mark.slow),  # ~2-3 s each: one on the fast path
-    (4, "write_back", False),
-])
+@pytest.mark.parametrize(
+    "page_size,policy,by_runs",
+    [
+        pytest.param(1, "write_through", True, marks=pytest.mark.slow),  # ~2-3 s each: one on the fast path
+        (4, "write_back", False),
+    ],
+)
 def test_randomized_two_tiers(page_size, policy, by_runs):
     rng = random.Random(7 + page_size)
     rig = Rig(device_tokens=48, host_tokens=96, page_size=page_size, policy=policy, by_runs=by_runs)

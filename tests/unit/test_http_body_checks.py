@@ -2,6 +2,7 @@
 (`parse_json_body`), the ASGI guard (body limit, JSON check, draining,
 last-resort 500, client gone mid-upload) and the tokenizer manager's size
 bound and off-loop tokenizing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,7 @@ def _refused(raw: bytes, mention: str) -> None:
 
 def test_parse_json_body_accepts():
     assert parse_json_body(b'{"text": "hi", "n": 2}') == {"text": "hi", "n": 2}
-    assert parse_json_body(b'{"text": "\\ud83d\\ude00"}') == {"text": "\U0001F600"}  # a surrogate pair
+    assert parse_json_body(b'{"text": "\\ud83d\\ude00"}') == {"text": "\U0001f600"}  # a surrogate pair
     assert parse_json_body('{"text": "é😀"}'.encode()) == {"text": "é😀"}
     assert parse_json_body(b'{"text": "\\\\ud800"}') == {"text": "\\ud800"}  # an escaped backslash, not an escape
     assert parse_json_body(b"null") is None
@@ -57,8 +58,14 @@ def test_parse_json_body_refuses():
 
 # ------------------------------------------------------------------ the ASGI guard
 def _ctx(**kw) -> ServerContext:
-    return ServerContext(tm=None, metrics=ServerMetrics("m"), model_path="m", resolved_model_path="/m",  # type: ignore[arg-type]
-                         served_model_name="m", **kw)
+    return ServerContext(
+        tm=None,
+        metrics=ServerMetrics("m"),
+        model_path="m",
+        resolved_model_path="/m",  # type: ignore[arg-type]
+        served_model_name="m",
+        **kw,
+    )
 
 
 async def _call(mw: GuardMiddleware, path: str, messages: list[dict], headers=()) -> list[dict]:
@@ -100,8 +107,10 @@ def test_guard_reads_checks_and_replays_the_body():
     seen: list = []
     ctx = _ctx(max_request_bytes=1000)
     mw = GuardMiddleware(_app(seen), lambda: ctx)
-    body = [{"type": "http.request", "body": b'{"text":', "more_body": True},
-            {"type": "http.request", "body": b' "hi"}', "more_body": False}]
+    body = [
+        {"type": "http.request", "body": b'{"text":', "more_body": True},
+        {"type": "http.request", "body": b' "hi"}', "more_body": False},
+    ]
     sent = asyncio.run(_call(mw, "/generate", body))
     assert sent[0]["status"] == 200
     parsed, replayed = seen[0]
@@ -112,8 +121,9 @@ def test_guard_reads_checks_and_replays_the_body():
     status, _, err = _answer(sent)
     assert status == 400 and "deep" in err["error"]["message"] and len(seen) == 1
     # a body that is not JSON by its content type is passed on unparsed
-    sent = asyncio.run(_call(mw, "/x", [{"type": "http.request", "body": b"[[["}],
-                             headers=[(b"content-type", b"text/plain")]))
+    sent = asyncio.run(
+        _call(mw, "/x", [{"type": "http.request", "body": b"[[["}], headers=[(b"content-type", b"text/plain")])
+    )
     assert sent[0]["status"] == 200 and seen[-1][0] is None
     # over the limit while reading (no Content-Length), and by Content-Length
     chunks = [{"type": "http.request", "body": b" " * 600, "more_body": True}] * 2
@@ -128,8 +138,13 @@ def test_guard_client_gone_mid_upload(caplog):
     ctx = _ctx()
     mw = GuardMiddleware(_app(seen), lambda: ctx)
     with caplog.at_level(logging.INFO, logger="radixrt.server.middleware"):
-        sent = asyncio.run(_call(mw, "/generate", [{"type": "http.request", "body": b"{", "more_body": True},
-                                                   {"type": "http.disconnect"}]))
+        sent = asyncio.run(
+            _call(
+                mw,
+                "/generate",
+                [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}],
+            )
+        )
     assert sent == [] and seen == [] and ctx.active_requests == 0
     records = [r for r in caplog.records if r.name == "radixrt.server.middleware"]
     assert len(records) == 1 and records[0].exc_info is None and "left" in records[0].getMessage()
@@ -160,8 +175,11 @@ def test_prompt_size_bound_and_tokenizing_thread(tokenizer):
     assert tm.max_prompt_chars == 64 * CHARS_PER_TOKEN_MARGIN * longest
     assert tm.encode("hello world") == tokenizer.encode("hello world")
     # the bound holds for a text made of the longest tokens: it could not fit in any case
-    for text, mention in (("x" * (tm.max_prompt_chars + 1), "characters"), ("hello " * 100, "context length"),
-                          ("a\ud800b", "surrogate")):
+    for text, mention in (
+        ("x" * (tm.max_prompt_chars + 1), "characters"),
+        ("hello " * 100, "context length"),
+        ("a\ud800b", "surrogate"),
+    ):
         with pytest.raises(ServerError) as ei:
             tm.encode(text)
         assert ei.value.status == 400 and mention in ei.value.message, ei.value.message

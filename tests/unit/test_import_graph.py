@@ -21,6 +21,7 @@ below as known ones, each with the step of issue 23 that removes it; a known
 violation that has gone makes its strict xfail test fail, so the entry gets
 deleted.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,15 +38,21 @@ MAIN = "**/__main__.py"
 
 # (part, module of a higher layer it still imports) -> the step that removes it
 KNOWN_LAYER_VIOLATIONS = {
-    ("radixrt/memory/", "radixrt.scheduler.request"):
-        "issue 23: the KV fields a request holds (slots, tree_len, last_node, row) become a memory-owned handle",
+    (
+        "radixrt/memory/",
+        "radixrt.scheduler.request",
+    ): "issue 23: the KV fields a request holds (slots, tree_len, last_node, row) become a memory-owned handle",
 }
 # (module, module of the same part) import edges that close a cycle -> the step that removes it
 KNOWN_CYCLE_EDGES = {
-    ("radixrt.memory.radix_integrity", "radixrt.memory.radix_cache"):
-        "issue 23: radix_cache <-> radix_integrity (the integrity check names the trees for type checking)",
-    ("radixrt.memory.radix_integrity", "radixrt.memory.host_radix_cache"):
-        "issue 23: host_radix_cache <-> radix_integrity (likewise)",
+    (
+        "radixrt.memory.radix_integrity",
+        "radixrt.memory.radix_cache",
+    ): "issue 23: radix_cache <-> radix_integrity (the integrity check names the trees for type checking)",
+    (
+        "radixrt.memory.radix_integrity",
+        "radixrt.memory.host_radix_cache",
+    ): "issue 23: host_radix_cache <-> radix_integrity (likewise)",
 }
 
 
@@ -215,8 +222,9 @@ def test_every_import_points_to_a_lower_layer(tree):
     found = tree.layer_violations()
     known = {(a, b, pa) for a, b, pa in found if (pa, b) in KNOWN_LAYER_VIOLATIONS}
     unexpected = sorted(f"{a} -> {b}" for a, b, _ in found - known)
-    assert unexpected == [], ("imports of a part on the same line or above (docs/architecture.md, "
-                              f"```layers): {unexpected}")
+    assert unexpected == [], (
+        f"imports of a part on the same line or above (docs/architecture.md, ```layers): {unexpected}"
+    )
 
 
 @pytest.mark.xfail(strict=True, reason="known, to be removed by issue 23")
@@ -224,8 +232,9 @@ def test_every_import_points_to_a_lower_layer(tree):
 def test_known_layer_violation_is_gone(tree, part, target):
     """Fails (xfail) while the violation is there; once it is gone this passes,
     and strict xfail turns that into a failure: delete the entry."""
-    assert not any(pa == part and b == target for _, b, pa in tree.layer_violations()), \
-        KNOWN_LAYER_VIOLATIONS[(part, target)]
+    assert not any(pa == part and b == target for _, b, pa in tree.layer_violations()), KNOWN_LAYER_VIOLATIONS[
+        (part, target)
+    ]
 
 
 @pytest.mark.parametrize("part", sorted(p for layer in declared_layers(ARCHITECTURE.read_text()) for p in layer))
@@ -254,28 +263,42 @@ def test_checker_sees_cycles_hidden_in_functions_and_type_checking(tmp_path):
     (pkg / "d.py").write_text("import pkg.c\nfrom pkg.e import x\n")
     (pkg / "e.py").write_text("x = 1\n")
     graph = import_graph(module_files(tmp_path, {"pkg": "pkg"}))
-    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.d"},
-                     "pkg.d": {"pkg.c", "pkg.e"}, "pkg.e": set()}
+    assert graph == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.a"},
+        "pkg.c": {"pkg.d"},
+        "pkg.d": {"pkg.c", "pkg.e"},
+        "pkg.e": set(),
+    }
     assert find_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
 
 
 def test_checker_refuses_imports_upwards_and_sideways_and_undeclared_modules(tmp_path):
     for rel, text in {
-        "app/__init__.py": "", "app/__main__.py": "from app.cli import main\n",
+        "app/__init__.py": "",
+        "app/__main__.py": "from app.cli import main\n",
         "app/cli.py": "from app.low import util\n",  # down: fine
-        "app/mid/__init__.py": "", "app/mid/x.py": "from app.side import y\n",  # sideways
-        "app/side/__init__.py": "", "app/side/y.py": "def f():\n    import app.cli\n",  # upwards
-        "app/low/__init__.py": "", "app/low/util.py": "from ..mid import x\n",  # upwards, relative
+        "app/mid/__init__.py": "",
+        "app/mid/x.py": "from app.side import y\n",  # sideways
+        "app/side/__init__.py": "",
+        "app/side/y.py": "def f():\n    import app.cli\n",  # upwards
+        "app/low/__init__.py": "",
+        "app/low/util.py": "from ..mid import x\n",  # upwards, relative
         "app/stray.py": "",
     }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    declaration = ("```layers\n" + MAIN + "\napp/cli.py  # the command\napp/mid/ app/side/\n"
-                   "app/low/ app/__init__.py\n```\n")
+    declaration = (
+        "```layers\n" + MAIN + "\napp/cli.py  # the command\napp/mid/ app/side/\napp/low/ app/__init__.py\n```\n"
+    )
     t = Tree(tmp_path, {"app": "app"}, declaration)
     assert t.undeclared() == ["app/stray.py"]
     assert {(a, b) for a, b, _ in t.layer_violations()} == {
-        ("app.mid.x", "app.side.y"), ("app.side.y", "app.cli"), ("app.low.util", "app.mid.x")}
+        ("app.mid.x", "app.side.y"),
+        ("app.side.y", "app.cli"),
+        ("app.low.util", "app.mid.x"),
+    }
 
 
 def test_every_package_is_listed_for_installation():

@@ -1,5 +1,6 @@
 """The request front door (normalization, validation, ids) and the typed
 finish reason, with no model."""
+
 from __future__ import annotations
 
 import pickle
@@ -12,17 +13,16 @@ from radixrt.requests.intake import (
     PromptBatch,
     RequestError,
     RequestSpec,
-    RidAllocator,
     build_specs,
     cache_info_mode,
     cache_namespace,
     resolve_logprob,
-    sample_rids,
     split_prompts,
     validate_prompt,
     validate_spec,
 )
 from radixrt.requests.messages import TokenBatch, TokenOutput
+from radixrt.requests.rids import RidAllocator, sample_rids
 from radixrt.sampling.params import SamplingParams
 
 LIMITS = Limits(context_length=16, kv_total_slots=12, vocab_size=100)
@@ -43,8 +43,14 @@ def test_split_prompts_shapes():
     p = split_prompts(None, [[1], [2, 3]], encode)
     assert p.ids == [[1], [2, 3]] and p.batch
     assert split_prompts([], None, encode, allow_empty_batch=True).ids == []
-    for text, ids, param in [("a", [1], "text"), (None, None, "text"), ([], None, "text"), (["a", 3], None, "text"),
-                             (None, [[1], "x"], "input_ids"), (None, [True], "input_ids")]:
+    for text, ids, param in [
+        ("a", [1], "text"),
+        (None, None, "text"),
+        ([], None, "text"),
+        (["a", 3], None, "text"),
+        (None, [[1], "x"], "input_ids"),
+        (None, [True], "input_ids"),
+    ]:
         with pytest.raises(RequestError) as ei:
             split_prompts(text, ids, encode)
         assert ei.value.param == param
@@ -54,8 +60,14 @@ def test_split_prompts_shapes():
 
 def test_build_specs_per_item_values():
     batch = split_prompts(["a", "b"], None, encode)
-    specs = build_specs(batch, sampling_params=[{"n": 2}, None], return_logprob=[True, False],
-                        top_logprobs_num=[0, 3], rid=["x", "y"], cache_salt="s")
+    specs = build_specs(
+        batch,
+        sampling_params=[{"n": 2}, None],
+        return_logprob=[True, False],
+        top_logprobs_num=[0, 3],
+        rid=["x", "y"],
+        cache_salt="s",
+    )
     assert [s.sampling.n for s in specs] == [2, 1]
     assert [s.return_logprob for s in specs] == [True, True]  # top logprobs imply logprobs
     assert [s.rid for s in specs] == ["x", "y"] and all(s.namespace == '["s", null]' for s in specs)
@@ -126,8 +138,7 @@ def test_ids_and_logprob_flags():
     assert resolve_logprob(False, 2) and resolve_logprob(True, 0) and not resolve_logprob(None, 0)
     spec = RequestSpec([1], SamplingParams(n=2), top_logprobs_num=1, namespace="c")
     req = spec.to_generate_req("abc", stream=True)
-    assert (req.rid, req.return_logprob, req.top_logprobs_num, req.stream, req.namespace) == ("abc", True, 1, True,
-                                                                                               "c")
+    assert (req.rid, req.return_logprob, req.top_logprobs_num, req.stream, req.namespace) == ("abc", True, 1, True, "c")
     assert PromptBatch([[1]], [None], False, "messages").field == "messages"
 
 
@@ -137,7 +148,10 @@ def test_finish_reason_wire_shape_and_transport():
     assert FinishReason.length(4).to_dict() == {"type": "length", "length": 4}
     assert FinishReason.abort("gone").to_dict() == {"type": "abort", "message": "gone"}
     assert list(FinishReason.abort("bad", 400).to_dict().items()) == [
-        ("type", "abort"), ("message", "bad"), ("status_code", 400)]
+        ("type", "abort"),
+        ("message", "bad"),
+        ("status_code", 400),
+    ]
     for fr in (FinishReason.stop("x"), FinishReason.length(0), FinishReason.abort("m", 400)):
         assert FinishReason.from_dict(fr.to_dict()) == fr
         assert pickle.loads(pickle.dumps(fr)) == fr
@@ -152,8 +166,18 @@ def test_finish_reason_wire_shape_and_transport():
 
 
 def test_cache_namespaces_are_distinct_for_distinct_salt_and_key_pairs():
-    pairs = [("a", "b"), ("a\x00b", None), (None, "a\x00b"), ("a", None), (None, "a"), ("a", ""), ("", "a"),
-             ('["a", "b"]', None), ("a", '"b"]'), ("a\", \"b", None)]
+    pairs = [
+        ("a", "b"),
+        ("a\x00b", None),
+        (None, "a\x00b"),
+        ("a", None),
+        (None, "a"),
+        ("a", ""),
+        ("", "a"),
+        ('["a", "b"]', None),
+        ("a", '"b"]'),
+        ('a", "b', None),
+    ]
     spaces = [cache_namespace(*p) for p in pairs]
     assert len(set(spaces)) == len(pairs) and None not in spaces
     assert cache_namespace(None, None) is None

@@ -1,6 +1,7 @@
 """Quantized KV cache (kv_cache_dtype int8 / fp8_e4m3 / fp8_e5m2): the quantize and
 dequantize steps' error bounds, the pool's layout and sizes, the backends reading a
 quantized cache, and the runtime choice. Engine-level checks: tests/e2e/test_kv_cache_dtype.py."""
+
 from __future__ import annotations
 
 import random
@@ -27,7 +28,7 @@ from tests.unit.test_attention_backend import CASES, _alloc_slots, _naive
 HEAD_DIM = 16
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 # (relative error bound for normal values, absolute bound below the smallest normal)
-FP8_BOUNDS = {torch.float8_e4m3fn: (2.0 ** -4, 2.0 ** -10), torch.float8_e5m2: (2.0 ** -3, 2.0 ** -17)}
+FP8_BOUNDS = {torch.float8_e4m3fn: (2.0**-4, 2.0**-10), torch.float8_e5m2: (2.0**-3, 2.0**-17)}
 
 
 def _values(seed: int, shape=(64, 3, 32)) -> torch.Tensor:
@@ -54,7 +55,7 @@ def test_int8_round_trip_error_bound(seed):
     # against the head's own range: within 0.4% (+ float16 rounding of the scale) of max|x|
     amax = x.abs().amax(-1, keepdim=True)
     big = amax.squeeze(-1) > 1e-2
-    assert bool(((x - y).abs() <= amax * (0.5 / 127 + 2 ** -11) + 1e-12)[big].all())
+    assert bool(((x - y).abs() <= amax * (0.5 / 127 + 2**-11) + 1e-12)[big].all())
     # scales stay normal float16: tiny heads round to steps of 2**-14, never to a zero scale
     assert bool((s.float() >= torch.finfo(torch.float16).tiny).all())
     assert torch.equal(y[0, 0], torch.zeros(x.shape[-1]))
@@ -95,8 +96,9 @@ def test_layer_cache_validates_scales():
 # ------------------------------------------------------------------ the pool
 @pytest.mark.parametrize("kv", KV_CACHE_DTYPES)
 def test_pool_layout_and_bytes_match_footprint(kv):
-    pool = KVPool(num_layers=3, num_pages=5, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16,
-                  kv_cache_dtype=kv)
+    pool = KVPool(
+        num_layers=3, num_pages=5, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16, kv_cache_dtype=kv
+    )
     want = {"auto": torch.bfloat16, "int8": torch.int8, **FP8}[kv]
     assert pool.storage_dtype == want and pool.k_buffers[0].dtype == want
     nbytes = sum(t.numel() * t.element_size() for t in pool.k_buffers + pool.v_buffers)
@@ -115,13 +117,14 @@ def test_pool_layout_and_bytes_match_footprint(kv):
     x = torch.full((1, 2, 8), 3.0)
     cache.store(torch.tensor([4 * 3 + 2]), x, -x)
     k, v = cache.dequantized(torch.float32)
-    assert torch.allclose(k[14], x[0], rtol=2 ** -4) and torch.allclose(v[14], -x[0], rtol=2 ** -4)
+    assert torch.allclose(k[14], x[0], rtol=2**-4) and torch.allclose(v[14], -x[0], rtol=2**-4)
     assert float(pool.k_buffers[1][3, 2].float().abs().sum()) > 0
     assert float(k.abs().sum()) == pytest.approx(float(k[14].abs().sum()))  # nothing else written
 
 
 def test_capacity_doubles_against_bf16_and_quadruples_against_fp32():
     """The embedded model's shape (30 layers, 3 KV heads, head_dim 64), read from pools."""
+
     def tokens_per_gib(kv, dtype):
         return KVPool(30, 1, 1, 3, 64, dtype=dtype, kv_cache_dtype=kv).footprint.tokens_per_gib
 
@@ -175,14 +178,13 @@ def test_torch_backend_reads_what_the_cache_holds(kv, name, kv_lens, q_lens):
     q, k, v = torch.randn(t, hq, HEAD_DIM), torch.randn(t, hkv, HEAD_DIM), torch.randn(t, hkv, HEAD_DIM)
     backend = TorchReferenceBackend()
     backend.plan(meta)
-    out = backend.forward(q, k, v, cache, HEAD_DIM ** -0.5)
+    out = backend.forward(q, k, v, cache, HEAD_DIM**-0.5)
     kd, vd = cache.dequantized(torch.float32)
-    torch.testing.assert_close(out.double(), _naive(q, kd, vd, seq_slots, q_lens, HEAD_DIM ** -0.5),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), _naive(q, kd, vd, seq_slots, q_lens, HEAD_DIM**-0.5), atol=1e-5, rtol=1e-5)
     # the new K/V were written quantized, within the round-trip bounds of k/v
     err = (kd[meta.out_slots] - k).abs()
     if kv == "int8":
-        bound = k.abs().amax(-1, keepdim=True) * (0.5 / 127 + 2 ** -11)
+        bound = k.abs().amax(-1, keepdim=True) * (0.5 / 127 + 2**-11)
     else:
         rel, absolute = FP8_BOUNDS[FP8[kv]]
         bound = torch.clamp(rel * k.abs(), min=absolute * cache.k_scalar)
@@ -191,8 +193,10 @@ def test_torch_backend_reads_what_the_cache_holds(kv, name, kv_lens, q_lens):
     untouched[meta.out_slots] = False
     after = [t for t in (cache.k, cache.v, cache.k_scale, cache.v_scale) if t is not None]
     for b, a in zip(before, after):
-        assert torch.equal(a.view(torch.uint8)[untouched] if a.element_size() == 1 else a[untouched],
-                           b.view(torch.uint8)[untouched] if b.element_size() == 1 else b[untouched])
+        assert torch.equal(
+            a.view(torch.uint8)[untouched] if a.element_size() == 1 else a[untouched],
+            b.view(torch.uint8)[untouched] if b.element_size() == 1 else b[untouched],
+        )
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
@@ -232,13 +236,14 @@ def test_flashinfer_backend_reads_fp8_with_layer_scales(kv, q_lens):
     q, k, v = torch.randn(t, 6, HEAD_DIM), torch.randn(t, 2, HEAD_DIM), torch.randn(t, 2, HEAD_DIM)
     ref = TorchReferenceBackend()
     ref.plan(meta)
-    want = ref.forward(q, k, v, ref_cache, HEAD_DIM ** -0.5)
+    want = ref.forward(q, k, v, ref_cache, HEAD_DIM**-0.5)
     fake_flashinfer.calls.clear()
-    backend = FlashInferBackend(device="cpu", workspace_bytes=1024, flashinfer_module=fake_flashinfer,
-                                validate_paging=True)
+    backend = FlashInferBackend(
+        device="cpu", workspace_bytes=1024, flashinfer_module=fake_flashinfer, validate_paging=True
+    )
     backend.configure(6, 2, HEAD_DIM, torch.float32, kv_dtype=FP8[kv])
     backend.plan(meta)
-    got = backend.forward(q, k, v, cache, HEAD_DIM ** -0.5)
+    got = backend.forward(q, k, v, cache, HEAD_DIM**-0.5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(cache.k.view(torch.uint8), ref_cache.k.view(torch.uint8))  # the same quantized writes
     runs = [c for c in fake_flashinfer.calls if c[0].endswith(".run")]
@@ -253,8 +258,9 @@ def test_flashinfer_backend_refuses_int8():
     backend.plan(AttentionMetadata.build([[0, 1]], [1]))
     cache = _quantized_cache("int8", 4, 1, 0)
     with pytest.raises(ValueError, match="int8"):
-        backend.forward(torch.randn(1, 2, HEAD_DIM), torch.randn(1, 1, HEAD_DIM), torch.randn(1, 1, HEAD_DIM),
-                        cache, 1.0)
+        backend.forward(
+            torch.randn(1, 2, HEAD_DIM), torch.randn(1, 1, HEAD_DIM), torch.randn(1, 1, HEAD_DIM), cache, 1.0
+        )
 
 
 def _resolve(**flags):

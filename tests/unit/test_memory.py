@@ -114,8 +114,7 @@ def test_free_cost_independent_of_pool_size():
 
 # ------------------------------------------------------------------ KV pool
 def test_kvpool_shapes_and_views():
-    pool = KVPool(num_layers=3, num_pages=5, page_size=4, num_kv_heads=2, head_dim=8,
-                  dtype=torch.float32, device="cpu")
+    pool = KVPool(num_layers=3, num_pages=5, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32, device="cpu")
     assert pool.total_slots == 20
     assert len(pool.k_buffers) == 3 and len(pool.v_buffers) == 3
     assert pool.k_buffers[0].shape == (5, 4, 2, 8)

@@ -1,6 +1,7 @@
 """The decode step's cheaper formulations give the reference formulas' results:
 RMSNorm, rope's position table and rotation, the folded GQA decode attention
 (padding never contributes), the lazily cut ``kv_slots`` and the greedy pick."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,15 @@ def test_rms_norm_is_bitwise_the_reference(dtype: torch.dtype, shape: tuple[int,
 ROPE_CONFIGS = {
     "default": {},
     "partial": {"partial_rotary_factor": 0.5},
-    "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}},
+    "llama3": {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        }
+    },
 }
 
 
@@ -77,20 +85,20 @@ def test_decode_padding_never_contributes(num_q_heads: int, num_kv_heads: int, d
     table = torch.arange(40, dtype=torch.int32).view(4, 10)
     k_pool, v_pool = torch.randn(40, num_kv_heads, d).to(dtype), torch.randn(40, num_kv_heads, d).to(dtype)
     for i, n in enumerate(lens):  # large, finite stale values past each request's length
-        k_pool[10 * i + n:10 * i + 10] = 1e3
-        v_pool[10 * i + n:10 * i + 10] = -1e4
+        k_pool[10 * i + n : 10 * i + 10] = 1e3
+        v_pool[10 * i + n : 10 * i + 10] = -1e4
     meta = AttentionMetadata.from_table(table, [0, 1, 2, 3], [1] * 4, lens)
     backend = TorchReferenceBackend()
     backend.plan(meta)
     q = torch.randn(4, num_q_heads, d).to(dtype)
     new_k, new_v = k_pool[meta.out_slots], v_pool[meta.out_slots]  # rewrite what is there
-    out = backend.forward(q, new_k, new_v, LayerKVCache(k_pool, v_pool), d ** -0.5)
+    out = backend.forward(q, new_k, new_v, LayerKVCache(k_pool, v_pool), d**-0.5)
     assert out.dtype == dtype
     group = num_q_heads // num_kv_heads
     for i, n in enumerate(lens):
-        k = k_pool[10 * i:10 * i + n].float().repeat_interleave(group, 1)  # [n, Hq, D]
-        v = v_pool[10 * i:10 * i + n].float().repeat_interleave(group, 1)
-        p = (torch.einsum("hd,khd->hk", q[i].float(), k) * d ** -0.5).softmax(-1)
+        k = k_pool[10 * i : 10 * i + n].float().repeat_interleave(group, 1)  # [n, Hq, D]
+        v = v_pool[10 * i : 10 * i + n].float().repeat_interleave(group, 1)
+        p = (torch.einsum("hd,khd->hk", q[i].float(), k) * d**-0.5).softmax(-1)
         want = torch.einsum("hk,khd->hd", p, v).reshape(-1)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(out[i].float(), want, atol=tol, rtol=tol)

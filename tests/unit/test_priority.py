@@ -2,6 +2,7 @@
 later urgent request is admitted before earlier ones; without the flag the
 field is accepted and ignored. Driven through the real Scheduler and Engine
 on the tiny random Llama."""
+
 from __future__ import annotations
 
 import time
@@ -17,15 +18,25 @@ from radixrt.scheduler.request import Req
 from radixrt.scheduler.scheduler import Scheduler
 
 
-def _admission_order(tiny_llama: str, arrivals: tuple = (("b", 0, 0.0), ("c", 0, 0.0), ("d", 5, 0.0)),
-                     **config) -> list[str]:
+def _admission_order(
+    tiny_llama: str, arrivals: tuple = (("b", 0, 0.0), ("c", 0, 0.0), ("d", 5, 0.0)), **config
+) -> list[str]:
     """One long request fills the batch (max_running_requests=1); then the
     ``arrivals`` (rid, priority, seconds slept before it arrives) come, by
     default b, c (priority 0) and d (priority 5), in that order. Returns the
     order in which all were admitted."""
-    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, max_running_requests=1,
-                                   disable_overlap_schedule=True, debug_check_invariants=True, **config))
+    sched = Scheduler(
+        EngineConfig(
+            model_path=tiny_llama,
+            max_total_tokens=2048,
+            max_running_requests=1,
+            disable_overlap_schedule=True,
+            debug_check_invariants=True,
+            **config,
+        )
+    )
     try:
+
         def req(rid: str, prio: int, n_out: int) -> GenerateReq:
             sp = SamplingParams(max_new_tokens=n_out, ignore_eos=True)
             return GenerateReq(rid, [11 + ord(rid[0]), 12, 13, 14], sp, priority=prio)
@@ -55,8 +66,12 @@ def test_urgent_request_is_admitted_first(tiny_llama):
 
 def test_low_values_first_and_flag_off(tiny_llama):
     # lower value = more urgent: d (5) goes last
-    assert _admission_order(tiny_llama, enable_priority_scheduling=True,
-                            schedule_low_priority_values_first=True) == ["a", "b", "c", "d"]
+    assert _admission_order(tiny_llama, enable_priority_scheduling=True, schedule_low_priority_values_first=True) == [
+        "a",
+        "b",
+        "c",
+        "d",
+    ]
     assert _admission_order(tiny_llama, schedule_policy="fcfs") == ["a", "b", "c", "d"]  # ignored
 
 
@@ -72,7 +87,7 @@ def test_priority_is_checked_at_the_front_door():
     limits = Limits(context_length=64, kv_total_slots=64, vocab_size=100, max_client_priority=10)
     for ok in (10, -10, 0):
         validate_spec(build_specs(prompts, priority=ok)[0], limits)
-    for bad in (11, -11, 2**63 - 1, -2**63, 10**40):  # beyond the cap: a 400 on the server
+    for bad in (11, -11, 2**63 - 1, -(2**63), 10**40):  # beyond the cap: a 400 on the server
         spec = build_specs(prompts, priority=bad)[0]
         with pytest.raises(RequestError, match=r"accepts priorities from -10 to 10 \(--max-client-priority\)") as e:
             validate_spec(spec, limits)
@@ -85,13 +100,19 @@ def test_urgency_ages_by_whole_ticks_and_is_bounded():
     assert urgency(7, 16.5, aging_s=1.0) == -9  # more than the ticks between them: more urgent
     assert urgency(5, 1e6) == 5  # aging off: the priority alone
     assert urgency(5, 3.0, low_values_first=True, aging_s=1.0) == -8  # a lower value is more urgent
-    assert urgency(2**63 - 1, 0.0, max_priority=100) == 100 and urgency(-2**63, 0.0, max_priority=100) == -100
+    assert urgency(2**63 - 1, 0.0, max_priority=100) == 100 and urgency(-(2**63), 0.0, max_priority=100) == -100
 
 
 def test_by_priority_orders_by_aged_urgency_and_keeps_the_policy_order_among_equals():
     def req(rid: str, priority: int, arrived_s: float) -> Req:
-        return Req(rid, [1], SamplingParams(), 0, priority=priority,
-                   urgency=urgency(priority, arrived_s, aging_s=0.5, max_priority=100))
+        return Req(
+            rid,
+            [1],
+            SamplingParams(),
+            0,
+            priority=priority,
+            urgency=urgency(priority, arrived_s, aging_s=0.5, max_priority=100),
+        )
 
     old = req("old", 0, 100.0)  # waited 30 ticks longer than the flood
     flood = [req(f"f{i}", 20, 115.0 + i / 10) for i in range(3)]  # ticks 230-230.6: equal urgency
@@ -110,18 +131,33 @@ def test_a_request_that_waited_goes_before_a_fresh_more_urgent_one(tiny_llama):
     """b (priority 0) waits 0.5 s, about 10 ticks of 0.05 s; then c (priority 3)
     arrives: b has outgrown it. d (priority 100) outranks b's age."""
     arrivals = (("b", 0, 0.0), ("c", 3, 0.5), ("d", 100, 0.0))
-    assert _admission_order(tiny_llama, arrivals, enable_priority_scheduling=True,
-                            priority_aging_s=0.05) == ["a", "d", "b", "c"]
+    assert _admission_order(tiny_llama, arrivals, enable_priority_scheduling=True, priority_aging_s=0.05) == [
+        "a",
+        "d",
+        "b",
+        "c",
+    ]
     # no aging: priority alone
-    assert _admission_order(tiny_llama, arrivals, enable_priority_scheduling=True,
-                            priority_aging_s=0) == ["a", "d", "c", "b"]
+    assert _admission_order(tiny_llama, arrivals, enable_priority_scheduling=True, priority_aging_s=0) == [
+        "a",
+        "d",
+        "c",
+        "b",
+    ]
 
 
 @pytest.mark.slow  # three more schedulers; the fast path keeps the admission-order tests
 def test_much_more_urgent_request_preempts_and_the_preempted_one_still_answers_right(tiny_llama):
     def run(finish: bool = True, **config) -> tuple[dict[str, list[int]], list[str], int]:
-        sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, max_running_requests=1,
-                                       debug_check_invariants=True, **config))
+        sched = Scheduler(
+            EngineConfig(
+                model_path=tiny_llama,
+                max_total_tokens=2048,
+                max_running_requests=1,
+                debug_check_invariants=True,
+                **config,
+            )
+        )
         try:
             sp = SamplingParams(max_new_tokens=6, ignore_eos=True)
             outputs: dict[str, list[int]] = {"low": [], "urgent": []}
@@ -149,6 +185,7 @@ def test_much_more_urgent_request_preempts_and_the_preempted_one_still_answers_r
     assert ref_running == ["low"] and ref_retractions == 0
     assert outputs == ref  # greedy: the preempted request recomputed its KV and answered the same
     # less than the threshold more urgent (50 < 60): no preemption
-    _, running_after, retractions = run(False, enable_priority_scheduling=True,
-                                        priority_scheduling_preemption_threshold=60)
+    _, running_after, retractions = run(
+        False, enable_priority_scheduling=True, priority_scheduling_preemption_threshold=60
+    )
     assert running_after == ["low"] and retractions == 0

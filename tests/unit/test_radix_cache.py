@@ -323,9 +323,16 @@ def test_stats_and_reset():
     c.insert([9, 9], alloc_for(alloc, 2), namespace="x")
     st = c.stats()
     assert st == {
-        "queried_tokens": 8, "hit_tokens": 4, "inserted_tokens": 6, "evicted_tokens": 0,
-        "hit_rate": 0.5, "cached_tokens": 6,
-        "device_hit_tokens": 4, "host_hit_tokens": 0, "device_hit_rate": 0.5, "host_hit_rate": 0.0,
+        "queried_tokens": 8,
+        "hit_tokens": 4,
+        "inserted_tokens": 6,
+        "evicted_tokens": 0,
+        "hit_rate": 0.5,
+        "cached_tokens": 6,
+        "device_hit_tokens": 4,
+        "host_hit_tokens": 0,
+        "device_hit_rate": 0.5,
+        "host_hit_rate": 0.0,
     }
     m = c.match_prefix([1, 2])
     c.lock(m.node)
@@ -376,8 +383,8 @@ def _tree_entries(cache):
         while stack:
             node, prefix = stack.pop()
             for i in range(0, len(node.key), P):
-                prefix = prefix + tuple(node.key[i:i + P])
-                out[(ns, prefix)] = tuple(node.value[i:i + P])
+                prefix = prefix + tuple(node.key[i : i + P])
+                out[(ns, prefix)] = tuple(node.value[i : i + P])
             stack.extend((child, prefix) for child in node.children.values())
     return out
 
@@ -441,8 +448,10 @@ def _run_random(seed, page_size, num_ops, num_pages, vocab=3):
         # brute-force LRU reference: repeatedly the unlocked childless node with the
         # smallest (last_access, id), found by scanning a snapshot of the tree
         nodes = list(cache._nodes())
-        info = {nd.id: [len(nd.children), nd.last_access, nd.lock_ref, len(nd.key),
-                        nd.parent.id if nd.parent.key else None] for nd in nodes}
+        info = {
+            nd.id: [len(nd.children), nd.last_access, nd.lock_ref, len(nd.key), nd.parent.id if nd.parent.key else None]
+            for nd in nodes
+        }
         expected, freed_sim = set(), 0
         while freed_sim < n:
             cands = [(v[1], k) for k, v in info.items() if k not in expected and v[0] == 0 and v[2] == 0]
@@ -476,7 +485,7 @@ def _run_random(seed, page_size, num_ops, num_pages, vocab=3):
             m = cache.match_prefix(key, ns)
             assert m.slots == _ref_match(ref, ns, key, P)
             assert m.length == len(m.slots) and m.length % P == 0
-            assert m.node.key == [] or key[m.length - len(m.node.key):m.length] == m.node.key
+            assert m.node.key == [] or key[m.length - len(m.node.key) : m.length] == m.node.key
             counts["match"] += 1
         elif op < 0.45:  # start a request: match, lock, allocate private pages
             key, ns = rand_key(), rng.choice(namespaces)
@@ -504,7 +513,7 @@ def _run_random(seed, page_size, num_ops, num_pages, vocab=3):
             p = cache.insert(key, slots, ns)
             assert p == present
             for end in range(p + P, n + 1, P):
-                ref[(ns, tuple(key[:end]))] = tuple(slots[end - P:end])
+                ref[(ns, tuple(key[:end]))] = tuple(slots[end - P : end])
             to_free = [pg for j, pg in enumerate(r["pages"]) if not (p <= matched + j * P < n)]
             alloc.free_pages(to_free)
             cache.unlock(r["node"])
@@ -551,8 +560,9 @@ def _run_random(seed, page_size, num_ops, num_pages, vocab=3):
 
 @pytest.mark.parametrize("page_size,num_pages,vocab", [(1, 192, 3), (4, 48, 3), (1, 128, 2), (2, 64, 2)])
 def test_randomized_against_model(page_size, num_pages, vocab):
-    counts, st = _run_random(seed=1234 + page_size + vocab, page_size=page_size, num_ops=10_000,
-                             num_pages=num_pages, vocab=vocab)
+    counts, st = _run_random(
+        seed=1234 + page_size + vocab, page_size=page_size, num_ops=10_000, num_pages=num_pages, vocab=vocab
+    )
     # the run exercised every operation, including memory pressure
     for k in ("match", "start", "finish", "abort", "evict", "pin", "unpin"):
         assert counts[k] > 100, counts

@@ -2,6 +2,7 @@
 trees built by hand, and ``return_cache_info`` end to end through a real
 Engine on the tiny random Llama (the match it reports is the one that
 happened at admission)."""
+
 from __future__ import annotations
 
 import pytest
@@ -93,14 +94,25 @@ def test_own_view_shows_only_the_request_and_its_match():
     empty, busy = _tree(), _tree()
     busy.insert(list(range(100, 140)), list(range(40)))
     busy.insert(list(range(100, 130)) + [1, 2, 5, 6], list(range(40, 74)), namespace=None)
-    for matched, cap, reason in ((30, 32, "not_cached"), (32, 32, "last_token_recomputed"),
-                                 (4, 4, "prompt_logprobs"), (0, 32, "not_cached")):
+    for matched, cap, reason in (
+        (30, 32, "not_cached"),
+        (32, 32, "last_token_recomputed"),
+        (4, 4, "prompt_logprobs"),
+        (0, 32, "not_cached"),
+    ):
         a = explain_match(empty, prompt, "salted", matched, cap)
-        assert a == explain_match(busy, prompt, "salted", matched, cap) == explain_match(busy, prompt, None,
-                                                                                           matched, cap)
-        assert a == {"view": "own", "prompt_tokens": 33, "matched_tokens": matched, "stop_position": matched,
-                     "reason": reason, "prompt_before": prompt[max(0, matched - CONTEXT_TOKENS):matched],
-                     "prompt_after": prompt[matched:matched + CONTEXT_TOKENS]}
+        assert (
+            a == explain_match(busy, prompt, "salted", matched, cap) == explain_match(busy, prompt, None, matched, cap)
+        )
+        assert a == {
+            "view": "own",
+            "prompt_tokens": 33,
+            "matched_tokens": matched,
+            "stop_position": matched,
+            "reason": reason,
+            "prompt_before": prompt[max(0, matched - CONTEXT_TOKENS) : matched],
+            "prompt_after": prompt[matched : matched + CONTEXT_TOKENS],
+        }
     out = render_cache_info(explain_match(busy, prompt, None, 30, 32), lambda ids: ",".join(map(str, ids)))
     assert "cached_after_text" not in out and out["prompt_after_text"] == "1,2,3"
 
@@ -128,14 +140,14 @@ def test_engine_explains_a_miss_at_admission(engine):
     common = next(i for i, (a, b) in enumerate(zip(ids1, ids2)) if a != b)
     assert info["matched_tokens"] == r2["meta_info"]["cached_tokens"] == common
     assert info["divergence_position"] == common and info["reason"] == "diverged"
-    assert info["prompt_after"] == ids2[common:common + CONTEXT_TOKENS]
+    assert info["prompt_after"] == ids2[common : common + CONTEXT_TOKENS]
     # the tree holds the first prompt and its output but the last token (whose KV was never computed)
-    assert info["cached_after"] == (ids1 + r1["output_ids"][:-1])[common:common + CONTEXT_TOKENS]
+    assert info["cached_after"] == (ids1 + r1["output_ids"][:-1])[common : common + CONTEXT_TOKENS]
     assert info["prompt_after_text"] == tok.decode(info["prompt_after"])
-    assert info["cached_after_text"].startswith(tok.decode(ids1[common:common + 1]))
+    assert info["cached_after_text"].startswith(tok.decode(ids1[common : common + 1]))
     own = engine.generate(second + " Again.", sp, return_cache_info=True)["meta_info"]["cache_info"]
     assert own["view"] == "own" and own["reason"] == "not_cached" and "cached_after" not in own
-    assert own["prompt_after_text"] == tok.decode(tok.encode(second + " Again.")[own["matched_tokens"]:][:8])
+    assert own["prompt_after_text"] == tok.decode(tok.encode(second + " Again.")[own["matched_tokens"] :][:8])
     plain = engine.generate(second, sp)
     assert "cache_info" not in plain["meta_info"]  # nothing unless asked
     with pytest.raises(ValueError, match="return_cache_info"):

@@ -1,4 +1,5 @@
 """The request-to-slot table and the attention metadata gathered from it."""
+
 from __future__ import annotations
 
 import random
@@ -43,7 +44,7 @@ def test_from_table_equals_build(seed):
         assert getattr(got, name).dtype == getattr(want, name).dtype, name
     assert got.q_lens == want.q_lens and got.kv_lens == want.kv_lens
     for i, s in enumerate(seqs):
-        assert got.slot_table[i, :len(s)].tolist() == s
+        assert got.slot_table[i, : len(s)].tolist() == s
 
 
 def test_rows_are_reused_and_bounded():

@@ -1,5 +1,6 @@
 """Request ids: the front's RidTable (clients' rids -> random internal ids),
 the scheduler's exact abort and the detokenizer's per-request bookkeeping."""
+
 from __future__ import annotations
 
 import re
@@ -8,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestError, RidTable, new_request_id, sample_rids
+from radixrt.requests.intake import RequestError
 from radixrt.requests.messages import TokenBatch, TokenOutput
+from radixrt.requests.rids import RidTable, new_request_id, sample_rids
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server.ipc import DetokRegister
@@ -59,6 +61,7 @@ def _sched() -> SimpleNamespace:
     finished = []
     queues = SimpleNamespace(waiting=[], running=[])
     queues.remove = lambda r: (queues.waiting if r in queues.waiting else queues.running).remove(r)
+
     def finish(r: Req, reason: object) -> str:
         finished.append(r.rid)
         return r.rid
@@ -68,8 +71,10 @@ def _sched() -> SimpleNamespace:
 
 def test_scheduler_abort_matches_ids_exactly():
     s = _sched()
-    reqs = [Req(rid=rid, input_ids=[1], sampling=None, seed=0, parent=parent)  # type: ignore[arg-type]
-            for rid, parent in (("job", "job"), ("job-7", "job-7"), ("p-0", "p"), ("p-1", "p"), ("p-10", "p-10"))]
+    reqs = [
+        Req(rid=rid, input_ids=[1], sampling=None, seed=0, parent=parent)  # type: ignore[arg-type]
+        for rid, parent in (("job", "job"), ("job-7", "job-7"), ("p-0", "p"), ("p-1", "p"), ("p-10", "p-10"))
+    ]
     s.queues.running.extend(reqs)
     Scheduler.abort(s, "job")
     assert s.finished == ["job"]

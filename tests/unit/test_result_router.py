@@ -4,6 +4,7 @@ delivery from another thread with one wake-up per consumer loop per batch.
 
 The transport records what the router sends; the consumer loops are real
 asyncio loops on their own threads, as the Engine's callers are."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestError, RidEntry, build_specs, split_prompts
+from radixrt.requests.intake import RequestError, build_specs, split_prompts
 from radixrt.requests.messages import TokenOutput
 from radixrt.requests.results import ResultAccumulator
+from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ResultRouter
 from radixrt.sampling.params import SamplingParams
 
@@ -74,8 +76,9 @@ def loops():
 
 
 def specs(tokenizer, prompts: list[str], rid: Any = None, **sampling: Any):
-    return build_specs(split_prompts(prompts, None, tokenizer.encode), rid=rid,
-                       sampling_params={"max_new_tokens": 8, **sampling})
+    return build_specs(
+        split_prompts(prompts, None, tokenizer.encode), rid=rid, sampling_params={"max_new_tokens": 8, **sampling}
+    )
 
 
 async def submit(router: ResultRouter, specs_: list, **kw: Any):
@@ -176,8 +179,7 @@ def test_fail_all_and_finish_all(tokenizer, loops):
     g = a.run(submit(router, specs(tokenizer, ["p"])))
     router.finish_all(FinishReason.abort("engine error: boom"))
     a.run(g.wait())
-    assert g.states[0].acc.to_dict()["meta_info"]["finish_reason"] == {"type": "abort",
-                                                                        "message": "engine error: boom"}
+    assert g.states[0].acc.to_dict()["meta_info"]["finish_reason"] == {"type": "abort", "message": "engine error: boom"}
 
 
 def test_a_closed_loops_requests_are_aborted_and_forgotten(tokenizer, loops):

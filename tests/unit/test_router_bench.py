@@ -1,4 +1,5 @@
 """The scale-out benchmark's workload and table (no servers)."""
+
 from __future__ import annotations
 
 from radixrt.bench.common import ideal_prompt_tokens
@@ -20,10 +21,26 @@ def test_multi_tenant_workload_shares_each_tenants_system_prompt():
 
 
 def test_render_compares_each_row_with_the_single_replica():
-    row = {"system": "1 replica, 2x KV", "hit_rate": 0.9, "req_per_s": 10.0, "mean_ttft_ms": 12.0,
-           "p90_ttft_ms": 20.0, "evicted_tokens": 0, "ok": 10, "requests": 10, "routed": {}}
+    row = {
+        "system": "1 replica, 2x KV",
+        "hit_rate": 0.9,
+        "req_per_s": 10.0,
+        "mean_ttft_ms": 12.0,
+        "p90_ttft_ms": 20.0,
+        "evicted_tokens": 0,
+        "ok": 10,
+        "requests": 10,
+        "routed": {},
+    }
     rr = {**row, "system": "dp2 round_robin", "hit_rate": 0.75, "routed": {"a": 5, "b": 5}}
-    params = {"tenants": 16, "system_len": 256, "requests": 10, "question_len": 16, "max_new_tokens": 4,
-              "rate": 16.0, "kv_tokens": 3072}
+    params = {
+        "tenants": 16,
+        "system_len": 256,
+        "requests": 10,
+        "question_len": 16,
+        "max_new_tokens": 4,
+        "rate": 16.0,
+        "kv_tokens": 3072,
+    }
     text = render({"params": params, "ideal_hit_rate": 0.92, "rows": [row, rr]})
     assert "| dp2 round_robin | 0.750 | -15.0 pt |" in text and "| 5/5 |" in text

@@ -1,4 +1,5 @@
 """The router's approximate radix tree, routing keys and policies (no model, no server)."""
+
 from __future__ import annotations
 
 import random
@@ -29,8 +30,7 @@ def test_tree_match_is_per_tenant_longest_prefix():
     tree.check()
     m = tree.match("system A: you are a pirate. user: hi there")
     assert m == {"w1": len("system A: you are a pirate. user: hi"), "w2": len("system A: you are a pirate. user: ")}
-    assert tree.match("system B: you are a dog") == {"w2": len("system B: you are a "),
-                                                    "w1": len("system ")}
+    assert tree.match("system B: you are a dog") == {"w2": len("system B: you are a "), "w1": len("system ")}
     assert tree.match("nothing shared") == {}
     assert tree.size("w1") == len("system A: you are a pirate. user: hi")
     assert tree.size("w2") == len("system A: you are a pirate. user: bye") + len("B: you are a cat")
@@ -57,8 +57,10 @@ def test_tree_evicts_least_recently_used_leaves_of_one_tenant():
     dropped = tree.evict_tenant("w", before - 1)
     tree.check()
     assert dropped == len("old leaf") and tree.size("w") == before - dropped
-    assert tree.match("shared prefix / old leaf") == {"other": len("shared prefix / old leaf"),
-                                                     "w": len("shared prefix / ")}
+    assert tree.match("shared prefix / old leaf") == {
+        "other": len("shared prefix / old leaf"),
+        "w": len("shared prefix / "),
+    }
     assert tree.match("shared prefix / new leaf")["w"] == len("shared prefix / new leaf")
     assert tree.size("other") == len("shared prefix / old leaf")  # other tenants untouched
     tree.evict_tenant("w", 0)
@@ -92,8 +94,15 @@ def test_routing_keys():
     assert routing_key("/generate", {"input_ids": [[5, 6], [7]]}) == (5, 6)
     assert routing_key("/v1/completions", {"prompt": "p"}) == "p"
     assert routing_key("/v1/completions", {"prompt": [[1, 2]]}) == (1, 2)
-    chat = routing_key("/v1/chat/completions", {"messages": [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    chat = routing_key(
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            ]
+        },
+    )
     assert isinstance(chat, str) and chat.startswith("<system>be brief\n") and chat.endswith("<user>hi\n")
     for body in (None, [], {"text": 3}, {"input_ids": ["x"]}, {"messages": "no"}, {"prompt": []}):
         assert routing_key("/generate", body) is None
@@ -186,7 +195,9 @@ def test_the_router_needs_no_model_stack():
     import subprocess
     import sys
 
-    code = ("import sys, radixrt.router.app, radixrt.router.cli; "
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, radixrt.router.app, radixrt.router.cli; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -3,6 +3,7 @@
 prefill, different output lengths, retractions under KV pressure and stop
 tokens gives the same tokens, step by step, as sorting every step, and the
 order is checked against a fresh sort after every step (debug_check_invariants)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,9 +24,16 @@ class _AlwaysSort(BatchPlanner):
 
 
 def _run(tiny_llama: str, overlap: bool, always_sort: bool) -> tuple[list[list[tuple[str, list[int]]]], int]:
-    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=160, max_running_requests=6,
-                                   chunked_prefill_size=24, disable_overlap_schedule=not overlap,
-                                   debug_check_invariants=True))
+    sched = Scheduler(
+        EngineConfig(
+            model_path=tiny_llama,
+            max_total_tokens=160,
+            max_running_requests=6,
+            chunked_prefill_size=24,
+            disable_overlap_schedule=not overlap,
+            debug_check_invariants=True,
+        )
+    )
     if always_sort:
         p = sched.planner
         sched.planner = _AlwaysSort(p.config, p.kv, p.queues, p.context_length, p.swap_cost)
@@ -35,8 +43,12 @@ def _run(tiny_llama: str, overlap: bool, always_sort: bool) -> tuple[list[list[t
         n = 0
         for step in range(400):
             for _ in range(arrivals.get(step, 0)):
-                sp = SamplingParams(max_new_tokens=6 + 5 * (n % 4), temperature=0,
-                                    stop_token_ids=[7] if n % 3 == 0 else None, ignore_eos=True)
+                sp = SamplingParams(
+                    max_new_tokens=6 + 5 * (n % 4),
+                    temperature=0,
+                    stop_token_ids=[7] if n % 3 == 0 else None,
+                    ignore_eos=True,
+                )
                 sched.add_request(GenerateReq(f"r{n}", [(5 * n + j) % 200 + 3 for j in range(10 + 7 * n)], sp))
                 n += 1
             steps.append([(o.rid, o.new_token_ids) for o in sched.step()])

@@ -1,4 +1,5 @@
 """SamplingParams parsing/validation and the batched Sampler (values, not just shapes)."""
+
 from __future__ import annotations
 
 import math
@@ -357,8 +358,14 @@ def test_penalties_change_logits_exactly():
     got = sampler.process_logits(base, [r])
     assert torch.allclose(got, torch.tensor([[1.0, 2.0, -1.75, 0.5 - 1.25, -3.0, 4.0]]))
     # repetition first, then frequency/presence; logit_bias before both
-    r = row(prompt=[1], out=[3, 3], repetition_penalty=2.0, frequency_penalty=1.0, presence_penalty=0.5,
-            logit_bias={"3": 1.5, "4": -1.0})
+    r = row(
+        prompt=[1],
+        out=[3, 3],
+        repetition_penalty=2.0,
+        frequency_penalty=1.0,
+        presence_penalty=0.5,
+        logit_bias={"3": 1.5, "4": -1.0},
+    )
     got = sampler.process_logits(base, [r])
     want = torch.tensor([[1.0, 1.0, -1.0, (0.5 + 1.5) / 2 - 2.0 - 0.5, -4.0, 4.0]])
     assert torch.allclose(got, want)
@@ -438,7 +445,7 @@ def test_incremental_penalty_counts_match_a_rebuild_and_ignore_drafts():
         got = sampler.process_logits(logits, [carried])
         want = reference_process(logits, [row(prompt=prompt, out=out + draft, **params)], [0], vocab)
         assert torch.allclose(got, want, atol=1e-5), step
-        assert state.counted == len(out) and state.counts[:state.size].sum() == len(out)
+        assert state.counted == len(out) and state.counts[: state.size].sum() == len(out)
         out.append(rnd.randrange(vocab))
 
 
@@ -514,14 +521,23 @@ def test_token_logprobs_helper():
     freq=st.sampled_from([0.0, 0.7]),
     min_new=st.sampled_from([0, 4]),
 )
-def test_sampled_token_always_has_positive_probability(seed, n_out, temperature, top_p, top_k, min_p, rep, freq,
-                                                        min_new):
+def test_sampled_token_always_has_positive_probability(
+    seed, n_out, temperature, top_p, top_k, min_p, rep, freq, min_new
+):
     sampler = Sampler(vocab_size=16, eos_token_ids=[0])
     g = torch.Generator().manual_seed(seed % 1000)
     logits = torch.randn(2, 16, generator=g) * 2
     out = [(seed >> k) % 16 for k in range(n_out)]
-    params = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=rep,
-                  frequency_penalty=freq, min_new_tokens=min_new, stop_token_ids=[1])
+    params = dict(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=rep,
+        frequency_penalty=freq,
+        min_new_tokens=min_new,
+        stop_token_ids=[1],
+    )
     rows = [row(seed=seed, out=out, **params), row(seed=seed + 1, out=out[:1], temperature=1.0)]
     probs = sampler.sampling_probs(logits, rows)
     assert torch.allclose(probs.sum(1), torch.ones(2))
@@ -537,8 +553,14 @@ def test_cuda_gives_the_cpu_tokens():
     sampler = Sampler(vocab_size=vocab, eos_token_ids=[0])
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(24, vocab + 8, generator=g) * 2
-    configs = [dict(), dict(temperature=0.0), dict(top_p=0.9), dict(top_k=20, top_p=0.8, min_p=0.05),
-               dict(min_p=0.1, temperature=0.7), dict(top_k=3000, repetition_penalty=1.2, frequency_penalty=0.4)]
+    configs = [
+        dict(),
+        dict(temperature=0.0),
+        dict(top_p=0.9),
+        dict(top_k=20, top_p=0.8, min_p=0.05),
+        dict(min_p=0.1, temperature=0.7),
+        dict(top_k=3000, repetition_penalty=1.2, frequency_penalty=0.4),
+    ]
     rows = [row(seed=1000 + b, out=[b, 5, 5], top_n=2, logprob=True, **configs[b % len(configs)]) for b in range(24)]
     cpu = sampler.sample(logits, rows)
     gpu = sampler.sample(logits.cuda(), rows)

@@ -1,5 +1,6 @@
 """Numbers that would break float32 sampling are refused (or clamped to their
 intended effect), and the front door's limits on ``n`` and top logprobs."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,23 +46,35 @@ def test_logit_bias_is_clamped_to_plus_minus_100():
     assert SamplingParams.from_dict(p.to_dict()) == p
 
 
-@pytest.mark.parametrize("d, field", [
-    ({"repetition_penalty": 1e-300}, "repetition_penalty"),
-    ({"repetition_penalty": 1e-38}, "repetition_penalty"),
-    ({"repetition_penalty": 0.009}, "repetition_penalty"),
-    ({"repetition_penalty": 101}, "repetition_penalty"),
-    ({"top_p": 1e-300}, "top_p"),
-    ({"top_p": 1e-39}, "top_p"),
-])
+@pytest.mark.parametrize(
+    "d, field",
+    [
+        ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+        ({"repetition_penalty": 1e-38}, "repetition_penalty"),
+        ({"repetition_penalty": 0.009}, "repetition_penalty"),
+        ({"repetition_penalty": 101}, "repetition_penalty"),
+        ({"top_p": 1e-300}, "top_p"),
+        ({"top_p": 1e-39}, "top_p"),
+    ],
+)
 def test_ranges(d, field):
     with pytest.raises(ValueError, match=f"'{field}'"):
         SamplingParams.from_dict(d)
 
 
-@pytest.mark.parametrize("d", [
-    {"repetition_penalty": 0.01}, {"repetition_penalty": 100}, {"top_p": 1.2e-38}, {"temperature": 3.4e38},
-    {"temperature": 1e-300}, {"min_p": 1e-300}, {"frequency_penalty": -2}, {"presence_penalty": 2},
-])
+@pytest.mark.parametrize(
+    "d",
+    [
+        {"repetition_penalty": 0.01},
+        {"repetition_penalty": 100},
+        {"top_p": 1.2e-38},
+        {"temperature": 3.4e38},
+        {"temperature": 1e-300},
+        {"min_p": 1e-300},
+        {"frequency_penalty": -2},
+        {"presence_penalty": 2},
+    ],
+)
 def test_edges_are_accepted(d):
     SamplingParams.from_dict(d)
 
@@ -72,14 +85,17 @@ def _sample(params: SamplingParams, logits: torch.Tensor, out=(5, 6, 7), seeds=r
     return [s.sample(logits, [SamplingRow(params, seed, list(out), [3, 4])]).token_ids[0] for seed in seeds]
 
 
-@pytest.mark.parametrize("d, expect", [
-    ({"temperature": 2e-6, "logit_bias": {"9": 1e30}}, 9),  # clamped to 100: still wins, no overflow
-    ({"temperature": 0.5, "logit_bias": {"9": 3e38}}, 9),
-    ({"temperature": 2e-6, "logit_bias": {"9": 100, "8": -100}}, 9),
-    ({"temperature": 1.0, "top_p": 1.2e-38}, "top"),  # keeps only the most likely token
-    ({"temperature": 2e-6, "repetition_penalty": 0.01}, None),
-    ({"temperature": 3.4e38, "min_new_tokens": 3, "max_new_tokens": 5}, None),
-])
+@pytest.mark.parametrize(
+    "d, expect",
+    [
+        ({"temperature": 2e-6, "logit_bias": {"9": 1e30}}, 9),  # clamped to 100: still wins, no overflow
+        ({"temperature": 0.5, "logit_bias": {"9": 3e38}}, 9),
+        ({"temperature": 2e-6, "logit_bias": {"9": 100, "8": -100}}, 9),
+        ({"temperature": 1.0, "top_p": 1.2e-38}, "top"),  # keeps only the most likely token
+        ({"temperature": 2e-6, "repetition_penalty": 0.01}, None),
+        ({"temperature": 3.4e38, "min_new_tokens": 3, "max_new_tokens": 5}, None),
+    ],
+)
 def test_extreme_accepted_values_sample_sanely(d, expect):
     torch.manual_seed(0)
     logits = torch.randn(1, 64) * 5

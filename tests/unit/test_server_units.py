@@ -2,6 +2,7 @@
 TokenizerManager and detokenizer loop, with an in-process fake scheduler that
 "generates" a fixed text. Covers wire formats, validation, auth, body limits,
 SSE framing, metrics and failure handling."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import Limits, sample_rids
+from radixrt.requests.intake import Limits
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -22,6 +23,7 @@ from radixrt.requests.messages import (
     TokenBatch,
     TokenOutput,
 )
+from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.http_server import ServerContext, build_app
 from radixrt.server.ipc import DetokBatch, DetokRegister
@@ -60,9 +62,18 @@ class FakePipeline:
                     t.cancel()
                     self._emit([TokenOutput(rid, [], 3, 0, 0, FinishReason.abort("aborted"))])
         elif isinstance(msg, StatsReq):
-            loop.call_soon(self._deliver, ControlReply("stats", payload={
-                "running": len(self.tasks), "waiting": 0, "kv": dict(self.kv),
-                "cache": {"hit_rate": 0.25}}))
+            loop.call_soon(
+                self._deliver,
+                ControlReply(
+                    "stats",
+                    payload={
+                        "running": len(self.tasks),
+                        "waiting": 0,
+                        "kv": dict(self.kv),
+                        "cache": {"hit_rate": 0.25},
+                    },
+                ),
+            )
         elif isinstance(msg, FlushCacheReq):
             loop.call_soon(self._deliver, ControlReply("flush_cache", ok=not self.tasks))
 
@@ -109,8 +120,9 @@ class FakePipeline:
                 tops = [[(-0.5, tok), (-1.5, 7)][: req.top_logprobs_num]] if req.return_logprob else []
                 out = TokenOutput(rid, [tok], prompt, step + 1, 0, fin, lps, tops)
                 if step == 0 and req.return_logprob and req.logprob_start_len >= 0:
-                    out.input_token_logprobs = [(None if i == 0 else -1.0, t)
-                                                for i, t in enumerate(req.input_ids[req.logprob_start_len:])]
+                    out.input_token_logprobs = [
+                        (None if i == 0 else -1.0, t) for i, t in enumerate(req.input_ids[req.logprob_start_len :])
+                    ]
                     out.input_top_logprobs = [None] * len(out.input_token_logprobs)
                 self._emit([out])
                 if fin is not None:
@@ -128,10 +140,18 @@ def app_client(tokenizer):
     tm._to_scheduler = type("S", (), {"send_pyobj": staticmethod(pipe.send_to_scheduler)})()
     tm._to_detokenizer = type("D", (), {"send_pyobj": staticmethod(pipe.send_to_detokenizer)})()
     healthy = {"ok": True}
-    ctx = ServerContext(tm=tm, metrics=metrics, model_path="fake", resolved_model_path="/models/fake",
-                        served_model_name="fake-model", api_key=KEY, max_request_bytes=4096,
-                        model_aliases={"fake-model", "fake"}, healthy=lambda: healthy["ok"],
-                        chat_info={"chat_role_markers": {"user": ["<u>", "</u>"]}})
+    ctx = ServerContext(
+        tm=tm,
+        metrics=metrics,
+        model_path="fake",
+        resolved_model_path="/models/fake",
+        served_model_name="fake-model",
+        api_key=KEY,
+        max_request_bytes=4096,
+        model_aliases={"fake-model", "fake"},
+        healthy=lambda: healthy["ok"],
+        chat_info={"chat_role_markers": {"user": ["<u>", "</u>"]}},
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -178,8 +198,16 @@ def test_parse_generate_rejects_bad_bodies(tokenizer):
         assert ei.value.status == 400
         if param:
             assert ei.value.param == param, (body, ei.value.message)
-    specs, batch, stream = parse_generate({"text": ["a", "b"], "sampling_params": [{"n": 2}, {}],
-                                           "image_data": None, "log_metrics": True, "stream": True}, tm)
+    specs, batch, stream = parse_generate(
+        {
+            "text": ["a", "b"],
+            "sampling_params": [{"n": 2}, {}],
+            "image_data": None,
+            "log_metrics": True,
+            "stream": True,
+        },
+        tm,
+    )
     assert batch and stream and [s.sampling.n for s in specs] == [2, 1]
     specs, batch, _ = parse_generate({"input_ids": [5, 6], "return_logprob": True, "top_logprobs_num": 2}, tm)
     assert not batch and specs[0].input_ids == [5, 6] and specs[0].top_logprobs_num == 2
@@ -196,8 +224,7 @@ def test_generate_shapes(app_client):
     assert len(r.json()) == 4
     r = app_client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 0}})
     assert r.json()["output_ids"] == [] and r.json()["meta_info"]["finish_reason"]["length"] == 0
-    r = app_client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 20,
-                                                                            "stop": " fox"}})
+    r = app_client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 20, "stop": " fox"}})
     assert r.json()["text"] == " the quick brown"
 
 
@@ -207,16 +234,23 @@ def test_generate_stream_incremental(app_client, monkeypatch):
     from radixrt.frontend.native_backend import _StreamFold
 
     monkeypatch.setitem(app_client.app.state.ctx.server_args, "incremental_streaming_output", True)
-    body = {"text": "Hi", "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 0,
-            "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 5}}
+    body = {
+        "text": "Hi",
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+        "sampling_params": {"max_new_tokens": 5},
+    }
     whole = app_client.post("/generate", json=body).json()
     chunks = events(app_client.post("/generate", json={**body, "stream": True}).text)[:-1]
     metas = [c["meta_info"] for c in chunks]
     assert [len(c["output_ids"]) for c in chunks] == [1, 1, 1, 1, 1]
     assert [len(m["output_token_logprobs"]) for m in metas] == [1, 1, 1, 1, 1]
     assert [len(m["output_top_logprobs"]) for m in metas] == [1, 1, 1, 1, 1]
-    assert [m["output_token_logprobs_length"] for m in metas] == [m["completion_tokens"] for m in metas] \
-        == [1, 2, 3, 4, 5]
+    assert (
+        [m["output_token_logprobs_length"] for m in metas] == [m["completion_tokens"] for m in metas] == [1, 2, 3, 4, 5]
+    )
     assert "".join(c["text"] for c in chunks) == whole["text"]
     assert [lp for m in metas for lp in m["output_token_logprobs"]] == whole["meta_info"]["output_token_logprobs"]
     assert all(m["input_token_logprobs"] == whole["meta_info"]["input_token_logprobs"] for m in metas)
@@ -231,8 +265,13 @@ def test_generate_stream_incremental(app_client, monkeypatch):
 
 
 def test_generate_stream_framing(app_client):
-    body = {"text": "Hi", "stream": True, "return_logprob": True, "top_logprobs_num": 2,
-            "sampling_params": {"max_new_tokens": 5}}
+    body = {
+        "text": "Hi",
+        "stream": True,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "sampling_params": {"max_new_tokens": 5},
+    }
     r = app_client.post("/generate", json=body)
     assert r.headers["content-type"].startswith("text/event-stream")
     assert r.text.endswith("data: [DONE]\n\n")
@@ -243,8 +282,9 @@ def test_generate_stream_framing(app_client):
     assert [c["meta_info"]["output_token_logprobs_length"] for c in chunks] == [1, 2, 3, 4, 5]
     assert all(len(c["meta_info"]["output_top_logprobs"][0]) == 2 for c in chunks)
     assert "index" not in chunks[0]
-    r = app_client.post("/generate", json={"text": ["a", "b"], "stream": True,
-                                           "sampling_params": {"max_new_tokens": 2}})
+    r = app_client.post(
+        "/generate", json={"text": ["a", "b"], "stream": True, "sampling_params": {"max_new_tokens": 2}}
+    )
     chunks = events(r.text)[:-1]
     assert sorted({c["index"] for c in chunks}) == [0, 1]
 
@@ -276,7 +316,7 @@ def test_auth_limits_and_unknown_routes(app_client):
 def test_validation_names_fields(app_client):
     r = app_client.post("/generate", json={"input_ids": list(range(100))})
     assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
-    r = app_client.post("/generate", json={"input_ids": [10 ** 7]})
+    r = app_client.post("/generate", json={"input_ids": [10**7]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids"
     r = app_client.post("/v1/completions", json={"model": "fake-model", "prompt": "x", "max_tokens": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
@@ -286,28 +326,51 @@ def test_validation_names_fields(app_client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     r = app_client.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
-    r = app_client.post("/v1/chat/completions", json={
-        "model": "fake", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    r = app_client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "fake",
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        },
+    )
     assert r.status_code == 400 and "text" in r.json()["error"]["message"]
-    r = app_client.post("/v1/chat/completions",
-                        json={"model": "fake", "messages": [{"role": "wizard", "content": "x"}]})
+    r = app_client.post(
+        "/v1/chat/completions", json={"model": "fake", "messages": [{"role": "wizard", "content": "x"}]}
+    )
     assert r.status_code == 400 and "messages.0.role" in r.json()["error"]["param"]
 
 
 def test_openai_shapes(app_client):
-    r = app_client.post("/v1/completions", json={"model": "fake-model", "prompt": ["a", "b"], "max_tokens": 3,
-                                                 "n": 2, "logprobs": 1, "echo": True}).json()
+    r = app_client.post(
+        "/v1/completions",
+        json={"model": "fake-model", "prompt": ["a", "b"], "max_tokens": 3, "n": 2, "logprobs": 1, "echo": True},
+    ).json()
     assert r["object"] == "text_completion" and [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
     assert r["choices"][2]["text"].startswith("b")
     assert r["usage"]["completion_tokens"] == 12 and "cached_tokens" in r["usage"]["prompt_tokens_details"]
-    r = app_client.post("/v1/chat/completions", json={
-        "model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "logprobs": True,
-        "top_logprobs": 2}).json()
+    r = app_client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "fake-model",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 3,
+            "logprobs": True,
+            "top_logprobs": 2,
+        },
+    ).json()
     assert r["choices"][0]["message"]["role"] == "assistant"
     assert len(r["choices"][0]["logprobs"]["content"]) == 3
-    r = app_client.post("/v1/chat/completions", json={
-        "model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "n": 2,
-        "stream": True, "stream_options": {"include_usage": True}})
+    r = app_client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "fake-model",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 3,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     evs = events(r.text)
     assert evs[-1] == "[DONE]" and evs[-2]["usage"]["completion_tokens"] == 6 and evs[-2]["choices"] == []
     text = {0: "", 1: ""}
@@ -353,6 +416,7 @@ def test_dead_child_fails_requests_and_health(app_client):
     tm = app_client.tm
     app_client.pipe.step_s = 0.05
     try:
+
         async def hang_then_fail():
             await asyncio.sleep(0.2)
             tm.fail_all("the scheduler process (pid 1) exited with code -9")

@@ -8,6 +8,7 @@ importable from our module of the same role. The lists below are those of
 SGLang 0.5.10.post1 and 0.5.23 (the same in both); where SGLang's client is
 installed, they are checked to still cover its modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,26 +27,99 @@ from radixrt.frontend.program_state import ProgramState
 from radixrt.frontend.sampling_params import default_sampling_params
 from tests.unit.test_frontend_unit import ScriptedBackend
 
-_IR_NODES = ["SglExpr", "SglExprList", "SglGen", "SglImage", "SglRoleBegin", "SglRoleEnd", "SglSelect",
-             "SglSeparateReasoning", "SglVideo"]
+_IR_NODES = [
+    "SglExpr",
+    "SglExprList",
+    "SglGen",
+    "SglImage",
+    "SglRoleBegin",
+    "SglRoleEnd",
+    "SglSelect",
+    "SglSeparateReasoning",
+    "SglVideo",
+]
 
 SGLANG_NAMES = {
-    "api": ["global_config", "BaseBackend", "ChoicesSamplingMethod", "token_length_normalized", "SglFunction",
-            *_IR_NODES, "function", "Runtime", "Engine", "set_default_backend", "flush_cache", "get_server_info",
-            "gen", "gen_int", "gen_string", "image", "video", "select", "system", "user", "assistant",
-            "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
-            "separate_reasoning"],
-    "ir": ["global_config", "ChoicesSamplingMethod", "REGEX_INT", "REGEX_FLOAT", "REGEX_BOOL", "REGEX_STR",
-           "SglSamplingParams", "SglFunction", *_IR_NODES, "SglArgument", "SglConstantText", "SglFork",
-           "SglGetForkItem", "SglVariable", "SglVarScopeBegin", "SglVarScopeEnd", "SglConcateAndAppend",
-           "SglCommitLazy"],
-    "choices": ["ChoicesDecision", "ChoicesSamplingMethod", "TokenLengthNormalized", "token_length_normalized",
-                "GreedyTokenSelection", "greedy_token_selection", "UnconditionalLikelihoodNormalized",
-                "unconditional_likelihood_normalized"],
-    "interpreter": ["global_config", *_IR_NODES, "SglCommitLazy", "SglConcateAndAppend", "SglConstantText",
-                    "SglVariable", "SglVarScopeBegin", "SglVarScopeEnd", "encode_image_base64",
-                    "encode_video_base64", "get_exception_traceback", "run_internal", "run_program",
-                    "run_program_batch", "cache_program", "StreamExecutor", "ProgramState", "ProgramStateGroup"],
+    "api": [
+        "global_config",
+        "BaseBackend",
+        "ChoicesSamplingMethod",
+        "token_length_normalized",
+        "SglFunction",
+        *_IR_NODES,
+        "function",
+        "Runtime",
+        "Engine",
+        "set_default_backend",
+        "flush_cache",
+        "get_server_info",
+        "gen",
+        "gen_int",
+        "gen_string",
+        "image",
+        "video",
+        "select",
+        "system",
+        "user",
+        "assistant",
+        "system_begin",
+        "system_end",
+        "user_begin",
+        "user_end",
+        "assistant_begin",
+        "assistant_end",
+        "separate_reasoning",
+    ],
+    "ir": [
+        "global_config",
+        "ChoicesSamplingMethod",
+        "REGEX_INT",
+        "REGEX_FLOAT",
+        "REGEX_BOOL",
+        "REGEX_STR",
+        "SglSamplingParams",
+        "SglFunction",
+        *_IR_NODES,
+        "SglArgument",
+        "SglConstantText",
+        "SglFork",
+        "SglGetForkItem",
+        "SglVariable",
+        "SglVarScopeBegin",
+        "SglVarScopeEnd",
+        "SglConcateAndAppend",
+        "SglCommitLazy",
+    ],
+    "choices": [
+        "ChoicesDecision",
+        "ChoicesSamplingMethod",
+        "TokenLengthNormalized",
+        "token_length_normalized",
+        "GreedyTokenSelection",
+        "greedy_token_selection",
+        "UnconditionalLikelihoodNormalized",
+        "unconditional_likelihood_normalized",
+    ],
+    "interpreter": [
+        "global_config",
+        *_IR_NODES,
+        "SglCommitLazy",
+        "SglConcateAndAppend",
+        "SglConstantText",
+        "SglVariable",
+        "SglVarScopeBegin",
+        "SglVarScopeEnd",
+        "encode_image_base64",
+        "encode_video_base64",
+        "get_exception_traceback",
+        "run_internal",
+        "run_program",
+        "run_program_batch",
+        "cache_program",
+        "StreamExecutor",
+        "ProgramState",
+        "ProgramStateGroup",
+    ],
 }
 
 
@@ -90,8 +164,12 @@ def test_the_lists_cover_the_installed_sglang(module):
 def test_aliases_are_our_equivalents():
     from radixrt.frontend.sampling_params import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 
-    assert (ir.REGEX_INT, ir.REGEX_FLOAT, ir.REGEX_BOOL, ir.REGEX_STR) == (REGEX_INT, REGEX_FLOAT, REGEX_BOOL,
-                                                                          REGEX_STR)
+    assert (ir.REGEX_INT, ir.REGEX_FLOAT, ir.REGEX_BOOL, ir.REGEX_STR) == (
+        REGEX_INT,
+        REGEX_FLOAT,
+        REGEX_BOOL,
+        REGEX_STR,
+    )
     assert re.fullmatch(ir.REGEX_INT, "-42") and re.fullmatch(ir.REGEX_FLOAT, "2.5")
     assert re.fullmatch(ir.REGEX_STR, '"Paris"') and re.fullmatch(ir.REGEX_BOOL, "True")
     assert ir.SglFunction is api.SglFunction is SglFunction

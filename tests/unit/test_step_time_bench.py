@@ -1,5 +1,6 @@
 """`python -m radixrt.bench.step_time` runs end to end and reports every batch it was asked for
 (with ``--engine``, through `Engine.generate` too)."""
+
 import json
 import subprocess
 import sys
@@ -8,9 +9,23 @@ import sys
 def test_step_time_bench_reports_each_batch(tmp_path):
     out = tmp_path / "steps.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "radixrt.bench.step_time", "--batches", "1,3", "--steps", "2", "--repeats", "1",
-         "--engine", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "radixrt.bench.step_time",
+            "--batches",
+            "1,3",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--engine",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "one small torch op costs" in proc.stdout
@@ -31,7 +46,9 @@ def test_step_time_bench_reports_each_batch(tmp_path):
 def test_decode_kernel_bench_times_both_paths_and_checks_them():
     proc = subprocess.run(
         [sys.executable, "-m", "radixrt.bench.decode_kernel", "--shape", "4,40,4,2,16", "--calls", "2"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     header, row = proc.stdout.strip().splitlines()[-2:]

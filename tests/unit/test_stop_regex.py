@@ -1,6 +1,7 @@
 """stop_regex (SGLang's sampling parameter): validation, the bounded tail the
 scheduler searches, and how the final text is trimmed (as SGLang does: at the
 pattern's own text, when it occurs)."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,17 +23,20 @@ def test_stop_regex_is_stored_as_a_list():
     assert SamplingParams.from_dict(p.to_dict()) == p
 
 
-@pytest.mark.parametrize("value, why", [
-    ("(", "invalid regex"),
-    (["ok", "[a-"], "invalid regex"),
-    ([""], "empty"),
-    ([1], "list of strings"),
-    (5, "list of strings"),
-    ({"a": 1}, "list of strings"),
-    (["a"] * (sr.MAX_STOP_REGEX_COUNT + 1), "at most"),
-    ("a" * (sr.MAX_STOP_REGEX_BYTES + 1), "bytes"),
-    ("é" * (sr.MAX_STOP_REGEX_BYTES // 2 + 1), "bytes"),  # counted in UTF-8 bytes
-])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("(", "invalid regex"),
+        (["ok", "[a-"], "invalid regex"),
+        ([""], "empty"),
+        ([1], "list of strings"),
+        (5, "list of strings"),
+        ({"a": 1}, "list of strings"),
+        (["a"] * (sr.MAX_STOP_REGEX_COUNT + 1), "at most"),
+        ("a" * (sr.MAX_STOP_REGEX_BYTES + 1), "bytes"),
+        ("é" * (sr.MAX_STOP_REGEX_BYTES // 2 + 1), "bytes"),  # counted in UTF-8 bytes
+    ],
+)
 def test_bad_stop_regex_is_a_value_error_naming_the_field(value, why):
     with pytest.raises(ValueError, match="'stop_regex'") as ei:
         SamplingParams.from_dict({"stop_regex": value})
@@ -40,11 +44,25 @@ def test_bad_stop_regex_is_a_value_error_naming_the_field(value, why):
 
 
 # ---------------------------------------------------------------- the searched tail
-@pytest.mark.parametrize("pattern, chars", [
-    ("abc", 3), ("END|STOP", 4), (r"[0-9]{3}", 3), (r"a{2,5}", 5), (r"(?:ab)?c", 3), (r"(?i)hello", 5),
-    (r"\bcat\b", 3), (r"(?<=x)ab", 3), (r"a(?=bcd)", 4), ("^x$", 1),
-    (r"\d+", None), (".*", None), (r"a*?b", None), (r"(a)\1", None),
-])
+@pytest.mark.parametrize(
+    "pattern, chars",
+    [
+        ("abc", 3),
+        ("END|STOP", 4),
+        (r"[0-9]{3}", 3),
+        (r"a{2,5}", 5),
+        (r"(?:ab)?c", 3),
+        (r"(?i)hello", 5),
+        (r"\bcat\b", 3),
+        (r"(?<=x)ab", 3),
+        (r"a(?=bcd)", 4),
+        ("^x$", 1),
+        (r"\d+", None),
+        (".*", None),
+        (r"a*?b", None),
+        (r"(a)\1", None),
+    ],
+)
 def test_max_match_chars(pattern, chars):
     assert sr.max_match_chars(pattern) == chars
 

@@ -1,4 +1,5 @@
 """How tensor parallelism deals heads and vocabulary out to ranks (no processes)."""
+
 import pytest
 
 from radixrt.executor.parallel.sharding import _even_ranges, split_heads
@@ -19,7 +20,11 @@ def test_kv_groups_dealt_out_evenly_keeping_the_group_ratio():
 def test_fewer_kv_heads_than_ranks_replicates_them():
     splits = split_heads(8, 2, 4)  # each KV head on 2 ranks, which split its 4 query heads
     assert [(s.q_heads, s.kv_heads) for s in splits] == [
-        (range(0, 2), range(0, 1)), (range(2, 4), range(0, 1)), (range(4, 6), range(1, 2)), (range(6, 8), range(1, 2))]
+        (range(0, 2), range(0, 1)),
+        (range(2, 4), range(0, 1)),
+        (range(4, 6), range(1, 2)),
+        (range(6, 8), range(1, 2)),
+    ]
     with pytest.raises(ValueError, match="tp_size 3 cannot split"):
         split_heads(8, 2, 3)
     with pytest.raises(ValueError, match="cannot split"):

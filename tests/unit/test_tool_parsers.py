@@ -1,6 +1,7 @@
 """Tool-call parsing, streaming assembly, tool checks (definitions, limits,
 the tool turns of a conversation), generic rendering and reasoning
 separation: strings only, no model."""
+
 from __future__ import annotations
 
 import json
@@ -16,19 +17,35 @@ from radixrt.server.tools.reasoning import split_reasoning
 from radixrt.server.tools.render import render_messages
 from radixrt.server.tools.spec import is_tool_name
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-ADD = {"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 
 OUTPUTS = {
-    "qwen": ('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-             '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'),
+    "qwen": (
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    ),
     "generic": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
-              '{"name": "add", "parameters": {"a": 1, "b": 2}}',
+    '{"name": "add", "parameters": {"a": 1, "b": 2}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-               '{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}]',
+    '{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}]',
 }
 
 
@@ -83,7 +100,8 @@ def test_stream_deltas_add_up_to_the_message(fmt, step):
     msg, _ = out.message(text)
     assert got["content"] == (msg["content"] or "")
     assert [(c["id"], c["name"], c["arguments"]) for c in got["calls"]] == [
-        (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in msg["tool_calls"]]
+        (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in msg["tool_calls"]
+    ]
 
 
 def test_reasoning_split_whole_and_streamed():
@@ -100,17 +118,35 @@ def test_reasoning_split_whole_and_streamed():
     assert calls and msg["reasoning_content"] == "call it" and msg["content"] is None
 
 
-@pytest.mark.parametrize("tools,choice,needle", [
-    ([{"type": "function", "function": {}}], "auto", "name is missing"),
-    ([WEATHER, WEATHER], "auto", "more than once"),
-    ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among the tools"),
-    ([WEATHER], "sometimes", "'tool_choice'"),
-    (None, "required", "needs 'tools'"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "x": {"type": "no-such-type"}}}}}], "auto", "not a usable JSON schema"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], "auto", "describe an object"),
-    ([{"type": "retrieval"}], "auto", "only 'function' tools"),
-])
+@pytest.mark.parametrize(
+    "tools,choice,needle",
+    [
+        ([{"type": "function", "function": {}}], "auto", "name is missing"),
+        ([WEATHER, WEATHER], "auto", "more than once"),
+        ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "not among the tools"),
+        ([WEATHER], "sometimes", "'tool_choice'"),
+        (None, "required", "needs 'tools'"),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"x": {"type": "no-such-type"}}},
+                    },
+                }
+            ],
+            "auto",
+            "not a usable JSON schema",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            "auto",
+            "describe an object",
+        ),
+        ([{"type": "retrieval"}], "auto", "only 'function' tools"),
+    ],
+)
 def test_bad_tools_are_refused(tools, choice, needle):
     with pytest.raises(ToolError, match=needle):
         check_tools(tools, choice, None)
@@ -128,8 +164,11 @@ def test_tool_names_and_limits():
 
 
 def _turns(*calls, answers=()):
-    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": list(calls)},
-            *answers]
+    return [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": list(calls)},
+        *answers,
+    ]
 
 
 def _c(cid, name="get_weather", args='{"city": "Paris"}'):
@@ -140,20 +179,23 @@ def _t(cid, content="ok"):
     return {"role": "tool", "tool_call_id": cid, "content": content}
 
 
-@pytest.mark.parametrize("messages,param", [
-    ([{"role": "user", "content": "hi"}, _t("c1")], "messages[1].role"),
-    (_turns(_c("c1"), answers=[_t("c2")]), "messages[2].tool_call_id"),
-    (_turns(_c("c1"), answers=[_t("c1", None)]), "messages[2].content"),
-    (_turns(_c("c1"), answers=[{"role": "tool", "content": "x"}]), "messages[2].tool_call_id"),
-    (_turns(_c("c1"), answers=[{"role": "user", "content": "?"}, _t("c1")]), "messages[3].role"),
-    (_turns(_c("c1", "get_weather\n")), "messages[1].tool_calls[0].function.name"),
-    (_turns(_c("c1", args='{"city": ')), "messages[1].tool_calls[0].function.arguments"),
-    (_turns(_c("c1", args="42")), "messages[1].tool_calls[0].function.arguments"),
-    (_turns(_c("c1", args=["x"])), "messages[1].tool_calls[0].function.arguments"),
-    (_turns({"id": "c1", "function": "get_weather"}), "messages[1].tool_calls[0].function"),
-    (_turns({"id": 7, "function": {"name": "f", "arguments": "{}"}}), "messages[1].tool_calls[0].id"),
-    ([{"role": "assistant", "content": None, "tool_calls": []}, _t("c1")], "messages[1].role"),
-])
+@pytest.mark.parametrize(
+    "messages,param",
+    [
+        ([{"role": "user", "content": "hi"}, _t("c1")], "messages[1].role"),
+        (_turns(_c("c1"), answers=[_t("c2")]), "messages[2].tool_call_id"),
+        (_turns(_c("c1"), answers=[_t("c1", None)]), "messages[2].content"),
+        (_turns(_c("c1"), answers=[{"role": "tool", "content": "x"}]), "messages[2].tool_call_id"),
+        (_turns(_c("c1"), answers=[{"role": "user", "content": "?"}, _t("c1")]), "messages[3].role"),
+        (_turns(_c("c1", "get_weather\n")), "messages[1].tool_calls[0].function.name"),
+        (_turns(_c("c1", args='{"city": ')), "messages[1].tool_calls[0].function.arguments"),
+        (_turns(_c("c1", args="42")), "messages[1].tool_calls[0].function.arguments"),
+        (_turns(_c("c1", args=["x"])), "messages[1].tool_calls[0].function.arguments"),
+        (_turns({"id": "c1", "function": "get_weather"}), "messages[1].tool_calls[0].function"),
+        (_turns({"id": 7, "function": {"name": "f", "arguments": "{}"}}), "messages[1].tool_calls[0].id"),
+        ([{"role": "assistant", "content": None, "tool_calls": []}, _t("c1")], "messages[1].role"),
+    ],
+)
 def test_bad_tool_turns_name_the_field(messages, param):
     with pytest.raises(ToolError) as e:
         check_tool_turns(messages)
@@ -181,12 +223,14 @@ def test_generic_rendering_is_stable_and_round_trips():
     p = get_parser("generic", None)
     tr = check_tools([WEATHER], "auto", None)
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    convo = [{"role": "user", "content": "Weather?"},
-             {"role": "assistant", "content": "", "tool_calls": [call]},
-             {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    convo = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
     short, _ = render_messages(convo[:1], tr, p, native=False)
     long, tools_arg = render_messages(convo, tr, p, native=False)
-    assert tools_arg is None and long[:len(short)] == short
+    assert tools_arg is None and long[: len(short)] == short
     assert long[0]["role"] == "system" and '"name": "get_weather"' in long[0]["content"]
     assert long[2]["content"] == OUTPUTS["generic"]  # what the model generated, byte for byte
     assert long[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
@@ -247,10 +291,15 @@ def test_native_template_renders_calls_as_generated(tiny_llama):
     assert parser.name == "qwen"
     tr = check_tools([WEATHER, ADD], "required", None)
     generated = parser.render_calls([("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1, "b": 2}')])
-    call = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-            for i, (n, a) in enumerate([("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1, "b": 2}')])]
-    convo = [{"role": "user", "content": "Weather? Sum?"}, {"role": "assistant", "content": "", "tool_calls": call},
-             {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}]
+    call = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate([("get_weather", '{"city": "Paris"}'), ("add", '{"a": 1, "b": 2}')])
+    ]
+    convo = [
+        {"role": "user", "content": "Weather? Sum?"},
+        {"role": "assistant", "content": "", "tool_calls": call},
+        {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+    ]
     msgs, tools_arg = render_messages(convo[:1], tr, parser, native=True)
     step1 = tok.apply_chat_template(msgs, tools=tools_arg, tokenize=False, add_generation_prompt=True)
     msgs, tools_arg = render_messages(convo, tr, parser, native=True)

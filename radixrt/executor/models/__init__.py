@@ -1,4 +1,5 @@
 """Llama-family models over the paged KV pool, loaded from Hugging Face folders."""
+
 from radixrt.executor.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from radixrt.executor.models.loader import load_model
 

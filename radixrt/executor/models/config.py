@@ -1,4 +1,5 @@
 """What the model code needs to know about a Hugging Face checkpoint."""
+
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ number of row tiles, runs every layer over the padded rows (linear layers
 tile by tile, elementwise kernels over aligned shapes) and hands only the
 real rows to the attention backend.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -67,7 +68,7 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.head_dim**-0.5
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.q_norm: Optional[RMSNorm]
@@ -93,14 +94,14 @@ class Attention(nn.Module):
         padding, see the module doc); only those reach the attention backend."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is None or self.k_norm is None:  # both or neither
             # rotate q and k in one go: a [T, Hq + Hkv, D] view of the projection
             qk = rope.apply(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         else:
             q = self.q_norm(qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size: self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
             q = rope.apply(q, cos, sin)
             k = rope.apply(k, cos, sin)
         # this layer's cache: K/V views of the pool, plus its scales when quantized (LayerKVCache)

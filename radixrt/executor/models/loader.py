@@ -1,4 +1,5 @@
 """Build a model and fill it from a Hugging Face folder's safetensors files."""
+
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ does for the sequence it is running (keys cached earlier keep the rotation
 they were computed with, as in transformers' own KV cache); they compute
 cos/sin per batch instead of reading a table.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
@@ -104,9 +105,7 @@ class RotaryEmbedding:
         if self.rope_type in _LENGTH_DEPENDENT:
             if len(set(kv_lens)) == 1:
                 return self._cos_sin(positions, dtype, kv_lens[0])
-            parts = [
-                self._cos_sin(p, dtype, n) for p, n in zip(positions.split(list(q_lens)), kv_lens)
-            ]
+            parts = [self._cos_sin(p, dtype, n) for p, n in zip(positions.split(list(q_lens)), kv_lens)]
             return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
         rows = self.reserve(max(kv_lens), positions.device, dtype).index_select(0, positions)
         rd = self.rotary_dim

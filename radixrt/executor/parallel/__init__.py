@@ -6,6 +6,7 @@ which run the same computation on their shard in lockstep (`follower.py`).
 Every rank owns a KV pool for its own KV heads with the same slot numbering,
 so one radix tree and one allocator (rank 0's) describe all of them.
 """
+
 from radixrt.executor.parallel.group import TPGroup
 from radixrt.executor.parallel.sharding import HeadSplit, shard_model, split_heads
 

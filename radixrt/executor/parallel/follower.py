@@ -4,6 +4,7 @@ Loads its shard of the model (a `ModelRunner` for rank R), then repeats each
 model call its leader announces, until told to stop or until the leader's
 process is gone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="WARNING", help="the leader's log level")
     args = p.parse_args(argv)
     settings = RunnerSettings.from_json(args.settings)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
-                        format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.WARNING),
+        format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s",
+    )
     leader = os.getppid()
     sock: zmq.Socket = zmq.Context.instance().socket(zmq.PULL)
     sock.connect(args.commands)

@@ -1,4 +1,5 @@
 """The tensor-parallel process group and the leader -> follower command channel."""
+
 from __future__ import annotations
 
 import datetime

@@ -9,6 +9,7 @@ Commands travel outside the process group so that an idle follower waits on
 a socket it can poll (and exits when its leader is gone) instead of blocking
 in a collective.
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,11 +55,25 @@ class Followers:
             sock.setsockopt(zmq.LINGER, 0)
             port = sock.bind_to_random_port("tcp://127.0.0.1")
             self._socks.append(sock)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "radixrt.executor.parallel.follower", "--rank", str(rank),
-                 "--init-method", init_method, "--commands", f"tcp://127.0.0.1:{port}", "--settings", payload,
-                 "--log-level", log_level],
-            ))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "radixrt.executor.parallel.follower",
+                        "--rank",
+                        str(rank),
+                        "--init-method",
+                        init_method,
+                        "--commands",
+                        f"tcp://127.0.0.1:{port}",
+                        "--settings",
+                        payload,
+                        "--log-level",
+                        log_level,
+                    ],
+                )
+            )
         self.group = self._join(init_method, settings.execution.device)
         self._stopped = False
 
@@ -79,8 +94,10 @@ class Followers:
             dead = [(r + 1, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None]
             if dead and t.is_alive():
                 self.stop()
-                raise RuntimeError(f"tensor-parallel rank(s) exited while starting: {dead} (rank, exit code); "
-                                   "their errors are in this process's stderr")
+                raise RuntimeError(
+                    f"tensor-parallel rank(s) exited while starting: {dead} (rank, exit code); "
+                    "their errors are in this process's stderr"
+                )
         if "error" in box:
             self.stop()
             raise box["error"]

@@ -16,6 +16,7 @@ fewer, each KV head is replicated on ``size / num_kv_heads`` ranks, which
 split its query heads. Uneven splits are allowed (every sum is still exact up
 to float rounding), so the embedded model runs with ``tp_size 2``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -57,9 +58,11 @@ def split_heads(num_heads: int, num_kv_heads: int, size: int) -> list[HeadSplit]
     if num_kv_heads >= size:
         return [HeadSplit(range(kv.start * group, kv.stop * group), kv) for kv in _even_ranges(num_kv_heads, size)]
     if size % num_kv_heads or group % (size // num_kv_heads):
-        raise ValueError(f"tp_size {size} cannot split {num_heads} query heads over {num_kv_heads} KV heads: "
-                         "with fewer KV heads than ranks, tp_size must be a multiple of the KV heads and divide "
-                         "the query heads of each")
+        raise ValueError(
+            f"tp_size {size} cannot split {num_heads} query heads over {num_kv_heads} KV heads: "
+            "with fewer KV heads than ranks, tp_size must be a multiple of the KV heads and divide "
+            "the query heads of each"
+        )
     share = size // num_kv_heads  # ranks per KV head
     per_rank = group // share
     splits = []
@@ -140,16 +143,19 @@ def shard_model(model: LlamaForCausalLM, cfg: ModelConfig, group: TPGroup) -> Mo
         attn.num_heads, attn.num_kv_heads = len(split.q_heads), len(split.kv_heads)
         attn.q_size, attn.kv_size = len(q_rows), len(kv_rows)
         mlp.gate_up_proj = _rows_of(mlp.gate_up_proj, gate_up_rows)
-        mlp.down_proj = RowParallelLinear(mlp.down_proj.weight[:, inter.start:inter.stop], mlp.down_proj.bias, group)
+        mlp.down_proj = RowParallelLinear(mlp.down_proj.weight[:, inter.start : inter.stop], mlp.down_proj.bias, group)
         mlp.intermediate_size = len(inter)
     vocabs = _even_ranges(cfg.vocab_size, group.size)
     mine = vocabs[group.rank]
     table = body.embed_tokens.weight
     tied = model.lm_head.weight is table
-    embed = VocabParallelEmbedding(table[mine.start:mine.stop], mine, group)
+    embed = VocabParallelEmbedding(table[mine.start : mine.stop], mine, group)
     body.embed_tokens = embed  # type: ignore[assignment]  # same call signature as nn.Embedding
-    head_weight = embed.weight if tied else nn.Parameter(
-        model.lm_head.weight[mine.start:mine.stop].contiguous(), requires_grad=False)
+    head_weight = (
+        embed.weight
+        if tied
+        else nn.Parameter(model.lm_head.weight[mine.start : mine.stop].contiguous(), requires_grad=False)
+    )
     head = VocabParallelLMHead(head_weight, [len(v) for v in vocabs], group)
     model.lm_head = head  # type: ignore[assignment]  # same call signature as nn.Linear
     return replace(cfg, num_heads=len(split.q_heads), num_kv_heads=len(split.kv_heads))

@@ -32,6 +32,7 @@ Accepted on purpose:
 
 Pure and linear in the conversation's size; no tokenizer needed.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,7 @@ def call_arguments(arguments: Any, where: str) -> dict[str, Any]:
     if arguments is None:
         return {}
     if not isinstance(arguments, str):
-        raise ToolError(f"'{where}' must be a string holding a JSON object, got {type(arguments).__name__}.",
-                        where)
+        raise ToolError(f"'{where}' must be a string holding a JSON object, got {type(arguments).__name__}.", where)
     if not arguments.strip():
         return {}
     try:
@@ -71,19 +71,22 @@ def _check_calls(i: int, calls: Any) -> list[Optional[str]]:
         if not isinstance(call, dict):
             raise ToolError(f"'{where}' must be an object.", where)
         if call.get("type", "function") != "function":
-            raise ToolError(f"'{where}.type' is {call.get('type')!r}; only 'function' calls are supported.",
-                            f"{where}.type")
+            raise ToolError(
+                f"'{where}.type' is {call.get('type')!r}; only 'function' calls are supported.", f"{where}.type"
+            )
         cid = call.get("id")
         if cid is not None and not isinstance(cid, str):
             raise ToolError(f"'{where}.id' must be a string.", f"{where}.id")
         fn = call.get("function")
         if not isinstance(fn, dict):
-            raise ToolError(f"'{where}.function' must be an object with 'name' and 'arguments'.",
-                            f"{where}.function")
+            raise ToolError(f"'{where}.function' must be an object with 'name' and 'arguments'.", f"{where}.function")
         name = fn.get("name")
         if not is_tool_name(name):
-            raise ToolError(f"'{where}.function.name' is {name!r}; a tool name is 1-64 characters of letters, "
-                            f"digits, '_', '.' or '-'.", f"{where}.function.name")
+            raise ToolError(
+                f"'{where}.function.name' is {name!r}; a tool name is 1-64 characters of letters, "
+                f"digits, '_', '.' or '-'.",
+                f"{where}.function.name",
+            )
         call_arguments(fn.get("arguments"), f"{where}.function.arguments")
         ids.append(cid)
     return ids
@@ -98,20 +101,29 @@ def check_tool_turns(messages: list[dict[str, Any]]) -> None:
         role = m.get("role")
         if role == "tool":
             if m.get("content") is None:
-                raise ToolError(f"'messages[{i}].content' must be a string for a 'tool' message, got null.",
-                                f"messages[{i}].content")
+                raise ToolError(
+                    f"'messages[{i}].content' must be a string for a 'tool' message, got null.",
+                    f"messages[{i}].content",
+                )
             cid = m.get("tool_call_id")
             if not isinstance(cid, str) or not cid:
-                raise ToolError(f"'messages[{i}].tool_call_id' is missing: a 'tool' message answers a call by its id.",
-                                f"messages[{i}].tool_call_id")
+                raise ToolError(
+                    f"'messages[{i}].tool_call_id' is missing: a 'tool' message answers a call by its id.",
+                    f"messages[{i}].tool_call_id",
+                )
             if open_calls is None:
-                raise ToolError(f"'messages[{i}].role' is 'tool', but a tool message must answer a preceding "
-                                f"assistant message with 'tool_calls' (only tool messages between them).",
-                                f"messages[{i}].role")
+                raise ToolError(
+                    f"'messages[{i}].role' is 'tool', but a tool message must answer a preceding "
+                    f"assistant message with 'tool_calls' (only tool messages between them).",
+                    f"messages[{i}].role",
+                )
             if cid not in open_calls:
                 known = ", ".join(repr(c) for c in open_calls if c) or "none with an id"
-                raise ToolError(f"'messages[{i}].tool_call_id' {cid!r} matches no call of the preceding assistant "
-                                f"message (its call ids: {known}).", f"messages[{i}].tool_call_id")
+                raise ToolError(
+                    f"'messages[{i}].tool_call_id' {cid!r} matches no call of the preceding assistant "
+                    f"message (its call ids: {known}).",
+                    f"messages[{i}].tool_call_id",
+                )
             continue
         open_calls = None
         if role == "assistant" and m.get("tool_calls") is not None:

@@ -17,6 +17,7 @@ requests): a small model cannot wander into whitespace, the punctuation and
 keys become forced text for jump-forward, and the layout matches what chat
 templates' ``tojson`` writes when the call is rendered back.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,9 +39,14 @@ def _schema_ebnf(schema_json: str) -> str:
 def _tags(parser: ToolCallParser, tools: list[ToolSpec]) -> list[Any]:
     from xgrammar.structural_tag import GrammarFormat, TagFormat
 
-    return [TagFormat(begin=parser.call_begin(t.name),
-                      content=GrammarFormat(grammar=_schema_ebnf(json.dumps(t.parameters, sort_keys=True))),
-                      end=parser.call_end) for t in tools]
+    return [
+        TagFormat(
+            begin=parser.call_begin(t.name),
+            content=GrammarFormat(grammar=_schema_ebnf(json.dumps(t.parameters, sort_keys=True))),
+            end=parser.call_end,
+        )
+        for t in tools
+    ]
 
 
 def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning: bool = False) -> Optional[str]:
@@ -62,18 +68,21 @@ def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning:
         return None
     tags = _tags(parser, tr.allowed())
     single = tr.mode == "named" or not tr.parallel
-    calls = TagsWithSeparatorFormat(tags=tags, separator=parser.separator, at_least_one=True,
-                                    stop_after_first=single)
+    calls = TagsWithSeparatorFormat(tags=tags, separator=parser.separator, at_least_one=True, stop_after_first=single)
     fmt: Any
     if tr.enforced:
         if parser.block_begin or parser.block_end:
-            fmt = SequenceFormat(elements=[ConstStringFormat(value=parser.block_begin), calls,
-                                           ConstStringFormat(value=parser.block_end)])
+            fmt = SequenceFormat(
+                elements=[ConstStringFormat(value=parser.block_begin), calls, ConstStringFormat(value=parser.block_end)]
+            )
         else:
             fmt = calls
     elif parser.block_begin or parser.block_end:
-        fmt = TriggeredTagsFormat(triggers=[parser.trigger], stop_after_first=True,
-                                  tags=[TagFormat(begin=parser.block_begin, content=calls, end=parser.block_end)])
+        fmt = TriggeredTagsFormat(
+            triggers=[parser.trigger],
+            stop_after_first=True,
+            tags=[TagFormat(begin=parser.block_begin, content=calls, end=parser.block_end)],
+        )
     else:
         fmt = TriggeredTagsFormat(triggers=[parser.trigger], tags=tags, stop_after_first=single)
     if reasoning and tr.enforced:

@@ -15,6 +15,7 @@ when streaming, sends what is new since the last chunk:
 The streamed pieces add up to the whole message: same content, same calls
 (ids included), same reasoning.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -64,9 +65,10 @@ class ChoiceOutput:
         msg: dict[str, Any] = {"role": "assistant"}
         if calls:
             msg["content"] = parsed.content.rstrip() or None
-            msg["tool_calls"] = [{"id": self._id(i), "type": "function",
-                                  "function": {"name": c.name, "arguments": c.args or "{}"}}
-                                 for i, c in enumerate(calls)]
+            msg["tool_calls"] = [
+                {"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": c.args or "{}"}}
+                for i, c in enumerate(calls)
+            ]
         else:
             msg["content"] = parsed.content if not parsed.calls else self._raw_content(text)
         if self.reasoning:
@@ -86,11 +88,11 @@ class ChoiceOutput:
         out: list[dict[str, Any]] = []
         s = self.sent
         if len(reasoning) > s.reasoning:
-            out.append({"reasoning_content": reasoning[s.reasoning:]})
+            out.append({"reasoning_content": reasoning[s.reasoning :]})
             s.reasoning = len(reasoning)
         content = parsed.content.rstrip() if (parsed.calls or not final) else parsed.content
         if len(content) > s.content:
-            out.append({"content": content[s.content:]})
+            out.append({"content": content[s.content :]})
             s.content = len(content)
         for i, c in enumerate(parsed.calls):
             if i >= len(s.call_ids):
@@ -98,9 +100,19 @@ class ChoiceOutput:
                     break
                 s.call_ids.append(self._id(i))
                 s.call_args.append(0)
-                out.append({"tool_calls": [{"index": i, "id": self._id(i), "type": "function",
-                                            "function": {"name": c.name, "arguments": ""}}]})
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": self._id(i),
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             if len(c.args) > s.call_args[i]:
-                out.append({"tool_calls": [{"index": i, "function": {"arguments": c.args[s.call_args[i]:]}}]})
+                out.append({"tool_calls": [{"index": i, "function": {"arguments": c.args[s.call_args[i] :]}}]})
                 s.call_args[i] = len(c.args)
         return out

@@ -26,6 +26,7 @@ Formats:
   several calls separated by ``;``.
 * ``mistral``: ``[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]``.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,9 @@ class ParseResult:
 
     def complete_calls(self) -> list[CallScan]:
         """Calls with a name, complete JSON-object arguments and a closed object."""
-        return [c for c in self.calls
-                if c.name and c.end is not None and c.args_done and is_json_object(c.args or "{}")]
+        return [
+            c for c in self.calls if c.name and c.end is not None and c.args_done and is_json_object(c.args or "{}")
+        ]
 
 
 class ToolCallParser(ABC):
@@ -81,7 +83,7 @@ class ToolCallParser(ABC):
         start = self._find_start(text)
         if start is None:
             hold = 0 if final else max(partial_suffix(text, m) for m in self.markers)
-            return ParseResult(text[:len(text) - hold])
+            return ParseResult(text[: len(text) - hold])
         calls, bad = self._scan_block(text, start)
         if bad:
             return ParseResult(text)
@@ -177,10 +179,20 @@ def scan_calls(text: str, pos: int, opener: str, separator: str) -> tuple[list[C
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
-    "qwen": QwenParser, "generic": GenericParser, "llama3": Llama3Parser, "mistral": MistralParser,
+    "qwen": QwenParser,
+    "generic": GenericParser,
+    "llama3": Llama3Parser,
+    "mistral": MistralParser,
 }
-ALIASES = {"qwen25": "qwen", "qwen2": "qwen", "qwen3": "qwen", "hermes": "qwen", "llama": "llama3",
-           "llama31": "llama3", "llama32": "llama3"}
+ALIASES = {
+    "qwen25": "qwen",
+    "qwen2": "qwen",
+    "qwen3": "qwen",
+    "hermes": "qwen",
+    "llama": "llama3",
+    "llama31": "llama3",
+    "llama32": "llama3",
+}
 PARSER_CHOICES = ("auto", *PARSERS, *ALIASES)
 
 

@@ -16,6 +16,7 @@ Both are pure functions of the request's messages, so an agent loop that
 sends back its earlier turns unchanged gets a byte-identical prefix: the
 radix cache then serves every earlier step's tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ GENERIC_TOOLS_HEADER = (
 GENERIC_TOOLS_FOOTER = (
     "\n</tools>\n\n"
     "To call functions, answer with one block per call and nothing else:\n"
-    "<tool_call>\n{\"name\": \"<function name>\", \"arguments\": <the arguments as a JSON object>}\n</tool_call>\n"
+    '<tool_call>\n{"name": "<function name>", "arguments": <the arguments as a JSON object>}\n</tool_call>\n'
     "Each result comes back in a <tool_response></tool_response> block."
 )
 
@@ -84,8 +85,9 @@ def _generic_message(i: int, msg: dict, parser: ToolCallParser) -> dict:
     return {k: v for k, v in msg.items() if k not in ("tool_calls", "tool_call_id")}
 
 
-def render_messages(messages: list[dict], tr: ToolRequest, parser: ToolCallParser,
-                    native: bool) -> tuple[list[dict], Optional[list[dict[str, Any]]]]:
+def render_messages(
+    messages: list[dict], tr: ToolRequest, parser: ToolCallParser, native: bool
+) -> tuple[list[dict], Optional[list[dict[str, Any]]]]:
     """The messages to give the chat template, and the ``tools`` argument for it
     (None in the generic way, where the tools are in the system message)."""
     if native:

@@ -7,6 +7,7 @@ Raw text (not a re-serialisation) keeps every streamed fragment a prefix of
 the final arguments string, and keeps the model's own bytes, which is what
 makes a re-rendered conversation byte-identical to what was generated.
 """
+
 from __future__ import annotations
 
 import json

@@ -19,6 +19,7 @@ carrying the OpenAI parameter name) with a message fit for a 400:
   ``flat``: ``{"type": "function", "name": <a tool's name>}``);
   ``"required"`` or a named function without tools is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,8 +102,7 @@ def _check_tool(i: int, tool: Any, flat: bool) -> ToolSpec:
     if not isinstance(name, str) or not name:
         raise ToolError(f"{where}.name is missing.", "tools")
     if not is_tool_name(name):
-        raise ToolError(f"{where}.name {name!r} must be 1-64 characters of letters, digits, '_', '.' "
-                        f"or '-'.", "tools")
+        raise ToolError(f"{where}.name {name!r} must be 1-64 characters of letters, digits, '_', '.' or '-'.", "tools")
     desc = fn.get("description")
     if desc is not None and not isinstance(desc, str):
         raise ToolError(f"{where}.description must be a string.", "tools")
@@ -112,8 +112,9 @@ def _check_tool(i: int, tool: Any, flat: bool) -> ToolSpec:
     if not isinstance(params, dict):
         raise ToolError(f"{where}.parameters must be a JSON schema object.", "tools")
     if params.get("type", "object") != "object":
-        raise ToolError(f"{where}.parameters must describe an object (type 'object'), "
-                        f"got type {params.get('type')!r}.", "tools")
+        raise ToolError(
+            f"{where}.parameters must describe an object (type 'object'), got type {params.get('type')!r}.", "tools"
+        )
     try:
         check_grammar(("json_schema", json.dumps(params)))
     except (ValueError, TypeError) as e:
@@ -128,8 +129,9 @@ def _choice(tool_choice: Any, flat: bool) -> tuple[str, Optional[str]]:
         return "auto", None
     if isinstance(tool_choice, str):
         if tool_choice not in CHOICE_MODES:
-            raise ToolError(f"'tool_choice' is {tool_choice!r}; expected 'auto', 'none', 'required' or "
-                            f"{shape}.", "tool_choice")
+            raise ToolError(
+                f"'tool_choice' is {tool_choice!r}; expected 'auto', 'none', 'required' or {shape}.", "tool_choice"
+            )
         return tool_choice, None
     if isinstance(tool_choice, dict):
         fn = tool_choice if flat else tool_choice.get("function")
@@ -142,8 +144,10 @@ def _choice(tool_choice: Any, flat: bool) -> tuple[str, Optional[str]]:
 
 def _check_size(tools: list[Any], max_tools: Optional[int], max_chars: Optional[int]) -> None:
     if max_tools is not None and len(tools) > max_tools:
-        raise ToolError(f"'tools' has {len(tools)} tools; this server accepts at most {max_tools} per request "
-                        f"(--max-tools).", "tools")
+        raise ToolError(
+            f"'tools' has {len(tools)} tools; this server accepts at most {max_tools} per request (--max-tools).",
+            "tools",
+        )
     if max_chars is not None:
         # tool by tool (the separating commas aside): one json.dumps call holds the GIL
         # throughout, and the event loop waits for it even from a worker thread
@@ -151,13 +155,22 @@ def _check_size(tools: list[Any], max_tools: Optional[int], max_chars: Optional[
         for tool in tools:
             size += len(json.dumps(tool, ensure_ascii=False, separators=(",", ":"), default=str))
             if size > max_chars:
-                raise ToolError(f"'tools' is over {max_chars} characters long as JSON; this server accepts at most "
-                                f"{max_chars} per request (--max-tools-chars).", "tools")
+                raise ToolError(
+                    f"'tools' is over {max_chars} characters long as JSON; this server accepts at most "
+                    f"{max_chars} per request (--max-tools-chars).",
+                    "tools",
+                )
 
 
-def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool],
-                flat: bool = False, *, max_tools: Optional[int] = None,
-                max_chars: Optional[int] = None) -> ToolRequest:
+def check_tools(
+    tools: Optional[list[Any]],
+    tool_choice: Any,
+    parallel_tool_calls: Optional[bool],
+    flat: bool = False,
+    *,
+    max_tools: Optional[int] = None,
+    max_chars: Optional[int] = None,
+) -> ToolRequest:
     """The request's tools and choice, checked (raises ``ToolError``); ``flat``:
     in the Responses API's shapes. ``max_tools`` and ``max_chars`` are the
     server's limits (None: none). Blocking, and O(size of the tools): every
@@ -173,6 +186,7 @@ def check_tools(tools: Optional[list[Any]], tool_choice: Any, parallel_tool_call
     if mode in ("required", "named") and not specs:
         raise ToolError(f"'tool_choice' {tool_choice!r} needs 'tools'.", "tool_choice")
     if mode == "named" and forced not in seen:
-        raise ToolError(f"'tool_choice' names {forced!r}, which is not among the tools "
-                        f"({', '.join(sorted(seen))}).", "tool_choice")
+        raise ToolError(
+            f"'tool_choice' names {forced!r}, which is not among the tools ({', '.join(sorted(seen))}).", "tool_choice"
+        )
     return ToolRequest(specs, mode, forced, True if parallel_tool_calls is None else bool(parallel_tool_calls))

@@ -16,6 +16,7 @@ itself (``parser.render_calls``) and the chat template inserts it verbatim;
 ``split_encode`` checks that (each placeholder appears exactly once) and
 otherwise the prompt is tokenized as usual.
 """
+
 from __future__ import annotations
 
 import threading
@@ -72,8 +73,12 @@ def mark_turns(messages: list[dict], turns: TurnTokens) -> tuple[list[dict], lis
     return out, spliced
 
 
-def split_encode(prompt: str, spliced: list[tuple[int, ...]], encode_first: Callable[[str], list[int]],
-                 encode_rest: Callable[[str], list[int]]) -> Optional[list[int]]:
+def split_encode(
+    prompt: str,
+    spliced: list[tuple[int, ...]],
+    encode_first: Callable[[str], list[int]],
+    encode_rest: Callable[[str], list[int]],
+) -> Optional[list[int]]:
     """The prompt's ids with each placeholder replaced by its turn's tokens; None
     when the template did not keep every placeholder exactly once."""
     pieces = []
