@@ -25,6 +25,9 @@ Decisions, per group (SGLang's behaviour where it has one):
   silently).
 * ``preemption_mode="swap"`` is refused without the tier (it would bring a
   tier nobody sized).
+* the speculative-decoding knobs (``speculative_num_draft_tokens``,
+  ``speculative_ngram_order``) imply ``speculative_algorithm="RADIX"`` (SGLang
+  ignores them while speculation is off).
 * the priority knobs are refused without ``enable_priority_scheduling``
   (SGLang warns that they "have no effect"; turning it on would reorder
   every request by its ``priority``).
@@ -222,6 +225,20 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         "dtype='auto', 'bfloat16' or 'float16' (FlashInfer, and so the graphs, take 16-bit models only)",
         _is_not("float32"),
     ),
+    # speculative decoding: sizing the drafts asks for it
+    *(
+        Need(
+            flag,
+            example,
+            "speculative_algorithm",
+            "RADIX",
+            None,
+            "speculative_algorithm='RADIX' (--speculative-algorithm RADIX)",
+            _is_not(None),
+            imply=True,
+        )
+        for flag, example in (("speculative_num_draft_tokens", 4), ("speculative_ngram_order", 6))
+    ),
     # logging
     Need(
         "log_interval",
@@ -264,6 +281,7 @@ ENGINE_INDEPENDENT = frozenset(
         "max_n",
         "max_top_logprobs_num",
         "incremental_streaming_output",
+        "speculative_algorithm",
     }
 )
 

@@ -28,6 +28,7 @@ from radixrt.config.sections import (
     ModelSettings,
     OutputSettings,
     SchedulingSettings,
+    SpeculativeSettings,
 )
 from radixrt.config_deps import ENGINE_NEEDS, apply_needs, field_defaults
 
@@ -40,6 +41,7 @@ SECTIONS: dict[str, type] = {
     "scheduling": SchedulingSettings,
     "limits": LimitSettings,
     "grammar": GrammarSettings,
+    "speculative": SpeculativeSettings,
     "output": OutputSettings,
     "debug": DebugSettings,
 }
@@ -76,6 +78,7 @@ class EngineConfig:
     scheduling: SchedulingSettings
     limits: LimitSettings
     grammar: GrammarSettings
+    speculative: SpeculativeSettings
     output: OutputSettings
     debug: DebugSettings
 
@@ -88,6 +91,7 @@ class EngineConfig:
         scheduling: _Section = None,
         limits: _Section = None,
         grammar: _Section = None,
+        speculative: _Section = None,
         output: _Section = None,
         debug: _Section = None,
         **flags: Any,
@@ -100,6 +104,7 @@ class EngineConfig:
             "scheduling": scheduling,
             "limits": limits,
             "grammar": grammar,
+            "speculative": speculative,
             "output": output,
             "debug": debug,
         }

@@ -276,6 +276,42 @@ class GrammarSettings:
             raise ValueError("grammar_cache_size must be >= 1")
 
 
+SPECULATIVE_ALGORITHMS = ("RADIX", "NGRAM")
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    """Speculative decoding drafted from the radix tree (no draft model)."""
+
+    speculative_algorithm: Optional[str] = setting(
+        None,
+        "RADIX: draft each decode step's next tokens from the radix tree (every prompt and output the server "
+        "holds, in the request's own cache namespace) and the request's own tokens, and verify them in one "
+        "forward (NGRAM: the same, SGLang's name); unset: off",
+        choices=list(SPECULATIVE_ALGORITHMS),
+        type=str.upper,
+    )
+    speculative_num_draft_tokens: int = setting(
+        8, "most draft tokens verified per request per step (the cost model sizes each draft below it)"
+    )
+    speculative_ngram_order: int = setting(
+        4, "longest context (tokens) the draft index matches in the radix tree's token runs"
+    )
+
+    def __post_init__(self) -> None:
+        if self.speculative_algorithm is not None:
+            object.__setattr__(self, "speculative_algorithm", str(self.speculative_algorithm).upper())
+            check_choice("speculative_algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHMS)
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise ValueError("speculative_num_draft_tokens must be in [1, 64]")
+        if not 1 <= self.speculative_ngram_order <= 16:
+            raise ValueError("speculative_ngram_order must be in [1, 16]")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_algorithm is not None
+
+
 @dataclass(frozen=True)
 class OutputSettings:
     """How results are delivered."""

@@ -56,7 +56,7 @@ _FLOAT_FIELDS = (
     "presence_penalty",
     "repetition_penalty",
 )
-_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim")
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "speculative")
 _CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 # Keys that SGLang's server or frontend may send but radixrt does not implement.
@@ -148,6 +148,7 @@ class SamplingParams:
     ebnf: Optional[str] = None
     structural_tag: Optional[str] = None  # xgrammar structural tag, JSON text (SGLang's field)
     logit_bias: Optional[dict[str, float]] = None
+    speculative: bool = True  # False: this request never gets speculative drafts (when the server makes them)
 
     def __post_init__(self) -> None:
         """Check types and normalize containers (no range checks: see ``validate``)."""

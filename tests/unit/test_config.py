@@ -44,6 +44,7 @@ def _example(name: str) -> object:
         "kv_cache_dtype": "fp8_e4m3",
         "schedule_policy": "fcfs",
         "log_level": "debug",
+        "speculative_algorithm": "RADIX",
     }
     if name in strings:
         return strings[name]
