@@ -7,6 +7,7 @@ from typing import ClassVar, Hashable, Sequence
 
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.memory.radix_node import MatchResult, TreeNode
+from radixrt.memory.radix_observer import TreeObserver
 
 
 class NoPrefixCache(PrefixCache):
@@ -50,6 +51,9 @@ class NoPrefixCache(PrefixCache):
 
     def reset(self) -> None:
         pass
+
+    def add_observer(self, observer: TreeObserver) -> None:
+        pass  # nothing ever enters
 
     def evictable_size(self) -> int:
         return 0

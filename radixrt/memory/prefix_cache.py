@@ -41,6 +41,7 @@ from typing import Any, ClassVar, Hashable, Sequence
 
 from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.memory.radix_node import MatchResult, TreeNode
+from radixrt.memory.radix_observer import TreeObserver
 
 
 class PrefixCache(ABC):
@@ -125,6 +126,11 @@ class PrefixCache(ABC):
     def reset(self) -> None:
         """Drop everything, giving every cache-owned slot of every tier back;
         RuntimeError while anything is locked. Counters are kept."""
+
+    @abstractmethod
+    def add_observer(self, observer: TreeObserver) -> None:
+        """Tell `observer` of every token run that enters or leaves the cache
+        (radix_observer.py). A cache that keeps nothing has nothing to tell."""
 
     # --------------------------------------------------------------- sizes
     @abstractmethod

@@ -56,6 +56,7 @@ from radixrt.memory.radix_node import (
     concat_slots,
     lru_member,
 )
+from radixrt.memory.radix_observer import TreeObserver, node_place, subtree_runs, tree_runs
 
 if TYPE_CHECKING:  # keep this module free of torch at import time
     from radixrt.memory.kv_pool import PageAllocator
@@ -75,7 +76,16 @@ class RadixCache(PrefixCache):
             raise ValueError(f"allocator page_size {allocator.page_size} != cache page_size {page_size}")
         self.allocator = allocator
         self._clock = 0
+        self._observers: list[TreeObserver] = []
         self._init_tree()
+
+    def add_observer(self, observer: TreeObserver) -> None:
+        """Tell `observer` of every node that enters or leaves the tree from now
+        on (radix_observer.py); what the tree holds already is replayed to it
+        as insertions first."""
+        for namespace, context, key in tree_runs(self.root, observer.context_len):
+            observer.on_insert(namespace, context, key)
+        self._observers.append(observer)
 
     # ------------------------------------------------------------------ setup
     def _init_tree(self) -> None:
@@ -96,6 +106,8 @@ class RadixCache(PrefixCache):
         if self.allocator is not None and slots:
             self.allocator.free_slots(slots)
         self._init_tree()
+        for observer in self._observers:
+            observer.on_reset()
 
     def _check_unlocked(self) -> None:
         if self._protected:
@@ -255,6 +267,8 @@ class RadixCache(PrefixCache):
             self._evictable += n - pos
             self.inserted_tokens += n - pos
             self._added(leaf, computed)
+            for observer in self._observers:
+                observer.on_insert(namespace, key[max(0, pos - observer.context_len) : pos], leaf.key)
         return present
 
     def _fill_path(self, sub: TreeNode, path: list[TreeNode], slots: list[int]) -> int:
@@ -336,6 +350,10 @@ class RadixCache(PrefixCache):
 
     def _drop(self, node: TreeNode) -> None:
         """Remove `node` (now off the device) and its subtree from the tree."""
+        for observer in self._observers:
+            namespace, context = node_place(node, self._sub_ns, observer.context_len)
+            for ctx, key in subtree_runs(node, context, observer.context_len):
+                observer.on_remove(namespace, ctx, key)
         self._forget(node)
         parent = node.parent
         assert parent is not None
