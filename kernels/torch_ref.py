@@ -14,7 +14,10 @@ layer's `forward` only gathers and calls `scaled_dot_product_attention`:
   weight. Together these took 0.8-0.9x the time of the ``enable_gqa`` call
   with a boolean mask on the CPU at batch 1-64, with slot layouts as decode
   steps allocate them (on par at large batches, where the gather dominates);
-- prefill/extend requests (``q_len > 1``) are attended one request at a time.
+- a short extend over a cached prefix (``q_len <= SHORT_EXTEND``: a draft
+  being verified) joins the decode call as ``q_len`` decode rows, token ``j``
+  over the keys up to its own position (its causal mask);
+- other prefill/extend requests are attended one request at a time.
   A request with no cached prefix (``q_len == kv_len``) attends over its new
   keys directly with ``is_causal=True``; one extending a cached prefix gathers
   its whole sequence from the pool and uses a bottom-right aligned causal mask
@@ -52,6 +55,16 @@ from .cpu_decode import NativeDecode
 from .cpu_decode import load as load_native_decode
 from .fixed_split import FixedSplitPlan, fixed_split_attention, plan_fixed_split
 from .kv_cache import LayerKVCache
+
+
+# An extend of at most this many tokens over a cached prefix is attended as that many decode rows
+# (each token over the keys up to its own position): drafts under verification stay in the batched
+# decode call instead of a gather and an attention call per request.
+SHORT_EXTEND = 32
+
+
+def _as_decode_rows(q_len: int, kv_len: int) -> bool:
+    return q_len == 1 or (q_len <= SHORT_EXTEND and q_len < kv_len)
 
 
 @dataclass
@@ -119,35 +132,30 @@ class TorchReferenceBackend(AttentionBackend):
         device = meta.kv_slots.device
 
         native = self._native is not None and device.type == "cpu"
-        decode_ids = [i for i, q in enumerate(q_lens) if q == 1]
-        if decode_ids:
-            if len(decode_ids) == len(q_lens) and len(q_lens) * max(kv_lens) <= self.decode_budget:
-                # the common case: the whole batch decodes in one call, rows in order
-                if meta.slot_table is not None:
-                    dec = self._decode_plan_from_table(meta)
-                else:
-                    dec = self._plan_decode_group(meta, meta.kv_indptr[:-1].to(torch.int64), kv_lens, None)
-                if native:
-                    dec.lens = torch.tensor(kv_lens, dtype=torch.int64)
-                self._decode.append(dec)
+        if all(q == 1 for q in q_lens) and len(q_lens) * max(kv_lens) <= self.decode_budget:
+            # the common case: the whole batch decodes in one call, rows in order
+            if meta.slot_table is not None:
+                dec = self._decode_plan_from_table(meta)
             else:
-                qo_off, kv_off = [0], [0]
-                for q, k in zip(q_lens, kv_lens):
-                    qo_off.append(qo_off[-1] + q)
-                    kv_off.append(kv_off[-1] + k)
-                for group in self._decode_groups(decode_ids, kv_lens):
-                    starts = torch.tensor([kv_off[i] for i in group], dtype=torch.int64, device=device)
-                    rows = torch.tensor([qo_off[i] for i in group], dtype=torch.int64, device=device)
-                    lens = [kv_lens[i] for i in group]
-                    dec = self._plan_decode_group(meta, starts, lens, rows)
-                    if native:
-                        dec.lens = torch.tensor(lens, dtype=torch.int64)
-                    self._decode.append(dec)
+                dec = self._plan_decode_group(meta, meta.kv_indptr[:-1].to(torch.int64), kv_lens, None)
+            if native:
+                dec.lens = torch.tensor(kv_lens, dtype=torch.int64)
+            self._decode.append(dec)
+            return
+        rows, starts, lens = self._decode_rows(q_lens, kv_lens)
+        for group in self._decode_groups(lens):
+            g_starts = torch.tensor([starts[i] for i in group], dtype=torch.int64, device=device)
+            g_rows = torch.tensor([rows[i] for i in group], dtype=torch.int64, device=device)
+            g_lens = [lens[i] for i in group]
+            dec = self._plan_decode_group(meta, g_starts, g_lens, g_rows)
+            if native:
+                dec.lens = torch.tensor(g_lens, dtype=torch.int64)
+            self._decode.append(dec)
 
         qo = 0
         kv = 0
         for q_len, kv_len in zip(q_lens, kv_lens):
-            if q_len > 1:
+            if not _as_decode_rows(q_len, kv_len):
                 if q_len == kv_len:
                     self._extends.append(_ExtendPlan(qo, qo + q_len, None, None))
                 else:
@@ -159,17 +167,41 @@ class TorchReferenceBackend(AttentionBackend):
             qo += q_len
             kv += kv_len
 
-    def _decode_groups(self, decode_ids: list[int], kv_lens: list[int]) -> list[list[int]]:
-        """Split decode requests so that no group pads past ``decode_budget`` gathered rows.
+    @staticmethod
+    def _decode_rows(q_lens: list[int], kv_lens: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """The token rows attended as decode rows, with the start of their
+        request's slots and the keys each sees: every decode request's one
+        token, and each token of a short extend over a cached prefix (a
+        speculative or jump-forward draft being verified): its ``j``-th token
+        sees the first ``kv_len - q_len + 1 + j`` keys, which is the causal mask
+        of that extend."""
+        rows: list[int] = []
+        starts: list[int] = []
+        lens: list[int] = []
+        qo = kv = 0
+        for q, k in zip(q_lens, kv_lens):
+            if _as_decode_rows(q, k):
+                rows.extend(range(qo, qo + q))
+                starts.extend([kv] * q)
+                lens.extend(range(k - q + 1, k + 1))
+            qo += q
+            kv += k
+        return rows, starts, lens
+
+    def _decode_groups(self, lens: list[int]) -> list[list[int]]:
+        """Split decode rows (indices into ``lens``, their key counts) so that no
+        group pads past ``decode_budget`` gathered rows.
 
         Longest first, so each group's lengths are close and little is padded.
         """
-        if len(decode_ids) * max(kv_lens[i] for i in decode_ids) <= self.decode_budget:
-            return [decode_ids]
-        order = sorted(decode_ids, key=lambda i: kv_lens[i], reverse=True)
+        if not lens:
+            return []
+        if len(lens) * max(lens) <= self.decode_budget:
+            return [list(range(len(lens)))]
+        order = sorted(range(len(lens)), key=lambda i: lens[i], reverse=True)
         groups: list[list[int]] = []
         for i in order:
-            if groups and (len(groups[-1]) + 1) * kv_lens[groups[-1][0]] <= self.decode_budget:
+            if groups and (len(groups[-1]) + 1) * lens[groups[-1][0]] <= self.decode_budget:
                 groups[-1].append(i)
             else:
                 groups.append([i])
