@@ -1,0 +1,284 @@
+"""The draft index of speculative decoding (radixrt/memory/draft_index.py):
+counts of (context -> next token) mirroring exactly what a real radix tree
+holds, per namespace, through random inserts, splits, evictions (to the host
+tier and out of it) and resets; prompt-lookup drafts from the request's own
+tokens; the shape, bounds and per-call cost of proposals."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixrt.memory.draft_index import TREE_LENGTHS, Draft, DraftIndex, OwnTokens
+from radixrt.memory.draft_keys import tail_keys, window_keys
+from radixrt.memory.host_radix_cache import HostRadixCache
+from radixrt.memory.kv_pool import PageAllocator
+from radixrt.memory.kv_transfer import HostTier, KVTransferQueue
+from radixrt.memory.no_prefix_cache import NoPrefixCache
+from radixrt.memory.radix_cache import RadixCache
+
+NAMESPACES = (None, "tenant-a", ("adapter", "salt"))
+
+
+def _alphabet(ns_index: int) -> list[int]:
+    """Each namespace writes its own tokens, so a leak between namespaces shows."""
+    return [1000 * (ns_index + 1) + t for t in range(4)]
+
+
+def _next_tokens(index: DraftIndex, namespace) -> set[int]:
+    out: set[int] = set()
+    table = index._tables.get(namespace)
+    for v in table.counts.values() if table else ():
+        out.update(v.keys() if isinstance(v, dict) else [v >> 32])
+    return out
+
+
+class Rig:
+    """A tree (device only, or over a host tier) with the index attached, fed
+    as the KV manager feeds it: match, lock, private slots, insert, unlock."""
+
+    def __init__(self, page_size: int, host: bool, device_tokens: int = 96) -> None:
+        self.P = page_size
+        self.alloc = PageAllocator(device_tokens // page_size, page_size)
+        if host:
+            tier = HostTier(PageAllocator(64 // page_size, page_size), KVTransferQueue(), "write_back")
+            self.tree: RadixCache = HostRadixCache(self.alloc, page_size, tier)
+        else:
+            self.tree = RadixCache(self.alloc, page_size)
+        self.index = DraftIndex()
+        self.tree.add_observer(self.index)
+
+    def request(self, key: list[int], namespace) -> None:
+        tree, P = self.tree, self.P
+        m = tree.match_prefix(key, namespace, load_back=True)
+        tree.lock(m.node)
+        need = len(key) - m.length
+        pages = -(-need // P)
+        if self.alloc.num_free_pages < pages:
+            tree.evict((pages - self.alloc.num_free_pages) * P)
+        got = self.alloc.alloc_pages(pages) if pages else []
+        if got is None:  # too little room: the request gives up, as a retraction would
+            tree.unlock(m.node)
+            return
+        slots = m.slots + self.alloc.pages_to_slots(got)[:need]
+        present = tree.insert(key, slots, namespace)
+        n = len(key) // P * P
+        mine = slots[m.length : present] + slots[n:]
+        if mine:
+            self.alloc.free_pages(sorted({s // P for s in mine}))
+        tree.unlock(m.node)
+        tree.take_transfers()
+
+    def check(self) -> None:
+        self.tree.check_integrity()
+        self.index.check_integrity(self.tree)
+        assert self.alloc.num_free_slots + len(self.tree.all_slots()) == self.alloc.total_slots
+        stats = self.index.stats()
+        held = sum(len(k) for _, _, k in _runs(self.tree))
+        assert stats["tokens_indexed"] == held
+        assert stats["entries"] <= held * len(TREE_LENGTHS)
+        for i, ns in enumerate(NAMESPACES):
+            assert _next_tokens(self.index, ns) <= set(_alphabet(i))
+
+
+def _runs(tree):
+    from radixrt.memory.radix_observer import tree_runs
+
+    return tree_runs(tree.root, 8)
+
+
+_op = st.one_of(
+    st.tuples(
+        st.just("request"),
+        st.integers(0, len(NAMESPACES) - 1),
+        st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    ),
+    st.tuples(st.just("match"), st.integers(0, len(NAMESPACES) - 1), st.lists(st.integers(0, 3), max_size=30)),
+    st.tuples(st.just("evict"), st.integers(1, 60), st.just([])),
+    st.tuples(st.just("reset"), st.just(0), st.just([])),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    page_size=st.sampled_from([1, 2]),
+    host=st.booleans(),
+    ops=st.lists(_op, min_size=1, max_size=60),
+)
+def test_index_mirrors_the_tree(page_size: int, host: bool, ops) -> None:
+    rig = Rig(page_size, host)
+    for kind, a, seq in ops:
+        if kind == "request":
+            rig.request([_alphabet(a)[t] for t in seq], NAMESPACES[a])
+        elif kind == "match":
+            rig.tree.match_prefix([_alphabet(a)[t] for t in seq], NAMESPACES[a])
+        elif kind == "evict":
+            rig.tree.evict(a)
+        else:
+            rig.tree.reset()
+            assert rig.index.stats()["entries"] == 0
+        rig.check()
+
+
+def test_long_random_run_with_host_tier_and_large_runs() -> None:
+    """Long keys take the numpy path of the index; host drops remove whole subtrees."""
+    rng = random.Random(7)
+    rig = Rig(1, host=True, device_tokens=400)
+    for step in range(300):
+        i = rng.randrange(len(NAMESPACES))
+        alpha = _alphabet(i)
+        key = [alpha[rng.randrange(4)] for _ in range(rng.randint(1, 120))]
+        rig.request(key, NAMESPACES[i])
+        if step % 7 == 0:
+            rig.tree.evict(rng.randint(1, 200))
+        if step % 10 == 0:
+            rig.check()
+    rig.check()
+    rig.tree.evict(10**6)
+    rig.tree._evict_host(10**6)
+    rig.check()
+    assert rig.index.stats()["entries"] == 0
+
+
+def test_keys_agree_between_numpy_and_python() -> None:
+    rng = random.Random(0)
+    for _ in range(100):
+        seq = [rng.randrange(200_000) for _ in range(rng.randint(0, 60))]
+        start = rng.randint(0, len(seq))
+        for L, i0, keys in window_keys(seq, start, TREE_LENGTHS):
+            for k, key in enumerate(keys.tolist()):
+                i = i0 + k
+                assert i >= max(start, L)
+                assert key == tail_keys(seq[:i], TREE_LENGTHS)[TREE_LENGTHS.index(L)] < 2**60
+
+
+def test_attach_replays_the_tree_and_no_prefix_cache_tells_nothing() -> None:
+    tree = RadixCache(None)
+    tree.insert(list(range(50)), list(range(50)), "x")
+    tree.match_prefix(list(range(20)) + [99], "x")  # a split
+    index = DraftIndex()
+    tree.add_observer(index)
+    index.check_integrity(tree)
+    assert index.stats()["tokens_indexed"] == 50
+    empty = DraftIndex()
+    NoPrefixCache().add_observer(empty)
+    assert empty.stats()["entries"] == 0
+
+
+def test_namespaces_never_share_drafts() -> None:
+    tree = RadixCache(None)
+    index = DraftIndex()
+    tree.add_observer(index)
+    secret = list(range(500, 600))
+    tree.insert(secret, list(range(100)), "tenant-a")
+    own = OwnTokens([1, 2, 3] + secret[:30])  # tenant b happens to type a's text
+    assert index.propose("tenant-a", own, 8).tokens == secret[30:38]
+    assert index.propose("tenant-b", own, 8).tokens == []
+    assert index.propose(None, own, 8).tokens == []
+
+
+def test_own_tokens_copy_from_the_prompt() -> None:
+    index = DraftIndex()  # an empty tree: the request's own tokens only
+    body = list(range(300, 340))
+    prompt = [7, 8] + body + [9, 10, 11]
+    own = OwnTokens(prompt)
+    own.extend(body[:6])  # the output starts echoing the prompt
+    draft = index.propose(None, own, 16)
+    assert draft.tokens == body[6 : 6 + len(draft)] and len(draft) >= 3
+    assert draft.parents == list(range(-1, len(draft) - 1))
+    assert all(a >= b >= 0.2 for a, b in zip(draft.probs, draft.probs[1:]))
+    short = index.propose(None, own, 3)
+    assert short.tokens == body[6:9]
+    # the copy keeps up as the output follows it, and longer matches draft more
+    own.extend(body[6:20])
+    longer = index.propose(None, own, 64)
+    assert longer.tokens == body[20 : 20 + len(longer)] and len(longer) > len(draft)
+    # a token that breaks the copy: nothing to copy after an unseen pair
+    own.extend([12345, 12346])
+    assert index.propose(None, own, 16).tokens == []
+
+
+def test_own_tokens_incremental_equals_fresh() -> None:
+    rng = random.Random(3)
+    seq = [rng.randrange(6) for _ in range(400)]
+    inc = OwnTokens(seq[:5])
+    pos = 5
+    while pos < len(seq):
+        step = rng.choice([1, 1, 2, 40])
+        inc.extend(seq[pos : pos + step])
+        pos += step
+        if rng.random() < 0.3:
+            inc.match()
+    fresh = OwnTokens(seq)
+    assert inc._latest == fresh._latest
+    assert inc.match() == fresh.match()
+    inc.truncate(100)
+    assert inc._latest == OwnTokens(seq[:100])._latest and len(inc) == 100
+
+
+def test_draft_tree_branches_where_runs_diverge() -> None:
+    tree = RadixCache(None)
+    index = DraftIndex()
+    tree.add_observer(index)
+    stem = list(range(100, 120))
+    for _ in range(3):  # seen 3 times one way ...
+        tree.insert([1] + stem + [200, 201, 202, 203], [0] * 25, "ns")
+        tree.evict(0)
+    tree.insert([2] + stem + [200, 201, 202, 203], [0] * 25, "ns")
+    tree.insert([3] + stem + [300, 301, 302, 303], [0] * 25, "ns")  # ... and the other way
+    own = OwnTokens([9] + stem)
+    chain = index.propose("ns", own, 8)
+    assert chain.tokens[:2] == [200, 201] and chain.parents == list(range(-1, len(chain) - 1))
+    wide = index.propose("ns", own, 8, max_width=2, min_prob=0.05)
+    assert {200, 300} <= {t for t, p in zip(wide.tokens, wide.parents) if p == -1}
+    assert wide.chain()[:2] == [200, 201]
+    for i, p in enumerate(wide.parents):
+        assert -1 <= p < i
+        assert sum(1 for q in wide.parents if q == p) <= 2
+    assert len(wide) <= 8 and min(wide.probs) >= 0.05
+    assert Draft([5, 6, 7], [-1, -1, 0]).chain() == [5, 7]
+
+
+def _tree_of(tokens: int, seed: int) -> tuple[RadixCache, DraftIndex]:
+    rng = random.Random(seed)
+    tree = RadixCache(None)
+    index = DraftIndex()
+    tree.add_observer(index)
+    done = 0
+    while done < tokens:
+        key = [rng.randrange(5000) for _ in range(500)]
+        tree.insert(key, [0] * len(key), "ns")
+        done += len(key)
+    return tree, index
+
+
+def _propose_time(index: DraftIndex, own: OwnTokens, rounds: int = 300) -> float:
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            d = index.propose("ns", own, 8)
+        best = min(best, time.perf_counter() - t0)
+        assert len(d) == 8
+    return best
+
+
+def test_proposal_cost_does_not_grow_with_the_tree() -> None:
+    small_tree, small = _tree_of(1_000, 1)
+    big_tree, big = _tree_of(100_000, 1)  # same first runs: the same drafts
+    key = next(iter(small_tree.root.children["ns"].children.values())).key
+    own = OwnTokens([1] + key[:40])
+    assert small.propose("ns", own, 8).tokens == big.propose("ns", own, 8).tokens == key[40:48]
+    t_small, t_big = _propose_time(small, own), _propose_time(big, own)
+    assert t_big < 3 * t_small, (t_small, t_big)
+    assert big.stats()["entries"] <= 100_000 * len(TREE_LENGTHS)
+
+
+@pytest.mark.parametrize("bad", [(), (0, 2), (2, 40)])
+def test_bad_context_lengths(bad) -> None:
+    with pytest.raises(ValueError, match="context lengths"):
+        DraftIndex(bad)
