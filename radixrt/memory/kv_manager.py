@@ -8,6 +8,9 @@ It also keeps the device-side request-to-slot table (`ReqToTokenPool`) in step
 with ``req.slots``: a running request owns one row of it (``req.row``), given
 at `admit` and taken back at `release`.
 
+A request is seen through `RequestKV` (kv_handle.py), the KV fields it holds
+and what they are keyed by; this class is the only writer of those fields.
+
 The prefix cache is any `PrefixCache` (prefix_cache.py): the device radix
 tree, the tree over a host tier, or the cache that keeps nothing; this class
 only calls that interface. With a tier below the device, `match(load=True)`
@@ -18,14 +21,14 @@ copies these queued to the step being launched (host_pool.py).
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, cast
+from typing import Iterable, Optional, Sequence, cast
 
+from radixrt.memory.kv_handle import RequestKV
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.req_to_token import ReqToTokenPool
-from radixrt.scheduler.request import Req
 
 
 class KVCacheManager:
@@ -39,16 +42,16 @@ class KVCacheManager:
         self.swap_declined = 0  # retractions the swap cost model left to recompute (the planner counts them)
 
     # -- queries -----------------------------------------------------------------
-    def match(self, req: Req, load: bool = False) -> MatchResult:
+    def match(self, req: RequestKV, load: bool = False) -> MatchResult:
         """Longest usable cached prefix of the request (does not lock, counts nothing).
         ``load``: also load back what a lower tier holds of it (copies queued)."""
         cap = req.max_prefix_len
         return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False, load_back=load)
 
-    def record_admission(self, req: Req, hit: int, host_hit: int = 0) -> None:
+    def record_admission(self, req: RequestKV, hit: int, host_hit: int = 0) -> None:
         """Count a request's prompt in the hit-rate statistics, once, at first admission;
         ``host_hit`` of the ``hit`` tokens came back from the host tier."""
-        self.tree.record_match(len(req.input_ids), hit, host_hit)
+        self.tree.record_match(req.prompt_len, hit, host_hit)
 
     def take_transfers(self) -> KVTransfers:
         """The copies between tiers queued since the last call, for the step being launched."""
@@ -59,7 +62,7 @@ class KVCacheManager:
         return self.allocator.num_free_slots + self.tree.evictable_size()
 
     # -- ownership transitions -----------------------------------------------------
-    def admit(self, req: Req, match: MatchResult) -> None:
+    def admit(self, req: RequestKV, match: MatchResult) -> None:
         """Give a waiting request the matched prefix (its slots are tree-owned; the
         node is locked) and a row of the request-to-slot table."""
         assert not req.slots and req.last_node is None and req.row is None
@@ -71,7 +74,7 @@ class KVCacheManager:
         if match.length:
             self.req_to_token.write(req.row, 0, req.slots)
 
-    def extend(self, req: Req, num_tokens: int) -> bool:
+    def extend(self, req: RequestKV, num_tokens: int) -> bool:
         """Reserve slots for the request's next ``num_tokens`` tokens, evicting
         unlocked tree leaves if needed. On failure nothing changes."""
         P = self.page_size
@@ -92,7 +95,7 @@ class KVCacheManager:
         self.req_to_token.write(_row(req), start, req.slots[start:])
         return True
 
-    def extend_decode(self, reqs: list[Req]) -> bool:
+    def extend_decode(self, reqs: Sequence[RequestKV]) -> bool:
         """Reserve one slot for the next token of each request, in one allocator
         call (the decode fast path): a request with room in its private last page
         takes the next slot of it, the others a fresh page each, handed out in
@@ -131,7 +134,7 @@ class KVCacheManager:
         self.req_to_token.write_many(cast("list[int]", rows), cols, slots)
         return True
 
-    def cache_prefix(self, req: Req, limit: Optional[int] = None, computed: bool = True) -> None:
+    def cache_prefix(self, req: RequestKV, limit: Optional[int] = None, computed: bool = True) -> None:
         """Hand the request's whole pages among its first ``limit`` slots (default:
         all) to the tree (RadixAttention's insert after prefill). Duplicates of
         what the tree already held are freed, and the request switches to the
@@ -163,7 +166,7 @@ class KVCacheManager:
         req.tree_len = length
         req.last_node = match.node
 
-    def truncate(self, req: Req, length: int) -> None:
+    def truncate(self, req: RequestKV, length: int) -> None:
         """Forget the KV of the request's tokens from ``length`` on (a rejected
         jump-forward draft). Only private slots can go (``length >= tree_len``);
         pages no longer used are freed, and the kept last page's unused slots are
@@ -179,7 +182,7 @@ class KVCacheManager:
             self.allocator.free_pages(pages)
         del req.slots[length:]
 
-    def release(self, req: Req, swap: bool = False) -> None:
+    def release(self, req: RequestKV, swap: bool = False) -> None:
         """A request stops running (finished, aborted or retracted): its computed
         prefix goes to the tree, its lock is dropped, its private pages are freed.
         ``swap`` (a retraction, with a host tier): the part of its KV no other
@@ -207,11 +210,11 @@ class KVCacheManager:
                 self.swapped_out_tokens += moved
 
     # -- accounting ----------------------------------------------------------------
-    def private_pages(self, running: Iterable[Req]) -> int:
+    def private_pages(self, running: Iterable[RequestKV]) -> int:
         P = self.page_size
         return sum(-(-(len(r.slots) - r.tree_len) // P) for r in running)
 
-    def usage(self, running: Iterable[Req]) -> dict[str, int]:
+    def usage(self, running: Iterable[RequestKV]) -> dict[str, int]:
         P = self.page_size
         return {
             "total_slots": self.allocator.num_pages * P,
@@ -224,7 +227,7 @@ class KVCacheManager:
         """Host tier slots (free + tree == total), or None without a host tier."""
         return self.tree.lower_tiers().get("host")
 
-    def check_invariant(self, running: Iterable[Req]) -> None:
+    def check_invariant(self, running: Iterable[RequestKV]) -> None:
         u = self.usage(running)
         total = u["free_slots"] + u["tree_slots"] + u["private_slots"]
         assert total == u["total_slots"], f"KV slots leaked or double-owned: {u}"
@@ -233,7 +236,7 @@ class KVCacheManager:
             assert h["free_slots"] + h["tree_slots"] == h["total_slots"], f"host KV slots leaked: {h}"
 
 
-def _row(req: Req) -> int:
+def _row(req: RequestKV) -> int:
     """The request's row of the request-to-slot table (an admitted request has one)."""
-    assert req.row is not None, f"request {req.rid} holds no table row"
+    assert req.row is not None, "an admitted request holds a table row"
     return req.row

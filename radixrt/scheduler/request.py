@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
+from radixrt.memory.kv_handle import RequestKV
 from radixrt.requests.finish import FinishReason
 from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.penalties import TokenCounts
@@ -22,12 +23,12 @@ class Phase(enum.Enum):
 
 
 @dataclass(eq=False)
-class Req:
+class Req(RequestKV):
     """One sequence being generated.
 
-    KV ownership: ``slots[i]`` holds the KV of token ``seq[i]``. The first
-    ``tree_len`` slots belong to the radix tree (kept alive by a lock on
-    ``last_node``); the rest are private to this request. Invariant while
+    KV ownership: the fields of `RequestKV` (memory/kv_handle.py: ``slots``,
+    ``tree_len``, ``last_node``, ``row``, ``namespace``), written only by the
+    KV manager. ``slots[i]`` holds the KV of token ``seq[i]``. Invariant while
     RUNNING: ``len(slots) <= len(seq) + inflight_tokens``; each step computes
     the next ``uncomputed`` tokens or a chunk of them, and once all have KV the
     logits of the last one sample a new token. ``inflight_tokens`` counts
@@ -55,7 +56,6 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
-    namespace: Optional[str] = None
     arrival: int = 0
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
     priority: int = 0  # waiting-queue order under enable_priority_scheduling
@@ -65,10 +65,6 @@ class Req:
 
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING
-    slots: list[int] = field(default_factory=list)
-    row: Optional[int] = None  # its row of the request-to-slot table while it holds slots
-    tree_len: int = 0
-    last_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the radix cache at first admission
     # token counts for the penalty stage; empty until a penalized row samples
     penalty_counts: TokenCounts = field(default_factory=TokenCounts)
@@ -115,6 +111,10 @@ class Req:
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids) + len(self.draft_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids)
 
     @property
     def uncomputed(self) -> int:

@@ -36,13 +36,6 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 TOP_FOLDERS = {"radixrt": "radixrt", "frontend": "radixrt.frontend", "kernels": "radixrt.kernels"}
 MAIN = "**/__main__.py"
 
-# (part, module of a higher layer it still imports) -> the step that removes it
-KNOWN_LAYER_VIOLATIONS = {
-    (
-        "radixrt/memory/",
-        "radixrt.scheduler.request",
-    ): "issue 23: the KV fields a request holds (slots, tree_len, last_node, row) become a memory-owned handle",
-}
 # (module, module of the same part) import edges that close a cycle -> the step that removes it
 KNOWN_CYCLE_EDGES = {
     (
@@ -219,22 +212,10 @@ def test_every_module_is_in_a_declared_part_and_every_part_exists(tree):
 
 
 def test_every_import_points_to_a_lower_layer(tree):
-    found = tree.layer_violations()
-    known = {(a, b, pa) for a, b, pa in found if (pa, b) in KNOWN_LAYER_VIOLATIONS}
-    unexpected = sorted(f"{a} -> {b}" for a, b, _ in found - known)
+    unexpected = sorted(f"{a} -> {b}" for a, b, _ in tree.layer_violations())
     assert unexpected == [], (
         f"imports of a part on the same line or above (docs/architecture.md, ```layers): {unexpected}"
     )
-
-
-@pytest.mark.xfail(strict=True, reason="known, to be removed by issue 23")
-@pytest.mark.parametrize("part,target", sorted(KNOWN_LAYER_VIOLATIONS))
-def test_known_layer_violation_is_gone(tree, part, target):
-    """Fails (xfail) while the violation is there; once it is gone this passes,
-    and strict xfail turns that into a failure: delete the entry."""
-    assert not any(pa == part and b == target for _, b, pa in tree.layer_violations()), KNOWN_LAYER_VIOLATIONS[
-        (part, target)
-    ]
 
 
 @pytest.mark.parametrize("part", sorted(p for layer in declared_layers(ARCHITECTURE.read_text()) for p in layer))
