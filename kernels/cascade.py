@@ -14,13 +14,11 @@ FlashInfer's cascade / merge-state idea, in plain torch.
 Each part needs its log-sum-exp as well as its output. On the CPU both come
 from PyTorch's fused flash-attention kernel
 (``aten::_scaled_dot_product_flash_attention_for_cpu``, what SDPA itself runs
-there), which never materializes the score matrix: for the 992 new tokens of
-32 requests against a 1,024-token prefix it took 16 ms per layer where the
-matmul / logsumexp / exp / matmul sequence took 124 ms, and a 32-request
-decode step 0.8 ms against 2.9 (the embedded model's 3 KV heads of 64, two
-threads on a 2-core CPU; `radixrt bench --workload shared-prefix` shows the
-effect end to end). Elsewhere (CUDA, or a torch without that op)
-the unfused sequence runs; both compute in float32.
+there), which never materializes the score matrix and is several times
+faster than a matmul / logsumexp / exp / matmul sequence, for prefill and
+decode alike (figures: docs/benchmarks.md, "Cascade attention on the CPU").
+Elsewhere (CUDA, or a torch without that op) the unfused sequence runs; both
+compute in float32.
 """
 
 from __future__ import annotations

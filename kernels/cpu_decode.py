@@ -4,9 +4,9 @@ The torch backend's decode path gathers every request's K/V into padded
 tensors and calls ``scaled_dot_product_attention``; on the CPU most of that
 time is the copy and SDPA's per-(request, head) overhead, not arithmetic. The
 kernel in ``csrc/paged_decode_cpu.c`` reads each slot's K and V rows in place
-instead (contract in that file). On a 2-core AMD EPYC, one thread, it took
-0.2 ms where gather + SDPA took 0.6 ms (batch 128, 122 slots, 4 query heads
-over 2 KV heads of 16), and a fifth of the time at batch 1.
+instead (contract in that file), in a fraction of the time of the gather and
+SDPA (figures and the command that times both: docs/benchmarks.md, "CPU
+decode attention").
 
 Build: the system C compiler (``$CC``, else ``cc``) with ``-O3 -march=native``
 into ``$RADIXRT_HOME/kernels/`` (default ``~/.cache/radixrt/kernels``), once

@@ -98,8 +98,9 @@ def dequantize_fp8(q: torch.Tensor, scalar: float, dtype: torch.dtype) -> torch.
 
 def _gather_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """``cache[slots]`` for a ``[num_slots, Hkv, D]`` cache, each slot's ``Hkv * D``
-    values copied as one row: over the 3-D tensor, `index_select` took about 3x
-    as long on the CPU for slots in decode order (interleaved across requests)."""
+    values copied as one row: `index_select` over the 3-D tensor is several times
+    slower on the CPU for slots in decode order (interleaved across requests;
+    docs/benchmarks.md, "CPU decode attention")."""
     return cache.view(cache.shape[0], -1).index_select(0, slots).view(-1, *cache.shape[1:])
 
 

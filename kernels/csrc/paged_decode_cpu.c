@@ -30,9 +30,9 @@
 
 /* eight floats; the compiler maps it onto AVX / AVX-512 / NEON registers */
 /* slot rows are scattered over the pool: ask for the row this many tokens ahead early,
-   into L2 rather than L1 (locality 2). Prefetching into L1, the embedded model's decode
-   shape (32 x 1,056 slots) took 1.1-1.2x as long and the tiny model's (128 x 100 slots
-   of 2 x 16) the same (radixrt.bench.decode_kernel) */
+   into L2 rather than L1 (locality 2): prefetching into L1 was slower on the embedded
+   model's decode shape and no faster on the tiny model's (python -m radixrt.bench.decode_kernel;
+   figures: docs/benchmarks.md, "CPU decode attention") */
 #define PREFETCH_DISTANCE 16
 
 static inline void prefetch_row(const float *row, int64_t floats) {

@@ -16,8 +16,8 @@ same way and is the reference the outputs are checked against.
 An untimed pass over every shape comes first. The torch path allocates its
 gathered K/V on every call, and until a process has freed blocks that large,
 glibc's malloc hands them back to the system each time, so that every call
-page-faults them in again (2 ms instead of 0.5 ms for the first shape here;
-``MALLOC_MMAP_THRESHOLD_=33554432`` removed the difference).
+page-faults them in again (several times slower; ``MALLOC_MMAP_THRESHOLD_=33554432``
+removed the difference: docs/benchmarks.md, "CPU decode attention").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and by the server's detokenizer process, so both produce the same text for
 the same tokens.
 
 Each new token costs one step of the `tokenizers` library's own streaming
-decoder (`tokenizers.decoders.DecodeStream`, Rust, about 2 us), not a decode
+decoder (`tokenizers.decoders.DecodeStream`, in Rust), not a decode
 of the whole output: the cost of a request's text is linear in its length.
 The final text, once, is the tokenizer's plain ``decode`` of all output ids,
 so it always equals what ``tokenizer.decode(output_ids)`` gives.

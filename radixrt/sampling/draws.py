@@ -135,9 +135,9 @@ class TokenDrawer:
         """An uninitialized float32 tensor shaped like ``like``; on CPU one
         buffer per name is kept and reused. Fresh multi-megabyte [R, V]
         temporaries cost more than the math on CPU: glibc hands them back to
-        the OS and page-faults them in again on every call (measured: top_p +
-        min_p at B=32 went from ~13 ms to ~3 ms). On other devices the caching
-        allocator already does this."""
+        the OS and page-faults them in again on every call (docs/benchmarks.md,
+        "Sampling work buffers"). On other devices the caching allocator already
+        does this."""
         if like.device.type != "cpu":
             return torch.empty(like.shape, dtype=torch.float32, device=like.device)
         buf = self._buffers.get(name)

@@ -387,8 +387,7 @@ def _serve(
     # What start-up loaded (torch, transformers, the tokenizer) lives as long as the process:
     # out of the cyclic GC's sight, a full collection (which allocation-heavy requests, e.g.
     # parsing a large JSON body in a worker thread, trigger while holding the GIL) costs a
-    # fraction: json.loads of a 2.4 MB body of 10,000 tools, with torch and transformers
-    # loaded, held the GIL 0.5 s with collections, 0.15 s once the start-up heap was frozen.
+    # fraction of what it would otherwise (figures: docs/benchmarks.md, "Server process").
     gc.collect()
     gc.freeze()
     run.server.run()

@@ -105,8 +105,8 @@ def run_scheduler_process(
 
     # The loop runs in a worker thread, as in the in-process Engine: on a busy
     # machine torch's CPU kernels ran several times slower from the main
-    # thread of this process than from a worker thread (measured: 0.4 vs
-    # 0.08 s per decode step with 2 cores shared).
+    # thread of this process than from a worker thread (docs/benchmarks.md,
+    # "Server process").
     worker = threading.Thread(target=serve, name="radixrt-scheduler-loop", daemon=True)
     worker.start()
     while worker.is_alive():
