@@ -132,14 +132,17 @@ def agent_loop(
     call_tokens: int = 12,
     result_words: int = 24,
     answer_tokens: int = 16,
+    echo: bool = False,
 ) -> Workload:
-    """``agents`` agents x ``steps`` steps x ``calls`` parallel tool calls, then an answer each."""
+    """``agents`` agents x ``steps`` steps x ``calls`` parallel tool calls, then an answer each
+    (``echo``: see the module docstring)."""
     rng = random.Random(seed + 11)
     n = max(1, round(agents * scale))
     blocks = ChatBlocks(tok)
     system = "You are a travel agent. Use the tools to act for the user. " + words(rng, system_words)
     tools = tool_schemas(rng, tool_words)
-    heads = [blocks.head(system, tools, "Task: " + words(rng, task_words)) for _ in range(n)]
+    tasks = [(_echo_task(rng) if echo else "") + words(rng, task_words) for _ in range(n)]
+    heads = [blocks.head(system, tools, "Task: " + task) for task in tasks]
     asst_open = tok.role("assistant", close=False)
     asst_close = tok.close("assistant")
     call_close = tok.text(CALL_CLOSE)
@@ -162,7 +165,11 @@ def agent_loop(
                 turn = [t for o, r in zip(opens, outs) for t in o + list(r.output_ids) + call_close]
                 history = history + asst_open + turn + asst_close
                 for c in range(calls):
-                    history += blocks.tool_result(f"call_{s}_{c}", results[a][s][c])
+                    result = results[a][s][c]
+                    if echo:
+                        args = tok.tokenizer.decode(outs[c].output_ids)
+                        result = f'{{"status": "ok", "arguments": {args.strip()}, "result": "{result}"}}'
+                    history += blocks.tool_result(f"call_{s}_{c}", result)
             await gen(history + asst_open + answer_head, greedy(answer_tokens), steps)
 
         return run
@@ -176,5 +183,18 @@ def agent_loop(
         shape,
         [program(a) for a in range(n)],
         n * (steps * calls + 1),
-        params=dict(agents=n, steps=steps, calls=calls, tools=len(tools)),
+        params=dict(agents=n, steps=steps, calls=calls, tools=len(tools), echo=echo),
+    )
+
+
+CITIES = ["Lisbon", "Osaka", "Nairobi", "Quito", "Tallinn", "Hobart", "Tromso", "Cusco", "Tbilisi", "Hanoi"]
+TRAVELLERS = ["Ada Moreau", "Bram Okafor", "Chen Wei", "Dana Kowalski", "Emil Haddad", "Fern Alvarez"]
+
+
+def _echo_task(rng: random.Random) -> str:
+    """Concrete values for the tool calls' arguments to copy (``echo``)."""
+    return (
+        f"{rng.choice(TRAVELLERS)} (user id u-{rng.randrange(1000, 9999)}) flies to {rng.choice(CITIES)} on "
+        f"2026-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d} for {rng.randrange(2, 15)} days with a "
+        f"budget of {rng.randrange(5, 60) * 100} dollars and likes {rng.choice(['ramen', 'tapas', 'curry'])}. "
     )

@@ -44,6 +44,7 @@ class ReqResult:
     text: str = ""
     output_ids: list = field(default_factory=list)
     start: float = 0.0  # perf_counter at submission
+    spec_verify_ct: int = 0  # speculative verification steps (meta_info; 0 with speculation off)
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -117,6 +118,7 @@ class _Timer:
         res.prompt_tokens = meta.get("prompt_tokens", 0)
         res.output_tokens = meta.get("completion_tokens", 0)
         res.cached_tokens = meta.get("cached_tokens", 0)
+        res.spec_verify_ct = meta.get("spec_verify_ct", 0) or 0
         res.ok = (meta.get("finish_reason") or {}).get("type") in ("length", "stop")
         if not res.ok:
             res.error = f"finish_reason {meta.get('finish_reason')}"
