@@ -6,19 +6,54 @@ device part of the tree is closed under parents, only device nodes are
 locked, host slots are unique, in range, not free, and
 ``host free + host tree == host total``.
 
-The trees are only read here (through their private fields): this module
-imports neither tree class at run time.
+The trees are only read here, through their private fields: what is read is
+declared by the two protocols below (`CheckedTree`, `CheckedHostTree`), so
+this module imports neither tree class (the trees import it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Iterator, Optional, Protocol, Sized
 
-if TYPE_CHECKING:
-    from radixrt.memory.host_radix_cache import HostRadixCache
-    from radixrt.memory.radix_cache import RadixCache
-    from radixrt.memory.radix_node import TreeNode
+from radixrt.memory.kv_transfer import HostTier, PageAllocatorLike
+from radixrt.memory.radix_node import TreeNode
+
+
+class _Members(Sized, Protocol):
+    """An LRU set of the tree (a ``SortedList`` of entries)."""
+
+    def __contains__(self, entry: object) -> bool: ...
+
+
+class CheckedTree(Protocol):
+    """What the check reads of a device tree (`RadixCache`)."""
+
+    @property
+    def root(self) -> TreeNode: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def allocator(self) -> Optional[PageAllocatorLike]: ...
+    @property
+    def _leaves(self) -> _Members: ...
+    @property
+    def _evictable(self) -> int: ...
+    @property
+    def _protected(self) -> int: ...
+    def _nodes(self) -> Iterator[TreeNode]: ...
+    def _child_key(self, key: list[int], pos: int = 0) -> Any: ...
+
+
+class CheckedHostTree(Protocol):
+    """What the check reads of the host tier of a tree (`HostRadixCache`)."""
+
+    @property
+    def host(self) -> HostTier: ...
+    @property
+    def _host_leaves(self) -> _Members: ...
+    @property
+    def _host_tokens(self) -> int: ...
 
 
 @dataclass
@@ -35,7 +70,7 @@ class _Census:
     host_seen: set[int] = field(default_factory=set)
 
 
-def check_tree_integrity(tree: RadixCache, host_tree: Optional[HostRadixCache] = None) -> None:
+def check_tree_integrity(tree: CheckedTree, host_tree: Optional[CheckedHostTree] = None) -> None:
     """Assert every structural invariant of `tree` (O(tree size); for tests).
     ``host_tree``: the same tree when it has a host tier (`HostRadixCache`
     passes itself): nodes may then live on the host only, and the host tier's
@@ -62,7 +97,7 @@ def check_tree_integrity(tree: RadixCache, host_tree: Optional[HostRadixCache] =
         assert len(host_tree._host_leaves) == c.host_leaves, "host-evictable-leaf set holds extra entries"
 
 
-def _check_roots(tree: RadixCache) -> None:
+def _check_roots(tree: CheckedTree) -> None:
     root = tree.root
     assert root.parent is None and not root.key and not root.value and root.lock_ref == 0
     assert root.lru_entry is None
@@ -73,7 +108,7 @@ def _check_roots(tree: RadixCache) -> None:
             assert sub.children, f"empty sub-root for namespace {ns!r} kept"
 
 
-def _check_node(tree: RadixCache, node: TreeNode, c: _Census) -> None:
+def _check_node(tree: CheckedTree, node: TreeNode, c: _Census) -> None:
     """Links, locks, LRU membership and device slots of one non-root node."""
     P = tree.page_size
     parent = node.parent
@@ -118,7 +153,7 @@ def _check_node(tree: RadixCache, node: TreeNode, c: _Census) -> None:
             assert not tree.allocator.is_page_free(s // P), f"tree slot {s} is on the free list"
 
 
-def _check_host_node(tree: HostRadixCache, node: TreeNode, c: _Census) -> None:
+def _check_host_node(tree: CheckedHostTree, node: TreeNode, c: _Census) -> None:
     """Host slots and host-LRU membership of one non-root node."""
     k = len(node.key)
     if not node.value and not node.children:

@@ -16,10 +16,8 @@ type-only import is still a dependency of the code that names the type).
 Importing ``pkg.mod`` runs ``pkg/__init__.py`` too; those implicit edges are
 not counted.
 
-There is no exceptions list. The violations the tree still has are listed
-below as known ones, each with the step of issue 23 that removes it; a known
-violation that has gone makes its strict xfail test fail, so the entry gets
-deleted.
+There is no exceptions list and no known violation: a new import that breaks
+the order, or closes a cycle, fails here.
 """
 
 from __future__ import annotations
@@ -35,18 +33,6 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # folders of the tree and the package each is imported as
 TOP_FOLDERS = {"radixrt": "radixrt", "frontend": "radixrt.frontend", "kernels": "radixrt.kernels"}
 MAIN = "**/__main__.py"
-
-# (module, module of the same part) import edges that close a cycle -> the step that removes it
-KNOWN_CYCLE_EDGES = {
-    (
-        "radixrt.memory.radix_integrity",
-        "radixrt.memory.radix_cache",
-    ): "issue 23: radix_cache <-> radix_integrity (the integrity check names the trees for type checking)",
-    (
-        "radixrt.memory.radix_integrity",
-        "radixrt.memory.host_radix_cache",
-    ): "issue 23: host_radix_cache <-> radix_integrity (likewise)",
-}
 
 
 # ----------------------------------------------------------------------------- the declaration
@@ -220,17 +206,7 @@ def test_every_import_points_to_a_lower_layer(tree):
 
 @pytest.mark.parametrize("part", sorted(p for layer in declared_layers(ARCHITECTURE.read_text()) for p in layer))
 def test_no_import_cycle_inside_a_part(tree, part):
-    graph = tree.part_graph(part)
-    for a, b in KNOWN_CYCLE_EDGES:
-        graph.get(a, set()).discard(b)
-    assert find_cycles(graph) == []
-
-
-@pytest.mark.xfail(strict=True, reason="known, to be removed by issue 23")
-@pytest.mark.parametrize("edge", sorted(KNOWN_CYCLE_EDGES))
-def test_known_cycle_edge_is_gone(tree, edge):
-    a, b = edge
-    assert b not in tree.graph.get(a, set()), KNOWN_CYCLE_EDGES[edge]
+    assert find_cycles(tree.part_graph(part)) == []
 
 
 # ----------------------------------------------------------------------------- the checker itself
