@@ -158,6 +158,13 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
         "and the kv_cache_dtype sweep at a fixed KV budget (options: python -m "
         "radixrt.bench.hicache --help)",
     )
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="only measure speculative decoding drafted from the radix tree, on vs off: agent-loop, "
+        "code-edit, DSL few-shot and no-repetition workloads at batch 1, 8 and 32 (options: python -m "
+        "radixrt.bench.speculative --help)",
+    )
 
 
 def _strip(rows: list[dict]) -> list[dict]:
@@ -182,6 +189,12 @@ def bench_main(args: argparse.Namespace) -> int:
         from radixrt.bench import hicache
 
         return hicache.main(["--model", args.model] + (["--json", args.json_out] if args.json_out else []))
+    if args.speculative:
+        from radixrt.bench import speculative
+
+        argv = ["--model", args.model, "--repeats", str(args.repeats), "--scale", str(args.scale)]
+        outs = [("--seed", str(args.seed)), ("--json-out", args.json_out), ("--markdown-out", args.markdown_out)]
+        return speculative.main(argv + [x for flag, value in outs if value for x in (flag, value)])
     names = args.workload or ["all"]
     if "none" in names:
         names = []
