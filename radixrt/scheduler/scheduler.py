@@ -48,7 +48,7 @@ from radixrt.executor.model_runner import ModelRunner
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import validate_prompt
+from radixrt.requests.intake import ADMIN_PRIORITY_RANGE, validate_prompt
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -207,7 +207,7 @@ class Scheduler:
             time.monotonic(),
             low_values_first=sched.schedule_low_priority_values_first,
             aging_s=sched.priority_aging_s,
-            max_priority=self.limits.max_client_priority,
+            max_priority=ADMIN_PRIORITY_RANGE[1],  # the front door's widest bound (an admin's)
         )
         for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
