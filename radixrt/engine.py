@@ -270,7 +270,9 @@ class Engine:
         the engine runs with ``enable_priority_scheduling`` (a higher value
         first, unless ``schedule_low_priority_values_first``; older requests
         gain urgency per ``priority_aging_s``), else it is ignored; outside
-        ``[-max_client_priority, max_client_priority]`` it is a RequestError.
+        ``[-max_client_priority, max_client_priority]`` it is a RequestError
+        (the in-process caller chose that bound and may raise it; the admin
+        key's wider range is the server's, for its clients).
         ``return_cache_info`` adds ``meta_info.cache_info``: how the
         prompt matched the radix cache at admission; True explains it from the
         request's own text, ``"full"`` also shows where it diverged from the

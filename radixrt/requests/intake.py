@@ -46,6 +46,8 @@ from radixrt.sampling.params import SamplingParams
 DEFAULT_MAX_N = 128
 DEFAULT_MAX_TOP_LOGPROBS_NUM = 20
 DEFAULT_MAX_CLIENT_PRIORITY = 100
+# The priorities a request with the admin key may give: any 64-bit integer.
+ADMIN_PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class RequestSpec:
     field: str = "text"
     priority: Optional[int] = None  # honoured only under enable_priority_scheduling
     cache_info: str = ""  # meta_info.cache_info: "" none, "own" or "full" (see cache_info_mode)
+    # Sent with the server's admin key: ``priority`` may be any 64-bit integer, not only one within
+    # Limits.max_client_priority. Only the server's routes set it (from the request's key).
+    admin: bool = False
 
     def __post_init__(self) -> None:
         self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num)
@@ -168,11 +173,25 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
             f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
             "top_logprobs_num",
         )
+    _check_priority(spec, limits)
+
+
+def _check_priority(spec: RequestSpec, limits: Limits) -> None:
+    """A priority within ``[-max_client_priority, max_client_priority]``, or,
+    for an admin request, any 64-bit integer."""
+    p = spec.priority
+    if p is None:
+        return
+    low, high = ADMIN_PRIORITY_RANGE
+    if spec.admin:
+        if not low <= p <= high:
+            raise RequestError(f"'priority' is {p}; it must be a 64-bit integer (from {low} to {high})", "priority")
+        return
     cap = limits.max_client_priority
-    if spec.priority is not None and not -cap <= spec.priority <= cap:
+    if not -cap <= p <= cap:
         raise RequestError(
-            f"'priority' is {spec.priority}; this server accepts priorities from {-cap} to {cap} "
-            f"(--max-client-priority)",
+            f"'priority' is {p}; this server accepts priorities from {-cap} to {cap} (--max-client-priority); "
+            f"a request presenting the server's admin key (--admin-api-key) may give any 64-bit integer",
             "priority",
         )
 
@@ -308,10 +327,12 @@ def build_specs(
     priority: Any = None,
     return_cache_info: Any = False,
     prompt_cache_key: Any = None,
+    admin: bool = False,
 ) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
-    SamplingParams. Types are checked; limits are not (`validate_spec`)."""
+    SamplingParams. Types are checked; limits are not (`validate_spec`).
+    ``admin``: the request presented the server's admin key (`RequestSpec.admin`)."""
     sampling = per_item(
         "sampling_params",
         sampling_params,
@@ -348,6 +369,7 @@ def build_specs(
             field=prompts.field,
             priority=None if priorities[i] is None else int(priorities[i]),
             cache_info=cache_info,
+            admin=admin,
         )
         for i, ids in enumerate(prompts.ids)
     ]

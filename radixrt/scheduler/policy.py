@@ -59,7 +59,8 @@ def urgency(
     ``t`` the request's effective priority is ``urgency + floor(t / aging_s)``;
     comparing two requests, that common term drops out. ``max_priority``
     clamps the priority into ``[-max_priority, max_priority]`` (the front
-    door refuses more; this keeps the arithmetic bounded for any caller)."""
+    door refuses more than a 64-bit integer; this keeps the arithmetic bounded
+    for any caller)."""
     if max_priority is not None:
         priority = max(-max_priority, min(priority, max_priority))
     ticks = math.floor(arrived_s / aging_s) if aging_s > 0 else 0

@@ -151,10 +151,11 @@ def _check_keys(body: Any) -> None:
         raise bad_request(f"Unknown field '{key}' in the /generate request.", key)
 
 
-def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], bool, bool]:
+def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tuple[list[RequestSpec], bool, bool]:
     """(specs, is_batch, stream) for a native /generate body, through the
     front door; ServerError 400 naming the field on bad input. The specs are
-    not yet validated against the limits (`TokenizerManager.validate_specs`)."""
+    not yet validated against the limits (`TokenizerManager.validate_specs`).
+    ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
     _check_keys(body)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
@@ -172,13 +173,14 @@ def parse_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], 
             cache_salt=body.get("cache_salt"),
             priority=body.get("priority"),
             return_cache_info=body.get("return_cache_info", False),
+            admin=admin,
         )
     return specs, prompts.batch, bool(stream)
 
 
-def _checked_generate(body: Any, tm: TokenizerManager) -> tuple[list[RequestSpec], bool, bool]:
+def _checked_generate(body: Any, tm: TokenizerManager, admin: bool) -> tuple[list[RequestSpec], bool, bool]:
     """`parse_generate`, then the specs validated (blocking: run off the event loop)."""
-    specs, batch, stream = parse_generate(body, tm)
+    specs, batch, stream = parse_generate(body, tm, admin)
     tm.validate_specs(specs)
     return specs, batch, stream
 
@@ -190,7 +192,7 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     body = await read_json(request)
     if isinstance(body, dict):
         ctx.check_cache_info(request, body.get("return_cache_info"))
-    specs, batch, stream = await tm.run_tokenize(_checked_generate, body, tm)
+    specs, batch, stream = await tm.run_tokenize(_checked_generate, body, tm, ctx.is_admin(request))
     group = tm.submit(specs, validated=True)
     multi = batch or len(group.states) > 1
     if stream:

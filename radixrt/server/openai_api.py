@@ -125,8 +125,11 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
         )
 
 
-def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_length: int) -> list[RequestSpec]:
-    """One spec per prompt; without max_tokens a prompt may fill the context."""
+def _completion_specs(
+    req: CompletionRequest, prompts: PromptBatch, context_length: int, admin: bool = False
+) -> list[RequestSpec]:
+    """One spec per prompt; without max_tokens a prompt may fill the context.
+    ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
     sampling = [
         _sampling(req, req.max_tokens if req.max_tokens is not None else max(context_length - len(ids), 0))
         for ids in prompts.ids
@@ -144,13 +147,16 @@ def _completion_specs(req: CompletionRequest, prompts: PromptBatch, context_leng
             prompt_cache_key=req.prompt_cache_key,
             priority=req.priority,
             return_cache_info=req.return_cache_info,
+            admin=admin,
         )
 
 
-def _completion_plan(req: CompletionRequest, tm: TokenizerManager) -> tuple[PromptBatch, list[RequestSpec]]:
+def _completion_plan(
+    req: CompletionRequest, tm: TokenizerManager, admin: bool
+) -> tuple[PromptBatch, list[RequestSpec]]:
     """The prompts and their validated specs (blocking: tokenizes; run off the event loop)."""
     prompts = _completion_prompts(req, tm)
-    specs = _completion_specs(req, prompts, tm.context_length)
+    specs = _completion_specs(req, prompts, tm.context_length, admin)
     tm.validate_specs(specs)
     return prompts, specs
 
@@ -163,7 +169,7 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
     tm = ctx.tm
     tm.check_alive()
     _check_limits(req, tm, "logprobs", req.logprobs)
-    prompts, specs = await tm.run_tokenize(_completion_plan, req, tm)
+    prompts, specs = await tm.run_tokenize(_completion_plan, req, tm, ctx.is_admin(request))
     group = tm.submit(specs, validated=True)
     view = CompletionView(req, group, prompts, tm.tokenizer, ctx.served_model_name)
     return await _answer(request, tm, group, view, req.stream)
@@ -299,9 +305,15 @@ def _native(parser: ToolCallParser, tm: TokenizerManager) -> bool:
 
 
 def _chat_spec(
-    req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser, tr: ToolRequest, reasoning: bool = False
+    req: ChatCompletionRequest,
+    tm: TokenizerManager,
+    parser: ToolCallParser,
+    tr: ToolRequest,
+    reasoning: bool = False,
+    admin: bool = False,
 ) -> RequestSpec:
-    """The one spec of a chat request; without a token limit it may fill the context.
+    """The one spec of a chat request; without a token limit it may fill the
+    context. ``admin``: the request presented the admin key (any 64-bit ``priority``).
 
     Tools are rendered by the chat template when it renders tools (and the
     parser is not forced to ``generic``), else in the generic format; while
@@ -334,18 +346,24 @@ def _chat_spec(
             prompt_cache_key=req.prompt_cache_key,
             priority=req.priority,
             return_cache_info=req.return_cache_info,
+            admin=admin,
         )
     return specs[0]
 
 
 def _checked_chat(
-    req: ChatCompletionRequest, tm: TokenizerManager, parser: ToolCallParser, reasoning: bool, settings: dict
+    req: ChatCompletionRequest,
+    tm: TokenizerManager,
+    parser: ToolCallParser,
+    reasoning: bool,
+    settings: dict,
+    admin: bool,
 ) -> tuple[ToolRequest, RequestSpec]:
     """The tools and the validated spec of a chat request. Blocking and
     O(size of the request): checks every tool, renders, tokenizes, validates
     (`plan_chat` runs it off the event loop)."""
     tr = _chat_tools(req, parser, settings)
-    spec = _chat_spec(req, tm, parser, tr, reasoning)
+    spec = _chat_spec(req, tm, parser, tr, reasoning, admin)
     tm.validate_specs([spec])
     return tr, spec
 
@@ -362,12 +380,12 @@ class ChatPlan:
     remember: Optional[Callable[[str, list[int]], None]]  # sees each finished choice's text and ids
 
 
-async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext) -> ChatPlan:
+async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool = False) -> ChatPlan:
     """Everything /v1/chat/completions does before submitting (also used by
     /v1/responses, whose requests become chat requests): the model name, the
     server's limits, tools and tool_choice, the prompt, the sampling params
     and the grammar that enforces calls, each refused with a 400 naming the
-    field."""
+    field. ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
     ctx.check_model(req.model)
     tm = ctx.tm
     tm.check_alive()
@@ -375,7 +393,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext) -> ChatPlan:
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
-    tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings)
+    tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings, admin)
     remember = None
     if tr.tools and not _native(parser, tm):
 
@@ -389,7 +407,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext) -> ChatPlan:
 async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, ChatCompletionRequest)
     ctx.check_cache_info(request, req.return_cache_info)
-    plan = await plan_chat(req, ctx)
+    plan = await plan_chat(req, ctx, ctx.is_admin(request))
     tm = ctx.tm
     group = tm.submit([plan.spec], validated=True)
     view = ChatView(

@@ -141,7 +141,7 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
     tm = ctx.tm
     history, new_items, chat, conv = await tm.run_tokenize(_prepare, req, prev)
     try:
-        plan = await plan_chat(chat, ctx)
+        plan = await plan_chat(chat, ctx, ctx.is_admin(request))
     except ServerError as e:
         if e.status != 400:
             raise

@@ -281,6 +281,61 @@ def test_priority_outside_the_cap_or_not_an_int_is_400_on_both_routes(server, cl
         assert r.status_code == 200, r.text
 
 
+def _priority_answers(server, key: str, priority) -> dict[str, httpx.Response]:
+    """One request of ``priority`` on each route that takes one, sent with ``key``."""
+    msgs = [{"role": "user", "content": "x"}]
+    bodies = {
+        "/generate": {"text": "x", "sampling_params": {"max_new_tokens": 1}},
+        "/v1/completions": {"model": "default", "prompt": "x", "max_tokens": 1},
+        "/v1/chat/completions": {"model": "default", "messages": msgs, "max_tokens": 1},
+        "/v1/responses": {"model": "default", "input": "x", "max_output_tokens": 1, "store": False},
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as c:
+        return {route: c.post(route, json={**body, "priority": priority}) for route, body in bodies.items()}
+
+
+def test_the_admin_key_lifts_the_priority_cap_on_every_route(server):
+    """Beyond --max-client-priority: a 400 naming 'priority' and the admin key
+    for a client, served for the admin key (any 64-bit integer, not more)."""
+    for priority in (MAX_PRIORITY + 1, 2**63 - 1, -(2**63)):
+        for route, r in _priority_answers(server, KEY, priority).items():
+            assert r.status_code == 400, (route, priority, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "priority" and "admin key" in err["message"], (route, err)
+        for route, r in _priority_answers(server, ADMIN_KEY, priority).items():
+            assert r.status_code == 200, (route, priority, r.text)
+    for route, r in _priority_answers(server, ADMIN_KEY, 2**63).items():
+        assert r.status_code == 400 and r.json()["error"]["param"] == "priority", (route, r.text)
+        assert "64-bit" in r.json()["error"]["message"], (route, r.text)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_an_admin_priority_above_the_cap_outranks_the_capped_clients(server):
+    """With the one-request batch busy and three max-priority client requests
+    queued, an admin request of priority 1000 sent last is answered first: the
+    scheduler orders by the admin's value, not by one clamped to the cap."""
+    sp = {"max_new_tokens": 96, "ignore_eos": True}
+    done: dict[str, float] = {}
+
+    def send(name: str, key: str, priority: int, params: dict) -> None:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as c:
+            r = c.post("/generate", json={"text": f"request {name}", "sampling_params": params, "priority": priority})
+        assert r.status_code == 200, r.text
+        done[name] = time.monotonic()
+
+    with ThreadPoolExecutor(5) as pool:
+        futures = [pool.submit(send, "blocker", KEY, 0, sp)]
+        time.sleep(0.3)
+        futures += [pool.submit(send, f"client{i}", KEY, MAX_PRIORITY, sp) for i in range(3)]
+        time.sleep(0.3)
+        futures.append(pool.submit(send, "admin", ADMIN_KEY, 1000, {"max_new_tokens": 2, "ignore_eos": True}))
+        for f in futures:
+            f.result()
+    clients = [done[f"client{i}"] for i in range(3)]
+    assert sum(t < done["admin"] for t in clients) <= 1, done  # at most the one running when it came
+
+
 def test_a_flood_of_max_priority_requests_delays_a_normal_one_only_as_long_as_aging_allows(server):
     """Four clients keep the one-request batch and the queue full of
     max-priority requests for FLOOD_S; a priority-0 request sent meanwhile

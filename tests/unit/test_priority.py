@@ -92,6 +92,14 @@ def test_priority_is_checked_at_the_front_door():
         with pytest.raises(RequestError, match=r"accepts priorities from -10 to 10 \(--max-client-priority\)") as e:
             validate_spec(spec, limits)
         assert e.value.param == "priority"
+        assert "admin key" in str(e.value)
+    # with the admin key any 64-bit integer passes; beyond that even the admin gets a RequestError
+    for ok in (11, 2**63 - 1, -(2**63)):
+        validate_spec(build_specs(prompts, priority=ok, admin=True)[0], limits)
+    for bad in (2**63, -(2**63) - 1, 10**40):
+        with pytest.raises(RequestError, match="64-bit integer") as e:
+            validate_spec(build_specs(prompts, priority=bad, admin=True)[0], limits)
+        assert e.value.param == "priority"
 
 
 def test_urgency_ages_by_whole_ticks_and_is_bounded():
