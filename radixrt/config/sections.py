@@ -226,8 +226,8 @@ class LimitSettings:
     max_client_priority: int = setting(
         DEFAULT_MAX_CLIENT_PRIORITY,
         "largest 'priority' a request may give, in absolute value: a value outside "
-        "[-N, N] is refused (400 naming 'priority'); the same bound holds for the "
-        "Engine",
+        "[-N, N] is refused (400 naming 'priority'), except for a request presenting "
+        "--admin-api-key (any 64-bit integer); the Engine's caller is held to it",
     )
     grammar_max_chars: int = setting(
         DEFAULT_MAX_CHARS,
