@@ -295,7 +295,7 @@ class SpeculativeSettings:
         8, "most draft tokens verified per request per step (the cost model sizes each draft below it)"
     )
     speculative_ngram_order: int = setting(
-        4, "longest context (tokens) the draft index matches in the radix tree's token runs"
+        8, "longest context (tokens) the draft index matches in the radix tree's token runs (2, 3, 5 and 8 up to it)"
     )
 
     def __post_init__(self) -> None:

@@ -85,6 +85,8 @@ class TokenOutput:
     # The prefix match explained (token ids, no text; see radix_explain.CacheExplanation.to_wire),
     # once, with the first output after admission, when the request asked for it.
     cache_info: Optional[dict[str, Any]] = None
+    # speculative decoding: the request's decode steps so far, each verifying a draft (None: it does not speculate)
+    spec_verify_ct: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

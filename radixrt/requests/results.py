@@ -50,6 +50,7 @@ class ResultAccumulator:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
+        self.spec_verify_ct: Optional[int] = None
         self.finish_reason: Optional[FinishReason] = None
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
@@ -70,6 +71,8 @@ class ResultAccumulator:
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
+        if out.spec_verify_ct is not None:
+            self.spec_verify_ct = out.spec_verify_ct
         self.finish_reason = out.finish_reason
         if text is not None:
             self.text = text
@@ -141,6 +144,10 @@ class ResultAccumulator:
             "cached_tokens": self.cached_tokens,
             "finish_reason": None if self.finish_reason is None else self.finish_reason.to_dict(),
         }
+        if self.spec_verify_ct is not None:  # SGLang's name; and the tokens each verification gave
+            meta["spec_verify_ct"] = self.spec_verify_ct
+            decoded = max(self.completion_tokens - 1, 0)  # the first token comes from the prefill
+            meta["spec_accept_length"] = decoded / self.spec_verify_ct if self.spec_verify_ct else 0.0
         if self.cache_info is not None:
             meta["cache_info"] = dict(self.cache_info)
         if self.return_logprob:

@@ -30,11 +30,11 @@ GRAMMAR_WAIT_S = 0.01  # idle wait for a compiling grammar when nothing else can
 
 
 def drop_draft(req: Req) -> None:
-    """Forget a request's draft (it has no KV yet); the matcher rolls back over it."""
+    """Forget a request's draft (it has no KV yet); a grammar's matcher rolls back over it."""
     if req.draft_ids:
         assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
-        assert req.grammar is not None, "only a constrained request has a draft"
-        req.grammar.settle_draft(0)
+        if req.grammar is not None:
+            req.grammar.settle_draft(0)
         req.draft_ids = []
 
 

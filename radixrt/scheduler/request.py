@@ -14,6 +14,7 @@ from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
     from radixrt.sampling.grammar import GrammarState
+    from radixrt.scheduler.spec_state import SpecState
 
 
 class Phase(enum.Enum):
@@ -40,8 +41,9 @@ class Req(RequestKV):
     compilation (the request waits in the queue while ``grammar_compiling``),
     then ``grammar`` holds the matcher, which has accepted every output token.
     It lives as long as the request, through retraction (the output persists).
-    ``draft_ids`` is the unverified jump-forward draft: tokens the grammar
-    forces after ``output_ids``, part of ``seq`` so that the next step computes
+    ``draft_ids`` is the unverified draft: tokens the grammar forces after
+    ``output_ids`` (jump-forward), or those speculative decoding guesses
+    (speculative.py), part of ``seq`` so that the next step computes
     their KV, but not output until that step has verified them. Between steps
     the draft never has KV (``len(slots) <= len(input_ids) + len(output_ids)``).
 
@@ -77,6 +79,9 @@ class Req(RequestKV):
     # longest next jump-forward draft (None: constrained.MAX_DRAFT_TOKENS); it shrinks to what the model
     # kept when a draft is rejected and doubles when one is kept whole (constrained.next_draft_limit)
     draft_limit: Optional[int] = None
+    # speculative decoding's per-request state (speculative.SpecState), None when it does not speculate;
+    # its drafts are draft_ids too (a request speculates only without a grammar)
+    spec: "Optional[SpecState]" = None
     # Tokens sampled by a launched step whose results are not processed yet (the
     # overlap scheduler keeps one step in flight). They are not in output_ids
     # and have no KV; the next decode step reads the last one on the device.

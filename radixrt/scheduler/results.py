@@ -30,6 +30,7 @@ from radixrt.scheduler.inputs import StepInputs
 from radixrt.scheduler.launcher import PromptScores, StepOutput
 from radixrt.scheduler.planner import Batch, RequestQueues
 from radixrt.scheduler.request import Phase, Req
+from radixrt.scheduler.speculative import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class ResultProcessor:
         eos_token_ids: set[int],
         context_length: int,
         enable_jump_forward: bool,
+        speculator: Optional[Speculator] = None,
     ) -> None:
         """``tokenizer``: decodes output tails for stop strings (a Hugging Face
         tokenizer; its fast backend's ``decode`` when it has one)."""
@@ -73,6 +75,7 @@ class ResultProcessor:
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.enable_jump_forward = enable_jump_forward
+        self.speculator = speculator
         # the fast tokenizer's own decode: stop strings are checked every step
         self._decode: Callable[..., str] = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
         self.generated_tokens = 0
@@ -94,7 +97,7 @@ class ResultProcessor:
                 if req.phase is Phase.FINISHED:
                     continue
                 assert sample is not None, "a step with sampling rows has a sample result"
-                if req.draft_ids or req.grammar is not None:
+                if req.draft_ids or req.grammar is not None or req.spec is not None:
                     self._take_samples(req, sample, first)
                 else:  # a plain row (most rows): its one token, no draft to verify or grammar to advance
                     if q == 1 and req.phase is Phase.RUNNING:
@@ -132,7 +135,8 @@ class ResultProcessor:
     def _take_samples(self, req: Req, result: SampleResult, first: int) -> None:
         """Append the tokens sampled for ``req`` from its rows ``first..first+k``.
 
-        Without a draft (k == 0) that is one token. With one, draft tokens are
+        Without a draft (k == 0) that is one token. With one (jump-forward's
+        or speculative decoding's), draft tokens are
         kept while they equal what was sampled at their position; the first
         sampled token that differs (or the token after a fully kept draft) is
         the model's own and ends the step. KV computed for the rejected rest is
@@ -140,6 +144,8 @@ class ResultProcessor:
         checked token by token, as decoding one token per step would."""
         draft = req.draft_ids
         state = req.grammar
+        n_out = len(req.output_ids)
+        kept = 0
         if not draft:
             self._take_token(req, result, first)
         else:
@@ -152,13 +158,15 @@ class ResultProcessor:
                 kept += 1
                 if req.finish_reason is not None:
                     break
-            assert state is not None, "only a constrained request has a draft"
-            state.settle_draft(kept)
-            self.constrained.next_draft_limit(req, len(draft), kept)
+            if state is not None:  # a jump-forward draft
+                state.settle_draft(kept)
+                self.constrained.next_draft_limit(req, len(draft), kept)
+                self.constrained.kept += kept
             if req.finish_reason is None:  # else it finished inside the draft
                 self._take_token(req, result, first + kept)
-            self.constrained.kept += kept
             self.kv.truncate(req, base + kept)
+        if req.spec is not None and n_out and self.speculator is not None:  # a decode step: it verified a draft
+            self.speculator.settle(req, len(draft), kept, len(req.output_ids) - n_out)
         if req.finish_reason is None and state is not None and self.enable_jump_forward:
             self.constrained.propose_draft(req)
 
@@ -239,6 +247,8 @@ def token_output(req: Req) -> TokenOutput:
         req.unsent_output_logprobs,
         req.unsent_top_logprobs,
     )
+    if req.spec is not None:
+        out.spec_verify_ct = req.spec.verify_ct
     if req.cache_info is not None:  # sent once, with the first output after admission
         out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:

@@ -71,6 +71,7 @@ from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, runnin
 from radixrt.scheduler.policy import urgency
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
+from radixrt.scheduler.speculative import build_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ def _needs_host_tokens(req: Req) -> bool:
         or sp.repetition_penalty != 1.0
         or sp.frequency_penalty != 0.0
         or sp.presence_penalty != 0.0
+        or req.spec is not None  # its next draft continues from this step's token
     )
 
 
@@ -142,6 +144,7 @@ class Scheduler:
             overlap=config.execution.overlap_schedule,
             host_pool=self.host.pool if self.host is not None else None,
         )
+        self.speculator = build_speculator(config, self.runner, self.kv, self.context_length)
         self.results = ResultProcessor(
             self.kv,
             self.queues,
@@ -150,6 +153,7 @@ class Scheduler:
             self.eos_token_ids,
             self.context_length,
             config.grammar.enable_jump_forward,
+            self.speculator,
         )
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
@@ -230,6 +234,8 @@ class Scheduler:
                 max_stop_chars=max_stop_chars,
             )
             self.arrivals += 1
+            if self.speculator is not None:
+                self.speculator.start(req)
             self.queues.waiting.append(req)
 
     def abort(self, rid: str) -> None:
@@ -300,6 +306,8 @@ class Scheduler:
         for req, reason in self.constrained.resolve(self.queues.waiting):
             self.queues.waiting.remove(req)
             out.append(self._finish(req, reason))
+        if self.speculator is not None:
+            self.speculator.draft(self.queues.running)
         plan = self.planner.schedule()
         self.counters["retractions"] += len(plan.retracted)
         for req, reason in plan.ended:
@@ -324,7 +332,7 @@ class Scheduler:
         for (req, q), first_sample in zip(batch, inputs.sample_starts):
             if first_sample >= 0:
                 req.inflight_tokens += 1
-            if q > 1:  # a prefill chunk: its prefix is matchable from the next schedule on
+            if q > 1 + len(req.draft_ids):  # a prefill chunk: its prefix is matchable from the next schedule on
                 self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
         # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
         # what was evicted, write-through of what this step computes) run on the forward thread around it
@@ -374,6 +382,7 @@ class Scheduler:
             "generated_tokens": self.results.generated_tokens,
             "jump_forward_proposed": self.constrained.proposed,
             "jump_forward_tokens": self.constrained.kept,
+            **(self.speculator.stats.to_dict() if self.speculator is not None else {}),
             "running": len(self.queues.running),
             "waiting": len(self.queues.waiting),
             "kv": self.kv_usage(),
@@ -391,7 +400,7 @@ class Scheduler:
         used = u["total_slots"] - u["free_slots"]
         logger.info(
             "step %d: batch %d (prefill %d tok), running %d, waiting %d, gen %.1f tok/s, "
-            "cache hit %.1f%%, KV used %d/%d (tree %d)",
+            "cache hit %.1f%%, KV used %d/%d (tree %d)%s",
             self.counters["steps"],
             len(batch),
             sum(q for _, q in batch if q > 1),
@@ -402,4 +411,5 @@ class Scheduler:
             used,
             u["total_slots"],
             u["tree_slots"],
+            self.speculator.log_text() if self.speculator is not None else "",
         )

@@ -71,6 +71,25 @@ _SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tu
         {None: ("", "retractions")},
     ),
     (
+        "radixrt_spec_verify_steps",
+        "Decode steps of speculating requests (each verifies a draft, possibly empty) since the server started",
+        None,
+        {None: ("", "spec_verify_steps")},
+    ),
+    (
+        "radixrt_spec_verify_tokens",
+        "Tokens those steps produced (accepted draft tokens plus the model's own); "
+        "rate() of it over rate() of radixrt_spec_verify_steps_total is the acceptance length",
+        None,
+        {None: ("", "spec_verify_tokens")},
+    ),
+    (
+        "radixrt_spec_draft_tokens",
+        "Draft tokens verified, by outcome (accepted: kept in the output)",
+        "outcome",
+        {"drafted": ("", "spec_drafted_tokens"), "accepted": ("", "spec_accepted_tokens")},
+    ),
+    (
         "radixrt_swapped_out_tokens",
         "KV tokens of retracted requests moved to the host tier since the server started",
         None,
@@ -136,6 +155,12 @@ class ServerMetrics:
             "Radix cache hit rate in tokens since the server started: "
             "radixrt_cache_hit_tokens_total / radixrt_cache_queried_tokens_total "
             "(/flush_cache does not reset it; rate() those counters for a window)",
+            lbl,
+            registry=r,
+        )
+        self.spec_accept_length = Gauge(
+            "radixrt_spec_accept_length",
+            "Speculative decoding: tokens per decode step of speculating requests since the server started",
             lbl,
             registry=r,
         )
@@ -236,6 +261,8 @@ class ServerMetrics:
         self._m(self.running).set(stats.get("running", 0))
         self._m(self.queued).set(stats.get("waiting", 0))
         self.scheduler_counters.update(stats)
+        if "avg_spec_accept_length" in stats:
+            self._m(self.spec_accept_length).set(stats["avg_spec_accept_length"])
         cache = stats.get("cache") or {}
         if "hit_rate" in cache:
             self._m(self.cache_hit_rate).set(cache["hit_rate"])

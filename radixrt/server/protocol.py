@@ -49,6 +49,7 @@ class _SamplingExtras(_Lenient):
     skip_special_tokens: Optional[bool] = None
     spaces_between_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
+    speculative: Optional[StrictBool] = None  # radixrt's: false opts out of speculative decoding
     stop_token_ids: Optional[list[StrictInt]] = None
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
@@ -87,6 +88,7 @@ class _SamplingExtras(_Lenient):
             "skip_special_tokens": self.skip_special_tokens,
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "no_stop_trim": self.no_stop_trim,
+            "speculative": self.speculative,
             "n": self.n,
             "seed": self.seed,
             "regex": self.regex,

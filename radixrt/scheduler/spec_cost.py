@@ -1,0 +1,82 @@
+"""What a forward step costs, measured once at start-up: speculation's cost model.
+
+A verification step computes each drafted request's draft next to its one
+decode token, so it costs more than a decode step of the same batch. Whether
+that pays depends on the hardware and the batch: at batch 1 on a CPU the step
+is bound by reading the weights and eight more tokens cost little; at batch
+32 the extra tokens can cost more than the accepted ones save. `StepCost`
+models a step's seconds as ``fixed + per_row * rows + per_token * tokens``,
+fitted by least squares to a few probe forwards (rows x tokens per row) run
+on the real model before the scheduler starts; `Speculator` asks it, every
+step, which draft tokens are worth their cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# probe shapes: requests in the step x tokens each (1: decode; more: a draft's verification)
+PROBE_ROWS = (1, 4, 16)
+PROBE_TOKENS_PER_ROW = (1, 5, 9)
+PROBE_CONTEXT = 32  # tokens of (uncomputed) context before each probe row's tokens
+PROBE_REPEATS = 2
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one forward step (logits of every token included):
+    ``fixed + per_row * rows + per_token * tokens``. All three are >= 0."""
+
+    fixed: float
+    per_row: float
+    per_token: float
+
+    def seconds(self, rows: int, tokens: int) -> float:
+        return self.fixed + self.per_row * rows + self.per_token * tokens
+
+    @classmethod
+    def fit(cls, samples: list[tuple[int, int, float]]) -> "StepCost":
+        """Least squares over (rows, tokens, seconds) samples, coefficients clamped at 0."""
+        a = torch.tensor([[1.0, r, t] for r, t, _ in samples], dtype=torch.float64)
+        b = torch.tensor([[s] for _, _, s in samples], dtype=torch.float64)
+        coef = torch.linalg.lstsq(a, b).solution.flatten().clamp(min=0.0).tolist()
+        return cls(*coef)
+
+    @classmethod
+    def measure(cls, runner: Any, free_slots: list[int]) -> "StepCost":
+        """Time the probe shapes on ``runner`` (a ModelRunner) with ``free_slots``
+        (free KV slots, at least ``max(rows) * (context + max(tokens))``; their
+        contents are overwritten and stay free). Each shape runs once to warm
+        up, then the fastest of PROBE_REPEATS runs counts."""
+        samples = []
+        for rows, q in itertools.product(PROBE_ROWS, PROBE_TOKENS_PER_ROW):
+            seq = PROBE_CONTEXT + q
+            seq_slots = [free_slots[i * seq : (i + 1) * seq] for i in range(rows)]
+            ids = [1] * (rows * q)
+            best = float("inf")
+            for _ in range(PROBE_REPEATS + 1):
+                t0 = time.perf_counter()
+                hidden = runner.forward(ids, seq_slots, [q] * rows)
+                runner.logits(hidden).max(dim=-1)  # on the host: waits for the device
+                best = min(best, time.perf_counter() - t0)
+            samples.append((rows, rows * q, best))
+        cost = cls.fit(samples)
+        logger.info(
+            "speculative decoding cost model: step = %.2f ms + %.3f ms/request + %.3f ms/token",
+            1e3 * cost.fixed,
+            1e3 * cost.per_row,
+            1e3 * cost.per_token,
+        )
+        return cost
+
+    @staticmethod
+    def probe_slots_needed() -> int:
+        return max(PROBE_ROWS) * (PROBE_CONTEXT + max(PROBE_TOKENS_PER_ROW))

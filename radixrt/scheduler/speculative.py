@@ -1,0 +1,199 @@
+"""Speculative decoding drafted from the radix tree (``--speculative-algorithm RADIX``).
+
+Before each step is planned, every running request that decodes gets a
+*draft*: the tokens it will most likely produce next, proposed by the
+`DraftIndex` (radixrt/memory/draft_index.py) from the token runs the radix
+tree holds in the request's own cache namespace and from the request's own
+prompt and output. The draft joins the request's sequence as ``draft_ids``;
+the step computes it in one extend with the decode token before it and
+samples at every position; the result processor keeps the draft's tokens
+while they equal what was sampled there and then takes the model's own
+token, exactly as for a grammar's jump-forward draft (results.py). So a
+greedy request decodes the same tokens as without speculation, and a sampled
+one the same distribution (a seeded one the same tokens: each position draws
+with the seed and output index it would have had). Rejected tokens' KV is
+freed in the same step; drafts never enter the radix tree.
+
+Which draft tokens are worth computing is decided per step by the measured
+`StepCost`: a token the request accepts with estimated probability ``p^j``
+(``p``: the request's recent per-token acceptance) is added while it raises
+the step's expected tokens per second. At batch 1 on a CPU nearly any draft
+pays; in a large batch only confident ones do, and none when they cost more
+than they save, so speculation turns itself off per step.
+
+Who speculates: running requests with no grammar (those have jump-forward),
+no ``sampling_params.speculative = False``, nothing in flight (the overlap
+scheduler is not used for their steps), and a sampled token to continue from.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.memory.prefix_cache import PrefixCache
+from radixrt.scheduler.request import Req
+from radixrt.scheduler.spec_cost import StepCost
+from radixrt.scheduler.spec_state import DECAY, SpecState
+
+
+@dataclass
+class SpecStats:
+    """Server-wide totals (counters: they only grow)."""
+
+    verify_steps: int = 0  # decode steps of speculating requests
+    verify_tokens: int = 0  # tokens those steps produced (accepted drafts + the model's own)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    skipped_steps: int = 0  # steps where the cost model chose no draft at all though some were proposed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec_verify_steps": self.verify_steps,
+            "spec_verify_tokens": self.verify_tokens,
+            "spec_drafted_tokens": self.drafted_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+            "spec_skipped_steps": self.skipped_steps,
+            # SGLang's name (its internal_states): tokens per verification
+            "avg_spec_accept_length": self.verify_tokens / self.verify_steps if self.verify_steps else 0.0,
+        }
+
+
+@dataclass
+class _Candidate:
+    req: Req
+    tokens: list[int]
+    gains: list[float] = field(default_factory=list)
+
+
+class Speculator:
+    """Drafts for the running requests, sized by the step cost model.
+
+    Mutates only ``req.draft_ids`` (set before the planner runs; the planner
+    may drop a draft it has no memory or budget for) and ``req.spec``."""
+
+    def __init__(
+        self, tree: PrefixCache, cost: StepCost, max_draft_tokens: int, ngram_order: int, context_length: int
+    ) -> None:
+        from radixrt.memory.draft_index import TREE_LENGTHS, DraftIndex
+
+        self.index = DraftIndex(tuple(n for n in TREE_LENGTHS if n <= ngram_order) or (ngram_order,))
+        if tree.stores_prefixes:
+            tree.add_observer(self.index)
+        self.cost = cost
+        self.max_draft_tokens = max_draft_tokens
+        self.context_length = context_length
+        self.stats = SpecStats()
+
+    def wants(self, req: Req) -> bool:
+        """Whether ``req`` speculates (decided once, at admission)."""
+        return req.sampling.speculative and req.grammar_future is None and req.sampling.max_new_tokens > 1
+
+    def start(self, req: Req) -> None:
+        from radixrt.memory.draft_index import OwnTokens
+
+        if req.spec is None and self.wants(req):
+            own = OwnTokens(req.input_ids)
+            req.spec = SpecState(own, len(req.input_ids))
+
+    # ------------------------------------------------------------------ drafting
+    def draft(self, running: list[Req]) -> None:
+        """Give the running requests this step's drafts (see the module docstring)."""
+        candidates = [c for req in running if (c := self._propose(req)) is not None]
+        if not candidates:
+            return
+        rows = len(running)
+        time = self.cost.seconds(rows, rows)
+        expected = float(rows)
+        per_token = self.cost.per_token
+        # marginal gains in decreasing order: each request's j-th token gains p^j
+        heap = [(-c.gains[0], i, 0) for i, c in enumerate(candidates)]
+        heapq.heapify(heap)
+        chosen = [0] * len(candidates)
+        while heap:
+            neg_gain, i, j = heapq.heappop(heap)
+            gain = -neg_gain
+            if gain * time <= expected * per_token:  # throughput would drop
+                break
+            chosen[i] = j + 1
+            expected += gain
+            time += per_token
+            if j + 1 < len(candidates[i].gains):
+                heapq.heappush(heap, (-candidates[i].gains[j + 1], i, j + 1))
+        if not any(chosen):
+            self.stats.skipped_steps += 1
+        for c, n in zip(candidates, chosen):
+            if n:
+                c.req.draft_ids = c.tokens[:n]
+
+    def _propose(self, req: Req) -> Optional[_Candidate]:
+        spec = req.spec
+        if spec is None or req.draft_ids or req.inflight_tokens or req.grammar is not None:
+            return None
+        n_in, n_out = len(req.input_ids), len(req.output_ids)
+        if not n_out or len(req.slots) != n_in + n_out - 1:  # not a decoder with a sampled token
+            return None
+        if spec.synced < n_in + n_out:
+            spec.own.extend(req.output_ids[spec.synced - n_in :])
+            spec.synced = n_in + n_out
+        limit = min(
+            self.max_draft_tokens,
+            req.sampling.max_new_tokens - n_out - 1,  # the step's own token comes after the draft
+            self.context_length - 1 - n_in - n_out,
+        )
+        if limit < 1:
+            return None
+        tokens = self.index.propose(req.namespace, spec.own, limit).chain()
+        if not tokens:
+            return None
+        p = spec.p
+        return _Candidate(req, tokens, [p ** (j + 1) for j in range(len(tokens))])
+
+    def log_text(self) -> str:
+        """The tail of the scheduler's info line: acceptance since start."""
+        s = self.stats
+        rate = s.accepted_tokens / s.drafted_tokens if s.drafted_tokens else 0.0
+        return f", spec accept length {s.to_dict()['avg_spec_accept_length']:.2f} (drafts kept {100 * rate:.0f}%)"
+
+    # ------------------------------------------------------------------ outcome
+    def settle(self, req: Req, drafted: int, kept: int, produced: int) -> None:
+        """Record one verification of ``req``: ``drafted`` draft tokens of which
+        the first ``kept`` were accepted; the step produced ``produced`` tokens."""
+        spec = req.spec
+        assert spec is not None
+        spec.verify_ct += 1
+        self.stats.verify_steps += 1
+        self.stats.verify_tokens += produced
+        if not drafted:
+            return
+        spec.drafted += drafted
+        spec.kept += kept
+        self.stats.drafted_tokens += drafted
+        self.stats.accepted_tokens += kept
+        spec.accepted = DECAY * spec.accepted + kept
+        spec.rejected = DECAY * spec.rejected + (1 if kept < drafted else 0)
+
+
+# A tensor-parallel runner cannot run the probe forwards: a step whose cost is mostly fixed (the
+# common case on one machine), so drafts pay unless the batch is large.
+DEFAULT_COST = StepCost(fixed=1.0, per_row=0.0, per_token=0.02)
+
+
+def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> Optional[Speculator]:
+    """The speculator ``config.speculative`` asks for (None: off), its cost model
+    measured on ``runner`` with free slots of ``kv``'s allocator (returned free)."""
+    spec = config.speculative
+    if not spec.enabled:
+        return None
+    allocator = kv.allocator
+    need = StepCost.probe_slots_needed()
+    cost = DEFAULT_COST
+    if getattr(runner, "tp", None) is None and allocator.num_free_slots >= need:
+        slots = allocator.alloc_slots_for(need)
+        assert slots is not None
+        try:
+            cost = StepCost.measure(runner, slots)
+        finally:
+            allocator.free_slots(slots)
+    return Speculator(kv.tree, cost, spec.speculative_num_draft_tokens, spec.speculative_ngram_order, context_length)

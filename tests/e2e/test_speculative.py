@@ -1,0 +1,131 @@
+"""Speculative decoding drafted from the radix tree never changes an answer.
+
+Engines with ``speculative_algorithm="RADIX"`` and without run the same
+requests; greedy outputs, seeded samples, logprobs, stop strings, ``n > 1`` and
+penalties must agree token for token, drafts must actually be verified and
+accepted (the workloads repeat text the drafts can copy), and the KV slot
+invariant holds after every step (``debug_check_invariants``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import radixrt
+
+# A tiny random Llama over 256 token ids: its greedy continuations fall into loops and echo the
+# prompt, which the drafts copy. Prompts: repeated runs (drafts from the request's own tokens), and
+# one without repetition.
+VOCAB = 256
+_rng = random.Random(0)
+PROMPTS = [[_rng.randrange(VOCAB) for _ in range(20)] * 3 for _ in range(3)] + [
+    [_rng.randrange(VOCAB) for _ in range(50)]
+]
+MAX_NEW = 48
+
+
+def _engine(path: str, spec: bool, **kw) -> radixrt.Engine:
+    flags = dict(max_total_tokens=4096, debug_check_invariants=True, random_seed=0, **kw)
+    if spec:
+        flags.update(speculative_algorithm="RADIX", speculative_num_draft_tokens=6)
+    return radixrt.Engine(model_path=path, **flags)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(make_tiny):
+    return make_tiny(vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tiny_path):
+    on, off = _engine(tiny_path, True), _engine(tiny_path, False)
+    yield on, off
+    on.shutdown()
+    off.shutdown()
+
+
+def _run(engine, prompts, sampling, **kw):
+    if prompts and isinstance(prompts[0], int):
+        prompts = [prompts]
+    outs = engine.generate(input_ids=prompts, sampling_params=sampling, **kw)
+    return outs if isinstance(outs, list) else [outs]
+
+
+def _ids(outs):
+    return [o["output_ids"] for o in outs]
+
+
+def test_greedy_outputs_equal_speculation_off_and_drafts_are_accepted(tiny_engines):
+    on, off = tiny_engines
+    sp = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    got, want = _run(on, PROMPTS, sp), _run(off, PROMPTS, sp)
+    assert _ids(got) == _ids(want)
+    for o in got:
+        meta = o["meta_info"]
+        assert meta["spec_verify_ct"] >= 1
+        assert meta["spec_accept_length"] >= 1.0
+    assert all("spec_verify_ct" not in o["meta_info"] for o in want)
+    stats = on.get_stats()
+    assert stats["spec_drafted_tokens"] > 0 and stats["spec_accepted_tokens"] > 0
+    assert stats["avg_spec_accept_length"] > 1.0  # some step yielded more than one token
+    # one at a time too (batch 1: the cost model drafts most freely there)
+    for p, w in zip(PROMPTS, want):
+        assert _run(on, p, sp)[0]["output_ids"] == w["output_ids"]
+
+
+def test_seeded_samples_logprobs_and_stops_equal_speculation_off(tiny_engines):
+    on, off = tiny_engines
+    sp = {"temperature": 0.8, "top_p": 0.9, "seed": 7, "max_new_tokens": MAX_NEW}
+    kw = dict(return_logprob=True, top_logprobs_num=3)
+    free = _run(off, PROMPTS, {"temperature": 0, "max_new_tokens": MAX_NEW})
+    # stop at a token the greedy run produces late, so that the stop falls inside accepted drafts
+    sp_stop = {"temperature": 0, "max_new_tokens": MAX_NEW, "stop_token_ids": [free[0]["output_ids"][30]]}
+    assert _ids(_run(on, PROMPTS, sp_stop)) == _ids(_run(off, PROMPTS, sp_stop))
+    got, want = _run(on, PROMPTS, sp, **kw), _run(off, PROMPTS, sp, **kw)
+    assert _ids(got) == _ids(want)
+    assert [o["text"] for o in got] == [o["text"] for o in want]
+    for g, w in zip(got, want):
+        gm, wm = g["meta_info"], w["meta_info"]
+        assert gm["finish_reason"] == wm["finish_reason"]
+        assert [t[1] for t in gm["output_token_logprobs"]] == [t[1] for t in wm["output_token_logprobs"]]
+        assert [t[0] for t in gm["output_token_logprobs"]] == pytest.approx(
+            [t[0] for t in wm["output_token_logprobs"]], abs=1e-3
+        )
+        assert len(gm["output_top_logprobs"]) == len(wm["output_top_logprobs"]) == len(g["output_ids"])
+
+
+def test_n_samples_penalties_and_opt_out_equal_speculation_off(tiny_engines):
+    on, off = tiny_engines
+    sp = {"temperature": 0.7, "seed": 3, "n": 3, "max_new_tokens": 24, "frequency_penalty": 0.3}
+    assert _ids(_run(on, PROMPTS[:2], sp)) == _ids(_run(off, PROMPTS[:2], sp))
+    opted_out = _run(on, PROMPTS[0], {"temperature": 0, "max_new_tokens": 16, "speculative": False})[0]
+    assert "spec_verify_ct" not in opted_out["meta_info"]
+    assert opted_out["output_ids"] == _run(off, PROMPTS[0], {"temperature": 0, "max_new_tokens": 16})[0]["output_ids"]
+
+
+def test_drafts_come_only_from_the_requests_namespace(tiny_engines):
+    """An output cached under one salt drafts the same continuation for that salt's
+    next request, not for another salt's (the index's own tests check that no token
+    crosses namespaces)."""
+    on, _ = tiny_engines
+    on.flush_cache()
+    prompt, sp = PROMPTS[3][:12], {"temperature": 0, "max_new_tokens": 32}
+
+    def accept_length(salt: str) -> float:
+        out = on.generate(input_ids=prompt, sampling_params=sp, cache_salt=salt)
+        return out["meta_info"]["spec_accept_length"]
+
+    accept_length("tenant-a")  # caches prompt + output under tenant a
+    b = accept_length("tenant-b")  # its own tokens only
+    a = accept_length("tenant-a")  # drafts the cached output
+    assert a > b + 1.0, (a, b)
+
+
+@pytest.mark.parametrize("page_size,disable_radix_cache", [(4, False), (1, True)])
+def test_greedy_equal_with_pages_and_without_the_radix_cache(tiny_path, page_size, disable_radix_cache):
+    sp = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    flags = dict(page_size=page_size, disable_radix_cache=disable_radix_cache)
+    with _engine(tiny_path, True, **flags) as on, _engine(tiny_path, False, **flags) as off:
+        assert _ids(_run(on, PROMPTS, sp)) == _ids(_run(off, PROMPTS, sp))
+        assert on.get_stats()["spec_accepted_tokens"] > 0
