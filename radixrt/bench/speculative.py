@@ -177,6 +177,7 @@ def make_engines(opts: argparse.Namespace) -> dict[str, Any]:
     )
     if opts.device:
         common["device"] = opts.device
+    common.update(getattr(opts, "engine_kwargs", None) or {})  # callers' extra settings (gpu_check's)
     spec: dict[str, Any] = {}
     if opts.algorithm.lower() != "none":
         spec = dict(speculative_algorithm=opts.algorithm, speculative_num_draft_tokens=opts.num_draft_tokens)
@@ -267,7 +268,7 @@ def run_bench(opts: argparse.Namespace) -> dict[str, Any]:
             e.shutdown()
     import torch
 
-    settings = {k: v for k, v in vars(opts).items() if k not in ("func", "sizes")}
+    settings = {k: v for k, v in vars(opts).items() if k not in ("func", "sizes", "engine_kwargs")}
     return {
         "model": model,
         "torch_threads": torch.get_num_threads(),
@@ -328,6 +329,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The options of `run_bench` (callers may add ``engine_kwargs``: more settings for both engines)."""
     p = argparse.ArgumentParser(prog="python -m radixrt.bench.speculative", description=__doc__.split("\n\n")[0])
     add_args(p)
     opts = p.parse_args(argv)

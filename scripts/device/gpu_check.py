@@ -35,6 +35,11 @@ Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
    1024-token prefix; target >= 5x); plus radixrt with CUDA graphs off.
    Weights: the real default model when its folder is available (RADIXRT_HOME),
    otherwise its config with random weights (same shapes, same speed).
+6. ``speculative``: speculative decoding drafted from the radix tree, on vs
+   off (``radixrt/bench/speculative.py``, the same harness as ``radixrt bench
+   --speculative``): agent-loop, code-edit, DSL few-shot and no-repetition
+   workloads at batch 1, 8 and 32 on the default model, 3 repeats; decode
+   tokens/s, speedup, acceptance length and greedy equality per row.
 
     python3 scripts/device/gpu_check.py                # on the GPU machine (see run_on_gpu.md)
     python scripts/device/gpu_check.py --dry-run       # on CPU: everything but the CUDA kernels
@@ -978,6 +983,46 @@ def check_e2e(device: str, dry: bool, carry: Path, work: Path, report: Report) -
     return results
 
 
+def check_speculative(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
+    """Speculative decoding drafted from the radix tree, on vs off (radixrt/bench/speculative.py):
+    the four workloads at batch 1, 8 and 32 on the default model (its real weights when present,
+    else its config with random weights: then acceptance lengths mean little), greedy outputs
+    checked equal; the table goes to the log."""
+    import torch
+
+    from radixrt.bench import speculative
+
+    real, meta = _default_model_source(carry)
+    if meta is None:
+        return {"skipped": "no default model config carried (default_model_meta)"}
+    if real is not None and not dry:
+        folder, weights = real, "real"
+    else:
+        folder = work / "speculative-default"
+        config = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
+        make_random_model(folder, config, meta, "cpu", torch.float32 if dry else torch.bfloat16)
+        weights = "random (default model's config)"
+    argv = ["--model", str(folder), "--device", device, "--max-total-tokens", "16384" if dry else "200000"]
+    if dry:  # toy sizes: the logic end to end, numbers meaningless
+        argv += ["--batches", "1,2", "--scale", "0.5", "--code-tokens", "8", "--answer-tokens", "8"]
+        argv += ["--call-tokens", "6", "--agent-steps", "2", "--code-min-lines", "8", "--code-max-lines", "16"]
+    else:
+        argv += ["--repeats", "3"]
+    opts = speculative.parse(argv)
+    if dry:
+        opts.engine_kwargs = {"attention_backend": "flashinfer"}  # the CPU emulation stands in
+    result = speculative.run_bench(opts)
+    report.log(f"speculative ({weights} weights):\n{speculative.render(result)}")
+    rows = result["rows"]
+    return {
+        "weights": weights,
+        "all_equal": all(r["equal"] for r in rows),
+        "speedup": {f"{r['workload']} b{r['batch']}": r["speedup"] for r in rows},
+        "accept_length": {f"{r['workload']} b{r['batch']}": r["accept_length"] for r in rows},
+        **result,
+    }
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -986,7 +1031,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check_out"))
     ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
-    ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e")
+    ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative")
     for key, value in E2E_SIZES.items():
         ap.add_argument(
             "--e2e-" + key.replace("_", "-"),
@@ -1036,6 +1081,12 @@ def main() -> None:
         )
     if "e2e" in wanted:
         report.section("e2e", lambda: check_e2e(device, args.dry_run, Path(args.carry), work, report), min_left_s=90)
+    if "speculative" in wanted:
+        report.section(
+            "speculative",
+            lambda: check_speculative(device, args.dry_run, Path(args.carry), work, report),
+            min_left_s=90,
+        )
     if device == "cuda":
         ws = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
         report.data["jit_compiled_on_device"] = sorted(p.name for p in ws.glob("*/*/cached_ops/*") if p.is_dir())
@@ -1056,6 +1107,9 @@ def main() -> None:
         },
         "shared_prefix_speedup_1b": s.get("e2e", {}).get("shared_prefix_speedup_1b"),
         "shared_prefix_speedup_default": s.get("e2e", {}).get("shared_prefix_speedup_default"),
+        "speculative_all_equal": s.get("speculative", {}).get("all_equal"),
+        "speculative_speedup": s.get("speculative", {}).get("speedup"),
+        "speculative_accept_length": s.get("speculative", {}).get("accept_length"),
         "errors": report.data["errors"],
         "elapsed_s": round(time.perf_counter() - report.t0, 1),
     }
