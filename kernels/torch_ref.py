@@ -11,9 +11,10 @@ layer's `forward` only gathers and calls `scaled_dot_product_attention`:
   ``[B, Hkv, G, D]`` (a view) and attends the gathered K/V without
   ``enable_gqa`` (which repeats K/V per query head); padded key columns get an
   additive ``-inf`` bias, made once per batch, so they receive exactly zero
-  weight. Together these took 0.8-0.9x the time of the ``enable_gqa`` call
-  with a boolean mask on the CPU at batch 1-64, with slot layouts as decode
-  steps allocate them (on par at large batches, where the gather dominates);
+  weight. Together these are faster than the ``enable_gqa`` call with a
+  boolean mask on the CPU at small and medium batches, with slot layouts as
+  decode steps allocate them (on par at large batches, where the gather
+  dominates; docs/benchmarks.md, "CPU decode attention");
 - a short extend over a cached prefix (``q_len <= SHORT_EXTEND``: a draft
   being verified) joins the decode call as ``q_len`` decode rows, token ``j``
   over the keys up to its own position (its causal mask);
@@ -27,8 +28,9 @@ A batch may mix both kinds (chunked prefill next to decoding requests).
 
 On the CPU, decode requests of a plain float32 cache go to a small C kernel
 instead (`cpu_decode.py`, built on first use) that reads each slot's K/V in
-place rather than gathering them first: about 3x faster than the gather and
-SDPA it replaces at batch 64-128. ``native_decode=False``, or a machine where
+place rather than gathering them first, in a fraction of the time of the
+gather and SDPA it replaces (docs/benchmarks.md, "CPU decode attention").
+``native_decode=False``, or a machine where
 it cannot be built, keeps the torch path, which stays the reference.
 
 Quantized caches (int8, fp8) are dequantized as they are gathered
