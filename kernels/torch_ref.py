@@ -58,7 +58,6 @@ from .cpu_decode import load as load_native_decode
 from .fixed_split import FixedSplitPlan, fixed_split_attention, plan_fixed_split
 from .kv_cache import LayerKVCache
 
-
 # An extend of at most this many tokens over a cached prefix is attended as that many decode rows
 # (each token over the keys up to its own position): drafts under verification stay in the batched
 # decode call instead of a gather and an attention call per request.
