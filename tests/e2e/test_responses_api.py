@@ -17,34 +17,12 @@ import jsonschema
 import openai
 import pytest
 
+from tests.support.tools import ADD_FUNCTION, INSTRUCTIONS, SCHEMAS, WEATHER_FUNCTION, responses_tool
+
 pytestmark = pytest.mark.slow
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-        "required": ["city", "unit"],
-    },
-}
-ADD = {
-    "type": "function",
-    "name": "add",
-    "description": "Add two integers",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "a": {"type": "integer", "minimum": 0, "maximum": 999},
-            "b": {"type": "integer", "minimum": 0, "maximum": 999},
-        },
-        "required": ["a", "b"],
-    },
-}
+WEATHER, ADD = responses_tool(WEATHER_FUNCTION), responses_tool(ADD_FUNCTION)
 TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
-INSTRUCTIONS = "You are a careful assistant. Use the tools to answer."
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +315,26 @@ BAD = {
         {"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]},
         "input.0",
     ),
+    "output_call_id_matching_no_call": (
+        {
+            "input": [
+                {"role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c2", "output": "x"},
+            ]
+        },
+        "input.2.call_id",
+    ),
+    "output_null": (
+        {
+            "input": [
+                {"role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": None},
+            ]
+        },
+        "input.2.output",
+    ),
     "item_reference": ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
     "hosted_tool": ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     "tool_without_name": ({"input": "x", "tools": [{"type": "function", "parameters": {}}]}, "tools"),
@@ -387,6 +385,20 @@ def test_bad_requests_are_400_naming_the_field(server, case):
     assert err["param"] == param, err
     assert err["message"] and err["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_call_of_a_tool_not_in_tools_is_served(client):
+    """As on chat and at OpenAI: a history call of a tool this request does not
+    declare (the Agents SDK hands the new agent the whole history, the handoff
+    call included, with the new agent's own tools, or none) is served."""
+    handoff = [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"type": "function_call", "call_id": "call_h", "name": "transfer_to_weather_agent", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_h", "output": '{"assistant": "Weather agent"}'},
+    ]
+    for tools in ([WEATHER], None):
+        r = _create(client, input=handoff, tools=tools, max_output_tokens=1, store=False)
+        assert r.status in ("completed", "incomplete") and r.usage.input_tokens > 20, r
 
 
 def test_unknown_model_and_id_are_404(server):

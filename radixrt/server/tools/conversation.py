@@ -23,9 +23,11 @@ Accepted on purpose:
   message, in any order;
 * a call naming a tool that is not in the request's ``tools`` (or a
   conversation with calls and no ``tools``): agents change their tool set
-  between requests (a handoff to an agent with other tools keeps the handoff
-  call in the history), and OpenAI accepts such histories. The name must
-  still be a valid name;
+  between requests, and OpenAI accepts such histories (the OpenAI Agents SDK
+  by default hands the receiving agent the whole history, the handoff call
+  included, with that agent's own tools; summarizing a conversation is often
+  asked with its calls and no ``tools``, which only Anthropic's API refuses).
+  The name must still be a valid name;
 * a call that no ``tool`` message answers (OpenAI refuses it; refusing it
   here would refuse conversations that SGLang and vLLM serve, so it is left
   to the model).
