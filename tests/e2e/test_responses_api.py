@@ -17,34 +17,12 @@ import jsonschema
 import openai
 import pytest
 
+from tests.support.tools import ADD_FUNCTION, INSTRUCTIONS, SCHEMAS, WEATHER_FUNCTION, responses_tool
+
 pytestmark = pytest.mark.slow
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-        "required": ["city", "unit"],
-    },
-}
-ADD = {
-    "type": "function",
-    "name": "add",
-    "description": "Add two integers",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "a": {"type": "integer", "minimum": 0, "maximum": 999},
-            "b": {"type": "integer", "minimum": 0, "maximum": 999},
-        },
-        "required": ["a", "b"],
-    },
-}
+WEATHER, ADD = responses_tool(WEATHER_FUNCTION), responses_tool(ADD_FUNCTION)
 TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
-INSTRUCTIONS = "You are a careful assistant. Use the tools to answer."
 
 
 @pytest.fixture(scope="module")

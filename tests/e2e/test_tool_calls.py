@@ -18,42 +18,16 @@ import openai
 import pytest
 
 from tests.support.servers import MemoryWatchdog
+from tests.support.tools import ADD_FUNCTION, INSTRUCTIONS, SCHEMAS, WEATHER_FUNCTION, chat_tool
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city", "unit"],
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": 0, "maximum": 999},
-                "b": {"type": "integer", "minimum": 0, "maximum": 999},
-            },
-            "required": ["a", "b"],
-        },
-    },
-}
+WEATHER, ADD = chat_tool(WEATHER_FUNCTION), chat_tool(ADD_FUNCTION)
 TOOLS = [WEATHER, ADD]
 ASK = [
-    {"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
+    {"role": "system", "content": INSTRUCTIONS},
     {"role": "user", "content": "What's the weather in Paris?"},
 ]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +129,7 @@ def test_parallel_calls_and_n_share_the_prefix(client):
 
 def test_five_step_tool_loop_hits_the_cache(client):
     msgs = [
-        {"role": "system", "content": "You are a careful assistant. Use the tools to answer."},
+        {"role": "system", "content": INSTRUCTIONS},
         {"role": "user", "content": "Add 1 and 2, then keep adding 3 to the result, five times."},
     ]
     rates = []
