@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from radixrt.sampling.sampler import SamplingRow
+from radixrt.sampling.rows import SamplingRow, sampling_row
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.planner import Batch
 from radixrt.scheduler.request import Req
@@ -76,18 +76,16 @@ def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
     """Row ``draft_pos`` of a request samples output index ``len(output_ids) +
     inflight_tokens + draft_pos`` as if the draft's first tokens were already output."""
     output = req.output_ids + req.draft_ids[:draft_pos] if draft_pos else req.output_ids
-    # Positional: one is built per sampling row per step, and keyword arguments cost twice as much.
-    # (params, seed, output_ids, prompt_ids, top_logprobs_num, return_logprob, index, counts, draft_len)
-    return SamplingRow(
-        req.sampling,
-        req.seed,
-        output,
-        req.input_ids,
-        req.top_logprobs_num,
-        req.return_logprob,
-        len(req.output_ids) + req.inflight_tokens + draft_pos,
-        req.penalty_counts,
-        draft_pos,
+    return sampling_row(
+        params=req.sampling,
+        seed=req.seed,
+        output_ids=output,
+        prompt_ids=req.input_ids,
+        top_logprobs_num=req.top_logprobs_num,
+        return_logprob=req.return_logprob,
+        index=len(req.output_ids) + req.inflight_tokens + draft_pos,
+        counts=req.penalty_counts,
+        draft_len=draft_pos,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.penalties import TokenCounts
+from radixrt.sampling.rows import sampling_row
 from radixrt.sampling.sampler import Sampler, SamplingRow, draw_uniform, token_logprobs
 
 # ---------------------------------------------------------------- helpers
@@ -166,6 +168,27 @@ def test_is_greedy_and_round_trip():
     assert SamplingParams.from_dict(d) == p
     d["stop"].append("y")  # a copy
     assert p.stop == ["x"]
+
+
+def test_sampling_row_sets_every_field_by_name():
+    """`sampling_row` (the step loop's way to build rows) gives the row the
+    dataclass gives for the same fields, and takes every field: one added to
+    SamplingRow but not to it is a TypeError here."""
+    values = {
+        "params": SamplingParams(temperature=0.5),
+        "seed": 7,
+        "output_ids": [4, 5],
+        "prompt_ids": [1, 2, 3],
+        "top_logprobs_num": 2,
+        "return_logprob": True,
+        "index": 9,
+        "counts": TokenCounts(),
+        "draft_len": 1,
+    }
+    assert {f.name for f in dataclasses.fields(SamplingRow)} == set(values)
+    row = sampling_row(**values)
+    assert type(row) is SamplingRow and row == SamplingRow(**values)
+    assert row.output_index == 9 and row.output_ids is values["output_ids"]
 
 
 # ---------------------------------------------------------------- Sampler
