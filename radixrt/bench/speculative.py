@@ -217,6 +217,11 @@ def bench_case(engines: dict[str, Any], tok: Tokens, name: str, batch: int, opts
             engine = engines[system]
             run = run_tokens(engine, wl, batch) if wl is not None else run_dsl(engine, n, batch)
             runs[system].append(run)
+            print(
+                f"[speculative]   {name} batch {batch} {system}: {run.wall_s:.1f} s, {run.tok_s:.2f} tok/s, "
+                f"{run.output_tokens} tokens in {run.verify_ct} verification steps",
+                file=sys.stderr,
+            )
         ref = runs["off"][0].outputs
         for system in SYSTEMS:
             mismatches += _mismatches(name, batch, ref, runs[system][-1].outputs, f"{system} repeat {rep}")
