@@ -15,12 +15,13 @@ is exactly a function of what the tree holds, whatever the history:
 `check_integrity` recounts it from a walk of the tree. Namespaces never mix:
 a proposal reads its own namespace's table and the request's own tokens only.
 
-Bounds: entries <= tokens held x len(lengths); each entry is a 60-bit int key
-and a packed int value (token << 32 | count) while its context has one
-continuation, a small dict of counts once it has several: about 110 bytes per
-entry, so at most about 110 x len(lengths) bytes per token held (shared
-contexts cost less; `stats` reports the estimate). Insertion and removal cost
-O(len(lengths)) dict operations per token (keys hashed with numpy per run).
+Bounds: entries <= tokens held x len(lengths); each entry is an int key (the
+window's hash) and a packed int value (token << 32 | count) while its context
+has one continuation, a small dict of counts once it has several: about 110
+bytes per entry, so at most about 110 x len(lengths) bytes per token held
+(shared contexts cost less; `stats` reports the estimate). Insertion and
+removal cost O(len(lengths)) dict operations per token (keys hashed with
+numpy per run).
 
 Proposals (draft_search.py) cost O(len(lengths)) dict look-ups per drafted
 token, whatever the tree's size.
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Draft", "DraftIndex", "OwnTokens", "TREE_LENGTHS"]
 
-TREE_LENGTHS = (2, 3, 5, 8)
+TREE_LENGTHS = (2, 4, 8)
 _M32 = (1 << 32) - 1
 _NUMPY_FROM = 32  # runs this long hash their windows with numpy
 
@@ -95,7 +96,7 @@ class _Table:
                 self.multi -= 1
 
     def approx_bytes(self) -> int:
-        return sys.getsizeof(self.counts) + 64 * len(self.counts) + 240 * self.multi
+        return sys.getsizeof(self.counts) + 68 * len(self.counts) + 240 * self.multi
 
 
 class DraftIndex:
@@ -133,7 +134,7 @@ class DraftIndex:
     def _windows(self, context: Sequence[int], tokens: Sequence[int]) -> list[tuple[Sequence[int], Sequence[int]]]:
         """``(keys, next tokens)`` of every window of the run ``tokens`` (with
         up to `context_len` tokens of `context` before it)."""
-        seq = [*context[len(context) - self.context_len :], *tokens]
+        seq = [*context[max(0, len(context) - self.context_len) :], *tokens]
         start = len(seq) - len(tokens)
         if len(tokens) >= _NUMPY_FROM:
             return [(keys.tolist(), seq[i0:]) for _, i0, keys in window_keys(seq, start, self.lengths)]

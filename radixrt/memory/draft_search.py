@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Optional
 
 from radixrt.memory.draft_keys import tail_keys
 from radixrt.memory.draft_own import OwnTokens
 
 MAX_FANOUT = 16
+OWN_TRUST = 4.0  # an own match of m tokens: m / (m + OWN_TRUST)
+TREE_TRUST = 4.0  # c sightings after L tokens: c L / (c L + TREE_TRUST), times the share
 _M32 = (1 << 32) - 1
 
 
@@ -70,6 +73,7 @@ class Draft:
 
 
 _Copy = Optional[tuple[int, int]]
+_second = itemgetter(1)
 _RUN_LOOKBACK = 64  # real tokens a run is traced back at most
 
 
@@ -87,7 +91,7 @@ def search(
     if max_tokens <= 0 or max_width <= 0:
         return draft
     base = own.tokens
-    ctx = base[len(base) - lengths[-1] :] if len(base) > lengths[-1] else list(base)
+    ctx = tuple(base[len(base) - lengths[-1] :] if len(base) > lengths[-1] else base)
     heap: list[tuple[float, int, int, int, tuple[int, ...], _Copy, int]] = []
     order = 0
     parent, prob, path, copy = -1, 1.0, (), own.match()
@@ -118,7 +122,7 @@ def _children(
     lengths: tuple[int, ...],
     counts: Optional[dict[int, Any]],
     base: list[int],
-    ctx: list[int],
+    ctx: tuple[int, ...],
     path: tuple[int, ...],
     copy: _Copy,
     run: int,
@@ -130,8 +134,7 @@ def _children(
     cands: dict[int, float] = {}
     runs = False  # the suggestions come from the longest context length
     if counts is not None:
-        tail = [*ctx, *path[-lengths[-1] :]] if path else ctx
-        keys = tail_keys(tail, lengths)
+        keys = tail_keys(ctx + path[-lengths[-1] :] if path else ctx, lengths)
         for i in range(len(keys) - 1, -1, -1):
             v = counts.get(keys[i])
             if v is None:
@@ -142,11 +145,11 @@ def _children(
                 L += run
             if v.__class__ is int:
                 c = v & _M32
-                cands[v >> 32] = c * L / (c * L + 4)
+                cands[v >> 32] = c * L / (c * L + TREE_TRUST)
             elif len(v) <= MAX_FANOUT:
                 total = sum(v.values())
-                for tok, c in sorted(v.items(), key=lambda kv: -kv[1])[:width]:
-                    cands[tok] = c / total * c * L / (c * L + 4)
+                for tok, c in sorted(v.items(), key=_second, reverse=True)[:width]:
+                    cands[tok] = c / total * c * L / (c * L + TREE_TRUST)
             break
     tree_toks = tuple(cands) if runs else ()
     own_tok = -1
@@ -154,8 +157,8 @@ def _children(
         p, m = copy
         n = len(base)
         own_tok = base[p] if p < n else path[p - n]
-        cands[own_tok] = 1.0 - (1.0 - m / (m + 4)) * (1.0 - cands.get(own_tok, 0.0))
-    best = sorted(cands.items(), key=lambda kv: -kv[1])[:width]
+        cands[own_tok] = 1.0 - (1.0 - m / (m + OWN_TRUST)) * (1.0 - cands.get(own_tok, 0.0))
+    best = sorted(cands.items(), key=_second, reverse=True)[:width] if len(cands) > 1 else cands.items()
     out = []
     for tok, p in best:
         tree_run = run + 1 if runs and tok in tree_toks else 0
@@ -173,7 +176,7 @@ def _tree_run(own: OwnTokens, counts: dict[int, Any], top: int) -> int:
     if upto > n or n - upto > _RUN_LOOKBACK:
         run, upto = 0, max(0, n - _RUN_LOOKBACK)
     for i in range(max(upto, top), n):
-        v = counts.get(tail_keys(seq[i - top : i], (top,))[0])
+        v = counts.get(hash(tuple(seq[i - top : i])))
         hit = v is not None and (v >> 32 == seq[i] if v.__class__ is int else seq[i] in v)
         run = run + 1 if hit else 0
     own.tree_run = (run, n)

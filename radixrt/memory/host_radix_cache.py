@@ -201,6 +201,9 @@ class HostRadixCache(RadixCache):
             self._refresh_leaf(node)
             self._refresh_leaf(parent)
             return
+        # Making room on the host may have dropped the node's host-only children,
+        # which put it back in the device leaf set: it leaves the tree now.
+        node.lru_entry = lru_member(self._leaves, node.lru_entry, node, False)
         super()._vacate(node)
 
     def _forget(self, node: TreeNode) -> None:

@@ -49,7 +49,7 @@ def node_place(node: "TreeNode", sub_ns: dict[int, Hashable], n: int) -> tuple[H
         x = x.parent
         assert x is not None, "a node's ancestors are in the tree"
     context = [t for part in reversed(parts) for t in part]
-    return sub_ns[x.id], context[len(context) - n :] if n else []
+    return sub_ns[x.id], context[max(0, len(context) - n) :]
 
 
 def subtree_runs(node: "TreeNode", context: list[int], n: int) -> Iterator[tuple[list[int], list[int]]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +35,33 @@ def _next_tokens(index: DraftIndex, namespace) -> set[int]:
     table = index._tables.get(namespace)
     for v in table.counts.values() if table else ():
         out.update(v.keys() if isinstance(v, dict) else [v >> 32])
+    return out
+
+
+def _counted(index: DraftIndex, namespace) -> Counter:
+    """The index's counts as {(context key, next token): count}."""
+    out: Counter = Counter()
+    table = index._tables.get(namespace)
+    for key, v in table.counts.items() if table else ():
+        for tok, c in v.items() if isinstance(v, dict) else [(v >> 32, v & 0xFFFFFFFF)]:
+            out[key, tok] = c
+    return out
+
+
+def _brute_force(tree: RadixCache, namespace, lengths=TREE_LENGTHS) -> Counter:
+    """Every (window, next token) of every root-to-node path of the namespace,
+    counted from scratch with whole paths (independent of the index's code)."""
+    out: Counter = Counter()
+    sub = tree.root.children.get(namespace)
+    stack = [(c, []) for c in sub.children.values()] if sub else []
+    while stack:
+        node, above = stack.pop()
+        path = above + node.key
+        for q in range(len(above), len(path)):
+            for L in lengths:
+                if q >= L:
+                    out[hash(tuple(path[q - L : q])), path[q]] += 1
+        stack.extend((c, path) for c in node.children.values())
     return out
 
 
@@ -83,6 +111,7 @@ class Rig:
         assert stats["entries"] <= held * len(TREE_LENGTHS)
         for i, ns in enumerate(NAMESPACES):
             assert _next_tokens(self.index, ns) <= set(_alphabet(i))
+            assert _counted(self.index, ns) == _brute_force(self.tree, ns)
 
 
 def _runs(tree):
@@ -96,10 +125,13 @@ _op = st.one_of(
         st.just("request"),
         st.integers(0, len(NAMESPACES) - 1),
         st.lists(st.integers(0, 3), min_size=1, max_size=40),
+        st.integers(0, 10_000),  # which earlier request to continue, and where to cut it
     ),
-    st.tuples(st.just("match"), st.integers(0, len(NAMESPACES) - 1), st.lists(st.integers(0, 3), max_size=30)),
-    st.tuples(st.just("evict"), st.integers(1, 60), st.just([])),
-    st.tuples(st.just("reset"), st.just(0), st.just([])),
+    st.tuples(
+        st.just("match"), st.integers(0, len(NAMESPACES) - 1), st.lists(st.integers(0, 3), max_size=30), st.just(0)
+    ),
+    st.tuples(st.just("evict"), st.integers(1, 60), st.just([]), st.just(0)),
+    st.tuples(st.just("reset"), st.just(0), st.just([]), st.just(0)),
 )
 
 
@@ -111,9 +143,16 @@ _op = st.one_of(
 )
 def test_index_mirrors_the_tree(page_size: int, host: bool, ops) -> None:
     rig = Rig(page_size, host)
-    for kind, a, seq in ops:
+    sent: list[list[int]] = []
+    for kind, a, seq, reuse in ops:
         if kind == "request":
-            rig.request([_alphabet(a)[t] for t in seq], NAMESPACES[a])
+            key = [_alphabet(a)[t] for t in seq]
+            earlier = [k for k in sent if k[0] in _alphabet(a)]
+            if earlier and reuse % 3:  # a later turn or a fork: an earlier prompt's prefix, then new text
+                old = earlier[reuse % len(earlier)]
+                key = old[: reuse % (len(old) + 1)] + key
+            sent.append(key)
+            rig.request(key, NAMESPACES[a])
         elif kind == "match":
             rig.tree.match_prefix([_alphabet(a)[t] for t in seq], NAMESPACES[a])
         elif kind == "evict":
@@ -128,10 +167,15 @@ def test_long_random_run_with_host_tier_and_large_runs() -> None:
     """Long keys take the numpy path of the index; host drops remove whole subtrees."""
     rng = random.Random(7)
     rig = Rig(1, host=True, device_tokens=400)
+    sent: list[list[list[int]]] = [[] for _ in NAMESPACES]
     for step in range(300):
         i = rng.randrange(len(NAMESPACES))
         alpha = _alphabet(i)
         key = [alpha[rng.randrange(4)] for _ in range(rng.randint(1, 120))]
+        if sent[i] and rng.random() < 0.6:
+            old = rng.choice(sent[i])
+            key = old[: rng.randint(0, len(old))] + key
+        sent[i].append(key)
         rig.request(key, NAMESPACES[i])
         if step % 7 == 0:
             rig.tree.evict(rng.randint(1, 200))
@@ -153,7 +197,7 @@ def test_keys_agree_between_numpy_and_python() -> None:
             for k, key in enumerate(keys.tolist()):
                 i = i0 + k
                 assert i >= max(start, L)
-                assert key == tail_keys(seq[:i], TREE_LENGTHS)[TREE_LENGTHS.index(L)] < 2**60
+                assert key == tail_keys(seq[:i], TREE_LENGTHS)[TREE_LENGTHS.index(L)] == hash(tuple(seq[i - L : i]))
 
 
 def test_attach_replays_the_tree_and_no_prefix_cache_tells_nothing() -> None:
@@ -282,3 +326,24 @@ def test_proposal_cost_does_not_grow_with_the_tree() -> None:
 def test_bad_context_lengths(bad) -> None:
     with pytest.raises(ValueError, match="context lengths"):
         DraftIndex(bad)
+
+
+def test_host_tier_drop_after_dropping_its_own_host_child() -> None:
+    """A device node too big for the host: backing it up first drops its own
+    host-only child (to make room), then fails, and the node leaves the tree;
+    the tree's leaf set and the index both forget the two nodes."""
+    alloc = PageAllocator(32, 1)
+    tree = HostRadixCache(alloc, 1, HostTier(PageAllocator(6, 1), KVTransferQueue(), "write_back"))
+    index = DraftIndex()
+    tree.add_observer(index)
+    x, c = list(range(10, 18)), list(range(20, 24))
+    slots = alloc.alloc_slots_for(12)
+    assert tree.insert(x, slots[:8], "ns") == 0
+    assert tree.insert(x + c, slots, "ns") == 8  # two nodes: x, then its child c
+    assert tree.evict(4) == 4  # c, the leaf, moves to the host
+    assert tree.host_size() == 4 and index.stats()["tokens_indexed"] == 12
+    assert tree.evict(8) == 8  # x does not fit in the host's 6 tokens: dropped with c
+    tree.check_integrity()
+    index.check_integrity(tree)
+    assert tree.total_size() == tree.host_size() == 0 and index.stats()["entries"] == 0
+    assert alloc.num_free_slots == 32
