@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 from radixrt.memory.draft_keys import MAX_CONTEXT, tail_keys, window_keys
 from radixrt.memory.draft_own import OwnTokens
-from radixrt.memory.draft_search import Draft, search
+from radixrt.memory.draft_search import Draft, chain, search
 from radixrt.memory.radix_observer import tree_runs
 
 if TYPE_CHECKING:
@@ -154,7 +154,10 @@ class DraftIndex:
         `max_width` children per token, every token's estimated path
         probability at least `min_prob` (draft_search.py)."""
         table = self._tables.get(namespace)
-        return search(self.lengths, table.counts if table is not None else None, own, max_tokens, max_width, min_prob)
+        counts = table.counts if table is not None else None
+        if max_width == 1 and max_tokens > 0:
+            return chain(self.lengths, counts, own, max_tokens, min_prob)
+        return search(self.lengths, counts, own, max_tokens, max_width, min_prob)
 
     # -------------------------------------------------------- checks, sizes
     def check_integrity(self, cache: PrefixCache) -> None:

@@ -22,8 +22,9 @@ best first (a heap on that product), keeps at most `max_width` children per
 token and stops at `max_tokens` tokens or when the best open candidate falls
 below `min_prob`. So a long match or a continuation seen often gives a long
 draft, a weak one a short or empty draft; with ``max_width == 1`` the result
-is a chain. Cost per drafted token: one hash of the last `max(lengths)`
-tokens and at most len(lengths) dict look-ups: nothing grows with the tree.
+is a chain (`chain` builds it without the heap: what most steps ask for).
+Cost per drafted token: len(lengths) hashes of at most `max(lengths)` tokens
+and as many dict look-ups: nothing grows with the tree.
 """
 
 from __future__ import annotations
@@ -118,6 +119,61 @@ def search(
     return draft
 
 
+def chain(
+    lengths: tuple[int, ...], counts: Optional[dict[int, Any]], own: OwnTokens, max_tokens: int, min_prob: float
+) -> Draft:
+    """`search` with ``max_width == 1``, the same draft without the heap (the
+    per-token cost of every step's proposals)."""
+    base = own.tokens
+    n, top, last = len(base), lengths[-1], len(lengths) - 1
+    tail = base[n - top :] if n > top else list(base)
+    copy = own.match()
+    run = _tree_run(own, counts, top) if counts is not None else 0
+    toks: list[int] = []
+    probs: list[float] = []
+    prob = 1.0
+    while len(toks) < max_tokens:
+        tree_tok, p, top_hit = -1, 0.0, False
+        if counts is not None:
+            t = tuple(tail)
+            m = len(t)
+            for i in range(last, -1, -1):
+                L = lengths[i]
+                v = counts.get(hash(t[m - L :])) if L <= m else None
+                if v is None:
+                    continue
+                if i == last:
+                    top_hit = True
+                    L += run
+                if v.__class__ is int:
+                    c = v & _M32
+                    tree_tok, p = v >> 32, c * L / (c * L + TREE_TRUST)
+                elif len(v) <= MAX_FANOUT:
+                    tree_tok, c = max(v.items(), key=_second)
+                    p = c / sum(v.values()) * c * L / (c * L + TREE_TRUST)
+                break
+        tok = tree_tok
+        if copy is not None:
+            q, k = copy
+            own_tok = base[q] if q < n else toks[q - n]
+            p_own = k / (k + OWN_TRUST)
+            if own_tok == tree_tok:
+                p = 1.0 - (1.0 - p_own) * (1.0 - p)
+            elif p_own > p:
+                tok, p = own_tok, p_own
+            copy = (q + 1, k + 1) if tok == own_tok else None
+        if tok < 0 or prob * p < min_prob:
+            break
+        prob *= p
+        run = run + 1 if top_hit and tok == tree_tok else 0
+        toks.append(tok)
+        probs.append(prob)
+        tail.append(tok)
+        if len(tail) > top:
+            del tail[0]
+    return Draft(toks, list(range(-1, len(toks) - 1)), probs)
+
+
 def _children(
     lengths: tuple[int, ...],
     counts: Optional[dict[int, Any]],
@@ -157,7 +213,8 @@ def _children(
         p, m = copy
         n = len(base)
         own_tok = base[p] if p < n else path[p - n]
-        cands[own_tok] = 1.0 - (1.0 - m / (m + OWN_TRUST)) * (1.0 - cands.get(own_tok, 0.0))
+        p_own = m / (m + OWN_TRUST)
+        cands[own_tok] = 1.0 - (1.0 - p_own) * (1.0 - cands[own_tok]) if own_tok in cands else p_own
     best = sorted(cands.items(), key=_second, reverse=True)[:width] if len(cands) > 1 else cands.items()
     out = []
     for tok, p in best:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from radixrt.memory.draft_index import TREE_LENGTHS, Draft, DraftIndex, OwnTokens
 from radixrt.memory.draft_keys import tail_keys, window_keys
+from radixrt.memory.draft_search import search
 from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.memory.kv_transfer import HostTier, KVTransferQueue
@@ -285,6 +286,27 @@ def test_draft_tree_branches_where_runs_diverge() -> None:
         assert sum(1 for q in wide.parents if q == p) <= 2
     assert len(wide) <= 8 and min(wide.probs) >= 0.05
     assert Draft([5, 6, 7], [-1, -1, 0]).chain() == [5, 7]
+
+
+def test_the_chain_fast_path_is_the_width_one_search() -> None:
+    rng = random.Random(5)
+    drafted = 0
+    for trial in range(60):
+        tree = RadixCache(None)
+        index = DraftIndex()
+        tree.add_observer(index)
+        motifs = [[rng.randrange(6) for _ in range(rng.randint(3, 12))] for _ in range(4)]
+        for _ in range(rng.randint(0, 30)):
+            key = [t for _ in range(rng.randint(1, 8)) for t in rng.choice(motifs)]
+            tree.insert(key, [0] * len(key), "ns")
+        own_seq = [t for _ in range(rng.randint(1, 6)) for t in rng.choice(motifs)] + [rng.randrange(6)]
+        for min_prob in (0.0, 0.05, 0.2, 0.5):
+            fast = index.propose("ns", OwnTokens(own_seq), 12, 1, min_prob)
+            table = index._tables.get("ns")
+            slow = search(index.lengths, table.counts if table else None, OwnTokens(own_seq), 12, 1, min_prob)
+            assert fast == slow, (trial, min_prob)
+            drafted += len(fast)
+    assert drafted > 500  # the cases draft something
 
 
 def _tree_of(tokens: int, seed: int) -> tuple[RadixCache, DraftIndex]:
