@@ -315,7 +315,7 @@ def test_an_admin_priority_above_the_cap_outranks_the_capped_clients(server):
     """With the one-request batch busy and three max-priority client requests
     queued, an admin request of priority 1000 sent last is answered first: the
     scheduler orders by the admin's value, not by one clamped to the cap."""
-    sp = {"max_new_tokens": 96, "ignore_eos": True}
+    sp = {"max_new_tokens": 192, "ignore_eos": True}
     done: dict[str, float] = {}
 
     def send(name: str, key: str, priority: int, params: dict) -> None:
