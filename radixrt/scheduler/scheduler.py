@@ -372,6 +372,8 @@ class Scheduler:
     def check_invariants(self) -> None:
         self.kv.check_invariant(self.queues.running)
         self.kv.tree.check_integrity()
+        if self.speculator is not None:
+            self.speculator.index.check_integrity(self.kv.tree)
         if self.queues.running_ordered:
             keys = [running_order(r) for r in self.queues.running]
             assert keys == sorted(keys), "running is marked ordered but is not in scheduling order"
@@ -382,7 +384,7 @@ class Scheduler:
             "generated_tokens": self.results.generated_tokens,
             "jump_forward_proposed": self.constrained.proposed,
             "jump_forward_tokens": self.constrained.kept,
-            **(self.speculator.stats.to_dict() if self.speculator is not None else {}),
+            **(self.speculator.stats_dict() if self.speculator is not None else {}),
             "running": len(self.queues.running),
             "waiting": len(self.queues.waiting),
             "kv": self.kv_usage(),

@@ -28,6 +28,7 @@ PROBE_ROWS = (1, 4, 16)
 PROBE_TOKENS_PER_ROW = (1, 5, 9)
 PROBE_CONTEXT = 32  # tokens of (uncomputed) context before each probe row's tokens
 PROBE_REPEATS = 2
+MIN_TOKEN_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,10 @@ class StepCost:
         """Least squares over (rows, tokens, seconds) samples, coefficients clamped at 0."""
         a = torch.tensor([[1.0, r, t] for r, t, _ in samples], dtype=torch.float64)
         b = torch.tensor([[s] for _, _, s in samples], dtype=torch.float64)
-        coef = torch.linalg.lstsq(a, b).solution.flatten().clamp(min=0.0).tolist()
-        return cls(*coef)
+        fixed, per_row, per_token = torch.linalg.lstsq(a, b).solution.flatten().clamp(min=0.0).tolist()
+        # a noisy fit can call tokens free: a token costs at least MIN_TOKEN_SHARE of a one-request step
+        per_token = max(per_token, MIN_TOKEN_SHARE * (fixed + per_row))
+        return cls(fixed, per_row, per_token)
 
     @classmethod
     def measure(cls, runner: Any, free_slots: list[int]) -> "StepCost":

@@ -8,24 +8,34 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from radixrt.memory.draft_index import OwnTokens
 
-DECAY = 0.7  # weight of a request's earlier verifications in its acceptance estimate
-PRIOR_ACCEPTED, PRIOR_REJECTED = 1.0, 1.0  # a new request's estimate: p = 0.5
+DECAY = 0.7  # weight of a request's earlier verifications in its calibration
+CALIBRATION_RANGE = (0.25, 2.0)
 
 
 @dataclass
 class SpecState:
-    """One request's speculation: its own tokens indexed, its acceptance
-    estimate, and what it reports (``spec_verify_ct``: its decode steps since
-    it started speculating, each verifying a draft, possibly empty)."""
+    """One request's speculation: its own tokens indexed, how well the draft
+    index's acceptance estimates held for it, and what it reports
+    (``spec_verify_ct``: its decode steps since it started speculating, each
+    verifying a draft, possibly empty)."""
 
     own: "OwnTokens"
     synced: int  # tokens of input_ids + output_ids already in ``own``
-    accepted: float = PRIOR_ACCEPTED  # decayed counts of accepted / rejected draft positions
-    rejected: float = PRIOR_REJECTED
+    # decayed sums over its verifications: draft tokens accepted, and the index's expectation of them
+    accepted: float = 0.0
+    expected: float = 0.0
+    pending_expected: float = 0.0  # the expectation of the draft being verified now
     verify_ct: int = 0
     drafted: int = 0  # draft tokens verified, and accepted, over its life
     kept: int = 0
 
     @property
-    def p(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+    def calibration(self) -> float:
+        """Accepted over expected draft tokens (1 before any evidence), clamped."""
+        lo, hi = CALIBRATION_RANGE
+        return min(hi, max(lo, (self.accepted + 1.0) / (self.expected + 1.0)))
+
+    def record(self, kept: int) -> None:
+        self.accepted = DECAY * self.accepted + kept
+        self.expected = DECAY * self.expected + self.pending_expected
+        self.pending_expected = 0.0

@@ -35,7 +35,11 @@ from typing import Any, Optional
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.spec_cost import StepCost
-from radixrt.scheduler.spec_state import DECAY, SpecState
+from radixrt.scheduler.spec_state import SpecState
+
+# Draft tokens the index rates below this (estimated chance of acceptance) are not proposed; the
+# cost model trims the rest per step.
+MIN_PROB = 0.05
 
 
 @dataclass
@@ -64,7 +68,8 @@ class SpecStats:
 class _Candidate:
     req: Req
     tokens: list[int]
-    gains: list[float] = field(default_factory=list)
+    probs: list[float]  # the index's estimate that each token (and those before it) is accepted
+    gains: list[float] = field(default_factory=list)  # the same, calibrated by the request's history
 
 
 class Speculator:
@@ -107,7 +112,8 @@ class Speculator:
         time = self.cost.seconds(rows, rows)
         expected = float(rows)
         per_token = self.cost.per_token
-        # marginal gains in decreasing order: each request's j-th token gains p^j
+        # marginal gains in decreasing order: a request's j-th draft token gains its estimated
+        # acceptance (the index's path probability, calibrated by the request's own history)
         heap = [(-c.gains[0], i, 0) for i, c in enumerate(candidates)]
         heapq.heapify(heap)
         chosen = [0] * len(candidates)
@@ -126,6 +132,8 @@ class Speculator:
         for c, n in zip(candidates, chosen):
             if n:
                 c.req.draft_ids = c.tokens[:n]
+                assert c.req.spec is not None
+                c.req.spec.pending_expected = sum(c.probs[:n])
 
     def _propose(self, req: Req) -> Optional[_Candidate]:
         spec = req.spec
@@ -144,11 +152,16 @@ class Speculator:
         )
         if limit < 1:
             return None
-        tokens = self.index.propose(req.namespace, spec.own, limit).chain()
+        draft = self.index.propose(req.namespace, spec.own, limit, min_prob=MIN_PROB)  # a chain (width 1)
+        tokens, probs = draft.tokens, draft.probs
         if not tokens:
             return None
-        p = spec.p
-        return _Candidate(req, tokens, [p ** (j + 1) for j in range(len(tokens))])
+        c = spec.calibration
+        return _Candidate(req, tokens, probs, [min(1.0, c * q) for q in probs])
+
+    def stats_dict(self) -> dict[str, Any]:
+        """The counters, and the draft index's size (entries, tokens, bytes)."""
+        return {**self.stats.to_dict(), "spec_index": self.index.stats()}
 
     def log_text(self) -> str:
         """The tail of the scheduler's info line: acceptance since start."""
@@ -171,8 +184,7 @@ class Speculator:
         spec.kept += kept
         self.stats.drafted_tokens += drafted
         self.stats.accepted_tokens += kept
-        spec.accepted = DECAY * spec.accepted + kept
-        spec.rejected = DECAY * spec.rejected + (1 if kept < drafted else 0)
+        spec.record(kept)
 
 
 # A tensor-parallel runner cannot run the probe forwards: a step whose cost is mostly fixed (the

@@ -129,3 +129,50 @@ def test_greedy_equal_with_pages_and_without_the_radix_cache(tiny_path, page_siz
     with _engine(tiny_path, True, **flags) as on, _engine(tiny_path, False, **flags) as off:
         assert _ids(_run(on, PROMPTS, sp)) == _ids(_run(off, PROMPTS, sp))
         assert on.get_stats()["spec_accepted_tokens"] > 0
+
+
+def test_server_reports_speculation_and_serves_the_opt_out(tiny_path):
+    """meta_info on /generate, SGLang's avg_spec_accept_length in /get_server_info,
+    the radixrt_spec_* metrics, and speculative=false on the OpenAI route."""
+    import httpx
+
+    from tests.support.servers import client_of
+
+    with client_of("--speculative-algorithm", "RADIX", "--max-total-tokens", "4096", model=tiny_path) as client:
+        sp = {"temperature": 0, "max_new_tokens": MAX_NEW}
+        out = client.post("/generate", json={"input_ids": PROMPTS[0], "sampling_params": sp}).json()
+        meta = out["meta_info"]
+        assert meta["spec_verify_ct"] >= 1 and meta["spec_accept_length"] > 1.0, meta
+        assert meta["spec_verify_ct"] < meta["completion_tokens"] - 1  # fewer steps than tokens
+        off = {**sp, "speculative": False}
+        plain = client.post("/generate", json={"input_ids": PROMPTS[0], "sampling_params": off}).json()
+        assert plain["output_ids"] == out["output_ids"] and "spec_verify_ct" not in plain["meta_info"]
+        bad = client.post("/generate", json={"input_ids": PROMPTS[0], "sampling_params": {"speculative": "no"}})
+        assert bad.status_code == 400 and "speculative" in bad.text
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "speculative": False}
+        chat = client.post("/v1/completions", json=body)
+        assert chat.status_code == 200, chat.text
+        info = client.get("/get_server_info").json()
+        state = info["internal_states"][0]
+        assert state["avg_spec_accept_length"] > 1.0 and state["spec_accepted_tokens"] > 0
+        assert state["spec_index"]["tokens_indexed"] > 0
+        metrics = client.get("/metrics").text
+        assert "radixrt_spec_verify_steps_total" in metrics and "radixrt_spec_accept_length" in metrics
+        assert isinstance(client, httpx.Client)
+
+
+def test_cli_logs_the_acceptance_length(tiny_llama):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixrt.cli", "generate", "--model", tiny_llama, "--speculative-algorithm", "RADIX"]
+        + ["--max-new-tokens", "24", "--max-total-tokens", "2048", "--log-level", "info", "--log-interval", "1"]
+        + ["--json", "one two three one two three one two three one two three"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "spec accept length" in proc.stderr
