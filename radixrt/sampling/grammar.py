@@ -321,14 +321,16 @@ class GrammarState:
             return []
         # A forced string is bounded (grammar_bounds.py) but may still be far longer than the
         # draft: tokenize only what max_tokens can hold.
-        draft = self._take(self._encode(text[: max_tokens * MAX_DRAFT_CHARS_PER_TOKEN])[:max_tokens])
+        draft = self.take_draft(self._encode(text[: max_tokens * MAX_DRAFT_CHARS_PER_TOKEN])[:max_tokens])
         if not draft:
-            draft = self._take(self.matcher.find_jump_forward_tokens()[:max_tokens])
+            draft = self.take_draft(self.matcher.find_jump_forward_tokens()[:max_tokens])
         return draft
 
-    def _take(self, tokens: list[int]) -> list[int]:
-        """Accept the longest prefix of ``tokens`` the grammar allows, recording
-        each position's mask."""
+    def take_draft(self, tokens: list[int]) -> list[int]:
+        """Accept the longest prefix of ``tokens`` the grammar allows as the
+        pending draft, recording each position's mask; returns that prefix (a
+        speculative draft pruned by the grammar, or a jump-forward one)."""
+        assert self.draft_len == 0, "a draft is already pending"
         if not tokens:
             return []
         masks = new_bitmask(len(tokens), self.vocab_size)

@@ -35,6 +35,8 @@ def drop_draft(req: Req) -> None:
         assert len(req.slots) <= len(req.input_ids) + len(req.output_ids), "dropping a computed draft"
         if req.grammar is not None:
             req.grammar.settle_draft(0)
+        if req.spec is not None:
+            req.spec.cancel()
         req.draft_ids = []
 
 

@@ -146,6 +146,7 @@ class ResultProcessor:
         state = req.grammar
         n_out = len(req.output_ids)
         kept = 0
+        speculated = req.spec is not None and req.spec.drafting  # else a grammar's jump-forward draft, or none
         if not draft:
             self._take_token(req, result, first)
         else:
@@ -158,15 +159,17 @@ class ResultProcessor:
                 kept += 1
                 if req.finish_reason is not None:
                     break
-            if state is not None:  # a jump-forward draft
+            if state is not None:  # the grammar rolls back over the rejected rest
                 state.settle_draft(kept)
+            if state is not None and not speculated:  # a jump-forward draft
                 self.constrained.next_draft_limit(req, len(draft), kept)
                 self.constrained.kept += kept
             if req.finish_reason is None:  # else it finished inside the draft
                 self._take_token(req, result, first + kept)
             self.kv.truncate(req, base + kept)
         if req.spec is not None and n_out and self.speculator is not None:  # a decode step: it verified a draft
-            self.speculator.settle(req, len(draft), kept, len(req.output_ids) - n_out)
+            drafted = len(draft) if speculated else 0
+            self.speculator.settle(req, drafted, kept if speculated else 0, len(req.output_ids) - n_out)
         if req.finish_reason is None and state is not None and self.enable_jump_forward:
             self.constrained.propose_draft(req)
 

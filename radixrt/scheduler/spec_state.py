@@ -25,6 +25,7 @@ class SpecState:
     accepted: float = 0.0
     expected: float = 0.0
     pending_expected: float = 0.0  # the expectation of the draft being verified now
+    drafting: bool = False  # the request's draft_ids are this speculation's (not a grammar's jump-forward)
     verify_ct: int = 0
     drafted: int = 0  # draft tokens verified, and accepted, over its life
     kept: int = 0
@@ -36,6 +37,12 @@ class SpecState:
         return min(hi, max(lo, (self.accepted + 1.0) / (self.expected + 1.0)))
 
     def record(self, kept: int) -> None:
+        """The draft in flight was verified: ``kept`` of its tokens accepted."""
         self.accepted = DECAY * self.accepted + kept
         self.expected = DECAY * self.expected + self.pending_expected
+        self.cancel()
+
+    def cancel(self) -> None:
+        """The draft in flight is gone (verified, or dropped before computing)."""
         self.pending_expected = 0.0
+        self.drafting = False

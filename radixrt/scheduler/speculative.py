@@ -93,7 +93,7 @@ class Speculator:
 
     def wants(self, req: Req) -> bool:
         """Whether ``req`` speculates (decided once, at admission)."""
-        return req.sampling.speculative and req.grammar_future is None and req.sampling.max_new_tokens > 1
+        return req.sampling.speculative and req.sampling.max_new_tokens > 1
 
     def start(self, req: Req) -> None:
         from radixrt.memory.draft_index import OwnTokens
@@ -131,13 +131,23 @@ class Speculator:
             self.stats.skipped_steps += 1
         for c, n in zip(candidates, chosen):
             if n:
-                c.req.draft_ids = c.tokens[:n]
-                assert c.req.spec is not None
-                c.req.spec.pending_expected = sum(c.probs[:n])
+                self._assign(c.req, c.tokens[:n], c.probs)
+
+    @staticmethod
+    def _assign(req: Req, tokens: list[int], probs: list[float]) -> None:
+        """Make ``tokens`` the request's draft; a constrained request's grammar
+        keeps only the prefix it allows (and records its masks)."""
+        if req.grammar is not None:
+            tokens = req.grammar.take_draft(tokens)
+        if tokens:
+            assert req.spec is not None
+            req.draft_ids = tokens
+            req.spec.pending_expected = sum(probs[: len(tokens)])
+            req.spec.drafting = True
 
     def _propose(self, req: Req) -> Optional[_Candidate]:
         spec = req.spec
-        if spec is None or req.draft_ids or req.inflight_tokens or req.grammar is not None:
+        if spec is None or req.draft_ids or req.inflight_tokens:  # (a jump-forward draft goes first)
             return None
         n_in, n_out = len(req.input_ids), len(req.output_ids)
         if not n_out or len(req.slots) != n_in + n_out - 1:  # not a decoder with a sampled token

@@ -176,3 +176,20 @@ def test_cli_logs_the_acceptance_length(tiny_llama):
     )
     assert proc.returncode == 0, proc.stderr
     assert "spec accept length" in proc.stderr
+
+
+def test_constrained_requests_draft_within_their_grammar(tiny_llama):
+    """Drafts of a constrained request are pruned by its grammar (jump-forward still
+    fills forced text); the output is the same and matches the regex."""
+    import re
+
+    regex = r"((cat|dog|bird) ){6}(the end)"
+    sp = {"temperature": 0, "max_new_tokens": 40, "regex": regex}
+    prompts = ["Animals: cat dog cat dog cat dog", "List: bird bird bird"]
+    with _engine(tiny_llama, True) as on, _engine(tiny_llama, False) as off:
+        got = on.generate(prompts, sp)
+        want = off.generate(prompts, sp)
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        assert all(re.fullmatch(regex, o["text"]) for o in got), [o["text"] for o in got]
+        stats = on.get_stats()
+        assert stats["spec_verify_steps"] > 0 and stats["jump_forward_tokens"] > 0
