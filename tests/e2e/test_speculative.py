@@ -26,7 +26,8 @@ MAX_NEW = 48
 
 
 def _engine(path: str, spec: bool, **kw) -> radixrt.Engine:
-    flags = dict(max_total_tokens=4096, debug_check_invariants=True, random_seed=0, **kw)
+    flags = dict(debug_check_invariants=True, random_seed=0, **kw)
+    flags.setdefault("max_total_tokens", 4096)
     if spec:
         flags.update(speculative_algorithm="RADIX", speculative_num_draft_tokens=6)
     return radixrt.Engine(model_path=path, **flags)
@@ -193,3 +194,31 @@ def test_constrained_requests_draft_within_their_grammar(tiny_llama):
         assert all(re.fullmatch(regex, o["text"]) for o in got), [o["text"] for o in got]
         stats = on.get_stats()
         assert stats["spec_verify_steps"] > 0 and stats["jump_forward_tokens"] > 0
+
+
+COMPOSE = {
+    # a pool too small for the batch: requests are retracted and resumed mid-speculation
+    "retraction": dict(max_total_tokens=400),
+    "host_tier": dict(max_total_tokens=1024, enable_hierarchical_cache=True, host_kv_size=4096),
+    "deterministic": dict(enable_deterministic_inference=True),
+    "overlap": dict(disable_overlap_schedule=False),
+    "tensor_parallel": dict(tp_size=2),
+}
+
+
+@pytest.mark.parametrize(
+    "name", ["retraction", *(pytest.param(n, marks=pytest.mark.slow) for n in COMPOSE if n != "retraction")]
+)
+def test_speculation_composes(tiny_path, name):
+    flags = dict(COMPOSE[name])
+    flags.setdefault("max_total_tokens", 4096)
+    sp = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS[:3]]
+    with _engine(tiny_path, False, **flags) as off:  # one at a time: tensor-parallel engines cannot share a process
+        want = _ids(_run(off, prompts, sp))
+    with _engine(tiny_path, True, **flags) as on:
+        assert _ids(_run(on, prompts, sp)) == want
+        stats = on.get_stats()
+    assert stats["spec_accepted_tokens"] > 0
+    if name == "retraction":
+        assert stats["retractions"] > 0
