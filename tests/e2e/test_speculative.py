@@ -222,3 +222,29 @@ def test_speculation_composes(tiny_path, name):
     assert stats["spec_accepted_tokens"] > 0
     if name == "retraction":
         assert stats["retractions"] > 0
+
+
+@pytest.mark.slow
+def test_embedded_model_greedy_equal_and_code_edits_accept_several_tokens(default_model_path):
+    """On the embedded model: a code edit (the answer copies most of the prompt), a
+    tool call echoing the conversation, and a question with nothing to copy."""
+    import inspect
+    import textwrap
+
+    code = textwrap.dedent(inspect.getsource(textwrap.indent))
+    chats = [
+        [{"role": "user", "content": f"Rename the parameter `text` to `body` in this code:\n\n{code}"}],
+        [
+            {"role": "system", "content": 'Call tools as JSON: {"name": ..., "arguments": {...}}'},
+            {"role": "user", "content": "Look up the weather in San Francisco, California for next Tuesday."},
+        ],
+        [{"role": "user", "content": "Why is the sky blue?"}],
+    ]
+    sp = {"temperature": 0, "max_new_tokens": 64}
+    with _engine(default_model_path, False) as off:
+        prompts = [off.apply_chat_template(c) for c in chats]
+        want = [o["output_ids"] for o in off.generate(prompts, sp)]
+    with _engine(default_model_path, True) as on:
+        got = [on.generate(p, sp) for p in prompts]  # one at a time: batch 1
+    assert [o["output_ids"] for o in got] == want
+    assert got[0]["meta_info"]["spec_accept_length"] > 2.0, got[0]["meta_info"]
