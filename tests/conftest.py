@@ -14,10 +14,20 @@ import os
 
 import pytest
 
+from tests.support.xdist_order import make_scheduler, order_heaviest_first
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the modules of one shared server in one unit, heaviest units first
+    (tests/support/xdist_order.py)."""
+    return make_scheduler(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    order_heaviest_first(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

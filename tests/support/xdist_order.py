@@ -1,0 +1,89 @@
+"""How the suite's files are dealt to the pytest-xdist workers (``--dist loadfile``).
+
+Two rules on top of xdist's own file-per-unit scheduling:
+
+* Modules that share a session-scoped server of ``tests/e2e/conftest.py`` form one unit
+  (``SHARED_SERVER_MODULES``), so the worker that starts that server runs all of them and the
+  other worker never starts a second copy.
+* Units are dealt heaviest first (``HEAVIEST_FIRST``, then the rest in collection order), so the
+  long modules start at once and the two workers finish together instead of one of them
+  running a long module alone at the end. xdist's default order (most tests first) put the
+  long few-test modules (the fuzz test, tensor parallel) last.
+
+Both lists hold paths relative to the repository root. A module missing from ``HEAVIEST_FIRST``
+still runs (after the listed ones); list a new module there when it takes more than a few seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+# module -> the name of the session server it shares (tests/e2e/conftest.py)
+SHARED_SERVER_MODULES: dict[str, str] = {
+    "tests/e2e/test_tool_calls.py": "default_server",
+    "tests/e2e/test_responses_api.py": "default_server",
+}
+
+# the slowest modules of the full suite, slowest first (per-module time of a --durations run)
+HEAVIEST_FIRST: tuple[str, ...] = (
+    "tests/e2e/test_tool_calls.py",  # with test_responses_api.py: one unit, the longest
+    "tests/e2e/test_responses_api.py",
+    "tests/e2e/test_server.py",
+    "tests/unit/test_bench_workloads.py",
+    "tests/e2e/test_engine_greedy.py",
+    "tests/e2e/test_frontend.py",
+    "tests/e2e/test_constrained.py",
+    "tests/e2e/test_sglang_client.py",
+    "tests/e2e/test_speculative.py",
+    "tests/unit/test_radix_cache.py",
+    "tests/e2e/test_http_fuzz.py",
+    "tests/e2e/test_http_hardening.py",
+    "tests/e2e/test_tensor_parallel.py",
+    "tests/e2e/test_engine_api.py",
+    "tests/e2e/test_engine_scheduling.py",
+    "tests/e2e/test_swap_preemption.py",
+    "tests/e2e/test_router.py",
+    "tests/e2e/test_cli.py",
+    "tests/e2e/test_model_logits.py",
+    "tests/e2e/test_kv_cache_dtype.py",
+    "tests/unit/test_host_tier.py",
+    "tests/e2e/test_deterministic.py",
+    "tests/e2e/test_tokenize_routes.py",
+    "tests/e2e/test_request_ids.py",
+    "tests/unit/test_cuda_device_scripts.py",
+    "tests/e2e/test_frontend_http.py",
+)
+_RANK = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
+
+
+def module_path(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def order_heaviest_first(items: list[pytest.Item]) -> None:
+    """Sorts ``items`` in place by their module's place in ``HEAVIEST_FIRST`` (stable: the order
+    within a module, and of the unlisted modules, is kept)."""
+    items.sort(key=lambda item: _RANK.get(module_path(item.nodeid), len(_RANK)))
+
+
+def make_scheduler(config: pytest.Config, log) -> Optional[object]:
+    """The scheduler for ``--dist loadfile`` (None for the other modes: xdist's own)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler.loadfile import LoadFileScheduling
+
+    class SharedServerFileScheduling(LoadFileScheduling):
+        """xdist's loadfile scheduling with the modules of one shared server in one unit, and the
+        units in collection order (which ``order_heaviest_first`` made heaviest first)."""
+
+        def __init__(self, config: pytest.Config, log=None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # xdist would reorder the units by test count
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = module_path(nodeid)
+            return SHARED_SERVER_MODULES.get(path, path)
+
+    return SharedServerFileScheduling(config, log)
