@@ -84,6 +84,7 @@ class InFlight:
     inputs: StepInputs
     output: "Future[StepOutput]"
     overlappable: bool  # the next step may be scheduled before these results are in
+    launched_at: float = 0.0  # time.perf_counter() at launch
 
 
 def _needs_host_tokens(req: Req) -> bool:
@@ -337,11 +338,18 @@ class Scheduler:
         # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
         # what was evicted, write-through of what this step computes) run on the forward thread around it
         transfers = self.kv.take_transfers()
-        return InFlight(batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable)
+        return InFlight(
+            batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable, time.perf_counter()
+        )
 
     def _complete(self, step: InFlight) -> list[TokenOutput]:
         """Process a launched step's results (waiting for them); its outputs."""
-        results = self.results.process(step.batch, step.inputs, step.output.result())
+        output = step.output.result()
+        if self.speculator is not None and not step.overlappable and not step.inputs.prompt_tokens:
+            self.speculator.cost.observe(
+                len(step.batch), len(step.inputs.input_ids), time.perf_counter() - step.launched_at
+            )
+        results = self.results.process(step.batch, step.inputs, output)
         self.counters["requests_finished"] += results.finished
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots

@@ -7,8 +7,9 @@ is bound by reading the weights and eight more tokens cost little; at batch
 32 the extra tokens can cost more than the accepted ones save. `StepCost`
 models a step's seconds as ``fixed + per_row * rows + per_token * tokens``,
 fitted by least squares to a few probe forwards (rows x tokens per row) run
-on the real model before the scheduler starts; `Speculator` asks it, every
-step, which draft tokens are worth their cost.
+on the real model before the scheduler starts, then kept up to date by the
+decode steps it serves (`OnlineStepCost`); `Speculator` asks it, every step,
+which draft tokens are worth their cost.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -49,12 +50,15 @@ class StepCost:
         a = torch.tensor([[1.0, r, t] for r, t, _ in samples], dtype=torch.float64)
         b = torch.tensor([[s] for _, _, s in samples], dtype=torch.float64)
         fixed, per_row, per_token = torch.linalg.lstsq(a, b).solution.flatten().clamp(min=0.0).tolist()
-        # a noisy fit can call tokens free: a token costs at least MIN_TOKEN_SHARE of a one-request step
-        per_token = max(per_token, MIN_TOKEN_SHARE * (fixed + per_row))
-        return cls(fixed, per_row, per_token)
+        return cls.from_coefficients(fixed, per_row, per_token)
 
     @classmethod
-    def measure(cls, runner: Any, free_slots: list[int]) -> "StepCost":
+    def from_coefficients(cls, fixed: float, per_row: float, per_token: float) -> "StepCost":
+        # a noisy fit can call tokens free: a token costs at least MIN_TOKEN_SHARE of a one-request step
+        return cls(fixed, per_row, max(per_token, MIN_TOKEN_SHARE * (fixed + per_row)))
+
+    @classmethod
+    def measure(cls, runner: Any, free_slots: list[int]) -> "OnlineStepCost":
         """Time the probe shapes on ``runner`` (a ModelRunner) with ``free_slots``
         (free KV slots, at least ``max(rows) * (context + max(tokens))``; their
         contents are overwritten and stay free). Each shape runs once to warm
@@ -78,8 +82,58 @@ class StepCost:
             1e3 * cost.per_row,
             1e3 * cost.per_token,
         )
-        return cost
+        return OnlineStepCost(cost, samples)
 
     @staticmethod
     def probe_slots_needed() -> int:
         return max(PROBE_ROWS) * (PROBE_CONTEXT + max(PROBE_TOKENS_PER_ROW))
+
+
+class OnlineStepCost:
+    """`StepCost` kept true while serving: the start-up probes seed a least-squares
+    fit that every observed decode step (its requests, its tokens, its seconds)
+    joins, older observations decaying, refitted every REFIT_EVERY steps. A
+    probe measured on a busy machine, or a model whose steps cost differently
+    at real context lengths, is corrected within a few dozen steps."""
+
+    DECAY = 0.99  # weight of the past per observation
+    REFIT_EVERY = 16
+    PROBE_WEIGHT = 8.0  # each start-up sample counts as this many observed steps
+
+    def __init__(self, seed: StepCost, samples: Sequence[tuple[int, int, float]] = ()) -> None:
+        self.current = seed
+        self._ata = torch.zeros(3, 3, dtype=torch.float64)
+        self._atb = torch.zeros(3, dtype=torch.float64)
+        self._pending = 0
+        for rows, tokens, seconds in samples:
+            self._add(rows, tokens, seconds, self.PROBE_WEIGHT)
+
+    @property
+    def per_token(self) -> float:
+        return self.current.per_token
+
+    def seconds(self, rows: int, tokens: int) -> float:
+        return self.current.seconds(rows, tokens)
+
+    def _add(self, rows: int, tokens: int, seconds: float, weight: float) -> None:
+        x = torch.tensor([1.0, float(rows), float(tokens)], dtype=torch.float64)
+        self._ata += weight * torch.outer(x, x)
+        self._atb += weight * seconds * x
+
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        """One decode step (no prompt tokens) of ``rows`` requests and ``tokens`` tokens took ``seconds``."""
+        self._ata *= self.DECAY
+        self._atb *= self.DECAY
+        self._add(rows, tokens, seconds, 1.0)
+        self._pending += 1
+        if self._pending >= self.REFIT_EVERY:
+            self._pending = 0
+            self._refit()
+
+    def _refit(self) -> None:
+        ridge = 1e-9 * torch.eye(3, dtype=torch.float64)  # the observed steps may all have one shape
+        try:
+            coef = torch.linalg.solve(self._ata + ridge, self._atb).clamp(min=0.0).tolist()
+        except RuntimeError:  # singular: keep the current fit
+            return
+        self.current = StepCost.from_coefficients(*coef)

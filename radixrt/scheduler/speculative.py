@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.scheduler.request import Req
-from radixrt.scheduler.spec_cost import StepCost
+from radixrt.scheduler.spec_cost import OnlineStepCost, StepCost
 from radixrt.scheduler.spec_state import SpecState
 
 # Draft tokens the index rates below this (estimated chance of acceptance) are not proposed; the
@@ -79,7 +79,7 @@ class Speculator:
     may drop a draft it has no memory or budget for) and ``req.spec``."""
 
     def __init__(
-        self, tree: PrefixCache, cost: StepCost, max_draft_tokens: int, ngram_order: int, context_length: int
+        self, tree: PrefixCache, cost: OnlineStepCost, max_draft_tokens: int, ngram_order: int, context_length: int
     ) -> None:
         from radixrt.memory.draft_index import TREE_LENGTHS, DraftIndex
 
@@ -210,7 +210,7 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
         return None
     allocator = kv.allocator
     need = StepCost.probe_slots_needed()
-    cost = DEFAULT_COST
+    cost = OnlineStepCost(DEFAULT_COST)
     if getattr(runner, "tp", None) is None and allocator.num_free_slots >= need:
         slots = allocator.alloc_slots_for(need)
         assert slots is not None
