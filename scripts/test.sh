@@ -6,7 +6,8 @@ bash scripts/setup.sh
 . .venv/bin/activate
 radixrt download >/dev/null
 # Two workers (pytest-xdist), each taking whole test files so a module's
-# server or engine fixture starts once: about 7 minutes here against 16 in
-# one process (much of the suite waits on servers starting). Set
+# server or engine fixture starts once (much of the suite waits on servers
+# starting); tests/support/xdist_order.py deals the slowest files first and
+# keeps the modules of one shared server together. Set
 # RADIXRT_TEST_WORKERS=0 to run in this process only.
 python -m pytest -q -p no:cacheprovider -n "${RADIXRT_TEST_WORKERS:-2}" --dist loadfile "$@"
