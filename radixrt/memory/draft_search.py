@@ -95,7 +95,8 @@ def search(
     ctx = tuple(base[len(base) - lengths[-1] :] if len(base) > lengths[-1] else base)
     heap: list[tuple[float, int, int, int, tuple[int, ...], _Copy, int]] = []
     order = 0
-    parent, prob, path, copy = -1, 1.0, (), own.match()
+    path: tuple[int, ...] = ()
+    parent, prob, copy = -1, 1.0, own.match()
     run = _tree_run(own, counts, lengths[-1]) if counts is not None else 0
     while True:
         for p, tok, child_copy, child_run in _children(lengths, counts, base, ctx, path, copy, run, max_width):
@@ -195,7 +196,7 @@ def _children(
             v = counts.get(keys[i])
             if v is None:
                 continue
-            L = lengths[i]
+            L: float = lengths[i]
             if i == len(lengths) - 1:
                 runs = True
                 L += run
@@ -216,10 +217,10 @@ def _children(
         p_own = m / (m + OWN_TRUST)
         cands[own_tok] = 1.0 - (1.0 - p_own) * (1.0 - cands[own_tok]) if own_tok in cands else p_own
     best = sorted(cands.items(), key=_second, reverse=True)[:width] if len(cands) > 1 else cands.items()
-    out = []
-    for tok, p in best:
+    out: list[tuple[float, int, _Copy, int]] = []
+    for tok, prob in best:
         tree_run = run + 1 if runs and tok in tree_toks else 0
-        out.append((p, tok, (copy[0] + 1, copy[1] + 1) if tok == own_tok and copy else None, tree_run))
+        out.append((prob, tok, (copy[0] + 1, copy[1] + 1) if tok == own_tok and copy else None, tree_run))
     return out
 
 
