@@ -84,7 +84,7 @@ class InFlight:
     inputs: StepInputs
     output: "Future[StepOutput]"
     overlappable: bool  # the next step may be scheduled before these results are in
-    launched_at: float = 0.0  # time.perf_counter() at launch
+    started_at: float = 0.0  # time.perf_counter() when its step began (drafting and planning included)
 
 
 def _needs_host_tokens(req: Req) -> bool:
@@ -303,6 +303,7 @@ class Scheduler:
         """Schedule and launch one batch, process the results of the step before
         it (or of this one, when it cannot overlap); return what requests produced
         (after the outputs queued since the last step)."""
+        started = time.perf_counter()
         out, self._queued_outputs = self._queued_outputs, []
         for req, reason in self.constrained.resolve(self.queues.waiting):
             self.queues.waiting.remove(req)
@@ -314,7 +315,7 @@ class Scheduler:
         for req, reason in plan.ended:
             out.append(self._finish(req, reason))
         batch = plan.batch
-        previous, self.inflight = self.inflight, self._launch(batch) if batch else None
+        previous, self.inflight = self.inflight, self._launch(batch, started) if batch else None
         if previous is not None:
             out += self._complete(previous)
         if self.inflight is not None and not self.inflight.overlappable:
@@ -324,7 +325,7 @@ class Scheduler:
             self.constrained.wait(self.queues.waiting)
         return out
 
-    def _launch(self, batch: Batch) -> InFlight:
+    def _launch(self, batch: Batch, started: float) -> InFlight:
         overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
         inputs = prepare_inputs(
             batch, self.constrained, self.kv.req_to_token.take_writes(), keep_last_tokens=overlappable
@@ -338,18 +339,16 @@ class Scheduler:
         # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
         # what was evicted, write-through of what this step computes) run on the forward thread around it
         transfers = self.kv.take_transfers()
-        return InFlight(
-            batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable, time.perf_counter()
-        )
+        return InFlight(batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable, started)
 
     def _complete(self, step: InFlight) -> list[TokenOutput]:
         """Process a launched step's results (waiting for them); its outputs."""
-        output = step.output.result()
+        results = self.results.process(step.batch, step.inputs, step.output.result())
         if self.speculator is not None and not step.overlappable and not step.inputs.prompt_tokens:
+            # the whole step as the requests waited for it: drafting, planning, forward, sampling, results
             self.speculator.cost.observe(
-                len(step.batch), len(step.inputs.input_ids), time.perf_counter() - step.launched_at
+                len(step.batch), len(step.inputs.input_ids), time.perf_counter() - step.started_at
             )
-        results = self.results.process(step.batch, step.inputs, output)
         self.counters["requests_finished"] += results.finished
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots
