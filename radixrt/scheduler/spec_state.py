@@ -27,8 +27,6 @@ class SpecState:
     pending_expected: float = 0.0  # the expectation of the draft being verified now
     drafting: bool = False  # the request's draft_ids are this speculation's (not a grammar's jump-forward)
     verify_ct: int = 0
-    drafted: int = 0  # draft tokens verified, and accepted, over its life
-    kept: int = 0
 
     @property
     def calibration(self) -> float:

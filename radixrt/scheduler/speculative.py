@@ -190,8 +190,6 @@ class Speculator:
         self.stats.verify_tokens += produced
         if not drafted:
             return
-        spec.drafted += drafted
-        spec.kept += kept
         self.stats.drafted_tokens += drafted
         self.stats.accepted_tokens += kept
         spec.record(kept)
