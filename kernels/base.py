@@ -29,6 +29,8 @@ from typing import Optional
 import torch
 
 from .kv_cache import LayerKVCache
+from .tree import has_tree
+from .tree import positions as tree_positions
 
 
 @dataclass
@@ -57,6 +59,9 @@ class AttentionMetadata:
     # [B, max(kv_lens)] int64: request i's slots in row i, padded with stale but
     # in-range slot ids past kv_lens[i] (set by `from_table`; None from `build`)
     slot_table: Optional[torch.Tensor] = None
+    # per request, the tree its new tokens form (parent indices, see tree.py) or None: causal.
+    # A backend that cannot attend a tree raises ValueError when `has_tree(meta.tree)`.
+    tree: Optional[list[Optional[list[int]]]] = None
 
     @property
     def kv_slots(self) -> torch.Tensor:
@@ -86,8 +91,10 @@ class AttentionMetadata:
         q_lens: list[int],
         page_size: int = 1,
         device: torch.device | str = "cpu",
+        tree: Optional[list[Optional[list[int]]]] = None,
     ) -> "AttentionMetadata":
-        """Build metadata from each request's full slot list and its new-token count."""
+        """Build metadata from each request's full slot list and its new-token count
+        (``tree``: see the field)."""
         kv_lens = [len(s) for s in seq_slots]
         flat: list[int] = []
         out: list[int] = []
@@ -102,6 +109,8 @@ class AttentionMetadata:
         for q, k in zip(q_lens, kv_lens):
             qo.append(qo[-1] + q)
             kv.append(kv[-1] + k)
+        if has_tree(tree):
+            pos = tree_positions(q_lens, kv_lens, tree)
 
         def as_long(xs: list[int]) -> torch.Tensor:
             return torch.tensor(xs, dtype=torch.int64, device=device)
@@ -118,6 +127,7 @@ class AttentionMetadata:
             q_lens=list(q_lens),
             kv_lens=kv_lens,
             page_size=page_size,
+            tree=tree if has_tree(tree) else None,
         )
 
     @classmethod
@@ -128,6 +138,7 @@ class AttentionMetadata:
         q_lens: list[int],
         kv_lens: list[int],
         page_size: int = 1,
+        tree: Optional[list[Optional[list[int]]]] = None,
     ) -> "AttentionMetadata":
         """The same metadata as `build`, gathered on the table's device from a
         request-to-slot table: request ``i``'s slots are ``table[rows[i], :kv_lens[i]]``.
@@ -154,6 +165,8 @@ class AttentionMetadata:
             req_of_q = torch.repeat_interleave(torch.arange(B, device=device), q_t, output_size=num_q)
             positions = torch.arange(num_q, device=device) - qo_indptr[req_of_q] + (kv_t - q_t)[req_of_q]
             out_slots = slot_table[req_of_q, positions]
+            if has_tree(tree):  # a draft tree's tokens sit at their depth (they are written at their index)
+                positions = torch.tensor(tree_positions(q_lens, kv_lens, tree), dtype=torch.int64, device=device)
         return cls(
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
@@ -164,6 +177,7 @@ class AttentionMetadata:
             kv_lens=list(kv_lens),
             page_size=page_size,
             slot_table=slot_table,
+            tree=tree if has_tree(tree) else None,
         )
 
 

@@ -31,6 +31,7 @@ import torch
 
 from .base import AttentionMetadata
 from .kv_cache import LayerKVCache
+from .tree import ancestor_mask
 
 # Below this many shared tokens the split costs more than it saves.
 MIN_SHARED_PREFIX = 32
@@ -89,7 +90,9 @@ def shared_prefix_len(meta: AttentionMetadata) -> int:
     return int(same.to(torch.int8).argmin())  # first position where some request differs
 
 
-def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
+def plan_cascade(meta: AttentionMetadata, tree: Optional[list[Optional[list[int]]]] = None) -> Optional[CascadePlan]:
+    """The cascade plan of ``meta`` (None: no shared prefix worth it). ``tree``:
+    the batch's draft trees (kernels/tree.py), whose tokens see their ancestors only."""
     c = shared_prefix_len(meta)
     if c < MIN_SHARED_PREFIX:
         return None
@@ -108,6 +111,10 @@ def plan_cascade(meta: AttentionMetadata) -> Optional[CascadePlan]:
     q_valid = j[None, :] < q_lens[:, None]  # [B, Qmax]
     q_pos = rest_lens[:, None] - q_lens[:, None] + j[None, :]  # query positions in rest coordinates
     rest_mask = valid_key[:, None, :] & (r[None, None, :] <= q_pos[:, :, None])
+    for b, parents in enumerate(tree or ()):
+        if parents is not None:  # the new tokens (after the shared prefix c <= kv - q) form a tree
+            rest, q = meta.kv_lens[b] - c, meta.q_lens[b]
+            rest_mask[b, :q, rest - q : rest] = ancestor_mask(parents, device)
     q_index = torch.where(q_valid, meta.qo_indptr[:-1].to(torch.int64)[:, None] + j[None, :], 0)
     return CascadePlan(prefix, (first, c) if consecutive else None, rest_table, rest_mask, q_index, q_valid)
 

@@ -16,7 +16,11 @@ once per batch, `forward(...)` once per layer. Inside:
   lengths over radix-cached prefixes, possibly mixed with decoding requests)
   runs ``BatchPrefillWithPagedKVCacheWrapper`` with a causal mask, which
   FlashInfer aligns bottom-right (query ``i`` of a request sits at position
-  ``kv_len - q_len + i``), exactly the reference semantics.
+  ``kv_len - q_len + i``), exactly the reference semantics; a batch verifying
+  a speculative draft tree (``meta.tree``, `tree.py`) passes the dense
+  ``custom_mask`` instead (``tree.flat_mask``: each request's ``[q_len,
+  kv_len]`` mask, row-major, concatenated), whose positions the model's
+  RoPE already took from ``meta.positions``.
 
 KV cache dtypes: the model dtype (bf16/fp16) or fp8 (``float8_e4m3fn``,
 ``float8_e5m2``). FlashInfer's paged kernels read fp8 K/V themselves given
@@ -47,6 +51,7 @@ import torch
 
 from .base import AttentionBackend, AttentionMetadata
 from .kv_cache import LayerKVCache
+from .tree import flat_mask, has_tree
 
 DEFAULT_WORKSPACE_BYTES = 128 << 20
 # GQA group size from which decode uses FlashInfer's tensor-core (prefill-kernel) path.
@@ -299,6 +304,10 @@ class FlashInferBackend(AttentionBackend):
         else:
             w = self._prefill
             qo_indptr = torch.tensor(_cumsum0(list(meta.q_lens)), dtype=torch.int32)
+            # a batch verifying a draft tree takes a custom mask (each tree token sees the prefix
+            # and its ancestors, tree.py); every other batch FlashInfer's own causal mask
+            tree = meta.tree if has_tree(meta.tree) else None
+            mask = None if tree is None else flat_mask(meta.q_lens, meta.kv_lens, tree).to(self.device)
             w.plan(
                 qo_indptr,
                 layout.indptr,
@@ -308,7 +317,8 @@ class FlashInferBackend(AttentionBackend):
                 shape.num_kv_heads,
                 shape.head_dim,
                 meta.page_size,
-                causal=True,
+                causal=mask is None,
+                custom_mask=mask,
                 **common,
             )
         self._active = w

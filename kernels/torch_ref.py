@@ -17,7 +17,10 @@ layer's `forward` only gathers and calls `scaled_dot_product_attention`:
   dominates; docs/benchmarks.md, "CPU decode attention");
 - a short extend over a cached prefix (``q_len <= SHORT_EXTEND``: a draft
   being verified) joins the decode call as ``q_len`` decode rows, token ``j``
-  over the keys up to its own position (its causal mask);
+  over the keys up to its own position (its causal mask); a draft *tree*
+  (`tree.py`) the same way, each row's slot list being the prefix's slots
+  then those of the token's ancestors and its own, so a tree costs no dense
+  mask;
 - other prefill/extend requests are attended one request at a time.
   A request with no cached prefix (``q_len == kv_len``) attends over its new
   keys directly with ``is_causal=True``; one extending a cached prefix gathers
@@ -57,6 +60,7 @@ from .cpu_decode import NativeDecode
 from .cpu_decode import load as load_native_decode
 from .fixed_split import FixedSplitPlan, fixed_split_attention, plan_fixed_split
 from .kv_cache import LayerKVCache
+from .tree import ancestor_mask, has_tree, path
 
 # An extend of at most this many tokens over a cached prefix is attended as that many decode rows
 # (each token over the keys up to its own position): drafts under verification stay in the batched
@@ -122,11 +126,14 @@ class TorchReferenceBackend(AttentionBackend):
         self._meta = meta
         self._decode = []
         self._extends = []
+        tree = meta.tree if has_tree(meta.tree) else None
         if self.deterministic:
+            if tree is not None:
+                raise ValueError("the deterministic (fixed-split) attention path does not attend draft trees")
             self._cascade = None
             self._fixed = plan_fixed_split(meta)
             return
-        self._cascade = plan_cascade(meta) if self.cascade else None
+        self._cascade = plan_cascade(meta, tree) if self.cascade else None
         if self._cascade is not None:
             return
         q_lens, kv_lens = meta.q_lens, meta.kv_lens
@@ -143,51 +150,67 @@ class TorchReferenceBackend(AttentionBackend):
                 dec.lens = torch.tensor(kv_lens, dtype=torch.int64)
             self._decode.append(dec)
             return
-        rows, starts, lens = self._decode_rows(q_lens, kv_lens)
+        rows, starts, lens, tails = self._decode_rows(q_lens, kv_lens, tree)
         for group in self._decode_groups(lens):
             g_starts = torch.tensor([starts[i] for i in group], dtype=torch.int64, device=device)
             g_rows = torch.tensor([rows[i] for i in group], dtype=torch.int64, device=device)
             g_lens = [lens[i] for i in group]
-            dec = self._plan_decode_group(meta, g_starts, g_lens, g_rows)
+            g_tails = {gi: tails[i] for gi, i in enumerate(group) if i in tails} if tails else None
+            dec = self._plan_decode_group(meta, g_starts, g_lens, g_rows, g_tails)
             if native:
                 dec.lens = torch.tensor(g_lens, dtype=torch.int64)
             self._decode.append(dec)
 
         qo = 0
         kv = 0
-        for q_len, kv_len in zip(q_lens, kv_lens):
+        for i, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+            parents = tree[i] if tree is not None else None
             if not _as_decode_rows(q_len, kv_len):
-                if q_len == kv_len:
+                if q_len == kv_len and parents is None:
                     self._extends.append(_ExtendPlan(qo, qo + q_len, None, None))
                 else:
                     slots = meta.kv_slots[kv : kv + kv_len]
                     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)
                     k_pos = torch.arange(kv_len, device=device)
                     mask = k_pos[None, :] <= q_pos[:, None]
+                    if parents is not None:  # a draft tree: its tokens see their ancestors only
+                        mask[:, kv_len - q_len :] = ancestor_mask(parents, device)
                     self._extends.append(_ExtendPlan(qo, qo + q_len, slots, mask))
             qo += q_len
             kv += kv_len
 
     @staticmethod
-    def _decode_rows(q_lens: list[int], kv_lens: list[int]) -> tuple[list[int], list[int], list[int]]:
+    def _decode_rows(
+        q_lens: list[int], kv_lens: list[int], tree: Optional[list[Optional[list[int]]]] = None
+    ) -> tuple[list[int], list[int], list[int], dict[int, list[int]]]:
         """The token rows attended as decode rows, with the start of their
         request's slots and the keys each sees: every decode request's one
         token, and each token of a short extend over a cached prefix (a
         speculative or jump-forward draft being verified): its ``j``-th token
         sees the first ``kv_len - q_len + 1 + j`` keys, which is the causal mask
-        of that extend."""
+        of that extend. A tree's token ``j`` sees the ``kv_len - q_len`` prefix
+        keys and then the sequence indices ``tails[row]`` (its path from the
+        tree's top to itself) instead."""
         rows: list[int] = []
         starts: list[int] = []
         lens: list[int] = []
+        tails: dict[int, list[int]] = {}
         qo = kv = 0
-        for q, k in zip(q_lens, kv_lens):
+        for i, (q, k) in enumerate(zip(q_lens, kv_lens)):
             if _as_decode_rows(q, k):
+                parents = tree[i] if tree is not None else None
+                if parents is None:
+                    lens.extend(range(k - q + 1, k + 1))
+                else:
+                    for j in range(q):
+                        tail = [k - q + a for a in path(parents, j)]
+                        tails[len(lens)] = tail
+                        lens.append(k - q + len(tail))
                 rows.extend(range(qo, qo + q))
                 starts.extend([kv] * q)
-                lens.extend(range(k - q + 1, k + 1))
             qo += q
             kv += k
-        return rows, starts, lens
+        return rows, starts, lens, tails
 
     def _decode_groups(self, lens: list[int]) -> list[list[int]]:
         """Split decode rows (indices into ``lens``, their key counts) so that no
@@ -221,16 +244,36 @@ class TorchReferenceBackend(AttentionBackend):
 
     @staticmethod
     def _plan_decode_group(
-        meta: AttentionMetadata, starts: torch.Tensor, lens_list: list[int], rows: Optional[torch.Tensor]
+        meta: AttentionMetadata,
+        starts: torch.Tensor,
+        lens_list: list[int],
+        rows: Optional[torch.Tensor],
+        tails: Optional[dict[int, list[int]]] = None,
     ) -> _DecodePlan:
+        """``tails``: group row -> the sequence indices its last keys read (a tree's path, `_decode_rows`)."""
         device = starts.device
         max_kv = max(lens_list)
         offs = torch.arange(max_kv, dtype=torch.int64, device=device)
+        valid = None
         if min(lens_list) == max_kv:
-            return _DecodePlan(rows, meta.kv_slots[starts[:, None] + offs[None, :]], None)
-        lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
-        valid = offs[None, :] < lens[:, None]
-        idx = torch.where(valid, starts[:, None] + offs[None, :], starts[:, None])
+            idx = starts[:, None] + offs[None, :]
+        else:
+            lens = torch.tensor(lens_list, dtype=torch.int64, device=device)
+            valid = offs[None, :] < lens[:, None]
+            idx = torch.where(valid, starts[:, None] + offs[None, :], starts[:, None])
+        if tails:
+            rs: list[int] = []
+            cols: list[int] = []
+            vals: list[int] = []
+            for r, tail in tails.items():
+                n = lens_list[r]
+                rs.extend([r] * len(tail))
+                cols.extend(range(n - len(tail), n))
+                vals.extend(tail)
+            r_t = torch.tensor(rs, dtype=torch.int64, device=device)
+            idx[r_t, torch.tensor(cols, dtype=torch.int64, device=device)] = starts[r_t] + torch.tensor(
+                vals, dtype=torch.int64, device=device
+            )
         return _DecodePlan(rows, meta.kv_slots[idx], valid)
 
     # --------------------------------------------------------------- forward
