@@ -36,7 +36,11 @@ class ModelSettings:
         "model folder (config.json + safetensors)",
         flag="--model",
     )
-    dtype: str = setting("auto", "auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16 or float16")
+    dtype: str = setting(
+        "auto",
+        "auto (bfloat16 on CUDA; on a CPU bfloat16 only where it has avx512_bf16 or amx_bf16 and a start-up "
+        "measurement finds it faster, else float32), float32, bfloat16 or float16",
+    )
     context_length: Optional[int] = setting(
         None, "longest prompt + output in tokens; unset: the model's max_position_embeddings"
     )

@@ -36,7 +36,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def _resolve_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        if device.startswith("cuda"):
+            return torch.bfloat16
+        from radixrt.executor.cpu_dtype import auto_cpu_dtype
+
+        return _DTYPES[auto_cpu_dtype().dtype]
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
     return _DTYPES[name]

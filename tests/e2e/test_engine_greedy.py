@@ -64,6 +64,7 @@ def test_greedy_matches_transformers_concurrently(
 ):
     engine = radixrt.Engine(
         model[0],
+        dtype="float32",  # the reference dtype, whatever dtype=auto picks on this CPU
         page_size=page_size,
         disable_radix_cache=disable_radix_cache,
         max_total_tokens=4096,
@@ -99,7 +100,7 @@ def test_repetition_penalty_matches_transformers(tiny_llama, tokenizer, chat_pro
 
     hf_model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     eos = tokenizer.eos_token_id
-    engine = radixrt.Engine(tiny_llama, max_total_tokens=4096)
+    engine = radixrt.Engine(tiny_llama, dtype="float32", max_total_tokens=4096)
     try:
         sp = {"max_new_tokens": MAX_NEW, "temperature": 0, "repetition_penalty": 1.8}
         with ThreadPoolExecutor(len(chat_prompts)) as pool:
