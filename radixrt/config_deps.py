@@ -117,6 +117,12 @@ def _unset(flag: str, example: Any, other: str, other_example: Any, what: str) -
     return Need(flag, example, other, None, other_example, wants, _equals(None))
 
 
+def _is_int4(name: Any) -> bool:
+    """Whether ``name`` spells int4 weight quantization (radixrt/config/weight_format.py's names)."""
+    key = str(name).lower().replace("-", "_")
+    return key in ("int4", "int4wo", "int4_weight_only", "w4a16") or key.startswith("int4wo_")
+
+
 _TIER = "enable_hierarchical_cache"
 _PRIORITY = "enable_priority_scheduling"
 _INT8 = _equals("int8")
@@ -238,6 +244,36 @@ ENGINE_NEEDS: tuple[Need, ...] = (
             imply=True,
         )
         for flag, example in (("speculative_num_draft_tokens", 4), ("speculative_ngram_order", 6))
+    ),
+    # weight-only quantization: the CPU kernels, one process, not batch-invariant
+    Need(
+        "quantization",
+        "int8",
+        "device",
+        "cpu",
+        "cuda",
+        "device='cpu' (--device cpu: weight-only quantization has CPU kernels only)",
+        lambda d: not str(d).startswith("cuda"),
+    ),
+    _tp1("quantization", "int8"),
+    _off("quantization", "int8", "enable_deterministic_inference"),
+    Need(
+        "quantization_group_size",
+        64,
+        "quantization",
+        "int4",
+        "int8",
+        "quantization='int4' (--quantization int4: only int4 has groups)",
+        _is_int4,
+    ),
+    Need(
+        "quantize_lm_head",
+        True,
+        "quantization",
+        "int8",
+        None,
+        "quantization='int8' or 'int4' (--quantization int8|int4)",
+        _is_not(None),
     ),
     # logging
     Need(

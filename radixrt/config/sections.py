@@ -16,6 +16,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from radixrt.config.fields import check_choice, setting
+from radixrt.config.weight_format import (
+    DEFAULT_GROUP_SIZE,
+    WeightQuantization,
+    check_group_size,
+    normalize_method,
+)
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
 from radixrt.requests.intake import (
     DEFAULT_MAX_CLIENT_PRIORITY,
@@ -44,6 +50,37 @@ class ModelSettings:
     context_length: Optional[int] = setting(
         None, "longest prompt + output in tokens; unset: the model's max_position_embeddings"
     )
+    quantization: Optional[str] = setting(
+        None,
+        "weight-only quantization of the linear layers at load time, CPU only: int8 (per output channel) or "
+        "int4 (groups of --quantization-group-size inputs with a scale and a minimum); also accepted: int8wo, "
+        "int4wo, int4wo-<group size>, w8a16, w4a16; unset: the weights stay in --dtype",
+    )
+    quantization_group_size: int = setting(
+        DEFAULT_GROUP_SIZE, "int4: consecutive inputs sharing a scale and a minimum (32, 64, 128 or 256)"
+    )
+    quantize_lm_head: bool = setting(
+        False, "with --quantization: quantize the LM head too (embeddings stay in --dtype; a tied head is copied)"
+    )
+
+    def __post_init__(self) -> None:
+        method, group = normalize_method(self.quantization)
+        object.__setattr__(self, "quantization", method)
+        if group is not None:
+            if self.quantization_group_size not in (DEFAULT_GROUP_SIZE, group):
+                raise ValueError(
+                    f"quantization int4wo-{group} and quantization_group_size={self.quantization_group_size} "
+                    "disagree: give the group size once"
+                )
+            object.__setattr__(self, "quantization_group_size", group)
+        check_group_size(self.quantization_group_size)
+
+    @property
+    def weight_quantization(self) -> Optional[WeightQuantization]:
+        """The quantized weight format asked for, or None (float weights)."""
+        if self.quantization is None:
+            return None
+        return WeightQuantization(self.quantization, self.quantization_group_size, self.quantize_lm_head)
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,9 @@ class ModelRunner:
             )
         self.model_path = resolve_model_path(model.model_path)
         # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
-        self.model, self.model_config = load_model(self.model_path, self.dtype, "cpu" if tp else self.device)
+        self.model, self.model_config = load_model(
+            self.model_path, self.dtype, "cpu" if tp else self.device, model.weight_quantization
+        )
         self.shard_config = self.model_config  # this rank's heads: what its KV pool and attention see
         if tp is not None:
             self.shard_config = shard_model(self.model, self.model_config, tp)

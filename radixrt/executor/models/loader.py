@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from glob import glob
@@ -10,8 +11,11 @@ from typing import Optional, Union
 
 import torch
 
+from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.models.config import ModelConfig
 from radixrt.executor.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -141,10 +145,12 @@ def load_model(
     path: str,
     dtype: Union[str, torch.dtype, None] = "auto",
     device: Union[str, torch.device] = "cpu",
+    quantization: Optional[WeightQuantization] = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model for the folder ``path`` ("default" = the embedded model) and load its weights.
 
-    Returns ``(model, config)``; the model is in eval mode on ``device`` in ``dtype``.
+    Returns ``(model, config)``; the model is in eval mode on ``device`` in ``dtype``, its
+    linear layers quantized as ``quantization`` says (`quantized_linear.quantize_model`).
     """
     from radixrt.executor.model_store import resolve_model_path
 
@@ -159,4 +165,9 @@ def load_model(
     load_weights(model, path)
     model.eval()
     model.requires_grad_(False)
+    if quantization is not None:
+        from radixrt.executor.models.quantized_linear import quantize_model
+
+        nbytes = quantize_model(model, quantization)
+        logger.info("quantized the linear layers to %s: %.1f MB", quantization, nbytes / 1e6)
     return model, cfg

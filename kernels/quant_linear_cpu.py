@@ -1,0 +1,215 @@
+"""Weight-only quantized linear layers on the CPU: the weight layouts and a small C kernel.
+
+`quantize_int8` / `quantize_int4` turn a float weight [N, K] into a
+`PackedWeight` (layouts in ``csrc/quant_linear_cpu.c``), `dequantize` gives
+back the float weight it stands for, and `NativeQuantLinear.linear` computes
+``x @ dequantize(w).T + bias`` in float32 activations, reading the packed
+weight once per call whatever the number of rows (a float buffer of a few
+weight rows at a time), where torch's packed kernels cost about one pass over
+the weights per row (figures: docs/benchmarks.md, "Quantized weights").
+
+Build and fallback as ``cpu_decode``: compiled on first use with the system C
+compiler (``-O3 -march=native``) into ``$RADIXRT_HOME/kernels/``, once per
+source, compiler and CPU, then checked against `dequantize` on a small case;
+where that fails `load` logs one warning and returns None and the caller uses
+torch's kernels. ``RADIXRT_NATIVE_QLINEAR=0`` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .cpu_decode import _cache_dir, _cpu_flags
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "quant_linear_cpu.c"
+COMPILE_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c11"]
+LINK_FLAGS = ["-shared"]
+DISABLE_ENV = "RADIXRT_NATIVE_QLINEAR"
+CHUNK = 32  # int4 weights are packed in runs of 32 (16 bytes)
+# multiply-adds of one call (rows x weights) below which it runs on the calling thread only
+PARALLEL_MIN_MACS = 1 << 62
+
+_lock = threading.Lock()
+_loaded: dict[str, Optional["NativeQuantLinear"]] = {}
+
+
+@dataclass
+class PackedWeight:
+    """A quantized weight [out_features, in_features] (layouts: ``csrc/quant_linear_cpu.c``).
+
+    ``bits`` 8: ``qweight`` int8 [N, K], ``scales`` float32 [N], ``mins`` None.
+    ``bits`` 4: ``qweight`` uint8 [N, K / 2], ``scales`` and ``mins`` float32 [N, K / group]."""
+
+    bits: int
+    group_size: int
+    out_features: int
+    in_features: int
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    mins: Optional[torch.Tensor]
+
+    def nbytes(self) -> int:
+        extra = self.mins.numel() * 4 if self.mins is not None else 0
+        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * 4 + extra
+
+
+def quantize_int8(weight: torch.Tensor) -> PackedWeight:
+    """Symmetric int8 per output channel: ``w ~ q * scale``, ``q`` in [-127, 127]."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return PackedWeight(8, 0, w.shape[0], w.shape[1], q.contiguous(), scale.contiguous(), None)
+
+
+def int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group: ``(q [N, K] int32 in 0..15, scale [N, K/G], min [N, K/G])``
+    with ``w ~ q * scale + min``; a group's minimum and maximum are represented exactly."""
+    w = weight.detach().float()
+    n, k = w.shape
+    if k % group_size or group_size % CHUNK:
+        raise ValueError(f"int4: in_features {k} must be a multiple of the group size {group_size} (itself of 32)")
+    g = w.view(n, k // group_size, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return q.view(n, k), scale.contiguous(), lo.contiguous()
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> PackedWeight:
+    """`int4_codes` packed two per byte in the kernel's layout."""
+    q, scale, lo = int4_codes(weight, group_size)
+    n, k = q.shape
+    runs = q.to(torch.uint8).view(n, k // CHUNK, 2, CHUNK // 2)
+    packed = (runs[:, :, 0] | (runs[:, :, 1] << 4)).reshape(n, k // 2)
+    return PackedWeight(4, group_size, n, k, packed.contiguous(), scale, lo)
+
+
+def int4_unpack(p: PackedWeight) -> torch.Tensor:
+    """The int4 codes [N, K] (int32, 0..15) of a packed int4 weight."""
+    n, k = p.out_features, p.in_features
+    runs = p.qweight.view(n, k // CHUNK, 1, CHUNK // 2)
+    return torch.cat([runs & 15, runs >> 4], dim=2).reshape(n, k).to(torch.int32)
+
+
+def dequantize(p: PackedWeight) -> torch.Tensor:
+    """The float32 weight [N, K] a packed weight stands for."""
+    if p.bits == 8:
+        return p.qweight.float() * p.scales[:, None]
+    assert p.mins is not None
+    n, k, g = p.out_features, p.in_features, p.group_size
+    q = int4_unpack(p).float().view(n, k // g, g)
+    return (q * p.scales[..., None] + p.mins[..., None]).view(n, k)
+
+
+class NativeQuantLinear:
+    """The compiled kernel: `linear` computes one quantized linear layer."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fn = ctypes.CDLL(str(path)).radixrt_quant_linear_f32
+        fn.restype = ctypes.c_int
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, i64, i64]
+        self._fn = fn  # ctypes releases the GIL for the call
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool_size = 0
+
+    def linear(self, x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x`` float32 [M, K] (rows may be strided, elements contiguous) -> float32 [M, N]."""
+        m, k = x.shape
+        assert k == w.in_features and x.dtype == torch.float32 and x.device.type == "cpu"
+        if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
+            x = x.contiguous()
+        n = w.out_features
+        out = x.new_empty((m, n))
+        mins = w.mins.data_ptr() if w.mins is not None else None
+        b = bias.data_ptr() if bias is not None else None
+        args = (x.data_ptr(), x.stride(0), m, k, w.qweight.data_ptr(), w.scales.data_ptr(), mins, w.group_size)
+
+        def cols(lo: int, hi: int) -> int:
+            return self._fn(*args, w.bits, b, out.data_ptr(), n, lo, hi)
+
+        threads = torch.get_num_threads()
+        if threads > 1 and m * n * k >= PARALLEL_MIN_MACS:
+            bounds = [(n * i // threads) // 4 * 4 for i in range(threads)] + [n]
+            pool = self._workers(threads - 1)
+            futures = [pool.submit(cols, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+            codes = [cols(0, bounds[1])] + [f.result() for f in futures]
+        else:
+            codes = [cols(0, n)]
+        if any(codes):
+            raise RuntimeError(f"quantized linear kernel failed (codes {codes})")
+        return out
+
+    def _workers(self, n: int) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool_size != n:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool, self._pool_size = ThreadPoolExecutor(n, thread_name_prefix="radixrt-qlinear"), n
+        return self._pool
+
+
+def load() -> Optional[NativeQuantLinear]:
+    """The kernel for this machine, built on first call; None when it cannot be built or
+    is turned off (module docstring). Safe to call from several threads and processes."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    compiler = shlex.split(os.environ.get("CC") or "cc")
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join(compiler + COMPILE_FLAGS + LINK_FLAGS).encode())
+    h.update(platform.machine().encode() + _cpu_flags().encode())
+    key = h.hexdigest()[:16]
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = _build_and_check(compiler, _cache_dir() / f"quant_linear_cpu-{key}.so")
+        return _loaded[key]
+
+
+def _build_and_check(compiler: list[str], target: Path) -> Optional[NativeQuantLinear]:
+    try:
+        if not target.exists():
+            _compile(compiler, target)
+        kernel = NativeQuantLinear(target)
+        _self_check(kernel)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # no compiler, a failed build or check
+        logger.warning("CPU quantized linear kernel unavailable (%s); quantized layers use torch's kernels", exc)
+        return None
+    return kernel
+
+
+def _compile(compiler: list[str], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        lib = Path(tmp) / "kernel.so"
+        cmd = [*compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(lib), *LINK_FLAGS]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+        os.replace(lib, target)  # atomic: a concurrent builder's copy is as good as ours
+
+
+def _self_check(kernel: NativeQuantLinear) -> None:
+    """Both formats, odd row counts and a partial row block, against the dequantized weight."""
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(30, 64, generator=gen), torch.randn(30, generator=gen)
+    x = torch.randn(3, 64, generator=gen)
+    for packed in (quantize_int8(weight), quantize_int4(weight, 32)):
+        expected = x @ dequantize(packed).T + bias
+        if not torch.allclose(kernel.linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4):
+            raise RuntimeError(f"self-check of int{packed.bits} against the dequantized weight failed")

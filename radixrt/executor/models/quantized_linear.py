@@ -1,0 +1,120 @@
+"""Weight-only quantization of a loaded model's linear layers (``--quantization``).
+
+`quantize_model` replaces ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and
+``down_proj`` of every layer (and the LM head with ``lm_head=True``; a head
+tied to the embeddings gets its own quantized copy, the embeddings stay float)
+by `QuantizedLinear` modules. Formats: radixrt/config/weight_format.py;
+layouts and the native kernel: kernels/quant_linear_cpu.py.
+
+A `QuantizedLinear` computes with the native CPU kernel when it builds
+(float32 activations, any row count at about one pass over the packed
+weight), else with torch's packed CPU kernels
+(``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``, which
+take bfloat16 activations here: their float32 paths are several times
+slower). Both return the model dtype. CPU only: the config refuses
+``--quantization`` on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import nn
+
+from radixrt.config.weight_format import WeightQuantization
+from radixrt.kernels.quant_linear_cpu import (
+    NativeQuantLinear,
+    PackedWeight,
+    int4_unpack,
+    load,
+    quantize_int4,
+    quantize_int8,
+)
+
+logger = logging.getLogger(__name__)
+
+LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+_TORCH_ACT = torch.bfloat16  # the activation dtype torch's packed CPU kernels are fast in
+
+
+class QuantizedLinear(nn.Module):
+    """``y = x @ W^T + b`` with ``W`` held quantized (`PackedWeight`); ``x`` [..., in_features]."""
+
+    def __init__(self, packed: PackedWeight, bias: Optional[torch.Tensor], kernel: Optional[NativeQuantLinear]) -> None:
+        super().__init__()
+        self.packed = packed
+        self.in_features, self.out_features = packed.in_features, packed.out_features
+        self.kernel = kernel
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        if kernel is None:
+            self._torch_args = _torch_format(packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.kernel is not None:
+            out = self.kernel.linear(x2.float(), self.packed, self.bias)
+        else:
+            xa = x2.to(_TORCH_ACT)
+            if self.packed.bits == 8:
+                out = torch.ops.aten._weight_int8pack_mm(xa, *self._torch_args)
+            else:
+                out = torch.ops.aten._weight_int4pack_mm_for_cpu(xa, *self._torch_args)
+            out = out.float() if self.bias is None else out.float() + self.bias
+        return out.to(x.dtype).view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        p = self.packed
+        group = f", group_size={p.group_size}" if p.bits == 4 else ""
+        path = "native" if self.kernel is not None else "torch"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int{p.bits}{group}, {path}"
+
+
+def _torch_format(p: PackedWeight) -> tuple:
+    """The operands torch's packed CPU kernels take after the activations."""
+    if p.bits == 8:
+        return (p.qweight, p.scales.to(_TORCH_ACT))
+    assert p.mins is not None
+    codes = int4_unpack(p)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    # torch's int4 convention: w = (q - 8) * scale + zero, scales and zeros [K/G, N, 2]
+    zeros = p.mins + 8 * p.scales
+    scales_and_zeros = torch.stack([p.scales.t(), zeros.t()], dim=-1).contiguous().to(_TORCH_ACT)
+    return (packed, p.group_size, scales_and_zeros)
+
+
+def quantize_linear(
+    linear: nn.Linear, spec: WeightQuantization, kernel: Optional[NativeQuantLinear]
+) -> QuantizedLinear:
+    """A `QuantizedLinear` holding ``linear``'s weight in ``spec``'s format."""
+    w = linear.weight
+    packed = quantize_int8(w) if spec.method == "int8" else quantize_int4(w, spec.group_size)
+    return QuantizedLinear(packed, linear.bias, kernel)
+
+
+def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
+    """Replace ``model``'s decoder linear layers (and the LM head with ``spec.lm_head``) in place.
+
+    Returns the bytes the quantized weights take. Raises ValueError when the
+    model is not on the CPU or a layer's in_features does not fit the format."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"quantization={spec.method!r} runs on the CPU only (the model is on {device})")
+    kernel = load()
+    if kernel is None:
+        logger.warning("quantization %s: torch's packed kernels (bfloat16 activations)", spec.method)
+    total = 0
+    targets = [(layer, name) for layer in model.model.layers for name in LAYER_LINEARS]
+    if spec.lm_head:
+        targets.append((model, "lm_head"))
+    for owner, dotted in targets:
+        *path, attr = dotted.split(".")
+        parent = owner
+        for part in path:
+            parent = getattr(parent, part)
+        q = quantize_linear(getattr(parent, attr), spec, kernel)
+        setattr(parent, attr, q)
+        total += q.packed.nbytes()
+    return total
