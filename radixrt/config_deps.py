@@ -300,6 +300,7 @@ ENGINE_INDEPENDENT = frozenset(
         "max_total_tokens",
         "context_length",
         "chunked_prefill_size",
+        "long_prefill_token_threshold",
         "max_running_requests",
         "disable_overlap_schedule",
         "schedule_policy",

@@ -31,6 +31,9 @@ from radixrt.requests.intake import (
 )
 from radixrt.sampling.grammar_bounds import DEFAULT_MAX_CHARS, DEFAULT_MAX_REPEAT, GrammarLimits
 
+# long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
+CPU_LONG_PREFILL_TOKENS = 256
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -239,13 +242,31 @@ class SchedulingSettings:
         "hold back a request that shares at least this many uncached prompt tokens with one being computed, "
         "so it reads them from the cache instead",
     )
+    long_prefill_token_threshold: Optional[int] = setting(
+        None,
+        "while other requests run or wait, one request's prompt takes at most this many tokens of a step, "
+        "so a long prompt holds back the others' tokens for a short step at a time, not a whole chunk "
+        "(vLLM's flag). Unset: 256 on the CPU, where a 2048-token chunk takes seconds; no cap on CUDA. "
+        "0: no cap",
+    )
     random_seed: int = setting(0, "seeds the sampling of requests that give no seed of their own")
 
     def __post_init__(self) -> None:
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0: no cap)")
         check_choice("schedule_policy", self.schedule_policy, ("lpm", "dfs-weight", "fcfs"))
         check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         if not self.priority_aging_s >= 0:
             raise ValueError("priority_aging_s must be >= 0 (0: no aging)")
+
+    def shared_step_prefill_cap(self, device: str) -> int:
+        """Most prompt tokens one request computes in a step when other requests run
+        or wait (`long_prefill_token_threshold` resolved for ``device``); at least 1,
+        at most ``chunked_prefill_size``."""
+        cap = self.long_prefill_token_threshold
+        if cap is None:
+            cap = 0 if device.startswith("cuda") else CPU_LONG_PREFILL_TOKENS
+        return self.chunked_prefill_size if cap <= 0 else min(cap, self.chunked_prefill_size)
 
 
 @dataclass(frozen=True)

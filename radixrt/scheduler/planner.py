@@ -108,10 +108,15 @@ class BatchPlanner:
         queues: RequestQueues,
         context_length: int,
         swap_cost: Optional[SwapCostModel] = None,
+        shared_step_prefill_cap: Optional[int] = None,
     ) -> None:
         """``swap_cost``: under ``--preemption-mode swap``, the model that decides
-        whether a retracted request's KV moves to the host tier; None: recompute."""
+        whether a retracted request's KV moves to the host tier; None: recompute.
+        ``shared_step_prefill_cap``: most prompt tokens one request computes in a
+        step while another request runs or waits (None: ``chunked_prefill_size``)."""
         self.config = config
+        self.shared_step_prefill_cap = shared_step_prefill_cap or config.chunked_prefill_size
+        self.prefill_cap = config.chunked_prefill_size  # this step's: see `schedule`
         self.kv = kv
         self.queues = queues
         self.context_length = context_length
@@ -121,6 +126,9 @@ class BatchPlanner:
     def schedule(self) -> Plan:
         """Plan the next step: its batch, and the requests retracted or ended to make it."""
         plan = Plan()
+        # alone, a request's prompt takes the whole step; shared, a long one yields between short steps
+        alone = len(self.queues.running) + len(self.queues.waiting) <= 1
+        self.prefill_cap = self.config.chunked_prefill_size if alone else self.shared_step_prefill_cap
         if self.config.enable_priority_scheduling:
             self._preempt_for_priority(plan)
         budget = self._schedule_running(plan, max(self.config.chunked_prefill_size, 1))
@@ -131,7 +139,7 @@ class BatchPlanner:
 
     def _tokens_this_step(self, req: Req, budget: int) -> int:
         need = req.uncomputed
-        return 1 if need == 1 else min(need, budget)
+        return 1 if need == 1 else min(need, budget, self.prefill_cap)
 
     def _will_stop_at_length(self, req: Req) -> bool:
         """A request whose in-flight token is its last: nothing to compute for it."""
@@ -153,7 +161,7 @@ class BatchPlanner:
             req = queue.popleft()
             if req.inflight_tokens and self._will_stop_at_length(req):
                 continue
-            if req.draft_ids and req.uncomputed > budget:
+            if req.draft_ids and req.uncomputed > min(budget, self.prefill_cap):
                 drop_draft(req)  # a draft is computed in one piece or not at all
             q = self._tokens_this_step(req, budget)
             if q > 0:
@@ -286,10 +294,10 @@ class BatchPlanner:
                 if shared - match.length >= threshold:
                     continue
             extend = req.seq_len - match.length
-            if req.draft_ids and extend > budget:
+            if req.draft_ids and extend > min(budget, self.prefill_cap):
                 drop_draft(req)  # a draft is computed in one piece or not at all
                 extend = req.seq_len - match.length
-            q = min(extend, budget)
+            q = min(extend, budget, self.prefill_cap)
             if running and self.kv.available_slots() - q < reserve:
                 break
             explained = None  # before admit/extend change the tree: the match as it happened

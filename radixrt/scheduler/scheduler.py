@@ -138,7 +138,14 @@ class Scheduler:
             self.context_length,
         )
         swap = self.host.swap_cost if self.host is not None and config.scheduling.preemption_mode == "swap" else None
-        self.planner = BatchPlanner(config.scheduling, self.kv, self.queues, self.context_length, swap)
+        self.planner = BatchPlanner(
+            config.scheduling,
+            self.kv,
+            self.queues,
+            self.context_length,
+            swap,
+            config.scheduling.shared_step_prefill_cap(config.execution.device),
+        )
         self.launcher = StepLauncher(
             self.runner,
             self.runner.create_sampler(mc.vocab_size, self.eos_token_ids),
