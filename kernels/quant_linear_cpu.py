@@ -83,7 +83,10 @@ def int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     w = weight.detach().float()
     n, k = w.shape
     if k % group_size or group_size % CHUNK:
-        raise ValueError(f"int4: in_features {k} must be a multiple of the group size {group_size} (itself of 32)")
+        raise ValueError(
+            f"quantization int4: in_features {k} is not a multiple of quantization_group_size {group_size} "
+            "(choose a group size dividing every linear layer's input size)"
+        )
     g = w.view(n, k // group_size, group_size)
     lo, hi = g.amin(dim=-1), g.amax(dim=-1)
     scale = ((hi - lo) / 15).clamp(min=1e-12)

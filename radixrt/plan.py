@@ -8,6 +8,9 @@ The arithmetic, from the model's own config.json:
                          (+ 2 x layers x kv_heads x 2 with --kv-dtype int8: the float16
                           scale radixrt keeps per token and KV head)
     weights_bytes      = parameters x weight_dtype_bytes
+                         (with --quantization int8|int4: the decoder's linear weights at
+                          their quantized size instead, scales included; see
+                          radixrt/config/weight_format.py)
     kv_budget          = gpu_mem - weights_bytes - overhead
     max_live_tokens    = kv_budget // kv_bytes_per_token
     concurrency        = max_live_tokens / avg_tokens_per_request
@@ -36,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from radixrt.config.weight_format import DEFAULT_GROUP_SIZE, WeightQuantization, check_group_size, normalize_method
 from radixrt.memory.kv_format import KVCacheFormat, KVFootprint, kv_cache_format
 
 DTYPE_BYTES = {
@@ -154,6 +158,29 @@ class ModelShape:
         fmt = KVCacheFormat(f"{kv_dtype_bytes} B", kv_dtype_bytes, 0, "unquantized")
         return KVFootprint(self.num_layers, self.num_kv_heads, self.head_dim, fmt).bytes_per_token
 
+    def linear_shapes(self, lm_head: bool = False) -> list[tuple[int, int]]:
+        """[out, in] of every weight `--quantization` quantizes: per layer q, k, v, o, gate, up and
+        down (the runtime fuses q/k/v and gate/up: same bytes), and the LM head with ``lm_head``."""
+        h, q, kv, i = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+            self.intermediate_size,
+        )
+        layer = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+        return layer * self.num_layers + ([(self.vocab_size, h)] if lm_head else [])
+
+    def weights_bytes(self, params: int, weight_dtype: str, quant: Optional[WeightQuantization] = None) -> float:
+        """Bytes of ``params`` parameters in ``weight_dtype``, the linear layers in ``quant``'s format
+        (a quantized head tied to the embeddings is a copy: the embeddings stay)."""
+        if quant is None:
+            return params * dtype_bytes(weight_dtype)
+        shapes = self.linear_shapes(quant.lm_head)
+        moved = sum(o * i for o, i in shapes)
+        if quant.lm_head and self.tie_word_embeddings:
+            moved -= self.vocab_size * self.hidden_size
+        return (params - moved) * dtype_bytes(weight_dtype) + sum(quant.linear_bytes(o, i) for o, i in shapes)
+
     def param_count(self) -> int:
         """Llama-family decoder: embeddings, per-layer attention + SwiGLU MLP + 2 norms,
         final norm, and an LM head unless tied to the embeddings."""
@@ -204,6 +231,7 @@ class Plan:
     max_position_embeddings: Optional[int]
     kv_scale_bytes_per_token: float = 0  # int8: the per-token scales (included in kv_bytes_per_token)
     kv_tokens_per_gib: int = 0
+    quantization: Optional[str] = None  # the linear layers' weight format, when quantized
 
     @property
     def sharing_gain(self) -> Optional[float]:
@@ -226,6 +254,7 @@ def make_plan(
     overhead_bytes: int = 0,
     avg_tokens: int = 2000,
     shared_prefix: int = 0,
+    quantization: Optional[WeightQuantization] = None,
 ) -> Plan:
     if avg_tokens <= 0:
         raise ValueError("avg_tokens must be positive")
@@ -237,7 +266,7 @@ def make_plan(
     kv_dtype = kv_dtype or weight_dtype
     footprint = shape.kv_footprint(kv_dtype, weight_dtype)
     kv_per_token = footprint.bytes_per_token
-    weights = params * dtype_bytes(weight_dtype)
+    weights = shape.weights_bytes(params, weight_dtype, quantization)
     budget = gpu_mem_bytes - weights - overhead_bytes
     max_tokens = footprint.tokens_in(budget)
     shared = None
@@ -262,7 +291,15 @@ def make_plan(
         max_position_embeddings=shape.max_position_embeddings,
         kv_scale_bytes_per_token=footprint.scale_bytes_per_token,
         kv_tokens_per_gib=footprint.tokens_per_gib,
+        quantization=_quant_label(quantization),
     )
+
+
+def _quant_label(q: Optional[WeightQuantization]) -> Optional[str]:
+    if q is None:
+        return None
+    group = f", group {q.group_size}" if q.method == "int4" else ""
+    return f"{q.method}{group}, linear layers" + (" and LM head" if q.lm_head else "")
 
 
 def load_shape(model: str) -> tuple[ModelShape, Path]:
@@ -283,7 +320,7 @@ def format_plan(p: Plan) -> str:
     rows = [
         ("model", p.model),
         ("parameters", f"{p.params:,} ({p.params / 1e9:.2f} B, from {p.params_source})"),
-        ("weights", f"{_gb(p.weights_bytes)} ({p.weight_dtype})"),
+        ("weights", f"{_gb(p.weights_bytes)} ({p.weight_dtype}" + (f"; {p.quantization})" if p.quantization else ")")),
         (
             "KV bytes per token",
             f"{p.kv_bytes_per_token:,.0f} B = {p.kv_bytes_per_token / 1e3:,.1f} KB ({p.kv_dtype}"
@@ -340,8 +377,26 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         default="0GB",
         help="memory kept for activations, CUDA context, graphs (default 0GB: none reserved; 2-4GB is realistic)",
     )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        help="weight-only quantization of the linear layers, as `radixrt serve --quantization`: int8 or int4 "
+        "(and their aliases); the rest stays in --weight-dtype",
+    )
+    p.add_argument("--quantization-group-size", type=int, default=DEFAULT_GROUP_SIZE, help="int4's group size")
+    p.add_argument("--quantize-lm-head", action="store_true", help="with --quantization: the LM head too")
     p.add_argument("--params", type=float, default=None, help="override the parameter count (e.g. 13e9)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _quantization(args: argparse.Namespace) -> Optional[WeightQuantization]:
+    """The format of --quantization (ValueError naming the flag for an unknown one)."""
+    method, group = normalize_method(args.quantization)
+    if method is None:
+        return None
+    group = group or args.quantization_group_size
+    check_group_size(group)
+    return WeightQuantization(method, group, args.quantize_lm_head)
 
 
 def plan_main(args: argparse.Namespace) -> int:
@@ -361,6 +416,7 @@ def plan_main(args: argparse.Namespace) -> int:
         overhead_bytes=parse_bytes(args.overhead),
         avg_tokens=args.avg_tokens,
         shared_prefix=args.shared_prefix,
+        quantization=_quantization(args),
     )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
     return 0
