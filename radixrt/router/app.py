@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.keys import routing_key
 from radixrt.router.workers import NoWorkerError, Worker, WorkerPool
+from radixrt.server.api_keys import presented_key, same_key
 
 logger = logging.getLogger("radixrt.router")
 
@@ -72,6 +73,9 @@ def error_response(status: int, message: str) -> JSONResponse:
 @dataclass
 class RouterConfig:
     api_key: Optional[str] = None
+    # a --dp front's: accepted wherever api_key is, as a single server does; the replicas
+    # (which get the same key and the forwarded header) decide what it may do beyond that
+    admin_api_key: Optional[str] = None
     request_timeout_s: float = 1800.0
     require_all_healthy: bool = False  # /health: every worker (a --dp server) or any (standalone)
     eviction_interval_s: Optional[float] = None
@@ -92,13 +96,11 @@ class RouterState:
         return {k: v for k, v in request.headers.items() if k.lower() in FORWARD_HEADERS}
 
     def authorized(self, request: Request) -> bool:
-        key = self.config.api_key
-        if not key:
+        if not self.config.api_key:
             return True
-        auth = request.headers.get("authorization", "").strip()
-        if auth.lower().startswith("bearer ") and auth[7:].strip() == key:
-            return True
-        return request.headers.get("x-api-key", "").strip() == key
+        given = presented_key(request.scope.get("headers", []))
+        keys = [k for k in (self.config.api_key, self.config.admin_api_key) if k]
+        return given is not None and any(same_key(given, k) for k in keys)
 
 
 async def _send(

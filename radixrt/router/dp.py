@@ -155,6 +155,7 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
         pool = pool_from_args(args, urls)
         rconfig = RouterConfig(
             api_key=sargs.api_key,
+            admin_api_key=sargs.admin_api_key,
             require_all_healthy=True,
             eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware" else None,
         )

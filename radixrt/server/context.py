@@ -3,7 +3,6 @@ server's identity and settings (one `ServerContext` per app)."""
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -11,6 +10,7 @@ from typing import Callable, Optional
 
 from starlette.requests import Request
 
+from radixrt.server.api_keys import presented_key, same_key
 from radixrt.server.errors import ServerError
 from radixrt.server.metrics import ServerMetrics
 from radixrt.server.tokenizer_manager import TokenizerManager
@@ -48,12 +48,12 @@ class ServerContext:
         if not self.api_key:
             return True
         key = presented_key(headers)
-        return key is not None and any(_same(key, k) for k in (self.api_key, self.admin_api_key) if k)
+        return key is not None and any(same_key(key, k) for k in (self.api_key, self.admin_api_key) if k)
 
     def is_admin(self, request: Request) -> bool:
         """Whether ``request`` presents the admin key (never, when none is set)."""
         key = presented_key(request.scope.get("headers", []))
-        return bool(self.admin_api_key) and key is not None and _same(key, self.admin_api_key or "")
+        return bool(self.admin_api_key) and key is not None and same_key(key, self.admin_api_key or "")
 
     def require_admin(self, request: Request, what: str, param: Optional[str] = None) -> None:
         """ServerError 403 unless ``request`` presents the admin key."""
@@ -94,22 +94,6 @@ class ServerContext:
             "chat_default_system_prompt": self.chat_info.get("chat_default_system_prompt"),
             "preferred_sampling_params": None,
         }
-
-
-def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
-    """The key a request presents: ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``."""
-    for name, value in headers:
-        if name == b"authorization":
-            v = value.decode("latin-1").strip()
-            if v.lower().startswith("bearer "):
-                return v[7:].strip()
-        elif name == b"x-api-key":
-            return value.decode("latin-1").strip()
-    return None
-
-
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
 
 
 def server_context(request: Request) -> ServerContext:

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.slow
 KEY = "k"
 ROUTER_READ_TIMEOUT_S = 1.0  # the round_robin router's --header-read-timeout-s and --body-read-timeout-s
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ADMIN_KEY = "admin"
 # Two system prompts of ~60 tokens each; questions add a few tokens.
 SYSTEM = [
     f"You are assistant number {i}. " + " ".join(f"rule {i}-{j} is important." for j in range(12)) for i in range(2)
@@ -106,6 +107,8 @@ def dp_server(tiny_llama):
         "3",
         "--router-health-failure-threshold",
         "1",
+        "--admin-api-key",
+        ADMIN_KEY,
         model=tiny_llama,
         api_key=KEY,
     )
@@ -204,6 +207,13 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     assert {w.url for w in workers} == {w["url"] for w in info["workers"]}
+    # the admin key passes the front (as on one server) and reaches the replica, which lifts the priority cap
+    urgent = {"text": "x", "priority": 10**6, "sampling_params": {"max_new_tokens": 1}}
+    refused = httpx.post(srv.url + "/generate", headers=AUTH, timeout=60, json=urgent)
+    assert refused.status_code == 400 and "--admin-api-key" in refused.text, refused.text
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.post(srv.url + "/generate", headers=admin, timeout=60, json=urgent).status_code == 200
+    assert httpx.post(srv.url + "/generate", headers={"x-api-key": "wrong"}, json=urgent).status_code == 401
     # a program through the frontend's RuntimeEndpoint: the front looks like one server
     import radixrt as rt
 

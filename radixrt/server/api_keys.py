@@ -1,0 +1,24 @@
+"""The API keys a request presents, as the server and the router front both read them."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from typing import Optional
+
+
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
+    """The key a request presents: ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``."""
+    for name, value in headers:
+        if name == b"authorization":
+            v = value.decode("latin-1").strip()
+            if v.lower().startswith("bearer "):
+                return v[7:].strip()
+        elif name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
+
+
+def same_key(a: str, b: str) -> bool:
+    """Whether two keys are equal, in time that does not depend on where they differ."""
+    return hmac.compare_digest(a.encode(), b.encode())
