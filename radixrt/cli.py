@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
 from typing import Any, Optional
 
 from radixrt.config import EngineConfig
@@ -26,25 +28,64 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def process_age_s() -> Optional[float]:
+    """Seconds since this process started (Linux's ``/proc/self/stat``), else None."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def startup_breakdown(phases: list[tuple[str, float]], first: str, total: Optional[float]) -> str:
+    """One line: where the time to ``first`` (the last phase's name) went."""
+    total_s = "" if total is None else f" {total:.1f} s"
+    return f"start-up to the {first}{total_s}: " + ", ".join(f"{name} {s:.2f} s" for name, s in phases)
+
+
+def _log_startup(phases: list[tuple[str, float]], engine: Any, first: str) -> None:
+    """Splits the engine's set-up into the runner's phases and logs the breakdown at info."""
+    runner_s = dict(getattr(engine.scheduler.runner, "startup_s", {}))
+    out = []
+    for name, s in phases:
+        if name == "engine":
+            out += list(runner_s.items())
+            name, s = "rest of the engine", max(s - sum(runner_s.values()), 0.0)
+        out.append((name, s))
+    age = process_age_s()
+    logging.getLogger("radixrt.cli").info(startup_breakdown(out, first, age))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    phases = [("python and the CLI", process_age_s() or 0.0)]
+    clock = time.perf_counter()
     from radixrt.engine import Engine
 
+    phases.append(("imports", time.perf_counter() - clock))
     config = EngineConfig.from_cli_args(args)
+    clock = time.perf_counter()
     engine = Engine(**config.to_flat())
+    phases.append(("engine", time.perf_counter() - clock))
     try:
         prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
         if args.chat:
             prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+        clock = time.perf_counter()
         if args.stream and len(prompts) == 1:
-            printed = 0
+            printed, logged = 0, False
             for chunk in engine.generate(prompts[0], sampling, stream=True):
+                if not logged:
+                    _log_startup([*phases, ("first token", time.perf_counter() - clock)], engine, "first token")
+                    logged = True
                 sys.stdout.write(chunk["text"][printed:])
                 sys.stdout.flush()
                 printed = len(chunk["text"])
             sys.stdout.write("\n")
             return 0
         results = engine.generate(prompts, sampling)
+        _log_startup([*phases, ("generate", time.perf_counter() - clock)], engine, "results")
         for r in results:
             if args.json:
                 print(json.dumps(r))
@@ -159,22 +200,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixrt", description="RadixAttention runtime for LLM programs")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
-
-    p = add(
-        "download",
-        "fetch and convert the embedded default model (SmolLM2-135M-Instruct) into "
-        "$RADIXRT_HOME (default ~/.cache/radixrt); prints its folder",
-    )
+def _add_download(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="convert again even if cached")
     p.set_defaults(func=cmd_download)
 
-    p = add("generate", "generate from prompts (arguments or stdin lines)")
+
+def _add_generate(p: argparse.ArgumentParser) -> None:
     EngineConfig.add_cli_args(p)
     p.add_argument("prompt", nargs="*", help="prompts; none: one prompt per non-empty stdin line")
     p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
@@ -184,45 +215,77 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results, one JSON per line")
     p.set_defaults(func=cmd_generate)
 
-    p = add("serve", "run the HTTP server (SGLang-native and OpenAI APIs)")
-    add_serve_command(p)
 
+def _add_router(p: argparse.ArgumentParser) -> None:
     from radixrt.router.cli import add_router_args, router_main
 
-    p = add(
-        "router",
-        "route requests over radixrt servers (data parallel): cache_aware, round_robin or "
-        "shortest_queue, with health checks and failover (see docs/scale_out.md)",
-    )
     add_router_args(p)
     p.set_defaults(func=router_main)
 
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
     from radixrt.bench.main import add_bench_args, bench_main
 
-    p = add(
+    add_bench_args(p)
+    p.set_defaults(func=bench_main)
+
+
+def _add_plan(p: argparse.ArgumentParser) -> None:
+    from radixrt.plan import add_plan_args, plan_main
+
+    add_plan_args(p)
+    p.set_defaults(func=plan_main)
+
+
+# (name, help, what adds its flags): a command's flags are built only when it runs or for help
+COMMANDS = (
+    (
+        "download",
+        "fetch and convert the embedded default model (SmolLM2-135M-Instruct) into "
+        "$RADIXRT_HOME (default ~/.cache/radixrt); prints its folder",
+        _add_download,
+    ),
+    ("generate", "generate from prompts (arguments or stdin lines)", _add_generate),
+    ("serve", "run the HTTP server (SGLang-native and OpenAI APIs)", add_serve_command),
+    (
+        "router",
+        "route requests over radixrt servers (data parallel): cache_aware, round_robin or "
+        "shortest_queue, with health checks and failover (see docs/scale_out.md)",
+        _add_router,
+    ),
+    (
         "bench",
         "benchmark radixrt against its baselines (transformers generate, radix cache off, "
         "other policies), offline on in-process engines and online against HTTP servers "
         "(see docs/benchmarks.md)",
-    )
-    add_bench_args(p)
-    p.set_defaults(func=bench_main)
-
-    from radixrt.plan import add_plan_args, plan_main
-
-    p = add(
+        _add_bench,
+    ),
+    (
         "plan",
         "capacity arithmetic from a model's config.json: KV bytes per token, "
         "max live tokens, concurrency (loads no weights)",
-    )
-    add_plan_args(p)
-    p.set_defaults(func=plan_main)
+        _add_plan,
+    ),
+)
+
+
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The `radixrt` parser; with ``only``, the other commands get their help line
+    but not their flags (whose modules, the server's, the router's and the
+    benchmarks', then need not be imported)."""
+    parser = argparse.ArgumentParser(prog="radixrt", description="RadixAttention runtime for LLM programs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text, add_flags in COMMANDS:
+        p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        if only is None or only == name:
+            add_flags(p)
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = given[0] if given and given[0] in {name for name, _, _ in COMMANDS} else None
+    args = build_parser(command).parse_args(given)
     _setup_logging(getattr(args, "log_level", "warning") or "warning")
     try:
         return int(args.func(args) or 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Optional
 
@@ -27,6 +28,7 @@ from radixrt.kernels.kv_cache import kv_storage_dtype
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool
 from radixrt.memory.req_to_token import ReqToTokenPool
+from radixrt.requests.tokenizer_utils import load_tokenizer
 from radixrt.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -122,8 +124,6 @@ class ModelRunner:
         """With ``tp_size > 1`` and no ``tp``, this runner is rank 0 (the
         leader): it starts the other ranks and forwards each model call to them
         (see ``radixrt.executor.parallel``); a follower passes its ``tp``."""
-        from transformers import AutoTokenizer
-
         self.settings = settings
         model, ex, cache = settings.model, settings.execution, settings.cache
         self.followers: Optional[Followers] = None
@@ -143,6 +143,7 @@ class ModelRunner:
                 "without CUDA graphs (fp8_e4m3 keeps FlashInfer)"
             )
         self.model_path = resolve_model_path(model.model_path)
+        clock = time.perf_counter()
         # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
         self.model, self.model_config = load_model(
             self.model_path, self.dtype, "cpu" if tp else self.device, model.weight_quantization
@@ -151,7 +152,11 @@ class ModelRunner:
         if tp is not None:
             self.shard_config = shard_model(self.model, self.model_config, tp)
             self.model.to(self.device)
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
+        # seconds of each start-up phase, for the start-up breakdown (`radixrt generate --log-level info`)
+        self.startup_s = {"weights": time.perf_counter() - clock}
+        clock = time.perf_counter()
+        self.tokenizer: Any = load_tokenizer(self.model_path)
+        self.startup_s["tokenizer"] = time.perf_counter() - clock
         mc = self.model_config
         self.choice = fit_to_model(self.choice, mc.head_dim)
         if tp is not None:  # the graphs would capture collectives; not supported yet
@@ -164,6 +169,7 @@ class ModelRunner:
         use_graphs = self.choice.cuda_graph and self.model.rope.rope_type not in _LENGTH_DEPENDENT
         # CUDA graphs pad decode batches with rows that write their K/V into one
         # scratch page past the allocator's range
+        clock = time.perf_counter()
         self.kv_pool = KVPool(
             mc.num_layers,
             self.num_pages + (1 if use_graphs else 0),
@@ -181,6 +187,7 @@ class ModelRunner:
             self.device,
             scratch_slot=self.num_pages * self.page_size if use_graphs else 0,
         )
+        self.startup_s["KV pool"] = time.perf_counter() - clock
         self.deterministic = ex.enable_deterministic_inference
         self.backend: AttentionBackend = self._attention_backend()
         self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None

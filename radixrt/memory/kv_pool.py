@@ -20,6 +20,22 @@ from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, LayerKVCache, kv_storage_
 from radixrt.memory.kv_format import KVFootprint, kv_footprint
 
 
+def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On a CPU its memory comes from ``calloc`` (through numpy),
+    which large blocks get from the OS as pages that read as zero and are only
+    backed when first written: a multi-GB pool is ready at once and holds only
+    the memory its tokens use, where ``torch.zeros`` would write every byte."""
+    if device.type != "cpu":
+        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+    import numpy
+
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(numpy.zeros(nbytes, dtype=numpy.uint8)).view(dtype).view(tuple(shape))
+
+
 class KVPool:
     """Per-layer K and V tensors, each ``[num_pages, page_size, num_kv_heads, head_dim]``.
 
@@ -31,7 +47,8 @@ class KVPool:
     layer for K and for V (``k_scalars``/``v_scalars``, 1.0).
 
     The buffers are zero-initialised so that slots never written hold finite
-    values (a masked-out NaN would still poison a softmax-weighted sum).
+    values (a masked-out NaN would still poison a softmax-weighted sum); on a
+    CPU lazily (`lazy_zeros`), so a large pool costs no start-up time.
     """
 
     def __init__(
@@ -59,20 +76,16 @@ class KVPool:
         self.footprint: KVFootprint = kv_footprint(num_layers, num_kv_heads, head_dim, kv_cache_dtype, str(dtype))
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         self.k_buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=self.storage_dtype, device=self.device) for _ in range(num_layers)
+            lazy_zeros(shape, self.storage_dtype, self.device) for _ in range(num_layers)
         ]
         self.v_buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=self.storage_dtype, device=self.device) for _ in range(num_layers)
+            lazy_zeros(shape, self.storage_dtype, self.device) for _ in range(num_layers)
         ]
         self.k_scale_buffers: Optional[list[torch.Tensor]] = None
         self.v_scale_buffers: Optional[list[torch.Tensor]] = None
         if self.storage_dtype == torch.int8:
-            self.k_scale_buffers = [
-                torch.zeros(shape[:3], dtype=INT8_SCALE_DTYPE, device=self.device) for _ in range(num_layers)
-            ]
-            self.v_scale_buffers = [
-                torch.zeros(shape[:3], dtype=INT8_SCALE_DTYPE, device=self.device) for _ in range(num_layers)
-            ]
+            self.k_scale_buffers = [lazy_zeros(shape[:3], INT8_SCALE_DTYPE, self.device) for _ in range(num_layers)]
+            self.v_scale_buffers = [lazy_zeros(shape[:3], INT8_SCALE_DTYPE, self.device) for _ in range(num_layers)]
         self.k_scalars = [1.0] * num_layers
         self.v_scalars = [1.0] * num_layers
         self._layer_caches = [self._make_layer_cache(i) for i in range(num_layers)]

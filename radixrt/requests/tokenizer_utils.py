@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Optional
+
+# tokenizer_config.json classes that are the plain `tokenizer.json` tokenizer, whatever the model
+_PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_tokenizer(model_path: str) -> Any:
-    """The same tokenizer the scheduler's ModelRunner loads."""
+    """The model folder's tokenizer (the ModelRunner and the server's processes
+    load the same). A folder whose ``tokenizer_config.json`` names the plain
+    fast tokenizer loads that class directly: ``AutoTokenizer`` would also
+    read the model's config through transformers' config classes, whose
+    imports cost seconds of start-up. Any other class goes through ``AutoTokenizer``."""
+    cfg_path = os.path.join(model_path, "tokenizer_config.json")
+    plain = False
+    if os.path.isfile(cfg_path) and os.path.isfile(os.path.join(model_path, "tokenizer.json")):
+        with open(cfg_path, encoding="utf-8") as f:
+            plain = json.load(f).get("tokenizer_class") in _PLAIN_FAST
+    if plain:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(model_path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)

@@ -46,6 +46,36 @@ def test_generate_json_and_logs(request, model):
     assert all(1 <= r["meta_info"]["completion_tokens"] <= 5 for r in results)
     # per-step log lines: batch size, throughput, cache hit rate and KV use
     assert "cache hit" in proc.stderr and "KV used" in proc.stderr and "tok/s" in proc.stderr
+    assert "start-up to the results" in proc.stderr  # the breakdown, up to the whole batch here
+
+
+def _breakdown(stderr: str) -> tuple[float, dict[str, float]]:
+    """The total and the phases of the start-up breakdown line."""
+    line = next(ln for ln in stderr.splitlines() if "start-up to the first token" in ln)
+    head, phases = line.split("start-up to the first token ", 1)[1].split(": ", 1)
+    parts = [p.rsplit(" ", 2) for p in phases.split(", ")]
+    return float(head.split()[0]), {name: float(value) for name, value, unit in parts if unit == "s"}
+
+
+def test_generate_stream_logs_where_the_start_up_time_went(tiny_llama):
+    """`--log-level info` breaks the time to the first token into phases that add up to it."""
+    proc = _radixrt(
+        "generate", "--model", tiny_llama, "--stream", "--max-new-tokens", "3", "--log-level", "info", "Hello"
+    )
+    assert proc.returncode == 0, proc.stderr
+    total, phases = _breakdown(proc.stderr)
+    assert list(phases) == [
+        "python and the CLI",
+        "imports",
+        "weights",
+        "tokenizer",
+        "KV pool",
+        "rest of the engine",
+        "first token",
+    ]
+    assert all(s >= 0 for s in phases.values()) and phases["imports"] > 0 and phases["weights"] > 0
+    assert 0.8 * total <= sum(phases.values()) <= total + 0.1  # the phases cover the wait, once each
+    assert "dtype auto on the CPU: " in proc.stderr  # the dtype decision is logged too
 
 
 def test_generate_rejects_unknown_model_folder(tmp_path):
