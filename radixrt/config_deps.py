@@ -243,7 +243,11 @@ ENGINE_NEEDS: tuple[Need, ...] = (
             _is_not(None),
             imply=True,
         )
-        for flag, example in (("speculative_num_draft_tokens", 4), ("speculative_ngram_order", 6))
+        for flag, example in (
+            ("speculative_num_draft_tokens", 4),
+            ("speculative_ngram_order", 6),
+            ("speculative_tree_width", 1),
+        )
     ),
     # weight-only quantization: the CPU kernels, one process, not batch-invariant
     Need(

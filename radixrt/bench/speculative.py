@@ -180,7 +180,11 @@ def make_engines(opts: argparse.Namespace) -> dict[str, Any]:
     common.update(getattr(opts, "engine_kwargs", None) or {})  # callers' extra settings (gpu_check's)
     spec: dict[str, Any] = {}
     if opts.algorithm.lower() != "none":
-        spec = dict(speculative_algorithm=opts.algorithm, speculative_num_draft_tokens=opts.num_draft_tokens)
+        spec = dict(
+            speculative_algorithm=opts.algorithm,
+            speculative_num_draft_tokens=opts.num_draft_tokens,
+            speculative_tree_width=getattr(opts, "tree_width", 2),
+        )
     engines = {"off": Engine(opts.model, **common)}
     try:
         engines["on"] = Engine(opts.model, **common, **spec)
@@ -301,7 +305,8 @@ def render(report: dict[str, Any]) -> str:
     """The Markdown table (the same on stdout and in ``--markdown-out``)."""
     s = report["settings"]
     head = (
-        f"speculative decoding ({s['algorithm']}, {s['num_draft_tokens']} draft tokens) on vs off, "
+        f"speculative decoding ({s['algorithm']}, {s['num_draft_tokens']} draft tokens, "
+        f"tree width {s.get('tree_width', 1)}) on vs off, "
         f"{report['model']}, torch threads {report['torch_threads']}, repeats {s['repeats']}, "
         f"{report['elapsed_s']} s"
     )
@@ -324,6 +329,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--algorithm", default="RADIX", help="speculative_algorithm of the 'on' engine (none: off too)")
     p.add_argument("--num-draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
+    p.add_argument("--tree-width", type=int, default=2, help="speculative_tree_width (1: chains)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool of each engine, in tokens")
     p.add_argument("--device", default=None, help="the engines' device (default: the engine's)")
     for f, default in asdict(Sizes()).items():

@@ -359,6 +359,11 @@ class SpeculativeSettings:
     speculative_ngram_order: int = setting(
         8, "longest context (tokens) the draft index matches in the radix tree's token runs (2, 3, 5 and 8 up to it)"
     )
+    speculative_tree_width: int = setting(
+        2,
+        "most continuations a draft token branches into where earlier runs diverged (a draft tree verified with "
+        "a tree attention mask); 1: drafts are chains. Chains only with --page-size > 1 or deterministic inference",
+    )
 
     def __post_init__(self) -> None:
         if self.speculative_algorithm is not None:
@@ -368,6 +373,8 @@ class SpeculativeSettings:
             raise ValueError("speculative_num_draft_tokens must be in [1, 64]")
         if not 1 <= self.speculative_ngram_order <= 16:
             raise ValueError("speculative_ngram_order must be in [1, 16]")
+        if not 1 <= self.speculative_tree_width <= 8:
+            raise ValueError("speculative_tree_width must be in [1, 8]")
 
     @property
     def enabled(self) -> bool:

@@ -272,36 +272,44 @@ class ModelRunner:
         q_lens: list[int],
         kv_lens: list[int],
         table_writes: Optional[torch.Tensor] = None,
+        tree: Optional[list[Optional[list[int]]]] = None,
     ) -> torch.Tensor:
         """The scheduler's step: request ``i`` computes its last ``q_lens[i]`` of
         ``kv_lens[i]`` tokens, whose slots are row ``rows[i]`` of the
         request-to-slot table, after ``table_writes`` (from
         `ReqToTokenPool.take_writes`) are applied. ``input_ids`` [sum(q_lens)]
-        may already be on the device. Returns hidden states [sum(q_lens), hidden]."""
+        may already be on the device. ``tree``: per request, the draft tree its
+        new tokens form (``AttentionMetadata.tree``) or None. Returns hidden
+        states [sum(q_lens), hidden]."""
         if self.followers is not None:
             ids_list = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
-            self.followers.send(
-                "forward", ids_list, rows, q_lens, kv_lens, None if table_writes is None else table_writes.cpu()
-            )
+            writes = None if table_writes is None else table_writes.cpu()
+            self.followers.send("forward", ids_list, rows, q_lens, kv_lens, writes, tree)
         self.req_to_token.apply(table_writes)
         table = self.req_to_token.table
         ids = torch.as_tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, kv_lens):
             return self.cuda_graph.forward_rows(ids, table, rows, kv_lens, self.req_to_token.padding_row)
-        meta = AttentionMetadata.from_table(table, rows, q_lens, kv_lens, self.page_size)
+        meta = AttentionMetadata.from_table(table, rows, q_lens, kv_lens, self.page_size, tree)
         self.backend.plan(meta)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
 
     @torch.inference_mode()
-    def forward(self, input_ids: list[int], seq_slots: list[list[int]], q_lens: list[int]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: list[int],
+        seq_slots: list[list[int]],
+        q_lens: list[int],
+        tree: Optional[list[Optional[list[int]]]] = None,
+    ) -> torch.Tensor:
         """Compute ``q_lens[i]`` new tokens of each sequence (whose whole slot list
-        is ``seq_slots[i]``); writes their K/V into the pool; returns hidden states
-        [sum(q_lens), hidden]."""
+        is ``seq_slots[i]``; ``tree`` as in `forward_batch`); writes their K/V into
+        the pool; returns hidden states [sum(q_lens), hidden]."""
         if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, [len(s) for s in seq_slots]):
             return self.cuda_graph.forward(input_ids, seq_slots)
         if self.tp is not None:
             raise RuntimeError("ModelRunner.forward does not run tensor parallel; use forward_batch")
-        meta = AttentionMetadata.build(seq_slots, q_lens, self.page_size, self.device)
+        meta = AttentionMetadata.build(seq_slots, q_lens, self.page_size, self.device, tree)
         self.backend.plan(meta)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)

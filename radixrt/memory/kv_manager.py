@@ -182,6 +182,22 @@ class KVCacheManager:
             self.allocator.free_pages(pages)
         del req.slots[length:]
 
+    def keep_branch(self, req: RequestKV, base: int, branch: Sequence[int]) -> None:
+        """A draft tree was verified: of the tokens from sequence index ``base``
+        on, keep those at ``base + branch[d]`` (the accepted branch, top down) as
+        indices ``base .. base + len(branch) - 1`` and free the others' slots. The
+        kept slots are not moved: the request's slot list (and table row) is
+        rewritten, which needs one-slot pages (``page_size == 1``)."""
+        assert self.page_size == 1 or all(a == d for d, a in enumerate(branch)), "a tree branch needs page_size 1"
+        assert req.tree_len <= base, "a draft's slots are private"
+        tail = req.slots[base:]
+        kept = [tail[a] for a in branch]
+        if kept != tail[: len(kept)]:
+            taken = set(branch)
+            req.slots[base:] = kept + [s for i, s in enumerate(tail) if i not in taken]
+            self.req_to_token.write(_row(req), base, kept)
+        self.truncate(req, base + len(kept))
+
     def release(self, req: RequestKV, swap: bool = False) -> None:
         """A request stops running (finished, aborted or retracted): its computed
         prefix goes to the tree, its lock is dropped, its private pages are freed.

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from radixrt.kernels.tree import path as tree_path
 from radixrt.sampling.rows import SamplingRow, sampling_row
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.planner import Batch
@@ -61,6 +62,9 @@ class StepInputs:
     last_token_samples: list[int] = field(default_factory=list)
     prompt_jobs: list[PromptLogprobJob] = field(default_factory=list)
     prompt_tokens: int = 0  # prompt tokens computed by this step (statistics)
+    # per batch row, the tree its new tokens form (AttentionMetadata.tree) when some row verifies a
+    # speculative draft tree; None otherwise (every row causal)
+    tree: Optional[list[Optional[list[int]]]] = None
 
 
 def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> PromptLogprobJob:
@@ -72,10 +76,13 @@ def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> 
     )
 
 
-def _sampling_row(req: Req, draft_pos: int) -> SamplingRow:
+def _sampling_row(req: Req, draft_pos: int, before: Optional[list[int]] = None) -> SamplingRow:
     """Row ``draft_pos`` of a request samples output index ``len(output_ids) +
-    inflight_tokens + draft_pos`` as if the draft's first tokens were already output."""
-    output = req.output_ids + req.draft_ids[:draft_pos] if draft_pos else req.output_ids
+    inflight_tokens + draft_pos`` as if the draft's first tokens (``before``, the
+    path down to it in a draft tree: ``draft_pos`` tokens) were already output."""
+    if before is None:
+        before = req.draft_ids[:draft_pos]
+    output = req.output_ids + before if draft_pos else req.output_ids
     return sampling_row(
         params=req.sampling,
         seed=req.seed,
@@ -135,7 +142,18 @@ def prepare_inputs(
         if keep_last_tokens:
             inp.last_token_rows.append(row)
             inp.last_token_samples.append(first + k)
-        if k:
+        parents = req.spec.parents if req.spec is not None else None
+        if parents is not None:  # a draft tree: the tree of the step's tokens, and each token's path
+            assert q > k == len(parents), "a draft tree is computed in the step that verifies it"
+            if inp.tree is None:
+                inp.tree = [None] * len(batch)
+            inp.tree[bi] = [*range(-1, q - k - 1), *(p + q - k if p >= 0 else q - k - 1 for p in parents)]
+            sample_positions.extend(range(offset - 1 - k, offset))
+            sampling_rows.append(_sampling_row(req, 0))
+            for i in range(k):
+                before = [req.draft_ids[a] for a in tree_path(parents, i)]
+                sampling_rows.append(_sampling_row(req, len(before), before))
+        elif k:
             assert q > k, "a draft must be computed in the step that verifies it"
             sample_positions.extend(range(offset - 1 - k, offset))
             sampling_rows.extend([_sampling_row(req, j) for j in range(k + 1)])

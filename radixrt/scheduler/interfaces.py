@@ -41,6 +41,7 @@ class StepRunner(Protocol):
         q_lens: list[int],
         kv_lens: list[int],
         table_writes: Optional[torch.Tensor] = None,
+        tree: Optional[list[Optional[list[int]]]] = None,
     ) -> torch.Tensor:
         """Apply ``table_writes`` to the table, then compute, for each request
         ``i``, its last ``q_lens[i]`` of ``kv_lens[i]`` tokens, whose slots are row
@@ -48,7 +49,9 @@ class StepRunner(Protocol):
         ``input_ids`` (``sum(q_lens)`` ids, host list or device tensor) are the
         computed tokens, request after request. Returns the hidden states,
         ``[sum(q_lens), hidden]``, on the device. Touches no slot outside the
-        rows' first ``kv_lens[i]`` entries."""
+        rows' first ``kv_lens[i]`` entries. ``tree`` (passed only by a step
+        verifying a draft tree): per request, the parents of its new tokens
+        (``AttentionMetadata.tree``, kernels/tree.py) or None."""
         ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -117,7 +117,12 @@ class StepLauncher:
 
     def _run(self, inputs: StepInputs) -> StepOutput:
         ids = self._input_ids(inputs)
-        hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
+        if inputs.tree is None:
+            hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
+        else:  # a step verifying a draft tree
+            hidden = self.runner.forward_batch(
+                ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes, tree=inputs.tree
+            )
         scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
         sample = None
         positions = inputs.sample_positions

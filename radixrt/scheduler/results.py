@@ -147,8 +147,11 @@ class ResultProcessor:
         n_out = len(req.output_ids)
         kept = 0
         speculated = req.spec is not None and req.spec.drafting  # else a grammar's jump-forward draft, or none
+        parents = req.spec.parents if req.spec is not None else None
         if not draft:
             self._take_token(req, result, first)
+        elif parents is not None:
+            kept = self._take_tree(req, result, first, draft, parents)
         else:
             req.draft_ids = []
             base = len(req.input_ids) + len(req.output_ids)  # position of draft[0]
@@ -172,6 +175,36 @@ class ResultProcessor:
             self.speculator.settle(req, drafted, kept if speculated else 0, len(req.output_ids) - n_out)
         if req.finish_reason is None and state is not None and self.enable_jump_forward:
             self.constrained.propose_draft(req)
+
+    def _take_tree(self, req: Req, result: SampleResult, first: int, draft: list[int], parents: list[int]) -> int:
+        """`_take_samples` for a speculative draft tree (rows: ``first`` samples after
+        the request's last token, ``first + 1 + i`` after draft token ``i``): from the
+        top, the child whose token equals what was sampled after its parent is
+        kept, until none does; that sample is the model's own token. The kept
+        branch's KV becomes the sequence's next positions and the rest is freed.
+        Returns the number of draft tokens kept."""
+        req.draft_ids = []
+        base = len(req.input_ids) + len(req.output_ids)  # sequence index of draft[0]
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):
+            children.setdefault(p, []).append(i)
+        tokens = result.token_ids
+        node = -1
+        branch: list[int] = []
+        while True:
+            row = first + 1 + node
+            sampled = tokens[row]
+            nxt = next((c for c in children.get(node, ()) if draft[c] == sampled), None)
+            if nxt is None:
+                self._take_token(req, result, row)
+                break
+            self._append_token(req, sampled, result, row)
+            branch.append(nxt)
+            node = nxt
+            if req.finish_reason is not None:  # it finished inside the draft
+                break
+        self.kv.keep_branch(req, base, branch)
+        return len(branch)
 
     def _take_token(self, req: Req, result: SampleResult, i: int) -> None:
         """Append the model's own token of row ``i`` (its matcher holds no draft)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from radixrt.memory.draft_index import OwnTokens
@@ -26,6 +26,9 @@ class SpecState:
     expected: float = 0.0
     pending_expected: float = 0.0  # the expectation of the draft being verified now
     drafting: bool = False  # the request's draft_ids are this speculation's (not a grammar's jump-forward)
+    # the draft's tree: parents[i] is the index in draft_ids of draft token i's parent, -1 for a child of
+    # the request's last token (a parent before its children); None: the draft is a chain
+    parents: "Optional[list[int]]" = None
     verify_ct: int = 0
 
     @property
@@ -44,3 +47,4 @@ class SpecState:
         """The draft in flight is gone (verified, or dropped before computing)."""
         self.pending_expected = 0.0
         self.drafting = False
+        self.parents = None

@@ -51,6 +51,7 @@ class SpecStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     skipped_steps: int = 0  # steps where the cost model chose no draft at all though some were proposed
+    tree_drafts: int = 0  # drafts verified as a tree (some token with two or more children)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class SpecStats:
             "spec_drafted_tokens": self.drafted_tokens,
             "spec_accepted_tokens": self.accepted_tokens,
             "spec_skipped_steps": self.skipped_steps,
+            "spec_tree_drafts": self.tree_drafts,
             # SGLang's name (its internal_states): tokens per verification
             "avg_spec_accept_length": self.verify_tokens / self.verify_steps if self.verify_steps else 0.0,
         }
@@ -68,18 +70,32 @@ class SpecStats:
 class _Candidate:
     req: Req
     tokens: list[int]
-    probs: list[float]  # the index's estimate that each token (and those before it) is accepted
+    parents: list[int]  # a draft tree (draft_search.Draft): -1 for a child of the request's last token
+    probs: list[float]  # the index's estimate that each token (and its ancestors) is accepted
     gains: list[float] = field(default_factory=list)  # the same, calibrated by the request's history
+    children: dict[int, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for i, p in enumerate(self.parents):
+            self.children.setdefault(p, []).append(i)
 
 
 class Speculator:
     """Drafts for the running requests, sized by the step cost model.
 
     Mutates only ``req.draft_ids`` (set before the planner runs; the planner
-    may drop a draft it has no memory or budget for) and ``req.spec``."""
+    may drop a draft it has no memory or budget for) and ``req.spec``.
+    ``max_width``: most children a draft token may have (1: chains; more: a
+    draft tree, verified with a tree attention mask)."""
 
     def __init__(
-        self, tree: PrefixCache, cost: OnlineStepCost, max_draft_tokens: int, ngram_order: int, context_length: int
+        self,
+        tree: PrefixCache,
+        cost: OnlineStepCost,
+        max_draft_tokens: int,
+        ngram_order: int,
+        context_length: int,
+        max_width: int = 1,
     ) -> None:
         from radixrt.memory.draft_index import TREE_LENGTHS, DraftIndex
 
@@ -88,6 +104,7 @@ class Speculator:
             tree.add_observer(self.index)
         self.cost = cost
         self.max_draft_tokens = max_draft_tokens
+        self.max_width = max_width
         self.context_length = context_length
         self.stats = SpecStats()
 
@@ -112,38 +129,46 @@ class Speculator:
         time = self.cost.seconds(rows, rows)
         expected = float(rows)
         per_token = self.cost.per_token
-        # marginal gains in decreasing order: a request's j-th draft token gains its estimated
-        # acceptance (the index's path probability, calibrated by the request's own history)
-        heap = [(-c.gains[0], i, 0) for i, c in enumerate(candidates)]
+        # marginal gains in decreasing order: a request's draft token gains its estimated acceptance
+        # (the index's path probability, calibrated by the request's own history); a token becomes a
+        # candidate once its parent is chosen, so the chosen tokens of a request form a tree
+        heap = [(-c.gains[j], i, j) for i, c in enumerate(candidates) for j in c.children.get(-1, ())]
         heapq.heapify(heap)
-        chosen = [0] * len(candidates)
+        chosen: list[list[int]] = [[] for _ in candidates]
         while heap:
             neg_gain, i, j = heapq.heappop(heap)
             gain = -neg_gain
             if gain * time <= expected * per_token:  # throughput would drop
                 break
-            chosen[i] = j + 1
+            chosen[i].append(j)
             expected += gain
             time += per_token
-            if j + 1 < len(candidates[i].gains):
-                heapq.heappush(heap, (-candidates[i].gains[j + 1], i, j + 1))
+            for child in candidates[i].children.get(j, ()):
+                heapq.heappush(heap, (-candidates[i].gains[child], i, child))
         if not any(chosen):
             self.stats.skipped_steps += 1
-        for c, n in zip(candidates, chosen):
-            if n:
-                self._assign(c.req, c.tokens[:n], c.probs)
+        for c, nodes in zip(candidates, chosen):
+            if nodes:
+                self._assign(c, sorted(nodes))
 
     @staticmethod
-    def _assign(req: Req, tokens: list[int], probs: list[float]) -> None:
-        """Make ``tokens`` the request's draft; a constrained request's grammar
-        keeps only the prefix it allows (and records its masks)."""
+    def _assign(c: _Candidate, nodes: list[int]) -> None:
+        """Make the draft's tokens ``nodes`` (indices into the candidate, closed
+        under parents, increasing) the request's draft; a constrained request's
+        grammar keeps only the prefix it allows of a chain (and records its masks)."""
+        req = c.req
+        new_index = {j: n for n, j in enumerate(nodes)}
+        tokens = [c.tokens[j] for j in nodes]
+        parents = [new_index.get(c.parents[j], -1) for j in nodes]
         if req.grammar is not None:
-            tokens = req.grammar.take_draft(tokens)
+            tokens = req.grammar.take_draft(tokens)  # (a constrained request's drafts are chains)
         if tokens:
             assert req.spec is not None
             req.draft_ids = tokens
-            req.spec.pending_expected = sum(probs[: len(tokens)])
+            req.spec.pending_expected = sum(c.probs[j] for j in nodes[: len(tokens)])
             req.spec.drafting = True
+            chain = all(p == n - 1 for n, p in enumerate(parents))
+            req.spec.parents = None if chain else parents
 
     def _propose(self, req: Req) -> Optional[_Candidate]:
         spec = req.spec
@@ -162,12 +187,12 @@ class Speculator:
         )
         if limit < 1:
             return None
-        draft = self.index.propose(req.namespace, spec.own, limit, min_prob=MIN_PROB)  # a chain (width 1)
-        tokens, probs = draft.tokens, draft.probs
-        if not tokens:
+        width = self.max_width if req.grammar is None else 1
+        draft = self.index.propose(req.namespace, spec.own, limit, max_width=width, min_prob=MIN_PROB)
+        if not draft.tokens:
             return None
         c = spec.calibration
-        return _Candidate(req, tokens, probs, [min(1.0, c * q) for q in probs])
+        return _Candidate(req, draft.tokens, draft.parents, draft.probs, [min(1.0, c * q) for q in draft.probs])
 
     def stats_dict(self) -> dict[str, Any]:
         """The counters, and the draft index's size (entries, tokens, bytes)."""
@@ -182,7 +207,7 @@ class Speculator:
     # ------------------------------------------------------------------ outcome
     def settle(self, req: Req, drafted: int, kept: int, produced: int) -> None:
         """Record one verification of ``req``: ``drafted`` draft tokens of which
-        the first ``kept`` were accepted; the step produced ``produced`` tokens."""
+        ``kept`` were accepted; the step produced ``produced`` tokens."""
         spec = req.spec
         assert spec is not None
         spec.verify_ct += 1
@@ -192,6 +217,7 @@ class Speculator:
             return
         self.stats.drafted_tokens += drafted
         self.stats.accepted_tokens += kept
+        self.stats.tree_drafts += spec.parents is not None
         spec.record(kept)
 
 
@@ -216,4 +242,14 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
             cost = StepCost.measure(runner, slots)
         finally:
             allocator.free_slots(slots)
-    return Speculator(kv.tree, cost, spec.speculative_num_draft_tokens, spec.speculative_ngram_order, context_length)
+    # a draft tree's accepted branch is kept by rewriting the request's slot list (KVManager.keep_branch),
+    # which pages of several slots do not allow; the fixed-split (deterministic) attention reads no tree
+    tree_ok = kv.page_size == 1 and not config.execution.enable_deterministic_inference
+    return Speculator(
+        kv.tree,
+        cost,
+        spec.speculative_num_draft_tokens,
+        spec.speculative_ngram_order,
+        context_length,
+        max_width=spec.speculative_tree_width if tree_ok else 1,
+    )

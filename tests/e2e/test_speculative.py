@@ -96,6 +96,74 @@ def test_seeded_samples_logprobs_and_stops_equal_speculation_off(tiny_engines):
         assert len(gm["output_top_logprobs"]) == len(wm["output_top_logprobs"]) == len(g["output_ids"])
 
 
+def _oracle_trees(speculator, expected: dict[tuple[int, ...], list[int]]):
+    """A `_propose` for ``speculator`` that drafts, for a request whose output is
+    known, a tree whose right branch is never the first child: at each level a
+    wrong token (with a wrong child of its own) and then the right one, so every
+    accepted token's KV sits off the contiguous path and the rest is freed."""
+    from radixrt.scheduler.speculative import _Candidate
+
+    def propose(req):
+        want = expected.get(tuple(req.input_ids))
+        n_out = len(req.output_ids)
+        if (
+            want is None
+            or req.draft_ids
+            or not n_out
+            or len(req.slots) != len(req.input_ids) + n_out - 1
+            or want[:n_out] != req.output_ids
+        ):
+            return None
+        right = want[n_out : n_out + min(3, req.sampling.max_new_tokens - n_out - 1)]
+        tokens: list[int] = []
+        parents: list[int] = []
+        parent = -1
+        for tok in right:
+            wrong = (tok + 1) % VOCAB
+            tokens += [wrong, (wrong + 1) % VOCAB, tok]
+            parents += [parent, len(tokens) - 3, parent]
+            parent = len(tokens) - 1
+        if not tokens:
+            return None
+        return _Candidate(req, tokens, parents, [0.99] * len(tokens), [1.0] * len(tokens))
+
+    return propose
+
+
+def test_draft_trees_keep_the_accepted_branch_and_equal_speculation_off(tiny_engines):
+    """Trees whose accepted branch is off the first path: greedy, seeded samples
+    with logprobs and a stop inside an accepted run equal speculation off, three
+    tokens a step are accepted, and the slot invariant holds every step."""
+    on, off = tiny_engines
+    spec = on.scheduler.speculator
+    greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    seeded = {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": MAX_NEW}
+    kw = dict(return_logprob=True, top_logprobs_num=2)
+    before = spec.stats.to_dict()
+    try:
+        for sp in (seeded, greedy):
+            want = _run(off, PROMPTS, sp, **kw)
+            spec._propose = _oracle_trees(spec, {tuple(p): w["output_ids"] for p, w in zip(PROMPTS, want)})
+            got = _run(on, PROMPTS, sp, **kw)
+            assert _ids(got) == _ids(want)
+            for g, w in zip(got, want):
+                assert [t[0] for t in g["meta_info"]["output_token_logprobs"]] == pytest.approx(
+                    [t[0] for t in w["meta_info"]["output_token_logprobs"]], abs=1e-3
+                )
+                if len(g["output_ids"]) > 8:
+                    assert g["meta_info"]["spec_accept_length"] > 3.0, g["meta_info"]
+        # a stop token the greedy runs produce late: it falls inside accepted branches
+        stop = {**greedy, "stop_token_ids": [want[0]["output_ids"][20]]}
+        assert _ids(_run(on, PROMPTS, stop)) == _ids(_run(off, PROMPTS, stop))
+    finally:
+        del spec._propose
+    after = spec.stats.to_dict()
+    assert after["spec_tree_drafts"] - before["spec_tree_drafts"] > 20
+    drafted = after["spec_drafted_tokens"] - before["spec_drafted_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    assert 0.25 < accepted / drafted < 0.4  # a third of each tree is its right branch
+
+
 def test_n_samples_penalties_and_opt_out_equal_speculation_off(tiny_engines):
     on, off = tiny_engines
     sp = {"temperature": 0.7, "seed": 3, "n": 3, "max_new_tokens": 24, "frequency_penalty": 0.3}
