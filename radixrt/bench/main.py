@@ -159,6 +159,20 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
         "radixrt.bench.hicache --help)",
     )
     p.add_argument(
+        "--peers",
+        action="store_true",
+        help="only radixrt beside llama.cpp (when llama_cpp is importable and a GGUF of the model is at "
+        "hand) and transformers generate: one conversation, 16 unshared requests, 32 sharing a prefix "
+        "(--scale multiplies their lengths; options: python -m radixrt.bench.peers --help)",
+    )
+    p.add_argument(
+        "--radixrt-config",
+        action="append",
+        default=None,
+        help="--peers: a radixrt row, EngineConfig fields as key=value,... (e.g. quantization=int8); "
+        "repeatable (default: dtype=float32 and dtype=bfloat16)",
+    )
+    p.add_argument(
         "--speculative",
         action="store_true",
         help="only measure speculative decoding drafted from the radix tree, on vs off: agent-loop, "
@@ -185,6 +199,14 @@ def bench_main(args: argparse.Namespace) -> int:
 
         model = [] if args.model == "default" else ["--model", args.model]
         return step_time.main(model + (["--json", args.json_out] if args.json_out else []))
+    if args.peers:
+        from radixrt.bench import peers
+
+        argv = ["--model", args.model, "--seed", str(args.seed), "--scale", str(args.scale)]
+        argv += [x for c in args.radixrt_config or [] for x in ("--radixrt-config", c)]
+        argv += ["--no-transformers"] if args.skip_transformers else []
+        outs = [("--json", args.json_out), ("--markdown", args.markdown_out)]
+        return peers.main(argv + [x for flag, value in outs if value for x in (flag, value)])
     if args.hicache:
         from radixrt.bench import hicache
 

