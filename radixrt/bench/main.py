@@ -185,8 +185,8 @@ def _strip(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "res"} for r in rows]
 
 
-def bench_main(args: argparse.Namespace) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def _run_mode(args: argparse.Namespace) -> Optional[int]:
+    """Run the one benchmark a mode flag asks for (its exit status), or None without one."""
     if args.scale_out:
         from radixrt.bench import scale_out
 
@@ -217,6 +217,14 @@ def bench_main(args: argparse.Namespace) -> int:
         argv = ["--model", args.model, "--repeats", str(args.repeats), "--scale", str(args.scale)]
         outs = [("--seed", str(args.seed)), ("--json-out", args.json_out), ("--markdown-out", args.markdown_out)]
         return speculative.main(argv + [x for flag, value in outs if value for x in (flag, value)])
+    return None
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    status = _run_mode(args)
+    if status is not None:
+        return status
     names = args.workload or ["all"]
     if "none" in names:
         names = []
