@@ -1,6 +1,6 @@
 """The step loop's cost through `Engine.generate`: ms per decode step by batch size.
 
-    python -m radixrt.bench.step_time --engine      # both figures, in the same run
+    python -m radixrt.bench.step_time      # with the scheduler-only and HTTP figures, in one run
 
 The same workload as `radixrt.bench.step_time` (``B`` greedy requests with
 ``prompt_len``-token prompts, the same prompt ids, the same engine settings),
@@ -15,7 +15,7 @@ and the answer's assembly cancel out: for repeat ``k``, one call with
 ``(t_long - t_short) / steps`` (the same output positions as the
 scheduler-only repeat ``k``); the median over the repeats is reported. The
 prompts are cached by a first call, so both calls of a repeat do the same
-prefill. ``step_time --engine`` runs one such repeat after each of its own
+prefill. ``step_time`` runs one such repeat after each of its own
 (`EngineBench.repeat`), so that both figures see the same load.
 """
 

@@ -2,7 +2,7 @@
 
     python -m radixrt.bench.step_time                  # CPU, tiny random Llama
     python -m radixrt.bench.step_time --device cuda --model PATH
-    python -m radixrt.bench.step_time --engine         # also through Engine.generate
+    python -m radixrt.bench.step_time --no-engine --no-http   # the scheduler alone
 
 Drives `Scheduler.step` directly (no HTTP, no detokenization): ``B`` greedy
 requests with ``--prompt-len``-token prompts (default 32) decode until their
@@ -13,10 +13,15 @@ the logits and the sampler; ``host ms`` is the rest of the wall time: the
 scheduler's own work that the model waits for (scheduling, inputs, results).
 With overlap on, host work that runs while the forward does is not counted.
 On CUDA the torch profiler also gives the fraction of the wall time the GPU
-was busy. ``--engine`` also times the same workload through the public
-``Engine.generate`` (`radixrt.bench.engine_step`) in the same run, one of its
-repeats after each scheduler-only repeat, and prints it beside the
-scheduler-only figure, with their ratio.
+was busy.
+
+The same workload is also timed, in the same run, through the public
+``Engine.generate`` (`radixrt.bench.engine_step`; ``--no-engine`` skips it)
+and through ``POST /generate`` on a real server on 127.0.0.1, non-streaming
+and streaming (`radixrt.bench.http_step`; ``--no-http`` skips it): one
+repeat of each after each scheduler-only repeat, so that all figures share
+the machine's moods. Each is printed beside the scheduler-only figure, with
+their ratio.
 
 The default CPU model is a tiny random Llama (hidden 64, 2 layers) with a
 512-token vocabulary, so that the model's math is small and the figure is the
@@ -184,16 +189,27 @@ def format_table(rows: list[StepTime]) -> str:
     return "\n".join(lines)
 
 
-def _measure_both(model: str, batches: list[int], args: argparse.Namespace) -> tuple[list[StepTime], list[Any]]:
-    """The scheduler-only rows and, with ``--engine``, the Engine.generate rows,
-    their repeats alternated."""
-    if not args.engine:
-        return measure(
-            model, batches, args.steps, args.repeats, args.device, overlap=args.overlap, prompt_len=args.prompt_len
-        ), []
-    from radixrt.bench.engine_step import EngineBench
+def _measure_all(model: str, batches: list[int], args: argparse.Namespace) -> tuple[list[StepTime], list[Any]]:
+    """The scheduler-only rows and the user-facing rows (``--engine``: Engine.generate,
+    ``--http``: POST /generate non-streaming and streaming), their repeats alternated."""
+    from contextlib import ExitStack
 
-    with EngineBench(model, batches, args.steps, args.repeats, args.device, args.overlap, args.prompt_len) as eb:
+    shape = (model, batches, args.steps, args.repeats, args.device, args.overlap, args.prompt_len)
+    with ExitStack() as stack:
+        fronts: list[Any] = []
+        if args.engine:
+            from radixrt.bench.engine_step import EngineBench
+
+            fronts.append(stack.enter_context(EngineBench(*shape)))
+        if args.http:
+            from radixrt.bench.http_step import HttpBench
+
+            fronts.append(stack.enter_context(HttpBench(*shape, threads=args.threads)))
+
+        def after_repeat(batch: int) -> None:
+            for front in fronts:
+                front.repeat(batch)
+
         rows = measure(
             model,
             batches,
@@ -202,18 +218,39 @@ def _measure_both(model: str, batches: list[int], args: argparse.Namespace) -> t
             args.device,
             overlap=args.overlap,
             prompt_len=args.prompt_len,
-            after_repeat=eb.repeat,
+            after_repeat=after_repeat if fronts else None,
         )
-        return rows, eb.rows()
+        return rows, [r for front in fronts for r in front.rows()]
 
 
-def format_engine_table(rows: list[StepTime], engine_rows: list[Any]) -> str:
-    """Engine.generate's ms per step beside the scheduler-only figure of the same batch."""
+def front_rows(rows: list[StepTime], front: list[Any]) -> list[dict[str, Any]]:
+    """Each user-facing row (``mode``: engine, http or http-stream) with the
+    scheduler-only figure of its batch and their ratio."""
     by_batch = {r.batch: r.ms_per_step for r in rows}
-    lines = ["batch  Engine.generate ms/step  scheduler-only ms/step  ratio"]
-    for e in engine_rows:
-        base = by_batch[e.batch]
-        lines.append(f"{e.batch:5d}  {e.ms_per_step:23.2f}  {base:22.2f}  {e.ms_per_step / base:5.2f}x")
+    out = []
+    for f in front:
+        base = by_batch[f.batch]
+        d = {"mode": getattr(f, "mode", "engine"), **asdict(f), "scheduler_ms_per_step": base}
+        out.append({**d, "ratio": f.ms_per_step / base if base > 0 else float("nan")})
+    return sorted(out, key=lambda d: (d["batch"], MODE_ORDER.index(d["mode"])))
+
+
+MODE_ORDER = ("engine", "http", "http-stream")
+MODE_NAMES = {
+    "engine": "Engine.generate",
+    "http": "POST /generate",
+    "http-stream": "POST /generate stream",
+}
+
+
+def format_front_table(rows: list[dict[str, Any]]) -> str:
+    """The user-facing paths' ms per step beside the scheduler-only figure of the same batch."""
+    lines = ["batch  path                    ms/step  scheduler-only ms/step  ratio"]
+    for r in rows:
+        lines.append(
+            f"{r['batch']:5d}  {MODE_NAMES[r['mode']]:22s}  {r['ms_per_step']:7.2f}  "
+            f"{r['scheduler_ms_per_step']:22.2f}  {r['ratio']:5.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -236,8 +273,16 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--engine",
-        action="store_true",
-        help="also time the same workload through Engine.generate (radixrt.bench.engine_step)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the same workload through Engine.generate (radixrt.bench.engine_step; default: on)",
+    )
+    ap.add_argument(
+        "--http",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time it through POST /generate on a local server, non-streaming and streaming "
+        "(radixrt.bench.http_step; default: on)",
     )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
@@ -252,12 +297,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or tiny_cpu_model(tmp)
-        rows, engine_rows = _measure_both(model, batches, args)
+        rows, fronts = _measure_all(model, batches, args)
+    front = front_rows(rows, fronts)
     overhead = op_overhead_us()
     kernel = cpu_decode_kernel()
     print(format_table(rows))
-    if engine_rows:
-        print(format_engine_table(rows, engine_rows))
+    if front:
+        print(format_front_table(front))
     if args.device == "cpu":
         print("decode attention: " + ("the C kernel (radixrt.kernels.cpu_decode)" if kernel else "the torch path"))
     print(
@@ -272,7 +318,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "threads": torch.get_num_threads(),
                     "cpu_decode_kernel": kernel,
                     "rows": [asdict(r) for r in rows],
-                    "engine_rows": [asdict(r) for r in engine_rows],
+                    "engine_rows": [r for r in front if r["mode"] == "engine"],
+                    "http_rows": [r for r in front if r["mode"] != "engine"],
                 },
                 f,
                 indent=2,

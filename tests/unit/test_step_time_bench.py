@@ -1,5 +1,5 @@
-"""`python -m radixrt.bench.step_time` runs end to end and reports every batch it was asked for
-(with ``--engine``, through `Engine.generate` too)."""
+"""`python -m radixrt.bench.step_time` runs end to end and reports every batch it was asked for,
+through the scheduler alone, `Engine.generate` and ``POST /generate`` (a real server, streaming and not)."""
 
 import json
 import subprocess
@@ -19,7 +19,6 @@ def test_step_time_bench_reports_each_batch(tmp_path):
             "2",
             "--repeats",
             "1",
-            "--engine",
             "--json",
             str(out),
         ],
@@ -39,8 +38,18 @@ def test_step_time_bench_reports_each_batch(tmp_path):
         assert r["ms_per_step"] > 0 and r["model_ms_per_step"] > 0
         assert abs(r["model_ms_per_step"] + r["host_ms_per_step"] - r["ms_per_step"]) < 1e-6
     assert [r["batch"] for r in report["engine_rows"]] == [1, 3]
-    assert all(r["ms_per_step"] >= 0 for r in report["engine_rows"])
-    assert "Engine.generate ms/step" in proc.stdout
+    assert [(r["batch"], r["mode"]) for r in report["http_rows"]] == [
+        (1, "http"),
+        (1, "http-stream"),
+        (3, "http"),
+        (3, "http-stream"),
+    ]
+    by_batch = {r["batch"]: r["ms_per_step"] for r in rows}
+    for r in report["engine_rows"] + report["http_rows"]:
+        assert r["ms_per_step"] >= 0 and r["scheduler_ms_per_step"] == by_batch[r["batch"]]
+        assert abs(r["ratio"] * r["scheduler_ms_per_step"] - r["ms_per_step"]) < 1e-6
+    for path in ("Engine.generate", "POST /generate ", "POST /generate stream"):
+        assert path in proc.stdout
 
 
 def test_decode_kernel_bench_times_both_paths_and_checks_them():
