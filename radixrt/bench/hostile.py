@@ -1,6 +1,6 @@
 """What one hostile request costs everyone else, through a real server.
 
-    python -m radixrt.bench.hostile [--model default] [--probes 5]
+    python -m radixrt.bench.hostile [--model default] [--probes 5] [--only NAME] [--server-arg=--FLAG=V ...]
 
 Starts `radixrt serve` on the model, measures a 4-token greedy /generate
 (the *probe*) alone, then sends each hostile request below once and probes
@@ -100,8 +100,9 @@ def _max_rss_mib(pids: dict[str, int]) -> float:
     return best / 1024
 
 
-def run(model: str, probes: int) -> None:
-    srv = LocalServer("--max-total-tokens", "16384", model=model).wait_ready()
+def run(model: str, probes: int, only: str = "", server_args: tuple[str, ...] = ()) -> None:
+    """``only``: run the hostile requests whose name contains it; ``server_args``: more `radixrt serve` flags."""
+    srv = LocalServer("--max-total-tokens", "16384", *server_args, model=model).wait_ready()
     try:
         with httpx.Client(base_url=srv.url, timeout=300) as c:
             info = c.get("/get_server_info").json()
@@ -124,6 +125,8 @@ def run(model: str, probes: int) -> None:
                 f"{'/health worst':>14} {'RSS +MiB':>9}"
             )
             for name, (route, body) in _hostile(context).items():
+                if only not in name:
+                    continue
                 rss0 = _max_rss_mib(pids)
                 done: dict[str, Any] = {}
                 th = threading.Thread(target=_send, args=(srv.url + route, body, done))
@@ -147,8 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default")
     p.add_argument("--probes", type=int, default=5, help="probes for the idle median")
+    p.add_argument("--only", default="", help="only the hostile requests whose name contains this")
+    p.add_argument(
+        "--server-arg", action="append", default=[], help="a `radixrt serve` flag, as --server-arg=--flag=value"
+    )
     args = p.parse_args(argv)
-    run(args.model, args.probes)
+    run(args.model, args.probes, args.only, tuple(args.server_arg))
 
 
 if __name__ == "__main__":
