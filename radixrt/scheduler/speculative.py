@@ -50,7 +50,7 @@ class SpecStats:
     verify_tokens: int = 0  # tokens those steps produced (accepted drafts + the model's own)
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    skipped_steps: int = 0  # steps where the cost model chose no draft at all though some were proposed
+    skipped_steps: int = 0  # steps where the cost model chose no draft at all (none could pay, or none proposed did)
     tree_drafts: int = 0  # drafts verified as a tree (some token with two or more children)
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,13 +122,20 @@ class Speculator:
     # ------------------------------------------------------------------ drafting
     def draft(self, running: list[Req]) -> None:
         """Give the running requests this step's drafts (see the module docstring)."""
-        candidates = [c for req in running if (c := self._propose(req)) is not None]
-        if not candidates:
-            return
         rows = len(running)
         time = self.cost.seconds(rows, rows)
         expected = float(rows)
         per_token = self.cost.per_token
+        # A draft token joins only while its gain exceeds expected * per_token / time, a bar that
+        # rises with every token chosen: the bar before any is chosen bounds what is worth proposing,
+        # so a batch where no draft can pay spends nothing on drafting.
+        bar = expected * per_token / time
+        if bar >= 1.0:
+            self.stats.skipped_steps += any(r.spec is not None for r in running)
+            return
+        candidates = [c for req in running if (c := self._propose(req, bar)) is not None]
+        if not candidates:
+            return
         # marginal gains in decreasing order: a request's draft token gains its estimated acceptance
         # (the index's path probability, calibrated by the request's own history); a token becomes a
         # candidate once its parent is chosen, so the chosen tokens of a request form a tree
@@ -170,7 +177,8 @@ class Speculator:
             chain = all(p == n - 1 for n, p in enumerate(parents))
             req.spec.parents = None if chain else parents
 
-    def _propose(self, req: Req) -> Optional[_Candidate]:
+    def _propose(self, req: Req, bar: float = 0.0) -> Optional[_Candidate]:
+        """``req``'s candidate draft: tokens whose calibrated gain can reach ``bar``."""
         spec = req.spec
         if spec is None or req.draft_ids or req.inflight_tokens:  # (a jump-forward draft goes first)
             return None
@@ -188,10 +196,13 @@ class Speculator:
         if limit < 1:
             return None
         width = self.max_width if req.grammar is None else 1
-        draft = self.index.propose(req.namespace, spec.own, limit, max_width=width, min_prob=MIN_PROB)
+        c = spec.calibration
+        min_prob = max(MIN_PROB, bar / c)
+        if min_prob >= 1.0:
+            return None
+        draft = self.index.propose(req.namespace, spec.own, limit, max_width=width, min_prob=min_prob)
         if not draft.tokens:
             return None
-        c = spec.calibration
         return _Candidate(req, draft.tokens, draft.parents, draft.probs, [min(1.0, c * q) for q in draft.probs])
 
     def stats_dict(self) -> dict[str, Any]:

@@ -25,3 +25,33 @@ def test_observed_steps_correct_a_wrong_start_up_fit():
         online.observe(rows, tokens, _true(rows, tokens))
     assert abs(online.per_token - 0.004) < 0.001
     assert abs(online.seconds(8, 40) - _true(8, 40)) < 0.005
+
+
+def _speculator(cost: StepCost, width: int = 2):
+    from radixrt.memory.no_prefix_cache import NoPrefixCache
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.request import Req
+    from radixrt.scheduler.speculative import Speculator
+
+    spec = Speculator(NoPrefixCache(), OnlineStepCost(cost), 8, 8, 4096, max_width=width)
+    reqs = []
+    for i in range(4):
+        req = Req(
+            rid=f"r{i}", input_ids=[10 + i, 20, 30, 40, 50, 60] * 6, sampling=SamplingParams(max_new_tokens=64), seed=0
+        )
+        req.output_ids = [10 + i]  # its own tokens repeat: the next ones are predictable
+        req.slots = list(range(len(req.input_ids)))  # (the speculator reads only how many)
+        spec.start(req)
+        reqs.append(req)
+    return spec, reqs
+
+
+def test_drafts_only_when_the_measured_cost_lets_them_pay():
+    cheap, reqs = _speculator(StepCost(fixed=0.05, per_row=0.0, per_token=0.001))
+    cheap.draft(reqs)
+    assert all(r.draft_ids[:3] == [20, 30, 40] for r in reqs)
+    # every extra token of a forward costs what a whole step costs: no draft can pay, none is proposed
+    dear, reqs = _speculator(StepCost(fixed=0.0, per_row=0.0, per_token=0.05))
+    dear.draft(reqs)
+    assert not any(r.draft_ids for r in reqs) and dear.stats.skipped_steps == 1
+    assert all(r.spec.synced == len(r.input_ids) for r in reqs)  # the index was not even asked
