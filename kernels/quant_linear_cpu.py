@@ -43,7 +43,7 @@ LINK_FLAGS = ["-shared"]
 DISABLE_ENV = "RADIXRT_NATIVE_QLINEAR"
 CHUNK = 32  # int4 weights are packed in runs of 32 (16 bytes)
 # multiply-adds of one call (rows x weights) below which it runs on the calling thread only
-PARALLEL_MIN_MACS = 1 << 62
+PARALLEL_MIN_MACS = 1 << 23
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional["NativeQuantLinear"]] = {}

@@ -105,6 +105,47 @@ static void dot_4x2(const float *w, int64_t K, const float *x0, const float *x1,
     r1[0] = hsum(a01), r1[1] = hsum(a11), r1[2] = hsum(a21), r1[3] = hsum(a31);
 }
 
+/* one activation row against ROWS quantized rows, dequantized in registers (no buffer) */
+static void direct_4x1(const void *qw, const float *scales, const float *mins, int64_t n, int64_t K,
+                       int64_t group, int bits, const float *x0, float *r0) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    if (bits == 8) {
+        const int8_t *q = (const int8_t *)qw + n * K;
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 u = _mm256_loadu_ps(x0 + k);
+            for (int r = 0; r < ROWS; r++) {
+                __m128i b = _mm_loadl_epi64((const __m128i *)(q + r * K + k));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), u, acc[r]);
+            }
+        }
+    } else {
+        const uint8_t *p = (const uint8_t *)qw + n * (K / 2);
+        const int64_t ng = K / group;
+        const float *s = scales + n * ng, *m = mins + n * ng;
+        const __m128i low = _mm_set1_epi8(15);
+        for (int64_t c = 0; c < K; c += 32) {
+            __m256 u0 = _mm256_loadu_ps(x0 + c), u1 = _mm256_loadu_ps(x0 + c + 8);
+            __m256 u2 = _mm256_loadu_ps(x0 + c + 16), u3 = _mm256_loadu_ps(x0 + c + 24);
+            for (int r = 0; r < ROWS; r++) {
+                const __m256 sc = _mm256_set1_ps(s[r * ng + c / group]), mn = _mm256_set1_ps(m[r * ng + c / group]);
+                __m128i b = _mm_loadu_si128((const __m128i *)(p + r * (K / 2) + c / 2));
+                __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+                __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), sc, mn);
+                __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), sc, mn);
+                __m256 w2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), sc, mn);
+                __m256 w3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), sc, mn);
+                acc[r] = _mm256_fmadd_ps(w0, u0, acc[r]);
+                acc[r] = _mm256_fmadd_ps(w1, u1, acc[r]);
+                acc[r] = _mm256_fmadd_ps(w2, u2, acc[r]);
+                acc[r] = _mm256_fmadd_ps(w3, u3, acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < ROWS; r++) r0[r] = hsum(acc[r]);
+}
+#define HAVE_DIRECT 1
+
 static void dot_4x1(const float *w, int64_t K, const float *x0, float *r0) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t k = 0; k < K; k += 8) {
@@ -141,16 +182,24 @@ int radixrt_quant_linear_f32(const float *x, int64_t x_stride, int64_t M, int64_
     if (buf == NULL) return 1;
     for (int64_t n0 = n_lo; n0 < n_hi; n0 += ROWS) {
         const int rows = n_hi - n0 < ROWS ? (int)(n_hi - n0) : ROWS;
+        float mult[ROWS], add[ROWS];
+        for (int r = 0; r < rows; r++) {
+            mult[r] = bits == 8 ? scales[n0 + r] : 1.0f;
+            add[r] = bias ? bias[n0 + r] : 0.0f;
+        }
+#ifdef HAVE_DIRECT
+        if (M == 1 && rows == ROWS) { /* a single row: no buffer, each weight is used once */
+            float r0[ROWS];
+            direct_4x1(qw, scales, mins, n0, K, group, bits, x, r0);
+            for (int r = 0; r < ROWS; r++) out[n0 + r] = r0[r] * mult[r] + add[r];
+            continue;
+        }
+#endif
         for (int r = 0; r < ROWS; r++) {
             if (r < rows)
                 dequant_row(qw, scales, mins, n0 + r, K, group, bits, buf + r * K);
             else
                 memset(buf + r * K, 0, sizeof(float) * (size_t)K);
-        }
-        float mult[ROWS], add[ROWS];
-        for (int r = 0; r < rows; r++) {
-            mult[r] = bits == 8 ? scales[n0 + r] : 1.0f;
-            add[r] = bias ? bias[n0 + r] : 0.0f;
         }
         for (int64_t i = 0; i < M; i += 2) {
             float r0[ROWS], r1[ROWS];

@@ -44,6 +44,23 @@ def test_native_kernel_equals_the_dequantized_weight(spec):
         )
 
 
+def test_native_kernel_split_over_threads_gives_the_same_bits(monkeypatch):
+    """Large calls are split by output columns over torch.get_num_threads() threads: same result."""
+    kernel = ql.load()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(5)
+    packed = ql.quantize_int4(torch.randn(200, 96, generator=gen), 32)
+    x = torch.randn(6, 96, generator=gen)
+    one = kernel.linear(x, packed)
+    monkeypatch.setattr(ql, "PARALLEL_MIN_MACS", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert torch.equal(kernel.linear(x, packed), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.method)
 def test_torch_fallback_equals_the_dequantized_weight_within_bfloat16(spec):
     """torch's packed kernels take bfloat16 activations: the tolerance is bfloat16's."""
