@@ -99,6 +99,12 @@ class OnlineStepCost:
     DECAY = 0.99  # weight of the past per observation
     REFIT_EVERY = 16
     PROBE_WEIGHT = 8.0  # each start-up sample counts as this many observed steps
+    # A refit is pulled toward the current coefficients with this weight (relative to the data's):
+    # steps served with drafts switched off all have one token per request, which tells the
+    # per-request and the per-token cost apart no more; the plain fit would then split their sum
+    # evenly and call tokens cheap, switching drafts back on. The pull keeps what the data cannot
+    # tell (the split) as it was, and is too weak to matter along what the data does tell.
+    ANCHOR = 1e-6
 
     def __init__(self, seed: StepCost, samples: Sequence[tuple[int, int, float]] = ()) -> None:
         self.current = seed
@@ -131,9 +137,12 @@ class OnlineStepCost:
             self._refit()
 
     def _refit(self) -> None:
-        ridge = 1e-9 * torch.eye(3, dtype=torch.float64)  # the observed steps may all have one shape
+        c = self.current
+        anchor = self.ANCHOR * float(self._ata.trace()) + 1e-12
+        prev = torch.tensor([c.fixed, c.per_row, c.per_token], dtype=torch.float64)
+        ata = self._ata + anchor * torch.eye(3, dtype=torch.float64)
         try:
-            coef = torch.linalg.solve(self._ata + ridge, self._atb).clamp(min=0.0).tolist()
+            coef = torch.linalg.solve(ata, self._atb + anchor * prev).clamp(min=0.0).tolist()
         except RuntimeError:  # singular: keep the current fit
             return
         self.current = StepCost.from_coefficients(*coef)

@@ -55,3 +55,18 @@ def test_drafts_only_when_the_measured_cost_lets_them_pay():
     dear.draft(reqs)
     assert not any(r.draft_ids for r in reqs) and dear.stats.skipped_steps == 1
     assert all(r.spec.synced == len(r.input_ids) for r in reqs)  # the index was not even asked
+
+
+def test_steps_without_drafts_do_not_make_tokens_look_cheap():
+    """Thousands of steps with one token per request (drafts switched off), timed
+    with noise, must not erase what the probes measured about extra tokens (a fit
+    pulled toward zero split the per-request and per-token costs evenly here)."""
+    import random
+
+    rng = random.Random(0)
+    probes = [(r, r * q, _true(r, r * q)) for r in (1, 4, 16) for q in (1, 5, 9)]
+    online = OnlineStepCost(StepCost.fit(probes), probes)
+    for step in range(6000):
+        rows = 24 + step % 16
+        online.observe(rows, rows, _true(rows, rows) * (1 + 0.05 * rng.uniform(-1, 1)))
+    assert abs(online.per_token - 0.004) < 0.0003, online.current
