@@ -23,6 +23,11 @@ For each format (``float32``, then ``int8``, ``int4``, ``int4+head`` = int4 with
    prompts, 64 tokens each, one call); the median of ``--repeats`` runs after
    a short warm-up, output tokens over wall time (prefill included).
 
+``--kernels`` times the linear layers alone instead: every linear of the
+embedded model's 30 layers per decode step, at 1, 4 and 16 rows, for
+float32 ``F.linear``, torch's packed int8 and int4 kernels and the native
+kernel (kernels/quant_linear_cpu.py).
+
 The load average is printed with the figures: the CPU machine is shared.
 """
 
@@ -156,6 +161,50 @@ def _quality(runner: Any, args: argparse.Namespace, ref: Optional[dict[str, Any]
     return ref, same / len(target), float((top == torch.tensor(target)).float().mean()), ppl
 
 
+def _step_fns(xs: dict, xb: dict, weights: list, packed: dict, torch_args: dict, native: Any) -> dict[str, Any]:
+    """One decode step's linear layers per kernel, as callables (activations by input size)."""
+    import torch
+
+    fns = {
+        "float32 F.linear": lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in weights],
+        "torch int8 (bf16 act)": lambda: [
+            torch.ops.aten._weight_int8pack_mm(xb[a[0].shape[1]], *a) for a in torch_args[8]
+        ],
+        "torch int4 (bf16 act)": lambda: [
+            torch.ops.aten._weight_int4pack_mm_for_cpu(xb[p.in_features], *a) for p, a in zip(packed[4], torch_args[4])
+        ],
+    }
+    if native is not None:
+        fns["native int8"] = lambda: [native.linear(xs[p.in_features], p) for p in packed[8]]
+        fns["native int4"] = lambda: [native.linear(xs[p.in_features], p) for p in packed[4]]
+    return fns
+
+
+def kernel_times(rows: tuple[int, ...] = (1, 4, 16), repeats: int = 5) -> list[dict[str, Any]]:
+    """ms per decode step for all the embedded model's linear layers (30 layers of distinct random
+    weights, so that they come from memory as in a step) per kernel and row count: the median of
+    ``repeats`` after one untimed pass."""
+    import torch
+
+    from radixrt.executor.models.quantized_linear import _torch_format
+    from radixrt.kernels import quant_linear_cpu as ql
+
+    native = ql.load()
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down
+    weights = [torch.randn(n, k) * 0.02 for _ in range(30) for n, k in shapes]
+    packed = {8: [ql.quantize_int8(w) for w in weights], 4: [ql.quantize_int4(w, 32) for w in weights]}
+    torch_args = {bits: [_torch_format(p) for p in ps] for bits, ps in packed.items()}
+    out = []
+    for m in rows:
+        xs = {k: torch.randn(m, k) for k in (576, 1536)}
+        xb = {k: x.bfloat16() for k, x in xs.items()}
+        kernels = _step_fns(xs, xb, weights, packed, torch_args, native)
+        for name, fn in kernels.items():
+            fn()
+            out.append({"rows": m, "kernel": name, "ms": 1e3 * _timed(fn, repeats)})
+    return out
+
+
 def format_table(rows: list[QuantRow], args: argparse.Namespace, load: str) -> str:
     head = ("format", "linear MB", "free agree", "forced agree", "perplexity", "dppl", "tok/s b=1", "tok/s b=16")
     body = [
@@ -192,8 +241,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--window", type=int, default=1024, help="perplexity window in tokens")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per speed figure (0: no speed figures)")
     p.add_argument("--only", choices=("quality", "speed"), default=None, help="one half of the figures")
+    p.add_argument(
+        "--kernels", action="store_true", help="only time the linear kernels per decode step (1, 4, 16 rows)"
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
+    if args.kernels:
+        found = kernel_times()
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        for r in found:
+            print(json.dumps(r) if args.json else f"rows {r['rows']:>2}  {r['kernel']:<22} {r['ms']:7.1f} ms")
+        print(f"threads {__import__('torch').get_num_threads()}; load average {load}")
+        return 0
     formats = ["float32"] + [f.strip() for f in args.formats.split(",") if f.strip() and f.strip() != "float32"]
     rows: list[QuantRow] = []
     ref: Optional[dict[str, Any]] = None
