@@ -9,14 +9,18 @@ divided by ``steps``), sent to a real radixrt server on 127.0.0.1 (a
 `LocalServer` subprocess, its torch threads as many as the bench's) with
 httpx, two ways:
 
-* ``http``: one non-streaming request holding the batch's ``B`` prompts;
-* ``http-stream``: ``B`` streaming requests at once, one prompt each (each
-  client reads its SSE events to the end, as a chat front end does).
+* ``http``: one non-streaming request holding the batch's ``B`` prompts (the
+  same call as the ``Engine.generate`` figure's);
+* ``http-stream``: the same request with ``"stream": true`` (one SSE event
+  per step carrying every prompt's update, each with its ``index``);
+* ``http-streams``: ``B`` streaming requests at once, one prompt each, as
+  ``B`` chat users would send them: ``B`` connections, ``B`` events per step.
 
 So the figure counts everything between the scheduler and the user: the
 tokenizer manager's routing and accumulation, the detokenizer, the JSON and
 SSE encoding, the sockets, and the client's parsing, all sharing the
-machine's cores with the scheduler.
+machine's cores with the scheduler (``http-streams`` also counts ``B``
+httpx clients' work, which on a small machine is most of it).
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ from typing import Any, Optional
 
 from radixrt.bench.engine_step import WARM_STEPS, engine_kwargs, prompts
 
-MODES = ("http", "http-stream")
+MODES = ("http", "http-stream", "http-streams")
 
 
 @dataclass
 class HttpStepTime:
     batch: int
-    mode: str  # "http" (one non-streaming batch request) | "http-stream" (B streaming requests)
+    mode: str  # one of MODES
     ms_per_step: float
 
 
@@ -52,16 +56,18 @@ def server_flags(kwargs: dict[str, Any]) -> list[str]:
     return flags
 
 
-async def _stream_one(client: Any, ids: list[int], sampling: dict) -> int:
-    """One streaming request read to its end; its completion tokens."""
-    meta: dict = {}
+async def _stream(client: Any, ids: Any, sampling: dict) -> list[int]:
+    """One streaming request (one prompt, or a batch whose events carry ``index``)
+    read to its end; each prompt's completion tokens."""
+    done: dict[int, int] = {}
     body = {"input_ids": ids, "sampling_params": sampling, "stream": True}
     async with client.stream("POST", "/generate", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                meta = json.loads(line[6:])["meta_info"]
-    return int(meta.get("completion_tokens", -1))
+                event = json.loads(line[6:])
+                done[event.get("index", 0)] = event["meta_info"]["completion_tokens"]
+    return [done.get(i, -1) for i in range(len(done))]
 
 
 class HttpBench:
@@ -99,12 +105,16 @@ class HttpBench:
         r.raise_for_status()
         return [o["meta_info"]["completion_tokens"] for o in r.json()]
 
+    async def _batch_stream(self, ids: list[list[int]], sampling: dict) -> list[int]:
+        return await _stream(self.client, ids, sampling)
+
     async def _streams(self, ids: list[list[int]], sampling: dict) -> list[int]:
-        return list(await asyncio.gather(*(_stream_one(self.client, p, sampling) for p in ids)))
+        counts = await asyncio.gather(*(_stream(self.client, p, sampling) for p in ids))
+        return [c[0] for c in counts]
 
     def _timed(self, mode: str, ids: list[list[int]], new_tokens: int) -> float:
         sampling = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0}
-        call = self._plain if mode == "http" else self._streams
+        call = {"http": self._plain, "http-stream": self._batch_stream, "http-streams": self._streams}[mode]
         start = time.perf_counter()
         counts = self.loop.run_until_complete(call(ids, sampling))
         elapsed = time.perf_counter() - start

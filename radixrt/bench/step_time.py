@@ -17,8 +17,9 @@ was busy.
 
 The same workload is also timed, in the same run, through the public
 ``Engine.generate`` (`radixrt.bench.engine_step`; ``--no-engine`` skips it)
-and through ``POST /generate`` on a real server on 127.0.0.1, non-streaming
-and streaming (`radixrt.bench.http_step`; ``--no-http`` skips it): one
+and through ``POST /generate`` on a real server on 127.0.0.1: one batch
+request, non-streaming and streaming, and ``B`` streaming requests at once
+(`radixrt.bench.http_step`; ``--no-http`` skips it): one
 repeat of each after each scheduler-only repeat, so that all figures share
 the machine's moods. Each is printed beside the scheduler-only figure, with
 their ratio.
@@ -235,11 +236,12 @@ def front_rows(rows: list[StepTime], front: list[Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: (d["batch"], MODE_ORDER.index(d["mode"])))
 
 
-MODE_ORDER = ("engine", "http", "http-stream")
+MODE_ORDER = ("engine", "http", "http-stream", "http-streams")
 MODE_NAMES = {
     "engine": "Engine.generate",
     "http": "POST /generate",
     "http-stream": "POST /generate stream",
+    "http-streams": "B streaming requests",
 }
 
 
@@ -281,7 +283,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--http",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also time it through POST /generate on a local server, non-streaming and streaming "
+        help="also time it through POST /generate on a local server: one batch request, non-streaming and "
+        "streaming, and B streaming requests "
         "(radixrt.bench.http_step; default: on)",
     )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixrt.requests.messages import TokenOutput
+from radixrt.requests.messages import TokenOutput, token_output_from_row, token_output_row
 
 
 @dataclass
@@ -42,9 +42,17 @@ class DetokItem:
     out: TokenOutput  # the scheduler's delta (token ids, counts, logprobs, finish reason)
 
 
+def _detok_batch_from_rows(rows: list[tuple[str, str, tuple]]) -> "DetokBatch":
+    return DetokBatch([DetokItem(rid, text, token_output_from_row(out)) for rid, text, out in rows])
+
+
 @dataclass
 class DetokBatch:
     items: list[DetokItem]
+
+    def __reduce__(self) -> tuple[Any, tuple[list[tuple[str, str, tuple]]]]:
+        """Pickled as rows of plain values, as `TokenBatch` is (one batch per step)."""
+        return _detok_batch_from_rows, ([(i.rid, i.text, token_output_row(i.out)) for i in self.items],)
 
 
 @dataclass
