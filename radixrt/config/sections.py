@@ -354,7 +354,9 @@ class SpeculativeSettings:
         type=str.upper,
     )
     speculative_num_draft_tokens: int = setting(
-        8, "most draft tokens verified per request per step (the cost model sizes each draft below it)"
+        8,
+        "longest draft path verified per request per step (a draft tree holds at most --speculative-tree-width "
+        "times as many tokens; the cost model sizes each draft below that)",
     )
     speculative_ngram_order: int = setting(
         8, "longest context (tokens) the draft index matches in the radix tree's token runs (2, 3, 5 and 8 up to it)"

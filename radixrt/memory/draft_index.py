@@ -30,7 +30,7 @@ token, whatever the tree's size.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Optional, Sequence
 
 from radixrt.memory.draft_keys import MAX_CONTEXT, tail_keys, window_keys
 from radixrt.memory.draft_own import OwnTokens
@@ -150,17 +150,24 @@ class DraftIndex:
 
     # ----------------------------------------------------------- proposals
     def propose(
-        self, namespace: Hashable, own: OwnTokens, max_tokens: int, max_width: int = 1, min_prob: float = 0.2
+        self,
+        namespace: Hashable,
+        own: OwnTokens,
+        max_tokens: int,
+        max_width: int = 1,
+        min_prob: float = 0.2,
+        max_depth: Optional[int] = None,
     ) -> Draft:
         """A draft of at most `max_tokens` tokens continuing ``own.tokens`` from
         `namespace`'s counts and the request's own earlier tokens, at most
-        `max_width` children per token, every token's estimated path
-        probability at least `min_prob` (draft_search.py)."""
+        `max_width` children per token and no path longer than `max_depth`,
+        every token's estimated path probability at least `min_prob`
+        (draft_search.py)."""
         table = self._tables.get(namespace)
         counts = table.counts if table is not None else None
         if max_width == 1 and max_tokens > 0:
-            return chain(self.lengths, counts, own, max_tokens, min_prob)
-        return search(self.lengths, counts, own, max_tokens, max_width, min_prob)
+            return chain(self.lengths, counts, own, min(max_tokens, max_depth or max_tokens), min_prob)
+        return search(self.lengths, counts, own, max_tokens, max_width, min_prob, max_depth)
 
     # -------------------------------------------------------- checks, sizes
     def check_integrity(self, cache: PrefixCache) -> None:

@@ -85,9 +85,10 @@ def search(
     max_tokens: int,
     max_width: int,
     min_prob: float,
+    max_depth: Optional[int] = None,
 ) -> Draft:
     """The best-first draft (module docstring). `counts`: the namespace's
-    table (None when it holds nothing)."""
+    table (None when it holds nothing); no path longer than `max_depth`."""
     draft = Draft()
     if max_tokens <= 0 or max_width <= 0:
         return draft
@@ -98,8 +99,10 @@ def search(
     path: tuple[int, ...] = ()
     parent, prob, copy = -1, 1.0, own.match()
     run = _tree_run(own, counts, lengths[-1]) if counts is not None else 0
+    depth_cap = max_tokens if max_depth is None else max_depth
     while True:
-        for p, tok, child_copy, child_run in _children(lengths, counts, base, ctx, path, copy, run, max_width):
+        kids = _children(lengths, counts, base, ctx, path, copy, run, max_width) if len(path) < depth_cap else []
+        for p, tok, child_copy, child_run in kids:
             cum = prob * p
             if cum < min_prob:
                 break

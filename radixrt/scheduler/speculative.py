@@ -188,19 +188,18 @@ class Speculator:
         if spec.synced < n_in + n_out:
             spec.own.extend(req.output_ids[spec.synced - n_in :])
             spec.synced = n_in + n_out
-        limit = min(
-            self.max_draft_tokens,
-            req.sampling.max_new_tokens - n_out - 1,  # the step's own token comes after the draft
-            self.context_length - 1 - n_in - n_out,
-        )
-        if limit < 1:
+        room = self.context_length - 1 - n_in - n_out  # slots the draft's tokens may take
+        # the longest path: the step's own token comes after the draft
+        depth = min(self.max_draft_tokens, req.sampling.max_new_tokens - n_out - 1, room)
+        if depth < 1:
             return None
         width = self.max_width if req.grammar is None else 1
+        limit = min(depth * width, room)  # a tree may hold width x the longest path's tokens
         c = spec.calibration
         min_prob = max(MIN_PROB, bar / c)
         if min_prob >= 1.0:
             return None
-        draft = self.index.propose(req.namespace, spec.own, limit, max_width=width, min_prob=min_prob)
+        draft = self.index.propose(req.namespace, spec.own, limit, width, min_prob, max_depth=depth)
         if not draft.tokens:
             return None
         return _Candidate(req, draft.tokens, draft.parents, draft.probs, [min(1.0, c * q) for q in draft.probs])

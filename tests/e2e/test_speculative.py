@@ -103,7 +103,7 @@ def _oracle_trees(speculator, expected: dict[tuple[int, ...], list[int]]):
     accepted token's KV sits off the contiguous path and the rest is freed."""
     from radixrt.scheduler.speculative import _Candidate
 
-    def propose(req):
+    def propose(req, bar=0.0):
         want = expected.get(tuple(req.input_ids))
         n_out = len(req.output_ids)
         if (

@@ -286,6 +286,14 @@ def test_draft_tree_branches_where_runs_diverge() -> None:
         assert sum(1 for q in wide.parents if q == p) <= 2
     assert len(wide) <= 8 and min(wide.probs) >= 0.05
     assert Draft([5, 6, 7], [-1, -1, 0]).chain() == [5, 7]
+    # a depth cap bounds every path, not the tree's size: both branches go three deep
+    deep = index.propose("ns", own, 8, max_width=2, min_prob=0.01, max_depth=3)
+    depth = []
+    for p in deep.parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    assert max(depth) == 3 and len(deep) > 3
+    assert deep.chain() == [200, 201, 202]
+    assert index.propose("ns", own, 8, min_prob=0.01, max_depth=3).tokens == [200, 201, 202]
 
 
 def test_the_chain_fast_path_is_the_width_one_search() -> None:
