@@ -16,7 +16,9 @@ the sequence so far (the request's tokens, then the draft path):
   with more than `MAX_FANOUT` distinct continuations is too ambiguous to
   draft from (and shorter ones more so): no tree suggestion.
 
-Where both suggest the same token its probability is ``1 - (1 - p1)(1 - p2)``.
+Where both suggest the same token its probability is ``1 - (1 - p1)(1 - p2)``;
+siblings exclude each other, so a less likely child gets at most the
+probability its likelier siblings leave (they are not normalized otherwise).
 A draft token's probability is the product along its path; the search is
 best first (a heap on that product), keeps at most `max_width` children per
 token and stops at `max_tokens` tokens or when the best open candidate falls
@@ -221,7 +223,12 @@ def _children(
         cands[own_tok] = 1.0 - (1.0 - p_own) * (1.0 - cands[own_tok]) if own_tok in cands else p_own
     best = sorted(cands.items(), key=_second, reverse=True)[:width] if len(cands) > 1 else cands.items()
     out: list[tuple[float, int, _Copy, int]] = []
+    left = 1.0  # siblings exclude each other: a less likely one gets at most what the likelier left
     for tok, prob in best:
+        prob = min(prob, left)
+        if prob <= 0.0:
+            break
+        left -= prob
         tree_run = run + 1 if runs and tok in tree_toks else 0
         out.append((prob, tok, (copy[0] + 1, copy[1] + 1) if tok == own_tok and copy else None, tree_run))
     return out
