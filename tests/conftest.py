@@ -11,12 +11,32 @@ fast path); ``gpu`` for tests that need CUDA, skipped here without it.
 """
 
 import os
+import sys
 
 import pytest
 
 from tests.support.xdist_order import make_scheduler, order_heaviest_first
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist, each worker (with the servers and CLI runs it starts, which inherit the
+    environment) runs torch on cores / workers intra-op threads unless OMP_NUM_THREADS says
+    otherwise: with every process on torch's default (one thread per core), the workers and their
+    servers oversubscribe the cores and the OpenMP threads spin against each other, which slows
+    every model forward several-fold (docs/benchmarks.md). A single-process run keeps torch's
+    default; the tests of multi-threaded kernels set their thread counts themselves."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:  # imported before this file (a plugin): too late for the variable
+        sys.modules["torch"].set_num_threads(threads)
+
+
+_share_the_cores_among_workers()
 
 
 @pytest.hookimpl(optionalhook=True)

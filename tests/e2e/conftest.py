@@ -1,16 +1,44 @@
 """Servers that several e2e modules share.
 
 Session-scoped, so pytest-xdist (``--dist loadfile``) starts one per worker
-that runs a module using it, and a single process starts one in all."""
+that runs a module using it, and a single process starts one in all
+(tests/support/xdist_order.py keeps the modules of one server on one worker).
+Each server's teardown checks that SIGTERM stops it and its children cleanly."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.servers import serving
+from tests.support.servers import TINY_SERVER_KEY, TINY_SERVER_MAX_N, TINY_SERVER_MAX_TOP, serving
 
 
 @pytest.fixture(scope="session")
 def default_server(default_model_path):
     """``radixrt serve`` on the embedded model with 24,576 KV tokens (tool calling, the Responses API)."""
     yield from serving("--max-total-tokens", "24576", model="default")
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_llama):
+    """``radixrt serve`` on the tiny random Llama (test_server.py, test_request_ids.py), served as
+    "default", with the API key ``TINY_SERVER_KEY``, 24,576 KV tokens, --max-request-bytes 200000,
+    --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num ``TINY_SERVER_MAX_TOP`` and the overlap
+    scheduler (a CUDA default, off on the CPU otherwise), so that streams, aborts and disconnects
+    are also tested with a step in flight. ``folder`` and ``served_name`` are what it reports."""
+    for srv in serving(
+        "--max-total-tokens",
+        "24576",
+        "--max-request-bytes",
+        "200000",
+        "--served-model-name",
+        "default",
+        "--no-disable-overlap-schedule",
+        "--max-n",
+        str(TINY_SERVER_MAX_N),
+        "--max-top-logprobs-num",
+        str(TINY_SERVER_MAX_TOP),
+        model=tiny_llama,
+        api_key=TINY_SERVER_KEY,
+    ):
+        srv.folder, srv.served_name = tiny_llama, "default"
+        yield srv

@@ -1,4 +1,5 @@
-"""Request ids and request limits against a real server (tiny random Llama).
+"""Request ids and request limits against a real server (the session ``tiny_server``
+of tests/e2e/conftest.py, on a tiny random Llama).
 
 A client's ``rid`` is only a label: the scheduler and the detokenizer key on
 random internal ids, so one request can never read another's tokens, abort
@@ -17,27 +18,15 @@ import re
 import httpx
 import pytest
 
-from tests.support.servers import serving
+from tests.support.servers import TINY_SERVER_MAX_N, TINY_SERVER_MAX_TOP
 
-KEY = "ids-key"
-MAX_N = 4
-MAX_TOP = 5
+MAX_N = TINY_SERVER_MAX_N  # the server's --max-n
+MAX_TOP = TINY_SERVER_MAX_TOP  # its --max-top-logprobs-num
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    yield from serving(
-        "--max-total-tokens",
-        "16384",
-        "--served-model-name",
-        "default",
-        "--max-n",
-        str(MAX_N),
-        "--max-top-logprobs-num",
-        str(MAX_TOP),
-        model=tiny_llama,
-        api_key=KEY,
-    )
+def server(tiny_server):
+    return tiny_server  # tests/e2e/conftest.py: shared with test_server.py
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,13 @@
 """End-to-end tests of `radixrt serve`: a real server on 127.0.0.1, driven by
 httpx and the official openai client.
 
-Most tests run twice, against a module-scoped server on a tiny random Llama
-(the fast path; served as "default") and against one on the embedded default
-model (slow); what only a real model can show (its greedy answers follow the
-prompt) runs against the embedded model alone. Each server is started once
-(kept short: small max_tokens, a small KV pool); its teardown checks that
-SIGTERM stops it and its children cleanly. The last test (slow) starts another
+Most tests run twice, against the session ``tiny_server`` of
+tests/e2e/conftest.py on a tiny random Llama (the fast path; served as
+"default"; test_request_ids.py uses it too) and against a module-scoped server
+on the embedded default model (slow); what only a real model can show (its
+greedy answers follow the prompt) runs against the embedded model alone. Each
+server is started once (kept short: small max_tokens, a small KV pool); its
+teardown checks that SIGTERM stops it and its children cleanly. The last test (slow) starts another
 server on the tiny model, kills its scheduler process and checks that the
 server reports unhealthy and exits non-zero.
 """
@@ -26,48 +27,18 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
-from tests.support.servers import pid_alive
+from tests.support.servers import TINY_SERVER_KEY, serving
 
-KEY = "test-key"
+KEY = TINY_SERVER_KEY  # the embedded server below takes the same key
 KV_TOKENS = 24576
-
-
-@contextlib.contextmanager
-def _serving(model: str, folder: str, served_name: str, *extra: str):
-    """A server on ``model``; ``folder`` and ``served_name`` are what it should report."""
-    srv = LocalServer(
-        "--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000", *extra, model=model, api_key=KEY
-    )
-    srv.folder, srv.served_name = folder, served_name
-    try:
-        srv.wait_ready()
-        pids = httpx.get(srv.url + "/get_server_info", headers=srv.headers).json()["process_ids"]
-        yield srv
-        # SIGTERM (as Ctrl-C) stops the server and its children cleanly
-        t0 = time.monotonic()
-        assert srv.stop(signal.SIGTERM) == 0, srv.log_tail()
-        assert time.monotonic() - t0 < 15
-        deadline = time.monotonic() + 5
-        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(pid_alive(p) for p in pids.values()), pids
-    finally:
-        srv.cleanup()
-
-
-@pytest.fixture(scope="module")
-def tiny_server(tiny_llama):
-    # served as "default", the name the requests below give; with the overlap scheduler (a CUDA default, off on
-    # the CPU otherwise) so that streams, aborts and disconnects are also tested with a step in flight
-    with _serving(
-        tiny_llama, tiny_llama, "default", "--served-model-name", "default", "--no-disable-overlap-schedule"
-    ) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")
 def embedded_server(default_model_path):
-    with _serving("default", default_model_path, "SmolLM2-135M-Instruct") as srv:
+    """The embedded model with the session tiny_server's KV size, key and request size limit."""
+    flags = ("--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000")
+    for srv in serving(*flags, model="default", api_key=KEY):
+        srv.folder, srv.served_name = default_model_path, "SmolLM2-135M-Instruct"
         yield srv
 
 

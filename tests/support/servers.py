@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from collections.abc import Iterator
 from typing import Optional
 
@@ -11,16 +13,29 @@ import httpx
 
 from radixrt.server.local import LocalServer
 
+# the session tiny_server's API key and request limits (tests/e2e/conftest.py)
+TINY_SERVER_KEY = "test-key"
+TINY_SERVER_MAX_N = 4
+TINY_SERVER_MAX_TOP = 5
+
 
 def serving(*flags: str, model: str, api_key: Optional[str] = None) -> Iterator[LocalServer]:
     """Start a server with ``flags``, yield it once ready, then stop it with
-    SIGTERM and assert a clean exit; its files are removed whatever happens.
+    SIGTERM and assert a clean exit: exit code 0 within 15 s, and its child
+    processes gone 5 s later. Its files are removed whatever happens.
     Meant for ``yield from serving(...)`` in a fixture."""
     srv = LocalServer(*flags, model=model, api_key=api_key)
     try:
         srv.wait_ready()
+        pids = httpx.get(srv.url + "/get_server_info", headers=srv.headers, timeout=30).json()["process_ids"]
         yield srv
-        assert srv.stop() == 0, srv.log_tail()
+        t0 = time.monotonic()
+        assert srv.stop(signal.SIGTERM) == 0, srv.log_tail()
+        assert time.monotonic() - t0 < 15
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(pid_alive(p) for p in pids.values()), pids
     finally:
         srv.cleanup()
 

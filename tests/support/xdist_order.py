@@ -24,13 +24,16 @@ import pytest
 SHARED_SERVER_MODULES: dict[str, str] = {
     "tests/e2e/test_tool_calls.py": "default_server",
     "tests/e2e/test_responses_api.py": "default_server",
+    "tests/e2e/test_server.py": "tiny_server",
+    "tests/e2e/test_request_ids.py": "tiny_server",
 }
 
 # the slowest modules of the full suite, slowest first (per-module time of a --durations run)
 HEAVIEST_FIRST: tuple[str, ...] = (
     "tests/e2e/test_tool_calls.py",  # with test_responses_api.py: one unit, the longest
     "tests/e2e/test_responses_api.py",
-    "tests/e2e/test_server.py",
+    "tests/e2e/test_server.py",  # with test_request_ids.py: one unit
+    "tests/e2e/test_request_ids.py",
     "tests/unit/test_bench_workloads.py",
     "tests/e2e/test_engine_greedy.py",
     "tests/e2e/test_frontend.py",
@@ -51,7 +54,6 @@ HEAVIEST_FIRST: tuple[str, ...] = (
     "tests/unit/test_host_tier.py",
     "tests/e2e/test_deterministic.py",
     "tests/e2e/test_tokenize_routes.py",
-    "tests/e2e/test_request_ids.py",
     "tests/unit/test_cuda_device_scripts.py",
     "tests/e2e/test_frontend_http.py",
 )
