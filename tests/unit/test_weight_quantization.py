@@ -201,3 +201,21 @@ def test_plan_cli_quantization(capsys, default_model_path):
     assert json.loads(capsys.readouterr().out)["weights_bytes"] > out["weights_bytes"]
     with pytest.raises(ValueError, match="unknown quantization 'q4'"):
         plan_main(parser.parse_args(["--quantization", "q4"]))
+
+
+# ---------------------------------------------------------------- the quality benchmark's inputs
+def test_quant_quality_formats_and_heldout_text(tiny_llama):
+    from transformers import AutoTokenizer
+
+    from radixrt.bench.quant_quality import engine_flags, heldout_text_ids
+
+    assert engine_flags("float32") == {"dtype": "float32"}
+    assert engine_flags("int4-64+head") == {
+        "dtype": "float32",
+        "quantization": "int4",
+        "quantize_lm_head": True,
+        "quantization_group_size": 64,
+    }
+    EngineConfig(**engine_flags("int4-64+head"))  # what the bench passes is a valid configuration
+    ids = heldout_text_ids(AutoTokenizer.from_pretrained(tiny_llama), 300)
+    assert len(ids) == 300 and len(set(ids)) > 100
