@@ -6,7 +6,10 @@ back the float weight it stands for, and `NativeQuantLinear.linear` computes
 ``x @ dequantize(w).T + bias`` in float32 activations, reading the packed
 weight once per call whatever the number of rows (a float buffer of a few
 weight rows at a time), where torch's packed kernels cost about one pass over
-the weights per row (figures: docs/benchmarks.md, "Quantized weights").
+the weights per row (figures: docs/benchmarks.md, "Quantized weights"). From
+``DENSE_MIN_ROWS`` rows on (a prefill), the arithmetic, not the weight bytes,
+bounds the time: the weight is dequantized whole (in C) and torch's float32
+matrix product runs instead.
 
 Build and fallback as ``cpu_decode``: compiled on first use with the system C
 compiler (``-O3 -march=native``) into ``$RADIXRT_HOME/kernels/``, once per
@@ -44,6 +47,8 @@ DISABLE_ENV = "RADIXRT_NATIVE_QLINEAR"
 CHUNK = 32  # int4 weights are packed in runs of 32 (16 bytes)
 # multiply-adds of one call (rows x weights) below which it runs on the calling thread only
 PARALLEL_MIN_MACS = 1 << 23
+# rows from which `linear` dequantizes the whole weight and runs torch's float32 matrix product
+DENSE_MIN_ROWS = 256
 
 _lock = threading.Lock()
 _loaded: dict[str, Optional["NativeQuantLinear"]] = {}
@@ -130,6 +135,10 @@ class NativeQuantLinear:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         fn.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, i64, i64]
         self._fn = fn  # ctypes releases the GIL for the call
+        deq = ctypes.CDLL(str(path)).radixrt_quant_dequant_f32
+        deq.restype = None
+        deq.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr, i64, i64]
+        self._dequant = deq
         self._pool: Optional[ThreadPoolExecutor] = None
         self._pool_size = 0
 
@@ -137,6 +146,8 @@ class NativeQuantLinear:
         """``x`` float32 [M, K] (rows may be strided, elements contiguous) -> float32 [M, N]."""
         m, k = x.shape
         assert k == w.in_features and x.dtype == torch.float32 and x.device.type == "cpu"
+        if m >= DENSE_MIN_ROWS:  # a prefill: compute-bound, where torch's float matrix product is faster
+            return torch.nn.functional.linear(x, self.dequantize(w), bias)
         if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
             x = x.contiguous()
         n = w.out_features
@@ -158,6 +169,23 @@ class NativeQuantLinear:
             codes = [cols(0, n)]
         if any(codes):
             raise RuntimeError(f"quantized linear kernel failed (codes {codes})")
+        return out
+
+    def dequantize(self, w: PackedWeight) -> torch.Tensor:
+        """The float32 weight [N, K] (as `dequantize`, in C)."""
+        out = torch.empty((w.out_features, w.in_features))
+        mins = w.mins.data_ptr() if w.mins is not None else None
+        self._dequant(
+            w.qweight.data_ptr(),
+            w.scales.data_ptr(),
+            mins,
+            w.in_features,
+            w.group_size,
+            w.bits,
+            out.data_ptr(),
+            0,
+            w.out_features,
+        )
         return out
 
     def _workers(self, n: int) -> ThreadPoolExecutor:
@@ -216,3 +244,5 @@ def _self_check(kernel: NativeQuantLinear) -> None:
         expected = x @ dequantize(packed).T + bias
         if not torch.allclose(kernel.linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4):
             raise RuntimeError(f"self-check of int{packed.bits} against the dequantized weight failed")
+        if not torch.allclose(kernel.dequantize(packed), dequantize(packed), atol=1e-6, rtol=1e-6):
+            raise RuntimeError(f"self-check of int{packed.bits}'s dequantization failed")

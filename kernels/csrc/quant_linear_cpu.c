@@ -216,3 +216,15 @@ int radixrt_quant_linear_f32(const float *x, int64_t x_stride, int64_t M, int64_
     free(buf);
     return 0;
 }
+
+/* The float32 weight rows n_lo .. n_hi - 1 into out [N, K] (int8: scaled), for row counts where
+ * a dense matrix product over the dequantized weight is faster than the kernel above. */
+void radixrt_quant_dequant_f32(const void *qw, const float *scales, const float *mins, int64_t K, int64_t group,
+                               int bits, float *out, int64_t n_lo, int64_t n_hi) {
+    for (int64_t n = n_lo; n < n_hi; n++) {
+        float *row = out + n * K;
+        dequant_row(qw, scales, mins, n, K, group, bits, row);
+        if (bits == 8)
+            for (int64_t k = 0; k < K; k++) row[k] *= scales[n];
+    }
+}

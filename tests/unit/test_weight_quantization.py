@@ -35,8 +35,8 @@ def test_native_kernel_equals_the_dequantized_weight(spec):
     weight, bias = torch.randn(70, 128, generator=gen), torch.randn(70, generator=gen)  # 70: a partial row block
     packed = _packed(weight, spec)
     dense = ql.dequantize(packed)
-    for rows in (1, 2, 3, 8, 17):
-        x = torch.randn(rows, 256, generator=gen)[:, ::2]  # strided rows: copied to contiguous
+    for rows in (1, 2, 3, 8, 17, ql.DENSE_MIN_ROWS):  # the last: the dense path (dequantized, then F.linear)
+        x = torch.randn(rows, 256, generator=gen)[:, ::2]  # strided rows
         expected = x @ dense.T + bias
         torch.testing.assert_close(kernel.linear(x, packed, bias), expected, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(
