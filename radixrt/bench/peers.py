@@ -17,7 +17,7 @@ Workloads (greedy, ``ignore_eos``, every request makes exactly its tokens):
 Systems: radixrt once per ``--radixrt-config`` (``dtype=...,quantization=...``:
 EngineConfig fields; a bare word is a dtype; default float32 and bfloat16),
 each on a fresh radix cache per workload; llama.cpp through llama-cpp-python
-(``pip install 'radixrt[bench]'``) on a GGUF of the same model (the embedded
+(``pip install 'radixrt[peers]'``) on a GGUF of the same model (the embedded
 model's own Q4_1 file, `default_model_gguf`, or ``--gguf``), ``--llama-threads``
 threads, skipped with a note when either is missing; the transformers
 ``generate`` loop in float32, one request at a time (not on the shared-prefix
@@ -195,7 +195,7 @@ def llama_cpp_gguf(model: str, gguf: Optional[str]) -> tuple[Optional[str], str]
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        return None, "llama.cpp skipped: llama_cpp is not importable (pip install 'radixrt[bench]')"
+        return None, "llama.cpp skipped: llama_cpp is not importable (pip install 'radixrt[peers]')"
     if gguf:
         return gguf, ""
     if model != "default":
