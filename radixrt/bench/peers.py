@@ -144,7 +144,7 @@ def run_llama_cpp(gguf: str, threads: int, workloads: list[PeerWorkload]) -> Pee
 
     context = max(len(p) for wl in workloads for p in wl.prompts) + max(wl.new_tokens for wl in workloads) + 16
     llm = Llama(gguf, n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
-    row = PeerRow(f"llama.cpp {gguf_kind(gguf)} ({threads} threads)")
+    row = PeerRow(f"llama.cpp {gguf_kind(gguf)} ({threads} thread{'' if threads == 1 else 's'})")
 
     def one(prompt: list[int], n: int) -> int:
         made = 0
