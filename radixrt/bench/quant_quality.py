@@ -94,12 +94,12 @@ def _linear_mb(model: Any) -> float:
     return total / 1e6
 
 
-def _timed(fn: Any, repeats: int) -> float:
+def _timed(fn: Any, repeats: int, clock: Any = time.perf_counter) -> float:
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -180,11 +180,16 @@ def _step_fns(xs: dict, xb: dict, weights: list, packed: dict, torch_args: dict,
     return fns
 
 
-def kernel_times(rows: tuple[int, ...] = (1, 4, 16), repeats: int = 5) -> list[dict[str, Any]]:
+def kernel_times(rows: tuple[int, ...] = (1, 4, 16), repeats: int = 5, cpu_time: bool = False) -> list[dict[str, Any]]:
     """ms per decode step for all the embedded model's linear layers (30 layers of distinct random
     weights, so that they come from memory as in a step) per kernel and row count: the median of
-    ``repeats`` after one untimed pass."""
+    ``repeats`` after one untimed pass. ``cpu_time``: one thread, timed by its CPU time (what other
+    jobs on a shared machine take does not count), instead of wall time on torch's threads."""
     import torch
+
+    if cpu_time:
+        torch.set_num_threads(1)
+    clock = time.thread_time if cpu_time else time.perf_counter
 
     from radixrt.executor.models.quantized_linear import _torch_format
     from radixrt.kernels import quant_linear_cpu as ql
@@ -201,7 +206,7 @@ def kernel_times(rows: tuple[int, ...] = (1, 4, 16), repeats: int = 5) -> list[d
         kernels = _step_fns(xs, xb, weights, packed, torch_args, native)
         for name, fn in kernels.items():
             fn()
-            out.append({"rows": m, "kernel": name, "ms": 1e3 * _timed(fn, repeats)})
+            out.append({"rows": m, "kernel": name, "ms": 1e3 * _timed(fn, repeats, clock)})
     return out
 
 
@@ -244,10 +249,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "--kernels", action="store_true", help="only time the linear kernels per decode step (1, 4, 16 rows)"
     )
+    p.add_argument("--cpu-time", action="store_true", help="with --kernels: one thread, timed by its CPU time")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     if args.kernels:
-        found = kernel_times()
+        found = kernel_times(cpu_time=args.cpu_time)
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         for r in found:
             print(json.dumps(r) if args.json else f"rows {r['rows']:>2}  {r['kernel']:<22} {r['ms']:7.1f} ms")
