@@ -224,6 +224,12 @@ def format_table(rows: list[PeerRow], workloads: list[PeerWorkload], markdown: b
     return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)) for line in [head, *body])
 
 
+def _said(row: PeerRow) -> PeerRow:
+    """Prints a finished row on stderr (a long run that is stopped keeps what it measured)."""
+    print(f"[peers] {row.system}: " + json.dumps({k: round(v, 2) for k, v in row.results.items()}), file=sys.stderr)
+    return row
+
+
 def run(args: argparse.Namespace) -> tuple[list[PeerRow], list[PeerWorkload], list[str]]:
     from radixrt.executor.model_store import resolve_model_path
     from radixrt.requests.tokenizer_utils import load_tokenizer
@@ -231,21 +237,22 @@ def run(args: argparse.Namespace) -> tuple[list[PeerRow], list[PeerWorkload], li
     path = resolve_model_path(args.model)
     workloads = make_workloads(load_tokenizer(path), args.seed, args.scale)
     configs = [parse_config(c) for c in (args.radixrt_config or DEFAULT_CONFIGS)]
-    rows, notes = [], []
+    rows: list[PeerRow] = []
+    notes: list[str] = []
     for flags in configs:
         print(f"[peers] {config_label(flags)}", file=sys.stderr)
-        rows.append(finish(run_radixrt(args.model, flags, workloads), workloads))
+        rows.append(_said(finish(run_radixrt(args.model, flags, workloads), workloads)))
     gguf, why = (
         (None, "llama.cpp skipped: --no-llama-cpp") if not args.llama_cpp else llama_cpp_gguf(args.model, args.gguf)
     )
     if gguf:
         print(f"[peers] llama.cpp on {gguf}", file=sys.stderr)
-        rows.append(finish(run_llama_cpp(gguf, args.llama_threads, workloads), workloads))
+        rows.append(_said(finish(run_llama_cpp(gguf, args.llama_threads, workloads), workloads)))
     else:
         notes.append(why)
     if args.transformers:
         print("[peers] transformers generate", file=sys.stderr)
-        rows.append(finish(run_transformers(path, workloads), workloads))
+        rows.append(_said(finish(run_transformers(path, workloads), workloads)))
     return rows, workloads, notes
 
 
