@@ -26,19 +26,13 @@ would cost more than it saves.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shlex
-import subprocess
-import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+from .native_build import SplitRunner, load_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +44,6 @@ LINK_FLAGS = ["-shared", "-lm"]
 DISABLE_ENV = "RADIXRT_NATIVE_DECODE"
 # query-head x slot pairs of one call below which it runs on one thread (about 1 ms of work)
 PARALLEL_MIN_PAIRS = 1 << 18
-
-_lock = threading.Lock()
-_loaded: dict[str, Optional["NativeDecode"]] = {}
 
 
 class NativeDecode:
@@ -66,8 +57,7 @@ class NativeDecode:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float]
         self._fn = fn  # ctypes releases the GIL for the call
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._pool_size = 0
+        self._split = SplitRunner("radixrt-decode")
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -123,89 +113,27 @@ class NativeDecode:
             )
 
         threads = min(torch.get_num_threads(), b)
-        if threads > 1 and b * max_kv * hq >= PARALLEL_MIN_PAIRS:
-            bounds = [b * i // threads for i in range(threads + 1)]
-            pool = self._workers(threads - 1)
-            futures = [pool.submit(rows, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-            codes = [rows(0, bounds[1])] + [f.result() for f in futures]  # the first share on this thread
-        else:
-            codes = [rows(0, b)]
+        parallel = threads > 1 and b * max_kv * hq >= PARALLEL_MIN_PAIRS
+        codes = self._split.run(rows, [b * i // threads for i in range(threads + 1)] if parallel else [0, b])
         if any(codes):
             raise RuntimeError(f"paged decode kernel failed (codes {codes})")
         return out
-
-    def _workers(self, n: int) -> ThreadPoolExecutor:
-        """A pool of ``n`` threads, kept between calls (made again when the thread count changes)."""
-        if self._pool is None or self._pool_size != n:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool, self._pool_size = ThreadPoolExecutor(n, thread_name_prefix="radixrt-decode"), n
-        return self._pool
 
 
 def load() -> Optional[NativeDecode]:
     """The kernel for this machine, built on first call; None when it cannot be
     built or is turned off (see the module docstring). Safe to call from
     several threads and processes."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
-    compiler = shlex.split(os.environ.get("CC") or "cc")
-    key = _build_key(compiler)
-    with _lock:
-        if key not in _loaded:
-            _loaded[key] = _build_and_check(compiler, key)
-        return _loaded[key]
-
-
-def _build_key(compiler: list[str]) -> str:
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join(compiler + COMPILE_FLAGS + LINK_FLAGS).encode())
-    h.update(platform.machine().encode())
-    h.update(_cpu_flags().encode())  # -march=native: a cache shared by different CPUs keeps one build per CPU
-    return h.hexdigest()[:16]
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _cache_dir() -> Path:
-    home = os.environ.get("RADIXRT_HOME") or Path.home() / ".cache" / "radixrt"
-    return Path(home).expanduser() / "kernels"
-
-
-def _build_and_check(compiler: list[str], key: str) -> Optional[NativeDecode]:
-    target = _cache_dir() / f"paged_decode_cpu-{key}.so"
-    try:
-        if not target.exists():
-            _compile(compiler, target)
-        kernel = NativeDecode(target)
-        _self_check(kernel)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # no compiler, a failed build or check
-        logger.warning("CPU paged decode kernel unavailable (%s); decode attention uses the torch path", exc)
-        return None
-    logger.debug("CPU paged decode kernel: %s", target)
-    return kernel
-
-
-def _compile(compiler: list[str], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        obj, lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-        for cmd in (
-            [*compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-            [*compiler, str(obj), "-o", str(lib), *LINK_FLAGS],
-        ):
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise RuntimeError(f"{shlex.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-        os.replace(lib, target)  # atomic: a concurrent builder's copy is as good as ours
+    return load_kernel(
+        "paged_decode_cpu",
+        SOURCE,
+        COMPILE_FLAGS,
+        LINK_FLAGS,
+        NativeDecode,
+        _self_check,
+        DISABLE_ENV,
+        "decode attention uses the torch path",
+    )
 
 
 def _self_check(kernel: NativeDecode) -> None:

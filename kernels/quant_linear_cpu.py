@@ -21,22 +21,14 @@ torch's kernels. ``RADIXRT_NATIVE_QLINEAR=0`` turns the kernel off.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shlex
-import subprocess
-import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from .cpu_decode import _cache_dir, _cpu_flags
+from .native_build import SplitRunner, load_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +41,6 @@ CHUNK = 32  # int4 weights are packed in runs of 32 (16 bytes)
 PARALLEL_MIN_MACS = 1 << 23
 # rows from which `linear` dequantizes the whole weight and runs torch's float32 matrix product
 DENSE_MIN_ROWS = 256
-
-_lock = threading.Lock()
-_loaded: dict[str, Optional["NativeQuantLinear"]] = {}
 
 
 @dataclass
@@ -139,8 +128,7 @@ class NativeQuantLinear:
         deq.restype = None
         deq.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr, i64, i64]
         self._dequant = deq
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._pool_size = 0
+        self._split = SplitRunner("radixrt-qlinear")
 
     def linear(self, x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x`` float32 [M, K] (rows may be strided, elements contiguous) -> float32 [M, N]."""
@@ -160,13 +148,11 @@ class NativeQuantLinear:
             return self._fn(*args, w.bits, b, out.data_ptr(), n, lo, hi)
 
         threads = torch.get_num_threads()
-        if threads > 1 and m * n * k >= PARALLEL_MIN_MACS:
-            bounds = [(n * i // threads) // 4 * 4 for i in range(threads)] + [n]
-            pool = self._workers(threads - 1)
-            futures = [pool.submit(cols, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-            codes = [cols(0, bounds[1])] + [f.result() for f in futures]
-        else:
-            codes = [cols(0, n)]
+        parallel = threads > 1 and m * n * k >= PARALLEL_MIN_MACS
+        # ranges start on whole blocks of 4 weight rows
+        codes = self._split.run(
+            cols, [(n * i // threads) // 4 * 4 for i in range(threads)] + [n] if parallel else [0, n]
+        )
         if any(codes):
             raise RuntimeError(f"quantized linear kernel failed (codes {codes})")
         return out
@@ -188,51 +174,20 @@ class NativeQuantLinear:
         )
         return out
 
-    def _workers(self, n: int) -> ThreadPoolExecutor:
-        if self._pool is None or self._pool_size != n:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool, self._pool_size = ThreadPoolExecutor(n, thread_name_prefix="radixrt-qlinear"), n
-        return self._pool
-
 
 def load() -> Optional[NativeQuantLinear]:
     """The kernel for this machine, built on first call; None when it cannot be built or
     is turned off (module docstring). Safe to call from several threads and processes."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
-    compiler = shlex.split(os.environ.get("CC") or "cc")
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join(compiler + COMPILE_FLAGS + LINK_FLAGS).encode())
-    h.update(platform.machine().encode() + _cpu_flags().encode())
-    key = h.hexdigest()[:16]
-    with _lock:
-        if key not in _loaded:
-            _loaded[key] = _build_and_check(compiler, _cache_dir() / f"quant_linear_cpu-{key}.so")
-        return _loaded[key]
-
-
-def _build_and_check(compiler: list[str], target: Path) -> Optional[NativeQuantLinear]:
-    try:
-        if not target.exists():
-            _compile(compiler, target)
-        kernel = NativeQuantLinear(target)
-        _self_check(kernel)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:  # no compiler, a failed build or check
-        logger.warning("CPU quantized linear kernel unavailable (%s); quantized layers use torch's kernels", exc)
-        return None
-    return kernel
-
-
-def _compile(compiler: list[str], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        lib = Path(tmp) / "kernel.so"
-        cmd = [*compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(lib), *LINK_FLAGS]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{shlex.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-        os.replace(lib, target)  # atomic: a concurrent builder's copy is as good as ours
+    return load_kernel(
+        "quant_linear_cpu",
+        SOURCE,
+        COMPILE_FLAGS,
+        LINK_FLAGS,
+        NativeQuantLinear,
+        _self_check,
+        DISABLE_ENV,
+        "quantized layers use torch's kernels",
+    )
 
 
 def _self_check(kernel: NativeQuantLinear) -> None:

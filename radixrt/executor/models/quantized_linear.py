@@ -18,7 +18,7 @@ slower). Both return the model dtype. CPU only: the config refuses
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -106,7 +106,8 @@ def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
     if kernel is None:
         logger.warning("quantization %s: torch's packed kernels (bfloat16 activations)", spec.method)
     total = 0
-    targets = [(layer, name) for layer in model.model.layers for name in LAYER_LINEARS]
+    decoder: Any = model.model  # a LlamaForCausalLM's decoder: its layers hold the linears
+    targets = [(layer, name) for layer in decoder.layers for name in LAYER_LINEARS]
     if spec.lm_head:
         targets.append((model, "lm_head"))
     for owner, dotted in targets:
