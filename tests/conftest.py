@@ -18,6 +18,10 @@ import pytest
 from tests.support.xdist_order import make_scheduler, order_heaviest_first
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# dtype auto is float32 in every engine and server the tests start, also on a CPU with native
+# bf16 (where auto may measure bf16 faster): the tests compare outputs across configurations,
+# which only float32 keeps equal (radixrt/executor/cpu_dtype.py)
+os.environ.setdefault("RADIXRT_CPU_DTYPE", "float32")
 
 
 def _share_the_cores_among_workers() -> None:

@@ -10,19 +10,27 @@ timing of a decode-shaped matrix product at both batch sizes.
 
 `choose_cpu_dtype` holds the rule (unit-testable: flags and timings in);
 `auto_cpu_dtype` feeds it this machine's flags and, only where the flags
-qualify, a measurement, once per process.
+qualify, a measurement. The measured choice is kept in
+``$RADIXRT_HOME/cpu_dtype-<hash of the CPU flags and torch version>.json``, so a
+machine decides once and a restart never flips the dtype (and with it the
+answers). ``RADIXRT_CPU_DTYPE=float32|bfloat16`` pins the choice instead
+(reproducible comparisons across machines; the test suite pins float32).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 logger = logging.getLogger(__name__)
 
+PIN_ENV = "RADIXRT_CPU_DTYPE"
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 PROBE_ROWS = (1, 16)  # the batch sizes (rows of the activation) the probe times
 MARGIN = 0.9  # bf16 must take at most this fraction of float32's time at every probed batch
@@ -95,7 +103,40 @@ def measure_linear(rows: Iterable[int] = PROBE_ROWS, k: int = 1024, n: int = 409
 
 @functools.lru_cache(maxsize=1)
 def auto_cpu_dtype() -> DtypeChoice:
-    """This machine's choice (measured at most once per process), logged at info."""
-    choice = choose_cpu_dtype(cpu_flags(), measure_linear)
+    """This machine's choice: ``$RADIXRT_CPU_DTYPE`` when set, else the one kept on disk, else
+    measured now (and kept); logged at info. Raises ValueError on an unknown pinned dtype."""
+    pinned = os.environ.get(PIN_ENV, "").strip()
+    if pinned:
+        if pinned not in ("float32", "bfloat16"):
+            raise ValueError(f"{PIN_ENV} must be float32 or bfloat16, got {pinned!r}")
+        choice = DtypeChoice(pinned, f"pinned by {PIN_ENV}")
+    else:
+        choice = _kept_choice()
     logger.info("dtype auto on the CPU: %s (%s)", choice.dtype, choice.reason)
+    return choice
+
+
+def _kept_choice() -> DtypeChoice:
+    import torch
+
+    from radixrt.executor.model_store import radixrt_home
+
+    flags = cpu_flags()
+    if not set(flags) & set(NATIVE_BF16_FLAGS):
+        return choose_cpu_dtype(flags)  # nothing to measure
+    key = hashlib.sha256(" ".join(sorted(flags)).encode() + torch.__version__.encode()).hexdigest()[:16]
+    path = radixrt_home() / f"cpu_dtype-{key}.json"
+    try:
+        kept = json.loads(path.read_text())
+        return DtypeChoice(kept["dtype"], kept["reason"] + f" (measured once, kept in {path})")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    choice = choose_cpu_dtype(flags, measure_linear)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"dtype": choice.dtype, "reason": choice.reason}))
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("dtype auto: could not keep the choice in %s (%s)", path, exc)
     return choice

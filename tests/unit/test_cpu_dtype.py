@@ -57,3 +57,33 @@ def test_measure_linear_times_both_dtypes():
     times = measure_linear(rows=(1, 4), k=64, n=128, reps=3)
     assert set(times.float32_ms) == set(times.bfloat16_ms) == {1, 4}
     assert all(t > 0 for t in [*times.float32_ms.values(), *times.bfloat16_ms.values()])
+
+
+def test_the_choice_is_pinned_by_the_environment_or_kept_on_disk(monkeypatch, tmp_path):
+    from radixrt.executor import cpu_dtype
+
+    monkeypatch.setenv("RADIXRT_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    probes = []
+
+    def probe() -> ProbeTimes:
+        probes.append(1)
+        return ProbeTimes({1: 1.0, 16: 2.0}, {1: 0.5, 16: 1.0})
+
+    monkeypatch.setattr(cpu_dtype, "measure_linear", probe)
+    for pinned in ("float32", "bfloat16"):
+        monkeypatch.setenv("RADIXRT_CPU_DTYPE", pinned)
+        cpu_dtype.auto_cpu_dtype.cache_clear()
+        assert cpu_dtype.auto_cpu_dtype().dtype == pinned and probes == []
+    monkeypatch.setenv("RADIXRT_CPU_DTYPE", "float16")
+    cpu_dtype.auto_cpu_dtype.cache_clear()
+    with pytest.raises(ValueError, match="RADIXRT_CPU_DTYPE"):
+        cpu_dtype.auto_cpu_dtype()
+    monkeypatch.delenv("RADIXRT_CPU_DTYPE")
+    try:
+        for _ in range(2):  # measured once, then read back from $RADIXRT_HOME (a new process's view)
+            cpu_dtype.auto_cpu_dtype.cache_clear()
+            assert cpu_dtype.auto_cpu_dtype().dtype == "bfloat16"
+        assert probes == [1] and len(list(tmp_path.glob("cpu_dtype-*.json"))) == 1
+    finally:
+        cpu_dtype.auto_cpu_dtype.cache_clear()
