@@ -36,10 +36,14 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _resolve_dtype(name: str, device: str) -> torch.dtype:
+def _resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtype:
+    """``quantized``: weight-only quantization is on, whose CPU kernels take float32
+    activations (auto is float32 then: bf16 would be converted around every linear)."""
     if name == "auto":
         if device.startswith("cuda"):
             return torch.bfloat16
+        if quantized:
+            return torch.float32
         from radixrt.executor.cpu_dtype import auto_cpu_dtype
 
         return _DTYPES[auto_cpu_dtype().dtype]
@@ -78,7 +82,7 @@ def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
     ``radixrt/config_deps.py``.)"""
     ex = settings.execution
     cuda = ex.device.startswith("cuda")
-    dtype = _resolve_dtype(settings.model.dtype, ex.device)
+    dtype = _resolve_dtype(settings.model.dtype, ex.device, settings.model.quantization is not None)
     kv_dtype = kv_storage_dtype(settings.cache.kv_cache_dtype, dtype)
     backend = ex.attention_backend
     if ex.enable_deterministic_inference:
