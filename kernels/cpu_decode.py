@@ -17,10 +17,10 @@ kernel off.
 
 Only plain float32 caches on the CPU take this path (`supports`); quantized
 caches, other dtypes and CUDA tensors keep theirs. A large batch (long
-contexts) is split by rows over ``torch.get_num_threads()`` threads, each
-calling the kernel on its share (ctypes lets go of the interpreter lock for
-the call); a small one runs on the calling thread, where handing out work
-would cost more than it saves.
+contexts) is split by requests over OpenMP threads, in the runtime torch has
+already loaded (as kernels/quant_linear_cpu.py explains), so the pool is
+torch's own ``torch.get_num_threads()`` threads; a small one runs on the
+calling thread, where handing out work would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from typing import Optional
 
 import torch
 
-from .native_build import SplitRunner, load_kernel
+from .native_build import load_kernel
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.c"
-COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11"]
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11", "-fopenmp"]
 # linked without -ffast-math: with it, gcc < 13 adds crtfastmath.o to a shared
 # object, which sets flush-to-zero for the whole process when it is loaded
-LINK_FLAGS = ["-shared", "-lm"]
+LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
 DISABLE_ENV = "RADIXRT_NATIVE_DECODE"
 # query-head x slot pairs of one call below which it runs on one thread (about 1 ms of work)
 PARALLEL_MIN_PAIRS = 1 << 18
@@ -55,9 +55,8 @@ class NativeDecode:
         fn = lib.radixrt_paged_decode_f32
         fn.restype = ctypes.c_int
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float]
+        fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64]
         self._fn = fn  # ctypes releases the GIL for the call
-        self._split = SplitRunner("radixrt-decode")
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -94,29 +93,24 @@ class NativeDecode:
         assert table.shape[0] == b == lens.shape[0] and hq % hkv == 0
         out = q.new_empty((b, hq, d))
 
-        def rows(lo: int, hi: int) -> int:
-            """The kernel on requests lo .. hi - 1 (pointers offset in bytes; float32 and int64)."""
-            return self._fn(
-                q.data_ptr() + 4 * lo * q.stride(0),
-                q.stride(0),
-                k_cache.data_ptr(),
-                v_cache.data_ptr(),
-                table.data_ptr() + 8 * lo * max_kv,
-                lens.data_ptr() + 8 * lo,
-                out.data_ptr() + 4 * lo * hq * d,
-                hi - lo,
-                max_kv,
-                hq,
-                hkv,
-                d,
-                scale,
-            )
-
-        threads = min(torch.get_num_threads(), b)
-        parallel = threads > 1 and b * max_kv * hq >= PARALLEL_MIN_PAIRS
-        codes = self._split.run(rows, [b * i // threads for i in range(threads + 1)] if parallel else [0, b])
-        if any(codes):
-            raise RuntimeError(f"paged decode kernel failed (codes {codes})")
+        code = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            table.data_ptr(),
+            lens.data_ptr(),
+            out.data_ptr(),
+            b,
+            max_kv,
+            hq,
+            hkv,
+            d,
+            scale,
+            PARALLEL_MIN_PAIRS,
+        )
+        if code:
+            raise RuntimeError(f"paged decode kernel failed (code {code})")
         return out
 
 

@@ -1,4 +1,4 @@
-"""The CPU C kernels' common machinery: build once, cache, check, split over threads.
+"""The CPU C kernels' common machinery: build once, cache, check.
 
 A kernel's shared object is compiled on first use with the system C compiler
 (``$CC``, else ``cc``) into ``$RADIXRT_HOME/kernels/`` (default
@@ -19,7 +19,6 @@ import shlex
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
@@ -98,34 +97,3 @@ def _compile(compiler: list[str], source: Path, compile_flags: list[str], link_f
             if done.returncode != 0:
                 raise RuntimeError(f"{shlex.join(cmd)} failed: {done.stderr.strip()[-500:]}")
         os.replace(lib, target)
-
-
-class SplitRunner:
-    """Runs a kernel call split in ranges over threads: the first range on the calling
-    thread, the others on a pool kept between calls (ctypes lets go of the interpreter
-    lock for each call). The pool is made again when the thread count changes."""
-
-    def __init__(self, thread_name: str) -> None:
-        self.thread_name = thread_name
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._size = 0
-
-    def run(self, fn: Callable[[int, int], int], bounds: list[int]) -> list[int]:
-        """``fn(bounds[i], bounds[i + 1])`` for every range; their return codes in order."""
-        if len(bounds) <= 2:
-            return [fn(bounds[0], bounds[-1])]
-        pool = self._workers(len(bounds) - 2)
-        futures = [pool.submit(fn, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-        return [fn(bounds[0], bounds[1])] + [f.result() for f in futures]
-
-    @property
-    def threads(self) -> int:
-        """Worker threads in the pool now (besides the calling thread)."""
-        return self._size
-
-    def _workers(self, n: int) -> ThreadPoolExecutor:
-        if self._pool is None or self._size != n:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._pool, self._size = ThreadPoolExecutor(n, thread_name_prefix=self.thread_name), n
-        return self._pool

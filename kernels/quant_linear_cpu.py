@@ -3,19 +3,30 @@
 `quantize_int8` / `quantize_int4` turn a float weight [N, K] into a
 `PackedWeight` (layouts in ``csrc/quant_linear_cpu.c``), `dequantize` gives
 back the float weight it stands for, and `NativeQuantLinear.linear` computes
-``x @ dequantize(w).T + bias`` in float32 activations, reading the packed
-weight once per call whatever the number of rows (a float buffer of a few
-weight rows at a time), where torch's packed kernels cost about one pass over
-the weights per row (figures: docs/benchmarks.md, "Quantized weights"). From
-``DENSE_MIN_ROWS`` rows on (a prefill), the arithmetic, not the weight bytes,
-bounds the time: the weight is dequantized whole (in C) and torch's float32
-matrix product runs instead.
+``x @ dequantize(w).T + bias`` for float32 activations ``x``. Below
+``DENSE_MIN_ROWS`` rows (decode steps, verification rows) it works as
+llama.cpp's CPU kernels do: each activation row is quantized to int8 per run
+of 32 (`quantize_activations`: a scale per run, error at most half a step of
+that run's largest value / 127) and multiplied by the packed weight in
+integers, reading the weight once per call whatever the number of rows; a
+decode step is bound by the bytes of weight it reads (figures:
+docs/benchmarks.md, "Quantized weights"). From ``DENSE_MIN_ROWS`` rows on (a
+prefill) the arithmetic bounds the time: the weight is dequantized whole (in
+C) and torch's float32 matrix product runs on unquantized activations.
+
+Threads: the C kernel splits the weight rows with OpenMP, linked against the
+OpenMP runtime torch has already loaded (``libgomp.so.1`` of torch's wheel:
+the dynamic loader reuses a loaded library of the same name), so the kernel
+and torch's own ops share one pool of ``torch.get_num_threads()`` threads
+instead of oversubscribing the cores; calls of fewer than
+``PARALLEL_MIN_MACS`` multiply-adds stay on the calling thread.
 
 Build and fallback as ``cpu_decode``: compiled on first use with the system C
-compiler (``-O3 -march=native``) into ``$RADIXRT_HOME/kernels/``, once per
-source, compiler and CPU, then checked against `dequantize` on a small case;
-where that fails `load` logs one warning and returns None and the caller uses
-torch's kernels. ``RADIXRT_NATIVE_QLINEAR=0`` turns the kernel off.
+compiler (``-O3 -march=native -fopenmp``) into ``$RADIXRT_HOME/kernels/``,
+once per source, compiler and CPU, then checked against `quantize_activations`
+and `dequantize` on a small case; where that fails `load` logs one warning and
+returns None and the caller uses torch's kernels. ``RADIXRT_NATIVE_QLINEAR=0``
+turns the kernel off.
 """
 
 from __future__ import annotations
@@ -28,17 +39,17 @@ from typing import Optional
 
 import torch
 
-from .native_build import SplitRunner, load_kernel
+from .native_build import load_kernel
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_linear_cpu.c"
-COMPILE_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c11"]
-LINK_FLAGS = ["-shared"]
+COMPILE_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c11", "-fopenmp"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
 DISABLE_ENV = "RADIXRT_NATIVE_QLINEAR"
 CHUNK = 32  # int4 weights are packed in runs of 32 (16 bytes)
 # multiply-adds of one call (rows x weights) below which it runs on the calling thread only
-PARALLEL_MIN_MACS = 1 << 23
+PARALLEL_MIN_MACS = 1 << 18
 # rows from which `linear` dequantizes the whole weight and runs torch's float32 matrix product
 DENSE_MIN_ROWS = 256
 
@@ -104,6 +115,15 @@ def int4_unpack(p: PackedWeight) -> torch.Tensor:
     return torch.cat([runs & 15, runs >> 4], dim=2).reshape(n, k).to(torch.int32)
 
 
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """The float32 activations [M, K] the kernel multiplies for ``x``: each run of 32 values
+    rounded to a multiple of ``max(|run|) / 127`` (the kernel keeps them as int8 and a scale)."""
+    runs = x.float().reshape(x.shape[0], -1, CHUNK)
+    d = runs.abs().amax(dim=-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return ((runs * inv).round() * d).reshape(x.shape)
+
+
 def dequantize(p: PackedWeight) -> torch.Tensor:
     """The float32 weight [N, K] a packed weight stands for."""
     if p.bits == 8:
@@ -119,16 +139,14 @@ class NativeQuantLinear:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        fn = ctypes.CDLL(str(path)).radixrt_quant_linear_f32
-        fn.restype = ctypes.c_int
+        lib = ctypes.CDLL(str(path))
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, i64, i64]
-        self._fn = fn  # ctypes releases the GIL for the call
-        deq = ctypes.CDLL(str(path)).radixrt_quant_dequant_f32
-        deq.restype = None
-        deq.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr, i64, i64]
-        self._dequant = deq
-        self._split = SplitRunner("radixrt-qlinear")
+        self._fn = lib.radixrt_quant_linear  # ctypes releases the GIL for the call
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, i64, i64]
+        self._dequant = lib.radixrt_quant_dequant_f32
+        self._dequant.restype = None
+        self._dequant.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr, i64, i64]
 
     def linear(self, x: torch.Tensor, w: PackedWeight, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x`` float32 [M, K] (rows may be strided, elements contiguous) -> float32 [M, N]."""
@@ -136,25 +154,28 @@ class NativeQuantLinear:
         assert k == w.in_features and x.dtype == torch.float32 and x.device.type == "cpu"
         if m >= DENSE_MIN_ROWS:  # a prefill: compute-bound, where torch's float matrix product is faster
             return torch.nn.functional.linear(x, self.dequantize(w), bias)
-        if x.stride(1) != 1 or (m > 1 and x.stride(0) < k):
+        if x.stride(1) != 1:
             x = x.contiguous()
         n = w.out_features
         out = x.new_empty((m, n))
-        mins = w.mins.data_ptr() if w.mins is not None else None
-        b = bias.data_ptr() if bias is not None else None
-        args = (x.data_ptr(), x.stride(0), m, k, w.qweight.data_ptr(), w.scales.data_ptr(), mins, w.group_size)
-
-        def cols(lo: int, hi: int) -> int:
-            return self._fn(*args, w.bits, b, out.data_ptr(), n, lo, hi)
-
-        threads = torch.get_num_threads()
-        parallel = threads > 1 and m * n * k >= PARALLEL_MIN_MACS
-        # ranges start on whole blocks of 4 weight rows
-        codes = self._split.run(
-            cols, [(n * i // threads) // 4 * 4 for i in range(threads)] + [n] if parallel else [0, n]
+        code = self._fn(
+            x.data_ptr(),
+            x.stride(0),
+            m,
+            k,
+            w.qweight.data_ptr(),
+            w.scales.data_ptr(),
+            None if w.mins is None else w.mins.data_ptr(),
+            w.group_size,
+            w.bits,
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            n,
+            n,
+            PARALLEL_MIN_MACS,
         )
-        if any(codes):
-            raise RuntimeError(f"quantized linear kernel failed (codes {codes})")
+        if code:
+            raise RuntimeError("quantized linear kernel: no memory for the quantized activations")
         return out
 
     def dequantize(self, w: PackedWeight) -> torch.Tensor:
@@ -191,12 +212,13 @@ def load() -> Optional[NativeQuantLinear]:
 
 
 def _self_check(kernel: NativeQuantLinear) -> None:
-    """Both formats, odd row counts and a partial row block, against the dequantized weight."""
+    """Both formats, odd row counts and a partial row block, against the dequantized weight
+    times the quantized activations."""
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(30, 64, generator=gen), torch.randn(30, generator=gen)
     x = torch.randn(3, 64, generator=gen)
     for packed in (quantize_int8(weight), quantize_int4(weight, 32)):
-        expected = x @ dequantize(packed).T + bias
+        expected = quantize_activations(x) @ dequantize(packed).T + bias
         if not torch.allclose(kernel.linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4):
             raise RuntimeError(f"self-check of int{packed.bits} against the dequantized weight failed")
         if not torch.allclose(kernel.dequantize(packed), dequantize(packed), atol=1e-6, rtol=1e-6):

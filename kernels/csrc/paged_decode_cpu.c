@@ -93,31 +93,37 @@ static inline __attribute__((always_inline)) void attend_request(
     }
 }
 
-static inline __attribute__((always_inline)) void attend_batch(
-    const float *q, int64_t q_stride, const float *k_cache, const float *v_cache, const int64_t *table,
-    const int64_t *lens, float *out, int64_t B, int64_t max_kv, int64_t hq, int64_t hkv, int64_t NV, float scale,
-    float *scores)
-{
-    for (int64_t b = 0; b < B; b++)
-        attend_request(q + b * q_stride, k_cache, v_cache, table + b * max_kv, lens[b], hq, hkv, NV, scale,
-                       scores, out + b * hq * NV * 8);
-}
-
 int radixrt_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                              const int64_t *table, const int64_t *lens, float *out, int64_t B, int64_t max_kv,
-                             int64_t hq, int64_t hkv, int64_t D, float scale)
+                             int64_t hq, int64_t hkv, int64_t D, float scale, int64_t parallel_min_pairs)
 {
     if (D % 8 != 0) return -2;
-    float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_kv));
-    if (scores == NULL) return -1;
-    /* the common head sizes get loops of constant length */
-    switch (D / 8) {
-    case 2: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 2, scale, scores); break;
-    case 4: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 4, scale, scores); break;
-    case 8: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 8, scale, scores); break;
-    case 16: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, 16, scale, scores); break;
-    default: attend_batch(q, q_stride, k_cache, v_cache, table, lens, out, B, max_kv, hq, hkv, D / 8, scale, scores);
+    const int64_t NV = D / 8;
+    int failed = 0;
+    /* requests split over the OpenMP threads (torch's own runtime: radixrt.kernels.cpu_decode) */
+#pragma omp parallel if (B > 1 && B * max_kv * hq >= parallel_min_pairs)
+    {
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_kv));
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++) {
+            if (scores == NULL) continue;
+            const float *qb = q + b * q_stride;
+            const int64_t *slots = table + b * max_kv;
+            float *ob = out + b * hq * D;
+            /* the common head sizes get loops of constant length */
+            switch (NV) {
+            case 2: attend_request(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 2, scale, scores, ob); break;
+            case 4: attend_request(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 4, scale, scores, ob); break;
+            case 8: attend_request(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 8, scale, scores, ob); break;
+            case 16: attend_request(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 16, scale, scores, ob); break;
+            default: attend_request(qb, k_cache, v_cache, slots, lens[b], hq, hkv, NV, scale, scores, ob);
+            }
+        }
+        free(scores);
     }
-    free(scores);
-    return 0;
+    return failed ? -1 : 0;
 }

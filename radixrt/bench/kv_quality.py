@@ -161,20 +161,26 @@ def teacher_forced(runner: Any, prompts: list[list[int]], answers: list[list[int
     return torch.cat(top), torch.cat(lps)
 
 
-def perplexity(runner: Any, tokens: list[int], window: int) -> float:
-    """exp(mean NLL) over non-overlapping windows (each window's first token is not predicted)."""
+def perplexity(runner: Any, tokens: list[int], window: int, chunk: int = 0) -> float:
+    """exp(mean NLL) over non-overlapping windows (each window's first token is not predicted).
+    ``chunk`` > 0: each window is computed ``chunk`` tokens per forward over the KV of the ones
+    before (decode-sized forwards: what a quantized kernel's small-row path computes)."""
     import torch
 
     nll, count = 0.0, 0
+    step = chunk if chunk > 0 else window
     for a in range(0, len(tokens) - 1, window):
         w = tokens[a : a + window]
         if len(w) < 2:
             break
-        hidden = runner.forward(w, [list(range(len(w)))], [len(w)])
-        tgt = torch.tensor(w[1:], device=hidden.device)
-        for b in range(0, len(w) - 1, 256):
-            logp = torch.log_softmax(runner.logits(hidden[b : min(b + 256, len(w) - 1)]).float(), -1)
-            nll -= float(logp.gather(1, tgt[b : b + 256, None]).sum())
+        tgt = torch.tensor(w[1:])
+        for c in range(0, len(w) - 1, step):
+            part = w[c : c + step]
+            hidden = runner.forward(part, [list(range(c + len(part)))], [len(part)])
+            rows = min(len(part), len(w) - 1 - c)  # the window's last token predicts nothing
+            for b in range(0, rows, 256):
+                logp = torch.log_softmax(runner.logits(hidden[b : min(b + 256, rows)]).float(), -1).cpu()
+                nll -= float(logp.gather(1, tgt[c + b : c + min(b + 256, rows), None]).sum())
         count += len(w) - 1
     return math.exp(nll / count)
 

@@ -17,7 +17,10 @@ For each format (``float32``, then ``int8``, ``int4``, ``int4+head`` = int4 with
    (radixrt.bench.kv_quality's method).
 2. **Perplexity** on held-out text that ships with Python
    (``pydoc_data.topics``: the topics in sorted order, the first ``--ppl-tokens``
-   tokens) in ``--window``-token windows; ``dppl`` against float32.
+   tokens) in ``--window``-token windows, each computed ``--chunk`` tokens per
+   forward (default 128: below 256 rows the native kernel runs its decode path,
+   int8 activations included; 0 computes a window at once, the dense path);
+   ``dppl`` against float32.
 3. **Tokens/s through ``Engine.generate``**: batch 1 (a 128-token prompt, 128
    greedy tokens, ``ignore_eos``) and batch 16 (16 different 256-token
    prompts, 64 tokens each, one call); the median of ``--repeats`` runs after
@@ -154,7 +157,7 @@ def _quality(runner: Any, args: argparse.Namespace, ref: Optional[dict[str, Any]
         else:
             answers = greedy_answers(runner, ref["prompts"], args.tokens, 2048)
         top, _ = teacher_forced(runner, ref["prompts"], ref["answers"], 2048)
-        ppl = perplexity(runner, ref["text"], args.window)
+        ppl = perplexity(runner, ref["text"], args.window, args.chunk)
     ref.setdefault("ppl", ppl)
     target = [t for a in ref["answers"] for t in a]
     same = sum(int(a == b) for x, y in zip(answers, ref["answers"]) for a, b in zip(x, y))
@@ -231,7 +234,7 @@ def format_table(rows: list[QuantRow], args: argparse.Namespace, load: str) -> s
     ]
     note = (
         f"{args.prompts} prompts x {args.tokens} greedy tokens; perplexity: first {args.ppl_tokens} tokens of "
-        f"pydoc_data.topics in {args.window}-token windows; tok/s: median of {args.repeats}; load average {load}"
+        f"pydoc_data.topics in {args.window}-token windows, {args.chunk or args.window} tokens per forward; tok/s: median of {args.repeats}; load average {load}"
     )
     return "\n".join(lines + [note])
 
@@ -244,6 +247,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt")
     p.add_argument("--ppl-tokens", type=int, default=4096, help="held-out tokens for the perplexity")
     p.add_argument("--window", type=int, default=1024, help="perplexity window in tokens")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=128,
+        help="tokens per forward within a perplexity window (below 256: the quantized kernels' decode path; "
+        "0: the whole window at once)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per speed figure (0: no speed figures)")
     p.add_argument("--only", choices=("quality", "speed"), default=None, help="one half of the figures")
     p.add_argument(

@@ -101,7 +101,6 @@ def test_large_batches_split_over_threads(kernel, monkeypatch) -> None:
         for n in (2, 4):
             torch.set_num_threads(n)
             split = kernel.forward(q, k_cache, v_cache, table, lens, 0.2)
-            assert kernel._split.threads == n - 1  # the worker threads besides the calling one
             assert torch.equal(split, one_thread)  # each request is computed alone, whichever thread runs it
     finally:
         torch.set_num_threads(threads)

@@ -37,11 +37,15 @@ def test_native_kernel_equals_the_dequantized_weight(spec):
     dense = ql.dequantize(packed)
     for rows in (1, 2, 3, 8, 17, ql.DENSE_MIN_ROWS):  # the last: the dense path (dequantized, then F.linear)
         x = torch.randn(rows, 256, generator=gen)[:, ::2]  # strided rows
-        expected = x @ dense.T + bias
+        # below DENSE_MIN_ROWS the kernel multiplies int8 activations (a scale per run of 32)
+        xk = ql.quantize_activations(x) if rows < ql.DENSE_MIN_ROWS else x
+        expected = xk @ dense.T + bias
         torch.testing.assert_close(kernel.linear(x, packed, bias), expected, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(
-            kernel.linear(x[:, :128].contiguous(), packed), x[:, :128] @ dense.T, atol=2e-4, rtol=1e-4
+            kernel.linear(x[:, :128].contiguous(), packed), xk[:, :128] @ dense.T, atol=2e-4, rtol=1e-4
         )
+        exact = x @ dense.T + bias  # what the activations' rounding costs: well under 1%
+        assert (kernel.linear(x, packed, bias) - exact).norm() < 0.01 * exact.norm()
 
 
 def test_native_kernel_split_over_threads_gives_the_same_bits(monkeypatch):
@@ -90,6 +94,17 @@ def test_int4_reproduces_q4_1_weights_exactly():
 
 
 # ---------------------------------------------------------------- the tiny model's logits
+class _RoundedInputLinear(torch.nn.Module):
+    """A float linear layer whose input is rounded as the quantized kernel rounds it."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(ql.quantize_activations(x), self.weight)
+
+
 @torch.inference_mode()
 def _prefill_logits(model, cfg, ids: torch.Tensor) -> torch.Tensor:
     pool = KVPool(cfg.num_layers, len(ids) + 1, 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
@@ -109,7 +124,9 @@ def test_tiny_model_logits_close_to_the_float_model(tiny_llama, spec, max_rms, m
     unit-scale model (which amplifies weight noise far more than a trained one):
     ||logits - float logits|| / ||float logits|| <= 0.04 for int8 (measured 0.018) and 0.35 for
     int4 (0.24), and the top token agreeing at >= 90% / 30% of positions. Against a float model
-    holding the dequantized weights the difference is the kernel's rounding only (1e-4)."""
+    holding the dequantized weights and rounding each linear's input as the kernel does
+    (`quantize_activations`: 24 rows, below DENSE_MIN_ROWS) the difference is the float
+    arithmetic's only (1e-4)."""
     ids = torch.randint(0, 49152, (24,), generator=torch.Generator().manual_seed(4))
     ref_model, cfg = load_model(tiny_llama, "float32")
     quant_model, _ = load_model(tiny_llama, "float32", quantization=spec)
@@ -118,10 +135,11 @@ def test_tiny_model_logits_close_to_the_float_model(tiny_llama, spec, max_rms, m
     ref, got = _prefill_logits(ref_model, cfg, ids), _prefill_logits(quant_model, cfg, ids)
     assert 0 < (got - ref).norm() <= max_rms * ref.norm()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= min_argmax
-    with torch.no_grad():  # the float model holding exactly the weights the quantized one stands for
+    with torch.no_grad():  # the float model computing exactly what the quantized one stands for
         for name, module in quant_model.named_modules():
             if isinstance(module, QuantizedLinear):
-                ref_model.get_submodule(name).weight = torch.nn.Parameter(ql.dequantize(module.packed))
+                parent, _, attr = name.rpartition(".")
+                setattr(ref_model.get_submodule(parent), attr, _RoundedInputLinear(ql.dequantize(module.packed)))
     torch.testing.assert_close(got, _prefill_logits(ref_model, cfg, ids), atol=1e-4, rtol=1e-4)
 
 

@@ -7,8 +7,9 @@ by `QuantizedLinear` modules. Formats: radixrt/config/weight_format.py;
 layouts and the native kernel: kernels/quant_linear_cpu.py.
 
 A `QuantizedLinear` computes with the native CPU kernel when it builds
-(float32 activations, any row count at about one pass over the packed
-weight), else with torch's packed CPU kernels
+(float32 activations in and out; below 256 rows it rounds them to int8 per
+run of 32 and multiplies in integers, at about one pass over the packed
+weight whatever the row count), else with torch's packed CPU kernels
 (``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``, which
 take bfloat16 activations here: their float32 paths are several times
 slower). Both return the model dtype. CPU only: the config refuses
