@@ -105,35 +105,61 @@ class _LoopThread:
 
 
 class Engine:
-    """In-process engine. ``Engine(model_path="default", **EngineConfig fields)``."""
+    """In-process engine. ``Engine(model_path="default", **EngineConfig fields)``.
+
+    One thread, ``radixrt-scheduler``, builds the scheduler (the model load included) and runs
+    its loop; the constructor waits for it and raises what the build raised. Nothing of torch
+    runs on the caller's thread: libgomp (the OpenMP runtime of torch's CPU wheels and of the C
+    kernels) keeps a thread pool per thread that ever ran a parallel region, and once the
+    threads of all pools outnumber the cores its workers stop spinning between regions and
+    sleep, so each region pays a wake-up. A model built on the caller's thread and run on
+    another made a batch-1 decode step of the embedded model take 18 ms instead of 9 ms on 2
+    cores (docs/benchmarks.md, "Server process"); torch work of the caller's own, on its
+    thread, while an Engine runs, costs the same."""
 
     def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
         log_level = kwargs.get("log_level")
         if log_level:
             logging.getLogger("radixrt").setLevel(log_level.upper())
         self.config = EngineConfig(model_path=model_path, **kwargs)
-        self.scheduler = Scheduler(self.config)
-        self.tokenizer = self.scheduler.tokenizer
-        self.model_path = self.scheduler.runner.model_path
-        self.info = self.scheduler.runtime_info()
-        self.context_length = self.info.context_length
-        self.limits = self.info.limits
         self._inbox: queue.Queue = queue.Queue()
         self._control: queue.Queue = queue.Queue()
-        self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
         self._control_lock = threading.Lock()
         self._sync_loop: Optional[_LoopThread] = None
         self._sync_loop_lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle = threading.Event()
         self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._serve, name="radixrt-scheduler", daemon=True)
+        self._router_ready = threading.Event()
+        built: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, args=(built,), name="radixrt-scheduler", daemon=True)
         self._thread.start()
+        scheduler = built.get()
+        if isinstance(scheduler, BaseException):
+            self._thread.join()
+            raise scheduler
+        self.scheduler: Scheduler = scheduler
+        self.tokenizer = scheduler.tokenizer
+        self.model_path = scheduler.runner.model_path
+        self.info = scheduler.runtime_info()
+        self.context_length = self.info.context_length
+        self.limits = self.info.limits
+        self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
+        self._router_ready.set()
 
     # ------------------------------------------------------------------ scheduler thread
-    def _serve(self) -> None:
+    def _serve(self, built: queue.Queue) -> None:
+        """Build the scheduler and hand it (or the build's exception) to the constructor
+        through ``built``, then run its loop until ``shutdown``."""
         try:
-            self.scheduler.event_loop(self._recv, self._send, self._stopping.is_set)
+            scheduler = Scheduler(self.config)
+        except BaseException as e:  # noqa: BLE001 - raised again by the constructor
+            built.put(e)
+            return
+        built.put(scheduler)
+        self._router_ready.wait()  # the loop's sends go through the router the constructor makes
+        try:
+            scheduler.event_loop(self._recv, self._send, self._stopping.is_set)
         except BaseException as e:  # surface to callers instead of hanging them
             logger.exception("scheduler thread died")
             self._error = e

@@ -57,6 +57,32 @@ def run_scheduler_process(
     ``heartbeat`` (a shared double) when given: the server's /health reads it."""
     _setup_child("scheduler", config.debug.log_level)
     log = logging.getLogger("radixrt.server.scheduler")
+    failed = []
+    # Everything that runs torch (the model load too) happens on one worker thread, never on
+    # this main thread: see `radixrt.engine.Engine` on libgomp's thread pools.
+    worker = threading.Thread(
+        target=_build_and_serve,
+        args=(config, addrs, ready, parent_pid, heartbeat, log, failed),
+        name="radixrt-scheduler-loop",
+        daemon=True,
+    )
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)
+    os._exit(1 if failed else 0)
+
+
+def _build_and_serve(
+    config: EngineConfig,
+    addrs: IpcAddrs,
+    ready: Any,
+    parent_pid: Optional[int],
+    heartbeat: Any,
+    log: logging.Logger,
+    failed: list,
+) -> None:
+    """The scheduler thread of `run_scheduler_process`: build, report, serve; appends to
+    ``failed`` when the loop crashes (a failed start exits the process at once)."""
     try:
         import zmq
 
@@ -94,24 +120,11 @@ def run_scheduler_process(
     def should_stop() -> bool:
         return not parent_alive(parent_pid)
 
-    failed = []
-
-    def serve() -> None:
-        try:
-            sched.event_loop(recv, send, should_stop)
-        except BaseException:  # noqa: BLE001
-            log.error("scheduler loop crashed:\n%s", traceback.format_exc())
-            failed.append(True)
-
-    # The loop runs in a worker thread, as in the in-process Engine: on a busy
-    # machine torch's CPU kernels ran several times slower from the main
-    # thread of this process than from a worker thread (docs/benchmarks.md,
-    # "Server process").
-    worker = threading.Thread(target=serve, name="radixrt-scheduler-loop", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.5)
-    os._exit(1 if failed else 0)
+    try:
+        sched.event_loop(recv, send, should_stop)
+    except BaseException:  # noqa: BLE001
+        log.error("scheduler loop crashed:\n%s", traceback.format_exc())
+        failed.append(True)
 
 
 class DetokenizerLoop:
