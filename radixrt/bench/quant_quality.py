@@ -234,7 +234,8 @@ def format_table(rows: list[QuantRow], args: argparse.Namespace, load: str) -> s
     ]
     note = (
         f"{args.prompts} prompts x {args.tokens} greedy tokens; perplexity: first {args.ppl_tokens} tokens of "
-        f"pydoc_data.topics in {args.window}-token windows, {args.chunk or args.window} tokens per forward; tok/s: median of {args.repeats}; load average {load}"
+        f"pydoc_data.topics in {args.window}-token windows, {args.chunk or args.window} tokens per forward; "
+        f"tok/s: median of {args.repeats}; load average {load}"
     )
     return "\n".join(lines + [note])
 
