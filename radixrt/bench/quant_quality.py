@@ -5,7 +5,9 @@
     python -m radixrt.bench.quant_quality --json
 
 For each format (``float32``, then ``int8``, ``int4``, ``int4+head`` = int4 with
-``--quantize-lm-head``, ``int8+head``; ``int4-G`` for another group size):
+``--quantize-lm-head``, ``int8+head``; ``int4-G`` for another group size; the
+quantized formats run with ``dtype`` auto, as a user's would: float32, with the
+prefill products in bfloat16 where auto picks it on this CPU):
 
 1. **Greedy agreement** with float32 on the first ``--prompts`` prompts of
    ``data/kv_quality_prompts.txt`` (chat template), ``--tokens`` greedy tokens
@@ -68,7 +70,8 @@ def engine_flags(fmt: str) -> dict[str, Any]:
         return {"dtype": "float32"}
     base, _, head = fmt.partition("+")
     method, _, group = base.partition("-")
-    flags: dict[str, Any] = {"dtype": "float32", "quantization": method, "quantize_lm_head": head == "head"}
+    # dtype auto: the quantized model computes in float32, its prefill products in what auto means here
+    flags: dict[str, Any] = {"quantization": method, "quantize_lm_head": head == "head"}
     if group:
         flags["quantization_group_size"] = int(group)
     return flags

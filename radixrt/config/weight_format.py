@@ -66,11 +66,17 @@ def check_group_size(group_size: int) -> None:
 
 @dataclass(frozen=True)
 class WeightQuantization:
-    """One quantized format: ``method`` int8 or int4, ``group_size`` (int4's; ignored for int8)."""
+    """One quantized format: ``method`` int8 or int4, ``group_size`` (int4's; ignored for int8).
+
+    ``prefill_dtype``: the dtype of the matrix products from 256 rows on (prefill), where the
+    dequantized weight meets the activations: float32, or bfloat16 where ``dtype`` auto picks
+    it on a CPU with native bf16 (set by the model runner; decode rows always take the
+    kernel's int8 path)."""
 
     method: str
     group_size: int = DEFAULT_GROUP_SIZE
     lm_head: bool = False
+    prefill_dtype: str = "float32"
 
     def bytes_per_weight(self) -> float:
         """Stored bytes per weight, scales included (inputs a multiple of the group size)."""

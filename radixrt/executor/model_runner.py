@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from radixrt.config import EngineConfig
+from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.batch_invariant import enable_batch_invariant
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
@@ -50,6 +51,16 @@ def _resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dty
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
     return _DTYPES[name]
+
+
+def _weight_quantization(spec: Optional[WeightQuantization], dtype: str) -> Optional[WeightQuantization]:
+    """``spec`` with its prefill dtype: with ``dtype`` auto, what auto means on this CPU (the
+    model itself stays float32: `_resolve_dtype`), else float32."""
+    if spec is None or dtype != "auto":
+        return spec
+    from radixrt.executor.cpu_dtype import auto_cpu_dtype
+
+    return replace(spec, prefill_dtype=auto_cpu_dtype().dtype)
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,10 @@ class ModelRunner:
         clock = time.perf_counter()
         # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
         self.model, self.model_config = load_model(
-            self.model_path, self.dtype, "cpu" if tp else self.device, model.weight_quantization
+            self.model_path,
+            self.dtype,
+            "cpu" if tp else self.device,
+            _weight_quantization(model.weight_quantization, model.dtype),
         )
         self.shard_config = self.model_config  # this rank's heads: what its KV pool and attention see
         if tp is not None:

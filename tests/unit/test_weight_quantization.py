@@ -48,6 +48,20 @@ def test_native_kernel_equals_the_dequantized_weight(spec):
         assert (kernel.linear(x, packed, bias) - exact).norm() < 0.01 * exact.norm()
 
 
+def test_the_prefill_product_in_bfloat16_stays_close_to_float32():
+    """From DENSE_MIN_ROWS rows on, ``dense_dtype=bfloat16`` multiplies the dequantized weight in
+    bf16 (what dtype auto asks for on a CPU with native bf16): bf16's rounding, nothing more."""
+    kernel = ql.load()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(3)
+    packed, bias = ql.quantize_int4(torch.randn(64, 128, generator=gen), 32), torch.randn(64, generator=gen)
+    x = torch.randn(ql.DENSE_MIN_ROWS, 128, generator=gen)
+    exact = kernel.linear(x, packed, bias)
+    half = kernel.linear(x, packed, bias, torch.bfloat16)
+    assert half.dtype == torch.float32 and not torch.equal(half, exact)
+    assert (half - exact).norm() < 0.01 * exact.norm()
+
+
 def test_native_kernel_split_over_threads_gives_the_same_bits(monkeypatch):
     """Large calls are split by output columns over torch.get_num_threads() threads: same result."""
     kernel = ql.load()
@@ -228,8 +242,7 @@ def test_quant_quality_formats_and_heldout_text(tiny_llama):
     from radixrt.bench.quant_quality import engine_flags, heldout_text_ids
 
     assert engine_flags("float32") == {"dtype": "float32"}
-    assert engine_flags("int4-64+head") == {
-        "dtype": "float32",
+    assert engine_flags("int4-64+head") == {  # dtype auto: float32, prefill products as auto says
         "quantization": "int4",
         "quantize_lm_head": True,
         "quantization_group_size": 64,
@@ -237,3 +250,22 @@ def test_quant_quality_formats_and_heldout_text(tiny_llama):
     EngineConfig(**engine_flags("int4-64+head"))  # what the bench passes is a valid configuration
     ids = heldout_text_ids(AutoTokenizer.from_pretrained(tiny_llama), 300)
     assert len(ids) == 300 and len(set(ids)) > 100
+
+
+def test_the_prefill_dtype_follows_dtype_auto(monkeypatch):
+    """With dtype auto the quantized model stays float32 and its prefill products take what auto
+    means on this CPU; an explicit dtype keeps them float32."""
+    from radixrt.executor import cpu_dtype
+    from radixrt.executor.model_runner import _resolve_dtype, _weight_quantization
+
+    spec = WeightQuantization("int8")
+    try:
+        for pinned in ("bfloat16", "float32"):
+            monkeypatch.setenv("RADIXRT_CPU_DTYPE", pinned)
+            cpu_dtype.auto_cpu_dtype.cache_clear()
+            assert _resolve_dtype("auto", "cpu", quantized=True) == torch.float32
+            assert _weight_quantization(spec, "auto").prefill_dtype == pinned
+            assert _weight_quantization(spec, "float32").prefill_dtype == "float32"
+        assert _weight_quantization(None, "auto") is None
+    finally:
+        cpu_dtype.auto_cpu_dtype.cache_clear()

@@ -43,9 +43,16 @@ _TORCH_ACT = torch.bfloat16  # the activation dtype torch's packed CPU kernels a
 class QuantizedLinear(nn.Module):
     """``y = x @ W^T + b`` with ``W`` held quantized (`PackedWeight`); ``x`` [..., in_features]."""
 
-    def __init__(self, packed: PackedWeight, bias: Optional[torch.Tensor], kernel: Optional[NativeQuantLinear]) -> None:
+    def __init__(
+        self,
+        packed: PackedWeight,
+        bias: Optional[torch.Tensor],
+        kernel: Optional[NativeQuantLinear],
+        prefill_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         self.packed = packed
+        self.prefill_dtype = prefill_dtype
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.kernel = kernel
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -56,7 +63,7 @@ class QuantizedLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.kernel is not None:
-            out = self.kernel.linear(x2.float(), self.packed, self.bias)
+            out = self.kernel.linear(x2.float(), self.packed, self.bias, self.prefill_dtype)
         else:
             xa = x2.to(_TORCH_ACT)
             if self.packed.bits == 8:
@@ -92,7 +99,7 @@ def quantize_linear(
     """A `QuantizedLinear` holding ``linear``'s weight in ``spec``'s format."""
     w = linear.weight
     packed = quantize_int8(w) if spec.method == "int8" else quantize_int4(w, spec.group_size)
-    return QuantizedLinear(packed, linear.bias, kernel)
+    return QuantizedLinear(packed, linear.bias, kernel, getattr(torch, spec.prefill_dtype))
 
 
 def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
