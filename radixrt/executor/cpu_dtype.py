@@ -128,7 +128,8 @@ def _kept_choice() -> DtypeChoice:
     path = radixrt_home() / f"cpu_dtype-{key}.json"
     try:
         kept = json.loads(path.read_text())
-        return DtypeChoice(kept["dtype"], kept["reason"] + f" (measured once, kept in {path})")
+        if kept["dtype"] in ("float32", "bfloat16"):  # else a damaged file: measure again
+            return DtypeChoice(kept["dtype"], kept["reason"] + f" (measured once, kept in {path})")
     except (OSError, ValueError, KeyError, TypeError):
         pass
     choice = choose_cpu_dtype(flags, measure_linear)

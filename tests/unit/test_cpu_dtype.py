@@ -85,5 +85,9 @@ def test_the_choice_is_pinned_by_the_environment_or_kept_on_disk(monkeypatch, tm
             cpu_dtype.auto_cpu_dtype.cache_clear()
             assert cpu_dtype.auto_cpu_dtype().dtype == "bfloat16"
         assert probes == [1] and len(list(tmp_path.glob("cpu_dtype-*.json"))) == 1
+        kept = next(tmp_path.glob("cpu_dtype-*.json"))
+        kept.write_text('{"dtype": "float16", "reason": "damaged"}')  # not a dtype auto may mean
+        cpu_dtype.auto_cpu_dtype.cache_clear()
+        assert cpu_dtype.auto_cpu_dtype().dtype == "bfloat16" and probes == [1, 1]
     finally:
         cpu_dtype.auto_cpu_dtype.cache_clear()
