@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from .kv_cache import LayerKVCache
+from .kv_scores import ScoringPass
 from .tree import has_tree
 from .tree import positions as tree_positions
 
@@ -44,7 +45,9 @@ class AttentionMetadata:
                first use, which a decode batch of the torch backend never needs).
     out_slots: [num_new_tokens] int64, where each new token's K/V is written
                (equals the tail ``q_len[i]`` entries of request i's kv_slots).
-    positions: [num_new_tokens] int64, absolute positions (for RoPE).
+    positions: [num_new_tokens] int64, absolute positions (for RoPE). A request
+               under a KV budget attends fewer slots than it has tokens: its
+               positions run ``position_offsets[i]`` past its kv indices.
     q_lens / kv_lens: python lists (host copies), handy for planning.
     """
 
@@ -62,6 +65,17 @@ class AttentionMetadata:
     # per request, the tree its new tokens form (parent indices, see tree.py) or None: causal.
     # A backend that cannot attend a tree raises ValueError when `has_tree(meta.tree)`.
     tree: Optional[list[Optional[list[int]]]] = None
+    # per request, how far its positions run past its kv indices (None: 0 for all)
+    position_offsets: Optional[list[int]] = None
+    # the attention-mass pass of the requests under a KV budget (kernels/kv_scores.py), or None
+    scoring: Optional["ScoringPass"] = None
+
+    @property
+    def seq_lens(self) -> list[int]:
+        """Each request's length in positions (its kv length plus its offset)."""
+        if self.position_offsets is None:
+            return self.kv_lens
+        return [k + o for k, o in zip(self.kv_lens, self.position_offsets)]
 
     @property
     def kv_slots(self) -> torch.Tensor:
@@ -139,6 +153,7 @@ class AttentionMetadata:
         kv_lens: list[int],
         page_size: int = 1,
         tree: Optional[list[Optional[list[int]]]] = None,
+        position_offsets: Optional[list[int]] = None,
     ) -> "AttentionMetadata":
         """The same metadata as `build`, gathered on the table's device from a
         request-to-slot table: request ``i``'s slots are ``table[rows[i], :kv_lens[i]]``.
@@ -167,6 +182,12 @@ class AttentionMetadata:
             out_slots = slot_table[req_of_q, positions]
             if has_tree(tree):  # a draft tree's tokens sit at their depth (they are written at their index)
                 positions = torch.tensor(tree_positions(q_lens, kv_lens, tree), dtype=torch.int64, device=device)
+        if position_offsets is not None:
+            offsets = torch.tensor(position_offsets, dtype=torch.int64).to(device, non_blocking=True)
+            if num_q == B:
+                positions = positions + offsets
+            else:
+                positions = positions + offsets[req_of_q]
         return cls(
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
@@ -178,6 +199,7 @@ class AttentionMetadata:
             page_size=page_size,
             slot_table=slot_table,
             tree=tree if has_tree(tree) else None,
+            position_offsets=position_offsets,
         )
 
 

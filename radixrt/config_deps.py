@@ -279,6 +279,17 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         "quantization='int8' or 'int4' (--quantization int8|int4)",
         _is_not(None),
     ),
+    # KV budgets drop single positions from a request's slot list, and score attention over all heads
+    Need(
+        "kv_budget",
+        0.25,
+        "page_size",
+        1,
+        4,
+        "page_size=1 (--page-size 1: a KV budget drops single positions)",
+        _equals(1),
+    ),
+    _tp1("kv_budget", 0.25),
     # logging
     Need(
         "log_interval",
@@ -323,6 +334,9 @@ ENGINE_INDEPENDENT = frozenset(
         "max_top_logprobs_num",
         "incremental_streaming_output",
         "speculative_algorithm",
+        "kv_budget_policy",  # these three shape per-request budgets too (sampling_params kv_budget)
+        "kv_budget_sink_tokens",
+        "kv_budget_recent_fraction",
     }
 )
 

@@ -24,6 +24,7 @@ from radixrt.config.sections import (
     ExecutionSettings,
     GrammarSettings,
     HostCacheSettings,
+    KVBudgetSettings,
     LimitSettings,
     ModelSettings,
     OutputSettings,
@@ -42,6 +43,7 @@ SECTIONS: dict[str, type] = {
     "limits": LimitSettings,
     "grammar": GrammarSettings,
     "speculative": SpeculativeSettings,
+    "kv_budgets": KVBudgetSettings,
     "output": OutputSettings,
     "debug": DebugSettings,
 }
@@ -79,6 +81,7 @@ class EngineConfig:
     limits: LimitSettings
     grammar: GrammarSettings
     speculative: SpeculativeSettings
+    kv_budgets: KVBudgetSettings
     output: OutputSettings
     debug: DebugSettings
 
@@ -92,6 +95,7 @@ class EngineConfig:
         limits: _Section = None,
         grammar: _Section = None,
         speculative: _Section = None,
+        kv_budgets: _Section = None,
         output: _Section = None,
         debug: _Section = None,
         **flags: Any,
@@ -105,6 +109,7 @@ class EngineConfig:
             "limits": limits,
             "grammar": grammar,
             "speculative": speculative,
+            "kv_budgets": kv_budgets,
             "output": output,
             "debug": debug,
         }

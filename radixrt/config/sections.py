@@ -22,6 +22,7 @@ from radixrt.config.weight_format import (
     check_group_size,
     normalize_method,
 )
+from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET, resolve_budget
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
 from radixrt.requests.intake import (
     DEFAULT_MAX_CLIENT_PRIORITY,
@@ -381,6 +382,41 @@ class SpeculativeSettings:
     @property
     def enabled(self) -> bool:
         return self.speculative_algorithm is not None
+
+
+@dataclass(frozen=True)
+class KVBudgetSettings:
+    """KV budgets: requests that attend at most a budget of their positions (H2O, InfiniGen, window)."""
+
+    kv_budget: Optional[float] = setting(
+        None,
+        "the KV each request attends at most: tokens (>= 32), or a fraction in (0, 1) of its prompt plus "
+        "max_new_tokens; the positions kept are chosen by --kv-budget-policy. Needs --page-size 1. Requests "
+        "may set their own (sampling_params kv_budget); unset: off",
+    )
+    kv_budget_policy: str = setting(
+        "h2o",
+        "which positions a request under a KV budget keeps: h2o (attention sinks, a recent window and the "
+        "heavy hitters by accumulated attention; the rest evicted), infinigen (the same with evicted KV offloaded "
+        "to host memory and loaded back when an estimate says attention needs it again) or window (sinks and "
+        "the most recent tokens, StreamingLLM)",
+        choices=list(KV_BUDGET_POLICIES),
+    )
+    kv_budget_sink_tokens: int = setting(4, "first positions a request under a KV budget always keeps")
+    kv_budget_recent_fraction: float = setting(
+        0.5, "share of a KV budget kept for the most recent positions (h2o, infinigen; the rest: heavy hitters)"
+    )
+
+    def __post_init__(self) -> None:
+        check_choice("kv_budget_policy", self.kv_budget_policy, KV_BUDGET_POLICIES)
+        if self.kv_budget is not None:
+            resolve_budget(self.kv_budget, MIN_KV_BUDGET)  # raises for a non-positive or non-finite value
+            if self.kv_budget >= 1 and self.kv_budget < MIN_KV_BUDGET:
+                raise ValueError(f"kv_budget must be at least {MIN_KV_BUDGET} tokens, got {self.kv_budget:g}")
+        if not 0 <= self.kv_budget_sink_tokens <= 64:
+            raise ValueError("kv_budget_sink_tokens must be in [0, 64]")
+        if not 0.0 < self.kv_budget_recent_fraction < 1.0:
+            raise ValueError("kv_budget_recent_fraction must be in (0, 1)")
 
 
 @dataclass(frozen=True)

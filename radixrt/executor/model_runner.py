@@ -26,6 +26,7 @@ from radixrt.executor.runner_settings import RunnerSettings
 from radixrt.kernels import AttentionBackend, AttentionMetadata, create_backend
 from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from radixrt.kernels.kv_cache import kv_storage_dtype
+from radixrt.kernels.kv_scores import ScoreJob, ScoringPass
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool
 from radixrt.memory.req_to_token import ReqToTokenPool
@@ -291,14 +292,21 @@ class ModelRunner:
         kv_lens: list[int],
         table_writes: Optional[torch.Tensor] = None,
         tree: Optional[list[Optional[list[int]]]] = None,
+        position_offsets: Optional[list[int]] = None,
+        score_jobs: Optional[list[ScoreJob]] = None,
     ) -> torch.Tensor:
         """The scheduler's step: request ``i`` computes its last ``q_lens[i]`` of
         ``kv_lens[i]`` tokens, whose slots are row ``rows[i]`` of the
         request-to-slot table, after ``table_writes`` (from
         `ReqToTokenPool.take_writes`) are applied. ``input_ids`` [sum(q_lens)]
         may already be on the device. ``tree``: per request, the draft tree its
-        new tokens form (``AttentionMetadata.tree``) or None. Returns hidden
-        states [sum(q_lens), hidden]."""
+        new tokens form (``AttentionMetadata.tree``) or None. Requests under a KV
+        budget: ``position_offsets`` (``AttentionMetadata.position_offsets``) and
+        ``score_jobs``, whose accumulators gain each layer's attention mass
+        (kernels/kv_scores.py). Returns hidden states [sum(q_lens), hidden]."""
+        budgeted = position_offsets is not None or bool(score_jobs)
+        if budgeted and self.followers is not None:
+            raise RuntimeError("KV budgets do not run tensor parallel")
         if self.followers is not None:
             ids_list = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
             writes = None if table_writes is None else table_writes.cpu()
@@ -306,9 +314,11 @@ class ModelRunner:
         self.req_to_token.apply(table_writes)
         table = self.req_to_token.table
         ids = torch.as_tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
-        if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, kv_lens):
+        if not budgeted and self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, kv_lens):
             return self.cuda_graph.forward_rows(ids, table, rows, kv_lens, self.req_to_token.padding_row)
-        meta = AttentionMetadata.from_table(table, rows, q_lens, kv_lens, self.page_size, tree)
+        meta = AttentionMetadata.from_table(table, rows, q_lens, kv_lens, self.page_size, tree, position_offsets)
+        if score_jobs:
+            meta.scoring = ScoringPass(meta, score_jobs)
         self.backend.plan(meta)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
 

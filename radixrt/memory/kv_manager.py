@@ -145,7 +145,7 @@ class KVCacheManager:
         host runs after that step's forward): steps run in launch order, so
         only a later step can read those slots, and the request's lock keeps
         them from eviction."""
-        if not self.tree.stores_prefixes:
+        if not self.tree.stores_prefixes or not req.insert_into_tree:
             return
         P = self.page_size
         length = min(len(req.slots), len(req.slots) if limit is None else limit) // P * P
@@ -198,6 +198,34 @@ class KVCacheManager:
             self.req_to_token.write(_row(req), base, kept)
         self.truncate(req, base + len(kept))
 
+    def compact(self, req: RequestKV, kept: Sequence[int], tree_len: int, freed: Sequence[int], computed: int) -> None:
+        """A request under a KV budget keeps only ``kept`` of its computed tokens'
+        slots (in position order; the first ``tree_len`` of them tree-owned, the
+        rest private: its own, or reloaded into slots from `alloc_private`) and
+        gives back ``freed``, private slots no longer attended (their KV evicted,
+        or already copied to the host). Tree-owned slots it stops attending stay
+        the tree's (its lock holds them). ``computed``: its computed tokens, of
+        which ``computed - len(kept)`` are now dropped. Needs one-slot pages."""
+        assert self.page_size == 1, "a KV budget needs page_size 1"
+        assert not req.insert_into_tree, "only a request that never inserts into the tree compacts"
+        if freed:
+            self.allocator.free_slots(freed)
+        req.slots = list(kept)
+        req.tree_len = tree_len
+        req.kv_dropped = computed - len(kept)
+        if kept:
+            self.req_to_token.write(_row(req), 0, req.slots)
+
+    def alloc_private(self, n: int) -> Optional[list[int]]:
+        """``n`` free slots (evicting unlocked tree leaves if needed) for the
+        caller to hand to a request through `compact`, or None when memory is
+        short (nothing is taken then). Needs one-slot pages."""
+        assert self.page_size == 1, "private slots one by one need page_size 1"
+        short = n - self.allocator.num_free_pages
+        if short > 0:
+            self.tree.evict(short)
+        return self.allocator.alloc_pages(n)
+
     def release(self, req: RequestKV, swap: bool = False) -> None:
         """A request stops running (finished, aborted or retracted): its computed
         prefix goes to the tree, its lock is dropped, its private pages are freed.
@@ -215,6 +243,7 @@ class KVCacheManager:
             self.tree.unlock(req.last_node)
         req.slots = []
         req.tree_len = 0
+        req.kv_dropped = 0
         req.last_node = None
         if req.row is not None:
             self.req_to_token.free_row(req.row)

@@ -88,6 +88,8 @@ class TokenOutput:
     cache_info: Optional[dict[str, Any]] = None
     # speculative decoding: the request's decode steps so far, each verifying a draft (None: it does not speculate)
     spec_verify_ct: Optional[int] = None
+    # a request under a KV budget: its figures (kv_budget.RequestBudget.describe), with its last output
+    kv_budget: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

@@ -51,6 +51,7 @@ class ResultAccumulator:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.spec_verify_ct: Optional[int] = None
+        self.kv_budget: Optional[dict[str, Any]] = None  # a request under a KV budget: its figures, at the end
         self.finish_reason: Optional[FinishReason] = None
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
@@ -73,6 +74,8 @@ class ResultAccumulator:
         self.cached_tokens = out.cached_tokens
         if out.spec_verify_ct is not None:
             self.spec_verify_ct = out.spec_verify_ct
+        if out.kv_budget is not None:
+            self.kv_budget = out.kv_budget
         self.finish_reason = out.finish_reason
         if text is not None:
             self.text = text
@@ -150,6 +153,8 @@ class ResultAccumulator:
             meta["spec_accept_length"] = decoded / self.spec_verify_ct if self.spec_verify_ct else 0.0
         if self.cache_info is not None:
             meta["cache_info"] = dict(self.cache_info)
+        if self.kv_budget is not None:
+            meta["kv_budget"] = dict(self.kv_budget)
         if self.return_logprob:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[lps:])

@@ -45,6 +45,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET
 from radixrt.sampling.stop_regex import check_patterns as check_stop_regex
 
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
@@ -149,6 +150,10 @@ class SamplingParams:
     structural_tag: Optional[str] = None  # xgrammar structural tag, JSON text (SGLang's field)
     logit_bias: Optional[dict[str, float]] = None
     speculative: bool = True  # False: this request never gets speculative drafts (when the server makes them)
+    # the KV this request attends at most (radixrt/memory/kv_budget.py): tokens (>= 32) or a fraction in (0, 1)
+    # of its prompt plus max_new_tokens; None: the server's --kv-budget (off unless set)
+    kv_budget: Optional[float] = None
+    kv_budget_policy: Optional[str] = None  # h2o, infinigen or window; None: the server's --kv-budget-policy
 
     def __post_init__(self) -> None:
         """Check types and normalize containers (no range checks: see ``validate``)."""
@@ -160,6 +165,12 @@ class SamplingParams:
             _as_bool(name, getattr(self, name))
         if self.seed is not None:
             self.seed = _as_int("seed", self.seed)
+        if self.kv_budget is not None:
+            self.kv_budget = _as_float("kv_budget", self.kv_budget)
+        if self.kv_budget_policy is not None and not isinstance(self.kv_budget_policy, str):
+            raise ValueError(
+                f"sampling parameter 'kv_budget_policy' must be a string, got {_type_name(self.kv_budget_policy)}"
+            )
         for name in _CONSTRAINT_FIELDS:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -314,6 +325,12 @@ class SamplingParams:
                         f"numbers within float32's range (|x| <= 3.4e38); they are clamped to "
                         f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]"
                     )
+        if self.kv_budget is not None and not (
+            0.0 < self.kv_budget < 1.0 or MIN_KV_BUDGET <= self.kv_budget <= FLOAT32_MAX
+        ):
+            bad("kv_budget", f"must be a fraction in (0, 1) or at least {MIN_KV_BUDGET} tokens")
+        if self.kv_budget_policy is not None and self.kv_budget_policy not in KV_BUDGET_POLICIES:
+            bad("kv_budget_policy", f"must be one of {', '.join(KV_BUDGET_POLICIES)}")
         set_constraints = [name for name in _CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(set_constraints) > 1:
             raise ValueError(

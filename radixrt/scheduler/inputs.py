@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from radixrt.kernels.kv_scores import ScoreJob
 from radixrt.kernels.tree import path as tree_path
 from radixrt.sampling.rows import SamplingRow, sampling_row
 from radixrt.scheduler.constrained import ConstrainedDecoding
@@ -65,6 +66,15 @@ class StepInputs:
     # per batch row, the tree its new tokens form (AttentionMetadata.tree) when some row verifies a
     # speculative draft tree; None otherwise (every row causal)
     tree: Optional[list[Optional[list[int]]]] = None
+    # requests under a KV budget (kv_budget.py): per batch row, how far its positions run past its kv
+    # length (None: 0 for every row), and the attention-mass accumulators the forward adds to
+    position_offsets: Optional[list[int]] = None
+    score_jobs: list[ScoreJob] = field(default_factory=list)
+
+    def computed_to(self, batch_index: int) -> int:
+        """The tokens of batch row ``batch_index``'s request that have KV after this step."""
+        offsets = self.position_offsets
+        return self.kv_lens[batch_index] + (offsets[batch_index] if offsets is not None else 0)
 
 
 def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> PromptLogprobJob:
@@ -114,9 +124,17 @@ def prepare_inputs(
     for bi, (req, q) in enumerate(batch):
         row = req.row
         assert row is not None, "a request in a batch holds a table row"
-        end = len(req.slots)
+        kv_len = len(req.slots)
+        dropped = req.kv_dropped  # positions a request under a KV budget no longer attends
+        end = kv_len + dropped  # the tokens with KV once this step is done
         rows.append(row)
-        kv_lens.append(end)
+        kv_lens.append(kv_len)
+        if dropped and inp.position_offsets is None:
+            inp.position_offsets = [0] * bi
+        if inp.position_offsets is not None:
+            inp.position_offsets.append(dropped)
+        if req.kv_budget is not None:
+            inp.score_jobs.append(req.kv_budget.score_job(bi, kv_len, req))
         n_in, n_out = len(req.input_ids), len(req.output_ids)
         if req.inflight_tokens:  # a decode step whose input token (an output) is still in flight
             assert q == 1 and req.inflight_tokens == 1, "one step in flight, decoding one token"

@@ -18,6 +18,7 @@ from typing import Optional, Protocol
 
 import torch
 
+from radixrt.kernels.kv_scores import ScoreJob
 from radixrt.memory.req_to_token import ReqToTokenPool
 from radixrt.sampling.rows import SamplingRow
 from radixrt.sampling.sampler import SampleResult
@@ -42,6 +43,8 @@ class StepRunner(Protocol):
         kv_lens: list[int],
         table_writes: Optional[torch.Tensor] = None,
         tree: Optional[list[Optional[list[int]]]] = None,
+        position_offsets: Optional[list[int]] = None,
+        score_jobs: Optional[list[ScoreJob]] = None,
     ) -> torch.Tensor:
         """Apply ``table_writes`` to the table, then compute, for each request
         ``i``, its last ``q_lens[i]`` of ``kv_lens[i]`` tokens, whose slots are row
@@ -51,7 +54,11 @@ class StepRunner(Protocol):
         ``[sum(q_lens), hidden]``, on the device. Touches no slot outside the
         rows' first ``kv_lens[i]`` entries. ``tree`` (passed only by a step
         verifying a draft tree): per request, the parents of its new tokens
-        (``AttentionMetadata.tree``, kernels/tree.py) or None."""
+        (``AttentionMetadata.tree``, kernels/tree.py) or None.
+        ``position_offsets`` and ``score_jobs`` (passed only by a step holding
+        requests under a KV budget, radixrt/scheduler/kv_budget.py): how far each
+        request's positions run past its kv length, and the accumulators that
+        gain each layer's attention mass (kernels/kv_scores.py)."""
         ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -117,7 +117,17 @@ class StepLauncher:
 
     def _run(self, inputs: StepInputs) -> StepOutput:
         ids = self._input_ids(inputs)
-        if inputs.tree is None:
+        if inputs.score_jobs or inputs.position_offsets is not None:  # requests under a KV budget
+            hidden = self.runner.forward_batch(
+                ids,
+                inputs.rows,
+                inputs.q_lens,
+                inputs.kv_lens,
+                inputs.table_writes,
+                position_offsets=inputs.position_offsets,
+                score_jobs=inputs.score_jobs,
+            )
+        elif inputs.tree is None:
             hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
         else:  # a step verifying a draft tree
             hidden = self.runner.forward_batch(

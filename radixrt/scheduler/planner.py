@@ -78,7 +78,8 @@ def running_order(req: Req) -> tuple[bool, int, int]:
     retraction takes from the end. (``uncomputed - len(draft_ids)``, inlined: it
     is computed for every running request every step.)"""
     n_out = len(req.output_ids)
-    return len(req.input_ids) + n_out + req.inflight_tokens - len(req.slots) > 1, -n_out, len(req.input_ids)
+    uncomputed = len(req.input_ids) + n_out + req.inflight_tokens - len(req.slots) - req.kv_dropped
+    return uncomputed > 1, -n_out, len(req.input_ids)
 
 
 @dataclass
@@ -139,7 +140,18 @@ class BatchPlanner:
 
     def _tokens_this_step(self, req: Req, budget: int) -> int:
         need = req.uncomputed
-        return 1 if need == 1 else min(need, budget, self.prefill_cap)
+        return 1 if need == 1 else self._prefill_tokens(req, need, budget)
+
+    def _prefill_tokens(self, req: Req, need: int, budget: int) -> int:
+        """Tokens of a request's ``need`` uncomputed ones this step's ``budget``
+        lets it compute. Under a KV budget (kv_budget.py) at most its slack,
+        and the prompt's last token in a step of its own: it is compacted
+        between chunks and before the first output's logits."""
+        q = min(need, budget, self.prefill_cap)
+        b = req.kv_budget
+        if b is not None and need > 1:
+            q = min(q, b.budget.slack, need - 1)
+        return q
 
     def _will_stop_at_length(self, req: Req) -> bool:
         """A request whose in-flight token is its last: nothing to compute for it."""
@@ -211,7 +223,8 @@ class BatchPlanner:
         n = 0
         decoders = []
         for req in running:
-            if req.draft_ids or len(req.input_ids) + len(req.output_ids) + req.inflight_tokens - len(req.slots) != 1:
+            n_in, n_out = len(req.input_ids), len(req.output_ids)
+            if req.draft_ids or n_in + n_out + req.inflight_tokens - len(req.slots) - req.kv_dropped != 1:
                 break
             n += 1
             if not (req.inflight_tokens and self._will_stop_at_length(req)):
@@ -297,7 +310,7 @@ class BatchPlanner:
             if req.draft_ids and extend > min(budget, self.prefill_cap):
                 drop_draft(req)  # a draft is computed in one piece or not at all
                 extend = req.seq_len - match.length
-            q = min(extend, budget, self.prefill_cap)
+            q = self._prefill_tokens(req, extend, budget)
             if running and self.kv.available_slots() - q < reserve:
                 break
             explained = None  # before admit/extend change the tree: the match as it happened

@@ -14,6 +14,7 @@ from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
     from radixrt.sampling.grammar import GrammarState
+    from radixrt.scheduler.kv_budget import RequestBudget
     from radixrt.scheduler.spec_state import SpecState
 
 
@@ -88,6 +89,8 @@ class Req(RequestKV):
     inflight_tokens: int = 0
     # the longest of its stop strings, in characters (how much output tail to decode for them)
     max_stop_chars: int = 0
+    # its KV budget's state (kv_budget.RequestBudget: the policy, scores, offloaded KV), None without one
+    kv_budget: "Optional[RequestBudget]" = None
 
     # Deltas not yet reported to the front.
     unsent_ids: int = 0
@@ -124,7 +127,7 @@ class Req(RequestKV):
     @property
     def uncomputed(self) -> int:
         """Tokens still without KV, counting an in-flight sampled one and the draft."""
-        return self.seq_len + self.inflight_tokens - len(self.slots)
+        return self.seq_len + self.inflight_tokens - len(self.slots) - self.kv_dropped
 
     @property
     def grammar_compiling(self) -> bool:

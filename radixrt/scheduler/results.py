@@ -87,11 +87,12 @@ class ResultProcessor:
         for job, scores in zip(inputs.prompt_jobs, output.prompt_scores):
             req = batch[job.batch_index][0]
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
-                self._add_prompt_logprobs(req, scores, inputs.kv_lens[job.batch_index])
+                self._add_prompt_logprobs(req, scores, inputs.computed_to(job.batch_index))
         sample = output.sample
         outputs: list[TokenOutput] = []
         one_token_decoders = finished = 0  # running rows that decoded exactly one token; rows finished here
-        for (req, q), first, computed_to in zip(batch, inputs.sample_starts, inputs.kv_lens):
+        ends = inputs.kv_lens if inputs.position_offsets is None else list(map(inputs.computed_to, range(len(batch))))
+        for (req, q), first, computed_to in zip(batch, inputs.sample_starts, ends):
             if first >= 0:
                 req.inflight_tokens -= 1
                 if req.phase is Phase.FINISHED:
@@ -285,6 +286,8 @@ def token_output(req: Req) -> TokenOutput:
     )
     if req.spec is not None:
         out.spec_verify_ct = req.spec.verify_ct
+    if req.kv_budget is not None and req.finish_reason is not None:
+        out.kv_budget = req.kv_budget.describe()
     if req.cache_info is not None:  # sent once, with the first output after admission
         out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:

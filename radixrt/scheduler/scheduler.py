@@ -66,6 +66,7 @@ from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
 from radixrt.scheduler.interfaces import StepSampler
+from radixrt.scheduler.kv_budget import KVBudgeter
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
@@ -97,6 +98,7 @@ def _needs_host_tokens(req: Req) -> bool:
         or sp.frequency_penalty != 0.0
         or sp.presence_penalty != 0.0
         or req.spec is not None  # its next draft continues from this step's token
+        or req.kv_budget is not None  # its compaction reads this step's attention scores
     )
 
 
@@ -126,6 +128,7 @@ class Scheduler:
             "prompt_tokens_computed": 0,
             "requests_finished": 0,
             "peak_kv_used_slots": 0,
+            "peak_running": 0,  # the most requests running at once
             "retractions": 0,
         }
         self.constrained = ConstrainedDecoding(
@@ -153,6 +156,7 @@ class Scheduler:
             host_pool=self.host.pool if self.host is not None else None,
         )
         self.speculator = build_speculator(config, self.runner, self.kv, self.context_length)
+        self.budgets = KVBudgeter(config.kv_budgets, self.kv, self.runner.kv_pool)
         self.results = ResultProcessor(
             self.kv,
             self.queues,
@@ -197,6 +201,7 @@ class Scheduler:
     def add_request(self, msg: GenerateReq) -> None:
         try:
             self.validate(msg.input_ids, msg.sampling)
+            self.budgets.check(msg.sampling.kv_budget)
             if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
                 raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
         except ValueError as e:
@@ -242,7 +247,8 @@ class Scheduler:
                 max_stop_chars=max_stop_chars,
             )
             self.arrivals += 1
-            if self.speculator is not None:
+            self.budgets.start(req)
+            if self.speculator is not None and req.kv_budget is None:
                 self.speculator.start(req)
             self.queues.waiting.append(req)
 
@@ -315,6 +321,7 @@ class Scheduler:
         for req, reason in self.constrained.resolve(self.queues.waiting):
             self.queues.waiting.remove(req)
             out.append(self._finish(req, reason))
+        self.budgets.compact(self.queues.running)
         if self.speculator is not None:
             self.speculator.draft(self.queues.running)
         plan = self.planner.schedule()
@@ -360,6 +367,7 @@ class Scheduler:
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots
         self.counters["peak_kv_used_slots"] = max(self.counters["peak_kv_used_slots"], used)
+        self.counters["peak_running"] = max(self.counters["peak_running"], len(self.queues.running))
         self._log_step(step.batch)
         if self.config.debug.debug_check_invariants:
             self.check_invariants()
@@ -399,6 +407,7 @@ class Scheduler:
             "jump_forward_proposed": self.constrained.proposed,
             "jump_forward_tokens": self.constrained.kept,
             **(self.speculator.stats_dict() if self.speculator is not None else {}),
+            **self.budgets.stats(),
             "running": len(self.queues.running),
             "waiting": len(self.queues.waiting),
             "kv": self.kv_usage(),

@@ -30,6 +30,7 @@ from radixrt.executor.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
+    from radixrt.kernels.kv_scores import ScoringPass
 
 
 class RMSNorm(nn.Module):
@@ -89,9 +90,12 @@ class Attention(nn.Module):
         kv_pool: Any,
         backend: "AttentionBackend",
         num_tokens: Optional[int] = None,
+        scoring: Optional["ScoringPass"] = None,
     ) -> torch.Tensor:
         """``num_tokens``: rows of ``x`` that are real tokens (the rest is
-        padding, see the module doc); only those reach the attention backend."""
+        padding, see the module doc); only those reach the attention backend.
+        ``scoring``: the batch's attention-mass pass (KV budgets), run after this
+        layer's attention over the same cache."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
@@ -105,11 +109,16 @@ class Attention(nn.Module):
             q = rope.apply(q, cos, sin)
             k = rope.apply(k, cos, sin)
         # this layer's cache: K/V views of the pool, plus its scales when quantized (LayerKVCache)
+        cache = kv_pool.layer_cache(self.layer_id)
         if num_tokens is not None and num_tokens < t:
             n = num_tokens
-            o = backend.forward(q[:n], k[:n], v[:n], kv_pool.layer_cache(self.layer_id), self.scale)
+            o = backend.forward(q[:n], k[:n], v[:n], cache, self.scale)
+            if scoring is not None:
+                scoring.observe(self.layer_id, q[:n], cache, self.scale)
             return self.o_proj(pad_rows(o, t))
-        o = backend.forward(q, k, v, kv_pool.layer_cache(self.layer_id), self.scale)
+        o = backend.forward(q, k, v, cache, self.scale)
+        if scoring is not None:
+            scoring.observe(self.layer_id, q, cache, self.scale)
         return self.o_proj(o)
 
 
@@ -143,8 +152,9 @@ class DecoderLayer(nn.Module):
         kv_pool: Any,
         backend: "AttentionBackend",
         num_tokens: Optional[int] = None,
+        scoring: Optional["ScoringPass"] = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend, num_tokens)
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend, num_tokens, scoring)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -187,11 +197,11 @@ class LlamaForCausalLM(nn.Module):
         n = input_ids.shape[0]
         rows = padded_rows(n) if self.batch_invariant else n  # batch-invariant mode: whole row tiles
         h = self.model.embed_tokens(pad_rows(input_ids, rows))
-        cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.kv_lens)
+        cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.seq_lens)
         cos, sin = pad_rows(cos, rows), pad_rows(sin, rows)
         real = n if self.batch_invariant else None  # only the real rows reach the attention backend
         for layer in self.model.layers:
-            h = layer(h, cos, sin, self.rope, kv_pool, backend, real)
+            h = layer(h, cos, sin, self.rope, kv_pool, backend, real, meta.scoring)
         h = self.model.norm(h)
         return h[:n] if self.batch_invariant else h
 

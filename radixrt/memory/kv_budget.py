@@ -1,0 +1,81 @@
+"""KV budgets: which positions a request keeps, and where the others' KV goes.
+
+A request under a budget of ``B`` tokens attends at most about ``B`` of its
+positions. Three policies choose them (`choose_kept`), from the positions'
+scores (the attention mass they received, kernels/kv_scores.py):
+
+- ``window`` (StreamingLLM): the first ``sinks`` positions (attention sinks)
+  and the most recent ones; scores are not read.
+- ``h2o`` (Heavy-Hitter Oracle): sinks, a recent window, and the "heavy
+  hitters", the positions with the highest accumulated attention; the rest
+  are evicted for good.
+- ``infinigen``: the same choice, over the kept positions *and* the offloaded
+  ones, whose scores are estimated from a sketch of their keys; evicted KV is
+  offloaded to host memory (`OffloadedKV`) instead of dropped, and a position
+  whose estimate climbs back into the top set is loaded back into a slot.
+  Its scores decay (recent attention weighs more), so a position the
+  current queries need can win back its place.
+
+Only request-private KV is ever freed or offloaded. A position inside a
+tree-owned prefix is only dropped from the request's slot list; its slot
+stays the tree's (kv_manager.KVCacheManager.compact).
+
+This module holds a budget's terms and imports no torch (the config reads
+it); kv_budget_ops.py the choice (`choose_kept`) and the offload store
+(copies between the device pool and host tensors);
+radixrt/scheduler/kv_budget.py applies them to running requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+KV_BUDGET_POLICIES = ("h2o", "infinigen", "window")
+MIN_KV_BUDGET = 32  # tokens: sinks, a recent window and a few heavy hitters
+INFINIGEN_DECAY = 0.98  # per query row: a position's score halves over ~34 queries that ignore it
+SKETCH_FRACTION = 4  # an offloaded key is estimated from head_dim / 4 of its channels
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """One request's budget, resolved to tokens.
+
+    ``tokens``: the most positions it attends after a compaction. ``sinks``:
+    the first positions always kept. ``recent``: the latest positions always
+    kept. ``slack``: how far the kept count may grow past ``tokens`` before the
+    next compaction (decode compacts every ``slack`` tokens, not every step),
+    which is also the longest prefill chunk: peak KV is ``tokens + slack``."""
+
+    policy: str
+    tokens: int
+    sinks: int
+    recent: int
+
+    def __post_init__(self) -> None:
+        if self.policy not in KV_BUDGET_POLICIES:
+            raise ValueError(f"unknown kv_budget_policy {self.policy!r}; choose {', '.join(KV_BUDGET_POLICIES)}")
+        if self.tokens < MIN_KV_BUDGET:
+            raise ValueError(f"kv_budget must be at least {MIN_KV_BUDGET} tokens, got {self.tokens}")
+        if self.sinks + self.recent > self.tokens:
+            raise ValueError("the KV budget's sink and recent tokens exceed the budget")
+
+    @property
+    def slack(self) -> int:
+        return max(16, self.tokens // 8)
+
+    @property
+    def decay(self) -> float:
+        """How the scoring pass ages scores, per query row (1.0: H2O's plain sum)."""
+        return INFINIGEN_DECAY if self.policy == "infinigen" else 1.0
+
+
+def resolve_budget(value: float, total_tokens: int) -> int:
+    """A budget given as tokens (an int >= 1, or a float >= 1) or as a fraction
+    of the request's context (a float in (0, 1): of ``total_tokens``, its prompt
+    plus ``max_new_tokens``) -> tokens."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"kv_budget must be a positive number of tokens or a fraction in (0, 1), got {value!r}")
+    if value < 1:
+        return max(MIN_KV_BUDGET, math.ceil(value * total_tokens))
+    return int(value)

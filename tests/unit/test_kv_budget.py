@@ -1,0 +1,208 @@
+"""KV budgets (``kv_budget``: h2o, infinigen, window) through the real Scheduler on the tiny Llama.
+
+What the budget promises besides its quality (radixrt.bench.kv_budget measures that on the embedded
+model): a request attends at most ``budget + slack`` slots; eviction frees only its private slots and
+never a tree-owned one; what a compressed request computed never enters the radix tree, so it is never
+served as another request's prefix; offloaded KV comes back bit for bit; a budget larger than the
+context changes nothing; and no slot leaks, whatever mix of budgets, offloads, reloads, retractions and
+aborts runs (``debug_check_invariants`` checks ``free + tree + private == total`` after every step).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from radixrt.config import EngineConfig
+from radixrt.memory.kv_budget import KVBudget, resolve_budget
+from radixrt.memory.kv_budget_ops import OffloadedKV, choose_kept
+from radixrt.memory.kv_pool import KVPool
+from radixrt.requests.messages import GenerateReq
+from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.scheduler import Scheduler
+
+
+def _scheduler(tiny_llama: str, **flags) -> Scheduler:
+    flags.setdefault("max_total_tokens", 4096)
+    return Scheduler(
+        EngineConfig(model_path=tiny_llama, disable_overlap_schedule=True, debug_check_invariants=True, **flags)
+    )
+
+
+def _sampling(n: int, budget=None, policy=None, **kw) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=n, ignore_eos=True, temperature=0.0, kv_budget=budget, kv_budget_policy=policy, **kw
+    )
+
+
+def _drain(sched: Scheduler, on_step=None) -> dict[str, list[int]]:
+    outputs: dict[str, list[int]] = {}
+    while sched.has_work():
+        for out in sched.step():
+            outputs.setdefault(out.rid, []).extend(out.new_token_ids)
+        if on_step is not None:
+            on_step(sched)
+    return outputs
+
+
+def _prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, 900) for _ in range(n)]
+
+
+# ------------------------------------------------------------------ the policy
+def test_choose_kept_keeps_sinks_recent_and_heavy_hitters():
+    positions = torch.arange(100)
+    scores = torch.zeros(100)
+    scores[[20, 30, 40]] = torch.tensor([5.0, 9.0, 7.0])
+    budget = KVBudget("h2o", 40, sinks=4, recent=34)
+    keep = choose_kept(positions, scores, budget, computed=100)
+    kept = set(positions[keep].tolist())
+    assert len(kept) == 40
+    assert {0, 1, 2, 3} <= kept and set(range(66, 100)) <= kept  # sinks and the recent window
+    assert kept - {0, 1, 2, 3} - set(range(66, 100)) == {30, 40}  # the two heaviest of the rest
+
+    window = choose_kept(positions, scores, KVBudget("window", 40, sinks=4, recent=34), computed=100)
+    assert set(positions[window].tolist()) == {0, 1, 2, 3} | set(range(64, 100))  # no heavy hitters
+
+
+def test_budgets_resolve_and_are_checked():
+    assert resolve_budget(0.25, 4096) == 1024
+    assert resolve_budget(0.001, 100) == 32  # never below the minimum
+    assert resolve_budget(512.0, 4096) == 512
+    for bad in (0, -1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="kv_budget"):
+            resolve_budget(bad, 100)
+    with pytest.raises(ValueError, match="kv_budget_policy"):
+        KVBudget("lru", 64, 4, 32)
+    for params in ({"kv_budget": 5}, {"kv_budget": 0}, {"kv_budget": "1/4"}, {"kv_budget_policy": "lru"}):
+        with pytest.raises(ValueError, match="kv_budget"):
+            SamplingParams.from_dict(params)
+    with pytest.raises(ValueError, match="page_size=1"):
+        EngineConfig(kv_budget=0.25, page_size=4)
+
+
+def test_offloaded_kv_comes_back_bit_for_bit():
+    pool = KVPool(3, 64, 1, 2, 16, torch.float32, "cpu", kv_cache_dtype="int8")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(3):
+        pool.layer_cache(i).store(
+            torch.arange(64), torch.randn(64, 2, 16, generator=gen), torch.randn(64, 2, 16, generator=gen)
+        )
+    before = [[t.clone() for t in pool.layer_kv(i)] for i in range(3)]
+    scales = [pool.k_scale_buffers[i].clone() for i in range(3)]
+    store = OffloadedKV(pool, torch.device("cpu"))
+    store.add([5, 6, 7], [10, 11, 12], [False, True, False], torch.tensor([1.0, 2.0, 3.0]), list(range(20, 30)))
+    assert len(store) == 3 and store.host_tokens == 2 and store.sketch.shape == (3, 3, 2, 4)
+    store.take([0, 1, 2], [40, 41])  # the tree-owned entry (1) needs no copy
+    for i in range(3):
+        k, v = pool.layer_kv(i)
+        assert torch.equal(k[[40, 41]], before[i][0][[10, 12]]) and torch.equal(v[[40, 41]], before[i][1][[10, 12]])
+        assert torch.equal(pool.k_scale_buffers[i].view(-1, 2)[[40, 41]], scales[i].view(-1, 2)[[10, 12]])
+    assert len(store) == 0
+
+
+# ------------------------------------------------------------------ the scheduler
+def test_a_budget_larger_than_the_context_changes_nothing(tiny_llama):
+    rng = random.Random(1)
+    prompts = [_prompt(rng, n) for n in (40, 300, 700)]
+    sched = _scheduler(tiny_llama, disable_radix_cache=True)
+    for i, p in enumerate(prompts):
+        sched.handle(GenerateReq(f"full{i}", p, _sampling(24)))
+    full = _drain(sched)
+    for policy in ("h2o", "infinigen", "window"):
+        for i, p in enumerate(prompts):
+            sched.handle(GenerateReq(f"b{i}", p, _sampling(24, budget=2048, policy=policy)))
+        budgeted = _drain(sched)
+        assert [budgeted[f"b{i}"] for i in range(3)] == [full[f"full{i}"] for i in range(3)], policy
+
+
+@pytest.mark.parametrize("policy", ["h2o", "infinigen", "window"])
+def test_a_budgeted_request_stays_within_its_slots_and_spares_the_tree(tiny_llama, policy):
+    """A shared prefix in the tree, then a long budgeted request on top of it: the request's private
+    slots never exceed budget + slack, the tree-owned slots it stops attending stay in the tree (the same slot
+    set before and after), and nothing it computed is inserted: the next request with its exact prompt
+    matches only the shared prefix."""
+    rng = random.Random(2)
+    shared = _prompt(rng, 200)
+    sched = _scheduler(tiny_llama)
+    sched.handle(GenerateReq("owner", shared, _sampling(1)))
+    _drain(sched)
+    tree_slots_before = sorted(sched.kv.tree.match_prefix(shared, record_stats=False).slots)
+    long_prompt = shared + _prompt(rng, 900)
+    budget = KVBudget(policy, 128, 4, 64)
+    sched.handle(GenerateReq("budgeted", long_prompt, _sampling(40, budget=128, policy=policy)))
+    seen = {"private": 0, "dropped": 0}
+
+    def watch(s: Scheduler) -> None:
+        for r in s.queues.running:
+            seen["private"] = max(seen["private"], len(r.slots) - r.tree_len)
+            seen["dropped"] = max(seen["dropped"], r.kv_dropped)
+            tree = set(s.kv.tree.match_prefix(shared, record_stats=False).slots)
+            assert set(r.slots[: r.tree_len]) <= tree  # its tree-owned columns are the tree's slots
+            assert not set(r.slots[r.tree_len :]) & tree  # and its private ones never are
+
+    out = _drain(sched, watch)
+    assert len(out["budgeted"]) == 40
+    assert seen["dropped"] > 0 and seen["private"] <= budget.tokens + budget.slack
+    assert sorted(sched.kv.tree.match_prefix(shared, record_stats=False).slots) == tree_slots_before
+    assert sched.kv.tree.match_prefix(long_prompt, record_stats=False).length == len(shared)
+    stats = sched.stats()
+    assert stats["kv"]["private_slots"] == 0
+    assert stats["kv_budget_evicted_tokens"] + stats["kv_budget_offloaded_tokens"] > 0
+    if policy == "infinigen":
+        assert stats["kv_budget_offloaded_tokens"] > 0 and stats["kv_budget_evicted_tokens"] == 0
+
+
+def test_the_result_reports_the_budget_and_a_small_server_refuses_it(tiny_llama):
+    sched = _scheduler(tiny_llama)
+    sched.handle(GenerateReq("r", list(range(10, 600)), _sampling(8, budget=0.2, policy="h2o")))
+    finals = [o for o in _steps(sched) if o.finish_reason is not None]
+    info = finals[0].kv_budget
+    assert info["policy"] == "h2o" and info["budget_tokens"] == 120  # 20% of 590 + 8 tokens
+    assert info["peak_kv_tokens"] <= 120 + 16 and info["evicted_tokens"] > 0
+
+    paged = _scheduler(tiny_llama, page_size=4)
+    paged.handle(GenerateReq("p", list(range(10, 60)), _sampling(4, budget=64)))
+    (out,) = paged.step()
+    assert out.finish_reason.status_code == 400 and "page-size 1" in out.finish_reason.message
+
+
+def _steps(sched: Scheduler) -> list:
+    outs = []
+    while sched.has_work():
+        outs += sched.step()
+    return outs
+
+
+@pytest.mark.slow
+def test_no_slot_leaks_across_ten_thousand_randomized_steps(tiny_llama):
+    """Budgets of every policy beside unbudgeted requests, a pool small enough to retract, random
+    aborts: the slot invariant and the tree's integrity are checked after every one of 10,000 steps."""
+    rng = random.Random(3)
+    sched = _scheduler(tiny_llama, max_total_tokens=1200, max_running_requests=8, chunked_prefill_size=256)
+    shared = _prompt(rng, 120)
+    live: list[str] = []
+    reloaded = retracted = 0
+    for step in range(10_000):
+        if len(live) < 8 and rng.random() < 0.15:
+            rid = f"r{step}"
+            prompt = (shared if rng.random() < 0.5 else []) + _prompt(rng, rng.randrange(20, 500))
+            policy = rng.choice([None, "h2o", "infinigen", "window"])
+            budget = None if policy is None else rng.choice([32, 64, 0.3])
+            sched.handle(GenerateReq(rid, prompt, _sampling(rng.randrange(1, 60), budget=budget, policy=policy)))
+            live.append(rid)
+        if live and rng.random() < 0.01:
+            sched.abort(live.pop(rng.randrange(len(live))))
+        for out in sched.step():
+            if out.finish_reason is not None and out.rid in live:
+                live.remove(out.rid)
+        reloaded = sched.stats()["kv_budget_reloaded_tokens"]
+        retracted = sched.counters["retractions"]
+    _drain(sched)
+    sched.check_invariants()
+    assert sched.kv_usage()["private_slots"] == 0
+    stats = sched.stats()
+    assert stats["kv_budget_evicted_tokens"] and stats["kv_budget_offloaded_tokens"]
+    assert reloaded > 0 and retracted > 0, (reloaded, retracted)
