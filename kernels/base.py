@@ -24,14 +24,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from .kv_cache import LayerKVCache
-from .kv_scores import ScoringPass
 from .tree import has_tree
 from .tree import positions as tree_positions
+
+if TYPE_CHECKING:
+    from .kv_scores import ScoringPass
 
 
 @dataclass

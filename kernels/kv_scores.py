@@ -1,28 +1,33 @@
-"""Attention mass per kept KV position: the scoring pass behind KV budgets.
+"""Attention mass per kept KV position and head: the scoring pass behind KV budgets.
 
 A request under a KV budget (H2O, InfiniGen) attends only the positions it
-keeps, and which ones it keeps is decided from how much attention each one
+keeps, chosen per layer and per KV head from how much attention each one
 receives. `ScoringPass` measures that, after each layer's attention, for the
 requests of a batch that ask (`ScoreJob`): the softmax of ``q . k`` of the
 request's query rows of the step over the request's kept slots, summed over
-query heads and rows, added to the request's accumulator.
+the query heads of each KV head and over the rows, added to the request's
+accumulator ``acc[layer, kv_head, column]``.
 
-The mass is pooled over layers too (one score per position): a request keeps
-one slot list for all layers, so the paged pool, its page tables and the
-radix tree's slot accounting stay exactly as they are. Per-layer lists would
-need one page table per layer and would let a position be half evicted.
+Why per layer and KV head, not pooled: heads attend to very different
+positions (one tracks the previous line, one a name seen long ago), so one
+choice for all of them keeps what none needs most. The KV pool allows it
+without a page table per head: column ``j`` of a request's slot list may hold,
+for each layer and KV head, the K/V of a different position (attention does
+not care which position a key came from: RoPE is already applied), and the
+compaction that chooses them copies them into place
+(radixrt/scheduler/kv_budget.py).
 
 The pass runs in torch on any device, after the backend's own attention, and
 reads the same (dequantized) cache the backend read. FlashInfer does not
 return attention probabilities, so on CUDA this is a separate pass; on the
-CPU it recomputes ``q . k`` for the scored requests only. Its cost is
-counted by the caller (``radixrt bench --kv-budget``).
+CPU it recomputes ``q . k`` for the scored requests only.
 
 With an `OffloadSketch` (InfiniGen), the pass also estimates the mass the
-request's offloaded positions would receive, from a few channels of their
+positions a head does not hold would receive, from a few channels of their
 keys (a partial ``q . k`` product on the channels where the keys are largest,
 InfiniGen's observation that a few channels dominate), normalized together
-with the kept positions' exact logits, so the two are comparable.
+with the held positions' exact logits, from the last few query rows of the
+step.
 
 `kernels/` is a leaf: tensors in, tensors mutated in place, nothing returned.
 """
@@ -30,28 +35,31 @@ with the kept positions' exact logits, so the two are comparable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from .kv_cache import LayerKVCache
 
-if TYPE_CHECKING:
-    from .base import AttentionMetadata
+SKETCH_QUERY_ROWS = 4  # query rows of a step that estimate the positions a head does not hold
 
 
 @dataclass
 class OffloadSketch:
-    """What the scoring pass sees of a request's offloaded positions.
+    """What the scoring pass sees of the positions ``0 .. P-1`` of a request
+    (those computed up to its last compaction).
 
-    keys: ``[N, num_layers, num_kv_heads, r]`` float32, channels ``channels`` of
-    each offloaded position's key, per layer (on the model's device).
-    channels: ``[num_layers, num_kv_heads, r]`` int64, which channels those are.
-    acc: ``[N]`` float32, the estimated mass accumulator (added to in place).
+    keys: ``[P, num_layers, num_kv_heads, r]`` float32, channels ``channels`` of
+    each position's key. channels: ``[num_layers, num_kv_heads, r]`` int64.
+    held: ``[num_layers, num_kv_heads, P]`` bool, the positions the head holds
+    in the pool (their mass is exact, in the job's ``acc``). acc: ``[num_layers,
+    num_kv_heads, P]`` float32, the estimated mass of the others (added to in
+    place). All on the model's device.
     """
 
     keys: torch.Tensor
     channels: torch.Tensor
+    held: torch.Tensor
     acc: torch.Tensor
 
 
@@ -60,11 +68,11 @@ class ScoreJob:
     """One request's share of a forward's scoring pass.
 
     batch_index: the request's row in the batch (its query rows and kept slots
-    come from the batch's metadata). acc: ``[>= kv_len]`` float32 on the
-    model's device; column ``j`` (the request's ``j``-th kept slot) gains the
-    mass it receives. decay: each query row first multiplies the accumulators
-    by it (1.0: H2O's plain sum; below 1: recent attention weighs more).
-    """
+    come from the batch's metadata). acc: ``[num_layers, num_kv_heads, >=
+    kv_len]`` float32 on the model's device; ``acc[l, h, j]`` gains the mass
+    layer ``l``'s KV head ``h`` gives column ``j``. decay: each query row first
+    multiplies the accumulators by it (1.0: H2O's plain sum; below 1: recent
+    attention weighs more)."""
 
     batch_index: int
     acc: torch.Tensor
@@ -73,24 +81,18 @@ class ScoreJob:
 
 
 class ScoringPass:
-    """Scores a batch's `ScoreJob`s layer by layer (call `observe` once per layer, in order)."""
+    """Scores a batch's `ScoreJob`s layer by layer (call `observe` once per layer)."""
 
-    def __init__(self, meta: "AttentionMetadata", jobs: list[ScoreJob]) -> None:
+    def __init__(self, jobs: list[ScoreJob], q_lens: list[int], slots: list[torch.Tensor]) -> None:
+        """``q_lens``: the batch's new-token counts per request; ``slots[i]``: job
+        ``i``'s request's kept slots (its first ``kv_len`` of the batch's slot table)."""
         self.jobs = jobs
-        self._rows: list[tuple[int, int, int, torch.Tensor]] = []  # (q start, q end, kv_len, slots)
         qo = [0]
-        for q in meta.q_lens:
+        for q in q_lens:
             qo.append(qo[-1] + q)
-        table = meta.slot_table
-        for job in jobs:
-            i = job.batch_index
-            kv_len = meta.kv_lens[i]
-            if table is not None:
-                slots = table[i, :kv_len]
-            else:
-                kv_start = sum(meta.kv_lens[:i])
-                slots = meta.kv_slots[kv_start : kv_start + kv_len]
-            self._rows.append((qo[i], qo[i + 1], kv_len, slots))
+        self._rows = [  # (q start, q end, kv_len, slots)
+            (qo[job.batch_index], qo[job.batch_index + 1], int(s.shape[0]), s) for job, s in zip(jobs, slots)
+        ]
 
     def observe(self, layer_id: int, q: torch.Tensor, cache: LayerKVCache, scale: float) -> None:
         """Add layer ``layer_id``'s attention mass to every job's accumulators.
@@ -105,21 +107,24 @@ class ScoringPass:
             k, _ = cache.gather(slots, torch.float32)  # [L, Hkv, D]
             hkv = k.shape[1]
             qr = q[qs:qe].float().view(n, hkv, -1, q.shape[-1])  # [n, Hkv, G, D]
-            logits = torch.einsum("nkgd,lkd->kgnl", qr, k) * scale
+            logits = torch.einsum("nkgd,lkd->kgnl", qr, k) * scale  # [Hkv, G, n, L]
             if n > 1:  # a prefill chunk: query i sits at kv index kv_len - n + i
                 cols = torch.arange(kv_len, device=q.device)
                 rows = torch.arange(kv_len - n, kv_len, device=q.device)
                 logits.masked_fill_(cols[None, :] > rows[:, None], float("-inf"))
+            job.acc[layer_id, :, :kv_len] += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
             sketch = job.sketch
-            if sketch is None or sketch.keys.shape[0] == 0:
-                probs = torch.softmax(logits, dim=-1)
-                job.acc[:kv_len] += probs.sum(dim=(0, 1, 2))
-                continue
-            channels = sketch.channels[layer_id]  # [Hkv, r]
-            g = qr.shape[2]
-            q_part = qr.gather(3, channels[None, :, None, :].expand(n, hkv, g, -1))  # [n, Hkv, G, r]
-            est = torch.einsum("nkgr,mkr->kgnm", q_part, sketch.keys[:, layer_id]) * scale
-            probs = torch.softmax(torch.cat([logits, est], dim=-1), dim=-1)
-            mass = probs.sum(dim=(0, 1, 2))
-            job.acc[:kv_len] += mass[:kv_len]
-            sketch.acc += mass[kv_len:]
+            if sketch is not None and sketch.keys.shape[0]:
+                self._estimate(layer_id, qr[-SKETCH_QUERY_ROWS:], logits[:, :, -SKETCH_QUERY_ROWS:], sketch, scale)
+
+    @staticmethod
+    def _estimate(layer_id: int, qr: torch.Tensor, logits: torch.Tensor, sketch: OffloadSketch, scale: float) -> None:
+        """The estimated mass of the positions each head does not hold, for the rows ``qr``
+        (whose exact logits over the held columns are ``logits``), normalized with them."""
+        n, hkv, g, _ = qr.shape
+        channels = sketch.channels[layer_id]  # [Hkv, r]
+        q_part = qr.gather(3, channels[None, :, None, :].expand(n, hkv, g, -1))  # [n, Hkv, G, r]
+        est = torch.einsum("nkgr,pkr->kgnp", q_part, sketch.keys[:, layer_id]) * scale  # [Hkv, G, n, P]
+        est.masked_fill_(sketch.held[layer_id][:, None, None, :], float("-inf"))
+        probs = torch.softmax(torch.cat([logits, est], dim=-1), dim=-1)[..., logits.shape[-1] :]
+        sketch.acc[layer_id] += probs.sum(dim=(1, 2))

@@ -173,6 +173,13 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
         "repeatable (default: dtype=float32 and dtype=bfloat16)",
     )
     p.add_argument(
+        "--kv-budget",
+        action="store_true",
+        help="only measure KV budgets (h2o, infinigen, window) against full KV on long prose and code "
+        "contexts: perplexity, greedy agreement, needle retrieval, peak KV and requests at once (options: "
+        "python -m radixrt.bench.kv_budget --help)",
+    )
+    p.add_argument(
         "--speculative",
         action="store_true",
         help="only measure speculative decoding drafted from the radix tree, on vs off: agent-loop, "
@@ -211,6 +218,11 @@ def _run_mode(args: argparse.Namespace) -> Optional[int]:
         from radixrt.bench import hicache
 
         return hicache.main(["--model", args.model] + (["--json", args.json_out] if args.json_out else []))
+    if args.kv_budget:
+        from radixrt.bench import kv_budget
+
+        argv = ["--model", args.model, "--seed", str(args.seed), "--capacity"]
+        return kv_budget.main(argv + (["--json", args.json_out] if args.json_out else []))
     if args.speculative:
         from radixrt.bench import speculative
 

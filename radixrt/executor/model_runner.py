@@ -318,7 +318,9 @@ class ModelRunner:
             return self.cuda_graph.forward_rows(ids, table, rows, kv_lens, self.req_to_token.padding_row)
         meta = AttentionMetadata.from_table(table, rows, q_lens, kv_lens, self.page_size, tree, position_offsets)
         if score_jobs:
-            meta.scoring = ScoringPass(meta, score_jobs)
+            assert meta.slot_table is not None, "metadata from a table has a slot table"
+            kept = [meta.slot_table[j.batch_index, : kv_lens[j.batch_index]] for j in score_jobs]
+            meta.scoring = ScoringPass(score_jobs, q_lens, kept)
         self.backend.plan(meta)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
 

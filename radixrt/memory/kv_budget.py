@@ -1,28 +1,30 @@
 """KV budgets: which positions a request keeps, and where the others' KV goes.
 
-A request under a budget of ``B`` tokens attends at most about ``B`` of its
-positions. Three policies choose them (`choose_kept`), from the positions'
-scores (the attention mass they received, kernels/kv_scores.py):
+A request under a budget of ``B`` tokens attends, in every layer and KV
+head, at most ``B`` of its positions (``B + slack`` while it grows between
+two compactions). Each head chooses its own (`choose_positions`), from the
+attention mass each position received from that head's queries
+(kernels/kv_scores.py):
 
 - ``window`` (StreamingLLM): the first ``sinks`` positions (attention sinks)
-  and the most recent ones; scores are not read.
-- ``h2o`` (Heavy-Hitter Oracle): sinks, a recent window, and the "heavy
-  hitters", the positions with the highest accumulated attention; the rest
-  are evicted for good.
-- ``infinigen``: the same choice, over the kept positions *and* the offloaded
-  ones, whose scores are estimated from a sketch of their keys; evicted KV is
-  offloaded to host memory (`OffloadedKV`) instead of dropped, and a position
-  whose estimate climbs back into the top set is loaded back into a slot.
-  Its scores decay (recent attention weighs more), so a position the
-  current queries need can win back its place.
+  and the most recent ones; scores are not read, every head keeps the same.
+- ``h2o`` (Heavy-Hitter Oracle): sinks, a recent window (``recent``
+  positions), and the "heavy hitters", the positions with the highest
+  accumulated attention; the rest are evicted for good.
+- ``infinigen``: the whole KV of the request is also kept in host memory,
+  and each head chooses among *all* its positions: the ones it holds by
+  their exact scores, the others by scores estimated from a sketch of their
+  keys (a few channels) each step; a position whose estimate climbs into the
+  top set is loaded back. Its scores decay (recent attention weighs more),
+  so a position the current queries need can win back its place.
 
-Only request-private KV is ever freed or offloaded. A position inside a
-tree-owned prefix is only dropped from the request's slot list; its slot
-stays the tree's (kv_manager.KVCacheManager.compact).
+Only request-private slots are ever written or freed: a compaction copies
+each head's kept K/V into the request's own slots (tree-owned ones are only
+read) and gives the rest of its private slots back; the tree-owned slots it
+stops listing stay the tree's (kv_manager.KVCacheManager.compact).
 
 This module holds a budget's terms and imports no torch (the config reads
-it); kv_budget_ops.py the choice (`choose_kept`) and the offload store
-(copies between the device pool and host tensors);
+it); kv_budget_ops.py the choice and the copies (pool, host);
 radixrt/scheduler/kv_budget.py applies them to running requests.
 """
 

@@ -1,10 +1,19 @@
-"""The torch half of KV budgets: choosing the kept positions, and the
-offload store (see kv_budget.py for the policies)."""
+"""The torch half of KV budgets: choosing each head's kept positions, and
+copying them into place (see kv_budget.py for the policies).
+
+After a compaction, column ``j`` of a request's slot list holds, for each layer
+and KV head, the K/V of the position that head keeps in its ``j``-th place
+(kernels/kv_scores.py says why heads choose apart). `HeadwiseCopy` moves them:
+it gathers each (layer, KV head, column)'s K/V from a pool slot or from the
+request's host copy (`HostKV`, InfiniGen's offloaded KV), then writes the
+gathered columns into the request's private slots. Tree-owned slots are only
+ever read.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -12,167 +21,129 @@ from radixrt.memory.kv_budget import SKETCH_FRACTION, KVBudget
 from radixrt.memory.kv_pool import KVPool
 
 
-def choose_kept(positions: torch.Tensor, scores: torch.Tensor, budget: KVBudget, computed: int) -> torch.Tensor:
-    """Which of the candidate positions to keep: a bool mask over ``positions``
-    (int64, distinct), at most ``budget.tokens`` true. ``scores`` (float, same
-    shape) rank the candidates that are neither sinks (position below
-    ``budget.sinks``) nor recent (position at least ``computed -
-    budget.recent``); ``window`` keeps only those two groups (and so uses the
-    budget's heavy share as more recent window)."""
-    recent = budget.recent if budget.policy != "window" else budget.tokens - budget.sinks
-    fixed = (positions < budget.sinks) | (positions >= computed - recent)
-    keep = fixed.clone()
-    heavy = budget.tokens - int(fixed.sum())
-    if budget.policy == "window" or heavy <= 0:
-        return keep
-    ranked = torch.where(fixed, torch.full_like(scores, -math.inf), scores.float())
-    heavy = min(heavy, int((~fixed).sum()))
-    if heavy:
-        keep[torch.topk(ranked, heavy).indices] = True
-    return keep
+def choose_positions(scores: torch.Tensor, budget: KVBudget, computed: int) -> torch.Tensor:
+    """Each row's kept positions, sorted: ``[R, K]`` int64 from ``scores`` ``[R,
+    computed]`` (the score of position ``p`` in column ``p``; ``-inf``: not
+    available to that row). The sinks (positions below ``budget.sinks``) and
+    the recent window (from ``computed - budget.recent``) are kept when
+    available, then the best scored (h2o, infinigen), or only the most recent
+    (window), up to ``budget.tokens``. Every row must have as many available
+    positions (``K`` is the smaller of that and the budget)."""
+    R, P = scores.shape
+    available = scores > -math.inf
+    positions = torch.arange(P, device=scores.device)
+    if budget.policy == "window":
+        rank = positions.to(scores.dtype).expand(R, P).clone()  # the most recent first
+    else:
+        rank = scores.clone()
+    fixed = (positions < budget.sinks) | (positions >= computed - budget.recent)
+    rank[:, fixed] = math.inf
+    rank[~available] = -math.inf
+    k = min(budget.tokens, int(available[0].sum()))
+    return torch.topk(rank, k, dim=1).indices.sort(dim=1).values
 
 
-class OffloadedKV:
-    """One request's offloaded KV (InfiniGen): host copies of evicted private
-    positions, plus the tree-owned positions it stopped attending (their KV
-    stays in the pool), each with a device sketch of its key for the scoring
-    pass's estimate.
+def _flat_buffers(pool: KVPool) -> list[tuple[int, torch.Tensor]]:
+    """(layer, buffer viewed ``[slots * kv_heads, ...]``) for K, V and the int8 scales of every layer."""
+    out = []
+    H = pool.num_kv_heads
+    for i in range(pool.num_layers):
+        k, v = pool.layer_kv(i)
+        out += [(i, k.view(-1, k.shape[-1])), (i, v.view(-1, v.shape[-1]))]
+        if pool.k_scale_buffers is not None and pool.v_scale_buffers is not None:
+            out += [(i, pool.k_scale_buffers[i].view(-1)), (i, pool.v_scale_buffers[i].view(-1))]
+    assert all(b.shape[0] == pool.total_slots * H for _, b in out)
+    return out
 
-    Entry ``i`` has position ``positions[i]``; ``tree_slots[i]`` is its pool
-    slot when tree-owned, else -1 and its KV is row ``host_rows[i]`` of the host
-    buffers. ``sketch`` ``[N, layers, kv_heads, r]`` and ``acc`` ``[N]`` live on
-    the model's device; ``channels`` ``[layers, kv_heads, r]`` is chosen once,
-    the first time anything is offloaded: per layer and KV head, the ``r``
-    channels where the request's keys are largest on average.
-    """
 
-    def __init__(self, pool: KVPool, host_device: torch.device) -> None:
+class HostKV:
+    """A request's KV in host memory, every head of every position it computed
+    (InfiniGen keeps the whole cache on the host and brings back what attention
+    needs). Row ``p`` holds position ``p``."""
+
+    def __init__(self, pool: KVPool) -> None:
         self.pool = pool
-        self.host_device = host_device
-        self.r = max(1, pool.head_dim // SKETCH_FRACTION)
-        self.positions: list[int] = []
-        self.tree_slots: list[int] = []
-        self.host_rows: list[int] = []
-        self.channels: Optional[torch.Tensor] = None
-        L, H = pool.num_layers, pool.num_kv_heads
-        dev = pool.device
-        self.sketch = torch.zeros((0, L, H, self.r), dtype=torch.float32, device=dev)
-        self.acc = torch.zeros(0, dtype=torch.float32, device=dev)
-        self._host: list[torch.Tensor] = []  # per buffer (K and V of each layer, scales too): [rows, ...]
-        self._free_rows: list[int] = []
-        self._rows_used = 0
+        self.device = torch.device("cpu")
+        self.pinned = pool.device.type == "cuda"
+        self.rows = 0
+        self._bufs: list[torch.Tensor] = []  # like _flat_buffers(pool), [rows * kv_heads, ...]
 
-    def __len__(self) -> int:
-        return len(self.positions)
+    def save(self, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Copy every head of the pool's ``slots`` to rows ``positions``."""
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if need > self.rows:
+            self._grow(max(need, 2 * self.rows, 256))
+        H = self.pool.num_kv_heads
+        heads = torch.arange(H, device=slots.device)
+        src = (slots[:, None] * H + heads).flatten()
+        dst = (positions.to(self.device)[:, None] * H + heads.to(self.device)).flatten()
+        for host, (_, buf) in zip(self._bufs, _flat_buffers(self.pool)):
+            host.index_copy_(0, dst, buf.index_select(0, src).to(self.device))
 
-    @property
-    def host_tokens(self) -> int:
-        """Positions whose KV this store holds in host memory."""
-        return sum(1 for s in self.tree_slots if s < 0)
-
-    def _buffers(self) -> list[torch.Tensor]:
-        """The pool's per-layer buffers, flat by slot (K, V, and the int8 scales)."""
-        pool = self.pool
-        out: list[torch.Tensor] = []
-        for i in range(pool.num_layers):
-            k, v = pool.layer_kv(i)
-            out += [k, v]
-            if pool.k_scale_buffers is not None and pool.v_scale_buffers is not None:
-                flat = (pool.total_slots, pool.num_kv_heads)
-                out += [pool.k_scale_buffers[i].view(flat), pool.v_scale_buffers[i].view(flat)]
-        return out
-
-    def _choose_channels(self, slots: torch.Tensor) -> torch.Tensor:
-        rows = []
-        for i in range(self.pool.num_layers):
-            k, _ = self.pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
-            rows.append(k.abs().mean(dim=0).topk(self.r, dim=-1).indices)  # [H, r]
-        return torch.stack(rows)  # [L, H, r]
-
-    def _sketch_of(self, slots: torch.Tensor) -> torch.Tensor:
-        assert self.channels is not None
-        parts = []
-        for i in range(self.pool.num_layers):
-            k, _ = self.pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
-            parts.append(k.gather(2, self.channels[i][None].expand(k.shape[0], -1, -1)))
-        return torch.stack(parts, dim=1)  # [n, L, H, r]
-
-    def add(
-        self,
-        positions: Sequence[int],
-        slots: Sequence[int],
-        tree_owned: Sequence[bool],
-        acc: torch.Tensor,
-        reference_slots: Sequence[int],
-    ) -> None:
-        """Offload: record ``positions`` (whose KV is at ``slots``) with their
-        scores ``acc``. Private ones are copied to host memory here, before the
-        caller frees their slots; tree-owned ones are only recorded.
-        ``reference_slots``: the request's kept slots, whose keys choose the
-        sketch channels the first time."""
-        if not positions:
-            return
-        dev = self.pool.device
-        slot_t = torch.tensor(list(slots), dtype=torch.int64, device=dev)
-        if self.channels is None:
-            ref = torch.tensor(list(reference_slots) + list(slots), dtype=torch.int64, device=dev)
-            self.channels = self._choose_channels(ref)
-        private = [i for i, t in enumerate(tree_owned) if not t]
-        rows = self._host_rows(len(private))
-        if private:
-            src = slot_t[torch.tensor(private, dtype=torch.int64, device=dev)]
-            dst = torch.tensor(rows, dtype=torch.int64, device=self.host_device)
-            for host, buf in zip(self._host, self._buffers()):
-                host.index_copy_(0, dst, buf.index_select(0, src).to(self.host_device))
-        row_iter = iter(rows)
-        for p, s, t in zip(positions, slots, tree_owned):
-            self.positions.append(p)
-            self.tree_slots.append(s if t else -1)
-            self.host_rows.append(-1 if t else next(row_iter))
-        self.sketch = torch.cat([self.sketch, self._sketch_of(slot_t)])
-        self.acc = torch.cat([self.acc, acc.to(dev, torch.float32)])
-
-    def _host_rows(self, n: int) -> list[int]:
-        """``n`` free rows of the host buffers, growing them (doubling) when full."""
-        while len(self._free_rows) < n:
-            self._grow(max(64, self._rows_used))
-        rows, self._free_rows = self._free_rows[:n], self._free_rows[n:]
-        return rows
-
-    def _grow(self, extra: int) -> None:
-        pin = self.host_device.type == "cpu" and self.pool.device.type == "cuda"
+    def _grow(self, rows: int) -> None:
+        H = self.pool.num_kv_heads
         new = []
-        bufs = self._buffers()
-        for i, buf in enumerate(bufs):
-            t = torch.empty((self._rows_used + extra, *buf.shape[1:]), dtype=buf.dtype, device=self.host_device)
-            if pin:
+        for i, (_, buf) in enumerate(_flat_buffers(self.pool)):
+            t = torch.zeros((rows * H, *buf.shape[1:]), dtype=buf.dtype, device=self.device)
+            if self.pinned:
                 t = t.pin_memory()
-            if self._host:
-                t[: self._rows_used] = self._host[i]
+            if self._bufs:
+                t[: self._bufs[i].shape[0]] = self._bufs[i]
             new.append(t)
-        self._host = new
-        self._free_rows += list(range(self._rows_used, self._rows_used + extra))
-        self._rows_used += extra
+        self._bufs, self.rows = new, rows
 
-    def take(self, entries: Sequence[int], slots: Sequence[int]) -> None:
-        """Reload: entries ``entries`` (indices, those with host KV) are copied
-        into pool slots ``slots`` (one each, already allocated); all of
-        ``entries`` leave the store (a tree-owned one needs no copy: the caller
-        reuses its slot). Called with every entry that goes back at once."""
-        dev = self.pool.device
-        host_entries = [e for e in entries if self.tree_slots[e] < 0]
-        assert len(host_entries) == len(slots), "one slot per reloaded host entry"
-        if host_entries:
-            src = torch.tensor([self.host_rows[e] for e in host_entries], dtype=torch.int64, device=self.host_device)
-            dst = torch.tensor(list(slots), dtype=torch.int64, device=dev)
-            for host, buf in zip(self._host, self._buffers()):
-                buf.index_copy_(0, dst, host.index_select(0, src).to(dev, non_blocking=True))
-            self._free_rows += [self.host_rows[e] for e in host_entries]
-        gone = set(entries)
-        stay = [i for i in range(len(self.positions)) if i not in gone]
-        self.positions = [self.positions[i] for i in stay]
-        self.tree_slots = [self.tree_slots[i] for i in stay]
-        self.host_rows = [self.host_rows[i] for i in stay]
-        idx = torch.tensor(stay, dtype=torch.int64, device=dev)
-        self.sketch = self.sketch.index_select(0, idx)
-        self.acc = self.acc.index_select(0, idx)
+    def buffers(self) -> list[torch.Tensor]:
+        return self._bufs
+
+
+def gather_columns(pool: KVPool, slots: torch.Tensor, host_rows: torch.Tensor, host: Optional[HostKV]) -> list:
+    """Copies of the K/V (and scales) each (layer, KV head, column) will hold:
+    ``slots`` ``[L, H, K]`` int64, the pool slot to read (-1: read row
+    ``host_rows[l, h, k]`` of ``host`` instead). Returns one tensor ``[K, H, ...]``
+    per pool buffer (`_flat_buffers` order), for `write_columns`."""
+    L, H, K = slots.shape
+    heads = torch.arange(H, device=slots.device)[None, :, None]
+    from_pool = slots >= 0
+    pool_idx = (slots.clamp(min=0) * H + heads).view(L, H * K)
+    host_idx = (host_rows.clamp(min=0) * H + heads).view(L, H * K)
+    use_host = None if bool(from_pool.all()) else (~from_pool).view(L, H * K)
+    host_bufs = host.buffers() if host is not None else []
+    out = []
+    for n, (layer, buf) in enumerate(_flat_buffers(pool)):
+        rows = buf.index_select(0, pool_idx[layer])
+        if use_host is not None:
+            assert host is not None, "a column to read from the host without a host copy"
+            mask = use_host[layer]
+            rows[mask] = host_bufs[n].index_select(0, host_idx[layer][mask].to(host.device)).to(buf.device)
+        out.append(rows.view(H, K, *buf.shape[1:]).transpose(0, 1).contiguous())
+    return out
+
+
+def write_columns(pool: KVPool, data: list, slots: torch.Tensor) -> None:
+    """Write `gather_columns`' copies into the pool's ``slots`` ``[K]`` (all heads)."""
+    H = pool.num_kv_heads
+    heads = torch.arange(H, device=slots.device)
+    idx = (slots[:, None] * H + heads).flatten()
+    for rows, (_, buf) in zip(data, _flat_buffers(pool)):
+        buf.index_copy_(0, idx, rows.reshape(-1, *buf.shape[1:]))
+
+
+def choose_channels(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
+    """InfiniGen's sketch channels: per layer and KV head, the ``head_dim /
+    SKETCH_FRACTION`` channels where the keys at ``slots`` are largest on
+    average. ``[L, H, r]`` int64."""
+    r = max(1, pool.head_dim // SKETCH_FRACTION)
+    rows = []
+    for i in range(pool.num_layers):
+        k, _ = pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
+        rows.append(k.abs().mean(dim=0).topk(r, dim=-1).indices)
+    return torch.stack(rows)
+
+
+def sketch_keys(pool: KVPool, slots: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    """The sketch rows ``[n, L, H, r]`` float32 of the keys at ``slots`` (all heads of each slot)."""
+    parts = []
+    for i in range(pool.num_layers):
+        k, _ = pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
+        parts.append(k.gather(2, channels[i][None].expand(k.shape[0], -1, -1)))
+    return torch.stack(parts, dim=1)

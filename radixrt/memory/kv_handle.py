@@ -18,11 +18,12 @@ Only `KVCacheManager` (kv_manager.py) writes ``slots``, ``tree_len``,
   column; None otherwise.
 - ``namespace`` is the cache partition its KV is matched and cached in (a
   request's ``cache_salt``; None is the shared default).
-- Under a KV budget the slot list is sparse: ``kv_dropped`` computed tokens
-  have no slot in it (evicted, or offloaded to the host tier), and
-  ``slots`` holds the kept tokens' KV in position order, the tree-owned ones
-  (still the first ``tree_len``: a prefix's positions come first) included.
-  Such a request never inserts into the tree (``insert_into_tree`` False).
+- Under a KV budget (kv_budget.py) the slot list is short: once compacted,
+  ``kv_dropped`` computed tokens have no column of their own, and column
+  ``j`` holds, for each layer and KV head, the K/V of the position that head
+  keeps there (all private slots, ``tree_len`` 0; the columns computed since
+  hold ``seq``'s next tokens, as usual). Such a request never inserts into
+  the tree (``insert_into_tree`` False).
 
 A request that holds no KV has ``slots == []``, ``tree_len == 0``,
 ``kv_dropped == 0``, ``last_node is None`` and ``row is None``; `KVCacheManager.admit` starts
@@ -52,9 +53,8 @@ class RequestKV:
     row: Optional[int] = None  # its row of the request-to-slot table while it holds slots
     tree_len: int = 0
     last_node: Optional[TreeNode] = None
-    # Under a KV budget (radixrt/memory/kv_budget.py): the computed tokens whose KV the request no longer
-    # attends (evicted, or offloaded to the host). Its first ``len(slots) + kv_dropped`` tokens are computed;
-    # ``slots`` holds the kept ones' KV, in position order. 0: ``slots[i]`` holds ``seq[i]``'s.
+    # Under a KV budget (radixrt/memory/kv_budget.py): how many more tokens it has computed than it has
+    # columns (its first ``len(slots) + kv_dropped`` tokens are computed). 0: ``slots[i]`` holds ``seq[i]``'s.
     kv_dropped: int = 0
     # False: what the request computes never enters the prefix cache (a request under a KV budget, whose
     # KV is not its full prefix once compressed); it only reads what it matched at admission

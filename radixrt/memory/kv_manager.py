@@ -199,13 +199,13 @@ class KVCacheManager:
         self.truncate(req, base + len(kept))
 
     def compact(self, req: RequestKV, kept: Sequence[int], tree_len: int, freed: Sequence[int], computed: int) -> None:
-        """A request under a KV budget keeps only ``kept`` of its computed tokens'
-        slots (in position order; the first ``tree_len`` of them tree-owned, the
-        rest private: its own, or reloaded into slots from `alloc_private`) and
-        gives back ``freed``, private slots no longer attended (their KV evicted,
-        or already copied to the host). Tree-owned slots it stops attending stay
-        the tree's (its lock holds them). ``computed``: its computed tokens, of
-        which ``computed - len(kept)`` are now dropped. Needs one-slot pages."""
+        """A request under a KV budget now lists only ``kept`` (its first
+        ``tree_len`` tree-owned, the rest private: its own, or fresh from
+        `alloc_private`; the caller has written what each column holds) and
+        gives back ``freed``, private slots it no longer lists. Tree-owned
+        slots it stops listing stay the tree's (its lock holds them).
+        ``computed``: its computed tokens, ``computed - len(kept)`` more than
+        it now lists. Needs one-slot pages."""
         assert self.page_size == 1, "a KV budget needs page_size 1"
         assert not req.insert_into_tree, "only a request that never inserts into the tree compacts"
         if freed:

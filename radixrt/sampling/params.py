@@ -45,7 +45,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET
 from radixrt.sampling.stop_regex import check_patterns as check_stop_regex
 
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
@@ -67,6 +66,9 @@ _UNSUPPORTED_KEYS = ("custom_params", "stream_interval")
 # SGLang spellings of our fields.
 _ALIASES = {"sampling_seed": "seed"}
 
+# what a request may ask of a KV budget (radixrt/memory/kv_budget.py holds the same two; a test checks)
+KV_BUDGET_POLICIES = ("h2o", "infinigen", "window")
+MIN_KV_BUDGET = 32
 _GREEDY_TEMPERATURE = 1e-6
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32

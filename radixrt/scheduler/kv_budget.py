@@ -2,21 +2,23 @@
 
 A request under a KV budget (radixrt/memory/kv_budget.py: policies ``h2o``,
 ``infinigen``, ``window``) carries a `RequestBudget`. Every step it computes
-in, the forward adds the attention mass each of its kept positions receives
-to its accumulator (kernels/kv_scores.py; `RequestBudget.score_job`). At the
-start of a step, `KVBudgeter.compact` shrinks every request that has grown
-``slack`` past its budget back to the budget: the policy chooses the kept
-positions, the KV manager rewrites the request's slot list
-(`KVCacheManager.compact`), private slots no longer attended are freed (their
-KV first copied to host memory under ``infinigen``), and offloaded positions
-the policy wants back are loaded into fresh slots.
+in, the forward adds the attention mass each layer's KV heads give each of
+its columns to its accumulator (kernels/kv_scores.py;
+`RequestBudget.score_job`). At the start of a step, `KVBudgeter.compact`
+brings every request that has grown past its budget back to it: each head
+chooses its kept positions, their K/V are gathered (from the pool, or from
+the host copy under ``infinigen``) and written into the request's private
+slots, one column per kept place, the surplus private slots are freed, and
+the KV manager rewrites the request's slot list (`KVCacheManager.compact`).
 
 How the step loop changes for such a request:
 
 - its prefill runs in chunks of at most ``slack`` tokens, and the prompt's
   last token in a step of its own, so a compaction (and, under
   ``infinigen``, a reload) runs between any two chunks and before the first
-  output's logits: its KV never exceeds ``budget + slack`` slots;
+  output's logits: it never holds more than ``budget + slack`` private slots
+  (a prefix matched at admission is read in place until the first compaction
+  copies what each head keeps of it);
 - it never inserts what it computes into the radix tree (``insert_into_tree``
   False): once compressed its KV is not the exact prefix another request
   would need. It reads what it matched at admission, and those tree-owned
@@ -34,110 +36,25 @@ forward thread only adds to the accumulators of the step it runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from radixrt.config.sections import KVBudgetSettings
-from radixrt.kernels.kv_scores import OffloadSketch, ScoreJob
 from radixrt.memory.kv_budget import KVBudget, resolve_budget
-from radixrt.memory.kv_budget_ops import OffloadedKV, choose_kept
+from radixrt.memory.kv_budget_ops import (
+    choose_channels,
+    choose_positions,
+    gather_columns,
+    sketch_keys,
+    write_columns,
+)
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import KVPool
+from radixrt.scheduler.budget_state import BudgetCounters, RequestBudget
 
 if TYPE_CHECKING:
     from radixrt.scheduler.request import Req
-
-
-@dataclass
-class BudgetCounters:
-    """What budgets did, in tokens (the server's totals, and one request's)."""
-
-    compactions: int = 0
-    evicted: int = 0  # positions dropped for good (h2o, window), tree-owned ones included
-    offloaded: int = 0  # positions moved to the offload store (infinigen)
-    reloaded: int = 0  # positions loaded back from it
-
-    def add(self, other: "BudgetCounters") -> None:
-        self.compactions += other.compactions
-        self.evicted += other.evicted
-        self.offloaded += other.offloaded
-        self.reloaded += other.reloaded
-
-
-class RequestBudget:
-    """One request's budget state, for one admission (a retraction resets it).
-
-    Column ``j`` of the request's slot list is position ``kept_positions[j]``
-    for the columns kept at the last compaction, and ``base + (j - len(kept_positions))``
-    for those computed since (``base``: its computed tokens then). ``acc[j]``
-    is column ``j``'s score."""
-
-    def __init__(self, budget: KVBudget, pool: KVPool) -> None:
-        self.budget = budget
-        self.pool = pool
-        self.counters = BudgetCounters()
-        self.peak_kv = 0  # the most slots it attended in one step
-        self._reset(retractions=0)
-
-    def _reset(self, retractions: int) -> None:
-        self.retractions = retractions
-        self.acc = torch.zeros(self.budget.tokens + 2 * self.budget.slack, dtype=torch.float32, device=self.pool.device)
-        self.kept_positions: list[int] = []
-        self.base = 0
-        self.store: Optional[OffloadedKV] = None
-        if self.budget.policy == "infinigen":
-            self.store = OffloadedKV(self.pool, torch.device("cpu"))
-
-    def sync(self, req: "Req") -> None:
-        """Start over after a retraction (the request's KV was all released)."""
-        if req.retractions != self.retractions:
-            self._reset(req.retractions)
-
-    def score_job(self, batch_index: int, kv_len: int, req: "Req") -> ScoreJob:
-        """The scoring pass's job for this request's step (``kv_len`` kept slots after it)."""
-        self.sync(req)
-        if self.acc.shape[0] < kv_len:
-            grown = torch.zeros(2 * kv_len, dtype=torch.float32, device=self.acc.device)
-            grown[: self.acc.shape[0]] = self.acc
-            self.acc = grown
-        self.peak_kv = max(self.peak_kv, kv_len)
-        sketch = None
-        store = self.store
-        if store is not None and len(store) and store.channels is not None:
-            sketch = OffloadSketch(store.sketch, store.channels, store.acc)
-        return ScoreJob(batch_index, self.acc, self.budget.decay, sketch)
-
-    def positions(self, kv_len: int) -> list[int]:
-        """The position of each of the request's ``kv_len`` columns."""
-        m = len(self.kept_positions)
-        return self.kept_positions + list(range(self.base, self.base + kv_len - m))
-
-    def wants_compaction(self, req: "Req") -> bool:
-        """Grown ``slack`` past the budget (decoding), past it while chunks of at
-        most ``slack`` tokens remain (prefilling: so no chunk takes it beyond
-        ``budget + slack``), or (infinigen, with something offloaded) about to
-        compute the prompt's last token, whose logits give the first output:
-        the reload before it must have run."""
-        n, b = len(req.slots), self.budget
-        uncomputed = req.uncomputed
-        if n >= b.tokens + b.slack or (uncomputed > 1 and n > b.tokens):
-            return True
-        last_prompt_token = not req.output_ids and uncomputed == 1
-        return last_prompt_token and self.store is not None and len(self.store) > 0
-
-    def describe(self) -> dict:
-        """The request's figures for its result's ``meta_info["kv_budget"]``."""
-        b = self.budget
-        return {
-            "policy": b.policy,
-            "budget_tokens": b.tokens,
-            "peak_kv_tokens": self.peak_kv,
-            "evicted_tokens": self.counters.evicted,
-            "offloaded_tokens": self.counters.offloaded,
-            "reloaded_tokens": self.counters.reloaded,
-        }
 
 
 class KVBudgeter:
@@ -182,76 +99,77 @@ class KVBudgeter:
             b = req.kv_budget
             if b is None or req.row is None:
                 continue
-            b.sync(req)
-            if b.wants_compaction(req):
+            b.sync(req.retractions)
+            if b.wants_compaction(len(req.slots), req.uncomputed, bool(req.output_ids)):
                 self._compact(req, b)
 
     def _compact(self, req: "Req", b: RequestBudget) -> None:
-        done = BudgetCounters(compactions=1)
+        """Choose each head's kept positions, copy them into the request's private
+        slots (columns), free the rest of its private slots; tree-owned slots are
+        only read (the request stops listing them)."""
+        pool, dev = self.pool, self.pool.device
+        L, H = pool.num_layers, pool.num_kv_heads
         n = len(req.slots)
         computed = n + req.kv_dropped
-        positions = b.positions(n)
-        store = b.store
-        cand_pos = torch.tensor(positions, dtype=torch.int64)
-        cand_score = b.acc[:n].cpu()
-        import os
-        if os.environ.get("KVB_NORM") == "1":
-            cand_score = cand_score / (computed - cand_pos).clamp(min=1).float()
-        if store is not None and len(store):
-            cand_pos = torch.cat([cand_pos, torch.tensor(store.positions, dtype=torch.int64)])
-            cand_score = torch.cat([cand_score, store.acc.cpu()])
-        keep = choose_kept(cand_pos, cand_score, b.budget, computed)
-        kept_cols = keep[:n].nonzero().flatten().tolist()
-        dropped_cols = (~keep[:n]).nonzero().flatten().tolist()
-        back = keep[n:].nonzero().flatten().tolist()  # offloaded entries to load back
+        slots = torch.tensor(req.slots, dtype=torch.int64, device=dev)
+        col_pos = b.column_positions(n)  # [L, H, n]
+        scores = torch.full((L, H, computed), -math.inf, dtype=torch.float32, device=dev)
+        scores.scatter_(2, col_pos, b.acc[:, :, :n])
+        if b.host is not None:  # infinigen: the positions no head holds compete with estimated scores
+            old = b.held.shape[2]
+            scores[:, :, :old] = torch.where(b.held, scores[:, :, :old], b.est)
+        kept = choose_positions(scores.view(L * H, computed), b.budget, computed).view(L, H, -1)
+        K = kept.shape[2]
 
-        # (position, slot, score) of everything kept, reloads included; tree-owned positions come first
-        kept = [(positions[c], req.slots[c], float(cand_score[c])) for c in kept_cols]
-        tree_len = sum(1 for c in kept_cols if c < req.tree_len)
-        if back and store is not None:
-            host_back = [e for e in back if store.tree_slots[e] < 0]
-            slots = self.kv.alloc_private(len(host_back)) if host_back else []
-            if slots is None:  # short of memory: reload only what the tree still holds
-                back = [e for e in back if store.tree_slots[e] >= 0]
-                host_back, slots = [], []
-            fresh = iter(slots)
-            for e in back:
-                tree_slot = store.tree_slots[e]
-                slot = tree_slot if tree_slot >= 0 else next(fresh)
-                kept.append((store.positions[e], slot, float(cand_score[n + e])))
-                tree_len += tree_slot >= 0
-            store.take(back, slots)
-            done.reloaded += len(back)
-        kept.sort()
+        private = req.slots[req.tree_len :]
+        fresh: list[int] = []
+        if K > len(private):
+            got = self.kv.alloc_private(K - len(private))
+            if got is None:  # short of memory: stay as it is until the next chance
+                return
+            fresh = got
+        if b.host is not None:  # every position goes to the host (and the sketch) before columns are rewritten
+            new_slots = slots[n - (computed - b.base) :]
+            b.host.save(torch.arange(b.base, computed, device=dev), new_slots)
+            if b.channels is None:
+                b.channels = choose_channels(pool, slots)
+            rows = sketch_keys(pool, new_slots, b.channels)
+            b.sketch = rows if b.sketch.shape[0] == 0 else torch.cat([b.sketch, rows])
+        col_of = torch.full((L, H, computed), -1, dtype=torch.int64, device=dev)
+        col_of.scatter_(2, col_pos, torch.arange(n, device=dev).expand(L, H, n))
+        cols = col_of.gather(2, kept)
+        src = torch.where(cols >= 0, slots[cols.clamp(min=0)], torch.full_like(cols, -1))
+        data = gather_columns(pool, src, kept, b.host)
+        targets = (private + fresh)[:K]
+        write_columns(pool, data, torch.tensor(targets, dtype=torch.int64, device=dev))
 
-        freed = [req.slots[c] for c in dropped_cols if c >= req.tree_len]
-        if store is not None:
-            store.add(
-                [positions[c] for c in dropped_cols],
-                [req.slots[c] for c in dropped_cols],
-                [c < req.tree_len for c in dropped_cols],
-                b.acc[torch.tensor(dropped_cols, dtype=torch.int64, device=b.acc.device)],
-                [s for _, s, _ in kept],
-            )
-            done.offloaded += len(dropped_cols)
+        heads = L * H
+        done = BudgetCounters(compactions=1)
+        dropped = (heads * n - int((cols >= 0).sum())) / heads
+        if b.host is not None:
+            done.offloaded = dropped
+            done.reloaded = int((cols < 0).sum()) / heads
         else:
-            done.evicted += len(dropped_cols)
+            done.evicted = dropped
         b.counters.add(done)
         self.totals.add(done)
 
-        self.kv.compact(req, [s for _, s, _ in kept], tree_len, freed, computed)
-        b.kept_positions = [p for p, _, _ in kept]
+        self.kv.compact(req, targets, 0, private[K:], computed)
+        b.pos = kept
         b.base = computed
         b.acc.zero_()
-        if kept:
-            b.acc[: len(kept)] = torch.tensor([a for _, _, a in kept], dtype=torch.float32)
+        b.acc[:, :, :K] = scores.gather(2, kept)
+        if b.host is not None:
+            b.held = torch.zeros((L, H, computed), dtype=torch.bool, device=dev)
+            b.held.scatter_(2, kept, True)
+            b.est = torch.where(scores > -math.inf, scores, torch.zeros_like(scores))
 
     def stats(self) -> dict:
         t = self.totals
         return {
             "kv_budget_requests": self.requests,
             "kv_budget_compactions": t.compactions,
-            "kv_budget_evicted_tokens": t.evicted,
-            "kv_budget_offloaded_tokens": t.offloaded,
-            "kv_budget_reloaded_tokens": t.reloaded,
+            "kv_budget_evicted_tokens": round(t.evicted, 1),
+            "kv_budget_offloaded_tokens": round(t.offloaded, 1),
+            "kv_budget_reloaded_tokens": round(t.reloaded, 1),
         }

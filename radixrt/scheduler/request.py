@@ -14,7 +14,7 @@ from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
     from radixrt.sampling.grammar import GrammarState
-    from radixrt.scheduler.kv_budget import RequestBudget
+    from radixrt.scheduler.budget_state import RequestBudget
     from radixrt.scheduler.spec_state import SpecState
 
 
@@ -89,7 +89,7 @@ class Req(RequestKV):
     inflight_tokens: int = 0
     # the longest of its stop strings, in characters (how much output tail to decode for them)
     max_stop_chars: int = 0
-    # its KV budget's state (kv_budget.RequestBudget: the policy, scores, offloaded KV), None without one
+    # its KV budget's state (budget_state.RequestBudget: the policy, scores, offloaded KV), None without one
     kv_budget: "Optional[RequestBudget]" = None
 
     # Deltas not yet reported to the front.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
 
 
 class _Lenient(BaseModel):
@@ -50,6 +50,9 @@ class _SamplingExtras(_Lenient):
     spaces_between_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
     speculative: Optional[StrictBool] = None  # radixrt's: false opts out of speculative decoding
+    # radixrt's: the KV the request attends at most (tokens or a fraction of its context) and the policy
+    kv_budget: Optional[Union[StrictInt, StrictFloat]] = None
+    kv_budget_policy: Optional[str] = None
     stop_token_ids: Optional[list[StrictInt]] = None
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
@@ -89,6 +92,8 @@ class _SamplingExtras(_Lenient):
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
             "no_stop_trim": self.no_stop_trim,
             "speculative": self.speculative,
+            "kv_budget": self.kv_budget,
+            "kv_budget_policy": self.kv_budget_policy,
             "n": self.n,
             "seed": self.seed,
             "regex": self.regex,

@@ -1023,6 +1023,46 @@ def check_speculative(device: str, dry: bool, carry: Path, work: Path, report: R
     }
 
 
+def check_kv_budget(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
+    """KV budgets on the device: what the scoring pass (kernels/kv_scores.py, torch beside FlashInfer)
+    costs per decode step. One long prompt decodes 64 tokens without a budget and with an h2o budget of
+    25%, on the default model (its real weights when present, else its config with random weights);
+    ms per decode step from the difference of a 1-token and a 65-token run."""
+    import radixrt
+
+    real, meta = _default_model_source(carry)
+    if meta is None:
+        return {"skipped": "no default model config carried (default_model_meta)"}
+    import torch
+
+    folder = real if real is not None and not dry else work / "kvbudget-default"
+    if folder != real:
+        config = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
+        make_random_model(folder, config, meta, "cpu", torch.float32 if dry else torch.bfloat16)
+    context, new = (256, 8) if dry else (4096, 64)
+    kw = {"attention_backend": "flashinfer"} if dry else {}
+    engine = radixrt.Engine(
+        model_path=str(folder), device=device, max_total_tokens=4 * context, disable_radix_cache=True, **kw
+    )
+    prompt = [random.Random(0).randrange(100, 20000) for _ in range(context)]
+    out: dict[str, Any] = {"context": context}
+    try:
+        for name, extra in (("full", {}), ("h2o_25", {"kv_budget": 0.25, "kv_budget_policy": "h2o"})):
+            times = []
+            for n in (1, new + 1):
+                sp = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **extra}
+                engine.generate(input_ids=prompt, sampling_params=sp)  # warm-up
+                t0 = time.perf_counter()
+                engine.generate(input_ids=prompt, sampling_params=sp)
+                times.append(time.perf_counter() - t0)
+            out[name] = {"decode_ms_per_step": 1000 * (times[1] - times[0]) / new, "prefill_s": times[0]}
+    finally:
+        engine.shutdown()
+    out["scoring_cost_ratio"] = out["h2o_25"]["decode_ms_per_step"] / max(out["full"]["decode_ms_per_step"], 1e-9)
+    report.log(f"kv budget: {out}")
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1031,7 +1071,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_check_out"))
     ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
-    ap.add_argument("--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative")
+    ap.add_argument(
+        "--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative,kvbudget"
+    )
     for key, value in E2E_SIZES.items():
         ap.add_argument(
             "--e2e-" + key.replace("_", "-"),
@@ -1087,6 +1129,10 @@ def main() -> None:
             lambda: check_speculative(device, args.dry_run, Path(args.carry), work, report),
             min_left_s=90,
         )
+    if "kvbudget" in wanted:
+        report.section(
+            "kvbudget", lambda: check_kv_budget(device, args.dry_run, Path(args.carry), work, report), min_left_s=60
+        )
     if device == "cuda":
         ws = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
         report.data["jit_compiled_on_device"] = sorted(p.name for p in ws.glob("*/*/cached_ops/*") if p.is_dir())
@@ -1110,6 +1156,7 @@ def main() -> None:
         "speculative_all_equal": s.get("speculative", {}).get("all_equal"),
         "speculative_speedup": s.get("speculative", {}).get("speedup"),
         "speculative_accept_length": s.get("speculative", {}).get("accept_length"),
+        "kv_budget_scoring_cost_ratio": s.get("kvbudget", {}).get("scoring_cost_ratio"),
         "errors": report.data["errors"],
         "elapsed_s": round(time.perf_counter() - report.t0, 1),
     }

@@ -174,6 +174,35 @@ def test_generate_n_samples_and_seed(client):
     assert len({x["meta_info"]["id"] for x in a}) == 3
 
 
+def test_generate_with_a_kv_budget(client, oai, model_name):
+    """``kv_budget`` in sampling_params (and as an OpenAI extra): the request attends at most its budget
+    plus its slack (meta_info.kv_budget), whatever the policy; a budget above the context gives the
+    unbudgeted answer; a bad budget is a 400 naming the field; no KV leaks."""
+    text = " ".join(f"item {i} is number {i * 7}." for i in range(60))
+    plain = client.post("/generate", json={"text": text, "sampling_params": greedy(8)}).json()
+    roomy = client.post("/generate", json={"text": text, "sampling_params": greedy(8, kv_budget=4096)}).json()
+    assert roomy["output_ids"] == plain["output_ids"] and roomy["meta_info"]["kv_budget"]["evicted_tokens"] == 0
+    for policy in ("h2o", "infinigen", "window"):
+        sp = greedy(8, kv_budget=0.25, kv_budget_policy=policy)
+        r = client.post("/generate", json={"text": f"{policy}: {text}", "sampling_params": sp})
+        assert r.status_code == 200, r.text
+        info = r.json()["meta_info"]["kv_budget"]
+        assert info["policy"] == policy and 32 <= info["budget_tokens"] < r.json()["meta_info"]["prompt_tokens"]
+        assert info["peak_kv_tokens"] <= info["budget_tokens"] + max(16, info["budget_tokens"] // 8)
+        assert info["evicted_tokens"] + info["offloaded_tokens"] > 0
+    chat = oai.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=4,
+        extra_body={"kv_budget": 64, "kv_budget_policy": "window"},
+    )
+    assert chat.choices[0].message.content is not None
+    for bad, field in (({"kv_budget": 5}, "kv_budget"), ({"kv_budget_policy": "lru"}, "kv_budget_policy")):
+        r = client.post("/generate", json={"text": text, "sampling_params": greedy(4, **bad)})
+        assert r.status_code == 400 and field in r.text, r.text
+    assert_no_leak(wait_idle(client))
+
+
 def test_generate_logprobs(client):
     r = client.post(
         "/generate",
