@@ -90,6 +90,18 @@ _SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tu
         {"drafted": ("", "spec_drafted_tokens"), "accepted": ("", "spec_accepted_tokens")},
     ),
     (
+        "radixrt_kv_budget_tokens",
+        "KV positions that requests under a KV budget stopped or started attending since the server started, "
+        "per layer and KV head averaged (evicted: dropped for good; offloaded: kept on the host, infinigen; "
+        "reloaded: brought back from the host)",
+        "event",
+        {
+            "evicted": ("", "kv_budget_evicted_tokens"),
+            "offloaded": ("", "kv_budget_offloaded_tokens"),
+            "reloaded": ("", "kv_budget_reloaded_tokens"),
+        },
+    ),
+    (
         "radixrt_swapped_out_tokens",
         "KV tokens of retracted requests moved to the host tier since the server started",
         None,

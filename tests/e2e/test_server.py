@@ -201,6 +201,8 @@ def test_generate_with_a_kv_budget(client, oai, model_name):
         r = client.post("/generate", json={"text": text, "sampling_params": greedy(4, **bad)})
         assert r.status_code == 400 and field in r.text, r.text
     assert_no_leak(wait_idle(client))
+    samples, _ = _scrape(client)
+    assert _tokens_total(samples, "radixrt_kv_budget_tokens_total") > 0
 
 
 def test_generate_logprobs(client):

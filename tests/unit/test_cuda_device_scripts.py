@@ -174,6 +174,9 @@ def test_gpu_check_dry_run(tmp_path):
         for wl in ("batch-decode", "shared-prefix"):
             assert row[wl]["tok_s"] > 0 and row[wl]["speedup_vs_transformers"] > 0
         assert row["shared-prefix"]["cached_tokens"] > 0
+    budget = s["kvbudget"]
+    if "skipped" not in budget:  # after the speculative section, as the time budget allows
+        assert budget["context"] == 256 and budget["h2o_25"]["prefill_s"] > 0
     spec = s["speculative"]
     if "skipped" not in spec:  # the last section: a loaded machine may run out of the time budget first
         assert spec["all_equal"] and len(spec["rows"]) == 4 * 2 and all(r["verify_ct"] > 0 for r in spec["rows"])
