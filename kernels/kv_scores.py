@@ -23,11 +23,10 @@ return attention probabilities, so on CUDA this is a separate pass; on the
 CPU it recomputes ``q . k`` for the scored requests only.
 
 With an `OffloadSketch` (InfiniGen), the pass also estimates the mass the
-positions a head does not hold would receive, from a few channels of their
-keys (a partial ``q . k`` product on the channels where the keys are largest,
-InfiniGen's observation that a few channels dominate), normalized together
-with the held positions' exact logits, from the last few query rows of the
-step.
+positions a head does not hold would receive, from a sketch of their keys (a
+partial ``q . k`` product along the few directions that carry most of the
+keys' energy, InfiniGen's skewing), normalized together with the held
+positions' exact logits, from the last few query rows of the step.
 
 `kernels/` is a leaf: tensors in, tensors mutated in place, nothing returned.
 """
@@ -49,8 +48,9 @@ class OffloadSketch:
     """What the scoring pass sees of the positions ``0 .. P-1`` of a request
     (those computed up to its last compaction).
 
-    keys: ``[P, num_layers, num_kv_heads, r]`` float32, channels ``channels`` of
-    each position's key. channels: ``[num_layers, num_kv_heads, r]`` int64.
+    keys: ``[P, num_layers, num_kv_heads, r]`` (the model's dtype), each position's key
+    along ``axes``: ``[num_layers, num_kv_heads, head_dim, r]``, a few
+    directions that carry most of the keys' energy (InfiniGen's skewing).
     held: ``[num_layers, num_kv_heads, P]`` bool, the positions the head holds
     in the pool (their mass is exact, in the job's ``acc``). acc: ``[num_layers,
     num_kv_heads, P]`` float32, the estimated mass of the others (added to in
@@ -58,7 +58,7 @@ class OffloadSketch:
     """
 
     keys: torch.Tensor
-    channels: torch.Tensor
+    axes: torch.Tensor
     held: torch.Tensor
     acc: torch.Tensor
 
@@ -121,10 +121,8 @@ class ScoringPass:
     def _estimate(layer_id: int, qr: torch.Tensor, logits: torch.Tensor, sketch: OffloadSketch, scale: float) -> None:
         """The estimated mass of the positions each head does not hold, for the rows ``qr``
         (whose exact logits over the held columns are ``logits``), normalized with them."""
-        n, hkv, g, _ = qr.shape
-        channels = sketch.channels[layer_id]  # [Hkv, r]
-        q_part = qr.gather(3, channels[None, :, None, :].expand(n, hkv, g, -1))  # [n, Hkv, G, r]
-        est = torch.einsum("nkgr,pkr->kgnp", q_part, sketch.keys[:, layer_id]) * scale  # [Hkv, G, n, P]
+        q_part = torch.einsum("nkgd,kdr->nkgr", qr, sketch.axes[layer_id])
+        est = torch.einsum("nkgr,pkr->kgnp", q_part, sketch.keys[:, layer_id].float()) * scale  # [Hkv, G, n, P]
         est.masked_fill_(sketch.held[layer_id][:, None, None, :], float("-inf"))
         probs = torch.softmax(torch.cat([logits, est], dim=-1), dim=-1)[..., logits.shape[-1] :]
         sketch.acc[layer_id] += probs.sum(dim=(1, 2))

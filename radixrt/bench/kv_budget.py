@@ -30,6 +30,10 @@ Per policy and budget:
    long requests sent together to an engine whose pool holds
    ``--pool-contexts`` contexts, the most that ran at once
    (``peak_running``).
+5. With ``--costs``: decode ms per step at a 25% budget beside full KV (the
+   scoring pass and the compactions included), and the recall of
+   infinigen's estimate (`estimate_recall`: of the positions with the most
+   exact attention mass, the share its key sketch also ranks on top).
 
 Not a timed benchmark; on the 2-core CPU the default run takes several minutes.
 """
@@ -173,6 +177,71 @@ def evaluate(
     return math.exp(nll / max(count, 1)), agree / max(total, 1), found, peak
 
 
+def estimate_recall(model: str, dtype: str, tokens: list[int], query_rows: int = 4) -> dict[str, float]:
+    """How well infinigen's estimate finds the positions attention needs: the
+    context ``tokens[:-query_rows]`` is prefilled with full KV, then the last
+    ``query_rows`` tokens are computed once with the scoring pass
+    (kernels/kv_scores.py) reading every position exactly *and* through the
+    key sketch (no position held, so all are estimated). Per layer and KV
+    head, recall@k is the share of the k positions with the most exact mass
+    that are among the k with the most estimated mass; the mean over layers
+    and heads, for k = 1%, 5% and 10% of the context."""
+    import torch
+
+    from radixrt.bench.kv_quality import _runner
+    from radixrt.kernels.kv_scores import OffloadSketch, ScoreJob
+    from radixrt.memory.kv_budget_ops import principal_axes, sketch_keys
+
+    runner = _runner(model, "cpu", "auto", len(tokens) + 64, dtype)
+    pool = runner.kv_pool
+    n = len(tokens)
+    ctx = n - query_rows
+    table = runner.req_to_token
+    table.write(0, 0, list(range(n)))
+    writes = table.take_writes()
+    for a in range(0, ctx, 512):
+        b = min(a + 512, ctx)
+        runner.forward_batch(tokens[a:b], [0], [b - a], [b], writes)
+        writes = None
+    slots = torch.arange(ctx, dtype=torch.int64)
+    axes = principal_axes(pool, slots)
+    L, H = pool.num_layers, pool.num_kv_heads
+    sketch = OffloadSketch(
+        sketch_keys(pool, slots, axes),
+        axes,
+        torch.zeros((L, H, ctx), dtype=torch.bool),
+        torch.zeros((L, H, ctx), dtype=torch.float32),
+    )
+    exact = torch.zeros((L, H, n), dtype=torch.float32)
+    runner.forward_batch(tokens[ctx:], [0], [query_rows], [n], None, score_jobs=[ScoreJob(0, exact, 1.0, sketch)])
+    out = {}
+    for share in (0.01, 0.05, 0.10):
+        k = max(1, int(share * ctx))
+        top_exact = exact[:, :, :ctx].topk(k, dim=-1).indices
+        top_est = sketch.acc.topk(k, dim=-1).indices
+        hit = (top_exact[..., :, None] == top_est[..., None, :]).any(-1).float().mean()
+        out[f"recall@{share:.0%}"] = float(hit)
+    return out
+
+
+def decode_step_ms(engine: Any, prompt: list[int], extra: dict, new: int = 32) -> float:
+    """ms per decode step of ``prompt`` under the sampling extras ``extra``: the
+    difference of a 1-token and a ``new + 1``-token run (prefill alike), median of 3."""
+    import statistics
+
+    runs = []
+    for _ in range(3):
+        times = []
+        for m in (1, new + 1):
+            engine.flush_cache()
+            sp = {"max_new_tokens": m, "temperature": 0.0, "ignore_eos": True, **extra}
+            t0 = time.perf_counter()
+            engine.generate(input_ids=prompt, sampling_params=sp)
+            times.append(time.perf_counter() - t0)
+        runs.append(1000 * (times[1] - times[0]) / new)
+    return statistics.median(runs)
+
+
 def requests_at_once(model: str, dtype: str, policy: Optional[str], budget: float, ctx_len: int, pool: int) -> int:
     """The most of eight long requests that ran at once in a pool of ``pool`` tokens."""
     import radixrt
@@ -244,6 +313,16 @@ def _line(r: BudgetRow) -> str:
     )
 
 
+def contexts_for_recall(args: argparse.Namespace) -> list[int]:
+    """The first needle prompt: a fact deep in prose, asked for at the end."""
+    from transformers import AutoTokenizer
+
+    from radixrt.executor.model_store import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_path(args.model)))
+    return needle_prompts(tok, 1, args.context, args.seed)[0][0]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m radixrt.bench.kv_budget", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default")
@@ -257,6 +336,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     p.add_argument("--capacity", action="store_true", help="also count the requests that run at once in one pool")
     p.add_argument("--pool-contexts", type=float, default=2.5, help="--capacity: the pool, in contexts")
+    p.add_argument(
+        "--costs",
+        action="store_true",
+        help="also measure decode ms/step with and without a 25%% budget, and the recall of infinigen's estimate",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", default=None, help="write the rows to this file")
     args = p.parse_args(argv)
@@ -274,6 +358,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name, n in cap.items():
             print(f"| {name} | {n} |")
         out["requests_at_once"] = cap
+    if args.costs:
+        import radixrt
+
+        engine = radixrt.Engine(model_path=args.model, dtype=args.dtype, max_total_tokens=2 * (args.context + 256))
+        try:
+            prompt = contexts(engine.tokenizer, 1, args.context, 0)[0]
+            costs = {"full": decode_step_ms(engine, prompt, {})}
+            for policy in args.policies:
+                costs[f"{policy} 25%"] = decode_step_ms(
+                    engine, prompt, {"kv_budget": args.context // 4, "kv_budget_policy": policy}
+                )
+        finally:
+            engine.shutdown()
+        print(f"\n# decode ms/step, {args.context}-token context (the scoring pass and compactions included)")
+        for name, ms in costs.items():
+            print(f"| {name} | {ms:.1f} ms |")
+        out["decode_ms_per_step"] = costs
+        recall = estimate_recall(args.model, args.dtype, contexts_for_recall(args))
+        print(
+            f"\n# infinigen's estimate, {args.context}-token context: "
+            + ", ".join(f"{k} {v:.1%}" for k, v in recall.items())
+        )
+        out["estimate_recall"] = recall
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(out, f, indent=1)

@@ -221,7 +221,7 @@ def _run_mode(args: argparse.Namespace) -> Optional[int]:
     if args.kv_budget:
         from radixrt.bench import kv_budget
 
-        argv = ["--model", args.model, "--seed", str(args.seed), "--capacity"]
+        argv = ["--model", args.model, "--seed", str(args.seed), "--capacity", "--costs"]
         return kv_budget.main(argv + (["--json", args.json_out] if args.json_out else []))
     if args.speculative:
         from radixrt.bench import speculative

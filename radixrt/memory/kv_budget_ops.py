@@ -128,22 +128,27 @@ def write_columns(pool: KVPool, data: list, slots: torch.Tensor) -> None:
         buf.index_copy_(0, idx, rows.reshape(-1, *buf.shape[1:]))
 
 
-def choose_channels(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
-    """InfiniGen's sketch channels: per layer and KV head, the ``head_dim /
-    SKETCH_FRACTION`` channels where the keys at ``slots`` are largest on
-    average. ``[L, H, r]`` int64."""
+def principal_axes(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
+    """InfiniGen's skewing: per layer and KV head, the ``head_dim /
+    SKETCH_FRACTION`` directions that carry most of the energy of the keys at
+    ``slots`` (their top right singular vectors), ``[L, H, head_dim, r]``. A
+    partial ``q . k`` in those directions approximates the whole product far
+    better than as many raw channels do."""
     r = max(1, pool.head_dim // SKETCH_FRACTION)
-    rows = []
+    axes = []
     for i in range(pool.num_layers):
         k, _ = pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
-        rows.append(k.abs().mean(dim=0).topk(r, dim=-1).indices)
-    return torch.stack(rows)
+        _, _, vh = torch.linalg.svd(k.transpose(0, 1), full_matrices=False)  # [H, D, D]
+        axes.append(vh[:, :r, :].transpose(1, 2))  # [H, D, r]
+    return torch.stack(axes)
 
 
-def sketch_keys(pool: KVPool, slots: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
-    """The sketch rows ``[n, L, H, r]`` float32 of the keys at ``slots`` (all heads of each slot)."""
+def sketch_keys(pool: KVPool, slots: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """The sketch rows ``[n, L, H, r]`` of the keys at ``slots``: their
+    coordinates along ``axes`` (`principal_axes`), all heads of each slot, in
+    the model's dtype (a quarter of the keys' size, an eighth of the KV's)."""
     parts = []
     for i in range(pool.num_layers):
         k, _ = pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
-        parts.append(k.gather(2, channels[i][None].expand(k.shape[0], -1, -1)))
-    return torch.stack(parts, dim=1)
+        parts.append(torch.einsum("nhd,hdr->nhr", k, axes[i]))
+    return torch.stack(parts, dim=1).to(pool.dtype)

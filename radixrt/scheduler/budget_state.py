@@ -61,7 +61,7 @@ class RequestBudget:
         self.pos = torch.zeros((L, H, 0), dtype=torch.int64, device=dev)
         self.base = 0
         self.host: Optional[HostKV] = HostKV(pool) if b.policy == "infinigen" else None
-        self.channels: Optional[torch.Tensor] = None
+        self.axes: Optional[torch.Tensor] = None
         self.sketch = torch.zeros((0, L, H, 1), dtype=torch.float32, device=dev)
         self.held = torch.zeros((L, H, 0), dtype=torch.bool, device=dev)
         self.est = torch.zeros((L, H, 0), dtype=torch.float32, device=dev)
@@ -80,8 +80,8 @@ class RequestBudget:
             self.acc = grown
         self.peak_kv = max(self.peak_kv, kv_len)
         sketch = None
-        if self.channels is not None and self.sketch.shape[0]:
-            sketch = OffloadSketch(self.sketch, self.channels, self.held, self.est)
+        if self.axes is not None and self.sketch.shape[0]:
+            sketch = OffloadSketch(self.sketch, self.axes, self.held, self.est)
         return ScoreJob(batch_index, self.acc, self.budget.decay, sketch)
 
     def column_positions(self, n: int) -> torch.Tensor:

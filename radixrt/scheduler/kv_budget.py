@@ -43,9 +43,9 @@ import torch
 from radixrt.config.sections import KVBudgetSettings
 from radixrt.memory.kv_budget import KVBudget, resolve_budget
 from radixrt.memory.kv_budget_ops import (
-    choose_channels,
     choose_positions,
     gather_columns,
+    principal_axes,
     sketch_keys,
     write_columns,
 )
@@ -131,9 +131,9 @@ class KVBudgeter:
         if b.host is not None:  # every position goes to the host (and the sketch) before columns are rewritten
             new_slots = slots[n - (computed - b.base) :]
             b.host.save(torch.arange(b.base, computed, device=dev), new_slots)
-            if b.channels is None:
-                b.channels = choose_channels(pool, slots)
-            rows = sketch_keys(pool, new_slots, b.channels)
+            if b.axes is None:
+                b.axes = principal_axes(pool, slots)
+            rows = sketch_keys(pool, new_slots, b.axes)
             b.sketch = rows if b.sketch.shape[0] == 0 else torch.cat([b.sketch, rows])
         col_of = torch.full((L, H, computed), -1, dtype=torch.int64, device=dev)
         col_of.scatter_(2, col_pos, torch.arange(n, device=dev).expand(L, H, n))
