@@ -22,11 +22,11 @@ reads the same (dequantized) cache the backend read. FlashInfer does not
 return attention probabilities, so on CUDA this is a separate pass; on the
 CPU it recomputes ``q . k`` for the scored requests only.
 
-With an `OffloadSketch` (InfiniGen), the pass also estimates the mass the
-positions a head does not hold would receive, from a sketch of their keys (a
-partial ``q . k`` product along the few directions that carry most of the
-keys' energy, InfiniGen's skewing), normalized together with the held
-positions' exact logits, from the last few query rows of the step.
+With an `OffloadSketch` (InfiniGen), the pass also estimates the mass every
+earlier position would receive, held by the head or not, from a sketch of
+the keys (a partial ``q . k`` product along the few directions that carry
+most of the keys' energy, InfiniGen's skewing) and the last few query rows of
+the step: what the current queries need, on one scale for all positions.
 
 `kernels/` is a leaf: tensors in, tensors mutated in place, nothing returned.
 """
@@ -51,15 +51,13 @@ class OffloadSketch:
     keys: ``[P, num_layers, num_kv_heads, r]`` (the model's dtype), each position's key
     along ``axes``: ``[num_layers, num_kv_heads, head_dim, r]``, a few
     directions that carry most of the keys' energy (InfiniGen's skewing).
-    held: ``[num_layers, num_kv_heads, P]`` bool, the positions the head holds
-    in the pool (their mass is exact, in the job's ``acc``). acc: ``[num_layers,
-    num_kv_heads, P]`` float32, the estimated mass of the others (added to in
-    place). All on the model's device.
+    acc: ``[num_layers, num_kv_heads, P]`` float32, each position's estimated
+    mass, whether the head holds it or not (added to in place). All on the
+    model's device.
     """
 
     keys: torch.Tensor
     axes: torch.Tensor
-    held: torch.Tensor
     acc: torch.Tensor
 
 
@@ -115,14 +113,14 @@ class ScoringPass:
             job.acc[layer_id, :, :kv_len] += torch.softmax(logits, dim=-1).sum(dim=(1, 2))
             sketch = job.sketch
             if sketch is not None and sketch.keys.shape[0]:
-                self._estimate(layer_id, qr[-SKETCH_QUERY_ROWS:], logits[:, :, -SKETCH_QUERY_ROWS:], sketch, scale)
+                self._estimate(layer_id, qr[-SKETCH_QUERY_ROWS:], sketch, scale)
 
     @staticmethod
-    def _estimate(layer_id: int, qr: torch.Tensor, logits: torch.Tensor, sketch: OffloadSketch, scale: float) -> None:
-        """The estimated mass of the positions each head does not hold, for the rows ``qr``
-        (whose exact logits over the held columns are ``logits``), normalized with them."""
+    def _estimate(layer_id: int, qr: torch.Tensor, sketch: OffloadSketch, scale: float) -> None:
+        """The estimated mass of every sketched position for the rows ``qr``: a
+        softmax over the partial products alone, so that positions compare on one
+        scale whether the head holds them or not (a partial product runs smaller
+        than the whole, and mixed with exact logits would always lose)."""
         q_part = torch.einsum("nkgd,kdr->nkgr", qr, sketch.axes[layer_id])
         est = torch.einsum("nkgr,pkr->kgnp", q_part, sketch.keys[:, layer_id].float()) * scale  # [Hkv, G, n, P]
-        est.masked_fill_(sketch.held[layer_id][:, None, None, :], float("-inf"))
-        probs = torch.softmax(torch.cat([logits, est], dim=-1), dim=-1)[..., logits.shape[-1] :]
-        sketch.acc[layer_id] += probs.sum(dim=(1, 2))
+        sketch.acc[layer_id] += torch.softmax(est, dim=-1).sum(dim=(1, 2))

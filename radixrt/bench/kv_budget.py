@@ -28,8 +28,8 @@ Per policy and budget:
 4. **Peak KV per request** (``meta_info.kv_budget.peak_kv_tokens``: the most
    slots a request attended in one step) and **requests at once**: eight
    long requests sent together to an engine whose pool holds
-   ``--pool-contexts`` contexts, the most that ran at once
-   (``peak_running``).
+   ``--pool-contexts`` contexts, the most that were decoding at once (their
+   whole prompt in KV; the scheduler's ``peak_decoding``) and the retractions.
 5. With ``--costs``: decode ms per step at a 25% budget beside full KV (the
    scoring pass and the compactions included), and the recall of
    infinigen's estimate (`estimate_recall`: of the positions with the most
@@ -182,7 +182,7 @@ def estimate_recall(model: str, dtype: str, tokens: list[int], query_rows: int =
     context ``tokens[:-query_rows]`` is prefilled with full KV, then the last
     ``query_rows`` tokens are computed once with the scoring pass
     (kernels/kv_scores.py) reading every position exactly *and* through the
-    key sketch (no position held, so all are estimated). Per layer and KV
+    key sketch. Per layer and KV
     head, recall@k is the share of the k positions with the most exact mass
     that are among the k with the most estimated mass; the mean over layers
     and heads, for k = 1%, 5% and 10% of the context."""
@@ -209,7 +209,6 @@ def estimate_recall(model: str, dtype: str, tokens: list[int], query_rows: int =
     sketch = OffloadSketch(
         sketch_keys(pool, slots, axes),
         axes,
-        torch.zeros((L, H, ctx), dtype=torch.bool),
         torch.zeros((L, H, ctx), dtype=torch.float32),
     )
     exact = torch.zeros((L, H, n), dtype=torch.float32)
@@ -242,8 +241,13 @@ def decode_step_ms(engine: Any, prompt: list[int], extra: dict, new: int = 32) -
     return statistics.median(runs)
 
 
-def requests_at_once(model: str, dtype: str, policy: Optional[str], budget: float, ctx_len: int, pool: int) -> int:
-    """The most of eight long requests that ran at once in a pool of ``pool`` tokens."""
+def requests_at_once(
+    model: str, dtype: str, policy: Optional[str], budget: float, ctx_len: int, pool: int
+) -> dict[str, int]:
+    """Eight long requests sent at once to a pool of ``pool`` tokens: the most
+    that were decoding together (their whole prompt computed and in KV), and the
+    retractions it took (a request admitted with its first chunk that the pool
+    could not hold to the end)."""
     import radixrt
 
     tokenizer_engine = radixrt.Engine(
@@ -256,7 +260,8 @@ def requests_at_once(model: str, dtype: str, policy: Optional[str], budget: floa
         tokenizer_engine.generate(
             input_ids=prompts, sampling_params=_sampling(policy, tokens, max_new_tokens=16, ignore_eos=True)
         )
-        return int(tokenizer_engine.get_stats()["peak_running"])
+        stats = tokenizer_engine.get_stats()
+        return {"decoding_at_once": int(stats["peak_decoding"]), "retractions": int(stats["retractions"])}
     finally:
         tokenizer_engine.shutdown()
 
@@ -355,8 +360,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         cap = {"full": requests_at_once(args.model, args.dtype, None, 1.0, args.context, pool)}
         for b in args.budgets:
             cap[f"h2o {b:.1%}"] = requests_at_once(args.model, args.dtype, "h2o", b, args.context, pool)
-        for name, n in cap.items():
-            print(f"| {name} | {n} |")
+        print("| KV | decoding at once | retractions |\n|---|---:|---:|")
+        for name, c in cap.items():
+            print(f"| {name} | {c['decoding_at_once']} | {c['retractions']} |")
         out["requests_at_once"] = cap
     if args.costs:
         import radixrt

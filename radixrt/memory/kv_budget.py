@@ -67,6 +67,12 @@ class KVBudget:
         return max(16, self.tokens // 8)
 
     @property
+    def reload(self) -> int:
+        """infinigen: at each compaction, the positions per head with the most
+        estimated mass for the current queries, kept or brought back."""
+        return max(8, self.tokens // 16)
+
+    @property
     def decay(self) -> float:
         """How the scoring pass ages scores, per query row (1.0: H2O's plain sum)."""
         return INFINIGEN_DECAY if self.policy == "infinigen" else 1.0

@@ -63,7 +63,6 @@ class RequestBudget:
         self.host: Optional[HostKV] = HostKV(pool) if b.policy == "infinigen" else None
         self.axes: Optional[torch.Tensor] = None
         self.sketch = torch.zeros((0, L, H, 1), dtype=torch.float32, device=dev)
-        self.held = torch.zeros((L, H, 0), dtype=torch.bool, device=dev)
         self.est = torch.zeros((L, H, 0), dtype=torch.float32, device=dev)
 
     def sync(self, retractions: int) -> None:
@@ -71,17 +70,20 @@ class RequestBudget:
         if retractions != self.retractions:
             self._reset(retractions)
 
-    def score_job(self, batch_index: int, kv_len: int, retractions: int) -> ScoreJob:
-        """The scoring pass's job for this request's step (``kv_len`` kept slots after it)."""
+    def score_job(self, batch_index: int, kv_len: int, retractions: int) -> Optional[ScoreJob]:
+        """The scoring pass's job for this request's step (``kv_len`` kept slots
+        after it); None under ``window``, which reads no scores."""
         self.sync(retractions)
+        self.peak_kv = max(self.peak_kv, kv_len)
+        if self.budget.policy == "window":
+            return None
         if self.acc.shape[2] < kv_len:
             grown = torch.zeros((*self.acc.shape[:2], 2 * kv_len), dtype=torch.float32, device=self.acc.device)
             grown[:, :, : self.acc.shape[2]] = self.acc
             self.acc = grown
-        self.peak_kv = max(self.peak_kv, kv_len)
         sketch = None
         if self.axes is not None and self.sketch.shape[0]:
-            sketch = OffloadSketch(self.sketch, self.axes, self.held, self.est)
+            sketch = OffloadSketch(self.sketch, self.axes, self.est)
         return ScoreJob(batch_index, self.acc, self.budget.decay, sketch)
 
     def column_positions(self, n: int) -> torch.Tensor:

@@ -133,8 +133,8 @@ def prepare_inputs(
             inp.position_offsets = [0] * bi
         if inp.position_offsets is not None:
             inp.position_offsets.append(dropped)
-        if req.kv_budget is not None:
-            inp.score_jobs.append(req.kv_budget.score_job(bi, kv_len, req.retractions))
+        if req.kv_budget is not None and (job := req.kv_budget.score_job(bi, kv_len, req.retractions)) is not None:
+            inp.score_jobs.append(job)
         n_in, n_out = len(req.input_ids), len(req.output_ids)
         if req.inflight_tokens:  # a decode step whose input token (an output) is still in flight
             assert q == 1 and req.inflight_tokens == 1, "one step in flight, decoding one token"

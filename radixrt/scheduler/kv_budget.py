@@ -56,6 +56,8 @@ from radixrt.scheduler.budget_state import BudgetCounters, RequestBudget
 if TYPE_CHECKING:
     from radixrt.scheduler.request import Req
 
+WANTED = 1e30  # the score that ranks an estimate's choice above every heavy hitter (below sinks and recent)
+
 
 class KVBudgeter:
     """Gives requests their budgets and compacts them between steps."""
@@ -113,11 +115,15 @@ class KVBudgeter:
         computed = n + req.kv_dropped
         slots = torch.tensor(req.slots, dtype=torch.int64, device=dev)
         col_pos = b.column_positions(n)  # [L, H, n]
-        scores = torch.full((L, H, computed), -math.inf, dtype=torch.float32, device=dev)
-        scores.scatter_(2, col_pos, b.acc[:, :, :n])
-        if b.host is not None:  # infinigen: the positions no head holds compete with estimated scores
-            old = b.held.shape[2]
-            scores[:, :, :old] = torch.where(b.held, scores[:, :, :old], b.est)
+        exact = torch.full((L, H, computed), -math.inf, dtype=torch.float32, device=dev)
+        exact.scatter_(2, col_pos, b.acc[:, :, :n])
+        scores = exact
+        if b.host is not None and b.est.shape[2]:
+            # infinigen: each head's positions with the most estimated mass for the current queries come
+            # back (or stay), ahead of the heavy hitters; the rest compete by their exact scores
+            scores = exact.clone()
+            wanted = b.est.topk(min(b.budget.reload, b.est.shape[2]), dim=2).indices
+            scores.scatter_(2, wanted, WANTED)
         kept = choose_positions(scores.view(L * H, computed), b.budget, computed).view(L, H, -1)
         K = kept.shape[2]
 
@@ -158,11 +164,9 @@ class KVBudgeter:
         b.pos = kept
         b.base = computed
         b.acc.zero_()
-        b.acc[:, :, :K] = scores.gather(2, kept)
-        if b.host is not None:
-            b.held = torch.zeros((L, H, computed), dtype=torch.bool, device=dev)
-            b.held.scatter_(2, kept, True)
-            b.est = torch.where(scores > -math.inf, scores, torch.zeros_like(scores))
+        b.acc[:, :, :K] = exact.gather(2, kept).clamp(min=0.0)  # a reloaded position starts from nothing
+        if b.host is not None:  # the new positions' estimates start from nothing
+            b.est = torch.cat([b.est, b.est.new_zeros((L, H, computed - b.est.shape[2]))], dim=2)
 
     def stats(self) -> dict:
         t = self.totals

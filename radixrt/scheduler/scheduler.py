@@ -128,7 +128,8 @@ class Scheduler:
             "prompt_tokens_computed": 0,
             "requests_finished": 0,
             "peak_kv_used_slots": 0,
-            "peak_running": 0,  # the most requests running at once
+            "peak_running": 0,  # the most requests running at once (admitted: prefilling or decoding)
+            "peak_decoding": 0,  # the most running requests at once that had all their prompt computed
             "retractions": 0,
         }
         self.constrained = ConstrainedDecoding(
@@ -367,7 +368,11 @@ class Scheduler:
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots
         self.counters["peak_kv_used_slots"] = max(self.counters["peak_kv_used_slots"], used)
-        self.counters["peak_running"] = max(self.counters["peak_running"], len(self.queues.running))
+        running = self.queues.running
+        if len(running) > self.counters["peak_decoding"]:
+            decoding = sum(1 for r in running if r.output_ids)
+            self.counters["peak_decoding"] = max(self.counters["peak_decoding"], decoding)
+            self.counters["peak_running"] = max(self.counters["peak_running"], len(running))
         self._log_step(step.batch)
         if self.config.debug.debug_check_invariants:
             self.check_invariants()

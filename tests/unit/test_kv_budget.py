@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -82,9 +83,9 @@ def test_budgets_resolve_and_are_checked():
             resolve_budget(bad, 100)
     with pytest.raises(ValueError, match="kv_budget_policy"):
         KVBudget("lru", 64, 4, 32)
-    for params in ({"kv_budget": 5}, {"kv_budget": 0}, {"kv_budget": "1/4"}, {"kv_budget_policy": "lru"}):
+    for bad in ({"kv_budget": 5}, {"kv_budget": 0}, {"kv_budget": "1/4"}, {"kv_budget_policy": "lru"}):
         with pytest.raises(ValueError, match="kv_budget"):
-            SamplingParams.from_dict(params)
+            SamplingParams.from_dict(bad)
     with pytest.raises(ValueError, match="page_size=1"):
         EngineConfig(kv_budget=0.25, page_size=4)
 
@@ -175,6 +176,27 @@ def test_the_result_reports_the_budget_and_a_small_server_refuses_it(tiny_llama)
     paged.handle(GenerateReq("p", list(range(10, 60)), _sampling(4, budget=64)))
     (out,) = paged.step()
     assert out.finish_reason.status_code == 400 and "page-size 1" in out.finish_reason.message
+
+
+def test_a_budget_composes_with_a_grammar_and_samples(tiny_llama):
+    """A constrained request under a budget keeps to its regex (its grammar state lives on through
+    compactions; jump-forward drafts are off for it), and n samples each get their own budget."""
+    sched = _scheduler(tiny_llama)
+    prompt = list(range(10, 400))
+    sched.handle(GenerateReq("re", prompt, _sampling(12, budget=64, policy="h2o", regex="[0-9]{6}-[a-z]{4}")))
+    sampled = SamplingParams(max_new_tokens=6, ignore_eos=True, n=2, seed=5, kv_budget=64, kv_budget_policy="infinigen")
+    sched.handle(GenerateReq("n", prompt, sampled))
+    outs: dict[str, list[int]] = {}
+    finals = {}
+    for o in _steps(sched):
+        outs.setdefault(o.rid, []).extend(o.new_token_ids)
+        if o.finish_reason is not None:
+            finals[o.rid] = o.kv_budget
+    text = sched.tokenizer.decode(outs["re"], skip_special_tokens=True)
+    assert re.fullmatch("[0-9]{6}-[a-z]{4}", text), text
+    samples = [rid for rid in finals if rid.startswith("n")]
+    assert len(samples) == 2 and all(finals[r]["offloaded_tokens"] > 0 for r in samples)
+    assert finals["re"]["evicted_tokens"] > 0 and sched.kv_usage()["private_slots"] == 0
 
 
 def _steps(sched: Scheduler) -> list:
