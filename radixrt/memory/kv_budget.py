@@ -11,12 +11,12 @@ attention mass each position received from that head's queries
 - ``h2o`` (Heavy-Hitter Oracle): sinks, a recent window (``recent``
   positions), and the "heavy hitters", the positions with the highest
   accumulated attention; the rest are evicted for good.
-- ``infinigen``: the whole KV of the request is also kept in host memory,
-  and each head chooses among *all* its positions: the ones it holds by
-  their exact scores, the others by scores estimated from a sketch of their
-  keys (a few channels) each step; a position whose estimate climbs into the
-  top set is loaded back. Its scores decay (recent attention weighs more),
-  so a position the current queries need can win back its place.
+- ``infinigen``: the same, and the whole KV of the request is also kept in
+  host memory. Each step a sketch of every key estimates the mass every
+  earlier position would get from the current queries (decayed, so recent
+  attention weighs most); at a compaction each head keeps, or loads back from
+  the host, its ``reload`` positions with the most estimated mass, ahead of
+  the heavy hitters: a position the current queries need again can come back.
 
 Only request-private slots are ever written or freed: a compaction copies
 each head's kept K/V into the request's own slots (tree-owned ones are only

@@ -45,9 +45,12 @@ def _example(name: str) -> object:
         "schedule_policy": "fcfs",
         "log_level": "debug",
         "speculative_algorithm": "RADIX",
+        "kv_budget_policy": "infinigen",
     }
     if name in strings:
         return strings[name]
+    if name == "kv_budget_recent_fraction":
+        return 0.25
     if isinstance(default, bool):
         return not default
     if default is None:
