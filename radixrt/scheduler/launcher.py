@@ -117,21 +117,18 @@ class StepLauncher:
 
     def _run(self, inputs: StepInputs) -> StepOutput:
         ids = self._input_ids(inputs)
-        if inputs.score_jobs or inputs.position_offsets is not None:  # requests under a KV budget
+        if inputs.tree is None and inputs.position_offsets is None and not inputs.score_jobs:  # most steps
+            hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
+        else:  # a step verifying a draft tree, or holding requests under a KV budget
             hidden = self.runner.forward_batch(
                 ids,
                 inputs.rows,
                 inputs.q_lens,
                 inputs.kv_lens,
                 inputs.table_writes,
+                tree=inputs.tree,
                 position_offsets=inputs.position_offsets,
                 score_jobs=inputs.score_jobs,
-            )
-        elif inputs.tree is None:
-            hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
-        else:  # a step verifying a draft tree
-            hidden = self.runner.forward_batch(
-                ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes, tree=inputs.tree
             )
         scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
         sample = None
