@@ -75,12 +75,12 @@ class RequestBudget:
         after it); None under ``window``, which reads no scores."""
         self.sync(retractions)
         self.peak_kv = max(self.peak_kv, kv_len)
-        if self.budget.policy == "window":
-            return None
-        if self.acc.shape[2] < kv_len:
+        if self.acc.shape[2] < kv_len:  # (window reads no scores, but a compaction reads its columns' zeros)
             grown = torch.zeros((*self.acc.shape[:2], 2 * kv_len), dtype=torch.float32, device=self.acc.device)
             grown[:, :, : self.acc.shape[2]] = self.acc
             self.acc = grown
+        if self.budget.policy == "window":
+            return None
         sketch = None
         if self.axes is not None and self.sketch.shape[0]:
             sketch = OffloadSketch(self.sketch, self.axes, self.est)
