@@ -198,20 +198,19 @@ class KVCacheManager:
             self.req_to_token.write(_row(req), base, kept)
         self.truncate(req, base + len(kept))
 
-    def compact(self, req: RequestKV, kept: Sequence[int], tree_len: int, freed: Sequence[int], computed: int) -> None:
-        """A request under a KV budget now lists only ``kept`` (its first
-        ``tree_len`` tree-owned, the rest private: its own, or fresh from
-        `alloc_private`; the caller has written what each column holds) and
-        gives back ``freed``, private slots it no longer lists. Tree-owned
-        slots it stops listing stay the tree's (its lock holds them).
-        ``computed``: its computed tokens, ``computed - len(kept)`` more than
-        it now lists. Needs one-slot pages."""
+    def compact(self, req: RequestKV, kept: Sequence[int], freed: Sequence[int], computed: int) -> None:
+        """A request under a KV budget now lists only ``kept``, all private (its
+        own slots, or fresh ones from `alloc_private`; the caller has written
+        what each column holds), and gives back ``freed``, private slots it no
+        longer lists. Tree-owned slots it stops listing stay the tree's (its
+        lock holds them). ``computed``: its computed tokens, ``computed -
+        len(kept)`` more than it now lists. Needs one-slot pages."""
         assert self.page_size == 1, "a KV budget needs page_size 1"
         assert not req.insert_into_tree, "only a request that never inserts into the tree compacts"
         if freed:
             self.allocator.free_slots(freed)
         req.slots = list(kept)
-        req.tree_len = tree_len
+        req.tree_len = 0
         req.kv_dropped = computed - len(kept)
         if kept:
             self.req_to_token.write(_row(req), 0, req.slots)

@@ -160,7 +160,7 @@ class KVBudgeter:
         b.counters.add(done)
         self.totals.add(done)
 
-        self.kv.compact(req, targets, 0, private[K:], computed)
+        self.kv.compact(req, targets, private[K:], computed)
         b.pos = kept
         b.base = computed
         b.acc.zero_()

@@ -128,7 +128,6 @@ class Scheduler:
             "prompt_tokens_computed": 0,
             "requests_finished": 0,
             "peak_kv_used_slots": 0,
-            "peak_running": 0,  # the most requests running at once (admitted: prefilling or decoding)
             "peak_decoding": 0,  # the most running requests at once that had all their prompt computed
             "retractions": 0,
         }
@@ -372,7 +371,6 @@ class Scheduler:
         if len(running) > self.counters["peak_decoding"]:
             decoding = sum(1 for r in running if r.output_ids)
             self.counters["peak_decoding"] = max(self.counters["peak_decoding"], decoding)
-            self.counters["peak_running"] = max(self.counters["peak_running"], len(running))
         self._log_step(step.batch)
         if self.config.debug.debug_check_invariants:
             self.check_invariants()
