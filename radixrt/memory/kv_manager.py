@@ -225,13 +225,46 @@ class KVCacheManager:
             self.tree.evict(short)
         return self.allocator.alloc_pages(n)
 
-    def release(self, req: RequestKV, swap: bool = False) -> None:
+    def fork(self, parent: RequestKV, child: RequestKV) -> Optional[list[tuple[int, int]]]:
+        """Give ``child`` (holding nothing) the KV of ``parent``'s slots, as a beam
+        search's new branch: the parent's whole pages go to the tree first
+        (`cache_prefix`) and the child shares them under a lock of its own; the
+        parent's private rest (a partly filled last page, or everything when the
+        cache keeps no prefixes) goes to fresh pages of the child's: copy on
+        write. Returns the ``(source, destination)`` slot pairs whose K/V the
+        caller must copy before the child's next step, or None when memory or
+        a table row is short (nothing changes then)."""
+        assert not child.slots and child.last_node is None and child.row is None
+        self.cache_prefix(parent)
+        P = self.page_size
+        tail = parent.slots[parent.tree_len :]
+        pages_needed = -(-len(tail) // P)
+        if not self.req_to_token.num_free_rows:
+            return None
+        if pages_needed > self.allocator.num_free_pages:
+            self.tree.evict((pages_needed - self.allocator.num_free_pages) * P)
+        pages = self.allocator.alloc_pages(pages_needed) if pages_needed else []
+        if pages is None:
+            return None
+        copies = self.allocator.pages_to_slots(pages)[: len(tail)]
+        if parent.last_node is not None:
+            self.tree.lock(parent.last_node)
+        child.last_node = parent.last_node
+        child.tree_len = parent.tree_len
+        child.slots = parent.slots[: parent.tree_len] + copies
+        child.row = self.req_to_token.alloc_row()
+        self.req_to_token.write(child.row, 0, child.slots)
+        return list(zip(tail, copies))
+
+    def release(self, req: RequestKV, swap: bool = False, keep_prefix: bool = True) -> None:
         """A request stops running (finished, aborted or retracted): its computed
-        prefix goes to the tree, its lock is dropped, its private pages are freed.
-        ``swap`` (a retraction, with a host tier): the part of its KV no other
-        request shares moves to the host now, freeing its device slots, and is
-        loaded back when it is admitted again."""
-        self.cache_prefix(req)
+        prefix goes to the tree (unless not ``keep_prefix``: a dropped beam), its
+        lock is dropped, its private pages are freed. ``swap`` (a retraction,
+        with a host tier): the part of its KV no other request shares moves to
+        the host now, freeing its device slots, and is loaded back when it is
+        admitted again."""
+        if keep_prefix:
+            self.cache_prefix(req)
         node = req.last_node
         private = req.slots[req.tree_len :]
         if private:

@@ -121,6 +121,19 @@ class KVPool:
         views plus the scales of a quantized pool."""
         return self._layer_caches[layer_id]
 
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copy the stored K/V (and int8 scales) of slots ``src[i]`` to ``dst[i]``
+        in every layer: a copy on write, when a beam or sample leaves a shared,
+        partly filled page. ``dst`` must not overlap ``src``."""
+        if not src:
+            return
+        s = torch.tensor(list(src), dtype=torch.int64, device=self.device)
+        d = torch.tensor(list(dst), dtype=torch.int64, device=self.device)
+        buffers = [*self.k_buffers, *self.v_buffers, *(self.k_scale_buffers or []), *(self.v_scale_buffers or [])]
+        for buf in buffers:
+            flat = buf.view(self.total_slots, *buf.shape[2:])
+            flat.index_copy_(0, d, flat.index_select(0, s))
+
     def _make_layer_cache(self, layer_id: int) -> LayerKVCache:
         k, v = self.layer_kv(layer_id)
         ks = vs = None

@@ -90,6 +90,8 @@ class TokenOutput:
     spec_verify_ct: Optional[int] = None
     # a request under a KV budget: its figures (kv_budget.RequestBudget.describe), with its last output
     kv_budget: Optional[dict[str, Any]] = None
+    # a beam search's output: its rank, score and search figures (beam.BeamGroup.describe)
+    beam: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

@@ -52,6 +52,7 @@ class ResultAccumulator:
         self.cached_tokens = 0
         self.spec_verify_ct: Optional[int] = None
         self.kv_budget: Optional[dict[str, Any]] = None  # a request under a KV budget: its figures, at the end
+        self.beam: Optional[dict[str, Any]] = None  # a beam search's output: its rank and score, at the end
         self.finish_reason: Optional[FinishReason] = None
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
@@ -76,6 +77,8 @@ class ResultAccumulator:
             self.spec_verify_ct = out.spec_verify_ct
         if out.kv_budget is not None:
             self.kv_budget = out.kv_budget
+        if out.beam is not None:
+            self.beam = out.beam
         self.finish_reason = out.finish_reason
         if text is not None:
             self.text = text
@@ -155,6 +158,8 @@ class ResultAccumulator:
             meta["cache_info"] = dict(self.cache_info)
         if self.kv_budget is not None:
             meta["kv_budget"] = dict(self.kv_budget)
+        if self.beam is not None:
+            meta["beam"] = dict(self.beam)
         if self.return_logprob:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[lps:])

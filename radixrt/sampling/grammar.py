@@ -292,6 +292,18 @@ class GrammarState:
         self.draft_len = 0
         self.draft_masks: Any = None
 
+    def fork(self) -> "GrammarState":
+        """An independent copy at the same position (a beam search's new branch);
+        it holds no draft."""
+        assert self.draft_len == 0, "a state with a pending draft is not forked"
+        twin = GrammarState.__new__(GrammarState)
+        twin.matcher = self.matcher.fork()
+        twin.vocab_size = self.vocab_size
+        twin._encode = self._encode
+        twin.draft_len = 0
+        twin.draft_masks = None
+        return twin
+
     def fill_mask(self, bitmask: Any, row: int) -> None:
         """Write the allowed next tokens of the current state into ``bitmask[row]``."""
         self.matcher.fill_next_token_bitmask(bitmask, row)

@@ -47,7 +47,7 @@ from typing import Any, Optional, Union
 
 from radixrt.sampling.stop_regex import check_patterns as check_stop_regex
 
-_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "beam_width")
 _FLOAT_FIELDS = (
     "temperature",
     "top_p",
@@ -55,6 +55,7 @@ _FLOAT_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
     "repetition_penalty",
+    "length_penalty",
 )
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "speculative")
 _CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
@@ -69,6 +70,8 @@ _ALIASES = {"sampling_seed": "seed"}
 # what a request may ask of a KV budget (radixrt/memory/kv_budget.py holds the same two; a test checks)
 KV_BUDGET_POLICIES = ("h2o", "infinigen", "window")
 MIN_KV_BUDGET = 32
+MAX_BEAM_WIDTH = 64  # a beam request runs this many rows every step at most
+EARLY_STOPPING = (True, False, "never")  # transformers' values
 _GREEDY_TEMPERATURE = 1e-6
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
@@ -156,6 +159,12 @@ class SamplingParams:
     # of its prompt plus max_new_tokens; None: the server's --kv-budget (off unless set)
     kv_budget: Optional[float] = None
     kv_budget_policy: Optional[str] = None  # h2o, infinigen or window; None: the server's --kv-budget-policy
+    # beam search (radixrt/scheduler/beam.py) when > 1: this many live hypotheses, scored by their
+    # log-probability over (generated length ** length_penalty); ``n`` of them are returned, best first.
+    # early_stopping as in transformers: True, False (its heuristic) or "never"
+    beam_width: int = 0
+    length_penalty: float = 1.0
+    early_stopping: Union[bool, str] = False
 
     def __post_init__(self) -> None:
         """Check types and normalize containers (no range checks: see ``validate``)."""
@@ -172,6 +181,10 @@ class SamplingParams:
         if self.kv_budget_policy is not None and not isinstance(self.kv_budget_policy, str):
             raise ValueError(
                 f"sampling parameter 'kv_budget_policy' must be a string, got {_type_name(self.kv_budget_policy)}"
+            )
+        if self.early_stopping not in EARLY_STOPPING or not isinstance(self.early_stopping, (bool, str)):
+            raise ValueError(
+                f"sampling parameter 'early_stopping' must be true, false or \"never\", got {self.early_stopping!r}"
             )
         for name in _CONSTRAINT_FIELDS:
             value = getattr(self, name)
@@ -333,12 +346,40 @@ class SamplingParams:
             bad("kv_budget", f"must be a fraction in (0, 1) or at least {MIN_KV_BUDGET} tokens")
         if self.kv_budget_policy is not None and self.kv_budget_policy not in KV_BUDGET_POLICIES:
             bad("kv_budget_policy", f"must be one of {', '.join(KV_BUDGET_POLICIES)}")
+        if not 0 <= self.beam_width <= MAX_BEAM_WIDTH:
+            bad("beam_width", f"must be in [0, {MAX_BEAM_WIDTH}] (0 or 1: no beam search)")
+        if self.uses_beam_search:
+            self._validate_beam_search()
         set_constraints = [name for name in _CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(set_constraints) > 1:
             raise ValueError(
                 f"sampling parameters {', '.join(repr(n) for n in set_constraints)} are exclusive: "
                 "set at most one of regex, json_schema, ebnf, structural_tag"
             )
+
+    def _validate_beam_search(self) -> None:
+        """What a beam search cannot combine with: its hypotheses are scored by the
+        model's log-probabilities, so nothing may reshape those; ``n`` of its
+        ``beam_width`` hypotheses are returned."""
+        if self.n > self.beam_width:
+            raise ValueError(f"sampling parameter 'n' ({self.n}) must be <= beam_width ({self.beam_width})")
+        reshaping = [
+            name
+            for name, off in (
+                ("frequency_penalty", 0.0),
+                ("presence_penalty", 0.0),
+                ("repetition_penalty", 1.0),
+                ("logit_bias", None),
+                ("kv_budget", None),
+            )
+            if getattr(self, name) not in (off, {})
+        ]
+        if reshaping:
+            raise ValueError(f"beam search does not combine with sampling parameter(s) {', '.join(reshaping)}")
+
+    @property
+    def uses_beam_search(self) -> bool:
+        return self.beam_width > 1
 
     @property
     def is_greedy(self) -> bool:

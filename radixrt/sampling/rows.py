@@ -39,6 +39,8 @@ class SamplingRow:
     # None: built from the lists for this call only.
     counts: Optional[TokenCounts] = None
     draft_len: int = 0  # trailing output_ids that are an unverified jump-forward draft
+    # a beam search's row: how many of its best (logprob, token) continuations to return (0: none)
+    beam_candidates: int = 0
 
     @property
     def output_index(self) -> int:
@@ -56,6 +58,7 @@ def sampling_row(
     index: Optional[int],
     counts: Optional[TokenCounts],
     draft_len: int,
+    beam_candidates: int = 0,
 ) -> SamplingRow:
     """The `SamplingRow` of these fields, all given by name. The step loop makes
     one per sampling row per step, and calling a dataclass with keywords costs
@@ -72,6 +75,7 @@ def sampling_row(
     row.index = index
     row.counts = counts
     row.draft_len = draft_len
+    row.beam_candidates = beam_candidates
     return row
 
 

@@ -94,6 +94,9 @@ class SampleResult:
     # Per row: top-N (logprob, token_id) of the raw distribution, best first;
     # None for rows with top_logprobs_num == 0.
     top_logprobs: list[Optional[list[tuple[float, int]]]]
+    # Per row: a beam search row's best continuations, (logprob, token_id) best first (see
+    # `beam_candidates`); None for other rows, or for all when no row is a beam's.
+    beam_candidates: Optional[list[Optional[list[tuple[float, int]]]]] = None
 
 
 class Sampler(TokenDrawer):
@@ -161,7 +164,11 @@ class Sampler(TokenDrawer):
                     n = rows[i].top_logprobs_num
                     if n > 0:
                         top[i] = list(zip(vals[j][:n], ids[j][:n]))
-        return SampleResult(token_ids, logprobs, top)
+        beams = [i for i, r in enumerate(rows) if r.beam_candidates > 0]
+        result = SampleResult(token_ids, logprobs, top)
+        if beams:
+            result.beam_candidates = beam_candidates(raw, x, rows, beams)
+        return result
 
     def process_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Stages 1-3 (logit_bias, penalties, min_new_tokens): a fresh float32
@@ -206,6 +213,27 @@ class Sampler(TokenDrawer):
 
     def _process(self, raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         return process_logits(raw, rows, self.eos_token_ids)
+
+
+def beam_candidates(
+    raw: torch.Tensor, processed: torch.Tensor, rows: list[SamplingRow], beams: list[int]
+) -> list[Optional[list[tuple[float, int]]]]:
+    """For the beam rows ``beams``: the ``beam_candidates`` best continuations of
+    each, as (logprob, token_id) best first. A logprob is the raw
+    distribution's (``log_softmax`` of the model's logits, as transformers'
+    beam search scores); tokens the processed logits exclude (a grammar's mask,
+    ``min_new_tokens``) get ``-inf`` and come last."""
+    out: list[Optional[list[tuple[float, int]]]] = [None] * len(rows)
+    idx = long_tensor(beams, raw.device)
+    lp = torch.log_softmax(raw.index_select(0, idx), dim=1)
+    if processed is not raw:
+        lp = lp.masked_fill(torch.isneginf(processed.index_select(0, idx)), float("-inf"))
+    k = min(max(rows[i].beam_candidates for i in beams), lp.shape[1])
+    vals, ids = lp.topk(k, dim=1)
+    for j, (v, t) in enumerate(zip(vals.tolist(), ids.tolist())):
+        n = rows[beams[j]].beam_candidates
+        out[beams[j]] = list(zip(v[:n], t[:n]))
+    return out
 
 
 def token_logprobs(

@@ -109,7 +109,7 @@ class ConstrainedDecoding:
                 )
                 continue
             req.grammar = self.grammars.new_state(compiled)
-            if self.enable_jump_forward and not req.output_ids:
+            if self.enable_jump_forward and not req.output_ids and req.beam is None:  # beams score every token
                 self.propose_draft(req)
         return failed
 

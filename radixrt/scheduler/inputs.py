@@ -103,6 +103,7 @@ def _sampling_row(req: Req, draft_pos: int, before: Optional[list[int]] = None) 
         index=len(req.output_ids) + req.inflight_tokens + draft_pos,
         counts=req.penalty_counts,
         draft_len=draft_pos,
+        beam_candidates=req.beam.candidates_per_beam if req.beam is not None else 0,
     )
 
 

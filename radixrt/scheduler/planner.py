@@ -171,6 +171,8 @@ class BatchPlanner:
         queue = deque(running[taken:] if taken else running)
         while queue:
             req = queue.popleft()
+            if req.phase is not Phase.RUNNING:  # a beam retracted with a sibling (see `_retract`)
+                continue
             if req.inflight_tokens and self._will_stop_at_length(req):
                 continue
             if req.draft_ids and req.uncomputed > min(budget, self.prefill_cap):
@@ -194,6 +196,8 @@ class BatchPlanner:
                 drop_draft(req)
                 q = self._tokens_this_step(req, budget)
                 continue
+            while queue and queue[-1].phase is not Phase.RUNNING:
+                queue.pop()  # beams retracted with a sibling
             victim = queue.pop() if queue else None
             if victim is None:
                 # Others still hold KV (in this batch, or finishing in the step in
@@ -251,6 +255,15 @@ class BatchPlanner:
         plan.retracted.append(req)
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
         logger.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
+        if req.beam is not None:  # a beam search is retracted as a unit: its other beams go too
+            for sibling in req.beam.beams:
+                if sibling.phase is Phase.RUNNING:
+                    for i, (r, q) in enumerate(plan.batch):
+                        if r is sibling:  # its slots for this step are not computed: they go first
+                            del plan.batch[i]
+                            self.kv.truncate(sibling, len(sibling.slots) - q)
+                            break
+                    self._retract(sibling, plan)
 
     def _preempt_for_priority(self, plan: Plan) -> None:
         """With the batch full (max_running_requests), retract the least urgent

@@ -14,6 +14,7 @@ from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
     from radixrt.sampling.grammar import GrammarState
+    from radixrt.scheduler.beam import BeamGroup
     from radixrt.scheduler.budget_state import RequestBudget
     from radixrt.scheduler.spec_state import SpecState
 
@@ -91,6 +92,12 @@ class Req(RequestKV):
     max_stop_chars: int = 0
     # its KV budget's state (budget_state.RequestBudget: the policy, scores, offloaded KV), None without one
     kv_budget: "Optional[RequestBudget]" = None
+    # a beam search's hypothesis (beam.py): its search, cumulative logprob, each output token's logprob,
+    # and the best continuations its last step reported (None until it reports, and after each search step)
+    beam: "Optional[BeamGroup]" = None
+    beam_logprob: float = 0.0
+    beam_token_logprobs: list[float] = field(default_factory=list)
+    beam_candidates: Optional[list[tuple[float, int]]] = None
 
     # Deltas not yet reported to the front.
     unsent_ids: int = 0

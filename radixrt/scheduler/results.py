@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
@@ -31,6 +31,9 @@ from radixrt.scheduler.launcher import PromptScores, StepOutput
 from radixrt.scheduler.planner import Batch, RequestQueues
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.speculative import Speculator
+
+if TYPE_CHECKING:
+    from radixrt.scheduler.beam import BeamSearch
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ class ResultProcessor:
         # the fast tokenizer's own decode: stop strings are checked every step
         self._decode: Callable[..., str] = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
         self.generated_tokens = 0
+        self.beams: "Optional[BeamSearch]" = None  # set by the scheduler: takes beam rows' candidates
 
     def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> StepResults:
         """Fold ``output`` into the batch's requests, request by request in batch
@@ -98,6 +102,9 @@ class ResultProcessor:
                 if req.phase is Phase.FINISHED:
                     continue
                 assert sample is not None, "a step with sampling rows has a sample result"
+                if req.beam is not None and self.beams is not None:  # its search steps once all its beams report
+                    self.beams.collect(req, (sample.beam_candidates or [])[first])
+                    continue
                 if req.draft_ids or req.grammar is not None or req.spec is not None:
                     self._take_samples(req, sample, first)
                 else:  # a plain row (most rows): its one token, no draft to verify or grammar to advance
@@ -114,6 +121,10 @@ class ResultProcessor:
                 finished += 1
             elif req.unsent_ids:
                 outputs.append(token_output(req))
+        if self.beams is not None:
+            searched, ended = self.beams.advance()
+            outputs += searched
+            finished += ended
         # Unless every row was a running one-token decoder and every running request is one of
         # them, some running request's order key moved differently from the others'.
         if one_token_decoders != len(batch) or len(self.queues.running) != one_token_decoders - finished:
@@ -228,6 +239,15 @@ class ResultProcessor:
             if req.top_logprobs_num:
                 req.unsent_top_logprobs.append((result.top_logprobs[i] if result.top_logprobs else None) or [])
         req.finish_reason = self._check_finish(req, token)
+
+    def candidate_finish(self, req: Req, token: int) -> Optional[FinishReason]:
+        """Why ``req`` would end if ``token`` were its next output (None: it would
+        not); ``req`` is left as it was (a beam search's candidate)."""
+        req.output_ids.append(token)
+        try:
+            return self._check_finish(req, token)
+        finally:
+            req.output_ids.pop()
 
     def _check_finish(self, req: Req, token: int) -> Optional[FinishReason]:
         sp = req.sampling

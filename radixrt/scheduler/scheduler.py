@@ -62,6 +62,7 @@ from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.sampling.grammar import GrammarBackend
 from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import StepInputs, prepare_inputs
@@ -70,7 +71,7 @@ from radixrt.scheduler.kv_budget import KVBudgeter
 from radixrt.scheduler.launcher import StepLauncher, StepOutput
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
-from radixrt.scheduler.request import Req
+from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
 
@@ -99,6 +100,7 @@ def _needs_host_tokens(req: Req) -> bool:
         or sp.presence_penalty != 0.0
         or req.spec is not None  # its next draft continues from this step's token
         or req.kv_budget is not None  # its compaction reads this step's attention scores
+        or req.beam is not None  # its search's next step chooses its next token
     )
 
 
@@ -167,6 +169,10 @@ class Scheduler:
             config.grammar.enable_jump_forward,
             self.speculator,
         )
+        self.beams = BeamSearch(
+            self.kv, self.queues, self.runner.kv_pool.copy_slots, self.results.candidate_finish, len(self.eos_token_ids)
+        )
+        self.results.beams = self.beams
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
 
@@ -204,6 +210,8 @@ class Scheduler:
             self.budgets.check(msg.sampling.kv_budget)
             if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
                 raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
+            if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
+                raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
         except ValueError as e:
             self._queued_outputs.append(
                 TokenOutput(
@@ -226,7 +234,8 @@ class Scheduler:
             aging_s=sched.priority_aging_s,
             max_priority=ADMIN_PRIORITY_RANGE[1],  # the front door's widest bound (an admin's)
         )
-        for i, rid in enumerate(sample_rids(msg.rid, msg.sampling.n)):
+        beam = msg.sampling.uses_beam_search
+        for i, rid in enumerate([f"{msg.rid}#beam0"] if beam else sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
             req = Req(
@@ -247,8 +256,10 @@ class Scheduler:
                 max_stop_chars=max_stop_chars,
             )
             self.arrivals += 1
+            if beam:
+                self.beams.start(req, sample_rids(msg.rid, msg.sampling.n))
             self.budgets.start(req)
-            if self.speculator is not None and req.kv_budget is None:
+            if self.speculator is not None and req.kv_budget is None and not beam:
                 self.speculator.start(req)
             self.queues.waiting.append(req)
 
@@ -260,8 +271,10 @@ class Scheduler:
             return rid == "" or r.rid == rid or r.parent == rid
 
         for r in [r for r in self.queues.waiting + self.queues.running if hit(r)]:
+            if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
+                continue
             self.queues.remove(r)
-            self._queued_outputs.append(self._finish(r, FinishReason.abort("aborted")))
+            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when nothing is running (like SGLang).
@@ -319,15 +332,17 @@ class Scheduler:
         started = time.perf_counter()
         out, self._queued_outputs = self._queued_outputs, []
         for req, reason in self.constrained.resolve(self.queues.waiting):
+            if req.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
+                continue
             self.queues.waiting.remove(req)
-            out.append(self._finish(req, reason))
+            out += self._finish(req, reason)
         self.budgets.compact(self.queues.running)
         if self.speculator is not None:
             self.speculator.draft(self.queues.running)
         plan = self.planner.schedule()
         self.counters["retractions"] += len(plan.retracted)
         for req, reason in plan.ended:
-            out.append(self._finish(req, reason))
+            out += self._finish(req, reason)
         batch = plan.batch
         previous, self.inflight = self.inflight, self._launch(batch, started) if batch else None
         if previous is not None:
@@ -376,10 +391,15 @@ class Scheduler:
             self.check_invariants()
         return results.outputs
 
-    def _finish(self, req: Req, reason: FinishReason) -> TokenOutput:
-        """End a request that is in neither queue any more (its KV is released); its last output."""
+    def _finish(self, req: Req, reason: FinishReason) -> list[TokenOutput]:
+        """End a request that is in neither queue any more (its KV is released); its
+        last output (a beam ends its whole search: its outputs, once)."""
+        if req.beam is not None:
+            outputs = self.beams.end(req, reason)
+            self.counters["requests_finished"] += 1 if outputs else 0
+            return outputs
         self.counters["requests_finished"] += 1
-        return finish_request(req, reason, self.kv)
+        return [finish_request(req, reason, self.kv)]
 
     # ------------------------------------------------------------------ introspection
     def runtime_info(self) -> RuntimeInfo:

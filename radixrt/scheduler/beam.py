@@ -1,0 +1,337 @@
+"""Beam search inside the step loop: a request's hypotheses are branches of the radix tree.
+
+A beam request (``sampling_params.beam_width`` W > 1) runs as a `BeamGroup`
+of up to W live hypotheses, each an ordinary `Req` of the running batch: it
+computes one token per step, batched with every other request, and may be
+retracted and readmitted like any. Its rows do not sample: the sampler
+returns each one's best K continuations (`sampler.beam_candidates`, raw
+log-probabilities; K = max(2, 1 + number of EOS ids) * W, as transformers
+keeps), which wait on the request (``beam_candidates``) until every live
+beam of the group has them. Then `BeamSearch.advance` takes one step of the
+search, with transformers' rules (``generate(num_beams=W, do_sample=False)``):
+
+- the K best continuations over all beams by cumulative log-probability;
+- those among them that end (EOS, a stop token or string, ``max_new_tokens``,
+  the context length) and rank in the first W become finished hypotheses,
+  scored ``logprob / generated_length ** length_penalty``; the best W are kept;
+- the best W that do not end are the next live beams. A beam chosen once
+  takes its token itself; one chosen k > 1 times forks k - 1 new requests
+  (`KVCacheManager.fork`): its whole pages go to the radix tree, which the
+  children share under their own locks, and its partly filled last page is
+  copied for each child (copy on write). A beam chosen by none is dropped and
+  its private pages are freed at once (`release(keep_prefix=False)`);
+- the search ends when ``early_stopping`` is True and W hypotheses finished;
+  when it is False (transformers' heuristic) or "never" and the best live
+  beam cannot beat the worst of W finished ones (for "never" with a positive
+  ``length_penalty``, scored at ``max_new_tokens``); or when no continuation
+  is left.
+
+Its ``n`` best hypotheses are the request's outputs, one `TokenOutput` each
+for the ids ``sample_rids(rid, n)``, sent when the search ends (a beam
+request does not stream), with the score in ``TokenOutput.beam``.
+
+Ownership: `BeamSearch` creates and drops the beams' `Req` objects and moves
+them between the queues; their KV goes through `KVCacheManager` only (fork,
+release); the copy-on-write copies run at once through ``copy_kv`` (the step
+that computed the parent's KV is complete: beam rows never overlap a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence, Union
+
+from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.requests.finish import FinishReason
+from radixrt.requests.messages import TokenOutput
+from radixrt.scheduler.planner import RequestQueues
+from radixrt.scheduler.request import Phase, Req
+
+# a finished hypothesis the search could not score (it never had a candidate): last
+UNSCORED = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    """A finished (or, when the search was cut short, the best live) sequence."""
+
+    output_ids: list[int]
+    logprob: float  # cumulative log-probability of its tokens
+    score: float  # logprob / len(output_ids) ** length_penalty
+    finish_reason: FinishReason
+    token_logprobs: list[float]
+
+
+@dataclass(eq=False)
+class BeamGroup:
+    """One beam request's search state. ``beams``: the live hypotheses in score
+    order (each a `Req` whose ``beam`` is this group); ``finished``: at most
+    ``width`` hypotheses, best first."""
+
+    rid: str
+    out_rids: list[str]  # the ids its n outputs are sent under
+    width: int
+    length_penalty: float
+    early_stopping: Union[bool, str]
+    max_new_tokens: int
+    candidates_per_beam: int
+    return_logprob: bool
+    prompt_tokens: int
+    beams: list[Req] = field(default_factory=list)
+    finished: list[Hypothesis] = field(default_factory=list)
+    improvable: bool = True  # transformers' early-stop heuristic has not closed the search yet
+    ended: bool = False
+    steps: int = 0
+    forks: int = 0
+    copied_slots: int = 0  # KV slots copied on write (partly filled pages)
+    peak_kv_slots: int = 0  # the most distinct KV slots its live beams held at once
+    next_id: int = 1
+
+    def ready(self) -> bool:
+        """Every live beam has its continuations: the search can take its next step."""
+        return all(b.beam_candidates is not None for b in self.beams)
+
+    def describe(self, rank: int, hyp: Hypothesis) -> dict[str, Any]:
+        return {
+            "rank": rank,
+            "score": hyp.score,
+            "cumulative_logprob": hyp.logprob,
+            "width": self.width,
+            "steps": self.steps,
+            "forks": self.forks,
+            "copied_slots": self.copied_slots,
+            "peak_kv_slots": self.peak_kv_slots,
+        }
+
+
+class BeamSearch:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        queues: RequestQueues,
+        copy_kv: Callable[[Sequence[int], Sequence[int]], None],
+        finish_check: Callable[[Req, int], Optional[FinishReason]],
+        num_eos_ids: int,
+    ) -> None:
+        """``copy_kv(src, dst)`` copies stored K/V between slots (the pool's);
+        ``finish_check(req, token)``: the reason ``req`` would end if ``token``
+        were its next output (the result processor's stop conditions)."""
+        self.kv = kv
+        self.queues = queues
+        self.copy_kv = copy_kv
+        self.finish_check = finish_check
+        self.candidates_factor = max(2, 1 + num_eos_ids)
+        self._ready: list[BeamGroup] = []
+        self.searches_finished = 0
+        self.forks = 0
+        self.copied_slots = 0
+
+    def start(self, root: Req, out_rids: list[str]) -> BeamGroup:
+        """Make ``root`` (a new request, not queued yet) the first beam of a search."""
+        sp = root.sampling
+        group = BeamGroup(
+            rid=root.rid,
+            out_rids=out_rids,
+            width=sp.beam_width,
+            length_penalty=sp.length_penalty,
+            early_stopping=sp.early_stopping,
+            max_new_tokens=sp.max_new_tokens,
+            candidates_per_beam=self.candidates_factor * sp.beam_width,
+            return_logprob=root.return_logprob,
+            prompt_tokens=len(root.input_ids),
+        )
+        root.return_logprob = False  # its rows report candidates instead; the outputs carry the logprobs
+        root.top_logprobs_num = 0
+        root.beam = group
+        group.beams.append(root)
+        return group
+
+    def collect(self, req: Req, candidates: Optional[list[tuple[float, int]]]) -> None:
+        """A beam's row gave its continuations (best first)."""
+        group = req.beam
+        assert group is not None and candidates is not None, "a beam row reports its candidates"
+        req.beam_candidates = candidates
+        if group.ready() and group not in self._ready:
+            self._ready.append(group)
+
+    def advance(self) -> tuple[list[TokenOutput], int]:
+        """Take a search step for every group whose beams all reported; the outputs
+        of the searches that ended, and how many ended."""
+        outputs: list[TokenOutput] = []
+        ended = 0
+        ready, self._ready = self._ready, []
+        for group in ready:
+            if not group.ended and self._step(group):
+                outputs += self._end(group, None)
+                ended += 1
+        return outputs, ended
+
+    def end(self, req: Req, reason: FinishReason) -> list[TokenOutput]:
+        """``req``, a beam, is ended from outside (aborted, refused, out of memory):
+        the whole search ends with ``reason`` (it is out of the queues already or
+        is taken out here). Outputs once per search: none when it had ended."""
+        group = req.beam
+        assert group is not None
+        if group.ended:
+            self._drop(req, keep_prefix=True)
+            return []
+        return self._end(group, reason)
+
+    # ------------------------------------------------------------------ one search step
+    def _step(self, g: BeamGroup) -> bool:
+        """One step of the search (transformers' order of updates); True when it ended."""
+        beams = g.beams
+        g.steps += 1
+        n_gen = len(beams[0].output_ids) + 1  # generated length of every candidate
+        K = g.candidates_per_beam
+        cands = sorted(
+            (
+                (b.beam_logprob + lp, i, t, lp)
+                for i, b in enumerate(beams)
+                for lp, t in b.beam_candidates or ()
+                if lp != float("-inf")
+            ),
+            key=lambda c: (-c[0], c[1], c[2]),
+        )[:K]
+        for b in beams:
+            b.beam_candidates = None
+        ends = [self.finish_check(beams[i], t) for _, i, t, _ in cands]
+        if g.improvable and not (g.early_stopping is True and len(g.finished) >= g.width):
+            for rank, ((total, i, t, lp), end) in enumerate(zip(cands, ends)):
+                if end is not None and rank < g.width:
+                    b = beams[i]
+                    score = total / n_gen**g.length_penalty
+                    g.finished.append(Hypothesis(b.output_ids + [t], total, score, end, b.beam_token_logprobs + [lp]))
+            g.finished.sort(key=lambda h: -h.score)  # stable: an older hypothesis wins a tie
+            del g.finished[g.width :]
+        live = [c for c, end in zip(cands, ends) if end is None][: g.width]
+        if g.improvable:
+            hypothetical = g.max_new_tokens if g.early_stopping == "never" and g.length_penalty > 0 else n_gen
+            best = live[0][0] / hypothetical**g.length_penalty if live else float("-inf")
+            worst = g.finished[-1].score if len(g.finished) >= g.width else float("-inf")
+            g.improvable = best > worst
+        if not g.improvable or not live or (g.early_stopping is True and len(g.finished) >= g.width):
+            return True
+        self._branch(g, live)
+        return False
+
+    def _branch(self, g: BeamGroup, live: list[tuple[float, int, int, float]]) -> None:
+        """Make ``live`` (score, parent index, token, logprob) the group's beams:
+        parents chosen by none are dropped first (their memory serves the forks),
+        a parent's first pick continues it, each further pick forks it."""
+        old = g.beams
+        picks: dict[int, list[tuple[float, int, float]]] = {}
+        for total, i, t, lp in live:
+            picks.setdefault(i, []).append((total, t, lp))
+        for i, b in enumerate(old):
+            if i not in picks:
+                self._drop(b, keep_prefix=False)
+        chosen: dict[int, list[Req]] = {}
+        for i, choices in picks.items():
+            parent = old[i]
+            reqs = [self._fork(g, parent) for _ in choices[1:]]  # before the parent takes its own token
+            chosen[i] = [parent, *reqs]
+            for req, (total, t, lp) in zip(chosen[i], choices):
+                req.output_ids.append(t)
+                req.beam_logprob = total
+                req.beam_token_logprobs.append(lp)
+                if req.grammar is not None:
+                    req.grammar.accept(t)
+        taken: dict[int, int] = {}
+        g.beams = []
+        for _, i, _, _ in live:  # score order
+            k = taken.get(i, 0)
+            taken[i] = k + 1
+            g.beams.append(chosen[i][k])
+        self.queues.running_ordered = False
+        held: set[int] = set()
+        for b in g.beams:
+            held.update(b.slots)
+        g.peak_kv_slots = max(g.peak_kv_slots, len(held))
+
+    def _fork(self, g: BeamGroup, parent: Req) -> Req:
+        """A new beam with ``parent``'s tokens and state. It shares the parent's KV
+        when the parent holds it (running) and memory allows, and runs at once;
+        otherwise it waits and is admitted as any request (its prefix from the tree)."""
+        child = Req(
+            rid=f"{g.rid}#beam{g.next_id}",
+            input_ids=parent.input_ids,
+            sampling=parent.sampling,
+            seed=parent.seed,
+            namespace=parent.namespace,
+            arrival=parent.arrival,
+            parent=parent.parent,
+            priority=parent.priority,
+            urgency=parent.urgency,
+            max_stop_chars=parent.max_stop_chars,
+            output_ids=list(parent.output_ids),
+            cached_tokens=parent.cached_tokens,
+            admitted_once=True,
+            grammar_future=parent.grammar_future,
+            grammar=parent.grammar.fork() if parent.grammar is not None else None,
+            beam=g,
+            beam_logprob=parent.beam_logprob,
+            beam_token_logprobs=list(parent.beam_token_logprobs),
+        )
+        g.next_id += 1
+        g.forks += 1
+        self.forks += 1
+        copies = self.kv.fork(parent, child) if parent.phase is Phase.RUNNING and parent.slots else None
+        if copies is None:
+            self.queues.waiting.insert(0, child)
+            return child
+        if copies:
+            src, dst = zip(*copies)
+            self.copy_kv(src, dst)
+            g.copied_slots += len(copies)
+            self.copied_slots += len(copies)
+        child.phase = Phase.RUNNING
+        self.queues.running.append(child)
+        return child
+
+    def _drop(self, req: Req, keep_prefix: bool) -> None:
+        """Take a beam out of the queues (if still in one) and release its KV."""
+        if req.phase is not Phase.FINISHED:
+            if req in self.queues.running or req in self.queues.waiting:
+                self.queues.remove(req)
+            req.phase = Phase.FINISHED
+        if req.slots or req.last_node is not None:
+            self.kv.release(req, keep_prefix=keep_prefix)
+
+    # ------------------------------------------------------------------ the end
+    def _end(self, g: BeamGroup, reason: Optional[FinishReason]) -> list[TokenOutput]:
+        """End the search: its beams go (a finished search's KV stays in the tree),
+        and its outputs are made: the ``n`` best hypotheses, or, when ``reason``
+        (an abort) cuts it short, that reason with no tokens."""
+        g.ended = True
+        self.searches_finished += 1
+        live = list(g.beams)
+        for b in live:
+            self._drop(b, keep_prefix=True)
+        cached = live[0].cached_tokens if live else 0
+        hyps = list(g.finished)
+        if len(hyps) < len(g.out_rids):  # cut short: the best live beams stand in
+            for b in live[: len(g.out_rids) - len(hyps)]:
+                n = max(len(b.output_ids), 1)
+                hyps.append(
+                    Hypothesis(
+                        list(b.output_ids),
+                        b.beam_logprob,
+                        b.beam_logprob / n**g.length_penalty if b.output_ids else UNSCORED,
+                        FinishReason.length(len(b.output_ids)),
+                        list(b.beam_token_logprobs),
+                    )
+                )
+        outputs = []
+        for rank, rid in enumerate(g.out_rids):
+            hyp = hyps[rank] if rank < len(hyps) and reason is None else None
+            tokens = hyp.output_ids if hyp is not None else []
+            why = hyp.finish_reason if hyp is not None else reason or FinishReason.length(0)
+            out = TokenOutput(rid, list(tokens), g.prompt_tokens, len(tokens), cached, why)
+            if hyp is not None:
+                out.beam = g.describe(rank, hyp)
+                if g.return_logprob:
+                    out.output_token_logprobs = list(zip(hyp.token_logprobs, tokens))
+            outputs.append(out)
+        g.beams = []
+        return outputs
