@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import TokenOutput
+from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.planner import RequestQueues
 from radixrt.scheduler.request import Phase, Req
 
@@ -81,6 +82,7 @@ class BeamGroup:
     finished: list[Hypothesis] = field(default_factory=list)
     improvable: bool = True  # transformers' early-stop heuristic has not closed the search yet
     ended: bool = False
+    requeue: bool = False  # a fork found no memory: the whole search goes back to waiting (`_requeue`)
     steps: int = 0
     forks: int = 0
     copied_slots: int = 0  # KV slots copied on write (partly filled pages)
@@ -112,10 +114,12 @@ class BeamSearch:
         copy_kv: Callable[[Sequence[int], Sequence[int]], None],
         finish_check: Callable[[Req, int], Optional[FinishReason]],
         num_eos_ids: int,
+        max_running_requests: int,
     ) -> None:
         """``copy_kv(src, dst)`` copies stored K/V between slots (the pool's);
         ``finish_check(req, token)``: the reason ``req`` would end if ``token``
         were its next output (the result processor's stop conditions)."""
+        self.max_running_requests = max_running_requests
         self.kv = kv
         self.queues = queues
         self.copy_kv = copy_kv
@@ -125,6 +129,23 @@ class BeamSearch:
         self.searches_finished = 0
         self.forks = 0
         self.copied_slots = 0
+        self.requeued = 0  # searches sent back to waiting because a fork found no memory
+
+    def check(self, prompt_len: int, sp: SamplingParams) -> None:
+        """Raise ValueError for a beam request this server can never run: its beams
+        run at once, and alone in the pool they must fit without any sharing."""
+        if not sp.uses_beam_search:
+            return
+        W = sp.beam_width
+        if W > self.max_running_requests:
+            raise ValueError(f"beam_width {W} is more than this server runs at once ({self.max_running_requests})")
+        need = prompt_len + W * (sp.max_new_tokens + self.kv.page_size)
+        total = self.kv.allocator.total_slots
+        if need > total:
+            raise ValueError(
+                f"a beam search of width {W} over {prompt_len} prompt tokens and {sp.max_new_tokens} new ones "
+                f"may need {need} KV slots; this server has {total}"
+            )
 
     def start(self, root: Req, out_rids: list[str]) -> BeamGroup:
         """Make ``root`` (a new request, not queued yet) the first beam of a search."""
@@ -176,6 +197,14 @@ class BeamSearch:
             self._drop(req, keep_prefix=True)
             return []
         return self._end(group, reason)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "beam_searches_finished": self.searches_finished,
+            "beam_forks": self.forks,
+            "beam_copied_slots": self.copied_slots,
+            "beam_requeued": self.requeued,
+        }
 
     # ------------------------------------------------------------------ one search step
     def _step(self, g: BeamGroup) -> bool:
@@ -244,6 +273,8 @@ class BeamSearch:
             taken[i] = k + 1
             g.beams.append(chosen[i][k])
         self.queues.running_ordered = False
+        if g.requeue:
+            self._requeue(g)
         held: set[int] = set()
         for b in g.beams:
             held.update(b.slots)
@@ -277,8 +308,9 @@ class BeamSearch:
         g.forks += 1
         self.forks += 1
         copies = self.kv.fork(parent, child) if parent.phase is Phase.RUNNING and parent.slots else None
-        if copies is None:
+        if copies is None:  # short of memory (or the parent waits): the search waits and is admitted as a unit
             self.queues.waiting.insert(0, child)
+            g.requeue = True
             return child
         if copies:
             src, dst = zip(*copies)
@@ -288,6 +320,21 @@ class BeamSearch:
         child.phase = Phase.RUNNING
         self.queues.running.append(child)
         return child
+
+    def _requeue(self, g: BeamGroup) -> None:
+        """A beam could not be given its KV: the search's running beams go back to
+        the waiting queue too (their computed prefixes stay in the tree), so that
+        the planner admits all of them together (`BatchPlanner._admit_beams`)
+        instead of some holding memory while they wait for the others."""
+        g.requeue = False
+        self.requeued += 1
+        for b in g.beams:
+            if b.phase is Phase.RUNNING:
+                self.queues.running.remove(b)
+                self.kv.release(b)
+                b.phase = Phase.WAITING
+                b.retractions += 1
+                self.queues.waiting.insert(0, b)
 
     def _drop(self, req: Req, keep_prefix: bool) -> None:
         """Take a beam out of the queues (if still in one) and release its KV."""

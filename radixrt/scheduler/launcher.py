@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -39,6 +39,10 @@ from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.sampling.sampler import SampleResult, token_logprobs
 from radixrt.scheduler.inputs import PromptLogprobJob, StepInputs
 from radixrt.scheduler.interfaces import StepRunner, StepSampler
+
+if TYPE_CHECKING:
+    from radixrt.scheduler.planner import Batch
+    from radixrt.scheduler.request import Req
 
 PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
 
@@ -51,6 +55,32 @@ class StepOutput:
 
     sample: Optional[SampleResult]  # one token per StepInputs.sampling_rows entry; None without any
     prompt_scores: list[PromptScores]  # one list per StepInputs.prompt_jobs entry
+
+
+@dataclass
+class InFlight:
+    """A launched step whose results are not processed yet."""
+
+    batch: "Batch"
+    inputs: StepInputs
+    output: "Future[StepOutput]"
+    overlappable: bool  # the next step may be scheduled before these results are in
+    started_at: float = 0.0  # time.perf_counter() when its step began (drafting and planning included)
+
+
+def needs_host_tokens(req: "Req") -> bool:
+    """Its next step's inputs depend on this step's token (grammar mask, penalties)."""
+    sp = req.sampling
+    return (
+        req.grammar is not None
+        or req.grammar_future is not None
+        or sp.repetition_penalty != 1.0
+        or sp.frequency_penalty != 0.0
+        or sp.presence_penalty != 0.0
+        or req.spec is not None  # its next draft continues from this step's token
+        or req.kv_budget is not None  # its compaction reads this step's attention scores
+        or req.beam is not None  # its search's next step chooses its next token
+    )
 
 
 class StepLauncher:

@@ -32,12 +32,13 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Optional
+from typing import Any, Optional
 
 from radixrt.config import SchedulingSettings
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_explain import explain_match
+from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.constrained import drop_draft
@@ -212,7 +213,7 @@ class BatchPlanner:
                     plan.ended.append((req, FinishReason.abort("out of KV memory for a single request")))
                     return 0
             self._retract(victim, plan)
-            if victim is req:
+            if req.phase is not Phase.RUNNING:  # retracted itself, or with a sibling beam
                 return 0
         return q
 
@@ -312,8 +313,15 @@ class BatchPlanner:
         for req in ordered:
             if budget <= 0 or len(running) >= self.config.max_running_requests:
                 break
-            if req.grammar_compiling or req.inflight_tokens:
-                continue  # its grammar is still compiling / its last token is still in flight
+            if req.phase is not Phase.WAITING or req.grammar_compiling or req.inflight_tokens:
+                continue  # admitted with its beam search / its grammar is compiling / its last token is in flight
+            if req.beam is not None:
+                used = self._admit_beams(req, batch, budget, reserve)
+                if used is None:
+                    break
+                budget -= used
+                reserve += sum(int(self._remaining_tokens(r) * self.new_token_ratio) for r, _ in batch[-used:])
+                continue
             match = self.kv.match(req, load=True)  # what the host tier holds comes back (copies queued)
             if self.kv.tree.stores_prefixes:
                 shared = inflight.match_prefix(req.seq[: req.max_prefix_len], record_stats=False).length
@@ -336,20 +344,55 @@ class BatchPlanner:
                     req.max_prefix_len,
                     full=req.cache_info_mode == "full",
                 )
-            self.kv.admit(req, match)
-            if not self.kv.extend(req, q):
-                self.kv.release(req)
+            if not self._admit_one(req, match, q, batch, explained):
                 break
-            if not req.admitted_once:
-                req.cached_tokens = match.length
-                req.cache_info = explained
-                req.admitted_once = True
-                self.kv.record_admission(req, match.length, match.loaded)
-            waiting.remove(req)
-            req.phase = Phase.RUNNING
-            running.append(req)
-            self.queues.running_ordered = False
-            batch.append((req, q))
             budget -= q
             reserve += int(self._remaining_tokens(req) * self.new_token_ratio)
             inflight.insert(req.seq, [0] * req.seq_len)
+
+    def _admit_one(self, req: Req, match: MatchResult, q: int, batch: Batch, explained: Optional[Any] = None) -> bool:
+        """Admit ``req`` with its prefix ``match`` and KV for ``q`` tokens into ``batch``;
+        False (nothing changed) when memory is short."""
+        self.kv.admit(req, match)
+        if not self.kv.extend(req, q):
+            self.kv.release(req)
+            return False
+        if not req.admitted_once:
+            req.cached_tokens = match.length
+            req.cache_info = explained
+            req.admitted_once = True
+            self.kv.record_admission(req, match.length, match.loaded)
+        self.queues.waiting.remove(req)
+        req.phase = Phase.RUNNING
+        self.queues.running.append(req)
+        self.queues.running_ordered = False
+        batch.append((req, q))
+        return True
+
+    def _admit_beams(self, req: Req, batch: Batch, budget: int, reserve: int) -> Optional[int]:
+        """Admit the waiting beams of ``req``'s search together (a search steps only
+        once all its live beams have computed), or none of them. Returns the
+        number admitted (each its last ``batch`` entry), None when they do not fit."""
+        assert req.beam is not None
+        unit = [b for b in req.beam.beams if b.phase is Phase.WAITING]
+        if len(self.queues.running) + len(unit) > self.config.max_running_requests:
+            return None
+        need = sum(b.seq_len - self.kv.match(b).length for b in unit)
+        if self.queues.running and self.kv.available_slots() - need < reserve:
+            return None
+        admitted: list[tuple[Req, int]] = []
+        for b in unit:
+            match = self.kv.match(b, load=True)  # after the siblings' admission: what eviction left
+            q = self._prefill_tokens(b, b.seq_len - match.length, budget)
+            if q <= 0 or not self._admit_one(b, match, q, batch):
+                for done, dq in admitted:  # back to waiting, their slots for this step not computed
+                    batch.remove((done, dq))
+                    self.queues.running.remove(done)
+                    self.kv.truncate(done, len(done.slots) - dq)
+                    self.kv.release(done)
+                    done.phase = Phase.WAITING
+                    self.queues.waiting.insert(0, done)
+                return None
+            admitted.append((b, q))
+            budget -= q
+        return len(admitted)

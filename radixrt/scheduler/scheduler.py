@@ -39,8 +39,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from radixrt.config import EngineConfig
@@ -65,10 +63,10 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
-from radixrt.scheduler.inputs import StepInputs, prepare_inputs
+from radixrt.scheduler.inputs import prepare_inputs
 from radixrt.scheduler.interfaces import StepSampler
 from radixrt.scheduler.kv_budget import KVBudgeter
-from radixrt.scheduler.launcher import StepLauncher, StepOutput
+from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
 from radixrt.scheduler.request import Phase, Req
@@ -76,32 +74,6 @@ from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class InFlight:
-    """A launched step whose results are not processed yet."""
-
-    batch: Batch
-    inputs: StepInputs
-    output: "Future[StepOutput]"
-    overlappable: bool  # the next step may be scheduled before these results are in
-    started_at: float = 0.0  # time.perf_counter() when its step began (drafting and planning included)
-
-
-def _needs_host_tokens(req: Req) -> bool:
-    """Its next step's inputs depend on this step's token (grammar mask, penalties)."""
-    sp = req.sampling
-    return (
-        req.grammar is not None
-        or req.grammar_future is not None
-        or sp.repetition_penalty != 1.0
-        or sp.frequency_penalty != 0.0
-        or sp.presence_penalty != 0.0
-        or req.spec is not None  # its next draft continues from this step's token
-        or req.kv_budget is not None  # its compaction reads this step's attention scores
-        or req.beam is not None  # its search's next step chooses its next token
-    )
 
 
 class Scheduler:
@@ -170,7 +142,12 @@ class Scheduler:
             self.speculator,
         )
         self.beams = BeamSearch(
-            self.kv, self.queues, self.runner.kv_pool.copy_slots, self.results.candidate_finish, len(self.eos_token_ids)
+            self.kv,
+            self.queues,
+            self.runner.kv_pool.copy_slots,
+            self.results.candidate_finish,
+            len(self.eos_token_ids),
+            config.scheduling.max_running_requests,
         )
         self.results.beams = self.beams
         self.inflight: Optional[InFlight] = None
@@ -212,6 +189,7 @@ class Scheduler:
                 raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
             if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
                 raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
+            self.beams.check(len(msg.input_ids), msg.sampling)
         except ValueError as e:
             self._queued_outputs.append(
                 TokenOutput(
@@ -355,7 +333,7 @@ class Scheduler:
         return out
 
     def _launch(self, batch: Batch, started: float) -> InFlight:
-        overlappable = self.launcher.overlap and not any(_needs_host_tokens(r) for r, _ in batch)
+        overlappable = self.launcher.overlap and not any(needs_host_tokens(r) for r, _ in batch)
         inputs = prepare_inputs(
             batch, self.constrained, self.kv.req_to_token.take_writes(), keep_last_tokens=overlappable
         )
@@ -431,6 +409,7 @@ class Scheduler:
             "jump_forward_tokens": self.constrained.kept,
             **(self.speculator.stats_dict() if self.speculator is not None else {}),
             **self.budgets.stats(),
+            **self.beams.stats(),
             "running": len(self.queues.running),
             "waiting": len(self.queues.waiting),
             "kv": self.kv_usage(),
