@@ -85,9 +85,15 @@ def gen(
     repetition_penalty: Optional[float] = None,
     seed: Optional[int] = None,
     ebnf: Optional[str] = None,
+    beam_width: Optional[int] = None,
+    length_penalty: Optional[float] = None,
+    early_stopping: Optional[Union[bool, str]] = None,
 ) -> SglExpr:
     """Generate text into variable ``name`` (unset options take the program's
-    defaults). With ``choices``, this is :func:`select`."""
+    defaults). With ``choices``, this is :func:`select`. ``beam_width`` > 1
+    runs a beam search of that width in the runtime (``length_penalty`` and
+    ``early_stopping`` as in transformers); the variable gets the best
+    hypothesis, or the ``n`` best as a list."""
     if choices:
         return SglSelect(
             name,
@@ -130,6 +136,9 @@ def gen(
             regex=regex,
             json_schema=json_schema,
             ebnf=ebnf,
+            beam_width=beam_width,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
         ),
     )
 

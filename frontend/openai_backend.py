@@ -114,6 +114,9 @@ class OpenAI(BaseBackend):
             extra["ignore_eos"] = True
         if sp.stop_token_ids:
             extra["stop_token_ids"] = list(sp.stop_token_ids)
+        for name in ("beam_width", "length_penalty", "early_stopping"):  # a radixrt server's beam search
+            if getattr(sp, name) is not None:
+                extra[name] = getattr(sp, name)
         if extra:
             kw["extra_body"] = extra
         return kw

@@ -56,6 +56,10 @@ class SglSamplingParams:
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict]] = None
     ebnf: Optional[str] = None
+    # beam search (radixrt's runtime): beam_width > 1 keeps that many hypotheses; n of them come back
+    beam_width: Optional[int] = None
+    length_penalty: Optional[float] = None
+    early_stopping: Optional[Union[bool, str]] = None
 
     def merged_over(self, defaults: "SglSamplingParams") -> "SglSamplingParams":
         """A copy where every field unset here takes the value from ``defaults``."""
@@ -99,6 +103,9 @@ class SglSamplingParams:
             "ignore_eos",
             "seed",
             "ebnf",
+            "beam_width",
+            "length_penalty",
+            "early_stopping",
         )
         for k in simple:
             v = getattr(self, k)

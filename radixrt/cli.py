@@ -72,6 +72,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.chat:
             prompts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+        if args.beam_width > 1:
+            sampling.update(beam_width=args.beam_width, length_penalty=args.length_penalty)
         clock = time.perf_counter()
         if args.stream and len(prompts) == 1:
             printed, logged = 0, False
@@ -91,9 +93,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(json.dumps(r))
             else:
                 print(r["text"])
+                beam = r["meta_info"].get("beam")
                 print(
                     f"--- {r['meta_info']['completion_tokens']} tokens, "
-                    f"{r['meta_info']['cached_tokens']} cached prompt tokens",
+                    f"{r['meta_info']['cached_tokens']} cached prompt tokens"
+                    + (f", beam score {beam['score']:.4f}" if beam else ""),
                     file=sys.stderr,
                 )
     finally:
@@ -210,6 +214,8 @@ def _add_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="*", help="prompts; none: one prompt per non-empty stdin line")
     p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens generated per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--beam-width", type=int, default=1, help="beam search of this width (1: no beam search)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam score = logprob / length ** this")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt only)")
     p.add_argument("--json", action="store_true", help="print whole SGLang-shaped results, one JSON per line")

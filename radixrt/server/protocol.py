@@ -53,6 +53,12 @@ class _SamplingExtras(_Lenient):
     # radixrt's: the KV the request attends at most (tokens or a fraction of its context) and the policy
     kv_budget: Optional[Union[StrictInt, StrictFloat]] = None
     kv_budget_policy: Optional[str] = None
+    # beam search: vLLM's use_beam_search (its width is n, or best_of when larger), or SGLang's beam_width;
+    # length_penalty and early_stopping as in transformers
+    use_beam_search: Optional[StrictBool] = None
+    beam_width: Optional[StrictInt] = None
+    length_penalty: Optional[float] = None
+    early_stopping: Optional[Union[StrictBool, Literal["never"]]] = None
     stop_token_ids: Optional[list[StrictInt]] = None
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
@@ -100,7 +106,15 @@ class _SamplingExtras(_Lenient):
             "json_schema": js,
             "ebnf": self.ebnf,
             "logit_bias": self.logit_bias or None,
+            "length_penalty": self.length_penalty,
+            "early_stopping": self.early_stopping,
+            "beam_width": self.beam_width,
         }
+        if self.use_beam_search and self.beam_width is None:
+            width = max(self.n, getattr(self, "best_of", None) or 0)
+            d["beam_width"] = width
+            if width == 1:  # a beam of one is greedy decoding
+                d["temperature"] = 0.0
         return {k: v for k, v in d.items() if v is not None}
 
 

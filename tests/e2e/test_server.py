@@ -836,3 +836,40 @@ def test_killed_scheduler_makes_server_exit(tiny_llama):
         assert "scheduler process" in srv.log_tail()
     finally:
         srv.cleanup()
+
+
+def test_beam_search_on_both_apis(client, oai, model_name):
+    """``beam_width`` on /generate returns the ``n`` best hypotheses, best first, each with its score in
+    meta_info.beam; vLLM's ``use_beam_search`` with ``n`` on the OpenAI routes (the official client)
+    gives the same texts; bad beam parameters are 400s naming the field; no KV leaks."""
+    prompt = "List three colors of the rainbow:"
+    sp = {"max_new_tokens": 8, "beam_width": 3, "n": 3, "length_penalty": 1.0}
+    r = client.post("/generate", json={"text": prompt, "sampling_params": sp})
+    assert r.status_code == 200, r.text
+    beams = r.json()
+    assert isinstance(beams, list) and len(beams) == 3
+    scores = [b["meta_info"]["beam"]["score"] for b in beams]
+    assert scores == sorted(scores, reverse=True) and [b["meta_info"]["beam"]["rank"] for b in beams] == [0, 1, 2]
+    assert len({tuple(b["output_ids"]) for b in beams}) == 3
+    best = client.post("/generate", json={"text": prompt, "sampling_params": {**sp, "n": 1}}).json()
+    assert best["output_ids"] == beams[0]["output_ids"]  # the same search; n only chooses how many come back
+    comp = oai.completions.create(
+        model=model_name, prompt=prompt, max_tokens=8, n=3, extra_body={"use_beam_search": True}
+    )
+    assert [c.text for c in sorted(comp.choices, key=lambda c: c.index)] == [b["text"] for b in beams]
+    chat = oai.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=6,
+        n=2,
+        extra_body={"use_beam_search": True, "early_stopping": True},
+    )
+    assert len(chat.choices) == 2 and all(c.message.content is not None for c in chat.choices)
+    for bad, field in (
+        ({"beam_width": 2, "n": 3}, "'n'"),
+        ({"beam_width": 2, "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"beam_width": 2, "early_stopping": "soon"}, "early_stopping"),
+    ):
+        r = client.post("/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 4, **bad}})
+        assert r.status_code == 400 and field in r.text, r.text
+    assert_no_leak(wait_idle(client))

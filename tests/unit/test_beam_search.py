@@ -102,9 +102,7 @@ def test_early_stopping_and_eos_as_transformers(tiny_llama, hf_tiny, early_stopp
     sched = _scheduler(tiny_llama)
     sched.eos_token_ids = {eos}
     sched.results.eos_token_ids = {eos}
-    sched.add_request(
-        GenerateReq(rid="e", input_ids=prompt, sampling=_beam(4, 4, 12, early_stopping=early_stopping))
-    )
+    sched.add_request(GenerateReq(rid="e", input_ids=prompt, sampling=_beam(4, 4, 12, early_stopping=early_stopping)))
     outs = _drain(sched)
     want, scores = _hf_beams(hf_tiny, prompt, 4, 12, early_stopping=early_stopping, eos_token_id=eos, pad_token_id=eos)
     got = [outs[f"e-{k}"].new_token_ids for k in range(4)]
