@@ -89,11 +89,8 @@ def gen(
     length_penalty: Optional[float] = None,
     early_stopping: Optional[Union[bool, str]] = None,
 ) -> SglExpr:
-    """Generate text into variable ``name`` (unset options take the program's
-    defaults). With ``choices``, this is :func:`select`. ``beam_width`` > 1
-    runs a beam search of that width in the runtime (``length_penalty`` and
-    ``early_stopping`` as in transformers); the variable gets the best
-    hypothesis, or the ``n`` best as a list."""
+    """Generate text into variable ``name`` (unset options take the program's defaults). With
+    ``choices``, this is :func:`select`; ``beam_width`` > 1: a beam search (its best, or ``n`` best)."""
     if choices:
         return SglSelect(
             name,

@@ -173,6 +173,13 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
         "repeatable (default: dtype=float32 and dtype=bfloat16)",
     )
     p.add_argument(
+        "--beam",
+        action="store_true",
+        help="only measure beam search: the in-engine search against an API-level loop of one-token "
+        "requests and n-way sampling, its peak KV, and the best-of-8 copy-on-write example (options: "
+        "python -m radixrt.bench.beam --help)",
+    )
+    p.add_argument(
         "--kv-budget",
         action="store_true",
         help="only measure KV budgets (h2o, infinigen, window) against full KV on long prose and code "
@@ -218,6 +225,10 @@ def _run_mode(args: argparse.Namespace) -> Optional[int]:
         from radixrt.bench import hicache
 
         return hicache.main(["--model", args.model] + (["--json", args.json_out] if args.json_out else []))
+    if args.beam:
+        from radixrt.bench import beam
+
+        return beam.main(["--model", args.model, "--best-of"] + (["--json", args.json_out] if args.json_out else []))
     if args.kv_budget:
         from radixrt.bench import kv_budget
 

@@ -346,10 +346,7 @@ class SamplingParams:
             bad("kv_budget", f"must be a fraction in (0, 1) or at least {MIN_KV_BUDGET} tokens")
         if self.kv_budget_policy is not None and self.kv_budget_policy not in KV_BUDGET_POLICIES:
             bad("kv_budget_policy", f"must be one of {', '.join(KV_BUDGET_POLICIES)}")
-        if not 0 <= self.beam_width <= MAX_BEAM_WIDTH:
-            bad("beam_width", f"must be in [0, {MAX_BEAM_WIDTH}] (0 or 1: no beam search)")
-        if self.uses_beam_search:
-            self._validate_beam_search()
+        self._validate_beam_search()
         set_constraints = [name for name in _CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(set_constraints) > 1:
             raise ValueError(
@@ -361,6 +358,13 @@ class SamplingParams:
         """What a beam search cannot combine with: its hypotheses are scored by the
         model's log-probabilities, so nothing may reshape those; ``n`` of its
         ``beam_width`` hypotheses are returned."""
+        if not 0 <= self.beam_width <= MAX_BEAM_WIDTH:
+            raise ValueError(
+                f"sampling parameter 'beam_width' must be in [0, {MAX_BEAM_WIDTH}] (0 or 1: no beam search), "
+                f"got {self.beam_width}"
+            )
+        if not self.uses_beam_search:
+            return
         if self.n > self.beam_width:
             raise ValueError(f"sampling parameter 'n' ({self.n}) must be <= beam_width ({self.beam_width})")
         reshaping = [

@@ -58,7 +58,7 @@ def sampling_row(
     index: Optional[int],
     counts: Optional[TokenCounts],
     draft_len: int,
-    beam_candidates: int = 0,
+    beam_candidates: int,
 ) -> SamplingRow:
     """The `SamplingRow` of these fields, all given by name. The step loop makes
     one per sampling row per step, and calling a dataclass with keywords costs

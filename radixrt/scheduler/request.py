@@ -14,7 +14,7 @@ from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
     from radixrt.sampling.grammar import GrammarState
-    from radixrt.scheduler.beam import BeamGroup
+    from radixrt.scheduler.beam_state import BeamGroup
     from radixrt.scheduler.budget_state import RequestBudget
     from radixrt.scheduler.spec_state import SpecState
 

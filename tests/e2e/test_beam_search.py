@@ -7,7 +7,6 @@ pages; and the DSL's ``gen(beam_width=...)`` gives the same best hypothesis."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import radixrt
 

@@ -24,6 +24,7 @@ def _full_output(rid: str) -> TokenOutput:
         {"matched": 4},
         3,
         {"policy": "h2o", "peak_kv_tokens": 136},
+        {"rank": 1, "score": -0.75},
     )
 
 

@@ -62,9 +62,9 @@ def _sched() -> SimpleNamespace:
     queues = SimpleNamespace(waiting=[], running=[])
     queues.remove = lambda r: (queues.waiting if r in queues.waiting else queues.running).remove(r)
 
-    def finish(r: Req, reason: object) -> str:
+    def finish(r: Req, reason: object) -> list[str]:
         finished.append(r.rid)
-        return r.rid
+        return [r.rid]
 
     return SimpleNamespace(queues=queues, _finish=finish, _queued_outputs=[], finished=finished)
 

@@ -184,6 +184,7 @@ def test_sampling_row_sets_every_field_by_name():
         "index": 9,
         "counts": TokenCounts(),
         "draft_len": 1,
+        "beam_candidates": 3,
     }
     assert {f.name for f in dataclasses.fields(SamplingRow)} == set(values)
     row = sampling_row(**values)
