@@ -7,8 +7,9 @@
 One server (``radixrt serve`` on 127.0.0.1) answers everything, so each
 figure is what a client sees; each row is the median of ``--repeats`` runs,
 the radix cache flushed before each. Every hypothesis runs ``--tokens``
-tokens (``min_new_tokens`` = ``max_new_tokens``: no early EOS), so the three
-do the same number of decode steps:
+tokens (``ignore_eos``: EOS is a token like any other, on all three sides),
+so the three do the same number of decode steps and the two searches are the
+same search (their best cumulative logprobs are printed side by side):
 
 1. **beam (engine)**: one ``/generate`` with ``beam_width`` W. Its
    ``meta_info.beam`` gives the peak KV its live beams held (distinct slots),
@@ -79,10 +80,9 @@ async def api_loop(client: httpx.AsyncClient, prompt_ids: list[int], width: int,
         bodies = [
             {
                 "input_ids": prompt_ids + out,
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0, "min_new_tokens": 1},
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
                 "return_logprob": True,
                 "top_logprobs_num": 2 * width,
-                "logprob_start_len": len(prompt_ids) + len(out),
             }
             for _, out in beams
         ]
@@ -103,7 +103,7 @@ async def _run(url: str, args: argparse.Namespace) -> list[BeamRow]:
         text = prompt_text(rng, args.prompt_tokens)
         ids = (await client.post("/tokenize", json={"prompt": text})).json()["tokens"]
         P = len(ids)
-        fixed = {"max_new_tokens": L, "min_new_tokens": L}
+        fixed = {"max_new_tokens": L, "ignore_eos": True}
         engine_walls, loop_walls, sample_walls = [], [], []
         meta: dict = {}
         loop_best = 0.0
@@ -136,11 +136,11 @@ async def _run(url: str, args: argparse.Namespace) -> list[BeamRow]:
 async def best_of(url: str, prompt_tokens: int, n: int, tokens: int) -> dict:
     """``n`` samples of one long prompt: the most KV the server held while they ran."""
     async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
-        text = prompt_text(random.Random(1), prompt_tokens)
+        text = prompt_text(random.Random(1), 2 * prompt_tokens)
         ids = (await client.post("/tokenize", json={"prompt": text})).json()["tokens"][:prompt_tokens]
         await client.post("/flush_cache")
         before = (await client.get("/get_server_info")).json()["internal_states"][0]
-        sp = {"max_new_tokens": tokens, "min_new_tokens": tokens, "n": n, "temperature": 1.0}
+        sp = {"max_new_tokens": tokens, "ignore_eos": True, "n": n, "temperature": 1.0}
         await _generate(client, {"input_ids": ids, "sampling_params": sp})
         after = (await client.get("/get_server_info")).json()["internal_states"][0]
     return {
@@ -160,13 +160,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--tokens", type=int, default=128, help="tokens every hypothesis generates (L)")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--dtype", default="float32", help="the server's --dtype (float32: both searches agree)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--best-of", action="store_true", help="also the best-of-8 copy-on-write example")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     from radixrt.server.local import LocalServer
 
-    flags = ["--max-total-tokens", "65536", "--page-size", str(args.page_size)]
+    flags = ["--max-total-tokens", "65536", "--page-size", str(args.page_size), "--dtype", args.dtype]
     srv = LocalServer(*flags, model=args.model).wait_ready()
     try:
         rows = asyncio.run(_run(srv.url, args))
@@ -174,12 +175,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.best_of:
             srv.stop()
             srv.cleanup()
-            srv = LocalServer("--max-total-tokens", "65536", "--page-size", "16", model=args.model).wait_ready()
+            flags[flags.index("--page-size") + 1] = "16"
+            srv = LocalServer(*flags, model=args.model).wait_ready()
             extra = asyncio.run(best_of(srv.url, 2000, 8, 100))
     finally:
         srv.stop()
         srv.cleanup()
-    print(f"beam search, W={args.width}, L={args.tokens}, prompt {args.prompt_tokens} tokens, page {args.page_size}")
+    print(
+        f"beam search, W={args.width}, L={args.tokens}, prompt {args.prompt_tokens} tokens, "
+        f"page {args.page_size}, {args.dtype}"
+    )
     print(f"{'mode':<16} {'wall s':>8} {'tok/s':>8} {'peak KV':>8} {'bound':>8} {'unshared':>9} {'best lp':>9}")
     for r in rows:
         cells = [r.peak_kv_slots, r.bound_slots, r.unshared_slots]

@@ -52,6 +52,23 @@ from radixrt.scheduler.request import Phase, Req
 UNSCORED = float("-inf")
 
 
+def held_slots(beams: list[Req]) -> int:
+    """Distinct KV slots the hypotheses hold: each one's private slots, plus the
+    tree's nodes on their paths counted once (a walk up from each one's node that
+    stops at a node already counted: the work grows with the nodes where they
+    parted, not with their tokens)."""
+    total = 0
+    seen: set[int] = set()
+    for b in beams:
+        total += len(b.slots) - b.tree_len
+        node = b.last_node
+        while node is not None and node.parent is not None and id(node) not in seen:
+            seen.add(id(node))
+            total += len(node.key)
+            node = node.parent
+    return total
+
+
 class BeamSearch:
     def __init__(
         self,
@@ -221,10 +238,7 @@ class BeamSearch:
         self.queues.running_ordered = False
         if g.requeue:
             self._requeue(g)
-        held: set[int] = set()
-        for b in g.beams:
-            held.update(b.slots)
-        g.peak_kv_slots = max(g.peak_kv_slots, len(held))
+        g.peak_kv_slots = max(g.peak_kv_slots, held_slots(g.beams))
 
     def _fork(self, g: BeamGroup, parent: Req) -> Req:
         """A new beam with ``parent``'s tokens and state. It shares the parent's KV

@@ -150,6 +150,12 @@ def test_memory_pressure_retracts_searches_as_units_and_changes_no_answer(tiny_l
     few_rows, sched = run(400, 4, max_running_requests=5)
     assert few_rows == roomy
     assert sched.stats()["beam_requeued"] > 0
+    # a host tier under the pool, retracted hypotheses swapped out to it and loaded back
+    swapped, sched = run(400, 4, enable_hierarchical_cache=True, preemption_mode="swap")
+    assert swapped == roomy
+    # no prefix cache at all: a fork copies everything its parent computed
+    no_cache, sched = run(8192, 4, disable_radix_cache=True)
+    assert no_cache == roomy and sched.stats()["beam_copied_slots"] > sched.stats()["beam_forks"] * 4
 
 
 def test_a_grammar_constrained_search_keeps_a_matcher_per_beam(tiny_llama):
