@@ -32,8 +32,9 @@ request does not stream), with the score in ``TokenOutput.beam``.
 
 Ownership: `BeamSearch` creates and drops the beams' `Req` objects and moves
 them between the queues; their KV goes through `KVCacheManager` only (fork,
-release); the copy-on-write copies run at once through ``copy_kv`` (the step
-that computed the parent's KV is complete: beam rows never overlap a step).
+release); the copy-on-write copies run at once through ``copy_kv``: a step
+with beam rows is completed before the next one is launched, so when its
+results are processed no step is in flight to read or write the pool.
 """
 
 from __future__ import annotations

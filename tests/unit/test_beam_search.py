@@ -19,6 +19,7 @@ import torch
 from radixrt.config import EngineConfig
 from radixrt.requests.messages import GenerateReq
 from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.beam import held_slots
 from radixrt.scheduler.scheduler import Scheduler
 
 
@@ -76,7 +77,12 @@ def test_every_hypothesis_and_score_equal_transformers(tiny_llama, hf_tiny, page
     sched = _scheduler(tiny_llama, page_size=page_size)
     for i, (p, w) in enumerate(zip(prompts, widths)):
         sched.add_request(GenerateReq(rid=f"b{i}", input_ids=p, sampling=_beam(w, w, 10, length_penalty=0.5 * i)))
-    outs = _drain(sched)
+
+    def held_is_the_union(s: Scheduler) -> None:
+        for group in {id(r.beam): r.beam for r in s.running if r.beam is not None}.values():
+            assert held_slots(group.beams) == len(set().union(*(b.slots for b in group.beams)))
+
+    outs = _drain(sched, held_is_the_union)
     for i, (p, w) in enumerate(zip(prompts, widths)):
         seqs, scores = _hf_beams(hf_tiny, p, w, 10, length_penalty=0.5 * i)
         ours = [outs[f"b{i}-{k}"] for k in range(w)]
