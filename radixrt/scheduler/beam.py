@@ -115,7 +115,7 @@ class BeamSearch:
         """Make ``root`` (a new request, not queued yet) the first beam of a search."""
         sp = root.sampling
         group = BeamGroup(
-            rid=root.rid,
+            rid=root.parent,  # the request's id (the root's own is f"{rid}#beam0")
             out_rids=out_rids,
             width=sp.beam_width,
             length_penalty=sp.length_penalty,
