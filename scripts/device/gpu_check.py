@@ -1063,6 +1063,69 @@ def check_kv_budget(device: str, dry: bool, carry: Path, work: Path, report: Rep
     return out
 
 
+def check_beam(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
+    """Beam search on the device (radixrt/scheduler/beam.py): W = 4, L = 128 in the engine against the
+    same search as a loop of one-token requests (in process, so without the HTTP cost the server's loop
+    adds: a lower bound of that loop's time) and against n = 4 sampling of the same length. Every
+    hypothesis runs L tokens (ignore_eos), so both searches must find the same best hypothesis."""
+    import radixrt
+
+    real, meta = _default_model_source(carry)
+    if meta is None:
+        return {"skipped": "no default model config carried (default_model_meta)"}
+    import torch
+
+    folder = real if real is not None and not dry else work / "beam-default"
+    if folder != real:
+        config = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
+        make_random_model(folder, config, meta, "cpu", torch.float32 if dry else torch.bfloat16)
+    W, L = (4, 8) if dry else (4, 128)
+    kw = {"attention_backend": "flashinfer"} if dry else {}
+    engine = radixrt.Engine(model_path=str(folder), device=device, max_total_tokens=65536, dtype="float32", **kw)
+    prompt = [random.Random(1).randrange(100, 20000) for _ in range(256)]
+    fixed = {"max_new_tokens": L, "ignore_eos": True}
+    out: dict[str, Any] = {"width": W, "tokens": L}
+    try:
+        for warm in ({"beam_width": W}, {"n": W, "temperature": 1.0}):  # kernels, graphs and JIT first
+            engine.generate(input_ids=prompt, sampling_params={**fixed, **warm})
+        engine.generate(input_ids=[prompt] * W, sampling_params={"max_new_tokens": 1}, top_logprobs_num=2 * W)
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        best = engine.generate(input_ids=prompt, sampling_params={**fixed, "beam_width": W})
+        out["engine_s"] = time.perf_counter() - t0
+        out["engine_best_logprob"] = best["meta_info"]["beam"]["cumulative_logprob"]
+        out["peak_kv_slots"] = best["meta_info"]["beam"]["peak_kv_slots"]
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        beams: list[tuple[float, list[int]]] = [(0.0, [])]
+        one = {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}
+        for _ in range(L):
+            replies = engine.generate(
+                input_ids=[prompt + o for _, o in beams],
+                sampling_params=one,
+                return_logprob=True,
+                top_logprobs_num=2 * W,
+            )
+            cands = [
+                (score + lp, o + [tok])
+                for (score, o), r in zip(beams, replies)
+                for lp, tok, *_ in r["meta_info"]["output_top_logprobs"][0]
+            ]
+            beams = sorted(cands, key=lambda c: -c[0])[:W]
+        out["loop_s"] = time.perf_counter() - t0
+        out["loop_best_logprob"] = beams[0][0]
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        engine.generate(input_ids=prompt, sampling_params={**fixed, "n": W, "temperature": 1.0})
+        out["sampling_s"] = time.perf_counter() - t0
+    finally:
+        engine.shutdown()
+    out["engine_vs_loop"] = out["loop_s"] / out["engine_s"]
+    out["engine_vs_sampling_time"] = out["engine_s"] / out["sampling_s"]
+    report.log(f"beam: {out}")
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1072,7 +1135,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/radixrt_gpu_check", help="scratch folder for model weights")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
     ap.add_argument(
-        "--sections", default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative,kvbudget"
+        "--sections",
+        default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative,kvbudget,beam",
     )
     for key, value in E2E_SIZES.items():
         ap.add_argument(
@@ -1133,6 +1197,8 @@ def main() -> None:
         report.section(
             "kvbudget", lambda: check_kv_budget(device, args.dry_run, Path(args.carry), work, report), min_left_s=60
         )
+    if "beam" in wanted:
+        report.section("beam", lambda: check_beam(device, args.dry_run, Path(args.carry), work, report), min_left_s=60)
     if device == "cuda":
         ws = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
         report.data["jit_compiled_on_device"] = sorted(p.name for p in ws.glob("*/*/cached_ops/*") if p.is_dir())

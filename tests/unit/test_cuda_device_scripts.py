@@ -160,6 +160,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert s["fp8kv"]["pass"] and s["fp8kv"]["cases"] == 2 * 2 * 2 * 3
     assert {v["page_size"] for v in s["bandwidth"]["decode"]} == {1, 16}
     assert s["sampling"]["pass"]
+    assert s["beam"]["engine_vs_loop"] > 0 and s["beam"]["peak_kv_slots"] > 0
     assert s["hostkv"]["pass"] and s["hostkv"]["round_trip_exact"] and s["hostkv"]["load_GBps"] > 0
     for shape in ("default", "llama-1b"):
         for overlap in ("on", "off"):
