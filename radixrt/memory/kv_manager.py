@@ -50,8 +50,13 @@ class KVCacheManager:
 
     def record_admission(self, req: RequestKV, hit: int, host_hit: int = 0) -> None:
         """Count a request's prompt in the hit-rate statistics, once, at first admission;
-        ``host_hit`` of the ``hit`` tokens came back from the host tier."""
+        ``host_hit`` of the ``hit`` tokens came back from the host tier. Every node
+        of its matched path counts a hit (``TreeNode.hits``)."""
         self.tree.record_match(req.prompt_len, hit, host_hit)
+        node = req.last_node if hit else None
+        while node is not None and node.key:
+            node.hits += 1
+            node = node.parent
 
     def take_transfers(self) -> KVTransfers:
         """The copies between tiers queued since the last call, for the step being launched."""

@@ -157,6 +157,7 @@ class RadixCache(PrefixCache):
         assert parent is not None, "only a node in the tree is split"
         upper = TreeNode(node.key[:m], node.value[:m], parent, node.last_access)
         upper.lock_ref = node.lock_ref
+        upper.hits = node.hits
         node.key = node.key[m:]
         node.value = node.value[m:]
         node.parent = upper

@@ -25,6 +25,8 @@ class TreeNode:
     lock_ref: number of active locks on this node or any descendant.
     last_access: value of the cache's logical clock at the last match/insert
     that went through this node (a counter, not wall time).
+    hits: admissions whose matched prefix ran through this node (each request
+    counted once, at its first admission; the debug view shows them).
     """
 
     __slots__ = (
@@ -38,6 +40,7 @@ class TreeNode:
         "lru_entry",
         "host_value",
         "host_lru_entry",
+        "hits",
     )
 
     def __init__(self, key: list[int], value: list[int], parent: Optional["TreeNode"], last_access: int = 0):
@@ -53,6 +56,7 @@ class TreeNode:
         self.host_value: Optional[list[int]] = None
         # (last_access, id, self) while this node sits in the host-evictable-leaf set.
         self.host_lru_entry: Optional[tuple] = None
+        self.hits = 0
 
     @property
     def on_device(self) -> bool:

@@ -55,8 +55,17 @@ class StatsReq:
 
 
 @dataclass
+class RadixSnapshotReq:
+    """Ask for the debug view of the radix tree and the requests (radixrt/scheduler/debug_view.py)."""
+
+    max_depth: int = 8
+    max_nodes: int = 500
+    tokens_per_node: int = 0  # the first token ids of each node (0: none)
+
+
+@dataclass
 class ControlReply:
-    kind: str  # "flush_cache" | "stats"
+    kind: str  # "flush_cache" | "stats" | "radix"
     ok: bool = True
     payload: dict[str, Any] = field(default_factory=dict)
 

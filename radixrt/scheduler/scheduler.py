@@ -52,6 +52,7 @@ from radixrt.requests.messages import (
     ControlReply,
     FlushCacheReq,
     GenerateReq,
+    RadixSnapshotReq,
     StatsReq,
     TokenBatch,
     TokenOutput,
@@ -62,6 +63,7 @@ from radixrt.sampling.grammar import GrammarBackend
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
+from radixrt.scheduler.debug_view import radix_view
 from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import prepare_inputs
 from radixrt.scheduler.interfaces import StepSampler
@@ -273,6 +275,8 @@ class Scheduler:
             return ControlReply("flush_cache", ok=self.flush_cache())
         elif isinstance(msg, StatsReq):
             return ControlReply("stats", payload=self.stats())
+        elif isinstance(msg, RadixSnapshotReq):
+            return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg))
         else:
             raise TypeError(f"unknown scheduler message {type(msg).__name__}")
         return None

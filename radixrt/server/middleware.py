@@ -30,6 +30,9 @@ KNOWN_ROUTES = {
     "/abort_request",
     "/metrics",
     "/debug/kv",
+    "/debug/radix",
+    "/debug/stream",
+    "/dashboard",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
@@ -42,7 +45,7 @@ class _ClientGone(Exception):
 class GuardMiddleware:
     """Pure ASGI (streaming and disconnect detection pass through untouched):
 
-    * API key on every route but /health (401);
+    * API key on every route but /health and /dashboard (401);
     * while the server drains for shutdown, 503 to every new request but
       /health, /metrics and /abort_request;
     * the request body is read here in full before the app runs: over the
@@ -58,7 +61,8 @@ class GuardMiddleware:
       for them) and every answer in the HTTP metrics.
     """
 
-    OPEN_PATHS = ("/health",)
+    # /dashboard is the page's code only: everything it shows comes from routes that need the key
+    OPEN_PATHS = ("/health", "/dashboard")
     OPEN_WHILE_DRAINING = ("/health", "/metrics", "/abort_request")
 
     def __init__(self, app: Any, ctx_getter: Callable[[], ServerContext]) -> None:

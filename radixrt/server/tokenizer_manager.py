@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from radixrt.requests.intake import RequestSpec, validate_spec
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenOutput
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, RadixSnapshotReq, StatsReq, TokenOutput
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ReqState, ResultRouter
 from radixrt.requests.runtime_info import RuntimeInfo
@@ -279,6 +279,10 @@ class TokenizerManager:
 
     async def flush_cache(self) -> bool:
         return (await self.control(FlushCacheReq(), "flush_cache")).ok
+
+    async def radix_view(self, req: RadixSnapshotReq, timeout: float = 10.0) -> dict:
+        """The scheduler's debug view of its tree and requests (scheduler/debug_view.py)."""
+        return (await self.control(req, "radix", timeout)).payload
 
     async def get_stats(self, timeout: float = 10.0) -> dict:
         stats = (await self.control(StatsReq(), "stats", timeout)).payload

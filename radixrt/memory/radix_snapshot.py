@@ -1,0 +1,139 @@
+"""A bounded snapshot of the radix tree, for the debug view (``GET /debug/radix``, ``/dashboard``).
+
+`radix_snapshot` walks the tree breadth first and returns plain data: at
+most ``max_nodes`` nodes down to ``max_depth`` edges below their namespace,
+each with its token count, where its KV lives, its lock references, hits and
+last access. A node whose children are not listed (the depth or node limit
+cut them off) carries the size of what it hides (``hidden_nodes``,
+``hidden_tokens``), so that a screen shows a big subtree as one box with its
+size; so does each namespace. Counting hidden nodes stops after
+``count_budget`` nodes in all: past it the sizes are lower bounds
+(``"exact": false``), so a snapshot costs O(max_nodes + count_budget)
+whatever the tree's size.
+
+Namespaces (a request's ``cache_salt``) are never named: the default one is
+``"default"``, another is ``"ns-"`` and the first 8 hex digits of the
+SHA-256 of its salt. Token ids are included only when asked
+(``tokens_per_node`` > 0: the first ones of each node), for the caller to
+decode or not: this module knows no text.
+
+Torch-free; it only reads the tree (the scheduler thread calls it between
+steps, so the tree does not change under it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Hashable, Optional
+
+if TYPE_CHECKING:
+    from radixrt.memory.radix_node import TreeNode
+
+DEFAULT_COUNT_BUDGET = 20_000  # hidden nodes counted per snapshot, at most
+
+
+def namespace_label(namespace: Hashable) -> str:
+    """How a namespace is shown: never its salt."""
+    if namespace is None:
+        return "default"
+    return "ns-" + hashlib.sha256(str(namespace).encode()).hexdigest()[:8]
+
+
+def _where(node: "TreeNode") -> str:
+    on_host = node.host_value is not None
+    if node.value:
+        return "device+host" if on_host else "device"
+    return "host" if on_host else "none"
+
+
+class _Counter:
+    """Sizes of subtrees, counted within a budget of nodes shared by all calls."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.exact = True
+
+    def below(self, nodes: list["TreeNode"]) -> tuple[int, int]:
+        """Nodes and tokens in ``nodes`` and everything under them (lower bounds
+        once the budget is spent)."""
+        count = tokens = 0
+        stack = list(nodes)
+        while stack:
+            if self.budget <= 0:
+                self.exact = False
+                break
+            x = stack.pop()
+            self.budget -= 1
+            count += 1
+            tokens += len(x.key)
+            if x.children:
+                stack.extend(x.children.values())
+        return count, tokens
+
+
+def radix_snapshot(
+    root: "TreeNode",
+    max_depth: int = 8,
+    max_nodes: int = 500,
+    tokens_per_node: int = 0,
+    namespaces: Optional[set[Hashable]] = None,
+    count_budget: int = DEFAULT_COUNT_BUDGET,
+) -> dict[str, Any]:
+    """The tree under ``root`` (whose children are the namespaces' sub-roots) as
+    ``{"namespaces": [...], "nodes": [...], "truncated", "exact", "took_ms"}``.
+    ``namespaces``: only these (None: all)."""
+    started = time.perf_counter()
+    counter = _Counter(count_budget)
+    nodes: list[dict[str, Any]] = []
+    listed: list["TreeNode"] = []  # the node of each entry
+    spaces = []
+    queue: deque[tuple["TreeNode", int, int, str]] = deque()
+    for namespace, sub in root.children.items():
+        if namespaces is not None and namespace not in namespaces:
+            continue
+        label = namespace_label(namespace)
+        spaces.append({"namespace": label, "root": sub.id, "children": len(sub.children)})
+        for child in sub.children.values():
+            queue.append((child, 1, sub.id, label))
+    truncated = False
+    while queue and len(nodes) < max_nodes:
+        node, depth, parent, label = queue.popleft()
+        entry: dict[str, Any] = {
+            "id": node.id,
+            "parent": parent,
+            "namespace": label,
+            "depth": depth,
+            "tokens": len(node.key),
+            "where": _where(node),
+            "lock_ref": node.lock_ref,
+            "hits": node.hits,
+            "last_access": node.last_access,
+            "children": len(node.children),
+        }
+        if tokens_per_node:
+            entry["token_ids"] = list(node.key[:tokens_per_node])
+        nodes.append(entry)
+        listed.append(node)
+        if depth < max_depth:
+            queue.extend((c, depth + 1, node.id, label) for c in node.children.values())
+    truncated = bool(queue) or any(n["children"] and n["depth"] >= max_depth for n in nodes)
+    shown = {x.id for x in listed}
+    for entry, node in zip(nodes, listed):  # what the limits cut off below each listed node
+        cut = [c for c in node.children.values() if c.id not in shown]
+        if cut:
+            entry["hidden_nodes"], entry["hidden_tokens"] = counter.below(cut)
+    for space, (_, sub) in zip(spaces, _chosen(root, namespaces)):
+        space["nodes"], space["tokens"] = counter.below(list(sub.children.values()))
+    return {
+        "namespaces": spaces,
+        "nodes": nodes,
+        "truncated": truncated,
+        "exact": counter.exact,
+        "took_ms": 1000 * (time.perf_counter() - started),
+    }
+
+
+def _chosen(root: "TreeNode", namespaces: Optional[set[Hashable]]) -> list[tuple[Hashable, "TreeNode"]]:
+    return [(ns, sub) for ns, sub in root.children.items() if namespaces is None or ns in namespaces]

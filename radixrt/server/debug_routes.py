@@ -1,0 +1,133 @@
+"""The live view of the cache: ``GET /debug/radix`` (a snapshot), ``GET /debug/stream``
+(server-sent events of the pool and cache counters) and ``GET /dashboard`` (the page
+that shows both, radixrt/server/static/dashboard.html).
+
+Access: with an admin key set (``--admin-api-key``) the data routes need it
+(403 otherwise); without one they need what every route needs (the API key,
+when set). The page itself is served to anyone (it holds no data): the
+operator types the key into it, and it sends the key with every request.
+
+Decoded text (``text=true``) is off by default and is given only to the
+admin key's holder, or on a server with no key at all (one user): a tenant
+never reads another namespace's text, and namespaces are shown by a digest
+of their salt, never the salt (radixrt/memory/radix_snapshot.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from importlib import resources
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+
+from radixrt.requests.messages import RadixSnapshotReq
+from radixrt.server.context import ServerContext, server_context
+from radixrt.server.errors import ServerError, bad_request
+from radixrt.server.http_utils import JSON, sse
+
+router = APIRouter()
+
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+SNIPPET_TOKENS = 24  # tokens of each node decoded for its label
+RATES = (1, 10)  # updates per second the stream allows
+
+
+def _check_access(request: Request, ctx: ServerContext) -> None:
+    if ctx.admin_api_key:
+        ctx.require_admin(request, "the cache's debug view")
+
+
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}].", name) from None
+    if not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}], got {value}.", name)
+    return value
+
+
+def _text_allowed(request: Request, ctx: ServerContext) -> bool:
+    raw = request.query_params.get("text", "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise bad_request("'text' must be true or false.", "text")
+    if raw in ("false", "0"):
+        return False
+    if not (ctx.is_admin(request) or not (ctx.api_key or ctx.admin_api_key)):
+        raise ServerError(403, "decoded text needs the server's admin key.", "text", "permission_error")
+    return True
+
+
+@router.get("/debug/radix")
+async def debug_radix(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """A snapshot of the radix tree (``max_depth``, ``max_nodes``; ``text=true`` decodes
+    each node's first tokens), the KV pool by state and the requests with their paths."""
+    _check_access(request, ctx)
+    text = _text_allowed(request, ctx)
+    msg = RadixSnapshotReq(
+        max_depth=_int_param(request, "max_depth", 8, 1, MAX_DEPTH),
+        max_nodes=_int_param(request, "max_nodes", 500, 1, MAX_NODES),
+        tokens_per_node=SNIPPET_TOKENS if text else 0,
+    )
+    view = await ctx.tm.radix_view(msg)
+    if text:
+        decode = ctx.tm.tokenizer.decode
+        for node in view["nodes"]:
+            node["text"] = decode(node.pop("token_ids"))
+    return JSON(view)
+
+
+def _stream_point(stats: dict[str, Any]) -> dict[str, Any]:
+    cache = stats.get("cache", {})
+    return {
+        "t": time.time(),
+        "kv": stats.get("kv", {}),
+        "host_kv": stats.get("host_kv"),
+        "hit_rate": cache.get("hit_rate", 0.0),
+        "hit_tokens": cache.get("hit_tokens", 0),
+        "queried_tokens": cache.get("queried_tokens", 0),
+        "evicted_tokens": cache.get("evicted_tokens", 0),
+        "running": stats.get("running", 0),
+        "waiting": stats.get("waiting", 0),
+        "retractions": stats.get("retractions", 0),
+        "generated_tokens": stats.get("generated_tokens", 0),
+        "steps": stats.get("steps", 0),
+    }
+
+
+@router.get("/debug/stream")
+async def debug_stream(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """Server-sent events: the pool by state, hit and evicted tokens, running and
+    waiting requests and retractions, ``rate`` times a second (1-10)."""
+    _check_access(request, ctx)
+    rate = _int_param(request, "rate", 2, *RATES)
+    limit = _int_param(request, "limit", 0, 0, 1_000_000)  # events before the stream ends (0: no end)
+
+    async def events() -> AsyncIterator[bytes]:
+        sent = 0
+        while not ctx.draining and (not limit or sent < limit):
+            started = time.monotonic()
+            try:
+                yield sse(_stream_point(await ctx.tm.get_stats(timeout=5.0)))
+            except ServerError as e:
+                yield sse({"error": e.message})
+            sent += 1
+            await asyncio.sleep(max(0.0, 1.0 / rate - (time.monotonic() - started)))
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """The live view: one self-contained page (no CDN: it works offline); its data needs the key."""
+    page = resources.files("radixrt.server").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+    return HTMLResponse(page)

@@ -1,0 +1,108 @@
+"""The cache's live view on a real server (radixrt/server/debug_routes.py): ``/debug/radix``,
+``/debug/stream`` and the ``/dashboard`` page, with an API key and an admin key set.
+
+A program with a shared system prompt and forks runs against the server through
+`RuntimeEndpoint`; the snapshot shows the shared node with its hits, a running request
+with the node its cached path ends at, namespaces by digest only, and decoded text only
+for the admin key."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+import radixrt as rt
+from tests.support.servers import serving
+
+KEY, ADMIN = "user-key", "admin-key"
+SYSTEM = "You are a careful assistant who answers in one short sentence. " * 6
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_llama):
+    yield from serving("--max-total-tokens", "16384", "--admin-api-key", ADMIN, model=tiny_llama, api_key=KEY)
+
+
+def _get(srv, path: str, key: str = ADMIN, **params) -> httpx.Response:
+    return httpx.get(srv.url + path, params=params, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def test_the_page_is_served_and_its_data_needs_the_admin_key(srv):
+    page = httpx.get(srv.url + "/dashboard", timeout=30)
+    assert page.status_code == 200 and "radix cache" in page.text and "<script>" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing from a CDN: works offline
+    assert httpx.get(srv.url + "/debug/radix", timeout=30).status_code == 401
+    for path in ("/debug/radix", "/debug/stream"):
+        r = _get(srv, path, key=KEY)
+        assert r.status_code == 403 and "admin key" in r.json()["error"]["message"]
+    r = _get(srv, "/debug/radix", max_nodes=0)
+    assert r.status_code == 400 and "max_nodes" in r.text
+
+
+def test_a_forked_program_shows_its_shared_node_and_paths(srv):
+    @rt.function
+    def triage(s, ticket):
+        s += rt.system(SYSTEM)
+        s += rt.user(ticket)
+        forks = s.fork(3)
+        for f in forks:
+            f += rt.assistant(rt.gen("draft", max_tokens=4, temperature=0))
+        forks.join()
+
+    backend = rt.RuntimeEndpoint(srv.url, api_key=KEY)
+    triage.run_batch([{"ticket": "My invoice is wrong."}, {"ticket": "The app crashes."}], backend=backend)
+    # a long request runs while the snapshot is taken: its cached path is reported
+    body = {"text": SYSTEM + "Tell me a story.", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    warm = {**body, "sampling_params": {"max_new_tokens": 1}}
+    assert httpx.post(srv.url + "/generate", json=warm, headers=auth, timeout=60).status_code == 200
+    runner = threading.Thread(target=lambda: httpx.post(srv.url + "/generate", json=body, headers=auth, timeout=300))
+    runner.start()
+    try:
+        deadline, running = time.monotonic() + 60, []
+        while not running and time.monotonic() < deadline:
+            view = _get(srv, "/debug/radix", text="true", max_depth=16).json()
+            running = [r for r in view["requests"] if r["state"] == "running" and r["output_tokens"]]
+        assert running, "the long request was seen running"
+        ids = {n["id"] for n in view["nodes"]}
+        assert running[0]["node"] in ids and running[0]["cached_tokens"] > 0  # its path ends at a listed node
+        shared = max(view["nodes"], key=lambda n: n["hits"])
+        assert shared["hits"] >= 3 and "careful assistant" in shared["text"]  # the system prompt, reused
+        assert all("text" in n for n in view["nodes"])
+        assert {"free_slots", "tree_slots", "private_slots", "total_slots"} <= set(view["kv"])
+    finally:
+        runner.join()
+    small = _get(srv, "/debug/radix", max_nodes=2, max_depth=1).json()
+    assert len(small["nodes"]) <= 2 and small["truncated"]
+    assert any(n.get("hidden_nodes") for n in small["nodes"]) or small["namespaces"][0]["nodes"] > 2
+    assert all("text" not in n for n in small["nodes"])  # text only when asked
+
+
+def test_namespaces_are_shown_by_digest_and_text_needs_the_admin_key(srv):
+    salt = "tenant-secret-salt"
+    r = httpx.post(
+        srv.url + "/generate",
+        json={"text": "private words of tenant a", "sampling_params": {"max_new_tokens": 2}, "cache_salt": salt},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    raw = _get(srv, "/debug/radix", text="true").text
+    assert salt not in raw and any(ns["namespace"].startswith("ns-") for ns in json.loads(raw)["namespaces"])
+    assert _get(srv, "/debug/radix", key=KEY, text="true").status_code == 403
+
+
+def test_the_stream_sends_the_pool_at_the_rate_asked(srv):
+    started = time.monotonic()
+    with httpx.stream(
+        "GET", srv.url + "/debug/stream", params={"rate": 10, "limit": 5}, headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 5 and time.monotonic() - started < 5
+    assert all(e["kv"]["total_slots"] == 16384 and 0 <= e["hit_rate"] <= 1 for e in events)
+    assert _get(srv, "/debug/stream", rate=11).status_code == 400
