@@ -15,7 +15,9 @@ logprobs, ``stream`` as ``data: {...}`` events closed by ``data: [DONE]``),
 (``/server_info``), ``GET /health``, ``GET /health_generate``,
 ``POST /flush_cache``, ``POST /abort_request``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /metrics``
-(Prometheus), ``GET /debug/kv`` (KV slots: free, tree, private, total).
+(Prometheus), ``GET /debug/kv`` (KV slots: free, tree, private, total),
+``GET /debug/radix``, ``GET /debug/stream`` and ``GET /dashboard`` (the
+cache's live view, debug_routes.py).
 
 `radixrt serve` (or ``python -m radixrt.server``) takes the flags of
 :func:`add_serve_args` (radixrt/server/args.py) and runs :func:`launch_server`

@@ -1,0 +1,77 @@
+"""The debug view's snapshot of the radix tree (radixrt/memory/radix_snapshot.py): limits,
+the size of what they hide, hits, namespaces by digest, and a cost bounded by the limits."""
+
+from __future__ import annotations
+
+import random
+
+from radixrt.memory.kv_pool import PageAllocator
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.radix_snapshot import namespace_label, radix_snapshot
+
+
+def _tree(sequences: list[tuple[object, list[int]]]) -> tuple[RadixCache, PageAllocator]:
+    alloc = PageAllocator(100_000, 1)
+    tree = RadixCache(alloc, page_size=1)
+    for namespace, key in sequences:
+        slots = alloc.alloc_pages(len(key))
+        present = tree.insert(key, slots, namespace=namespace)
+        if present:
+            alloc.free_slots(slots[:present])
+    return tree, alloc
+
+
+def test_every_node_once_with_its_fields_when_the_limits_allow():
+    tree, _ = _tree([(None, [1, 2, 3, 4]), (None, [1, 2, 9]), ("salt", [5, 6])])
+    snap = radix_snapshot(tree.root, max_depth=8, max_nodes=100, tokens_per_node=8)
+    by_ns = {ns["namespace"]: ns for ns in snap["namespaces"]}
+    assert by_ns["default"]["nodes"] == 3 and by_ns["default"]["tokens"] == 5  # [1,2] -> [3,4], [9]
+    assert by_ns[namespace_label("salt")]["tokens"] == 2 and "salt" not in str(snap)
+    assert not snap["truncated"] and snap["exact"] and len(snap["nodes"]) == 4
+    shared = next(n for n in snap["nodes"] if n["token_ids"] == [1, 2])
+    assert shared["children"] == 2 and shared["where"] == "device" and shared["depth"] == 1
+    below = [n for n in snap["nodes"] if n["parent"] == shared["id"]]
+    assert sorted(n["token_ids"] for n in below) == [[3, 4], [9]]
+
+
+def test_limits_cut_the_tree_and_say_what_they_hide():
+    rng = random.Random(0)
+    seqs = [(None, [1, 2] + [rng.randrange(3, 50) for _ in range(6)]) for _ in range(200)]
+    tree, _ = _tree(seqs)
+    full = radix_snapshot(tree.root, max_depth=64, max_nodes=100_000)
+    total = full["namespaces"][0]["nodes"]
+    assert len(full["nodes"]) == total and not full["truncated"]
+    shallow = radix_snapshot(tree.root, max_depth=1, max_nodes=100_000)
+    assert len(shallow["nodes"]) == 1 and shallow["truncated"]
+    assert shallow["nodes"][0]["hidden_nodes"] == total - 1  # everything below the shared [1, 2] node
+    few = radix_snapshot(tree.root, max_depth=64, max_nodes=10)
+    assert len(few["nodes"]) == 10
+    assert 10 + sum(n.get("hidden_nodes", 0) for n in few["nodes"]) == total
+
+
+def test_the_count_budget_bounds_the_walk():
+    rng = random.Random(1)
+    tree, _ = _tree([(None, [rng.randrange(100) for _ in range(10)]) for _ in range(3000)])
+    snap = radix_snapshot(tree.root, max_depth=2, max_nodes=50, count_budget=100)
+    assert not snap["exact"] and len(snap["nodes"]) <= 50
+    assert sum(n.get("hidden_nodes", 0) for n in snap["nodes"]) <= 100
+
+
+def test_hits_count_admissions_through_a_node(tiny_llama):
+    from radixrt.config import EngineConfig
+    from radixrt.requests.messages import GenerateReq, RadixSnapshotReq
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.scheduler import Scheduler
+
+    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, disable_overlap_schedule=True))
+    prefix = list(range(100, 140))
+    for i in range(4):
+        sched.add_request(
+            GenerateReq(rid=f"r{i}", input_ids=prefix + [200 + i], sampling=SamplingParams(max_new_tokens=1))
+        )
+        while sched.has_work():
+            sched.step()
+    view = sched.handle(RadixSnapshotReq(max_nodes=50, tokens_per_node=4)).payload
+    shared = next(n for n in view["nodes"] if n["token_ids"] == prefix[:4])
+    assert shared["hits"] == 3  # every request after the first reused it
+    assert view["kv"]["total_slots"] == 2048 and view["requests"] == []
