@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.servers import TINY_SERVER_KEY, TINY_SERVER_MAX_N, TINY_SERVER_MAX_TOP, serving
+from tests.support.servers import (
+    TINY_SERVER_ADMIN_KEY,
+    TINY_SERVER_KEY,
+    TINY_SERVER_MAX_N,
+    TINY_SERVER_MAX_TOP,
+    serving,
+)
 
 
 @pytest.fixture(scope="session")
@@ -21,10 +27,11 @@ def default_server(default_model_path):
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama):
     """``radixrt serve`` on the tiny random Llama (test_server.py, test_request_ids.py), served as
-    "default", with the API key ``TINY_SERVER_KEY``, 24,576 KV tokens, --max-request-bytes 200000,
-    --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num ``TINY_SERVER_MAX_TOP`` and the overlap
-    scheduler (a CUDA default, off on the CPU otherwise), so that streams, aborts and disconnects
-    are also tested with a step in flight. ``folder`` and ``served_name`` are what it reports."""
+    "default", with the API key ``TINY_SERVER_KEY`` and the admin key ``TINY_SERVER_ADMIN_KEY``, 24,576 KV
+    tokens, --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
+    ``TINY_SERVER_MAX_TOP`` and the overlap scheduler (a CUDA default, off on the CPU otherwise), so
+    that streams, aborts and disconnects are also tested with a step in flight. ``folder`` and
+    ``served_name`` are what it reports."""
     for srv in serving(
         "--max-total-tokens",
         "24576",
@@ -37,6 +44,8 @@ def tiny_server(tiny_llama):
         str(TINY_SERVER_MAX_N),
         "--max-top-logprobs-num",
         str(TINY_SERVER_MAX_TOP),
+        "--admin-api-key",
+        TINY_SERVER_ADMIN_KEY,
         model=tiny_llama,
         api_key=TINY_SERVER_KEY,
     ):

@@ -1,5 +1,6 @@
 """The cache's live view on a real server (radixrt/server/debug_routes.py): ``/debug/radix``,
-``/debug/stream`` and the ``/dashboard`` page, with an API key and an admin key set.
+``/debug/stream`` and the ``/dashboard`` page, on the session ``tiny_server`` (an API key and an
+admin key set).
 
 A program with a shared system prompt and forks runs against the server through
 `RuntimeEndpoint`; the snapshot shows the shared node with its hits, a running request
@@ -16,15 +17,15 @@ import httpx
 import pytest
 
 import radixrt as rt
-from tests.support.servers import serving
+from tests.support.servers import TINY_SERVER_ADMIN_KEY as ADMIN
+from tests.support.servers import TINY_SERVER_KEY as KEY
 
-KEY, ADMIN = "user-key", "admin-key"
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 6
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_llama):
-    yield from serving("--max-total-tokens", "16384", "--admin-api-key", ADMIN, model=tiny_llama, api_key=KEY)
+def srv(tiny_server):
+    return tiny_server
 
 
 def _get(srv, path: str, key: str = ADMIN, **params) -> httpx.Response:
@@ -104,5 +105,5 @@ def test_the_stream_sends_the_pool_at_the_rate_asked(srv):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert len(events) == 5 and time.monotonic() - started < 5
-    assert all(e["kv"]["total_slots"] == 16384 and 0 <= e["hit_rate"] <= 1 for e in events)
+    assert all(e["kv"]["total_slots"] == 24576 and 0 <= e["hit_rate"] <= 1 for e in events)
     assert _get(srv, "/debug/stream", rate=11).status_code == 400

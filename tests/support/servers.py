@@ -15,6 +15,7 @@ from radixrt.server.local import LocalServer
 
 # the session tiny_server's API key and request limits (tests/e2e/conftest.py)
 TINY_SERVER_KEY = "test-key"
+TINY_SERVER_ADMIN_KEY = "test-admin-key"  # the operator's (the cache's debug view, test_dashboard.py)
 TINY_SERVER_MAX_N = 4
 TINY_SERVER_MAX_TOP = 5
 
