@@ -7,9 +7,12 @@
    two namespaces, built in process; the median time of `radix_snapshot` as
    the scheduler takes it for the page (depth 8, 500 nodes, the hidden sizes
    counted within their budget) and for everything (every node listed), and
-   of encoding the page's answer as JSON.
+   of encoding the page's answer as JSON; the scheduler's time for one stream
+   tick (`Scheduler.stats`, 32 requests running on a tiny model); and the
+   share of the scheduler's thread the page takes (10 ticks and one tree a
+   second).
 2. **Decode with the page open**: one server (embedded model); ``--batch``
-   requests decode ``--tokens`` tokens each, alone and then with a viewer that
+   fresh requests (the cache flushed) decode ``--tokens`` tokens each, alone and then with a viewer that
    reads ``/debug/stream`` at 10 updates a second and ``/debug/radix`` once a
    second (what the page does), alternating ``--repeats`` times; the ratio of
    the median wall times is the step-time overhead. The viewer runs in this
@@ -74,6 +77,33 @@ def snapshot_times(nodes: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def stats_cost(repeats: int = 200) -> float:
+    """Milliseconds the scheduler spends answering one stream tick (`Scheduler.stats`), with 32
+    requests running on a tiny random model."""
+    import tempfile
+
+    from radixrt.bench.tiny_model import make_tiny_model
+    from radixrt.config import EngineConfig
+    from radixrt.requests.messages import GenerateReq
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.scheduler import Scheduler
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sched = Scheduler(EngineConfig(model_path=make_tiny_model(tmp, "llama"), max_total_tokens=65536))
+        for i in range(32):
+            sp = SamplingParams(max_new_tokens=100)
+            sched.add_request(GenerateReq(rid=f"r{i}", input_ids=list(range(10 + i, 300 + i)), sampling=sp))
+        for _ in range(5):
+            sched.step()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            sched.stats()
+            times.append(time.perf_counter() - t)
+        sched.close()
+    return 1000 * statistics.median(times)
+
+
 class Viewer:
     """What the page does: the stream at 10 a second, the tree once a second."""
 
@@ -109,6 +139,8 @@ class Viewer:
 
 
 def decode_wall(client: httpx.Client, batch: int, tokens: int, seed: int) -> float:
+    """Seconds for ``batch`` fresh prompts (the cache flushed first) to decode ``tokens`` each."""
+    client.post("/flush_cache")
     rng = random.Random(seed)
     prompts = [" ".join(str(rng.randrange(10**6)) for _ in range(60)) for _ in range(batch)]
     sp = {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0.0}
@@ -128,9 +160,9 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
         with httpx.Client(base_url=srv.url, timeout=3600) as client:
             decode_wall(client, args.batch, 8, seed=99)  # warm-up
             for i in range(args.repeats):
-                walls["closed"].append(decode_wall(client, args.batch, args.tokens, seed=i))
+                walls["closed"].append(decode_wall(client, args.batch, args.tokens, seed=2 * i))
                 with Viewer(srv.url) as viewer:
-                    walls["open"].append(decode_wall(client, args.batch, args.tokens, seed=i))
+                    walls["open"].append(decode_wall(client, args.batch, args.tokens, seed=2 * i + 1))
                 seen["events"] += viewer.events
                 seen["snapshots"] += viewer.snapshots
     finally:
@@ -160,8 +192,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     result: dict[str, Any] = {"snapshot": snapshot_times(args.nodes, 5)}
+    result["snapshot"]["one stream tick: scheduler ms"] = tick = stats_cost()
+    page = result["snapshot"]["page view (depth 8, 500 nodes): snapshot ms"]
+    # what the page costs the scheduler's thread per second: 10 ticks and one tree
+    result["snapshot"]["scheduler busy per second of viewing %"] = (10 * tick + page) / 10
     for k, v in result["snapshot"].items():
-        print(f"{k:<48} {v:10.1f}")
+        print(f"{k:<48} {v:10.3f}")
     if not args.skip_server:
         result["overhead"] = overhead(args)
         for k, v in result["overhead"].items():
