@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from radixrt.config.fields import add_fields_as_args, first_line
+from radixrt.config.kv_events import KVEventSettings
 from radixrt.config.sections import (
     CacheSettings,
     DebugSettings,
@@ -44,6 +45,7 @@ SECTIONS: dict[str, type] = {
     "grammar": GrammarSettings,
     "speculative": SpeculativeSettings,
     "kv_budgets": KVBudgetSettings,
+    "kv_events": KVEventSettings,
     "output": OutputSettings,
     "debug": DebugSettings,
 }
@@ -82,6 +84,7 @@ class EngineConfig:
     grammar: GrammarSettings
     speculative: SpeculativeSettings
     kv_budgets: KVBudgetSettings
+    kv_events: KVEventSettings
     output: OutputSettings
     debug: DebugSettings
 
@@ -96,6 +99,7 @@ class EngineConfig:
         grammar: _Section = None,
         speculative: _Section = None,
         kv_budgets: _Section = None,
+        kv_events: _Section = None,
         output: _Section = None,
         debug: _Section = None,
         **flags: Any,
@@ -110,6 +114,7 @@ class EngineConfig:
             "grammar": grammar,
             "speculative": speculative,
             "kv_budgets": kv_budgets,
+            "kv_events": kv_events,
             "output": output,
             "debug": debug,
         }

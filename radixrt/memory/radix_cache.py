@@ -77,6 +77,7 @@ class RadixCache(PrefixCache):
         self.allocator = allocator
         self._clock = 0
         self._observers: list[TreeObserver] = []
+        self._node_observers: list[Any] = []  # kv_events.KVEventRecorder: told of nodes, not token runs
         self._init_tree()
 
     def add_observer(self, observer: TreeObserver) -> None:
@@ -86,6 +87,26 @@ class RadixCache(PrefixCache):
         for namespace, context, key in tree_runs(self.root, observer.context_len):
             observer.on_insert(namespace, context, key)
         self._observers.append(observer)
+
+    def add_node_observer(self, observer: Any) -> None:
+        """Tell `observer` (a `kv_events.KVEventRecorder`) of every node that enters
+        the tree (``on_node_insert``), is split (``on_node_split`` with the new upper
+        part), leaves it (``on_node_remove``, children before their parent) and of
+        a reset (``on_reset``), from now on; what the tree holds already is
+        replayed as insertions first, parents before children."""
+        for namespace, sub in self.root.children.items():
+            stack = list(sub.children.values())
+            while stack:
+                x = stack.pop()
+                observer.on_node_insert(namespace, x)
+                stack.extend(x.children.values())
+        self._node_observers.append(observer)
+
+    def _namespace_of(self, node: TreeNode) -> Hashable:
+        x = node
+        while x.parent is not None and x.parent.parent is not None:
+            x = x.parent
+        return self._sub_ns[x.id]
 
     # ------------------------------------------------------------------ setup
     def _init_tree(self) -> None:
@@ -106,7 +127,7 @@ class RadixCache(PrefixCache):
         if self.allocator is not None and slots:
             self.allocator.free_slots(slots)
         self._init_tree()
-        for observer in self._observers:
+        for observer in [*self._observers, *self._node_observers]:
             observer.on_reset()
 
     def _check_unlocked(self) -> None:
@@ -163,6 +184,10 @@ class RadixCache(PrefixCache):
         node.parent = upper
         upper.children[self._child_key(node.key)] = node
         parent.children[self._child_key(upper.key)] = upper
+        if self._node_observers:
+            namespace = self._namespace_of(upper)
+            for observer in self._node_observers:
+                observer.on_node_split(namespace, upper)
         return upper
 
     def _aligned(self, n: int) -> int:
@@ -270,6 +295,8 @@ class RadixCache(PrefixCache):
             self._added(leaf, computed)
             for observer in self._observers:
                 observer.on_insert(namespace, key[max(0, pos - observer.context_len) : pos], leaf.key)
+            for node_observer in self._node_observers:
+                node_observer.on_node_insert(namespace, leaf)
         return present
 
     def _fill_path(self, sub: TreeNode, path: list[TreeNode], slots: list[int]) -> int:
@@ -355,6 +382,16 @@ class RadixCache(PrefixCache):
             namespace, context = node_place(node, self._sub_ns, observer.context_len)
             for ctx, key in subtree_runs(node, context, observer.context_len):
                 observer.on_remove(namespace, ctx, key)
+        if self._node_observers:
+            namespace = self._namespace_of(node)
+            order, stack = [], [node]
+            while stack:
+                x = stack.pop()
+                order.append(x)
+                stack.extend(x.children.values())
+            for x in reversed(order):  # children before their parent
+                for node_observer in self._node_observers:
+                    node_observer.on_node_remove(namespace, x)
         self._forget(node)
         parent = node.parent
         assert parent is not None

@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from radixrt.config import EngineConfig
+from radixrt.config.kv_events import KVEventSettings, shift_endpoint_port
 
 logger = logging.getLogger("radixrt.router")
 
@@ -132,9 +133,11 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     mp = multiprocessing.get_context("spawn")
     procs: list[Any] = []
     state = {"exit_code": 0}
-    for port in ports:
+    for i, port in enumerate(ports):
         rargs = dataclasses.replace(sargs, host="127.0.0.1", port=port)
-        procs.append(mp.Process(target=_replica_main, args=(config, rargs), name=f"radixrt-replica-{port}"))
+        events = shift_endpoint_port(config.kv_events.kv_events_config, i)  # each replica its own endpoint
+        rconfig = dataclasses.replace(config, kv_events=KVEventSettings(events))
+        procs.append(mp.Process(target=_replica_main, args=(rconfig, rargs), name=f"radixrt-replica-{port}"))
         procs[-1].start()
 
     def interrupt(_sig: int, _frame: Any) -> None:

@@ -316,11 +316,11 @@ class BatchPlanner:
             if req.phase is not Phase.WAITING or req.grammar_compiling or req.inflight_tokens:
                 continue  # admitted with its beam search / its grammar is compiling / its last token is in flight
             if req.beam is not None:
-                used = self._admit_beams(req, batch, budget, reserve)
-                if used is None:
+                admitted = self._admit_beams(req, batch, budget, reserve)
+                if admitted is None:
                     break
-                budget -= used
-                reserve += sum(int(self._remaining_tokens(r) * self.new_token_ratio) for r, _ in batch[-used:])
+                budget -= sum(q for _, q in admitted)
+                reserve += sum(int(self._remaining_tokens(r) * self.new_token_ratio) for r, _ in admitted)
                 continue
             match = self.kv.match(req, load=True)  # what the host tier holds comes back (copies queued)
             if self.kv.tree.stores_prefixes:
@@ -369,10 +369,11 @@ class BatchPlanner:
         batch.append((req, q))
         return True
 
-    def _admit_beams(self, req: Req, batch: Batch, budget: int, reserve: int) -> Optional[int]:
+    def _admit_beams(self, req: Req, batch: Batch, budget: int, reserve: int) -> Optional[Batch]:
         """Admit the waiting beams of ``req``'s search together (a search steps only
         once all its live beams have computed), or none of them. Returns the
-        number admitted (each its last ``batch`` entry), None when they do not fit."""
+        beams admitted with their tokens (also appended to ``batch``), None when
+        they do not fit."""
         assert req.beam is not None
         unit = [b for b in req.beam.beams if b.phase is Phase.WAITING]
         if len(self.queues.running) + len(unit) > self.config.max_running_requests:
@@ -380,7 +381,7 @@ class BatchPlanner:
         need = sum(b.seq_len - self.kv.match(b).length for b in unit)
         if self.queues.running and self.kv.available_slots() - need < reserve:
             return None
-        admitted: list[tuple[Req, int]] = []
+        admitted: Batch = []
         for b in unit:
             match = self.kv.match(b, load=True)  # after the siblings' admission: what eviction left
             q = self._prefill_tokens(b, b.seq_len - match.length, budget)
@@ -395,4 +396,4 @@ class BatchPlanner:
                 return None
             admitted.append((b, q))
             budget -= q
-        return len(admitted)
+        return admitted

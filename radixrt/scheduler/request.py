@@ -13,6 +13,7 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
+    from radixrt.requests.messages import GenerateReq
     from radixrt.sampling.grammar import GrammarState
     from radixrt.scheduler.beam_state import BeamGroup
     from radixrt.scheduler.budget_state import RequestBudget
@@ -107,6 +108,36 @@ class Req(RequestKV):
     input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
     input_logprobs_sent: bool = False
     prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top) while prefilling
+
+    @classmethod
+    def from_message(
+        cls,
+        msg: "GenerateReq",
+        rid: str,
+        seed: int,
+        arrival: int,
+        grammar_future: Optional[Future],
+        urgency: int,
+        max_stop_chars: int,
+    ) -> "Req":
+        """A new sample ``rid`` of request ``msg`` (its ``parent``), waiting."""
+        return cls(
+            rid=rid,
+            input_ids=list(msg.input_ids),
+            sampling=msg.sampling,
+            seed=seed,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+            namespace=msg.namespace,
+            arrival=arrival,
+            grammar_future=grammar_future,
+            parent=msg.rid,
+            priority=msg.priority or 0,
+            urgency=urgency,
+            cache_info_mode=msg.cache_info,
+            max_stop_chars=max_stop_chars,
+        )
 
     @property
     def seq(self) -> list[int]:

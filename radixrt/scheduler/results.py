@@ -87,7 +87,9 @@ class ResultProcessor:
     def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> StepResults:
         """Fold ``output`` into the batch's requests, request by request in batch
         order: take its samples, then end it (out of the queues, KV released) or
-        report what it produced. Returns the outputs, in batch order."""
+        report what it produced; then the beam searches whose hypotheses all
+        reported take their step (beam.py). Returns the outputs, in batch order
+        (the searches' after the rows')."""
         for job, scores in zip(inputs.prompt_jobs, output.prompt_scores):
             req = batch[job.batch_index][0]
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
@@ -103,7 +105,7 @@ class ResultProcessor:
                     continue
                 assert sample is not None, "a step with sampling rows has a sample result"
                 if req.beam is not None and self.beams is not None:  # its search steps once all its beams report
-                    self.beams.collect(req, (sample.beam_candidates or [])[first])
+                    self.beams.collect(req, sample.beam_candidates[first] if sample.beam_candidates else None)
                     continue
                 if req.draft_ids or req.grammar is not None or req.spec is not None:
                     self._take_samples(req, sample, first)

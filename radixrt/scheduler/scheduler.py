@@ -68,6 +68,7 @@ from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
 from radixrt.scheduler.inputs import prepare_inputs
 from radixrt.scheduler.interfaces import StepSampler
 from radixrt.scheduler.kv_budget import KVBudgeter
+from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
@@ -152,6 +153,9 @@ class Scheduler:
             config.scheduling.max_running_requests,
         )
         self.results.beams = self.beams
+        self.kv_events = build_kv_events(
+            config.kv_events.events, self.kv.tree, config.cache.page_size, config.execution.device
+        )
         self.inflight: Optional[InFlight] = None
         self._log_window = (time.perf_counter(), 0)
 
@@ -182,6 +186,8 @@ class Scheduler:
         self.launcher.close()
         self.runner.close()
         self.constrained.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def add_request(self, msg: GenerateReq) -> None:
         try:
@@ -218,27 +224,12 @@ class Scheduler:
         for i, rid in enumerate([f"{msg.rid}#beam0"] if beam else sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
-            req = Req(
-                rid=rid,
-                input_ids=list(msg.input_ids),
-                sampling=msg.sampling,
-                seed=seed,
-                return_logprob=msg.return_logprob,
-                logprob_start_len=msg.logprob_start_len,
-                top_logprobs_num=msg.top_logprobs_num,
-                namespace=msg.namespace,
-                arrival=self.arrivals,
-                grammar_future=grammar_future,
-                parent=msg.rid,
-                priority=msg.priority or 0,
-                urgency=prio,
-                cache_info_mode=msg.cache_info,
-                max_stop_chars=max_stop_chars,
-            )
+            req = Req.from_message(msg, rid, seed, self.arrivals, grammar_future, prio, max_stop_chars)
             self.arrivals += 1
-            if beam:
+            if beam:  # a search's hypotheses share their KV: no budget compresses it (not even the server's)
                 self.beams.start(req, sample_rids(msg.rid, msg.sampling.n))
-            self.budgets.start(req)
+            else:
+                self.budgets.start(req)
             if self.speculator is not None and req.kv_budget is None and not beam:
                 self.speculator.start(req)
             self.queues.waiting.append(req)
@@ -334,6 +325,8 @@ class Scheduler:
             self.inflight = None
         if not batch and self.queues.waiting and not self.queues.running:
             self.constrained.wait(self.queues.waiting)
+        if self.kv_events is not None:
+            self.kv_events.flush()
         return out
 
     def _launch(self, batch: Batch, started: float) -> InFlight:
@@ -414,6 +407,7 @@ class Scheduler:
             **(self.speculator.stats_dict() if self.speculator is not None else {}),
             **self.budgets.stats(),
             **self.beams.stats(),
+            **(self.kv_events.stats() if self.kv_events is not None else {}),
             "running": len(self.queues.running),
             "waiting": len(self.queues.waiting),
             "kv": self.kv_usage(),

@@ -1,6 +1,7 @@
 """The live view of the cache: ``GET /debug/radix`` (a snapshot), ``GET /debug/stream``
-(server-sent events of the pool and cache counters) and ``GET /dashboard`` (the page
-that shows both, radixrt/server/static/dashboard.html).
+(server-sent events of the pool and cache counters), ``GET /debug/events`` (the KV
+events of ``--kv-events-config``, relayed from the scheduler's ZMQ publisher) and
+``GET /dashboard`` (the page that shows the first two, radixrt/server/static/dashboard.html).
 
 Access: with an admin key set (``--admin-api-key``) the data routes need it
 (403 otherwise); without one they need what every route needs (the API key,
@@ -23,6 +24,8 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
+from radixrt.config.kv_events import parse_kv_events_config
+from radixrt.memory.kv_events import as_json, decode_batch
 from radixrt.requests.messages import RadixSnapshotReq
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
@@ -54,14 +57,16 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return value
 
 
-def _text_allowed(request: Request, ctx: ServerContext) -> bool:
-    raw = request.query_params.get("text", "false").lower()
+def _text_allowed(request: Request, ctx: ServerContext, name: str = "text") -> bool:
+    """Whether ``name=true`` (decoded text, or token ids: text all the same) was asked for
+    and may be given: to the admin key's holder, or on a server with no key at all."""
+    raw = request.query_params.get(name, "false").lower()
     if raw not in ("true", "false", "1", "0"):
-        raise bad_request("'text' must be true or false.", "text")
+        raise bad_request(f"'{name}' must be true or false.", name)
     if raw in ("false", "0"):
         return False
     if not (ctx.is_admin(request) or not (ctx.api_key or ctx.admin_api_key)):
-        raise ServerError(403, "decoded text needs the server's admin key.", "text", "permission_error")
+        raise ServerError(403, f"'{name}' needs the server's admin key.", name, "permission_error")
     return True
 
 
@@ -120,6 +125,43 @@ async def debug_stream(request: Request, ctx: ServerContext = Depends(server_con
                 yield sse({"error": e.message})
             sent += 1
             await asyncio.sleep(max(0.0, 1.0 / rate - (time.monotonic() - started)))
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+@router.get("/debug/events")
+async def debug_events(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """Server-sent events: the KV events the scheduler publishes (``--kv-events-config``),
+    one JSON batch per event, each event with its ``type`` (BlockStored, BlockRemoved,
+    AllBlocksCleared); ``token_ids`` only with ``tokens=true`` (admin)."""
+    _check_access(request, ctx)
+    with_tokens = _text_allowed(request, ctx, "tokens")
+    limit = _int_param(request, "limit", 0, 0, 1_000_000)  # batches before the stream ends (0: no end)
+    cfg = parse_kv_events_config(ctx.server_args.get("kv_events_config"))
+    if cfg is None or not cfg.publishes:
+        raise ServerError(404, "KV events are off: start the server with --kv-events-config (publisher zmq).")
+    import zmq
+    import zmq.asyncio
+
+    socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SUBSCRIBE, cfg.topic.encode())
+    socket.connect(cfg.connect_endpoint)
+
+    async def events() -> AsyncIterator[bytes]:
+        sent = 0
+        try:
+            yield b": subscribed\n\n"  # the stream is open: events that happen from now on follow
+            while not ctx.draining and (not limit or sent < limit):
+                if not await socket.poll(timeout=1000):
+                    continue
+                _, seq, payload = await socket.recv_multipart()
+                yield sse({"seq": int.from_bytes(seq, "big"), **as_json(decode_batch(payload), with_tokens)})
+                sent += 1
+        finally:
+            socket.close(linger=0)
 
     return StreamingResponse(
         events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

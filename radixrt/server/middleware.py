@@ -32,6 +32,7 @@ KNOWN_ROUTES = {
     "/debug/kv",
     "/debug/radix",
     "/debug/stream",
+    "/debug/events",
     "/dashboard",
 }
 

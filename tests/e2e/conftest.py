@@ -7,8 +7,11 @@ Each server's teardown checks that SIGTERM stops it and its children cleanly."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from radixrt.server.local import free_port
 from tests.support.servers import (
     TINY_SERVER_ADMIN_KEY,
     TINY_SERVER_KEY,
@@ -31,7 +34,8 @@ def tiny_server(tiny_llama):
     tokens, --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
     ``TINY_SERVER_MAX_TOP`` and the overlap scheduler (a CUDA default, off on the CPU otherwise), so
     that streams, aborts and disconnects are also tested with a step in flight. ``folder`` and
-    ``served_name`` are what it reports."""
+    ``served_name`` are what it reports; it publishes KV events at ``kv_events`` (test_dashboard.py)."""
+    events = free_port()
     for srv in serving(
         "--max-total-tokens",
         "24576",
@@ -46,8 +50,10 @@ def tiny_server(tiny_llama):
         str(TINY_SERVER_MAX_TOP),
         "--admin-api-key",
         TINY_SERVER_ADMIN_KEY,
+        "--kv-events-config",
+        json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{events}"}),
         model=tiny_llama,
         api_key=TINY_SERVER_KEY,
     ):
-        srv.folder, srv.served_name = tiny_llama, "default"
+        srv.folder, srv.served_name, srv.kv_events = tiny_llama, "default", f"tcp://127.0.0.1:{events}"
         yield srv

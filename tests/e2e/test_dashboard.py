@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import radixrt as rt
+from radixrt.memory.kv_events import BlockStored, decode_batch
 from tests.support.servers import TINY_SERVER_ADMIN_KEY as ADMIN
 from tests.support.servers import TINY_SERVER_KEY as KEY
 
@@ -107,3 +108,61 @@ def test_the_stream_sends_the_pool_at_the_rate_asked(srv):
     assert len(events) == 5 and time.monotonic() - started < 5
     assert all(e["kv"]["total_slots"] == 24576 and 0 <= e["hit_rate"] <= 1 for e in events)
     assert _get(srv, "/debug/stream", rate=11).status_code == 400
+
+
+def _follow(frames_list) -> list:
+    return [e for frames in frames_list for e in decode_batch(frames[2]).events]
+
+
+def test_kv_events_reach_a_router_over_zmq_and_the_sse_route(srv):
+    """An external subscriber (as a router) gets BlockStored for a new prompt, with its tokens,
+    in vLLM's framing (topic, 8-byte sequence number, msgpack); a flush is AllBlocksCleared;
+    /debug/events relays the same events (token ids for the admin key only)."""
+    import zmq
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(srv.kv_events)
+    time.sleep(0.5)  # the subscription reaches the publisher
+    auth = {"Authorization": f"Bearer {KEY}"}
+    prompt = [7000 + i for i in range(40)]
+    try:
+        with httpx.stream(
+            "GET",
+            srv.url + "/debug/events",
+            params={"tokens": "true", "limit": 1},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=60,
+        ) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith(": subscribed")
+            time.sleep(0.3)
+            body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2}}
+            r = httpx.post(srv.url + "/generate", json=body, headers=auth)
+            assert r.status_code == 200
+            relayed = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        assert relayed["events"][0]["type"] == "BlockStored" and "token_ids" in relayed["events"][0]
+        frames: list = []
+        stored: list = []
+        deadline = time.monotonic() + 10
+        while not stored and time.monotonic() < deadline:
+            if sub.poll(500):
+                frames.append(sub.recv_multipart())
+            stored = [e for e in _follow(frames) if isinstance(e, BlockStored) and e.token_ids[:40] == prompt]
+        assert stored and stored[0].parent_block_hash is None and stored[0].block_size == 1
+        assert len(frames[0][1]) == 8  # the sequence number frame
+        deadline = time.monotonic() + 30
+        while httpx.post(srv.url + "/flush_cache", headers=auth).status_code != 200:  # once idle
+            assert time.monotonic() < deadline, "the server did not become idle"
+            time.sleep(0.2)
+        cleared = False
+        deadline = time.monotonic() + 10
+        while not cleared and time.monotonic() < deadline:
+            if sub.poll(500):
+                cleared = any(type(e).__name__ == "AllBlocksCleared" for e in _follow([sub.recv_multipart()]))
+        assert cleared
+    finally:
+        sub.close()
+    r = _get(srv, "/debug/events", key=KEY, tokens="true")
+    assert r.status_code == 403

@@ -243,3 +243,15 @@ def test_no_slot_leaks_under_randomized_beam_fork_and_abort_traffic(tiny_llama):
         u = sched.kv_usage()
         assert u["private_slots"] == 0 and u["free_slots"] + u["tree_slots"] == u["total_slots"], u
         assert not sched.running and not sched.waiting
+
+
+def test_a_servers_kv_budget_leaves_beam_requests_whole(tiny_llama):
+    prompt = list(range(300, 420))
+    answers = []
+    for flags in ({}, {"kv_budget": 48.0}):
+        sched = _scheduler(tiny_llama, **flags)
+        sched.add_request(GenerateReq(rid="k", input_ids=prompt, sampling=_beam(3, 3, 10)))
+        outs = _drain(sched)
+        answers.append([outs[f"k-{i}"].new_token_ids for i in range(3)])
+        assert sched.stats()["kv_budget_requests"] == 0
+    assert answers[0] == answers[1]

@@ -46,6 +46,7 @@ def _example(name: str) -> object:
         "log_level": "debug",
         "speculative_algorithm": "RADIX",
         "kv_budget_policy": "infinigen",
+        "kv_events_config": '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5599"}',
     }
     if name in strings:
         return strings[name]

@@ -1,0 +1,96 @@
+"""`KVEventSettings`: publishing KV cache events for routers (vLLM's ``--kv-events-config``).
+
+The flag takes vLLM's JSON, e.g. ``{"enable_kv_cache_events": true,
+"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}``;
+`parse_kv_events_config` checks it into a `KVEventsConfig`. The events and
+their wire format: radixrt/memory/kv_events.py; the publisher:
+radixrt/scheduler/kv_event_publisher.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from radixrt.config.fields import setting
+
+PUBLISHERS = ("zmq", "null")
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    enable_kv_cache_events: bool = False
+    publisher: str = "null"
+    endpoint: str = "tcp://*:5557"
+    topic: str = ""
+    hwm: int = 100_000  # messages the PUB socket queues per subscriber before dropping
+
+    @property
+    def publishes(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @property
+    def connect_endpoint(self) -> str:
+        """The endpoint a subscriber on this machine connects to (a wildcard host as 127.0.0.1)."""
+        return self.endpoint.replace("://*:", "://127.0.0.1:").replace("://0.0.0.0:", "://127.0.0.1:")
+
+
+def parse_kv_events_config(text: Optional[str]) -> Optional[KVEventsConfig]:
+    """The flag's JSON as a `KVEventsConfig` (None when unset); ValueError naming what is wrong."""
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"kv_events_config must be JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("kv_events_config must be a JSON object")
+    known = {f for f in KVEventsConfig.__dataclass_fields__} | {"replay_endpoint", "buffer_steps", "max_queue_size"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"kv_events_config has unknown keys {unknown}; known: {sorted(known)}")
+    raw = {k: v for k, v in raw.items() if k in KVEventsConfig.__dataclass_fields__}  # vLLM's others: accepted
+    cfg = KVEventsConfig(**raw)
+    if not isinstance(cfg.enable_kv_cache_events, bool):
+        raise ValueError("kv_events_config 'enable_kv_cache_events' must be true or false")
+    if cfg.publisher not in PUBLISHERS:
+        raise ValueError(f"kv_events_config 'publisher' must be one of {PUBLISHERS}, got {cfg.publisher!r}")
+    if not isinstance(cfg.endpoint, str) or "://" not in cfg.endpoint:
+        raise ValueError(f"kv_events_config 'endpoint' must be a ZMQ endpoint (tcp://*:5557), got {cfg.endpoint!r}")
+    if not isinstance(cfg.topic, str) or isinstance(cfg.hwm, bool) or not isinstance(cfg.hwm, int) or cfg.hwm < 1:
+        raise ValueError("kv_events_config 'topic' must be a string and 'hwm' a positive integer")
+    return cfg
+
+
+def shift_endpoint_port(text: Optional[str], offset: int) -> Optional[str]:
+    """The flag's JSON with the endpoint's port moved by ``offset`` (replica ``offset``
+    of ``--dp``, as vLLM offsets its data-parallel ranks' endpoints)."""
+    cfg = parse_kv_events_config(text)
+    if cfg is None or not offset:
+        return text
+    head, _, port = cfg.endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"kv_events_config 'endpoint' needs a port for --dp, got {cfg.endpoint!r}")
+    return json.dumps({**json.loads(text or "{}"), "endpoint": f"{head}:{int(port) + offset}"})
+
+
+@dataclass(frozen=True)
+class KVEventSettings:
+    """KV cache events for routers."""
+
+    kv_events_config: Optional[str] = setting(
+        None,
+        "publish KV cache events (BlockStored, BlockRemoved, AllBlocksCleared, vLLM's schema and msgpack "
+        "format) on a ZMQ PUB socket, and stream them on GET /debug/events: vLLM's JSON, e.g. "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'; unset: off',
+    )
+
+    def __post_init__(self) -> None:
+        parse_kv_events_config(self.kv_events_config)
+
+    @property
+    def events(self) -> Optional[KVEventsConfig]:
+        """The parsed config when events are published, else None."""
+        cfg = parse_kv_events_config(self.kv_events_config)
+        return cfg if cfg is not None and cfg.publishes else None

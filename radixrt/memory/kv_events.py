@@ -1,0 +1,164 @@
+"""KV cache events for routers, in the schema vLLM and SGLang publish.
+
+An external router that follows these events knows which prefixes a server
+holds without guessing: ``BlockStored`` when KV enters the radix tree,
+``BlockRemoved`` when it leaves, ``AllBlocksCleared`` when the tree is
+flushed. The structs are vLLM's (``vllm/distributed/kv_events.py``):
+msgspec structs, array-like and tagged, so that the msgpack bytes are the
+ones vLLM's consumers decode (a ``KVEventBatch`` is ``[ts, [events...]]``,
+an event ``["BlockStored", block_hashes, parent_block_hash, token_ids,
+block_size, lora_id, medium]``).
+
+Blocks are the pool's pages (``block_size`` = ``page_size``). A block's hash
+chains its page's tokens to the hash of the block before it, seeded by the
+namespace (a request's ``cache_salt``), so equal prefixes in one namespace
+get equal hashes and a router can rebuild the tree from ``token_ids`` and
+``parent_block_hash`` alone. The hashes are 64-bit BLAKE2b.
+
+`KVEventRecorder` watches the tree's nodes (radix_cache.py calls it on a new
+leaf, a split, a node leaving, a reset): it keeps the hash at each node's end
+(one int per node) and queues the events; `drain` hands them over.
+Moving a node between the device and the host tier is not an event: the
+prefix stays cached. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from typing import TYPE_CHECKING, Any, Hashable, Optional, Union
+
+import msgspec
+
+if TYPE_CHECKING:
+    from radixrt.memory.radix_node import TreeNode
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """The base of the three events (tagged with their class name)."""
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int]
+    medium: Optional[str]
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+
+
+def _chain(parent: int, tokens: list[int]) -> int:
+    h = hashlib.blake2b(struct.pack(f"<Q{len(tokens)}q", parent, *tokens), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+def namespace_seed(namespace: Hashable) -> int:
+    """The hash a namespace's first block chains to."""
+    tag = b"default" if namespace is None else b"ns:" + str(namespace).encode()
+    return int.from_bytes(hashlib.blake2b(tag, digest_size=8).digest(), "little")
+
+
+class KVEventRecorder:
+    """Turns the tree's node changes into block events (see the module docstring).
+    ``max_pending``: events kept while nobody drains (the oldest go first)."""
+
+    def __init__(self, page_size: int, medium: Optional[str] = None, max_pending: int = 100_000) -> None:
+        self.page_size = page_size
+        self.medium = medium
+        self.max_pending = max_pending
+        self._end_hash: dict[int, int] = {}  # node id -> the hash of its last block
+        self._pending: list[KVCacheEvent] = []
+        self.dropped = 0  # events lost to max_pending
+
+    # -- what the tree calls --------------------------------------------------------
+    def on_node_insert(self, namespace: Hashable, node: "TreeNode") -> None:
+        parent = self._parent_hash(namespace, node)
+        hashes = self._hashes(parent, node.key)
+        self._end_hash[node.id] = hashes[-1]
+        first_parent = parent if node.parent is not None and node.parent.key else None  # None: a sequence's start
+        self._push(BlockStored(hashes, first_parent, list(node.key), self.page_size, None, self.medium))
+
+    def on_node_split(self, namespace: Hashable, upper: "TreeNode") -> None:
+        """``upper`` was cut off the top of a node (which keeps its end and its hash)."""
+        hashes = self._hashes(self._parent_hash(namespace, upper), upper.key)
+        self._end_hash[upper.id] = hashes[-1]
+
+    def on_node_remove(self, namespace: Hashable, node: "TreeNode") -> None:
+        """``node`` leaves the tree (its parent still in it, or leaving after it)."""
+        hashes = self._hashes(self._parent_hash(namespace, node), node.key)
+        self._end_hash.pop(node.id, None)
+        self._push(BlockRemoved(hashes, self.medium))
+
+    def on_reset(self) -> None:
+        self._end_hash.clear()
+        self._push(AllBlocksCleared())
+
+    # -- the consumer's side --------------------------------------------------------
+    def drain(self) -> Optional[KVEventBatch]:
+        """The events since the last call, as one batch (None when there are none)."""
+        if not self._pending:
+            return None
+        events, self._pending = self._pending, []
+        return KVEventBatch(ts=time.time(), events=events)
+
+    # -- helpers --------------------------------------------------------------------
+    def _parent_hash(self, namespace: Hashable, node: "TreeNode") -> int:
+        parent = node.parent
+        if parent is None or not parent.key:  # under a namespace's sub-root
+            return namespace_seed(namespace)
+        return self._end_hash[parent.id]
+
+    def _hashes(self, parent: int, tokens: list[int]) -> list[int]:
+        P = self.page_size
+        out = []
+        for i in range(0, len(tokens), P):
+            parent = _chain(parent, tokens[i : i + P])
+            out.append(parent)
+        return out
+
+    def _push(self, event: KVCacheEvent) -> None:
+        self._pending.append(event)
+        if len(self._pending) > self.max_pending:
+            del self._pending[0]
+            self.dropped += 1
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    """The msgpack bytes vLLM's consumers decode."""
+    return msgspec.msgpack.encode(batch)
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    return msgspec.msgpack.decode(payload, type=KVEventBatch)
+
+
+def as_json(batch: KVEventBatch, with_tokens: bool) -> dict[str, Any]:
+    """A batch for a JSON stream: each event a dict with its ``type`` (token ids
+    left out unless ``with_tokens``)."""
+    events = []
+    for e in batch.events:
+        d: dict[str, Any] = {"type": type(e).__name__, **msgspec.structs.asdict(e)}
+        if not with_tokens:
+            d.pop("token_ids", None)
+        events.append(d)
+    return {"ts": batch.ts, "events": events}

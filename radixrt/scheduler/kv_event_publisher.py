@@ -1,0 +1,68 @@
+"""Publishing the radix tree's KV events on a ZMQ PUB socket, framed as vLLM's publisher frames them.
+
+Each batch goes out as three frames: the topic, an 8-byte big-endian
+sequence number, and the msgpack of a ``KVEventBatch``
+(radixrt/memory/kv_events.py). Sending never blocks the step loop: past the
+socket's high-water mark a batch is dropped and counted (``dropped``), and a
+subscriber sees the gap in the sequence numbers.
+
+`KVEvents.flush`, called once per scheduler step, drains the recorder the
+tree tells of its nodes and sends what it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import zmq
+
+from radixrt.config.kv_events import KVEventsConfig
+from radixrt.memory.kv_events import KVEventRecorder, encode_batch
+
+logger = logging.getLogger(__name__)
+
+
+class KVEvents:
+    def __init__(self, cfg: KVEventsConfig, tree: Any, page_size: int, medium: Optional[str]) -> None:
+        """Record ``tree``'s node changes (it must take node observers: the radix
+        tree, with or without a host tier) and publish them at ``cfg.endpoint``."""
+        self.recorder = KVEventRecorder(page_size, medium)
+        tree.add_node_observer(self.recorder)
+        self.socket = zmq.Context.instance().socket(zmq.PUB)
+        self.socket.setsockopt(zmq.SNDHWM, cfg.hwm)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(cfg.endpoint)
+        self.topic = cfg.topic.encode()
+        self.seq = 0
+        self.sent = 0
+        self.dropped = 0
+        logger.info("publishing KV events on %s (topic %r)", cfg.endpoint, cfg.topic)
+
+    def flush(self) -> None:
+        batch = self.recorder.drain()
+        if batch is None:
+            return
+        frames = [self.topic, self.seq.to_bytes(8, "big"), encode_batch(batch)]
+        self.seq += 1
+        try:
+            self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.Again:
+            self.dropped += 1
+
+    def stats(self) -> dict[str, int]:
+        return {"kv_event_batches_sent": self.sent, "kv_event_batches_dropped": self.dropped}
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def build_kv_events(events: Optional[KVEventsConfig], tree: Any, page_size: int, device: str) -> Optional[KVEvents]:
+    """The publisher when events are configured and the cache keeps prefixes, else None."""
+    if events is None:
+        return None
+    if not hasattr(tree, "add_node_observer"):
+        logger.warning("KV events are configured but the radix cache is off: nothing to publish")
+        return None
+    return KVEvents(events, tree, page_size, "GPU" if device.startswith("cuda") else "CPU")
