@@ -37,6 +37,35 @@ MAX_DEPTH = 64
 MAX_NODES = 100_000
 SNIPPET_TOKENS = 24  # tokens of each node decoded for its label
 RATES = (1, 10)  # updates per second the stream allows
+MAX_STREAM_SECONDS = 3600  # a stream ends after at most this long (the page reconnects)
+DEFAULT_STREAM_SECONDS = 600
+MAX_OPEN_STREAMS = 8  # debug streams open at once, all clients together (a 503 past it)
+_open_streams = [0]
+
+
+def _stream_bounds(request: Request) -> tuple[int, float]:
+    """``limit`` (events before the end, 0: none) and ``seconds`` (how long at most) of a stream."""
+    limit = _int_param(request, "limit", 0, 0, 1_000_000)
+    seconds = _int_param(request, "seconds", DEFAULT_STREAM_SECONDS, 1, MAX_STREAM_SECONDS)
+    if _open_streams[0] >= MAX_OPEN_STREAMS:
+        raise ServerError(503, f"{MAX_OPEN_STREAMS} debug streams are open already; close one first.")
+    return limit, time.monotonic() + seconds
+
+
+def _event_stream(body: AsyncIterator[bytes]) -> StreamingResponse:
+    """An SSE response of ``body``, counted among the open debug streams while it runs."""
+
+    async def counted() -> AsyncIterator[bytes]:
+        _open_streams[0] += 1
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            _open_streams[0] -= 1
+
+    return StreamingResponse(
+        counted(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 def _check_access(request: Request, ctx: ServerContext) -> None:
@@ -113,11 +142,11 @@ async def debug_stream(request: Request, ctx: ServerContext = Depends(server_con
     waiting requests and retractions, ``rate`` times a second (1-10)."""
     _check_access(request, ctx)
     rate = _int_param(request, "rate", 2, *RATES)
-    limit = _int_param(request, "limit", 0, 0, 1_000_000)  # events before the stream ends (0: no end)
+    limit, until = _stream_bounds(request)
 
     async def events() -> AsyncIterator[bytes]:
         sent = 0
-        while not ctx.draining and (not limit or sent < limit):
+        while not ctx.draining and (not limit or sent < limit) and time.monotonic() < until:
             started = time.monotonic()
             try:
                 yield sse(_stream_point(await ctx.tm.get_stats(timeout=5.0)))
@@ -126,9 +155,7 @@ async def debug_stream(request: Request, ctx: ServerContext = Depends(server_con
             sent += 1
             await asyncio.sleep(max(0.0, 1.0 / rate - (time.monotonic() - started)))
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    return _event_stream(events())
 
 
 @router.get("/debug/events")
@@ -138,10 +165,10 @@ async def debug_events(request: Request, ctx: ServerContext = Depends(server_con
     AllBlocksCleared); ``token_ids`` only with ``tokens=true`` (admin)."""
     _check_access(request, ctx)
     with_tokens = _text_allowed(request, ctx, "tokens")
-    limit = _int_param(request, "limit", 0, 0, 1_000_000)  # batches before the stream ends (0: no end)
     cfg = parse_kv_events_config(ctx.server_args.get("kv_events_config"))
     if cfg is None or not cfg.publishes:
         raise ServerError(404, "KV events are off: start the server with --kv-events-config (publisher zmq).")
+    limit, until = _stream_bounds(request)
     import zmq
     import zmq.asyncio
 
@@ -154,7 +181,7 @@ async def debug_events(request: Request, ctx: ServerContext = Depends(server_con
         sent = 0
         try:
             yield b": subscribed\n\n"  # the stream is open: events that happen from now on follow
-            while not ctx.draining and (not limit or sent < limit):
+            while not ctx.draining and (not limit or sent < limit) and time.monotonic() < until:
                 if not await socket.poll(timeout=1000):
                     continue
                 _, seq, payload = await socket.recv_multipart()
@@ -163,9 +190,7 @@ async def debug_events(request: Request, ctx: ServerContext = Depends(server_con
         finally:
             socket.close(linger=0)
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    return _event_stream(events())
 
 
 @router.get("/dashboard")
