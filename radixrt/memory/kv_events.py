@@ -87,7 +87,7 @@ class KVEventRecorder:
         self.medium = medium
         self.max_pending = max_pending
         self._end_hash: dict[int, int] = {}  # node id -> the hash of its last block
-        self._pending: list[KVCacheEvent] = []
+        self._pending: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]] = []
         self.dropped = 0  # events lost to max_pending
 
     # -- what the tree calls --------------------------------------------------------
@@ -136,7 +136,7 @@ class KVEventRecorder:
             out.append(parent)
         return out
 
-    def _push(self, event: KVCacheEvent) -> None:
+    def _push(self, event: Union[BlockStored, BlockRemoved, AllBlocksCleared]) -> None:
         self._pending.append(event)
         if len(self._pending) > self.max_pending:
             del self._pending[0]

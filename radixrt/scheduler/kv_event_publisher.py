@@ -29,7 +29,7 @@ class KVEvents:
         tree, with or without a host tier) and publish them at ``cfg.endpoint``."""
         self.recorder = KVEventRecorder(page_size, medium)
         tree.add_node_observer(self.recorder)
-        self.socket = zmq.Context.instance().socket(zmq.PUB)
+        self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.PUB)
         self.socket.setsockopt(zmq.SNDHWM, cfg.hwm)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(cfg.endpoint)
