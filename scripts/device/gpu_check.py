@@ -1023,6 +1023,21 @@ def check_speculative(device: str, dry: bool, carry: Path, work: Path, report: R
     }
 
 
+def _default_model_folder(carry: Path, scratch: Path, dry: bool) -> Optional[Path]:
+    """The default model's folder: its real weights when carried (and not a dry run), else
+    random weights of its config written to ``scratch``; None without its config."""
+    import torch
+
+    real, meta = _default_model_source(carry)
+    if meta is None:
+        return None
+    if real is not None and not dry:
+        return real
+    config = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
+    make_random_model(scratch, config, meta, "cpu", torch.float32 if dry else torch.bfloat16)
+    return scratch
+
+
 def check_kv_budget(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
     """KV budgets on the device: what the scoring pass (kernels/kv_scores.py, torch beside FlashInfer)
     costs per decode step. One long prompt decodes 64 tokens without a budget and with an h2o budget of
@@ -1030,15 +1045,9 @@ def check_kv_budget(device: str, dry: bool, carry: Path, work: Path, report: Rep
     ms per decode step from the difference of a 1-token and a 65-token run."""
     import radixrt
 
-    real, meta = _default_model_source(carry)
-    if meta is None:
+    folder = _default_model_folder(carry, work / "kvbudget-default", dry)
+    if folder is None:
         return {"skipped": "no default model config carried (default_model_meta)"}
-    import torch
-
-    folder = real if real is not None and not dry else work / "kvbudget-default"
-    if folder != real:
-        config = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
-        make_random_model(folder, config, meta, "cpu", torch.float32 if dry else torch.bfloat16)
     context, new = (256, 8) if dry else (4096, 64)
     kw = {"attention_backend": "flashinfer"} if dry else {}
     engine = radixrt.Engine(
@@ -1070,15 +1079,9 @@ def check_beam(device: str, dry: bool, carry: Path, work: Path, report: Report) 
     hypothesis runs L tokens (ignore_eos), so both searches must find the same best hypothesis."""
     import radixrt
 
-    real, meta = _default_model_source(carry)
-    if meta is None:
+    folder = _default_model_folder(carry, work / "beam-default", dry)
+    if folder is None:
         return {"skipped": "no default model config carried (default_model_meta)"}
-    import torch
-
-    folder = real if real is not None and not dry else work / "beam-default"
-    if folder != real:
-        config = _default_random_config(json.loads((meta / "config.json").read_text()), dry)
-        make_random_model(folder, config, meta, "cpu", torch.float32 if dry else torch.bfloat16)
     W, L = (4, 8) if dry else (4, 128)
     kw = {"attention_backend": "flashinfer"} if dry else {}
     engine = radixrt.Engine(model_path=str(folder), device=device, max_total_tokens=65536, dtype="float32", **kw)
