@@ -123,13 +123,13 @@ class Speculator:
     def draft(self, running: list[Req]) -> None:
         """Give the running requests this step's drafts (see the module docstring)."""
         rows = len(running)
-        time = self.cost.seconds(rows, rows)
+        time = max(self.cost.seconds(rows, rows), 1e-12)  # a fitted cost can reach 0 on a fast device
         expected = float(rows)
         per_token = self.cost.per_token
         # A draft token joins only while its gain exceeds expected * per_token / time, a bar that
         # rises with every token chosen: the bar before any is chosen bounds what is worth proposing,
         # so a batch where no draft can pay spends nothing on drafting.
-        bar = expected * per_token / time
+        bar = expected * per_token / time if per_token > 0 else 0.0
         if bar >= 1.0:
             self.stats.skipped_steps += any(r.spec is not None for r in running)
             return
