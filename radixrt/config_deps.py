@@ -125,6 +125,7 @@ def _is_int4(name: Any) -> bool:
 
 _TIER = "enable_hierarchical_cache"
 _PRIORITY = "enable_priority_scheduling"
+_STORAGE = "hicache_storage_backend"
 _INT8 = _equals("int8")
 _FLASHINFER = _equals("flashinfer")
 _TORCH_OR_AUTO = "attention_backend='torch' or 'auto' (--attention-backend torch"
@@ -148,6 +149,25 @@ ENGINE_NEEDS: tuple[Need, ...] = (
     _unset("hicache_ratio", 3.0, "host_kv_size", 20000, "tier size"),
     _unset("hicache_size", 4.0, "host_kv_size", 20000, "tier size"),
     _on("preemption_mode", "swap", _TIER, when=_equals("swap")),
+    # the storage tier sits under the host tier; its knobs need a backend
+    _on("hicache_storage_backend", "file", _TIER, imply=True),
+    *(
+        Need(
+            flag,
+            example,
+            _STORAGE,
+            "file",
+            None,
+            "hicache_storage_backend (--hicache-storage-backend file or redis)",
+            lambda v: v is not None,
+        )
+        for flag, example in (
+            ("hicache_storage_dir", "/tmp/kv"),
+            ("hicache_storage_url", "redis://127.0.0.1:6390/0"),
+            ("hicache_storage_quota_gb", 2.0),
+            ("hicache_storage_block_tokens", 128),
+        )
+    ),
     Need(
         _TIER,
         True,

@@ -32,6 +32,7 @@ from radixrt.config.sections import (
     SchedulingSettings,
     SpeculativeSettings,
 )
+from radixrt.config.storage import StorageSettings
 from radixrt.config_deps import ENGINE_NEEDS, apply_needs, field_defaults
 
 # EngineConfig's attribute for each section, in the order of `--help`
@@ -40,6 +41,7 @@ SECTIONS: dict[str, type] = {
     "execution": ExecutionSettings,
     "cache": CacheSettings,
     "host_cache": HostCacheSettings,
+    "storage": StorageSettings,
     "scheduling": SchedulingSettings,
     "limits": LimitSettings,
     "grammar": GrammarSettings,
@@ -79,6 +81,7 @@ class EngineConfig:
     execution: ExecutionSettings
     cache: CacheSettings
     host_cache: HostCacheSettings
+    storage: StorageSettings
     scheduling: SchedulingSettings
     limits: LimitSettings
     grammar: GrammarSettings
@@ -94,6 +97,7 @@ class EngineConfig:
         execution: _Section = None,
         cache: _Section = None,
         host_cache: _Section = None,
+        storage: _Section = None,
         scheduling: _Section = None,
         limits: _Section = None,
         grammar: _Section = None,
@@ -109,6 +113,7 @@ class EngineConfig:
             "execution": execution,
             "cache": cache,
             "host_cache": host_cache,
+            "storage": storage,
             "scheduling": scheduling,
             "limits": limits,
             "grammar": grammar,
@@ -133,6 +138,8 @@ class EngineConfig:
             setattr(self, section, cls(**{f.name: getattr(view, f.name) for f in dataclasses.fields(cls)}))
         if self.scheduling.chunked_prefill_size < self.cache.page_size:
             raise ValueError("chunked_prefill_size must be at least page_size")
+        if self.storage.hicache_storage_block_tokens % self.cache.page_size:
+            raise ValueError("hicache_storage_block_tokens must be a multiple of page_size")
 
     def to_flat(self) -> dict[str, Any]:
         """Every flag and its value, by the flag's name (what `EngineConfig(**flags)` takes back)."""

@@ -41,7 +41,7 @@ import torch
 from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, dequantize_int8, kv_storage_dtype, quantize_int8
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool, PageAllocator
-from radixrt.memory.kv_transfer import TransferOp
+from radixrt.memory.kv_transfer import QueuedOp, StoreOp
 
 
 class HostKVPool:
@@ -124,7 +124,7 @@ class HostKVPool:
         return (self.part(self.buf, layer, "k")[pages, offs], self.part(self.buf, layer, "v")[pages, offs])
 
     # ------------------------------------------------------------- copies
-    def run(self, ops: list[TransferOp]) -> None:
+    def run(self, ops: list[QueuedOp]) -> None:
         """Run copies in order (the forward thread calls this). On CUDA they are
         issued on a side stream after the compute stream's work so far, and the
         compute stream waits for them before anything issued later."""
@@ -144,8 +144,11 @@ class HostKVPool:
         compute.wait_event(done)
 
     @torch.inference_mode()
-    def _copy(self, op: TransferOp) -> None:
+    def _copy(self, op: QueuedOp) -> None:
         P = self.allocator.page_size
+        if isinstance(op, StoreOp):
+            op.deliver(self.pack([s // P for s in op.src_slots[::P]]).cpu())
+            return
         dev_slots, host_slots = (op.src_slots, op.dst_slots) if op.to_host else (op.dst_slots, op.src_slots)
         if P > 1:  # tree nodes are whole pages on both tiers
             dev_pages, host_pages = dev_slots[::P], host_slots[::P]
@@ -164,26 +167,48 @@ class HostKVPool:
             staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
             for i, p, ln in _runs(host_pages):
                 staged[i : i + ln].copy_(self.buf[p : p + ln], non_blocking=True)
-        else:
-            staged = self.buf.index_select(0, torch.tensor(host_pages)).to(dev.device)
+
+            def part(layer: int, name: str) -> torch.Tensor:
+                return self.part(staged, layer, name)
+
+        else:  # the CPU: gather each part from the host buffer (no page-sized staging copy)
+            take = torch.tensor(host_pages)
+
+            def part(layer: int, name: str) -> torch.Tensor:
+                return (
+                    _as_bytes_if_1(self.part(self.buf, layer, name))
+                    .index_select(0, take)
+                    .view(self.part(self.buf, layer, name).dtype)
+                )
+
         idx = torch.tensor(dev_pages, dtype=torch.int64, device=dev.device)
         for layer in range(dev.num_layers):
-            k, v = self.part(staged, layer, "k"), self.part(staged, layer, "v")
+            k, v = part(layer, "k"), part(layer, "v")
             if self.exact:
                 _scatter(dev.k_buffers[layer], idx, k)
                 _scatter(dev.v_buffers[layer], idx, v)
                 if dev.k_scale_buffers is not None and dev.v_scale_buffers is not None:
-                    _scatter(dev.k_scale_buffers[layer], idx, self.part(staged, layer, "ks"))
-                    _scatter(dev.v_scale_buffers[layer], idx, self.part(staged, layer, "vs"))
+                    _scatter(dev.k_scale_buffers[layer], idx, part(layer, "ks"))
+                    _scatter(dev.v_scale_buffers[layer], idx, part(layer, "vs"))
                 continue
             # int8 on the host under an unquantized device pool: dequantize on the device
             P, H, D = dev.page_size, dev.num_kv_heads, dev.head_dim
-            kf = dequantize_int8(k, self.part(staged, layer, "ks"), dev.dtype).reshape(n * P, H, D)
-            vf = dequantize_int8(v, self.part(staged, layer, "vs"), dev.dtype).reshape(n * P, H, D)
+            kf = dequantize_int8(k, part(layer, "ks"), dev.dtype).reshape(n * P, H, D)
+            vf = dequantize_int8(v, part(layer, "vs"), dev.dtype).reshape(n * P, H, D)
             slots = (idx.unsqueeze(1) * P + torch.arange(P, device=dev.device)).reshape(-1)
             dev.layer_cache(layer).store(slots, kf, vf)
 
     def _offload(self, dev_pages: list[int], host_pages: list[int]) -> None:
+        staged = self.pack(dev_pages)
+        if self.by_runs:
+            for i, p, ln in _runs(host_pages):
+                self.buf[p : p + ln].copy_(staged[i : i + ln], non_blocking=True)
+        else:
+            self.buf.index_copy_(0, torch.tensor(host_pages), staged.cpu())
+
+    def pack(self, dev_pages: list[int]) -> torch.Tensor:
+        """Device pages ``dev_pages`` in the host format: ``uint8 [n, page_bytes]``
+        on the device (what a host page or a stored block holds)."""
         dev = self.device_pool
         n = len(dev_pages)
         staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
@@ -203,11 +228,7 @@ class HostKVPool:
                 q, scale = quantize_int8(x)
                 self.part(staged, layer, name).copy_(q.view(self.part(staged, layer, name).shape))
                 self.part(staged, layer, name + "s").copy_(scale.view(self.part(staged, layer, name + "s").shape))
-        if self.by_runs:
-            for i, p, ln in _runs(host_pages):
-                self.buf[p : p + ln].copy_(staged[i : i + ln], non_blocking=True)
-        else:
-            self.buf.index_copy_(0, torch.tensor(host_pages), staged.cpu())
+        return staged
 
 
 def _runs(pages: list[int]) -> list[tuple[int, int, int]]:

@@ -9,8 +9,9 @@ where each node lives (`TreeNode.on_device`, `TreeNode.on_host`); the device
 part of the tree is closed under parents. LRU at both levels: the device
 evicts its least recently used unlocked nodes with no child on the device (to
 the host), the host drops its least recently used host-only leaves when it
-needs room. Host slots are either free or tree-owned:
-``host free + host tree == host total``.
+needs room. Host slots are free, tree-owned, or reserved for a read from the
+storage tier (`reserve_host`, until `insert_on_host` or `release_host`):
+``host free + host tree + host reading == host total``.
 
 Everything else (the walk, locks, device eviction, the device slot contract)
 is `RadixCache`'s; this class fills in its hooks.
@@ -18,14 +19,14 @@ is `RadixCache`'s; this class fills in its hooks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional, Sequence
 
 from sortedcontainers import SortedList
 
 from radixrt.memory.kv_transfer import HostTier, KVTransfers
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.radix_integrity import check_tree_integrity
-from radixrt.memory.radix_node import MatchResult, TreeNode, check_pages, concat_slots, lru_member
+from radixrt.memory.radix_node import MatchResult, TreeNode, as_list, check_pages, concat_slots, lru_member
 
 if TYPE_CHECKING:
     from radixrt.memory.kv_pool import PageAllocator
@@ -51,12 +52,15 @@ class HostRadixCache(RadixCache):
         if allocator is None:
             raise ValueError("a host tier needs a device allocator")
         self.host = host
+        # the storage tier's hook: told of each new node (namespace, node, computed), see storage_tier.py
+        self.on_cached: Optional[Callable[[Hashable, TreeNode, bool], None]] = None
         super().__init__(allocator, page_size)
 
     def _init_tree(self) -> None:
         super()._init_tree()
         self._host_leaves: SortedList = SortedList()  # host-only leaves (what the host drops first)
         self._host_tokens = 0
+        self.host_reading = 0  # host slots reserved for storage reads (`reserve_host`), not yet the tree's
 
     def reset_stats(self) -> None:
         super().reset_stats()
@@ -171,6 +175,58 @@ class HostRadixCache(RadixCache):
     def _added(self, leaf: TreeNode, computed: bool) -> None:
         if self.host.write_through:
             self._back_up(leaf, after_forward=not computed)
+        if self.on_cached is not None:
+            self.on_cached(self._namespace_of(leaf), leaf, computed)
+
+    # ------------------------------------------------------ storage loads
+    def reserve_host(self, num_tokens: int) -> Optional[list[int]]:
+        """Host slots for ``num_tokens`` (whole pages), dropping the host's least
+        recently used leaves if needed; None when it cannot make room. The caller
+        owns them until it hands them to `insert_on_host` (which frees what it
+        does not use)."""
+        alloc = self.host.allocator
+        if alloc.num_free_slots < num_tokens:
+            self._evict_host(num_tokens - alloc.num_free_slots)
+        slots = alloc.alloc_slots_for(num_tokens)
+        self.host_reading += len(slots or ())
+        return slots
+
+    def release_host(self, host_slots: list[int]) -> None:
+        """Give back host slots from `reserve_host` that no node took."""
+        self.host_reading -= len(host_slots)
+        if host_slots:
+            self.host.allocator.free_slots(host_slots)
+
+    def insert_on_host(self, key: Sequence[int], host_slots: list[int], start: int, namespace: Hashable = None) -> int:
+        """Cache ``key`` whose tokens ``key[start:]`` have their KV in the caller's
+        host slots ``host_slots`` (blocks read from the storage tier; ``start`` and
+        ``len(key)`` are whole pages). The part the tree does not hold yet becomes a
+        host-only node; the host slots of the rest are freed. Nothing is added when
+        the tree no longer holds ``key[:start]``. Returns the tokens added."""
+        key = as_list(key)
+        n = len(key)
+        assert len(host_slots) == n - start and start % self.page_size == 0 and n % self.page_size == 0
+        self.host_reading -= len(host_slots)
+        sub = self._sub_root_created(namespace)
+        t = self._tick()
+        path, pos = self._walk(sub, key, n, t, split_end=False)
+        used = max(0, n - max(pos, start)) if pos >= start else 0
+        unused = host_slots[: len(host_slots) - used]
+        if unused:
+            self.host.allocator.free_slots(unused)
+        if not used:
+            if not sub.children:
+                self._drop_empty_sub_root(sub)
+            return 0
+        parent = path[-1] if path else sub
+        leaf = TreeNode(key[pos:n], [], parent, t)
+        leaf.host_value = host_slots[pos - start :]
+        parent.children[self._child_key(leaf.key)] = leaf
+        self._host_tokens += used
+        self._refresh_leaf(parent)
+        self._refresh_leaf(leaf)
+        self._announce(namespace, key[:pos], leaf)
+        return used
 
     def _back_up(self, node: TreeNode, after_forward: bool = False) -> bool:
         """Give device node `node` a host copy (queued) unless it has one; False
@@ -268,6 +324,7 @@ class HostRadixCache(RadixCache):
                 "total_slots": alloc.total_slots,
                 "free_slots": alloc.num_free_slots,
                 "tree_slots": self._host_tokens,
+                "reading_slots": self.host_reading,
             }
         }
 

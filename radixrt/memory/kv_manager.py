@@ -48,11 +48,13 @@ class KVCacheManager:
         cap = req.max_prefix_len
         return self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False, load_back=load)
 
-    def record_admission(self, req: RequestKV, hit: int, host_hit: int = 0) -> None:
+    def record_admission(self, req: RequestKV, hit: int, host_hit: int = 0, storage_hit: int = 0) -> None:
         """Count a request's prompt in the hit-rate statistics, once, at first admission;
-        ``host_hit`` of the ``hit`` tokens came back from the host tier. Every node
-        of its matched path counts a hit (``TreeNode.hits``)."""
+        ``host_hit`` of the ``hit`` tokens came back from the host tier, ``storage_hit``
+        of those were read from the storage tier for it. Every node of its matched
+        path counts a hit (``TreeNode.hits``)."""
         self.tree.record_match(req.prompt_len, hit, host_hit)
+        self.tree.storage_hit_tokens += storage_hit
         node = req.last_node if hit else None
         while node is not None and node.key:
             node.hits += 1
@@ -306,7 +308,7 @@ class KVCacheManager:
         }
 
     def host_usage(self) -> Optional[dict[str, int]]:
-        """Host tier slots (free + tree == total), or None without a host tier."""
+        """Host tier slots (free + tree + reading == total), or None without a host tier."""
         return self.tree.lower_tiers().get("host")
 
     def check_invariant(self, running: Iterable[RequestKV]) -> None:
@@ -315,7 +317,8 @@ class KVCacheManager:
         assert total == u["total_slots"], f"KV slots leaked or double-owned: {u}"
         h = self.host_usage()
         if h is not None:
-            assert h["free_slots"] + h["tree_slots"] == h["total_slots"], f"host KV slots leaked: {h}"
+            used = h["free_slots"] + h["tree_slots"] + h.get("reading_slots", 0)
+            assert used == h["total_slots"], f"host KV slots leaked: {h}"
 
 
 def _row(req: RequestKV) -> int:

@@ -5,7 +5,7 @@ See host_pool.py for the ordering contract."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 
 @dataclass
@@ -21,11 +21,23 @@ class TransferOp:
 
 
 @dataclass
+class StoreOp:
+    """Pack device slots ``src_slots`` (whole blocks of the storage tier) into
+    host-page bytes and hand them to ``deliver`` (the storage tier's writer)."""
+
+    src_slots: list[int]
+    deliver: Callable[[Any], None]
+
+
+QueuedOp = Union[TransferOp, StoreOp]
+
+
+@dataclass
 class KVTransfers:
     """The copies one launched step carries: ``before`` its forward, ``after`` it."""
 
-    before: list[TransferOp] = field(default_factory=list)
-    after: list[TransferOp] = field(default_factory=list)
+    before: list[QueuedOp] = field(default_factory=list)
+    after: list[QueuedOp] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.before or self.after)
@@ -57,6 +69,11 @@ class KVTransferQueue:
         # targets newly inserted nodes, so the two never touch the same slots.
         self._pending.before.append(TransferOp(False, list(host_slots), list(device_slots)))
         self.loaded_tokens += len(host_slots)
+
+    def store(self, device_slots: list[int], deliver: Callable[[Any], None], after_forward: bool = False) -> None:
+        """Queue a copy of device KV to the storage tier (`StoreOp`), ordered like an offload."""
+        op = StoreOp(list(device_slots), deliver)
+        (self._pending.after if after_forward else self._pending.before).append(op)
 
     def take(self) -> KVTransfers:
         """Everything queued since the last take, for the step being launched."""

@@ -166,6 +166,7 @@ class PrefixCache(ABC):
         self.queried_tokens = 0
         self.hit_tokens = 0  # hits on any tier
         self.host_hit_tokens = 0  # of which loaded back from a lower tier
+        self.storage_hit_tokens = 0  # of those, read from the storage tier first
         self.inserted_tokens = 0
         self.evicted_tokens = 0  # left the device (to a lower tier or gone)
 
@@ -178,17 +179,21 @@ class PrefixCache(ABC):
 
     def stats(self) -> dict[str, Any]:
         """Counters in tokens. ``hit_tokens`` = ``device_hit_tokens`` (already on
-        the device) + ``host_hit_tokens`` (loaded back from a lower tier)."""
-        q, hit, lower = self.queried_tokens, self.hit_tokens, self.host_hit_tokens
+        the device) + ``host_hit_tokens`` (loaded back from the host tier) +
+        ``storage_hit_tokens`` (read from the storage tier for the request, then
+        loaded back through the host tier)."""
+        q, hit, lower, stored = self.queried_tokens, self.hit_tokens, self.host_hit_tokens, self.storage_hit_tokens
         return {
             "queried_tokens": q,
             "hit_tokens": hit,
             "device_hit_tokens": hit - lower,
-            "host_hit_tokens": lower,
+            "host_hit_tokens": lower - stored,
+            "storage_hit_tokens": stored,
             "inserted_tokens": self.inserted_tokens,
             "evicted_tokens": self.evicted_tokens,
             "hit_rate": hit / q if q else 0.0,
             "device_hit_rate": (hit - lower) / q if q else 0.0,
-            "host_hit_rate": lower / q if q else 0.0,
+            "host_hit_rate": (lower - stored) / q if q else 0.0,
+            "storage_hit_rate": stored / q if q else 0.0,
             "cached_tokens": self.total_size(),
         }

@@ -293,11 +293,15 @@ class RadixCache(PrefixCache):
             self._evictable += n - pos
             self.inserted_tokens += n - pos
             self._added(leaf, computed)
-            for observer in self._observers:
-                observer.on_insert(namespace, key[max(0, pos - observer.context_len) : pos], leaf.key)
-            for node_observer in self._node_observers:
-                node_observer.on_node_insert(namespace, leaf)
+            self._announce(namespace, key[:pos], leaf)
         return present
+
+    def _announce(self, namespace: Hashable, before: list[int], leaf: TreeNode) -> None:
+        """Tell the observers of new node ``leaf``, which follows the tokens ``before``."""
+        for observer in self._observers:
+            observer.on_insert(namespace, before[max(0, len(before) - observer.context_len) :], leaf.key)
+        for node_observer in self._node_observers:
+            node_observer.on_node_insert(namespace, leaf)
 
     def _fill_path(self, sub: TreeNode, path: list[TreeNode], slots: list[int]) -> int:
         """Give the path's nodes that are off the device the caller's slots for

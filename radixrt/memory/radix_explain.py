@@ -37,6 +37,9 @@ Fields of the wire dict and of ``meta_info.cache_info``, both views:
 * ``prompt_before`` / ``prompt_after``: up to `CONTEXT_TOKENS` prompt token
   ids on each side of the stop position (``full``: of the divergence).
 
+``tiers`` (added at admission): the matched tokens by where their KV was,
+``{"device": n, "host": n, "storage": n}`` (`tier_hits`).
+
 Only in the ``full`` view: ``neighbour_tokens`` (length of the common prefix
 with the closest cached neighbour), ``divergence_position`` (None when the
 neighbour holds the whole prompt), ``cached_after`` (the neighbour's tokens
@@ -215,6 +218,12 @@ def explain_full(
         shared = closest_neighbour(tree, prompt, None)
         exp.default_namespace_neighbour_tokens = shared.depth if shared is not None else 0
     return exp
+
+
+def tier_hits(matched: int, loaded: int, storage: int) -> dict[str, int]:
+    """Where a request's ``matched`` tokens came from: already on the device,
+    loaded back from the host tier, or read from the storage tier first."""
+    return {"device": matched - loaded, "host": loaded - storage, "storage": storage}
 
 
 def render_cache_info(wire: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:

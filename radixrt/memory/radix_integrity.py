@@ -4,7 +4,8 @@ asserted in O(tree size). The tests run it after every operation.
 With a host tier (`HostRadixCache`) it also checks where each node lives: the
 device part of the tree is closed under parents, only device nodes are
 locked, host slots are unique, in range, not free, and
-``host free + host tree == host total``.
+``host free + host tree + host reading == host total`` (reading: reserved
+for a read from the storage tier).
 
 The trees are only read here, through their private fields: what is read is
 declared by the two protocols below (`CheckedTree`, `CheckedHostTree`), so
@@ -91,8 +92,10 @@ def check_tree_integrity(tree: CheckedTree, host_tree: Optional[CheckedHostTree]
         alloc = host_tree.host.allocator
         assert c.host_slots == len(c.host_seen), "a host slot appears twice in the tree"
         assert c.host_slots == host_tree._host_tokens, f"host token counter {host_tree._host_tokens} != {c.host_slots}"
-        assert alloc.num_free_slots + c.host_slots == alloc.total_slots, (
-            f"host slots leaked: free {alloc.num_free_slots} + tree {c.host_slots} != total {alloc.total_slots}"
+        reading = getattr(host_tree, "host_reading", 0)
+        assert alloc.num_free_slots + c.host_slots + reading == alloc.total_slots, (
+            f"host slots leaked: free {alloc.num_free_slots} + tree {c.host_slots} + reading {reading} "
+            f"!= total {alloc.total_slots}"
         )
         assert len(host_tree._host_leaves) == c.host_leaves, "host-evictable-leaf set holds extra entries"
 

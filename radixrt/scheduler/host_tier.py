@@ -1,23 +1,30 @@
 """Builds a scheduler's prefix cache and, with ``--enable-hierarchical-cache``,
 the host KV tier under it: the host pool shaped like the runner's device pool,
-the tree's view of it, and the swap cost model (``--preemption-mode swap``)."""
+the tree's view of it, and the swap cost model (``--preemption-mode swap``);
+with ``--hicache-storage-backend``, the storage tier under the host tier."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.config import CacheSettings, HostCacheSettings
+from radixrt.config.storage import StorageSettings
 from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
 from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
+from radixrt.memory.kv_store import KVStore, StoreIdentity
+from radixrt.memory.kv_store_file import FileKVStore
+from radixrt.memory.kv_store_redis import RedisKVStore
 from radixrt.memory.kv_transfer import HostTier, KVTransferQueue
 from radixrt.memory.no_prefix_cache import NoPrefixCache
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.memory.swap_cost import SwapCostModel
+from radixrt.scheduler.storage_tier import StorageTier, model_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -76,3 +83,34 @@ def build_prefix_cache(config: CacheSettings, allocator: PageAllocator, host: Op
     if host is not None:
         return HostRadixCache(allocator, config.page_size, host.tier)
     return RadixCache(allocator, config.page_size)
+
+
+def build_storage_tier(
+    config: StorageSettings, runner: Any, host: Optional[HostTierRuntime], tree: PrefixCache
+) -> Optional[StorageTier]:
+    """The storage tier the flags ask for (under the host tier `host`), or None."""
+    if config.hicache_storage_backend is None:
+        return None
+    assert host is not None and isinstance(tree, HostRadixCache), "the storage tier needs the host tier"
+    started = time.perf_counter()
+    identity = StoreIdentity(
+        model=model_fingerprint(runner.model, runner.model_config),
+        kv_dtype=host.pool.kv_cache_dtype + "/" + str(host.pool.storage_dtype),
+        page_size=tree.page_size,
+        block_tokens=config.hicache_storage_block_tokens,
+        page_bytes=host.pool.page_bytes,
+    )
+    store: KVStore
+    if config.hicache_storage_backend == "file":
+        store = FileKVStore(config.hicache_storage_dir, identity, int(config.hicache_storage_quota_gb * (1 << 30)))
+    else:
+        store = RedisKVStore(config.hicache_storage_url, identity)
+    logger.info(
+        "KV storage tier: %s, blocks of %d tokens (%.1f MiB), model %s (identity in %.2f s)",
+        store.name,
+        identity.block_tokens,
+        identity.block_bytes / 2**20,
+        identity.model[:12],
+        time.perf_counter() - started,
+    )
+    return StorageTier(store, host.pool, tree)

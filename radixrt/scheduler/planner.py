@@ -37,7 +37,7 @@ from typing import Any, Optional
 from radixrt.config import SchedulingSettings
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.memory.radix_explain import explain_match
+from radixrt.memory.radix_explain import explain_match, tier_hits
 from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
@@ -361,7 +361,10 @@ class BatchPlanner:
             req.cached_tokens = match.length
             req.cache_info = explained
             req.admitted_once = True
-            self.kv.record_admission(req, match.length, match.loaded)
+            storage_hit = min(req.storage_tokens, match.loaded)
+            self.kv.record_admission(req, match.length, match.loaded, storage_hit)
+            if explained is not None:
+                explained["tiers"] = tier_hits(match.length, match.loaded, storage_hit)
         self.queues.waiting.remove(req)
         req.phase = Phase.RUNNING
         self.queues.running.append(req)

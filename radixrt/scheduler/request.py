@@ -74,6 +74,7 @@ class Req(RequestKV):
     # token counts for the penalty stage; empty until a penalized row samples
     penalty_counts: TokenCounts = field(default_factory=TokenCounts)
     admitted_once: bool = False
+    storage_tokens: int = 0  # prompt tokens its storage read put in the tree (host tier)
     finish_reason: Optional[FinishReason] = None
     retractions: int = 0
     grammar_future: Optional[Future] = None

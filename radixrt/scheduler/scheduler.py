@@ -64,7 +64,7 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.debug_view import radix_view
-from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
+from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache, build_storage_tier
 from radixrt.scheduler.inputs import prepare_inputs
 from radixrt.scheduler.interfaces import StepSampler
 from radixrt.scheduler.kv_budget import KVBudgeter
@@ -75,6 +75,8 @@ from radixrt.scheduler.policy import urgency
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
+from radixrt.scheduler.step_log import StepLog
+from radixrt.scheduler.storage_tier import StorageTier
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class Scheduler:
         self.host = build_host_tier(config.host_cache, self.runner, allocator.total_slots)
         prefix_cache = build_prefix_cache(config.cache, allocator, self.host)
         self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token)
+        self.storage: Optional[StorageTier] = build_storage_tier(config.storage, self.runner, self.host, prefix_cache)
         self.limits = config.limits.for_runtime(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.scheduling.random_seed)
         self.queues = RequestQueues()
@@ -157,7 +160,7 @@ class Scheduler:
             config.kv_events.events, self.kv.tree, config.cache.page_size, config.execution.device
         )
         self.inflight: Optional[InFlight] = None
-        self._log_window = (time.perf_counter(), 0)
+        self.step_log = StepLog(config.debug.log_interval)
 
     @property
     def waiting(self) -> list[Req]:
@@ -188,6 +191,10 @@ class Scheduler:
         self.constrained.shutdown()
         if self.kv_events is not None:
             self.kv_events.close()
+        if self.storage is not None and self.host is not None:
+            transfers = self.kv.take_transfers()  # storage writes not yet run (the forward thread is gone)
+            self.host.pool.run(transfers.before + transfers.after)
+            self.storage.close()
 
     def add_request(self, msg: GenerateReq) -> None:
         try:
@@ -232,7 +239,8 @@ class Scheduler:
                 self.budgets.start(req)
             if self.speculator is not None and req.kv_budget is None and not beam:
                 self.speculator.start(req)
-            self.queues.waiting.append(req)
+            if beam or self.storage is None or not self.storage.hold(req):
+                self.queues.waiting.append(req)
 
     def abort(self, rid: str) -> None:
         """Abort one request with all its samples, or one sample (or all, for
@@ -245,6 +253,8 @@ class Scheduler:
             if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue
             self.queues.remove(r)
+            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
+        for r in self.storage.drop(hit) if self.storage is not None else []:
             self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
 
     def flush_cache(self) -> bool:
@@ -273,7 +283,8 @@ class Scheduler:
         return None
 
     def has_work(self) -> bool:
-        return bool(self.queues.waiting or self.queues.running or self.inflight)
+        held = self.storage is not None and self.storage.held
+        return bool(self.queues.waiting or self.queues.running or self.inflight or held)
 
     # ------------------------------------------------------------------ loop
     def event_loop(
@@ -295,8 +306,7 @@ class Scheduler:
                 if outputs:
                     send(TokenBatch(outputs))
         finally:
-            self.launcher.close()
-            self.runner.close()
+            self.close()
 
     def step(self) -> list[TokenOutput]:
         """Schedule and launch one batch, process the results of the step before
@@ -304,6 +314,8 @@ class Scheduler:
         (after the outputs queued since the last step)."""
         started = time.perf_counter()
         out, self._queued_outputs = self._queued_outputs, []
+        if self.storage is not None:
+            self.queues.waiting.extend(self.storage.ready())
         for req, reason in self.constrained.resolve(self.queues.waiting):
             if req.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue
@@ -325,9 +337,20 @@ class Scheduler:
             self.inflight = None
         if not batch and self.queues.waiting and not self.queues.running:
             self.constrained.wait(self.queues.waiting)
+        if not batch and self.inflight is None and self.storage is not None:
+            self._idle_storage()
         if self.kv_events is not None:
             self.kv_events.flush()
         return out
+
+    def _idle_storage(self) -> None:
+        """Nothing runs: queued copies (storage writes above all) run now on this
+        thread instead of waiting for a step; then wait briefly for held reads."""
+        assert self.host is not None and self.storage is not None
+        transfers = self.kv.take_transfers()
+        self.host.pool.run(transfers.before + transfers.after)
+        if not self.queues.waiting:
+            self.storage.wait(0.01)
 
     def _launch(self, batch: Batch, started: float) -> InFlight:
         overlappable = self.launcher.overlap and not any(needs_host_tokens(r) for r, _ in batch)
@@ -361,7 +384,7 @@ class Scheduler:
         if len(running) > self.counters["peak_decoding"]:
             decoding = sum(1 for r in running if r.output_ids)
             self.counters["peak_decoding"] = max(self.counters["peak_decoding"], decoding)
-        self._log_step(step.batch)
+        self.step_log.step(self, step.batch)
         if self.config.debug.debug_check_invariants:
             self.check_invariants()
         return results.outputs
@@ -413,28 +436,5 @@ class Scheduler:
             "kv": self.kv_usage(),
             "cache": self.kv.tree.stats(),
             **({"host_kv": self.host.stats(self.kv)} if self.host is not None else {}),
+            **({"storage_kv": self.storage.stats()} if self.storage is not None else {}),
         }
-
-    def _log_step(self, batch: Batch) -> None:
-        if not logger.isEnabledFor(logging.INFO) or self.counters["steps"] % self.config.debug.log_interval:
-            return
-        t0, gen0 = self._log_window
-        now, gen = time.perf_counter(), self.results.generated_tokens
-        self._log_window = (now, gen)
-        u = self.kv_usage()
-        used = u["total_slots"] - u["free_slots"]
-        logger.info(
-            "step %d: batch %d (prefill %d tok), running %d, waiting %d, gen %.1f tok/s, "
-            "cache hit %.1f%%, KV used %d/%d (tree %d)%s",
-            self.counters["steps"],
-            len(batch),
-            sum(q for _, q in batch if q > 1),
-            len(self.queues.running),
-            len(self.queues.waiting),
-            (gen - gen0) / max(now - t0, 1e-9),
-            100 * self.kv.tree.stats()["hit_rate"],
-            used,
-            u["total_slots"],
-            u["tree_slots"],
-            self.speculator.log_text() if self.speculator is not None else "",
-        )

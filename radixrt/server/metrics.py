@@ -60,9 +60,14 @@ _SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tu
     (
         "radixrt_cache_hit_tokens",
         "Of the queried prompt tokens, those found in the radix cache since the server "
-        "started, by tier (device: already there; host: loaded back from the host tier)",
+        "started, by tier (device: already there; host: loaded back from the host tier; storage: read "
+        "from the storage tier, then loaded back)",
         "tier",
-        {"device": ("cache", "device_hit_tokens"), "host": ("cache", "host_hit_tokens")},
+        {
+            "device": ("cache", "device_hit_tokens"),
+            "host": ("cache", "host_hit_tokens"),
+            "storage": ("cache", "storage_hit_tokens"),
+        },
     ),
     (
         "radixrt_retractions",
@@ -106,6 +111,19 @@ _SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tu
         "KV tokens of retracted requests moved to the host tier since the server started",
         None,
         {None: ("host_kv", "swapped_out_tokens")},
+    ),
+    (
+        "radixrt_storage_blocks",
+        "KV blocks of the storage tier since the server started, by event (written; hit: read back; "
+        "missed; corrupt: refused by the checksum and recomputed; evicted: by the quota)",
+        "event",
+        {
+            "written": ("storage_kv", "written_blocks"),
+            "hit": ("storage_kv", "hit_blocks"),
+            "missed": ("storage_kv", "missed_blocks"),
+            "corrupt": ("storage_kv", "corrupt_blocks"),
+            "evicted": ("storage_kv", "evicted_blocks"),
+        },
     ),
 )
 

@@ -331,8 +331,10 @@ def test_stats_and_reset():
         "cached_tokens": 6,
         "device_hit_tokens": 4,
         "host_hit_tokens": 0,
+        "storage_hit_tokens": 0,
         "device_hit_rate": 0.5,
         "host_hit_rate": 0.0,
+        "storage_hit_rate": 0.0,
     }
     m = c.match_prefix([1, 2])
     c.lock(m.node)

@@ -1,0 +1,165 @@
+"""The storage tier's contract: KV blocks that outlive the process, keyed by
+what they hold (torch-free).
+
+A *block* is ``block_tokens`` consecutive tokens of a cached sequence, from a
+multiple of ``block_tokens`` on; its payload is the host tier's page-first
+bytes of those tokens (host_pool.py: every layer's K and V per page), so a
+block crosses between storage and the host pool as it is.
+
+Keys (`block_keys`): block ``j`` of a sequence is keyed by a 128-bit BLAKE2b
+chained over the sequence's blocks ``0..j`` and seeded with the store's
+`StoreIdentity` (the model's weights and config, the KV dtype, the page and
+block sizes) and the cache namespace, so equal keys mean equal KV and no
+tenant's key names another tenant's text.
+
+Every stored value is framed (`frame`): a magic, the identity digest, the
+key, the payload's length and its CRC-32, then the payload.
+`unframe` returns the payload only when all of them agree, so a torn or
+flipped page is never served: a backend deletes it and reports a miss.
+
+Backends: kv_store_file.py (a directory: restart-warm, a quota with LRU
+eviction) and kv_store_redis.py (one store shared by many servers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Any, Hashable, Optional, Sequence
+
+MAGIC = b"RXKVBLK1"
+HEADER = struct.Struct("<8s16s16sQI")  # magic, identity digest, key, payload length, CRC-32 of the payload
+
+
+class StoreMismatchError(ValueError):
+    """The store was written by another model, KV dtype or page layout."""
+
+
+@dataclass(frozen=True)
+class StoreIdentity:
+    """What makes stored KV usable by this server: equal identities, equal KV."""
+
+    model: str  # hex digest of the model's weights and config (`model_fingerprint`)
+    kv_dtype: str  # what the host tier stores (its payload format)
+    page_size: int
+    block_tokens: int
+    page_bytes: int  # bytes of one host page (every layer's K and V of page_size tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def digest(self) -> bytes:
+        text = repr(sorted(self.as_dict().items())).encode()
+        return hashlib.blake2b(text, digest_size=16).digest()
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens // self.page_size * self.page_bytes
+
+    def mismatch(self, other: dict[str, Any]) -> Optional[str]:
+        """None when ``other`` (a stored identity) equals this one, else what differs."""
+        diffs = [
+            f"{k}: store has {other.get(k)!r}, server has {v!r}" for k, v in self.as_dict().items() if other.get(k) != v
+        ]
+        return "; ".join(diffs) or None
+
+
+def block_keys(identity: StoreIdentity, namespace: Hashable, tokens: Sequence[int], num_blocks: int) -> list[bytes]:
+    """Keys of the first ``num_blocks`` whole blocks of ``tokens`` in ``namespace``."""
+    B = identity.block_tokens
+    ns = b"default" if namespace is None else b"ns:" + str(namespace).encode()
+    parent = hashlib.blake2b(identity.digest + ns, digest_size=16).digest()
+    keys = []
+    for j in range(num_blocks):
+        block = tokens[j * B : (j + 1) * B]
+        parent = hashlib.blake2b(parent + struct.pack(f"<{B}q", *block), digest_size=16).digest()
+        keys.append(parent)
+    return keys
+
+
+def checksum(payload: bytes | memoryview) -> int:
+    """CRC-32 of a payload: catches torn writes and flipped bytes at memory speed
+    (several GB/s; the keys, not the checksum, are what must not collide)."""
+    return zlib.crc32(payload)
+
+
+def frame(identity: StoreIdentity, key: bytes, payload: bytes | memoryview) -> bytes:
+    """The stored bytes of one block (header, then payload)."""
+    return HEADER.pack(MAGIC, identity.digest, key, len(payload), checksum(payload)) + bytes(payload)
+
+
+def unframe(identity: StoreIdentity, key: bytes, data: bytes | memoryview) -> Optional[memoryview]:
+    """The payload of ``data`` if it is an intact frame of block ``key`` written
+    under ``identity`` with the expected size, else None."""
+    if len(data) < HEADER.size:
+        return None
+    magic, ident, stored_key, length, digest = HEADER.unpack_from(data)
+    payload = memoryview(data)[HEADER.size :]
+    if magic != MAGIC or ident != identity.digest or stored_key != key:
+        return None
+    if length != len(payload) or length != identity.block_bytes or checksum(payload) != digest:
+        return None
+    return payload
+
+
+class KVStore(ABC):
+    """A store of framed blocks. Thread-safe: the scheduler's reader and writer
+    threads call it; the scheduler's own thread only calls `known`.
+
+    Counters (`stats`): blocks written, hits, misses, corrupt blocks refused,
+    blocks evicted by a quota, bytes held."""
+
+    name = "store"
+
+    def __init__(self, identity: StoreIdentity) -> None:
+        self.identity = identity
+        self.written = 0
+        self.hits = 0
+        self.misses = 0
+        self.corrupt = 0
+        self.evicted = 0
+
+    @property
+    @abstractmethod
+    def local(self) -> bool:
+        """Whether `contains` is cheap enough to call on the scheduler's thread."""
+
+    @abstractmethod
+    def known(self, key: bytes) -> bool:
+        """Whether this process knows the block is stored (no I/O)."""
+
+    @abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether the block is stored (may do I/O)."""
+
+    @abstractmethod
+    def get(self, key: bytes) -> Optional[memoryview]:
+        """The block's verified payload, or None (missing, or corrupt: then it is
+        deleted and counted in ``corrupt``)."""
+
+    @abstractmethod
+    def put(self, key: bytes, payload: bytes | memoryview) -> None:
+        """Store a block (idempotent: an existing block is kept)."""
+
+    @abstractmethod
+    def size_bytes(self) -> int:
+        """Bytes the store holds (as far as this process knows)."""
+
+    def close(self) -> None:  # noqa: B027 (optional: most stores hold nothing to release)
+        """Release connections and files."""
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "written_blocks": self.written,
+            "hit_blocks": self.hits,
+            "missed_blocks": self.misses,
+            "corrupt_blocks": self.corrupt,
+            "evicted_blocks": self.evicted,
+            "stored_bytes": self.size_bytes(),
+            "block_tokens": self.identity.block_tokens,
+        }

@@ -1,0 +1,190 @@
+"""`FileKVStore`: the storage tier in a directory (``--hicache-storage-backend file``).
+
+Layout::
+
+    <dir>/store.json                 the store's identity (model, KV dtype, page/block sizes)
+    <dir>/blocks/<ab>/<key hex>.kv   one framed block (kv_store.py) per file
+
+Restart-warm: opening the store reads ``store.json`` (a store written by
+another model, KV dtype or layout is refused with `StoreMismatchError`) and
+scans ``blocks/`` into an index (key -> size, in least-recently-used order by
+file modification time), so the first request after a restart hits.
+
+Torn writes: a block is written to a temporary file and renamed into place,
+so a process killed mid-write leaves at most a ``.tmp`` file (removed at the
+next open) and never a partial block under a block's name; every read
+verifies the frame's checksum anyway (a corrupt block is deleted and is a
+miss). Quota: when the blocks' bytes pass ``quota_bytes``, the least recently
+used are deleted. A read refreshes a block's modification time, so the LRU
+order survives restarts. Several servers may share one directory: `contains`
+checks the file system, not only this process's index.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Optional
+
+from radixrt.memory.kv_store import HEADER, KVStore, StoreIdentity, StoreMismatchError, frame, unframe
+
+logger = logging.getLogger(__name__)
+
+IDENTITY_FILE = "store.json"
+
+
+class FileKVStore(KVStore):
+    name = "file"
+
+    def __init__(self, root: str | os.PathLike, identity: StoreIdentity, quota_bytes: int) -> None:
+        super().__init__(identity)
+        self.root = Path(root).expanduser()
+        self.blocks = self.root / "blocks"
+        self.quota_bytes = int(quota_bytes)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file size, least recently used first
+        self._bytes = 0
+        self.blocks.mkdir(parents=True, exist_ok=True)
+        self._check_identity()
+        self._scan()
+
+    def _check_identity(self) -> None:
+        path = self.root / IDENTITY_FILE
+        if path.exists():
+            try:
+                stored = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise StoreMismatchError(f"KV store {self.root}: unreadable {IDENTITY_FILE} ({e})") from None
+            diff = self.identity.mismatch(stored)
+            if diff:
+                raise StoreMismatchError(
+                    f"KV store {self.root} was written for other KV ({diff}); "
+                    "give another --hicache-storage-dir or empty this one"
+                )
+            return
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(self.identity.as_dict(), indent=1))
+        os.replace(tmp, path)
+
+    def _scan(self) -> None:
+        """Index the stored blocks (oldest first); remove torn temporary files."""
+        found: list[tuple[float, bytes, int]] = []
+        for sub in self.blocks.iterdir():
+            if not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                if f.name.endswith(".tmp"):
+                    f.unlink(missing_ok=True)
+                    continue
+                try:
+                    st = f.stat()
+                    found.append((st.st_mtime, bytes.fromhex(f.stem), st.st_size))
+                except (OSError, ValueError):
+                    continue
+        for _, key, size in sorted(found):
+            self._index[key] = size
+            self._bytes += size
+        if found:
+            logger.info("KV store %s: %d blocks (%.1f MiB)", self.root, len(found), self._bytes / 2**20)
+
+    def _path(self, key: bytes) -> Path:
+        h = key.hex()
+        return self.blocks / h[:2] / f"{h}.kv"
+
+    @property
+    def local(self) -> bool:
+        return True
+
+    def known(self, key: bytes) -> bool:
+        return key in self._index
+
+    def contains(self, key: bytes) -> bool:
+        return key in self._index or self._path(key).exists()
+
+    def get(self, key: bytes) -> Optional[memoryview]:
+        """As `KVStore.get`; the payload is a view of this thread's read buffer,
+        valid until its next `get`."""
+        path = self._path(key)
+        scratch = self._scratch()
+        try:
+            with open(path, "rb") as f:
+                size = f.readinto(scratch)
+        except OSError:
+            self.misses += 1
+            self._forget(key)
+            return None
+        data = memoryview(scratch)[:size]
+        payload = unframe(self.identity, key, data)
+        if payload is None:
+            logger.warning("KV store %s: block %s is corrupt; deleted (it will be recomputed)", self.root, key.hex())
+            self.corrupt += 1
+            self._delete(key)
+            return None
+        self.hits += 1
+        os.utime(path)  # the LRU order outlives the process
+        with self._lock:
+            if key not in self._index:
+                self._bytes += size
+            self._index[key] = size
+            self._index.move_to_end(key)
+        return payload
+
+    def _scratch(self) -> bytearray:
+        """This thread's read buffer: one frame, plus a byte to notice a longer file."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = bytearray(HEADER.size + self.identity.block_bytes + 1)
+        return buf
+
+    def put(self, key: bytes, payload: bytes | memoryview) -> None:
+        if self.known(key):
+            return
+        path = self._path(key)
+        data = frame(self.identity, key, payload)
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        self.written += 1
+        with self._lock:
+            self._index[key] = len(data)
+            self._bytes += len(data)
+        self._enforce_quota()
+
+    def _enforce_quota(self) -> None:
+        while True:
+            with self._lock:
+                if self._bytes <= self.quota_bytes or not self._index:
+                    return
+                key, size = self._index.popitem(last=False)
+                self._bytes -= size
+            self._path(key).unlink(missing_ok=True)
+            self.evicted += 1
+
+    def _forget(self, key: bytes) -> None:
+        with self._lock:
+            size = self._index.pop(key, None)
+            if size is not None:
+                self._bytes -= size
+
+    def _delete(self, key: bytes) -> None:
+        self._forget(key)
+        self._path(key).unlink(missing_ok=True)
+
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def stats(self) -> dict:
+        return {
+            **super().stats(),
+            "directory": str(self.root),
+            "quota_bytes": self.quota_bytes,
+            "blocks": len(self._index),
+        }

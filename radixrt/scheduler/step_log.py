@@ -1,0 +1,45 @@
+"""The scheduler's periodic progress line (``--log-interval`` steps apart, at INFO)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixrt.scheduler.planner import Batch
+
+logger = logging.getLogger("radixrt.scheduler.scheduler")
+
+
+class StepLog:
+    """Logs one line every ``interval`` steps: batch, queues, tokens/s since the last line, cache, KV."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self._window = (time.perf_counter(), 0)
+
+    def step(self, sched: Any, batch: "Batch") -> None:
+        """After a step of the `Scheduler` ``sched`` (read only) that ran ``batch``."""
+        if not logger.isEnabledFor(logging.INFO) or sched.counters["steps"] % self.interval:
+            return
+        t0, gen0 = self._window
+        now, gen = time.perf_counter(), sched.results.generated_tokens
+        self._window = (now, gen)
+        u = sched.kv_usage()
+        used = u["total_slots"] - u["free_slots"]
+        logger.info(
+            "step %d: batch %d (prefill %d tok), running %d, waiting %d, gen %.1f tok/s, "
+            "cache hit %.1f%%, KV used %d/%d (tree %d)%s",
+            sched.counters["steps"],
+            len(batch),
+            sum(q for _, q in batch if q > 1),
+            len(sched.queues.running),
+            len(sched.queues.waiting),
+            (gen - gen0) / max(now - t0, 1e-9),
+            100 * sched.kv.tree.stats()["hit_rate"],
+            used,
+            u["total_slots"],
+            u["tree_slots"],
+            sched.speculator.log_text() if sched.speculator is not None else "",
+        )

@@ -1,0 +1,277 @@
+"""The storage tier under the host tier (``--hicache-storage-backend``): KV
+that survives restarts and is shared between servers.
+
+Writes (write-through): when a node enters the radix tree, the whole blocks
+of ``block_tokens`` that end inside it (counted from the sequence's start)
+are queued as one `StoreOp` with the device slots of the path, ordered like
+the host tier's copies (after the forward that computes them, or before the
+next forward when they are computed already: no later forward can overwrite
+those slots first). The forward thread packs them into host-page bytes and
+hands them to the writer thread, which writes them to the store. Blocks the
+store already holds (or that are queued) are skipped.
+
+Reads (prefetch): a new request whose prompt has whole blocks beyond what the
+tree holds (device or host) is *held* (not yet waiting) while the reader
+thread counts how many of its next blocks are stored (the probe). `ready`
+(on the scheduler's thread) then reserves host slots for them and the reader
+reads the blocks straight into those slots of the host pool, verifying each;
+when that is done, `ready` inserts the good blocks into the tree as host-only
+nodes and the request waits as usual: its admission loads them back like any
+host hit. A missing or corrupt block ends the read there (the rest is
+computed). The scheduler's thread never does storage I/O (with the file
+backend it checks that the first block exists, a ``stat``, before holding a
+request, so a miss costs no thread hop).
+
+Ownership: held requests have no KV. Host slots reserved for a read are
+neither free nor the tree's until `ready` hands them over
+(``host free + tree + reading == total``, `HostRadixCache.reserve_host`); an
+aborted request's read finishes into its slots before they are freed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import queue
+import threading
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Optional
+
+import torch
+
+from radixrt.memory.host_pool import HostKVPool
+from radixrt.memory.host_radix_cache import HostRadixCache
+from radixrt.memory.kv_store import KVStore, StoreIdentity, block_keys
+from radixrt.memory.radix_node import TreeNode
+from radixrt.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
+
+WRITE_QUEUE_BLOCKS = 4096  # blocks waiting for the writer; beyond it new blocks are skipped (counted)
+
+
+@dataclass
+class _Held:
+    """A request held while its blocks are looked up (``slots`` None) and then
+    read into host slots reserved for it (``slots``)."""
+
+    req: Req
+    start: int  # first token of the read (a block boundary)
+    keys: list[bytes]
+    future: "Future[int]"  # blocks found (probe), then blocks read intact
+    slots: Optional[list[int]] = None
+    aborted: bool = False  # the request was aborted: the result is only cleaned up
+
+
+class StorageTier:
+    """The storage tier's runtime: a `KVStore`, one reader and one writer thread."""
+
+    def __init__(self, store: KVStore, pool: HostKVPool, tree: HostRadixCache) -> None:
+        self.store = store
+        self.pool = pool
+        self.tree = tree
+        self.identity: StoreIdentity = store.identity
+        self.block_tokens = self.identity.block_tokens
+        self.held: list[_Held] = []
+        self._queued: set[bytes] = set()  # keys handed to the writer, not yet written
+        self._writes: "queue.Queue[Optional[tuple[bytes, memoryview]]]" = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="radixrt-kv-store-writer", daemon=True)
+        self._writer.start()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="radixrt-kv-store-reader")
+        self.loaded_tokens = 0  # tokens read from storage into the host tier
+        self.skipped_blocks = 0  # writes dropped because the writer was behind
+        tree.on_cached = self.on_cached
+
+    # ------------------------------------------------------------------ writes
+    def on_cached(self, namespace: Hashable, leaf: TreeNode, computed: bool) -> None:
+        """Queue the blocks that end inside new node ``leaf`` (see the module docstring)."""
+        keys_path, slots_path = _path_to(leaf)
+        B = self.block_tokens
+        end = len(keys_path)
+        first = (end - len(leaf.key)) // B  # blocks ending inside the leaf start at this index or later
+        blocks = [j for j in range(first, end // B) if (j + 1) * B > end - len(leaf.key)]
+        if not blocks:
+            return
+        keys = block_keys(self.identity, namespace, keys_path, blocks[-1] + 1)
+        todo = [j for j in blocks if keys[j] not in self._queued and not self.store.known(keys[j])]
+        if not todo:
+            return
+        if self._writes.qsize() + len(todo) > WRITE_QUEUE_BLOCKS:
+            self.skipped_blocks += len(todo)
+            return
+        slots = [s for j in todo for s in slots_path[j * B : (j + 1) * B]]
+        todo_keys = [keys[j] for j in todo]
+        self._queued.update(todo_keys)
+        self.tree.host.transfers.store(slots, lambda rows: self._deliver(todo_keys, rows), after_forward=not computed)
+
+    def _deliver(self, keys: list[bytes], rows: torch.Tensor) -> None:
+        """The forward thread's packed rows of ``keys``' blocks, for the writer."""
+        data = rows.numpy().data.cast("B")  # the rows stay alive through the views
+        n = self.identity.block_bytes
+        for i, key in enumerate(keys):
+            self._writes.put((key, data[i * n : (i + 1) * n]))
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            try:
+                if item is None:
+                    return
+                key, payload = item
+                try:
+                    self.store.put(key, payload)
+                except OSError as e:
+                    logger.warning("KV store: writing block %s failed: %s", key.hex(), e)
+                finally:
+                    self._queued.discard(key)
+            finally:
+                self._writes.task_done()
+
+    # ------------------------------------------------------------------- reads
+    def hold(self, req: Req) -> bool:
+        """Start looking ``req``'s next blocks up in storage; True when the request
+        is held until `ready` returns it (False: it needs nothing from storage)."""
+        cap = req.max_prefix_len
+        B = self.block_tokens
+        num_blocks = cap // B
+        match = self.tree.match_prefix(req.seq[:cap], namespace=req.namespace, record_stats=False)
+        start = (match.length + match.host_length) // B
+        if start >= num_blocks:
+            return False
+        keys = block_keys(self.identity, req.namespace, req.seq, num_blocks)[start:]
+        if self.store.local and not self.store.contains(keys[0]):
+            return False
+        self.held.append(_Held(req, start * B, keys, self._reader.submit(self._probe, keys)))
+        return True
+
+    def _probe(self, keys: list[bytes]) -> int:
+        """How many leading ``keys`` are stored (the reader thread)."""
+        n = 0
+        while n < len(keys) and self.store.contains(keys[n]):
+            n += 1
+        return n
+
+    def _read(self, keys: list[bytes], host_slots: list[int]) -> int:
+        """Read the blocks ``keys`` into host slots ``host_slots`` (the reader
+        thread; the slots are reserved for it); how many leading blocks are good."""
+        per_block = self.block_tokens // self.pool.allocator.page_size
+        pages = torch.tensor(host_slots[:: self.pool.allocator.page_size])
+        for i, key in enumerate(keys):
+            payload = self.store.get(key)
+            if payload is None:
+                return i
+            with warnings.catch_warnings():  # a read-only buffer is fine: it is only copied from
+                warnings.simplefilter("ignore", UserWarning)
+                rows = torch.frombuffer(payload, dtype=torch.uint8).view(per_block, self.pool.page_bytes)
+            self.pool.buf.index_copy_(0, pages[i * per_block : (i + 1) * per_block], rows)
+        return len(keys)
+
+    def ready(self) -> list[Req]:
+        """Held requests whose reads are done, with what was read now in the tree
+        (host-only nodes); they go back to the waiting queue. A request whose probe
+        found blocks gets host slots now and stays held while they are read."""
+        out = []
+        for h in [h for h in self.held if h.future.done()]:
+            self.held.remove(h)
+            result = _result(h.future)
+            if h.slots is None and result and not h.aborted:  # probed: now read them into host slots
+                h.slots = self.tree.reserve_host(result * self.block_tokens)
+                if h.slots is not None:
+                    h.keys = h.keys[:result]
+                    h.future = self._reader.submit(self._read, h.keys, h.slots)
+                    self.held.append(h)
+                    continue
+            if h.slots is not None:
+                self._insert(h, result)
+            if not h.aborted:
+                out.append(h.req)
+        return out
+
+    def _insert(self, h: _Held, good_blocks: int) -> None:
+        assert h.slots is not None
+        n = good_blocks * self.block_tokens
+        self.tree.release_host(h.slots[n:])
+        if n and not h.aborted:
+            added = self.tree.insert_on_host(h.req.seq[: h.start + n], h.slots[:n], h.start, h.req.namespace)
+            h.req.storage_tokens = added
+            self.loaded_tokens += added
+        elif n:
+            self.tree.release_host(h.slots[:n])
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a held request's read is done or ``timeout_s`` passed."""
+        if self.held:
+            wait([h.future for h in self.held], timeout=timeout_s, return_when="FIRST_COMPLETED")
+
+    def drop(self, hit: Callable[[Req], bool]) -> list[Req]:
+        """Stop holding the requests ``hit`` selects (aborts); returns them. A read
+        in progress finishes first (into its host slots), then its slots are freed."""
+        out = []
+        for h in self.held:
+            if not h.aborted and hit(h.req):
+                h.aborted = True
+                out.append(h.req)
+        return out
+
+    # ---------------------------------------------------------------- lifetime
+    def flush(self) -> None:
+        """Wait until every block handed to the writer is in the store."""
+        self._writes.join()
+
+    def close(self) -> None:
+        self._writes.put(None)
+        self._writer.join(30.0)
+        self._reader.shutdown(wait=True)
+        self.store.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self.store.stats(),
+            "loaded_tokens": self.loaded_tokens,
+            "held_requests": sum(1 for h in self.held if not h.aborted),
+            "write_queue_blocks": self._writes.qsize(),
+            "skipped_blocks": self.skipped_blocks,
+        }
+
+
+def _result(future: "Future[int]") -> int:
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 (a backend error is a miss, never a failed request)
+        logger.warning("KV store: read failed: %s", e)
+        return 0
+
+
+def _path_to(leaf: TreeNode) -> tuple[list[int], list[int]]:
+    """The tokens and device slots from the namespace's root down to ``leaf``'s end."""
+    nodes = []
+    x: Optional[TreeNode] = leaf
+    while x is not None and x.key:
+        nodes.append(x)
+        x = x.parent
+    keys: list[int] = []
+    slots: list[int] = []
+    for node in reversed(nodes):
+        keys.extend(node.key)
+        slots.extend(node.value)
+    return keys, slots
+
+
+def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
+    """A hex digest of the model's weights (every parameter and buffer, in order)
+    and its config (a `ModelConfig`; the checkpoint's own config without its
+    path): the storage tier's model identity."""
+    hf = getattr(config, "hf_config", None)
+    described = {k: v for k, v in (hf.to_dict() if hf is not None else {}).items() if not k.startswith("_")}
+    described.pop("transformers_version", None)
+    plain = dataclasses.replace(config, hf_config=None) if hasattr(config, "hf_config") else config
+    h = hashlib.blake2b(repr((plain, sorted(described.items(), key=str))).encode(), digest_size=16)
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        h.update(name.encode())
+        data = t.detach().contiguous().cpu()
+        if data.numel():
+            h.update(data.view(torch.uint8).reshape(-1).numpy().data)
+    return h.hexdigest()

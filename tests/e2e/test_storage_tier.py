@@ -1,0 +1,82 @@
+"""The storage tier through the Engine: a prefix computed before a restart is
+read back after it (same greedy output, hits counted by tier), corrupt blocks
+are refused and recomputed, a store of another layout is refused, and two
+engines sharing one Redis share their blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import radixrt
+from radixrt.memory.kv_store import StoreMismatchError
+from tests.unit.test_kv_store import redis_url  # noqa: F401  (the fixture: a real redis-server)
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0.0}
+
+
+def _prompt(n_words: int, tag: str = "") -> str:
+    return "Inventory log. " + " ".join(f"item{i}{tag} ok" for i in range(n_words)) + " Summary:"
+
+
+def _engine(model: str, **flags) -> radixrt.Engine:
+    flags.setdefault("hicache_storage_backend", "file")
+    return radixrt.Engine(model, max_total_tokens=4096, debug_check_invariants=True, **flags)
+
+
+def test_a_restarted_engine_reads_the_prefix_back_with_the_same_output(default_model_path, tmp_path: Path) -> None:
+    prompt = _prompt(150)
+    with _engine(default_model_path, dtype="float32", hicache_storage_dir=str(tmp_path)) as first:
+        before = first.generate(prompt, GREEDY)
+        assert first.scheduler.stats()["storage_kv"]["written_blocks"] >= 8
+    with _engine(default_model_path, dtype="float32", hicache_storage_dir=str(tmp_path)) as restarted:
+        after = restarted.generate(prompt, GREEDY, return_cache_info=True)
+        stats = restarted.scheduler.stats()
+    prompt_tokens = after["meta_info"]["prompt_tokens"]
+    stored = prompt_tokens // 64 * 64 if prompt_tokens % 64 else prompt_tokens - 64
+    assert after["text"] == before["text"] and before["meta_info"]["cached_tokens"] == 0
+    assert after["meta_info"]["cached_tokens"] == stored
+    assert after["meta_info"]["cache_info"]["tiers"] == {"device": 0, "host": 0, "storage": stored}
+    assert stats["cache"]["storage_hit_tokens"] == stored and stats["storage_kv"]["hit_blocks"] == stored // 64
+    assert stats["storage_kv"]["corrupt_blocks"] == 0
+
+
+def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -> None:
+    prompt = _prompt(100)
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
+        before = first.generate(prompt, GREEDY)
+    blocks = sorted(tmp_path.rglob("*.kv"))
+    assert len(blocks) >= 4
+    for path in blocks[::2]:  # flip one payload byte in every other block
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as restarted:
+        after = restarted.generate(prompt, GREEDY)
+        storage = restarted.scheduler.stats()["storage_kv"]
+    assert after["text"] == before["text"]
+    assert storage["corrupt_blocks"] >= 1
+    # the read stops at the first refused block: what was served is the intact run before it
+    assert after["meta_info"]["cached_tokens"] == 64 * storage["hit_blocks"]
+    assert storage["written_blocks"] >= storage["corrupt_blocks"]  # recomputed blocks are stored again, intact
+
+
+def test_a_store_of_another_page_size_is_refused(tiny_llama, tmp_path: Path) -> None:
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
+        first.generate(_prompt(40), GREEDY)
+    with pytest.raises(StoreMismatchError, match="page_size"):
+        _engine(tiny_llama, hicache_storage_dir=str(tmp_path), page_size=4)
+
+
+def test_two_engines_share_blocks_through_redis(tiny_llama, redis_url: str) -> None:  # noqa: F811
+    prompts = [_prompt(60, tag=f"-{k}") for k in range(3)]
+    with _engine(tiny_llama, hicache_storage_backend="redis", hicache_storage_url=redis_url) as a:
+        first = [a.generate(p, GREEDY)["text"] for p in prompts]
+        computed_cold = a.scheduler.stats()["prompt_tokens_computed"]
+    with _engine(tiny_llama, hicache_storage_backend="redis", hicache_storage_url=redis_url) as b:
+        second = [b.generate(p, GREEDY)["text"] for p in prompts]
+        stats = b.scheduler.stats()
+    assert second == first
+    assert stats["storage_kv"]["hit_blocks"] >= 3
+    assert stats["prompt_tokens_computed"] <= 0.4 * computed_cold

@@ -1,0 +1,195 @@
+"""The storage tier's stores: keys, frames and checksums, the file backend
+(restart scan, identity check, quota, torn and corrupt blocks, a writer
+killed with SIGKILL) and the Redis backend (a real redis-server on
+127.0.0.1; skipped with the reason where it is not installed)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from radixrt.memory.kv_store import StoreIdentity, StoreMismatchError, block_keys, frame, unframe
+from radixrt.memory.kv_store_file import FileKVStore
+
+IDENTITY = StoreIdentity(model="ab" * 16, kv_dtype="auto/torch.float32", page_size=1, block_tokens=4, page_bytes=8)
+BLOCK = IDENTITY.block_bytes  # 32 bytes
+
+
+def payload(i: int) -> bytes:
+    return bytes((i + j) % 256 for j in range(BLOCK))
+
+
+def test_block_keys_chain_prefixes_and_separate_namespaces_and_identities() -> None:
+    tokens = list(range(12))
+    keys = block_keys(IDENTITY, None, tokens, 3)
+    assert len(keys) == 3 and len(set(keys)) == 3
+    assert block_keys(IDENTITY, None, tokens[:8] + [99, 98, 97, 96], 3)[:2] == keys[:2]  # same prefix, same keys
+    assert block_keys(IDENTITY, None, [0, 1, 2, 5] + tokens[4:], 3)[1] != keys[1]  # a block's key covers its prefix
+    assert not set(block_keys(IDENTITY, "tenant-a", tokens, 3)) & set(keys)
+    assert not set(block_keys(replace(IDENTITY, model="cd" * 16), None, tokens, 3)) & set(keys)
+    assert not set(block_keys(replace(IDENTITY, kv_dtype="int8"), None, tokens, 3)) & set(keys)
+
+
+def test_frames_refuse_flipped_bytes_other_keys_and_wrong_sizes() -> None:
+    key = block_keys(IDENTITY, None, [1, 2, 3, 4], 1)[0]
+    data = frame(IDENTITY, key, payload(0))
+    assert bytes(unframe(IDENTITY, key, data) or b"") == payload(0)
+    for at in (0, 10, len(data) - 1, len(data) - BLOCK // 2):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x40
+        assert unframe(IDENTITY, key, bytes(flipped)) is None
+    assert unframe(IDENTITY, b"\0" * 16, data) is None
+    assert unframe(replace(IDENTITY, page_size=2, block_tokens=4, page_bytes=16), key, data) is None
+    assert unframe(IDENTITY, key, data[:-1]) is None
+
+
+def test_file_store_is_warm_after_reopening(tmp_path: Path) -> None:
+    store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    keys = block_keys(IDENTITY, None, list(range(40)), 10)
+    for i, k in enumerate(keys):
+        store.put(k, payload(i))
+    assert store.written == 10 and store.known(keys[3]) and store.contains(keys[3])
+    reopened = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    assert all(reopened.known(k) for k in keys)
+    assert [bytes(reopened.get(k) or b"") for k in keys] == [payload(i) for i in range(10)]
+    assert reopened.hits == 10 and reopened.size_bytes() == store.size_bytes()
+    assert reopened.get(b"\1" * 16) is None and reopened.misses == 1
+
+
+def test_file_store_refuses_another_model_dtype_or_layout(tmp_path: Path) -> None:
+    FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    for other, word in (
+        (replace(IDENTITY, model="cd" * 16), "model"),
+        (replace(IDENTITY, kv_dtype="int8/torch.int8"), "kv_dtype"),
+        (replace(IDENTITY, page_size=2, page_bytes=16), "page_size"),
+    ):
+        with pytest.raises(StoreMismatchError, match=word):
+            FileKVStore(tmp_path, other, quota_bytes=1 << 20)
+
+
+def test_file_store_quota_evicts_least_recently_used(tmp_path: Path) -> None:
+    frame_bytes = len(frame(IDENTITY, b"\0" * 16, payload(0)))
+    store = FileKVStore(tmp_path, IDENTITY, quota_bytes=3 * frame_bytes)
+    keys = block_keys(IDENTITY, None, list(range(16)), 4)
+    for i, k in enumerate(keys[:3]):
+        store.put(k, payload(i))
+    assert store.get(keys[0]) is not None  # keys[1] is now the least recently used
+    store.put(keys[3], payload(3))
+    assert store.evicted == 1 and store.size_bytes() <= 3 * frame_bytes
+    assert not store.contains(keys[1]) and all(store.contains(k) for k in (keys[0], keys[2], keys[3]))
+
+
+def test_corrupt_and_torn_blocks_are_refused_and_removed(tmp_path: Path) -> None:
+    store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    keys = block_keys(IDENTITY, None, list(range(12)), 3)
+    for i, k in enumerate(keys):
+        store.put(k, payload(i))
+    files = {k: store._path(k) for k in keys}
+    data = bytearray(files[keys[0]].read_bytes())
+    data[-3] ^= 0xFF
+    files[keys[0]].write_bytes(bytes(data))
+    files[keys[1]].write_bytes(files[keys[1]].read_bytes()[:20])  # torn
+    torn_tmp = files[keys[2]].with_name(files[keys[2]].name + ".dead.tmp")
+    torn_tmp.write_bytes(b"partial")
+    reopened = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    assert not torn_tmp.exists()
+    assert reopened.get(keys[0]) is None and reopened.get(keys[1]) is None
+    assert reopened.corrupt == 2 and not files[keys[0]].exists() and not files[keys[1]].exists()
+    assert bytes(reopened.get(keys[2]) or b"") == payload(2)
+
+
+_WRITER = """
+import sys
+from radixrt.memory.kv_store import StoreIdentity, block_keys
+from radixrt.memory.kv_store_file import FileKVStore
+ident = StoreIdentity(model="ab" * 16, kv_dtype="auto/torch.float32", page_size=1, block_tokens=4, page_bytes=4096)
+store = FileKVStore(sys.argv[1], ident, quota_bytes=1 << 40)
+print("ready", flush=True)
+i = 0
+while True:
+    store.put(block_keys(ident, None, [i, i + 1, i + 2, i + 3], 1)[0], bytes([i % 256]) * ident.block_bytes)
+    i += 1
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_only_intact_blocks(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    ident = replace(IDENTITY, page_bytes=4096)
+    store = FileKVStore(tmp_path, ident, quota_bytes=1 << 40)
+    assert len(store._index) > 50, "the writer wrote for a second"
+    assert not list(tmp_path.rglob("*.tmp"))
+    for i in range(len(store._index) + 50):
+        key = block_keys(ident, None, [i, i + 1, i + 2, i + 3], 1)[0]
+        got = store.get(key)
+        assert got is None or bytes(got) == bytes([i % 256]) * ident.block_bytes
+    assert store.corrupt == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    pytest.importorskip("redis", reason="the redis client is not installed (pip install redis)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_redis_store_is_shared_between_servers_of_one_identity(redis_url: str) -> None:
+    from radixrt.memory.kv_store_redis import RedisKVStore
+
+    a, b = RedisKVStore(redis_url, IDENTITY), RedisKVStore(redis_url, IDENTITY)
+    other = RedisKVStore(redis_url, replace(IDENTITY, model="cd" * 16))
+    keys = block_keys(IDENTITY, None, list(range(8)), 2)
+    a.put(keys[0], payload(0))
+    assert b.contains(keys[0]) and bytes(b.get(keys[0]) or b"") == payload(0)
+    assert not b.contains(keys[1]) and not other.contains(keys[0])
+    b.put(keys[0], payload(9))  # SET NX: the first copy stays
+    assert bytes(a.get(keys[0]) or b"") == payload(0)
+    a._client.set(a._key(keys[1]), frame(IDENTITY, keys[1], payload(1))[:-1] + b"\0")
+    assert b.get(keys[1]) is None and b.corrupt == 1 and not a.contains(keys[1])
