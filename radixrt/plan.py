@@ -232,6 +232,14 @@ class Plan:
     kv_scale_bytes_per_token: float = 0  # int8: the per-token scales (included in kv_bytes_per_token)
     kv_tokens_per_gib: int = 0
     quantization: Optional[str] = None  # the linear layers' weight format, when quantized
+    host_bytes: int = 0  # the host KV tier (--hicache-size), 0: none
+    storage_bytes: int = 0  # the storage tier's quota (--hicache-storage-quota-gb), 0: none
+
+    def tier_tokens(self) -> dict[str, int]:
+        """Cached tokens each KV tier holds (host and storage store the device's format)."""
+        per_token = self.kv_bytes_per_token
+        tiers = {"device": self.max_live_tokens, "host": int(self.host_bytes // per_token)}
+        return {**tiers, "storage": int(self.storage_bytes // per_token)}
 
     @property
     def sharing_gain(self) -> Optional[float]:
@@ -240,7 +248,7 @@ class Plan:
         return self.concurrency_shared / self.concurrency
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "sharing_gain": self.sharing_gain}
+        return {**asdict(self), "sharing_gain": self.sharing_gain, "tier_tokens": self.tier_tokens()}
 
 
 def make_plan(
@@ -255,6 +263,8 @@ def make_plan(
     avg_tokens: int = 2000,
     shared_prefix: int = 0,
     quantization: Optional[WeightQuantization] = None,
+    host_bytes: int = 0,
+    storage_bytes: int = 0,
 ) -> Plan:
     if avg_tokens <= 0:
         raise ValueError("avg_tokens must be positive")
@@ -292,6 +302,8 @@ def make_plan(
         kv_scale_bytes_per_token=footprint.scale_bytes_per_token,
         kv_tokens_per_gib=footprint.tokens_per_gib,
         quantization=_quant_label(quantization),
+        host_bytes=host_bytes,
+        storage_bytes=storage_bytes,
     )
 
 
@@ -344,6 +356,10 @@ def format_plan(p: Plan) -> str:
                 f"{p.concurrency_shared:,.1f} ({p.sharing_gain:.2f}x)",
             )
         )
+    tiers = p.tier_tokens()
+    for tier, size in (("host", p.host_bytes), ("storage", p.storage_bytes)):
+        if size:
+            rows.append((f"{tier} tier ({_gb(size)})", f"{tiers[tier]:,} cached tokens"))
     if p.max_position_embeddings and p.max_live_tokens < p.max_position_embeddings:
         rows.append(("note", f"one full-context request ({p.max_position_embeddings:,} tokens) does not fit"))
     if p.kv_budget_bytes <= 0:
@@ -385,6 +401,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quantization-group-size", type=int, default=DEFAULT_GROUP_SIZE, help="int4's group size")
     p.add_argument("--quantize-lm-head", action="store_true", help="with --quantization: the LM head too")
+    p.add_argument("--host-mem", default="0GB", help="host KV tier size (--hicache-size), e.g. 64GB: its capacity")
+    p.add_argument("--storage", default="0GB", help="storage tier quota, e.g. 1TB: its capacity in tokens")
     p.add_argument("--params", type=float, default=None, help="override the parameter count (e.g. 13e9)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -417,6 +435,8 @@ def plan_main(args: argparse.Namespace) -> int:
         avg_tokens=args.avg_tokens,
         shared_prefix=args.shared_prefix,
         quantization=_quantization(args),
+        host_bytes=parse_bytes(args.host_mem),
+        storage_bytes=parse_bytes(args.storage),
     )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
     return 0

@@ -180,6 +180,13 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
         "python -m radixrt.bench.beam --help)",
     )
     p.add_argument(
+        "--storage",
+        action="store_true",
+        help="only measure the storage tier: time to first token on a 4,000-token prefix cold, warm in "
+        "memory and after a restart, an agent workload's hit rate before and after the restart, two "
+        "servers sharing a Redis store (options: python -m radixrt.bench.storage --help)",
+    )
+    p.add_argument(
         "--kv-budget",
         action="store_true",
         help="only measure KV budgets (h2o, infinigen, window) against full KV on long prose and code "
@@ -229,6 +236,10 @@ def _run_mode(args: argparse.Namespace) -> Optional[int]:
         from radixrt.bench import beam
 
         return beam.main(["--model", args.model, "--best-of"] + (["--json", args.json_out] if args.json_out else []))
+    if args.storage:
+        from radixrt.bench import storage
+
+        return storage.main(["--model", args.model] + (["--json", args.json_out] if args.json_out else []))
     if args.kv_budget:
         from radixrt.bench import kv_budget
 

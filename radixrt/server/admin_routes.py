@@ -72,6 +72,7 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
             "kv_cache": ctx.tm.info.kv_cache,  # bytes per token and capacity (radixrt/memory/kv_format.py)
             "kv_slots": stats.get("kv", {}),
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
+            "storage_kv_cache": stats.get("storage_kv"),  # the storage tier (--hicache-storage-backend), or None
             "internal_states": [stats],
             "process_ids": ctx.process_ids,
             "uptime_s": round(time.time() - ctx.started, 3),

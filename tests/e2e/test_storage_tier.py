@@ -5,12 +5,18 @@ engines sharing one Redis share their blocks."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 import radixrt
 from radixrt.memory.kv_store import StoreMismatchError
+from radixrt.server.local import LocalServer
 from tests.unit.test_kv_store import redis_url  # noqa: F401  (the fixture: a real redis-server)
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0}
@@ -80,3 +86,55 @@ def test_two_engines_share_blocks_through_redis(tiny_llama, redis_url: str) -> N
     assert second == first
     assert stats["storage_kv"]["hit_blocks"] >= 3
     assert stats["prompt_tokens_computed"] <= 0.4 * computed_cold
+
+
+def _server(model: str, store: Path) -> LocalServer:
+    flags = ("--hicache-storage-backend", "file", "--hicache-storage-dir", str(store), "--max-total-tokens", "4096")
+    return LocalServer(*flags, model=model).wait_ready()
+
+
+def test_kill_9_during_writes_then_a_restarted_server_serves_every_request(tiny_llama, tmp_path: Path) -> None:
+    prompts = [_prompt(80, tag=f"-{k}") for k in range(10)]
+    first = _server(tiny_llama, tmp_path)
+    try:
+        pids = httpx.get(first.url + "/get_server_info", timeout=30).json()["process_ids"]
+        with httpx.Client(base_url=first.url, timeout=60) as c:
+            done = {
+                p: c.post("/generate", json={"text": p, "sampling_params": GREEDY}).json()["text"] for p in prompts[:3]
+            }
+
+            def fire(p: str) -> None:
+                try:
+                    c.post("/generate", json={"text": p, "sampling_params": GREEDY})
+                except httpx.HTTPError:
+                    pass  # the server is killed under it
+
+            writers = [threading.Thread(target=fire, args=(p,)) for p in prompts[3:]]
+            for t in writers:
+                t.start()
+            time.sleep(0.5)
+            for pid in pids.values():  # the scheduler (which writes) and the front, mid-run
+                os.kill(pid, signal.SIGKILL)
+            for t in writers:
+                t.join(30)
+    finally:
+        first.cleanup()
+    second = _server(tiny_llama, tmp_path)
+    try:
+        with httpx.Client(base_url=second.url, timeout=60) as c:
+            body = {"text": prompts[0], "sampling_params": GREEDY, "return_cache_info": True}
+            again = c.post("/generate", json=body)
+            assert again.status_code == 200 and again.json()["text"] == done[prompts[0]]
+            assert again.json()["meta_info"]["cache_info"]["tiers"]["storage"] >= 64
+            for p in prompts[1:]:
+                r = c.post("/generate", json={"text": p, "sampling_params": GREEDY})
+                assert r.status_code == 200, r.text
+                if p in done:
+                    assert r.json()["text"] == done[p]
+            info, metrics = c.get("/get_server_info").json(), c.get("/metrics").text
+        storage = info["storage_kv_cache"]
+        assert storage["corrupt_blocks"] == 0 and storage["hit_blocks"] >= 3
+        assert "radixrt_cache_hit_tokens_total{model_name=" in metrics and 'tier="storage"' in metrics
+        assert 'radixrt_storage_blocks_total{event="hit"' in metrics
+    finally:
+        second.cleanup()

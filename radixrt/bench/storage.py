@@ -1,0 +1,230 @@
+"""The storage tier: what a restart and a second server cost with and without it.
+
+    python -m radixrt.bench.storage                    # embedded model, 4,000-token prefix
+    python -m radixrt.bench.storage --prefix-tokens 1000 --agents 2 --turns 3
+    radixrt bench --storage
+
+Everything goes through `Engine.generate` (what a client of the Engine sees;
+time to first token is the wall time of a request for one token), each engine
+with ``--hicache-storage-backend file`` on a fresh directory:
+
+1. **fill**: a fresh engine computes a long shared prefix (``cold``: the
+   recompute a server without the tier pays after every restart) and runs an
+   agent workload (agents sharing a system prompt, each turn resending the
+   agent's whole history) once (``first pass``);
+2. **warm**: the same engine answers new questions on the prefix
+   (``warm in memory``) and replays the workload (``replay, before restart``);
+3. **restart**: the engine is shut down and a new one opens the same store:
+   its first request on the prefix (``after restart``, the median over
+   ``--restarts`` restarts) and a replay of the workload
+   (``replay, after restart``).
+
+Then **two servers**: with a Redis server on 127.0.0.1 (``redis-server`` on
+the PATH; skipped otherwise), engine A runs the workload on a cold shared
+store and engine B, started next to it, runs the same workload: the prompt
+tokens B computed against those A computed. Finally **slow disk**: the bytes
+the restart read and what they would take at a SATA SSD's and a network
+disk's read speed.
+
+Not a timed test; the default run takes a few minutes on the 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+SLOW_DISKS = {"SATA SSD (500 MB/s)": 500e6, "network disk (125 MB/s)": 125e6}
+
+
+@dataclass
+class Pass:
+    name: str
+    hit_rate: float
+    prompt_tokens_computed: int
+    storage_hit_tokens: int
+    wall_s: float
+
+
+def _words(rng: random.Random, n: int) -> str:
+    vocab = "alpha beta gamma delta ledger invoice route cargo tariff berth crane vessel manifest".split()
+    return " ".join(rng.choice(vocab) + str(rng.randrange(100)) for _ in range(n))
+
+
+def workload(agents: int, turns: int, seed: int) -> list[str]:
+    """Prompts of ``agents`` agents x ``turns`` turns sharing one system prompt;
+    each turn resends the agent's whole history (as chat agents do)."""
+    rng = random.Random(seed)
+    system = "System: you are a logistics agent. Tools: lookup, book, cancel. " + _words(rng, 500)
+    histories = [f"{system}\nTask {a}: " + _words(rng, 60) for a in range(agents)]
+    prompts = []
+    for _ in range(turns):
+        for a in range(agents):
+            histories[a] += f"\nCall: lookup({_words(rng, 6)})\nResult: " + _words(rng, 90)
+            prompts.append(histories[a] + "\nNext:")
+    return prompts
+
+
+def _engine(model: str, **flags: Any) -> Any:
+    import radixrt
+
+    return radixrt.Engine(model, **flags)
+
+
+def _ttft(engine: Any, prompt: str) -> float:
+    t = time.perf_counter()
+    engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0.0})
+    return time.perf_counter() - t
+
+
+def _pass(engine: Any, name: str, prompts: list[str]) -> Pass:
+    before = engine.scheduler.stats()
+    t = time.perf_counter()
+    for p in prompts:
+        engine.generate(p, {"max_new_tokens": 8, "temperature": 0.0})
+    wall = time.perf_counter() - t
+    after = engine.scheduler.stats()
+    q = after["cache"]["queried_tokens"] - before["cache"]["queried_tokens"]
+    hit = after["cache"]["hit_tokens"] - before["cache"]["hit_tokens"]
+    return Pass(
+        name,
+        round(hit / q, 4) if q else 0.0,
+        after["prompt_tokens_computed"] - before["prompt_tokens_computed"],
+        after["cache"]["storage_hit_tokens"] - before["cache"]["storage_hit_tokens"],
+        round(wall, 2),
+    )
+
+
+def _prefix(tokens: int, seed: int) -> str:
+    return "Reference manual. " + _words(random.Random(seed + 1), int(tokens / 2.4))
+
+
+def three_phases(args: argparse.Namespace, store: str) -> dict[str, Any]:
+    flags = dict(hicache_storage_backend="file", hicache_storage_dir=store, **_extra(args))
+    prefix, prompts = _prefix(args.prefix_tokens, args.seed), workload(args.agents, args.turns, args.seed)
+    ask = [f"\nQuestion {i}: which entry comes first?" for i in range(args.restarts + 4)]
+    e = _engine(args.model, **flags)
+    cold = _ttft(e, prefix + ask[0])
+    prefix_tokens = len(e.tokenizer.encode(prefix + ask[0]))
+    first = _pass(e, "first pass (cold store)", prompts)
+    warm = statistics.median(_ttft(e, prefix + q) for q in ask[1:4])
+    before = _pass(e, "replay, before restart", prompts)
+    e.shutdown()
+    restarts, after, read_bytes = [], None, 0
+    for i in range(args.restarts):
+        e = _engine(args.model, **flags)
+        restarts.append(_ttft(e, prefix + ask[4 + i]))
+        stats = e.scheduler.stats()["storage_kv"]
+        read_bytes = stats["hit_blocks"] * stats["stored_bytes"] // max(1, stats["blocks"])
+        if i == args.restarts - 1:
+            after = _pass(e, "replay, after restart", prompts)
+        e.shutdown()
+    restart = statistics.median(restarts)
+    return {
+        "prefix_tokens": prefix_tokens,
+        "ttft_s": {"cold": round(cold, 3), "warm in memory": round(warm, 3), "after restart": round(restart, 3)},
+        "restart_vs_warm": round(restart / warm, 2),
+        "restart_vs_cold": round(restart / cold, 3),
+        "passes": [asdict(p) for p in (first, before, after) if p is not None],
+        "replay_hit_rate_kept": round(after.hit_rate / before.hit_rate, 3) if after and before.hit_rate else None,
+        "restart_read_bytes": read_bytes,
+        "slow_disk_extra_s": {k: round(read_bytes / bps, 3) for k, bps in SLOW_DISKS.items()},
+    }
+
+
+def two_servers(args: argparse.Namespace) -> Optional[dict[str, Any]]:
+    server = shutil.which("redis-server")
+    if server is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            flags = dict(hicache_storage_backend="redis", hicache_storage_url=f"redis://127.0.0.1:{port}/0")
+            prompts = workload(args.agents, args.turns, args.seed + 7)
+            a = _engine(args.model, **flags, **_extra(args))
+            pass_a = _pass(a, "server A, cold store", prompts)
+            b = _engine(args.model, **flags, **_extra(args))
+            pass_b = _pass(b, "server B, A's workload", prompts)
+            a.shutdown()
+            b.shutdown()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return {
+        "passes": [asdict(pass_a), asdict(pass_b)],
+        "b_computed_vs_a": round(pass_b.prompt_tokens_computed / max(1, pass_a.prompt_tokens_computed), 3),
+    }
+
+
+def _extra(args: argparse.Namespace) -> dict[str, Any]:
+    return {"dtype": args.dtype} if args.dtype else {}
+
+
+def render(report: dict[str, Any]) -> str:
+    r = report["three_phases"]
+    t = r["ttft_s"]
+    lines = [
+        f"storage tier, {r['prefix_tokens']}-token prefix: time to first token",
+        f"  cold (recompute) {t['cold']:.3f} s | warm in memory {t['warm in memory']:.3f} s | "
+        f"after restart {t['after restart']:.3f} s  (restart = {r['restart_vs_warm']}x warm, "
+        f"{r['restart_vs_cold']}x cold)",
+        "agent workload: pass, hit rate, prompt tokens computed, storage hit tokens, wall s",
+    ]
+    for p in r["passes"]:
+        lines.append(
+            f"  {p['name']:<26} {p['hit_rate']:.3f}  {p['prompt_tokens_computed']:>7}  "
+            f"{p['storage_hit_tokens']:>7}  {p['wall_s']}"
+        )
+    lines.append(f"  hit rate kept across the restart: {r['replay_hit_rate_kept']}")
+    two = report.get("two_servers")
+    if two is None:
+        lines.append("two servers: skipped (no redis-server on the PATH)")
+    else:
+        for p in two["passes"]:
+            lines.append(f"  {p['name']:<26} {p['hit_rate']:.3f}  {p['prompt_tokens_computed']:>7}")
+        lines.append(f"  server B computed {two['b_computed_vs_a']}x the prompt tokens server A did")
+    mb = r["restart_read_bytes"] / 1e6
+    slow = ", ".join(f"{k}: +{v} s" for k, v in r["slow_disk_extra_s"].items())
+    lines.append(f"slow disk: the restart read {mb:.0f} MB; at {slow}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m radixrt.bench.storage", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default")
+    p.add_argument("--dtype", default=None, help="the engines' dtype (default: the engine's own choice)")
+    p.add_argument("--prefix-tokens", type=int, default=4000)
+    p.add_argument("--agents", type=int, default=4)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--restarts", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-two-servers", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="radixrt-kv-store-") as store:
+        report: dict[str, Any] = {"three_phases": three_phases(args, store)}
+    report["two_servers"] = None if args.no_two_servers else two_servers(args)
+    print(render(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
