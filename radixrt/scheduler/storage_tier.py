@@ -53,15 +53,17 @@ logger = logging.getLogger(__name__)
 WRITE_QUEUE_BLOCKS = 4096  # blocks waiting for the writer; beyond it new blocks are skipped (counted)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Held:
     """A request held while its blocks are looked up (``slots`` None) and then
-    read into host slots reserved for it (``slots``)."""
+    read into host slots reserved for it (``slots``); or, when another held
+    request is reading the same first block (``leader``), until that read is in."""
 
     req: Req
     start: int  # first token of the read (a block boundary)
     keys: list[bytes]
-    future: "Future[int]"  # blocks found (probe), then blocks read intact
+    future: Optional["Future[int]"]  # blocks found (probe), then blocks read intact; None for a follower
+    leader: Optional["_Held"] = None
     slots: Optional[list[int]] = None
     aborted: bool = False  # the request was aborted: the result is only cleaned up
 
@@ -144,7 +146,11 @@ class StorageTier:
         keys = block_keys(self.identity, req.namespace, req.seq, num_blocks)[start:]
         if self.store.local and not self.store.contains(keys[0]):
             return False
-        self.held.append(_Held(req, start * B, keys, self._reader.submit(self._probe, keys)))
+        leader = next((h for h in self.held if h.leader is None and h.keys[0] == keys[0]), None)
+        if leader is not None:  # the same blocks are on their way: wait for them rather than read them twice
+            self.held.append(_Held(req, start * B, keys, None, leader=leader))
+        else:
+            self.held.append(_Held(req, start * B, keys, self._reader.submit(self._probe, keys)))
         return True
 
     def _probe(self, keys: list[bytes]) -> int:
@@ -174,7 +180,15 @@ class StorageTier:
         (host-only nodes); they go back to the waiting queue. A request whose probe
         found blocks gets host slots now and stays held while they are read."""
         out = []
-        for h in [h for h in self.held if h.future.done()]:
+        for h in list(self.held):  # leaders come before their followers
+            if h.leader is not None:
+                if h.leader not in self.held:
+                    self.held.remove(h)
+                    out += [] if h.aborted else [h.req]
+                continue
+            assert h.future is not None
+            if not h.future.done():
+                continue
             self.held.remove(h)
             result = _result(h.future)
             if h.slots is None and result and not h.aborted:  # probed: now read them into host slots
@@ -203,8 +217,9 @@ class StorageTier:
 
     def wait(self, timeout_s: float) -> None:
         """Block until a held request's read is done or ``timeout_s`` passed."""
-        if self.held:
-            wait([h.future for h in self.held], timeout=timeout_s, return_when="FIRST_COMPLETED")
+        futures = [h.future for h in self.held if h.future is not None]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
 
     def drop(self, hit: Callable[[Req], bool]) -> list[Req]:
         """Stop holding the requests ``hit`` selects (aborts); returns them. A read

@@ -68,6 +68,19 @@ def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -
     assert storage["written_blocks"] >= storage["corrupt_blocks"]  # recomputed blocks are stored again, intact
 
 
+def test_requests_arriving_together_after_a_restart_share_one_read(tiny_llama, tmp_path: Path) -> None:
+    prefix = _prompt(100)
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
+        alone = [first.generate(prefix + q, GREEDY)["text"] for q in (" A", " B", " C")]
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as restarted:
+        together = restarted.generate([prefix + q for q in (" A", " B", " C")], GREEDY)
+        stats = restarted.scheduler.stats()
+    assert [r["text"] for r in together] == alone
+    blocks = stats["storage_kv"]["hit_blocks"]
+    assert blocks >= 4 and stats["cache"]["storage_hit_tokens"] == 64 * blocks  # read once, used by the first
+    assert all(r["meta_info"]["cached_tokens"] >= 64 * blocks for r in together)
+
+
 def test_a_store_of_another_page_size_is_refused(tiny_llama, tmp_path: Path) -> None:
     with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
         first.generate(_prompt(40), GREEDY)
