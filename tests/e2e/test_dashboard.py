@@ -10,6 +10,9 @@ for the admin key."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 import threading
 import time
 
@@ -166,3 +169,29 @@ def test_kv_events_reach_a_router_over_zmq_and_the_sse_route(srv):
         sub.close()
     r = _get(srv, "/debug/events", key=KEY, tokens="true")
     assert r.status_code == 403
+
+
+def _browser() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no Chromium on the PATH (Debian: apt-get install chromium)")
+
+
+def _rendered(browser: str, url: str) -> str:
+    """The page's DOM after its scripts ran for a few seconds of (virtual) time, in headless Chromium."""
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=4000", "--dump-dom", url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+
+
+def test_a_real_browser_renders_the_tree_the_pool_and_the_text_only_with_the_key(srv):
+    browser = _browser()
+    body = {"text": SYSTEM + "Which colour is the sky?", "sampling_params": {"max_new_tokens": 4}}
+    assert httpx.post(srv.url + "/generate", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    dom = _rendered(browser, f"{srv.url}/dashboard#key={ADMIN}&text=1&depth=12&nodes=500")
+    assert re.search(r'default</b><span class="meta">\d+ nodes · \d+ tokens', dom), dom[:3000]
+    assert re.search(r'\d+ tok</span><span class="where-device">device</span>', dom) and re.search(r"free \d+", dom)
+    assert "careful assistant" in dom  # decoded text: asked for, with the admin key
+    without_key = _rendered(browser, f"{srv.url}/dashboard#text=1")
+    assert "careful assistant" not in without_key and 'class="where-device"' not in without_key
