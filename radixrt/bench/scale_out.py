@@ -13,7 +13,14 @@ The systems, measured in one run on the same machine:
 * ``dp2 <policy>``: two servers with ``--kv-tokens`` each behind a
   `radixrt router` process with that policy (round_robin, shortest_queue,
   cache_aware), the same two servers for every policy (caches flushed
-  through the router before each run).
+  through the router before each run);
+* with ``--kv-events``: ``dp2 cache_aware + KV events``, the same router
+  following the servers' KV cache events (``--kv-events-endpoint``) instead
+  of its approximate tree, beside the tree's row;
+* with ``--routers N``: N router processes of each policy in front of the
+  pair, the requests dealt out among them in turn (as behind a load
+  balancer): each router's approximate tree sees only its own share, while
+  the events show every router what the servers hold.
 
 Per system: cache hit rate (cached prompt tokens / prompt tokens, from the
 answers), request throughput, mean and p90 TTFT, the share of requests
@@ -60,34 +67,50 @@ def make_requests(
     return out
 
 
-async def _run(url: str, reqs: list[Request], rate: float, max_new_tokens: int, seed: int, timeout: float) -> dict:
+async def _run(
+    urls: list[str], reqs: list[Request], rate: float, max_new_tokens: int, seed: int, timeout: float
+) -> dict:
+    """Send ``reqs`` through ``urls`` (one server or router, or several routers
+    in front of the same servers: request i goes to ``urls[i % len(urls)]``)."""
     import httpx
 
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     offsets = arrivals(random.Random(seed + 1), len(reqs), rate)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
-        r = await client.post("/flush_cache")
-        r.raise_for_status()
-        before = _evicted((await client.get("/get_server_info")).json())
+    clients = [httpx.AsyncClient(base_url=u, timeout=timeout, limits=limits) for u in urls]
+    try:
+        for c in clients:  # every router's trees are reset, and the servers' caches flushed
+            (await c.post("/flush_cache")).raise_for_status()
+        before = _evicted((await clients[0].get("/get_server_info")).json())
         t0 = time.perf_counter()
 
-        async def one(req: Request, at: float) -> Any:
+        async def one(i: int, req: Request, at: float) -> Any:
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             payload = {
                 "input_ids": req.input_ids,
                 "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
             }
-            return await native_stream(client, payload)
+            return await native_stream(clients[i % len(clients)], payload)
 
-        results = await asyncio.gather(*(one(q, at) for q, at in zip(reqs, offsets)))
+        results = await asyncio.gather(*(one(i, q, at) for i, (q, at) in enumerate(zip(reqs, offsets))))
         wall = time.perf_counter() - t0
-        info = (await client.get("/get_server_info")).json()
+        infos = [(await c.get("/get_server_info")).json() for c in clients]
+    finally:
+        for c in clients:
+            await c.aclose()
     ok = [r for r in results if r.ok]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     ttfts = [r.ttft for r in ok if r.ttft is not None]
-    router = info.get("router") or {}
-    share = {w["url"]: w["routed"] for w in router.get("workers", [])}
+    share: dict[str, int] = {}
+    sources: dict[str, int] = {}
+    decisions: dict[str, int] = {}
+    for info in infos:
+        router = info.get("router") or {}
+        for w in router.get("workers", []):
+            share[w["url"]] = share.get(w["url"], 0) + w["routed"]
+        for field_name, total in (("sources", sources), ("decisions", decisions)):
+            for k, v in router.get("policy_stats", {}).get(field_name, {}).items():
+                total[k] = total.get(k, 0) + v
     return {
         "requests": len(reqs),
         "ok": len(ok),
@@ -98,7 +121,9 @@ async def _run(url: str, reqs: list[Request], rate: float, max_new_tokens: int, 
         "mean_ttft_ms": 1000 * sum(ttfts) / len(ttfts) if ttfts else math.nan,
         "p90_ttft_ms": 1000 * pct(ttfts, 0.9),
         "routed": share,
-        "evicted_tokens": _evicted(info) - before,
+        "sources": sources,
+        "decisions": decisions,
+        "evicted_tokens": _evicted(infos[0]) - before,
     }
 
 
@@ -108,16 +133,23 @@ def _evicted(info: dict) -> int:
 
 
 class _RouterProc:
-    def __init__(self, urls: list[str], policy: str) -> None:
+    """A `radixrt router` process in front of ``urls``; ``events``: the
+    servers' KV-event endpoints (the router follows them), in ``urls`` order."""
+
+    def __init__(self, urls: list[str], policy: str, events: Optional[list[str]] = None) -> None:
         from radixrt.server.local import free_port
 
         self.url = f"http://127.0.0.1:{free_port()}"
+        self.events = events
         cmd = [sys.executable, "-m", "radixrt.cli", "router", "--policy", policy, "--port", self.url.rsplit(":", 1)[1]]
-        for u in urls:
+        for i, u in enumerate(urls):
             cmd += ["--worker-url", u]
+            if events:
+                cmd += ["--kv-events-endpoint", f"{u}={events[i]}"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self, timeout: float = 60.0) -> "_RouterProc":
+        """Healthy; with events, also live on every worker (a flush makes them so)."""
         import httpx
 
         deadline = time.monotonic() + timeout
@@ -125,16 +157,36 @@ class _RouterProc:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"router exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200 and self._live(httpx):
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         raise RuntimeError("router not ready")
 
+    def _live(self, httpx: Any) -> bool:
+        if not self.events:
+            return True
+        stats = httpx.get(self.url + "/list_workers", timeout=5).json()["policy_stats"].get("kv_events", {})
+        if len(stats) == len(self.events) and all(s["live"] for s in stats.values()):
+            return True
+        httpx.post(self.url + "/flush_cache", timeout=30)
+        return False
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(20)
+
+
+def _systems(args: argparse.Namespace) -> list[tuple[str, Optional[str], bool]]:
+    """(label, policy or None for the single replica, on KV events) per system."""
+    n = f" x{args.routers} routers" if args.routers > 1 else ""
+    out: list[tuple[str, Optional[str], bool]] = [("1 replica, 2x KV", None, False)]
+    for p in args.policies:
+        out.append((f"dp2 {p}{n}", p, False))
+        if p == "cache_aware" and args.kv_events:
+            out.append((f"dp2 cache_aware + KV events{n}", p, True))
+    return out
 
 
 def _model(args: argparse.Namespace, tmp: str) -> str:
@@ -145,34 +197,47 @@ def _model(args: argparse.Namespace, tmp: str) -> str:
     return make_tiny_model(tmp, "llama", max_position_embeddings=8192)
 
 
+def _events_flag(port: int) -> list[str]:
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
+    return ["--kv-events-config", json.dumps(cfg)]
+
+
 def run(args: argparse.Namespace) -> dict:
-    from radixrt.server.local import LocalServer
+    from radixrt.server.local import LocalServer, free_port
 
     reqs = make_requests(args.tenants, args.system_len, args.question_len, args.requests, args.seed)
     total_prompt = sum(len(r.input_ids) for r in reqs)
     ideal = 1.0 - ideal_prompt_tokens((r.input_ids, []) for r in reqs) / total_prompt
     rows: list[dict] = []
     common = ["--chunked-prefill-size", str(args.chunked_prefill_size), "--log-level", "warning"]
+    events = [free_port(), free_port()] if args.kv_events else []
+    endpoints = [f"tcp://127.0.0.1:{p}" for p in events]
     with tempfile.TemporaryDirectory(prefix="radixrt-scale-out-") as tmp:
         model = _model(args, tmp)
         single = LocalServer("--max-total-tokens", str(2 * args.kv_tokens), *common, model=model)
-        pair = [LocalServer("--max-total-tokens", str(args.kv_tokens), *common, model=model) for _ in range(2)]
+        pair = [
+            LocalServer(
+                "--max-total-tokens", str(args.kv_tokens), *common, *(_events_flag(e) if e else []), model=model
+            )
+            for e in (events or [0, 0])
+        ]
         servers = [single, *pair]
         try:
             for s in servers:
                 s.wait_ready()
             for s in servers:  # warm-up: the first requests of a server pay one-time costs
-                asyncio.run(_run(s.url, reqs[:2], math.inf, 1, args.seed, args.timeout))
-            systems: list[tuple[str, Optional[str]]] = [("1 replica, 2x KV", None)]
-            systems += [(f"dp2 {p}", p) for p in args.policies]
-            for label, policy in systems:
-                router = _RouterProc([s.url for s in pair], policy).wait_ready() if policy else None
+                asyncio.run(_run([s.url], reqs[:2], math.inf, 1, args.seed, args.timeout))
+            for label, policy, on_events in _systems(args):
+                n = args.routers if policy else 0
+                routers = [
+                    _RouterProc([s.url for s in pair], policy or "", endpoints if on_events else None) for _ in range(n)
+                ]
                 try:
-                    url = router.url if router else single.url
-                    row = asyncio.run(_run(url, reqs, args.rate, args.max_new_tokens, args.seed, args.timeout))
+                    urls = [r.wait_ready().url for r in routers] or [single.url]
+                    row = asyncio.run(_run(urls, reqs, args.rate, args.max_new_tokens, args.seed, args.timeout))
                 finally:
-                    if router is not None:
-                        router.stop()
+                    for r in routers:
+                        r.stop()
                 row["system"] = label
                 rows.append(row)
                 print(
@@ -209,6 +274,14 @@ def render(report: dict) -> str:
             f"{r['req_per_s']:.2f} | {r['mean_ttft_ms']:.0f} | {r['p90_ttft_ms']:.0f} | "
             f"{r['evicted_tokens']} | {r['ok']}/{r['requests']} | {routed} |"
         )
+    for r in report["rows"]:
+        src = r.get("sources") or {}
+        if src.get("events"):
+            tree = src.get("approx_tree", 0) + src.get("no_events", 0)
+            lines.append(
+                f"\n{r['system']}: {src['events']} routing decisions on the KV events, {tree} on the "
+                f"approximate tree ({src.get('no_events', 0)} of them with the events not live)"
+            )
     return "\n".join(lines)
 
 
@@ -235,6 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(POLICIES),
         help="routing policies to run, comma-separated",
     )
+    p.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="the dp2 servers publish KV events, and cache_aware runs twice: on its approximate tree and "
+        "on the events (radixrt router --kv-events-endpoint)",
+    )
+    p.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="router processes in front of the dp2 servers, requests dealt out in turn (each router's tree "
+        "sees only its share; the events show every router all of it)",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     p.add_argument("--json", default=None, help="write the report here")
@@ -246,6 +332,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     bad = [x for x in args.policies if x not in POLICIES]
     if bad:
         raise SystemExit(f"unknown policies: {bad} (choose from {', '.join(POLICIES)})")
+    if args.routers < 1:
+        raise SystemExit("--routers must be >= 1")
     report = run(args)
     print(render(report))
     if args.json:

@@ -42,6 +42,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.keys import routing_key
+from radixrt.router.kv_routing import KVEventRouting
 from radixrt.router.workers import NoWorkerError, Worker, WorkerPool
 from radixrt.server.api_keys import presented_key, same_key
 
@@ -84,9 +85,10 @@ class RouterConfig:
 class RouterState:
     """What the routes share: the pool, an HTTP client, draining and counters."""
 
-    def __init__(self, pool: WorkerPool, config: RouterConfig) -> None:
+    def __init__(self, pool: WorkerPool, config: RouterConfig, kv_events: Optional[KVEventRouting] = None) -> None:
         self.pool = pool
         self.config = config
+        self.kv_events = kv_events
         self.client: Optional[httpx.AsyncClient] = None
         self.draining = False
         self.active = 0  # requests the front is answering
@@ -121,18 +123,20 @@ async def _send(
 async def proxy(state: RouterState, request: Request, path: str, key_from_body: bool) -> Response:
     """Route one request and pass its answer (or stream) back; fail over while nothing was answered."""
     body = await request.body()
-    key = None
+    key = tokens = None
     if key_from_body:
         try:
-            key = routing_key(path, json.loads(body))
+            parsed = json.loads(body)
         except (ValueError, RecursionError):
-            key = None  # the worker answers a malformed body with its own 400
+            parsed = None  # the worker answers a malformed body with its own 400
+        key = routing_key(path, parsed)
+        tokens = await state.kv_events.key(path, parsed) if state.kv_events is not None else None
     headers = state.headers(request)
     tried: list[str] = []
     last_error = "no healthy worker is available"
     while True:
         try:
-            w = state.pool.pick(key, exclude=tuple(tried))
+            w = state.pool.pick(key, exclude=tuple(tried), tokens=tokens)
         except NoWorkerError as e:
             return error_response(503, f"{e}: {last_error}" if tried else str(e))
         tried.append(w.url)
@@ -250,10 +254,13 @@ class _Guard:
             self.state.active -= 1
 
 
-def build_router_app(pool: WorkerPool, config: RouterConfig, lifespan: Any = None) -> FastAPI:
+def build_router_app(
+    pool: WorkerPool, config: RouterConfig, lifespan: Any = None, kv_events: Optional[KVEventRouting] = None
+) -> FastAPI:
     """The router's app over ``pool``; ``lifespan`` (an async context manager
-    factory) runs inside the router's own (HTTP client, worker health checks)."""
-    state = RouterState(pool, config)
+    factory) runs inside the router's own (HTTP client, worker health checks,
+    the ``kv_events`` subscriber, whose index ``pool``'s policy should read)."""
+    state = RouterState(pool, config, kv_events)
     app = FastAPI(
         title="radixrt router",
         lifespan=_router_lifespan(state, lifespan),
@@ -278,6 +285,8 @@ def _router_lifespan(state: RouterState, inner: Any) -> Any:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
         state.client = httpx.AsyncClient(limits=limits)
         await state.pool.start(state.config.eviction_interval_s)
+        if state.kv_events is not None:
+            await asyncio.to_thread(state.kv_events.start)
         try:
             if inner is not None:
                 async with inner(app):
@@ -285,6 +294,8 @@ def _router_lifespan(state: RouterState, inner: Any) -> Any:
             else:
                 yield
         finally:
+            if state.kv_events is not None:
+                state.kv_events.stop()
             await state.pool.stop()
             await state.client.aclose()
 

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+from radixrt.router.kv_event_index import DEFAULT_MAX_BLOCKS
+from radixrt.router.kv_routing import KVEventRouting, parse_endpoints
 from radixrt.router.policies import POLICIES, CacheAwareConfig, make_policy
 from radixrt.router.workers import HealthConfig, WorkerPool
 
@@ -141,9 +143,54 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
 
     add_read_timeout_args(p)
     add_policy_args(p)
+    add_kv_events_args(p)
 
 
-def pool_from_args(args: argparse.Namespace, urls: list[str]) -> WorkerPool:
+def add_kv_events_args(p: argparse.ArgumentParser) -> None:
+    """cache_aware on the workers' KV cache events (radixrt/router/kv_routing.py, docs/scale_out.md)."""
+    p.add_argument(
+        "--kv-events-endpoint",
+        dest="kv_events_endpoints",
+        action="append",
+        default=[],
+        metavar="[WORKER_URL=]ENDPOINT",
+        help="cache_aware: follow a worker's KV cache events (its --kv-events-config publisher), e.g. "
+        "http://10.0.0.1:30000=tcp://10.0.0.1:5557, or a bare tcp://... for the --worker-url in the same "
+        "position (repeat per worker); workers whose events do not flow are routed by the approximate tree",
+    )
+    p.add_argument(
+        "--kv-events-port",
+        dest="kv_events_port",
+        type=int,
+        default=None,
+        help="cache_aware: every worker publishes KV events on this port of its host (tcp://HOST:PORT)",
+    )
+    p.add_argument("--kv-events-topic", dest="kv_events_topic", default="", help="the publishers' topic")
+    p.add_argument(
+        "--kv-events-max-blocks",
+        dest="kv_events_max_blocks",
+        type=int,
+        default=DEFAULT_MAX_BLOCKS,
+        help="most block hashes kept per worker",
+    )
+    p.add_argument(
+        "--tokenizer-path",
+        dest="tokenizer_path",
+        default=None,
+        help="the workers' model folder: its tokenizer turns text prompts into the token ids the KV events "
+        "describe (without it only input_ids prompts are routed on the events)",
+    )
+
+
+def kv_events_from_args(args: argparse.Namespace, urls: list[str]) -> Optional[KVEventRouting]:
+    """The KV-event routing the flags ask for (None: none asked, or a policy other than cache_aware)."""
+    if args.router_policy != "cache_aware" or not (args.kv_events_endpoints or args.kv_events_port):
+        return None
+    endpoints = parse_endpoints(urls, args.kv_events_endpoints, args.kv_events_port)
+    return KVEventRouting(endpoints, args.kv_events_topic, args.tokenizer_path, args.kv_events_max_blocks)
+
+
+def pool_from_args(args: argparse.Namespace, urls: list[str], kv_events: Optional[KVEventRouting] = None) -> WorkerPool:
     cache = CacheAwareConfig(
         cache_threshold=args.cache_threshold,
         balance_abs_threshold=args.balance_abs_threshold,
@@ -157,7 +204,8 @@ def pool_from_args(args: argparse.Namespace, urls: list[str]) -> WorkerPool:
         health_failure_threshold=args.health_failure_threshold,
         health_success_threshold=args.health_success_threshold,
     )
-    return WorkerPool(urls, make_policy(args.router_policy, cache), health)
+    index = kv_events.index if kv_events is not None else None
+    return WorkerPool(urls, make_policy(args.router_policy, cache, index), health)
 
 
 def serve_router(
@@ -233,13 +281,18 @@ def router_main(args: argparse.Namespace) -> int:
     from radixrt.router.app import RouterConfig, build_router_app
 
     logging.getLogger("radixrt.router").setLevel(args.log_level.upper())
-    pool = pool_from_args(args, args.worker_urls)
+    try:
+        kv_events = kv_events_from_args(args, args.worker_urls)
+    except ValueError as e:
+        print(f"radixrt router: {e}", file=sys.stderr)
+        return 2
+    pool = pool_from_args(args, args.worker_urls, kv_events)
     config = RouterConfig(
         api_key=args.api_key,
         request_timeout_s=args.request_timeout_s,
         eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware" else None,
     )
-    app = build_router_app(pool, config)
+    app = build_router_app(pool, config, kv_events=kv_events)
     return serve_router(
         app,
         args.host,

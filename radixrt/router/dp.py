@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from radixrt.config import EngineConfig
-from radixrt.config.kv_events import KVEventSettings, shift_endpoint_port
+from radixrt.config.kv_events import KVEventSettings, parse_kv_events_config, shift_endpoint_port
 
 logger = logging.getLogger("radixrt.router")
 
@@ -116,6 +116,24 @@ def _replica_watch(urls: list[str], procs: list[Any], n: int, state: dict[str, i
     return watch
 
 
+def _replica_events(config: EngineConfig, urls: list[str]) -> Any:
+    """The front's `KVEventRouting` over the replicas' publishers (replica i on
+    the configured port + i) with the model's tokenizer; None without events."""
+    from radixrt.executor.model_store import resolve_model_path
+    from radixrt.router.kv_routing import KVEventRouting
+
+    text = config.kv_events.kv_events_config
+    events = config.kv_events.events
+    if events is None:
+        return None
+    endpoints = {}
+    for i, url in enumerate(urls):
+        shifted = parse_kv_events_config(shift_endpoint_port(text, i))
+        assert shifted is not None
+        endpoints[url] = shifted.connect_endpoint
+    return KVEventRouting(endpoints, events.topic, str(resolve_model_path(config.model.model_path)))
+
+
 def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     """Run ``args.dp`` replicas and the router front until a signal; the exit code."""
     from radixrt.router.app import RouterConfig, build_router_app
@@ -136,8 +154,8 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     for i, port in enumerate(ports):
         rargs = dataclasses.replace(sargs, host="127.0.0.1", port=port)
         events = shift_endpoint_port(config.kv_events.kv_events_config, i)  # each replica its own endpoint
-        rconfig = dataclasses.replace(config, kv_events=KVEventSettings(events))
-        procs.append(mp.Process(target=_replica_main, args=(rconfig, rargs), name=f"radixrt-replica-{port}"))
+        replica_config = dataclasses.replace(config, kv_events=KVEventSettings(events))
+        procs.append(mp.Process(target=_replica_main, args=(replica_config, rargs), name=f"radixrt-replica-{port}"))
         procs[-1].start()
 
     def interrupt(_sig: int, _frame: Any) -> None:
@@ -155,7 +173,8 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
         finally:
             for sig, h in prev.items():
                 signal.signal(sig, h)
-        pool = pool_from_args(args, urls)
+        kv_events = _replica_events(config, urls) if args.router_policy == "cache_aware" else None
+        pool = pool_from_args(args, urls, kv_events)
         rconfig = RouterConfig(
             api_key=sargs.api_key,
             admin_api_key=sargs.admin_api_key,
@@ -164,7 +183,7 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
         )
 
         watch = _replica_watch(urls, procs, n, state)
-        app = build_router_app(pool, rconfig, lifespan=watch)
+        app = build_router_app(pool, rconfig, lifespan=watch, kv_events=kv_events)
 
         def on_drain() -> None:
             for p in procs:

@@ -17,6 +17,19 @@ when a worker leaves (``remove_worker``), when caches were flushed
   are imbalanced (max - min > ``balance_abs_threshold`` and max >
   ``balance_rel_threshold`` x min) the least loaded worker gets it. Either
   way the key is inserted into the chosen worker's tree.
+
+  With the workers' KV cache events (`KVEventIndex`, radixrt/router/kv_routing.py)
+  and a request whose token ids the router knows (``tokens``), the prefix
+  rule runs first on what the workers' caches really hold: the worker whose
+  cache holds the most leading tokens of the request (whole blocks) gets it
+  when that is at least ``cache_threshold`` of the prompt. Only while every
+  worker chosen among is live in the index. Otherwise (no such prefix in any
+  cache, events not flowing for one of the workers, a request the router
+  cannot tokenize exactly) the approximate tree decides as without events:
+  it also knows the prompts routed a moment ago, whose KV is not stored (nor
+  published) yet. The tree is kept up to date either way.
+  ``stats()["sources"]`` counts what decided: ``events``, ``approx_tree``
+  (events live, no prefix in them) and ``no_events``.
 """
 
 from __future__ import annotations
@@ -24,9 +37,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Optional, Protocol, Union
+from typing import Any, Optional, Protocol, Union
 
 from radixrt.router.approx_tree import ApproxTree
+from radixrt.router.kv_event_index import KVEventIndex, TokenKey
 
 RouteKey = Union[str, tuple[int, ...]]
 POLICIES = ("round_robin", "shortest_queue", "cache_aware")
@@ -35,8 +49,11 @@ POLICIES = ("round_robin", "shortest_queue", "cache_aware")
 class Policy(Protocol):
     name: str
 
-    def select(self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey]) -> str:
-        """One of ``workers`` (never empty) for a request with routing ``key``."""
+    def select(
+        self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey], tokens: Optional[TokenKey] = None
+    ) -> str:
+        """One of ``workers`` (never empty) for a request with routing ``key``
+        (and, where the router knows them, its token ids and namespace ``tokens``)."""
         ...
 
     def remove_worker(self, url: str) -> None: ...
@@ -70,7 +87,9 @@ class RoundRobin(StatelessPolicy):
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def select(self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey]) -> str:
+    def select(
+        self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey], tokens: Optional[TokenKey] = None
+    ) -> str:
         return workers[next(self._counter) % len(workers)]
 
 
@@ -81,7 +100,9 @@ class ShortestQueue(StatelessPolicy):
         self._tick = itertools.count()
         self._last_used: dict[str, int] = {}
 
-    def select(self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey]) -> str:
+    def select(
+        self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey], tokens: Optional[TokenKey] = None
+    ) -> str:
         url = min(workers, key=lambda w: (loads.get(w, 0), self._last_used.get(w, -1)))
         self._last_used[url] = next(self._tick)
         return url
@@ -112,11 +133,15 @@ class CacheAwareConfig:
 class CacheAware:
     name = "cache_aware"
 
-    def __init__(self, config: Optional[CacheAwareConfig] = None) -> None:
+    def __init__(self, config: Optional[CacheAwareConfig] = None, events: Optional[KVEventIndex] = None) -> None:
         self.config = config or CacheAwareConfig()
+        self.events = events
         self._trees: dict[type, ApproxTree] = {str: ApproxTree(), tuple: ApproxTree()}
         self._fallback = ShortestQueue()
         self.counts = {"prefix": 0, "smallest_tree": 0, "balance": 0, "no_key": 0}
+        # what decided (when loads were balanced): a prefix the events showed; the tree, the events live
+        # but showing no prefix; the tree, the events not live for every worker or the prompt not tokenized
+        self.sources = {"events": 0, "approx_tree": 0, "no_events": 0}
 
     def _tree(self, key: Sequence[Hashable]) -> ApproxTree:
         return self._trees[str if isinstance(key, str) else tuple]
@@ -126,25 +151,51 @@ class CacheAware:
         c = self.config
         return hi - lo > c.balance_abs_threshold and hi > lo * c.balance_rel_threshold
 
-    def select(self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey]) -> str:
-        if not key:
+    def select(
+        self, workers: Sequence[str], loads: dict[str, int], key: Optional[RouteKey], tokens: Optional[TokenKey] = None
+    ) -> str:
+        if not key and tokens is None:
             self.counts["no_key"] += 1
             return self._fallback.select(workers, loads, None)
-        tree = self._tree(key)
         if self.imbalanced([loads.get(w, 0) for w in workers]):
             self.counts["balance"] += 1
             url = self._fallback.select(workers, loads, None)
         else:
-            matched = tree.match(key)
-            best = max(workers, key=lambda w: (matched.get(w, 0), -loads.get(w, 0)))
-            if matched.get(best, 0) >= self.config.cache_threshold * len(key) and matched.get(best, 0) > 0:
-                self.counts["prefix"] += 1
-                url = best
+            on_events = self._on_events(workers, loads, tokens)
+            if on_events is not None:
+                url = on_events
             else:
-                self.counts["smallest_tree"] += 1
-                url = min(workers, key=lambda w: (self._size(w), loads.get(w, 0)))
-        tree.insert(key, url)
+                matched = self._tree(key).match(key) if key else {}
+                url = self._by_prefix(workers, loads, matched, len(key) if key else 0)
+        if key:
+            self._tree(key).insert(key, url)
         return url
+
+    def _on_events(self, workers: Sequence[str], loads: dict[str, int], tokens: Optional[TokenKey]) -> Optional[str]:
+        """The worker whose cache holds the longest prefix of ``tokens`` per the
+        KV events, when that covers ``cache_threshold`` of them; None when it
+        does not, or when the events cannot tell (the tree decides then)."""
+        held = self.events.match_tokens(workers, tokens) if self.events is not None and tokens else None
+        if held is None or tokens is None:
+            self.sources["no_events"] += 1
+            return None
+        best = max(workers, key=lambda w: (held[w], -loads.get(w, 0)))
+        if held[best] > 0 and held[best] >= self.config.cache_threshold * len(tokens.ids):
+            self.sources["events"] += 1
+            self.counts["prefix"] += 1
+            return best
+        self.sources["approx_tree"] += 1
+        return None
+
+    def _by_prefix(self, workers: Sequence[str], loads: dict[str, int], matched: dict[str, int], length: int) -> str:
+        """The worker with the longest ``matched`` prefix when it covers
+        ``cache_threshold`` of ``length``; else the one with the smallest tree."""
+        best = max(workers, key=lambda w: (matched.get(w, 0), -loads.get(w, 0)))
+        if matched.get(best, 0) >= self.config.cache_threshold * length and matched.get(best, 0) > 0:
+            self.counts["prefix"] += 1
+            return best
+        self.counts["smallest_tree"] += 1
+        return min(workers, key=lambda w: (self._size(w), loads.get(w, 0)))
 
     def _size(self, url: str) -> int:
         return sum(t.size(url) for t in self._trees.values())
@@ -168,14 +219,20 @@ class CacheAware:
         for t in self._trees.values():
             for w, s in t.sizes().items():
                 sizes[w] = sizes.get(w, 0) + s
-        return {"decisions": dict(self.counts), "tree_sizes": sizes}
+        out: dict[str, Any] = {"decisions": dict(self.counts), "sources": dict(self.sources), "tree_sizes": sizes}
+        if self.events is not None:
+            out["kv_events"] = self.events.stats()
+        return out
 
 
-def make_policy(name: str, cache_aware: Optional[CacheAwareConfig] = None) -> Policy:
+def make_policy(
+    name: str, cache_aware: Optional[CacheAwareConfig] = None, events: Optional[KVEventIndex] = None
+) -> Policy:
+    """The policy ``name``; ``events``: the KV-event index cache_aware reads (None: its trees only)."""
     if name == "round_robin":
         return RoundRobin()
     if name == "shortest_queue":
         return ShortestQueue()
     if name == "cache_aware":
-        return CacheAware(cache_aware)
+        return CacheAware(cache_aware, events)
     raise ValueError(f"unknown routing policy {name!r} (choose from {', '.join(POLICIES)})")

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import httpx
 
+from radixrt.router.kv_event_index import TokenKey
 from radixrt.router.policies import Policy, RouteKey
 
 logger = logging.getLogger("radixrt.router")
@@ -127,11 +128,11 @@ class WorkerPool:
             logger.warning("worker %s removed from routing: %s", url, reason)
 
     # ------------------------------------------------------------------ routing
-    def pick(self, key: Optional[RouteKey], exclude: tuple[str, ...] = ()) -> Worker:
+    def pick(self, key: Optional[RouteKey], exclude: tuple[str, ...] = (), tokens: Optional[TokenKey] = None) -> Worker:
         urls = [u for u in self.healthy_urls() if u not in exclude]
         if not urls:
             raise NoWorkerError("no healthy worker is available" + (" (the others failed)" if exclude else ""))
-        url = self.policy.select(urls, {u: self.workers[u].load for u in urls}, key)
+        url = self.policy.select(urls, {u: self.workers[u].load for u in urls}, key, tokens)
         w = self.workers[url]
         w.routed += 1
         return w

@@ -44,3 +44,44 @@ def test_render_compares_each_row_with_the_single_replica():
     }
     text = render({"params": params, "ideal_hit_rate": 0.92, "rows": [row, rr]})
     assert "| dp2 round_robin | 0.750 | -15.0 pt |" in text and "| 5/5 |" in text
+
+
+def test_kv_events_mode_adds_a_cache_aware_row_on_the_events():
+    from radixrt.bench.scale_out import _systems, build_parser
+
+    args = build_parser().parse_args(["--policies", "round_robin,cache_aware", "--kv-events", "--routers", "2"])
+    assert _systems(args) == [
+        ("1 replica, 2x KV", None, False),
+        ("dp2 round_robin x2 routers", "round_robin", False),
+        ("dp2 cache_aware x2 routers", "cache_aware", False),
+        ("dp2 cache_aware + KV events x2 routers", "cache_aware", True),
+    ]
+    assert [s[0] for s in _systems(build_parser().parse_args([]))] == [
+        "1 replica, 2x KV",
+        "dp2 round_robin",
+        "dp2 shortest_queue",
+        "dp2 cache_aware",
+    ]
+    row = {
+        "system": "dp2 cache_aware + KV events",
+        "hit_rate": 0.9,
+        "req_per_s": 10.0,
+        "mean_ttft_ms": 12.0,
+        "p90_ttft_ms": 20.0,
+        "evicted_tokens": 0,
+        "ok": 10,
+        "requests": 10,
+        "routed": {"a": 5, "b": 5},
+        "sources": {"events": 7, "approx_tree": 3, "no_events": 0},
+    }
+    params = {
+        "tenants": 16,
+        "system_len": 256,
+        "requests": 10,
+        "question_len": 16,
+        "max_new_tokens": 4,
+        "rate": 16.0,
+        "kv_tokens": 3072,
+    }
+    text = render({"params": params, "ideal_hit_rate": 0.92, "rows": [row]})
+    assert "KV events: 7 routing decisions on the KV events, 3 on the approximate tree (0 of them" in text

@@ -1,0 +1,87 @@
+"""Routing on the workers' KV cache events: the wiring of the index, its
+subscriber and the tokenizer, and the flags that name the publishers.
+
+``radixrt router`` takes the publishers with ``--kv-events-endpoint``
+(repeatable): ``WORKER_URL=ENDPOINT`` for one worker
+(``http://10.0.0.1:30000=tcp://10.0.0.1:5557``), or a bare ``ENDPOINT``,
+taken by the ``--worker-url`` of the same position; or
+``--kv-events-port PORT`` for every worker at once
+(``tcp://<the worker's host>:PORT``, for workers that all publish on
+``tcp://*:PORT``). ``radixrt serve --dp N --kv-events-config ...`` wires its
+replicas' endpoints (port + i) by itself. ``--tokenizer-path`` (the model's
+folder; ``--dp``: the model's own) lets text prompts be followed too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from radixrt.router.kv_event_index import DEFAULT_MAX_BLOCKS, KVEventIndex, TokenKey
+from radixrt.router.kv_event_subscriber import KVEventSubscriber
+from radixrt.router.token_keys import token_key
+
+logger = logging.getLogger("radixrt.router")
+
+
+def parse_endpoints(worker_urls: list[str], specs: list[str], port: Optional[int] = None) -> dict[str, str]:
+    """``{worker url: ZMQ endpoint}`` from ``--kv-events-endpoint`` values and
+    ``--kv-events-port``; ValueError naming what is wrong."""
+    from radixrt.router.workers import normalize_url
+
+    urls = [normalize_url(u) for u in worker_urls]
+    out: dict[str, str] = {}
+    if port is not None:
+        for u in urls:
+            out[u] = f"tcp://{urlsplit(u).hostname}:{port}"
+    bare = [s for s in specs if "=" not in s]
+    if bare and len(bare) != len(specs):
+        raise ValueError("--kv-events-endpoint: give every value as WORKER_URL=ENDPOINT, or every one bare")
+    if bare and len(bare) > len(urls):
+        raise ValueError(f"--kv-events-endpoint: {len(bare)} endpoints for {len(urls)} --worker-url")
+    for i, spec in enumerate(specs):
+        url, endpoint = (urls[i], spec) if "=" not in spec else spec.rsplit("=", 1)
+        url = normalize_url(url)
+        if url not in urls:
+            raise ValueError(f"--kv-events-endpoint {spec!r}: {url} is not a --worker-url")
+        if "://" not in endpoint:
+            raise ValueError(f"--kv-events-endpoint {spec!r}: the endpoint must be a ZMQ one (tcp://host:port)")
+        out[url] = endpoint
+    return out
+
+
+class KVEventRouting:
+    """The index the cache-aware policy reads, the subscriber that fills it
+    (`start`/`stop`, from the router's lifespan) and the keys of requests."""
+
+    def __init__(
+        self,
+        endpoints: dict[str, str],
+        topic: str = "",
+        tokenizer_path: Optional[str] = None,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+    ) -> None:
+        self.index = KVEventIndex(max_blocks)
+        self.subscriber = KVEventSubscriber(self.index, endpoints, topic)
+        self.tokenizer_path = tokenizer_path
+        self.tokenizer: Any = None
+
+    def start(self) -> None:
+        """Load the tokenizer (when a path was given) and start the subscriber."""
+        if self.tokenizer_path and self.tokenizer is None:
+            from radixrt.requests.tokenizer_utils import load_tokenizer
+
+            self.tokenizer = load_tokenizer(self.tokenizer_path)
+        self.subscriber.start()
+        logger.info("following KV events of %s", ", ".join(f"{u} at {e}" for u, e in self.subscriber.endpoints.items()))
+
+    def stop(self) -> None:
+        self.subscriber.stop()
+
+    async def key(self, path: str, body: Any) -> Optional[TokenKey]:
+        """The body's `TokenKey` (text is tokenized off the event loop), or None."""
+        if self.tokenizer is not None and isinstance(body, dict) and ("text" in body or "prompt" in body):
+            return await asyncio.to_thread(token_key, path, body, self.tokenizer)
+        return token_key(path, body, None)

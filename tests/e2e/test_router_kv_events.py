@@ -1,0 +1,144 @@
+"""End-to-end: `radixrt router` routing on its workers' KV cache events (slow:
+two real servers on the tiny random Llama, each publishing events on ZMQ).
+
+Worker A (page size 1) and worker B (page size 4) publish their events; the
+router follows both (``--kv-events-endpoint``) with the model's tokenizer
+(``--tokenizer-path``). A prompt is sent to B directly, not through the
+router, so the router's approximate tree knows nothing of it (and would send
+a new prompt to A, the first of two equally empty workers). A longer prompt
+with the same prefix, sent through the router, must go to B: only B's events
+tell the router that B holds that prefix. Both token-id and text prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from radixrt.server.local import LocalServer, free_port
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = "You are a terse assistant for a shipping company. " + " ".join(f"Rule {i}: be exact." for i in range(10))
+
+
+def _events_flag(port: int) -> list[str]:
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
+    return ["--kv-events-config", json.dumps(cfg)]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama):
+    ports = [free_port(), free_port()]
+    workers = [
+        LocalServer("--max-total-tokens", "4096", "--page-size", str(size), *_events_flag(p), model=tiny_llama)
+        for size, p in zip((1, 4), ports)
+    ]
+    router_port = free_port()
+    cmd = [sys.executable, "-m", "radixrt.cli", "router", "--port", str(router_port), "--policy", "cache_aware"]
+    cmd += ["--tokenizer-path", tiny_llama, "--health-check-interval", "60"]
+    for w, p in zip(workers, ports):
+        cmd += ["--worker-url", w.url, "--kv-events-endpoint", f"{w.url}=tcp://127.0.0.1:{p}"]
+    router = None
+    try:
+        for w in workers:
+            w.wait_ready()
+        router = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{router_port}"
+        _wait(lambda: _ok(url + "/health"), 120, router)
+        yield url, workers
+    finally:
+        if router is not None:
+            router.send_signal(signal.SIGTERM)
+            assert router.wait(20) == 0
+        for w in workers:
+            w.cleanup()
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait(cond, timeout: float, proc=None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc is not None:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _stats(url: str) -> dict:
+    return httpx.get(url + "/list_workers", timeout=10).json()["policy_stats"]
+
+
+def _generate(url: str, body: dict) -> httpx.Response:
+    body = {**body, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    r = httpx.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _live(url: str, worker: str) -> bool:
+    return bool(_stats(url).get("kv_events", {}).get(worker, {}).get("live"))
+
+
+def test_router_sends_a_prefix_to_the_worker_whose_events_hold_it(setup):
+    url, (a, b) = setup
+    # The workers already published before the router listened: live once a flush clears them (retried,
+    # as a subscription reaches a publisher a moment after the connection).
+    deadline = time.monotonic() + 60
+    while not (_live(url, a.url) and _live(url, b.url)):
+        assert httpx.post(url + "/flush_cache", timeout=30).status_code == 200
+        assert time.monotonic() < deadline, _stats(url)
+        time.sleep(0.5)
+
+    ids = list(range(1000, 1064))
+    _generate(b.url, {"input_ids": ids})  # straight to B: the router never sees it
+    _wait(lambda: _stats(url)["kv_events"][b.url]["blocks"] >= 16, 30)
+    before = _stats(url)["sources"]["events"]
+    r = _generate(url, {"input_ids": ids + [7, 8, 9]})
+    assert r.headers["x-radixrt-worker"] == b.url, _stats(url)
+    assert _stats(url)["sources"]["events"] == before + 1
+    assert r.json()["meta_info"]["cached_tokens"] >= 60
+
+    _generate(b.url, {"text": SYSTEM})  # a text prompt, tokenized by the router as the worker does
+    _wait(lambda: _stats(url)["kv_events"][b.url]["blocks"] >= 30, 30)
+    r = _generate(url, {"text": SYSTEM + " Where is my parcel?"})
+    assert r.headers["x-radixrt-worker"] == b.url, _stats(url)
+    assert r.json()["meta_info"]["cached_tokens"] > 0
+
+    # An unseen prompt goes to the worker holding the fewest tokens (A), as the events tell it
+    r = _generate(url, {"input_ids": list(range(2000, 2040))})
+    assert r.headers["x-radixrt-worker"] == a.url
+
+
+def test_dp_front_follows_its_replicas_events(tiny_llama):
+    """`radixrt serve --dp 2 --kv-events-config ...`: the front follows replica i at port + i, with the
+    model's tokenizer, by itself."""
+    port = free_port()
+    srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", *_events_flag(port), model=tiny_llama)
+    try:
+        srv.wait_ready()
+        replicas = [w["url"] for w in httpx.get(srv.url + "/list_workers", timeout=10).json()["workers"]]
+        deadline = time.monotonic() + 60
+        while not all(_live(srv.url, u) for u in replicas):
+            assert httpx.post(srv.url + "/flush_cache", timeout=30).status_code == 200
+            assert time.monotonic() < deadline, _stats(srv.url)
+            time.sleep(0.5)
+        _generate(replicas[1], {"text": SYSTEM})
+        _wait(lambda: _stats(srv.url)["kv_events"][replicas[1]]["blocks"] > 0, 30)
+        r = _generate(srv.url, {"text": SYSTEM + " And my refund?"})
+        assert r.headers["x-radixrt-worker"] == replicas[1], _stats(srv.url)
+        assert _stats(srv.url)["sources"]["events"] == 1
+    finally:
+        srv.cleanup()

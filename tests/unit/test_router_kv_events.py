@@ -1,0 +1,201 @@
+"""The router's KV-event index, its subscriber, request token keys and the
+cache_aware policy on events (no model, no server; one real ZMQ socket pair)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import zmq
+
+from radixrt.memory.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventRecorder,
+    encode_batch,
+)
+from radixrt.requests.intake import cache_namespace
+from radixrt.router.kv_event_index import KVEventIndex, TokenKey, block_hashes
+from radixrt.router.kv_event_subscriber import KVEventSubscriber
+from radixrt.router.kv_routing import parse_endpoints
+from radixrt.router.policies import CacheAware, CacheAwareConfig
+from radixrt.router.token_keys import token_key
+
+A, B = "http://a", "http://b"
+
+
+def stored(ids: list[int], namespace=None, size: int = 4) -> BlockStored:
+    return BlockStored(list(block_hashes(namespace, ids, size)), None, ids, size, None, "CPU")
+
+
+def batch(*events) -> KVEventBatch:
+    return KVEventBatch(ts=0.0, events=list(events))
+
+
+def test_block_hashes_are_the_workers():
+    """The router's chain equals the worker's recorder's, namespace and page size included."""
+    rec = KVEventRecorder(page_size=4)
+    root_ns = SimpleNamespace(id=0, key=[], parent=None)
+    first = SimpleNamespace(id=1, key=list(range(8)), parent=root_ns)
+    second = SimpleNamespace(id=2, key=[9, 9, 9, 9], parent=first)
+    rec.on_node_insert('["salt", null]', first)
+    rec.on_node_insert('["salt", null]', second)
+    events = rec.drain().events
+    published = events[0].block_hashes + events[1].block_hashes
+    assert published == list(block_hashes('["salt", null]', list(range(8)) + [9, 9, 9, 9, 5], 4))  # whole blocks
+    assert published != list(block_hashes(None, list(range(8)) + [9, 9, 9, 9], 4))
+
+
+def test_index_store_remove_clear_and_match():
+    idx = KVEventIndex()
+    ids = list(range(100, 116))
+    idx.apply(A, 0, batch(stored(ids)))
+    hashes = list(block_hashes(None, ids, 4))
+    assert idx.live(A) and idx.match(A, hashes) == 4 and idx.held_tokens(A) == 16
+    assert idx.match(A, list(block_hashes(None, ids[:8] + [1, 2, 3, 4], 4))) == 2  # diverges in block 3
+    idx.apply(A, 1, batch(BlockRemoved(hashes[2:], "CPU")))
+    assert idx.match(A, hashes) == 2
+    idx.apply(A, 2, batch(AllBlocksCleared()))
+    assert idx.match(A, hashes) == 0 and idx.live(A)
+    assert idx.match(B, hashes) == 0 and not idx.live(B)
+
+
+def test_index_sync_rules():
+    idx = KVEventIndex()
+    ids = list(range(8))
+    idx.apply(A, 5, batch(stored(ids)))  # joined mid-stream: what came before is unknown
+    assert not idx.live(A)
+    idx.apply(A, 6, batch(AllBlocksCleared(), stored(ids)))  # a flush: complete from here on
+    assert idx.live(A) and idx.held_tokens(A) == 8
+    idx.apply(A, 9, batch(stored([7] * 4)))  # batches 7 and 8 lost
+    assert not idx.live(A) and idx.stats()[A]["gaps"] == 2
+    idx.apply(A, 0, batch(stored(ids)))  # the publisher restarted: a fresh cache
+    assert idx.live(A) and idx.held_tokens(A) == 8 and idx.stats()[A]["restarts"] == 1
+    idx.disconnected(A)
+    assert not idx.live(A) and idx.held_tokens(A) == 0
+    idx.apply(A, 0, batch(stored(ids)))
+    assert idx.live(A)
+
+
+def test_index_memory_is_bounded():
+    idx = KVEventIndex(max_blocks=3)
+    idx.apply(A, 0, batch(stored(list(range(20)))))  # 5 blocks
+    s = idx.stats()[A]
+    assert s["blocks"] == 3 and s["overflow"] == 2
+
+
+def test_match_tokens_needs_every_worker_live_and_follows_namespaces():
+    idx = KVEventIndex()
+    ids = list(range(12))
+    idx.apply(A, 0, batch(stored(ids[:8])))
+    key = TokenKey(None, tuple(ids) + (99,))
+    assert idx.match_tokens([A, B], key) is None  # B's events are not flowing
+    idx.apply(B, 0, batch(stored(ids)))
+    assert idx.match_tokens([A, B], key) == {A: 8, B: 12}
+    assert idx.match_tokens([A, B], TokenKey("other", key.ids)) == {A: 0, B: 0}
+
+
+def test_token_keys_follow_the_worker():
+    class Tok:
+        def encode(self, text: str) -> list[int]:
+            return [1] + [ord(c) for c in text]  # a BOS, as add_special_tokens=True adds
+
+    tok = Tok()
+    assert token_key("/generate", {"input_ids": [5, 6]}) == TokenKey(None, (5, 6))
+    assert token_key("/generate", {"input_ids": [[5, 6], [7]], "cache_salt": "s"}) == TokenKey(
+        cache_namespace("s"), (5, 6)
+    )
+    assert token_key("/generate", {"text": "ab"}) is None  # no tokenizer
+    assert token_key("/generate", {"text": ["ab", "c"]}, tok) == TokenKey(None, (1, 97, 98))
+    assert token_key("/generate", {"text": "ab", "input_ids": [1]}, tok) is None  # the worker refuses it
+    assert token_key("/generate", {"input_ids": [1], "cache_salt": 3}) is None
+    assert token_key("/v1/completions", {"prompt": "ab", "prompt_cache_key": "k"}, tok) == TokenKey(
+        cache_namespace(None, "k"), (1, 97, 98)
+    )
+    assert token_key("/v1/completions", {"prompt": [[3, 4]]}) == TokenKey(None, (3, 4))
+    assert token_key("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, tok) is None
+
+
+def test_cache_aware_routes_on_events_when_live_else_on_its_tree():
+    idx = KVEventIndex()
+    p = CacheAware(CacheAwareConfig(cache_threshold=0.5), events=idx)
+    loads = {A: 0, B: 0}
+    ids = list(range(40))
+    key, tokens = tuple(ids), TokenKey(None, tuple(ids))
+    assert p.select([A, B], loads, key, tokens) == A  # nothing known: the smallest tree, A by order
+    assert p.sources == {"events": 0, "approx_tree": 0, "no_events": 1}
+    idx.apply(A, 0, batch())
+    idx.apply(B, 0, batch(stored(ids[:32])))  # B got the prefix some other way than through the router
+    assert p.select([A, B], loads, key, tokens) == B  # the tree says A; B's cache really holds it
+    assert p.sources == {"events": 1, "approx_tree": 0, "no_events": 1} and p.counts["prefix"] == 1
+    short = TokenKey(None, tuple(ids[:12]) + tuple(range(600, 640)))  # 12 of 52 held by B: under the threshold
+    assert p.select([A, B], loads, short.ids, short) == A  # the tree's smallest (40 ids each: A by order)
+    fresh = TokenKey(None, tuple(range(500, 540)))
+    assert p.select([A, B], loads, fresh.ids, fresh) == B  # no cache holds it: the tree's smallest (B 40 < A 80)
+    assert p.select([A, B], loads, fresh.ids + (1,), TokenKey(None, fresh.ids + (1,))) == B  # in flight: the tree
+    assert p.sources == {"events": 1, "approx_tree": 3, "no_events": 1}
+    idx.disconnected(B)
+    assert p.select([A, B], loads, key, tokens) == A  # B's events stopped: the tree (which has A) decides
+    assert p.stats()["sources"]["no_events"] == 2 and "kv_events" in p.stats()
+
+
+def test_parse_endpoints():
+    urls = ["http://10.0.0.1:30000", "http://10.0.0.2:30000/"]
+    assert parse_endpoints(urls, ["tcp://h1:1", "tcp://h2:2"]) == {urls[0]: "tcp://h1:1", urls[1][:-1]: "tcp://h2:2"}
+    assert parse_endpoints(urls, ["http://10.0.0.2:30000=tcp://x:5"]) == {urls[1][:-1]: "tcp://x:5"}
+    assert parse_endpoints(urls, [], port=5557) == {
+        urls[0]: "tcp://10.0.0.1:5557",
+        urls[1][:-1]: "tcp://10.0.0.2:5557",
+    }
+    with pytest.raises(ValueError, match="not a --worker-url"):
+        parse_endpoints(urls, ["http://elsewhere:1=tcp://x:5"])
+    with pytest.raises(ValueError, match="endpoints for"):
+        parse_endpoints(urls, ["tcp://a:1", "tcp://b:2", "tcp://c:3"])
+
+
+def _wait(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_subscriber_follows_a_publisher_and_its_restart():
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    idx = KVEventIndex()
+    sub = KVEventSubscriber(idx, {A: f"tcp://127.0.0.1:{port}"})
+    sub.start()
+    try:
+        _wait(lambda: idx.stats().get(A, {}).get("connected"))
+        time.sleep(0.3)  # the subscription reaches the publisher just after the connection
+        seq = 0
+
+        def send(*events) -> None:
+            nonlocal seq
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), encode_batch(batch(*events))])
+            seq += 1
+
+        send(stored(list(range(8))))
+        _wait(lambda: idx.held_tokens(A) == 8)
+        assert idx.live(A)
+        pub.send_multipart([b"", b"x", b"garbage"])  # skipped, the thread lives on
+        send(stored(list(range(8, 16))))
+        _wait(lambda: idx.held_tokens(A) == 16)
+        pub.close(linger=0)  # the worker stops
+        _wait(lambda: not idx.live(A))
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(f"tcp://127.0.0.1:{port}")  # ... and comes back, its numbers from 0
+        _wait(lambda: idx.stats()[A]["connected"])
+        time.sleep(0.3)
+        seq = 0
+        send(stored(list(range(4))))
+        _wait(lambda: idx.live(A) and idx.held_tokens(A) == 4)
+        assert sub.bad_messages == 1
+    finally:
+        sub.stop()
+        pub.close(linger=0)
