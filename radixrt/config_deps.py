@@ -126,6 +126,7 @@ def _is_int4(name: Any) -> bool:
 _TIER = "enable_hierarchical_cache"
 _PRIORITY = "enable_priority_scheduling"
 _STORAGE = "hicache_storage_backend"
+_LORA = "enable_lora"
 _INT8 = _equals("int8")
 _FLASHINFER = _equals("flashinfer")
 _TORCH_OR_AUTO = "attention_backend='torch' or 'auto' (--attention-backend torch"
@@ -178,6 +179,23 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         _equals(False),
     ),
     _tp1(_TIER, True),
+    # LoRA adapters: giving some turns serving them on; the knobs need it; one process, no CUDA graphs
+    _on("lora_paths", ["a=/tmp/a"], _LORA, imply=True),
+    _on("max_loras_per_batch", 2, _LORA),
+    _on("max_loaded_loras", 4, _LORA),
+    _on("max_lora_rank", 16, _LORA),
+    _on("lora_target_modules", ["q_proj"], _LORA),
+    _tp1(_LORA, True),
+    Need(
+        _LORA,
+        True,
+        "disable_cuda_graph",
+        True,
+        False,
+        "disable_cuda_graph=True (--disable-cuda-graph: a graph cannot hold each step's adapters)",
+        _equals(True),
+        imply=True,
+    ),
     # priority scheduling's knobs
     _on("schedule_low_priority_values_first", True, _PRIORITY),
     _on("priority_scheduling_preemption_threshold", 5, _PRIORITY),

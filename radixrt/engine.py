@@ -5,19 +5,16 @@ enter through the front door (`radixrt.requests.intake`: normalization,
 validation, request ids) in the caller's thread, so bad input raises
 ValueError before anything is queued.
 
-Request ids (see intake's "Request ids"): the scheduler knows a request by a
-random internal id; its ``rid`` (given to ``generate``, or a random one) is
-what ``meta_info.id`` shows and what ``abort_request`` takes. A rid already
-running is refused (ValueError).
+Request ids (intake's "Request ids"): the scheduler knows a request by a
+random internal id; its ``rid`` (given, or random) is what ``meta_info.id``
+shows and ``abort_request`` takes; a rid already running is refused.
 
-There is one implementation of generation, and it is async: `async_generate`
-runs it in the caller's event loop. The sync API (`generate`, and its
-``stream=True`` iterator) runs the same coroutines on a private event loop
-thread owned by the engine (started on first use). Requests and their results
-go through the result router the server uses too (`radixrt.requests.router`),
-over an in-process queue: each scheduler step's outputs reach the loop that
-submitted them with one wake-up per loop, and detokenization happens on that
-loop.
+One implementation of generation, async: `async_generate` runs it in the
+caller's event loop; the sync API (`generate`, its ``stream=True`` iterator)
+runs the same coroutines on a private loop thread (started on first use).
+Results go through the server's result router (`radixrt.requests.router`)
+over an in-process queue: one wake-up per loop per scheduler step, and
+detokenization on that loop.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, U
 from radixrt.config import EngineConfig
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, split_prompts, validate_spec
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, StatsReq, TokenBatch
+from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, LoRAControlReq, StatsReq, TokenBatch
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.scheduler.scheduler import Scheduler
@@ -201,6 +198,7 @@ class Engine:
         rid: Any,
         priority: Any = None,
         return_cache_info: Any = False,
+        lora_path: Any = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
         prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt", allow_empty_batch=True)
@@ -215,6 +213,7 @@ class Engine:
             rid=rid,
             priority=priority,
             return_cache_info=return_cache_info,
+            lora_path=lora_path,
         )
         for spec in specs:
             validate_spec(spec, self.limits)
@@ -286,6 +285,7 @@ class Engine:
         rid: Any = None,
         priority: Any = None,
         return_cache_info: Union[bool, str] = False,
+        lora_path: Any = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
@@ -303,7 +303,8 @@ class Engine:
         prompt matched the radix cache at admission; True explains it from the
         request's own text, ``"full"`` also shows where it diverged from the
         closest cached prompt, whoever sent that (the in-process caller is the
-        operator; see `radixrt.memory.radix_explain`).
+        operator; see `radixrt.memory.radix_explain`). ``lora_path``: a LoRA
+        adapter's name, or one per prompt (None: the base model).
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
@@ -320,6 +321,7 @@ class Engine:
             rid,
             priority,
             return_cache_info,
+            lora_path,
         )
         loop = self._loop()
         if stream:
@@ -340,6 +342,7 @@ class Engine:
         rid: Any = None,
         priority: Any = None,
         return_cache_info: Union[bool, str] = False,
+        lora_path: Any = None,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
         specs, batch = self._prepare(
@@ -355,6 +358,7 @@ class Engine:
             rid,
             priority,
             return_cache_info,
+            lora_path,
         )
         if stream:
             return await self._start_stream(specs[0])
@@ -415,6 +419,20 @@ class Engine:
             if self._idle.wait(timeout=1.0) and self._inbox.empty() and not self.scheduler.has_work():
                 return
         raise TimeoutError("engine did not become idle")
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> list[dict]:
+        """Load (or reload) a LoRA adapter (SGLang's method); the adapters now known (ValueError: refused)."""
+        return self._lora_control(LoRAControlReq(lora_name, lora_path))
+
+    def unload_lora_adapter(self, lora_name: str) -> list[dict]:
+        """Forget a LoRA adapter (running requests finish with it)."""
+        return self._lora_control(LoRAControlReq(lora_name))
+
+    def _lora_control(self, msg: LoRAControlReq) -> list[dict]:
+        reply = self._control_call(msg)
+        if not reply.ok:
+            raise ValueError(reply.payload.get("error", "LoRA control failed"))
+        return list(reply.payload.get("adapters", []))
 
     def shutdown(self) -> None:
         self._stopping.set()

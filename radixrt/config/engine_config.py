@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 
 from radixrt.config.fields import add_fields_as_args, first_line
 from radixrt.config.kv_events import KVEventSettings
+from radixrt.config.lora import LoRASettings
 from radixrt.config.sections import (
     CacheSettings,
     DebugSettings,
@@ -48,6 +49,7 @@ SECTIONS: dict[str, type] = {
     "speculative": SpeculativeSettings,
     "kv_budgets": KVBudgetSettings,
     "kv_events": KVEventSettings,
+    "lora": LoRASettings,
     "output": OutputSettings,
     "debug": DebugSettings,
 }
@@ -88,6 +90,7 @@ class EngineConfig:
     speculative: SpeculativeSettings
     kv_budgets: KVBudgetSettings
     kv_events: KVEventSettings
+    lora: LoRASettings
     output: OutputSettings
     debug: DebugSettings
 
@@ -104,6 +107,7 @@ class EngineConfig:
         speculative: _Section = None,
         kv_budgets: _Section = None,
         kv_events: _Section = None,
+        lora: _Section = None,
         output: _Section = None,
         debug: _Section = None,
         **flags: Any,
@@ -120,6 +124,7 @@ class EngineConfig:
             "speculative": speculative,
             "kv_budgets": kv_budgets,
             "kv_events": kv_events,
+            "lora": lora,
             "output": output,
             "debug": debug,
         }

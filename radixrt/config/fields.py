@@ -67,6 +67,9 @@ def add_fields_as_args(parser: Any, cls: type) -> None:
         if kind is bool:
             # off by default: --flag; on by default: --flag/--no-flag; unset (None) by default: either or neither
             kw["action"] = argparse.BooleanOptionalAction if optional or f.default else "store_true"
+        elif typing.get_origin(kind) is list:  # a list of values: --flag a b c
+            kw["nargs"] = "+"
+            kw["type"] = f.metadata.get("type", typing.get_args(kind)[0])
         else:
             kw["type"] = f.metadata.get("type", kind)
         if "choices" in f.metadata:

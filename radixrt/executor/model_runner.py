@@ -17,6 +17,8 @@ import torch
 from radixrt.config import EngineConfig
 from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.batch_invariant import enable_batch_invariant
+from radixrt.executor.lora.batch import LoRABatch
+from radixrt.executor.lora.pool import LoRARuntime
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
@@ -141,6 +143,7 @@ class ModelRunner:
         leader): it starts the other ranks and forwards each model call to them
         (see ``radixrt.executor.parallel``); a follower passes its ``tp``."""
         self.settings = settings
+        self.lora: Optional[LoRARuntime] = None  # set by the scheduler under --enable-lora (lora/pool.py)
         model, ex, cache = settings.model, settings.execution, settings.cache
         self.followers: Optional[Followers] = None
         if ex.tp_size > 1 and tp is None:
@@ -294,6 +297,7 @@ class ModelRunner:
         tree: Optional[list[Optional[list[int]]]] = None,
         position_offsets: Optional[list[int]] = None,
         score_jobs: Optional[list[ScoreJob]] = None,
+        lora_rows: Optional[list[Any]] = None,
     ) -> torch.Tensor:
         """The scheduler's step: request ``i`` computes its last ``q_lens[i]`` of
         ``kv_lens[i]`` tokens, whose slots are row ``rows[i]`` of the
@@ -303,7 +307,8 @@ class ModelRunner:
         new tokens form (``AttentionMetadata.tree``) or None. Requests under a KV
         budget: ``position_offsets`` (``AttentionMetadata.position_offsets``) and
         ``score_jobs``, whose accumulators gain each layer's attention mass
-        (kernels/kv_scores.py). Returns hidden states [sum(q_lens), hidden]."""
+        (kernels/kv_scores.py). ``lora_rows``: each token row's LoRA adapter (None:
+        the base model). Returns hidden states [sum(q_lens), hidden]."""
         budgeted = position_offsets is not None or bool(score_jobs)
         if budgeted and self.followers is not None:
             raise RuntimeError("KV budgets do not run tensor parallel")
@@ -322,7 +327,14 @@ class ModelRunner:
             kept = [meta.slot_table[j.batch_index, : kv_lens[j.batch_index]] for j in score_jobs]
             meta.scoring = ScoringPass(score_jobs, q_lens, kept)
         self.backend.plan(meta)
-        return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
+        if lora_rows is None:
+            return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
+        assert self.lora is not None, "LoRA rows on a runner without --enable-lora"
+        self.lora.context.batch = LoRABatch.build(lora_rows, self.device)
+        try:
+            return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
+        finally:
+            self.lora.context.batch = None
 
     @torch.inference_mode()
     def forward(

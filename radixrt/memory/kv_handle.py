@@ -59,6 +59,9 @@ class RequestKV:
     # False: what the request computes never enters the prefix cache (a request under a KV budget, whose
     # KV is not its full prefix once compressed); it only reads what it matched at admission
     insert_into_tree: bool = True
+    # None, or the most of ``seq`` the request may take from or give to the tree (an activated-LoRA
+    # request: its KV from that point on is the adapter's, not what the namespace's keys promise)
+    tree_limit: Optional[int] = None
 
     @property
     def seq(self) -> list[int]:

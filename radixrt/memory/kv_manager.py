@@ -155,7 +155,8 @@ class KVCacheManager:
         if not self.tree.stores_prefixes or not req.insert_into_tree:
             return
         P = self.page_size
-        length = min(len(req.slots), len(req.slots) if limit is None else limit) // P * P
+        length = min(len(req.slots), len(req.slots) if limit is None else limit)
+        length = min(length, req.tree_limit if req.tree_limit is not None else length) // P * P
         if length <= req.tree_len:
             return
         key = req.seq[:length]

@@ -86,6 +86,7 @@ class RequestSpec:
     field: str = "text"
     priority: Optional[int] = None  # honoured only under enable_priority_scheduling
     cache_info: str = ""  # meta_info.cache_info: "" none, "own" or "full" (see cache_info_mode)
+    lora: Optional[str] = None  # the LoRA adapter's name (SGLang's lora_path); None: the base model
     # Sent with the server's admin key: ``priority`` may be any 64-bit integer, not only one within
     # Limits.max_client_priority. Only the server's routes set it (from the request's key).
     admin: bool = False
@@ -106,6 +107,7 @@ class RequestSpec:
             namespace=self.namespace,
             priority=self.priority,
             cache_info=self.cache_info,
+            lora=self.lora,
         )
 
 
@@ -328,6 +330,7 @@ def build_specs(
     return_cache_info: Any = False,
     prompt_cache_key: Any = None,
     admin: bool = False,
+    lora_path: Any = None,
 ) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
@@ -354,6 +357,9 @@ def build_specs(
     priorities = per_item(
         "priority", priority, prompts, None, lambda v: v is None or is_int(v), "an integer (or one per prompt)"
     )
+    loras = per_item(
+        "lora_path", lora_path, prompts, None, lambda v: v is None or isinstance(v, str), "a string (or one per prompt)"
+    )
     cache_info = cache_info_mode(return_cache_info)
     namespace = cache_namespace(cache_salt, prompt_cache_key)
     return [
@@ -370,6 +376,7 @@ def build_specs(
             priority=None if priorities[i] is None else int(priorities[i]),
             cache_info=cache_info,
             admin=admin,
+            lora=loras[i],
         )
         for i, ids in enumerate(prompts.ids)
     ]

@@ -37,6 +37,15 @@ class GenerateReq:
     # explain the prefix match (radixrt.memory.radix_explain): "" no, "own" from the request's own
     # text and match only, "full" with the cache's neighbouring content (the operator's view)
     cache_info: str = ""
+    lora: Optional[str] = None  # the LoRA adapter's name (None: the base model)
+
+
+@dataclass
+class LoRAControlReq:
+    """Load (``path`` given) or unload (``path`` None) the LoRA adapter ``name``."""
+
+    name: str
+    path: Optional[str] = None
 
 
 @dataclass
@@ -65,7 +74,7 @@ class RadixSnapshotReq:
 
 @dataclass
 class ControlReply:
-    kind: str  # "flush_cache" | "stats" | "radix"
+    kind: str  # "flush_cache" | "stats" | "radix" | "lora"
     ok: bool = True
     payload: dict[str, Any] = field(default_factory=dict)
 

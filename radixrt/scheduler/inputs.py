@@ -11,7 +11,7 @@ flight, a reference to the device's copy of it), its table row and lengths.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -70,6 +70,8 @@ class StepInputs:
     # length (None: 0 for every row), and the attention-mass accumulators the forward adds to
     position_offsets: Optional[list[int]] = None
     score_jobs: list[ScoreJob] = field(default_factory=list)
+    # LoRA: per token row, the adapter it is computed with (None: the base model); None when no row has one
+    lora_rows: Optional[list[Any]] = None
 
     def computed_to(self, batch_index: int) -> int:
         """The tokens of batch row ``batch_index``'s request that have KV after this step."""
@@ -183,6 +185,19 @@ def prepare_inputs(
             inp.masked_rows.extend(range(first, first + k + 1))
             masked.extend((req, j) for j in range(k + 1))
     inp.q_lens = [q for _, q in batch]
+    inp.lora_rows = _lora_rows(batch) if any(req.lora is not None for req, _ in batch) else None
     inp.prompt_tokens = prompt_tokens
     inp.bitmask = constrained.bitmask(masked)
     return inp
+
+
+def _lora_rows(batch: list[tuple[Req, int]]) -> list[Any]:
+    """Each token row's adapter: its request's, from the request's ``lora_start`` on."""
+    rows: list[Any] = []
+    for req, q in batch:
+        first = len(req.slots) + req.kv_dropped - q  # the sequence index of the row's first token
+        if req.lora is None or first >= req.lora_start:
+            rows.extend([req.lora] * q)
+        else:
+            rows.extend(req.lora if first + j >= req.lora_start else None for j in range(q))
+    return rows

@@ -147,9 +147,10 @@ class StepLauncher:
 
     def _run(self, inputs: StepInputs) -> StepOutput:
         ids = self._input_ids(inputs)
-        if inputs.tree is None and inputs.position_offsets is None and not inputs.score_jobs:  # most steps
+        plain = inputs.tree is None and inputs.position_offsets is None and not inputs.score_jobs
+        if plain and inputs.lora_rows is None:  # most steps
             hidden = self.runner.forward_batch(ids, inputs.rows, inputs.q_lens, inputs.kv_lens, inputs.table_writes)
-        else:  # a step verifying a draft tree, or holding requests under a KV budget
+        else:  # a step verifying a draft tree, holding requests under a KV budget or with LoRA adapters
             hidden = self.runner.forward_batch(
                 ids,
                 inputs.rows,
@@ -159,6 +160,7 @@ class StepLauncher:
                 tree=inputs.tree,
                 position_offsets=inputs.position_offsets,
                 score_jobs=inputs.score_jobs,
+                lora_rows=inputs.lora_rows,
             )
         scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
         sample = None

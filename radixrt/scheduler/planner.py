@@ -111,11 +111,15 @@ class BatchPlanner:
         context_length: int,
         swap_cost: Optional[SwapCostModel] = None,
         shared_step_prefill_cap: Optional[int] = None,
+        max_loras_per_batch: int = 1 << 30,
     ) -> None:
         """``swap_cost``: under ``--preemption-mode swap``, the model that decides
         whether a retracted request's KV moves to the host tier; None: recompute.
         ``shared_step_prefill_cap``: most prompt tokens one request computes in a
-        step while another request runs or waits (None: ``chunked_prefill_size``)."""
+        step while another request runs or waits (None: ``chunked_prefill_size``).
+        ``max_loras_per_batch``: most distinct LoRA adapters in one batch (a
+        request of one more waits)."""
+        self.max_loras_per_batch = max_loras_per_batch
         self.config = config
         self.shared_step_prefill_cap = shared_step_prefill_cap or config.chunked_prefill_size
         self.prefill_cap = config.chunked_prefill_size  # this step's: see `schedule`
@@ -310,11 +314,16 @@ class BatchPlanner:
                 inflight.insert(r.seq, [0] * r.seq_len)
         reserve = self._decode_reserve()
         threshold = self.config.in_batch_prefix_threshold
+        adapters = {id(r.lora) for r in running if r.lora is not None}
         for req in ordered:
             if budget <= 0 or len(running) >= self.config.max_running_requests:
                 break
             if req.phase is not Phase.WAITING or req.grammar_compiling or req.inflight_tokens:
                 continue  # admitted with its beam search / its grammar is compiling / its last token is in flight
+            if req.lora is not None and id(req.lora) not in adapters:
+                if len(adapters) >= self.max_loras_per_batch:
+                    continue  # one adapter too many for this batch
+                adapters.add(id(req.lora))
             if req.beam is not None:
                 admitted = self._admit_beams(req, batch, budget, reserve)
                 if admitted is None:

@@ -13,6 +13,7 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.penalties import TokenCounts
 
 if TYPE_CHECKING:
+    from radixrt.executor.lora.adapter import LoRAAdapter
     from radixrt.requests.messages import GenerateReq
     from radixrt.sampling.grammar import GrammarState
     from radixrt.scheduler.beam_state import BeamGroup
@@ -75,6 +76,11 @@ class Req(RequestKV):
     penalty_counts: TokenCounts = field(default_factory=TokenCounts)
     admitted_once: bool = False
     storage_tokens: int = 0  # prompt tokens its storage read put in the tree (host tier)
+    # LoRA (lora_admission.py): its adapter's name, the loaded adapter, and the first sequence index
+    # computed with it (0; an activated adapter's invocation point)
+    lora_name: Optional[str] = None
+    lora: Optional["LoRAAdapter"] = None
+    lora_start: int = 0
     finish_reason: Optional[FinishReason] = None
     retractions: int = 0
     grammar_future: Optional[Future] = None
@@ -186,7 +192,7 @@ class Req(RequestKV):
         cap = self.seq_len - len(self.draft_ids) - 1
         if self.wants_prompt_logprobs and self.input_logprobs is None:
             cap = min(cap, max(self.logprob_start_len - 1, 0))
-        return cap
+        return cap if self.tree_limit is None else min(cap, self.tree_limit)
 
     @property
     def prefill_only(self) -> bool:

@@ -42,6 +42,7 @@ import time
 from typing import Any, Callable, Optional
 
 from radixrt.config import EngineConfig
+from radixrt.executor.lora.pool import build_lora
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
@@ -52,6 +53,7 @@ from radixrt.requests.messages import (
     ControlReply,
     FlushCacheReq,
     GenerateReq,
+    LoRAControlReq,
     RadixSnapshotReq,
     StatsReq,
     TokenBatch,
@@ -61,6 +63,7 @@ from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.sampling.grammar import GrammarBackend
 from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
 from radixrt.scheduler.debug_view import radix_view
@@ -70,12 +73,13 @@ from radixrt.scheduler.interfaces import StepSampler
 from radixrt.scheduler.kv_budget import KVBudgeter
 from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
+from radixrt.scheduler.lora_admission import LoRAAdmission, lora_control
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
-from radixrt.scheduler.step_log import StepLog
+from radixrt.scheduler.step_log import StepLog, scheduler_stats
 from radixrt.scheduler.storage_tier import StorageTier
 
 logger = logging.getLogger(__name__)
@@ -96,10 +100,10 @@ class Scheduler:
         self.host = build_host_tier(config.host_cache, self.runner, allocator.total_slots)
         prefix_cache = build_prefix_cache(config.cache, allocator, self.host)
         self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token)
-        self.storage: Optional[StorageTier] = build_storage_tier(config.storage, self.runner, self.host, prefix_cache)
         self.limits = config.limits.for_runtime(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.scheduling.random_seed)
         self.queues = RequestQueues()
+        self.arriving = self._arrivals(config, prefix_cache)
         self.arrivals = 0
         # outputs made between steps (aborts, refused requests): the next step returns them first
         self._queued_outputs: list[TokenOutput] = []
@@ -128,6 +132,7 @@ class Scheduler:
             self.context_length,
             swap,
             config.scheduling.shared_step_prefill_cap(config.execution.device),
+            config.lora.max_loras_per_batch,
         )
         self.launcher = StepLauncher(
             self.runner,
@@ -161,6 +166,13 @@ class Scheduler:
         )
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
+
+    def _arrivals(self, config: EngineConfig, prefix_cache: Any) -> Arrivals:
+        """The storage tier and the LoRA adapters, and the way in through them."""
+        self.storage: Optional[StorageTier] = build_storage_tier(config.storage, self.runner, self.host, prefix_cache)
+        self.runner.lora = build_lora(config.lora, self.runner)
+        lora = LoRAAdmission(self.runner.lora.pool) if self.runner.lora is not None else None
+        return Arrivals(self.queues, lora, self.storage)
 
     @property
     def waiting(self) -> list[Req]:
@@ -205,6 +217,9 @@ class Scheduler:
             if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
                 raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
             self.beams.check(len(msg.input_ids), msg.sampling)
+            self.arriving.check_lora(msg.lora)
+            if msg.lora is not None and msg.sampling.uses_beam_search:
+                raise ValueError("beam search with a LoRA adapter is not supported yet")
         except ValueError as e:
             self._queued_outputs.append(
                 TokenOutput(
@@ -239,8 +254,7 @@ class Scheduler:
                 self.budgets.start(req)
             if self.speculator is not None and req.kv_budget is None and not beam:
                 self.speculator.start(req)
-            if beam or self.storage is None or not self.storage.hold(req):
-                self.queues.waiting.append(req)
+            self.arriving.arrive(req, msg.lora, may_hold=not beam)
 
     def abort(self, rid: str) -> None:
         """Abort one request with all its samples, or one sample (or all, for
@@ -254,7 +268,7 @@ class Scheduler:
                 continue
             self.queues.remove(r)
             self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
-        for r in self.storage.drop(hit) if self.storage is not None else []:
+        for r in self.arriving.drop(hit):
             self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
 
     def flush_cache(self) -> bool:
@@ -278,13 +292,14 @@ class Scheduler:
             return ControlReply("stats", payload=self.stats())
         elif isinstance(msg, RadixSnapshotReq):
             return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg))
+        elif isinstance(msg, LoRAControlReq):
+            return lora_control(self.runner.lora, msg)
         else:
             raise TypeError(f"unknown scheduler message {type(msg).__name__}")
         return None
 
     def has_work(self) -> bool:
-        held = self.storage is not None and self.storage.held
-        return bool(self.queues.waiting or self.queues.running or self.inflight or held)
+        return bool(self.queues.waiting or self.queues.running or self.inflight or self.arriving.held)
 
     # ------------------------------------------------------------------ loop
     def event_loop(
@@ -314,8 +329,8 @@ class Scheduler:
         (after the outputs queued since the last step)."""
         started = time.perf_counter()
         out, self._queued_outputs = self._queued_outputs, []
-        if self.storage is not None:
-            self.queues.waiting.extend(self.storage.ready())
+        for req, error in self.arriving.ready():
+            out += self._finish(req, FinishReason.abort(error, status_code=400))
         for req, reason in self.constrained.resolve(self.queues.waiting):
             if req.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue
@@ -337,20 +352,19 @@ class Scheduler:
             self.inflight = None
         if not batch and self.queues.waiting and not self.queues.running:
             self.constrained.wait(self.queues.waiting)
-        if not batch and self.inflight is None and self.storage is not None:
-            self._idle_storage()
+        if not batch and self.inflight is None:
+            self._idle()
         if self.kv_events is not None:
             self.kv_events.flush()
         return out
 
-    def _idle_storage(self) -> None:
-        """Nothing runs: queued copies (storage writes above all) run now on this
-        thread instead of waiting for a step; then wait briefly for held reads."""
-        assert self.host is not None and self.storage is not None
-        transfers = self.kv.take_transfers()
-        self.host.pool.run(transfers.before + transfers.after)
+    def _idle(self) -> None:
+        """Nothing runs: queued copies (storage writes) run now; wait briefly for held requests."""
+        if self.storage is not None and self.host is not None:
+            transfers = self.kv.take_transfers()
+            self.host.pool.run(transfers.before + transfers.after)
         if not self.queues.waiting:
-            self.storage.wait(0.01)
+            self.arriving.wait(0.01)
 
     def _launch(self, batch: Batch, started: float) -> InFlight:
         overlappable = self.launcher.overlap and not any(needs_host_tokens(r) for r, _ in batch)
@@ -363,8 +377,7 @@ class Scheduler:
                 req.inflight_tokens += 1
             if q > 1 + len(req.draft_ids):  # a prefill chunk: its prefix is matchable from the next schedule on
                 self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
-        # host-tier copies queued since the last launch (loads for this batch's admissions, offloads of
-        # what was evicted, write-through of what this step computes) run on the forward thread around it
+        # tier copies queued since the last launch run on the forward thread around this step's forward
         transfers = self.kv.take_transfers()
         return InFlight(batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable, started)
 
@@ -422,19 +435,5 @@ class Scheduler:
             assert keys == sorted(keys), "running is marked ordered but is not in scheduling order"
 
     def stats(self) -> dict[str, Any]:
-        return {
-            **self.counters,
-            "generated_tokens": self.results.generated_tokens,
-            "jump_forward_proposed": self.constrained.proposed,
-            "jump_forward_tokens": self.constrained.kept,
-            **(self.speculator.stats_dict() if self.speculator is not None else {}),
-            **self.budgets.stats(),
-            **self.beams.stats(),
-            **(self.kv_events.stats() if self.kv_events is not None else {}),
-            "running": len(self.queues.running),
-            "waiting": len(self.queues.waiting),
-            "kv": self.kv_usage(),
-            "cache": self.kv.tree.stats(),
-            **({"host_kv": self.host.stats(self.kv)} if self.host is not None else {}),
-            **({"storage_kv": self.storage.stats()} if self.storage is not None else {}),
-        }
+        """Counters since the start and the state now (/get_server_info, /metrics, Engine.get_stats)."""
+        return scheduler_stats(self)

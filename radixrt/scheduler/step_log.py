@@ -1,4 +1,5 @@
-"""The scheduler's periodic progress line (``--log-interval`` steps apart, at INFO)."""
+"""What the scheduler reports: its periodic progress line (``--log-interval``
+steps apart, at INFO) and its stats (`scheduler_stats`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,24 @@ class StepLog:
             u["tree_slots"],
             sched.speculator.log_text() if sched.speculator is not None else "",
         )
+
+
+def scheduler_stats(sched: Any) -> dict[str, Any]:
+    """The `Scheduler` ``sched``'s counters since its start and its state now (read only)."""
+    return {
+        **sched.counters,
+        "generated_tokens": sched.results.generated_tokens,
+        "jump_forward_proposed": sched.constrained.proposed,
+        "jump_forward_tokens": sched.constrained.kept,
+        **(sched.speculator.stats_dict() if sched.speculator is not None else {}),
+        **sched.budgets.stats(),
+        **sched.beams.stats(),
+        **(sched.kv_events.stats() if sched.kv_events is not None else {}),
+        "running": len(sched.queues.running),
+        "waiting": len(sched.queues.waiting),
+        "kv": sched.kv_usage(),
+        "cache": sched.kv.tree.stats(),
+        **({"host_kv": sched.host.stats(sched.kv)} if sched.host is not None else {}),
+        **({"storage_kv": sched.storage.stats()} if sched.storage is not None else {}),
+        **({"lora": sched.runner.lora.pool.stats()} if sched.runner.lora is not None else {}),
+    }

@@ -285,7 +285,7 @@ def model_fingerprint(model: torch.nn.Module, config: Any) -> str:
     plain = dataclasses.replace(config, hf_config=None) if hasattr(config, "hf_config") else config
     h = hashlib.blake2b(repr((plain, sorted(described.items(), key=str))).encode(), digest_size=16)
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        h.update(name.encode())
+        h.update(name.replace(".base.", ".").encode())  # a LoRA wrapper (lora/batch.py) changes no weight
         data = t.detach().contiguous().cpu()
         if data.numel():
             h.update(data.view(torch.uint8).reshape(-1).numpy().data)

@@ -63,6 +63,8 @@ def _argv(name: str, value: object) -> list[str]:
     f = next(f for f in dataclasses.fields(SECTIONS[flag_sections()[name]]) if f.name == name)
     if isinstance(value, bool):
         return [flag_of(f) if value else "--no-" + flag_of(f)[2:]]
+    if isinstance(value, list):  # a list flag: --flag a b
+        return [flag_of(f), *map(str, value)]
     return [flag_of(f), str(value)]
 
 

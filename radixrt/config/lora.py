@@ -1,0 +1,50 @@
+"""`LoRASettings`: serving LoRA adapters (SGLang's flag names; the runtime:
+radixrt/executor/lora/, radixrt/scheduler/lora_admission.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from radixrt.config.fields import setting
+
+
+def parse_lora_paths(items: Optional[list[str]]) -> dict[str, str]:
+    """``name=path`` items (or a bare path, named after its folder) as {name: path}."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, path = str(item).partition("=")
+        if not sep:
+            path = name
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+        if not name or not path:
+            raise ValueError(f"lora_paths item {item!r}: expected name=path")
+        if name in out:
+            raise ValueError(f"lora_paths names adapter {name!r} twice")
+        out[name] = path
+    return out
+
+
+@dataclass(frozen=True)
+class LoRASettings:
+    """LoRA adapters: several fine-tuned variants of the model served at once."""
+
+    enable_lora: bool = setting(False, "serve LoRA adapters (PEFT folders) next to the base model")
+    lora_paths: Optional[list[str]] = setting(
+        None, "adapters loaded at start: name=path ... (a bare path is named after its folder); implies --enable-lora"
+    )
+    max_loras_per_batch: int = setting(8, "most distinct adapters in one step's batch")
+    max_loaded_loras: Optional[int] = setting(
+        None, "most adapters held in memory; past it the least recently used idle one is unloaded (None: no limit)"
+    )
+    max_lora_rank: int = setting(64, "the largest adapter rank accepted")
+    lora_target_modules: Optional[list[str]] = setting(
+        None, "the modules adapters may adapt (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; None: any)"
+    )
+
+    def __post_init__(self) -> None:
+        parse_lora_paths(self.lora_paths)
+        if self.max_loras_per_batch < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras_per_batch and max_lora_rank must be >= 1")
+        if self.max_loaded_loras is not None and self.max_loaded_loras < 1:
+            raise ValueError("max_loaded_loras must be >= 1")

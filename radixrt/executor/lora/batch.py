@@ -1,0 +1,132 @@
+"""LoRA products for a batch that mixes adapters (and rows with none).
+
+`LoRABatch` is built once per step from each token row's adapter: the rows
+are grouped into *segments* of one adapter each. When every adapter's rows
+are already contiguous (the usual case: a request's rows are), the segments
+are slices of the batch; otherwise the rows are permuted once per step so
+that they are, and each projection gathers its input and scatters its
+delta through that permutation. Each projection then runs one ``x @ A_t``
+and one small ``@ B_t`` per adapted part per segment: a grouped matmul over
+the segments (torch ops; on CUDA the same ops, a segmented kernel would
+replace them), never one forward per adapter.
+
+`LoRAProjection` wraps a fused projection of the model (``qkv``, ``o``,
+``gate_up``, ``down``): its output is the base projection's plus the deltas
+of the current batch's adapters. `LoRAContext` is what the runner sets
+before each forward (``batch``) and clears after it; the model's forward
+thread is the only reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from radixrt.executor.lora.adapter import LoRAAdapter
+
+
+@dataclass
+class Segment:
+    adapter: LoRAAdapter
+    start: int  # rows [start, end) of the (permuted) batch
+    end: int
+
+
+class LoRABatch:
+    """The adapters of one step's token rows (see the module docstring)."""
+
+    def __init__(self, segments: list[Segment], perm: Optional[torch.Tensor]) -> None:
+        self.segments = segments
+        self.perm = perm  # sorted row i is batch row perm[i]; None: segments are batch slices
+
+    @classmethod
+    def build(cls, row_adapters: list[Optional[LoRAAdapter]], device: torch.device | str) -> Optional["LoRABatch"]:
+        """From each token row's adapter (None: no adapter); None when no row has one."""
+        runs: list[tuple[LoRAAdapter, int, int]] = []
+        for i, a in enumerate(row_adapters):
+            if a is None:
+                continue
+            if runs and runs[-1][0] is a and runs[-1][2] == i:
+                runs[-1] = (a, runs[-1][1], i + 1)
+            else:
+                runs.append((a, i, i + 1))
+        if not runs:
+            return None
+        if len({id(a) for a, _, _ in runs}) == len(runs):
+            return cls([Segment(a, s, e) for a, s, e in runs], None)
+        order: dict[int, list[int]] = {}
+        adapters: dict[int, LoRAAdapter] = {}
+        for a, s, e in runs:
+            order.setdefault(id(a), []).extend(range(s, e))
+            adapters[id(a)] = a
+        rows, segments = [], []
+        for key, idx in order.items():
+            segments.append(Segment(adapters[key], len(rows), len(rows) + len(idx)))
+            rows.extend(idx)
+        return cls(segments, torch.tensor(rows, dtype=torch.int64, device=device))
+
+    def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``out += `` the adapters' deltas of projection ``projection`` of layer ``layer`` for input ``x``."""
+        xs = x if self.perm is None else x.index_select(0, self.perm)
+        delta = None if self.perm is None else out.new_zeros(xs.shape[0], out.shape[1])
+        for seg in self.segments:
+            d = seg.adapter.layers.get((layer, projection))
+            if d is None:
+                continue
+            xa = xs[seg.start : seg.end] @ d.a_t
+            target = out[seg.start : seg.end] if delta is None else delta[seg.start : seg.end]
+            for part in d.parts:
+                cols = target[:, part.offset : part.offset + part.b_t.shape[1]]
+                cols += xa[:, part.ranks[0] : part.ranks[1]] @ part.b_t
+                if part.bias is not None:
+                    cols += part.bias
+        if delta is not None and self.perm is not None:
+            out.index_add_(0, self.perm, delta)
+
+
+class LoRAContext:
+    """The batch the next forward applies (set and cleared by the runner)."""
+
+    def __init__(self) -> None:
+        self.batch: Optional[LoRABatch] = None
+
+
+class LoRAProjection(nn.Module):
+    """A fused projection plus the current batch's LoRA deltas."""
+
+    def __init__(self, base: nn.Module, layer: int, projection: str, context: LoRAContext) -> None:
+        super().__init__()
+        self.base = base
+        self.layer = layer
+        self.projection = projection
+        self.context = context
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        batch = self.context.batch
+        if batch is not None:
+            batch.add_delta(self.layer, self.projection, x, out)
+        return out
+
+
+def install(model: nn.Module, context: LoRAContext) -> dict[str, list[int]]:
+    """Wrap every layer's fused projections of a Llama-family `model` in
+    `LoRAProjection`; returns each projection's output slices (what
+    `load_adapter` maps PEFT modules onto)."""
+    cfg = model.config
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = LoRAProjection(attn.qkv_proj, i, "qkv", context)
+        attn.o_proj = LoRAProjection(attn.o_proj, i, "o", context)
+        mlp.gate_up_proj = LoRAProjection(mlp.gate_up_proj, i, "gate_up", context)
+        mlp.down_proj = LoRAProjection(mlp.down_proj, i, "down", context)
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return {
+        "qkv": [q, kv, kv],
+        "o": [cfg.hidden_size],
+        "gate_up": [cfg.intermediate_size] * 2,
+        "down": [cfg.hidden_size],
+    }

@@ -1,0 +1,192 @@
+"""`LoRAPool`: the adapters a runner knows (registered by name) and those it
+holds in memory (loaded), with least-recently-used unloading.
+
+Registering reads the adapter's config and hashes its weights file (its
+``digest``, the radix namespace of its requests); loading reads the weights
+into the model's dtype and device, on the pool's loader thread, so a request
+whose adapter is not loaded waits for it (held by the scheduler) while the
+others run. At most ``max_loaded`` adapters are held; loading one more
+unloads the least recently used adapter that no request holds.
+A step holds references to the adapters of its rows, so unloading never
+pulls weights from under a running forward.
+
+Threads: every method runs on the scheduler's thread except the loading
+itself (`_load`, on the loader thread), which touches only its own result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from radixrt.config.lora import LoRASettings, parse_lora_paths
+from radixrt.executor.lora.adapter import LoRAAdapter, adapter_digest, load_adapter, read_config
+from radixrt.executor.lora.batch import LoRAContext, install
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Registered:
+    name: str
+    path: str
+    digest: str
+    rank: int
+    invocation_tokens: Optional[tuple[int, ...]] = None  # activated LoRA
+
+
+class LoRAPool:
+    def __init__(
+        self,
+        sizes: dict[str, list[int]],
+        dtype: torch.dtype,
+        device: Any,
+        max_loaded: Optional[int],
+        max_rank: int,
+        target_modules: Optional[list[str]] = None,
+    ) -> None:
+        self.sizes = sizes
+        self.dtype = dtype
+        self.device = device
+        self.max_loaded = max_loaded
+        self.max_rank = max_rank
+        self.target_modules = set(target_modules) if target_modules else None
+        self.registered: dict[str, Registered] = {}
+        self.loaded: OrderedDict[str, LoRAAdapter] = OrderedDict()  # least recently used first
+        self.loading: dict[str, Future[LoRAAdapter]] = {}
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="radixrt-lora-loader")
+        self.loads = 0
+        self.unloads = 0
+
+    # -------------------------------------------------------------- registry
+    def register(self, name: str, path: str) -> Registered:
+        """Know adapter ``name`` at ``path`` (ValueError for a bad folder or name);
+        a name registered again with other weights is a new adapter (new digest)."""
+        if not name or ":" in name or "/" in name:
+            raise ValueError(f"LoRA adapter name {name!r} must be non-empty, without ':' or '/'")
+        folder = Path(path).expanduser()
+        cfg = read_config(folder)
+        rank = int(cfg.get("r", 8))
+        if rank > self.max_rank:
+            raise ValueError(f"LoRA adapter {name!r} has rank {rank} > --max-lora-rank {self.max_rank}")
+        targets = cfg.get("target_modules") or []
+        if self.target_modules is not None and isinstance(targets, list) and set(targets) - self.target_modules:
+            extra = sorted(set(targets) - self.target_modules)
+            raise ValueError(f"LoRA adapter {name!r} adapts {extra}, outside --lora-target-modules")
+        inv = cfg.get("alora_invocation_tokens")
+        reg = Registered(name, str(folder), adapter_digest(folder), rank, tuple(int(t) for t in inv) if inv else None)
+        old = self.registered.get(name)
+        if old is not None and old.digest != reg.digest:
+            self._drop(name)
+        self.registered[name] = reg
+        return reg
+
+    def unregister(self, name: str) -> None:
+        if name not in self.registered:
+            raise ValueError(f"unknown LoRA adapter {name!r}")
+        del self.registered[name]
+        self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        if self.loaded.pop(name, None) is not None:
+            self.unloads += 1
+        self.loading.pop(name, None)
+
+    # --------------------------------------------------------------- loading
+    def get(self, name: str) -> Optional[LoRAAdapter]:
+        """The loaded adapter (marked as just used), or None."""
+        adapter = self.loaded.get(name)
+        if adapter is not None:
+            self.loaded.move_to_end(name)
+        return adapter
+
+    def load(self, name: str) -> "Future[LoRAAdapter]":
+        """Start loading a registered adapter (or join the load under way)."""
+        future = self.loading.get(name)
+        if future is None:
+            reg = self.registered[name]
+            future = self._loader.submit(
+                load_adapter, name, reg.path, self.sizes, self.dtype, self.device, self.max_rank
+            )
+            self.loading[name] = future
+        return future
+
+    def finish_load(self, name: str, in_use: set[str]) -> LoRAAdapter:
+        """Put a finished load in the pool (unloading the least recently used
+        adapters no request holds, ``in_use``, past ``max_loaded``); raises the
+        load's error."""
+        future = self.loading.pop(name)
+        adapter = future.result()
+        if self.registered.get(name) is None or self.registered[name].digest != adapter.digest:
+            raise ValueError(f"LoRA adapter {name!r} changed while it loaded; send the request again")
+        self.loaded[name] = adapter
+        self.loads += 1
+        self.trim(in_use | {name})
+        return adapter
+
+    @property
+    def over_limit(self) -> bool:
+        return self.max_loaded is not None and len(self.loaded) > self.max_loaded
+
+    def trim(self, in_use: set[str]) -> None:
+        """Unload least recently used adapters not ``in_use`` while past ``max_loaded``
+        (a limit the adapters of queued requests may exceed until they finish)."""
+        while self.over_limit:
+            victim = next((n for n in self.loaded if n not in in_use), None)
+            if victim is None:
+                return
+            self._drop(victim)
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The registered adapters, for /v1/models and server info."""
+        return [
+            {"name": r.name, "path": r.path, "rank": r.rank, "digest": r.digest[:16], "loaded": r.name in self.loaded}
+            for r in self.registered.values()
+        ]
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "registered": len(self.registered),
+            "loaded": len(self.loaded),
+            "loads": self.loads,
+            "unloads": self.unloads,
+        }
+
+
+@dataclass
+class LoRARuntime:
+    """What a runner holds for LoRA: the forward's context and the adapter pool."""
+
+    context: LoRAContext
+    pool: LoRAPool
+
+
+def build_lora(settings: LoRASettings, runner: Any) -> Optional[LoRARuntime]:
+    """Wrap the runner's model for LoRA and load ``--lora-paths`` (None when LoRA is off)."""
+    if not settings.enable_lora:
+        return None
+    context = LoRAContext()
+    sizes = install(runner.model, context)
+    pool = LoRAPool(
+        sizes,
+        runner.dtype,
+        runner.device,
+        settings.max_loaded_loras,
+        settings.max_lora_rank,
+        settings.lora_target_modules,
+    )
+    for name, path in parse_lora_paths(settings.lora_paths).items():
+        pool.register(name, path)
+        pool.load(name).result()
+        pool.finish_load(name, set())
+    logger.info("LoRA: %d adapter(s) loaded: %s", len(pool.loaded), ", ".join(pool.loaded) or "none")
+    return LoRARuntime(context, pool)

@@ -1,0 +1,84 @@
+"""New requests on their way to the waiting queue.
+
+A request may be *held* before it waits: first while its LoRA adapter loads
+(lora_admission.py), then while the storage tier reads its stored prefix into
+host memory (storage_tier.py). Held requests have no KV and are in neither
+queue; `ready` moves those whose wait is over on, `drop` takes aborted ones
+out. Nothing here blocks the step loop.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from radixrt.scheduler.lora_admission import LoRAAdmission
+from radixrt.scheduler.planner import RequestQueues
+from radixrt.scheduler.request import Req
+from radixrt.scheduler.storage_tier import StorageTier
+
+
+class Arrivals:
+    def __init__(self, queues: RequestQueues, lora: Optional[LoRAAdmission], storage: Optional[StorageTier]) -> None:
+        self.queues = queues
+        self.lora = lora
+        self.storage = storage
+
+    def check_lora(self, name: Optional[str]) -> None:
+        """ValueError (a 400) for an adapter this server cannot serve."""
+        if name is None:
+            return
+        if self.lora is None:
+            raise ValueError("this server serves no LoRA adapters (start it with --enable-lora or --lora-paths)")
+        self.lora.check(name)
+
+    def arrive(self, req: Req, lora_name: Optional[str], may_hold: bool = True) -> None:
+        """Queue ``req`` or hold it (``may_hold`` False: never for storage, as a beam search's first hypothesis)."""
+        if lora_name is not None:
+            assert self.lora is not None
+            if not self.lora.start(req, lora_name):
+                return
+        self._to_storage(req, may_hold)
+
+    def _to_storage(self, req: Req, may_hold: bool = True) -> None:
+        if not may_hold or self.storage is None or not self.storage.hold(req):
+            self.queues.waiting.append(req)
+
+    def ready(self) -> list[tuple[Req, str]]:
+        """Move on the held requests whose wait is over; those that cannot be
+        served, with why (a 400)."""
+        failed: list[tuple[Req, str]] = []
+        if self.lora is not None and self.lora.pool.over_limit:
+            self.lora.pool.trim(self.lora_in_use())
+        if self.lora is not None and self.lora.held:
+            for req, error in self.lora.ready(self.lora_in_use):
+                if error is None:
+                    self._to_storage(req)
+                else:
+                    failed.append((req, error))
+        if self.storage is not None and self.storage.held:
+            self.queues.waiting.extend(self.storage.ready())
+        return failed
+
+    def drop(self, hit: Callable[[Req], bool]) -> list[Req]:
+        out = self.lora.drop(hit) if self.lora is not None else []
+        return out + (self.storage.drop(hit) if self.storage is not None else [])
+
+    @property
+    def held(self) -> bool:
+        return bool((self.lora is not None and self.lora.held) or (self.storage is not None and self.storage.held))
+
+    def wait(self, timeout_s: float) -> None:
+        """Block briefly for a held request (nothing else to do)."""
+        if self.lora is not None and self.lora.held:
+            self.lora.wait(timeout_s)
+        elif self.storage is not None and self.storage.held:
+            self.storage.wait(timeout_s)
+
+    def lora_in_use(self) -> set[str]:
+        """Adapters a queued or held request needs (the pool never unloads them)."""
+        reqs = [*self.queues.waiting, *self.queues.running]
+        if self.storage is not None:
+            reqs += [h.req for h in self.storage.held]
+        if self.lora is not None:
+            reqs += [h.req for h in self.lora.held]
+        return {r.lora_name for r in reqs if r.lora_name is not None}

@@ -1,0 +1,129 @@
+"""LoRA adapters through the Engine, against PEFT over transformers on the same
+weights: greedy outputs and logprobs per adapter (ranks 8 and 64, with and
+without ``lora_bias``), a batch mixing adapters equal to each alone, the
+radix cache keyed by the adapter's weights (no cross-adapter hit, no stale
+hit after a reload, a shared hit for two names of one adapter), activated
+LoRA sharing the base model's KV, and least-recently-used unloading."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import radixrt
+from tests.support.lora import make_adapter, peft_reference
+
+PROMPT = list(range(5, 69))  # 64 tokens
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
+INVOCATION = [500, 501, 502]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama, tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("lora")
+    return {
+        "r8": make_adapter(tiny_llama, root / "r8", 8, seed=1),
+        "r64bias": make_adapter(tiny_llama, root / "r64bias", 64, seed=2, bias=True),
+        "other": make_adapter(tiny_llama, root / "other", 8, seed=3),
+        "alora": make_adapter(tiny_llama, root / "alora", 8, seed=4, invocation=INVOCATION, scale=0.5),
+    }
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama, adapters):
+    paths = [f"{name}={path}" for name, path in adapters.items()]
+    with radixrt.Engine(tiny_llama, lora_paths=paths, max_total_tokens=8192, debug_check_invariants=True) as e:
+        yield e
+
+
+def _reference(model, ids: list[int], steps: int, alora_start: int | None = None) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their logprobs from a transformers model, one full forward per token."""
+    seq, logprobs = list(ids), []
+    with torch.no_grad():
+        for _ in range(steps):
+            kw = {"alora_offsets": [len(seq) - alora_start]} if alora_start is not None else {}
+            logits = model(input_ids=torch.tensor([seq]), **kw).logits[0, -1].float()
+            token = int(logits.argmax())
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            seq.append(token)
+    return seq[len(ids) :], logprobs
+
+
+@pytest.mark.parametrize("name", [None, "r8", "r64bias"])
+def test_outputs_and_logprobs_match_peft(engine, tiny_llama, adapters, name) -> None:
+    out = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path=name, return_logprob=True)
+    tokens, logprobs = _reference(peft_reference(tiny_llama, adapters.get(name or "")), PROMPT, 8)
+    assert out["output_ids"] == tokens
+    ours = [lp for lp, _tok, *_ in out["meta_info"]["output_token_logprobs"]]
+    assert all(math.isclose(a, b, abs_tol=2e-3) for a, b in zip(ours, logprobs)), (ours, logprobs)
+
+
+def test_a_batch_mixing_adapters_gives_each_what_it_gets_alone(engine) -> None:
+    names = [None, "r8", "r64bias", "other", "r8", None]
+    prompts = [PROMPT[i:] + [7 + i] for i in range(len(names))]
+    alone = [
+        engine.generate(input_ids=p, sampling_params=GREEDY, lora_path=n)["output_ids"] for p, n in zip(prompts, names)
+    ]
+    engine.flush_cache()
+    mixed = engine.generate(input_ids=prompts, sampling_params=GREEDY, lora_path=names)
+    assert [m["output_ids"] for m in mixed] == alone
+    assert len({tuple(a) for a in alone[:4]}) == 4, "every adapter changes the output"
+
+
+def test_the_cache_is_keyed_by_the_adapter_weights(engine, adapters, tmp_path: Path) -> None:
+    engine.flush_cache()
+    text = [11, 12, 13] + PROMPT
+    first = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8")
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="other")["meta_info"]["cached_tokens"] == 0
+    assert engine.generate(input_ids=text, sampling_params=GREEDY)["meta_info"]["cached_tokens"] == 0
+    # two names for the same weights share
+    twin = tmp_path / "twin"
+    shutil.copytree(adapters["r8"], twin)
+    engine.load_lora_adapter("r8-twin", str(twin))
+    again = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8-twin")
+    assert again["meta_info"]["cached_tokens"] >= 64 and again["output_ids"] == first["output_ids"]
+    # the same name, new weights: nothing stale
+    engine.load_lora_adapter("r8-twin", adapters["other"])
+    swapped = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8-twin")
+    assert swapped["meta_info"]["cached_tokens"] >= 64  # the KV of "other", which holds these weights
+    assert (
+        swapped["output_ids"]
+        == engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="other")["output_ids"]
+    )
+    engine.unload_lora_adapter("r8-twin")
+    gone = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8-twin")["meta_info"]["finish_reason"]
+    assert gone["type"] == "abort" and "unknown LoRA adapter 'r8-twin'" in gone["message"]
+    # a salt and an adapter: their own namespace again
+    salted = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8", cache_salt="t1")
+    assert salted["meta_info"]["cached_tokens"] == 0 and salted["output_ids"] == first["output_ids"]
+
+
+def test_activated_lora_matches_peft_and_shares_the_base_models_kv(engine, tiny_llama, adapters) -> None:
+    engine.flush_cache()
+    history = PROMPT * 4  # 256 tokens the base model already saw
+    base = engine.generate(input_ids=history, sampling_params=GREEDY)
+    assert base["meta_info"]["cached_tokens"] == 0
+    ids = history + INVOCATION + [7, 8]
+    out = engine.generate(input_ids=ids, sampling_params=GREEDY, lora_path="alora")
+    assert out["meta_info"]["cached_tokens"] >= len(history) - 1  # the history's KV is the base model's
+    tokens, _ = _reference(peft_reference(tiny_llama, adapters["alora"]), ids, 8, alora_start=len(history))
+    assert out["output_ids"] == tokens
+    plain = engine.generate(input_ids=ids, sampling_params=GREEDY)
+    assert plain["output_ids"] != out["output_ids"], "the adapter acts from its invocation on"
+
+
+def test_least_recently_used_adapters_unload_and_load_again(tiny_llama, adapters) -> None:
+    paths = [f"{n}={adapters[n]}" for n in ("r8", "other", "r64bias")]
+    with radixrt.Engine(tiny_llama, lora_paths=paths, max_loaded_loras=2, max_loras_per_batch=1) as e:
+        stats = e.get_stats()["lora"]
+        assert stats["registered"] == 3 and stats["loaded"] == 2
+        names = ["r8", "other", "r64bias", "r8"]
+        outs = e.generate(input_ids=[PROMPT] * 4, sampling_params=GREEDY, lora_path=names)
+        assert outs[0]["output_ids"] == outs[3]["output_ids"] != outs[1]["output_ids"]
+        stats = e.get_stats()["lora"]
+        assert stats["loaded"] <= 2 and stats["loads"] >= 3 and stats["unloads"] >= 1
