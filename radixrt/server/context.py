@@ -33,6 +33,7 @@ class ServerContext:
     server_args: dict = field(default_factory=dict)
     process_ids: dict = field(default_factory=dict)
     model_aliases: set = field(default_factory=set)
+    lora_adapters: set = field(default_factory=set)  # adapter names, answered to as "<model>:<name>"
     chat_info: dict = field(default_factory=dict)  # chat_role_markers, chat_default_system_prompt
     healthy: Callable[[], bool] = lambda: True
     # Why /health should answer 503 besides a dead child (the scheduler's
@@ -69,6 +70,15 @@ class ServerContext:
             self.require_admin(
                 request, 'return_cache_info "full" (the cached text around the match)', "return_cache_info"
             )
+
+    def lora_of(self, name: Optional[str]) -> Optional[str]:
+        """The LoRA adapter an OpenAI ``model`` names (``"<model>:<adapter>"``), None
+        for the base model; ServerError 404 for a name this server does not answer to."""
+        base, sep, adapter = (name or "").rpartition(":")
+        if sep and base in self.model_aliases and adapter in self.lora_adapters:
+            return adapter
+        self.check_model(name)
+        return None
 
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""

@@ -16,7 +16,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from radixrt.requests.intake import RequestError
-from radixrt.server import admin_routes, debug_routes, native_routes, openai_api, responses_api, tokenize_routes
+from radixrt.server import (
+    admin_routes,
+    debug_routes,
+    lora_routes,
+    native_routes,
+    openai_api,
+    responses_api,
+    tokenize_routes,
+)
 from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
 from radixrt.server.http_utils import error_response
@@ -33,7 +41,7 @@ def build_app(ctx: ServerContext, lifespan: Any = None) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(GuardMiddleware, ctx_getter=lambda: app.state.ctx)
     _add_error_handlers(app)
-    for module in (admin_routes, debug_routes, native_routes, openai_api, responses_api, tokenize_routes):
+    for module in (admin_routes, debug_routes, lora_routes, native_routes, openai_api, responses_api, tokenize_routes):
         app.include_router(module.router)
     return app
 

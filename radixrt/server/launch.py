@@ -33,6 +33,7 @@ import time
 from typing import Any, AsyncIterator, Optional
 
 from radixrt.config import EngineConfig
+from radixrt.config.lora import parse_lora_paths
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.args import ServerArgs, server_args_from_cli
 from radixrt.server.workers import ChildFailed, ChildReady
@@ -345,6 +346,7 @@ def _server_context(
         max_request_bytes=sargs.max_request_bytes,
         server_args=public_args,
         model_aliases=aliases,
+        lora_adapters=set(parse_lora_paths(config.lora.lora_paths)),
         chat_info=_chat_template_info(tokenizer),
         healthy=run.healthy,
         health_problem=run.health_problem,

@@ -19,8 +19,8 @@ output logprobs so far (SGLang's current field).
 
 Every other field of SGLang's ``GenerateReqInput`` is accepted while unset
 (``None``, ``false``, empty), since SGLang's clients send some of them
-explicitly (``RuntimeEndpoint``, ``Runtime.generate``: ``lora_path``,
-``session_id``, ``image_data``...); set, it is a 400 naming it, except the
+explicitly (``RuntimeEndpoint``, ``Runtime.generate``: ``session_id``,
+``image_data``...); set, it is a 400 naming it, except the
 pure hints in ``_GENERATE_ALWAYS_IGNORED`` (logging, tracing, routing).
 
 ``POST /concate_and_append_request`` is what SGLang's ``RuntimeEndpoint``
@@ -65,6 +65,7 @@ _GENERATE_KEYS = {
     "cache_salt",
     "priority",
     "return_cache_info",
+    "lora_path",
 }
 # SGLang request fields (GenerateReqInput, SGLang 0.5.x) radixrt does not implement:
 # accepted while empty/unset, a 400 naming the field when set.
@@ -89,8 +90,7 @@ _GENERATE_IGNORED = {
     "num_items_assigned",
     "encoder_urls",
     "positional_embed_overrides",
-    # adapters, sessions, custom processors
-    "lora_path",
+    # adapters (by id), sessions, custom processors
     "lora_id",
     "session_params",
     "session_id",
@@ -174,6 +174,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             priority=body.get("priority"),
             return_cache_info=body.get("return_cache_info", False),
             admin=admin,
+            lora_path=body.get("lora_path"),
         )
     return specs, prompts.batch, bool(stream)
 

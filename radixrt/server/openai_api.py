@@ -37,21 +37,20 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
-    return JSON(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": ctx.served_model_name,
-                    "object": "model",
-                    "created": int(ctx.started),
-                    "owned_by": "radixrt",
-                    "root": ctx.resolved_model_path,
-                    "max_model_len": ctx.tm.context_length,
-                }
-            ],
-        }
-    )
+    """The served model, then one entry per LoRA adapter (``"<model>:<adapter>"``, its ``parent`` the model)."""
+    base = {
+        "id": ctx.served_model_name,
+        "object": "model",
+        "created": int(ctx.started),
+        "owned_by": "radixrt",
+        "root": ctx.resolved_model_path,
+        "max_model_len": ctx.tm.context_length,
+    }
+    adapters = [
+        {**base, "id": f"{ctx.served_model_name}:{name}", "root": name, "parent": ctx.served_model_name}
+        for name in sorted(ctx.lora_adapters)
+    ]
+    return JSON({"object": "list", "data": [base, *adapters]})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -164,12 +163,14 @@ def _completion_plan(
 @router.post("/v1/completions")
 async def completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, CompletionRequest)
-    ctx.check_model(req.model)
+    lora = ctx.lora_of(req.model)
     ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
     _check_limits(req, tm, "logprobs", req.logprobs)
     prompts, specs = await tm.run_tokenize(_completion_plan, req, tm, ctx.is_admin(request))
+    for spec in specs:
+        spec.lora = lora
     group = tm.submit(specs, validated=True)
     view = CompletionView(req, group, prompts, tm.tokenizer, ctx.served_model_name)
     return await _answer(request, tm, group, view, req.stream)
@@ -385,8 +386,9 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     /v1/responses, whose requests become chat requests): the model name, the
     server's limits, tools and tool_choice, the prompt, the sampling params
     and the grammar that enforces calls, each refused with a 400 naming the
-    field. ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
-    ctx.check_model(req.model)
+    field. ``admin``: the request presented the admin key (any 64-bit ``priority``).
+    A ``model`` of ``"<model>:<adapter>"`` runs the LoRA adapter."""
+    lora = ctx.lora_of(req.model)
     tm = ctx.tm
     tm.check_alive()
     _check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
@@ -394,6 +396,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
     tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings, admin)
+    spec.lora = lora
     remember = None
     if tr.tools and not _native(parser, tm):
 

@@ -23,7 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
 from radixrt.requests.intake import RequestSpec, validate_spec
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, RadixSnapshotReq, StatsReq, TokenOutput
+from radixrt.requests.messages import (
+    AbortReq,
+    ControlReply,
+    FlushCacheReq,
+    LoRAControlReq,
+    RadixSnapshotReq,
+    StatsReq,
+    TokenOutput,
+)
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ReqState, ResultRouter
 from radixrt.requests.runtime_info import RuntimeInfo
@@ -279,6 +287,10 @@ class TokenizerManager:
 
     async def flush_cache(self) -> bool:
         return (await self.control(FlushCacheReq(), "flush_cache")).ok
+
+    async def lora_control(self, name: str, path: Optional[str]) -> ControlReply:
+        """Load (``path``) or unload a LoRA adapter in the scheduler (it reads the adapter)."""
+        return await self.control(LoRAControlReq(name, path), "lora", timeout=120.0)
 
     async def radix_view(self, req: RadixSnapshotReq, timeout: float = 10.0) -> dict:
         """The scheduler's debug view of its tree and requests (scheduler/debug_view.py)."""

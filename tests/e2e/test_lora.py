@@ -127,3 +127,39 @@ def test_least_recently_used_adapters_unload_and_load_again(tiny_llama, adapters
         assert outs[0]["output_ids"] == outs[3]["output_ids"] != outs[1]["output_ids"]
         stats = e.get_stats()["lora"]
         assert stats["loaded"] <= 2 and stats["loads"] >= 3 and stats["unloads"] >= 1
+
+
+def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
+    import httpx
+    import openai
+
+    from radixrt.server.local import LocalServer
+
+    srv = LocalServer("--lora-paths", f"r8={adapters['r8']}", "--max-total-tokens", "4096", model=tiny_llama)
+    try:
+        srv.wait_ready()
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            model = c.get("/v1/models").json()["data"]
+            base = model[0]["id"]
+            assert [m["id"] for m in model] == [base, f"{base}:r8"] and model[1]["parent"] == base
+            native = c.post(
+                "/generate", json={"input_ids": [PROMPT, PROMPT], "sampling_params": GREEDY, "lora_path": ["r8", None]}
+            )
+            assert native.status_code == 200
+            with_r8, without = native.json()
+            assert with_r8["output_ids"] != without["output_ids"]
+            unknown = c.post("/generate", json={"input_ids": PROMPT, "sampling_params": GREEDY, "lora_path": "nope"})
+            assert unknown.status_code == 400 and "unknown LoRA adapter 'nope'" in unknown.text
+            loaded = c.post("/load_lora_adapter", json={"lora_name": "other", "lora_path": adapters["other"]})
+            assert loaded.status_code == 200 and set(loaded.json()["loaded_adapters"]) == {"r8", "other"}
+            bad = c.post("/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"})
+            assert bad.status_code == 400 and "adapter_config.json" in bad.text
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+        done = client.completions.create(model=f"{base}:r8", prompt=PROMPT, max_tokens=8, temperature=0)
+        assert done.choices[0].text == with_r8["text"]
+        other = client.completions.create(model=f"{base}:other", prompt=PROMPT, max_tokens=8, temperature=0)
+        assert other.choices[0].text != done.choices[0].text
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=f"{base}:nope", prompt=PROMPT, max_tokens=4)
+    finally:
+        srv.cleanup()
