@@ -88,9 +88,11 @@ def gen(
     beam_width: Optional[int] = None,
     length_penalty: Optional[float] = None,
     early_stopping: Optional[Union[bool, str]] = None,
+    lora: Optional[str] = None,
 ) -> SglExpr:
     """Generate text into variable ``name`` (unset options take the program's defaults). With
-    ``choices``, this is :func:`select`; ``beam_width`` > 1: a beam search (its best, or ``n`` best)."""
+    ``choices``, this is :func:`select`; ``beam_width`` > 1: a beam search (its best, or ``n`` best);
+    ``lora``: the server's LoRA adapter of that name generates it (``lora_path`` on the wire)."""
     if choices:
         return SglSelect(
             name,
@@ -136,6 +138,7 @@ def gen(
             beam_width=beam_width,
             length_penalty=length_penalty,
             early_stopping=early_stopping,
+            lora=lora,
         ),
     )
 

@@ -123,6 +123,7 @@ class EngineBackend(NativeBackend):
             "return_text_in_logprobs",
             "stream",
             "cache_salt",
+            "lora_path",
         ):
             if k in payload:
                 kw[k] = payload[k]

@@ -98,6 +98,8 @@ class NativeBackend(BaseBackend):
     def _payload(text: str, sampling: SglSamplingParams, stream: bool = False) -> dict[str, Any]:
         p: dict[str, Any] = {"text": text, "sampling_params": sampling.to_wire()}
         p.update(sampling.logprob_kwargs())
+        if sampling.lora is not None:
+            p["lora_path"] = sampling.lora
         if stream:
             p["stream"] = True
         return p

@@ -60,6 +60,8 @@ class SglSamplingParams:
     beam_width: Optional[int] = None
     length_penalty: Optional[float] = None
     early_stopping: Optional[Union[bool, str]] = None
+    # the LoRA adapter (a radixrt or SGLang server's lora_path; None: the base model)
+    lora: Optional[str] = None
 
     def merged_over(self, defaults: "SglSamplingParams") -> "SglSamplingParams":
         """A copy where every field unset here takes the value from ``defaults``."""

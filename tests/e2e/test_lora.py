@@ -163,3 +163,18 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
             client.completions.create(model=f"{base}:nope", prompt=PROMPT, max_tokens=4)
     finally:
         srv.cleanup()
+
+
+def test_a_program_generates_with_an_adapter_per_gen(engine) -> None:
+    @radixrt.function
+    def two_voices(s, prompt):
+        s += prompt
+        s += radixrt.gen("plain", max_tokens=8, temperature=0)
+        s += " then "
+        s += radixrt.gen("tuned", max_tokens=8, temperature=0, lora="r8")
+
+    state = two_voices.run(prompt="Tell me about the sea.", backend=engine)
+    head = "Tell me about the sea."
+    plain = engine.generate(head, GREEDY)["text"]
+    tuned = engine.generate(head + plain + " then ", GREEDY, lora_path="r8")["text"]
+    assert state["plain"] == plain and state["tuned"] == tuned
