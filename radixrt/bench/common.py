@@ -341,3 +341,12 @@ class HFGenerate:
                     if progress is not None:
                         progress.update(len(chunk))
         return time.perf_counter() - t0
+
+
+def report_out(report: dict, text: str, json_path: Optional[str]) -> int:
+    """Print a benchmark's rendered ``text`` and write its ``report`` to ``json_path`` (when given); exit status 0."""
+    print(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+    return 0

@@ -180,6 +180,13 @@ def _add_mode_args(p: argparse.ArgumentParser) -> None:
         "python -m radixrt.bench.beam --help)",
     )
     p.add_argument(
+        "--lora",
+        action="store_true",
+        help="only measure LoRA adapters: decode throughput of 32 requests mixing 0 to 8 adapters against the "
+        "base model, and activated LoRA's time to first token on a 2,000-token history (needs peft; options: "
+        "python -m radixrt.bench.lora --help)",
+    )
+    p.add_argument(
         "--storage",
         action="store_true",
         help="only measure the storage tier: time to first token on a 4,000-token prefix cold, warm in "
@@ -236,6 +243,10 @@ def _run_mode(args: argparse.Namespace) -> Optional[int]:
         from radixrt.bench import beam
 
         return beam.main(["--model", args.model, "--best-of"] + (["--json", args.json_out] if args.json_out else []))
+    if args.lora:
+        from radixrt.bench import lora
+
+        return lora.main(["--model", args.model] + (["--json", args.json_out] if args.json_out else []))
     if args.storage:
         from radixrt.bench import storage
 

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from radixrt.bench.common import arrivals, ideal_prompt_tokens, native_stream, pct
+from radixrt.bench.common import arrivals, ideal_prompt_tokens, native_stream, pct, report_out
 
 POLICIES = ("round_robin", "shortest_queue", "cache_aware")
 
@@ -335,11 +335,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.routers < 1:
         raise SystemExit("--routers must be >= 1")
     report = run(args)
-    print(render(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0
+    return report_out(report, render(report), args.json)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """LoRA products for a batch that mixes adapters (and rows with none).
 
-`LoRABatch` is built once per step from each token row's adapter: the rows
-are grouped into *segments* of one adapter each. When every adapter's rows
+`LoRABatch` is built once per step from each token row's adapter. When the
+rows spread evenly over several adapters (a decode batch), the products run
+as batched matmuls over stacked weights (stacked.py). Otherwise the rows are
+grouped into *segments* of one adapter each. When every adapter's rows
 are already contiguous (the usual case: a request's rows are), the segments
 are slices of the batch; otherwise the rows are permuted once per step so
 that they are, and each projection gathers its input and scatters its
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from radixrt.executor.lora.adapter import LoRAAdapter
+from radixrt.executor.lora.stacked import StackedRows
 
 
 @dataclass
@@ -38,38 +41,42 @@ class Segment:
 class LoRABatch:
     """The adapters of one step's token rows (see the module docstring)."""
 
-    def __init__(self, segments: list[Segment], perm: Optional[torch.Tensor]) -> None:
+    def __init__(
+        self, segments: list[Segment], perm: Optional[torch.Tensor], stacked: Optional[StackedRows] = None
+    ) -> None:
         self.segments = segments
         self.perm = perm  # sorted row i is batch row perm[i]; None: segments are batch slices
+        self.stacked = stacked  # a balanced mix of adapters: batched matmuls instead (stacked.py)
 
     @classmethod
     def build(cls, row_adapters: list[Optional[LoRAAdapter]], device: torch.device | str) -> Optional["LoRABatch"]:
         """From each token row's adapter (None: no adapter); None when no row has one."""
-        runs: list[tuple[LoRAAdapter, int, int]] = []
+        groups: dict[int, tuple[LoRAAdapter, list[int]]] = {}
+        runs = 0
         for i, a in enumerate(row_adapters):
             if a is None:
                 continue
-            if runs and runs[-1][0] is a and runs[-1][2] == i:
-                runs[-1] = (a, runs[-1][1], i + 1)
-            else:
-                runs.append((a, i, i + 1))
-        if not runs:
+            group = groups.setdefault(id(a), (a, []))
+            runs += not group[1] or group[1][-1] != i - 1
+            group[1].append(i)
+        if not groups:
             return None
-        if len({id(a) for a, _, _ in runs}) == len(runs):
-            return cls([Segment(a, s, e) for a, s, e in runs], None)
-        order: dict[int, list[int]] = {}
-        adapters: dict[int, LoRAAdapter] = {}
-        for a, s, e in runs:
-            order.setdefault(id(a), []).extend(range(s, e))
-            adapters[id(a)] = a
-        rows, segments = [], []
-        for key, idx in order.items():
-            segments.append(Segment(adapters[key], len(rows), len(rows) + len(idx)))
-            rows.extend(idx)
-        return cls(segments, torch.tensor(rows, dtype=torch.int64, device=device))
+        listed = list(groups.values())
+        if StackedRows.worth_it(listed):
+            return cls([], None, StackedRows(listed, device))
+        if runs == len(listed):  # each adapter's rows are contiguous: slices of the batch
+            return cls([Segment(a, rows[0], rows[-1] + 1) for a, rows in listed], None)
+        segments, order = [], []
+        for a, rows in listed:
+            segments.append(Segment(a, len(order), len(order) + len(rows)))
+            order.extend(rows)
+        return cls(segments, torch.tensor(order, dtype=torch.int64, device=device))
 
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out += `` the adapters' deltas of projection ``projection`` of layer ``layer`` for input ``x``."""
+        if self.stacked is not None:
+            self.stacked.add_delta(layer, projection, x, out)
+            return
         xs = x if self.perm is None else x.index_select(0, self.perm)
         delta = None if self.perm is None else out.new_zeros(xs.shape[0], out.shape[1])
         for seg in self.segments:
