@@ -40,7 +40,7 @@ import torch
 
 from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, dequantize_int8, kv_storage_dtype, quantize_int8
 from radixrt.memory.kv_format import kv_footprint
-from radixrt.memory.kv_pool import KVPool, PageAllocator
+from radixrt.memory.kv_pool import KVPool, PageAllocator, lazy_zeros
 from radixrt.memory.kv_transfer import QueuedOp, StoreOp
 
 
@@ -96,7 +96,11 @@ class HostKVPool:
                 off += -(-nbytes // 8) * 8  # 8-byte aligned, so every part views as its dtype
         self.page_bytes = off
         pin = device_pool.device.type == "cuda"
-        self.buf = torch.zeros(num_pages, off, dtype=torch.uint8, pin_memory=pin)
+        # pinned on CUDA; on a CPU lazily zeroed, so a large tier costs no start-up time and no memory until used
+        if pin:
+            self.buf = torch.zeros(num_pages, off, dtype=torch.uint8, pin_memory=True)
+        else:
+            self.buf = lazy_zeros((num_pages, off), torch.uint8, torch.device("cpu"))
         self.allocator = PageAllocator(num_pages, P)
         self.by_runs = pin if by_runs is None else by_runs
         self._stream: Optional[torch.cuda.Stream] = torch.cuda.Stream(device_pool.device) if pin else None
@@ -163,6 +167,10 @@ class HostKVPool:
     def _load(self, host_pages: list[int], dev_pages: list[int]) -> None:
         dev = self.device_pool
         n = len(host_pages)
+        pairs = _paired_runs(host_pages, dev_pages)
+        if not self.by_runs and self.exact and len(pairs) <= MAX_SLICE_RUNS:
+            self._load_runs(pairs)
+            return
         if self.by_runs:
             staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
             for i, p, ln in _runs(host_pages):
@@ -198,6 +206,21 @@ class HostKVPool:
             slots = (idx.unsqueeze(1) * P + torch.arange(P, device=dev.device)).reshape(-1)
             dev.layer_cache(layer).store(slots, kf, vf)
 
+    def _load_runs(self, pairs: list[tuple[int, int, int]]) -> None:
+        """A CPU load whose pages form few runs on both sides (a node loaded back
+        or read from storage, usually): slice copies, at memory speed, instead of
+        row-by-row index copies."""
+        dev = self.device_pool
+        names = [("k", dev.k_buffers), ("v", dev.v_buffers)]
+        if dev.k_scale_buffers is not None and dev.v_scale_buffers is not None:
+            names += [("ks", dev.k_scale_buffers), ("vs", dev.v_scale_buffers)]
+        for layer in range(dev.num_layers):
+            for name, buffers in names:
+                src = _as_bytes_if_1(self.part(self.buf, layer, name))
+                dst = _as_bytes_if_1(buffers[layer])
+                for h, d, ln in pairs:
+                    dst[d : d + ln].copy_(src[h : h + ln])
+
     def _offload(self, dev_pages: list[int], host_pages: list[int]) -> None:
         staged = self.pack(dev_pages)
         if self.by_runs:
@@ -229,6 +252,23 @@ class HostKVPool:
                 self.part(staged, layer, name).copy_(q.view(self.part(staged, layer, name).shape))
                 self.part(staged, layer, name + "s").copy_(scale.view(self.part(staged, layer, name + "s").shape))
         return staged
+
+
+MAX_SLICE_RUNS = 16  # a CPU load in at most this many runs copies slices (`HostKVPool._load_runs`)
+
+
+def _paired_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """(first src page, first dst page, length) of each stretch where both lists
+    go up by one, in order (cut short once there are more than `MAX_SLICE_RUNS`)."""
+    out: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(src) + 1):
+        if i == len(src) or src[i] != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1:
+            out.append((src[start], dst[start], i - start))
+            if len(out) > MAX_SLICE_RUNS:
+                return out
+            start = i
+    return out
 
 
 def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
