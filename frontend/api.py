@@ -100,15 +100,7 @@ def gen(
             0.0 if temperature is None else temperature,
             token_length_normalized if choices_method is None else choices_method,
         )
-    if regex is not None:
-        is_valid_regex(regex)
-    for pattern in [stop_regex] if isinstance(stop_regex, str) else (stop_regex or ()):
-        is_valid_regex(pattern)
-    constraints = [x for x in (regex, json_schema, ebnf) if x is not None]
-    if len(constraints) > 1:
-        raise ValueError("use only one of regex, json_schema and ebnf")
-    if dtype is not None and dtype not in (int, str, float, bool, "int", "str", "string", "float", "bool"):
-        raise ValueError(f"unsupported dtype {dtype!r}; use int, str, float or bool")
+    _check_gen_constraints(regex, stop_regex, json_schema, ebnf, dtype)
     return SglGen(
         name,
         SglSamplingParams(
@@ -141,6 +133,26 @@ def gen(
             lora=lora,
         ),
     )
+
+
+def _check_gen_constraints(
+    regex: Optional[str],
+    stop_regex: Optional[Union[str, list[str]]],
+    json_schema: Optional[Union[str, dict]],
+    ebnf: Optional[str],
+    dtype: Optional[Union[type, str]],
+) -> None:
+    """Raise ValueError, when the program is built, for a bad regex, more than
+    one constraint, or an unsupported ``dtype``."""
+    if regex is not None:
+        is_valid_regex(regex)
+    for pattern in [stop_regex] if isinstance(stop_regex, str) else (stop_regex or ()):
+        is_valid_regex(pattern)
+    constraints = [x for x in (regex, json_schema, ebnf) if x is not None]
+    if len(constraints) > 1:
+        raise ValueError("use only one of regex, json_schema and ebnf")
+    if dtype is not None and dtype not in (int, str, float, bool, "int", "str", "string", "float", "bool"):
+        raise ValueError(f"unsupported dtype {dtype!r}; use int, str, float or bool")
 
 
 def _public(f: Callable, name: str, doc: str) -> Callable:

@@ -172,6 +172,7 @@ def test_generate_priority_and_cache_info(server, client, hf_tok):
         "prompt_after": b[common:],
         "prompt_before_text": hf_tok.decode(b[common - 8 : common]),
         "prompt_after_text": hf_tok.decode(b[common:]),
+        "tiers": {"device": common, "host": 0, "storage": 0},
     }
     assert second["meta_info"]["cached_tokens"] == common
     # the operator's view needs the admin key (the API key is not enough)
@@ -215,6 +216,7 @@ def test_cache_info_never_shows_another_clients_prompt(client):
                 "prompt_after",
                 "prompt_before_text",
                 "prompt_after_text",
+                "tiers",
             }
             assert "tulip" not in json.dumps(info) and " password" not in info["prompt_after_text"]
             if round_ == 0:  # the secret's namespace shares the guess's tokens; the salted one holds nothing

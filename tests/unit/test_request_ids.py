@@ -66,7 +66,8 @@ def _sched() -> SimpleNamespace:
         finished.append(r.rid)
         return [r.rid]
 
-    return SimpleNamespace(queues=queues, _finish=finish, _queued_outputs=[], finished=finished)
+    arriving = SimpleNamespace(drop=lambda hit: [])
+    return SimpleNamespace(queues=queues, arriving=arriving, _finish=finish, _queued_outputs=[], finished=finished)
 
 
 def test_scheduler_abort_matches_ids_exactly():

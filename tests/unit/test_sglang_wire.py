@@ -96,10 +96,17 @@ def test_runtime_generate_sends_unset_extras():
     assert specs[0].sampling.max_new_tokens == 128
 
 
+def test_lora_path_is_read_per_prompt():
+    specs, _, _ = _parse({"text": ["a", "b"], "lora_path": ["x", None]})
+    assert [s.lora for s in specs] == ["x", None]
+    with pytest.raises(ServerError) as ei:
+        _parse({"text": "Hi", "lora_path": 7})
+    assert ei.value.status == 400 and ei.value.param == "lora_path"
+
+
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("lora_path", "adapter"),
         ("session_id", "s1"),
         ("session_params", {"id": "s"}),
         ("image_data", "x.png"),
