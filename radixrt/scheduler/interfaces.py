@@ -14,7 +14,7 @@ the step's inputs).
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 
@@ -45,6 +45,7 @@ class StepRunner(Protocol):
         tree: Optional[list[Optional[list[int]]]] = None,
         position_offsets: Optional[list[int]] = None,
         score_jobs: Optional[list[ScoreJob]] = None,
+        lora_rows: Optional[list[Any]] = None,
     ) -> torch.Tensor:
         """Apply ``table_writes`` to the table, then compute, for each request
         ``i``, its last ``q_lens[i]`` of ``kv_lens[i]`` tokens, whose slots are row
@@ -58,7 +59,9 @@ class StepRunner(Protocol):
         ``position_offsets`` and ``score_jobs`` (passed only by a step holding
         requests under a KV budget, radixrt/scheduler/kv_budget.py): how far each
         request's positions run past its kv length, and the accumulators that
-        gain each layer's attention mass (kernels/kv_scores.py)."""
+        gain each layer's attention mass (kernels/kv_scores.py). ``lora_rows``
+        (passed only with LoRA enabled): each token row's adapter, None for the
+        base model."""
         ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ thread is the only reader.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -66,7 +66,8 @@ class LoRABatch:
             return cls([], None, StackedRows(listed, device))
         if runs == len(listed):  # each adapter's rows are contiguous: slices of the batch
             return cls([Segment(a, rows[0], rows[-1] + 1) for a, rows in listed], None)
-        segments, order = [], []
+        segments: list[Segment] = []
+        order: list[int] = []
         for a, rows in listed:
             segments.append(Segment(a, len(order), len(order) + len(rows)))
             order.extend(rows)
@@ -123,8 +124,9 @@ def install(model: nn.Module, context: LoRAContext) -> dict[str, list[int]]:
     """Wrap every layer's fused projections of a Llama-family `model` in
     `LoRAProjection`; returns each projection's output slices (what
     `load_adapter` maps PEFT modules onto)."""
-    cfg = model.config
-    for i, layer in enumerate(model.model.layers):
+    cfg: Any = model.config  # a Llama-family model: config and model.layers as in models/llama.py
+    decoder: Any = model.model
+    for i, layer in enumerate(decoder.layers):
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = LoRAProjection(attn.qkv_proj, i, "qkv", context)
         attn.o_proj = LoRAProjection(attn.o_proj, i, "o", context)

@@ -62,9 +62,10 @@ class StackedRows:
         return len(sizes) > 1 and 2 * sum(sizes) >= len(sizes) * max(sizes)
 
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        w = self._weights.get((layer, projection), ())
-        if w == ():
-            w = self._weights[(layer, projection)] = _stack([a.layers.get((layer, projection)) for a in self.adapters])
+        key = (layer, projection)
+        if key not in self._weights:
+            self._weights[key] = _stack([a.layers.get(key) for a in self.adapters])
+        w = self._weights[key]
         if w is None:
             return
         a, b, bias = w
