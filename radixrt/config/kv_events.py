@@ -25,6 +25,8 @@ class KVEventsConfig:
     endpoint: str = "tcp://*:5557"
     topic: str = ""
     hwm: int = 100_000  # messages the PUB socket queues per subscriber before dropping
+    replay_endpoint: Optional[str] = None  # a ROUTER socket answering replay requests (kv_event_replay.py)
+    buffer_steps: int = 10_000  # batches kept for replay
 
     @property
     def publishes(self) -> bool:
@@ -33,7 +35,16 @@ class KVEventsConfig:
     @property
     def connect_endpoint(self) -> str:
         """The endpoint a subscriber on this machine connects to (a wildcard host as 127.0.0.1)."""
-        return self.endpoint.replace("://*:", "://127.0.0.1:").replace("://0.0.0.0:", "://127.0.0.1:")
+        return _local(self.endpoint)
+
+    @property
+    def connect_replay_endpoint(self) -> Optional[str]:
+        """`connect_endpoint` of the replay socket (None: no replay)."""
+        return _local(self.replay_endpoint) if self.replay_endpoint else None
+
+
+def _local(endpoint: str) -> str:
+    return endpoint.replace("://*:", "://127.0.0.1:").replace("://0.0.0.0:", "://127.0.0.1:")
 
 
 def parse_kv_events_config(text: Optional[str]) -> Optional[KVEventsConfig]:
@@ -46,7 +57,7 @@ def parse_kv_events_config(text: Optional[str]) -> Optional[KVEventsConfig]:
         raise ValueError(f"kv_events_config must be JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError("kv_events_config must be a JSON object")
-    known = {f for f in KVEventsConfig.__dataclass_fields__} | {"replay_endpoint", "buffer_steps", "max_queue_size"}
+    known = {f for f in KVEventsConfig.__dataclass_fields__} | {"max_queue_size"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"kv_events_config has unknown keys {unknown}; known: {sorted(known)}")
@@ -58,21 +69,47 @@ def parse_kv_events_config(text: Optional[str]) -> Optional[KVEventsConfig]:
         raise ValueError(f"kv_events_config 'publisher' must be one of {PUBLISHERS}, got {cfg.publisher!r}")
     if not isinstance(cfg.endpoint, str) or "://" not in cfg.endpoint:
         raise ValueError(f"kv_events_config 'endpoint' must be a ZMQ endpoint (tcp://*:5557), got {cfg.endpoint!r}")
-    if not isinstance(cfg.topic, str) or isinstance(cfg.hwm, bool) or not isinstance(cfg.hwm, int) or cfg.hwm < 1:
-        raise ValueError("kv_events_config 'topic' must be a string and 'hwm' a positive integer")
+    if not isinstance(cfg.topic, str) or not _positive_int(cfg.hwm) or not _positive_int(cfg.buffer_steps):
+        raise ValueError("kv_events_config 'topic' must be a string, 'hwm' and 'buffer_steps' positive integers")
+    replay = cfg.replay_endpoint
+    if replay is not None and (not isinstance(replay, str) or "://" not in replay or replay == cfg.endpoint):
+        raise ValueError(f"kv_events_config 'replay_endpoint' must be a ZMQ endpoint of its own, got {replay!r}")
     return cfg
 
 
+def _positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def shift_endpoint_port(text: Optional[str], offset: int) -> Optional[str]:
-    """The flag's JSON with the endpoint's port moved by ``offset`` (replica ``offset``
+    """The flag's JSON with the endpoints' ports moved by ``offset`` (replica ``offset``
     of ``--dp``, as vLLM offsets its data-parallel ranks' endpoints)."""
     cfg = parse_kv_events_config(text)
     if cfg is None or not offset:
         return text
-    head, _, port = cfg.endpoint.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"kv_events_config 'endpoint' needs a port for --dp, got {cfg.endpoint!r}")
-    return json.dumps({**json.loads(text or "{}"), "endpoint": f"{head}:{int(port) + offset}"})
+    raw = json.loads(text or "{}")
+    for key in ("endpoint", "replay_endpoint"):
+        if raw.get(key) is None:
+            continue
+        head, _, port = raw[key].rpartition(":")
+        if not port.isdigit():
+            raise ValueError(f"kv_events_config '{key}' needs a port for --dp, got {raw[key]!r}")
+        raw[key] = f"{head}:{int(port) + offset}"
+    return json.dumps(raw)
+
+
+def replica_kv_events_configs(text: Optional[str], replicas: int) -> list[Optional[str]]:
+    """Each ``--dp`` replica's flag (`shift_endpoint_port` by its index); ValueError
+    when two replicas' sockets would share a port."""
+    texts = [shift_endpoint_port(text, i) for i in range(replicas)]
+    cfgs = [c for c in map(parse_kv_events_config, texts) if c is not None]
+    taken = [e for c in cfgs for e in (c.endpoint, c.replay_endpoint) if e is not None]
+    if len(set(taken)) != len(taken):
+        raise ValueError(
+            f"--dp {replicas}: replica i publishes on the configured ports + i, so the replay_endpoint's port "
+            f"must be at least {replicas} away from the endpoint's"
+        )
+    return texts
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Hashable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional
 
 if TYPE_CHECKING:
     from radixrt.memory.radix_node import TreeNode
@@ -41,11 +41,17 @@ def namespace_label(namespace: Hashable) -> str:
     return "ns-" + hashlib.sha256(str(namespace).encode()).hexdigest()[:8]
 
 
-def _where(node: "TreeNode") -> str:
+def _where(node: "TreeNode", stored: Optional[Callable[["TreeNode"], bool]] = None) -> str:
+    """``device``, ``host``, ``device+host`` (``none`` for a node being moved), and
+    ``+storage`` when ``stored`` says the node's blocks are in the storage tier."""
     on_host = node.host_value is not None
     if node.value:
-        return "device+host" if on_host else "device"
-    return "host" if on_host else "none"
+        where = "device+host" if on_host else "device"
+    else:
+        where = "host" if on_host else "none"
+    if stored is not None and stored(node):
+        where = "storage" if where == "none" else where + "+storage"
+    return where
 
 
 class _Counter:
@@ -80,10 +86,13 @@ def radix_snapshot(
     tokens_per_node: int = 0,
     namespaces: Optional[set[Hashable]] = None,
     count_budget: int = DEFAULT_COUNT_BUDGET,
+    stored: Optional[Callable[["TreeNode"], bool]] = None,
 ) -> dict[str, Any]:
     """The tree under ``root`` (whose children are the namespaces' sub-roots) as
     ``{"namespaces": [...], "nodes": [...], "truncated", "exact", "took_ms"}``.
-    ``namespaces``: only these (None: all)."""
+    ``namespaces``: only these (None: all). ``stored``: whether a node's KV is
+    also in the storage tier (radixrt/scheduler/storage_tier.py), asked of
+    listed nodes only."""
     started = time.perf_counter()
     counter = _Counter(count_budget)
     nodes: list[dict[str, Any]] = []
@@ -105,7 +114,7 @@ def radix_snapshot(
             "namespace": label,
             "depth": depth,
             "tokens": len(node.key),
-            "where": _where(node),
+            "where": _where(node, stored),
             "lock_ref": node.lock_ref,
             "hits": node.hits,
             "last_access": node.last_access,

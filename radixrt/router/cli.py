@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from radixrt.router.kv_event_index import DEFAULT_MAX_BLOCKS
-from radixrt.router.kv_routing import KVEventRouting, parse_endpoints
+from radixrt.router.kv_routing import KVEventRouting, parse_endpoints, replay_endpoints
 from radixrt.router.policies import POLICIES, CacheAwareConfig, make_policy
 from radixrt.router.workers import HealthConfig, WorkerPool
 
@@ -165,6 +165,15 @@ def add_kv_events_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="cache_aware: every worker publishes KV events on this port of its host (tcp://HOST:PORT)",
     )
+    p.add_argument(
+        "--kv-events-replay-port",
+        dest="kv_events_replay_port",
+        type=int,
+        default=None,
+        help="cache_aware: every worker answers KV event replay requests on this port of its host (the "
+        "replay_endpoint of its --kv-events-config): missed batches are fetched again instead of waiting "
+        "for a /flush_cache",
+    )
     p.add_argument("--kv-events-topic", dest="kv_events_topic", default="", help="the publishers' topic")
     p.add_argument(
         "--kv-events-max-blocks",
@@ -187,7 +196,8 @@ def kv_events_from_args(args: argparse.Namespace, urls: list[str]) -> Optional[K
     if args.router_policy != "cache_aware" or not (args.kv_events_endpoints or args.kv_events_port):
         return None
     endpoints = parse_endpoints(urls, args.kv_events_endpoints, args.kv_events_port)
-    return KVEventRouting(endpoints, args.kv_events_topic, args.tokenizer_path, args.kv_events_max_blocks)
+    replay = replay_endpoints(urls, args.kv_events_replay_port)
+    return KVEventRouting(endpoints, args.kv_events_topic, args.tokenizer_path, args.kv_events_max_blocks, replay)
 
 
 def pool_from_args(args: argparse.Namespace, urls: list[str], kv_events: Optional[KVEventRouting] = None) -> WorkerPool:

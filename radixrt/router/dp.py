@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from radixrt.config import EngineConfig
-from radixrt.config.kv_events import KVEventSettings, parse_kv_events_config, shift_endpoint_port
+from radixrt.config.kv_events import KVEventSettings, parse_kv_events_config, replica_kv_events_configs
 
 logger = logging.getLogger("radixrt.router")
 
@@ -126,12 +126,15 @@ def _replica_events(config: EngineConfig, urls: list[str]) -> Any:
     events = config.kv_events.events
     if events is None:
         return None
-    endpoints = {}
-    for i, url in enumerate(urls):
-        shifted = parse_kv_events_config(shift_endpoint_port(text, i))
+    endpoints, replay = {}, {}
+    for url, replica_text in zip(urls, replica_kv_events_configs(text, len(urls))):
+        shifted = parse_kv_events_config(replica_text)
         assert shifted is not None
         endpoints[url] = shifted.connect_endpoint
-    return KVEventRouting(endpoints, events.topic, str(resolve_model_path(config.model.model_path)))
+        if shifted.connect_replay_endpoint is not None:
+            replay[url] = shifted.connect_replay_endpoint
+    model = str(resolve_model_path(config.model.model_path))
+    return KVEventRouting(endpoints, events.topic, model, replay_endpoints=replay)
 
 
 def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
@@ -151,9 +154,13 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     mp = multiprocessing.get_context("spawn")
     procs: list[Any] = []
     state = {"exit_code": 0}
-    for i, port in enumerate(ports):
+    try:  # each replica its own endpoints
+        replica_events = replica_kv_events_configs(config.kv_events.kv_events_config, n)
+    except ValueError as e:
+        print(f"radixrt serve: {e}", file=sys.stderr, flush=True)
+        return 2
+    for port, events in zip(ports, replica_events):
         rargs = dataclasses.replace(sargs, host="127.0.0.1", port=port)
-        events = shift_endpoint_port(config.kv_events.kv_events_config, i)  # each replica its own endpoint
         replica_config = dataclasses.replace(config, kv_events=KVEventSettings(events))
         procs.append(mp.Process(target=_replica_main, args=(replica_config, rargs), name=f"radixrt-replica-{port}"))
         procs[-1].start()

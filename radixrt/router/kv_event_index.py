@@ -139,6 +139,12 @@ class KVEventIndex:
             w.clear()
             w.synced = True
 
+    def next_seq(self, worker: str) -> int:
+        """The batch number that follows the last one seen from ``worker`` (0 before any)."""
+        with self._lock:
+            w = self._workers.get(worker)
+            return 0 if w is None or w.last_seq is None else w.last_seq + 1
+
     def connected(self, worker: str) -> None:
         """The subscriber's connection to ``worker``'s publisher is up (it is not
         live before a batch 0 or an ``AllBlocksCleared`` comes through it)."""

@@ -14,6 +14,14 @@ connection that drops (the worker stopped or restarted) clears the worker's
 blocks (`KVEventIndex.disconnected`); ZMQ reconnects by itself, and a restarted
 worker's stream begins again at batch 0. A message that cannot be decoded is
 counted and skipped; the thread never dies of one.
+
+Replay. For a worker whose publisher has a replay socket (vLLM's
+``replay_endpoint``: radixrt/scheduler/kv_event_replay.py), a batch that does
+not follow the last one seen (the router joined late, ZMQ's slow-joiner loss,
+a batch dropped past the high-water mark, a reconnection) first fetches the
+missing batches from the replay socket, so the worker stays (or becomes) live
+without waiting for a ``/flush_cache``. Batches the publisher no longer
+buffers stay missing: the index then treats the worker as out of sync.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ logger = logging.getLogger("radixrt.router")
 
 POLL_MS = 100
 RECONNECT_MS = 200  # how often ZMQ retries a publisher that is not there
+REPLAY_TIMEOUT_MS = 1000  # how long a replay answer may pause before the rest is given up
+END_SEQ = -1
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 
 
@@ -41,9 +51,18 @@ class KVEventSubscriber:
     daemon thread between `start` and `stop`. ``topic``: the publishers'
     topic ('' takes every message)."""
 
-    def __init__(self, index: KVEventIndex, endpoints: dict[str, str], topic: str = "") -> None:
+    def __init__(
+        self,
+        index: KVEventIndex,
+        endpoints: dict[str, str],
+        topic: str = "",
+        replay_endpoints: Optional[dict[str, str]] = None,
+    ) -> None:
         self.index = index
         self.endpoints = dict(endpoints)
+        self.replay_endpoints = dict(replay_endpoints or {})
+        self.replayed = 0  # batches fetched from replay sockets
+        self._replay: dict[str, zmq.Socket] = {}
         self.topic = topic.encode()
         self.bad_messages = 0
         self._stop = threading.Event()
@@ -81,6 +100,11 @@ class KVEventSubscriber:
                 poller.register(s, zmq.POLLIN)
                 owners[s] = (worker, is_monitor)
             sockets += [monitor, sub]
+        for worker, endpoint in self.replay_endpoints.items():
+            dealer = self._replay[worker] = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(endpoint)
+            sockets.append(dealer)
         return poller, owners, sockets
 
     def _run(self) -> None:
@@ -124,4 +148,33 @@ class KVEventSubscriber:
         except msgspec.DecodeError:
             self.bad_messages += 1
             return
+        expected = self.index.next_seq(worker)
+        start = 0 if seq < expected else expected  # a publisher that restarted: its stream from 0
+        if start < seq and worker in self._replay:
+            for missed, missed_batch in self._fetch_replay(worker, start, seq):
+                self.index.apply(worker, missed, missed_batch)
         self.index.apply(worker, seq, batch)
+
+    def _fetch_replay(self, worker: str, start: int, until: int) -> list[tuple[int, Any]]:
+        """Batches ``start`` .. ``until - 1`` of ``worker``'s replay buffer, as many as it still holds."""
+        sock = self._replay[worker]
+        while sock.poll(0):  # the tail of an earlier answer that timed out
+            sock.recv_multipart()
+        sock.send(start.to_bytes(8, "big"))
+        out = []
+        while sock.poll(REPLAY_TIMEOUT_MS):
+            frames = sock.recv_multipart()
+            if len(frames) != 2 or len(frames[0]) != 8:
+                self.bad_messages += 1
+                continue
+            seq = int.from_bytes(frames[0], "big", signed=True)
+            if seq == END_SEQ:
+                break
+            if start <= seq < until:
+                try:
+                    out.append((seq, decode_batch(frames[1])))
+                except msgspec.DecodeError:
+                    self.bad_messages += 1
+        self.replayed += len(out)
+        logger.info("KV events: %d batches of %s replayed (%d..%d asked)", len(out), worker, start, until - 1)
+        return out

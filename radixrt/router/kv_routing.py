@@ -7,7 +7,8 @@ subscriber and the tokenizer, and the flags that name the publishers.
 taken by the ``--worker-url`` of the same position; or
 ``--kv-events-port PORT`` for every worker at once
 (``tcp://<the worker's host>:PORT``, for workers that all publish on
-``tcp://*:PORT``). ``radixrt serve --dp N --kv-events-config ...`` wires its
+``tcp://*:PORT``); ``--kv-events-replay-port PORT`` names their replay sockets
+(``replay_endpoint`` in the workers' config) the same way. ``radixrt serve --dp N --kv-events-config ...`` wires its
 replicas' endpoints (port + i) by itself. ``--tokenizer-path`` (the model's
 folder; ``--dp``: the model's own) lets text prompts be followed too.
 """
@@ -24,6 +25,15 @@ from radixrt.router.kv_event_subscriber import KVEventSubscriber
 from radixrt.router.token_keys import token_key
 
 logger = logging.getLogger("radixrt.router")
+
+
+def replay_endpoints(worker_urls: list[str], port: Optional[int]) -> dict[str, str]:
+    """``{worker url: its replay endpoint}`` for ``--kv-events-replay-port`` (empty when unset)."""
+    from radixrt.router.workers import normalize_url
+
+    if port is None:
+        return {}
+    return {normalize_url(u): f"tcp://{urlsplit(normalize_url(u)).hostname}:{port}" for u in worker_urls}
 
 
 def parse_endpoints(worker_urls: list[str], specs: list[str], port: Optional[int] = None) -> dict[str, str]:
@@ -62,9 +72,10 @@ class KVEventRouting:
         topic: str = "",
         tokenizer_path: Optional[str] = None,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
+        replay_endpoints: Optional[dict[str, str]] = None,
     ) -> None:
         self.index = KVEventIndex(max_blocks)
-        self.subscriber = KVEventSubscriber(self.index, endpoints, topic)
+        self.subscriber = KVEventSubscriber(self.index, endpoints, topic, replay_endpoints)
         self.tokenizer_path = tokenizer_path
         self.tokenizer: Any = None
 

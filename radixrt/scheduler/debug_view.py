@@ -10,9 +10,10 @@ is bounded by the request's limits, not by the tree's size.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.memory.radix_node import TreeNode
 from radixrt.memory.radix_snapshot import namespace_label, radix_snapshot
 from radixrt.requests.messages import RadixSnapshotReq
 from radixrt.scheduler.planner import RequestQueues
@@ -20,9 +21,16 @@ from radixrt.scheduler.planner import RequestQueues
 MAX_LISTED_REQUESTS = 256
 
 
-def radix_view(kv: KVCacheManager, queues: RequestQueues, msg: RadixSnapshotReq) -> dict[str, Any]:
+def radix_view(
+    kv: KVCacheManager,
+    queues: RequestQueues,
+    msg: RadixSnapshotReq,
+    stored: Optional[Callable[[TreeNode], bool]] = None,
+) -> dict[str, Any]:
+    """The snapshot ``msg`` asks for, with the running and waiting requests;
+    ``stored``: the storage tier's `holds` (nodes also on storage), if any."""
     tree = kv.tree
-    snap = radix_snapshot(tree.root, msg.max_depth, msg.max_nodes, msg.tokens_per_node)
+    snap = radix_snapshot(tree.root, msg.max_depth, msg.max_nodes, msg.tokens_per_node, stored=stored)
     requests = []
     for state, queue in (("running", queues.running), ("waiting", queues.waiting)):
         for r in queue[:MAX_LISTED_REQUESTS]:

@@ -7,7 +7,9 @@ socket's high-water mark a batch is dropped and counted (``dropped``), and a
 subscriber sees the gap in the sequence numbers.
 
 `KVEvents.flush`, called once per scheduler step, drains the recorder the
-tree tells of its nodes and sends what it holds.
+tree tells of its nodes and sends what it holds. With ``replay_endpoint`` set,
+the last ``buffer_steps`` batches can be asked for again
+(radixrt/scheduler/kv_event_replay.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import zmq
 
 from radixrt.config.kv_events import KVEventsConfig
 from radixrt.memory.kv_events import KVEventRecorder, encode_batch
+from radixrt.scheduler.kv_event_replay import ReplayServer
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +40,17 @@ class KVEvents:
         self.seq = 0
         self.sent = 0
         self.dropped = 0
+        self.replay = ReplayServer(cfg.replay_endpoint, cfg.buffer_steps) if cfg.replay_endpoint else None
         logger.info("publishing KV events on %s (topic %r)", cfg.endpoint, cfg.topic)
 
     def flush(self) -> None:
         batch = self.recorder.drain()
         if batch is None:
             return
-        frames = [self.topic, self.seq.to_bytes(8, "big"), encode_batch(batch)]
+        payload = encode_batch(batch)
+        frames = [self.topic, self.seq.to_bytes(8, "big"), payload]
+        if self.replay is not None:  # kept even when the send below drops it: that is what replay is for
+            self.replay.add(self.seq, payload)
         self.seq += 1
         try:
             self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
@@ -55,6 +62,8 @@ class KVEvents:
         return {"kv_event_batches_sent": self.sent, "kv_event_batches_dropped": self.dropped}
 
     def close(self) -> None:
+        if self.replay is not None:
+            self.replay.close()
         self.socket.close(linger=0)
 
 

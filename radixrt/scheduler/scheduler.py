@@ -291,7 +291,8 @@ class Scheduler:
         elif isinstance(msg, StatsReq):
             return ControlReply("stats", payload=self.stats())
         elif isinstance(msg, RadixSnapshotReq):
-            return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg))
+            stored = self.storage.holds if self.storage is not None else None
+            return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg, stored))
         elif isinstance(msg, LoRAControlReq):
             return lora_control(self.runner.lora, msg)
         else:

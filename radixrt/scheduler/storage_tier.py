@@ -109,6 +109,16 @@ class StorageTier:
         self._queued.update(todo_keys)
         self.tree.host.transfers.store(slots, lambda rows: self._deliver(todo_keys, rows), after_forward=not computed)
 
+    def holds(self, node: TreeNode) -> bool:
+        """Whether the last block ending inside ``node`` is known to be stored (a
+        node no block ends in: False). For the debug view; no I/O."""
+        keys_path, _ = _path_to(node)
+        last = len(keys_path) // self.block_tokens - 1
+        if last < 0 or (last + 1) * self.block_tokens <= len(keys_path) - len(node.key):
+            return False
+        namespace = self.tree._namespace_of(node)
+        return self.store.known(block_keys(self.identity, namespace, keys_path, last + 1)[last])
+
     def _deliver(self, keys: list[bytes], rows: torch.Tensor) -> None:
         """The forward thread's packed rows of ``keys``' blocks, for the writer."""
         data = rows.numpy().data.cast("B")  # the rows stay alive through the views

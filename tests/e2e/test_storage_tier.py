@@ -16,6 +16,7 @@ import pytest
 
 import radixrt
 from radixrt.memory.kv_store import StoreMismatchError
+from radixrt.requests.messages import RadixSnapshotReq
 from radixrt.server.local import LocalServer
 from tests.unit.test_kv_store import redis_url  # noqa: F401  (the fixture: a real redis-server)
 
@@ -52,6 +53,12 @@ def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -
     prompt = _prompt(100)
     with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
         before = first.generate(prompt, GREEDY)
+        deadline = time.monotonic() + 30
+        while first.get_stats()["storage_kv"]["written_blocks"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        view = first._control_call(RadixSnapshotReq(max_nodes=50)).payload
+        assert any(n["where"] == "device+host+storage" for n in view["nodes"]), view["nodes"]
     blocks = sorted(tmp_path.rglob("*.kv"))
     assert len(blocks) >= 4
     for path in blocks[::2]:  # flip one payload byte in every other block

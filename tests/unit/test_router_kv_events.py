@@ -15,6 +15,7 @@ from radixrt.memory.kv_events import (
     BlockStored,
     KVEventBatch,
     KVEventRecorder,
+    decode_batch,
     encode_batch,
 )
 from radixrt.requests.intake import cache_namespace
@@ -199,3 +200,82 @@ def test_subscriber_follows_a_publisher_and_its_restart():
     finally:
         sub.stop()
         pub.close(linger=0)
+
+
+def _free_port() -> int:
+    from radixrt.server.local import free_port
+
+    return free_port()
+
+
+def test_a_late_router_replays_what_it_missed_and_vllms_req_client_works():
+    """A worker publishes with a replay socket; a router that starts after the
+    worker's first batches (and misses them) fetches them again and is live at
+    once, holding exactly the worker's blocks, without a /flush_cache."""
+    from radixrt.config.kv_events import KVEventsConfig
+    from radixrt.memory.kv_pool import PageAllocator
+    from radixrt.memory.radix_cache import RadixCache
+    from radixrt.scheduler.kv_event_publisher import KVEvents
+
+    pub_port, replay_port = _free_port(), _free_port()
+    cfg = KVEventsConfig(True, "zmq", f"tcp://127.0.0.1:{pub_port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
+    alloc = PageAllocator(1000, 4)
+    tree = RadixCache(alloc, page_size=4)
+    events = KVEvents(cfg, tree, page_size=4, medium="CPU")
+    prompts = [[i] * 8 + list(range(20 + i, 28 + i)) for i in range(5)]
+
+    def insert(ids: list[int]) -> None:
+        slots = alloc.pages_to_slots(alloc.alloc_pages(len(ids) // 4))
+        present = tree.insert(ids, slots)
+        if present:
+            alloc.free_slots(slots[:present])
+        events.flush()
+
+    for ids in prompts[:3]:  # nobody listens yet: batches 0..2 reach no subscriber
+        insert(ids)
+    idx = KVEventIndex()
+    sub = KVEventSubscriber(idx, {A: cfg.connect_endpoint}, replay_endpoints={A: cfg.connect_replay_endpoint})
+    sub.start()
+    try:
+        _wait(lambda: idx.stats().get(A, {}).get("connected"))
+        time.sleep(0.3)
+        for ids in prompts[3:]:
+            insert(ids)
+        _wait(lambda: idx.held_tokens(A) == 5 * 16)
+        assert idx.live(A) and sub.replayed >= 3 and idx.stats()[A]["gaps"] == 0
+        for ids in prompts:
+            assert idx.match_tokens([A], TokenKey(None, tuple(ids))) == {A: 16}
+
+        req = zmq.Context.instance().socket(zmq.REQ)  # vLLM's example subscriber asks with REQ
+        req.connect(cfg.connect_replay_endpoint)
+        req.send((3).to_bytes(8, "big"))
+        assert req.poll(2000)
+        seq, payload = req.recv_multipart()
+        assert int.from_bytes(seq, "big") == 3 and decode_batch(payload).events
+        req.close(linger=0)
+    finally:
+        sub.stop()
+        events.close()
+
+
+def test_dp_replicas_replay_ports_must_not_collide():
+    import json
+
+    from radixrt.config.kv_events import parse_kv_events_config, replica_kv_events_configs
+
+    text = json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": "tcp://*:5557",
+            "replay_endpoint": "tcp://*:5567",
+        }
+    )
+    cfgs = [parse_kv_events_config(t) for t in replica_kv_events_configs(text, 3)]
+    assert [(c.endpoint, c.replay_endpoint) for c in cfgs] == [
+        (f"tcp://*:{5557 + i}", f"tcp://*:{5567 + i}") for i in range(3)
+    ]
+    with pytest.raises(ValueError, match="at least 2 away"):
+        replica_kv_events_configs(text.replace("5567", "5558"), 2)
+    with pytest.raises(ValueError, match="replay_endpoint"):
+        parse_kv_events_config(text.replace("tcp://*:5567", "tcp://*:5557"))
