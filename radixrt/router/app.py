@@ -303,19 +303,10 @@ def _router_lifespan(state: RouterState, inner: Any) -> Any:
 
 
 def _health_problem(state: RouterState) -> Optional[str]:
-    """Why ``/health`` answers 503 (draining, no healthy worker, an unhealthy
-    replica under ``require_all_healthy``), or None."""
-    workers = state.pool.public()
-    healthy = [w for w in workers if w["healthy"]]
+    """Why ``/health`` answers 503 (draining, or `WorkerPool.health_problem`), or None."""
     if state.draining:
         return "the server is shutting down"
-    if not healthy:
-        return "no healthy worker"
-    if state.config.require_all_healthy and len(healthy) < len(workers):
-        return "unhealthy replicas: " + ", ".join(
-            f"{w['url']} ({w['last_error']})" for w in workers if not w["healthy"]
-        )
-    return None
+    return state.pool.health_problem(state.config.require_all_healthy)
 
 
 def _router_view(state: RouterState) -> dict[str, Any]:
@@ -349,6 +340,8 @@ def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
             pool.add(url)
         except ValueError as e:
             return error_response(400, str(e))
+        if state.kv_events is not None:  # with --kv-events-port: its events too
+            state.kv_events.add_worker(url)
         await pool.check_once()
         return JSONResponse({"workers": pool.public()})
 
@@ -360,6 +353,8 @@ def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
             return error_response(400, str(e))
         if not removed:
             return error_response(404, f"no worker {url!r}")
+        if state.kv_events is not None:
+            state.kv_events.remove_worker(url)
         return JSONResponse({"workers": pool.public()})
 
 

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from radixrt.router.kv_event_index import DEFAULT_MAX_BLOCKS
-from radixrt.router.kv_routing import KVEventRouting, parse_endpoints, replay_endpoints
+from radixrt.router.kv_routing import KVEventRouting, parse_endpoints, split_replay
 from radixrt.router.policies import POLICIES, CacheAwareConfig, make_policy
 from radixrt.router.workers import HealthConfig, WorkerPool
 
@@ -153,10 +153,11 @@ def add_kv_events_args(p: argparse.ArgumentParser) -> None:
         dest="kv_events_endpoints",
         action="append",
         default=[],
-        metavar="[WORKER_URL=]ENDPOINT",
+        metavar="[WORKER_URL=]ENDPOINT[,REPLAY]",
         help="cache_aware: follow a worker's KV cache events (its --kv-events-config publisher), e.g. "
-        "http://10.0.0.1:30000=tcp://10.0.0.1:5557, or a bare tcp://... for the --worker-url in the same "
-        "position (repeat per worker); workers whose events do not flow are routed by the approximate tree",
+        "http://10.0.0.1:30000=tcp://10.0.0.1:5557 (,tcp://10.0.0.1:5558 adds its replay socket), or a bare "
+        "tcp://... for the --worker-url in the same position (repeat per worker); workers whose events do "
+        "not flow are routed by the approximate tree",
     )
     p.add_argument(
         "--kv-events-port",
@@ -195,9 +196,18 @@ def kv_events_from_args(args: argparse.Namespace, urls: list[str]) -> Optional[K
     """The KV-event routing the flags ask for (None: none asked, or a policy other than cache_aware)."""
     if args.router_policy != "cache_aware" or not (args.kv_events_endpoints or args.kv_events_port):
         return None
-    endpoints = parse_endpoints(urls, args.kv_events_endpoints, args.kv_events_port)
-    replay = replay_endpoints(urls, args.kv_events_replay_port)
-    return KVEventRouting(endpoints, args.kv_events_topic, args.tokenizer_path, args.kv_events_max_blocks, replay)
+    endpoints, replay = split_replay(
+        parse_endpoints(urls, args.kv_events_endpoints, args.kv_events_port), args.kv_events_replay_port
+    )
+    return KVEventRouting(
+        endpoints,
+        args.kv_events_topic,
+        args.tokenizer_path,
+        args.kv_events_max_blocks,
+        replay,
+        port=args.kv_events_port,
+        replay_port=args.kv_events_replay_port,
+    )
 
 
 def pool_from_args(args: argparse.Namespace, urls: list[str], kv_events: Optional[KVEventRouting] = None) -> WorkerPool:

@@ -145,6 +145,15 @@ class KVEventIndex:
             w = self._workers.get(worker)
             return 0 if w is None or w.last_seq is None else w.last_seq + 1
 
+    def empty(self, worker: str) -> None:
+        """``worker``'s publisher has published nothing yet (its replay socket
+        says so): its cache is empty, and the worker is live."""
+        with self._lock:
+            w = self._get(worker)
+            w.clear()
+            w.synced = True
+            w.last_seq = None
+
     def connected(self, worker: str) -> None:
         """The subscriber's connection to ``worker``'s publisher is up (it is not
         live before a batch 0 or an ``AllBlocksCleared`` comes through it)."""

@@ -21,12 +21,15 @@ not follow the last one seen (the router joined late, ZMQ's slow-joiner loss,
 a batch dropped past the high-water mark, a reconnection) first fetches the
 missing batches from the replay socket, so the worker stays (or becomes) live
 without waiting for a ``/flush_cache``. Batches the publisher no longer
-buffers stay missing: the index then treats the worker as out of sync.
+buffers stay missing: the index then treats the worker as out of sync. On
+connecting, the subscriber also asks for everything buffered, so a worker
+that was serving before the router started is live at once.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import Any, Optional
 
@@ -62,7 +65,14 @@ class KVEventSubscriber:
         self.endpoints = dict(endpoints)
         self.replay_endpoints = dict(replay_endpoints or {})
         self.replayed = 0  # batches fetched from replay sockets
+        # the thread's own: its sockets per worker (sub, monitor, replay), and the poller over them
         self._replay: dict[str, zmq.Socket] = {}
+        self._replayed_to: dict[str, int] = {}  # the last batch applied from replay on connecting
+        self._sockets: dict[str, list[zmq.Socket]] = {}
+        self._owners: dict[Any, tuple[str, bool]] = {}  # socket -> (worker, is its monitor)
+        self._poller = zmq.Poller()
+        self._ctx: Any = None
+        self._changes: "queue.SimpleQueue[tuple[str, Optional[str], Optional[str]]]" = queue.SimpleQueue()
         self.topic = topic.encode()
         self.bad_messages = 0
         self._stop = threading.Event()
@@ -83,38 +93,68 @@ class KVEventSubscriber:
             self._thread.join(5.0)
             self._thread = None
 
+    def add(self, worker: str, endpoint: str, replay: Optional[str] = None) -> None:
+        """Follow one more worker (``/add_worker``), from the next poll on."""
+        self.endpoints[worker] = endpoint
+        if replay is not None:
+            self.replay_endpoints[worker] = replay
+        if self._thread is None:
+            self.start()
+        else:
+            self._changes.put((worker, endpoint, replay))
+
+    def remove(self, worker: str) -> None:
+        """Stop following ``worker`` (``/remove_worker``); its sockets are closed."""
+        if self.endpoints.pop(worker, None) is not None and self._thread is not None:
+            self._changes.put((worker, None, None))
+        self.replay_endpoints.pop(worker, None)
+
     # ------------------------------------------------------------------ the thread
-    def _open(self, ctx: zmq.Context) -> tuple[zmq.Poller, dict[Any, tuple[str, bool]], list[zmq.Socket]]:
-        poller = zmq.Poller()
-        owners: dict[Any, tuple[str, bool]] = {}  # socket -> (worker, is its monitor)
-        sockets = []
-        for worker, endpoint in self.endpoints.items():
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
-            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5 * RECONNECT_MS)
-            sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-            monitor = sub.get_monitor_socket(_MONITORED)
-            sub.connect(endpoint)
-            for s, is_monitor in ((sub, False), (monitor, True)):
-                poller.register(s, zmq.POLLIN)
-                owners[s] = (worker, is_monitor)
-            sockets += [monitor, sub]
-        for worker, endpoint in self.replay_endpoints.items():
-            dealer = self._replay[worker] = ctx.socket(zmq.DEALER)
+    def _connect(self, worker: str, endpoint: str, replay: Optional[str]) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5 * RECONNECT_MS)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        monitor = sub.get_monitor_socket(_MONITORED)
+        sub.connect(endpoint)
+        self._sockets[worker] = [sub, monitor]
+        for sock, is_monitor in ((sub, False), (monitor, True)):
+            self._poller.register(sock, zmq.POLLIN)
+            self._owners[sock] = (worker, is_monitor)
+        if replay is not None:
+            dealer = self._replay[worker] = self._ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
-            dealer.connect(endpoint)
-            sockets.append(dealer)
-        return poller, owners, sockets
+            dealer.connect(replay)
+            self._sockets[worker].append(dealer)
+
+    def _disconnect(self, worker: str) -> None:
+        for sock in self._sockets.pop(worker, []):
+            if sock in self._owners:
+                self._poller.unregister(sock)
+                del self._owners[sock]
+            sock.close(linger=0)
+        self._replay.pop(worker, None)
+        self._replayed_to.pop(worker, None)
+        self.index.disconnected(worker)
+
+    def _apply_changes(self) -> None:
+        while not self._changes.empty():
+            worker, endpoint, replay = self._changes.get()
+            self._disconnect(worker)
+            if endpoint is not None:
+                self._connect(worker, endpoint, replay)
 
     def _run(self) -> None:
-        ctx = zmq.Context()
-        poller, owners, sockets = self._open(ctx)
+        self._ctx = zmq.Context()
+        for worker, endpoint in list(self.endpoints.items()):
+            self._connect(worker, endpoint, self.replay_endpoints.get(worker))
         self._ready.set()
         try:
             while not self._stop.is_set():
-                for sock, _ in poller.poll(POLL_MS):
-                    worker, is_monitor = owners[sock]
+                self._apply_changes()
+                for sock, _ in self._poller.poll(POLL_MS):
+                    worker, is_monitor = self._owners[sock]
                     try:
                         if is_monitor:
                             self._on_monitor(worker, sock)
@@ -124,18 +164,35 @@ class KVEventSubscriber:
                         self.bad_messages += 1
                         logger.exception("KV events from %s: message skipped", worker)
         finally:
-            for s in sockets:
-                s.close(linger=0)
-            ctx.term()
+            for sockets in self._sockets.values():
+                for sock in sockets:
+                    sock.close(linger=0)
+            self._ctx.term()
 
     def _on_monitor(self, worker: str, sock: zmq.Socket) -> None:
         event = recv_monitor_message(sock)["event"]
         if event == zmq.EVENT_CONNECTED:
             logger.info("KV events: connected to %s's publisher", worker)
             self.index.connected(worker)
+            if worker in self._replay:
+                self._catch_up(worker)
         elif event == zmq.EVENT_DISCONNECTED:
             logger.warning("KV events: %s's publisher went away; routing to it by the approximate tree", worker)
+            self._replayed_to.pop(worker, None)
             self.index.disconnected(worker)
+
+    def _catch_up(self, worker: str) -> None:
+        """On connecting: everything the publisher still buffers past what was
+        seen. An empty, complete answer from batch 0 means it never published:
+        its cache is empty, so the worker is live at once."""
+        start = self.index.next_seq(worker)
+        batches, complete = self._fetch_replay(worker, start, 2**63)
+        if not batches and complete and start == 0:
+            self.index.empty(worker)
+        for seq, batch in batches:
+            self.index.apply(worker, seq, batch)
+        if batches:
+            self._replayed_to[worker] = batches[-1][0]
 
     def _on_message(self, worker: str, sock: zmq.Socket) -> None:
         frames = sock.recv_multipart(copy=True)
@@ -148,20 +205,24 @@ class KVEventSubscriber:
         except msgspec.DecodeError:
             self.bad_messages += 1
             return
+        if seq <= self._replayed_to.get(worker, -1):
+            return  # already applied from the replay socket when connecting
         expected = self.index.next_seq(worker)
         start = 0 if seq < expected else expected  # a publisher that restarted: its stream from 0
         if start < seq and worker in self._replay:
-            for missed, missed_batch in self._fetch_replay(worker, start, seq):
+            for missed, missed_batch in self._fetch_replay(worker, start, seq)[0]:
                 self.index.apply(worker, missed, missed_batch)
         self.index.apply(worker, seq, batch)
 
-    def _fetch_replay(self, worker: str, start: int, until: int) -> list[tuple[int, Any]]:
-        """Batches ``start`` .. ``until - 1`` of ``worker``'s replay buffer, as many as it still holds."""
+    def _fetch_replay(self, worker: str, start: int, until: int) -> tuple[list[tuple[int, Any]], bool]:
+        """Batches ``start`` .. ``until - 1`` of ``worker``'s replay buffer, as
+        many as it still holds, and whether the answer ended with its marker."""
         sock = self._replay[worker]
         while sock.poll(0):  # the tail of an earlier answer that timed out
             sock.recv_multipart()
         sock.send(start.to_bytes(8, "big"))
         out = []
+        complete = False
         while sock.poll(REPLAY_TIMEOUT_MS):
             frames = sock.recv_multipart()
             if len(frames) != 2 or len(frames[0]) != 8:
@@ -169,6 +230,7 @@ class KVEventSubscriber:
                 continue
             seq = int.from_bytes(frames[0], "big", signed=True)
             if seq == END_SEQ:
+                complete = True
                 break
             if start <= seq < until:
                 try:
@@ -176,5 +238,5 @@ class KVEventSubscriber:
                 except msgspec.DecodeError:
                     self.bad_messages += 1
         self.replayed += len(out)
-        logger.info("KV events: %d batches of %s replayed (%d..%d asked)", len(out), worker, start, until - 1)
-        return out
+        logger.info("KV events: %d batches of %s replayed (from %d)", len(out), worker, start)
+        return out, complete

@@ -3,7 +3,8 @@ subscriber and the tokenizer, and the flags that name the publishers.
 
 ``radixrt router`` takes the publishers with ``--kv-events-endpoint``
 (repeatable): ``WORKER_URL=ENDPOINT`` for one worker
-(``http://10.0.0.1:30000=tcp://10.0.0.1:5557``), or a bare ``ENDPOINT``,
+(``http://10.0.0.1:30000=tcp://10.0.0.1:5557``, with its replay socket
+``...=tcp://10.0.0.1:5557,tcp://10.0.0.1:5558``), or a bare ``ENDPOINT``,
 taken by the ``--worker-url`` of the same position; or
 ``--kv-events-port PORT`` for every worker at once
 (``tcp://<the worker's host>:PORT``, for workers that all publish on
@@ -56,10 +57,25 @@ def parse_endpoints(worker_urls: list[str], specs: list[str], port: Optional[int
         url = normalize_url(url)
         if url not in urls:
             raise ValueError(f"--kv-events-endpoint {spec!r}: {url} is not a --worker-url")
-        if "://" not in endpoint:
-            raise ValueError(f"--kv-events-endpoint {spec!r}: the endpoint must be a ZMQ one (tcp://host:port)")
+        if any("://" not in e for e in endpoint.split(",")) or endpoint.count(",") > 1:
+            raise ValueError(
+                f"--kv-events-endpoint {spec!r}: the endpoint must be a ZMQ one (tcp://host:port), "
+                "optionally followed by ,REPLAY_ENDPOINT"
+            )
         out[url] = endpoint
     return out
+
+
+def split_replay(endpoints: dict[str, str], replay_port: Optional[int]) -> tuple[dict[str, str], dict[str, str]]:
+    """The publishers and the replay sockets of `parse_endpoints`' values
+    (``PUB[,REPLAY]``); ``--kv-events-replay-port`` names those not given."""
+    replay = replay_endpoints(list(endpoints), replay_port)
+    pub = {}
+    for url, value in endpoints.items():
+        pub[url], _, given = value.partition(",")
+        if given:
+            replay[url] = given
+    return pub, replay
 
 
 class KVEventRouting:
@@ -73,9 +89,15 @@ class KVEventRouting:
         tokenizer_path: Optional[str] = None,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
         replay_endpoints: Optional[dict[str, str]] = None,
+        port: Optional[int] = None,
+        replay_port: Optional[int] = None,
     ) -> None:
+        """``port`` / ``replay_port``: the ports every worker's host publishes on
+        (``--kv-events-port`` / ``--kv-events-replay-port``), which `add_worker`
+        follows for workers added at run time."""
         self.index = KVEventIndex(max_blocks)
         self.subscriber = KVEventSubscriber(self.index, endpoints, topic, replay_endpoints)
+        self.port, self.replay_port = port, replay_port
         self.tokenizer_path = tokenizer_path
         self.tokenizer: Any = None
 
@@ -90,6 +112,18 @@ class KVEventRouting:
 
     def stop(self) -> None:
         self.subscriber.stop()
+
+    def add_worker(self, url: str) -> None:
+        """Follow a worker added at run time, when the workers' ports are known."""
+        if self.port is not None:
+            pub, replay = split_replay(parse_endpoints([url], [], self.port), self.replay_port)
+            for u, endpoint in pub.items():
+                self.subscriber.add(u, endpoint, replay.get(u))
+
+    def remove_worker(self, url: str) -> None:
+        from radixrt.router.workers import normalize_url
+
+        self.subscriber.remove(normalize_url(url))
 
     async def key(self, path: str, body: Any) -> Optional[TokenKey]:
         """The body's `TokenKey` (text is tokenized off the event loop), or None."""

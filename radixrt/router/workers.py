@@ -211,3 +211,16 @@ class WorkerPool:
 
     def public(self) -> list[dict[str, Any]]:
         return [w.public() for w in self.workers.values()]
+
+    def health_problem(self, require_all: bool) -> Optional[str]:
+        """Why the pool cannot serve (no healthy worker; with ``require_all``, any
+        unhealthy one, as a ``--dp`` front's replicas), or None."""
+        workers = self.public()
+        healthy = [w for w in workers if w["healthy"]]
+        if not healthy:
+            return "no healthy worker"
+        if require_all and len(healthy) < len(workers):
+            return "unhealthy replicas: " + ", ".join(
+                f"{w['url']} ({w['last_error']})" for w in workers if not w["healthy"]
+            )
+        return None

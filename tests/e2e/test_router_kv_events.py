@@ -28,23 +28,26 @@ pytestmark = pytest.mark.slow
 SYSTEM = "You are a terse assistant for a shipping company. " + " ".join(f"Rule {i}: be exact." for i in range(10))
 
 
-def _events_flag(port: int) -> list[str]:
+def _events_flag(port: int, replay_port: int | None = None) -> list[str]:
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
+    if replay_port is not None:
+        cfg["replay_endpoint"] = f"tcp://127.0.0.1:{replay_port}"
     return ["--kv-events-config", json.dumps(cfg)]
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_llama):
     ports = [free_port(), free_port()]
+    replay_ports = [free_port(), free_port()]
     workers = [
-        LocalServer("--max-total-tokens", "4096", "--page-size", str(size), *_events_flag(p), model=tiny_llama)
-        for size, p in zip((1, 4), ports)
+        LocalServer("--max-total-tokens", "4096", "--page-size", str(size), *_events_flag(p, r), model=tiny_llama)
+        for size, p, r in zip((1, 4), ports, replay_ports)
     ]
     router_port = free_port()
     cmd = [sys.executable, "-m", "radixrt.cli", "router", "--port", str(router_port), "--policy", "cache_aware"]
     cmd += ["--tokenizer-path", tiny_llama, "--health-check-interval", "60"]
-    for w, p in zip(workers, ports):
-        cmd += ["--worker-url", w.url, "--kv-events-endpoint", f"{w.url}=tcp://127.0.0.1:{p}"]
+    for w, p, r in zip(workers, ports, replay_ports):
+        cmd += ["--worker-url", w.url, "--kv-events-endpoint", f"{w.url}=tcp://127.0.0.1:{p},tcp://127.0.0.1:{r}"]
     router = None
     try:
         for w in workers:
@@ -94,13 +97,9 @@ def _live(url: str, worker: str) -> bool:
 
 def test_router_sends_a_prefix_to_the_worker_whose_events_hold_it(setup):
     url, (a, b) = setup
-    # The workers already published before the router listened: live once a flush clears them (retried,
-    # as a subscription reaches a publisher a moment after the connection).
-    deadline = time.monotonic() + 60
-    while not (_live(url, a.url) and _live(url, b.url)):
-        assert httpx.post(url + "/flush_cache", timeout=30).status_code == 200
-        assert time.monotonic() < deadline, _stats(url)
-        time.sleep(0.5)
+    # The workers were serving before the router listened: their replay sockets make them live, no flush
+    _generate(b.url, {"input_ids": list(range(3000, 3016))})
+    _wait(lambda: _live(url, a.url) and _live(url, b.url), 30)
 
     ids = list(range(1000, 1064))
     _generate(b.url, {"input_ids": ids})  # straight to B: the router never sees it
@@ -123,18 +122,16 @@ def test_router_sends_a_prefix_to_the_worker_whose_events_hold_it(setup):
 
 
 def test_dp_front_follows_its_replicas_events(tiny_llama):
-    """`radixrt serve --dp 2 --kv-events-config ...`: the front follows replica i at port + i, with the
-    model's tokenizer, by itself."""
-    port = free_port()
-    srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", *_events_flag(port), model=tiny_llama)
+    """`radixrt serve --dp 2 --kv-events-config ...`: the front follows replica i at port + i (its replay
+    socket too), with the model's tokenizer, by itself."""
+    port, replay = free_port(), free_port()
+    while abs(replay - port) < 2:
+        replay = free_port()
+    srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", *_events_flag(port, replay), model=tiny_llama)
     try:
         srv.wait_ready()
         replicas = [w["url"] for w in httpx.get(srv.url + "/list_workers", timeout=10).json()["workers"]]
-        deadline = time.monotonic() + 60
-        while not all(_live(srv.url, u) for u in replicas):
-            assert httpx.post(srv.url + "/flush_cache", timeout=30).status_code == 200
-            assert time.monotonic() < deadline, _stats(srv.url)
-            time.sleep(0.5)
+        _wait(lambda: all(_live(srv.url, u) for u in replicas), 30)  # replay: live without a flush
         _generate(replicas[1], {"text": SYSTEM})
         _wait(lambda: _stats(srv.url)["kv_events"][replicas[1]]["blocks"] > 0, 30)
         r = _generate(srv.url, {"text": SYSTEM + " And my refund?"})

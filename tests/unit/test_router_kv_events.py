@@ -211,7 +211,8 @@ def _free_port() -> int:
 def test_a_late_router_replays_what_it_missed_and_vllms_req_client_works():
     """A worker publishes with a replay socket; a router that starts after the
     worker's first batches (and misses them) fetches them again and is live at
-    once, holding exactly the worker's blocks, without a /flush_cache."""
+    once, holding exactly the worker's blocks, without a /flush_cache; a batch
+    dropped later is fetched again too."""
     from radixrt.config.kv_events import KVEventsConfig
     from radixrt.memory.kv_pool import PageAllocator
     from radixrt.memory.radix_cache import RadixCache
@@ -246,6 +247,16 @@ def test_a_late_router_replays_what_it_missed_and_vllms_req_client_works():
         for ids in prompts:
             assert idx.match_tokens([A], TokenKey(None, tuple(ids))) == {A: 16}
 
+        # a batch dropped at the publisher's socket (past its high-water mark) is fetched on the next one
+        send = events.socket.send_multipart
+        events.socket.send_multipart = lambda *a, **k: (_ for _ in ()).throw(zmq.Again())
+        insert([9] * 16)
+        events.socket.send_multipart = send
+        insert([10] * 16)
+        _wait(lambda: idx.held_tokens(A) == 7 * 16)
+        assert events.dropped == 1 and idx.live(A) and idx.stats()[A]["gaps"] == 0
+        assert idx.match_tokens([A], TokenKey(None, (9,) * 16)) == {A: 16}
+
         req = zmq.Context.instance().socket(zmq.REQ)  # vLLM's example subscriber asks with REQ
         req.connect(cfg.connect_replay_endpoint)
         req.send((3).to_bytes(8, "big"))
@@ -279,3 +290,34 @@ def test_dp_replicas_replay_ports_must_not_collide():
         replica_kv_events_configs(text.replace("5567", "5558"), 2)
     with pytest.raises(ValueError, match="replay_endpoint"):
         parse_kv_events_config(text.replace("tcp://*:5567", "tcp://*:5557"))
+
+
+def test_a_worker_added_at_run_time_is_followed_on_the_workers_ports():
+    """`/add_worker` with --kv-events-port (and --kv-events-replay-port): the new
+    worker's events are followed from then on; `/remove_worker` stops that."""
+    from radixrt.config.kv_events import KVEventsConfig
+    from radixrt.memory.kv_pool import PageAllocator
+    from radixrt.memory.radix_cache import RadixCache
+    from radixrt.router.kv_routing import KVEventRouting
+    from radixrt.scheduler.kv_event_publisher import KVEvents
+
+    port, replay = _free_port(), _free_port()
+    cfg = KVEventsConfig(True, "zmq", f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay}")
+    alloc = PageAllocator(100, 1)
+    tree = RadixCache(alloc, page_size=1)
+    events = KVEvents(cfg, tree, page_size=1, medium="CPU")
+    tree.insert([5, 6, 7], alloc.pages_to_slots(alloc.alloc_pages(3)))
+    events.flush()  # published before the router knew the worker
+    routing = KVEventRouting({}, port=port, replay_port=replay)
+    routing.start()
+    worker = "http://127.0.0.1:30000"
+    try:
+        routing.add_worker(worker + "/")
+        _wait(lambda: routing.index.live(worker) and routing.index.held_tokens(worker) == 3)
+        assert routing.subscriber.endpoints == {worker: f"tcp://127.0.0.1:{port}"}
+        routing.remove_worker(worker)
+        _wait(lambda: not routing.index.stats()[worker]["connected"])
+        assert not routing.index.live(worker) and routing.subscriber.endpoints == {}
+    finally:
+        routing.stop()
+        events.close()
