@@ -10,9 +10,7 @@ for the admin key."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import subprocess
 import threading
 import time
 
@@ -179,19 +177,101 @@ def _browser() -> str:
     pytest.skip("no Chromium on the PATH (Debian: apt-get install chromium)")
 
 
-def _rendered(browser: str, url: str) -> str:
-    """The page's DOM after its scripts ran for a few seconds of (virtual) time, in headless Chromium."""
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=4000", "--dump-dom", url]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+def test_a_real_browser_shows_the_shared_node_and_highlights_a_forked_requests_path(srv):
+    """Headless Chromium driven by Selenium (the Debian chromium and chromedriver): a program
+    with a shared system prompt forks three long drafts; on the page, the system prompt's node
+    shows its hits, and clicking a running fork highlights its cached path through that node,
+    the point where its prompt left the cached path outlined. Decoded text needs the key."""
+    driver = _driver()
+
+    @rt.function
+    def triage(s, ticket):
+        s += rt.system(SYSTEM)
+        s += rt.user(ticket)
+        forks = s.fork(3)
+        for f in forks:
+            f += rt.assistant(rt.gen("draft", max_tokens=6000, ignore_eos=True, temperature=0))
+        forks.join()
+
+    backend = rt.RuntimeEndpoint(srv.url, api_key=KEY)
+    program = threading.Thread(target=lambda: _quietly(triage.run, ticket="My invoice is wrong.", backend=backend))
+    program.start()
+    try:
+        driver.get(f"{srv.url}/dashboard#key={ADMIN}&text=1&depth=16&nodes=500&rate=10")
+        # the shared node: the system prompt's text, hit by each fork
+        shared = _until(driver, _SHARED_NODE_JS)
+        assert shared["hits"] >= 3 and "careful assistant" in shared["text"], shared
+        clicked = _until(driver, _CLICK_RUNNING_JS)  # select a running fork in the requests table
+        path = _until(driver, _PATH_JS)
+        assert path["leftpath"] == 1 and path["onpath"] >= 1, (clicked, path)
+        assert any("careful assistant" in t for t in path["texts"]), path  # its path runs through the shared node
+        assert "free" in driver.find_element("id", "pool").text or driver.find_elements("css selector", "canvas")
+        driver.execute_script("sessionStorage.clear()")  # the page keeps the key for the tab's session
+        driver.get("about:blank")  # (a fragment alone would not load the page again)
+        driver.get(f"{srv.url}/dashboard#text=1")  # no key: no data, no text
+        time.sleep(2)
+        assert "careful assistant" not in driver.page_source and not driver.find_elements("css selector", ".node")
+    finally:
+        driver.quit()
+        httpx.post(srv.url + "/abort_request", json={"abort_all": True}, headers={"Authorization": f"Bearer {ADMIN}"})
+        program.join(60)
 
 
-def test_a_real_browser_renders_the_tree_the_pool_and_the_text_only_with_the_key(srv):
-    browser = _browser()
-    body = {"text": SYSTEM + "Which colour is the sky?", "sampling_params": {"max_new_tokens": 4}}
-    assert httpx.post(srv.url + "/generate", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
-    dom = _rendered(browser, f"{srv.url}/dashboard#key={ADMIN}&text=1&depth=12&nodes=500")
-    assert re.search(r'default</b><span class="meta">\d+ nodes · \d+ tokens', dom), dom[:3000]
-    assert re.search(r'\d+ tok</span><span class="where-device">device</span>', dom) and re.search(r"free \d+", dom)
-    assert "careful assistant" in dom  # decoded text: asked for, with the admin key
-    without_key = _rendered(browser, f"{srv.url}/dashboard#text=1")
-    assert "careful assistant" not in without_key and 'class="where-device"' not in without_key
+_SHARED_NODE_JS = """
+const rows = [...document.querySelectorAll('.node > .row')].map((r) => r.textContent);
+const row = rows.find((t) => t.includes('careful assistant'));
+if (!row) return null;
+return {hits: +row.match(/hits (\\d+)/)[1], text: row};
+"""
+_CLICK_RUNNING_JS = """
+const tr = [...document.querySelectorAll('tr.req')].find((t) => t.children[1].textContent === 'running'
+    && +t.children[5].textContent > 0);
+if (!tr) return null;
+tr.click();
+return tr.children[0].textContent;
+"""
+_PATH_JS = """
+const on = [...document.querySelectorAll('.node.onpath')];
+if (!on.length) return null;
+return {onpath: on.length, leftpath: document.querySelectorAll('.row.leftpath').length,
+        texts: on.map((n) => n.querySelector('.row').textContent)};
+"""
+
+
+def _until(driver, script: str, timeout: float = 60.0):
+    """The first non-null result of ``script`` in the page, polled."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"the page never showed it:\n{script}\n{driver.page_source[:3000]}")
+
+
+def _quietly(fn, **kwargs) -> None:
+    try:
+        fn(**kwargs)
+    except Exception:  # noqa: BLE001  (the program's drafts are aborted when the test ends)
+        pass
+
+
+def _driver():
+    """Selenium's Chrome driver over the Debian chromium and chromedriver (skips without them)."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, chromedriver = _browser(), shutil.which("chromedriver")
+    if chromedriver is None:
+        pytest.skip("no chromedriver on the PATH (Debian: apt-get install chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(chromedriver), options=opts)
