@@ -12,6 +12,7 @@ Memory is handed out and taken back in whole pages.
 
 from __future__ import annotations
 
+import mmap
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -21,19 +22,21 @@ from radixrt.memory.kv_format import KVFootprint, kv_footprint
 
 
 def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero tensor. On a CPU its memory comes from ``calloc`` (through numpy),
-    which large blocks get from the OS as pages that read as zero and are only
-    backed when first written: a multi-GB pool is ready at once and holds only
-    the memory its tokens use, where ``torch.zeros`` would write every byte."""
+    """A zero tensor. On a CPU its memory is an anonymous ``mmap``: pages that
+    read as zero and are only backed when first written, so a multi-GB pool is
+    ready at once and holds only the memory its tokens use, where
+    ``torch.zeros`` would write every byte. (Not numpy's ``calloc``: numpy
+    asks for transparent huge pages on large blocks, and where the kernel
+    compacts memory to find them, first writes ran 6x slower: a restart's
+    storage read into a fresh pool paid that on every page.)"""
     if device.type != "cpu":
         return torch.zeros(tuple(shape), dtype=dtype, device=device)
-    import numpy
-
     numel = 1
     for n in shape:
         numel *= n
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(numpy.zeros(nbytes, dtype=numpy.uint8)).view(dtype).view(tuple(shape))
+    memory = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # the tensor keeps it alive
+    return torch.frombuffer(memory, dtype=torch.uint8)[:nbytes].view(dtype).view(tuple(shape))
 
 
 class KVPool:
