@@ -19,14 +19,25 @@ get equal hashes and a router can rebuild the tree from ``token_ids`` and
 leaf, a split, a node leaving, a reset): it keeps the hash at each node's end
 (one int per node) and queues the events; `drain` hands them over.
 Moving a node between the device and the host tier is not an event: the
-prefix stays cached. Torch-free.
+prefix stays cached.
+
+The storage tier (radixrt/scheduler/storage_tier.py) announces the blocks it
+writes, and those its quota evicts, through the same recorder: events whose
+``medium`` is ``STORAGE:<store>`` (`storage_medium`; the store's label is the
+same on every server sharing that store) and whose blocks are the store's
+(``block_size`` its ``--hicache-storage-block-tokens``), chained the same way.
+A router then knows which prefixes a worker can read back from storage, and
+which workers share a store. Torch-free; `KVEventRecorder` may be told of
+storage blocks from the storage tier's writer thread.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 import time
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Hashable, Optional, Union
 
 import msgspec
@@ -67,7 +78,11 @@ class KVEventBatch(EventBatch):
     events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
 
 
-def _chain(parent: int, tokens: list[int]) -> int:
+STORAGE_MEDIUM_PREFIX = "STORAGE:"
+
+
+def chain_hash(parent: int, tokens: Sequence[int]) -> int:
+    """The hash of a block of ``tokens`` after the block hashed ``parent``."""
     h = hashlib.blake2b(struct.pack(f"<Q{len(tokens)}q", parent, *tokens), digest_size=8)
     return int.from_bytes(h.digest(), "little")
 
@@ -76,6 +91,21 @@ def namespace_seed(namespace: Hashable) -> int:
     """The hash a namespace's first block chains to."""
     tag = b"default" if namespace is None else b"ns:" + str(namespace).encode()
     return int.from_bytes(hashlib.blake2b(tag, digest_size=8).digest(), "little")
+
+
+def block_hashes(namespace: Hashable, ids: Sequence[int], block_size: int) -> Iterable[int]:
+    """The hashes of the whole blocks of ``ids`` in ``namespace``, lazily (a
+    caller that stops early computes no more)."""
+    parent = namespace_seed(namespace)
+    for i in range(0, len(ids) - block_size + 1, block_size):
+        parent = chain_hash(parent, ids[i : i + block_size])
+        yield parent
+
+
+def storage_medium(location: str) -> str:
+    """The ``medium`` of a store's events: the same for every server that
+    names the store by the same ``location``."""
+    return STORAGE_MEDIUM_PREFIX + hashlib.blake2b(location.encode(), digest_size=6).hexdigest()
 
 
 class KVEventRecorder:
@@ -88,6 +118,7 @@ class KVEventRecorder:
         self.max_pending = max_pending
         self._end_hash: dict[int, int] = {}  # node id -> the hash of its last block
         self._pending: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]] = []
+        self._lock = threading.Lock()  # the storage tier's writer thread pushes too
         self.dropped = 0  # events lost to max_pending
 
     # -- what the tree calls --------------------------------------------------------
@@ -113,12 +144,22 @@ class KVEventRecorder:
         self._end_hash.clear()
         self._push(AllBlocksCleared())
 
+    # -- what the storage tier calls --------------------------------------------------
+    def on_storage_block(self, block_hash: int, parent: Optional[int], tokens: list[int], medium: str) -> None:
+        """A block of ``tokens`` (hash ``block_hash``, after the block hashed
+        ``parent``; None at a sequence's start) was written to the store ``medium``."""
+        self._push(BlockStored([block_hash], parent, tokens, len(tokens), None, medium))
+
+    def on_storage_removed(self, hashes: list[int], medium: str) -> None:
+        self._push(BlockRemoved(hashes, medium))
+
     # -- the consumer's side --------------------------------------------------------
     def drain(self) -> Optional[KVEventBatch]:
         """The events since the last call, as one batch (None when there are none)."""
-        if not self._pending:
-            return None
-        events, self._pending = self._pending, []
+        with self._lock:
+            if not self._pending:
+                return None
+            events, self._pending = self._pending, []
         return KVEventBatch(ts=time.time(), events=events)
 
     # -- helpers --------------------------------------------------------------------
@@ -132,15 +173,16 @@ class KVEventRecorder:
         P = self.page_size
         out = []
         for i in range(0, len(tokens), P):
-            parent = _chain(parent, tokens[i : i + P])
+            parent = chain_hash(parent, tokens[i : i + P])
             out.append(parent)
         return out
 
     def _push(self, event: Union[BlockStored, BlockRemoved, AllBlocksCleared]) -> None:
-        self._pending.append(event)
-        if len(self._pending) > self.max_pending:
-            del self._pending[0]
-            self.dropped += 1
+        with self._lock:
+            self._pending.append(event)
+            if len(self._pending) > self.max_pending:
+                del self._pending[0]
+                self.dropped += 1
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:

@@ -28,7 +28,7 @@ import struct
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 MAGIC = b"RXKVBLK1"
 HEADER = struct.Struct("<8s16s16sQI")  # magic, identity digest, key, payload length, CRC-32 of the payload
@@ -111,12 +111,18 @@ class KVStore(ABC):
     threads call it; the scheduler's own thread only calls `known`.
 
     Counters (`stats`): blocks written, hits, misses, corrupt blocks refused,
-    blocks evicted by a quota, bytes held."""
+    blocks evicted by a quota, bytes held.
+
+    ``location`` names the store the same way on every server that shares it
+    (the KV events' storage medium); ``on_evict``, when set, is called with
+    each key the store drops to keep its quota (on the writer's thread)."""
 
     name = "store"
+    location = ""
 
     def __init__(self, identity: StoreIdentity) -> None:
         self.identity = identity
+        self.on_evict: Optional[Callable[[bytes], None]] = None
         self.written = 0
         self.hits = 0
         self.misses = 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import uuid
 from collections import OrderedDict
@@ -44,6 +45,7 @@ class FileKVStore(KVStore):
     def __init__(self, root: str | os.PathLike, identity: StoreIdentity, quota_bytes: int) -> None:
         super().__init__(identity)
         self.root = Path(root).expanduser()
+        self.location = f"file://{socket.gethostname()}{self.root.resolve()}"
         self.blocks = self.root / "blocks"
         self.quota_bytes = int(quota_bytes)
         self._lock = threading.Lock()
@@ -167,6 +169,8 @@ class FileKVStore(KVStore):
                 self._bytes -= size
             self._path(key).unlink(missing_ok=True)
             self.evicted += 1
+            if self.on_evict is not None:
+                self.on_evict(key)
 
     def _forget(self, key: bytes) -> None:
         with self._lock:

@@ -36,7 +36,7 @@ class RedisKVStore(KVStore):
             import redis
         except ImportError:
             raise RuntimeError("--hicache-storage-backend redis needs the redis client: pip install redis") from None
-        self.url = url
+        self.url = self.location = url
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._errors = (redis.RedisError, OSError)
         self._prefix = b"radixrt:kv:" + identity.digest.hex().encode() + b":"

@@ -21,23 +21,38 @@ numbers: the set is cleared and the worker waits for the next
 again if at 0) or its connection drops (`disconnected`: cleared, not live).
 The policy uses the events only while the workers it chooses among are live.
 
-Memory: at most ``max_blocks`` hashes per worker; past that the oldest stored
-go first (the index then under-counts, never over-counts, that worker).
+Storage. Events whose medium is ``STORAGE:<store>`` (radixrt/memory/kv_events.py)
+describe a worker's storage tier: they go into a set per store, shared by
+every worker that announces that store (a shared Redis), not into the
+worker's own set, and a flush leaves them. A worker's match is the longer of
+its own prefix and its stores'. A store's set is a hint: a block evicted by
+Redis itself, or written before the router started, is not known.
+
+Memory: at most ``max_blocks`` hashes per worker and per store; past that the
+oldest stored go first (the index then under-counts, never over-counts).
 Thread-safe: the subscriber thread writes, the router's event loop reads.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from radixrt.memory.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, namespace_seed
+from radixrt.memory.kv_events import (
+    STORAGE_MEDIUM_PREFIX,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    block_hashes,
+    chain_hash,
+)
+
+__all__ = ["KVEventIndex", "TokenKey", "WorkerBlocks", "block_hashes", "chain_hash"]
 
 DEFAULT_MAX_BLOCKS = 2**20
 
@@ -48,22 +63,6 @@ class TokenKey(NamedTuple):
 
     namespace: Optional[str]
     ids: tuple[int, ...]
-
-
-def chain_hash(parent: int, tokens: Sequence[int]) -> int:
-    """The hash of a block of ``tokens`` after the block hashed ``parent``
-    (the worker's `radixrt.memory.kv_events` chain, byte for byte)."""
-    h = hashlib.blake2b(struct.pack(f"<Q{len(tokens)}q", parent, *tokens), digest_size=8)
-    return int.from_bytes(h.digest(), "little")
-
-
-def block_hashes(namespace: Hashable, ids: Sequence[int], block_size: int) -> Iterable[int]:
-    """The hashes of the whole blocks of ``ids`` in ``namespace``, lazily (a
-    caller that stops early computes no more)."""
-    parent = namespace_seed(namespace)
-    for i in range(0, len(ids) - block_size + 1, block_size):
-        parent = chain_hash(parent, ids[i : i + block_size])
-        yield parent
 
 
 @dataclass
@@ -80,9 +79,18 @@ class WorkerBlocks:
     restarts: int = 0  # the sequence numbers started again
     overflow: int = 0  # hashes dropped past max_blocks
     last_event: Optional[float] = None  # time.monotonic() of the last batch
+    stores: set[str] = field(default_factory=set)  # the storage media it announced
 
     def clear(self) -> None:
         self.blocks.clear()
+
+
+@dataclass
+class StoreBlocks:
+    """The blocks one store holds, as its workers announced them."""
+
+    blocks: "OrderedDict[int, None]" = field(default_factory=OrderedDict)
+    block_size: Optional[int] = None
 
 
 class KVEventIndex:
@@ -93,6 +101,7 @@ class KVEventIndex:
             raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
         self.max_blocks = max_blocks
         self._workers: dict[str, WorkerBlocks] = {}
+        self._stores: dict[str, StoreBlocks] = {}
         self._lock = threading.Lock()
 
     def _get(self, worker: str) -> WorkerBlocks:
@@ -124,17 +133,22 @@ class KVEventIndex:
                 self._apply_event(w, event)
 
     def _apply_event(self, w: WorkerBlocks, event: Any) -> None:
+        medium = getattr(event, "medium", None)
+        target: Any = w
+        if isinstance(medium, str) and medium.startswith(STORAGE_MEDIUM_PREFIX):
+            w.stores.add(medium)
+            target = self._stores.setdefault(medium, StoreBlocks())
         if isinstance(event, BlockStored):
-            w.block_size = event.block_size
+            target.block_size = event.block_size
             for h in event.block_hashes:
-                w.blocks[h] = None
-                w.blocks.move_to_end(h)
-            while len(w.blocks) > self.max_blocks:
-                w.blocks.popitem(last=False)
+                target.blocks[h] = None
+                target.blocks.move_to_end(h)
+            while len(target.blocks) > self.max_blocks:
+                target.blocks.popitem(last=False)
                 w.overflow += 1
         elif isinstance(event, BlockRemoved):
             for h in event.block_hashes:
-                w.blocks.pop(h, None)
+                target.blocks.pop(h, None)
         elif isinstance(event, AllBlocksCleared):
             w.clear()
             w.synced = True
@@ -209,7 +223,23 @@ class KVEventIndex:
                         break
                     for u in alive:
                         out[u] = (i + 1) * size
+            stored = {m: self._store_match(m, key) for s in states if s is not None for m in s.stores}
+            for u, s in zip(workers, states):
+                for m in s.stores if s is not None else ():
+                    out[u] = max(out[u], stored[m])
             return out
+
+    def _store_match(self, medium: str, key: TokenKey) -> int:
+        """Leading tokens of ``key`` the store ``medium`` holds (whole blocks)."""
+        store = self._stores[medium]
+        if not store.block_size:
+            return 0
+        n = 0
+        for h in block_hashes(key.namespace, key.ids, store.block_size):
+            if h not in store.blocks:
+                break
+            n += 1
+        return n * store.block_size
 
     def held_tokens(self, worker: str) -> int:
         """Tokens ``worker`` holds per its events (blocks x block size)."""
@@ -233,6 +263,7 @@ class KVEventIndex:
                     "restarts": w.restarts,
                     "overflow": w.overflow,
                     "last_event_age_s": None if w.last_event is None else round(now - w.last_event, 3),
+                    "stores": {m: len(self._stores[m].blocks) for m in sorted(w.stores)},
                 }
                 for u, w in self._workers.items()
             }

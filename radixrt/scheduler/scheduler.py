@@ -164,6 +164,8 @@ class Scheduler:
         self.kv_events = build_kv_events(
             config.kv_events.events, self.kv.tree, config.cache.page_size, config.execution.device
         )
+        if self.storage is not None and self.kv_events is not None:  # storage blocks are announced too
+            self.storage.events = self.kv_events.recorder
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
 

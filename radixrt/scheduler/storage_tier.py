@@ -36,6 +36,7 @@ import logging
 import queue
 import threading
 import warnings
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional
@@ -44,6 +45,7 @@ import torch
 
 from radixrt.memory.host_pool import HostKVPool
 from radixrt.memory.host_radix_cache import HostRadixCache
+from radixrt.memory.kv_events import KVEventRecorder, block_hashes, storage_medium
 from radixrt.memory.kv_store import KVStore, StoreIdentity, block_keys
 from radixrt.memory.radix_node import TreeNode
 from radixrt.scheduler.request import Req
@@ -51,6 +53,7 @@ from radixrt.scheduler.request import Req
 logger = logging.getLogger(__name__)
 
 WRITE_QUEUE_BLOCKS = 4096  # blocks waiting for the writer; beyond it new blocks are skipped (counted)
+MAX_ANNOUNCED = 1 << 20  # blocks whose KV event hash is kept (to announce their eviction)
 
 
 @dataclass(eq=False)
@@ -86,6 +89,13 @@ class StorageTier:
         self.loaded_tokens = 0  # tokens read from storage into the host tier
         self.skipped_blocks = 0  # writes dropped because the writer was behind
         tree.on_cached = self.on_cached
+        # KV events (set by the scheduler when they are published): each block written is announced
+        # with the store's medium, each block the quota evicts removed (radixrt/memory/kv_events.py)
+        self.events: Optional[KVEventRecorder] = None
+        self.medium = storage_medium(f"{store.location}#{self.identity.digest.hex()}")
+        self._announce: dict[bytes, tuple[int, Optional[int], list[int]]] = {}  # queued key -> its event
+        self._announced: "OrderedDict[bytes, int]" = OrderedDict()  # written key -> its event hash
+        store.on_evict = self._on_evict
 
     # ------------------------------------------------------------------ writes
     def on_cached(self, namespace: Hashable, leaf: TreeNode, computed: bool) -> None:
@@ -107,6 +117,10 @@ class StorageTier:
         slots = [s for j in todo for s in slots_path[j * B : (j + 1) * B]]
         todo_keys = [keys[j] for j in todo]
         self._queued.update(todo_keys)
+        if self.events is not None:
+            hashes = list(block_hashes(namespace, keys_path[: (todo[-1] + 1) * B], B))
+            for j, key in zip(todo, todo_keys):
+                self._announce[key] = (hashes[j], hashes[j - 1] if j else None, keys_path[j * B : (j + 1) * B])
         self.tree.host.transfers.store(slots, lambda rows: self._deliver(todo_keys, rows), after_forward=not computed)
 
     def holds(self, node: TreeNode) -> bool:
@@ -133,14 +147,30 @@ class StorageTier:
                 if item is None:
                     return
                 key, payload = item
+                event = self._announce.pop(key, None)
                 try:
                     self.store.put(key, payload)
+                    if event is not None and self.events is not None:
+                        self._announced_write(key, event)
                 except OSError as e:
                     logger.warning("KV store: writing block %s failed: %s", key.hex(), e)
                 finally:
                     self._queued.discard(key)
             finally:
                 self._writes.task_done()
+
+    def _announced_write(self, key: bytes, event: tuple[int, Optional[int], list[int]]) -> None:
+        assert self.events is not None
+        self.events.on_storage_block(*event, self.medium)
+        self._announced[key] = event[0]
+        if len(self._announced) > MAX_ANNOUNCED:
+            self._announced.popitem(last=False)
+
+    def _on_evict(self, key: bytes) -> None:
+        """The store dropped ``key`` for its quota (the writer's thread)."""
+        h = self._announced.pop(key, None)
+        if h is not None and self.events is not None:
+            self.events.on_storage_removed([h], self.medium)
 
     # ------------------------------------------------------------------- reads
     def hold(self, req: Req) -> bool:

@@ -158,3 +158,50 @@ def test_kill_9_during_writes_then_a_restarted_server_serves_every_request(tiny_
         assert 'radixrt_storage_blocks_total{event="hit"' in metrics
     finally:
         second.cleanup()
+
+
+def test_stored_blocks_are_announced_as_kv_events_a_router_follows(tiny_llama, tmp_path: Path) -> None:
+    """With KV events on, each block the storage tier writes is published (medium
+    ``STORAGE:<store>``, the store's block size, the router's hash chain), and a
+    router's index following the events counts it for the worker."""
+    import json
+
+    import zmq
+
+    from radixrt.memory.kv_events import (
+        STORAGE_MEDIUM_PREFIX,
+        AllBlocksCleared,
+        BlockStored,
+        KVEventBatch,
+        decode_batch,
+    )
+    from radixrt.router.kv_event_index import KVEventIndex, TokenKey, block_hashes
+    from radixrt.server.local import free_port
+
+    port = free_port()
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    prompt = _prompt(100)
+    try:
+        with _engine(tiny_llama, hicache_storage_dir=str(tmp_path), kv_events_config=json.dumps(cfg)) as engine:
+            time.sleep(0.5)  # the subscription reaches the publisher
+            engine.generate(prompt, GREEDY)
+            ids = engine.tokenizer.encode(prompt)
+            index, stored, deadline = KVEventIndex(), [], time.monotonic() + 30
+            while len(stored) < len(ids) // 64 and time.monotonic() < deadline:
+                if sub.poll(200):
+                    _, seq, payload = sub.recv_multipart()
+                    batch = decode_batch(payload)
+                    index.apply("w", int.from_bytes(seq, "big"), batch)
+                    stored += [e for e in batch.events if isinstance(e, BlockStored) and e.block_size == 64]
+                    engine.generate("x", {"max_new_tokens": 1})  # a step, so that the next batch is sent
+    finally:
+        sub.close(linger=0)
+    assert stored and all(e.medium.startswith(STORAGE_MEDIUM_PREFIX) for e in stored)
+    assert [h for e in stored for h in e.block_hashes] == list(block_hashes(None, ids, 64))
+    assert index.match_tokens(["w"], TokenKey(None, tuple(ids))) == {"w": len(ids)}  # its device tree
+    assert index.stats()["w"]["stores"] == {stored[0].medium: len(ids) // 64}
+    index.apply("w", index.next_seq("w"), KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))  # a flush
+    assert index.match_tokens(["w"], TokenKey(None, tuple(ids))) == {"w": len(ids) // 64 * 64}  # the store's

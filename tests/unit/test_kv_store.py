@@ -78,12 +78,14 @@ def test_file_store_refuses_another_model_dtype_or_layout(tmp_path: Path) -> Non
 def test_file_store_quota_evicts_least_recently_used(tmp_path: Path) -> None:
     frame_bytes = len(frame(IDENTITY, b"\0" * 16, payload(0)))
     store = FileKVStore(tmp_path, IDENTITY, quota_bytes=3 * frame_bytes)
+    evicted: list[bytes] = []
+    store.on_evict = evicted.append  # the storage tier announces these as removed (KV events)
     keys = block_keys(IDENTITY, None, list(range(16)), 4)
     for i, k in enumerate(keys[:3]):
         store.put(k, payload(i))
     assert store.get(keys[0]) is not None  # keys[1] is now the least recently used
     store.put(keys[3], payload(3))
-    assert store.evicted == 1 and store.size_bytes() <= 3 * frame_bytes
+    assert store.evicted == 1 and evicted == [keys[1]] and store.size_bytes() <= 3 * frame_bytes
     assert not store.contains(keys[1]) and all(store.contains(k) for k in (keys[0], keys[2], keys[3]))
 
 

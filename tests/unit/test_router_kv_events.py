@@ -321,3 +321,26 @@ def test_a_worker_added_at_run_time_is_followed_on_the_workers_ports():
     finally:
         routing.stop()
         events.close()
+
+
+def test_storage_blocks_count_for_every_worker_sharing_the_store():
+    """Blocks a worker's storage tier announces (medium STORAGE:<store>) count for
+    every worker that announced the same store, survive a flush of the workers'
+    caches, and go when the store evicts them."""
+    from radixrt.memory.kv_events import storage_medium
+
+    store, other = storage_medium("redis://shared:6379/0#m"), storage_medium("file://a/kv#m")
+    ids = list(range(100, 164))
+    idx = KVEventIndex()
+    disk = BlockStored(list(block_hashes(None, ids, 16)), None, ids, 16, None, store)
+    idx.apply(A, 0, batch(disk, BlockStored([], None, [], 16, None, other)))
+    idx.apply(B, 0, batch(BlockStored([], None, [], 16, None, store)))  # B uses the same store
+    idx.apply(C := "http://c", 0, batch(stored(ids[:8])))  # C holds 8 tokens on its device, no store
+    key = TokenKey(None, tuple(ids + [1, 2]))
+    assert idx.match_tokens([A, B, C], key) == {A: 64, B: 64, C: 8}
+    assert idx.held_tokens(A) == 0  # a worker's own set is its device tree only
+    idx.apply(A, 1, batch(AllBlocksCleared()))  # a flush empties caches, not stores
+    assert idx.match_tokens([A, B], key) == {A: 64, B: 64}
+    idx.apply(B, 1, batch(BlockRemoved([disk.block_hashes[2]], store)))  # the store evicted the third block
+    assert idx.match_tokens([A, B], key) == {A: 32, B: 32}
+    assert idx.stats()[A]["stores"] == {other: 0, store: 3}
