@@ -120,3 +120,49 @@ def test_greedy_picks_the_first_maximum() -> None:
     params = SamplingParams.from_dict({"temperature": 0})
     rows = [SamplingRow(params, i, [], [1]) for i in range(4)]
     assert Sampler(4, []).sample(x, rows).token_ids == [1, 0, 0, 2]
+
+
+def test_plain_configs_are_read_without_transformers_and_give_the_same_config(tmp_path):
+    """config.json read as JSON (no transformers import at start-up) gives the
+    same `ModelConfig` as transformers' AutoConfig; scaled RoPE or a missing
+    field goes through AutoConfig."""
+    import json
+
+    from transformers import AutoConfig
+
+    from radixrt.executor.models.config import ModelConfig, PlainHFConfig
+
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 256,
+        "eos_token_id": 2,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    plain = ModelConfig.from_pretrained(str(tmp_path))
+    assert isinstance(plain.hf_config, PlainHFConfig)
+    reference = ModelConfig.from_hf_config(AutoConfig.from_pretrained(str(tmp_path)))
+    strip = lambda c: {k: v for k, v in vars(c).items() if k != "hf_config"}  # noqa: E731
+    assert strip(plain) == strip(reference)
+    from radixrt.executor.models.rope import RotaryEmbedding
+
+    a, b = RotaryEmbedding(plain.hf_config, 16), RotaryEmbedding(reference.hf_config, 16)
+    assert torch.equal(a.inv_freq, b.inv_freq) and a.attention_scaling == b.attention_scaling
+    for change in (
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+        {"eos_token_id": None},
+    ):
+        other = {**raw, **change}
+        if change.get("eos_token_id", 0) is None:
+            del other["eos_token_id"]
+        (tmp_path / "config.json").write_text(json.dumps(other))
+        assert PlainHFConfig.read(str(tmp_path / "config.json")) is None

@@ -58,13 +58,17 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
-        """Read ``path/config.json`` (and ``generation_config.json`` for extra eos ids)."""
-        from transformers import AutoConfig
-
+        """Read ``path/config.json`` (and ``generation_config.json`` for extra eos ids).
+        A plain config (`PlainHFConfig.read`) is read as JSON; any other through
+        transformers' ``AutoConfig`` (whose import costs about 2 s of start-up)."""
         path = str(path)
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path!r} is not a model folder: it has no config.json")
-        hf_config = AutoConfig.from_pretrained(path)
+        hf_config: Any = PlainHFConfig.read(os.path.join(path, "config.json"))
+        if hf_config is None:
+            from transformers import AutoConfig
+
+            hf_config = AutoConfig.from_pretrained(path)
         extra_eos: list[int] = []
         gen_path = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen_path):
@@ -120,3 +124,43 @@ class ModelConfig:
             sliding_window=int(sliding_window) if sliding_window else None,
             hf_config=hf_config,
         )
+
+
+class PlainHFConfig:
+    """A checkpoint's ``config.json`` as attributes, for the configs that need
+    nothing from transformers' config classes: a supported ``model_type``,
+    every size given, and rotary embeddings of the default type. Anything else
+    (scaled RoPE, missing fields that transformers would default) goes through
+    ``AutoConfig``, so both give the model the same numbers."""
+
+    REQUIRED = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "rms_norm_eps",
+        "max_position_embeddings",
+    )
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self._raw = raw
+        self.__dict__.update(raw)
+
+    @classmethod
+    def read(cls, config_json: str) -> Optional["PlainHFConfig"]:
+        with open(config_json, encoding="utf-8") as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict) or raw.get("model_type") not in _BY_MODEL_TYPE:
+            return None
+        if any(raw.get(k) is None for k in cls.REQUIRED) or "eos_token_id" not in raw:
+            return None  # transformers' classes would fill in defaults (LlamaConfig's eos_token_id is 2)
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
+            return None
+        if not (set(rope) <= {"rope_type", "type", "rope_theta"}):
+            return None
+        return cls(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._raw)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 from glob import glob
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -141,6 +142,25 @@ def load_weights(model: LlamaForCausalLM, path: str) -> None:
         raise ValueError(f"cannot load {path} as {cfg.architecture}: " + "; ".join(problems))
 
 
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Build modules without initialising their weights (the checkpoint's
+    replace them): ``torch.nn.init``'s functions do nothing inside. On the meta
+    device they would still run torch's reference ops, whose first use imports
+    ``torch._dynamo`` (about 1.5 s of start-up). The functions are swapped
+    process-wide for the construction: nothing else may build modules meanwhile
+    (start-up builds one model at a time)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "zeros_", "ones_")
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.nn.init, n, f)
+
+
 def load_model(
     path: str,
     dtype: Union[str, torch.dtype, None] = "auto",
@@ -157,7 +177,7 @@ def load_model(
     path = resolve_model_path(path)
     cfg = ModelConfig.from_pretrained(path)
     torch_dtype = resolve_dtype(dtype, device)
-    with torch.device("meta"):
+    with torch.device("meta"), _no_weight_init():
         model = LlamaForCausalLM(cfg)
     model = model.to(dtype=torch_dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:  # to_empty keeps the sharing, but make it explicit

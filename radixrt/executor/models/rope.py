@@ -25,6 +25,12 @@ import torch
 _LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
+def _init_functions() -> dict[str, Callable[..., tuple[torch.Tensor, float]]]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return ROPE_INIT_FUNCTIONS
+
+
 def _rope_parameters(hf_config: Any) -> dict:
     params = getattr(hf_config, "rope_parameters", None)
     if params is None:  # transformers 4.x style
@@ -40,27 +46,24 @@ class RotaryEmbedding:
     """cos/sin tables for positions; `apply` rotates q and k ([T, heads, head_dim])."""
 
     def __init__(self, hf_config: Any, head_dim: int) -> None:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
         self.hf_config = hf_config
         self.head_dim = head_dim
         params = _rope_parameters(hf_config)
         self.rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         self.max_position_embeddings = int(hf_config.max_position_embeddings)
-        self._init_fn: Optional[Callable[..., tuple[torch.Tensor, float]]]
-        if self.rope_type in ROPE_INIT_FUNCTIONS:
-            self._init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]
-            inv_freq, scaling = self._init_fn(hf_config, None)
-        elif self.rope_type == "default":
-            self._init_fn = None
+        self._init_fn: Optional[Callable[..., tuple[torch.Tensor, float]]] = None
+        if self.rope_type == "default":  # transformers' default, without importing it
             base = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
-            dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+            partial = float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)))
+            dim = int(head_dim * partial)
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             scaling = 1.0
+        elif self.rope_type in _init_functions():
+            self._init_fn = _init_functions()[self.rope_type]
+            inv_freq, scaling = self._init_fn(hf_config, None)
         else:
             raise ValueError(
-                f"unsupported rope_type {self.rope_type!r}; "
-                f"supported: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}"
+                f"unsupported rope_type {self.rope_type!r}; supported: default, {', '.join(sorted(_init_functions()))}"
             )
         self.inv_freq = inv_freq.float().cpu()
         self.attention_scaling = float(scaling)
