@@ -67,11 +67,17 @@ class KVEvents:
         self.socket.close(linger=0)
 
 
-def build_kv_events(events: Optional[KVEventsConfig], tree: Any, page_size: int, device: str) -> Optional[KVEvents]:
-    """The publisher when events are configured and the cache keeps prefixes, else None."""
+def build_kv_events(
+    events: Optional[KVEventsConfig], tree: Any, page_size: int, device: str, storage: Any = None
+) -> Optional[KVEvents]:
+    """The publisher when events are configured and the cache keeps prefixes, else
+    None. A ``storage`` tier (storage_tier.py) announces its blocks through it too."""
     if events is None:
         return None
     if not hasattr(tree, "add_node_observer"):
         logger.warning("KV events are configured but the radix cache is off: nothing to publish")
         return None
-    return KVEvents(events, tree, page_size, "GPU" if device.startswith("cuda") else "CPU")
+    published = KVEvents(events, tree, page_size, "GPU" if device.startswith("cuda") else "CPU")
+    if storage is not None:
+        storage.events = published.recorder
+    return published

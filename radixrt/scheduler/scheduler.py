@@ -162,10 +162,8 @@ class Scheduler:
         )
         self.results.beams = self.beams
         self.kv_events = build_kv_events(
-            config.kv_events.events, self.kv.tree, config.cache.page_size, config.execution.device
+            config.kv_events.events, self.kv.tree, config.cache.page_size, config.execution.device, self.storage
         )
-        if self.storage is not None and self.kv_events is not None:  # storage blocks are announced too
-            self.storage.events = self.kv_events.recorder
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
 
