@@ -46,16 +46,18 @@ def test_the_page_is_served_and_its_data_needs_the_admin_key(srv):
     assert r.status_code == 400 and "max_nodes" in r.text
 
 
-def test_a_forked_program_shows_its_shared_node_and_paths(srv):
-    @rt.function
-    def triage(s, ticket):
-        s += rt.system(SYSTEM)
-        s += rt.user(ticket)
-        forks = s.fork(3)
-        for f in forks:
-            f += rt.assistant(rt.gen("draft", max_tokens=4, temperature=0))
-        forks.join()
+@rt.function
+def triage(s, ticket, draft_tokens=4):
+    """A shared system prompt, one ticket, three forked drafts."""
+    s += rt.system(SYSTEM)
+    s += rt.user(ticket)
+    forks = s.fork(3)
+    for f in forks:
+        f += rt.assistant(rt.gen("draft", max_tokens=draft_tokens, ignore_eos=draft_tokens > 4, temperature=0))
+    forks.join()
 
+
+def test_a_forked_program_shows_its_shared_node_and_paths(srv):
     backend = rt.RuntimeEndpoint(srv.url, api_key=KEY)
     triage.run_batch([{"ticket": "My invoice is wrong."}, {"ticket": "The app crashes."}], backend=backend)
     # a long request runs while the snapshot is taken: its cached path is reported
@@ -184,17 +186,9 @@ def test_a_real_browser_shows_the_shared_node_and_highlights_a_forked_requests_p
     the point where its prompt left the cached path outlined. Decoded text needs the key."""
     driver = _driver()
 
-    @rt.function
-    def triage(s, ticket):
-        s += rt.system(SYSTEM)
-        s += rt.user(ticket)
-        forks = s.fork(3)
-        for f in forks:
-            f += rt.assistant(rt.gen("draft", max_tokens=6000, ignore_eos=True, temperature=0))
-        forks.join()
-
     backend = rt.RuntimeEndpoint(srv.url, api_key=KEY)
-    program = threading.Thread(target=lambda: _quietly(triage.run, ticket="My invoice is wrong.", backend=backend))
+    long_drafts = dict(ticket="My invoice is wrong.", draft_tokens=6000, backend=backend)
+    program = threading.Thread(target=lambda: _quietly(triage.run, **long_drafts))
     program.start()
     try:
         driver.get(f"{srv.url}/dashboard#key={ADMIN}&text=1&depth=16&nodes=500&rate=10")
