@@ -162,6 +162,15 @@ def check_grammar(key: Optional[GrammarKey], limits: Optional[GrammarLimits] = N
         raise ValueError(f"sampling parameter '{key[0]}' is invalid: {_clean_error(e)}") from None
 
 
+def warm_grammar_checker() -> None:
+    """Import xgrammar (and the torch it loads) and parse one grammar, so that
+    the first request with a grammar does not pay for it: the import loads
+    shared libraries while holding the GIL, which stalls an HTTP process's
+    event loop for hundreds of milliseconds even from a worker thread.
+    Servers call it while starting, before they accept requests."""
+    check_grammar(("regex", "[a-z]+"))
+
+
 def bitmask_width(vocab_size: int) -> int:
     """int32 words per bitmask row."""
     return (vocab_size + 31) // 32

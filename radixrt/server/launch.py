@@ -148,6 +148,9 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
         from radixrt.requests.tokenizer_utils import load_tokenizer
 
         tokenizer = load_tokenizer(resolved)
+        from radixrt.sampling.grammar import warm_grammar_checker
+
+        warm_grammar_checker()  # while the scheduler loads the model, not on the first request
         try:
             _wait_ready(children, sargs.startup_timeout)
         except RuntimeError as e:
