@@ -15,8 +15,11 @@ the build or the self-check fails, `load` logs one warning and returns None,
 and the caller keeps the torch path. ``RADIXRT_NATIVE_DECODE=0`` turns the
 kernel off.
 
-Only plain float32 caches on the CPU take this path (`supports`); quantized
-caches, other dtypes and CUDA tensors keep theirs. A large batch (long
+Plain float32 and bfloat16 caches on the CPU take this path (`supports`);
+with a bfloat16 cache the query goes in as float32, each K/V element is
+widened as it is read, and the float32 result is rounded back to bfloat16
+(SDPA's bfloat16 path also accumulates in float32). Quantized caches, other
+dtypes and CUDA tensors keep their paths. A large batch (long
 contexts) is split by requests over OpenMP threads, in the runtime torch has
 already loaded (as kernels/quant_linear_cpu.py explains), so the pool is
 torch's own ``torch.get_num_threads()`` threads; a small one runs on the
@@ -42,6 +45,7 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11", "-f
 # object, which sets flush-to-zero for the whole process when it is loaded
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
 DISABLE_ENV = "RADIXRT_NATIVE_DECODE"
+KV_DTYPES = (torch.float32, torch.bfloat16)  # pools the kernel reads (the query and output are float32)
 # query-head x slot pairs of one call below which it runs on one thread (about 1 ms of work)
 PARALLEL_MIN_PAIRS = 1 << 18
 
@@ -52,19 +56,20 @@ class NativeDecode:
     def __init__(self, path: Path) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
-        fn = lib.radixrt_paged_decode_f32
-        fn.restype = ctypes.c_int
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64]
-        self._fn = fn  # ctypes releases the GIL for the call
+        self._fns = {}  # by the pool's dtype; ctypes releases the GIL for the call
+        for dtype, fn in ((torch.float32, lib.radixrt_paged_decode_f32), (torch.bfloat16, lib.radixrt_paged_decode_bf16)):
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64]
+            self._fns[dtype] = fn
 
     @staticmethod
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         """Whether `forward` takes these operands (else use the torch path)."""
         return (
             q.device.type == "cpu"
-            and q.dtype == torch.float32
-            and k_cache.dtype == torch.float32
+            and k_cache.dtype in KV_DTYPES
+            and q.dtype == k_cache.dtype
             and q.shape[-1] % 8 == 0
         )
 
@@ -85,7 +90,10 @@ class NativeDecode:
         does not check them). Nothing is mutated but the returned tensor.
         """
         b, hq, d = q.shape
-        if q.stride(2) != 1 or q.stride(1) != d:  # rows may be apart (a view of the fused projection)
+        out_dtype = q.dtype
+        if q.dtype != torch.float32:
+            q = q.float()
+        elif q.stride(2) != 1 or q.stride(1) != d:  # rows may be apart (a view of the fused projection)
             q = q.contiguous()
         hkv, max_kv = k_cache.shape[1], table.shape[1]
         assert k_cache.is_contiguous() and v_cache.is_contiguous(), "pool layers are contiguous"
@@ -93,7 +101,7 @@ class NativeDecode:
         assert table.shape[0] == b == lens.shape[0] and hq % hkv == 0
         out = q.new_empty((b, hq, d))
 
-        code = self._fn(
+        code = self._fns[k_cache.dtype](
             q.data_ptr(),
             q.stride(0),
             k_cache.data_ptr(),
@@ -111,7 +119,7 @@ class NativeDecode:
         )
         if code:
             raise RuntimeError(f"paged decode kernel failed (code {code})")
-        return out
+        return out if out_dtype == torch.float32 else out.to(out_dtype)
 
 
 def load() -> Optional[NativeDecode]:
@@ -139,12 +147,14 @@ def _self_check(kernel: NativeDecode) -> None:
     q = torch.randn(2, hkv * group, d, generator=gen)
     table = torch.randperm(num_slots, generator=gen)[:14].view(2, 7).contiguous()
     lens = torch.tensor([7, 3])
-    out = kernel.forward(q, k_cache, v_cache, table, lens, d**-0.5)
-    for b in range(2):
-        slots = table[b, : int(lens[b])]
-        k = k_cache[slots].repeat_interleave(group, dim=1)  # [len, Hq, D]
-        v = v_cache[slots].repeat_interleave(group, dim=1)
-        p = (torch.einsum("hd,thd->ht", q[b], k) * d**-0.5).softmax(-1)
-        expected = torch.einsum("ht,thd->hd", p, v)
-        if not torch.allclose(out[b], expected, atol=1e-5, rtol=1e-4):
-            raise RuntimeError("self-check against dense attention failed")
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        kc, vc, qc = k_cache.to(dtype), v_cache.to(dtype), q.to(dtype)
+        out = kernel.forward(qc, kc, vc, table, lens, d**-0.5)
+        for b in range(2):
+            slots = table[b, : int(lens[b])]
+            k = kc[slots].float().repeat_interleave(group, dim=1)  # [len, Hq, D]
+            v = vc[slots].float().repeat_interleave(group, dim=1)
+            p = (torch.einsum("hd,thd->ht", qc[b].float(), k) * d**-0.5).softmax(-1)
+            expected = torch.einsum("ht,thd->hd", p, v)
+            if out.dtype != dtype or not torch.allclose(out[b].float(), expected, atol=tol, rtol=10 * tol):
+                raise RuntimeError(f"self-check against dense attention failed ({dtype})")

@@ -1,5 +1,5 @@
-"""The CPU paged decode kernel (`radixrt.kernels.cpu_decode`) against dense
-float64 attention, its build and fallbacks, and the engine's greedy tokens
+"""The CPU paged decode kernel (`radixrt.kernels.cpu_decode`, float32 and
+bfloat16 pools) against dense float64 attention, its build and fallbacks, and the engine's greedy tokens
 with the kernel and with the torch path."""
 
 from __future__ import annotations
@@ -70,6 +70,29 @@ def test_kernel_matches_dense_attention(kernel, batch, hkv, group, head_dim) -> 
     out = kernel.forward(q, k_cache, v_cache, table, lens, scale)
     assert out.shape == q.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), _dense(q, k_cache, v_cache, table, lens, scale), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch,hkv,group,head_dim", [(1, 1, 1, 8), (5, 2, 3, 16), (7, 3, 3, 64), (3, 1, 8, 128)])
+def test_bfloat16_pool_matches_dense_attention_of_its_values(kernel, batch, hkv, group, head_dim) -> None:
+    """A bfloat16 pool and query: each value is widened exactly, the sums run
+    in float32, and the output is the dense answer rounded to bfloat16."""
+    gen = torch.Generator().manual_seed(batch * 77 + head_dim)
+    num_slots, max_kv = 300, 53
+    k_cache = torch.randn(num_slots, hkv, head_dim, generator=gen).bfloat16()
+    v_cache = torch.randn(num_slots, hkv, head_dim, generator=gen).bfloat16()
+    lens = torch.randint(1, max_kv + 1, (batch,), generator=gen)
+    table = torch.stack([torch.randperm(num_slots, generator=gen)[:max_kv] for _ in range(batch)])
+    q = torch.randn(batch, hkv * group, head_dim, generator=gen).bfloat16()
+    scale = head_dim**-0.5
+    out = kernel.forward(q, k_cache, v_cache, table, lens, scale)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    expected = _dense(q, k_cache, v_cache, table, lens, scale)
+    # within one bfloat16 rounding of the float64 answer (8 bits of mantissa)
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=2**-7)
+    assert (out.double() - expected).abs().max() < 0.02
+    # an element that is not a bfloat16 pool takes the torch path instead
+    assert kernel.supports(q, k_cache) and not kernel.supports(q.float(), k_cache)
+    assert not kernel.supports(q.half(), k_cache.half())
 
 
 def test_kernel_reads_query_rows_of_a_wider_tensor(kernel) -> None:
