@@ -143,7 +143,7 @@ class EngineConfig:
             setattr(self, section, cls(**{f.name: getattr(view, f.name) for f in dataclasses.fields(cls)}))
         if self.scheduling.chunked_prefill_size < self.cache.page_size:
             raise ValueError("chunked_prefill_size must be at least page_size")
-        if self.storage.hicache_storage_block_tokens % self.cache.page_size:
+        if self.storage.block_tokens(self.cache.page_size) % self.cache.page_size:
             raise ValueError("hicache_storage_block_tokens must be a multiple of page_size")
 
     def to_flat(self) -> dict[str, Any]:

@@ -9,6 +9,9 @@ from typing import Optional
 from radixrt.config.fields import check_choice, setting
 
 STORAGE_BACKENDS = ("file", "redis")
+# small enough that the tokens recomputed after a restart (at most a block less one) cost
+# little beside the stored ones read back; each block is one file (or key) of the store
+DEFAULT_BLOCK_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -28,12 +31,23 @@ class StorageSettings:
     hicache_storage_quota_gb: float = setting(
         16.0, "the file backend's size limit in GiB; past it the least recently used blocks are deleted"
     )
-    hicache_storage_block_tokens: int = setting(
-        64, "tokens per stored block (a multiple of --page-size); only whole blocks are stored"
+    hicache_storage_block_tokens: Optional[int] = setting(
+        None,
+        "tokens per stored block (a multiple of --page-size); only whole blocks are stored, so up to "
+        "a block less one of a prefix's last tokens are recomputed after a restart; unset: "
+        f"{DEFAULT_BLOCK_TOKENS}, or the page size when that is larger",
     )
 
     def __post_init__(self) -> None:
         if self.hicache_storage_backend is not None:
             check_choice("hicache_storage_backend", self.hicache_storage_backend, STORAGE_BACKENDS)
-        if self.hicache_storage_quota_gb <= 0 or self.hicache_storage_block_tokens < 1:
-            raise ValueError("hicache_storage_quota_gb must be > 0 and hicache_storage_block_tokens >= 1")
+        if self.hicache_storage_quota_gb <= 0:
+            raise ValueError("hicache_storage_quota_gb must be > 0")
+        if self.hicache_storage_block_tokens is not None and self.hicache_storage_block_tokens < 1:
+            raise ValueError("hicache_storage_block_tokens must be >= 1")
+
+    def block_tokens(self, page_size: int) -> int:
+        """Tokens per stored block: the flag, or `DEFAULT_BLOCK_TOKENS` rounded up to whole pages."""
+        if self.hicache_storage_block_tokens is not None:
+            return self.hicache_storage_block_tokens
+        return -(-DEFAULT_BLOCK_TOKENS // page_size) * page_size

@@ -97,7 +97,7 @@ def build_storage_tier(
         model=model_fingerprint(runner.model, runner.model_config),
         kv_dtype=host.pool.kv_cache_dtype + "/" + str(host.pool.storage_dtype),
         page_size=tree.page_size,
-        block_tokens=config.hicache_storage_block_tokens,
+        block_tokens=config.block_tokens(tree.page_size),
         page_bytes=host.pool.page_bytes,
     )
     store: KVStore

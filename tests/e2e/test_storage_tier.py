@@ -15,12 +15,14 @@ import httpx
 import pytest
 
 import radixrt
+from radixrt.config.storage import DEFAULT_BLOCK_TOKENS
 from radixrt.memory.kv_store import StoreMismatchError
 from radixrt.requests.messages import RadixSnapshotReq
 from radixrt.server.local import LocalServer
 from tests.unit.test_kv_store import redis_url  # noqa: F401  (the fixture: a real redis-server)
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0}
+BLOCK = DEFAULT_BLOCK_TOKENS  # tokens per stored block (page size 1)
 
 
 def _prompt(n_words: int, tag: str = "") -> str:
@@ -41,11 +43,11 @@ def test_a_restarted_engine_reads_the_prefix_back_with_the_same_output(default_m
         after = restarted.generate(prompt, GREEDY, return_cache_info=True)
         stats = restarted.scheduler.stats()
     prompt_tokens = after["meta_info"]["prompt_tokens"]
-    stored = prompt_tokens // 64 * 64 if prompt_tokens % 64 else prompt_tokens - 64
+    stored = prompt_tokens // BLOCK * BLOCK if prompt_tokens % BLOCK else prompt_tokens - BLOCK
     assert after["text"] == before["text"] and before["meta_info"]["cached_tokens"] == 0
     assert after["meta_info"]["cached_tokens"] == stored
     assert after["meta_info"]["cache_info"]["tiers"] == {"device": 0, "host": 0, "storage": stored}
-    assert stats["cache"]["storage_hit_tokens"] == stored and stats["storage_kv"]["hit_blocks"] == stored // 64
+    assert stats["cache"]["storage_hit_tokens"] == stored and stats["storage_kv"]["hit_blocks"] == stored // BLOCK
     assert stats["storage_kv"]["corrupt_blocks"] == 0
 
 
@@ -54,7 +56,7 @@ def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -
     with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
         before = first.generate(prompt, GREEDY)
         deadline = time.monotonic() + 30
-        while first.get_stats()["storage_kv"]["written_blocks"] < 4:
+        while first.get_stats()["storage_kv"]["written_blocks"] < before["meta_info"]["prompt_tokens"] // BLOCK:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         view = first._control_call(RadixSnapshotReq(max_nodes=50)).payload
@@ -71,7 +73,7 @@ def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -
     assert after["text"] == before["text"]
     assert storage["corrupt_blocks"] >= 1
     # the read stops at the first refused block: what was served is the intact run before it
-    assert after["meta_info"]["cached_tokens"] == 64 * storage["hit_blocks"]
+    assert after["meta_info"]["cached_tokens"] == BLOCK * storage["hit_blocks"]
     assert storage["written_blocks"] >= storage["corrupt_blocks"]  # recomputed blocks are stored again, intact
 
 
@@ -84,8 +86,8 @@ def test_requests_arriving_together_after_a_restart_share_one_read(tiny_llama, t
         stats = restarted.scheduler.stats()
     assert [r["text"] for r in together] == alone
     blocks = stats["storage_kv"]["hit_blocks"]
-    assert blocks >= 4 and stats["cache"]["storage_hit_tokens"] == 64 * blocks  # read once, used by the first
-    assert all(r["meta_info"]["cached_tokens"] >= 64 * blocks for r in together)
+    assert blocks >= 4 and stats["cache"]["storage_hit_tokens"] == BLOCK * blocks  # read once, used by the first
+    assert all(r["meta_info"]["cached_tokens"] >= BLOCK * blocks for r in together)
 
 
 def test_a_store_of_another_page_size_is_refused(tiny_llama, tmp_path: Path) -> None:
@@ -145,7 +147,7 @@ def test_kill_9_during_writes_then_a_restarted_server_serves_every_request(tiny_
             body = {"text": prompts[0], "sampling_params": GREEDY, "return_cache_info": True}
             again = c.post("/generate", json=body)
             assert again.status_code == 200 and again.json()["text"] == done[prompts[0]]
-            assert again.json()["meta_info"]["cache_info"]["tiers"]["storage"] >= 64
+            assert again.json()["meta_info"]["cache_info"]["tiers"]["storage"] >= BLOCK
             for p in prompts[1:]:
                 r = c.post("/generate", json={"text": p, "sampling_params": GREEDY})
                 assert r.status_code == 200, r.text
@@ -190,18 +192,18 @@ def test_stored_blocks_are_announced_as_kv_events_a_router_follows(tiny_llama, t
             engine.generate(prompt, GREEDY)
             ids = engine.tokenizer.encode(prompt)
             index, stored, deadline = KVEventIndex(), [], time.monotonic() + 30
-            while len(stored) < len(ids) // 64 and time.monotonic() < deadline:
+            while len(stored) < len(ids) // BLOCK and time.monotonic() < deadline:
                 if sub.poll(200):
                     _, seq, payload = sub.recv_multipart()
                     batch = decode_batch(payload)
                     index.apply("w", int.from_bytes(seq, "big"), batch)
-                    stored += [e for e in batch.events if isinstance(e, BlockStored) and e.block_size == 64]
+                    stored += [e for e in batch.events if isinstance(e, BlockStored) and e.block_size == BLOCK]
                     engine.generate("x", {"max_new_tokens": 1})  # a step, so that the next batch is sent
     finally:
         sub.close(linger=0)
     assert stored and all(e.medium.startswith(STORAGE_MEDIUM_PREFIX) for e in stored)
-    assert [h for e in stored for h in e.block_hashes] == list(block_hashes(None, ids, 64))
+    assert [h for e in stored for h in e.block_hashes] == list(block_hashes(None, ids, BLOCK))
     assert index.match_tokens(["w"], TokenKey(None, tuple(ids))) == {"w": len(ids)}  # its device tree
-    assert index.stats()["w"]["stores"] == {stored[0].medium: len(ids) // 64}
+    assert index.stats()["w"]["stores"] == {stored[0].medium: len(ids) // BLOCK}
     index.apply("w", index.next_seq("w"), KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))  # a flush
-    assert index.match_tokens(["w"], TokenKey(None, tuple(ids))) == {"w": len(ids) // 64 * 64}  # the store's
+    assert index.match_tokens(["w"], TokenKey(None, tuple(ids))) == {"w": len(ids) // BLOCK * BLOCK}  # the store's
