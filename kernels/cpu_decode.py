@@ -58,7 +58,10 @@ class NativeDecode:
         lib = ctypes.CDLL(str(path))
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self._fns = {}  # by the pool's dtype; ctypes releases the GIL for the call
-        for dtype, fn in ((torch.float32, lib.radixrt_paged_decode_f32), (torch.bfloat16, lib.radixrt_paged_decode_bf16)):
+        for dtype, fn in (
+            (torch.float32, lib.radixrt_paged_decode_f32),
+            (torch.bfloat16, lib.radixrt_paged_decode_bf16),
+        ):
             fn.restype = ctypes.c_int
             fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64]
             self._fns[dtype] = fn
@@ -67,10 +70,7 @@ class NativeDecode:
     def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         """Whether `forward` takes these operands (else use the torch path)."""
         return (
-            q.device.type == "cpu"
-            and k_cache.dtype in KV_DTYPES
-            and q.dtype == k_cache.dtype
-            and q.shape[-1] % 8 == 0
+            q.device.type == "cpu" and k_cache.dtype in KV_DTYPES and q.dtype == k_cache.dtype and q.shape[-1] % 8 == 0
         )
 
     def forward(
