@@ -118,19 +118,21 @@ class FileKVStore(KVStore):
             with open(path, "rb") as f:
                 size = f.readinto(scratch)
         except OSError:
-            self.misses += 1
+            with self._lock:
+                self.misses += 1
             self._forget(key)
             return None
         data = memoryview(scratch)[:size]
         payload = unframe(self.identity, key, data)
         if payload is None:
             logger.warning("KV store %s: block %s is corrupt; deleted (it will be recomputed)", self.root, key.hex())
-            self.corrupt += 1
+            with self._lock:
+                self.corrupt += 1
             self._delete(key)
             return None
-        self.hits += 1
         os.utime(path)  # the LRU order outlives the process
-        with self._lock:
+        with self._lock:  # several reader threads may share a long read
+            self.hits += 1
             if key not in self._index:
                 self._bytes += size
             self._index[key] = size

@@ -78,18 +78,21 @@ class RedisKVStore(KVStore):
             self._failed("GET", e)
             return None
         if data is None:
-            self.misses += 1
+            with self._lock:  # several reader threads may share a long read
+                self.misses += 1
             return None
         payload = unframe(self.identity, key, data)
         if payload is None:
             logger.warning("KV store %s: block %s is corrupt; deleted (it will be recomputed)", self.url, key.hex())
-            self.corrupt += 1
+            with self._lock:
+                self.corrupt += 1
             try:
                 self._client.delete(self._key(key))
             except self._errors as e:
                 self._failed("DEL", e)
             return None
-        self.hits += 1
+        with self._lock:
+            self.hits += 1
         self._remember(key)
         return payload
 

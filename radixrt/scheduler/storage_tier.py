@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 import queue
 import threading
 import warnings
@@ -52,6 +53,8 @@ from radixrt.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
 
+READ_THREADS = max(1, min(4, os.cpu_count() or 1))  # threads sharing one long read (see `_read`)
+MIN_BLOCKS_PER_READ_THREAD = 8
 WRITE_QUEUE_BLOCKS = 4096  # blocks waiting for the writer; beyond it new blocks are skipped (counted)
 MAX_ANNOUNCED = 1 << 20  # blocks whose KV event hash is kept (to announce their eviction)
 
@@ -72,7 +75,8 @@ class _Held:
 
 
 class StorageTier:
-    """The storage tier's runtime: a `KVStore`, one reader and one writer thread."""
+    """The storage tier's runtime: a `KVStore`, one reader thread (with helpers
+    for long reads) and one writer thread."""
 
     def __init__(self, store: KVStore, pool: HostKVPool, tree: HostRadixCache) -> None:
         self.store = store
@@ -86,6 +90,8 @@ class StorageTier:
         self._writer = threading.Thread(target=self._write_loop, name="radixrt-kv-store-writer", daemon=True)
         self._writer.start()
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="radixrt-kv-store-reader")
+        self._read_helpers = ThreadPoolExecutor(READ_THREADS - 1 or 1, thread_name_prefix="radixrt-kv-store-read")
+        self._bad_lock = threading.Lock()
         self.loaded_tokens = 0  # tokens read from storage into the host tier
         self.skipped_blocks = 0  # writes dropped because the writer was behind
         tree.on_cached = self.on_cached
@@ -202,18 +208,39 @@ class StorageTier:
 
     def _read(self, keys: list[bytes], host_slots: list[int]) -> int:
         """Read the blocks ``keys`` into host slots ``host_slots`` (the reader
-        thread; the slots are reserved for it); how many leading blocks are good."""
+        thread; the slots are reserved for it); how many leading blocks are good.
+        A long read is split into runs of blocks read by up to `READ_THREADS`
+        threads at once (file reads, checksums and copies release the GIL)."""
         per_block = self.block_tokens // self.pool.allocator.page_size
         pages = torch.tensor(host_slots[:: self.pool.allocator.page_size])
-        for i, key in enumerate(keys):
-            payload = self.store.get(key)
+        parts = max(1, min(READ_THREADS, len(keys) // MIN_BLOCKS_PER_READ_THREAD))
+        bounds = [len(keys) * i // parts for i in range(parts + 1)]
+        first_bad = [len(keys)]  # the first missing or corrupt block ends the read: later runs stop there
+        helpers = [
+            self._read_helpers.submit(self._read_run, keys, pages, per_block, bounds[i], bounds[i + 1], first_bad)
+            for i in range(1, parts)
+        ]
+        self._read_run(keys, pages, per_block, bounds[0], bounds[1], first_bad)
+        wait(helpers)
+        return first_bad[0]
+
+    def _read_run(
+        self, keys: list[bytes], pages: torch.Tensor, per_block: int, start: int, end: int, first_bad: list[int]
+    ) -> None:
+        """Read blocks ``start..end-1``, stopping at the first missing or corrupt
+        one (lowering ``first_bad[0]`` to it) or at ``first_bad[0]``."""
+        for i in range(start, end):
+            if i >= first_bad[0]:
+                return
+            payload = self.store.get(keys[i])
             if payload is None:
-                return i
+                with self._bad_lock:
+                    first_bad[0] = min(first_bad[0], i)
+                return
             with warnings.catch_warnings():  # a read-only buffer is fine: it is only copied from
                 warnings.simplefilter("ignore", UserWarning)
                 rows = torch.frombuffer(payload, dtype=torch.uint8).view(per_block, self.pool.page_bytes)
             self.pool.buf.index_copy_(0, pages[i * per_block : (i + 1) * per_block], rows)
-        return len(keys)
 
     def ready(self) -> list[Req]:
         """Held requests whose reads are done, with what was read now in the tree
@@ -280,6 +307,7 @@ class StorageTier:
         self._writes.put(None)
         self._writer.join(30.0)
         self._reader.shutdown(wait=True)
+        self._read_helpers.shutdown(wait=True)
         self.store.close()
 
     def stats(self) -> dict[str, Any]:

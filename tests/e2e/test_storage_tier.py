@@ -72,8 +72,10 @@ def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -
         storage = restarted.scheduler.stats()["storage_kv"]
     assert after["text"] == before["text"]
     assert storage["corrupt_blocks"] >= 1
-    # the read stops at the first refused block: what was served is the intact run before it
-    assert after["meta_info"]["cached_tokens"] == BLOCK * storage["hit_blocks"]
+    # the read stops at the first refused block: what was served is the intact run before it (blocks
+    # after it may have been read by the read's other threads before they heard, and are not used)
+    assert after["meta_info"]["cached_tokens"] == storage["loaded_tokens"] <= BLOCK * storage["hit_blocks"]
+    assert storage["loaded_tokens"] % BLOCK == 0
     assert storage["written_blocks"] >= storage["corrupt_blocks"]  # recomputed blocks are stored again, intact
 
 
