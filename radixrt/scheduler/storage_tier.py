@@ -220,8 +220,12 @@ class StorageTier:
             self._read_helpers.submit(self._read_run, keys, pages, per_block, bounds[i], bounds[i + 1], first_bad)
             for i in range(1, parts)
         ]
-        self._read_run(keys, pages, per_block, bounds[0], bounds[1], first_bad)
-        wait(helpers)
+        try:
+            self._read_run(keys, pages, per_block, bounds[0], bounds[1], first_bad)
+        finally:
+            wait(helpers)  # none may still write into the slots once this returns (or raises)
+        for f in helpers:
+            f.result()  # a helper's error is the read's
         return first_bad[0]
 
     def _read_run(
