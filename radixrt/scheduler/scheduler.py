@@ -387,9 +387,8 @@ class Scheduler:
         results = self.results.process(step.batch, step.inputs, step.output.result())
         if self.speculator is not None and not step.overlappable and not step.inputs.prompt_tokens:
             # the whole step as the requests waited for it: drafting, planning, forward, sampling, results
-            self.speculator.cost.observe(
-                len(step.batch), len(step.inputs.input_ids), time.perf_counter() - step.started_at
-            )
+            seconds = time.perf_counter() - step.started_at
+            self.speculator.cost.observe_step(step.inputs.q_lens, step.inputs.kv_lens, seconds)
         self.counters["requests_finished"] += results.finished
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots

@@ -17,9 +17,11 @@ freed in the same step; drafts never enter the radix tree.
 Which draft tokens are worth computing is decided per step by the measured
 `StepCost`: a token the request accepts with estimated probability ``p^j``
 (``p``: the request's recent per-token acceptance) is added while it raises
-the step's expected tokens per second. At batch 1 on a CPU nearly any draft
-pays; in a large batch only confident ones do, and none when they cost more
-than they save, so speculation turns itself off per step.
+the step's expected tokens per second, at what a token at that request's
+context length costs (its attention reads the whole context). At batch 1 on
+a CPU nearly any draft pays; in a large batch only confident ones do, and
+none when they cost more than they save, so speculation turns itself off per
+step.
 
 Who speculates: running requests with no grammar (those have jump-forward),
 no ``sampling_params.speculative = False``, nothing in flight (the overlap
@@ -123,35 +125,42 @@ class Speculator:
     def draft(self, running: list[Req]) -> None:
         """Give the running requests this step's drafts (see the module docstring)."""
         rows = len(running)
-        time = max(self.cost.seconds(rows, rows), 1e-12)  # a fitted cost can reach 0 on a fast device
+        contexts = [len(r.slots) + 1 for r in running]  # where each request's step token sits
+        # a fitted cost can reach 0 on a fast device
+        time = max(self.cost.seconds(rows, rows, sum(contexts)), 1e-12)
         expected = float(rows)
-        per_token = self.cost.per_token
-        # A draft token joins only while its gain exceeds expected * per_token / time, a bar that
+        token_costs = [self.cost.token_seconds(c) for c in contexts]
+        # A draft token joins only while its gain exceeds expected * (its cost) / time, a bar that
         # rises with every token chosen: the bar before any is chosen bounds what is worth proposing,
         # so a batch where no draft can pay spends nothing on drafting.
-        bar = expected * per_token / time if per_token > 0 else 0.0
-        if bar >= 1.0:
+        if min(token_costs, default=0.0) > 0 and expected * min(token_costs) / time >= 1.0:
             self.stats.skipped_steps += any(r.spec is not None for r in running)
             return
-        candidates = [c for req in running if (c := self._propose(req, bar)) is not None]
+        candidates, costs = [], []
+        for req, token_cost in zip(running, token_costs):
+            c = self._propose(req, expected * token_cost / time)
+            if c is not None:
+                candidates.append(c)
+                costs.append(max(token_cost, 1e-12))
         if not candidates:
             return
-        # marginal gains in decreasing order: a request's draft token gains its estimated acceptance
-        # (the index's path probability, calibrated by the request's own history); a token becomes a
-        # candidate once its parent is chosen, so the chosen tokens of a request form a tree
-        heap = [(-c.gains[j], i, j) for i, c in enumerate(candidates) for j in c.children.get(-1, ())]
+        # draft tokens by marginal gain per second, decreasing: a request's draft token gains its
+        # estimated acceptance (the index's path probability, calibrated by the request's own
+        # history) and costs a token at its context; a token becomes a candidate once its parent is
+        # chosen, so the chosen tokens of a request form a tree
+        heap = [(-c.gains[j] / costs[i], i, j) for i, c in enumerate(candidates) for j in c.children.get(-1, ())]
         heapq.heapify(heap)
         chosen: list[list[int]] = [[] for _ in candidates]
         while heap:
-            neg_gain, i, j = heapq.heappop(heap)
-            gain = -neg_gain
-            if gain * time <= expected * per_token:  # throughput would drop
+            _, i, j = heapq.heappop(heap)
+            gain = candidates[i].gains[j]
+            if gain * time <= expected * costs[i]:  # throughput would drop (and would for every later one)
                 break
             chosen[i].append(j)
             expected += gain
-            time += per_token
+            time += costs[i]
             for child in candidates[i].children.get(j, ()):
-                heapq.heappush(heap, (-candidates[i].gains[child], i, child))
+                heapq.heappush(heap, (-candidates[i].gains[child] / costs[i], i, child))
         if not any(chosen):
             self.stats.skipped_steps += 1
         for c, nodes in zip(candidates, chosen):

@@ -1,23 +1,40 @@
 """Speculative decoding's step cost model: the start-up fit and its online correction."""
 
-from radixrt.scheduler.spec_cost import MIN_TOKEN_SHARE, OnlineStepCost, StepCost
+from radixrt.scheduler.spec_cost import MIN_TOKEN_SHARE, OnlineStepCost, StepCost, attended_keys
+
+PER_KEY = 2e-7  # seconds per key a token attends over
 
 
-def _true(rows: int, tokens: int) -> float:
-    return 0.050 + 0.002 * rows + 0.004 * tokens
+def _true(rows: int, tokens: int, attended: int = 0) -> float:
+    return 0.050 + 0.002 * rows + 0.004 * tokens + PER_KEY * attended
+
+
+def _probe(r: int, q: int, context: int = 32) -> tuple[int, int, int, float]:
+    attended = r * attended_keys(q, context + q)
+    return r, r * q, attended, _true(r, r * q, attended)
 
 
 def test_fit_recovers_the_coefficients_and_never_calls_tokens_free():
-    samples = [(r, r * q, _true(r, r * q)) for r in (1, 4, 16) for q in (1, 5, 9)]
+    samples = [_probe(r, q) for r in (1, 4, 16) for q in (1, 5, 9)] + [
+        _probe(r, q, 512) for r in (1, 4) for q in (1, 9)
+    ]
     cost = StepCost.fit(samples)
     assert abs(cost.fixed - 0.050) < 1e-6 and abs(cost.per_row - 0.002) < 1e-6 and abs(cost.per_token - 0.004) < 1e-6
-    flat = StepCost.fit([(r, r * q, 0.1) for r in (1, 4) for q in (1, 5)])  # noise: tokens look free
+    assert abs(cost.per_attended - PER_KEY) < 1e-9
+    # a token deep in a context costs its attention too
+    assert abs(cost.token_seconds(4000) - (0.004 + 4000 * PER_KEY)) < 1e-6
+    flat = StepCost.fit([(r, r * q, 0, 0.1) for r in (1, 4) for q in (1, 5)])  # noise: tokens look free
     assert flat.per_token >= MIN_TOKEN_SHARE * (flat.fixed + flat.per_row) > 0
+
+
+def test_attended_keys_counts_a_causal_extend():
+    assert attended_keys(1, 10) == 10  # a decode token reads every key
+    assert attended_keys(3, 10) == 8 + 9 + 10  # an extend's tokens read up to their own positions
 
 
 def test_observed_steps_correct_a_wrong_start_up_fit():
     wrong = StepCost(fixed=0.050, per_row=0.0, per_token=0.050)  # tokens look 12x dearer than they are
-    probes = [(r, r * q, wrong.seconds(r, r * q)) for r in (1, 4) for q in (1, 5)]
+    probes = [(r, r * q, 0, wrong.seconds(r, r * q)) for r in (1, 4) for q in (1, 5)]
     online = OnlineStepCost(wrong, probes)
     for step in range(400):
         rows = 1 + step % 8
@@ -25,6 +42,19 @@ def test_observed_steps_correct_a_wrong_start_up_fit():
         online.observe(rows, tokens, _true(rows, tokens))
     assert abs(online.per_token - 0.004) < 0.001
     assert abs(online.seconds(8, 40) - _true(8, 40)) < 0.005
+
+
+def test_served_steps_at_long_contexts_teach_what_attention_costs():
+    """Probes at short contexts cannot see attention's cost; decode steps whose
+    requests sit deep in long contexts (the agent loop's) must teach it, or
+    drafts look cheaper than they are there."""
+    short = [_probe(r, q) for r in (1, 4, 16) for q in (1, 5, 9)]
+    online = OnlineStepCost(StepCost.fit(short), short)
+    for step in range(2000):
+        rows, context = 8 + step % 24, 500 + 40 * (step % 50)
+        online.observe_step([1] * rows, [context] * rows, _true(rows, rows, rows * context))
+    assert abs(online.current.per_attended - PER_KEY) < 0.3 * PER_KEY, online.current
+    assert abs(online.token_seconds(2000) - (0.004 + 2000 * PER_KEY)) < 0.0015
 
 
 def _speculator(cost: StepCost, width: int = 2):
@@ -64,7 +94,7 @@ def test_steps_without_drafts_do_not_make_tokens_look_cheap():
     import random
 
     rng = random.Random(0)
-    probes = [(r, r * q, _true(r, r * q)) for r in (1, 4, 16) for q in (1, 5, 9)]
+    probes = [_probe(r, q) for r in (1, 4, 16) for q in (1, 5, 9)]
     online = OnlineStepCost(StepCost.fit(probes), probes)
     for step in range(6000):
         rows = 24 + step % 16
