@@ -13,6 +13,7 @@ import random
 import pytest
 
 import radixrt
+from radixrt.scheduler.spec_cost import OnlineStepCost, StepCost
 
 # A tiny random Llama over 256 token ids: its greedy continuations fall into loops and echo the
 # prompt, which the drafts copy. Prompts: repeated runs (drafts from the request's own tokens), and
@@ -23,6 +24,21 @@ PROMPTS = [[_rng.randrange(VOCAB) for _ in range(20)] * 3 for _ in range(3)] + [
     [_rng.randrange(VOCAB) for _ in range(50)]
 ]
 MAX_NEW = 48
+
+
+@pytest.fixture(scope="module", autouse=True)
+def drafts_always_pay():
+    """These tests check what speculation does, not when it pays (that is the cost
+    model's, tests/unit/test_spec_cost.py): in-process engines get a cost model
+    pinned to a step whose extra tokens are cheap, so drafts are verified however
+    loaded the machine is while the start-up probes run (a CI run once measured
+    the deterministic path's tokens as too dear to draft). Server subprocesses
+    keep the measured model."""
+    pinned = StepCost(fixed=1.0, per_row=0.0, per_token=0.02)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StepCost, "measure", classmethod(lambda cls, runner, slots: OnlineStepCost(pinned)))
+        mp.setattr(OnlineStepCost, "observe", lambda self, *args, **kwargs: None)
+        yield
 
 
 def _engine(path: str, spec: bool, **kw) -> radixrt.Engine:
