@@ -48,6 +48,7 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c11", "-fopenmp"]
 LINK_FLAGS = ["-shared", "-fopenmp"]
 DISABLE_ENV = "RADIXRT_NATIVE_QLINEAR"
 CHUNK = 32  # int4 weights are packed in runs of 32 (16 bytes)
+TILE = 16  # weight rows per tile of the "tiles" layout
 # multiply-adds of one call (rows x weights) below which it runs on the calling thread only
 PARALLEL_MIN_MACS = 1 << 18
 # rows from which `linear` dequantizes the whole weight and runs torch's float32 matrix product
@@ -58,8 +59,12 @@ DENSE_MIN_ROWS = 256
 class PackedWeight:
     """A quantized weight [out_features, in_features] (layouts: ``csrc/quant_linear_cpu.c``).
 
-    ``bits`` 8: ``qweight`` int8 [N, K], ``scales`` float32 [N], ``mins`` None.
-    ``bits`` 4: ``qweight`` uint8 [N, K / 2], ``scales`` and ``mins`` float32 [N, K / group]."""
+    ``layout`` "rows" (`quantize_int8` / `quantize_int4` give it):
+    ``bits`` 8: ``qweight`` int8 [N, K], ``scales`` float32 [N], ``mins`` None;
+    ``bits`` 4: ``qweight`` uint8 [N, K / 2], ``scales`` and ``mins`` float32 [N, K / group].
+    ``layout`` "tiles" (`to_tiles`; the kernel's AVX-512 VNNI layout): 16 weight rows per
+    tile, N padded to whole tiles; ``qweight`` uint8 [tiles, K / 32, bytes per run],
+    ``scales`` (and int4's ``mins``) float32 [tiles, K / group, 16] (int8: [tiles * 16])."""
 
     bits: int
     group_size: int
@@ -68,6 +73,7 @@ class PackedWeight:
     qweight: torch.Tensor
     scales: torch.Tensor
     mins: Optional[torch.Tensor]
+    layout: str = "rows"
 
     def nbytes(self) -> int:
         extra = self.mins.numel() * 4 if self.mins is not None else 0
@@ -110,9 +116,61 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> PackedWeight:
 
 def int4_unpack(p: PackedWeight) -> torch.Tensor:
     """The int4 codes [N, K] (int32, 0..15) of a packed int4 weight."""
+    p = from_tiles(p)
     n, k = p.out_features, p.in_features
     runs = p.qweight.view(n, k // CHUNK, 1, CHUNK // 2)
     return torch.cat([runs & 15, runs >> 4], dim=2).reshape(n, k).to(torch.int32)
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))]) if rows > t.shape[0] else t
+
+
+def to_tiles(p: PackedWeight) -> PackedWeight:
+    """``p`` in the "tiles" layout (exact: the same codes, scales and minimums)."""
+    if p.layout == "tiles":
+        return p
+    n, k = p.out_features, p.in_features
+    tiles, runs = -(-n // TILE), k // CHUNK
+    rows = tiles * TILE
+    if p.bits == 8:
+        u = _pad_rows((p.qweight.to(torch.int16) + 128).to(torch.uint8), rows)
+        # [t, l, b, s, i] -> [t, b, s, l, i]
+        q = u.view(tiles, TILE, runs, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, runs, 512)
+        return PackedWeight(8, 0, n, k, q.contiguous(), _pad_rows(p.scales, rows).contiguous(), None, "tiles")
+    assert p.mins is not None
+    codes = _pad_rows(int4_unpack(p).to(torch.uint8), rows)
+    # [t, l, b, j, half, i] -> [t, b, j, l, i, half]: low nibble k = 8j + i, high k = 8j + 4 + i
+    c = codes.view(tiles, TILE, runs, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    q = (c[..., 0] | (c[..., 1] << 4)).reshape(tiles, runs, 256)
+    groups = k // p.group_size
+
+    def tile_groups(v: torch.Tensor) -> torch.Tensor:
+        return _pad_rows(v, rows).view(tiles, TILE, groups).transpose(1, 2).contiguous()
+
+    return PackedWeight(4, p.group_size, n, k, q.contiguous(), tile_groups(p.scales), tile_groups(p.mins), "tiles")
+
+
+def from_tiles(p: PackedWeight) -> PackedWeight:
+    """``p`` in the "rows" layout (the inverse of `to_tiles`)."""
+    if p.layout == "rows":
+        return p
+    n, k = p.out_features, p.in_features
+    tiles, runs = p.qweight.shape[0], k // CHUNK
+    if p.bits == 8:
+        u = p.qweight.view(tiles, runs, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(tiles * TILE, k)[:n]
+        return PackedWeight(8, 0, n, k, (u.to(torch.int16) - 128).to(torch.int8), p.scales[:n].clone(), None)
+    assert p.mins is not None
+    b = p.qweight.view(tiles, runs, 4, TILE, 4)
+    c = torch.stack([b & 15, b >> 4], dim=-1)  # [t, b, j, l, i, half]
+    codes = c.permute(0, 3, 1, 2, 5, 4).reshape(tiles * TILE, k)[:n]
+    half = codes.view(n, runs, 2, CHUNK // 2)
+    packed = (half[:, :, 0] | (half[:, :, 1] << 4)).reshape(n, k // 2)
+
+    def row_groups(v: torch.Tensor) -> torch.Tensor:
+        return v.transpose(1, 2).reshape(tiles * TILE, -1)[:n].contiguous()
+
+    return PackedWeight(4, p.group_size, n, k, packed.contiguous(), row_groups(p.scales), row_groups(p.mins))
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -126,6 +184,7 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize(p: PackedWeight) -> torch.Tensor:
     """The float32 weight [N, K] a packed weight stands for."""
+    p = from_tiles(p)
     if p.bits == 8:
         return p.qweight.float() * p.scales[:, None]
     assert p.mins is not None
@@ -147,6 +206,18 @@ class NativeQuantLinear:
         self._dequant = lib.radixrt_quant_dequant_f32
         self._dequant.restype = None
         self._dequant.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, ptr, i64, i64]
+        self.tiles = bool(lib.radixrt_quant_tiles())  # built with AVX-512 VNNI: `prepare` tiles weights
+        if self.tiles:
+            self._tiles_fn = lib.radixrt_quant_linear_tiles
+            self._tiles_fn.restype = ctypes.c_int
+            self._tiles_fn.argtypes = self._fn.argtypes
+            self._tiles_dequant = lib.radixrt_quant_tiles_dequant_f32
+            self._tiles_dequant.restype = None
+            self._tiles_dequant.argtypes = self._dequant.argtypes
+
+    def prepare(self, w: PackedWeight) -> PackedWeight:
+        """``w`` in the layout this build multiplies fastest ("tiles" on AVX-512 VNNI)."""
+        return to_tiles(w) if self.tiles else from_tiles(w)
 
     def linear(
         self,
@@ -170,7 +241,10 @@ class NativeQuantLinear:
             x = x.contiguous()
         n = w.out_features
         out = x.new_empty((m, n))
-        code = self._fn(
+        if w.layout == "tiles" and not self.tiles:
+            w = from_tiles(w)
+        fn = self._tiles_fn if w.layout == "tiles" else self._fn
+        code = fn(
             x.data_ptr(),
             x.stride(0),
             m,
@@ -194,6 +268,21 @@ class NativeQuantLinear:
         """The float32 weight [N, K] (as `dequantize`, in C)."""
         out = torch.empty((w.out_features, w.in_features))
         mins = w.mins.data_ptr() if w.mins is not None else None
+        if w.layout == "tiles":
+            if not self.tiles:
+                return self.dequantize(from_tiles(w))
+            self._tiles_dequant(
+                w.qweight.data_ptr(),
+                w.scales.data_ptr(),
+                mins,
+                w.in_features,
+                w.group_size,
+                w.bits,
+                out.data_ptr(),
+                0,
+                w.out_features,
+            )
+            return out
         self._dequant(
             w.qweight.data_ptr(),
             w.scales.data_ptr(),
@@ -228,10 +317,11 @@ def _self_check(kernel: NativeQuantLinear) -> None:
     times the quantized activations."""
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(30, 64, generator=gen), torch.randn(30, generator=gen)
-    x = torch.randn(3, 64, generator=gen)
-    for packed in (quantize_int8(weight), quantize_int4(weight, 32)):
-        expected = quantize_activations(x) @ dequantize(packed).T + bias
+    x = torch.randn(5, 64, generator=gen)  # a whole block of 4 rows and one more
+    for rows in (quantize_int8(weight), quantize_int4(weight, 32)):
+        packed = kernel.prepare(rows)
+        expected = quantize_activations(x) @ dequantize(rows).T + bias
         if not torch.allclose(kernel.linear(x, packed, bias), expected, atol=1e-4, rtol=1e-4):
             raise RuntimeError(f"self-check of int{packed.bits} against the dequantized weight failed")
-        if not torch.allclose(kernel.dequantize(packed), dequantize(packed), atol=1e-6, rtol=1e-6):
+        if not torch.allclose(kernel.dequantize(packed), dequantize(rows), atol=1e-6, rtol=1e-6):
             raise RuntimeError(f"self-check of int{packed.bits}'s dequantization failed")

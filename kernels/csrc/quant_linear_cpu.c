@@ -242,3 +242,175 @@ int radixrt_quant_linear(const float *x, int64_t x_stride, int64_t M, int64_t K,
     free(xq);
     return 0;
 }
+
+
+/* ---- the tiled layout: 16 weight rows per tile, for AVX-512 VNNI (vpdpbusd) ----
+ * One vpdpbusd multiplies 4 bytes of 16 weight rows (one row per 32-bit lane) by the same 4
+ * activation bytes (broadcast) and adds into 16 int32 sums: a decode step's product walks a
+ * tile's runs with a few instructions per 512 weights, where the row layout above spends
+ * about 12 per 32. N is padded to whole tiles with zero rows (their outputs are not stored).
+ *   bits 4: tile t, run b (32 weights of k) is 256 bytes: 4 groups j of 64 bytes; in group j
+ *           lane l's 4 bytes hold rows 16t + l's weights k = 32b + 8j + i (low nibble) and
+ *           32b + 8j + 4 + i (high nibble), i = 0..3. scales, mins float32 [N / 16, K / group, 16].
+ *   bits 8: tile t, run b is 512 bytes: 8 steps s of 64 bytes, lane l holding row 16t + l's
+ *           weights k = 32b + 4s + i as q + 128 (unsigned). scales float32 [N / 16 * 16].
+ * Tiles are laid out t-major: tile t's runs at qw + t * (K / 32) * (bytes per run). */
+
+#define TILE 16
+
+int radixrt_quant_tiles(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+static inline int32_t four_bytes(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* rows n_lo .. n_hi - 1 of the float32 weight [N, K] (the "rows" layout's dequantization, for
+ * the tiled one): each row's run is gathered from its 4-byte pieces, then widened as above */
+void radixrt_quant_tiles_dequant_f32(const uint8_t *qw, const float *scales, const float *mins, int64_t K,
+                                     int64_t group, int bits, float *out, int64_t n_lo, int64_t n_hi) {
+    const int64_t runs = K / RUN, ng = bits == 4 ? K / group : 0, run_bytes = bits == 4 ? 256 : 512;
+    const __m128i low = _mm_set1_epi8(15), flip = _mm_set1_epi8((char)0x80);
+    for (int64_t n = n_lo; n < n_hi; n++) {
+        const int64_t t = n / TILE, l = n % TILE;
+        const int8_t *tile = (const int8_t *)qw + t * runs * run_bytes + l * 4;
+        float *row = out + n * K;
+        for (int64_t b = 0; b < runs; b++) {
+            const int8_t *r = tile + b * run_bytes;
+            float *d = row + b * RUN;
+            if (bits == 8) { /* q + 128 -> q: flipping the top bit of each byte */
+                const __m256 sc = _mm256_set1_ps(scales[n]);
+                for (int h = 0; h < 2; h++) {
+                    const int8_t *p = r + 256 * h;
+                    const __m128i v = _mm_xor_si128(
+                        _mm_set_epi32(four_bytes(p + 192), four_bytes(p + 128), four_bytes(p + 64), four_bytes(p)),
+                        flip);
+                    _mm256_storeu_ps(d + 16 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), sc));
+                    _mm256_storeu_ps(d + 16 * h + 8, _mm256_mul_ps(
+                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), sc));
+                }
+                continue;
+            }
+            const int64_t gi = (t * ng + b * RUN / group) * TILE + l;
+            const __m256 sc = _mm256_set1_ps(scales[gi]), mn = _mm256_set1_ps(mins[gi]);
+            const __m128i v = _mm_set_epi32(four_bytes(r + 192), four_bytes(r + 128), four_bytes(r + 64), four_bytes(r));
+            const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+            const __m128i k_lo = _mm_unpacklo_epi32(lo, hi), k_hi = _mm_unpackhi_epi32(lo, hi); /* k 0..15, 16..31 */
+            const __m128i parts[4] = {k_lo, _mm_srli_si128(k_lo, 8), k_hi, _mm_srli_si128(k_hi, 8)};
+            for (int c = 0; c < 4; c++)
+                _mm256_storeu_ps(d + 8 * c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[c])), sc, mn));
+        }
+    }
+}
+
+/* out[i][16 t + l] for NX activation rows i of x against tile t (only the first `rows` lanes
+ * are stored). Integer sums per run are exact; the int8 format's +128 offset is taken off in
+ * integers (xsum: each run's sum of the quantized activations). */
+static inline __attribute__((always_inline)) void tile_product(const QRow *x, const int32_t *const *xsum,
+                                                               const int NX, int64_t K, const uint8_t *qw,
+                                                               const float *scales, const float *mins,
+                                                               int64_t group, int bits, int64_t t, int rows,
+                                                               const float *bias, float *const *out) {
+    const int64_t runs = K / RUN, ng = bits == 4 ? K / group : 0;
+    const int64_t run_bytes = bits == 4 ? 256 : 512;
+    const uint8_t *tile = qw + t * runs * run_bytes;
+    __m512 facc[4], macc[4];
+    for (int i = 0; i < NX; i++) facc[i] = macc[i] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int64_t b = 0; b < runs; b++) {
+        const uint8_t *w = tile + b * run_bytes;
+        __m512i iacc[4];
+        for (int i = 0; i < NX; i++) iacc[i] = _mm512_setzero_si512();
+        if (bits == 4) {
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(w + 64 * j));
+                const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int i = 0; i < NX; i++) {
+                    const int8_t *xq = x[i].q + b * RUN + 8 * j;
+                    iacc[i] = _mm512_dpbusd_epi32(iacc[i], lo, _mm512_set1_epi32(four_bytes(xq)));
+                    iacc[i] = _mm512_dpbusd_epi32(iacc[i], hi, _mm512_set1_epi32(four_bytes(xq + 4)));
+                }
+            }
+            const int64_t g = (t * ng + b * RUN / group) * TILE;
+            const __m512 sc = _mm512_loadu_ps(scales + g), mn = _mm512_loadu_ps(mins + g);
+            for (int i = 0; i < NX; i++) {
+                const __m512 dot = _mm512_cvtepi32_ps(iacc[i]);
+                facc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dot, _mm512_set1_ps(x[i].d[b])), sc, facc[i]);
+                macc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x[i].s[b]), macc[i]);
+            }
+        } else {
+            for (int s = 0; s < 8; s++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(w + 64 * s));
+                for (int i = 0; i < NX; i++) {
+                    const int8_t *xq = x[i].q + b * RUN + 4 * s;
+                    iacc[i] = _mm512_dpbusd_epi32(iacc[i], v, _mm512_set1_epi32(four_bytes(xq)));
+                }
+            }
+            for (int i = 0; i < NX; i++) {
+                const __m512i exact = _mm512_sub_epi32(iacc[i], _mm512_set1_epi32(128 * xsum[i][b]));
+                facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(x[i].d[b]), facc[i]);
+            }
+        }
+    }
+    const __mmask16 keep = (__mmask16)((1u << rows) - 1u);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(keep, bias + t * TILE) : _mm512_setzero_ps();
+    for (int i = 0; i < NX; i++) {
+        __m512 r = bits == 4 ? _mm512_add_ps(facc[i], macc[i])
+                             : _mm512_mul_ps(facc[i], _mm512_loadu_ps(scales + t * TILE));
+        _mm512_mask_storeu_ps(out[i] + t * TILE, keep, _mm512_add_ps(r, bv));
+    }
+}
+
+/* as radixrt_quant_linear, for the tiled layout (callers check radixrt_quant_tiles() first) */
+int radixrt_quant_linear_tiles(const float *x, int64_t x_stride, int64_t M, int64_t K, const uint8_t *qw,
+                               const float *scales, const float *mins, int64_t group, int bits,
+                               const float *bias, float *out, int64_t out_stride, int64_t N,
+                               int64_t parallel_min_macs) {
+    const int64_t runs = K / RUN;
+    int8_t *xq = (int8_t *)malloc((size_t)(M * K) + (2 * sizeof(float) + sizeof(int32_t)) * (size_t)(M * runs) + 64);
+    if (xq == NULL) return 1;
+    float *xd = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63), *xs = xd + M * runs;
+    int32_t *xsum = (int32_t *)(xs + M * runs);
+    for (int64_t i = 0; i < M; i++) {
+        quantize_row_q8(x + i * x_stride, K, xq + i * K, xd + i * runs, xs + i * runs);
+        for (int64_t b = 0; b < runs; b++) {
+            int32_t s = 0;
+            for (int j = 0; j < RUN; j++) s += xq[i * K + b * RUN + j];
+            xsum[i * runs + b] = s;
+        }
+    }
+    const int64_t tiles = (N + TILE - 1) / TILE;
+#pragma omp parallel for schedule(static) if (M * N * K >= parallel_min_macs)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int rows = N - t * TILE < TILE ? (int)(N - t * TILE) : TILE;
+        for (int64_t i0 = 0; i0 < M; i0 += 4) {
+            QRow rw[4];
+            const int32_t *sums[4];
+            float *dst[4];
+            const int nx = M - i0 < 4 ? (int)(M - i0) : 4;
+            for (int i = 0; i < nx; i++) {
+                const int64_t r = i0 + i;
+                rw[i] = (QRow){xq + r * K, xd + r * runs, xs + r * runs};
+                sums[i] = xsum + r * runs;
+                dst[i] = out + r * out_stride;
+            }
+            switch (nx) {
+            case 1: tile_product(rw, sums, 1, K, qw, scales, mins, group, bits, t, rows, bias, dst); break;
+            case 2: tile_product(rw, sums, 2, K, qw, scales, mins, group, bits, t, rows, bias, dst); break;
+            case 3: tile_product(rw, sums, 3, K, qw, scales, mins, group, bits, t, rows, bias, dst); break;
+            default: tile_product(rw, sums, 4, K, qw, scales, mins, group, bits, t, rows, bias, dst); break;
+            }
+        }
+    }
+    free(xq);
+    return 0;
+}
+#endif

@@ -27,15 +27,21 @@ def _packed(weight: torch.Tensor, spec: WeightQuantization) -> ql.PackedWeight:
 
 
 # ---------------------------------------------------------------- the kernels against the dequantized weight
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.group_size}")
-def test_native_kernel_equals_the_dequantized_weight(spec):
+def test_native_kernel_equals_the_dequantized_weight(spec, layout):
+    """Both layouts; "tiles" runs the AVX-512 VNNI product where the build has it, else the
+    kernel converts back to rows (same answer either way)."""
     kernel = ql.load()
     assert kernel is not None, "the native kernel should build on this machine (cc present)"
     gen = torch.Generator().manual_seed(1)
     weight, bias = torch.randn(70, 128, generator=gen), torch.randn(70, generator=gen)  # 70: a partial row block
     packed = _packed(weight, spec)
     dense = ql.dequantize(packed)
-    for rows in (1, 2, 3, 8, 17, ql.DENSE_MIN_ROWS):  # the last: the dense path (dequantized, then F.linear)
+    if layout == "tiles":
+        packed = ql.to_tiles(packed)
+        torch.testing.assert_close(kernel.dequantize(packed), dense, atol=1e-6, rtol=1e-6)  # fma rounding
+    for rows in (1, 2, 3, 5, 8, 17, ql.DENSE_MIN_ROWS):  # the last: the dense path (dequantized, then F.linear)
         x = torch.randn(rows, 256, generator=gen)[:, ::2]  # strided rows
         # below DENSE_MIN_ROWS the kernel multiplies int8 activations (a scale per run of 32)
         xk = ql.quantize_activations(x) if rows < ql.DENSE_MIN_ROWS else x
@@ -46,6 +52,22 @@ def test_native_kernel_equals_the_dequantized_weight(spec):
         )
         exact = x @ dense.T + bias  # what the activations' rounding costs: well under 1%
         assert (kernel.linear(x, packed, bias) - exact).norm() < 0.01 * exact.norm()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.group_size}")
+def test_the_tiles_layout_round_trips_exactly(spec):
+    """`to_tiles` / `from_tiles` move codes, scales and minimums without changing one bit, for
+    row counts that are and are not whole tiles."""
+    gen = torch.Generator().manual_seed(2)
+    for n in (16, 37):
+        rows = _packed(torch.randn(n, 128, generator=gen), spec)
+        tiles = ql.to_tiles(rows)
+        assert tiles.layout == "tiles" and tiles.qweight.shape[0] == -(-n // ql.TILE)
+        back = ql.from_tiles(tiles)
+        assert back.layout == "rows" and torch.equal(back.qweight, rows.qweight)
+        assert torch.equal(back.scales, rows.scales)
+        assert (back.mins is None) == (rows.mins is None) and (rows.mins is None or torch.equal(back.mins, rows.mins))
+        assert torch.equal(ql.dequantize(tiles), ql.dequantize(rows))
 
 
 def test_the_prefill_product_in_bfloat16_stays_close_to_float32():
@@ -67,7 +89,7 @@ def test_native_kernel_split_over_threads_gives_the_same_bits(monkeypatch):
     kernel = ql.load()
     assert kernel is not None
     gen = torch.Generator().manual_seed(5)
-    packed = ql.quantize_int4(torch.randn(200, 96, generator=gen), 32)
+    packed = kernel.prepare(ql.quantize_int4(torch.randn(200, 96, generator=gen), 32))
     x = torch.randn(6, 96, generator=gen)
     one = kernel.linear(x, packed)
     monkeypatch.setattr(ql, "PARALLEL_MIN_MACS", 1)

@@ -9,7 +9,8 @@ layouts and the native kernel: kernels/quant_linear_cpu.py.
 A `QuantizedLinear` computes with the native CPU kernel when it builds
 (float32 activations in and out; below 256 rows it rounds them to int8 per
 run of 32 and multiplies in integers, at about one pass over the packed
-weight whatever the row count), else with torch's packed CPU kernels
+weight whatever the row count; the weight is held in the layout the kernel's
+build multiplies fastest, `NativeQuantLinear.prepare`), else with torch's packed CPU kernels
 (``aten._weight_int8pack_mm`` / ``aten._weight_int4pack_mm_for_cpu``, which
 take bfloat16 activations here: their float32 paths are several times
 slower). Both return the model dtype. CPU only: the config refuses
@@ -51,7 +52,7 @@ class QuantizedLinear(nn.Module):
         prefill_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        self.packed = packed
+        self.packed = packed if kernel is None else kernel.prepare(packed)
         self.prefill_dtype = prefill_dtype
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.kernel = kernel
