@@ -317,6 +317,19 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         "quantization='int8' or 'int4' (--quantization int8|int4)",
         _is_not(None),
     ),
+    # torch.compile of the layers: CPU kernels as custom ops, one process, no per-row adapters
+    Need(
+        "enable_torch_compile",
+        True,
+        "device",
+        "cpu",
+        "cuda",
+        "device='cpu' (--device cpu: the compiled layers run on the CPU only in this version)",
+        lambda d: not str(d).startswith("cuda"),
+    ),
+    _tp1("enable_torch_compile", True),
+    _off("enable_torch_compile", True, "enable_deterministic_inference"),
+    _off("enable_torch_compile", True, _LORA),
     # KV budgets drop single positions from a request's slot list, and score attention over all heads
     Need(
         "kv_budget",

@@ -23,9 +23,10 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Iterator, Optional, TypeVar, Union
 
 from radixrt.config import EngineConfig
+from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, split_prompts, validate_spec
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, LoRAControlReq, StatsReq, TokenBatch
@@ -53,54 +54,6 @@ class _QueueTransport:
         self.inbox.put(AbortReq(iid))
 
 
-class _LoopThread:
-    """A private asyncio loop on a daemon thread; runs coroutines for sync callers."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="radixrt-engine-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, aw: Awaitable[T]) -> T:
-        """Run ``aw`` on the loop and return its result; blocks the calling
-        thread. If that thread is interrupted, the coroutine is cancelled."""
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("a sync Engine method was called from the engine's own event loop")
-
-        async def wrapped() -> T:
-            return await aw
-
-        fut = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
-        try:
-            return fut.result()
-        finally:
-            if not fut.done():
-                fut.cancel()
-
-    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
-        """A sync iterator over ``agen``; closing it (or leaving it early)
-        closes ``agen`` on the loop."""
-        try:
-            while True:
-                try:
-                    item = self.run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-                yield item
-        finally:
-            if threading.current_thread() is self.thread:  # dropped on the loop itself: close it there
-                asyncio.ensure_future(agen.aclose(), loop=self.loop)
-            else:
-                try:
-                    self.run(agen.aclose())
-                except RuntimeError:  # still running (its step was cancelled): it ends itself
-                    pass
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-
-
 class Engine:
     """In-process engine. ``Engine(model_path="default", **EngineConfig fields)``.
 
@@ -122,7 +75,7 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._control: queue.Queue = queue.Queue()
         self._control_lock = threading.Lock()
-        self._sync_loop: Optional[_LoopThread] = None
+        self._sync_loop: Optional[LoopThread] = None
         self._sync_loop_lock = threading.Lock()
         self._stopping = threading.Event()
         self._idle = threading.Event()
@@ -224,8 +177,7 @@ class Engine:
     def _submit(self, specs: list[RequestSpec], stream: bool = False) -> ReqGroup:
         """Queue every spec for the scheduler as one group of the running loop,
         or none: ValueError if a rid is already running."""
-        if self._error is not None:
-            raise RuntimeError(f"the engine's scheduler died: {self._error}")
+        self._check_alive()
         return self.router.submit(specs, live_text=stream)
 
     # ------------------------------------------------------------------ the async core
@@ -265,10 +217,10 @@ class Engine:
                 self.router.abort_group(group, "aborted: the stream was closed")
 
     # ------------------------------------------------------------------ public API
-    def _loop(self) -> _LoopThread:
+    def _loop(self) -> LoopThread:
         with self._sync_loop_lock:
             if self._sync_loop is None:
-                self._sync_loop = _LoopThread()
+                self._sync_loop = LoopThread()
             return self._sync_loop
 
     def generate(
@@ -371,9 +323,20 @@ class Engine:
         self.router.abort_rid(rid)
 
     def _control_call(self, msg: Any) -> ControlReply:
+        """The scheduler's reply to ``msg``; RuntimeError once its thread has stopped (a
+        control call never waits on a dead scheduler)."""
         with self._control_lock:
+            self._check_alive()
             self._inbox.put(msg)
-            return self._control.get()
+            while True:
+                try:
+                    return self._control.get(timeout=_IDLE_POLL_S)
+                except queue.Empty:
+                    self._check_alive()
+
+    def _check_alive(self) -> None:
+        if self._error is not None or not self._thread.is_alive():
+            raise RuntimeError(f"the engine's scheduler has stopped ({self._error or 'shut down'})")
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix (False while requests run). The counters of

@@ -171,6 +171,8 @@ def _step_fns(xs: dict, xb: dict, weights: list, packed: dict, torch_args: dict,
     """One decode step's linear layers per kernel, as callables (activations by input size)."""
     import torch
 
+    from radixrt.kernels import quant_linear_cpu as ql
+
     fns = {
         "float32 F.linear": lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in weights],
         "torch int8 (bf16 act)": lambda: [
@@ -180,9 +182,14 @@ def _step_fns(xs: dict, xb: dict, weights: list, packed: dict, torch_args: dict,
             torch.ops.aten._weight_int4pack_mm_for_cpu(xb[p.in_features], *a) for p, a in zip(packed[4], torch_args[4])
         ],
     }
-    if native is not None:
-        fns["native int8"] = lambda: [native.linear(xs[p.in_features], p) for p in packed[8]]
-        fns["native int4"] = lambda: [native.linear(xs[p.in_features], p) for p in packed[4]]
+    if native is None:
+        return fns
+    for bits in (8, 4):
+        layouts = {"rows": packed[bits]}
+        if native.tiles:  # the AVX-512 VNNI layout the model runs (quant_linear_cpu.to_tiles)
+            layouts["tiles"] = [ql.to_tiles(p) for p in packed[bits]]
+        for layout, ps in layouts.items():
+            fns[f"native int{bits} {layout}"] = lambda ps=ps: [native.linear(xs[p.in_features], p) for p in ps]
     return fns
 
 

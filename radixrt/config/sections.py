@@ -115,6 +115,11 @@ class ExecutionSettings:
         "(where it measured slower: the forward's many small ops and the scheduler's Python take turns on "
         "one interpreter lock)",
     )
+    enable_torch_compile: bool = setting(
+        False,
+        "CPU: compile the decoder layers with torch.compile (inductor), fusing the small ops between "
+        "the matrix products; compiled on the first batches (cached on disk under $RADIXRT_HOME/inductor)",
+    )
     enable_deterministic_inference: bool = setting(
         False,
         "batch-invariant computation: a seeded request's output does not depend on batch composition, "

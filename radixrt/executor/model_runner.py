@@ -213,6 +213,10 @@ class ModelRunner:
         self.deterministic = ex.enable_deterministic_inference
         self.backend: AttentionBackend = self._attention_backend()
         self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None
+        if ex.enable_torch_compile:
+            from radixrt.executor.models.compiled import enable_compile
+
+            enable_compile(self.model)
         self._log_loaded()
 
     def _attention_backend(self) -> AttentionBackend:

@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from radixrt.engine import _LoopThread
+from radixrt.loop_thread import LoopThread
 
 
 @pytest.fixture
 def loop_thread():
-    lt = _LoopThread()
+    lt = LoopThread()
     yield lt
     lt.close()
 

@@ -108,6 +108,8 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim))
             q = rope.apply(q, cos, sin)
             k = rope.apply(k, cos, sin)
+        if torch.compiler.is_compiling():  # the forward context holds the pool and backend (compiled.py)
+            return self.o_proj(torch.ops.radixrt.paged_attention(q, k, v, self.layer_id, self.scale))
         # this layer's cache: K/V views of the pool, plus its scales when quantized (LayerKVCache)
         cache = kv_pool.layer_cache(self.layer_id)
         if num_tokens is not None and num_tokens < t:
@@ -170,6 +172,7 @@ class LlamaForCausalLM(nn.Module):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV pool."""
 
     batch_invariant: bool = False  # set by batch_invariant.enable_batch_invariant
+    compiled_layers: Optional[Callable[..., torch.Tensor]] = None  # set by compiled.enable_compile
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -199,11 +202,20 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.embed_tokens(pad_rows(input_ids, rows))
         cos, sin = self.rope.cos_sin(positions, h.dtype, meta.q_lens, meta.seq_lens)
         cos, sin = pad_rows(cos, rows), pad_rows(sin, rows)
+        if self.compiled_layers is not None and not self.batch_invariant and meta.scoring is None:
+            return self.compiled_layers(h, cos, sin, kv_pool, backend)
         real = n if self.batch_invariant else None  # only the real rows reach the attention backend
         for layer in self.model.layers:
             h = layer(h, cos, sin, self.rope, kv_pool, backend, real, meta.scoring)
         h = self.model.norm(h)
         return h[:n] if self.batch_invariant else h
+
+    def run_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The layer stack and the final norm as `compiled.enable_compile` compiles it (the
+        attention's pool and backend come from the forward context)."""
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, self.rope, None, None)
+        return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for hidden rows [N, hidden] returned by `forward`."""

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from radixrt.config.weight_format import WeightQuantization
+from radixrt.executor.models.compiled import register_quantized
 from radixrt.kernels.quant_linear_cpu import (
     NativeQuantLinear,
     PackedWeight,
@@ -59,8 +60,14 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().float().contiguous()
         if kernel is None:
             self._torch_args = _torch_format(packed)
+        self.compile_key = register_quantized(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # opaque to inductor: a custom op (compiled.py)
+            return torch.ops.radixrt.quant_linear(x, self.compile_key, self.out_features)
+        return self.eager_forward(x)
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.kernel is not None:
