@@ -32,6 +32,7 @@ def test_compiled_layers_give_the_eager_answers(tiny_llama, tmp_path, monkeypatc
     try:
         model = engine.scheduler.runner.model
         assert model.compiled_layers is not None
+        assert set(model.compiled_layers.compile_s) == {"one token", "many tokens"}
         assert compiled == eager
         assert any((tmp_path / "inductor").iterdir()), "inductor keeps its code in the cache dir"
     finally:

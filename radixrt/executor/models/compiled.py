@@ -29,7 +29,9 @@ restart with the same model and torch compiles from the cache.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,14 +116,27 @@ def enable_compile(model: Any) -> None:
 
 
 class CompiledLayers:
-    """The compiled ``run_layers(h, cos, sin)``: one-token batches static, the rest dynamic."""
+    """The compiled ``run_layers(h, cos, sin)``: one-token batches static, the rest dynamic.
+    The first call of each kind compiles (or loads inductor's cache) and logs its seconds."""
 
     def __init__(self, fn: Callable[..., Tensor]) -> None:
         self.fn = fn
+        self.compile_s: dict[str, float] = {}  # "one token" / "many tokens": the first call's seconds
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, kv_pool: Any, backend: Any) -> Tensor:
-        if h.shape[0] > 1:
+        kind = "one token" if h.shape[0] == 1 else "many tokens"
+        if kind == "many tokens":
             for t in (h, cos, sin):
                 torch._dynamo.mark_dynamic(t, 0)
+        first = kind not in self.compile_s
+        clock = time.perf_counter()
         with attention_context(kv_pool, backend):
-            return self.fn(h, cos, sin)
+            out = self.fn(h, cos, sin)
+        if first:
+            self.compile_s[kind] = time.perf_counter() - clock
+            logger.info(
+                "torch.compile: the %s graph took %.1f s (compiled, or loaded from inductor's cache)",
+                kind,
+                self.compile_s[kind],
+            )
+        return out
