@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional
 from radixrt.config import EngineConfig
 from radixrt.executor.lora.pool import build_lora
 from radixrt.executor.model_runner import ModelRunner
+from radixrt.executor.models.compiled import warm_up as warm_up_compiled
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
@@ -92,9 +93,7 @@ class Scheduler:
         self.tokenizer = self.runner.tokenizer
         self.context_length = self.runner.context_length
         mc = self.runner.model_config
-        self.eos_token_ids = set(mc.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = set(mc.eos_token_ids) | ({self.tokenizer.eos_token_id} - {None})
         self.vocab_size = mc.vocab_size
         allocator = PageAllocator(self.runner.num_pages, config.cache.page_size)
         self.host = build_host_tier(config.host_cache, self.runner, allocator.total_slots)
@@ -140,6 +139,7 @@ class Scheduler:
             overlap=config.execution.overlap_schedule,
             host_pool=self.host.pool if self.host is not None else None,
         )
+        warm_up_compiled(self.runner, self.kv.allocator)  # before the cost probes time the forward
         self.speculator = build_speculator(config, self.runner, self.kv, self.context_length)
         self.budgets = KVBudgeter(config.kv_budgets, self.kv, self.runner.kv_pool)
         self.results = ResultProcessor(

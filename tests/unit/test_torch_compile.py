@@ -22,10 +22,16 @@ def _greedy(model: str, **flags) -> tuple[list[list[int]], Engine]:
     return [one["output_ids"]] + [o["output_ids"] for o in many], engine
 
 
-@pytest.mark.parametrize("quantization", [None, "int4"])
-def test_compiled_layers_give_the_eager_answers(tiny_llama, tmp_path, monkeypatch, quantization):
+@pytest.mark.parametrize(
+    "flags",
+    [{}, {"quantization": "int4"}, {"speculative_algorithm": "RADIX"}],
+    ids=["float", "int4", "speculative"],
+)
+def test_compiled_layers_give_the_eager_answers(tiny_llama, tmp_path, monkeypatch, flags):
+    """Greedy tokens equal the eager model's; both graphs were compiled when the engine started
+    (before speculation's cost probes timed the forward); drafts verify through the many-token
+    graph (the repeated prompt drafts from its first answer in the tree)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    flags = {} if quantization is None else {"quantization": quantization}
     eager, engine = _greedy(tiny_llama, **flags)
     engine.shutdown()
     compiled, engine = _greedy(tiny_llama, enable_torch_compile=True, **flags)
@@ -34,6 +40,8 @@ def test_compiled_layers_give_the_eager_answers(tiny_llama, tmp_path, monkeypatc
         assert model.compiled_layers is not None
         assert set(model.compiled_layers.compile_s) == {"one token", "many tokens"}
         assert compiled == eager
+        if "speculative_algorithm" in flags:
+            assert engine.get_stats()["spec_accepted_tokens"] > 0
         assert any((tmp_path / "inductor").iterdir()), "inductor keeps its code in the cache dir"
     finally:
         engine.shutdown()
