@@ -10,9 +10,13 @@ of 32 (`quantize_activations`: a scale per run, error at most half a step of
 that run's largest value / 127) and multiplied by the packed weight in
 integers, reading the weight once per call whatever the number of rows; a
 decode step is bound by the bytes of weight it reads (figures:
-docs/benchmarks.md, "Quantized weights"). From ``DENSE_MIN_ROWS`` rows on (a
-prefill) the arithmetic bounds the time: the weight is dequantized whole (in
-C) and torch's float32 matrix product runs on unquantized activations.
+docs/benchmarks.md, "Quantized weights"). In the row layout (AVX2), from
+``DENSE_MIN_ROWS`` rows on (a prefill) the arithmetic bounds the time: the
+weight is dequantized whole (in C) and torch's float32 matrix product runs on
+unquantized activations. The tiled layout (AVX-512 VNNI, `to_tiles`)
+multiplies every row count in integers, as fast as that dense product at
+prefill sizes, so a token's logits do not depend on how many rows its step
+had (a verified draft, a cache hit's shorter prefill, a batch).
 
 Threads: the C kernel splits the weight rows with OpenMP, linked against the
 OpenMP runtime torch has already loaded (``libgomp.so.1`` of torch's wheel:
@@ -231,7 +235,9 @@ class NativeQuantLinear:
         CPU with native bf16 products: about twice float32's speed there)."""
         m, k = x.shape
         assert k == w.in_features and x.dtype == torch.float32 and x.device.type == "cpu"
-        if m >= DENSE_MIN_ROWS:  # a prefill: compute-bound, where torch's float matrix product is faster
+        # a prefill in the row layout: compute-bound, where torch's float matrix product is faster; the
+        # tiled product is as fast there, and keeps every row count on the same arithmetic
+        if m >= DENSE_MIN_ROWS and w.layout == "rows":
             weight = self.dequantize(w)
             if dense_dtype == torch.float32:
                 return torch.nn.functional.linear(x, weight, bias)

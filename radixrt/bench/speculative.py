@@ -320,6 +320,12 @@ def render(report: dict[str, Any]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
+def _engine_config(text: str) -> dict[str, Any]:
+    from radixrt.bench.peers import parse_config
+
+    return parse_config(text)
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a local model folder")
     p.add_argument("--workload", action="append", choices=[*WORKLOADS, "all"], help="repeatable (default: all)")
@@ -332,6 +338,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-width", type=int, default=2, help="speculative_tree_width (1: chains)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool of each engine, in tokens")
     p.add_argument("--device", default=None, help="the engines' device (default: the engine's)")
+    p.add_argument(
+        "--engine-config",
+        type=_engine_config,
+        dest="engine_kwargs",
+        default=None,
+        help="more settings of both engines, key=value,... (e.g. quantization=int8,enable_torch_compile=true)",
+    )
     for f, default in asdict(Sizes()).items():
         p.add_argument("--" + f.replace("_", "-"), type=int, default=default, help=f"workload size ({default})")
     p.add_argument("--log-level", default="warning")

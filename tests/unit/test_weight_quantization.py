@@ -43,8 +43,9 @@ def test_native_kernel_equals_the_dequantized_weight(spec, layout):
         torch.testing.assert_close(kernel.dequantize(packed), dense, atol=1e-6, rtol=1e-6)  # fma rounding
     for rows in (1, 2, 3, 5, 8, 17, ql.DENSE_MIN_ROWS):  # the last: the dense path (dequantized, then F.linear)
         x = torch.randn(rows, 256, generator=gen)[:, ::2]  # strided rows
-        # below DENSE_MIN_ROWS the kernel multiplies int8 activations (a scale per run of 32)
-        xk = ql.quantize_activations(x) if rows < ql.DENSE_MIN_ROWS else x
+        # int8 activations (a scale per run of 32), but for the row layout's dense prefill path
+        integer = rows < ql.DENSE_MIN_ROWS or packed.layout == "tiles"
+        xk = ql.quantize_activations(x) if integer else x
         expected = xk @ dense.T + bias
         torch.testing.assert_close(kernel.linear(x, packed, bias), expected, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(
