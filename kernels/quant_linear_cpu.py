@@ -272,34 +272,13 @@ class NativeQuantLinear:
 
     def dequantize(self, w: PackedWeight) -> torch.Tensor:
         """The float32 weight [N, K] (as `dequantize`, in C)."""
+        if w.layout == "tiles" and not self.tiles:
+            w = from_tiles(w)
         out = torch.empty((w.out_features, w.in_features))
+        fn = self._tiles_dequant if w.layout == "tiles" else self._dequant
         mins = w.mins.data_ptr() if w.mins is not None else None
-        if w.layout == "tiles":
-            if not self.tiles:
-                return self.dequantize(from_tiles(w))
-            self._tiles_dequant(
-                w.qweight.data_ptr(),
-                w.scales.data_ptr(),
-                mins,
-                w.in_features,
-                w.group_size,
-                w.bits,
-                out.data_ptr(),
-                0,
-                w.out_features,
-            )
-            return out
-        self._dequant(
-            w.qweight.data_ptr(),
-            w.scales.data_ptr(),
-            mins,
-            w.in_features,
-            w.group_size,
-            w.bits,
-            out.data_ptr(),
-            0,
-            w.out_features,
-        )
+        n, k = w.out_features, w.in_features
+        fn(w.qweight.data_ptr(), w.scales.data_ptr(), mins, k, w.group_size, w.bits, out.data_ptr(), 0, n)
         return out
 
 
