@@ -8,8 +8,10 @@ import pytest
 
 from radixrt.config import EngineConfig
 from radixrt.engine import Engine
+from radixrt.executor.models.compiled import cxx_compiler
 
 pytestmark = pytest.mark.slow  # inductor compiles C++ on first use (tens of seconds, once per machine)
+needs_cxx = pytest.mark.skipif(cxx_compiler() is None, reason="inductor needs a C++ compiler")
 
 PROMPTS = ["The capital of France is", "def fib(n):", "1, 2, 3, 4,", "Once upon a time there was a"]
 
@@ -22,6 +24,7 @@ def _greedy(model: str, **flags) -> tuple[list[list[int]], Engine]:
     return [one["output_ids"]] + [o["output_ids"] for o in many], engine
 
 
+@needs_cxx
 @pytest.mark.parametrize(
     "flags",
     [{}, {"quantization": "int4"}, {"speculative_algorithm": "RADIX"}],

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import weakref
 from contextlib import contextmanager
@@ -107,8 +108,17 @@ def inductor_cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(radixrt_home() / "inductor")
 
 
+def cxx_compiler() -> Optional[str]:
+    """The C++ compiler inductor's CPU code would be built with, or None."""
+    names = [os.environ.get("CXX") or "g++", "c++", "clang++"]
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
 def enable_compile(model: Any) -> None:
-    """Give ``model`` (a `LlamaForCausalLM`) its compiled layer stack (compiled on first call)."""
+    """Give ``model`` (a `LlamaForCausalLM`) its compiled layer stack (compiled on first call).
+    RuntimeError without a C++ compiler."""
+    if cxx_compiler() is None:
+        raise RuntimeError("--enable-torch-compile needs a C++ compiler (g++, c++ or $CXX) for inductor's code")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
     import torch._inductor.config as inductor_config
 
