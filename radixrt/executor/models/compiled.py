@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -53,19 +54,19 @@ class _ForwardContext:
     backend: Any
 
 
-_current: Optional[_ForwardContext] = None
+_local = threading.local()  # .ctx: the forward context of the thread running compiled layers
 _quantized: list[Any] = []  # weakrefs to QuantizedLinear modules, by their compile key
 
 
 @contextmanager
 def attention_context(kv_pool: Any, backend: Any) -> Iterator[None]:
     """Run the compiled layers against this batch's KV pool and planned backend."""
-    global _current
-    outer, _current = _current, _ForwardContext(kv_pool, backend)
+    outer = getattr(_local, "ctx", None)
+    _local.ctx = _ForwardContext(kv_pool, backend)
     try:
         yield
     finally:
-        _current = outer
+        _local.ctx = outer
 
 
 def register_quantized(module: Any) -> int:
@@ -78,8 +79,8 @@ def register_quantized(module: Any) -> int:
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer_id: int, scale: float) -> Tensor:
     """The context's backend on layer ``layer_id``: stores ``k``/``v`` at the batch's slots
     (the pool is not an argument: no graph tensor is mutated) and returns [T, Hq * D]."""
-    assert _current is not None, "compiled layers called outside attention_context"
-    ctx = _current
+    ctx: Optional[_ForwardContext] = getattr(_local, "ctx", None)
+    assert ctx is not None, "compiled layers called outside attention_context"
     return ctx.backend.forward(q, k, v, ctx.kv_pool.layer_cache(layer_id), scale)
 
 
