@@ -118,7 +118,7 @@ class ExecutionSettings:
     enable_torch_compile: bool = setting(
         False,
         "CPU: compile the decoder layers with torch.compile (inductor), fusing the small ops between "
-        "the matrix products; compiled on the first batches (cached on disk under $RADIXRT_HOME/inductor)",
+        "the matrix products; compiled when the engine starts (cached on disk under $RADIXRT_HOME/inductor)",
     )
     enable_deterministic_inference: bool = setting(
         False,
