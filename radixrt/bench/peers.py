@@ -15,7 +15,8 @@ Workloads (greedy, ``ignore_eos``, every request makes exactly its tokens):
   another, reuses the prefix it still holds from the previous request).
 
 Systems: radixrt once per ``--radixrt-config`` (``dtype=...,quantization=...``:
-EngineConfig fields; a bare word is a dtype; default float32 and bfloat16),
+EngineConfig fields; a bare word is a dtype; default float32, bfloat16 and
+int8 weights with the LM head, the format nearest llama.cpp's Q4_1 file in bytes),
 each on a fresh radix cache per workload; llama.cpp through llama-cpp-python
 (``pip install 'radixrt[peers]'``) on a GGUF of the same model (the embedded
 model's own Q4_1 file, `default_model_gguf`, or ``--gguf``), ``--llama-threads``
@@ -37,7 +38,7 @@ from typing import Any, Optional, Sequence
 
 from radixrt.bench.common import HFGenerate, words
 
-DEFAULT_CONFIGS = ("dtype=float32", "dtype=bfloat16")
+DEFAULT_CONFIGS = ("dtype=float32", "dtype=bfloat16", "quantization=int8,quantize_lm_head=true")
 SHARED = "32 shared prefix"
 
 
@@ -263,7 +264,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="a radixrt row: EngineConfig fields as key=value,... (a bare word is a dtype); repeatable "
-        f"(default: {' and '.join(DEFAULT_CONFIGS)})",
+        f"(default: {'; '.join(DEFAULT_CONFIGS)})",
     )
     p.add_argument("--gguf", default=None, help="llama.cpp's GGUF of --model (default model: its own Q4_1 file)")
     p.add_argument("--llama-threads", type=int, default=2, help="llama.cpp threads")
