@@ -95,7 +95,7 @@ void radixrt_quant_dequant_f32(const void *qw, const float *scales, const float 
 
 #define RUN 32
 
-static void quantize_row_q8(const float *v, int64_t K, int8_t *q, float *xd, float *xs) {
+static void quantize_row_q8(const float *v, int64_t K, int8_t *q, float *xd, float *xs, int32_t *xsum) {
     for (int64_t b = 0; b < K / RUN; b++, v += RUN, q += RUN) {
         float amax = 0.0f;
         for (int j = 0; j < RUN; j++) amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
@@ -107,7 +107,23 @@ static void quantize_row_q8(const float *v, int64_t K, int8_t *q, float *xd, flo
         }
         xd[b] = d;
         xs[b] = d * (float)sum;
+        xsum[b] = sum;
     }
+}
+
+/* The M rows of x quantized into one allocation (free the returned pointer; NULL when out of
+ * memory): xq int8 [M, K], then per row and run xd, xs (float32) and xsum (the int sum of xq). */
+static int8_t *quantize_rows(const float *x, int64_t x_stride, int64_t M, int64_t K, float **xd, float **xs,
+                             int32_t **xsum) {
+    const int64_t runs = K / RUN;
+    int8_t *xq = (int8_t *)malloc((size_t)(M * K) + (2 * sizeof(float) + sizeof(int32_t)) * (size_t)(M * runs) + 64);
+    if (xq == NULL) return NULL;
+    *xd = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
+    *xs = *xd + M * runs;
+    *xsum = (int32_t *)(*xs + M * runs);
+    for (int64_t i = 0; i < M; i++)
+        quantize_row_q8(x + i * x_stride, K, xq + i * K, *xd + i * runs, *xs + i * runs, *xsum + i * runs);
+    return xq;
 }
 
 /* quantized activation rows */
@@ -216,10 +232,10 @@ int radixrt_quant_linear(const float *x, int64_t x_stride, int64_t M, int64_t K,
                          const float *scales, const float *mins, int64_t group, int bits, const float *bias,
                          float *out, int64_t out_stride, int64_t N, int64_t parallel_min_macs) {
     const int64_t runs = K / RUN;
-    int8_t *xq = (int8_t *)malloc((size_t)(M * K) + 2 * sizeof(float) * (size_t)(M * runs) + 64);
+    float *xd, *xs;
+    int32_t *xsum;
+    int8_t *xq = quantize_rows(x, x_stride, M, K, &xd, &xs, &xsum);
     if (xq == NULL) return 1;
-    float *xd = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63), *xs = xd + M * runs;
-    for (int64_t i = 0; i < M; i++) quantize_row_q8(x + i * x_stride, K, xq + i * K, xd + i * runs, xs + i * runs);
     const int64_t blocks = (N + ROWS - 1) / ROWS;
 #pragma omp parallel for schedule(static) if (M * N * K >= parallel_min_macs)
     for (int64_t blk = 0; blk < blocks; blk++) {
@@ -375,18 +391,10 @@ int radixrt_quant_linear_tiles(const float *x, int64_t x_stride, int64_t M, int6
                                const float *bias, float *out, int64_t out_stride, int64_t N,
                                int64_t parallel_min_macs) {
     const int64_t runs = K / RUN;
-    int8_t *xq = (int8_t *)malloc((size_t)(M * K) + (2 * sizeof(float) + sizeof(int32_t)) * (size_t)(M * runs) + 64);
+    float *xd, *xs;
+    int32_t *xsum;
+    int8_t *xq = quantize_rows(x, x_stride, M, K, &xd, &xs, &xsum);
     if (xq == NULL) return 1;
-    float *xd = (float *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63), *xs = xd + M * runs;
-    int32_t *xsum = (int32_t *)(xs + M * runs);
-    for (int64_t i = 0; i < M; i++) {
-        quantize_row_q8(x + i * x_stride, K, xq + i * K, xd + i * runs, xs + i * runs);
-        for (int64_t b = 0; b < runs; b++) {
-            int32_t s = 0;
-            for (int j = 0; j < RUN; j++) s += xq[i * K + b * RUN + j];
-            xsum[i * runs + b] = s;
-        }
-    }
     const int64_t tiles = (N + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static) if (M * N * K >= parallel_min_macs)
     for (int64_t t = 0; t < tiles; t++) {

@@ -52,6 +52,7 @@ from typing import Any, Optional
 
 from radixrt.bench.common import ReqResult, engine_stream
 from radixrt.bench.driver import drive
+from radixrt.bench.peers import parse_config
 from radixrt.bench.spec_workloads import TOKEN_WORKLOADS, Sizes, build
 from radixrt.bench.workload_base import Gen, Program, Tokens, Workload
 
@@ -320,12 +321,6 @@ def render(report: dict[str, Any]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
-def _engine_config(text: str) -> dict[str, Any]:
-    from radixrt.bench.peers import parse_config
-
-    return parse_config(text)
-
-
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a local model folder")
     p.add_argument("--workload", action="append", choices=[*WORKLOADS, "all"], help="repeatable (default: all)")
@@ -340,7 +335,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="the engines' device (default: the engine's)")
     p.add_argument(
         "--engine-config",
-        type=_engine_config,
+        type=parse_config,
         dest="engine_kwargs",
         default=None,
         help="more settings of both engines, key=value,... (e.g. quantization=int8,enable_torch_compile=true)",

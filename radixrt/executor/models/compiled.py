@@ -124,7 +124,7 @@ def enable_compile(model: Any) -> None:
     import torch._inductor.config as inductor_config
 
     # the weights are constants to inductor: it packs them for oneDNN's CPU products (a bfloat16
-    # model decoded 1.2x slower compiled without it than eager; docs/benchmarks.md)
+    # model decoded 1.15x slower compiled without it than eager; docs/benchmarks.md)
     inductor_config.freezing = True
     model.compiled_layers = CompiledLayers(torch.compile(model.run_layers, fullgraph=True))
 

@@ -205,16 +205,24 @@ class LlamaForCausalLM(nn.Module):
         if self.compiled_layers is not None and not self.batch_invariant and meta.scoring is None:
             return self.compiled_layers(h, cos, sin, kv_pool, backend)
         real = n if self.batch_invariant else None  # only the real rows reach the attention backend
-        for layer in self.model.layers:
-            h = layer(h, cos, sin, self.rope, kv_pool, backend, real, meta.scoring)
-        h = self.model.norm(h)
+        h = self.run_layers(h, cos, sin, kv_pool, backend, real, meta.scoring)
         return h[:n] if self.batch_invariant else h
 
-    def run_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The layer stack and the final norm as `compiled.enable_compile` compiles it (the
-        attention's pool and backend come from the forward context)."""
+    def run_layers(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_pool: Any = None,
+        backend: Optional["AttentionBackend"] = None,
+        num_tokens: Optional[int] = None,
+        scoring: Optional["ScoringPass"] = None,
+    ) -> torch.Tensor:
+        """The layer stack and the final norm (arguments as `DecoderLayer.forward`'s).
+        `compiled.enable_compile` compiles it called with the first three only: the compiled
+        attention finds the pool and backend in its forward context."""
         for layer in self.model.layers:
-            h = layer(h, cos, sin, self.rope, None, None)
+            h = layer(h, cos, sin, self.rope, kv_pool, backend, num_tokens, scoring)
         return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
