@@ -12,8 +12,10 @@ random rank-``--rank`` adapters of every projection, kept under
 1. **Throughput by adapters**: ``--requests`` requests (distinct
    ``--prompt-tokens`` prompts, ``--tokens`` greedy tokens each, EOS ignored)
    sent as one batch with 0 (the base model), 1, 2, 4 and 8 distinct adapters
-   dealt round robin; tokens per second of the whole batch (median of
-   ``--repeats``; the cache flushed before each) and the ratio to the base.
+   dealt round robin; tokens per second of the whole batch and of its decode
+   alone (the batch's wall time less that of the same batch for one token;
+   medians of ``--repeats``, the cache flushed before each), and their ratios
+   to the base.
 2. **Activated LoRA**: a ``--history``-token conversation the base model has
    already read (it is in the radix cache), then one request with an
    activated adapter (its invocation tokens appended) against the same
@@ -74,24 +76,34 @@ def _make(model_path: str, out: Path, rank: int, seed: int, alora: Optional[list
 
 
 def throughput(engine: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Tokens/s of the whole batch (prefill included) and of its decode alone: the same
+    batch for one token subtracted (what the decode steps took). The adapter counts take
+    turns within each repeat, so the machine's drift spreads over all of them."""
     prompts = [[(17 * i + 31 * j) % 20000 + 100 for j in range(args.prompt_tokens)] for i in range(args.requests)]
-    params = {"max_new_tokens": args.tokens, "temperature": 0.0, "ignore_eos": True}
-    rows = []
-    for k in (0, 1, 2, 4, 8):
-        loras = [None if k == 0 else f"a{i % k}" for i in range(args.requests)]
-        walls = []
-        for _ in range(args.repeats):
+    counts = (0, 1, 2, 4, 8)
+    walls: dict[tuple[int, int], list[float]] = {(k, n): [] for k in counts for n in (1, args.tokens)}
+    for _ in range(args.repeats):
+        for k, tokens in walls:
+            loras = [None if k == 0 else f"a{i % k}" for i in range(args.requests)]
             engine.flush_cache()
+            params = {"max_new_tokens": tokens, "temperature": 0.0, "ignore_eos": True}
             t = time.perf_counter()
             engine.generate(input_ids=prompts, sampling_params=params, lora_path=loras)
-            walls.append(time.perf_counter() - t)
-        wall = statistics.median(walls)
+            walls[(k, tokens)].append(time.perf_counter() - t)
+    rows = []
+    for k in counts:
+        wall, first = statistics.median(walls[(k, args.tokens)]), statistics.median(walls[(k, 1)])
         rows.append(
-            {"adapters": k, "wall_s": round(wall, 2), "tokens_per_s": round(args.requests * args.tokens / wall, 1)}
+            {
+                "adapters": k,
+                "wall_s": round(wall, 2),
+                "tokens_per_s": round(args.requests * args.tokens / wall, 1),
+                "decode_tokens_per_s": round(args.requests * (args.tokens - 1) / max(wall - first, 1e-9), 1),
+            }
         )
-    base = rows[0]["tokens_per_s"]
-    for r in rows:
-        r["vs_base"] = round(r["tokens_per_s"] / base, 3)
+    for key in ("tokens_per_s", "decode_tokens_per_s"):
+        for r in rows:
+            r[key.replace("tokens_per_s", "vs_base")] = round(r[key] / rows[0][key], 3)
     return rows
 
 
@@ -112,10 +124,14 @@ def activated(engine: Any, args: argparse.Namespace, invocation: list[int]) -> d
 
 def render(report: dict[str, Any]) -> str:
     lines = [
-        f"{report['requests']} requests x {report['tokens']} tokens, rank {report['rank']}: adapters, tok/s, vs base"
+        f"{report['requests']} requests x {report['tokens']} tokens, rank {report['rank']}: "
+        "adapters, tok/s (whole batch), vs base, decode tok/s, vs base"
     ]
     for r in report["throughput"]:
-        lines.append(f"  {r['adapters']:>2}  {r['tokens_per_s']:>8.1f}  {r['vs_base']:.3f}")
+        lines.append(
+            f"  {r['adapters']:>2}  {r['tokens_per_s']:>8.1f}  {r['vs_base']:.3f}  "
+            f"{r['decode_tokens_per_s']:>8.1f}  {r['decode_vs_base']:.3f}"
+        )
     a = report["activated"]
     lines.append(f"activated LoRA on a {report['history']}-token history the base model read: time to first token")
     for name in ("activated (aLoRA)", "plain LoRA"):
@@ -133,7 +149,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--history", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import radixrt

@@ -76,6 +76,7 @@ class LoRAAdapter:
     targets: tuple[str, ...]  # PEFT module names it adapts
     invocation_tokens: Optional[tuple[int, ...]] = None  # activated LoRA
     layers: dict[tuple[int, str], ProjectionDelta] = field(default_factory=dict)  # (layer, projection)
+    kernel_form: Optional[Any] = field(default=None, repr=False)  # the CPU kernel's descriptors (lora/native.py)
 
     @property
     def num_bytes(self) -> int:

@@ -1,6 +1,8 @@
 """LoRA products for a batch that mixes adapters (and rows with none).
 
-`LoRABatch` is built once per step from each token row's adapter. When the
+`LoRABatch` is built once per step from each token row's adapter. A small
+CPU step (decode, verification) goes to the C kernel, which reads each row's
+own adapter's weights (native.py). When the
 rows spread evenly over several adapters (a decode batch), the products run
 as batched matmuls over stacked weights (stacked.py). Otherwise the rows are
 grouped into *segments* of one adapter each. When every adapter's rows
@@ -22,12 +24,13 @@ thread is the only reader.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from radixrt.executor.lora.adapter import LoRAAdapter
+from radixrt.executor.lora.native import NativeRows
 from radixrt.executor.lora.stacked import StackedRows
 
 
@@ -42,15 +45,34 @@ class LoRABatch:
     """The adapters of one step's token rows (see the module docstring)."""
 
     def __init__(
-        self, segments: list[Segment], perm: Optional[torch.Tensor], stacked: Optional[StackedRows] = None
+        self,
+        segments: list[Segment],
+        perm: Optional[torch.Tensor],
+        stacked: Optional[StackedRows] = None,
+        native: Optional[NativeRows] = None,
+        torch_form: Optional[Callable[[], Optional["LoRABatch"]]] = None,
     ) -> None:
         self.segments = segments
         self.perm = perm  # sorted row i is batch row perm[i]; None: segments are batch slices
         self.stacked = stacked  # a balanced mix of adapters: batched matmuls instead (stacked.py)
+        self.native = native  # a small CPU step: the C kernel (native.py)
+        self._torch_form = torch_form  # with native: makes the torch form, for inputs the kernel does not take
+        self._torch: Optional[LoRABatch] = None
 
     @classmethod
     def build(cls, row_adapters: list[Optional[LoRAAdapter]], device: torch.device | str) -> Optional["LoRABatch"]:
         """From each token row's adapter (None: no adapter); None when no row has one."""
+        if all(a is None for a in row_adapters):
+            return None
+        kernel = NativeRows.usable(row_adapters, device)
+        if kernel is None:
+            return cls._build_torch(row_adapters, device)
+        return cls([], None, None, NativeRows(kernel, row_adapters), lambda: cls._build_torch(row_adapters, device))
+
+    @classmethod
+    def _build_torch(
+        cls, row_adapters: list[Optional[LoRAAdapter]], device: torch.device | str
+    ) -> Optional["LoRABatch"]:
         groups: dict[int, tuple[LoRAAdapter, list[int]]] = {}
         runs = 0
         for i, a in enumerate(row_adapters):
@@ -75,6 +97,14 @@ class LoRABatch:
 
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out += `` the adapters' deltas of projection ``projection`` of layer ``layer`` for input ``x``."""
+        if self.native is not None:
+            if self.native.accepts(x, out):
+                self.native.add_delta(layer, projection, x, out)
+            else:
+                self._torch = self._torch or (self._torch_form() if self._torch_form else None)
+                if self._torch is not None:
+                    self._torch.add_delta(layer, projection, x, out)
+            return
         if self.stacked is not None:
             self.stacked.add_delta(layer, projection, x, out)
             return
