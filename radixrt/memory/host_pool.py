@@ -173,7 +173,7 @@ class HostKVPool:
             return
         if self.by_runs:
             staged = torch.empty((n, self.page_bytes), dtype=torch.uint8, device=dev.device)
-            for i, p, ln in _runs(host_pages):
+            for i, p, ln in page_runs(host_pages):
                 staged[i : i + ln].copy_(self.buf[p : p + ln], non_blocking=True)
 
             def part(layer: int, name: str) -> torch.Tensor:
@@ -224,7 +224,7 @@ class HostKVPool:
     def _offload(self, dev_pages: list[int], host_pages: list[int]) -> None:
         staged = self.pack(dev_pages)
         if self.by_runs:
-            for i, p, ln in _runs(host_pages):
+            for i, p, ln in page_runs(host_pages):
                 self.buf[p : p + ln].copy_(staged[i : i + ln], non_blocking=True)
         else:
             self.buf.index_copy_(0, torch.tensor(host_pages), staged.cpu())
@@ -271,7 +271,7 @@ def _paired_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
+def page_runs(pages: list[int]) -> list[tuple[int, int, int]]:
     """(index in ``pages``, first page, length) of each run of consecutive page ids."""
     out: list[tuple[int, int, int]] = []
     start = 0

@@ -97,13 +97,24 @@ def unframe(identity: StoreIdentity, key: bytes, data: bytes | memoryview) -> Op
     under ``identity`` with the expected size, else None."""
     if len(data) < HEADER.size:
         return None
-    magic, ident, stored_key, length, digest = HEADER.unpack_from(data)
     payload = memoryview(data)[HEADER.size :]
+    return payload if intact(identity, key, memoryview(data)[: HEADER.size], [payload]) else None
+
+
+def intact(
+    identity: StoreIdentity, key: bytes, header: bytes | bytearray | memoryview, payload: Sequence[memoryview]
+) -> bool:
+    """Whether ``header`` and the payload read into the views ``payload`` (in order)
+    are an intact frame of block ``key`` written under ``identity``."""
+    magic, ident, stored_key, length, digest = HEADER.unpack_from(header)
     if magic != MAGIC or ident != identity.digest or stored_key != key:
-        return None
-    if length != len(payload) or length != identity.block_bytes or checksum(payload) != digest:
-        return None
-    return payload
+        return False
+    if length != sum(v.nbytes for v in payload) or length != identity.block_bytes:
+        return False
+    crc = 0
+    for view in payload:
+        crc = zlib.crc32(view, crc)
+    return crc == digest
 
 
 class KVStore(ABC):
@@ -146,6 +157,20 @@ class KVStore(ABC):
     def get(self, key: bytes) -> Optional[memoryview]:
         """The block's verified payload, or None (missing, or corrupt: then it is
         deleted and counted in ``corrupt``)."""
+
+    def get_into(self, key: bytes, dest: Sequence[memoryview]) -> bool:
+        """Read the block's verified payload into the writable byte views ``dest``
+        (in order; their sizes add up to a block), as `get` counts it; False for a
+        miss or a corrupt block (``dest`` then holds anything). Stores that can
+        read straight into ``dest`` (a file's scatter read) override this."""
+        payload = self.get(key)
+        if payload is None:
+            return False
+        offset = 0
+        for view in dest:
+            view[:] = payload[offset : offset + view.nbytes]
+            offset += view.nbytes
+        return True
 
     @abstractmethod
     def put(self, key: bytes, payload: bytes | memoryview) -> None:

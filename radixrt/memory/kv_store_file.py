@@ -30,9 +30,9 @@ import threading
 import uuid
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from radixrt.memory.kv_store import HEADER, KVStore, StoreIdentity, StoreMismatchError, frame, unframe
+from radixrt.memory.kv_store import HEADER, KVStore, StoreIdentity, StoreMismatchError, frame, intact
 
 logger = logging.getLogger(__name__)
 
@@ -112,24 +112,35 @@ class FileKVStore(KVStore):
     def get(self, key: bytes) -> Optional[memoryview]:
         """As `KVStore.get`; the payload is a view of this thread's read buffer,
         valid until its next `get`."""
+        scratch = getattr(self._local, "buf", None)
+        if scratch is None:
+            scratch = self._local.buf = bytearray(self.identity.block_bytes)
+        payload = memoryview(scratch)
+        return payload if self.get_into(key, [payload]) else None
+
+    def get_into(self, key: bytes, dest: Sequence[memoryview]) -> bool:
+        """One scatter read (``readv``) of the frame: its header into a small buffer,
+        the payload straight into ``dest``, and one byte more to notice a longer file;
+        then the frame is checked where it landed (`intact`)."""
         path = self._path(key)
-        scratch = self._scratch()
+        header, extra = bytearray(HEADER.size), bytearray(1)
         try:
-            with open(path, "rb") as f:
-                size = f.readinto(scratch)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                size = os.readv(fd, [header, *dest, extra])
+            finally:
+                os.close(fd)
         except OSError:
             with self._lock:
                 self.misses += 1
             self._forget(key)
-            return None
-        data = memoryview(scratch)[:size]
-        payload = unframe(self.identity, key, data)
-        if payload is None:
+            return False
+        if size != HEADER.size + self.identity.block_bytes or not intact(self.identity, key, header, dest):
             logger.warning("KV store %s: block %s is corrupt; deleted (it will be recomputed)", self.root, key.hex())
             with self._lock:
                 self.corrupt += 1
             self._delete(key)
-            return None
+            return False
         os.utime(path)  # the LRU order outlives the process
         with self._lock:  # several reader threads may share a long read
             self.hits += 1
@@ -137,14 +148,7 @@ class FileKVStore(KVStore):
                 self._bytes += size
             self._index[key] = size
             self._index.move_to_end(key)
-        return payload
-
-    def _scratch(self) -> bytearray:
-        """This thread's read buffer: one frame, plus a byte to notice a longer file."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = bytearray(HEADER.size + self.identity.block_bytes + 1)
-        return buf
+        return True
 
     def put(self, key: bytes, payload: bytes | memoryview) -> None:
         if self.known(key):

@@ -36,7 +36,6 @@ import logging
 import os
 import queue
 import threading
-import warnings
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from typing import Any, Callable, Hashable, Optional
 
 import torch
 
-from radixrt.memory.host_pool import HostKVPool
+from radixrt.memory.host_pool import HostKVPool, page_runs
 from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_events import KVEventRecorder, block_hashes, storage_medium
 from radixrt.memory.kv_store import KVStore, StoreIdentity, block_keys
@@ -85,6 +84,7 @@ class StorageTier:
         self.identity: StoreIdentity = store.identity
         self.block_tokens = self.identity.block_tokens
         self.held: list[_Held] = []
+        self._host_bytes = pool.buf.numpy()  # the host pool's memory, which reads land in
         self._queued: set[bytes] = set()  # keys handed to the writer, not yet written
         self._writes: "queue.Queue[Optional[tuple[bytes, memoryview]]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="radixrt-kv-store-writer", daemon=True)
@@ -231,20 +231,23 @@ class StorageTier:
     def _read_run(
         self, keys: list[bytes], pages: torch.Tensor, per_block: int, start: int, end: int, first_bad: list[int]
     ) -> None:
-        """Read blocks ``start..end-1``, stopping at the first missing or corrupt
-        one (lowering ``first_bad[0]`` to it) or at ``first_bad[0]``."""
+        """Read blocks ``start..end-1`` straight into their host pages, stopping at
+        the first missing or corrupt one (lowering ``first_bad[0]`` to it) or at
+        ``first_bad[0]``."""
         for i in range(start, end):
             if i >= first_bad[0]:
                 return
-            payload = self.store.get(keys[i])
-            if payload is None:
+            if not self.store.get_into(keys[i], self._page_views(pages[i * per_block : (i + 1) * per_block].tolist())):
                 with self._bad_lock:
                     first_bad[0] = min(first_bad[0], i)
                 return
-            with warnings.catch_warnings():  # a read-only buffer is fine: it is only copied from
-                warnings.simplefilter("ignore", UserWarning)
-                rows = torch.frombuffer(payload, dtype=torch.uint8).view(per_block, self.pool.page_bytes)
-            self.pool.buf.index_copy_(0, pages[i * per_block : (i + 1) * per_block], rows)
+
+    def _page_views(self, pages: list[int]) -> list[memoryview]:
+        """Writable byte views of host pages ``pages`` (in order), one per run of consecutive pages."""
+        views = []
+        for _, page, length in page_runs(pages):
+            views.append(memoryview(self._host_bytes[page : page + length]).cast("B"))  # type: ignore[arg-type]
+        return views
 
     def ready(self) -> list[Req]:
         """Held requests whose reads are done, with what was read now in the tree

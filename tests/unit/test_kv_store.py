@@ -13,10 +13,11 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
-from radixrt.memory.kv_store import StoreIdentity, StoreMismatchError, block_keys, frame, unframe
+from radixrt.memory.kv_store import KVStore, StoreIdentity, StoreMismatchError, block_keys, frame, unframe
 from radixrt.memory.kv_store_file import FileKVStore
 
 IDENTITY = StoreIdentity(model="ab" * 16, kv_dtype="auto/torch.float32", page_size=1, block_tokens=4, page_bytes=8)
@@ -62,6 +63,53 @@ def test_file_store_is_warm_after_reopening(tmp_path: Path) -> None:
     assert [bytes(reopened.get(k) or b"") for k in keys] == [payload(i) for i in range(10)]
     assert reopened.hits == 10 and reopened.size_bytes() == store.size_bytes()
     assert reopened.get(b"\1" * 16) is None and reopened.misses == 1
+
+
+def test_reads_land_straight_in_scattered_views_and_refuse_corrupt_blocks(tmp_path: Path) -> None:
+    """`get_into` (the storage tier's read into host pages): the file store's scatter
+    read, and the default over `get` that other stores use."""
+
+    class InMemory(KVStore):  # a store with only `get`, as the Redis one
+        local = True
+
+        def __init__(self) -> None:
+            super().__init__(IDENTITY)
+            self.frames: dict[bytes, bytes] = {}
+
+        def known(self, key: bytes) -> bool:
+            return key in self.frames
+
+        contains = known
+
+        def get(self, key: bytes) -> Optional[memoryview]:
+            return unframe(IDENTITY, key, self.frames[key]) if key in self.frames else None
+
+        def put(self, key: bytes, data: bytes | memoryview) -> None:
+            self.frames[key] = frame(IDENTITY, key, data)
+
+        def size_bytes(self) -> int:
+            return sum(map(len, self.frames.values()))
+
+    store, other = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20), InMemory()
+    keys = block_keys(IDENTITY, None, list(range(8)), 2)
+    for s in (store, other):
+        s.put(keys[0], payload(0))
+        s.put(keys[1], payload(1))
+    for reader in (store, other):
+        memory = bytearray(2 * BLOCK)
+        views = [memoryview(memory)[BLOCK : BLOCK + 8], memoryview(memory)[:24]]  # out of order, split
+        assert reader.get_into(keys[0], views)
+        assert bytes(memory[BLOCK : BLOCK + 8]) + bytes(memory[:24]) == payload(0)
+    path = next(tmp_path.glob(f"blocks/*/{keys[1].hex()}.kv"))
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert not store.get_into(keys[1], [memoryview(bytearray(BLOCK))])
+    assert store.corrupt == 1 and not path.exists() and not store.known(keys[1])
+    path.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0x01, 0]))  # one byte too long
+    store._index[keys[1]] = len(data) + 1
+    assert not store.get_into(keys[1], [memoryview(bytearray(BLOCK))]) and store.corrupt == 2
+    assert not store.get_into(b"\2" * 16, [memoryview(bytearray(BLOCK))]) and store.misses == 1
 
 
 def test_file_store_refuses_another_model_dtype_or_layout(tmp_path: Path) -> None:
