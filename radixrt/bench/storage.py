@@ -178,7 +178,10 @@ def two_servers(args: argparse.Namespace) -> Optional[dict[str, Any]]:
 
 
 def _extra(args: argparse.Namespace) -> dict[str, Any]:
-    return {"dtype": args.dtype} if args.dtype else {}
+    extra: dict[str, Any] = {"dtype": args.dtype} if args.dtype else {}
+    if args.block_tokens:
+        extra["hicache_storage_block_tokens"] = args.block_tokens
+    return extra
 
 
 def render(report: dict[str, Any]) -> str:
@@ -215,6 +218,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--model", default="default")
     p.add_argument("--dtype", default=None, help="the engines' dtype (default: the engine's own choice)")
     p.add_argument("--prefix-tokens", type=int, default=4000)
+    p.add_argument("--block-tokens", type=int, default=None, help="tokens per stored block (default: the engine's)")
     p.add_argument("--agents", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--restarts", type=int, default=2)
