@@ -100,10 +100,11 @@ class LoRABatch:
         if self.native is not None:
             if self.native.accepts(x, out):
                 self.native.add_delta(layer, projection, x, out)
-            else:
-                self._torch = self._torch or (self._torch_form() if self._torch_form else None)
-                if self._torch is not None:
-                    self._torch.add_delta(layer, projection, x, out)
+                return
+            if self._torch is None and self._torch_form is not None:
+                self._torch = self._torch_form()
+            if self._torch is not None:
+                self._torch.add_delta(layer, projection, x, out)
             return
         if self.stacked is not None:
             self.stacked.add_delta(layer, projection, x, out)

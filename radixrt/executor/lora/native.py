@@ -17,6 +17,7 @@ holds the adapters (their tensors stay alive while the kernel reads them).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -53,7 +54,7 @@ class NativeRows:
         dtypes = {_dtype(a) for a in row_adapters if a is not None}
         if len(dtypes) != 1 or dtypes.pop() not in lora_cpu.DTYPES:
             return None
-        return lora_cpu.load()
+        return _kernel()
 
     def accepts(self, x: torch.Tensor, out: torch.Tensor) -> bool:
         return x.dtype == self.dtype and self.kernel.accepts(x, out)
@@ -63,6 +64,12 @@ class NativeRows:
         p = 4 * layer + _INDEX[projection]
         if p < self.table.shape[0]:
             self.kernel.add(x, out, self.slots, self.table[p])
+
+
+@functools.cache
+def _kernel() -> Optional[lora_cpu.NativeLoRA]:
+    """The kernel, built (or found unbuildable) once per process."""
+    return lora_cpu.load()
 
 
 def _dtype(adapter: LoRAAdapter) -> torch.dtype:
