@@ -31,16 +31,16 @@ class Arrivals:
             raise ValueError("this server serves no LoRA adapters (start it with --enable-lora or --lora-paths)")
         self.lora.check(name)
 
-    def arrive(self, req: Req, lora_name: Optional[str], may_hold: bool = True) -> None:
-        """Queue ``req`` or hold it (``may_hold`` False: never for storage, as a beam search's first hypothesis)."""
+    def arrive(self, req: Req, lora_name: Optional[str]) -> None:
+        """Queue ``req`` or hold it."""
         if lora_name is not None:
             assert self.lora is not None
             if not self.lora.start(req, lora_name):
                 return
-        self._to_storage(req, may_hold)
+        self._to_storage(req)
 
-    def _to_storage(self, req: Req, may_hold: bool = True) -> None:
-        if not may_hold or self.storage is None or not self.storage.hold(req):
+    def _to_storage(self, req: Req) -> None:
+        if self.storage is None or not self.storage.hold(req):
             self.queues.waiting.append(req)
 
     def ready(self) -> list[tuple[Req, str]]:

@@ -254,7 +254,7 @@ class Scheduler:
                 self.budgets.start(req)
             if self.speculator is not None and req.kv_budget is None and not beam:
                 self.speculator.start(req)
-            self.arriving.arrive(req, msg.lora, may_hold=not beam)
+            self.arriving.arrive(req, msg.lora)
 
     def abort(self, rid: str) -> None:
         """Abort one request with all its samples, or one sample (or all, for

@@ -92,6 +92,21 @@ def test_requests_arriving_together_after_a_restart_share_one_read(tiny_llama, t
     assert all(r["meta_info"]["cached_tokens"] >= BLOCK * blocks for r in together)
 
 
+def test_a_beam_search_after_a_restart_reads_its_prompt_from_storage(tiny_llama, tmp_path: Path) -> None:
+    prompt = _prompt(100)
+    beam = {"max_new_tokens": 6, "beam_width": 3, "n": 2}
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
+        first.generate(prompt, GREEDY)  # the prompt's blocks are stored
+        before = first.generate(prompt, beam)
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as restarted:
+        after = restarted.generate(prompt, beam)
+        stats = restarted.scheduler.stats()
+    assert [r["output_ids"] for r in after] == [r["output_ids"] for r in before]
+    read = BLOCK * stats["storage_kv"]["hit_blocks"]
+    assert read >= 4 * BLOCK and stats["cache"]["storage_hit_tokens"] == read
+    assert after[0]["meta_info"]["cached_tokens"] >= read
+
+
 def test_a_store_of_another_page_size_is_refused(tiny_llama, tmp_path: Path) -> None:
     with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
         first.generate(_prompt(40), GREEDY)
