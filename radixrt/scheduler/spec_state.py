@@ -10,6 +10,9 @@ if TYPE_CHECKING:
 
 DECAY = 0.7  # weight of a request's earlier verifications in its calibration
 CALIBRATION_RANGE = (0.25, 2.0)
+# the server-wide calibration counts as this many expected draft tokens of a request's own evidence
+PRIOR_WEIGHT = 2.0
+SERVER_DECAY = 0.995  # weight of the server's earlier verifications in the server-wide calibration
 
 
 @dataclass
@@ -31,11 +34,12 @@ class SpecState:
     parents: "Optional[list[int]]" = None
     verify_ct: int = 0
 
-    @property
-    def calibration(self) -> float:
-        """Accepted over expected draft tokens (1 before any evidence), clamped."""
+    def calibration(self, prior: float = 1.0) -> float:
+        """Accepted over expected draft tokens, starting from ``prior`` (the server's
+        ratio: a new request, or one with little evidence, is calibrated as the
+        others were), clamped."""
         lo, hi = CALIBRATION_RANGE
-        return min(hi, max(lo, (self.accepted + 1.0) / (self.expected + 1.0)))
+        return min(hi, max(lo, (self.accepted + PRIOR_WEIGHT * prior) / (self.expected + PRIOR_WEIGHT)))
 
     def record(self, kept: int) -> None:
         """The draft in flight was verified: ``kept`` of its tokens accepted."""
@@ -48,3 +52,23 @@ class SpecState:
         self.pending_expected = 0.0
         self.drafting = False
         self.parents = None
+
+
+@dataclass
+class ServerCalibration:
+    """Accepted over expected draft tokens across all requests (decayed sums): the
+    prior of each request's calibration. The index's estimates of the drafts a
+    large batch can afford (only its most confident) run high, and a request's
+    own few verifications there cannot tell it so."""
+
+    accepted: float = 0.0
+    expected: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        lo, hi = CALIBRATION_RANGE
+        return min(hi, max(lo, (self.accepted + 1.0) / (self.expected + 1.0)))
+
+    def record(self, kept: int, expected: float) -> None:
+        self.accepted = SERVER_DECAY * self.accepted + kept
+        self.expected = SERVER_DECAY * self.expected + expected

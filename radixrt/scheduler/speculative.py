@@ -37,7 +37,7 @@ from typing import Any, Optional
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.spec_cost import OnlineStepCost, StepCost
-from radixrt.scheduler.spec_state import SpecState
+from radixrt.scheduler.spec_state import ServerCalibration, SpecState
 
 # Draft tokens the index rates below this (estimated chance of acceptance) are not proposed; the
 # cost model trims the rest per step.
@@ -109,6 +109,7 @@ class Speculator:
         self.max_width = max_width
         self.context_length = context_length
         self.stats = SpecStats()
+        self.calibration = ServerCalibration()
 
     def wants(self, req: Req) -> bool:
         """Whether ``req`` speculates (decided once, at admission)."""
@@ -204,7 +205,7 @@ class Speculator:
             return None
         width = self.max_width if req.grammar is None else 1
         limit = min(depth * width, room)  # a tree may hold width x the longest path's tokens
-        c = spec.calibration
+        c = spec.calibration(self.calibration.ratio)
         min_prob = max(MIN_PROB, bar / c)
         if min_prob >= 1.0:
             return None
@@ -214,8 +215,13 @@ class Speculator:
         return _Candidate(req, draft.tokens, draft.parents, draft.probs, [min(1.0, c * q) for q in draft.probs])
 
     def stats_dict(self) -> dict[str, Any]:
-        """The counters, and the draft index's size (entries, tokens, bytes)."""
-        return {**self.stats.to_dict(), "spec_index": self.index.stats()}
+        """The counters, the server-wide calibration of the index's estimates (accepted
+        over expected draft tokens), and the draft index's size (entries, tokens, bytes)."""
+        return {
+            **self.stats.to_dict(),
+            "spec_calibration": round(self.calibration.ratio, 3),
+            "spec_index": self.index.stats(),
+        }
 
     def log_text(self) -> str:
         """The tail of the scheduler's info line: acceptance since start."""
@@ -237,6 +243,7 @@ class Speculator:
         self.stats.drafted_tokens += drafted
         self.stats.accepted_tokens += kept
         self.stats.tree_drafts += spec.parents is not None
+        self.calibration.record(kept, spec.pending_expected)
         spec.record(kept)
 
 

@@ -100,3 +100,29 @@ def test_steps_without_drafts_do_not_make_tokens_look_cheap():
         rows = 24 + step % 16
         online.observe(rows, rows, _true(rows, rows) * (1 + 0.05 * rng.uniform(-1, 1)))
     assert abs(online.per_token - 0.004) < 0.0003, online.current
+
+
+def test_drafts_the_server_saw_rejected_shrink_a_new_requests_draft():
+    """The index's estimates run high for some workload: every request's drafts
+    keep half of what was expected. A request starting now is calibrated from
+    that server-wide evidence (not from an optimistic 1.0), so it drafts less."""
+    from radixrt.scheduler.spec_state import ServerCalibration
+
+    server = ServerCalibration()
+    for _ in range(400):
+        server.record(kept=1, expected=2.0)
+    assert 0.45 < server.ratio < 0.55
+    spec, reqs = _speculator(StepCost(fixed=0.05, per_row=0.0, per_token=0.001))
+    fresh = reqs[0].spec
+    assert fresh.calibration() == 1.0 and abs(fresh.calibration(server.ratio) - server.ratio) < 1e-9
+    spec.draft(reqs)
+    optimistic = sum(len(r.draft_ids) for r in reqs)
+    for r in reqs:  # each verification kept nothing: the server's calibration falls, and each request's
+        drafted = len(r.draft_ids)
+        r.draft_ids = []
+        spec.settle(r, drafted, 0, 1)
+    assert spec.calibration.ratio < 1.0 and spec.stats_dict()["spec_calibration"] < 1.0
+    spec2, reqs2 = _speculator(StepCost(fixed=0.05, per_row=0.0, per_token=0.001))
+    spec2.calibration = spec.calibration
+    spec2.draft(reqs2)
+    assert sum(len(r.draft_ids) for r in reqs2) < optimistic
