@@ -38,6 +38,7 @@
 #define MAX_RANK 1024
 #define COLUMN_BLOCK 64 /* output columns a work item accumulates in registers */
 #define ROW_BLOCK 4     /* rows of one adapter that share each weight read */
+#define K_SLICE 512     /* input columns of x widened to float32 at a time */
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t w = (uint32_t)h << 16;
@@ -100,14 +101,22 @@ static int64_t chunk_rows(const int32_t *slots, int64_t M, const int64_t *descs,
 #define DEFINE_ROWS(T, LD)                                                                                   \
     static inline void xa_rows_##T(int n, const T *const *xs, const T *a, int64_t R, int64_t K,             \
                                    float *const *xa) {                                                      \
-        for (int64_t r = 0; r < R; r++) {                                                                    \
-            const T *ar = a + r * K;                                                                         \
-            float acc[ROW_BLOCK] = {0};                                                                      \
-            for (int64_t k = 0; k < K; k++) {                                                                \
-                const float w = LD(ar + k);                                                                  \
-                for (int j = 0; j < n; j++) acc[j] += w * LD(xs[j] + k);                                     \
+        float xf[ROW_BLOCK][K_SLICE]; /* the rows' slice of x, widened once for all R products */           \
+        for (int j = 0; j < n; j++)                                                                          \
+            for (int64_t r = 0; r < R; r++) xa[j][r] = 0.0f;                                                 \
+        for (int64_t k0 = 0; k0 < K; k0 += K_SLICE) {                                                        \
+            const int64_t kl = K - k0 < K_SLICE ? K - k0 : K_SLICE;                                          \
+            for (int j = 0; j < n; j++)                                                                      \
+                for (int64_t k = 0; k < kl; k++) xf[j][k] = LD(xs[j] + k0 + k);                              \
+            for (int64_t r = 0; r < R; r++) {                                                                \
+                const T *ar = a + r * K + k0;                                                                \
+                float acc[ROW_BLOCK] = {0};                                                                  \
+                for (int64_t k = 0; k < kl; k++) {                                                           \
+                    const float w = LD(ar + k);                                                              \
+                    for (int j = 0; j < n; j++) acc[j] += w * xf[j][k];                                      \
+                }                                                                                            \
+                for (int j = 0; j < n; j++) xa[j][r] += acc[j];                                              \
             }                                                                                                \
-            for (int j = 0; j < n; j++) xa[j][r] = acc[j];                                                   \
         }                                                                                                    \
     }                                                                                                        \
     static inline void b_rows_##T(int n, const part_t *part, int64_t lo, int64_t hi, float *const *xa,     \
