@@ -123,6 +123,9 @@ static int64_t chunk_rows(const int32_t *slots, int64_t M, const int64_t *descs,
                                   float acc[][COLUMN_BLOCK]) {                                               \
         for (int64_t r = part->r0; r < part->r1; r++) {                                                      \
             const T *b = (const T *)(intptr_t)part->b + (r - part->r0) * part->width - part->col0;           \
+            if (hi + COLUMN_BLOCK <= part->col0 + part->width) /* the next block's part of this rank's row */ \
+                for (int64_t c = hi; c < hi + COLUMN_BLOCK; c += 64 / (int64_t)sizeof(T))                    \
+                    __builtin_prefetch(b + c, 0, 1);                                                         \
             float v[ROW_BLOCK];                                                                              \
             for (int j = 0; j < n; j++) v[j] = xa[j][r];                                                     \
             for (int64_t c = lo; c < hi; c++) {                                                              \
