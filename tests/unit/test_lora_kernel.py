@@ -82,9 +82,13 @@ def test_small_cpu_steps_take_the_kernel_and_prefills_torch() -> None:
 
 def test_inputs_the_kernel_does_not_take_fall_back_to_torch() -> None:
     a = _adapter("a", 8, True, torch.float32, 1)
-    batch = LoRABatch.build([a, a], "cpu")
+    batch = LoRABatch.build([a, None, a], "cpu")
     assert batch is not None and batch.native is not None
-    x = torch.randn(2, IN["qkv"], dtype=torch.float64)  # a dtype the kernel does not read
-    out = torch.zeros(2, sum(SLICES["qkv"]), dtype=torch.float64)
-    with pytest.raises(RuntimeError):  # torch's product of float64 by float32 weights, as before
-        batch.add_delta(0, "qkv", x, out)
+    x = torch.randn(IN["qkv"], 3).t()  # rows whose elements are not contiguous: the kernel refuses them
+    assert not batch.native.accepts(x, torch.zeros(3, 1))
+    base = torch.randn(3, sum(SLICES["qkv"]))
+    by_torch, by_kernel = base.clone(), base.clone()
+    batch.add_delta(0, "qkv", x, by_torch)
+    batch.add_delta(0, "qkv", x.contiguous(), by_kernel)
+    torch.testing.assert_close(by_torch, by_kernel, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(by_torch, base) and torch.equal(by_torch[1], base[1])
