@@ -101,9 +101,9 @@ def throughput(engine: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "decode_tokens_per_s": round(args.requests * (args.tokens - 1) / max(wall - first, 1e-9), 1),
             }
         )
-    for key in ("tokens_per_s", "decode_tokens_per_s"):
-        for r in rows:
-            r[key.replace("tokens_per_s", "vs_base")] = round(r[key] / rows[0][key], 3)
+    for r in rows:
+        r["vs_base"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+        r["decode_vs_base"] = round(r["decode_tokens_per_s"] / rows[0]["decode_tokens_per_s"], 3)
     return rows
 
 

@@ -2,10 +2,10 @@
 
 `LoRABatch` is built once per step from each token row's adapter. A small
 CPU step (decode, verification) goes to the C kernel, which reads each row's
-own adapter's weights (native.py). When the
-rows spread evenly over several adapters (a decode batch), the products run
-as batched matmuls over stacked weights (stacked.py). Otherwise the rows are
-grouped into *segments* of one adapter each. When every adapter's rows
+own adapter's weights (native.py). Otherwise, when the rows spread evenly
+over several adapters, the products run as batched matmuls over stacked
+weights (stacked.py); else the rows are grouped into *segments* of one
+adapter each. When every adapter's rows
 are already contiguous (the usual case: a request's rows are), the segments
 are slices of the batch; otherwise the rows are permuted once per step so
 that they are, and each projection gathers its input and scatters its
