@@ -44,21 +44,24 @@ static inline void prefetch_row(const void *row, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)row + i, 0, 2);  /* one line each */
 }
 
-typedef float vec8 __attribute__((vector_size(32), aligned(4)));
-typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(2)));
+typedef float vec8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
+/* the same vectors at any address a float (a bfloat16) may have: loads and stores through
+   these are single unaligned moves. (Not memcpy into a vec8: gcc 12 tuned for Zen 3 splits
+   it into two 16-byte loads, stores them to the stack and reloads 32 bytes, a store-forwarding
+   stall on every row that made this kernel 20x slower there.) */
+typedef float vec8_unaligned __attribute__((vector_size(32), aligned(4), may_alias));
+typedef uint16_t u16x8_unaligned __attribute__((vector_size(16), aligned(2), may_alias));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
 
-static inline vec8 load8(const float *p) { vec8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store8(float *p, vec8 v) { memcpy(p, &v, sizeof v); }
+static inline vec8 load8(const float *p) { return *(const vec8_unaligned *)p; }
+static inline void store8(float *p, vec8 v) { *(vec8_unaligned *)p = v; }
 
 /* eight bfloat16 widened to float32: each is the high half of its float */
 static inline vec8 load8_bf16(const uint16_t *p) {
-    u16x8 h;
-    memcpy(&h, p, sizeof h);
+    u16x8 h = *(const u16x8_unaligned *)p;
     u32x8 w = __builtin_convertvector(h, u32x8) << 16;
-    vec8 v;
-    memcpy(&v, &w, sizeof v);
-    return v;
+    return (vec8)w;
 }
 
 static inline float sum8(vec8 x) {
