@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional
+from collections import Counter, deque
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Optional
 
 if TYPE_CHECKING:
     from radixrt.memory.radix_node import TreeNode
@@ -61,22 +61,24 @@ class _Counter:
         self.budget = budget
         self.exact = True
 
-    def below(self, nodes: list["TreeNode"]) -> tuple[int, int]:
+    def below(self, nodes: Iterable["TreeNode"], at_least: int = 0) -> tuple[int, int]:
         """Nodes and tokens in ``nodes`` and everything under them (lower bounds
-        once the budget is spent)."""
+        once the budget is spent, the count never below ``at_least``). ``nodes``
+        is consumed lazily: nothing of it is looked at once the budget is spent."""
         count = tokens = 0
-        stack = list(nodes)
-        while stack:
+        for top in nodes:
+            stack = [top]
+            while stack and self.budget > 0:
+                x = stack.pop()
+                self.budget -= 1
+                count += 1
+                tokens += len(x.key)
+                if x.children:
+                    stack.extend(x.children.values())
             if self.budget <= 0:
                 self.exact = False
                 break
-            x = stack.pop()
-            self.budget -= 1
-            count += 1
-            tokens += len(x.key)
-            if x.children:
-                stack.extend(x.children.values())
-        return count, tokens
+        return max(count, at_least), tokens
 
 
 def radix_snapshot(
@@ -127,11 +129,13 @@ def radix_snapshot(
         if depth < max_depth and len(nodes) + len(queue) < max_nodes:  # never more queued than can be listed
             queue.extend((c, depth + 1, node.id, label) for c in node.children.values())
     shown = {x.id for x in listed}
+    listed_children = Counter(entry["parent"] for entry in nodes)
     truncated = False
     for entry, node in zip(nodes, listed):  # what the limits cut off below each listed node
-        cut = [c for c in node.children.values() if c.id not in shown]
-        if cut:
-            entry["hidden_nodes"], entry["hidden_tokens"] = counter.below(cut)
+        cut = len(node.children) - listed_children[node.id]
+        if cut:  # a node with thousands of children is not walked once the budget is spent
+            hidden = (c for c in node.children.values() if c.id not in shown)
+            entry["hidden_nodes"], entry["hidden_tokens"] = counter.below(hidden, at_least=cut)
             truncated = True
     for space, (_, sub) in zip(spaces, _chosen(root, namespaces)):
         space["nodes"], space["tokens"] = counter.below(list(sub.children.values()))

@@ -3,6 +3,7 @@ the size of what they hide, hits, namespaces by digest, and a cost bounded by th
 
 from __future__ import annotations
 
+import collections
 import random
 
 from radixrt.memory.kv_pool import PageAllocator
@@ -54,7 +55,17 @@ def test_the_count_budget_bounds_the_walk():
     tree, _ = _tree([(None, [rng.randrange(100) for _ in range(10)]) for _ in range(3000)])
     snap = radix_snapshot(tree.root, max_depth=2, max_nodes=50, count_budget=100)
     assert not snap["exact"] and len(snap["nodes"]) <= 50
-    assert sum(n.get("hidden_nodes", 0) for n in snap["nodes"]) <= 100
+    exact = {n["id"]: n for n in radix_snapshot(tree.root, max_depth=2, max_nodes=50, count_budget=10**9)["nodes"]}
+    # past the budget a node's hidden size is a lower bound: at least its hidden children (their number is
+    # free), never more than the truth; what was walked beyond those children stays within the budget
+    listed_children = collections.Counter(n["parent"] for n in snap["nodes"])
+    walked_beyond = 0
+    for n in snap["nodes"]:
+        direct = n["children"] - listed_children[n["id"]]
+        assert direct <= n.get("hidden_nodes", 0) <= exact[n["id"]].get("hidden_nodes", 0)
+        walked_beyond += n.get("hidden_nodes", 0) - direct
+    assert walked_beyond <= 100
+    assert sum(exact[i].get("hidden_nodes", 0) for i in exact) > 1000  # the budget did cut the walk short
 
 
 def test_hits_count_admissions_through_a_node(tiny_llama):
