@@ -63,7 +63,7 @@ class NativeDecode:
             (torch.bfloat16, lib.radixrt_paged_decode_bf16),
         ):
             fn.restype = ctypes.c_int
-            fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64]
+            fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64]
             self._fns[dtype] = fn
 
     @staticmethod
@@ -81,13 +81,17 @@ class NativeDecode:
         table: torch.Tensor,
         lens: torch.Tensor,
         scale: float,
+        shared: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """``q`` [B, Hq, D] attends over request b's slots ``table[b, :lens[b]]`` of
+        """``q`` [B, Hq, D] attends over row b's slots ``table[b, :lens[b]]`` of
         ``k_cache``/``v_cache`` [num_slots, Hkv, D]; returns [B, Hq, D].
 
         ``table`` [B, max_kv] and ``lens`` [B] are int64; the caller guarantees
         ``1 <= lens[b] <= max_kv`` and slot ids below ``num_slots`` (the C code
-        does not check them). Nothing is mutated but the returned tensor.
+        does not check them). ``shared`` [B] int64 (optional): ``shared[b] > 0``
+        says row b's first ``shared[b]`` slots are row b - 1's (at most both
+        rows' lens), so the kernel reads them once for both; it never changes a
+        row's result. Nothing is mutated but the returned tensor.
         """
         b, hq, d = q.shape
         out_dtype = q.dtype
@@ -99,6 +103,8 @@ class NativeDecode:
         assert k_cache.is_contiguous() and v_cache.is_contiguous(), "pool layers are contiguous"
         assert table.dtype == torch.int64 and lens.dtype == torch.int64 and table.is_contiguous()
         assert table.shape[0] == b == lens.shape[0] and hq % hkv == 0
+        if shared is not None:
+            assert shared.dtype == torch.int64 and shared.shape == (b,) and shared.is_contiguous()
         out = q.new_empty((b, hq, d))
 
         code = self._fns[k_cache.dtype](
@@ -108,6 +114,7 @@ class NativeDecode:
             v_cache.data_ptr(),
             table.data_ptr(),
             lens.data_ptr(),
+            None if shared is None else shared.data_ptr(),
             out.data_ptr(),
             b,
             max_kv,
@@ -158,3 +165,12 @@ def _self_check(kernel: NativeDecode) -> None:
             expected = torch.einsum("ht,thd->hd", p, v)
             if out.dtype != dtype or not torch.allclose(out[b].float(), expected, atol=tol, rtol=10 * tol):
                 raise RuntimeError(f"self-check against dense attention failed ({dtype})")
+        # rows sharing their first slots (a draft's rows): read once, the same results bit for bit
+        rows = torch.cat([table[:1], table[:1], table[:1]])
+        rows[2, 4:] = table[1, :3]
+        shared = torch.tensor([0, 5, 4])  # row 1 is row 0's slots (5 of them read); row 2 its first 4
+        q3 = torch.randn(3, hkv * group, d, generator=gen).to(dtype)
+        apart = kernel.forward(q3, kc, vc, rows.contiguous(), torch.tensor([5, 7, 7]), d**-0.5)
+        grouped = kernel.forward(q3, kc, vc, rows.contiguous(), torch.tensor([5, 7, 7]), d**-0.5, shared)
+        if not torch.equal(apart, grouped):
+            raise RuntimeError(f"self-check: rows read together differ from rows read apart ({dtype})")

@@ -72,6 +72,23 @@ def _as_decode_rows(q_len: int, kv_len: int) -> bool:
     return q_len == 1 or (q_len <= SHORT_EXTEND and q_len < kv_len)
 
 
+def _shared_slots(group: list[int], starts: list[int], lens: list[int], tails: dict[int, list[int]]) -> list[int]:
+    """For each decode row of ``group`` (indices into `_decode_rows`' lists, a
+    request's rows side by side): how many leading slots it shares with the
+    row before it (0: another request's). A chain's rows read their request's
+    slots in order, so two share the shorter's keys; a tree's rows share the
+    prefix before their paths."""
+    shared = [0]
+    for prev, i in zip(group, group[1:]):
+        if starts[i] != starts[prev]:
+            shared.append(0)
+        elif i in tails:
+            shared.append(min(lens[i] - len(tails[i]), lens[prev] - len(tails.get(prev, ()))))
+        else:
+            shared.append(min(lens[i], lens[prev]))
+    return shared
+
+
 @dataclass
 class _DecodePlan:
     rows: Optional[torch.Tensor]  # token rows of these decode requests; None: all rows of the batch, in order
@@ -79,6 +96,7 @@ class _DecodePlan:
     valid: Optional[torch.Tensor]  # [B, max_kv] bool, True = attend; None when no padding
     bias: Optional[torch.Tensor] = None  # valid as [B, 1, 1, max_kv] 0 / -inf, in q's dtype (made by layer 0)
     lens: Optional[torch.Tensor] = None  # [B] int64 kv lengths, for the native CPU kernel (None: not used)
+    shared: Optional[torch.Tensor] = None  # [B] int64 slots each row shares with the row before (native kernel)
 
     def bias_for(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """The additive key-padding bias in ``dtype`` (None when nothing is padded)."""
@@ -152,6 +170,7 @@ class TorchReferenceBackend(AttentionBackend):
             return
         rows, starts, lens, tails = self._decode_rows(q_lens, kv_lens, tree)
         for group in self._decode_groups(lens):
+            group = sorted(group, key=lambda i: (starts[i], i))  # a request's rows side by side
             g_starts = torch.tensor([starts[i] for i in group], dtype=torch.int64, device=device)
             g_rows = torch.tensor([rows[i] for i in group], dtype=torch.int64, device=device)
             g_lens = [lens[i] for i in group]
@@ -159,6 +178,8 @@ class TorchReferenceBackend(AttentionBackend):
             dec = self._plan_decode_group(meta, g_starts, g_lens, g_rows, g_tails)
             if native:
                 dec.lens = torch.tensor(g_lens, dtype=torch.int64)
+                shared = _shared_slots(group, starts, lens, tails)
+                dec.shared = torch.tensor(shared, dtype=torch.int64) if any(shared) else None
             self._decode.append(dec)
 
         qo = 0
@@ -338,7 +359,7 @@ class TorchReferenceBackend(AttentionBackend):
         Query head ``h`` reads KV head ``h // G``: ``q`` viewed as ``[B, Hkv, G,
         D]`` lines up with K/V ``[B, Hkv, max_kv, D]``."""
         if dec.lens is not None and self._native is not None and NativeDecode.supports(q, cache.k):
-            return self._native.forward(q, cache.k, cache.v, dec.slot_table, dec.lens, scale)
+            return self._native.forward(q, cache.k, cache.v, dec.slot_table, dec.lens, scale, dec.shared)
         b, num_q_heads, head_dim = q.shape
         max_kv = dec.slot_table.shape[1]
         hkv = cache.num_kv_heads

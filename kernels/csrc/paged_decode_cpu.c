@@ -1,6 +1,7 @@
 /*
- * Paged decode attention on the CPU: one query token per request attends over
- * that request's KV slots, read in place from the paged pool. Two entry
+ * Paged decode attention on the CPU: one query token per row attends over that
+ * row's KV slots, read in place from the paged pool; rows that share their first
+ * slots (the tokens of one request's draft) read them once. Two entry
  * points: radixrt_paged_decode_f32 (a float32 pool) and
  * radixrt_paged_decode_bf16 (a bfloat16 pool, each K/V element widened to
  * float32 as it is read: a bfloat16 is the top half of a float32). Both take
@@ -19,6 +20,9 @@
  *   table    [B, max_kv] int64 contiguous; row b holds request b's slot ids in order,
  *            only the first lens[b] are read (the rest may be anything)
  *   lens     [B] int64, 1 <= lens[b] <= max_kv, and every slot id read is < num_slots
+ *   shared   [B] int64 or NULL: shared[b] > 0 says that row b's first shared[b] slots are
+ *            row b - 1's (rows of one request's short extend or draft); those K and V rows are
+ *            then read once for both. shared[b] <= min(lens[b - 1], lens[b]); shared[0] is unused
  *   out      [B, Hq, D]        contiguous, written, never read
  *   D is a multiple of 8.
  * Returns 0, or -1 when scratch memory cannot be allocated, -2 for a D that is
@@ -70,91 +74,145 @@ static inline float sum8(vec8 x) {
     return s;
 }
 
-/* One request: scores [Hq, len] is scratch; NV = D / 8. KV_T is the pool's element
-   type and LOAD_KV8 reads eight of them as floats. */
+/* The scores of query row q (all Hq heads) against one K row, at column t of each head's
+   score row (score rows len apart). */
+#define SCORE_ROW(KV_T, LOAD_KV8, q, k_row, scores, len, t)                                                \
+    for (int64_t h = 0; h < hkv; h++)                                                                     \
+        for (int64_t g = 0; g < G; g++) {                                                                 \
+            const int64_t head = h * G + g;                                                               \
+            vec8 acc = {0};                                                                               \
+            for (int64_t c = 0; c < NV; c++)                                                              \
+                acc += load8((q) + head * D + c * 8) * LOAD_KV8((k_row) + h * D + c * 8);                 \
+            (scores)[head * (len) + (t)] = sum8(acc) * scale;                                             \
+        }
+
+/* Row q's output (all heads) += its probabilities at column t times one V row. */
+#define ACCUMULATE_ROW(KV_T, LOAD_KV8, out, v_row, scores, len, t)                                         \
+    for (int64_t h = 0; h < hkv; h++)                                                                     \
+        for (int64_t g = 0; g < G; g++) {                                                                 \
+            const int64_t head = h * G + g;                                                               \
+            const float p = (scores)[head * (len) + (t)];                                                 \
+            for (int64_t c = 0; c < NV; c++) {                                                            \
+                float *o = (out) + head * D + c * 8;                                                      \
+                store8(o, load8(o) + p * LOAD_KV8((v_row) + h * D + c * 8));                              \
+            }                                                                                             \
+        }
+
+/* A group of n query rows (rows i of q, out, slots and lens, n <= MAX_GROUP) whose first
+   `common` slots are the same slots (the tokens of one request's short extend or draft):
+   each of those K and V rows is read once for the whole group. scores is scratch
+   [n][Hq][max_kv]; NV = D / 8. Every row's arithmetic is that of a group of one, in the
+   same order (its scores by column, its output accumulated over t = 0, 1, ...), so a row's
+   result does not depend on the rows grouped with it. KV_T is the pool's element type and
+   LOAD_KV8 reads eight of them as floats. */
 #define DEFINE_ATTEND(NAME, KV_T, LOAD_KV8)                                                               \
     static inline __attribute__((always_inline)) void NAME(                                               \
-        const float *restrict q, const KV_T *restrict k_cache, const KV_T *restrict v_cache,             \
-        const int64_t *restrict slots, int64_t len, int64_t hq, int64_t hkv, int64_t NV, float scale,    \
-        float *restrict scores, float *restrict out)                                                     \
+        const float *const *q, const KV_T *restrict k_cache, const KV_T *restrict v_cache,               \
+        const int64_t *const *slots, const int64_t *lens, int64_t n, int64_t common, int64_t max_kv,     \
+        int64_t hq, int64_t hkv, int64_t NV, float scale, float *restrict scores, float *const *out)     \
     {                                                                                                     \
         const int64_t G = hq / hkv, D = NV * 8, row = hkv * D, row_bytes = row * (int64_t)sizeof(KV_T);  \
-        for (int64_t t = 0; t < len; t++) {                                                               \
-            if (t + PREFETCH_DISTANCE < len) prefetch_row(k_cache + slots[t + PREFETCH_DISTANCE] * row, row_bytes); \
-            const KV_T *restrict k_row = k_cache + slots[t] * row;                                        \
-            for (int64_t h = 0; h < hkv; h++)                                                             \
-                for (int64_t g = 0; g < G; g++) {                                                         \
-                    const int64_t head = h * G + g;                                                       \
-                    vec8 acc = {0};                                                                       \
-                    for (int64_t c = 0; c < NV; c++)                                                      \
-                        acc += load8(q + head * D + c * 8) * LOAD_KV8(k_row + h * D + c * 8);             \
-                    scores[head * len + t] = sum8(acc) * scale;                                           \
-                }                                                                                         \
+        const int64_t *shared = slots[0];                                                                 \
+        for (int64_t t = 0; t < common; t++) {                                                            \
+            if (t + PREFETCH_DISTANCE < common) prefetch_row(k_cache + shared[t + PREFETCH_DISTANCE] * row, row_bytes); \
+            const KV_T *restrict k_row = k_cache + shared[t] * row;                                       \
+            for (int64_t i = 0; i < n; i++) SCORE_ROW(KV_T, LOAD_KV8, q[i], k_row, scores + i * hq * max_kv, lens[i], t) \
         }                                                                                                 \
-        for (int64_t head = 0; head < hq; head++) {                                                       \
-            float *restrict s = scores + head * len;                                                      \
-            float m = s[0];                                                                               \
-            for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;                                    \
-            float total = 0.f;                                                                            \
-            for (int64_t t = 0; t < len; t++) { s[t] = expf(s[t] - m); total += s[t]; }                   \
-            const float inv = 1.f / total;                                                                \
-            for (int64_t t = 0; t < len; t++) s[t] *= inv;                                                \
+        for (int64_t i = 0; i < n; i++) {                                                                 \
+            const int64_t len = lens[i];                                                                  \
+            float *s_i = scores + i * hq * max_kv;                                                        \
+            for (int64_t t = common; t < len; t++) {                                                      \
+                if (t + PREFETCH_DISTANCE < len) prefetch_row(k_cache + slots[i][t + PREFETCH_DISTANCE] * row, row_bytes); \
+                const KV_T *restrict k_row = k_cache + slots[i][t] * row;                                 \
+                SCORE_ROW(KV_T, LOAD_KV8, q[i], k_row, s_i, len, t)                                       \
+            }                                                                                             \
+            for (int64_t head = 0; head < hq; head++) {                                                   \
+                float *restrict s = s_i + head * len;                                                     \
+                float m = s[0];                                                                           \
+                for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;                                \
+                float total = 0.f;                                                                        \
+                for (int64_t t = 0; t < len; t++) { s[t] = expf(s[t] - m); total += s[t]; }               \
+                const float inv = 1.f / total;                                                            \
+                for (int64_t t = 0; t < len; t++) s[t] *= inv;                                            \
+            }                                                                                             \
+            memset(out[i], 0, sizeof(float) * hq * D);                                                    \
         }                                                                                                 \
-        memset(out, 0, sizeof(float) * hq * D);                                                           \
-        for (int64_t t = 0; t < len; t++) {                                                               \
-            if (t + PREFETCH_DISTANCE < len) prefetch_row(v_cache + slots[t + PREFETCH_DISTANCE] * row, row_bytes); \
-            const KV_T *restrict v_row = v_cache + slots[t] * row;                                        \
-            for (int64_t h = 0; h < hkv; h++)                                                             \
-                for (int64_t g = 0; g < G; g++) {                                                         \
-                    const int64_t head = h * G + g;                                                       \
-                    const float p = scores[head * len + t];                                               \
-                    for (int64_t c = 0; c < NV; c++) {                                                    \
-                        float *o = out + head * D + c * 8;                                                \
-                        store8(o, load8(o) + p * LOAD_KV8(v_row + h * D + c * 8));                        \
-                    }                                                                                     \
-                }                                                                                         \
+        for (int64_t t = 0; t < common; t++) {                                                            \
+            if (t + PREFETCH_DISTANCE < common) prefetch_row(v_cache + shared[t + PREFETCH_DISTANCE] * row, row_bytes); \
+            const KV_T *restrict v_row = v_cache + shared[t] * row;                                       \
+            for (int64_t i = 0; i < n; i++) ACCUMULATE_ROW(KV_T, LOAD_KV8, out[i], v_row, scores + i * hq * max_kv, lens[i], t) \
+        }                                                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                                 \
+            const int64_t len = lens[i];                                                                  \
+            for (int64_t t = common; t < len; t++) {                                                      \
+                if (t + PREFETCH_DISTANCE < len) prefetch_row(v_cache + slots[i][t + PREFETCH_DISTANCE] * row, row_bytes); \
+                const KV_T *restrict v_row = v_cache + slots[i][t] * row;                                 \
+                ACCUMULATE_ROW(KV_T, LOAD_KV8, out[i], v_row, scores + i * hq * max_kv, len, t)           \
+            }                                                                                             \
         }                                                                                                 \
     }
 
-DEFINE_ATTEND(attend_request_f32, float, load8)
-DEFINE_ATTEND(attend_request_bf16, uint16_t, load8_bf16)
+DEFINE_ATTEND(attend_group_f32, float, load8)
+DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
 
-/* The batch, requests split over the OpenMP threads (torch's own runtime:
-   radixrt.kernels.cpu_decode); ATTEND is one of the attend_request_* above. */
+/* rows of one group at most (bounds the scratch: MAX_GROUP * Hq * max_kv floats a thread) */
+#define MAX_GROUP 16
+
+/* The batch in groups of rows: row b joins row b - 1's group when shared[b] > 0 (its first
+   shared[b] slots are row b - 1's), up to MAX_GROUP rows; a group's common slots are the
+   fewest any of its rows shares. Groups are split over the OpenMP threads (torch's own
+   runtime: radixrt.kernels.cpu_decode); ATTEND is one of the attend_group_* above. */
 #define DEFINE_DECODE(NAME, KV_T, ATTEND)                                                                 \
     int NAME(const float *q, int64_t q_stride, const KV_T *k_cache, const KV_T *v_cache,                  \
-             const int64_t *table, const int64_t *lens, float *out, int64_t B, int64_t max_kv,            \
-             int64_t hq, int64_t hkv, int64_t D, float scale, int64_t parallel_min_pairs)                 \
+             const int64_t *table, const int64_t *lens, const int64_t *shared, float *out, int64_t B,     \
+             int64_t max_kv, int64_t hq, int64_t hkv, int64_t D, float scale, int64_t parallel_min_pairs) \
     {                                                                                                     \
         if (D % 8 != 0) return -2;                                                                        \
         const int64_t NV = D / 8;                                                                         \
+        int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(B + 1));                            \
+        if (first == NULL) return -1;                                                                     \
+        int64_t groups = 0;                                                                               \
+        for (int64_t b = 0; b < B; b++)                                                                   \
+            if (b == 0 || shared == NULL || shared[b] <= 0 || b - first[groups - 1] >= MAX_GROUP)        \
+                first[groups++] = b;                                                                      \
+        first[groups] = B;                                                                                \
         int failed = 0;                                                                                   \
-        _Pragma("omp parallel if (B > 1 && B * max_kv * hq >= parallel_min_pairs)")                       \
+        _Pragma("omp parallel if (groups > 1 && B * max_kv * hq >= parallel_min_pairs)")                  \
         {                                                                                                 \
-            float *scores = (float *)malloc(sizeof(float) * (size_t)(hq * max_kv));                       \
+            float *scores = (float *)malloc(sizeof(float) * (size_t)(MAX_GROUP * hq * max_kv));           \
             if (scores == NULL) {                                                                         \
                 _Pragma("omp atomic write")                                                               \
                 failed = 1;                                                                               \
             }                                                                                             \
-            _Pragma("omp for schedule(static)")                                                           \
-            for (int64_t b = 0; b < B; b++) {                                                             \
+            _Pragma("omp for schedule(dynamic)")                                                          \
+            for (int64_t gi = 0; gi < groups; gi++) {                                                     \
                 if (scores == NULL) continue;                                                             \
-                const float *qb = q + b * q_stride;                                                       \
-                const int64_t *slots = table + b * max_kv;                                                \
-                float *ob = out + b * hq * D;                                                             \
+                const int64_t b0 = first[gi], n = first[gi + 1] - b0;                                     \
+                const float *qs[MAX_GROUP];                                                               \
+                const int64_t *ss[MAX_GROUP];                                                             \
+                float *os[MAX_GROUP];                                                                     \
+                int64_t common = lens[b0];                                                                \
+                for (int64_t i = 0; i < n; i++) {                                                         \
+                    qs[i] = q + (b0 + i) * q_stride;                                                      \
+                    ss[i] = table + (b0 + i) * max_kv;                                                    \
+                    os[i] = out + (b0 + i) * hq * D;                                                      \
+                    if (i > 0 && shared[b0 + i] < common) common = shared[b0 + i];                        \
+                    if (lens[b0 + i] < common) common = lens[b0 + i];                                     \
+                }                                                                                         \
                 /* the common head sizes get loops of constant length */                                 \
                 switch (NV) {                                                                             \
-                case 2: ATTEND(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 2, scale, scores, ob); break;  \
-                case 4: ATTEND(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 4, scale, scores, ob); break;  \
-                case 8: ATTEND(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 8, scale, scores, ob); break;  \
-                case 16: ATTEND(qb, k_cache, v_cache, slots, lens[b], hq, hkv, 16, scale, scores, ob); break; \
-                default: ATTEND(qb, k_cache, v_cache, slots, lens[b], hq, hkv, NV, scale, scores, ob);   \
+                case 2: ATTEND(qs, k_cache, v_cache, ss, lens + b0, n, common, max_kv, hq, hkv, 2, scale, scores, os); break;  \
+                case 4: ATTEND(qs, k_cache, v_cache, ss, lens + b0, n, common, max_kv, hq, hkv, 4, scale, scores, os); break;  \
+                case 8: ATTEND(qs, k_cache, v_cache, ss, lens + b0, n, common, max_kv, hq, hkv, 8, scale, scores, os); break;  \
+                case 16: ATTEND(qs, k_cache, v_cache, ss, lens + b0, n, common, max_kv, hq, hkv, 16, scale, scores, os); break; \
+                default: ATTEND(qs, k_cache, v_cache, ss, lens + b0, n, common, max_kv, hq, hkv, NV, scale, scores, os); \
                 }                                                                                         \
             }                                                                                             \
             free(scores);                                                                                 \
         }                                                                                                 \
+        free(first);                                                                                      \
         return failed ? -1 : 0;                                                                           \
     }
 
-DEFINE_DECODE(radixrt_paged_decode_f32, float, attend_request_f32)
-DEFINE_DECODE(radixrt_paged_decode_bf16, uint16_t, attend_request_bf16)
+DEFINE_DECODE(radixrt_paged_decode_f32, float, attend_group_f32)
+DEFINE_DECODE(radixrt_paged_decode_bf16, uint16_t, attend_group_bf16)

@@ -180,3 +180,69 @@ def test_engine_greedy_tokens_same_with_and_without_the_kernel(kernel, tiny_llam
     assert used and not used_after
     assert with_kernel == torch_path
     assert all(len(t) == 24 for t in with_kernel)
+
+
+def test_rows_sharing_slots_are_read_together_with_the_same_results(kernel, monkeypatch) -> None:
+    """Rows that share their first slots (a draft's, chains and trees) give, bit for bit, what
+    each gives alone, groups longer than the kernel's 16 rows and several threads included."""
+    gen = torch.Generator().manual_seed(8)
+    hkv, group, d, num_slots = 2, 3, 32, 600
+    k_cache, v_cache = torch.randn(num_slots, hkv, d, generator=gen), torch.randn(num_slots, hkv, d, generator=gen)
+    prefix = torch.randperm(num_slots, generator=gen)[:200]
+    tables, lens, shared = [], [], []
+    for j in range(20):  # one request's 20-token chain: row j sees 180 + j + 1 keys
+        tables.append(prefix)
+        lens.append(181 + j)
+        shared.append(0 if j == 0 else 180 + j)
+    for j in range(3):  # a tree's rows: the same 150 keys, then each its own path
+        row = prefix.clone()
+        row[150 : 150 + j + 1] = torch.randperm(num_slots, generator=gen)[: j + 1]
+        tables.append(row)
+        lens.append(151 + j)
+        shared.append(0 if j == 0 else 150)
+    tables.append(torch.randperm(num_slots, generator=gen)[:200])  # another request alone
+    lens.append(77)
+    shared.append(0)
+    table, lens_t = torch.stack(tables).contiguous(), torch.tensor(lens)
+    q = torch.randn(len(lens), hkv * group, d, generator=gen)
+    apart = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2)
+    monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_PAIRS", 1)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            together = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2, torch.tensor(shared))
+            assert torch.equal(together, apart)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(apart.double(), _dense(q, k_cache, v_cache, table, lens_t, 0.2), atol=1e-5, rtol=1e-5)
+
+
+def test_the_backend_groups_a_drafts_rows_without_changing_them(monkeypatch) -> None:
+    """Short extends and a draft tree through the torch backend: the kernel is told which rows
+    share slots, and the answer is bit for bit the one without that."""
+    from radixrt.kernels import AttentionMetadata, LayerKVCache, torch_ref
+
+    gen = torch.Generator().manual_seed(9)
+    kv_lens, q_lens = [300, 120, 90, 64], [6, 1, 4, 3]
+    tree = [None, None, None, [-1, 0, 0]]  # the last request verifies a tree: a root and two children
+    seq_slots, base = [], 0
+    for n in kv_lens:
+        seq_slots.append(list(range(base, base + n)))
+        base += n
+    meta = AttentionMetadata.build(seq_slots, q_lens, tree=tree)
+    k_cache, v_cache = torch.randn(base, 3, 16, generator=gen), torch.randn(base, 3, 16, generator=gen)
+    t = meta.num_tokens
+    q, k, v = torch.randn(t, 9, 16, generator=gen), torch.randn(t, 3, 16, generator=gen), torch.randn(t, 3, 16)
+
+    def run() -> tuple[torch.Tensor, list]:
+        backend = torch_ref.TorchReferenceBackend()
+        backend.plan(meta)
+        out = backend.forward(q, k, v, LayerKVCache(k_cache.clone(), v_cache.clone()), 0.25)
+        return out, [dec.shared for dec in backend._decode]
+
+    grouped, shared = run()
+    assert any(s is not None and int(s.max()) > 0 for s in shared)  # rows were grouped
+    monkeypatch.setattr(torch_ref, "_shared_slots", lambda group, *_: [0] * len(group))
+    apart, _ = run()
+    assert torch.equal(grouped, apart)
