@@ -125,6 +125,7 @@ class TorchReferenceBackend(AttentionBackend):
         cascade: bool = True,
         deterministic: bool = False,
         native_decode: bool = True,
+        group_shared_rows: bool = True,
     ) -> None:
         # most gathered K (and V) rows one batched decode call may hold (padding included);
         # a larger decode batch is split into a few calls, longest sequences first
@@ -138,6 +139,8 @@ class TorchReferenceBackend(AttentionBackend):
         self._extends: list[_ExtendPlan] = []
         # the C decode kernel for CPU float32 caches (None: not wanted, or not buildable here)
         self._native: Optional[NativeDecode] = load_native_decode() if native_decode else None
+        # the kernel reads the slots a request's decode rows share once for all of them (same results)
+        self.group_shared_rows = group_shared_rows
 
     # ------------------------------------------------------------------ plan
     def plan(self, meta: AttentionMetadata) -> None:
@@ -178,7 +181,7 @@ class TorchReferenceBackend(AttentionBackend):
             dec = self._plan_decode_group(meta, g_starts, g_lens, g_rows, g_tails)
             if native:
                 dec.lens = torch.tensor(g_lens, dtype=torch.int64)
-                shared = _shared_slots(group, starts, lens, tails)
+                shared = _shared_slots(group, starts, lens, tails) if self.group_shared_rows else []
                 dec.shared = torch.tensor(shared, dtype=torch.int64) if any(shared) else None
             self._decode.append(dec)
 

@@ -2,6 +2,7 @@
 
     python -m radixrt.bench.decode_kernel                    # the tiny and the embedded model's shapes
     python -m radixrt.bench.decode_kernel --shape 32,1056,9,3,64
+    python -m radixrt.bench.decode_kernel --draft 8          # each request verifying 8 draft tokens
 
 Each shape is ``batch, context, query heads, KV heads, head dim``. The slots
 are laid out as a decode step finds them: every request's first 32 tokens
@@ -43,6 +44,8 @@ class KernelTime:
     torch_warm_us: float
     torch_cold_us: float
     max_abs_diff: float
+    kernel_apart_warm_us: Optional[float] = None  # --draft: the kernel with each row reading its keys alone
+    kernel_apart_cold_us: Optional[float] = None
 
 
 def decode_slot_table(batch: int, context: int) -> "torch.Tensor":
@@ -71,9 +74,12 @@ def _median_us(fn: Callable[[], object], calls: int, flush: Optional[Callable[[]
     return statistics.median(times)
 
 
-def measure(shape: str, calls: int) -> KernelTime:
+def measure(shape: str, calls: int, draft: int = 0) -> KernelTime:
     """One shape's figures (``calls`` timed calls per figure), both paths
-    through `TorchReferenceBackend`'s own ``plan`` and ``forward``."""
+    through `TorchReferenceBackend`'s own ``plan`` and ``forward``; with
+    ``draft`` > 0 each request verifies that many draft tokens (``draft + 1``
+    rows over its context), and the kernel's figures are given with its rows
+    read apart as well (``kernel_apart_*``)."""
     import torch
 
     from radixrt.kernels import AttentionMetadata, LayerKVCache, cpu_decode
@@ -86,25 +92,31 @@ def measure(shape: str, calls: int) -> KernelTime:
     gen = torch.Generator().manual_seed(0)
     slots = int(table.max()) + 1
     cache = LayerKVCache(torch.randn(slots, hkv, dim, generator=gen), torch.randn(slots, hkv, dim, generator=gen))
-    q = torch.randn(batch, hq, dim, generator=gen)
-    # each call writes the step's own K/V (the last slot of each request) with the values already there
-    last = table[:, -1]
+    rows = draft + 1
+    q = torch.randn(batch * rows, hq, dim, generator=gen)
+    # each call writes the step's own K/V (each request's last slots) with the values already there
+    last = table[:, -rows:].reshape(-1)
     k_new, v_new = cache.k[last].clone(), cache.v[last].clone()
-    meta = AttentionMetadata.build(table.tolist(), [1] * batch)
+    meta = AttentionMetadata.build(table.tolist(), [rows] * batch)
     scale = dim**-0.5
 
-    def path(native: bool) -> Callable[[], torch.Tensor]:
-        backend = TorchReferenceBackend(native_decode=native, cascade=False, decode_budget=batch * context)
+    def path(native: bool, grouped: bool = True) -> Callable[[], torch.Tensor]:
+        backend = TorchReferenceBackend(
+            native_decode=native, cascade=False, decode_budget=batch * rows * context, group_shared_rows=grouped
+        )
         backend.plan(meta)
         return lambda: backend.forward(q, k_new, v_new, cache, scale)
 
     kernel, torch_path = path(True), path(False)
+    apart = path(True, grouped=False) if draft else None
     junk = torch.zeros(16 << 20)  # 64 MiB, more than the last-level caches here
 
     def flush() -> None:
         junk.add_(1.0)
 
     diff = float((kernel() - torch_path()).abs().max())
+    if apart is not None and not torch.equal(kernel(), apart()):
+        raise SystemExit(f"{shape}: the kernel's rows read together differ from the rows read apart")
     return KernelTime(
         shape,
         _median_us(kernel, calls, None),
@@ -112,6 +124,8 @@ def measure(shape: str, calls: int) -> KernelTime:
         _median_us(torch_path, calls, None),
         _median_us(torch_path, calls, flush),
         diff,
+        _median_us(apart, calls, None) if apart else None,
+        _median_us(apart, calls, flush) if apart else None,
     )
 
 
@@ -125,20 +139,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument("--calls", type=int, default=100, help="timed calls per figure (default: 100)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, which the kernel also uses (default: 1)")
+    ap.add_argument(
+        "--draft", type=int, default=0, help="draft tokens each request verifies (default: 0, plain decode)"
+    )
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
     shapes = args.shape or SHAPES
     for shape in shapes:  # the untimed pass (see the module doc)
-        measure(shape, 1)
-    print("shape (B,ctx,Hq,Hkv,D)   kernel warm us  kernel cold us  torch warm us  torch cold us  max |diff|")
+        measure(shape, 1, args.draft)
+    apart = "  rows apart warm / cold us" if args.draft else ""
+    print(f"shape (B,ctx,Hq,Hkv,D)   kernel warm us  kernel cold us  torch warm us  torch cold us  max |diff|{apart}")
     for shape in shapes:
-        r = measure(shape, args.calls)
-        print(
+        r = measure(shape, args.calls, args.draft)
+        line = (
             f"{r.shape:22s}  {r.kernel_warm_us:14.0f}  {r.kernel_cold_us:14.0f}  {r.torch_warm_us:13.0f}  "
             f"{r.torch_cold_us:13.0f}  {r.max_abs_diff:10.1e}"
         )
+        if r.kernel_apart_warm_us is not None:
+            line += f"  {r.kernel_apart_warm_us:12.0f} / {r.kernel_apart_cold_us:.0f}"
+        print(line)
     return 0
 
 

@@ -218,7 +218,7 @@ def test_rows_sharing_slots_are_read_together_with_the_same_results(kernel, monk
     torch.testing.assert_close(apart.double(), _dense(q, k_cache, v_cache, table, lens_t, 0.2), atol=1e-5, rtol=1e-5)
 
 
-def test_the_backend_groups_a_drafts_rows_without_changing_them(monkeypatch) -> None:
+def test_the_backend_groups_a_drafts_rows_without_changing_them() -> None:
     """Short extends and a draft tree through the torch backend: the kernel is told which rows
     share slots, and the answer is bit for bit the one without that."""
     from radixrt.kernels import AttentionMetadata, LayerKVCache, torch_ref
@@ -235,14 +235,14 @@ def test_the_backend_groups_a_drafts_rows_without_changing_them(monkeypatch) -> 
     t = meta.num_tokens
     q, k, v = torch.randn(t, 9, 16, generator=gen), torch.randn(t, 3, 16, generator=gen), torch.randn(t, 3, 16)
 
-    def run() -> tuple[torch.Tensor, list]:
-        backend = torch_ref.TorchReferenceBackend()
+    def run(group_shared_rows: bool) -> tuple[torch.Tensor, list]:
+        backend = torch_ref.TorchReferenceBackend(group_shared_rows=group_shared_rows)
         backend.plan(meta)
         out = backend.forward(q, k, v, LayerKVCache(k_cache.clone(), v_cache.clone()), 0.25)
         return out, [dec.shared for dec in backend._decode]
 
-    grouped, shared = run()
+    grouped, shared = run(True)
     assert any(s is not None and int(s.max()) > 0 for s in shared)  # rows were grouped
-    monkeypatch.setattr(torch_ref, "_shared_slots", lambda group, *_: [0] * len(group))
-    apart, _ = run()
+    apart, shared = run(False)
+    assert all(s is None for s in shared)
     assert torch.equal(grouped, apart)

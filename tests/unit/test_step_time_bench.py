@@ -63,6 +63,20 @@ def test_decode_kernel_bench_times_both_paths_and_checks_them():
     assert diff < 1e-4  # the C kernel agrees with gather + SDPA
 
 
+def test_decode_kernel_bench_with_drafts_times_the_rows_read_apart_too():
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixrt.bench.decode_kernel", "--shape", "2,40,4,2,16", "--calls", "2", "--draft", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr  # (1 when the grouped rows differ from the rows apart)
+    header, row = proc.stdout.strip().splitlines()[-2:]
+    assert "rows apart" in header and row.split()[0] == "2,40,4,2,16"
+    values = row.replace("/", " ").split()[1:]
+    assert len(values) == 7 and float(values[4]) < 1e-4 and float(values[5]) > 0
+
+
 def test_decode_slot_table_lays_out_prompts_then_interleaved_decode_tokens():
     from radixrt.bench.decode_kernel import decode_slot_table
 
