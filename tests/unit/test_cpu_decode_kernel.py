@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import shutil
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -109,6 +110,17 @@ def test_kernel_reads_query_rows_of_a_wider_tensor(kernel) -> None:
     torch.testing.assert_close(out.double(), _dense(q, k_cache, v_cache, table, lens, 0.25), atol=1e-5, rtol=1e-5)
 
 
+def _thread_counts(*counts: int) -> Iterator[int]:
+    """Each of ``counts`` as torch's (and the kernel's) thread count in turn; restored after."""
+    threads = torch.get_num_threads()
+    try:
+        for n in counts:
+            torch.set_num_threads(n)
+            yield n
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_large_batches_split_over_threads(kernel, monkeypatch) -> None:
     """Rows split over the torch thread count give each request's own answer."""
     gen = torch.Generator().manual_seed(5)
@@ -119,14 +131,9 @@ def test_large_batches_split_over_threads(kernel, monkeypatch) -> None:
     q = torch.randn(batch, hkv * group, d, generator=gen)
     one_thread = kernel.forward(q, k_cache, v_cache, table, lens, 0.2)
     monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_PAIRS", 1)
-    threads = torch.get_num_threads()
-    try:
-        for n in (2, 4):
-            torch.set_num_threads(n)
-            split = kernel.forward(q, k_cache, v_cache, table, lens, 0.2)
-            assert torch.equal(split, one_thread)  # each request is computed alone, whichever thread runs it
-    finally:
-        torch.set_num_threads(threads)
+    for _ in _thread_counts(2, 4):
+        split = kernel.forward(q, k_cache, v_cache, table, lens, 0.2)
+        assert torch.equal(split, one_thread)  # each request is computed alone, whichever thread runs it
     torch.testing.assert_close(one_thread.double(), _dense(q, k_cache, v_cache, table, lens, 0.2), atol=1e-5, rtol=1e-5)
 
 
@@ -207,14 +214,9 @@ def test_rows_sharing_slots_are_read_together_with_the_same_results(kernel, monk
     q = torch.randn(len(lens), hkv * group, d, generator=gen)
     apart = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2)
     monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_PAIRS", 1)
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            together = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2, torch.tensor(shared))
-            assert torch.equal(together, apart)
-    finally:
-        torch.set_num_threads(threads)
+    for _ in _thread_counts(1, 2):
+        together = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2, torch.tensor(shared))
+        assert torch.equal(together, apart)
     torch.testing.assert_close(apart.double(), _dense(q, k_cache, v_cache, table, lens_t, 0.2), atol=1e-5, rtol=1e-5)
 
 
