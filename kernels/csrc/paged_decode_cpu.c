@@ -33,6 +33,7 @@
  * without it, so loading it does not switch the process to flush-to-zero.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,10 @@ static inline float sum8(vec8 x) {
             }                                                                                             \
         }
 
+/* shared K / V rows a group's rows take in turn: a block stays in L1 / L2 while each row
+   walks it (a row's own score rows are then its only write streams) */
+#define SHARED_BLOCK 64
+
 /* A group of n query rows (rows i of q, out, slots and lens, n <= MAX_GROUP) whose first
    `common` slots are the same slots (the tokens of one request's short extend or draft):
    each of those K and V rows is read once for the whole group. scores is scratch
@@ -113,10 +118,15 @@ static inline float sum8(vec8 x) {
     {                                                                                                     \
         const int64_t G = hq / hkv, D = NV * 8, row = hkv * D, row_bytes = row * (int64_t)sizeof(KV_T);  \
         const int64_t *shared = slots[0];                                                                 \
-        for (int64_t t = 0; t < common; t++) {                                                            \
-            if (t + PREFETCH_DISTANCE < common) prefetch_row(k_cache + shared[t + PREFETCH_DISTANCE] * row, row_bytes); \
-            const KV_T *restrict k_row = k_cache + shared[t] * row;                                       \
-            for (int64_t i = 0; i < n; i++) SCORE_ROW(KV_T, LOAD_KV8, q[i], k_row, scores + i * hq * max_kv, lens[i], t) \
+        for (int64_t t0 = 0; t0 < common; t0 += SHARED_BLOCK) {                                           \
+            const int64_t t1 = t0 + SHARED_BLOCK < common ? t0 + SHARED_BLOCK : common;                   \
+            for (int64_t i = 0; i < n; i++)                                                               \
+                for (int64_t t = t0; t < t1; t++) {                                                       \
+                    if (i == 0 && t + PREFETCH_DISTANCE < common)                                         \
+                        prefetch_row(k_cache + shared[t + PREFETCH_DISTANCE] * row, row_bytes);           \
+                    const KV_T *restrict k_row = k_cache + shared[t] * row;                               \
+                    SCORE_ROW(KV_T, LOAD_KV8, q[i], k_row, scores + i * hq * max_kv, lens[i], t)          \
+                }                                                                                         \
         }                                                                                                 \
         for (int64_t i = 0; i < n; i++) {                                                                 \
             const int64_t len = lens[i];                                                                  \
@@ -137,10 +147,15 @@ static inline float sum8(vec8 x) {
             }                                                                                             \
             memset(out[i], 0, sizeof(float) * hq * D);                                                    \
         }                                                                                                 \
-        for (int64_t t = 0; t < common; t++) {                                                            \
-            if (t + PREFETCH_DISTANCE < common) prefetch_row(v_cache + shared[t + PREFETCH_DISTANCE] * row, row_bytes); \
-            const KV_T *restrict v_row = v_cache + shared[t] * row;                                       \
-            for (int64_t i = 0; i < n; i++) ACCUMULATE_ROW(KV_T, LOAD_KV8, out[i], v_row, scores + i * hq * max_kv, lens[i], t) \
+        for (int64_t t0 = 0; t0 < common; t0 += SHARED_BLOCK) {                                           \
+            const int64_t t1 = t0 + SHARED_BLOCK < common ? t0 + SHARED_BLOCK : common;                   \
+            for (int64_t i = 0; i < n; i++)                                                               \
+                for (int64_t t = t0; t < t1; t++) {                                                       \
+                    if (i == 0 && t + PREFETCH_DISTANCE < common)                                         \
+                        prefetch_row(v_cache + shared[t + PREFETCH_DISTANCE] * row, row_bytes);           \
+                    const KV_T *restrict v_row = v_cache + shared[t] * row;                               \
+                    ACCUMULATE_ROW(KV_T, LOAD_KV8, out[i], v_row, scores + i * hq * max_kv, lens[i], t)   \
+                }                                                                                         \
         }                                                                                                 \
         for (int64_t i = 0; i < n; i++) {                                                                 \
             const int64_t len = lens[i];                                                                  \
@@ -171,13 +186,21 @@ DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
         const int64_t NV = D / 8;                                                                         \
         int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(B + 1));                            \
         if (first == NULL) return -1;                                                                     \
+        const int parallel = B > 1 && B * max_kv * hq >= parallel_min_pairs;                              \
+        const int64_t threads = parallel ? omp_get_max_threads() : 1;                                     \
         int64_t groups = 0;                                                                               \
-        for (int64_t b = 0; b < B; b++)                                                                   \
-            if (b == 0 || shared == NULL || shared[b] <= 0 || b - first[groups - 1] >= MAX_GROUP)        \
-                first[groups++] = b;                                                                      \
+        /* groups of at most MAX_GROUP rows; fewer groups than threads: smaller groups, so that   \
+           every thread has rows (each group reads its shared rows again) */                       \
+        for (int64_t cap = MAX_GROUP;; cap = (B + threads - 1) / threads) {                               \
+            groups = 0;                                                                                   \
+            for (int64_t b = 0; b < B; b++)                                                               \
+                if (b == 0 || shared == NULL || shared[b] <= 0 || b - first[groups - 1] >= cap)           \
+                    first[groups++] = b;                                                                  \
+            if (groups >= threads || cap <= (B + threads - 1) / threads) break;                           \
+        }                                                                                                 \
         first[groups] = B;                                                                                \
         int failed = 0;                                                                                   \
-        _Pragma("omp parallel if (groups > 1 && B * max_kv * hq >= parallel_min_pairs)")                  \
+        _Pragma("omp parallel if (parallel && groups > 1)")                                               \
         {                                                                                                 \
             float *scores = (float *)malloc(sizeof(float) * (size_t)(MAX_GROUP * hq * max_kv));           \
             if (scores == NULL) {                                                                         \
