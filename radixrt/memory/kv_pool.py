@@ -12,6 +12,8 @@ Memory is handed out and taken back in whole pages.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 from typing import Iterable, Optional, Sequence
 
@@ -37,6 +39,35 @@ def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     memory = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # the tensor keeps it alive
     return torch.frombuffer(memory, dtype=torch.uint8)[:nbytes].view(dtype).view(tuple(shape))
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14's madvise: back a range with writable pages, contents unchanged
+
+
+def prefault(buf: torch.Tensor, nbytes: int) -> bool:
+    """Back the first ``nbytes`` of CPU buffer ``buf`` (from `lazy_zeros`) with
+    memory now, so that first writes there do not fault one page at a time (a
+    restart's reads from the storage tier write hundreds of MB at once).
+    Changes no byte, so other threads may use the buffer meanwhile. False
+    where the kernel cannot (older than Linux 5.14, or not Linux): nothing
+    was done."""
+    nbytes = min(nbytes, buf.numel() * buf.element_size())
+    if nbytes <= 0 or buf.device.type != "cpu" or _libc() is None:
+        return False
+    page = mmap.PAGESIZE
+    start = buf.data_ptr() // page * page
+    length = (buf.data_ptr() + nbytes + page - 1) // page * page - start
+    return _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_POPULATE_WRITE) == 0
+
+
+@functools.cache
+def _libc() -> Optional[ctypes.CDLL]:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 class KVPool:
@@ -124,6 +155,15 @@ class KVPool:
         views plus the scales of a quantized pool."""
         return self._layer_caches[layer_id]
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every layer's K and V buffers (and int8 scales), each ``[num_pages, ...]``."""
+        return [*self.k_buffers, *self.v_buffers, *(self.k_scale_buffers or []), *(self.v_scale_buffers or [])]
+
+    def prefault_pages(self, num_pages: int) -> bool:
+        """Back pages ``0 .. num_pages - 1`` (the allocator's first) of every
+        buffer with memory now (`prefault`; contents unchanged). CPU only."""
+        return all(prefault(buf, num_pages * buf[0].numel() * buf.element_size()) for buf in self.buffers())
+
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Copy the stored K/V (and int8 scales) of slots ``src[i]`` to ``dst[i]``
         in every layer: a copy on write, when a beam or sample leaves a shared,
@@ -132,8 +172,7 @@ class KVPool:
             return
         s = torch.tensor(list(src), dtype=torch.int64, device=self.device)
         d = torch.tensor(list(dst), dtype=torch.int64, device=self.device)
-        buffers = [*self.k_buffers, *self.v_buffers, *(self.k_scale_buffers or []), *(self.v_scale_buffers or [])]
-        for buf in buffers:
+        for buf in self.buffers():
             flat = buf.view(self.total_slots, *buf.shape[2:])
             flat.index_copy_(0, d, flat.index_select(0, s))
 

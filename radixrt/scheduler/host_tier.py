@@ -113,4 +113,6 @@ def build_storage_tier(
         identity.model[:12],
         time.perf_counter() - started,
     )
-    return StorageTier(store, host.pool, tree)
+    tier = StorageTier(store, host.pool, tree)
+    tier.prefault_pools(runner.kv_pool)
+    return tier

@@ -46,6 +46,7 @@ import torch
 from radixrt.memory.host_pool import HostKVPool, page_runs
 from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_events import KVEventRecorder, block_hashes, storage_medium
+from radixrt.memory.kv_pool import KVPool, prefault
 from radixrt.memory.kv_store import KVStore, StoreIdentity, block_keys
 from radixrt.memory.radix_node import TreeNode
 from radixrt.scheduler.request import Req
@@ -56,6 +57,7 @@ READ_THREADS = max(1, min(4, os.cpu_count() or 1))  # threads sharing one long r
 MIN_BLOCKS_PER_READ_THREAD = 8
 WRITE_QUEUE_BLOCKS = 4096  # blocks waiting for the writer; beyond it new blocks are skipped (counted)
 MAX_ANNOUNCED = 1 << 20  # blocks whose KV event hash is kept (to announce their eviction)
+PREFAULT_MAX_BYTES = 1 << 30  # of each pool, backed at start when the store holds blocks (`prefault_pools`)
 
 
 @dataclass(eq=False)
@@ -94,6 +96,7 @@ class StorageTier:
         self._bad_lock = threading.Lock()
         self.loaded_tokens = 0  # tokens read from storage into the host tier
         self.skipped_blocks = 0  # writes dropped because the writer was behind
+        self.prefault_pages = 0  # pages of each pool backed at start (`prefault_pools`)
         tree.on_cached = self.on_cached
         # KV events (set by the scheduler when they are published): each block written is announced
         # with the store's medium, each block the quota evicts removed (radixrt/memory/kv_events.py)
@@ -102,6 +105,28 @@ class StorageTier:
         self._announce: dict[bytes, tuple[int, Optional[int], list[int]]] = {}  # queued key -> its event
         self._announced: "OrderedDict[bytes, int]" = OrderedDict()  # written key -> its event hash
         store.on_evict = self._on_evict
+
+    def prefault_pools(self, device_pool: KVPool) -> Optional[threading.Thread]:
+        """When the store holds blocks and the pools are in CPU memory (lazily
+        backed), back the pages a restart's first reads will land in (the
+        allocators hand out their first pages first), up to what the store
+        holds and `PREFAULT_MAX_BYTES` per pool, on a thread: each page of a
+        fresh pool otherwise faults on its first write, which took a restart's
+        read and load of a 229 MB prefix about 0.2 s. Contents are unchanged,
+        so the pools may be used meanwhile."""
+        stored = min(self.store.size_bytes(), PREFAULT_MAX_BYTES)
+        pages = min(stored // self.pool.page_bytes, self.pool.allocator.num_pages, device_pool.num_pages)
+        if pages <= 0 or device_pool.device.type != "cpu":
+            return None
+        self.prefault_pages = pages
+
+        def run() -> None:
+            prefault(self.pool.buf, pages * self.pool.page_bytes)
+            device_pool.prefault_pages(pages)
+
+        thread = threading.Thread(target=run, name="radixrt-kv-prefault", daemon=True)
+        thread.start()
+        return thread
 
     # ------------------------------------------------------------------ writes
     def on_cached(self, namespace: Hashable, leaf: TreeNode, computed: bool) -> None:
@@ -324,6 +349,7 @@ class StorageTier:
             "held_requests": sum(1 for h in self.held if not h.aborted),
             "write_queue_blocks": self._writes.qsize(),
             "skipped_blocks": self.skipped_blocks,
+            "prefault_pages": self.prefault_pages,
         }
 
 

@@ -49,6 +49,7 @@ def test_a_restarted_engine_reads_the_prefix_back_with_the_same_output(default_m
     assert after["meta_info"]["cache_info"]["tiers"] == {"device": 0, "host": 0, "storage": stored}
     assert stats["cache"]["storage_hit_tokens"] == stored and stats["storage_kv"]["hit_blocks"] == stored // BLOCK
     assert stats["storage_kv"]["corrupt_blocks"] == 0
+    assert stats["storage_kv"]["prefault_pages"] >= stored  # the pools' first pages were backed at start
 
 
 def test_corrupt_blocks_are_refused_and_recomputed(tiny_llama, tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
+import os
+
 import pytest
 import torch
 
-from radixrt.memory.kv_pool import KVPool, PageAllocator
+from radixrt.memory.kv_pool import KVPool, PageAllocator, lazy_zeros, prefault
 
 
 # ---------------------------------------------------------------- allocator
@@ -144,3 +146,32 @@ def test_kvpool_bytes_per_token():
 def test_kvpool_rejects_bad_dims():
     with pytest.raises(ValueError):
         KVPool(1, 0, 1, 1, 1)
+
+
+def _resident_bytes() -> int:
+    import mmap
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_prefault_backs_a_lazy_buffer_without_changing_it() -> None:
+    buf = lazy_zeros((64 << 20,), torch.uint8, torch.device("cpu"))
+    buf[:4096] = 7  # some of it written already
+    buf[40 << 20] = 9
+    before = _resident_bytes()
+    if not prefault(buf, 32 << 20):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    assert _resident_bytes() - before >= 30 << 20
+    assert int(buf[:4096].sum()) == 7 * 4096 and int(buf[40 << 20]) == 9
+    assert int(buf.sum()) == 7 * 4096 + 9
+
+
+def test_a_pool_prefaults_its_first_pages_in_every_buffer() -> None:
+    pool = KVPool(num_layers=2, num_pages=64, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+    pool.k_buffers[1][3] = 1.5
+    if not pool.prefault_pages(16):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    assert float(pool.k_buffers[1][3].sum()) == 1.5 * 4 * 2 * 8
+    assert all(float(b.abs().sum()) == 0 for b in pool.buffers() if b is not pool.k_buffers[1])
