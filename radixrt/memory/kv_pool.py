@@ -52,12 +52,13 @@ def prefault(buf: torch.Tensor, nbytes: int) -> bool:
     where the kernel cannot (older than Linux 5.14, or not Linux): nothing
     was done."""
     nbytes = min(nbytes, buf.numel() * buf.element_size())
-    if nbytes <= 0 or buf.device.type != "cpu" or _libc() is None:
+    libc = _libc()
+    if nbytes <= 0 or buf.device.type != "cpu" or libc is None:
         return False
     page = mmap.PAGESIZE
     start = buf.data_ptr() // page * page
     length = (buf.data_ptr() + nbytes + page - 1) // page * page - start
-    return _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_POPULATE_WRITE) == 0
+    return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_POPULATE_WRITE) == 0
 
 
 @functools.cache
