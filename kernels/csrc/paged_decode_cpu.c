@@ -33,7 +33,12 @@
  * without it, so loading it does not switch the process to flush-to-zero.
  */
 #include <math.h>
+#ifdef _OPENMP
 #include <omp.h>
+#define MAX_THREADS() omp_get_max_threads()
+#else
+#define MAX_THREADS() 1
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,7 +192,7 @@ DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
         int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(B + 1));                            \
         if (first == NULL) return -1;                                                                     \
         const int parallel = B > 1 && B * max_kv * hq >= parallel_min_pairs;                              \
-        const int64_t threads = parallel ? omp_get_max_threads() : 1;                                     \
+        const int64_t threads = parallel ? MAX_THREADS() : 1;                                     \
         int64_t groups = 0;                                                                               \
         /* groups of at most MAX_GROUP rows; fewer groups than threads: smaller groups, so that   \
            every thread has rows (each group reads its shared rows again) */                       \
