@@ -59,7 +59,7 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 /* the same vectors at any address a float (a bfloat16) may have: loads and stores through
    these are single unaligned moves. (Not memcpy into a vec8: gcc 12 tuned for Zen 3 splits
    it into two 16-byte loads, stores them to the stack and reloads 32 bytes, a store-forwarding
-   stall on every row that made this kernel 20x slower there.) */
+   stall on every row that made this kernel about 10x slower there.) */
 typedef float vec8_unaligned __attribute__((vector_size(32), aligned(4), may_alias));
 typedef uint16_t u16x8_unaligned __attribute__((vector_size(16), aligned(2), may_alias));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
@@ -175,7 +175,7 @@ static inline float sum8(vec8 x) {
 DEFINE_ATTEND(attend_group_f32, float, load8)
 DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
 
-/* rows of one group at most (bounds the scratch: MAX_GROUP * Hq * max_kv floats a thread) */
+/* rows of one group at most (the scratch: the widest group's rows * Hq * max_kv floats a thread) */
 #define MAX_GROUP 16
 
 /* The batch in groups of rows: row b joins row b - 1's group when shared[b] > 0 (its first
@@ -193,7 +193,7 @@ DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
         if (first == NULL) return -1;                                                                     \
         const int parallel = B > 1 && B * max_kv * hq >= parallel_min_pairs;                              \
         const int64_t threads = parallel ? MAX_THREADS() : 1;                                     \
-        int64_t groups = 0;                                                                               \
+        int64_t groups = 0, widest = 1;                                                                   \
         /* groups of at most MAX_GROUP rows; fewer groups than threads: smaller groups, so that   \
            every thread has rows (each group reads its shared rows again) */                       \
         for (int64_t cap = MAX_GROUP;; cap = (B + threads - 1) / threads) {                               \
@@ -204,10 +204,12 @@ DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
             if (groups >= threads || cap <= (B + threads - 1) / threads) break;                           \
         }                                                                                                 \
         first[groups] = B;                                                                                \
+        for (int64_t gi = 0; gi < groups; gi++)                                                           \
+            if (first[gi + 1] - first[gi] > widest) widest = first[gi + 1] - first[gi];                   \
         int failed = 0;                                                                                   \
         _Pragma("omp parallel if (parallel && groups > 1)")                                               \
         {                                                                                                 \
-            float *scores = (float *)malloc(sizeof(float) * (size_t)(MAX_GROUP * hq * max_kv));           \
+            float *scores = (float *)malloc(sizeof(float) * (size_t)(widest * hq * max_kv));              \
             if (scores == NULL) {                                                                         \
                 _Pragma("omp atomic write")                                                               \
                 failed = 1;                                                                               \
