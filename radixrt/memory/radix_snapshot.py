@@ -68,16 +68,16 @@ class _Counter:
         count = tokens = 0
         for top in nodes:
             stack = [top]
-            while stack and self.budget > 0:
+            while stack:
+                if self.budget <= 0:  # something is left uncounted
+                    self.exact = False
+                    return max(count, at_least), tokens
                 x = stack.pop()
                 self.budget -= 1
                 count += 1
                 tokens += len(x.key)
                 if x.children:
                     stack.extend(x.children.values())
-            if self.budget <= 0:
-                self.exact = False
-                break
         return max(count, at_least), tokens
 
 
