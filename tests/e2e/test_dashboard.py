@@ -192,7 +192,8 @@ def test_a_real_browser_shows_the_shared_node_and_highlights_a_forked_requests_p
     program.start()
     try:
         driver.get(f"{srv.url}/dashboard#key={ADMIN}&text=1&depth=16&nodes=500&rate=10")
-        # the shared node: the system prompt's text, hit by each fork
+        # the shared node: the system prompt's text, hit by each fork (polled until the forks'
+        # hits arrive: the page may show the node between the prompt's prefill and their matches)
         shared = _until(driver, _SHARED_NODE_JS)
         assert shared["hits"] >= 3 and "careful assistant" in shared["text"], shared
         clicked = _until(driver, _CLICK_RUNNING_JS)  # select a running fork in the requests table
@@ -212,10 +213,10 @@ def test_a_real_browser_shows_the_shared_node_and_highlights_a_forked_requests_p
 
 
 _SHARED_NODE_JS = """
-const rows = [...document.querySelectorAll('.node > .row')].map((r) => r.textContent);
-const row = rows.find((t) => t.includes('careful assistant'));
-if (!row) return null;
-return {hits: +row.match(/hits (\\d+)/)[1], text: row};
+const rows = [...document.querySelectorAll('.node > .row')].map((r) => r.textContent)
+    .filter((t) => t.includes('careful assistant'))
+    .map((t) => ({hits: +t.match(/hits (\\d+)/)[1], text: t}));
+return rows.find((r) => r.hits >= 3) || null;
 """
 _CLICK_RUNNING_JS = """
 const tr = [...document.querySelectorAll('tr.req')].find((t) => t.children[1].textContent === 'running'
