@@ -17,6 +17,7 @@ import torch
 from radixrt.config import EngineConfig
 from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.batch_invariant import enable_batch_invariant
+from radixrt.executor.models.native_linear import use_native_linears
 from radixrt.executor.lora.batch import LoRABatch
 from radixrt.executor.lora.pool import LoRARuntime
 from radixrt.executor.model_store import resolve_model_path
@@ -210,7 +211,7 @@ class ModelRunner:
             scratch_slot=self.num_pages * self.page_size if use_graphs else 0,
         )
         self.startup_s["KV pool"] = time.perf_counter() - clock
-        self.deterministic = ex.enable_deterministic_inference
+        self._choose_linear_products(deterministic=ex.enable_deterministic_inference)
         self.backend: AttentionBackend = self._attention_backend()
         self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None
         if ex.enable_torch_compile:
@@ -219,6 +220,15 @@ class ModelRunner:
             enable_compile(self.model)
         self._log_loaded()
 
+    def _choose_linear_products(self, deterministic: bool) -> None:
+        """Sets ``self.deterministic``. Deterministic mode: batch-invariant linear layers; else on
+        the CPU, few-row float32 products on the native kernel (`native_linear`)."""
+        self.deterministic = deterministic
+        if deterministic:
+            enable_batch_invariant(self.model)
+        elif self.device == "cpu":
+            use_native_linears(self.model)
+
     def _attention_backend(self) -> AttentionBackend:
         """The backend the model's attention runs through, configured for this
         rank's heads (deterministic mode forces the batch-invariant torch path)."""
@@ -226,7 +236,6 @@ class ModelRunner:
         if self.deterministic:
             from radixrt.kernels.torch_ref import TorchReferenceBackend
 
-            enable_batch_invariant(self.model)
             return TorchReferenceBackend(deterministic=True)
         backend = create_backend(self.choice.attention_backend, self.device)
         if hasattr(backend, "configure"):  # FlashInfer plans once per batch with these

@@ -1,0 +1,86 @@
+"""Float32 linear layers for a few rows: the native kernel against torch's product.
+
+    python -m radixrt.bench.dense_linear                      # the embedded model's shapes
+    python -m radixrt.bench.dense_linear --rows 1,9,32,64 --shape 4096,4096
+
+Each shape is ``out_features,in_features``; each row count is a decode batch
+(1 row per request) or a verification (9 rows per drafting request). The
+weights are cold, as in a model step whose other layers evict them: every
+call reads the next of enough copies to fill 256 MiB (the LM head: 2). Times
+are medians over ``--calls`` calls; ``ratio`` is torch / kernel, so above 1
+the kernel is faster. ``kernels/dense_linear_cpu.MAX_ROWS`` is set from where
+the ratio of the decoder's shapes falls to 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable, Optional
+
+# the embedded model (SmolLM2-135M): qkv, o, gate_up, down, the LM head
+SHAPES = ["960,576", "576,576", "3072,576", "576,1536", "49152,576"]
+ROWS = "1,2,4,8,9,16,32,48,64,128"
+COLD_BYTES = 256 << 20
+
+
+def _median_ms(fn: Callable[[], object], calls: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def bench_shape(n: int, k: int, rows: list[int], calls: int) -> list[dict]:
+    """One row per row count: torch and kernel milliseconds and their ratio."""
+    import torch
+    import torch.nn.functional as F
+
+    from radixrt.kernels.dense_linear_cpu import load
+
+    kernel = load()
+    if kernel is None:
+        raise SystemExit("the dense linear kernel is unavailable here (see the warning)")
+    copies = max(2, COLD_BYTES // (n * k * 4))
+    weights = [torch.randn(n, k) for _ in range(copies)]
+    out = []
+    for m in rows:
+        x = torch.randn(m, k)
+        turn = iter(range(10**9))
+        t = _median_ms(lambda: F.linear(x, weights[next(turn) % copies]), calls)
+        native = _median_ms(lambda: kernel.linear(x, weights[next(turn) % copies]), calls)
+        out.append({"shape": f"{n}x{k}", "rows": m, "torch_ms": t, "kernel_ms": native, "ratio": t / native})
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m radixrt.bench.dense_linear", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--shape", action="append", help="out_features,in_features (repeatable; default: the embedded model's)"
+    )
+    p.add_argument("--rows", default=ROWS, help=f"row counts (default {ROWS})")
+    p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    opts = p.parse_args(argv)
+    import torch
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    rows = [int(r) for r in opts.rows.split(",") if r.strip()]
+    print(
+        f"{'shape':>10} {'rows':>5} {'torch ms':>9} {'kernel ms':>9} {'ratio':>6}  ({torch.get_num_threads()} threads)"
+    )
+    for shape in opts.shape or SHAPES:
+        n, k = (int(v) for v in shape.split(","))
+        for r in bench_shape(n, k, rows, opts.calls):
+            print(f"{r['shape']:>10} {r['rows']:>5} {r['torch_ms']:9.3f} {r['kernel_ms']:9.3f} {r['ratio']:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

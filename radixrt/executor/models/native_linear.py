@@ -1,0 +1,56 @@
+"""Float32 CPU linear layers whose few-row products run on the native kernel.
+
+`use_native_linears(model)` switches a loaded model's plain ``nn.Linear``
+layers (the LM head included; tied weights stay tied, parameters are
+untouched) to `NativeFewRowsLinear`, whose forward sends products of fewer
+than ``kernels.dense_linear_cpu.MAX_ROWS`` float32 rows (decode steps,
+verification rows, short extends) to that kernel and everything else to
+torch's product. Batch-invariant layers (deterministic mode), quantized and
+tensor-parallel layers keep their own products; a compiled model traces
+torch's product (the kernel is opaque to inductor).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixrt.kernels.dense_linear_cpu import NativeDenseLinear, load
+
+logger = logging.getLogger(__name__)
+
+
+class NativeFewRowsLinear(nn.Linear):
+    """An ``nn.Linear`` whose few-row float32 products run on ``native``
+    (set as the class of existing layers by `use_native_linears`)."""
+
+    native: NativeDenseLinear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return F.linear(x, self.weight, self.bias)
+        x2 = x.reshape(-1, self.in_features)
+        if not self.native.takes(x2, self.weight):
+            return F.linear(x, self.weight, self.bias)
+        return self.native.linear(x2, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+
+
+def use_native_linears(model: nn.Module) -> int:
+    """Switch ``model``'s plain float32 CPU ``nn.Linear`` layers to `NativeFewRowsLinear`, in
+    place; returns how many (0 where the kernel is unavailable: it logged why)."""
+    native = None
+    switched = 0
+    for module in model.modules():
+        if type(module) is not nn.Linear or module.weight.dtype != torch.float32 or module.weight.device.type != "cpu":
+            continue
+        native = native or load()
+        if native is None:
+            return 0
+        module.__class__ = NativeFewRowsLinear
+        module.native = native  # type: ignore[assignment]
+        switched += 1
+    logger.debug("%d linear layers take their few-row products on the native kernel", switched)
+    return switched
