@@ -35,7 +35,7 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-fPIC", "-std=c11", "-fopenmp"]
 LINK_FLAGS = ["-shared", "-fopenmp"]
 DISABLE_ENV = "RADIXRT_NATIVE_LINEAR"
 # rows from which torch's BLAS computes the product (python -m radixrt.bench.dense_linear)
-MAX_ROWS = 48
+MAX_ROWS = 64
 # multiply-adds of one call below which it runs on the calling thread only
 PARALLEL_MIN_MACS = 1 << 18
 
