@@ -39,12 +39,16 @@ static inline float hsum(__m256 v) {
  * called with constants, so the accumulators stay in registers). */
 static inline __attribute__((always_inline)) void block(const float *x, int64_t x_stride, int nx, const float *w,
                                                         int64_t K, int nw, const float *bias, float *out,
-                                                        int64_t out_stride) {
+                                                        int64_t out_stride, const char *prefetch) {
     __m256 acc[XROWS][WROWS];
     for (int i = 0; i < nx; i++)
         for (int j = 0; j < nw; j++) acc[i][j] = _mm256_setzero_ps();
     const int64_t k8 = K & ~(int64_t)7;
     for (int64_t k = 0; k < k8; k += 8) {
+        if (prefetch) { /* the next block, 2 lines per 8 columns: 4 rows x K floats by the end of the pass */
+            _mm_prefetch(prefetch + 16 * k, _MM_HINT_T1);
+            _mm_prefetch(prefetch + 16 * k + 64, _MM_HINT_T1);
+        }
         __m256 wv[WROWS];
         for (int j = 0; j < nw; j++) wv[j] = _mm256_loadu_ps(w + j * K + k);
         for (int i = 0; i < nx; i++) {
@@ -63,23 +67,25 @@ static inline __attribute__((always_inline)) void block(const float *x, int64_t 
 /* One block of nw weight rows (the partial last block: fewer) times every activation row. */
 #define ROWS_TIMES_BLOCK(nx)                                                        \
     do {                                                                            \
-        if (nw == WROWS) block(xi, x_stride, nx, w, K, WROWS, bias, oi, N);         \
-        else if (nw == 3) block(xi, x_stride, nx, w, K, 3, bias, oi, N);            \
-        else if (nw == 2) block(xi, x_stride, nx, w, K, 2, bias, oi, N);            \
-        else block(xi, x_stride, nx, w, K, 1, bias, oi, N);                         \
+        if (nw == WROWS) block(xi, x_stride, nx, w, K, WROWS, bias, oi, N, pf);         \
+        else if (nw == 3) block(xi, x_stride, nx, w, K, 3, bias, oi, N, pf);            \
+        else if (nw == 2) block(xi, x_stride, nx, w, K, 2, bias, oi, N, pf);            \
+        else block(xi, x_stride, nx, w, K, 1, bias, oi, N, pf);                         \
     } while (0)
 
 static void weight_block(const float *x, int64_t x_stride, int64_t M, const float *w, int64_t K, int nw,
-                         const float *bias, float *out, int64_t N) {
+                         const float *bias, float *out, int64_t N, const char *next) {
     int64_t i = 0;
     for (; i + XROWS <= M; i += XROWS) {
         const float *xi = x + i * x_stride;
         float *oi = out + i * N;
+        const char *pf = i == 0 ? next : 0;
         ROWS_TIMES_BLOCK(XROWS);
     }
     for (; i < M; i++) {
         const float *xi = x + i * x_stride;
         float *oi = out + i * N;
+        const char *pf = i == 0 ? next : 0;
         ROWS_TIMES_BLOCK(1);
     }
 }
@@ -91,7 +97,8 @@ int radixrt_dense_linear(const float *x, int64_t x_stride, int64_t M, int64_t K,
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t n0 = b * WROWS;
         const int nw = (int)(N - n0 < WROWS ? N - n0 : WROWS);
-        weight_block(x, x_stride, M, w + n0 * K, K, nw, bias ? bias + n0 : 0, out + n0, N);
+        const char *next = n0 + 2 * WROWS <= N ? (const char *)(w + (n0 + WROWS) * K) : 0;
+        weight_block(x, x_stride, M, w + n0 * K, K, nw, bias ? bias + n0 : 0, out + n0, N, next);
     }
     return 0;
 }
