@@ -10,7 +10,9 @@
  * BLAS tuned for other shapes reads them several times for 4 to 32 rows on
  * some CPUs (MKL on AMD Zen 3: 9 rows cost 2.6x one row); this kernel reads
  * each block of WROWS weight rows once from memory and multiplies it by every
- * activation row while it sits in L1/L2.
+ * activation row while it sits in L1/L2, prefetching the next block into L2
+ * during its first pass (the hardware prefetcher stops running ahead while
+ * the later passes hit L1).
  *
  * Every output element is the same sequence of operations whatever M is and
  * wherever its row falls in a block (one 8-lane FMA accumulator walked over K
