@@ -15,9 +15,10 @@ the ratio of the decoder's shapes falls to 1.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 # the embedded model (SmolLM2-135M): qkv, o, gate_up, down, the LM head
 SHAPES = ["960,576", "576,576", "3072,576", "576,1536", "49152,576"]
@@ -48,12 +49,16 @@ def bench_shape(n: int, k: int, rows: list[int], calls: int) -> list[dict]:
         raise SystemExit("the dense linear kernel is unavailable here (see the warning)")
     copies = max(2, COLD_BYTES // (n * k * 4))
     weights = [torch.randn(n, k) for _ in range(copies)]
+
+    def cold(product: Callable[[Any, Any], object], x: Any) -> Callable[[], object]:
+        turn = itertools.count()
+        return lambda: product(x, weights[next(turn) % copies])
+
     out = []
     for m in rows:
         x = torch.randn(m, k)
-        turn = iter(range(10**9))
-        t = _median_ms(lambda: F.linear(x, weights[next(turn) % copies]), calls)
-        native = _median_ms(lambda: kernel.linear(x, weights[next(turn) % copies]), calls)
+        t = _median_ms(cold(F.linear, x), calls)
+        native = _median_ms(cold(kernel.linear, x), calls)
         out.append({"shape": f"{n}x{k}", "rows": m, "torch_ms": t, "kernel_ms": native, "ratio": t / native})
     return out
 

@@ -17,11 +17,11 @@ import torch
 from radixrt.config import EngineConfig
 from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.batch_invariant import enable_batch_invariant
-from radixrt.executor.models.native_linear import use_native_linears
 from radixrt.executor.lora.batch import LoRABatch
 from radixrt.executor.lora.pool import LoRARuntime
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
+from radixrt.executor.models.native_linear import use_native_linears
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers

@@ -260,6 +260,8 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
         return None
     allocator = kv.allocator
     need = StepCost.probe_slots_needed()
+    if allocator.num_free_slots >= StepCost.long_probe_slots_needed():
+        need = max(need, StepCost.long_probe_slots_needed())  # the long-context probes run too
     cost = OnlineStepCost(DEFAULT_COST)
     if getattr(runner, "tp", None) is None and allocator.num_free_slots >= need:
         slots = allocator.alloc_slots_for(need)
