@@ -198,6 +198,133 @@ static inline __attribute__((always_inline)) void q8_block(const QRow *x, const 
     for (int i = 0; i < NX; i++)
         for (int r = 0; r < rows; r++) res[i * ROWS + r] = hsum(acc[i][r]) + macc[i][r];
 }
+
+/* ---- int4 in pairs of runs (AVX2): a quarter of the instructions per weight of q8_block ----
+ * The 32 bytes of two consecutive runs a, b unpack to [a 0..15 | b 0..15] (low nibbles) and
+ * [a 16..31 | b 16..31] (high nibbles); the activations of the first 8 * (K / 256) runs are
+ * stored in that order (`pair_runs`). Per pair, the two maddubs products add in int16 (at most
+ * 2 * 2 * 15 * 127 < 2^15) and one madd widens them: 4 int32 partial sums per run. Two hadd
+ * levels fold the 4 pairs of a block of 8 runs into one vector, a run per lane, in the order
+ * RUN_LANES; the run scales (weight scale times activation scale) multiply it once per block.
+ * Runs past the last whole block keep the natural order and q8_block's per-run product. */
+
+static const int RUN_LANES[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+/* the activation runs of the first `pairs` pairs: [a | b] halves of 16 bytes -> [a lo, b lo, a hi, b hi] */
+static void pair_runs(int8_t *q, int64_t pairs) {
+    int8_t tmp[16];
+    for (int64_t p = 0; p < pairs; p++, q += 2 * RUN) {
+        memcpy(tmp, q + 16, 16);
+        memcpy(q + 16, q + 32, 16);
+        memcpy(q + 32, tmp, 16);
+    }
+}
+
+/* the 8 run scales of block blk, in RUN_LANES order (per-group scales repeated per run) */
+static inline __m256 block_scales(const float *s, int64_t blk, int64_t group) {
+    if (group == RUN)
+        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s + 8 * blk), _mm256_loadu_si256((const __m256i *)RUN_LANES));
+    float v[8];
+    for (int l = 0; l < 8; l++) v[l] = s[(8 * blk + RUN_LANES[l]) * RUN / group];
+    return _mm256_loadu_ps(v);
+}
+
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    float sum = hsum(acc);
+    for (; k < n; k++) sum += a[k] * b[k];
+    return sum;
+}
+
+/* res[i] = dot(x row i, weight row) for NX (1 or 2) activation rows; w, s, m: the row's codes,
+ * scales and minimums; xsg[i]: row i's xs summed per weight group */
+static inline __attribute__((always_inline)) void q4_row(const QRow *x, const float *const *xsg, const int NX,
+                                                         int64_t K, const uint8_t *w, const float *s,
+                                                         const float *m, int64_t group, float *res) {
+    const int64_t runs = K / RUN, blocks = runs / 8;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i lanes = _mm256_loadu_si256((const __m256i *)RUN_LANES);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        __m256i h01[2], h2[2], h[2];
+        for (int p = 0; p < 4; p++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + blk * 128 + p * 32));
+            const __m256i wl = _mm256_and_si256(v, low), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            for (int i = 0; i < NX; i++) {
+                const int8_t *xb = x[i].q + blk * 256 + p * 64;
+                const __m256i t = _mm256_madd_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_loadu_si256((const __m256i *)xb)),
+                                     _mm256_maddubs_epi16(wh, _mm256_loadu_si256((const __m256i *)(xb + 32)))),
+                    ones);
+                if (p == 0) h01[i] = t;
+                else if (p == 1) h01[i] = _mm256_hadd_epi32(h01[i], t);
+                else if (p == 2) h2[i] = t;
+                else h[i] = _mm256_hadd_epi32(h01[i], _mm256_hadd_epi32(h2[i], t));
+            }
+        }
+        const __m256 sc = block_scales(s, blk, group);
+        for (int i = 0; i < NX; i++) {
+            const __m256 xd = _mm256_permutevar8x32_ps(_mm256_loadu_ps(x[i].d + 8 * blk), lanes);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h[i]), _mm256_mul_ps(sc, xd), acc[i]);
+        }
+    }
+    const __m128i low4 = _mm_set1_epi8(15);
+    for (int64_t b = 8 * blocks; b < runs; b++) {
+        const __m256i wv = unpack_q4(w + b * (RUN / 2), low4);
+        const float sc = s[b * RUN / group];
+        for (int i = 0; i < NX; i++)
+            acc[i] = _mm256_fmadd_ps(dot_u8s8(wv, _mm256_loadu_si256((const __m256i *)(x[i].q + b * RUN))),
+                                     _mm256_set1_ps(sc * x[i].d[b]), acc[i]);
+    }
+    for (int i = 0; i < NX; i++) res[i] = hsum(acc[i]) + dot_f32(m, xsg[i], K / group);
+}
+
+/* radixrt_quant_linear for int4 weights: each weight row against pairs of activation rows */
+static int q4_linear(const float *x, int64_t x_stride, int64_t M, int64_t K, const uint8_t *qw,
+                     const float *scales, const float *mins, int64_t group, const float *bias, float *out,
+                     int64_t out_stride, int64_t N, int64_t parallel_min_macs) {
+    const int64_t runs = K / RUN, ng = K / group;
+    float *xd, *xs;
+    int32_t *xsum;
+    int8_t *xq = quantize_rows(x, x_stride, M, K, &xd, &xs, &xsum);
+    if (xq == NULL) return 1;
+    float *xsg = (float *)calloc((size_t)(M * ng), sizeof(float));
+    if (xsg == NULL) {
+        free(xq);
+        return 1;
+    }
+    for (int64_t i = 0; i < M; i++) {
+        pair_runs(xq + i * K, 4 * (runs / 8));
+        for (int64_t b = 0; b < runs; b++) xsg[i * ng + b * RUN / group] += xs[i * runs + b];
+    }
+#pragma omp parallel for schedule(static) if (M * N * K >= parallel_min_macs)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *w = qw + n * (K / 2);
+        const float *s = scales + n * ng, *m = mins + n * ng;
+        if (n + 4 < N) {
+            /* 4 rows ahead, non-temporal: the weights stream past what the rest of the step keeps cached */
+            for (int64_t o = 0; o < K / 2; o += 64) __builtin_prefetch(w + 4 * (K / 2) + o, 0, 0);
+            __builtin_prefetch(s + 4 * ng, 0, 0);
+            __builtin_prefetch(m + 4 * ng, 0, 0);
+        }
+        for (int64_t i = 0; i < M; i += 2) {
+            const QRow rw[2] = {{xq + i * K, xd + i * runs, NULL}, {xq + (i + 1) * K, xd + (i + 1) * runs, NULL}};
+            const float *sg[2] = {xsg + i * ng, xsg + (i + 1) * ng};
+            float res[2];
+            const int nx = i + 1 < M ? 2 : 1;
+            if (nx == 2)
+                q4_row(rw, sg, 2, K, w, s, m, group, res);
+            else
+                q4_row(rw, sg, 1, K, w, s, m, group, res);
+            for (int j = 0; j < nx; j++) out[(i + j) * out_stride + n] = res[j] + (bias ? bias[n] : 0.0f);
+        }
+    }
+    free(xsg);
+    free(xq);
+    return 0;
+}
 #else
 static inline void q8_block(const QRow *x, const int NX, int64_t K, const void *qw, const float *scales,
                             const float *mins, int64_t group, int bits, int64_t n, int rows, float *res) {
@@ -231,6 +358,11 @@ static inline void q8_block(const QRow *x, const int NX, int64_t K, const void *
 int radixrt_quant_linear(const float *x, int64_t x_stride, int64_t M, int64_t K, const void *qw,
                          const float *scales, const float *mins, int64_t group, int bits, const float *bias,
                          float *out, int64_t out_stride, int64_t N, int64_t parallel_min_macs) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (bits == 4)
+        return q4_linear(x, x_stride, M, K, (const uint8_t *)qw, scales, mins, group, bias, out, out_stride, N,
+                         parallel_min_macs);
+#endif
     const int64_t runs = K / RUN;
     float *xd, *xs;
     int32_t *xsum;
@@ -241,6 +373,9 @@ int radixrt_quant_linear(const float *x, int64_t x_stride, int64_t M, int64_t K,
     for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t n0 = blk * ROWS;
         const int rows = N - n0 < ROWS ? (int)(N - n0) : ROWS;
+        if (bits == 8 && n0 + 2 * ROWS <= N) /* the next block's int8 rows, past the caches' other contents */
+            for (int64_t o = 0; o < ROWS * K; o += 64)
+                __builtin_prefetch((const char *)qw + (n0 + ROWS) * K + o, 0, 0);
         for (int64_t i = 0; i < M; i += 2) {
             const QRow rw[2] = {{xq + i * K, xd + i * runs, xs + i * runs},
                                 {xq + (i + 1) * K, xd + (i + 1) * runs, xs + (i + 1) * runs}};

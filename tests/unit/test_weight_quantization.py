@@ -55,6 +55,23 @@ def test_native_kernel_equals_the_dequantized_weight(spec, layout):
         assert (kernel.linear(x, packed, bias) - exact).norm() < 0.01 * exact.norm()
 
 
+@pytest.mark.parametrize("in_features,group", [(256, 32), (576, 32), (576, 64), (512, 128), (1536, 256), (288, 32)])
+def test_int4_blocks_of_eight_runs_and_the_runs_past_them(in_features, group):
+    """The row layout's int4 product folds 8 runs (256 inputs) at a time and takes the runs past
+    the last whole block one by one (576 = 2 blocks + 2 runs): every split and group size gives
+    the dequantized weight's answer, and a row's output does not depend on the other rows."""
+    kernel = ql.load()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(11)
+    packed = ql.quantize_int4(torch.randn(37, in_features, generator=gen), group)
+    bias, x = torch.randn(37, generator=gen), 3 * torch.randn(9, in_features, generator=gen)
+    got = kernel.linear(x, kernel.prepare(packed), bias)
+    expected = ql.quantize_activations(x) @ ql.dequantize(packed).T + bias
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+    for i in (0, 4, 8):
+        assert torch.equal(kernel.linear(x[i : i + 1], kernel.prepare(packed), bias)[0], got[i])
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.method}-{s.group_size}")
 def test_the_tiles_layout_round_trips_exactly(spec):
     """`to_tiles` / `from_tiles` move codes, scales and minimums without changing one bit, for
