@@ -52,6 +52,27 @@ class NativeDenseLinear:
         self._fn.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
 
     @staticmethod
+    def takes_weight(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+        """Whether a layer's ``weight`` and ``bias`` fit `rows_product`: float32, contiguous, CPU."""
+        return (
+            weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.is_contiguous()
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        )
+
+    def rows_product(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """`linear` without its checks, for a layer whose weight `takes_weight` accepted: ``x``
+        float32 [M, K] with unit column stride and M below ``MAX_ROWS`` (the caller checks)."""
+        m, n = x.shape[0], weight.shape[0]
+        out = torch.empty((m, n))
+        bias_ptr = None if bias is None else bias.data_ptr()
+        args = (x.data_ptr(), x.stride(0), m, x.shape[1], weight.data_ptr(), n, bias_ptr, out.data_ptr())
+        if self._fn(*args, PARALLEL_MIN_MACS):
+            raise RuntimeError("dense linear kernel: built without AVX2 and FMA")
+        return out
+
+    @staticmethod
     def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether `linear` computes ``x`` [M, K] times ``weight``: float32 CPU tensors, a
         contiguous weight, fewer than ``MAX_ROWS`` rows."""
@@ -65,19 +86,8 @@ class NativeDenseLinear:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x`` [M, K] (rows may be strided) -> [M, N] = ``x @ weight.T + bias``; see `takes`."""
-        m, k = x.shape
-        n = weight.shape[0]
-        assert weight.shape[1] == k and (bias is None or (bias.is_contiguous() and bias.dtype == torch.float32))
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        out = x.new_empty((m, n))
-        bias_ptr = None if bias is None else bias.data_ptr()
-        code = self._fn(
-            x.data_ptr(), x.stride(0), m, k, weight.data_ptr(), n, bias_ptr, out.data_ptr(), PARALLEL_MIN_MACS
-        )
-        if code:
-            raise RuntimeError("dense linear kernel: built without AVX2 and FMA")
-        return out
+        assert weight.shape[1] == x.shape[1] and self.takes_weight(weight, bias)
+        return self.rows_product(x if x.stride(1) == 1 else x.contiguous(), weight, bias)
 
 
 def load() -> Optional[NativeDenseLinear]:

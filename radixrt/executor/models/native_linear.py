@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels.dense_linear_cpu import NativeDenseLinear, load
+from radixrt.kernels.dense_linear_cpu import MAX_ROWS, NativeDenseLinear, load
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ class NativeFewRowsLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
+        if x.dim() == 2 and x.shape[0] < MAX_ROWS and x.dtype == torch.float32 and x.stride(1) == 1:
+            # the model's [tokens, features] rows: the weight was checked when the layer was switched
+            return self.native.rows_product(x, self.weight, self.bias)
         x2 = x.reshape(-1, self.in_features)
         if not self.native.takes(x2, self.weight):
             return F.linear(x, self.weight, self.bias)
@@ -44,7 +47,7 @@ def use_native_linears(model: nn.Module) -> int:
     native = None
     switched = 0
     for module in model.modules():
-        if type(module) is not nn.Linear or module.weight.dtype != torch.float32 or module.weight.device.type != "cpu":
+        if type(module) is not nn.Linear or not NativeDenseLinear.takes_weight(module.weight, module.bias):
             continue
         native = native or load()
         if native is None:

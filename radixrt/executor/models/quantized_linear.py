@@ -28,6 +28,7 @@ from torch import nn
 from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.models.compiled import register_quantized
 from radixrt.kernels.quant_linear_cpu import (
+    DENSE_MIN_ROWS,
     NativeQuantLinear,
     PackedWeight,
     int4_unpack,
@@ -58,6 +59,7 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.kernel = kernel
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        self._rows_product = None if kernel is None else kernel.bind(self.packed, self.bias)
         if kernel is None:
             self._torch_args = _torch_format(packed)
         self.compile_key = register_quantized(self)
@@ -68,6 +70,15 @@ class QuantizedLinear(nn.Module):
         return self.eager_forward(x)
 
     def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows_product = self._rows_product
+        if (  # a decode step's or a verification's rows: the bound kernel, without the general path's checks
+            rows_product is not None
+            and x.dim() == 2
+            and x.shape[0] < DENSE_MIN_ROWS
+            and x.dtype == torch.float32
+            and x.stride(1) == 1
+        ):
+            return rows_product(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.kernel is not None:
