@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 
 from radixrt.executor.models.llama import RMSNorm
 from radixrt.executor.models.rope import RotaryEmbedding
-from radixrt.kernels import AttentionMetadata, LayerKVCache
+from radixrt.kernels import AttentionMetadata, LayerKVCache, rms_norm_cpu
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.sampler import Sampler, SamplingRow
@@ -33,6 +33,28 @@ def test_rms_norm_is_bitwise_the_reference(dtype: torch.dtype, shape: tuple[int,
     x = (torch.randn(shape) * 3).to(dtype)
     with torch.no_grad():
         assert torch.equal(norm(x), _reference_rms_norm(x, norm.weight, 1e-5))
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (9, 960), (63, 64), (3, 70)])
+def test_native_rms_norm_is_within_a_few_ulp_of_the_reference(shape: tuple[int, int]) -> None:
+    """The CPU kernel a model's float32 norms get (`use_native_norms`) for fewer than
+    ``max_rows`` rows: a correctly rounded mean, within a few units in the last place of the
+    reference (a row whose float32 mean rounds differently differs in most elements); from
+    ``max_rows`` rows on, and for strided rows, torch's op, bitwise."""
+    native = rms_norm_cpu.load()
+    assert native is not None, "the RMSNorm kernel should build here (cc present)"
+    torch.manual_seed(1)
+    norm = RMSNorm(shape[-1], 1e-5)
+    norm.native = native
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(shape[-1]) + 0.5)
+        x = torch.randn(shape) * 3
+        got, reference = norm(x), _reference_rms_norm(x, norm.weight, 1e-5)
+        torch.testing.assert_close(got, reference, rtol=1e-6, atol=1e-7)
+        many = torch.randn(native.max_rows, shape[-1])
+        assert torch.equal(norm(many), _reference_rms_norm(many, norm.weight, 1e-5))
+        strided = torch.randn(shape[0], 2 * shape[-1])[:, ::2]  # rows must be contiguous: torch's op
+        assert torch.equal(norm(strided), _reference_rms_norm(strided, norm.weight, 1e-5))
 
 
 ROPE_CONFIGS = {

@@ -31,11 +31,16 @@ from radixrt.executor.models.rope import RotaryEmbedding
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
     from radixrt.kernels.kv_scores import ScoringPass
+    from radixrt.kernels.rms_norm_cpu import NativeRMSNorm
 
 
 class RMSNorm(nn.Module):
     """RMSNorm as the reference implementation computes it: normalized in
-    float32, cast back to the input dtype, then scaled by the weight."""
+    float32, cast back to the input dtype, then scaled by the weight. Float32
+    rows below ``native.max_rows`` go to ``native`` (set on the CPU by
+    `native_linear.use_native_norms`: one C call instead of six torch ops)."""
+
+    native: Optional["NativeRMSNorm"] = None
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -45,6 +50,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            native = self.native
+            if native is not None and x.dim() == 2 and x.shape[0] < native.max_rows and x.stride(1) == 1:
+                if not torch.compiler.is_compiling():
+                    return native.rms_norm(x, self.weight, self.eps)
             # nothing to cast: the fused kernel gives the reference's bits (checked on the CPU by
             # tests/unit/test_model_ops.py) in one op instead of eight
             return F.rms_norm(x, self.shape, self.weight, self.eps)
