@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 
 from radixrt.executor.models.llama import RMSNorm
 from radixrt.executor.models.rope import RotaryEmbedding
-from radixrt.kernels import AttentionMetadata, LayerKVCache, rms_norm_cpu
+from radixrt.kernels import AttentionMetadata, LayerKVCache, row_ops_cpu
 from radixrt.kernels.torch_ref import TorchReferenceBackend
 from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.sampler import Sampler, SamplingRow
@@ -37,11 +37,11 @@ def test_rms_norm_is_bitwise_the_reference(dtype: torch.dtype, shape: tuple[int,
 
 @pytest.mark.parametrize("shape", [(1, 576), (9, 960), (63, 64), (3, 70)])
 def test_native_rms_norm_is_within_a_few_ulp_of_the_reference(shape: tuple[int, int]) -> None:
-    """The CPU kernel a model's float32 norms get (`use_native_norms`) for fewer than
+    """The CPU kernel a model's float32 norms get (`use_native_row_ops`) for fewer than
     ``max_rows`` rows: a correctly rounded mean, within a few units in the last place of the
     reference (a row whose float32 mean rounds differently differs in most elements); from
     ``max_rows`` rows on, and for strided rows, torch's op, bitwise."""
-    native = rms_norm_cpu.load()
+    native = row_ops_cpu.load()
     assert native is not None, "the RMSNorm kernel should build here (cc present)"
     torch.manual_seed(1)
     norm = RMSNorm(shape[-1], 1e-5)
@@ -95,6 +95,35 @@ def test_rope_rotation_is_transformers_rotate_half() -> None:
     c, s = torch.cat((freqs.cos(), freqs.cos()), -1)[:, None], torch.cat((freqs.sin(), freqs.sin()), -1)[:, None]
     rotate_half = torch.cat((-x[..., 8:], x[..., :8]), dim=-1)
     torch.testing.assert_close(rope.apply(x, cos, sin), x * c + rotate_half * s)
+
+
+@pytest.mark.parametrize("name", list(ROPE_CONFIGS))
+def test_native_rope_gives_the_torch_formulas_bits(name: str) -> None:
+    """The CPU kernel (`use_native_row_ops`) rotates few float32 rows of a projection's strided
+    [T, heads, D] view to exactly the torch formula's bits, also for a partial rotary dim and
+    the length-dependent tables; the residual add fused with RMSNorm adds exactly as torch."""
+    native = row_ops_cpu.load()
+    assert native is not None
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=4096, **ROPE_CONFIGS[name])
+    rope = RotaryEmbedding(cfg, 64)
+    torch.manual_seed(2)
+    for t in (1, 9, 40):
+        qkv = torch.randn(t, 5 * 64)
+        x = qkv[:, : 3 * 64].view(t, 3, 64)  # q and k heads of a fused projection: strided rows
+        positions = torch.randint(0, 3000, (t,))
+        cos, sin = rope.cos_sin(positions, torch.float32, [1] * t, [3001] * t)
+        want = rope.apply(x, cos, sin)
+        rope.native = native
+        try:
+            got = rope.apply(x, cos, sin)
+        finally:
+            rope.native = None
+        assert got.is_contiguous() and torch.equal(got, want)
+    norm = RMSNorm(64, 1e-5)
+    norm.native = native
+    h, delta = torch.randn(3, 64), torch.randn(3, 64)
+    total, normed = norm.add_and_norm(h, delta)
+    assert torch.equal(total, h + delta) and torch.equal(normed, norm(h + delta))
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(4, 2), (9, 3), (4, 4)])

@@ -31,16 +31,16 @@ from radixrt.executor.models.rope import RotaryEmbedding
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
     from radixrt.kernels.kv_scores import ScoringPass
-    from radixrt.kernels.rms_norm_cpu import NativeRMSNorm
+    from radixrt.kernels.row_ops_cpu import NativeRowOps
 
 
 class RMSNorm(nn.Module):
     """RMSNorm as the reference implementation computes it: normalized in
     float32, cast back to the input dtype, then scaled by the weight. Float32
     rows below ``native.max_rows`` go to ``native`` (set on the CPU by
-    `native_linear.use_native_norms`: one C call instead of six torch ops)."""
+    `native_linear.use_native_row_ops`: one C call instead of six torch ops)."""
 
-    native: Optional["NativeRMSNorm"] = None
+    native: Optional["NativeRowOps"] = None
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -59,6 +59,24 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         # otherwise the fused kernel would scale before rounding to the input dtype
         return self.weight * F.rms_norm(x.float(), self.shape, None, self.eps).to(x.dtype)
+
+    def add_and_norm(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h + delta, self(h + delta))``: a residual add and this norm, in one native call
+        for few float32 rows (see the class doc)."""
+        native = self.native
+        if (
+            native is not None
+            and h.dtype == delta.dtype == self.weight.dtype == torch.float32
+            and h.dim() == 2
+            and h.shape == delta.shape
+            and h.shape[0] < native.max_rows
+            and h.stride(1) == 1
+            and delta.stride(1) == 1
+            and not torch.compiler.is_compiling()
+        ):
+            return native.add_rms_norm(h, delta, self.weight, self.eps)
+        h = h + delta
+        return h, self(h)
 
 
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -165,8 +183,9 @@ class DecoderLayer(nn.Module):
         num_tokens: Optional[int] = None,
         scoring: Optional["ScoringPass"] = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend, num_tokens, scoring)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn = self.self_attn(self.input_layernorm(h), cos, sin, rope, kv_pool, backend, num_tokens, scoring)
+        h, x = self.post_attention_layernorm.add_and_norm(h, attn)
+        return h + self.mlp(x)
 
 
 class LlamaBody(nn.Module):

@@ -1,5 +1,5 @@
 """Float32 CPU linear layers whose few-row products run on the native kernel (and the
-RMSNorm layers', `use_native_norms`).
+RMSNorm layers and rotary embedding, `use_native_row_ops`).
 
 `use_native_linears(model)` switches a loaded model's plain ``nn.Linear``
 layers (the LM head included; tied weights stay tied, parameters are
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels import rms_norm_cpu
+from radixrt.kernels import row_ops_cpu
 from radixrt.kernels.dense_linear_cpu import MAX_ROWS, NativeDenseLinear, load
 
 logger = logging.getLogger(__name__)
@@ -61,16 +61,20 @@ def use_native_linears(model: nn.Module) -> int:
     return switched
 
 
-def use_native_norms(model: nn.Module) -> int:
-    """Give ``model``'s float32 CPU RMSNorm layers the native few-row kernel
-    (``kernels/rms_norm_cpu.py``), in place; returns how many (0 where it is unavailable)."""
+def use_native_row_ops(model: nn.Module) -> int:
+    """Give ``model``'s float32 CPU RMSNorm layers and its rotary embedding (``model.rope``) the
+    native few-row kernel (``kernels/row_ops_cpu.py``), in place; returns how many layers got
+    it (0 where it is unavailable)."""
     from radixrt.executor.models.llama import RMSNorm
 
     norms = [m for m in model.modules() if isinstance(m, RMSNorm) and m.weight.dtype == torch.float32]
     norms = [m for m in norms if m.weight.device.type == "cpu" and m.weight.is_contiguous()]
-    native = rms_norm_cpu.load() if norms else None
+    native = row_ops_cpu.load() if norms else None
     if native is None:
         return 0
     for norm in norms:
         norm.native = native
+    rope = getattr(model, "rope", None)
+    if rope is not None:
+        rope.native = native
     return len(norms)

@@ -18,9 +18,12 @@ cos/sin per batch instead of reading a table.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from radixrt.kernels.row_ops_cpu import NativeRowOps
 
 _LENGTH_DEPENDENT = ("dynamic", "longrope")
 
@@ -44,6 +47,8 @@ def _rope_parameters(hf_config: Any) -> dict:
 
 class RotaryEmbedding:
     """cos/sin tables for positions; `apply` rotates q and k ([T, heads, head_dim])."""
+
+    native: Optional["NativeRowOps"] = None
 
     def __init__(self, hf_config: Any, head_dim: int) -> None:
         self.hf_config = hf_config
@@ -144,7 +149,21 @@ class RotaryEmbedding:
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, first rotary_dim dims)."""
+        """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, first rotary_dim dims).
+        Few float32 rows go to ``native`` when set (`native_linear.use_native_row_ops`): the
+        same bits in one call."""
+        native = self.native
+        if (
+            native is not None
+            and x.dtype == torch.float32
+            and cos.dtype == torch.float32
+            and x.shape[0] < native.max_rows
+            and x.stride(2) == 1
+            and x.stride(1) == x.shape[2]
+            and cos.stride(0) == sin.stride(0)
+            and not torch.compiler.is_compiling()
+        ):
+            return native.rope(x, cos, sin)
         rd = self.rotary_dim
         # rolling by half the rotary dim swaps the halves (one kernel, where slicing + cat took three)
         if rd == x.shape[-1]:
