@@ -2,6 +2,7 @@
 
     python -m radixrt.bench.dense_linear                      # the embedded model's shapes
     python -m radixrt.bench.dense_linear --rows 1,9,32,64 --shape 4096,4096
+    python -m radixrt.bench.dense_linear --quantization int4   # the quantized kernel instead
 
 Each shape is ``out_features,in_features``; each row count is a decode batch
 (1 row per request) or a verification (9 rows per drafting request). The
@@ -37,28 +38,47 @@ def _median_ms(fn: Callable[[], object], calls: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def bench_shape(n: int, k: int, rows: list[int], calls: int) -> list[dict]:
-    """One row per row count: torch and kernel milliseconds and their ratio."""
+def _kernel_and_weights(n: int, k: int, copies: int, quantization: Optional[str]) -> tuple[Any, list, list]:
+    """The product under test and its weights, beside float32 copies for torch's product."""
+    import torch
+
+    floats = [torch.randn(n, k) for _ in range(copies)]
+    if quantization is None:
+        from radixrt.kernels.dense_linear_cpu import load as load_dense
+
+        dense = load_dense()
+        if dense is None:
+            raise SystemExit("the dense linear kernel is unavailable here (see the warning)")
+        return dense.linear, floats, floats
+    from radixrt.kernels import quant_linear_cpu as ql
+
+    quant = ql.load()
+    if quant is None:
+        raise SystemExit("the quantized linear kernel is unavailable here (see the warning)")
+    size = ql.CHUNK if quantization == "int4" else 0
+    packed = [quant.prepare(ql.quantize_int4(w, size) if size else ql.quantize_int8(w)) for w in floats]
+    return quant.linear, packed, floats
+
+
+def bench_shape(n: int, k: int, rows: list[int], calls: int, quantization: Optional[str] = None) -> list[dict]:
+    """One row per row count: torch and kernel milliseconds and their ratio. ``quantization``
+    (int8, int4 with groups of 32): the quantized kernel on the packed copies instead of the
+    float32 one (torch still multiplies the float32 weights)."""
     import torch
     import torch.nn.functional as F
 
-    from radixrt.kernels.dense_linear_cpu import load
+    copies = min(256, max(2, COLD_BYTES // (n * k * 4)))  # small weights: enough to leave the caches
+    product, weights, floats = _kernel_and_weights(n, k, copies, quantization)
 
-    kernel = load()
-    if kernel is None:
-        raise SystemExit("the dense linear kernel is unavailable here (see the warning)")
-    copies = max(2, COLD_BYTES // (n * k * 4))
-    weights = [torch.randn(n, k) for _ in range(copies)]
-
-    def cold(product: Callable[[Any, Any], object], x: Any) -> Callable[[], object]:
+    def cold(fn: Callable[[Any, Any], object], x: Any, ws: list) -> Callable[[], object]:
         turn = itertools.count()
-        return lambda: product(x, weights[next(turn) % copies])
+        return lambda: fn(x, ws[next(turn) % copies])
 
     out = []
     for m in rows:
         x = torch.randn(m, k)
-        t = _median_ms(cold(F.linear, x), calls)
-        native = _median_ms(cold(kernel.linear, x), calls)
+        t = _median_ms(cold(F.linear, x, floats), calls)
+        native = _median_ms(cold(product, x, weights), calls)
         out.append({"shape": f"{n}x{k}", "rows": m, "torch_ms": t, "kernel_ms": native, "ratio": t / native})
     return out
 
@@ -71,6 +91,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--rows", default=ROWS, help=f"row counts (default {ROWS})")
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--quantization",
+        choices=["int8", "int4"],
+        default=None,
+        help="time the quantized kernel (kernels/quant_linear_cpu.py; int4 in groups of 32) on packed weights",
+    )
     opts = p.parse_args(argv)
     import torch
 
@@ -82,7 +108,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     for shape in opts.shape or SHAPES:
         n, k = (int(v) for v in shape.split(","))
-        for r in bench_shape(n, k, rows, opts.calls):
+        for r in bench_shape(n, k, rows, opts.calls, opts.quantization):
             print(f"{r['shape']:>10} {r['rows']:>5} {r['torch_ms']:9.3f} {r['kernel_ms']:9.3f} {r['ratio']:6.2f}")
     return 0
 

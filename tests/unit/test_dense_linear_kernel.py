@@ -73,3 +73,16 @@ def test_a_model_switches_its_plain_float32_linears_and_keeps_ties() -> None:
     few = model[2](model[1](model[0](x)))
     many = model[2](model[1](model[0](x.repeat(dense_linear_cpu.MAX_ROWS, 1))))  # torch's product
     torch.testing.assert_close(few, many[:3], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+def test_bench_times_each_kernel_beside_torch(quantization):
+    """``python -m radixrt.bench.dense_linear [--quantization ...]`` on a small shape: one row per
+    row count, both times positive and the ratio their quotient."""
+    from radixrt.bench.dense_linear import bench_shape
+
+    rows = bench_shape(96, 64, [1, 3], calls=2, quantization=quantization)
+    assert [r["rows"] for r in rows] == [1, 3] and all(r["shape"] == "96x64" for r in rows)
+    for r in rows:
+        assert r["torch_ms"] > 0 and r["kernel_ms"] > 0
+        assert r["ratio"] == pytest.approx(r["torch_ms"] / r["kernel_ms"])
