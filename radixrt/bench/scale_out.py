@@ -153,24 +153,25 @@ class _RouterProc:
         import httpx
 
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200 and self._live(httpx):
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        with httpx.Client(timeout=5) as client:  # one SSL context for all polls, not one per poll
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"router exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+                try:
+                    if client.get(self.url + "/health").status_code == 200 and self._live(client):
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         raise RuntimeError("router not ready")
 
-    def _live(self, httpx: Any) -> bool:
+    def _live(self, client: Any) -> bool:
         if not self.events:
             return True
-        stats = httpx.get(self.url + "/list_workers", timeout=5).json()["policy_stats"].get("kv_events", {})
+        stats = client.get(self.url + "/list_workers").json()["policy_stats"].get("kv_events", {})
         if len(stats) == len(self.events) and all(s["live"] for s in stats.values()):
             return True
-        httpx.post(self.url + "/flush_cache", timeout=30)
+        client.post(self.url + "/flush_cache", timeout=30)
         return False
 
     def stop(self) -> None:

@@ -62,19 +62,20 @@ def _replica_main(config: EngineConfig, sargs: Any) -> None:
 def _wait_healthy(procs: list[Any], urls: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pending = set(range(len(urls)))
-    while pending:
-        for i in list(pending):
-            if not procs[i].is_alive():
-                raise RuntimeError(f"replica {i} exited during startup (exit code {procs[i].exitcode})")
-            try:
-                if httpx.get(urls[i] + "/health", timeout=2.0).status_code == 200:
-                    pending.discard(i)
-            except httpx.HTTPError:
-                pass
-        if pending and time.monotonic() > deadline:
-            raise RuntimeError(f"replicas {sorted(pending)} not ready after {timeout:.0f} s")
-        if pending:
-            time.sleep(0.25)
+    with httpx.Client(timeout=2.0) as client:  # one SSL context for all polls, not one per poll
+        while pending:
+            for i in list(pending):
+                if not procs[i].is_alive():
+                    raise RuntimeError(f"replica {i} exited during startup (exit code {procs[i].exitcode})")
+                try:
+                    if client.get(urls[i] + "/health").status_code == 200:
+                        pending.discard(i)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(f"replicas {sorted(pending)} not ready after {timeout:.0f} s")
+            if pending:
+                time.sleep(0.25)
 
 
 def _stop(procs: list[Any], timeout: float) -> None:

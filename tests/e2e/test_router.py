@@ -33,6 +33,9 @@ pytestmark = pytest.mark.slow
 KEY = "k"
 ROUTER_READ_TIMEOUT_S = 1.0  # the round_robin router's --header-read-timeout-s and --body-read-timeout-s
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# one client for the module: a new httpx client per request costs 80 ms of CPU building its SSL context,
+# which the health polls below would take from the servers under test
+HTTP = httpx.Client(timeout=5)
 ADMIN_KEY = "admin"
 # Two system prompts of ~60 tokens each; questions add a few tokens.
 SYSTEM = [
@@ -80,7 +83,7 @@ class Router:
         while True:
             assert self.proc.poll() is None, self.proc.stdout.read() if self.proc.stdout else ""
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if HTTP.get(self.url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -121,7 +124,7 @@ def dp_server(tiny_llama):
 
 @pytest.fixture(scope="module")
 def workers(dp_server):
-    info = httpx.get(dp_server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    info = HTTP.get(dp_server.url + "/get_server_info", headers=AUTH, timeout=30).json()
     return [Worker(w["url"], w["info"]["process_ids"]) for w in info["workers"]]
 
 
@@ -165,13 +168,13 @@ def test_router_cuts_off_slow_clients(routers):
 
 def _hits(worker: Worker) -> tuple[int, int]:
     """(queried, hit) prompt tokens of a worker's radix cache since start."""
-    info = httpx.get(worker.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    info = HTTP.get(worker.url + "/get_server_info", headers=AUTH, timeout=30).json()
     cache = info["internal_states"][0]["cache"]
     return cache["queried_tokens"], cache["hit_tokens"]
 
 
 def _generate(router: Router, text: str, max_new_tokens: int = 3) -> httpx.Response:
-    r = httpx.post(
+    r = HTTP.post(
         router.url + "/generate",
         headers=AUTH,
         timeout=120,
@@ -183,13 +186,13 @@ def _generate(router: Router, text: str, max_new_tokens: int = 3) -> httpx.Respo
 
 def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     srv = dp_server
-    assert httpx.get(srv.url + "/health").status_code == 200
-    assert httpx.post(srv.url + "/generate", json={"text": "x"}).status_code == 401  # the key covers the front
-    info = httpx.get(srv.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    assert HTTP.get(srv.url + "/health").status_code == 200
+    assert HTTP.post(srv.url + "/generate", json={"text": "x"}).status_code == 401  # the key covers the front
+    info = HTTP.get(srv.url + "/get_server_info", headers=AUTH, timeout=30).json()
     assert len(info["internal_states"]) == 2 and info["router"]["policy"] == "cache_aware"
     prefix = SYSTEM[0] + " Question: "
     metas = [
-        httpx.post(
+        HTTP.post(
             srv.url + "/generate",
             headers=AUTH,
             timeout=60,
@@ -199,7 +202,7 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     ]
     assert [m["completion_tokens"] for m in metas] == [3, 3, 3]
     assert metas[1]["cached_tokens"] > 0 and metas[2]["cached_tokens"] > 0  # cache_aware: the same replica
-    r = httpx.post(
+    r = HTTP.post(
         srv.url + "/v1/chat/completions",
         headers=AUTH,
         timeout=60,
@@ -209,11 +212,11 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     assert {w.url for w in workers} == {w["url"] for w in info["workers"]}
     # the admin key passes the front (as on one server) and reaches the replica, which lifts the priority cap
     urgent = {"text": "x", "priority": 10**6, "sampling_params": {"max_new_tokens": 1}}
-    refused = httpx.post(srv.url + "/generate", headers=AUTH, timeout=60, json=urgent)
+    refused = HTTP.post(srv.url + "/generate", headers=AUTH, timeout=60, json=urgent)
     assert refused.status_code == 400 and "--admin-api-key" in refused.text, refused.text
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    assert httpx.post(srv.url + "/generate", headers=admin, timeout=60, json=urgent).status_code == 200
-    assert httpx.post(srv.url + "/generate", headers={"x-api-key": "wrong"}, json=urgent).status_code == 401
+    assert HTTP.post(srv.url + "/generate", headers=admin, timeout=60, json=urgent).status_code == 200
+    assert HTTP.post(srv.url + "/generate", headers={"x-api-key": "wrong"}, json=urgent).status_code == 401
     # a program through the frontend's RuntimeEndpoint: the front looks like one server
     import radixrt as rt
 
@@ -235,7 +238,7 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
 
 def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(workers, routers):
     router = routers["cache_aware"]
-    assert httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
     first = {i: _generate(router, SYSTEM[i] + " Question: hello?").headers["x-radixrt-worker"] for i in range(2)}
     assert sorted(first.values()) == sorted(w.url for w in workers)  # two new prefixes: one per worker
     by_url = {w.url: w for w in workers}
@@ -250,7 +253,7 @@ def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(workers, router
         after_owner, after_other = _hits(owner), _hits(other)
         assert after_owner[1] - before_owner[1] == meta["cached_tokens"]  # the owner's tree served the prefix
         assert after_other == before_other  # the other worker saw nothing
-    stats = httpx.get(router.url + "/list_workers", headers=AUTH).json()["policy_stats"]
+    stats = HTTP.get(router.url + "/list_workers", headers=AUTH).json()["policy_stats"]
     assert stats["decisions"]["prefix"] >= 2
 
 
@@ -265,8 +268,8 @@ def test_round_robin_alternates(workers, routers):
 
 def test_streams_openai_and_broadcast_routes(workers, routers):
     router = routers["cache_aware"]
-    assert httpx.post(router.url + "/generate", json={"text": "x"}).status_code == 401  # no key
-    assert httpx.get(router.url + "/health").status_code == 200  # health needs none
+    assert HTTP.post(router.url + "/generate", json={"text": "x"}).status_code == 401  # no key
+    assert HTTP.get(router.url + "/health").status_code == 200  # health needs none
     with httpx.stream(
         "POST",
         router.url + "/generate",
@@ -291,17 +294,17 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
         assert chunks[-1].choices[0].finish_reason == "length"
         comp = client.completions.create(model="tiny", prompt=SYSTEM[0], max_tokens=2)
         assert comp.usage.completion_tokens == 2
-    info = httpx.get(router.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    info = HTTP.get(router.url + "/get_server_info", headers=AUTH, timeout=30).json()
     assert len(info["internal_states"]) == 2 and {w["url"] for w in info["workers"]} == {w.url for w in workers}
     assert info["router"]["policy"] == "cache_aware"
-    assert httpx.post(router.url + "/abort_request", headers=AUTH, json={"rid": "nope"}).status_code == 200
-    assert httpx.post(router.url + "/abort_request", headers=AUTH, json={}).status_code == 400
-    assert httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert HTTP.post(router.url + "/abort_request", headers=AUTH, json={"rid": "nope"}).status_code == 200
+    assert HTTP.post(router.url + "/abort_request", headers=AUTH, json={}).status_code == 400
+    assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
     assert all(_hits(w) is not None for w in workers)
 
 
 def _healthy(router: Router) -> dict:
-    return {w["url"]: w["healthy"] for w in httpx.get(router.url + "/list_workers", headers=AUTH).json()["workers"]}
+    return {w["url"]: w["healthy"] for w in HTTP.get(router.url + "/list_workers", headers=AUTH).json()["workers"]}
 
 
 def _wait(cond, what: str, timeout: float = 15.0) -> None:
@@ -319,18 +322,18 @@ def test_a_stopped_worker_leaves_routing_and_comes_back(workers, routers, dp_ser
         _wait(lambda: not _healthy(router)[frozen.url], "a stopped worker stayed in routing")
         for i in range(3):
             assert _generate(router, f"Prompt {i} while one worker sleeps").headers["x-radixrt-worker"] == other.url
-        _wait(lambda: httpx.get(dp_server.url + "/health").status_code == 503, "--dp health ignored a replica")
+        _wait(lambda: HTTP.get(dp_server.url + "/health").status_code == 503, "--dp health ignored a replica")
     finally:
         os.kill(frozen.pids["server"], signal.SIGCONT)
     _wait(lambda: _healthy(router)[frozen.url], "the worker was not added back")
-    _wait(lambda: httpx.get(dp_server.url + "/health").status_code == 200, "--dp health did not recover")
+    _wait(lambda: HTTP.get(dp_server.url + "/health").status_code == 200, "--dp health did not recover")
     picked = {_generate(router, "Round and round").headers["x-radixrt-worker"] for _ in range(2)}
     assert picked == {frozen.url, other.url}
 
 
 def test_a_killed_worker_fails_over_and_the_dp_front_goes_down_with_it(workers, routers, dp_server):
     router = routers["cache_aware"]
-    assert httpx.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
     owner_url = _generate(router, SYSTEM[0] + " Before the crash?").headers["x-radixrt-worker"]
     victim = next(w for w in workers if w.url == owner_url)
     survivor = next(w for w in workers if w is not victim)
@@ -343,7 +346,7 @@ def test_a_killed_worker_fails_over_and_the_dp_front_goes_down_with_it(workers, 
         # routed to the dead worker by its prefix: the connect error moves it to the survivor
         r = _generate(router, SYSTEM[0] + " After the crash?")
         assert r.headers["x-radixrt-worker"] == survivor.url
-        assert httpx.get(router.url + "/list_workers", headers=AUTH).json()["failovers"] >= 1
+        assert HTTP.get(router.url + "/list_workers", headers=AUTH).json()["failovers"] >= 1
         # out of routing: at once after a connect error, after a probe of /health when a kept-alive
         # connection was found closed
         _wait(lambda: _healthy(router)[victim.url] is False, "the dead worker stayed in routing")
@@ -354,6 +357,6 @@ def test_a_killed_worker_fails_over_and_the_dp_front_goes_down_with_it(workers, 
     assert dp_server.proc.wait(30) == 1, dp_server.log_tail()
     _wait(lambda: not any(pid_alive(p) for p in survivor.pids.values()), "the other replica outlived the front")
     # standalone, the router has no worker left: a clear 503, not a hang or a 500
-    r = httpx.post(router.url + "/generate", headers=AUTH, json={"text": "anyone?"}, timeout=30)
+    r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "anyone?"}, timeout=30)
     assert r.status_code == 503 and "no healthy worker" in r.json()["error"]["message"]
-    assert httpx.get(router.url + "/health").status_code == 503
+    assert HTTP.get(router.url + "/health").status_code == 503
