@@ -179,7 +179,9 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, device)
     with torch.device("meta"), _no_weight_init():
         model = LlamaForCausalLM(cfg)
-    model = model.to(dtype=torch_dtype).to_empty(device=device)
+    # Module.to_empty, but with torch.empty: empty_like of a meta tensor runs torch's reference
+    # op, whose first use imports sympy (about 0.7 s of every start-up).
+    model = model.to(dtype=torch_dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     if cfg.tie_word_embeddings:  # to_empty keeps the sharing, but make it explicit
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, path)
