@@ -65,10 +65,12 @@ class PackedWeight:
 
     ``layout`` "rows" (`quantize_int8` / `quantize_int4` give it):
     ``bits`` 8: ``qweight`` int8 [N, K], ``scales`` float32 [N], ``mins`` None;
-    ``bits`` 4: ``qweight`` uint8 [N, K / 2], ``scales`` and ``mins`` float32 [N, K / group].
+    ``bits`` 4: ``qweight`` uint8 [N, K / 2], ``scales`` and ``mins`` float16 [N, K / group]
+    (llama.cpp's Q4_1 stores them so: 20 bytes per 32 weights where float32 takes 24).
     ``layout`` "tiles" (`to_tiles`; the kernel's AVX-512 VNNI layout): 16 weight rows per
     tile, N padded to whole tiles; ``qweight`` uint8 [tiles, K / 32, bytes per run],
-    ``scales`` (and int4's ``mins``) float32 [tiles, K / group, 16] (int8: [tiles * 16])."""
+    ``scales`` (and int4's ``mins``) float32 [tiles, K / group, 16] (int8: [tiles * 16]); int4's
+    hold the float16 values widened."""
 
     bits: int
     group_size: int
@@ -80,8 +82,12 @@ class PackedWeight:
     layout: str = "rows"
 
     def nbytes(self) -> int:
-        extra = self.mins.numel() * 4 if self.mins is not None else 0
-        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * 4 + extra
+        extra = self.mins.numel() * self.mins.element_size() if self.mins is not None else 0
+        return (
+            self.qweight.numel() * self.qweight.element_size()
+            + self.scales.numel() * self.scales.element_size()
+            + extra
+        )
 
 
 def quantize_int8(weight: torch.Tensor) -> PackedWeight:
@@ -94,7 +100,8 @@ def quantize_int8(weight: torch.Tensor) -> PackedWeight:
 
 def int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric int4 per group: ``(q [N, K] int32 in 0..15, scale [N, K/G], min [N, K/G])``
-    with ``w ~ q * scale + min``; a group's minimum and maximum are represented exactly."""
+    with ``w ~ q * scale + min``, scale and min float16 (as stored: the codes are rounded against
+    the stored values); a group's minimum and maximum are represented to float16's precision."""
     w = weight.detach().float()
     n, k = w.shape
     if k % group_size or group_size % CHUNK:
@@ -103,9 +110,10 @@ def int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
             "(choose a group size dividing every linear layer's input size)"
         )
     g = w.view(n, k // group_size, group_size)
-    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((hi - lo) / 15).clamp(min=1e-12)
-    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    lo = g.amin(dim=-1).half()
+    # the smallest float16 step (2^-24) at least: a constant group's scale must not round to 0
+    scale = ((g.amax(dim=-1) - lo.float()) / 15).clamp(min=2.0**-24).half()
+    q = torch.round((g - lo.float()[..., None]) / scale.float()[..., None]).clamp(0, 15).to(torch.int32)
     return q.view(n, k), scale.contiguous(), lo.contiguous()
 
 
@@ -152,7 +160,9 @@ def to_tiles(p: PackedWeight) -> PackedWeight:
     def tile_groups(v: torch.Tensor) -> torch.Tensor:
         return _pad_rows(v, rows).view(tiles, TILE, groups).transpose(1, 2).contiguous()
 
-    return PackedWeight(4, p.group_size, n, k, q.contiguous(), tile_groups(p.scales), tile_groups(p.mins), "tiles")
+    return PackedWeight(
+        4, p.group_size, n, k, q.contiguous(), tile_groups(p.scales.float()), tile_groups(p.mins.float()), "tiles"
+    )
 
 
 def from_tiles(p: PackedWeight) -> PackedWeight:
@@ -172,7 +182,7 @@ def from_tiles(p: PackedWeight) -> PackedWeight:
     packed = (half[:, :, 0] | (half[:, :, 1] << 4)).reshape(n, k // 2)
 
     def row_groups(v: torch.Tensor) -> torch.Tensor:
-        return v.transpose(1, 2).reshape(tiles * TILE, -1)[:n].contiguous()
+        return v.transpose(1, 2).reshape(tiles * TILE, -1)[:n].half().contiguous()
 
     return PackedWeight(4, p.group_size, n, k, packed.contiguous(), row_groups(p.scales), row_groups(p.mins))
 
@@ -194,7 +204,7 @@ def dequantize(p: PackedWeight) -> torch.Tensor:
     assert p.mins is not None
     n, k, g = p.out_features, p.in_features, p.group_size
     q = int4_unpack(p).float().view(n, k // g, g)
-    return (q * p.scales[..., None] + p.mins[..., None]).view(n, k)
+    return (q * p.scales.float()[..., None] + p.mins.float()[..., None]).view(n, k)
 
 
 class NativeQuantLinear:

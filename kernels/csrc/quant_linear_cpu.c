@@ -4,7 +4,8 @@
  *   bits 8: qw int8 [N, K]; w[n][k] = qw[n][k] * scales[n]; mins unused
  *   bits 4: qw uint8 [N, K / 2]; each run of 32 weights of a row is 16 bytes,
  *           byte j holding weight j in its low nibble and weight 16 + j in its
- *           high nibble; scales, mins float32 [N, K / group];
+ *           high nibble; scales, mins IEEE float16 [N, K / group] (as llama.cpp's
+ *           Q4_1: 20 bytes per 32 weights with group 32, against 24 with float32);
  *           w[n][k] = q * scales[n][k / group] + mins[n][k / group]
  *   bias  float32 [N] or NULL
  *   K a multiple of 32 (and of group, itself a multiple of 32).
@@ -19,14 +20,36 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__)
+/* the AVX2 paths also convert the int4 scales with F16C (every AVX2 CPU has it) */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QL_AVX2 1
+#endif
+#if defined(QL_AVX2) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #define ROWS 4
 
-#if defined(__AVX2__) && defined(__FMA__)
-static void dequant_row(const void *qw, const float *scales, const float *mins, int64_t n, int64_t K,
+typedef uint16_t half_t; /* an IEEE float16, as stored */
+
+static inline float half_to_float(half_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 31u, man = h & 1023u;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
+        const float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    const uint32_t bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112u) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+#if defined(QL_AVX2)
+static void dequant_row(const void *qw, const half_t *scales, const half_t *mins, int64_t n, int64_t K,
                         int64_t group, int bits, float *dst) {
     if (bits == 8) {
         const int8_t *q = (const int8_t *)qw + n * K;
@@ -37,10 +60,10 @@ static void dequant_row(const void *qw, const float *scales, const float *mins, 
         return;
     }
     const uint8_t *p = (const uint8_t *)qw + n * (K / 2);
-    const float *s = scales + n * (K / group), *m = mins + n * (K / group);
+    const half_t *s = scales + n * (K / group), *m = mins + n * (K / group);
     const __m128i low = _mm_set1_epi8(15);
     for (int64_t c = 0; c < K; c += 32) {
-        const __m256 sc = _mm256_set1_ps(s[c / group]), mn = _mm256_set1_ps(m[c / group]);
+        const __m256 sc = _mm256_set1_ps(half_to_float(s[c / group])), mn = _mm256_set1_ps(half_to_float(m[c / group]));
         __m128i b = _mm_loadu_si128((const __m128i *)(p + c / 2));
         __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
         float *d = dst + c;
@@ -51,7 +74,7 @@ static void dequant_row(const void *qw, const float *scales, const float *mins, 
     }
 }
 #else
-static void dequant_row(const void *qw, const float *scales, const float *mins, int64_t n, int64_t K,
+static void dequant_row(const void *qw, const half_t *scales, const half_t *mins, int64_t n, int64_t K,
                         int64_t group, int bits, float *dst) {
     if (bits == 8) {
         const int8_t *q = (const int8_t *)qw + n * K;
@@ -59,9 +82,9 @@ static void dequant_row(const void *qw, const float *scales, const float *mins, 
         return;
     }
     const uint8_t *p = (const uint8_t *)qw + n * (K / 2);
-    const float *s = scales + n * (K / group), *m = mins + n * (K / group);
+    const half_t *s = scales + n * (K / group), *m = mins + n * (K / group);
     for (int64_t c = 0; c < K; c += 32) {
-        const float sc = s[c / group], mn = m[c / group];
+        const float sc = half_to_float(s[c / group]), mn = half_to_float(m[c / group]);
         const uint8_t *b = p + c / 2;
         float *d = dst + c;
         for (int j = 0; j < 16; j++) {
@@ -74,14 +97,15 @@ static void dequant_row(const void *qw, const float *scales, const float *mins, 
 #endif
 
 /* The float32 weight rows n_lo .. n_hi - 1 into out [N, K] (int8: scaled), for row counts where
- * a dense matrix product over the dequantized weight is faster than the kernel above. */
-void radixrt_quant_dequant_f32(const void *qw, const float *scales, const float *mins, int64_t K, int64_t group,
+ * a dense matrix product over the dequantized weight is faster than the kernel above. scales
+ * and mins as the layout says: float32 for int8, float16 for int4. */
+void radixrt_quant_dequant_f32(const void *qw, const void *scales, const void *mins, int64_t K, int64_t group,
                                int bits, float *out, int64_t n_lo, int64_t n_hi) {
     for (int64_t n = n_lo; n < n_hi; n++) {
         float *row = out + n * K;
-        dequant_row(qw, scales, mins, n, K, group, bits, row);
+        dequant_row(qw, (const half_t *)scales, (const half_t *)mins, n, K, group, bits, row);
         if (bits == 8)
-            for (int64_t k = 0; k < K; k++) row[k] *= scales[n];
+            for (int64_t k = 0; k < K; k++) row[k] *= ((const float *)scales)[n];
     }
 }
 
@@ -132,7 +156,7 @@ typedef struct {
     const float *d, *s;
 } QRow;
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(QL_AVX2)
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -150,18 +174,18 @@ static inline __m256 dot_u8s8(__m256i w, __m256i x) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
 
-/* res[i * ROWS + r] = dot(x row i, weight row n + r) for NX (1 or 2) activation rows: each
- * weight run is loaded (and unpacked) once for all NX rows */
+/* res[i * ROWS + r] = dot(x row i, int8 weight row n + r) for NX (1 or 2) activation rows:
+ * each weight run is loaded once for all NX rows (int4 weights take q4_linear below) */
 static inline __attribute__((always_inline)) void q8_block(const QRow *x, const int NX, int64_t K,
                                                            const void *qw, const float *scales,
-                                                           const float *mins, int64_t group, int bits,
+                                                           const half_t *mins, int64_t group, int bits,
                                                            int64_t n, int rows, float *res) {
+    (void)mins, (void)group, (void)bits;
     const int64_t runs = K / RUN;
     __m256 acc[2][ROWS];
-    float macc[2][ROWS] = {{0}};
     for (int i = 0; i < NX; i++)
         for (int r = 0; r < ROWS; r++) acc[i][r] = _mm256_setzero_ps();
-    if (bits == 8) {
+    {
         const int8_t *q = (const int8_t *)qw + n * K;
         for (int64_t b = 0; b < runs; b++) {
             __m256i xv[2];
@@ -176,27 +200,7 @@ static inline __attribute__((always_inline)) void q8_block(const QRow *x, const 
         }
         for (int i = 0; i < NX; i++)
             for (int r = 0; r < rows; r++) res[i * ROWS + r] = hsum(acc[i][r]) * scales[n + r];
-        return;
     }
-    const uint8_t *p = (const uint8_t *)qw + n * (K / 2);
-    const int64_t ng = K / group;
-    const float *s = scales + n * ng, *m = mins + n * ng;
-    const __m128i low = _mm_set1_epi8(15);
-    for (int64_t b = 0; b < runs; b++) {
-        __m256i xv[2];
-        for (int i = 0; i < NX; i++) xv[i] = _mm256_loadu_si256((const __m256i *)(x[i].q + b * RUN));
-        const int64_t g = b * RUN / group;
-        for (int r = 0; r < rows; r++) {
-            const __m256i w = unpack_q4(p + r * (K / 2) + b * (RUN / 2), low);
-            const float sc = s[r * ng + g], mn = m[r * ng + g];
-            for (int i = 0; i < NX; i++) {
-                acc[i][r] = _mm256_fmadd_ps(dot_u8s8(w, xv[i]), _mm256_set1_ps(sc * x[i].d[b]), acc[i][r]);
-                macc[i][r] += mn * x[i].s[b];
-            }
-        }
-    }
-    for (int i = 0; i < NX; i++)
-        for (int r = 0; r < rows; r++) res[i * ROWS + r] = hsum(acc[i][r]) + macc[i][r];
 }
 
 /* ---- int4 in pairs of runs (AVX2): a quarter of the instructions per weight of q8_block ----
@@ -221,28 +225,31 @@ static void pair_runs(int8_t *q, int64_t pairs) {
 }
 
 /* the 8 run scales of block blk, in RUN_LANES order (per-group scales repeated per run) */
-static inline __m256 block_scales(const float *s, int64_t blk, int64_t group) {
+static inline __m256 block_scales(const half_t *s, int64_t blk, int64_t group) {
     if (group == RUN)
-        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(s + 8 * blk), _mm256_loadu_si256((const __m256i *)RUN_LANES));
+        return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8 * blk))),
+                                        _mm256_loadu_si256((const __m256i *)RUN_LANES));
     float v[8];
-    for (int l = 0; l < 8; l++) v[l] = s[(8 * blk + RUN_LANES[l]) * RUN / group];
+    for (int l = 0; l < 8; l++) v[l] = half_to_float(s[(8 * blk + RUN_LANES[l]) * RUN / group]);
     return _mm256_loadu_ps(v);
 }
 
-static inline float dot_f32(const float *a, const float *b, int64_t n) {
+/* dot(a, b) of float16 a and float32 b */
+static inline float dot_half_f32(const half_t *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t k = 0;
-    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    for (; k + 8 <= n; k += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + k))), _mm256_loadu_ps(b + k), acc);
     float sum = hsum(acc);
-    for (; k < n; k++) sum += a[k] * b[k];
+    for (; k < n; k++) sum += half_to_float(a[k]) * b[k];
     return sum;
 }
 
 /* res[i] = dot(x row i, weight row) for NX (1 or 2) activation rows; w, s, m: the row's codes,
  * scales and minimums; xsg[i]: row i's xs summed per weight group */
 static inline __attribute__((always_inline)) void q4_row(const QRow *x, const float *const *xsg, const int NX,
-                                                         int64_t K, const uint8_t *w, const float *s,
-                                                         const float *m, int64_t group, float *res) {
+                                                         int64_t K, const uint8_t *w, const half_t *s,
+                                                         const half_t *m, int64_t group, float *res) {
     const int64_t runs = K / RUN, blocks = runs / 8;
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i lanes = _mm256_loadu_si256((const __m256i *)RUN_LANES);
@@ -273,17 +280,17 @@ static inline __attribute__((always_inline)) void q4_row(const QRow *x, const fl
     const __m128i low4 = _mm_set1_epi8(15);
     for (int64_t b = 8 * blocks; b < runs; b++) {
         const __m256i wv = unpack_q4(w + b * (RUN / 2), low4);
-        const float sc = s[b * RUN / group];
+        const float sc = half_to_float(s[b * RUN / group]);
         for (int i = 0; i < NX; i++)
             acc[i] = _mm256_fmadd_ps(dot_u8s8(wv, _mm256_loadu_si256((const __m256i *)(x[i].q + b * RUN))),
                                      _mm256_set1_ps(sc * x[i].d[b]), acc[i]);
     }
-    for (int i = 0; i < NX; i++) res[i] = hsum(acc[i]) + dot_f32(m, xsg[i], K / group);
+    for (int i = 0; i < NX; i++) res[i] = hsum(acc[i]) + dot_half_f32(m, xsg[i], K / group);
 }
 
 /* radixrt_quant_linear for int4 weights: each weight row against pairs of activation rows */
 static int q4_linear(const float *x, int64_t x_stride, int64_t M, int64_t K, const uint8_t *qw,
-                     const float *scales, const float *mins, int64_t group, const float *bias, float *out,
+                     const half_t *scales, const half_t *mins, int64_t group, const float *bias, float *out,
                      int64_t out_stride, int64_t N, int64_t parallel_min_macs) {
     const int64_t runs = K / RUN, ng = K / group;
     float *xd, *xs;
@@ -302,7 +309,7 @@ static int q4_linear(const float *x, int64_t x_stride, int64_t M, int64_t K, con
 #pragma omp parallel for schedule(static) if (M * N * K >= parallel_min_macs)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *w = qw + n * (K / 2);
-        const float *s = scales + n * ng, *m = mins + n * ng;
+        const half_t *s = scales + n * ng, *m = mins + n * ng;
         if (n + 4 < N) {
             /* 4 rows ahead, non-temporal: the weights stream past what the rest of the step keeps cached */
             for (int64_t o = 0; o < K / 2; o += 64) __builtin_prefetch(w + 4 * (K / 2) + o, 0, 0);
@@ -327,7 +334,7 @@ static int q4_linear(const float *x, int64_t x_stride, int64_t M, int64_t K, con
 }
 #else
 static inline void q8_block(const QRow *x, const int NX, int64_t K, const void *qw, const float *scales,
-                            const float *mins, int64_t group, int bits, int64_t n, int rows, float *res) {
+                            const half_t *mins, int64_t group, int bits, int64_t n, int rows, float *res) {
     const int64_t runs = K / RUN, ng = bits == 4 ? K / group : 0;
     for (int i = 0; i < NX; i++)
         for (int r = 0; r < rows; r++) {
@@ -343,7 +350,8 @@ static inline void q8_block(const QRow *x, const int NX, int64_t K, const void *
                     const uint8_t *c = (const uint8_t *)qw + (n + r) * (K / 2) + b * (RUN / 2);
                     for (int j = 0; j < RUN / 2; j++) sum += (c[j] & 15) * v[j] + (c[j] >> 4) * v[j + RUN / 2];
                     const int64_t g = (n + r) * ng + b * RUN / group;
-                    acc += scales[g] * x[i].d[b] * (float)sum + mins[g] * x[i].s[b];
+                    acc += half_to_float(((const half_t *)scales)[g]) * x[i].d[b] * (float)sum +
+                           half_to_float(mins[g]) * x[i].s[b];
                 }
             }
             res[i * ROWS + r] = bits == 8 ? acc * scales[n + r] : acc;
@@ -352,16 +360,17 @@ static inline void q8_block(const QRow *x, const int NX, int64_t K, const void *
 #endif
 
 /* out [M, N] = x [M, K] @ dequant(W)^T (+ bias), x float32 with row i at x + i * x_stride and
- * out row i at out + i * out_stride. Blocks of ROWS weight rows are split over OpenMP threads
+ * out row i at out + i * out_stride; scales and mins as the layout says (int8: float32 scales,
+ * int4: float16 scales and mins). Blocks of ROWS weight rows are split over OpenMP threads
  * when M * N * K >= parallel_min_macs (the OpenMP runtime torch itself runs on: see
  * kernels/quant_linear_cpu.py). Returns 0, or 1 when scratch memory cannot be allocated. */
 int radixrt_quant_linear(const float *x, int64_t x_stride, int64_t M, int64_t K, const void *qw,
-                         const float *scales, const float *mins, int64_t group, int bits, const float *bias,
+                         const void *scales, const void *mins, int64_t group, int bits, const float *bias,
                          float *out, int64_t out_stride, int64_t N, int64_t parallel_min_macs) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(QL_AVX2)
     if (bits == 4)
-        return q4_linear(x, x_stride, M, K, (const uint8_t *)qw, scales, mins, group, bias, out, out_stride, N,
-                         parallel_min_macs);
+        return q4_linear(x, x_stride, M, K, (const uint8_t *)qw, (const half_t *)scales, (const half_t *)mins, group,
+                         bias, out, out_stride, N, parallel_min_macs);
 #endif
     const int64_t runs = K / RUN;
     float *xd, *xs;
@@ -382,9 +391,9 @@ int radixrt_quant_linear(const float *x, int64_t x_stride, int64_t M, int64_t K,
             const int nx = i + 1 < M ? 2 : 1;
             float res[2 * ROWS];
             if (nx == 2)
-                q8_block(rw, 2, K, qw, scales, mins, group, bits, n0, rows, res);
+                q8_block(rw, 2, K, qw, (const float *)scales, (const half_t *)mins, group, bits, n0, rows, res);
             else
-                q8_block(rw, 1, K, qw, scales, mins, group, bits, n0, rows, res);
+                q8_block(rw, 1, K, qw, (const float *)scales, (const half_t *)mins, group, bits, n0, rows, res);
             for (int j = 0; j < nx; j++)
                 for (int r = 0; r < rows; r++)
                     out[(i + j) * out_stride + n0 + r] = res[j * ROWS + r] + (bias ? bias[n0 + r] : 0.0f);

@@ -35,7 +35,8 @@ _ALIASES = {
     "int4_weight_only": "int4",
     "w4a16": "int4",
 }
-SCALE_BYTES = 4  # float32 scales and minimums, as the CPU kernels read them
+INT8_SCALE_BYTES = 4  # int8: a float32 scale per output channel
+INT4_SCALE_BYTES = 2  # int4: a float16 scale and minimum per group, as the CPU kernel reads them
 
 
 def normalize_method(name: Optional[str]) -> tuple[Optional[str], Optional[int]]:
@@ -82,10 +83,10 @@ class WeightQuantization:
         """Stored bytes per weight, scales included (inputs a multiple of the group size)."""
         if self.method == "int8":
             return 1.0  # plus one scale per output channel: see `linear_bytes`
-        return 0.5 + 2 * SCALE_BYTES / self.group_size
+        return 0.5 + 2 * INT4_SCALE_BYTES / self.group_size
 
     def linear_bytes(self, out_features: int, in_features: int) -> float:
         """Bytes of one quantized ``[out_features, in_features]`` weight (bias not included)."""
         if self.method == "int8":
-            return out_features * (in_features + SCALE_BYTES)
+            return out_features * (in_features + INT8_SCALE_BYTES)
         return out_features * in_features * self.bytes_per_weight()

@@ -107,8 +107,9 @@ def _torch_format(p: PackedWeight) -> tuple:
     codes = int4_unpack(p)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     # torch's int4 convention: w = (q - 8) * scale + zero, scales and zeros [K/G, N, 2]
-    zeros = p.mins + 8 * p.scales
-    scales_and_zeros = torch.stack([p.scales.t(), zeros.t()], dim=-1).contiguous().to(_TORCH_ACT)
+    scales = p.scales.float()
+    zeros = p.mins.float() + 8 * scales
+    scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous().to(_TORCH_ACT)
     return (packed, p.group_size, scales_and_zeros)
 
 
