@@ -180,27 +180,25 @@ static inline __attribute__((always_inline)) void q8_block(const QRow *x, const 
                                                            const void *qw, const float *scales,
                                                            const half_t *mins, int64_t group, int bits,
                                                            int64_t n, int rows, float *res) {
-    (void)mins, (void)group, (void)bits;
+    (void)mins, (void)group, (void)bits; /* the portable build's signature, which int4 also takes */
     const int64_t runs = K / RUN;
     __m256 acc[2][ROWS];
     for (int i = 0; i < NX; i++)
         for (int r = 0; r < ROWS; r++) acc[i][r] = _mm256_setzero_ps();
-    {
-        const int8_t *q = (const int8_t *)qw + n * K;
-        for (int64_t b = 0; b < runs; b++) {
-            __m256i xv[2];
-            for (int i = 0; i < NX; i++) xv[i] = _mm256_loadu_si256((const __m256i *)(x[i].q + b * RUN));
-            for (int r = 0; r < rows; r++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(q + r * K + b * RUN));
-                const __m256i aw = _mm256_sign_epi8(w, w);
-                for (int i = 0; i < NX; i++)
-                    acc[i][r] = _mm256_fmadd_ps(dot_u8s8(aw, _mm256_sign_epi8(xv[i], w)),
-                                                _mm256_set1_ps(x[i].d[b]), acc[i][r]);
-            }
+    const int8_t *q = (const int8_t *)qw + n * K;
+    for (int64_t b = 0; b < runs; b++) {
+        __m256i xv[2];
+        for (int i = 0; i < NX; i++) xv[i] = _mm256_loadu_si256((const __m256i *)(x[i].q + b * RUN));
+        for (int r = 0; r < rows; r++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(q + r * K + b * RUN));
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            for (int i = 0; i < NX; i++)
+                acc[i][r] = _mm256_fmadd_ps(dot_u8s8(aw, _mm256_sign_epi8(xv[i], w)),
+                                            _mm256_set1_ps(x[i].d[b]), acc[i][r]);
         }
-        for (int i = 0; i < NX; i++)
-            for (int r = 0; r < rows; r++) res[i * ROWS + r] = hsum(acc[i][r]) * scales[n + r];
     }
+    for (int i = 0; i < NX; i++)
+        for (int r = 0; r < rows; r++) res[i * ROWS + r] = hsum(acc[i][r]) * scales[n + r];
 }
 
 /* ---- int4 in pairs of runs (AVX2): a quarter of the instructions per weight of q8_block ----
