@@ -12,8 +12,11 @@ median is reported. ``model ms`` is the time spent inside the model forward
 the logits and the sampler; ``host ms`` is the rest of the wall time: the
 scheduler's own work that the model waits for (scheduling, inputs, results).
 With overlap on, host work that runs while the forward does is not counted.
-On CUDA the torch profiler also gives the fraction of the wall time the GPU
-was busy.
+The timers synchronize the device after each call, so on CUDA (where that
+would stop the host from running ahead of the GPU) each repeat runs twice:
+once without them for ``ms/step``, once with them for ``model ms``; the torch
+profiler (without the timers) gives the fraction of the wall time the GPU was
+busy.
 
 The same workload is also timed, in the same run, through the public
 ``Engine.generate`` (`radixrt.bench.engine_step`; ``--no-engine`` skips it)
@@ -53,17 +56,44 @@ class StepTime:
     gpu_busy: Optional[float] = None  # CUDA only: GPU kernel time / wall time
 
 
-def _wrap_timer(obj: Any, name: str, total: list[float], sync: Callable[[], None]) -> None:
-    fn = getattr(obj, name)
+class _ModelTimers:
+    """Timers around the runner's forward and logits and the sampler (``model
+    ms``). Each synchronizes the device after its call, which on CUDA stops the
+    host from running ahead of the GPU, so CUDA's wall time per step is taken
+    with them removed (`off`)."""
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        out = fn(*args, **kwargs)
-        sync()
-        total[0] += time.perf_counter() - start
-        return out
+    NAMES = (("runner", "forward_batch"), ("runner", "logits"), ("sampler", "sample"))
 
-    setattr(obj, name, timed)
+    def __init__(self, scheduler: Any, sync: Callable[[], None]) -> None:
+        self.scheduler, self.sync, self.total_s = scheduler, sync, 0.0
+
+    def on(self) -> None:
+        for owner, name in self.NAMES:
+            obj = getattr(self.scheduler, owner)
+            fn = getattr(obj, name)
+
+            def timed(*args: Any, _fn: Callable[..., Any] = fn, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                out = _fn(*args, **kwargs)
+                self.sync()
+                self.total_s += time.perf_counter() - start
+                return out
+
+            setattr(obj, name, timed)
+
+    def off(self) -> None:
+        for owner, name in self.NAMES:
+            getattr(self.scheduler, owner).__dict__.pop(name, None)
+
+
+def _run_steps(scheduler: Any, steps: int, sync: Callable[[], None]) -> float:
+    """Milliseconds per step over ``steps`` steps."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        scheduler.step()
+    sync()
+    return (time.perf_counter() - start) * 1000 / steps
 
 
 def _gpu_busy(scheduler: Any, steps: int) -> float:
@@ -102,7 +132,8 @@ def measure(
     from radixrt.sampling.params import SamplingParams
     from radixrt.scheduler.scheduler import Scheduler
 
-    max_new = WARM_STEPS + steps * (repeats + 1) + 64
+    cuda = device.startswith("cuda")
+    max_new = WARM_STEPS + steps * ((2 if cuda else 1) * repeats + 1) + 64
     config = EngineConfig(
         model_path=model_path,
         device=device,
@@ -113,12 +144,8 @@ def measure(
         disable_overlap_schedule=None if overlap is None else not overlap,
     )
     scheduler = Scheduler(config)
-    cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    model_s = [0.0]
-    for name in ("forward_batch", "logits"):
-        _wrap_timer(scheduler.runner, name, model_s, sync)
-    _wrap_timer(scheduler.sampler, "sample", model_s, sync)
+    timers = _ModelTimers(scheduler, sync)
     sampling = SamplingParams.from_dict({"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0})
     results = []
     for batch in batches:
@@ -129,14 +156,14 @@ def measure(
             scheduler.step()
         times, model_times = [], []
         for _ in range(repeats):
-            sync()
-            model_s[0] = 0.0
-            start = time.perf_counter()
-            for _ in range(steps):
-                scheduler.step()
-            sync()
-            times.append((time.perf_counter() - start) * 1000 / steps)
-            model_times.append(model_s[0] * 1000 / steps)
+            if cuda:  # the wall time without the timers' synchronizations
+                times.append(_run_steps(scheduler, steps, sync))
+            timers.total_s = 0.0
+            timers.on()
+            timed_ms = _run_steps(scheduler, steps, sync)
+            timers.off()
+            times += [] if cuda else [timed_ms]
+            model_times.append(timers.total_s * 1000 / steps)
             if after_repeat is not None:
                 after_repeat(batch)
         busy = _gpu_busy(scheduler, steps) if cuda else None
@@ -167,10 +194,17 @@ def op_overhead_us(repeats: int = 5, calls: int = 2000) -> float:
     return statistics.median(times)
 
 
-def tiny_cpu_model(folder: str) -> str:
-    from radixrt.bench.tiny_model import make_tiny_model
+def tiny_cpu_model(folder: str, tokenizer_from: Optional[str] = None) -> str:
+    """A tiny random Llama with the default model's tokenizer (copied from
+    ``tokenizer_from`` when given: a machine without the default model)."""
+    from radixrt.bench.tiny_model import copy_default_tokenizer, make_tiny_model
 
-    return make_tiny_model(folder, "llama", vocab_size=512, max_position_embeddings=8192)
+    path = make_tiny_model(
+        folder, "llama", tokenizer=tokenizer_from is None, vocab_size=512, max_position_embeddings=8192
+    )
+    if tokenizer_from is not None:
+        copy_default_tokenizer(path, tokenizer_from)
+    return path
 
 
 def cpu_decode_kernel() -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -115,11 +115,12 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
 
 
-def copy_default_tokenizer(dest: str | os.PathLike) -> None:
-    """Copy the embedded default model's tokenizer files (converts it once if needed)."""
+def copy_default_tokenizer(dest: str | os.PathLike, src: Optional[str | os.PathLike] = None) -> None:
+    """Copy the embedded default model's tokenizer files from ``src`` (a folder
+    holding them), else from the default model (converted once if needed)."""
     from radixrt.executor.model_store import resolve_model_path
 
-    src = Path(resolve_model_path("default"))
+    src = Path(src if src is not None else resolve_model_path("default"))
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, Path(dest) / name)

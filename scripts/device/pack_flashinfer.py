@@ -21,7 +21,8 @@ CPU machine that has pip access and CUDA's nvcc (no GPU needed):
    generators read, and exactly the headers the compiled modules included
    (so a JIT fallback on the device can still rebuild them); the rest (prebuilt
    kernels of other features, CUTLASS, ...) is dropped;
-4. writes ``site/`` (flashinfer + tvm_ffi) as one .tar.xz, split into parts of
+4. writes ``site/`` (flashinfer + tvm_ffi, and the device's builds of pyzmq and
+   msgspec, which radixrt needs and the GPU image lacks) as one .tar.xz, split into parts of
    at most ``--max-part-mib`` (60) MiB, plus the default model's config and
    tokenizer (for building its shapes with random weights on the device), into
    ``--out`` (default ``.device_carry/``, git-ignored), with a manifest.
@@ -60,6 +61,8 @@ DEVICE_PLATFORMS = [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
 ]
+# radixrt's compiled dependencies the device's image lacks (carried in site/ beside flashinfer)
+DEVICE_RUNTIME_DEPS = ["pyzmq>=25,<28", "msgspec>=0.18,<1"]
 # pure-Python helpers flashinfer imports that the host venv may lack (only used here, to run the AOT build)
 HOST_HELPERS = ["nvidia-ml-py", "einops", "tabulate", "ninja"]
 SMALL_FILE = 256 * 1024  # non-Python files kept outside data/ when smaller than this
@@ -75,15 +78,23 @@ DEFAULT_MODEL_META = (
 
 AOT_BUILDER = r"""
 import json, sys, time, torch
-from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
+from flashinfer.jit.attention import modules as m
 from flashinfer.jit.sampling import gen_sampling_module
+# fa2 prefill loads its "primary" module (equal KV strides, ``..._kv_stride_equal``) since 0.7;
+# gen_batch_prefill_module names the runtime-stride module, which no wrapper asks for
+prefill = getattr(m, "_gen_batch_prefill_primary_module", m.gen_batch_prefill_module)
 head_dims = [int(x) for x in sys.argv[1].split(",") if x]
 with_sampling = sys.argv[2] == "1"
+fp8_head_dims = [int(x) for x in sys.argv[3].split(",") if x] if len(sys.argv) > 3 else []
 bf = torch.bfloat16
 specs = []
 for hd in head_dims:
-    specs.append(gen_batch_decode_module(bf, bf, bf, torch.int32, hd, hd, 0, False, False))
-    specs.append(gen_batch_prefill_module("fa2", bf, bf, bf, torch.int32, hd, hd, 0, False, False, False))
+    specs.append(m.gen_batch_decode_module(bf, bf, bf, torch.int32, hd, hd, 0, False, False))
+    specs.append(prefill("fa2", bf, bf, bf, torch.int32, hd, hd, 0, False, False, False))
+for hd in fp8_head_dims:  # kv_cache_dtype fp8_e4m3 / fp8_e5m2 (bf16 queries and outputs)
+    for kv in (torch.float8_e4m3fn, torch.float8_e5m2):
+        specs.append(m.gen_batch_decode_module(bf, kv, bf, torch.int32, hd, hd, 0, False, False))
+        specs.append(prefill("fa2", bf, kv, bf, torch.int32, hd, hd, 0, False, False, False))
 if with_sampling:
     specs.append(gen_sampling_module())
 for spec in specs:
@@ -95,15 +106,17 @@ for spec in specs:
 
 VERIFY = r"""
 import sys, torch, flashinfer
-from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module
+from flashinfer.jit.attention import modules as m
 from flashinfer.jit.sampling import gen_sampling_module
+prefill = getattr(m, "_gen_batch_prefill_primary_module", m.gen_batch_prefill_module)
 names = set(sys.argv[1].split(",")) if sys.argv[1] else set()
 bf = torch.bfloat16
 found = {}
 for hd in (64, 128):
-    for spec in (gen_batch_decode_module(bf, bf, bf, torch.int32, hd, hd, 0, False, False),
-                 gen_batch_prefill_module("fa2", bf, bf, bf, torch.int32, hd, hd, 0, False, False, False)):
-        found[spec.name] = spec.is_aot
+    for kv in (bf, torch.float8_e4m3fn, torch.float8_e5m2):
+        for spec in (m.gen_batch_decode_module(bf, kv, bf, torch.int32, hd, hd, 0, False, False),
+                     prefill("fa2", bf, kv, bf, torch.int32, hd, hd, 0, False, False, False)):
+            found[spec.name] = spec.is_aot
 s = gen_sampling_module(); found[s.name] = s.is_aot
 missing = [n for n in names if not found.get(n)]
 assert not missing, f"AOT modules not found by flashinfer: {missing}"
@@ -216,22 +229,30 @@ def cuda_home_with_curand(work: Path, cuda_home: str) -> str:
 
 
 def aot_build(
-    work: Path, site: Path, host_site: Path, head_dims: list[int], sampling: bool, jobs: int, arch: str
+    work: Path,
+    site: Path,
+    host_site: Path,
+    head_dims: list[int],
+    fp8_head_dims: list[int],
+    sampling: bool,
+    jobs: int,
+    arch: str,
 ) -> list[dict]:
     cuda_home = find_cuda_home()
     builder = work / "aot_build.py"
     builder.write_text(AOT_BUILDER)
     log(
-        f"AOT-compiling for sm_{arch} (head dims {head_dims}, sampling={sampling}, {jobs} job(s)); "
+        f"AOT-compiling for sm_{arch} (head dims {head_dims}, fp8 KV at {fp8_head_dims}, sampling={sampling}, "
+        f"{jobs} job(s)); "
         "decode ~1 min, prefill ~4-8 min, sampling a few min per core"
     )
     built = []
     # the attention modules with the plain CUDA_HOME; sampling possibly with the curand overlay
     # (a changed CUDA_HOME changes the build commands, and ninja would rebuild everything)
-    runs = [(",".join(map(str, head_dims)), "0", cuda_home)]
+    runs = [(",".join(map(str, head_dims)), "0", ",".join(map(str, fp8_head_dims)), cuda_home)]
     if sampling:
-        runs.append(("", "1", cuda_home_with_curand(work, cuda_home)))
-    for dims, with_sampling, home in runs:
+        runs.append(("", "1", "", cuda_home_with_curand(work, cuda_home)))
+    for dims, with_sampling, fp8_dims, home in runs:
         env = dict(os.environ)
         env.update(
             PYTHONPATH=f"{site}{os.pathsep}{host_site}",
@@ -243,7 +264,11 @@ def aot_build(
             PATH=f"{host_site / 'bin'}{os.pathsep}{env['PATH']}",
         )
         proc = subprocess.run(
-            [sys.executable, str(builder), dims, with_sampling], env=env, check=True, stdout=subprocess.PIPE, text=True
+            [sys.executable, str(builder), dims, with_sampling, fp8_dims],
+            env=env,
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for line in proc.stdout.splitlines():
             if line.startswith("{"):
@@ -334,6 +359,11 @@ def main() -> None:
     ap.add_argument("--no-aot", action="store_true", help="skip the ahead-of-time kernel build")
     ap.add_argument("--no-sampling", action="store_true", help="do not AOT-compile the sampling kernels")
     ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument(
+        "--fp8-head-dims",
+        default="128",
+        help="head dims of the fp8-KV modules (gpu_check's fp8kv section); '' for none",
+    )
     ap.add_argument("--arch", default="9.0a", help="FLASHINFER_CUDA_ARCH_LIST for the AOT build")
     ap.add_argument("--jobs", type=int, default=1, help="parallel nvcc jobs (this machine's cores are shared)")
     ap.add_argument("--max-part-mib", type=float, default=60.0)
@@ -355,6 +385,9 @@ def main() -> None:
     if not glob.glob(str(dev_wheels / "apache_tvm_ffi-*.whl")):
         pip_download(dev_wheels, [tvm_req], device=True)
     dev_tvm = one(str(dev_wheels / "apache_tvm_ffi-*.whl"))
+    if not glob.glob(str(dev_wheels / "pyzmq-*.whl")) or not glob.glob(str(dev_wheels / "msgspec-*.whl")):
+        pip_download(dev_wheels, DEVICE_RUNTIME_DEPS, device=True)
+    dev_runtime = [one(str(dev_wheels / "pyzmq-*.whl")), one(str(dev_wheels / "msgspec-*.whl"))]
     tvm_version = dev_tvm.name.split("-")[1]
     if not glob.glob(str(host_wheels / "apache_tvm_ffi-*.whl")):
         pip_download(host_wheels, [f"apache-tvm-ffi=={tvm_version}", *HOST_HELPERS], device=False)
@@ -386,7 +419,8 @@ def main() -> None:
     aot_dir = full / "flashinfer" / "data" / "aot"
     if not args.no_aot:
         head_dims = [int(x) for x in args.head_dims.split(",")]
-        built = aot_build(work, full, host_site, head_dims, not args.no_sampling, args.jobs, args.arch)
+        fp8_head_dims = [int(x) for x in args.fp8_head_dims.split(",") if x]
+        built = aot_build(work, full, host_site, head_dims, fp8_head_dims, not args.no_sampling, args.jobs, args.arch)
         shutil.rmtree(aot_dir, ignore_errors=True)
         for b in built:
             dest = aot_dir / b["name"] / f"{b['name']}.so"
@@ -403,7 +437,8 @@ def main() -> None:
     site = stage / "site"
     site.mkdir(parents=True)
     trim(full, site, keep_data)
-    unpack(dev_tvm, site)
+    for wheel in (dev_tvm, *dev_runtime):
+        unpack(wheel, site)
     log(
         f"trimmed site: {tree_bytes(site) / 2**20:.1f} MiB unpacked "
         f"(full wheel unpacked: {tree_bytes(full) / 2**20:.1f} MiB)"
@@ -443,6 +478,7 @@ def main() -> None:
     manifest = {
         "flashinfer_version": args.version,
         "tvm_ffi_wheel": dev_tvm.name,
+        "runtime_wheels": [w.name for w in dev_runtime],
         "arch": args.arch,
         "aot_modules": [{k: b[k] for k in ("name", "seconds")} for b in built],
         "archive": archive.name,
