@@ -357,12 +357,15 @@ class ModelRunner:
         seq_slots: list[list[int]],
         q_lens: list[int],
         tree: Optional[list[Optional[list[int]]]] = None,
+        allow_graph: bool = True,
     ) -> torch.Tensor:
         """Compute ``q_lens[i]`` new tokens of each sequence (whose whole slot list
         is ``seq_slots[i]``; ``tree`` as in `forward_batch`); writes their K/V into
-        the pool; returns hidden states [sum(q_lens), hidden]."""
-        if self.cuda_graph is not None and self.cuda_graph.can_run(q_lens, [len(s) for s in seq_slots]):
-            return self.cuda_graph.forward(input_ids, seq_slots)
+        the pool; returns hidden states [sum(q_lens), hidden]. A decode batch
+        replays a CUDA graph where one was captured, unless ``allow_graph`` is False."""
+        graphs = self.cuda_graph if allow_graph else None
+        if graphs is not None and graphs.can_run(q_lens, [len(s) for s in seq_slots]):
+            return graphs.forward(input_ids, seq_slots)
         if self.tp is not None:
             raise RuntimeError("ModelRunner.forward does not run tensor parallel; use forward_batch")
         meta = AttentionMetadata.build(seq_slots, q_lens, self.page_size, self.device, tree)

@@ -385,10 +385,12 @@ class Scheduler:
     def _complete(self, step: InFlight) -> list[TokenOutput]:
         """Process a launched step's results (waiting for them); its outputs."""
         results = self.results.process(step.batch, step.inputs, step.output.result())
-        if self.speculator is not None and not step.overlappable and not step.inputs.prompt_tokens:
+        spec = self.speculator
+        if spec is not None and not step.overlappable and not step.inputs.prompt_tokens:
             # the whole step as the requests waited for it: drafting, planning, forward, sampling, results
-            seconds = time.perf_counter() - step.started_at
-            self.speculator.cost.observe_step(step.inputs.q_lens, step.inputs.kv_lens, seconds)
+            if not spec.replays_graph(step.inputs.q_lens):
+                seconds = time.perf_counter() - step.started_at
+                spec.cost.observe_step(step.inputs.q_lens, step.inputs.kv_lens, seconds)
         self.counters["requests_finished"] += results.finished
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots

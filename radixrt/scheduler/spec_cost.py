@@ -12,7 +12,10 @@ near the start: its attention reads the whole context), fitted by least
 squares to a few probe forwards (rows x tokens per row, at a short and a
 long context) run on the real model before the scheduler starts, then kept
 up to date by the decode steps it serves (`OnlineStepCost`); `Speculator`
-asks it, every step, which draft tokens are worth their cost.
+asks it, every step, which draft tokens are worth their cost. Where decode
+steps replay CUDA graphs, a step with drafts runs eagerly: the fit is of eager
+forwards, and what leaving the graph costs is priced separately
+(`OnlineStepCost.leave_graph`).
 """
 
 from __future__ import annotations
@@ -92,33 +95,35 @@ class StepCost:
         (free KV slots, at least `probe_slots_needed`; the long-context probes
         run when there are `long_probe_slots_needed`; their contents are
         overwritten and stay free). Each shape runs once to warm up, then the
-        fastest of PROBE_REPEATS runs counts."""
+        fastest of PROBE_REPEATS runs counts. The fit is of eager forwards (a
+        step with drafts runs eagerly); where decode steps replay CUDA graphs,
+        the one-token shapes are also timed through them, and what a step
+        loses by leaving its graph is `OnlineStepCost.leave_graph`."""
         shapes = [(r, q, PROBE_CONTEXT) for r, q in itertools.product(PROBE_ROWS, PROBE_TOKENS_PER_ROW)]
         if len(free_slots) >= cls.long_probe_slots_needed():
             shapes += [
                 (r, q, LONG_PROBE_CONTEXT) for r, q in itertools.product(LONG_PROBE_ROWS, LONG_PROBE_TOKENS_PER_ROW)
             ]
-        samples = []
-        for rows, q, context in shapes:
-            seq = context + q
-            seq_slots = [free_slots[i * seq : (i + 1) * seq] for i in range(rows)]
-            ids = [1] * (rows * q)
-            best = float("inf")
-            for _ in range(PROBE_REPEATS + 1):
-                t0 = time.perf_counter()
-                hidden = runner.forward(ids, seq_slots, [q] * rows)
-                runner.logits(hidden).max(dim=-1)  # on the host: waits for the device
-                best = min(best, time.perf_counter() - t0)
-            samples.append((rows, rows * q, rows * attended_keys(q, seq), best))
+        samples = [
+            (rows, rows * q, rows * attended_keys(q, context + q), _probe(runner, free_slots, rows, q, context, False))
+            for rows, q, context in shapes
+        ]
         cost = cls.fit(samples)
+        leave_graph = 0.0
+        if getattr(runner, "cuda_graph", None) is not None:
+            eager = {r: s for r, t, _, s in samples[: len(PROBE_ROWS) * len(PROBE_TOKENS_PER_ROW)] if t == r}
+            gaps = [eager[r] - _probe(runner, free_slots, r, 1, PROBE_CONTEXT, True) for r in PROBE_ROWS]
+            leave_graph = max(0.0, sorted(gaps)[len(gaps) // 2])
         logger.info(
-            "speculative decoding cost model: step = %.2f ms + %.3f ms/request + %.3f ms/token + %.3f ms/1k keys",
+            "speculative decoding cost model: step = %.2f ms + %.3f ms/request + %.3f ms/token + %.3f ms/1k keys"
+            " (+ %.2f ms for leaving a decode CUDA graph)",
             1e3 * cost.fixed,
             1e3 * cost.per_row,
             1e3 * cost.per_token,
             1e6 * cost.per_attended,
+            1e3 * leave_graph,
         )
-        return OnlineStepCost(cost, samples)
+        return OnlineStepCost(cost, samples, leave_graph)
 
     @staticmethod
     def probe_slots_needed() -> int:
@@ -127,6 +132,21 @@ class StepCost:
     @staticmethod
     def long_probe_slots_needed() -> int:
         return max(LONG_PROBE_ROWS) * (LONG_PROBE_CONTEXT + max(LONG_PROBE_TOKENS_PER_ROW))
+
+
+def _probe(runner: Any, free_slots: list[int], rows: int, q: int, context: int, graph: bool) -> float:
+    """Seconds of the fastest of PROBE_REPEATS forwards (after one warm-up) of
+    ``rows`` sequences computing their last ``q`` of ``context + q`` tokens."""
+    seq = context + q
+    seq_slots = [free_slots[i * seq : (i + 1) * seq] for i in range(rows)]
+    ids = [1] * (rows * q)
+    best = float("inf")
+    for _ in range(PROBE_REPEATS + 1):
+        t0 = time.perf_counter()
+        hidden = runner.forward(ids, seq_slots, [q] * rows, allow_graph=graph)
+        runner.logits(hidden).max(dim=-1)  # on the host: waits for the device
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 class OnlineStepCost:
@@ -146,8 +166,12 @@ class OnlineStepCost:
     # tell (the split) as it was, and is too weak to matter along what the data does tell.
     ANCHOR = 1e-6
 
-    def __init__(self, seed: StepCost, samples: Sequence[Sample] = ()) -> None:
+    def __init__(self, seed: StepCost, samples: Sequence[Sample] = (), leave_graph: float = 0.0) -> None:
         self.current = seed
+        # seconds a step with drafts costs beyond the fit's eager step when the same batch without
+        # them would replay a decode CUDA graph (0 without graphs); such replayed steps are not
+        # observed (they are not eager steps)
+        self.leave_graph = leave_graph
         self._ata = torch.zeros(4, 4, dtype=torch.float64)
         self._atb = torch.zeros(4, dtype=torch.float64)
         self._pending = 0

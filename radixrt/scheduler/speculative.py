@@ -98,6 +98,7 @@ class Speculator:
         ngram_order: int,
         context_length: int,
         max_width: int = 1,
+        graph_max_bs: int = 0,
     ) -> None:
         from radixrt.memory.draft_index import TREE_LENGTHS, DraftIndex
 
@@ -108,6 +109,7 @@ class Speculator:
         self.max_draft_tokens = max_draft_tokens
         self.max_width = max_width
         self.context_length = context_length
+        self.graph_max_bs = graph_max_bs  # decode batches up to this size replay a CUDA graph (0: none)
         self.stats = SpecStats()
         self.calibration = ServerCalibration()
 
@@ -121,6 +123,11 @@ class Speculator:
         if req.spec is None and self.wants(req):
             own = OwnTokens(req.input_ids)
             req.spec = SpecState(own, len(req.input_ids))
+
+    def replays_graph(self, q_lens: list[int]) -> bool:
+        """Whether a step of these token counts replayed a decode CUDA graph (then
+        it is not an eager step, which the cost model's fit is of)."""
+        return 0 < len(q_lens) <= self.graph_max_bs and all(q == 1 for q in q_lens)
 
     # ------------------------------------------------------------------ drafting
     def draft(self, running: list[Req]) -> None:
@@ -162,6 +169,11 @@ class Speculator:
             time += costs[i]
             for child in candidates[i].children.get(j, ()):
                 heapq.heappush(heap, (-candidates[i].gains[child] / costs[i], i, child))
+        if any(chosen) and rows <= self.graph_max_bs:
+            # with drafts the step runs eagerly; without, it would replay its graph: drafts must beat that
+            replayed = max(self.cost.seconds(rows, rows, sum(contexts)) - self.cost.leave_graph, 1e-12)
+            if expected / time <= rows / replayed:
+                chosen = [[] for _ in candidates]
         if not any(chosen):
             self.stats.skipped_steps += 1
         for c, nodes in zip(candidates, chosen):
@@ -280,4 +292,5 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
         spec.speculative_ngram_order,
         context_length,
         max_width=spec.speculative_tree_width if tree_ok else 1,
+        graph_max_bs=runner.cuda_graph.max_bs if getattr(runner, "cuda_graph", None) is not None else 0,
     )

@@ -216,6 +216,49 @@ def test_model_runner_captures_and_replays_with_emulated_graphs(make_tiny, monke
     assert got == want
 
 
+def test_speculation_over_emulated_graphs_prices_leaving_them(make_tiny, monkeypatch):
+    """Speculative decoding where decode steps replay graphs (emulated on CPU, as
+    above): the cost model times the one-token probes both eagerly and through
+    the graphs, the speculator knows which batches replay, and greedy outputs
+    equal the engine's without speculation."""
+    import dataclasses
+    import sys
+
+    import radixrt
+    import radixrt.executor.cuda_graph as cuda_graph_mod
+    import radixrt.executor.model_runner as model_runner
+
+    path = make_tiny("llama", head_dim=64)
+    prompts = [[100 + i, 200, 300, 400, 500, 600, 700] * 4 for i in range(3)]
+    sp = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    kwargs = dict(device="cpu", max_total_tokens=2048, max_running_requests=8)
+    plain = radixrt.Engine(path, **kwargs)
+    try:
+        want = [r["output_ids"] for r in plain.generate(input_ids=prompts, sampling_params=sp)]
+    finally:
+        plain.shutdown()
+
+    real_resolve = model_runner.resolve_runtime
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
+    monkeypatch.setattr(cuda_graph_mod, "_CudaGraph", EagerGraph)
+    monkeypatch.setattr(
+        model_runner,
+        "resolve_runtime",
+        lambda c: dataclasses.replace(
+            real_resolve(c), attention_backend="flashinfer", cuda_graph=True, cuda_graph_max_bs=8
+        ),
+    )
+    eng = radixrt.Engine(path, speculative_algorithm="RADIX", **kwargs)
+    try:
+        spec = eng.scheduler.speculator
+        assert spec is not None and spec.graph_max_bs == 8 and spec.cost.leave_graph >= 0.0
+        assert spec.replays_graph([1] * 8) and not spec.replays_graph([1] * 9)
+        got = [r["output_ids"] for r in eng.generate(input_ids=prompts, sampling_params=sp)]
+    finally:
+        eng.shutdown()
+    assert got == want
+
+
 def test_unsupported_head_dim_falls_back_to_torch(caplog):
     """A head dim FlashInfer has no kernels for runs the torch backend, with a warning."""
     import logging

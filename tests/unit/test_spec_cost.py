@@ -57,13 +57,14 @@ def test_served_steps_at_long_contexts_teach_what_attention_costs():
     assert abs(online.token_seconds(2000) - (0.004 + 2000 * PER_KEY)) < 0.0015
 
 
-def _speculator(cost: StepCost, width: int = 2):
+def _speculator(cost: StepCost, width: int = 2, leave_graph: float = 0.0, graph_max_bs: int = 0):
     from radixrt.memory.no_prefix_cache import NoPrefixCache
     from radixrt.sampling.params import SamplingParams
     from radixrt.scheduler.request import Req
     from radixrt.scheduler.speculative import Speculator
 
-    spec = Speculator(NoPrefixCache(), OnlineStepCost(cost), 8, 8, 4096, max_width=width)
+    online = OnlineStepCost(cost, leave_graph=leave_graph)
+    spec = Speculator(NoPrefixCache(), online, 8, 8, 4096, max_width=width, graph_max_bs=graph_max_bs)
     reqs = []
     for i in range(4):
         req = Req(
@@ -85,6 +86,25 @@ def test_drafts_only_when_the_measured_cost_lets_them_pay():
     dear.draft(reqs)
     assert not any(r.draft_ids for r in reqs) and dear.stats.skipped_steps == 1
     assert all(r.spec.synced == len(r.input_ids) for r in reqs)  # the index was not even asked
+
+
+def test_drafts_must_beat_the_decode_graph_they_make_the_step_leave():
+    """On CUDA a step without drafts replays a captured graph and a step with any
+    runs eagerly: drafts that would pay against the eager step but not against
+    the replayed one are dropped, for the batch sizes that have graphs."""
+    cost = StepCost(fixed=0.05, per_row=0.0, per_token=0.001)
+    eager_only, reqs = _speculator(cost, leave_graph=0.0, graph_max_bs=8)
+    eager_only.draft(reqs)
+    assert all(r.draft_ids for r in reqs)
+    # the replayed step costs a sixth of the eager one: four requests' drafts cannot make up for that
+    graphs, reqs = _speculator(cost, leave_graph=0.045, graph_max_bs=8)
+    graphs.draft(reqs)
+    assert not any(r.draft_ids for r in reqs) and graphs.stats.skipped_steps == 1
+    assert graphs.replays_graph([1, 1, 1, 1]) and not graphs.replays_graph([1, 5, 1, 1])
+    # a batch larger than the largest graph runs eagerly either way: drafts are judged as before
+    too_big, reqs = _speculator(cost, leave_graph=0.045, graph_max_bs=2)
+    too_big.draft(reqs)
+    assert all(r.draft_ids for r in reqs) and not too_big.replays_graph([1, 1, 1, 1])
 
 
 def test_steps_without_drafts_do_not_make_tokens_look_cheap():
