@@ -182,3 +182,23 @@ def test_gpu_check_dry_run(tmp_path):
     if "skipped" not in spec:  # the last section: a loaded machine may run out of the time budget first
         assert spec["all_equal"] and len(spec["rows"]) == 4 * 2 and all(r["verify_ct"] > 0 for r in spec["rows"])
     assert "SUMMARY" in proc.stdout
+
+
+def test_disagreement_gaps_tell_a_flipped_tie_from_a_wrong_token(make_tiny):
+    """gpu_check's diagnosis of greedy tokens that differ from transformers': the logit
+    gap between the two choices, in units of the step's logit spread, at the first
+    difference (transformers' own token against itself: 0; against its worst: large)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check = _load("gpu_check")
+    model = AutoModelForCausalLM.from_pretrained(make_tiny("llama"), dtype=torch.float32).eval()
+    prompt = [5, 17, 33, 81]
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    assert check.disagreement_gaps(model, [prompt], [[best] * 8], [[best] * 8], "cpu") is None
+    wrong = check.disagreement_gaps(model, [prompt], [[best] * 8], [[worst] * 8], "cpu")
+    assert wrong["cases"] == 1 and wrong["max"] > 2.0
+    want = ((logits[best] - logits[worst]) / logits.std()).item()
+    assert abs(wrong["median"] - want) < 1e-4
