@@ -170,28 +170,25 @@ def test_cuda_graph_replay_matches_eager_on_gpu(make_tiny, arch, ps):
     assert (got - want).norm() / want.norm() < 1e-2
 
 
-def test_model_runner_captures_and_replays_with_emulated_graphs(make_tiny, monkeypatch):
-    """The runner's wiring (scratch page, capture at start-up, decode steps routed to
-    the graphs) through the Engine on CPU: CUDA graphs replaced by eager replays and
-    FlashInfer by its CPU emulation; greedy outputs must equal the torch backend's."""
+def _greedy_ids(path: str, prompts: list[list[int]], sp: dict, **kwargs) -> list[list[int]]:
+    """Output ids of a fresh engine (built before any emulation is patched in)."""
+    import radixrt
+
+    engine = radixrt.Engine(path, **kwargs)
+    try:
+        return [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=sp)]
+    finally:
+        engine.shutdown()
+
+
+def _emulate_graphs(monkeypatch, max_bs: int) -> None:
+    """CPU engines built after this capture "CUDA graphs" (eager replays) of decode
+    batches up to ``max_bs`` and attend through FlashInfer's CPU emulation."""
     import dataclasses
     import sys
 
-    import radixrt
     import radixrt.executor.cuda_graph as cuda_graph_mod
     import radixrt.executor.model_runner as model_runner
-
-    path = make_tiny("llama", head_dim=64)  # a head dim FlashInfer has kernels for
-    rng = random.Random(5)
-    prompts = [[rng.randrange(100, 4000) for _ in range(rng.randint(3, 30))] for _ in range(6)]
-    sp = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
-    kwargs = dict(device="cpu", max_total_tokens=1024, max_running_requests=8)
-
-    plain = radixrt.Engine(path, **kwargs)
-    try:
-        want = [r["output_ids"] for r in plain.generate(input_ids=prompts, sampling_params=sp)]
-    finally:
-        plain.shutdown()
 
     real_resolve = model_runner.resolve_runtime
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
@@ -200,9 +197,26 @@ def test_model_runner_captures_and_replays_with_emulated_graphs(make_tiny, monke
         model_runner,
         "resolve_runtime",
         lambda c: dataclasses.replace(
-            real_resolve(c), attention_backend="flashinfer", cuda_graph=True, cuda_graph_max_bs=8
+            real_resolve(c), attention_backend="flashinfer", cuda_graph=True, cuda_graph_max_bs=max_bs
         ),
     )
+
+
+def test_model_runner_captures_and_replays_with_emulated_graphs(make_tiny, monkeypatch):
+    """The runner's wiring (scratch page, capture at start-up, decode steps routed to
+    the graphs) through the Engine on CPU: CUDA graphs replaced by eager replays and
+    FlashInfer by its CPU emulation; greedy outputs must equal the torch backend's."""
+    import radixrt
+
+    path = make_tiny("llama", head_dim=64)  # a head dim FlashInfer has kernels for
+    rng = random.Random(5)
+    prompts = [[rng.randrange(100, 4000) for _ in range(rng.randint(3, 30))] for _ in range(6)]
+    sp = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    kwargs = dict(device="cpu", max_total_tokens=1024, max_running_requests=8)
+
+    want = _greedy_ids(path, prompts, sp, **kwargs)
+
+    _emulate_graphs(monkeypatch, max_bs=8)
     eng = radixrt.Engine(path, **kwargs)
     try:
         runner = eng.scheduler.runner
@@ -221,33 +235,15 @@ def test_speculation_over_emulated_graphs_prices_leaving_them(make_tiny, monkeyp
     above): the cost model times the one-token probes both eagerly and through
     the graphs, the speculator knows which batches replay, and greedy outputs
     equal the engine's without speculation."""
-    import dataclasses
-    import sys
-
     import radixrt
-    import radixrt.executor.cuda_graph as cuda_graph_mod
-    import radixrt.executor.model_runner as model_runner
 
     path = make_tiny("llama", head_dim=64)
     prompts = [[100 + i, 200, 300, 400, 500, 600, 700] * 4 for i in range(3)]
     sp = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
     kwargs = dict(device="cpu", max_total_tokens=2048, max_running_requests=8)
-    plain = radixrt.Engine(path, **kwargs)
-    try:
-        want = [r["output_ids"] for r in plain.generate(input_ids=prompts, sampling_params=sp)]
-    finally:
-        plain.shutdown()
+    want = _greedy_ids(path, prompts, sp, **kwargs)
 
-    real_resolve = model_runner.resolve_runtime
-    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer)
-    monkeypatch.setattr(cuda_graph_mod, "_CudaGraph", EagerGraph)
-    monkeypatch.setattr(
-        model_runner,
-        "resolve_runtime",
-        lambda c: dataclasses.replace(
-            real_resolve(c), attention_backend="flashinfer", cuda_graph=True, cuda_graph_max_bs=8
-        ),
-    )
+    _emulate_graphs(monkeypatch, max_bs=8)
     eng = radixrt.Engine(path, speculative_algorithm="RADIX", **kwargs)
     try:
         spec = eng.scheduler.speculator
