@@ -192,6 +192,19 @@ def install_flashinfer(carry: Path, report: Optional[Report]) -> Path:
     return SITE_DIR / "site"
 
 
+RUNTIME_MODULES = ("zmq", "msgspec")  # radixrt's compiled dependencies the GPU image lacks
+
+
+def runtime_fallback(site: Path) -> Optional[Path]:
+    """The carried builds of `RUNTIME_MODULES` (``runtime/`` beside ``site``), when this
+    interpreter lacks one of them; None when it has them all (its own builds then win:
+    the carried ones are for the device's Python)."""
+    folder = site.parent / "runtime"
+    if not folder.is_dir() or all(importlib.util.find_spec(m) is not None for m in RUNTIME_MODULES):
+        return None
+    return folder
+
+
 def ensure_radixrt_importable() -> bool:
     """Import radixrt from this checkout when it is not installed: ``radixrt``
     maps its ``frontend``/``kernels`` siblings itself, so the checkout's root on
@@ -228,8 +241,11 @@ def setup(args: argparse.Namespace, report: Report) -> tuple[Any, str]:
         report.log("no packed FlashInfer in --carry: using the installed flashinfer package")
     else:  # the packed archive (a device machine without network, Appendix A of run_on_gpu.md)
         site = install_flashinfer(carry, report)
-        sys.path.insert(0, str(site))
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+        runtime = runtime_fallback(site)
+        sys.path[:0] = [str(site), *([str(runtime)] if runtime else [])]
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(site), *([str(runtime)] if runtime else []), os.environ.get("PYTHONPATH", "")]
+        )
         os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/radixrt_flashinfer_ws")
     import flashinfer
 
@@ -1218,7 +1234,8 @@ def main() -> None:
 
     E2E_SIZES.update({k: getattr(args, "e2e_" + k) for k in E2E_SIZES})
     if args.install_only:  # print the PYTHONPATH that makes radixrt + flashinfer importable (device shells)
-        paths = [ROOT if ensure_radixrt_importable() else None, install_flashinfer(Path(args.carry), None)]
+        site = install_flashinfer(Path(args.carry), None)
+        paths = [ROOT if ensure_radixrt_importable() else None, site, runtime_fallback(site)]
         print(os.pathsep.join(str(p) for p in paths if p is not None))
         return
     report = Report(Path(args.out), args.budget_s)

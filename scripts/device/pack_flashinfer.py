@@ -21,8 +21,8 @@ CPU machine that has pip access and CUDA's nvcc (no GPU needed):
    generators read, and exactly the headers the compiled modules included
    (so a JIT fallback on the device can still rebuild them); the rest (prebuilt
    kernels of other features, CUTLASS, ...) is dropped;
-4. writes ``site/`` (flashinfer + tvm_ffi, and the device's builds of pyzmq and
-   msgspec, which radixrt needs and the GPU image lacks) as one .tar.xz, split into parts of
+4. writes ``site/`` (flashinfer + tvm_ffi) and ``runtime/`` (the device's builds of
+   pyzmq and msgspec, which radixrt needs and the GPU image lacks) as one .tar.xz, split into parts of
    at most ``--max-part-mib`` (60) MiB, plus the default model's config and
    tokenizer (for building its shapes with random weights on the device), into
    ``--out`` (default ``.device_carry/``, git-ignored), with a manifest.
@@ -437,8 +437,9 @@ def main() -> None:
     site = stage / "site"
     site.mkdir(parents=True)
     trim(full, site, keep_data)
-    for wheel in (dev_tvm, *dev_runtime):
-        unpack(wheel, site)
+    unpack(dev_tvm, site)
+    for wheel in dev_runtime:  # beside site/: used only where the interpreter lacks them (gpu_check.py)
+        unpack(wheel, stage / "runtime")
     log(
         f"trimmed site: {tree_bytes(site) / 2**20:.1f} MiB unpacked "
         f"(full wheel unpacked: {tree_bytes(full) / 2**20:.1f} MiB)"
@@ -460,7 +461,7 @@ def main() -> None:
         old.unlink()
     archive = out / f"flashinfer-{args.version}-sm{args.arch.replace('.', '')}.tar.xz"
     env = dict(os.environ, XZ_OPT=f"-{args.xz_level} -T1")
-    run(["tar", "-C", stage, "-cJf", archive, "site"], env=env)
+    run(["tar", "-C", stage, "-cJf", archive, "site", "runtime"], env=env)
     archive_bytes = archive.stat().st_size
     archive_sha = sha256(archive)
     parts = split_file(archive, int(args.max_part_mib * 2**20))
