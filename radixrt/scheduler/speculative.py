@@ -135,7 +135,8 @@ class Speculator:
         rows = len(running)
         contexts = [len(r.slots) + 1 for r in running]  # where each request's step token sits
         # a fitted cost can reach 0 on a fast device
-        time = max(self.cost.seconds(rows, rows, sum(contexts)), 1e-12)
+        plain = self.cost.seconds(rows, rows, sum(contexts))  # the step without drafts, run eagerly
+        time = max(plain, 1e-12)
         expected = float(rows)
         token_costs = [self.cost.token_seconds(c) for c in contexts]
         # A draft token joins only while its gain exceeds expected * (its cost) / time, a bar that
@@ -169,10 +170,9 @@ class Speculator:
             time += costs[i]
             for child in candidates[i].children.get(j, ()):
                 heapq.heappush(heap, (-candidates[i].gains[child] / costs[i], i, child))
-        if any(chosen) and rows <= self.graph_max_bs:
+        if any(chosen) and self.replays_graph([1] * rows):
             # with drafts the step runs eagerly; without, it would replay its graph: drafts must beat that
-            replayed = max(self.cost.seconds(rows, rows, sum(contexts)) - self.cost.leave_graph, 1e-12)
-            if expected / time <= rows / replayed:
+            if expected / time <= rows / max(plain - self.cost.leave_graph, 1e-12):
                 chosen = [[] for _ in candidates]
         if not any(chosen):
             self.stats.skipped_steps += 1

@@ -785,7 +785,8 @@ def disagreement_gaps(
     flipped near-tie or a wrong token: transformers' forward over the prompt plus
     radixrt's tokens before the first difference, and there the logit gap between
     transformers' token and radixrt's, in units of that step's logit standard
-    deviation (a flipped tie: ~0.01; a wrong model: order 1). Up to 16 cases."""
+    deviation (a flipped near-tie: a small fraction of one; a wrong model: about
+    one or more). Up to 16 cases."""
     import torch
 
     gaps = []
@@ -1080,7 +1081,7 @@ def check_speculative(device: str, dry: bool, carry: Path, work: Path, report: R
 
 def _speculative_fp32_equality(argv: list[str], report: Report) -> Any:
     """Greedy equality of speculation on vs off in float32 through the torch
-    attention backend (batch 1 and 8, the workloads that drafts rarely fit). In
+    attention backend (batch 1 and 8, the two workloads whose bf16 outputs differed). In
     bf16 with random weights near-ties are common, and FlashInfer's decode and
     its verification prefill sum in different orders, so the bf16 table's
     ``equal`` cannot tell a wrong token from a flipped tie (on 2026-12-04 the
