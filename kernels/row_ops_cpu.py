@@ -51,6 +51,9 @@ class NativeRowOps:
         self._rope = lib.radixrt_rope_f32
         self._rope.restype = None
         self._rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, i64, i64, ptr]
+        self._silu_mul = lib.radixrt_silu_mul_f32
+        self._silu_mul.restype = None
+        self._silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x`` [M, K], ``weight`` [K] contiguous -> RMSNorm(x) [M, K]."""
@@ -80,6 +83,14 @@ class NativeRowOps:
         return out
 
 
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``gate_up`` [M, 2I] (rows [gate | up]) -> silu(gate) * up [M, I]."""
+        m, i = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty((m, i))
+        self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), m, i, out.data_ptr())
+        return out
+
+
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's LlamaRMSNorm in float32."""
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
@@ -99,7 +110,7 @@ def load() -> Optional[NativeRowOps]:
         "row_ops_cpu",
         SOURCE,
         ["-O3", "-march=native", "-fPIC", "-std=c11"],
-        ["-shared"],
+        ["-shared", "-lm"],
         NativeRowOps,
         _self_check,
         DISABLE_ENV,
@@ -116,6 +127,10 @@ def _self_check(kernel: NativeRowOps) -> None:
     total, normed = kernel.add_rms_norm(x, delta, weight, 1e-5)
     if not torch.equal(total, x + delta) or not torch.allclose(normed, kernel.rms_norm(x + delta, weight, 1e-5)):
         raise RuntimeError("self-check of add_rms_norm failed")
+    gate_up = 4 * torch.randn(3, 24, generator=gen)
+    gate, up = gate_up.split(12, dim=-1)
+    if not torch.allclose(kernel.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6):
+        raise RuntimeError("self-check of silu_mul against torch's silu failed")
     heads = torch.randn(3, 5, 16, generator=gen)
     table = torch.randn(3, 24, generator=gen)
     cos, sin = table[:, None, :12], table[:, None, 12:]  # a partial rotary dim, rows at the table's stride

@@ -109,6 +109,16 @@ class _DecodePlan:
 
 
 @dataclass
+class NativeDecodeBatch:
+    """A planned batch of one-token decodes as the native decode kernel takes it whole."""
+
+    out_slots: torch.Tensor  # [B] int64: where each row's new K/V goes
+    table: torch.Tensor  # [B, max_kv] int64 slot ids
+    lens: torch.Tensor  # [B] int64 kv lengths
+    shared: Optional[torch.Tensor]  # [B] int64 slots shared with the row before, or None
+
+
+@dataclass
 class _ExtendPlan:
     q_start: int
     q_end: int
@@ -299,6 +309,18 @@ class TorchReferenceBackend(AttentionBackend):
                 vals, dtype=torch.int64, device=device
             )
         return _DecodePlan(rows, meta.kv_slots[idx], valid)
+
+    def native_decode_plan(self) -> Optional[NativeDecodeBatch]:
+        """The planned batch for the native decode kernel in one call (a CPU float32 driver of
+        the whole layer stack runs it so: `radixrt.executor.models.decode_stack`): one-token
+        decodes planned as one group, without cascade or fixed split; None for any other batch."""
+        groups, meta = self._decode, self._meta
+        if meta is None or self._fixed is not None or self._cascade is not None or self._extends or len(groups) != 1:
+            return None
+        dec = groups[0]
+        if dec.rows is not None or dec.lens is None or not dec.slot_table.is_contiguous():
+            return None
+        return NativeDecodeBatch(meta.out_slots, dec.slot_table, dec.lens, dec.shared)
 
     # --------------------------------------------------------------- forward
     def forward(

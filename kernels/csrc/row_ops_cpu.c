@@ -59,3 +59,12 @@ void radixrt_rope_f32(const float *x, int64_t x_stride, int64_t T, int64_t H, in
         }
     }
 }
+
+/* gu: rows [g (I floats) | u (I floats)] at gu_stride; out [M, I] */
+void radixrt_silu_mul_f32(const float *gu, int64_t gu_stride, int64_t M, int64_t I, float *out) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *g = gu + i * gu_stride, *u = g + I;
+        float *o = out + i * I;
+        for (int64_t j = 0; j < I; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}

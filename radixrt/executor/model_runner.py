@@ -21,6 +21,7 @@ from radixrt.executor.lora.batch import LoRABatch
 from radixrt.executor.lora.pool import LoRARuntime
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
+from radixrt.executor.models.decode_stack import use_decode_stack
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
@@ -222,13 +223,15 @@ class ModelRunner:
 
     def _choose_linear_products(self, deterministic: bool) -> None:
         """Sets ``self.deterministic``. Deterministic mode: batch-invariant linear layers; else on
-        the CPU, few-row float32 products on the native kernels (`native_linear`: linear layers, RMSNorm, rope)."""
+        the CPU, few-row float32 products on the native kernels (`native_linear`: linear layers, RMSNorm, rope)
+        and decode steps' layer stacks in one native call where every layer runs on them (`decode_stack`)."""
         self.deterministic = deterministic
         if deterministic:
             enable_batch_invariant(self.model)
         elif self.device == "cpu":
             use_native_linears(self.model)
             use_native_row_ops(self.model)
+            use_decode_stack(self.model)
 
     def _attention_backend(self) -> AttentionBackend:
         """The backend the model's attention runs through, configured for this

@@ -30,6 +30,7 @@ from radixrt.executor.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
+    from radixrt.executor.models.decode_stack import DecodeStack
     from radixrt.kernels.kv_scores import ScoringPass
     from radixrt.kernels.row_ops_cpu import NativeRowOps
 
@@ -152,6 +153,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The gated MLP. With ``native`` set (`native_linear.use_native_row_ops`, SiLU models on the
+    CPU), few float32 rows take the gating in one C call: the native decode stack's own, so both
+    paths give the same bits."""
+
+    native: Optional["NativeRowOps"] = None
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
@@ -160,7 +167,18 @@ class MLP(nn.Module):
         self.act = _activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        native = self.native
+        if (
+            native is not None
+            and gate_up.dim() == 2
+            and gate_up.shape[0] < native.max_rows
+            and gate_up.dtype == torch.float32
+            and gate_up.stride(1) == 1
+            and not torch.compiler.is_compiling()
+        ):
+            return self.down_proj(native.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -201,6 +219,7 @@ class LlamaForCausalLM(nn.Module):
 
     batch_invariant: bool = False  # set by batch_invariant.enable_batch_invariant
     compiled_layers: Optional[Callable[..., torch.Tensor]] = None  # set by compiled.enable_compile
+    decode_stack: Optional["DecodeStack"] = None  # set by decode_stack.use_decode_stack (CPU)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -232,6 +251,10 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = pad_rows(cos, rows), pad_rows(sin, rows)
         if self.compiled_layers is not None and not self.batch_invariant and meta.scoring is None:
             return self.compiled_layers(h, cos, sin, kv_pool, backend)
+        if self.decode_stack is not None and not self.batch_invariant and meta.scoring is None:
+            out = self.decode_stack.run(h, cos, sin, kv_pool, backend)
+            if out is not None:
+                return self.model.norm(out)
         real = n if self.batch_invariant else None  # only the real rows reach the attention backend
         h = self.run_layers(h, cos, sin, kv_pool, backend, real, meta.scoring)
         return h[:n] if self.batch_invariant else h

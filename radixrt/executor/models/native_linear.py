@@ -62,10 +62,10 @@ def use_native_linears(model: nn.Module) -> int:
 
 
 def use_native_row_ops(model: nn.Module) -> int:
-    """Give ``model``'s float32 CPU RMSNorm layers and its rotary embedding (``model.rope``) the
-    native few-row kernel (``kernels/row_ops_cpu.py``), in place; returns how many layers got
-    it (0 where it is unavailable)."""
-    from radixrt.executor.models.llama import RMSNorm
+    """Give ``model``'s float32 CPU RMSNorm layers, its rotary embedding (``model.rope``) and its
+    SiLU-gated MLPs the native few-row kernel (``kernels/row_ops_cpu.py``), in place; returns how
+    many norm layers got it (0 where it is unavailable)."""
+    from radixrt.executor.models.llama import MLP, RMSNorm
 
     norms = [m for m in model.modules() if isinstance(m, RMSNorm) and m.weight.dtype == torch.float32]
     norms = [m for m in norms if m.weight.device.type == "cpu" and m.weight.is_contiguous()]
@@ -77,4 +77,7 @@ def use_native_row_ops(model: nn.Module) -> int:
     rope = getattr(model, "rope", None)
     if rope is not None:
         rope.native = native
+    for mlp in model.modules():
+        if isinstance(mlp, MLP) and mlp.act is F.silu:
+            mlp.native = native
     return len(norms)
