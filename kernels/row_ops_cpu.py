@@ -82,7 +82,6 @@ class NativeRowOps:
         self._rope(*args, out.data_ptr())
         return out
 
-
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``gate_up`` [M, 2I] (rows [gate | up]) -> silu(gate) * up [M, I]."""
         m, i = gate_up.shape[0], gate_up.shape[1] // 2

@@ -16,7 +16,6 @@ returns None for a batch it does not take.
 
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -49,6 +48,7 @@ class DecodeStack:
 
     def __init__(self, model: "LlamaForCausalLM", kernel: native.NativeDecodeStack, layers: list[tuple]) -> None:
         cfg = model.config
+        first: Any = model.model.layers[0]
         self.kernel = kernel
         self.rope = model.rope
         self.layers = (native.Layer * len(layers))()
@@ -62,7 +62,7 @@ class DecodeStack:
             cfg.head_dim,
             0,
             cfg.intermediate_size,
-            model.model.layers[0].input_layernorm.eps,
+            first.input_layernorm.eps,
             cfg.head_dim**-0.5,
         )
         self.ops: Optional[native.Ops] = None
@@ -76,7 +76,8 @@ class DecodeStack:
         if cfg.qk_norm or model.rope.native is None or model.model.norm.native is None:
             return None
         layers = []
-        for layer in model.model.layers:
+        decoder_layers: Any = model.model.layers
+        for layer in decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if mlp.native is None or any(n.native is None or n.weight.dtype != torch.float32 for n in norms):

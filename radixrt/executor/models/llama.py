@@ -30,7 +30,6 @@ from radixrt.executor.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # kernels is a leaf package; the model only needs its duck types at run time
     from radixrt.kernels import AttentionBackend, AttentionMetadata
-    from radixrt.executor.models.decode_stack import DecodeStack
     from radixrt.kernels.kv_scores import ScoringPass
     from radixrt.kernels.row_ops_cpu import NativeRowOps
 
@@ -219,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
 
     batch_invariant: bool = False  # set by batch_invariant.enable_batch_invariant
     compiled_layers: Optional[Callable[..., torch.Tensor]] = None  # set by compiled.enable_compile
-    decode_stack: Optional["DecodeStack"] = None  # set by decode_stack.use_decode_stack (CPU)
+    decode_stack: Optional[Any] = None  # a decode_stack.DecodeStack, set by its use_decode_stack (CPU)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

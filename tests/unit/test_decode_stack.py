@@ -1,0 +1,118 @@
+"""The native decode stack (`radixrt.executor.models.decode_stack`) gives the Python layer stack's
+bits, takes exactly the batches it should, and never bypasses what it cannot run (LoRA layers,
+quantized KV, per-head q/k norms)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from radixrt.config import EngineConfig
+from radixrt.executor.model_runner import ModelRunner
+from radixrt.kernels import decode_stack_cpu
+from radixrt.requests.messages import GenerateReq
+from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.scheduler import Scheduler
+
+pytestmark = pytest.mark.skipif(decode_stack_cpu.load() is None, reason="the native decode stack cannot be built here")
+
+
+def _runner(model: str, **flags) -> ModelRunner:
+    return ModelRunner.from_config(EngineConfig(model_path=model, max_total_tokens=1024, **flags))
+
+
+def _decode_twice(runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Three requests' prompts, then one decode step of all three computed by the native stack
+    and (over the same slots) by the Python stack; and how many times the driver ran."""
+    rng = random.Random(0)
+    seqs = [list(range(s, s + n)) for s, n in ((0, 37), (100, 5), (200, 70))]
+    for seq in seqs:
+        runner.forward([rng.randrange(3, 900) for _ in seq], [seq], [len(seq)])
+    nxt = [seq + [seq[-1] + 1] for seq in seqs]
+    ids = [rng.randrange(3, 900) for _ in seqs]
+    stack = runner.model.decode_stack
+    assert stack is not None
+    calls = []
+    run = stack.kernel.run
+    stack.kernel.run = lambda *a: calls.append(1) or run(*a)  # type: ignore[method-assign]
+    try:
+        native = runner.forward(ids, nxt, [1, 1, 1]).clone()
+    finally:
+        stack.kernel.run = run  # type: ignore[method-assign]
+    runner.model.decode_stack = None
+    try:
+        python = runner.forward(ids, nxt, [1, 1, 1])
+    finally:
+        runner.model.decode_stack = stack
+    return native, python, len(calls)
+
+
+@pytest.mark.parametrize(
+    "flags", [{}, {"quantization": "int8"}, {"quantization": "int4"}], ids=["float", "int8", "int4"]
+)
+def test_the_native_stack_gives_the_python_stacks_bits(tiny_llama, flags):
+    native, python, calls = _decode_twice(_runner(tiny_llama, **flags))
+    assert calls == 1
+    assert torch.equal(native, python)
+
+
+def test_batches_it_does_not_take_run_the_python_stack(tiny_llama):
+    runner = _runner(tiny_llama)
+    stack = runner.model.decode_stack
+    assert stack is not None
+    calls = []
+    run = stack.kernel.run
+    stack.kernel.run = lambda *a: calls.append(1) or run(*a)  # type: ignore[method-assign]
+    runner.forward(list(range(3, 23)), [list(range(20))], [20])  # a prefill
+    runner.forward([5, 6], [list(range(22))], [2])  # an extend of two tokens
+    assert calls == []
+    runner.forward([7], [list(range(23))], [1])  # a decode
+    assert calls == [1]
+
+
+def test_models_and_pools_it_cannot_drive_keep_the_python_stack(make_tiny, tiny_llama):
+    assert _runner(make_tiny("qwen3")).model.decode_stack is None  # per-head q/k RMSNorm
+    assert _runner(tiny_llama, enable_deterministic_inference=True).model.decode_stack is None
+    runner = _runner(tiny_llama, kv_cache_dtype="int8")  # built, but the pool is not float32
+    stack = runner.model.decode_stack
+    assert stack is not None
+    runner.forward(list(range(3, 13)), [list(range(10))], [10])
+    h = torch.zeros(1, runner.model_config.hidden_size)
+    assert stack.run(h, h, h, runner.kv_pool, runner.backend) is None
+
+
+def test_lora_turns_it_off(tiny_llama, tmp_path):
+    from tests.support.lora import make_adapter
+
+    adapter = make_adapter(tiny_llama, tmp_path / "a", rank=4, seed=1)
+    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=1024, lora_paths=[f"a={adapter}"]))
+    try:
+        assert sched.runner.model.decode_stack is None
+    finally:
+        sched.close()
+
+
+def test_engine_greedy_tokens_same_with_and_without_it(tiny_llama, monkeypatch):
+    def greedy() -> list[list[int]]:
+        sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, quantization="int4"))
+        try:
+            sp = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
+            for i in range(5):
+                sched.add_request(GenerateReq(f"r{i}", [(13 * i + j) % 500 + 3 for j in range(4 + 11 * i)], sp))
+            tokens: dict[str, list[int]] = {}
+            while sched.has_work():
+                for out in sched.step():
+                    tokens.setdefault(out.rid, []).extend(out.new_token_ids)
+            assert (sched.runner.model.decode_stack is None) == (decode_stack_cpu.DISABLE_ENV in used)
+            return [tokens[f"r{i}"] for i in range(5)]
+        finally:
+            sched.close()
+
+    used: set[str] = set()
+    with_stack = greedy()
+    monkeypatch.setenv(decode_stack_cpu.DISABLE_ENV, "0")
+    used.add(decode_stack_cpu.DISABLE_ENV)
+    assert greedy() == with_stack
+    assert all(len(t) == 20 for t in with_stack)
