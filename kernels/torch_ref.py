@@ -108,6 +108,14 @@ class _DecodePlan:
         return self.bias
 
 
+def _all_rows_in_order(rows: Optional[torch.Tensor], num_tokens: int) -> Optional[torch.Tensor]:
+    """None (every row of the batch, in order) where ``rows`` is exactly that, else ``rows``: a
+    batch of drafts whose rows are all decode rows runs as one batched call, the same arithmetic."""
+    if rows is None or (rows.numel() == num_tokens and torch.equal(rows.cpu(), torch.arange(num_tokens))):
+        return None
+    return rows
+
+
 @dataclass
 class NativeDecodeBatch:
     """A planned batch of one-token decodes as the native decode kernel takes it whole."""
@@ -194,6 +202,8 @@ class TorchReferenceBackend(AttentionBackend):
                 shared = _shared_slots(group, starts, lens, tails) if self.group_shared_rows else []
                 dec.shared = torch.tensor(shared, dtype=torch.int64) if any(shared) else None
             self._decode.append(dec)
+        if len(self._decode) == 1 and all(_as_decode_rows(q, k) for q, k in zip(q_lens, kv_lens)):
+            self._decode[0].rows = _all_rows_in_order(self._decode[0].rows, meta.num_tokens)
 
         qo = 0
         kv = 0

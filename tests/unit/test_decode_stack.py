@@ -65,11 +65,13 @@ def test_batches_it_does_not_take_run_the_python_stack(tiny_llama):
     calls = []
     run = stack.kernel.run
     stack.kernel.run = lambda *a: calls.append(1) or run(*a)  # type: ignore[method-assign]
-    runner.forward(list(range(3, 23)), [list(range(20))], [20])  # a prefill
-    runner.forward([5, 6], [list(range(22))], [2])  # an extend of two tokens
+    runner.forward(list(range(3, 43)), [list(range(40))], [40])  # a prefill
+    runner.forward(list(range(3, 43)), [list(range(80))], [40])  # an extend of 40 tokens
+    runner.forward(list(range(3, 53)), [list(range(200, 210)), list(range(300, 340))], [10, 40])  # two prefills
     assert calls == []
-    runner.forward([7], [list(range(23))], [1])  # a decode
-    assert calls == [1]
+    runner.forward([7], [list(range(81))], [1])  # a decode
+    runner.forward([8, 9, 10], [list(range(84))], [3])  # a short extend (a draft's chain): decode rows
+    assert calls == [1, 1]
 
 
 def test_models_and_pools_it_cannot_drive_keep_the_python_stack(make_tiny, tiny_llama):
