@@ -365,7 +365,14 @@ class ModelRunner:
         """Compute ``q_lens[i]`` new tokens of each sequence (whose whole slot list
         is ``seq_slots[i]``; ``tree`` as in `forward_batch`); writes their K/V into
         the pool; returns hidden states [sum(q_lens), hidden]. A decode batch
-        replays a CUDA graph where one was captured, unless ``allow_graph`` is False."""
+        replays a CUDA graph where one was captured, or runs the CPU's native decode stack, unless
+        ``allow_graph`` is False (then the model's Python layer stack runs it)."""
+        if not allow_graph and self.model.decode_stack is not None:
+            stack, self.model.decode_stack = self.model.decode_stack, None
+            try:
+                return self.forward(input_ids, seq_slots, q_lens, tree)
+            finally:
+                self.model.decode_stack = stack
         graphs = self.cuda_graph if allow_graph else None
         if graphs is not None and graphs.can_run(q_lens, [len(s) for s in seq_slots]):
             return graphs.forward(input_ids, seq_slots)
@@ -375,6 +382,16 @@ class ModelRunner:
         self.backend.plan(meta)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
+
+    @property
+    def fast_path_tokens(self) -> int:
+        """Token rows below which a step of one-token decodes and draft chains runs the CPU's
+        native decode stack (0: no stack), a cheaper step than the Python layers' (`forward`)."""
+        if self.model.decode_stack is None:
+            return 0
+        from radixrt.executor.models.decode_stack import MAX_ROWS
+
+        return MAX_ROWS
 
     def create_sampler(self, vocab_size: int, eos_token_ids: Iterable[int]) -> Sampler:
         """The sampler ``sampling_backend`` asks for (FlashInfer's kernels only on CUDA)."""

@@ -15,7 +15,8 @@ up to date by the decode steps it serves (`OnlineStepCost`); `Speculator`
 asks it, every step, which draft tokens are worth their cost. Where decode
 steps replay CUDA graphs, a step with drafts runs eagerly: the fit is of eager
 forwards, and what leaving the graph costs is priced separately
-(`OnlineStepCost.leave_graph`).
+(`OnlineStepCost.leave_graph`); likewise where small steps run the CPU's native
+decode stack instead of the Python layers (`ModelRunner.fast_path_tokens`).
 """
 
 from __future__ import annotations
@@ -110,13 +111,13 @@ class StepCost:
         ]
         cost = cls.fit(samples)
         leave_graph = 0.0
-        if getattr(runner, "cuda_graph", None) is not None:
+        if getattr(runner, "cuda_graph", None) is not None or getattr(runner, "fast_path_tokens", 0):
             eager = {r: s for r, t, _, s in samples[: len(PROBE_ROWS) * len(PROBE_TOKENS_PER_ROW)] if t == r}
             gaps = [eager[r] - _probe(runner, free_slots, r, 1, PROBE_CONTEXT, True) for r in PROBE_ROWS]
             leave_graph = max(0.0, sorted(gaps)[len(gaps) // 2])
         logger.info(
             "speculative decoding cost model: step = %.2f ms + %.3f ms/request + %.3f ms/token + %.3f ms/1k keys"
-            " (+ %.2f ms for leaving a decode CUDA graph)",
+            " (+ %.2f ms for leaving a decode CUDA graph or the native decode stack)",
             1e3 * cost.fixed,
             1e3 * cost.per_row,
             1e3 * cost.per_token,

@@ -99,6 +99,7 @@ class Speculator:
         context_length: int,
         max_width: int = 1,
         graph_max_bs: int = 0,
+        fast_path_tokens: int = 0,
     ) -> None:
         from radixrt.memory.draft_index import TREE_LENGTHS, DraftIndex
 
@@ -110,6 +111,8 @@ class Speculator:
         self.max_width = max_width
         self.context_length = context_length
         self.graph_max_bs = graph_max_bs  # decode batches up to this size replay a CUDA graph (0: none)
+        # steps of fewer token rows run the CPU's native decode stack, drafts included (0: none)
+        self.fast_path_tokens = fast_path_tokens
         self.stats = SpecStats()
         self.calibration = ServerCalibration()
 
@@ -125,8 +128,10 @@ class Speculator:
             req.spec = SpecState(own, len(req.input_ids))
 
     def replays_graph(self, q_lens: list[int]) -> bool:
-        """Whether a step of these token counts replayed a decode CUDA graph (then
-        it is not an eager step, which the cost model's fit is of)."""
+        """Whether a step of these token counts replayed a decode CUDA graph or ran the native
+        decode stack (then it is not an eager step, which the cost model's fit is of)."""
+        if 0 < sum(q_lens) < self.fast_path_tokens:
+            return True
         return 0 < len(q_lens) <= self.graph_max_bs and all(q == 1 for q in q_lens)
 
     # ------------------------------------------------------------------ drafting
@@ -171,8 +176,11 @@ class Speculator:
             for child in candidates[i].children.get(j, ()):
                 heapq.heappush(heap, (-candidates[i].gains[child] / costs[i], i, child))
         if any(chosen) and self.replays_graph([1] * rows):
-            # with drafts the step runs eagerly; without, it would replay its graph: drafts must beat that
-            if expected / time <= rows / max(plain - self.cost.leave_graph, 1e-12):
+            # without drafts the step would replay its graph or run the native stack; with them it runs
+            # eagerly (or, below the stack's rows, still on the stack): drafts must beat that
+            leave = self.cost.leave_graph
+            drafted = self.replays_graph([1 + len(nodes) for nodes in chosen] + [1] * (rows - len(chosen)))
+            if expected / max(time - (leave if drafted else 0.0), 1e-12) <= rows / max(plain - leave, 1e-12):
                 chosen = [[] for _ in candidates]
         if not any(chosen):
             self.stats.skipped_steps += 1
@@ -293,4 +301,5 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
         context_length,
         max_width=spec.speculative_tree_width if tree_ok else 1,
         graph_max_bs=runner.cuda_graph.max_bs if getattr(runner, "cuda_graph", None) is not None else 0,
+        fast_path_tokens=getattr(runner, "fast_path_tokens", 0),
     )

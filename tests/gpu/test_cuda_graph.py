@@ -244,6 +244,7 @@ def test_speculation_over_emulated_graphs_prices_leaving_them(make_tiny, monkeyp
     want = _greedy_ids(path, prompts, sp, **kwargs)
 
     _emulate_graphs(monkeypatch, max_bs=8)
+    monkeypatch.setenv("RADIXRT_NATIVE_DECODE_STACK", "0")  # the graphs alone are the fast path here
     eng = radixrt.Engine(path, speculative_algorithm="RADIX", **kwargs)
     try:
         spec = eng.scheduler.speculator

@@ -118,3 +118,18 @@ def test_engine_greedy_tokens_same_with_and_without_it(tiny_llama, monkeypatch):
     used.add(decode_stack_cpu.DISABLE_ENV)
     assert greedy() == with_stack
     assert all(len(t) == 20 for t in with_stack)
+
+
+def test_speculation_prices_leaving_the_stack(tiny_llama):
+    """The speculative cost model is fitted to the Python layers' steps and knows what the stack
+    saves: a step of fewer than its rows counts as a fast-path step, drafts or not."""
+    from radixrt.executor.models.decode_stack import MAX_ROWS
+
+    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, speculative_algorithm="RADIX"))
+    try:
+        spec = sched.speculator
+        assert spec is not None and spec.fast_path_tokens == MAX_ROWS and spec.cost.leave_graph > 0.0
+        assert spec.replays_graph([1] * (MAX_ROWS - 1)) and spec.replays_graph([9] * 4)
+        assert not spec.replays_graph([1] * MAX_ROWS) and not spec.replays_graph([9] * 8)
+    finally:
+        sched.close()
