@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
-from .cascade import CascadePlan, cascade_attention, plan_cascade
+from .cascade import CascadePlan, cascade_attention, plan_cascade, shared_prefix_len
 from .cpu_decode import NativeDecode
 from .cpu_decode import load as load_native_decode
 from .fixed_split import FixedSplitPlan, fixed_split_attention, plan_fixed_split
@@ -159,6 +159,10 @@ class TorchReferenceBackend(AttentionBackend):
         self._native: Optional[NativeDecode] = load_native_decode() if native_decode else None
         # the kernel reads the slots a request's decode rows share once for all of them (same results)
         self.group_shared_rows = group_shared_rows
+        # one-token decode batches below this many rows are run whole by the native decode stack
+        # (set by the model runner; 0: none), which reads a shared prefix through the decode kernel's
+        # row sharing, not a cascade
+        self.native_stack_rows = 0
 
     # ------------------------------------------------------------------ plan
     def plan(self, meta: AttentionMetadata) -> None:
@@ -172,13 +176,14 @@ class TorchReferenceBackend(AttentionBackend):
             self._cascade = None
             self._fixed = plan_fixed_split(meta)
             return
-        self._cascade = plan_cascade(meta, tree) if self.cascade else None
-        if self._cascade is not None:
-            return
         q_lens, kv_lens = meta.q_lens, meta.kv_lens
         device = meta.kv_slots.device
-
         native = self._native is not None and device.type == "cpu"
+        stack = native and meta.num_tokens < self.native_stack_rows and all(q == 1 for q in q_lens)
+        self._cascade = plan_cascade(meta, tree) if self.cascade and not stack else None
+        if self._cascade is not None:
+            return
+
         if all(q == 1 for q in q_lens) and len(q_lens) * max(kv_lens) <= self.decode_budget:
             # the common case: the whole batch decodes in one call, rows in order
             if meta.slot_table is not None:
@@ -187,6 +192,9 @@ class TorchReferenceBackend(AttentionBackend):
                 dec = self._plan_decode_group(meta, meta.kv_indptr[:-1].to(torch.int64), kv_lens, None)
             if native:
                 dec.lens = torch.tensor(kv_lens, dtype=torch.int64)
+            if stack and self.group_shared_rows:
+                c = shared_prefix_len(meta)  # every row after the first shares the prefix with the one before
+                dec.shared = torch.tensor([0] + [c] * (len(q_lens) - 1), dtype=torch.int64) if c else None
             self._decode.append(dec)
             return
         rows, starts, lens, tails = self._decode_rows(q_lens, kv_lens, tree)

@@ -214,6 +214,7 @@ class ModelRunner:
         self.startup_s["KV pool"] = time.perf_counter() - clock
         self._choose_linear_products(deterministic=ex.enable_deterministic_inference)
         self.backend: AttentionBackend = self._attention_backend()
+        self._tell_backend_the_stack()
         self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None
         if ex.enable_torch_compile:
             from radixrt.executor.models.compiled import enable_compile
@@ -382,6 +383,17 @@ class ModelRunner:
         self.backend.plan(meta)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         return self.model(ids, meta.positions, meta, self.kv_pool, self.backend)
+
+    def disable_decode_stack(self) -> None:
+        """Run every step on the model's Python layers (LoRA's layers wrap what the stack would call)."""
+        self.model.decode_stack = None
+        self._tell_backend_the_stack()
+
+    def _tell_backend_the_stack(self) -> None:
+        from radixrt.kernels.torch_ref import TorchReferenceBackend
+
+        if isinstance(self.backend, TorchReferenceBackend):
+            self.backend.native_stack_rows = self.fast_path_tokens
 
     @property
     def fast_path_tokens(self) -> int:

@@ -111,7 +111,7 @@ class StepCost:
         ]
         cost = cls.fit(samples)
         leave_graph = 0.0
-        if getattr(runner, "cuda_graph", None) is not None or getattr(runner, "fast_path_tokens", 0):
+        if getattr(runner, "cuda_graph", None) is not None or getattr(runner, "fast_path_tokens", 0) > 0:
             eager = {r: s for r, t, _, s in samples[: len(PROBE_ROWS) * len(PROBE_TOKENS_PER_ROW)] if t == r}
             gaps = [eager[r] - _probe(runner, free_slots, r, 1, PROBE_CONTEXT, True) for r in PROBE_ROWS]
             leave_graph = max(0.0, sorted(gaps)[len(gaps) // 2])

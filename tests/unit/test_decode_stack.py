@@ -133,3 +133,22 @@ def test_speculation_prices_leaving_the_stack(tiny_llama):
         assert not spec.replays_graph([1] * MAX_ROWS) and not spec.replays_graph([9] * 8)
     finally:
         sched.close()
+
+
+def test_a_shared_prefix_is_read_once_by_the_stack_not_a_cascade(tiny_llama):
+    """Decode rows sharing a 48-token prefix: the stack runs them (no cascade plan), with the rows
+    marked as sharing it, and gives the Python stack's cascade answer (to float rounding)."""
+    runner = _runner(tiny_llama)
+    prefix = list(range(48))
+    seqs = [prefix + list(range(100 + 10 * i, 105 + 10 * i)) for i in range(4)]
+    runner.forward(list(range(3, 51)), [prefix], [48])
+    for seq in seqs:
+        runner.forward(list(range(60, 65)), [seq], [5])
+    nxt = [seq + [seq[-1] + 1] for seq in seqs]
+    native = runner.forward([7, 8, 9, 10], nxt, [1, 1, 1, 1]).clone()
+    plan = runner.backend.native_decode_plan()
+    assert plan is not None and plan.shared is not None and plan.shared.tolist() == [0, 48, 48, 48]
+    runner.disable_decode_stack()
+    python = runner.forward([7, 8, 9, 10], nxt, [1, 1, 1, 1])
+    assert runner.backend._cascade is not None  # the Python stack's plan: a cascade
+    torch.testing.assert_close(native, python, rtol=1e-4, atol=1e-4)

@@ -175,7 +175,7 @@ def build_lora(settings: LoRASettings, runner: Any) -> Optional[LoRARuntime]:
     if not settings.enable_lora:
         return None
     context = LoRAContext()
-    runner.model.decode_stack = None  # the native decode stack would run the linears without their adapters
+    runner.disable_decode_stack()  # the native decode stack would run the linears without their adapters
     sizes = install(runner.model, context)
     pool = LoRAPool(
         sizes,
