@@ -214,7 +214,6 @@ class ModelRunner:
         self.startup_s["KV pool"] = time.perf_counter() - clock
         self._choose_linear_products(deterministic=ex.enable_deterministic_inference)
         self.backend: AttentionBackend = self._attention_backend()
-        self._tell_backend_the_stack()
         self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None
         if ex.enable_torch_compile:
             from radixrt.executor.models.compiled import enable_compile
@@ -251,7 +250,7 @@ class ModelRunner:
                 self.dtype,
                 kv_dtype=self.kv_pool.storage_dtype,
             )
-        return backend
+        return self._tell_backend_the_stack(backend)
 
     def _capture_decode_graphs(self) -> Any:
         """Capture CUDA graphs of the decode step (padding rows write into the
@@ -387,13 +386,15 @@ class ModelRunner:
     def disable_decode_stack(self) -> None:
         """Run every step on the model's Python layers (LoRA's layers wrap what the stack would call)."""
         self.model.decode_stack = None
-        self._tell_backend_the_stack()
+        self._tell_backend_the_stack(self.backend)
 
-    def _tell_backend_the_stack(self) -> None:
+    def _tell_backend_the_stack(self, backend: AttentionBackend) -> AttentionBackend:
+        """``backend``, told below how many rows the native decode stack runs a decode batch."""
         from radixrt.kernels.torch_ref import TorchReferenceBackend
 
-        if isinstance(self.backend, TorchReferenceBackend):
-            self.backend.native_stack_rows = self.fast_path_tokens
+        if isinstance(backend, TorchReferenceBackend):
+            backend.native_stack_rows = self.fast_path_tokens
+        return backend
 
     @property
     def fast_path_tokens(self) -> int:
