@@ -50,7 +50,6 @@ class DecodeStack:
         cfg = model.config
         first: Any = model.model.layers[0]
         self.kernel = kernel
-        self.rope = model.rope
         self.layers = (native.Layer * len(layers))()
         for slot, (norms, linears) in zip(self.layers, layers):
             slot.input_norm, slot.post_norm = norms
