@@ -3,12 +3,15 @@
 The C driver runs the kernels the Python layer stack runs (the quantized or dense few-row
 linear products, RMSNorm, rope, the paged decode attention), in the same order on the same
 arguments, with no Python in between; it reaches them through function pointers taken from
-their own loaded libraries (`linear_entry`, `Ops`). The structures below mirror the C ones
-field for field. Who decides that a batch may take it: `radixrt.executor.models.decode_stack`.
+their own loaded libraries (`quant_linear`, `dense_linear`, `ops`). The structures below mirror
+the C ones field for field. Who decides that a batch may take it:
+`radixrt.executor.models.decode_stack`.
 
-Build and fallback as the other CPU kernels (``native_build``): compiled on first use, checked
-on load (`_self_check`: a layer of random weights against torch's ops); ``RADIXRT_NATIVE_DECODE_STACK=0``
-turns it off and the Python layer stack runs.
+Build and fallback as the other CPU kernels (``native_build``): compiled on first use, its scratch
+size checked on load (`_self_check`), and its whole layer checked against the same kernels called
+one by one from Python (`check_layer`, run by the model's `DecodeStack.from_model` once the other
+kernels are loaded: the build lock does not let one kernel's load load another);
+``RADIXRT_NATIVE_DECODE_STACK=0`` turns it off and the Python layer stack runs.
 """
 
 from __future__ import annotations
@@ -193,3 +196,46 @@ def _self_check(kernel: NativeDecodeStack) -> None:
     dims = Dims(hidden=64, hq=4, hkv=2, d=16, rotary_dim=16, intermediate=96, eps=1e-5, scale=0.25)
     if kernel.scratch_floats(dims, 2) != 2 * (2 * 64 + 8 * 16 + 6 * 16 + 4 * 16 + 3 * 96):
         raise RuntimeError("self-check of the scratch size failed")
+
+
+def check_layer(
+    kernel: NativeDecodeStack, row_ops: NativeRowOps, dense: NativeDenseLinear, decode: NativeDecode
+) -> None:
+    """One layer of random float32 weights over a small pool, two decode rows: the driver must give
+    the bits (hidden state and the K/V it writes) of the same kernels called one by one; raises
+    RuntimeError otherwise."""
+    gen = torch.Generator().manual_seed(0)
+    hidden, hq, hkv, d, inter, eps, scale = 32, 4, 2, 8, 48, 1e-5, 8**-0.5
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+
+    w_qkv, w_o, w_gu, w_down = (
+        rand((hq + 2 * hkv) * d, hidden),
+        rand(hidden, hq * d),
+        rand(2 * inter, hidden),
+        rand(hidden, inter),
+    )
+    norm_in, norm_post = torch.rand(hidden, generator=gen) + 0.5, torch.rand(hidden, generator=gen) + 0.5
+    k_cache, v_cache, h = rand(16, hkv, d), rand(16, hkv, d), 4 * rand(2, hidden)
+    angles = rand(2, 1, d)
+    cos, sin = angles.cos(), angles.sin()
+    out_slots, lens = torch.tensor([5, 9]), torch.tensor([4, 3])
+    table = torch.tensor([[0, 1, 2, 5], [3, 9, 9, 9]])
+    kc, vc = k_cache.clone(), v_cache.clone()
+    x = row_ops.rms_norm(h, norm_in, eps)
+    qkv = dense.rows_product(x, w_qkv, None)
+    qk = row_ops.rope(qkv[:, : (hq + hkv) * d].reshape(2, hq + hkv, d), cos, sin)
+    kc[out_slots], vc[out_slots] = qk[:, hq:], qkv[:, (hq + hkv) * d :].reshape(2, hkv, d)
+    attn = decode.forward(qk[:, :hq].contiguous(), kc, vc, table, lens, scale).reshape(2, hq * d)
+    total, x = row_ops.add_rms_norm(h, dense.rows_product(attn, w_o, None), norm_post, eps)
+    want = total + dense.rows_product(row_ops.silu_mul(dense.rows_product(x, w_gu, None)), w_down, None)
+    linears = [dense_linear(dense, w, None) for w in (w_qkv, w_o, w_gu, w_down)]
+    layers = (Layer * 1)(
+        Layer(norm_in.data_ptr(), norm_post.data_ptr(), *linears, k_cache.data_ptr(), v_cache.data_ptr())
+    )
+    dims = Dims(hidden, hq, hkv, d, d, inter, eps, scale)
+    got = h.clone()
+    kernel.run(ops(row_ops, decode), layers, dims, got, cos, sin, out_slots, table, lens, None)
+    if not (torch.equal(got, want) and torch.equal(k_cache, kc) and torch.equal(v_cache, vc)):
+        raise RuntimeError("check of a layer against the kernels called one by one failed")

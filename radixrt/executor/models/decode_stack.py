@@ -16,6 +16,7 @@ returns None for a batch it does not take.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -30,6 +31,7 @@ from radixrt.kernels.row_ops_cpu import MAX_ROWS as ROW_OPS_MAX_ROWS
 if TYPE_CHECKING:
     from radixrt.executor.models.llama import LlamaForCausalLM
 
+logger = logging.getLogger(__name__)
 MAX_ROWS = min(DENSE_MAX_ROWS, DENSE_MIN_ROWS, ROW_OPS_MAX_ROWS)
 
 
@@ -40,6 +42,28 @@ def _linear(module: Any) -> Optional[native.Linear]:
     if type(module) is NativeFewRowsLinear and module.weight.dtype == torch.float32 and module.weight.is_contiguous():
         return native.dense_linear(module.native, module.weight, module.bias)
     return None
+
+
+def _checked(kernel: native.NativeDecodeStack, model: "LlamaForCausalLM") -> bool:
+    """`native.check_layer` on this machine's kernels (once per process); False, with a warning,
+    where it fails."""
+    global _CHECK
+    if _CHECK is None:
+        from radixrt.kernels import cpu_decode, dense_linear_cpu
+
+        row_ops, dense, decode = model.model.norm.native, dense_linear_cpu.load(), cpu_decode.load()
+        try:
+            if row_ops is None or dense is None or decode is None:
+                raise RuntimeError("a kernel it calls is unavailable")
+            native.check_layer(kernel, row_ops, dense, decode)
+            _CHECK = True
+        except RuntimeError as exc:
+            logger.warning("native decode stack unavailable (%s); decode steps run the Python layer stack", exc)
+            _CHECK = False
+    return _CHECK
+
+
+_CHECK: Optional[bool] = None
 
 
 class DecodeStack:
@@ -86,7 +110,7 @@ class DecodeStack:
                 return None
             layers.append(((norms[0].weight.data_ptr(), norms[1].weight.data_ptr()), linears))
         kernel = native.load()
-        return None if kernel is None else cls(model, kernel, layers)
+        return None if kernel is None or not _checked(kernel, model) else cls(model, kernel, layers)
 
     def _bind(self, kv_pool: Any, backend: Any) -> bool:
         """Point the layers at ``kv_pool``'s caches and take the kernels from ``backend``
