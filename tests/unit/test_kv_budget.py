@@ -210,9 +210,9 @@ def _steps(sched: Scheduler) -> list:
 def test_no_slot_leaks_across_ten_thousand_randomized_steps(make_tiny):
     """Budgets of every policy beside unbudgeted requests, a pool small enough to retract, random
     aborts: the slot invariant and the tree's integrity are checked after every one of 10,000 steps
-    (on a tiny Llama with a 1,024-token vocabulary: the steps, not the LM head, are under test)."""
+    (on a one-layer tiny Llama with a 1,024-token vocabulary: the steps, not the model, are under test)."""
     rng = random.Random(3)
-    model = make_tiny("llama", vocab_size=1024, max_position_embeddings=8192)
+    model = make_tiny("llama", vocab_size=1024, max_position_embeddings=8192, num_hidden_layers=1)
     sched = _scheduler(model, max_total_tokens=700, max_running_requests=8, chunked_prefill_size=128)
     shared = _prompt(rng, 80)
     live: list[str] = []
