@@ -5,6 +5,7 @@ killed with SIGKILL) and the Redis backend (a real redis-server on
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -121,6 +122,16 @@ def test_file_store_refuses_another_model_dtype_or_layout(tmp_path: Path) -> Non
     ):
         with pytest.raises(StoreMismatchError, match=word):
             FileKVStore(tmp_path, other, quota_bytes=1 << 20)
+
+
+def test_file_store_refuses_a_store_of_crc32_frames(tmp_path: Path) -> None:
+    """A directory written before the frames carried XXH3-64 (its store.json has no frame_format)."""
+    FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    old = json.loads((tmp_path / "store.json").read_text())
+    del old["frame_format"]
+    (tmp_path / "store.json").write_text(json.dumps(old))
+    with pytest.raises(StoreMismatchError, match="frame_format: store has None, server has 2"):
+        FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
 
 
 def test_file_store_quota_evicts_least_recently_used(tmp_path: Path) -> None:
