@@ -27,6 +27,7 @@ import hashlib
 import struct
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 import xxhash
@@ -54,7 +55,7 @@ class StoreIdentity:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @property
+    @cached_property  # checked on every block read: computing it cost as much as the block's checksum
     def digest(self) -> bytes:
         text = repr(sorted(self.as_dict().items())).encode()
         return hashlib.blake2b(text, digest_size=16).digest()
