@@ -11,7 +11,7 @@ from radixrt.config.fields import check_choice, setting
 STORAGE_BACKENDS = ("file", "redis")
 # small enough that the tokens recomputed after a restart (at most a block less one) cost
 # little beside the stored ones read back; each block is one file (or key) of the store
-DEFAULT_BLOCK_TOKENS = 16
+DEFAULT_BLOCK_TOKENS = 8
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,7 @@ def test_stored_blocks_are_announced_as_kv_events_a_router_follows(tiny_llama, t
     try:
         with _engine(tiny_llama, hicache_storage_dir=str(tmp_path), kv_events_config=json.dumps(cfg)) as engine:
             time.sleep(0.5)  # the subscription reaches the publisher
-            engine.generate(prompt, GREEDY)
+            engine.generate(prompt, {**GREEDY, "max_new_tokens": 1})  # no output token's KV: the prompt's blocks
             ids = engine.tokenizer.encode(prompt)
             index, stored, deadline = KVEventIndex(), [], time.monotonic() + 30
             while len(stored) < len(ids) // BLOCK and time.monotonic() < deadline:
