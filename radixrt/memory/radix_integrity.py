@@ -150,10 +150,11 @@ def _check_node(tree: CheckedTree, node: TreeNode, c: _Census) -> None:
             assert s % P == 0 and node.value[i : i + P] == list(range(s, s + P)), f"bad page at {node!r}"
     c.seen.update(node.value)
     c.slots += len(node.value)
-    if tree.allocator is not None:
-        for s in node.value[::P]:
-            assert 0 <= s < tree.allocator.total_slots, f"slot {s} out of range"
-            assert not tree.allocator.is_page_free(s // P), f"tree slot {s} is on the free list"
+    alloc = tree.allocator
+    if alloc is not None and on_device:  # run after every step in debug mode: one pass, no call per slot
+        total, is_free = alloc.total_slots, alloc.is_page_free
+        bad = next((s for s in node.value[::P] if not 0 <= s < total or is_free(s // P)), None)
+        assert bad is None, f"tree slot {bad} is out of range or on the free list"
 
 
 def _check_host_node(tree: CheckedHostTree, node: TreeNode, c: _Census) -> None:
@@ -170,9 +171,9 @@ def _check_host_node(tree: CheckedHostTree, node: TreeNode, c: _Census) -> None:
     assert len(node.host_value) == k, f"key/host_value length mismatch at {node!r}"
     alloc = tree.host.allocator
     HP = alloc.page_size
-    for s in node.host_value[::HP]:
-        assert 0 <= s < alloc.total_slots, f"host slot {s} out of range"
-        assert not alloc.is_page_free(s // HP), f"tree host slot {s} is on the host free list"
+    total, is_free = alloc.total_slots, alloc.is_page_free
+    bad = next((s for s in node.host_value[::HP] if not 0 <= s < total or is_free(s // HP)), None)
+    assert bad is None, f"tree host slot {bad} is out of range or on the host free list"
     if HP > 1:
         for i in range(0, k, HP):
             s = node.host_value[i]
