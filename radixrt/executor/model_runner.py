@@ -399,8 +399,10 @@ class ModelRunner:
     @property
     def fast_path_tokens(self) -> int:
         """Token rows below which a step of one-token decodes and draft chains runs the CPU's
-        native decode stack (0: no stack), a cheaper step than the Python layers' (`forward`)."""
-        if self.model.decode_stack is None:
+        native decode stack (0: no stack, or a KV pool it cannot drive), a cheaper step than the
+        Python layers' (`forward`)."""
+        stack = self.model.decode_stack
+        if stack is None or not stack.drives(self.kv_pool):
             return 0
         from radixrt.executor.models.decode_stack import MAX_ROWS
 

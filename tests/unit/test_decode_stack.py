@@ -80,6 +80,8 @@ def test_models_and_pools_it_cannot_drive_keep_the_python_stack(make_tiny, tiny_
     runner = _runner(tiny_llama, kv_cache_dtype="int8")  # built, but the pool is not float32
     stack = runner.model.decode_stack
     assert stack is not None
+    # so decode batches keep the cascade and speculation prices no stack
+    assert runner.fast_path_tokens == 0 and runner.backend.native_stack_rows == 0
     runner.forward(list(range(3, 13)), [list(range(10))], [10])
     h = torch.zeros(1, runner.model_config.hidden_size)
     assert stack.run(h, h, h, runner.kv_pool, runner.backend) is None

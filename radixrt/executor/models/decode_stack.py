@@ -112,6 +112,14 @@ class DecodeStack:
         kernel = native.load()
         return None if kernel is None or not _checked(kernel, model) else cls(model, kernel, layers)
 
+    def drives(self, kv_pool: Any) -> bool:
+        """Whether the stack can run over ``kv_pool``: every layer's cache plain float32, contiguous."""
+        for i in range(len(self.layers)):
+            cache = kv_pool.layer_cache(i)
+            if cache.scheme != "plain" or cache.k.dtype != torch.float32 or not cache.k.is_contiguous():
+                return False
+        return True
+
     def _bind(self, kv_pool: Any, backend: Any) -> bool:
         """Point the layers at ``kv_pool``'s caches and take the kernels from ``backend``
         (False where the pool is not plain float32 or the backend has no native decode)."""
@@ -121,12 +129,10 @@ class DecodeStack:
             return True
         decode = getattr(backend, "_native", None)
         norm = self._keep.model.norm.native
-        if decode is None or norm is None:
+        if decode is None or norm is None or not self.drives(kv_pool):
             return False
         for i, slot in enumerate(self.layers):
             cache = kv_pool.layer_cache(i)
-            if cache.scheme != "plain" or cache.k.dtype != torch.float32 or not cache.k.is_contiguous():
-                return False
             slot.k_cache, slot.v_cache = cache.k.data_ptr(), cache.v.data_ptr()
         self.ops = native.ops(norm, decode)
         self._pool = key
