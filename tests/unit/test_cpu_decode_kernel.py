@@ -15,9 +15,8 @@ import torch
 
 from radixrt.config import EngineConfig
 from radixrt.kernels import cpu_decode
-from radixrt.requests.messages import GenerateReq
-from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.scheduler import Scheduler
+from tests.support.scheduling import greedy_together
 
 
 @pytest.fixture(scope="module")
@@ -168,14 +167,8 @@ def _greedy(model_path: str) -> tuple[list[list[int]], bool]:
     """Greedy tokens of six requests decoding together, and whether the kernel was used."""
     sched = Scheduler(EngineConfig(model_path=model_path, max_running_requests=8, max_total_tokens=2048))
     try:
-        sp = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
-        for i in range(6):
-            sched.add_request(GenerateReq(f"r{i}", [(11 * i + j) % 300 + 3 for j in range(5 + 9 * i)], sp))
-        tokens: dict[str, list[int]] = {}
-        while sched.has_work():
-            for out in sched.step():
-                tokens.setdefault(out.rid, []).extend(out.new_token_ids)
-        return [tokens[f"r{i}"] for i in range(6)], sched.runner.backend._native is not None
+        prompts = [[(11 * i + j) % 300 + 3 for j in range(5 + 9 * i)] for i in range(6)]
+        return greedy_together(sched, prompts, 24), sched.runner.backend._native is not None
     finally:
         sched.close()
 

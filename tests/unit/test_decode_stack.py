@@ -12,9 +12,8 @@ import torch
 from radixrt.config import EngineConfig
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.kernels import decode_stack_cpu
-from radixrt.requests.messages import GenerateReq
-from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.scheduler import Scheduler
+from tests.support.scheduling import greedy_together
 
 pytestmark = pytest.mark.skipif(decode_stack_cpu.load() is None, reason="the native decode stack cannot be built here")
 
@@ -102,15 +101,10 @@ def test_engine_greedy_tokens_same_with_and_without_it(tiny_llama, monkeypatch):
     def greedy() -> list[list[int]]:
         sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=2048, quantization="int4"))
         try:
-            sp = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
-            for i in range(5):
-                sched.add_request(GenerateReq(f"r{i}", [(13 * i + j) % 500 + 3 for j in range(4 + 11 * i)], sp))
-            tokens: dict[str, list[int]] = {}
-            while sched.has_work():
-                for out in sched.step():
-                    tokens.setdefault(out.rid, []).extend(out.new_token_ids)
+            prompts = [[(13 * i + j) % 500 + 3 for j in range(4 + 11 * i)] for i in range(5)]
+            tokens = greedy_together(sched, prompts, 20)
             assert (sched.runner.model.decode_stack is None) == (decode_stack_cpu.DISABLE_ENV in used)
-            return [tokens[f"r{i}"] for i in range(5)]
+            return tokens
         finally:
             sched.close()
 
