@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 # tokenizer_config.json classes that are the plain `tokenizer.json` tokenizer, whatever the model
 _PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _plain_fast_config(model_path: str) -> Optional[dict]:
+    """The folder's ``tokenizer_config.json`` when it names the plain fast tokenizer
+    (the one whose whole behaviour is its ``tokenizer.json``), else None."""
+    cfg_path = os.path.join(model_path, "tokenizer_config.json")
+    if not (os.path.isfile(cfg_path) and os.path.isfile(os.path.join(model_path, "tokenizer.json"))):
+        return None
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    return cfg if cfg.get("tokenizer_class") in _PLAIN_FAST else None
 
 
 def load_tokenizer(model_path: str) -> Any:
@@ -16,18 +27,42 @@ def load_tokenizer(model_path: str) -> Any:
     fast tokenizer loads that class directly: ``AutoTokenizer`` would also
     read the model's config through transformers' config classes, whose
     imports cost seconds of start-up. Any other class goes through ``AutoTokenizer``."""
-    cfg_path = os.path.join(model_path, "tokenizer_config.json")
-    plain = False
-    if os.path.isfile(cfg_path) and os.path.isfile(os.path.join(model_path, "tokenizer.json")):
-        with open(cfg_path, encoding="utf-8") as f:
-            plain = json.load(f).get("tokenizer_class") in _PLAIN_FAST
-    if plain:
+    if _plain_fast_config(model_path) is not None:
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(model_path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
+
+
+class TextDecoder:
+    """Decoding only, straight on the `tokenizers` library: what the server's
+    detokenizer process needs, without importing transformers (about 1.5 s of
+    CPU at every start). ``decode`` equals the transformers tokenizer's for the
+    folders `load_decoder` gives it to (tests/unit/test_tokenizer_utils.py
+    compares every id of the vocabulary)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend_tokenizer = backend  # a tokenizers.Tokenizer
+
+    def decode(
+        self, token_ids: Sequence[int], skip_special_tokens: bool = False, spaces_between_special_tokens: bool = True
+    ) -> str:
+        # spaces_between_special_tokens only concerns slow (Python) tokenizers, as in transformers
+        return self.backend_tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+
+def load_decoder(model_path: str) -> Any:
+    """What turns the folder's token ids into text: a `TextDecoder` where the
+    tokenizer is the plain fast one and transformers' decode adds nothing to
+    the backend's (no ``clean_up_tokenization_spaces``), else `load_tokenizer`."""
+    cfg = _plain_fast_config(model_path)
+    if cfg is None or cfg.get("clean_up_tokenization_spaces"):
+        return load_tokenizer(model_path)
+    from tokenizers import Tokenizer
+
+    return TextDecoder(Tokenizer.from_file(os.path.join(model_path, "tokenizer.json")))
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

@@ -218,9 +218,9 @@ def run_detokenizer_process(
     try:
         import zmq
 
-        from radixrt.requests.tokenizer_utils import load_tokenizer
+        from radixrt.requests.tokenizer_utils import load_decoder
 
-        loop = DetokenizerLoop(load_tokenizer(model_path))
+        loop = DetokenizerLoop(load_decoder(model_path))
         ctx = zmq.Context()
         pull = make_socket(ctx, zmq.PULL, addrs.detokenizer_in, bind=True)
         push = make_socket(ctx, zmq.PUSH, addrs.tokenizer_in, bind=False)

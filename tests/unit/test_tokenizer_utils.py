@@ -1,0 +1,69 @@
+"""The detokenizer process's decode without transformers equals transformers' decode."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+from transformers import AutoTokenizer
+
+from radixrt.requests.detokenizer import IncrementalDetokenizer
+from radixrt.requests.tokenizer_utils import TextDecoder, load_decoder
+
+
+@pytest.fixture
+def folder(default_model_path) -> str:
+    """The embedded model's tokenizer (the tiny test models copy it)."""
+    return str(default_model_path)
+
+
+def test_text_decoder_decodes_every_id_and_mixed_runs_as_transformers_does(folder):
+    decoder, reference = load_decoder(folder), AutoTokenizer.from_pretrained(folder)
+    assert isinstance(decoder, TextDecoder)
+    vocab = len(reference)
+    special = sorted(reference.all_special_ids)
+    assert special, "the check below must cover special tokens"
+    for skip in (False, True):
+        for tid in range(vocab):
+            assert decoder.decode([tid], skip_special_tokens=skip) == reference.decode([tid], skip_special_tokens=skip)
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [
+            rng.choice(special) if rng.random() < 0.15 else rng.randrange(vocab) for _ in range(rng.randrange(1, 64))
+        ]
+        for skip in (False, True):
+            assert decoder.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
+
+
+def test_streamed_text_is_the_same_with_either_tokenizer(folder):
+    reference = AutoTokenizer.from_pretrained(folder)
+    ids = reference.encode("Grüße, 世界! <|im_end|> naïve café 🙂 end", add_special_tokens=False)
+    texts = []
+    for tok in (load_decoder(folder), reference):
+        det = IncrementalDetokenizer(tok, stop=["end"])
+        streamed = [det.push([tid]) for tid in ids[:-1]]
+        texts.append((streamed, det.push(ids[-1:], {"type": "stop", "matched": "end"})))
+    assert texts[0] == texts[1]
+    assert texts[0][1].startswith("Grüße, 世界!") and not texts[0][1].endswith("end")
+
+
+def test_a_tokenizer_whose_decode_cleans_up_spaces_keeps_transformers(tmp_path, tiny_llama):
+    folder = shutil.copytree(tiny_llama, tmp_path / "model")
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "clean_up_tokenization_spaces": True}))
+    assert not isinstance(load_decoder(str(folder)), TextDecoder)
+
+
+def test_the_decoder_loads_without_importing_transformers(default_model_path):
+    code = (
+        "import sys; from radixrt.requests.tokenizer_utils import load_decoder; "
+        f"d = load_decoder({str(default_model_path)!r}); "
+        "print(type(d).__name__, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["TextDecoder", "False"]
