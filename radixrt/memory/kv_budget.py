@@ -15,8 +15,9 @@ attention mass each position received from that head's queries
   host memory. Each step a sketch of every key estimates the mass every
   earlier position would get from the current queries (decayed, so recent
   attention weighs most); at a compaction each head keeps, or loads back from
-  the host, its ``reload`` positions with the most estimated mass, ahead of
-  the heavy hitters: a position the current queries need again can come back.
+  the host, its ``reload`` positions with the most estimated mass (and the
+  few right after each, `kv_budget_ops.mark_wanted`), ahead of the heavy
+  hitters: a position the current queries need again can come back.
 
 Only request-private slots are ever written or freed: a compaction copies
 each head's kept K/V into the request's own slots (tree-owned ones are only

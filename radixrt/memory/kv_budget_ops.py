@@ -43,6 +43,28 @@ def choose_positions(scores: torch.Tensor, budget: KVBudget, computed: int) -> t
     return torch.topk(rank, k, dim=1).indices.sort(dim=1).values
 
 
+RELOAD_FOLLOWERS = 4  # infinigen: positions after each wanted one that are kept or brought back with it
+WANTED = 1e30  # the score that ranks an estimate's choice above every heavy hitter (below sinks and recent)
+
+
+def mark_wanted(scores: torch.Tensor, est: torch.Tensor, reload: int) -> torch.Tensor:
+    """infinigen: ``scores`` ``[L, H, computed]`` (exact accumulated mass, position
+    by position) with, per head, the ``reload`` positions of ``est`` ``[L, H, P]``
+    (``P <= computed``: estimated mass for the current queries) with the most mass
+    scored `WANTED`, and the `RELOAD_FOLLOWERS` positions right after each of
+    them ``WANTED / 2``: all of them rank above every heavy hitter in
+    `choose_positions`. The followers come along because a head that copies
+    (an induction head reading a fact planted long ago) reads next what follows
+    what it found, and the estimate, made from queries that already ran, would
+    name those one step too late. Mutates and returns ``scores``."""
+    wanted = est.topk(min(reload, est.shape[2]), dim=2).indices
+    steps = torch.arange(1, RELOAD_FOLLOWERS + 1, device=est.device)
+    followers = (wanted.unsqueeze(-1) + steps).flatten(2).clamp(max=scores.shape[2] - 1)
+    scores.scatter_(2, followers, WANTED / 2)
+    scores.scatter_(2, wanted, WANTED)
+    return scores
+
+
 def _flat_buffers(pool: KVPool) -> list[tuple[int, torch.Tensor]]:
     """(layer, buffer viewed ``[slots * kv_heads, ...]``) for K, V and the int8 scales of every layer."""
     out = []

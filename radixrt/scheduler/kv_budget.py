@@ -45,6 +45,7 @@ from radixrt.memory.kv_budget import KVBudget, resolve_budget
 from radixrt.memory.kv_budget_ops import (
     choose_positions,
     gather_columns,
+    mark_wanted,
     principal_axes,
     sketch_keys,
     write_columns,
@@ -55,8 +56,6 @@ from radixrt.scheduler.budget_state import BudgetCounters, RequestBudget
 
 if TYPE_CHECKING:
     from radixrt.scheduler.request import Req
-
-WANTED = 1e30  # the score that ranks an estimate's choice above every heavy hitter (below sinks and recent)
 
 
 class KVBudgeter:
@@ -121,9 +120,7 @@ class KVBudgeter:
         if b.host is not None and b.est.shape[2]:
             # infinigen: each head's positions with the most estimated mass for the current queries come
             # back (or stay), ahead of the heavy hitters; the rest compete by their exact scores
-            scores = exact.clone()
-            wanted = b.est.topk(min(b.budget.reload, b.est.shape[2]), dim=2).indices
-            scores.scatter_(2, wanted, WANTED)
+            scores = mark_wanted(exact.clone(), b.est, b.budget.reload)
         kept = choose_positions(scores.view(L * H, computed), b.budget, computed).view(L, H, -1)
         K = kept.shape[2]
 

@@ -19,7 +19,14 @@ import torch
 
 from radixrt.config import EngineConfig
 from radixrt.memory.kv_budget import KVBudget, resolve_budget
-from radixrt.memory.kv_budget_ops import HostKV, choose_positions, gather_columns, write_columns
+from radixrt.memory.kv_budget_ops import (
+    RELOAD_FOLLOWERS,
+    HostKV,
+    choose_positions,
+    gather_columns,
+    mark_wanted,
+    write_columns,
+)
 from radixrt.memory.kv_pool import KVPool
 from radixrt.requests.messages import GenerateReq
 from radixrt.sampling.params import SamplingParams
@@ -68,6 +75,20 @@ def test_each_head_keeps_its_sinks_recent_window_and_heavy_hitters():
 
     window = choose_positions(scores, KVBudget("window", 40, sinks=4, recent=34), computed=100)
     assert set(window[0].tolist()) == {0, 1, 2, 3} | set(range(64, 100))  # no heavy hitters
+
+
+def test_infinigen_brings_back_what_the_estimate_wants_and_what_follows_it():
+    exact = torch.zeros(1, 2, 100)
+    exact[0, :, 10:40] = torch.linspace(60.0, 31.0, 30)  # heavy hitters, the same for both heads: 10 heaviest
+    est = torch.zeros(1, 2, 90)  # estimates cover the positions before the last compaction
+    est[0, 0, 50] = 1.0  # head 0's queries want position 50 (a fact planted long ago)
+    est[0, 1, 88] = 1.0  # head 1's want 88: its followers stop at the last position
+    scores = mark_wanted(exact, est, reload=1)
+    kept = choose_positions(scores.view(2, 100), KVBudget("infinigen", 32, 4, 10), 100)
+    fixed = set(range(4)) | set(range(90, 100))  # sinks and the recent window
+    wanted = set(range(50, 51 + RELOAD_FOLLOWERS))
+    assert set(kept[0].tolist()) == fixed | wanted | set(range(10, 10 + 32 - 14 - len(wanted)))
+    assert set(kept[1].tolist()) == fixed | {88, 89} | set(range(10, 10 + 32 - 14 - 2))
 
 
 def test_budgets_resolve_and_are_checked():
