@@ -8,6 +8,8 @@ before: the longest window length with an earlier occurrence, whose match
 length is then counted token by token (so a hash collision is never taken
 for a match). While the request keeps copying, each new token that equals
 the copy's next one moves the copy on in O(1), so a long copy is found once.
+When a copy breaks (an edit), the next token or two pick it up again at its
+source (`_resync`): past a few skipped source tokens, or one replaced.
 
 Memory: one dict entry per (position, length): about 100 bytes x
 len(lengths) per token (`approx_bytes`).
@@ -22,13 +24,14 @@ from radixrt.memory.draft_keys import tail_keys, window_keys
 
 OWN_LENGTHS = (2, 4, 8)
 MATCH_CAP = 64  # a fresh match is counted back at most this far
+RESYNC_SPAN = 6  # source positions past a broken copy searched for the token that broke it (`_resync`)
 _NUMPY_FROM = 32  # extensions this long hash their windows with numpy
 
 
 class OwnTokens:
     """One request's own tokens, indexed incrementally (`extend`: O(len(tokens)))."""
 
-    __slots__ = ("tokens", "lengths", "_latest", "_copy", "_copy_len", "tree_run")
+    __slots__ = ("tokens", "lengths", "_latest", "_copy", "_copy_len", "_lost", "tree_run")
 
     def __init__(self, tokens: Sequence[int], lengths: Sequence[int] = OWN_LENGTHS) -> None:
         self.lengths = tuple(sorted(lengths))
@@ -38,6 +41,9 @@ class OwnTokens:
         # that would come next, length of the match ending before it), or None.
         self._copy: Optional[tuple[int, int]] = None
         self._copy_len = -1
+        # Where the last copy broke: (the position it expected to copy next, the length of the
+        # sequence then), or None (see `_resync`).
+        self._lost: Optional[tuple[int, int]] = None
         # (run, n): draft_search's count of the last tokens before position n
         # that the namespace's longest contexts predicted (its cache).
         self.tree_run = (0, 0)
@@ -65,7 +71,10 @@ class OwnTokens:
             if copy is None:
                 break
             p, m = copy
-            copy = (p + 1, m + 1) if seq[p] == seq[i] else None
+            if seq[p] == seq[i]:
+                copy = (p + 1, m + 1)
+            else:  # (a copy that broke on its first token was a guess: nothing to pick up)
+                copy, self._lost = None, (p, i) if m >= 2 else None
         self._copy, self._copy_len = (copy, n) if copy is not None else (None, -1)
 
     def truncate(self, n: int) -> None:
@@ -75,7 +84,7 @@ class OwnTokens:
         kept = self.tokens[:n]
         self.tokens = []
         self._latest = {}
-        self._copy, self._copy_len = None, -1
+        self._copy, self._copy_len, self._lost = None, -1, None
         self.tree_run = (0, 0)
         self.extend(kept)
 
@@ -100,8 +109,30 @@ class OwnTokens:
             if m >= L:
                 found = (p, m)
                 break
+        if found is None:
+            found = self._resync()
         self._copy, self._copy_len = found, n
         return found
+
+    def _resync(self) -> Optional[tuple[int, int]]:
+        """A copy that broke a token or two ago, picked up again at its source:
+        when the sequence skipped a few of its tokens (an edit that drops a
+        line break or a word), after the last token found within `RESYNC_SPAN`
+        positions past where the copy broke; right after the break, one
+        position on (a token replaced by another). As a match of one token
+        (the window search needs two), so drafted with little confidence."""
+        lost = self._lost
+        n = len(self.tokens)
+        if lost is None or n - lost[1] > 2:
+            return None
+        p, seq = lost[0], self.tokens
+        last = seq[n - 1]
+        for j in range(p + 1, min(p + RESYNC_SPAN, lost[1])):
+            if seq[j] == last:
+                return (j + 1, 1)
+        if n - lost[1] == 1 and p + 1 < lost[1]:
+            return (p + 1, 1)
+        return None
 
     def approx_bytes(self) -> int:
         """Rough memory of the index and the token list."""

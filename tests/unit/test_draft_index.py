@@ -247,6 +247,21 @@ def test_own_tokens_copy_from_the_prompt() -> None:
     assert index.propose(None, own, 16).tokens == []
 
 
+def test_own_tokens_pick_a_broken_copy_up_again() -> None:
+    index = DraftIndex()
+    body = list(range(300, 340))
+    prompt = [7, 8] + body + [9, 10]
+    for edit, resumed in (([body[12]], body[13:15]), ([999], body[11:13])):  # two tokens dropped; one replaced
+        own = OwnTokens(prompt)
+        own.extend(body[:10])
+        assert index.propose(None, own, 2).tokens == body[10:12]  # copying
+        own.extend(edit)  # the output leaves the source there
+        assert index.propose(None, own, 2, min_prob=0.05).tokens == resumed
+        assert index.propose(None, own, 2).tokens == resumed[:1]  # as a one-token match: little confidence
+    own.extend([998])  # a second token of its own: the copy is lost (until two tokens match again)
+    assert index.propose(None, own, 2, min_prob=0.05).tokens == []
+
+
 def test_own_tokens_incremental_equals_fresh() -> None:
     rng = random.Random(3)
     seq = [rng.randrange(6) for _ in range(400)]
