@@ -38,8 +38,8 @@ def load_tokenizer(model_path: str) -> Any:
 
 class TextDecoder:
     """Decoding only, straight on the `tokenizers` library: what the server's
-    detokenizer process needs, without importing transformers (about 1.5 s of
-    CPU at every start). ``decode`` equals the transformers tokenizer's for the
+    detokenizer process needs, without importing transformers (about 1.4 s of
+    the process's CPU at every server start, measured). ``decode`` equals the transformers tokenizer's for the
     folders `load_decoder` gives it to (tests/unit/test_tokenizer_utils.py
     compares every id of the vocabulary)."""
 
