@@ -46,8 +46,9 @@ COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11", "-f
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
 DISABLE_ENV = "RADIXRT_NATIVE_DECODE"
 KV_DTYPES = (torch.float32, torch.bfloat16)  # pools the kernel reads (the query and output are float32)
-# query-head x slot pairs of one call below which it runs on one thread (about 1 ms of work)
-PARALLEL_MIN_PAIRS = 1 << 18
+# query-head x slot pairs of one call below which it runs on one thread (0.1-0.3 ms of work: 1 << 18
+# left 8 requests at 2,000-token contexts on one thread, a step 1.2-1.5x slower on the 2-core Zen 3)
+PARALLEL_MIN_PAIRS = 1 << 15
 
 
 class NativeDecode:
