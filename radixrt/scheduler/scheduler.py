@@ -388,9 +388,9 @@ class Scheduler:
         spec = self.speculator
         if spec is not None and not step.overlappable and not step.inputs.prompt_tokens:
             # the whole step as the requests waited for it: drafting, planning, forward, sampling, results
-            if not spec.replays_graph(step.inputs.q_lens):
-                seconds = time.perf_counter() - step.started_at
-                spec.cost.observe_step(step.inputs.q_lens, step.inputs.kv_lens, seconds)
+            q_lens = step.inputs.q_lens
+            seconds = time.perf_counter() - step.started_at
+            spec.cost.observe_step(q_lens, step.inputs.kv_lens, seconds, spec.leaves_fast_path(q_lens))
         self.counters["requests_finished"] += results.finished
         self.counters["steps"] += 1
         used = self.kv.allocator.total_slots - self.kv.allocator.num_free_slots

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from radixrt.memory.prefix_cache import PrefixCache
 from radixrt.scheduler.request import Req
-from radixrt.scheduler.spec_cost import OnlineStepCost, StepCost
+from radixrt.scheduler.spec_cost import OnlineStepCost, StepCost, runs_fast_path
 from radixrt.scheduler.spec_state import ServerCalibration, SpecState
 
 # Draft tokens the index rates below this (estimated chance of acceptance) are not proposed; the
@@ -128,65 +128,87 @@ class Speculator:
             req.spec = SpecState(own, len(req.input_ids))
 
     def replays_graph(self, q_lens: list[int]) -> bool:
-        """Whether a step of these token counts replayed a decode CUDA graph or ran the native
-        decode stack (then it is not an eager step, which the cost model's fit is of)."""
-        if 0 < sum(q_lens) < self.fast_path_tokens:
-            return True
-        return 0 < len(q_lens) <= self.graph_max_bs and all(q == 1 for q in q_lens)
+        """Whether a step of these token counts replays a decode CUDA graph or runs the native
+        decode stack (see `runs_fast_path`)."""
+        return runs_fast_path(q_lens, self.graph_max_bs, self.fast_path_tokens)
+
+    def leaves_fast_path(self, q_lens: list[int]) -> bool:
+        """Whether a step of these token counts runs eagerly where the runner has a faster path
+        (the cost model's ``leaves_fast``)."""
+        return (self.graph_max_bs > 0 or self.fast_path_tokens > 0) and not self.replays_graph(q_lens)
 
     # ------------------------------------------------------------------ drafting
     def draft(self, running: list[Req]) -> None:
         """Give the running requests this step's drafts (see the module docstring)."""
         rows = len(running)
         contexts = [len(r.slots) + 1 for r in running]  # where each request's step token sits
+        attended = sum(contexts)
         # a fitted cost can reach 0 on a fast device
-        plain = self.cost.seconds(rows, rows, sum(contexts))  # the step without drafts, run eagerly
-        time = max(plain, 1e-12)
+        plain = max(self.cost.seconds(rows, rows, attended, self.leaves_fast_path([1] * rows)), 1e-12)
+        # a step with drafts leaves a decode CUDA graph; the native stack takes it below its tokens
+        tokens = rows
+        leaves = self._drafted_step_leaves(rows, tokens + 1)
+        time = max(self.cost.seconds(rows, tokens, attended, leaves), 1e-12)
         expected = float(rows)
-        token_costs = [self.cost.token_seconds(c) for c in contexts]
         # A draft token joins only while its gain exceeds expected * (its cost) / time, a bar that
         # rises with every token chosen: the bar before any is chosen bounds what is worth proposing,
         # so a batch where no draft can pay spends nothing on drafting.
-        if min(token_costs, default=0.0) > 0 and expected * min(token_costs) / time >= 1.0:
+        first_costs = [self._token_cost(c, tokens) for c in contexts]
+        if min(first_costs, default=0.0) > 0 and expected * min(first_costs) / time >= 1.0:
             self.stats.skipped_steps += any(r.spec is not None for r in running)
             return
-        candidates, costs = [], []
-        for req, token_cost in zip(running, token_costs):
-            c = self._propose(req, expected * token_cost / time)
+        candidates, where = [], []
+        for req, context, first in zip(running, contexts, first_costs):
+            c = self._propose(req, expected * first / time)
             if c is not None:
                 candidates.append(c)
-                costs.append(max(token_cost, 1e-12))
+                where.append(context)
         if not candidates:
             return
+
         # draft tokens by marginal gain per second, decreasing: a request's draft token gains its
         # estimated acceptance (the index's path probability, calibrated by the request's own
-        # history) and costs a token at its context; a token becomes a candidate once its parent is
-        # chosen, so the chosen tokens of a request form a tree
-        heap = [(-c.gains[j] / costs[i], i, j) for i, c in enumerate(candidates) for j in c.children.get(-1, ())]
+        # history) and costs a token at its context where the step's tokens stand (the dense part's
+        # cost per token rises with them); a token becomes a candidate once its parent is chosen,
+        # so the chosen tokens of a request form a tree
+        def key(i: int, j: int) -> tuple[float, int, int]:
+            return (-candidates[i].gains[j] / self._token_cost(where[i], tokens), i, j)
+
+        heap = [key(i, j) for i, c in enumerate(candidates) for j in c.children.get(-1, ())]
         heapq.heapify(heap)
         chosen: list[list[int]] = [[] for _ in candidates]
         while heap:
             _, i, j = heapq.heappop(heap)
             gain = candidates[i].gains[j]
-            if gain * time <= expected * costs[i]:  # throughput would drop (and would for every later one)
+            after = self._drafted_step_leaves(rows, tokens + 1)
+            cost = self._token_cost(where[i], tokens) + (self.cost.leave_fast if after > leaves else 0.0)
+            if gain * time <= expected * cost:  # throughput would drop (and would for every later one)
                 break
             chosen[i].append(j)
             expected += gain
-            time += costs[i]
+            time += cost
+            tokens += 1
+            leaves = after
             for child in candidates[i].children.get(j, ()):
-                heapq.heappush(heap, (-candidates[i].gains[child] / costs[i], i, child))
-        if any(chosen) and self.replays_graph([1] * rows):
-            # without drafts the step would replay its graph or run the native stack; with them it runs
-            # eagerly (or, below the stack's rows, still on the stack): drafts must beat that
-            leave = self.cost.leave_graph
-            drafted = self.replays_graph([1 + len(nodes) for nodes in chosen] + [1] * (rows - len(chosen)))
-            if expected / max(time - (leave if drafted else 0.0), 1e-12) <= rows / max(plain - leave, 1e-12):
-                chosen = [[] for _ in candidates]
+                heapq.heappush(heap, key(i, child))
+        # without drafts the step may replay its graph or run the native stack where with them it
+        # would not: the drafts must beat that step
+        if any(chosen) and expected / time <= rows / plain:
+            chosen = [[] for _ in candidates]
         if not any(chosen):
             self.stats.skipped_steps += 1
         for c, nodes in zip(candidates, chosen):
             if nodes:
                 self._assign(c, sorted(nodes))
+
+    def _token_cost(self, context: int, tokens: int) -> float:
+        """What one more draft token at ``context`` adds to a step of ``tokens`` tokens
+        (leaving the fast path is priced where a token makes the step leave it)."""
+        return max(self.cost.token_seconds(context, tokens), 1e-12)
+
+    def _drafted_step_leaves(self, rows: int, tokens: int) -> bool:
+        """Whether a step of ``rows`` requests with drafts, ``tokens`` tokens in all, leaves the fast path."""
+        return self.leaves_fast_path([tokens - rows + 1] + [1] * (rows - 1))
 
     @staticmethod
     def _assign(c: _Candidate, nodes: list[int]) -> None:

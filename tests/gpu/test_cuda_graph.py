@@ -248,7 +248,7 @@ def test_speculation_over_emulated_graphs_prices_leaving_them(make_tiny, monkeyp
     eng = radixrt.Engine(path, speculative_algorithm="RADIX", **kwargs)
     try:
         spec = eng.scheduler.speculator
-        assert spec is not None and spec.graph_max_bs == 8 and spec.cost.leave_graph >= 0.0
+        assert spec is not None and spec.graph_max_bs == 8 and spec.cost.leave_fast >= 0.0
         assert spec.replays_graph([1] * 8) and not spec.replays_graph([1] * 9)
         got = [r["output_ids"] for r in eng.generate(input_ids=prompts, sampling_params=sp)]
     finally:

@@ -1,6 +1,13 @@
 """Speculative decoding's step cost model: the start-up fit and its online correction."""
 
-from radixrt.scheduler.spec_cost import MIN_TOKEN_SHARE, OnlineStepCost, StepCost, attended_keys
+from radixrt.scheduler.spec_cost import (
+    MIN_TOKEN_SHARE,
+    TOKEN_KNOTS,
+    OnlineStepCost,
+    StepCost,
+    attended_keys,
+    nonnegative_least_squares,
+)
 
 PER_KEY = 2e-7  # seconds per key a token attends over
 
@@ -9,9 +16,9 @@ def _true(rows: int, tokens: int, attended: int = 0) -> float:
     return 0.050 + 0.002 * rows + 0.004 * tokens + PER_KEY * attended
 
 
-def _probe(r: int, q: int, context: int = 32) -> tuple[int, int, int, float]:
+def _probe(r: int, q: int, context: int = 32) -> tuple[int, int, int, bool, float]:
     attended = r * attended_keys(q, context + q)
-    return r, r * q, attended, _true(r, r * q, attended)
+    return r, r * q, attended, False, _true(r, r * q, attended)
 
 
 def test_fit_recovers_the_coefficients_and_never_calls_tokens_free():
@@ -20,10 +27,10 @@ def test_fit_recovers_the_coefficients_and_never_calls_tokens_free():
     ]
     cost = StepCost.fit(samples)
     assert abs(cost.fixed - 0.050) < 1e-6 and abs(cost.per_row - 0.002) < 1e-6 and abs(cost.per_token - 0.004) < 1e-6
-    assert abs(cost.per_attended - PER_KEY) < 1e-9
+    assert abs(cost.per_attended - PER_KEY) < 1e-9 and max(cost.bends) < 1e-6 and cost.leave_fast < 1e-6
     # a token deep in a context costs its attention too
     assert abs(cost.token_seconds(4000) - (0.004 + 4000 * PER_KEY)) < 1e-6
-    flat = StepCost.fit([(r, r * q, 0, 0.1) for r in (1, 4) for q in (1, 5)])  # noise: tokens look free
+    flat = StepCost.fit([(r, r * q, 0, False, 0.1) for r in (1, 4) for q in (1, 5)])  # noise: tokens look free
     assert flat.per_token >= MIN_TOKEN_SHARE * (flat.fixed + flat.per_row) > 0
 
 
@@ -34,7 +41,7 @@ def test_attended_keys_counts_a_causal_extend():
 
 def test_observed_steps_correct_a_wrong_start_up_fit():
     wrong = StepCost(fixed=0.050, per_row=0.0, per_token=0.050)  # tokens look 12x dearer than they are
-    probes = [(r, r * q, 0, wrong.seconds(r, r * q)) for r in (1, 4) for q in (1, 5)]
+    probes = [(r, r * q, 0, False, wrong.seconds(r, r * q)) for r in (1, 4) for q in (1, 5)]
     online = OnlineStepCost(wrong, probes)
     for step in range(400):
         rows = 1 + step % 8
@@ -57,14 +64,16 @@ def test_served_steps_at_long_contexts_teach_what_attention_costs():
     assert abs(online.token_seconds(2000) - (0.004 + 2000 * PER_KEY)) < 0.0015
 
 
-def _speculator(cost: StepCost, width: int = 2, leave_graph: float = 0.0, graph_max_bs: int = 0):
+def _speculator(cost: StepCost, width: int = 2, graph_max_bs: int = 0, fast_path_tokens: int = 0):
     from radixrt.memory.no_prefix_cache import NoPrefixCache
     from radixrt.sampling.params import SamplingParams
     from radixrt.scheduler.request import Req
     from radixrt.scheduler.speculative import Speculator
 
-    online = OnlineStepCost(cost, leave_graph=leave_graph)
-    spec = Speculator(NoPrefixCache(), online, 8, 8, 4096, max_width=width, graph_max_bs=graph_max_bs)
+    online = OnlineStepCost(cost)
+    spec = Speculator(
+        NoPrefixCache(), online, 8, 8, 4096, width, graph_max_bs=graph_max_bs, fast_path_tokens=fast_path_tokens
+    )
     reqs = []
     for i in range(4):
         req = Req(
@@ -92,19 +101,66 @@ def test_drafts_must_beat_the_decode_graph_they_make_the_step_leave():
     """On CUDA a step without drafts replays a captured graph and a step with any
     runs eagerly: drafts that would pay against the eager step but not against
     the replayed one are dropped, for the batch sizes that have graphs."""
-    cost = StepCost(fixed=0.05, per_row=0.0, per_token=0.001)
-    eager_only, reqs = _speculator(cost, leave_graph=0.0, graph_max_bs=8)
+    eager_only, reqs = _speculator(StepCost(fixed=0.01, per_row=0.0, per_token=0.001), graph_max_bs=8)
     eager_only.draft(reqs)
     assert all(r.draft_ids for r in reqs)
-    # the replayed step costs a sixth of the eager one: four requests' drafts cannot make up for that
-    graphs, reqs = _speculator(cost, leave_graph=0.045, graph_max_bs=8)
+    # the replayed step costs a tenth of the eager one: four requests' drafts cannot make up for that
+    cost = StepCost(fixed=0.01, per_row=0.0, per_token=0.001, leave_fast=0.1)
+    graphs, reqs = _speculator(cost, graph_max_bs=8)
     graphs.draft(reqs)
     assert not any(r.draft_ids for r in reqs) and graphs.stats.skipped_steps == 1
     assert graphs.replays_graph([1, 1, 1, 1]) and not graphs.replays_graph([1, 5, 1, 1])
     # a batch larger than the largest graph runs eagerly either way: drafts are judged as before
-    too_big, reqs = _speculator(cost, leave_graph=0.045, graph_max_bs=2)
+    too_big, reqs = _speculator(cost, graph_max_bs=2)
     too_big.draft(reqs)
     assert all(r.draft_ids for r in reqs) and not too_big.replays_graph([1, 1, 1, 1])
+
+
+def test_drafts_stop_where_the_step_would_leave_the_native_stack():
+    """On the CPU a step of fewer than ``fast_path_tokens`` tokens, drafts included,
+    runs the native decode stack: drafts fill the step up to that size and no
+    further when leaving the stack costs more than the tokens past it gain."""
+    cost = StepCost(fixed=0.01, per_row=0.0, per_token=0.001, leave_fast=0.1)
+    spec, reqs = _speculator(cost, width=1, fast_path_tokens=12)
+    assert spec.replays_graph([1] * 4) and spec.replays_graph([5, 1, 1, 1]) and not spec.replays_graph([3] * 4)
+    spec.draft(reqs)
+    assert 4 + sum(len(r.draft_ids) for r in reqs) == 11 and not spec.leaves_fast_path([1] * 4)
+    unlimited, reqs = _speculator(StepCost(fixed=0.01, per_row=0.0, per_token=0.001), width=1, fast_path_tokens=12)
+    unlimited.draft(reqs)
+    assert 4 + sum(len(r.draft_ids) for r in reqs) > 12
+
+
+def test_a_convex_dense_cost_prices_the_first_draft_tokens_at_their_slope():
+    """The dense part of a step is flat while it reads the weights and steep once it computes:
+    the fit finds the bends, and a draft token costs the slope where the step's tokens stand
+    (one line through all the probes priced a batch of 8's first draft tokens at twice that)."""
+
+    def true(rows: int, tokens: int, attended: int = 0) -> float:
+        bends = 0.0015 * max(0, tokens - 4) + 0.002 * max(0, tokens - 16) + 0.001 * max(0, tokens - 64)
+        return 0.030 + 0.0005 * rows + 0.001 * tokens + bends + PER_KEY * attended
+
+    shapes = [(r, q, 32) for r in (1, 4, 16) for q in (1, 5, 9)] + [(r, q, 512) for r in (1, 4) for q in (1, 9)]
+    samples = []
+    for r, q, context in shapes:
+        attended = r * attended_keys(q, context + q)
+        samples.append((r, r * q, attended, False, true(r, r * q, attended)))
+    cost = StepCost.fit(samples)
+    assert TOKEN_KNOTS == (4, 16, 64)
+    assert all(abs(a - b) < 1e-5 for a, b in zip(cost.bends, (0.0015, 0.002, 0.001))), cost
+    assert abs(cost.token_seconds(2000, tokens=2) - (0.001 + 2000 * PER_KEY)) < 1e-5
+    assert abs(cost.token_seconds(2000, tokens=8) - (0.0025 + 2000 * PER_KEY)) < 1e-5
+    assert abs(cost.token_seconds(0, tokens=40) - 0.0045) < 1e-5
+
+
+def test_nonnegative_least_squares_keeps_every_coefficient_at_or_above_zero():
+    import torch
+
+    a = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64)  # falls: the unconstrained slope is -1
+    x = nonnegative_least_squares(a.T @ a, a.T @ b)
+    assert x[1] == 0.0 and abs(x[0] - 1.0) < 1e-9  # the best flat line
+    y = nonnegative_least_squares(a.T @ a, a.T @ torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    assert abs(y[0] - 1.0) < 1e-9 and abs(y[1] - 1.0) < 1e-9
 
 
 def test_steps_without_drafts_do_not_make_tokens_look_cheap():
@@ -119,7 +175,8 @@ def test_steps_without_drafts_do_not_make_tokens_look_cheap():
     for step in range(6000):
         rows = 24 + step % 16
         online.observe(rows, rows, _true(rows, rows) * (1 + 0.05 * rng.uniform(-1, 1)))
-    assert abs(online.per_token - 0.004) < 0.0003, online.current
+    # what a draft token costs in such a step (the split between the slope's parts is not told)
+    assert abs(online.token_seconds(0, tokens=32) - 0.004) < 0.0003, online.current
 
 
 def test_drafts_the_server_saw_rejected_shrink_a_new_requests_draft():
