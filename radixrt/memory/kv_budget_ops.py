@@ -43,6 +43,17 @@ def choose_positions(scores: torch.Tensor, budget: KVBudget, computed: int) -> t
     return torch.topk(rank, k, dim=1).indices.sort(dim=1).values
 
 
+def mean_attention(scores: torch.Tensor) -> torch.Tensor:
+    """H2O's accumulated scores ``[..., computed]`` per query that could attend each
+    position (the position's own and every later one's): a plain sum ranks a
+    position by its age as much as by its attention (a prompt's early positions
+    have been scored by thousands more queries than its late ones, chunk by chunk).
+    ``-inf`` stays ``-inf``."""
+    computed = scores.shape[-1]
+    age = torch.arange(computed, 0, -1, device=scores.device, dtype=scores.dtype)
+    return scores / age
+
+
 RELOAD_FOLLOWERS = 4  # infinigen: positions after each wanted one that are kept or brought back with it
 WANTED = 1e30  # the score that ranks an estimate's choice above every heavy hitter (below sinks and recent)
 

@@ -46,6 +46,7 @@ from radixrt.memory.kv_budget_ops import (
     choose_positions,
     gather_columns,
     mark_wanted,
+    mean_attention,
     principal_axes,
     sketch_keys,
     write_columns,
@@ -116,7 +117,9 @@ class KVBudgeter:
         col_pos = b.column_positions(n)  # [L, H, n]
         exact = torch.full((L, H, computed), -math.inf, dtype=torch.float32, device=dev)
         exact.scatter_(2, col_pos, b.acc[:, :, :n])
-        scores = exact
+        # h2o ranks by attention per query that saw a position; infinigen's scores already age
+        # (decayed per query row), and ranking them so measured no different
+        scores = mean_attention(exact) if b.budget.decay == 1.0 else exact
         if b.host is not None and b.est.shape[2]:
             # infinigen: each head's positions with the most estimated mass for the current queries come
             # back (or stay), ahead of the heavy hitters; the rest compete by their exact scores

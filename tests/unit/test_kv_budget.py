@@ -25,6 +25,7 @@ from radixrt.memory.kv_budget_ops import (
     choose_positions,
     gather_columns,
     mark_wanted,
+    mean_attention,
     write_columns,
 )
 from radixrt.memory.kv_pool import KVPool
@@ -75,6 +76,22 @@ def test_each_head_keeps_its_sinks_recent_window_and_heavy_hitters():
 
     window = choose_positions(scores, KVBudget("window", 40, sinks=4, recent=34), computed=100)
     assert set(window[0].tolist()) == {0, 1, 2, 3} | set(range(64, 100))  # no heavy hitters
+
+
+def test_h2o_ranks_by_attention_per_query_not_by_age():
+    """An early position summed over many queries must not outrank a later one that
+    each of its fewer queries attended more."""
+    scores = torch.zeros(1, 100)
+    scores[0, 10] = 45.0  # 90 queries could attend it: 0.5 each
+    scores[0, 50] = 30.0  # 50 queries: 0.6 each
+    scores[0, 5] = -math.inf
+    mean = mean_attention(scores)
+    assert abs(float(mean[0, 10]) - 0.5) < 1e-6 and abs(float(mean[0, 50]) - 0.6) < 1e-6
+    assert mean[0, 5] == -math.inf
+    budget = KVBudget("h2o", 32, sinks=4, recent=27)  # one heavy hitter besides the sinks and the recent window
+    assert 10 in choose_positions(scores, budget, 100)[0].tolist()  # by the plain sum: the oldest
+    kept = choose_positions(mean, budget, 100)[0].tolist()
+    assert 50 in kept and 10 not in kept
 
 
 def test_infinigen_brings_back_what_the_estimate_wants_and_what_follows_it():
