@@ -17,7 +17,12 @@ attention mass each position received from that head's queries
   attention weighs most); at a compaction each head keeps, or loads back from
   the host, its ``reload`` positions with the most estimated mass (and the
   few right after each, `kv_budget_ops.mark_wanted`), ahead of the heavy
-  hitters: a position the current queries need again can come back.
+  hitters: a position the current queries need again can come back. And
+  within every step (InfiniGen's prefetch), each head of each layer also
+  attends the ``fetch`` host positions the step's own queries estimate most
+  wanted, read from the host for that layer's attention only: a question at
+  the end of a long prompt reads the fact it asks about in the same step, in
+  every layer, before any compaction could have known to keep it.
 
 Only request-private slots are ever written or freed: a compaction copies
 each head's kept K/V into the request's own slots (tree-owned ones are only
@@ -37,7 +42,8 @@ from dataclasses import dataclass
 KV_BUDGET_POLICIES = ("h2o", "infinigen", "window")
 MIN_KV_BUDGET = 32  # tokens: sinks, a recent window and a few heavy hitters
 INFINIGEN_DECAY = 0.98  # per query row: a position's score halves over ~34 queries that ignore it
-SKETCH_FRACTION = 4  # an offloaded key is estimated from head_dim / 4 of its channels
+FETCH_FRACTION = 8  # infinigen: a step attends budget / 8 host positions per head besides its columns
+SKETCH_FRACTION = 2  # a key's sketch: head_dim / 2 directions (with / 4, 1 of 4 needles found at 25%)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,13 @@ class KVBudget:
         """infinigen: at each compaction, the positions per head with the most
         estimated mass for the current queries, kept or brought back."""
         return max(8, self.tokens // 16)
+
+    @property
+    def fetch(self) -> int:
+        """infinigen: host positions each KV head of each layer attends in a step
+        besides its columns, those the step's queries estimate most wanted
+        (InfiniGen's prefetch; kernels/kv_scores.py)."""
+        return max(8, self.tokens // FETCH_FRACTION) if self.policy == "infinigen" else 0
 
     @property
     def decay(self) -> float:

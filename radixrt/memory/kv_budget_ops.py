@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from radixrt.kernels.kv_cache import LayerKVCache
 from radixrt.memory.kv_budget import SKETCH_FRACTION, KVBudget
 from radixrt.memory.kv_pool import KVPool
 
@@ -128,6 +129,28 @@ class HostKV:
     def buffers(self) -> list[torch.Tensor]:
         return self._bufs
 
+    def layer_caches(self) -> list[LayerKVCache]:
+        """Per layer, the host copy as a cache whose slot ``p`` holds position ``p``
+        (views, no copies; the pool's scheme and scales)."""
+        pool, H = self.pool, self.pool.num_kv_heads
+        per_layer = len(self._bufs) // pool.num_layers
+        out = []
+        for i in range(pool.num_layers):
+            bufs = [b.view(self.rows, H, *b.shape[1:]) for b in self._bufs[i * per_layer : (i + 1) * per_layer]]
+            quantized = per_layer == 4
+            dev = pool.layer_cache(i)
+            out.append(
+                LayerKVCache(
+                    bufs[0],
+                    bufs[1],
+                    k_scale=bufs[2] if quantized else None,
+                    v_scale=bufs[3] if quantized else None,
+                    k_scalar=dev.k_scalar,
+                    v_scalar=dev.v_scalar,
+                )
+            )
+        return out
+
 
 def gather_columns(pool: KVPool, slots: torch.Tensor, host_rows: torch.Tensor, host: Optional[HostKV]) -> list:
     """Copies of the K/V (and scales) each (layer, KV head, column) will hold:
@@ -177,11 +200,12 @@ def principal_axes(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
 
 
 def sketch_keys(pool: KVPool, slots: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
-    """The sketch rows ``[n, L, H, r]`` of the keys at ``slots``: their
-    coordinates along ``axes`` (`principal_axes`), all heads of each slot, in
-    the model's dtype (a quarter of the keys' size, an eighth of the KV's)."""
+    """The sketch ``[L, H, r, n]`` of the keys at ``slots``: their coordinates
+    along ``axes`` (`principal_axes`), all heads of each slot, in the model's
+    dtype (half the keys' size, a quarter of the KV's), positions last so that
+    one layer's sketch is one contiguous matrix per head for the estimate."""
     parts = []
     for i in range(pool.num_layers):
         k, _ = pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
-        parts.append(torch.einsum("nhd,hdr->nhr", k, axes[i]))
-    return torch.stack(parts, dim=1).to(pool.dtype)
+        parts.append(torch.einsum("nhd,hdr->hrn", k, axes[i]))
+    return torch.stack(parts).to(pool.dtype).contiguous()

@@ -62,7 +62,7 @@ class RequestBudget:
         self.base = 0
         self.host: Optional[HostKV] = HostKV(pool) if b.policy == "infinigen" else None
         self.axes: Optional[torch.Tensor] = None
-        self.sketch = torch.zeros((0, L, H, 1), dtype=torch.float32, device=dev)
+        self.sketch = torch.zeros((L, H, 1, 0), dtype=torch.float32, device=dev)
         self.est = torch.zeros((L, H, 0), dtype=torch.float32, device=dev)
 
     def sync(self, retractions: int) -> None:
@@ -82,8 +82,9 @@ class RequestBudget:
         if self.budget.policy == "window":
             return None
         sketch = None
-        if self.axes is not None and self.sketch.shape[0]:
-            sketch = OffloadSketch(self.sketch, self.axes, self.est)
+        if self.axes is not None and self.sketch.shape[3]:
+            host = self.host.layer_caches() if self.host is not None else None
+            sketch = OffloadSketch(self.sketch, self.axes, self.est, self.pos, host, self.budget.fetch)
         return ScoreJob(batch_index, self.acc, self.budget.decay, sketch)
 
     def column_positions(self, n: int) -> torch.Tensor:

@@ -119,7 +119,7 @@ class KVBudgeter:
         exact.scatter_(2, col_pos, b.acc[:, :, :n])
         # h2o ranks by attention per query that saw a position; infinigen's scores already age
         # (decayed per query row), and ranking them so measured no different
-        scores = mean_attention(exact) if b.budget.decay == 1.0 else exact
+        scores = mean_attention(exact) if b.budget.policy == "h2o" else exact
         if b.host is not None and b.est.shape[2]:
             # infinigen: each head's positions with the most estimated mass for the current queries come
             # back (or stay), ahead of the heavy hitters; the rest compete by their exact scores
@@ -140,7 +140,7 @@ class KVBudgeter:
             if b.axes is None:
                 b.axes = principal_axes(pool, slots)
             rows = sketch_keys(pool, new_slots, b.axes)
-            b.sketch = rows if b.sketch.shape[0] == 0 else torch.cat([b.sketch, rows])
+            b.sketch = rows if b.sketch.shape[3] == 0 else torch.cat([b.sketch, rows], dim=3)
         col_of = torch.full((L, H, computed), -1, dtype=torch.int64, device=dev)
         col_of.scatter_(2, col_pos, torch.arange(n, device=dev).expand(L, H, n))
         cols = col_of.gather(2, kept)

@@ -24,6 +24,7 @@ import pytest
 SHARED_SERVER_MODULES: dict[str, str] = {
     "tests/e2e/test_tool_calls.py": "default_server",
     "tests/e2e/test_responses_api.py": "default_server",
+    "tests/e2e/test_kv_budget_needle.py": "default_server",
     "tests/e2e/test_server.py": "tiny_server",
     "tests/e2e/test_request_ids.py": "tiny_server",
     "tests/e2e/test_dashboard.py": "tiny_server",
@@ -36,6 +37,7 @@ HEAVIEST_FIRST: tuple[str, ...] = (
     "tests/e2e/test_request_ids.py",
     "tests/e2e/test_tool_calls.py",  # with test_responses_api.py: one unit
     "tests/e2e/test_responses_api.py",
+    "tests/e2e/test_kv_budget_needle.py",
     "tests/e2e/test_speculative.py",
     "tests/e2e/test_http_fuzz.py",
     "tests/e2e/test_beam_search.py",

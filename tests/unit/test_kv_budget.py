@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from radixrt.config import EngineConfig
+from radixrt.kernels.kv_scores import OffloadSketch, ScoreJob, ScoringPass
 from radixrt.memory.kv_budget import KVBudget, resolve_budget
 from radixrt.memory.kv_budget_ops import (
     RELOAD_FOLLOWERS,
@@ -148,6 +149,41 @@ def test_columns_move_head_by_head_from_the_pool_and_the_host_bit_for_bit():
         for (col, head), (slot, h) in {(40, 0): (20, 0), (40, 1): (11, 1), (41, 0): (21, 0), (41, 1): (30, 1)}.items():
             assert torch.equal(k[col, head], before[i][0][slot, h]) and torch.equal(v[col, head], before[i][1][slot, h])
             assert pool.k_scale_buffers[i].view(-1, 2)[col, head] == scales[i].view(-1, 2)[slot, h]
+
+
+def test_a_step_that_fetches_every_unheld_host_position_attends_exactly():
+    """InfiniGen's prefetch (kernels/kv_scores.py): a request's rows attend the positions each head
+    holds in its columns plus the host positions it fetches; fetching all the others is full attention."""
+    L, H, G, D, P, m, n = 2, 2, 3, 16, 40, 10, 4
+    pool = KVPool(L, 128, 1, H, D, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(L, P + n, H, D, generator=gen)
+    values = torch.randn(L, P + n, H, D, generator=gen)
+    held = torch.stack([torch.randperm(P, generator=gen)[:m].sort().values for _ in range(L * H)]).view(L, H, m)
+    columns = torch.arange(60, 60 + m)
+    for i in range(L):
+        pool.layer_cache(i).store(torch.arange(P + n), keys[i], values[i])  # slot p: position p
+    host = HostKV(pool)
+    host.save(torch.arange(P), torch.arange(P))
+    for i in range(L):  # head h's column j holds position held[i, h, j]; then the chunk's own slots
+        k, v = pool.layer_kv(i)
+        for h in range(H):
+            k.view(-1, H, D)[columns, h] = keys[i, held[i, h], h]
+            v.view(-1, H, D)[columns, h] = values[i, held[i, h], h]
+    slots = torch.cat([columns, torch.arange(P, P + n)])
+    eye = torch.eye(D).expand(L, H, D, D)  # a sketch along every direction: the estimate is exact
+    sketch = OffloadSketch(keys[:, :P].permute(0, 2, 3, 1), eye, torch.zeros(L, H, P), held, host.layer_caches(), P - m)
+    scoring = ScoringPass([ScoreJob(0, torch.zeros(L, H, 64), 1.0, sketch)], [n], [slots])
+    q = torch.randn(L, n, H * G, D, generator=gen)
+    scale = D**-0.5
+    for i in range(L):
+        out = torch.zeros(n, H * G * D)
+        scoring.observe(i, q[i], pool.layer_cache(i), scale, out)
+        qr = q[i].view(n, H, G, D)
+        logits = torch.einsum("nkgd,pkd->kgnp", qr, keys[i]) * scale
+        logits.masked_fill_(torch.arange(P + n)[None, :] > torch.arange(P, P + n)[:, None], float("-inf"))
+        full = torch.einsum("kgnp,pkd->nkgd", torch.softmax(logits, dim=-1), values[i]).reshape(n, -1)
+        torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ the scheduler

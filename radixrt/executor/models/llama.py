@@ -122,7 +122,8 @@ class Attention(nn.Module):
         """``num_tokens``: rows of ``x`` that are real tokens (the rest is
         padding, see the module doc); only those reach the attention backend.
         ``scoring``: the batch's attention-mass pass (KV budgets), run after this
-        layer's attention over the same cache."""
+        layer's attention over the same cache; it may rewrite the output rows of
+        a request that fetches offloaded KV (InfiniGen)."""
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
@@ -143,11 +144,11 @@ class Attention(nn.Module):
             n = num_tokens
             o = backend.forward(q[:n], k[:n], v[:n], cache, self.scale)
             if scoring is not None:
-                scoring.observe(self.layer_id, q[:n], cache, self.scale)
+                scoring.observe(self.layer_id, q[:n], cache, self.scale, o)
             return self.o_proj(pad_rows(o, t))
         o = backend.forward(q, k, v, cache, self.scale)
         if scoring is not None:
-            scoring.observe(self.layer_id, q, cache, self.scale)
+            scoring.observe(self.layer_id, q, cache, self.scale, o)
         return self.o_proj(o)
 
 
