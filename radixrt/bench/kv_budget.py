@@ -359,7 +359,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"\n# requests at once: 8 requests of {args.context} tokens, a pool of {pool} tokens")
         cap = {"full": requests_at_once(args.model, args.dtype, None, 1.0, args.context, pool)}
         for b in args.budgets:
-            cap[f"h2o {b:.1%}"] = requests_at_once(args.model, args.dtype, "h2o", b, args.context, pool)
+            for policy in args.policies:
+                cap[f"{policy} {b:.1%}"] = requests_at_once(args.model, args.dtype, policy, b, args.context, pool)
         print("| KV | decoding at once | retractions |\n|---|---:|---:|")
         for name, c in cap.items():
             print(f"| {name} | {c['decoding_at_once']} | {c['retractions']} |")

@@ -184,6 +184,9 @@ def write_columns(pool: KVPool, data: list, slots: torch.Tensor) -> None:
         buf.index_copy_(0, idx, rows.reshape(-1, *buf.shape[1:]))
 
 
+SKETCH_DTYPE = torch.bfloat16
+
+
 def principal_axes(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
     """InfiniGen's skewing: per layer and KV head, the ``head_dim /
     SKETCH_FRACTION`` directions that carry most of the energy of the keys at
@@ -201,11 +204,12 @@ def principal_axes(pool: KVPool, slots: torch.Tensor) -> torch.Tensor:
 
 def sketch_keys(pool: KVPool, slots: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
     """The sketch ``[L, H, r, n]`` of the keys at ``slots``: their coordinates
-    along ``axes`` (`principal_axes`), all heads of each slot, in the model's
-    dtype (half the keys' size, a quarter of the KV's), positions last so that
-    one layer's sketch is one contiguous matrix per head for the estimate."""
+    along ``axes`` (`principal_axes`), all heads of each slot, positions last so
+    that one layer's sketch is one contiguous matrix per head for the estimate.
+    bfloat16 (`SKETCH_DTYPE`: it only ranks positions): an eighth of a float32
+    KV's size, a quarter of a bfloat16 one's."""
     parts = []
     for i in range(pool.num_layers):
         k, _ = pool.layer_cache(i).gather(slots, torch.float32)  # [n, H, D]
         parts.append(torch.einsum("nhd,hdr->hrn", k, axes[i]))
-    return torch.stack(parts).to(pool.dtype).contiguous()
+    return torch.stack(parts).to(SKETCH_DTYPE).contiguous()
