@@ -54,7 +54,7 @@ class OffloadSketch:
     """What the scoring pass sees of the positions ``0 .. P-1`` of a request
     (those computed up to its last compaction).
 
-    keys: ``[num_layers, num_kv_heads, r, P]`` (the model's dtype), each position's key
+    keys: ``[num_layers, num_kv_heads, r, P]`` (any float dtype), each position's key
     along ``axes``: ``[num_layers, num_kv_heads, head_dim, r]``, a few
     directions that carry most of the keys' energy (InfiniGen's skewing).
     acc: ``[num_layers, num_kv_heads, P]`` float32, each position's estimated

@@ -101,6 +101,7 @@ class HostKV:
         self.pinned = pool.device.type == "cuda"
         self.rows = 0
         self._bufs: list[torch.Tensor] = []  # like _flat_buffers(pool), [rows * kv_heads, ...]
+        self._layer_caches: Optional[list[LayerKVCache]] = None  # views of _bufs, rebuilt after a _grow
 
     def save(self, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """Copy every head of the pool's ``slots`` to rows ``positions``."""
@@ -125,13 +126,20 @@ class HostKV:
                 t[: self._bufs[i].shape[0]] = self._bufs[i]
             new.append(t)
         self._bufs, self.rows = new, rows
+        self._layer_caches = None
 
     def buffers(self) -> list[torch.Tensor]:
         return self._bufs
 
     def layer_caches(self) -> list[LayerKVCache]:
         """Per layer, the host copy as a cache whose slot ``p`` holds position ``p``
-        (views, no copies; the pool's scheme and scales)."""
+        (views, no copies; the pool's scheme and scales). Built once per buffer size:
+        the scoring pass asks every step."""
+        if self._layer_caches is None:
+            self._layer_caches = self._build_layer_caches()
+        return self._layer_caches
+
+    def _build_layer_caches(self) -> list[LayerKVCache]:
         pool, H = self.pool, self.pool.num_kv_heads
         per_layer = len(self._bufs) // pool.num_layers
         out = []
