@@ -35,6 +35,12 @@ from .tree import ancestor_mask
 
 # Below this many shared tokens the split costs more than it saves.
 MIN_SHARED_PREFIX = 32
+# The second part pads every request to the batch's most queries and longest rest. Where that
+# makes the cascade's query-key products this many times those of attending each request whole (a
+# prefill chunk among one-token decodes: every decode padded to the chunk's length), the padding
+# costs more than reading the prefix once saves (a mixed step of a 98-token chunk and 6 decodes
+# over a 1,180-token prefix: 2.4 times the products, 528 ms with the cascade, 394 ms without).
+MAX_PADDED_WORK = 1.5
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +97,8 @@ def shared_prefix_len(meta: AttentionMetadata) -> int:
 
 
 def plan_cascade(meta: AttentionMetadata, tree: Optional[list[Optional[list[int]]]] = None) -> Optional[CascadePlan]:
-    """The cascade plan of ``meta`` (None: no shared prefix worth it). ``tree``:
+    """The cascade plan of ``meta`` (None: no shared prefix worth it, or one whose second
+    part would mostly compute padding, `MAX_PADDED_WORK`). ``tree``:
     the batch's draft trees (kernels/tree.py), whose tokens see their ancestors only."""
     c = shared_prefix_len(meta)
     if c < MIN_SHARED_PREFIX:
@@ -104,6 +111,10 @@ def plan_cascade(meta: AttentionMetadata, tree: Optional[list[Optional[list[int]
     rest_lens = torch.tensor([k - c for k in meta.kv_lens], dtype=torch.int64, device=device)
     q_lens = torch.tensor(meta.q_lens, dtype=torch.int64, device=device)
     r_max, q_max = int(rest_lens.max()), max(meta.q_lens)
+    prefix_work = meta.num_tokens * c
+    whole = prefix_work + sum(q * (k - c) for q, k in zip(meta.q_lens, meta.kv_lens))
+    if prefix_work + meta.batch_size * q_max * r_max > MAX_PADDED_WORK * whole:
+        return None
     r = torch.arange(r_max, device=device)
     valid_key = r[None, :] < rest_lens[:, None]  # [B, R]
     rest_table = meta.kv_slots[torch.where(valid_key, starts[:, None] + c + r[None, :], starts[:, None])]

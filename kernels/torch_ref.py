@@ -72,16 +72,19 @@ def _as_decode_rows(q_len: int, kv_len: int) -> bool:
     return q_len == 1 or (q_len <= SHORT_EXTEND and q_len < kv_len)
 
 
-def _shared_slots(group: list[int], starts: list[int], lens: list[int], tails: dict[int, list[int]]) -> list[int]:
+def _shared_slots(
+    group: list[int], starts: list[int], lens: list[int], tails: dict[int, list[int]], common: int = 0
+) -> list[int]:
     """For each decode row of ``group`` (indices into `_decode_rows`' lists, a
     request's rows side by side): how many leading slots it shares with the
-    row before it (0: another request's). A chain's rows read their request's
+    row before it (``common``, the prefix of slots every request of the batch
+    starts with, for another request's). A chain's rows read their request's
     slots in order, so two share the shorter's keys; a tree's rows share the
     prefix before their paths."""
     shared = [0]
     for prev, i in zip(group, group[1:]):
         if starts[i] != starts[prev]:
-            shared.append(0)
+            shared.append(common)
         elif i in tails:
             shared.append(min(lens[i] - len(tails[i]), lens[prev] - len(tails.get(prev, ()))))
         else:
@@ -179,7 +182,13 @@ class TorchReferenceBackend(AttentionBackend):
         q_lens, kv_lens = meta.q_lens, meta.kv_lens
         device = meta.kv_slots.device
         native = self._native is not None and device.type == "cpu"
-        stack = native and meta.num_tokens < self.native_stack_rows and all(q == 1 for q in q_lens)
+        # a batch of decode rows (drafts under verification included) small enough for the native
+        # stack runs it whole, a shared prefix read once through row sharing rather than a cascade
+        stack = (
+            native
+            and meta.num_tokens < self.native_stack_rows
+            and all(_as_decode_rows(q, k) for q, k in zip(q_lens, kv_lens))
+        )
         self._cascade = plan_cascade(meta, tree) if self.cascade and not stack else None
         if self._cascade is not None:
             return
@@ -198,7 +207,10 @@ class TorchReferenceBackend(AttentionBackend):
             self._decode.append(dec)
             return
         rows, starts, lens, tails = self._decode_rows(q_lens, kv_lens, tree)
-        for group in self._decode_groups(lens):
+        # the native stack takes its rows as one group (its kernel reads slots in place: no padding)
+        groups = [list(range(len(lens)))] if stack else self._decode_groups(lens)
+        common = shared_prefix_len(meta) if native and self.group_shared_rows else 0
+        for group in groups:
             group = sorted(group, key=lambda i: (starts[i], i))  # a request's rows side by side
             g_starts = torch.tensor([starts[i] for i in group], dtype=torch.int64, device=device)
             g_rows = torch.tensor([rows[i] for i in group], dtype=torch.int64, device=device)
@@ -207,7 +219,7 @@ class TorchReferenceBackend(AttentionBackend):
             dec = self._plan_decode_group(meta, g_starts, g_lens, g_rows, g_tails)
             if native:
                 dec.lens = torch.tensor(g_lens, dtype=torch.int64)
-                shared = _shared_slots(group, starts, lens, tails) if self.group_shared_rows else []
+                shared = _shared_slots(group, starts, lens, tails, common) if self.group_shared_rows else []
                 dec.shared = torch.tensor(shared, dtype=torch.int64) if any(shared) else None
             self._decode.append(dec)
         if len(self._decode) == 1 and all(_as_decode_rows(q, k) for q, k in zip(q_lens, kv_lens)):

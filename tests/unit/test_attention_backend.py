@@ -154,6 +154,19 @@ CASCADE_CASES = [
 ]
 
 
+def test_cascade_declines_a_prefill_chunk_among_decodes():
+    """Padding six one-token decodes to a 98-token chunk's queries would compute more than
+    attending each request whole: no cascade. Even decodes over the same prefix take it."""
+    from radixrt.kernels.cascade import plan_cascade
+
+    prefix = list(range(1180))
+    rest = [list(range(2000 + 500 * i, 2000 + 500 * i + 408)) for i in range(7)]
+    seqs = [prefix + r for r in rest]
+    assert plan_cascade(AttentionMetadata.build(seqs, [98] + [1] * 6)) is None
+    assert plan_cascade(AttentionMetadata.build(seqs, [1] * 7)) is not None
+    assert plan_cascade(AttentionMetadata.build(seqs, [4] * 7)) is not None
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize("gqa", [1, 3])
@@ -168,6 +181,7 @@ def test_shared_prefix_cascade_matches_naive(name, shared, rest, q_lens, gqa, co
         assert cascade._FUSED_CPU is not None, "this torch has no fused CPU flash-attention op"
     else:
         monkeypatch.setattr(cascade, "_FUSED_CPU", None)
+    monkeypatch.setattr(cascade, "MAX_PADDED_WORK", float("inf"))  # the arithmetic, whatever it pads
 
     rng = random.Random(zlib.crc32(f"cascade-{name}-{gqa}-{consecutive}".encode()))
     torch.manual_seed(rng.randrange(1 << 30))

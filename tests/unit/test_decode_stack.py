@@ -148,3 +148,26 @@ def test_a_shared_prefix_is_read_once_by_the_stack_not_a_cascade(tiny_llama):
     python = runner.forward([7, 8, 9, 10], nxt, [1, 1, 1, 1])
     assert runner.backend._cascade is not None  # the Python stack's plan: a cascade
     torch.testing.assert_close(native, python, rtol=1e-4, atol=1e-4)
+
+
+def test_drafts_over_a_shared_prefix_stay_on_the_stack(tiny_llama):
+    """Draft chains and a draft tree of four requests sharing a 48-token prefix (a batch of agents
+    being verified): the stack runs them, each request's first row marked as sharing the prefix
+    with the request before, and gives the Python stack's answer (to float rounding)."""
+    runner = _runner(tiny_llama)
+    prefix = list(range(48))
+    q_lens = [3, 1, 4, 2]
+    tree = [None, None, [-1, 0, 0, 1], None]
+    seqs = [prefix + list(range(100 + 20 * i, 105 + 20 * i + q)) for i, q in enumerate(q_lens)]
+    runner.forward(list(range(3, 51)), [prefix], [48])
+    for seq, q in zip(seqs, q_lens):
+        runner.forward(list(range(60, 65)), [seq[: len(seq) - q]], [5])
+    ids = list(range(7, 7 + sum(q_lens)))
+    native = runner.forward(ids, seqs, q_lens, tree).clone()
+    plan = runner.backend.native_decode_plan()
+    assert plan is not None and plan.shared is not None
+    firsts = [sum(q_lens[:i]) for i in range(1, len(q_lens))]
+    assert [plan.shared.tolist()[i] for i in firsts] == [48, 48, 48]
+    runner.disable_decode_stack()
+    python = runner.forward(ids, seqs, q_lens, tree)
+    torch.testing.assert_close(native, python, rtol=1e-4, atol=1e-4)
