@@ -329,7 +329,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="programs per batch size: max(batch, 4 x scale)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--algorithm", default="RADIX", help="speculative_algorithm of the 'on' engine (none: off too)")
-    p.add_argument("--num-draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
+    p.add_argument("--num-draft-tokens", type=int, default=16, help="speculative_num_draft_tokens")
     p.add_argument("--tree-width", type=int, default=2, help="speculative_tree_width (1: chains)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool of each engine, in tokens")
     p.add_argument("--device", default=None, help="the engines' device (default: the engine's)")

@@ -360,7 +360,7 @@ class SpeculativeSettings:
         type=str.upper,
     )
     speculative_num_draft_tokens: int = setting(
-        8,
+        16,
         "longest draft path verified per request per step (a draft tree holds at most --speculative-tree-width "
         "times as many tokens; the cost model sizes each draft below that)",
     )

@@ -110,5 +110,5 @@ def test_harness_end_to_end_on_a_tiny_model(tiny_llama, tmp_path, capsys):
         assert r["verify_ct"] > 0 and r["accept_length"] >= 1.0
     assert {r["requests"] for r in rows if r["workload"] == "agent-loop"} == {2 * 3}
     table = out_md.read_text()
-    assert table.startswith("speculative decoding (RADIX, 8 draft tokens, tree width 2) on vs off")
+    assert table.startswith("speculative decoding (RADIX, 16 draft tokens, tree width 2) on vs off")
     assert table.count("\n| ") == 1 + len(rows) and table in capsys.readouterr().out
