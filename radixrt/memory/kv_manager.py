@@ -21,7 +21,7 @@ copies these queued to the step being launched (host_pool.py).
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence, cast
+from typing import Callable, Iterable, Optional, Sequence, cast
 
 from radixrt.memory.kv_handle import RequestKV
 from radixrt.memory.kv_pool import PageAllocator
@@ -32,10 +32,19 @@ from radixrt.memory.req_to_token import ReqToTokenPool
 
 
 class KVCacheManager:
-    def __init__(self, allocator: PageAllocator, tree: PrefixCache, req_to_token: ReqToTokenPool) -> None:
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        tree: PrefixCache,
+        req_to_token: ReqToTokenPool,
+        copy_slots: Optional[Callable[[Sequence[int], Sequence[int]], None]] = None,
+    ) -> None:
+        """``copy_slots(src, dst)``: copies the pool's K/V of slots ``src`` to ``dst``
+        (`KVPool.copy_slots`), which `keep_branch` needs with pages above one slot."""
         self.allocator = allocator
         self.tree = tree
         self.req_to_token = req_to_token
+        self.copy_slots = copy_slots
         self.page_size = allocator.page_size
         self.swapped_out_requests = 0
         self.swapped_out_tokens = 0
@@ -193,18 +202,26 @@ class KVCacheManager:
     def keep_branch(self, req: RequestKV, base: int, branch: Sequence[int]) -> None:
         """A draft tree was verified: of the tokens from sequence index ``base``
         on, keep those at ``base + branch[d]`` (the accepted branch, top down) as
-        indices ``base .. base + len(branch) - 1`` and free the others' slots. The
-        kept slots are not moved: the request's slot list (and table row) is
-        rewritten, which needs one-slot pages (``page_size == 1``)."""
-        assert self.page_size == 1 or all(a == d for d, a in enumerate(branch)), "a tree branch needs page_size 1"
+        indices ``base .. base + len(branch) - 1`` and free the others' slots.
+        With one-slot pages the kept slots are not moved: the request's slot list
+        (and table row) is rewritten. With larger pages a request's slots must
+        follow its pages, so the kept branch's K/V are copied down into the
+        first ``len(branch)`` draft slots instead (``copy_slots``; every source is
+        read before any is written, so a source that is also a destination is
+        read first)."""
         assert req.tree_len <= base, "a draft's slots are private"
         tail = req.slots[base:]
         kept = [tail[a] for a in branch]
         if kept != tail[: len(kept)]:
-            taken = set(branch)
-            req.slots[base:] = kept + [s for i, s in enumerate(tail) if i not in taken]
-            self.req_to_token.write(_row(req), base, kept)
-        self.truncate(req, base + len(kept))
+            if self.page_size == 1:
+                taken = set(branch)
+                req.slots[base:] = kept + [s for i, s in enumerate(tail) if i not in taken]
+                self.req_to_token.write(_row(req), base, kept)
+            else:
+                assert self.copy_slots is not None, "a tree branch in pages of several slots needs copy_slots"
+                moved = [d for d, a in enumerate(branch) if a != d]
+                self.copy_slots([tail[branch[d]] for d in moved], [tail[d] for d in moved])
+        self.truncate(req, base + len(branch))
 
     def compact(self, req: RequestKV, kept: Sequence[int], freed: Sequence[int], computed: int) -> None:
         """A request under a KV budget now lists only ``kept``, all private (its

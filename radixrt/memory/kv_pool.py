@@ -168,7 +168,9 @@ class KVPool:
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Copy the stored K/V (and int8 scales) of slots ``src[i]`` to ``dst[i]``
         in every layer: a copy on write, when a beam or sample leaves a shared,
-        partly filled page. ``dst`` must not overlap ``src``."""
+        partly filled page, or a draft tree's accepted branch moved into place.
+        Every source is read before any destination is written (a slot may be
+        both: it gives its old contents)."""
         if not src:
             return
         s = torch.tensor(list(src), dtype=torch.int64, device=self.device)

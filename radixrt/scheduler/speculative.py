@@ -312,9 +312,8 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
             cost = StepCost.measure(runner, slots)
         finally:
             allocator.free_slots(slots)
-    # a draft tree's accepted branch is kept by rewriting the request's slot list (KVManager.keep_branch),
-    # which pages of several slots do not allow; the fixed-split (deterministic) attention reads no tree
-    tree_ok = kv.page_size == 1 and not config.execution.enable_deterministic_inference
+    # the fixed-split (deterministic) attention reads no tree
+    tree_ok = not config.execution.enable_deterministic_inference
     return Speculator(
         kv.tree,
         cost,

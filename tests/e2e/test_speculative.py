@@ -150,7 +150,18 @@ def test_draft_trees_keep_the_accepted_branch_and_equal_speculation_off(tiny_eng
     """Trees whose accepted branch is off the first path: greedy, seeded samples
     with logprobs and a stop inside an accepted run equal speculation off, three
     tokens a step are accepted, and the slot invariant holds every step."""
-    on, off = tiny_engines
+    _check_oracle_trees(*tiny_engines)
+
+
+def test_draft_trees_in_pages_of_four_slots(tiny_path):
+    """The same with 4-slot pages, where the accepted branch's K/V are copied down
+    into the draft's first slots (its slot list must follow its pages)."""
+    with _engine(tiny_path, True, page_size=4) as on, _engine(tiny_path, False, page_size=4) as off:
+        assert on.scheduler.speculator.max_width == 2
+        _check_oracle_trees(on, off)
+
+
+def _check_oracle_trees(on, off) -> None:
     spec = on.scheduler.speculator
     greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
     seeded = {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": MAX_NEW}
