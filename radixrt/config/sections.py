@@ -370,7 +370,8 @@ class SpeculativeSettings:
     speculative_tree_width: int = setting(
         2,
         "most continuations a draft token branches into where earlier runs diverged (a draft tree verified with "
-        "a tree attention mask); 1: drafts are chains. Chains only with deterministic inference",
+        "a tree attention mask); 1: drafts are chains. Chains only with deterministic inference, or tensor "
+        "parallel with --page-size > 1",
     )
 
     def __post_init__(self) -> None:

@@ -294,7 +294,8 @@ COMPOSE = {
     "host_tier": dict(max_total_tokens=1024, enable_hierarchical_cache=True, host_kv_size=4096),
     "deterministic": dict(enable_deterministic_inference=True),
     "overlap": dict(disable_overlap_schedule=False),
-    "tensor_parallel": dict(tp_size=2),
+    # in pages of 4 slots, where draft trees turn into chains (a kept branch is copied in one rank's pool)
+    "tensor_parallel": dict(tp_size=2, page_size=4),
 }
 
 
@@ -314,6 +315,7 @@ def test_speculation_composes(tiny_path, name):
     with _engine(tiny_path, True, **flags) as on:
         assert _ids(_run(on, prompts, sp)) == want
         stats = on.get_stats()
+        assert on.scheduler.speculator.max_width == (1 if name in ("deterministic", "tensor_parallel") else 2)
     assert stats["spec_accepted_tokens"] > 0
     if name == "retraction":
         assert stats["retractions"] > 0
