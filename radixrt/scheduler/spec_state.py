@@ -13,6 +13,10 @@ CALIBRATION_RANGE = (0.25, 2.0)
 # the server-wide calibration counts as this many expected draft tokens of a request's own evidence
 PRIOR_WEIGHT = 2.0
 SERVER_DECAY = 0.995  # weight of the server's earlier verifications in the server-wide calibration
+# weight of the evidence per step in which a request (or, for the server's, every request) verified no
+# draft: a calibration low enough to stop all drafting would otherwise never hear of better drafts, so
+# old evidence fades and confident drafts are tried again (about every 20 idle steps at worst)
+IDLE_DECAY = 0.97
 
 
 @dataclass
@@ -47,6 +51,11 @@ class SpecState:
         self.expected = DECAY * self.expected + self.pending_expected
         self.cancel()
 
+    def age(self) -> None:
+        """A step without a draft of its own: its evidence fades (`IDLE_DECAY`)."""
+        self.accepted *= IDLE_DECAY
+        self.expected *= IDLE_DECAY
+
     def cancel(self) -> None:
         """The draft in flight is gone (verified, or dropped before computing)."""
         self.pending_expected = 0.0
@@ -72,3 +81,8 @@ class ServerCalibration:
     def record(self, kept: int, expected: float) -> None:
         self.accepted = SERVER_DECAY * self.accepted + kept
         self.expected = SERVER_DECAY * self.expected + expected
+
+    def age(self) -> None:
+        """A step in which no request drafted: the evidence fades (`IDLE_DECAY`)."""
+        self.accepted *= IDLE_DECAY
+        self.expected *= IDLE_DECAY

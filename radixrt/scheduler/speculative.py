@@ -156,6 +156,7 @@ class Speculator:
         first_costs = [self._token_cost(c, tokens) for c in contexts]
         if min(first_costs, default=0.0) > 0 and expected * min(first_costs) / time >= 1.0:
             self.stats.skipped_steps += any(r.spec is not None for r in running)
+            self._age_idle(running)
             return
         candidates, where = [], []
         for req, context, first in zip(running, contexts, first_costs):
@@ -164,6 +165,7 @@ class Speculator:
                 candidates.append(c)
                 where.append(context)
         if not candidates:
+            self._age_idle(running)
             return
 
         # draft tokens by marginal gain per second, decreasing: a request's draft token gains its
@@ -200,6 +202,16 @@ class Speculator:
         for c, nodes in zip(candidates, chosen):
             if nodes:
                 self._assign(c, sorted(nodes))
+        self._age_idle(running)
+
+    def _age_idle(self, running: list[Req]) -> None:
+        """Fade the calibration evidence of the requests that draft nothing this step, and
+        the server's when none does (spec_state.IDLE_DECAY)."""
+        idle = [r.spec for r in running if r.spec is not None and not r.spec.drafting]
+        for spec in idle:
+            spec.age()
+        if idle and len(idle) == sum(r.spec is not None for r in running):
+            self.calibration.age()
 
     def _token_cost(self, context: int, tokens: int) -> float:
         """What one more draft token at ``context`` adds to a step of ``tokens`` tokens

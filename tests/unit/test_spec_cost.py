@@ -203,3 +203,25 @@ def test_drafts_the_server_saw_rejected_shrink_a_new_requests_draft():
     spec2.calibration = spec.calibration
     spec2.draft(reqs2)
     assert sum(len(r.draft_ids) for r in reqs2) < optimistic
+
+
+def test_a_calibration_that_stopped_drafting_fades_and_drafts_are_tried_again():
+    """Rejections drive the server's and each request's calibration so low that no draft can
+    pay at this step cost; with no draft verified there is no new evidence, so without fading
+    speculation would stay off for good. Idle steps fade the old evidence: drafts come back."""
+    spec, reqs = _speculator(StepCost(fixed=0.02, per_row=0.0, per_token=0.004))
+    spec.draft(reqs)
+    assert any(r.draft_ids for r in reqs)
+    for _ in range(6):  # every draft rejected
+        for r in reqs:
+            drafted = len(r.draft_ids)
+            r.draft_ids = []
+            spec.settle(r, drafted, 0, 1)
+        spec.draft(reqs)
+    assert not any(r.draft_ids for r in reqs) and spec.calibration.ratio < 0.5
+    idle = 0
+    while not any(r.draft_ids for r in reqs):
+        idle += 1
+        assert idle < 100, "drafting never resumed"
+        spec.draft(reqs)
+    assert idle > 5 and spec.calibration.ratio > 0.5
