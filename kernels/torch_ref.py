@@ -209,7 +209,7 @@ class TorchReferenceBackend(AttentionBackend):
         rows, starts, lens, tails = self._decode_rows(q_lens, kv_lens, tree)
         # the native stack takes its rows as one group (its kernel reads slots in place: no padding)
         groups = [list(range(len(lens)))] if stack else self._decode_groups(lens)
-        common = shared_prefix_len(meta) if native and self.group_shared_rows else 0
+        common = shared_prefix_len(meta) if stack and self.group_shared_rows else 0
         for group in groups:
             group = sorted(group, key=lambda i: (starts[i], i))  # a request's rows side by side
             g_starts = torch.tensor([starts[i] for i in group], dtype=torch.int64, device=device)

@@ -207,10 +207,11 @@ class Speculator:
     def _age_idle(self, running: list[Req]) -> None:
         """Fade the calibration evidence of the requests that draft nothing this step, and
         the server's when none does (spec_state.IDLE_DECAY)."""
-        idle = [r.spec for r in running if r.spec is not None and not r.spec.drafting]
+        specs = [r.spec for r in running if r.spec is not None]
+        idle = [s for s in specs if not s.drafting]
         for spec in idle:
             spec.age()
-        if idle and len(idle) == sum(r.spec is not None for r in running):
+        if idle and len(idle) == len(specs):
             self.calibration.age()
 
     def _token_cost(self, context: int, tokens: int) -> float:
