@@ -167,6 +167,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
             ("hicache_storage_url", "redis://127.0.0.1:6390/0"),
             ("hicache_storage_quota_gb", 2.0),
             ("hicache_storage_block_tokens", 128),
+            ("hicache_storage_restore_tokens", 0),
         )
     ),
     Need(

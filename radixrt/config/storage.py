@@ -38,6 +38,14 @@ class StorageSettings:
         f"{DEFAULT_BLOCK_TOKENS}, or the page size when that is larger",
     )
 
+    hicache_storage_restore_tokens: Optional[int] = setting(
+        None,
+        "at start, read up to this many tokens of the store's most recently used cached sequences back "
+        "into the host tier (and the device while half its pool stays free), in the background, so the "
+        "first requests after a restart hit memory; 0: off (blocks are read when a request needs them); "
+        "unset: half the device KV pool, within the host tier",
+    )
+
     def __post_init__(self) -> None:
         if self.hicache_storage_backend is not None:
             check_choice("hicache_storage_backend", self.hicache_storage_backend, STORAGE_BACKENDS)
@@ -45,6 +53,8 @@ class StorageSettings:
             raise ValueError("hicache_storage_quota_gb must be > 0")
         if self.hicache_storage_block_tokens is not None and self.hicache_storage_block_tokens < 1:
             raise ValueError("hicache_storage_block_tokens must be >= 1")
+        if self.hicache_storage_restore_tokens is not None and self.hicache_storage_restore_tokens < 0:
+            raise ValueError("hicache_storage_restore_tokens must be >= 0")
 
     def block_tokens(self, page_size: int) -> int:
         """Tokens per stored block: the flag, or `DEFAULT_BLOCK_TOKENS` rounded up to whole pages."""

@@ -13,9 +13,14 @@ block sizes) and the cache namespace, so equal keys mean equal KV and no
 tenant's key names another tenant's text.
 
 Every stored value is framed (`frame`): a magic, the identity digest, the
-key, the payload's length and its XXH3-64 checksum, then the payload.
+key, its parent's key, the payload's length and the XXH3-64 checksum of the
+block's tokens and payload; then the tokens (`BlockMeta`), then the payload.
 `unframe` returns the payload only when all of them agree, so a torn or
-flipped page is never served: a backend deletes it and reports a miss.
+flipped page is never served: a backend deletes it and reports a miss. The
+tokens and the parent make a block self-describing: a store can be read back
+into a radix tree without any request naming its text (`BlockMeta.verify`
+checks them against the key, so they are as trustworthy as the key itself;
+kv_store_restore.py).
 
 Backends: kv_store_file.py (a directory: restart-warm, a quota with LRU
 eviction) and kv_store_redis.py (one store shared by many servers).
@@ -28,13 +33,16 @@ import struct
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from functools import cached_property
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Iterator, Optional, Sequence
 
 import xxhash
 
-MAGIC = b"RXKVBLK2"
-HEADER = struct.Struct("<8s16s16sQQ")  # magic, identity digest, key, payload length, XXH3-64 of the payload
-FRAME_FORMAT = 2  # 1: CRC-32 frames; 2: XXH3-64 frames (a store of another format is refused)
+MAGIC = b"RXKVBLK3"
+# magic, identity digest, key, parent key, payload length, XXH3-64 of the tokens and the payload
+HEADER = struct.Struct("<8s16s16s16sQQ")
+# 1: CRC-32 frames; 2: XXH3-64 frames; 3: frames carrying their tokens and parent (a store of another
+# format is refused)
+FRAME_FORMAT = 3
 
 
 class StoreMismatchError(ValueError):
@@ -72,20 +80,57 @@ class StoreIdentity:
         return "; ".join(diffs) or None
 
 
+def namespace_seed(identity: StoreIdentity, namespace: Optional[str]) -> bytes:
+    """The parent key of a sequence's first block in ``namespace``."""
+    ns = b"default" if namespace is None else b"ns:" + str(namespace).encode()
+    return hashlib.blake2b(identity.digest + ns, digest_size=16).digest()
+
+
+def chain_key(parent: bytes, block: Sequence[int]) -> bytes:
+    """The key of the block of tokens ``block`` that follows the block keyed ``parent``."""
+    return hashlib.blake2b(parent + struct.pack(f"<{len(block)}q", *block), digest_size=16).digest()
+
+
 def block_keys(identity: StoreIdentity, namespace: Hashable, tokens: Sequence[int], num_blocks: int) -> list[bytes]:
     """Keys of the first ``num_blocks`` whole blocks of ``tokens`` in ``namespace``."""
     B = identity.block_tokens
-    ns = b"default" if namespace is None else b"ns:" + str(namespace).encode()
-    parent = hashlib.blake2b(identity.digest + ns, digest_size=16).digest()
+    parent = namespace_seed(identity, namespace)  # type: ignore[arg-type]  # namespaces are str or None
     keys = []
     for j in range(num_blocks):
-        block = tokens[j * B : (j + 1) * B]
-        parent = hashlib.blake2b(parent + struct.pack(f"<{B}q", *block), digest_size=16).digest()
+        parent = chain_key(parent, tokens[j * B : (j + 1) * B])
         keys.append(parent)
     return keys
 
 
-def checksum(payload: Sequence[bytes | memoryview]) -> int:
+@dataclass(frozen=True)
+class BlockMeta:
+    """What a block holds: its tokens and the key of the block before it (the
+    namespace's seed for a sequence's first block), both stored in its frame,
+    and its cache namespace (None: the shared one), which a store keeps once per
+    namespace rather than in every frame."""
+
+    parent: bytes
+    tokens: tuple[int, ...]
+    namespace: Optional[str] = None
+
+    def packed_tokens(self) -> bytes:
+        return struct.pack(f"<{len(self.tokens)}i", *self.tokens)
+
+    def verify(self, key: bytes) -> bool:
+        """Whether this is what block ``key`` holds (its key chains from them)."""
+        return chain_key(self.parent, self.tokens) == key
+
+
+def token_bytes(identity: StoreIdentity) -> int:
+    """Bytes of a frame's tokens (int32 each)."""
+    return 4 * identity.block_tokens
+
+
+def read_tokens(identity: StoreIdentity, data: bytes | bytearray | memoryview) -> tuple[int, ...]:
+    return struct.unpack(f"<{identity.block_tokens}i", data)
+
+
+def checksum(payload: Sequence[bytes | bytearray | memoryview]) -> int:
     """XXH3-64 of a payload given in parts (the same value as over their concatenation): catches
     torn writes and flipped bytes at about 12 GB/s on one core here, against CRC-32's 3 GB/s, which
     was most of a restart's read of a long prefix (the keys, not the checksum, must not collide)."""
@@ -95,31 +140,55 @@ def checksum(payload: Sequence[bytes | memoryview]) -> int:
     return h.intdigest()
 
 
-def frame(identity: StoreIdentity, key: bytes, payload: bytes | memoryview) -> bytes:
-    """The stored bytes of one block (header, then payload)."""
-    return HEADER.pack(MAGIC, identity.digest, key, len(payload), checksum([payload])) + bytes(payload)
+def frame(identity: StoreIdentity, key: bytes, payload: bytes | memoryview, meta: BlockMeta) -> bytes:
+    """The stored bytes of one block (header, tokens, payload)."""
+    tokens = meta.packed_tokens()
+    assert len(tokens) == token_bytes(identity)
+    header = HEADER.pack(MAGIC, identity.digest, key, meta.parent, len(payload), checksum([tokens, payload]))
+    return header + tokens + bytes(payload)
 
 
 def unframe(identity: StoreIdentity, key: bytes, data: bytes | memoryview) -> Optional[memoryview]:
     """The payload of ``data`` if it is an intact frame of block ``key`` written
     under ``identity`` with the expected size, else None."""
-    if len(data) < HEADER.size:
+    start = HEADER.size + token_bytes(identity)
+    if len(data) < start:
         return None
-    payload = memoryview(data)[HEADER.size :]
-    return payload if intact(identity, key, memoryview(data)[: HEADER.size], [payload]) else None
+    view = memoryview(data)
+    payload = view[start:]
+    return payload if intact(identity, key, view[: HEADER.size], view[HEADER.size : start], [payload]) else None
 
 
 def intact(
-    identity: StoreIdentity, key: bytes, header: bytes | bytearray | memoryview, payload: Sequence[memoryview]
+    identity: StoreIdentity,
+    key: bytes,
+    header: bytes | bytearray | memoryview,
+    tokens: bytes | bytearray | memoryview,
+    payload: Sequence[memoryview],
 ) -> bool:
-    """Whether ``header`` and the payload read into the views ``payload`` (in order)
-    are an intact frame of block ``key`` written under ``identity``."""
-    magic, ident, stored_key, length, digest = HEADER.unpack_from(header)
-    if magic != MAGIC or ident != identity.digest or stored_key != key:
+    """Whether ``header``, ``tokens`` and the payload read into the views
+    ``payload`` (in order) are an intact frame of block ``key`` written under
+    ``identity``."""
+    magic, ident, stored_key, _, length, digest = HEADER.unpack_from(header)
+    if magic != MAGIC or ident != identity.digest or stored_key != key or len(tokens) != token_bytes(identity):
         return False
     if length != sum(v.nbytes for v in payload) or length != identity.block_bytes:
         return False
-    return checksum(payload) == digest
+    return checksum([tokens, *payload]) == digest
+
+
+def frame_meta(identity: StoreIdentity, key: bytes, head: bytes | bytearray | memoryview) -> Optional[BlockMeta]:
+    """The `BlockMeta` a frame's first ``HEADER.size + token_bytes`` bytes state,
+    when they belong to block ``key`` under ``identity`` and its key chains from
+    them (the payload is not checked here: reading it does), else None. The
+    namespace is left None: frames do not carry it (`KVStore.read_meta` names it)."""
+    if len(head) != HEADER.size + token_bytes(identity):
+        return None
+    magic, ident, stored_key, parent, _, _ = HEADER.unpack_from(head)
+    if magic != MAGIC or ident != identity.digest or stored_key != key:
+        return None
+    meta = BlockMeta(parent, read_tokens(identity, memoryview(head)[HEADER.size :]))
+    return meta if meta.verify(key) else None
 
 
 class KVStore(ABC):
@@ -178,8 +247,24 @@ class KVStore(ABC):
         return True
 
     @abstractmethod
-    def put(self, key: bytes, payload: bytes | memoryview) -> None:
+    def put(self, key: bytes, payload: bytes | memoryview, meta: BlockMeta) -> None:
         """Store a block (idempotent: an existing block is kept)."""
+
+    def recent_keys(self) -> Iterator[bytes]:
+        """The stored blocks' keys, most recently used first, as far as this
+        process knows without I/O (a store that keeps no index: none)."""
+        return iter(())
+
+    def read_meta(self, key: bytes) -> Optional[BlockMeta]:
+        """What stored block ``key`` holds (`frame_meta`: its tokens and parent,
+        verified against the key); None when it is missing or not verified. Reads
+        the frame's head only."""
+        return None
+
+    def namespaces(self) -> dict[bytes, Optional[str]]:
+        """The namespaces this store knows, by the seed their sequences chain from
+        (`namespace_seed`): the shared one and those it wrote down."""
+        return {namespace_seed(self.identity, None): None}
 
     @abstractmethod
     def size_bytes(self) -> int:

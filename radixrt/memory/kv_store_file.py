@@ -4,6 +4,7 @@ Layout::
 
     <dir>/store.json                 the store's identity (model, KV dtype, page/block sizes)
     <dir>/blocks/<ab>/<key hex>.kv   one framed block (kv_store.py) per file
+    <dir>/namespaces/<seed hex>      a cache namespace (its text), named by its sequences' seed
 
 Restart-warm: opening the store reads ``store.json`` (a store written by
 another model, KV dtype or layout is refused with `StoreMismatchError`) and
@@ -18,6 +19,13 @@ miss). Quota: when the blocks' bytes pass ``quota_bytes``, the least recently
 used are deleted. A read refreshes a block's modification time, so the LRU
 order survives restarts. Several servers may share one directory: `contains`
 checks the file system, not only this process's index.
+
+Reading back (`recent_keys`, `read_meta`): frames carry their tokens and
+parent key, and each namespace other than the shared one is written once
+under ``namespaces/``, so the most recently used sequences can be rebuilt
+from the store alone (kv_store_restore.py). The namespaces (``cache_salt``
+values) and token ids are as private as the KV beside them: the directory is
+the server's own.
 """
 
 from __future__ import annotations
@@ -30,9 +38,20 @@ import threading
 import uuid
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
-from radixrt.memory.kv_store import HEADER, KVStore, StoreIdentity, StoreMismatchError, frame, intact
+from radixrt.memory.kv_store import (
+    HEADER,
+    BlockMeta,
+    KVStore,
+    StoreIdentity,
+    StoreMismatchError,
+    frame,
+    frame_meta,
+    intact,
+    namespace_seed,
+    token_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +66,18 @@ class FileKVStore(KVStore):
         self.root = Path(root).expanduser()
         self.location = f"file://{socket.gethostname()}{self.root.resolve()}"
         self.blocks = self.root / "blocks"
+        self.namespaces_dir = self.root / "namespaces"
         self.quota_bytes = int(quota_bytes)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._index: OrderedDict[bytes, int] = OrderedDict()  # key -> file size, least recently used first
         self._bytes = 0
         self.blocks.mkdir(parents=True, exist_ok=True)
+        self.namespaces_dir.mkdir(exist_ok=True)
         self._check_identity()
         self._scan()
+        self._namespaces: dict[bytes, Optional[str]] = {namespace_seed(identity, None): None}
+        self._read_namespaces()
 
     def _check_identity(self) -> None:
         path = self.root / IDENTITY_FILE
@@ -95,6 +118,28 @@ class FileKVStore(KVStore):
         if found:
             logger.info("KV store %s: %d blocks (%.1f MiB)", self.root, len(found), self._bytes / 2**20)
 
+    def _read_namespaces(self) -> None:
+        for f in self.namespaces_dir.iterdir():
+            if f.name.endswith(".tmp"):
+                f.unlink(missing_ok=True)
+                continue
+            try:
+                seed, namespace = bytes.fromhex(f.name), f.read_text(encoding="utf-8")
+            except (OSError, ValueError):
+                continue
+            if namespace_seed(self.identity, namespace) == seed:  # a torn or foreign file names nothing
+                self._namespaces[seed] = namespace
+
+    def _remember_namespace(self, namespace: str) -> None:
+        seed = namespace_seed(self.identity, namespace)
+        if seed in self._namespaces:
+            return
+        path = self.namespaces_dir / seed.hex()
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_text(namespace, encoding="utf-8")
+        os.replace(tmp, path)
+        self._namespaces[seed] = namespace
+
     def _path(self, key: bytes) -> Path:
         h = key.hex()
         return self.blocks / h[:2] / f"{h}.kv"
@@ -123,11 +168,11 @@ class FileKVStore(KVStore):
         the payload straight into ``dest``, and one byte more to notice a longer file;
         then the frame is checked where it landed (`intact`)."""
         path = self._path(key)
-        header, extra = bytearray(HEADER.size), bytearray(1)
+        header, tokens, extra = bytearray(HEADER.size), bytearray(token_bytes(self.identity)), bytearray(1)
         try:
             fd = os.open(path, os.O_RDONLY)
             try:
-                size = os.readv(fd, [header, *dest, extra])
+                size = os.readv(fd, [header, tokens, *dest, extra])
             finally:
                 os.close(fd)
         except OSError:
@@ -135,7 +180,8 @@ class FileKVStore(KVStore):
                 self.misses += 1
             self._forget(key)
             return False
-        if size != HEADER.size + self.identity.block_bytes or not intact(self.identity, key, header, dest):
+        expected = HEADER.size + len(tokens) + self.identity.block_bytes
+        if size != expected or not intact(self.identity, key, header, tokens, dest):
             logger.warning("KV store %s: block %s is corrupt; deleted (it will be recomputed)", self.root, key.hex())
             with self._lock:
                 self.corrupt += 1
@@ -150,11 +196,29 @@ class FileKVStore(KVStore):
             self._index.move_to_end(key)
         return True
 
-    def put(self, key: bytes, payload: bytes | memoryview) -> None:
+    def recent_keys(self) -> Iterator[bytes]:
+        with self._lock:
+            keys = list(self._index)
+        return reversed(keys)
+
+    def read_meta(self, key: bytes) -> Optional[BlockMeta]:
+        try:
+            with open(self._path(key), "rb") as f:
+                meta = frame_meta(self.identity, key, f.read(HEADER.size + token_bytes(self.identity)))
+        except OSError:
+            return None
+        return meta
+
+    def namespaces(self) -> dict[bytes, Optional[str]]:
+        return dict(self._namespaces)
+
+    def put(self, key: bytes, payload: bytes | memoryview, meta: BlockMeta) -> None:
         if self.known(key):
             return
+        if meta.namespace is not None:
+            self._remember_namespace(meta.namespace)
         path = self._path(key)
-        data = frame(self.identity, key, payload)
+        data = frame(self.identity, key, payload, meta)
         path.parent.mkdir(exist_ok=True)
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         with open(tmp, "wb") as f:

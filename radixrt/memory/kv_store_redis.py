@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Any, Optional
 
-from radixrt.memory.kv_store import KVStore, StoreIdentity, frame, unframe
+from radixrt.memory.kv_store import BlockMeta, KVStore, StoreIdentity, frame, unframe
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +96,10 @@ class RedisKVStore(KVStore):
         self._remember(key)
         return payload
 
-    def put(self, key: bytes, payload: bytes | memoryview) -> None:
+    def put(self, key: bytes, payload: bytes | memoryview, meta: BlockMeta) -> None:
         if key in self._known:
             return
-        data = frame(self.identity, key, payload)
+        data = frame(self.identity, key, payload, meta)
         try:
             if self._client.set(self._key(key), data, nx=True):
                 self.written += 1

@@ -55,7 +55,7 @@ class Arrivals:
                     self._to_storage(req)
                 else:
                     failed.append((req, error))
-        if self.storage is not None and self.storage.held:
+        if self.storage is not None and self.storage.busy:
             self.queues.waiting.extend(self.storage.ready())
         return failed
 
@@ -64,14 +64,15 @@ class Arrivals:
         return out + (self.storage.drop(hit) if self.storage is not None else [])
 
     @property
-    def held(self) -> bool:
-        return bool((self.lora is not None and self.lora.held) or (self.storage is not None and self.storage.held))
+    def busy(self) -> bool:
+        """Whether requests are held, or the storage tier is restoring (either needs `ready` calls)."""
+        return bool((self.lora is not None and self.lora.held) or (self.storage is not None and self.storage.busy))
 
     def wait(self, timeout_s: float) -> None:
         """Block briefly for a held request (nothing else to do)."""
         if self.lora is not None and self.lora.held:
             self.lora.wait(timeout_s)
-        elif self.storage is not None and self.storage.held:
+        elif self.storage is not None and self.storage.busy:
             self.storage.wait(timeout_s)
 
     def lora_in_use(self) -> set[str]:

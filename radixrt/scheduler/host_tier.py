@@ -115,4 +115,6 @@ def build_storage_tier(
     )
     tier = StorageTier(store, host.pool, tree)
     tier.prefault_pools(runner.kv_pool)
+    restore = config.hicache_storage_restore_tokens
+    tier.start_restore(runner.kv_pool.total_slots // 2 if restore is None else restore)
     return tier

@@ -300,7 +300,7 @@ class Scheduler:
         return None
 
     def has_work(self) -> bool:
-        return bool(self.queues.waiting or self.queues.running or self.inflight or self.arriving.held)
+        return bool(self.queues.waiting or self.queues.running or self.inflight or self.arriving.busy)
 
     # ------------------------------------------------------------------ loop
     def event_loop(

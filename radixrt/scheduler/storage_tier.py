@@ -47,13 +47,14 @@ from radixrt.memory.host_pool import HostKVPool, page_runs
 from radixrt.memory.host_radix_cache import HostRadixCache
 from radixrt.memory.kv_events import KVEventRecorder, block_hashes, storage_medium
 from radixrt.memory.kv_pool import KVPool, prefault
-from radixrt.memory.kv_store import KVStore, StoreIdentity, block_keys
+from radixrt.memory.kv_store import BlockMeta, KVStore, StoreIdentity, block_keys, namespace_seed
 from radixrt.memory.radix_node import TreeNode
 from radixrt.scheduler.request import Req
+from radixrt.scheduler.storage_restore import StorageRestore, future_result
 
 logger = logging.getLogger(__name__)
 
-READ_THREADS = max(1, min(4, os.cpu_count() or 1))  # threads sharing one long read (see `_read`)
+READ_THREADS = max(1, min(4, os.cpu_count() or 1))  # threads sharing one long read (see `read_blocks`)
 MIN_BLOCKS_PER_READ_THREAD = 8
 WRITE_QUEUE_BLOCKS = 4096  # blocks waiting for the writer; beyond it new blocks are skipped (counted)
 MAX_ANNOUNCED = 1 << 20  # blocks whose KV event hash is kept (to announce their eviction)
@@ -88,15 +89,16 @@ class StorageTier:
         self.held: list[_Held] = []
         self._host_bytes = pool.buf.numpy()  # the host pool's memory, which reads land in
         self._queued: set[bytes] = set()  # keys handed to the writer, not yet written
-        self._writes: "queue.Queue[Optional[tuple[bytes, memoryview]]]" = queue.Queue()
+        self._writes: "queue.Queue[Optional[tuple[bytes, memoryview, BlockMeta]]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="radixrt-kv-store-writer", daemon=True)
         self._writer.start()
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="radixrt-kv-store-reader")
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="radixrt-kv-store-reader")
         self._read_helpers = ThreadPoolExecutor(READ_THREADS - 1 or 1, thread_name_prefix="radixrt-kv-store-read")
         self._bad_lock = threading.Lock()
         self.loaded_tokens = 0  # tokens read from storage into the host tier
         self.skipped_blocks = 0  # writes dropped because the writer was behind
         self.prefault_pages = 0  # pages of each pool backed at start (`prefault_pools`)
+        self.restore: Optional[StorageRestore] = None  # reading the store back at start (`start_restore`)
         tree.on_cached = self.on_cached
         # KV events (set by the scheduler when they are published): each block written is announced
         # with the store's medium, each block the quota evicts removed (radixrt/memory/kv_events.py)
@@ -147,12 +149,19 @@ class StorageTier:
             return
         slots = [s for j in todo for s in slots_path[j * B : (j + 1) * B]]
         todo_keys = [keys[j] for j in todo]
+        seed = namespace_seed(self.identity, namespace)  # type: ignore[arg-type]  # namespaces are str or None
+        metas = [
+            BlockMeta(keys[j - 1] if j else seed, tuple(keys_path[j * B : (j + 1) * B]), namespace)  # type: ignore[arg-type]
+            for j in todo
+        ]
         self._queued.update(todo_keys)
         if self.events is not None:
             hashes = list(block_hashes(namespace, keys_path[: (todo[-1] + 1) * B], B))
             for j, key in zip(todo, todo_keys):
                 self._announce[key] = (hashes[j], hashes[j - 1] if j else None, keys_path[j * B : (j + 1) * B])
-        self.tree.host.transfers.store(slots, lambda rows: self._deliver(todo_keys, rows), after_forward=not computed)
+        self.tree.host.transfers.store(
+            slots, lambda rows: self._deliver(todo_keys, metas, rows), after_forward=not computed
+        )
 
     def holds(self, node: TreeNode) -> bool:
         """Whether the last block ending inside ``node`` is known to be stored (a
@@ -164,12 +173,12 @@ class StorageTier:
         namespace = self.tree._namespace_of(node)
         return self.store.known(block_keys(self.identity, namespace, keys_path, last + 1)[last])
 
-    def _deliver(self, keys: list[bytes], rows: torch.Tensor) -> None:
+    def _deliver(self, keys: list[bytes], metas: list[BlockMeta], rows: torch.Tensor) -> None:
         """The forward thread's packed rows of ``keys``' blocks, for the writer."""
         data = rows.numpy().data.cast("B")  # the rows stay alive through the views
         n = self.identity.block_bytes
-        for i, key in enumerate(keys):
-            self._writes.put((key, data[i * n : (i + 1) * n]))
+        for i, (key, meta) in enumerate(zip(keys, metas)):
+            self._writes.put((key, data[i * n : (i + 1) * n], meta))
 
     def _write_loop(self) -> None:
         while True:
@@ -177,10 +186,10 @@ class StorageTier:
             try:
                 if item is None:
                     return
-                key, payload = item
+                key, payload, meta = item
                 event = self._announce.pop(key, None)
                 try:
-                    self.store.put(key, payload)
+                    self.store.put(key, payload, meta)
                     if event is not None and self.events is not None:
                         self._announced_write(key, event)
                 except OSError as e:
@@ -221,7 +230,7 @@ class StorageTier:
         if leader is not None:  # the same blocks are on their way: wait for them rather than read them twice
             self.held.append(_Held(req, start * B, keys, None, leader=leader))
         else:
-            self.held.append(_Held(req, start * B, keys, self._reader.submit(self._probe, keys)))
+            self.held.append(_Held(req, start * B, keys, self.reader.submit(self._probe, keys)))
         return True
 
     def _probe(self, keys: list[bytes]) -> int:
@@ -231,7 +240,7 @@ class StorageTier:
             n += 1
         return n
 
-    def _read(self, keys: list[bytes], host_slots: list[int]) -> int:
+    def read_blocks(self, keys: list[bytes], host_slots: list[int]) -> int:
         """Read the blocks ``keys`` into host slots ``host_slots`` (the reader
         thread; the slots are reserved for it); how many leading blocks are good.
         A long read is split into runs of blocks read by up to `READ_THREADS`
@@ -278,6 +287,8 @@ class StorageTier:
         """Held requests whose reads are done, with what was read now in the tree
         (host-only nodes); they go back to the waiting queue. A request whose probe
         found blocks gets host slots now and stays held while they are read."""
+        if self.restore is not None:
+            self.restore.advance()
         out = []
         for h in list(self.held):  # leaders come before their followers
             if h.leader is not None:
@@ -289,12 +300,14 @@ class StorageTier:
             if not h.future.done():
                 continue
             self.held.remove(h)
-            result = _result(h.future)
+            result = future_result(h.future, 0)
             if h.slots is None and result and not h.aborted:  # probed: now read them into host slots
+                result = self._skip_cached(h, result)
+            if h.slots is None and result and not h.aborted:
                 h.slots = self.tree.reserve_host(result * self.block_tokens)
                 if h.slots is not None:
                     h.keys = h.keys[:result]
-                    h.future = self._reader.submit(self._read, h.keys, h.slots)
+                    h.future = self.reader.submit(self.read_blocks, h.keys, h.slots)
                     self.held.append(h)
                     continue
             if h.slots is not None:
@@ -302,6 +315,16 @@ class StorageTier:
             if not h.aborted:
                 out.append(h.req)
         return out
+
+    def _skip_cached(self, h: _Held, found: int) -> int:
+        """Drop from probed ``h`` its leading blocks the tree cached since it was
+        held (a restore's, another request's); how many found blocks are left."""
+        req = h.req
+        match = self.tree.match_prefix(req.seq[: req.max_prefix_len], namespace=req.namespace, record_stats=False)
+        skip = min(found, max(0, (match.length + match.host_length - h.start) // self.block_tokens))
+        h.keys = h.keys[skip:]
+        h.start += skip * self.block_tokens
+        return found - skip
 
     def _insert(self, h: _Held, good_blocks: int) -> None:
         assert h.slots is not None
@@ -314,9 +337,23 @@ class StorageTier:
         elif n:
             self.tree.release_host(h.slots[:n])
 
+    @property
+    def busy(self) -> bool:
+        """Whether requests are held or a restore is under way."""
+        return bool(self.held) or (self.restore is not None and not self.restore.done)
+
+    def start_restore(self, max_tokens: int) -> None:
+        """Read up to ``max_tokens`` of the store's most recently used sequences back
+        (storage_restore.py), capped at what the host tier holds."""
+        max_tokens = min(max_tokens, self.pool.allocator.total_slots)
+        if max_tokens >= self.block_tokens and self.store.local:
+            self.restore = StorageRestore(self, max_tokens)
+
     def wait(self, timeout_s: float) -> None:
-        """Block until a held request's read is done or ``timeout_s`` passed."""
+        """Block until a held request's read or a restore's is done or ``timeout_s`` passed."""
         futures = [h.future for h in self.held if h.future is not None]
+        if self.restore is not None and self.restore.pending is not None:
+            futures.append(self.restore.pending)
         if futures:
             wait(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
 
@@ -338,7 +375,7 @@ class StorageTier:
     def close(self) -> None:
         self._writes.put(None)
         self._writer.join(30.0)
-        self._reader.shutdown(wait=True)
+        self.reader.shutdown(wait=True)
         self._read_helpers.shutdown(wait=True)
         self.store.close()
 
@@ -350,15 +387,8 @@ class StorageTier:
             "write_queue_blocks": self._writes.qsize(),
             "skipped_blocks": self.skipped_blocks,
             "prefault_pages": self.prefault_pages,
+            "restore": None if self.restore is None else self.restore.stats(),
         }
-
-
-def _result(future: "Future[int]") -> int:
-    try:
-        return future.result()
-    except Exception as e:  # noqa: BLE001 (a backend error is a miss, never a failed request)
-        logger.warning("KV store: read failed: %s", e)
-        return 0
 
 
 def _path_to(leaf: TreeNode) -> tuple[list[int], list[int]]:

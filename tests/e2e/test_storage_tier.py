@@ -30,8 +30,66 @@ def _prompt(n_words: int, tag: str = "") -> str:
 
 
 def _engine(model: str, **flags) -> radixrt.Engine:
+    """An engine whose restarts read stored blocks only when a request needs them,
+    unless ``hicache_storage_restore_tokens`` says otherwise (the restore's own tests)."""
     flags.setdefault("hicache_storage_backend", "file")
+    flags.setdefault("hicache_storage_restore_tokens", 0)
     return radixrt.Engine(model, max_total_tokens=4096, debug_check_invariants=True, **flags)
+
+
+def _restored(engine: radixrt.Engine) -> dict:
+    """The engine's restore statistics once it is done."""
+    deadline = time.monotonic() + 60
+    while not (restore := engine.get_stats()["storage_kv"]["restore"])["done"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return restore
+
+
+def test_a_restarted_engine_restores_recent_prefixes_onto_the_device_before_any_request(
+    default_model_path, tmp_path: Path
+) -> None:
+    prompts = [_prompt(150), _prompt(60, tag="-b")]
+    flags = dict(dtype="float32", hicache_storage_dir=str(tmp_path))
+    with _engine(default_model_path, **flags) as first:
+        before = [first.generate(p, GREEDY)["text"] for p in prompts]
+    with _engine(default_model_path, hicache_storage_restore_tokens=100_000, **flags) as restarted:
+        restore = _restored(restarted)
+        after = [restarted.generate(p, GREEDY, return_cache_info=True) for p in prompts]
+        stats = restarted.scheduler.stats()
+    assert [r["text"] for r in after] == before
+    for r in after:  # every prompt token but the last (computed for its logits) was on the device already:
+        n = r["meta_info"]["prompt_tokens"] - 1  # the restore brought the prompt and the output's stored blocks
+        assert r["meta_info"]["cached_tokens"] == n
+        assert r["meta_info"]["cache_info"]["tiers"] == {"device": n, "host": 0, "storage": 0}
+    assert restore["host_tokens"] == restore["device_tokens"] >= max(r["meta_info"]["prompt_tokens"] for r in after)
+    # blocks the two sequences share were read once (their tree holds a shared part once)
+    assert restore["host_tokens"] <= BLOCK * stats["storage_kv"]["hit_blocks"] < restore["host_tokens"] + BLOCK
+    assert stats["storage_kv"]["corrupt_blocks"] == 0 and stats["cache"]["storage_hit_tokens"] == 0
+
+
+def test_a_restore_cut_by_a_corrupt_block_and_a_request_racing_it_give_the_same_answers(
+    tiny_llama, tmp_path: Path
+) -> None:
+    prompt = _prompt(100)
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
+        before = first.generate(prompt, GREEDY)
+    blocks = sorted(tmp_path.rglob("*.kv"), key=lambda p: p.stat().st_mtime)
+    middle = blocks[len(blocks) // 2]
+    data = bytearray(middle.read_bytes())
+    data[-5] ^= 0x01  # a payload byte: the frame head still verifies, the checksum does not
+    middle.write_bytes(bytes(data))
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path), hicache_storage_restore_tokens=100_000) as restarted:
+        restore = _restored(restarted)
+        after = restarted.generate(prompt, GREEDY)
+        storage = restarted.scheduler.stats()["storage_kv"]
+    assert after["text"] == before["text"]
+    assert storage["corrupt_blocks"] == 1 and 0 < restore["host_tokens"] == BLOCK * (len(blocks) // 2)
+    assert after["meta_info"]["cached_tokens"] == restore["host_tokens"]
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path), hicache_storage_restore_tokens=100_000) as racing:
+        raced = racing.generate(prompt, GREEDY)  # sent at once: the restore may still be reading
+        assert _restored(racing)["done"]
+    assert raced["text"] == before["text"] and raced["meta_info"]["cached_tokens"] >= restore["host_tokens"]
 
 
 def test_a_restarted_engine_reads_the_prefix_back_with_the_same_output(default_model_path, tmp_path: Path) -> None:

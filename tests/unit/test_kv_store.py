@@ -18,7 +18,16 @@ from typing import Optional
 
 import pytest
 
-from radixrt.memory.kv_store import KVStore, StoreIdentity, StoreMismatchError, block_keys, frame, unframe
+from radixrt.memory.kv_store import (
+    BlockMeta,
+    KVStore,
+    StoreIdentity,
+    StoreMismatchError,
+    block_keys,
+    frame,
+    namespace_seed,
+    unframe,
+)
 from radixrt.memory.kv_store_file import FileKVStore
 
 IDENTITY = StoreIdentity(model="ab" * 16, kv_dtype="auto/torch.float32", page_size=1, block_tokens=4, page_bytes=8)
@@ -27,6 +36,19 @@ BLOCK = IDENTITY.block_bytes  # 32 bytes
 
 def payload(i: int) -> bytes:
     return bytes((i + j) % 256 for j in range(BLOCK))
+
+
+def chain(tokens: list[int], namespace: Optional[str] = None, identity: StoreIdentity = IDENTITY) -> list[bytes]:
+    """The keys of the whole blocks of ``tokens`` (their metas in `META`)."""
+    B = identity.block_tokens
+    keys = block_keys(identity, namespace, tokens, len(tokens) // B)
+    parents = [namespace_seed(identity, namespace), *keys[:-1]]
+    for j, (key, parent) in enumerate(zip(keys, parents)):
+        META[key] = BlockMeta(parent, tuple(tokens[j * B : (j + 1) * B]), namespace)
+    return keys
+
+
+META: dict[bytes, BlockMeta] = {}
 
 
 def test_block_keys_chain_prefixes_and_separate_namespaces_and_identities() -> None:
@@ -41,8 +63,8 @@ def test_block_keys_chain_prefixes_and_separate_namespaces_and_identities() -> N
 
 
 def test_frames_refuse_flipped_bytes_other_keys_and_wrong_sizes() -> None:
-    key = block_keys(IDENTITY, None, [1, 2, 3, 4], 1)[0]
-    data = frame(IDENTITY, key, payload(0))
+    key = chain([1, 2, 3, 4])[0]
+    data = frame(IDENTITY, key, payload(0), META[key])
     assert bytes(unframe(IDENTITY, key, data) or b"") == payload(0)
     for at in (0, 10, len(data) - 1, len(data) - BLOCK // 2):
         flipped = bytearray(data)
@@ -55,9 +77,9 @@ def test_frames_refuse_flipped_bytes_other_keys_and_wrong_sizes() -> None:
 
 def test_file_store_is_warm_after_reopening(tmp_path: Path) -> None:
     store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
-    keys = block_keys(IDENTITY, None, list(range(40)), 10)
+    keys = chain(list(range(40)))
     for i, k in enumerate(keys):
-        store.put(k, payload(i))
+        store.put(k, payload(i), META[k])
     assert store.written == 10 and store.known(keys[3]) and store.contains(keys[3])
     reopened = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
     assert all(reopened.known(k) for k in keys)
@@ -85,17 +107,17 @@ def test_reads_land_straight_in_scattered_views_and_refuse_corrupt_blocks(tmp_pa
         def get(self, key: bytes) -> Optional[memoryview]:
             return unframe(IDENTITY, key, self.frames[key]) if key in self.frames else None
 
-        def put(self, key: bytes, data: bytes | memoryview) -> None:
-            self.frames[key] = frame(IDENTITY, key, data)
+        def put(self, key: bytes, data: bytes | memoryview, meta: BlockMeta) -> None:
+            self.frames[key] = frame(IDENTITY, key, data, meta)
 
         def size_bytes(self) -> int:
             return sum(map(len, self.frames.values()))
 
     store, other = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20), InMemory()
-    keys = block_keys(IDENTITY, None, list(range(8)), 2)
+    keys = chain(list(range(8)))
     for s in (store, other):
-        s.put(keys[0], payload(0))
-        s.put(keys[1], payload(1))
+        s.put(keys[0], payload(0), META[keys[0]])
+        s.put(keys[1], payload(1), META[keys[1]])
     for reader in (store, other):
         memory = bytearray(2 * BLOCK)
         views = [memoryview(memory)[BLOCK : BLOCK + 8], memoryview(memory)[:24]]  # out of order, split
@@ -124,35 +146,38 @@ def test_file_store_refuses_another_model_dtype_or_layout(tmp_path: Path) -> Non
             FileKVStore(tmp_path, other, quota_bytes=1 << 20)
 
 
-def test_file_store_refuses_a_store_of_crc32_frames(tmp_path: Path) -> None:
-    """A directory written before the frames carried XXH3-64 (its store.json has no frame_format)."""
-    FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
-    old = json.loads((tmp_path / "store.json").read_text())
-    del old["frame_format"]
-    (tmp_path / "store.json").write_text(json.dumps(old))
-    with pytest.raises(StoreMismatchError, match="frame_format: store has None, server has 2"):
+def test_file_store_refuses_a_store_of_older_frames(tmp_path: Path) -> None:
+    """Directories written before the frames carried XXH3-64 (store.json has no frame_format)
+    and before they carried their tokens (frame_format 2)."""
+    for old_format, said in ((None, "None"), (2, "2")):
         FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+        old = json.loads((tmp_path / "store.json").read_text())
+        old["frame_format"] = old_format
+        (tmp_path / "store.json").write_text(json.dumps(old))
+        with pytest.raises(StoreMismatchError, match=f"frame_format: store has {said}, server has 3"):
+            FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+        (tmp_path / "store.json").unlink()
 
 
 def test_file_store_quota_evicts_least_recently_used(tmp_path: Path) -> None:
-    frame_bytes = len(frame(IDENTITY, b"\0" * 16, payload(0)))
+    frame_bytes = len(frame(IDENTITY, b"\0" * 16, payload(0), BlockMeta(b"\0" * 16, (0, 1, 2, 3))))
     store = FileKVStore(tmp_path, IDENTITY, quota_bytes=3 * frame_bytes)
     evicted: list[bytes] = []
     store.on_evict = evicted.append  # the storage tier announces these as removed (KV events)
-    keys = block_keys(IDENTITY, None, list(range(16)), 4)
+    keys = chain(list(range(16)))
     for i, k in enumerate(keys[:3]):
-        store.put(k, payload(i))
+        store.put(k, payload(i), META[k])
     assert store.get(keys[0]) is not None  # keys[1] is now the least recently used
-    store.put(keys[3], payload(3))
+    store.put(keys[3], payload(3), META[keys[3]])
     assert store.evicted == 1 and evicted == [keys[1]] and store.size_bytes() <= 3 * frame_bytes
     assert not store.contains(keys[1]) and all(store.contains(k) for k in (keys[0], keys[2], keys[3]))
 
 
 def test_corrupt_and_torn_blocks_are_refused_and_removed(tmp_path: Path) -> None:
     store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
-    keys = block_keys(IDENTITY, None, list(range(12)), 3)
+    keys = chain(list(range(12)))
     for i, k in enumerate(keys):
-        store.put(k, payload(i))
+        store.put(k, payload(i), META[k])
     files = {k: store._path(k) for k in keys}
     data = bytearray(files[keys[0]].read_bytes())
     data[-3] ^= 0xFF
@@ -169,14 +194,16 @@ def test_corrupt_and_torn_blocks_are_refused_and_removed(tmp_path: Path) -> None
 
 _WRITER = """
 import sys
-from radixrt.memory.kv_store import StoreIdentity, block_keys
+from radixrt.memory.kv_store import BlockMeta, StoreIdentity, block_keys, namespace_seed
 from radixrt.memory.kv_store_file import FileKVStore
 ident = StoreIdentity(model="ab" * 16, kv_dtype="auto/torch.float32", page_size=1, block_tokens=4, page_bytes=4096)
 store = FileKVStore(sys.argv[1], ident, quota_bytes=1 << 40)
 print("ready", flush=True)
 i = 0
 while True:
-    store.put(block_keys(ident, None, [i, i + 1, i + 2, i + 3], 1)[0], bytes([i % 256]) * ident.block_bytes)
+    block = [i, i + 1, i + 2, i + 3]
+    meta = BlockMeta(namespace_seed(ident, None), tuple(block))
+    store.put(block_keys(ident, None, block, 1)[0], bytes([i % 256]) * ident.block_bytes, meta)
     i += 1
 """
 
@@ -246,11 +273,11 @@ def test_redis_store_is_shared_between_servers_of_one_identity(redis_url: str) -
 
     a, b = RedisKVStore(redis_url, IDENTITY), RedisKVStore(redis_url, IDENTITY)
     other = RedisKVStore(redis_url, replace(IDENTITY, model="cd" * 16))
-    keys = block_keys(IDENTITY, None, list(range(8)), 2)
-    a.put(keys[0], payload(0))
+    keys = chain(list(range(8)))
+    a.put(keys[0], payload(0), META[keys[0]])
     assert b.contains(keys[0]) and bytes(b.get(keys[0]) or b"") == payload(0)
     assert not b.contains(keys[1]) and not other.contains(keys[0])
-    b.put(keys[0], payload(9))  # SET NX: the first copy stays
+    b.put(keys[0], payload(9), META[keys[0]])  # SET NX: the first copy stays
     assert bytes(a.get(keys[0]) or b"") == payload(0)
-    a._client.set(a._key(keys[1]), frame(IDENTITY, keys[1], payload(1))[:-1] + b"\0")
+    a._client.set(a._key(keys[1]), frame(IDENTITY, keys[1], payload(1), META[keys[1]])[:-1] + b"\0")
     assert b.get(keys[1]) is None and b.corrupt == 1 and not a.contains(keys[1])
