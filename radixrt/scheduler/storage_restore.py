@@ -5,8 +5,8 @@ to spare, on the device, so the first requests after a restart hit memory.
 
 The reader thread plans the restore (kv_store_restore.py: frame heads only),
 then reads the planned runs a chunk of at most `CHUNK_BLOCKS` blocks at a
-time, so a request's own storage lookup, queued on the same thread, waits for
-one chunk at most. `advance` (the scheduler's thread, from
+time, and none while requests are held for their own storage reads, so a
+request's lookup, queued on the same thread, waits for one chunk at most. `advance` (the scheduler's thread, from
 `StorageTier.ready`, never blocking) reserves host slots for the next chunk
 and, once it is read, caches each run as a host-only node (`insert_on_host`:
 a run is cut at its first missing or corrupt block, and the runs below it are
@@ -77,8 +77,9 @@ class StorageRestore:
             return self._planned
         return self._chunk[2] if self._chunk is not None else None
 
-    def advance(self) -> None:
-        """Move the restore on as far as its reads allow (the scheduler's thread)."""
+    def advance(self, paused: bool = False) -> None:
+        """Move the restore on as far as its reads allow (the scheduler's thread);
+        ``paused``: start no new chunk (requests are waiting for their own reads)."""
         if self.done:
             return
         if self._planned is not None:
@@ -92,6 +93,8 @@ class StorageRestore:
                 return
             self._chunk = None
             self._cache(runs, slots, future_result(read, [0] * len(runs)))
+        if paused:
+            return
         if self._runs:
             self._read_next()
         if self._chunk is None:

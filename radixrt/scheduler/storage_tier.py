@@ -288,7 +288,7 @@ class StorageTier:
         (host-only nodes); they go back to the waiting queue. A request whose probe
         found blocks gets host slots now and stays held while they are read."""
         if self.restore is not None:
-            self.restore.advance()
+            self.restore.advance(paused=bool(self.held))
         out = []
         for h in list(self.held):  # leaders come before their followers
             if h.leader is not None:
