@@ -49,22 +49,27 @@ def _restored(engine: radixrt.Engine) -> dict:
 def test_a_restarted_engine_restores_recent_prefixes_onto_the_device_before_any_request(
     default_model_path, tmp_path: Path
 ) -> None:
-    prompts = [_prompt(150), _prompt(60, tag="-b")]
+    prompts, salts = [_prompt(150), _prompt(60, tag="-b")], [None, "tenant-b"]
     flags = dict(dtype="float32", hicache_storage_dir=str(tmp_path))
     with _engine(default_model_path, **flags) as first:
-        before = [first.generate(p, GREEDY)["text"] for p in prompts]
+        before = [first.generate(p, GREEDY, cache_salt=salt)["text"] for p, salt in zip(prompts, salts)]
     with _engine(default_model_path, hicache_storage_restore_tokens=100_000, **flags) as restarted:
         restore = _restored(restarted)
-        after = [restarted.generate(p, GREEDY, return_cache_info=True) for p in prompts]
+        after = [
+            restarted.generate(p, GREEDY, return_cache_info=True, cache_salt=salt) for p, salt in zip(prompts, salts)
+        ]
+        unsalted = restarted.generate(prompts[1], {"max_new_tokens": 1}, return_cache_info=True)
         stats = restarted.scheduler.stats()
     assert [r["text"] for r in after] == before
     for r in after:  # every prompt token but the last (computed for its logits) was on the device already:
         n = r["meta_info"]["prompt_tokens"] - 1  # the restore brought the prompt and the output's stored blocks
         assert r["meta_info"]["cached_tokens"] == n
         assert r["meta_info"]["cache_info"]["tiers"] == {"device": n, "host": 0, "storage": 0}
-    assert restore["host_tokens"] == restore["device_tokens"] >= max(r["meta_info"]["prompt_tokens"] for r in after)
-    # blocks the two sequences share were read once (their tree holds a shared part once)
-    assert restore["host_tokens"] <= BLOCK * stats["storage_kv"]["hit_blocks"] < restore["host_tokens"] + BLOCK
+    # the salted sequence came back in its own namespace: without the salt only what the first prompt
+    # shares with it (its first words) is cached
+    assert unsalted["meta_info"]["cached_tokens"] < 16
+    assert restore["host_tokens"] == restore["device_tokens"] >= sum(r["meta_info"]["prompt_tokens"] for r in after)
+    assert restore["host_tokens"] <= BLOCK * stats["storage_kv"]["hit_blocks"]
     assert stats["storage_kv"]["corrupt_blocks"] == 0 and stats["cache"]["storage_hit_tokens"] == 0
 
 
