@@ -47,13 +47,13 @@ def _restored(engine: radixrt.Engine) -> dict:
 
 
 def test_a_restarted_engine_restores_recent_prefixes_onto_the_device_before_any_request(
-    default_model_path, tmp_path: Path
+    tiny_llama, tmp_path: Path
 ) -> None:
     prompts, salts = [_prompt(150), _prompt(60, tag="-b")], [None, "tenant-b"]
-    flags = dict(dtype="float32", hicache_storage_dir=str(tmp_path))
-    with _engine(default_model_path, **flags) as first:
+    flags = dict(hicache_storage_dir=str(tmp_path))
+    with _engine(tiny_llama, **flags) as first:
         before = [first.generate(p, GREEDY, cache_salt=salt)["text"] for p, salt in zip(prompts, salts)]
-    with _engine(default_model_path, hicache_storage_restore_tokens=100_000, **flags) as restarted:
+    with _engine(tiny_llama, hicache_storage_restore_tokens=100_000, **flags) as restarted:
         restore = _restored(restarted)
         after = [
             restarted.generate(p, GREEDY, return_cache_info=True, cache_salt=salt) for p, salt in zip(prompts, salts)
