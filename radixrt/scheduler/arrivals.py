@@ -56,7 +56,8 @@ class Arrivals:
                 else:
                     failed.append((req, error))
         if self.storage is not None and self.storage.busy:
-            self.queues.waiting.extend(self.storage.ready())
+            busy = bool(self.queues.waiting or self.queues.running)
+            self.queues.waiting.extend(self.storage.ready(busy))
         return failed
 
     def drop(self, hit: Callable[[Req], bool]) -> list[Req]:

@@ -12,7 +12,9 @@ and, once it is read, caches each run as a host-only node (`insert_on_host`:
 a run is cut at its first missing or corrupt block, and the runs below it are
 then not cached), then loads it onto the device when at least half of the
 device pool stays free afterwards (nothing is evicted for it: restored
-sequences are ordinary, evictable cache).
+sequences are ordinary, evictable cache) and no request is held, queued or
+running: those copies run before the next forward, which would make a
+request wait for sequences it may not need (it loads its own host hits).
 
 Ownership: host slots reserved for a chunk are neither free nor the tree's
 until `_cache` hands them to the tree or releases them, as for a held
@@ -77,9 +79,10 @@ class StorageRestore:
             return self._planned
         return self._chunk[2] if self._chunk is not None else None
 
-    def advance(self, paused: bool = False) -> None:
-        """Move the restore on as far as its reads allow (the scheduler's thread);
-        ``paused``: start no new chunk (requests are waiting for their own reads)."""
+    def advance(self, paused: bool = False, busy: bool = False) -> None:
+        """Move the restore on as far as its reads allow (the scheduler's thread).
+        ``paused``: start no new chunk (requests are waiting for their own reads);
+        ``busy``: requests are queued or running, so load nothing onto the device."""
         if self.done:
             return
         if self._planned is not None:
@@ -92,7 +95,7 @@ class StorageRestore:
             if not read.done():
                 return
             self._chunk = None
-            self._cache(runs, slots, future_result(read, [0] * len(runs)))
+            self._cache(runs, slots, future_result(read, [0] * len(runs)), to_device=not (paused or busy))
         if paused:
             return
         if self._runs:
@@ -121,7 +124,7 @@ class StorageRestore:
             at += n
         return good
 
-    def _cache(self, runs: list[RestoreRun], slots: list[int], good: list[int]) -> None:
+    def _cache(self, runs: list[RestoreRun], slots: list[int], good: list[int], to_device: bool) -> None:
         tree = self.tier.tree
         at = 0
         for run, blocks in zip(runs, good):
@@ -133,7 +136,8 @@ class StorageRestore:
                 continue
             key = run.tokens[: run.start + n]
             self.host_tokens += tree.insert_on_host(key, part[:n], run.start, run.namespace)
-            self._to_device(key, run.namespace)
+            if to_device:
+                self._to_device(key, run.namespace)
 
     def _to_device(self, key: list[int], namespace: Optional[str]) -> None:
         """Load the host-only part of cached ``key`` onto the device if half the pool stays free."""

@@ -283,12 +283,14 @@ class StorageTier:
             views.append(memoryview(self._host_bytes[page : page + length]).cast("B"))  # type: ignore[arg-type]
         return views
 
-    def ready(self) -> list[Req]:
+    def ready(self, busy: bool = False) -> list[Req]:
         """Held requests whose reads are done, with what was read now in the tree
         (host-only nodes); they go back to the waiting queue. A request whose probe
-        found blocks gets host slots now and stays held while they are read."""
+        found blocks gets host slots now and stays held while they are read.
+        ``busy``: requests are queued or running (a restore loads nothing onto the
+        device meanwhile)."""
         if self.restore is not None:
-            self.restore.advance(paused=bool(self.held))
+            self.restore.advance(paused=bool(self.held), busy=busy)
         out = []
         for h in list(self.held):  # leaders come before their followers
             if h.leader is not None:
