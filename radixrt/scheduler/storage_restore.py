@@ -37,7 +37,7 @@ from radixrt.memory.kv_store_restore import RestoreRun, plan_restore
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BLOCKS = 128  # blocks read per chunk (about 47 MB of float32 KV of the embedded model)
+CHUNK_BLOCKS = 48  # blocks read per chunk (about 18 MB of float32 KV of the embedded model)
 
 
 class StorageReads(Protocol):
