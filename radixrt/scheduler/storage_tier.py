@@ -22,6 +22,11 @@ computed). The scheduler's thread never does storage I/O (with the file
 backend it checks that the first block exists, a ``stat``, before holding a
 request, so a miss costs no thread hop).
 
+Restore (storage_restore.py): at start, the store's most recently used
+sequences are read back the same way, in chunks on the reader thread, before
+any request asks; a probed request first drops the blocks the tree cached
+since it was held (`_skip_cached`), so nothing is read twice.
+
 Ownership: held requests have no KV. Host slots reserved for a read are
 neither free nor the tree's until `ready` hands them over
 (``host free + tree + reading == total``, `HostRadixCache.reserve_host`); an
