@@ -395,6 +395,8 @@ class StorageTier:
             "skipped_blocks": self.skipped_blocks,
             "prefault_pages": self.prefault_pages,
             "restore": None if self.restore is None else self.restore.stats(),
+            "restored_tokens": 0 if self.restore is None else self.restore.host_tokens,
+            "restored_device_tokens": 0 if self.restore is None else self.restore.device_tokens,
         }
 
 

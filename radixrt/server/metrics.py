@@ -125,6 +125,13 @@ _SCHEDULER_COUNTERS: tuple[tuple[str, str, Optional[str], dict[Optional[str], tu
             "evicted": ("storage_kv", "evicted_blocks"),
         },
     ),
+    (
+        "radixrt_storage_restored_tokens",
+        "Tokens the storage tier read back at start (--hicache-storage-restore-tokens), by where they went "
+        "(host: cached in the host tier; device: of them, also loaded onto the device)",
+        "tier",
+        {"host": ("storage_kv", "restored_tokens"), "device": ("storage_kv", "restored_device_tokens")},
+    ),
 )
 
 
