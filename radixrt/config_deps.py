@@ -168,6 +168,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
             ("hicache_storage_quota_gb", 2.0),
             ("hicache_storage_block_tokens", 128),
             ("hicache_storage_restore_tokens", 0),
+            ("hicache_storage_restore_wait", True),
         )
     ),
     Need(

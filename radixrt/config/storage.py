@@ -46,6 +46,12 @@ class StorageSettings:
         "unset: half the device KV pool, within the host tier",
     )
 
+    hicache_storage_restore_wait: bool = setting(
+        False,
+        "finish the restore at start (--hicache-storage-restore-tokens) before the server reports ready, so "
+        "that even its first request finds the restored sequences in memory; start-up takes that much longer",
+    )
+
     def __post_init__(self) -> None:
         if self.hicache_storage_backend is not None:
             check_choice("hicache_storage_backend", self.hicache_storage_backend, STORAGE_BACKENDS)

@@ -166,6 +166,11 @@ class Scheduler:
         )
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
+        self._restore_before_ready(config)
+
+    def _restore_before_ready(self, config: EngineConfig) -> None:
+        if self.storage is not None and config.storage.hicache_storage_restore_wait:
+            self.storage.finish_restore(self._idle)
 
     def _arrivals(self, config: EngineConfig, prefix_cache: Any) -> Arrivals:
         """The storage tier and the LoRA adapters, and the way in through them."""

@@ -356,6 +356,13 @@ class StorageTier:
         if max_tokens >= self.block_tokens and self.store.local:
             self.restore = StorageRestore(self, max_tokens)
 
+    def finish_restore(self, idle: Callable[[], None]) -> None:
+        """Block until the restore is done (before any request arrives): ``idle``
+        runs the copies it queued onto the device and waits briefly for its reads."""
+        while self.restore is not None and not self.restore.done:
+            self.restore.advance()
+            idle()
+
     def wait(self, timeout_s: float) -> None:
         """Block until a held request's read or a restore's is done or ``timeout_s`` passed."""
         futures = [h.future for h in self.held if h.future is not None]

@@ -53,8 +53,11 @@ def test_a_restarted_engine_restores_recent_prefixes_onto_the_device_before_any_
     flags = dict(hicache_storage_dir=str(tmp_path))
     with _engine(tiny_llama, **flags) as first:
         before = [first.generate(p, GREEDY, cache_salt=salt)["text"] for p, salt in zip(prompts, salts)]
-    with _engine(tiny_llama, hicache_storage_restore_tokens=100_000, **flags) as restarted:
-        restore = _restored(restarted)
+    with _engine(
+        tiny_llama, hicache_storage_restore_tokens=100_000, hicache_storage_restore_wait=True, **flags
+    ) as restarted:
+        restore = restarted.get_stats()["storage_kv"]["restore"]
+        assert restore["done"]  # the engine reported ready after the restore (--hicache-storage-restore-wait)
         after = [
             restarted.generate(p, GREEDY, return_cache_info=True, cache_salt=salt) for p, salt in zip(prompts, salts)
         ]
