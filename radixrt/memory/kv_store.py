@@ -169,25 +169,36 @@ def intact(
     """Whether ``header``, ``tokens`` and the payload read into the views
     ``payload`` (in order) are an intact frame of block ``key`` written under
     ``identity``."""
-    magic, ident, stored_key, _, length, digest = HEADER.unpack_from(header)
-    if magic != MAGIC or ident != identity.digest or stored_key != key or len(tokens) != token_bytes(identity):
+    fields = _header_of(identity, key, header)
+    if fields is None or len(tokens) != token_bytes(identity):
         return False
+    _, length, digest = fields
     if length != sum(v.nbytes for v in payload) or length != identity.block_bytes:
         return False
     return checksum([tokens, *payload]) == digest
+
+
+def _header_of(
+    identity: StoreIdentity, key: bytes, header: bytes | bytearray | memoryview
+) -> Optional[tuple[bytes, int, int]]:
+    """(parent key, payload length, checksum) of a frame header of block ``key``
+    written under ``identity``; None for another magic, identity or key."""
+    magic, ident, stored_key, parent, length, digest = HEADER.unpack_from(header)
+    if magic != MAGIC or ident != identity.digest or stored_key != key:
+        return None
+    return parent, length, digest
 
 
 def frame_meta(identity: StoreIdentity, key: bytes, head: bytes | bytearray | memoryview) -> Optional[BlockMeta]:
     """The `BlockMeta` a frame's first ``HEADER.size + token_bytes`` bytes state,
     when they belong to block ``key`` under ``identity`` and its key chains from
     them (the payload is not checked here: reading it does), else None. The
-    namespace is left None: frames do not carry it (`KVStore.read_meta` names it)."""
-    if len(head) != HEADER.size + token_bytes(identity):
+    namespace is left None: frames do not carry it (a sequence's first block
+    names it by its parent, `KVStore.namespaces`)."""
+    fields = _header_of(identity, key, head) if len(head) == HEADER.size + token_bytes(identity) else None
+    if fields is None:
         return None
-    magic, ident, stored_key, parent, _, _ = HEADER.unpack_from(head)
-    if magic != MAGIC or ident != identity.digest or stored_key != key:
-        return None
-    meta = BlockMeta(parent, read_tokens(identity, memoryview(head)[HEADER.size :]))
+    meta = BlockMeta(fields[0], read_tokens(identity, memoryview(head)[HEADER.size :]))
     return meta if meta.verify(key) else None
 
 

@@ -204,10 +204,9 @@ class FileKVStore(KVStore):
     def read_meta(self, key: bytes) -> Optional[BlockMeta]:
         try:
             with open(self._path(key), "rb") as f:
-                meta = frame_meta(self.identity, key, f.read(HEADER.size + token_bytes(self.identity)))
+                return frame_meta(self.identity, key, f.read(HEADER.size + token_bytes(self.identity)))
         except OSError:
             return None
-        return meta
 
     def namespaces(self) -> dict[bytes, Optional[str]]:
         return dict(self._namespaces)

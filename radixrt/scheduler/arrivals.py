@@ -70,7 +70,7 @@ class Arrivals:
         return bool((self.lora is not None and self.lora.held) or (self.storage is not None and self.storage.busy))
 
     def wait(self, timeout_s: float) -> None:
-        """Block briefly for a held request (nothing else to do)."""
+        """Block briefly for a held request or the storage tier's restore (nothing else to do)."""
         if self.lora is not None and self.lora.held:
             self.lora.wait(timeout_s)
         elif self.storage is not None and self.storage.busy:
