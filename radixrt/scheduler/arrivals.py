@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from radixrt.requests.messages import ControlReply, LoRAControlReq
 from radixrt.scheduler.lora_admission import LoRAAdmission
 from radixrt.scheduler.planner import RequestQueues
 from radixrt.scheduler.request import Req
@@ -39,6 +40,21 @@ class Arrivals:
                 return
         self._to_storage(req)
 
+    def lora_control(self, msg: LoRAControlReq) -> Optional[ControlReply]:
+        """Start loading or unloading an adapter (`replies` answers it), or refuse it now."""
+        if self.lora is None:
+            return ControlReply(
+                "lora", ok=False, payload={"error": "this server serves no LoRA adapters (--enable-lora)"}
+            )
+        self.lora.control(msg)
+        return None
+
+    def replies(self) -> list[ControlReply]:
+        """The answers to adapter loads and unloads that have ended, in the order they came."""
+        if self.lora is None or not self.lora.controls:
+            return []
+        return self.lora.control_replies(self.lora_in_use)
+
     def _to_storage(self, req: Req) -> None:
         if self.storage is None or not self.storage.hold(req):
             self.queues.waiting.append(req)
@@ -66,12 +82,14 @@ class Arrivals:
 
     @property
     def busy(self) -> bool:
-        """Whether requests are held, or the storage tier is restoring (either needs `ready` calls)."""
-        return bool((self.lora is not None and self.lora.held) or (self.storage is not None and self.storage.busy))
+        """Whether requests are held, adapters load, or the storage tier is restoring (each needs
+        `ready` or `replies` calls)."""
+        return bool((self.lora is not None and self.lora.busy) or (self.storage is not None and self.storage.busy))
 
     def wait(self, timeout_s: float) -> None:
-        """Block briefly for a held request or the storage tier's restore (nothing else to do)."""
-        if self.lora is not None and self.lora.held:
+        """Block briefly for a held request, an adapter load or the storage tier's restore (nothing
+        else to do)."""
+        if self.lora is not None and self.lora.busy:
             self.lora.wait(timeout_s)
         elif self.storage is not None and self.storage.busy:
             self.storage.wait(timeout_s)

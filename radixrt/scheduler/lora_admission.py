@@ -16,17 +16,24 @@ unknown one) and sets what its KV is keyed by:
 A request whose adapter is loaded goes on at once; otherwise it is held while
 the pool's loader thread reads the adapter, and `ready` hands it back (or
 ends it with the load's error) without holding up anything else.
+
+Loads and unloads at run time (``/load_lora_adapter``, ``/unload_lora_adapter``)
+read on the loader thread as well: `control` starts one, and `control_replies`
+applies those whose reads have ended to the pool and answers them, in the order
+they came (the callers match replies to calls by order).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections import deque
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from radixrt.executor.lora.adapter import NEVER, LoRAAdapter
-from radixrt.executor.lora.pool import LoRAPool, LoRARuntime
+from radixrt.executor.lora.pool import LoRAPool, Registered
 from radixrt.requests.messages import ControlReply, LoRAControlReq
 from radixrt.scheduler.request import Req
 
@@ -35,17 +42,32 @@ def lora_namespace(namespace: Optional[str], digest: str) -> str:
     return json.dumps({"lora": digest, "ns": namespace})
 
 
+logger = logging.getLogger(__name__)
+# what reading a client-named adapter folder may raise (safetensors' own error is a bare Exception)
+READ_ERRORS = (Exception,)
+
+
 @dataclass(eq=False)
 class _Held:
     req: Req
     name: str
     future: "Future[LoRAAdapter]"
+    namespace: Optional[str]  # the request's own namespace, before its adapter's key
+
+
+@dataclass(eq=False)
+class _Control:
+    """A load (``read`` under way on the loader thread) or an unload (``read`` None)."""
+
+    msg: LoRAControlReq
+    read: "Optional[Future[tuple[Registered, LoRAAdapter]]]"
 
 
 class LoRAAdmission:
     def __init__(self, pool: LoRAPool) -> None:
         self.pool = pool
         self.held: list[_Held] = []
+        self.controls: deque[_Control] = deque()
 
     def check(self, name: str) -> None:
         """ValueError (a 400) for a name the pool does not know."""
@@ -56,15 +78,12 @@ class LoRAAdmission:
     def start(self, req: Req, name: str) -> bool:
         """Key ``req``'s KV by its adapter; True when it goes on now, False when
         it is held until its adapter is loaded."""
-        reg = self.pool.registered[name]
         req.lora_name = name
-        if reg.invocation_tokens is None:
-            req.namespace = lora_namespace(req.namespace, reg.digest)
         adapter = self.pool.get(name)
         if adapter is not None:
             _bind(req, adapter)
             return True
-        self.held.append(_Held(req, name, self.pool.load(name)))
+        self.held.append(_Held(req, name, self.pool.load(name), req.namespace))
         return False
 
     def ready(self, in_use: Callable[[], Iterable[str]]) -> list[tuple[Req, Optional[str]]]:
@@ -79,16 +98,45 @@ class LoRAAdmission:
                 adapter = self.pool.get(h.name)
                 if adapter is None:
                     raise ValueError(f"LoRA adapter {h.name!r} was unloaded")
-            except (ValueError, OSError, RuntimeError) as e:
+            except READ_ERRORS as e:
                 out.append((h.req, f"LoRA adapter {h.name!r}: {e}"))
                 continue
+            h.req.namespace = h.namespace  # keyed by the weights it gets, reloaded meanwhile or not
             _bind(h.req, adapter)
             out.append((h.req, None))
         return out
 
+    def control(self, msg: LoRAControlReq) -> None:
+        """Start a load (``msg.path``) or an unload; `control_replies` answers it."""
+        read = None if msg.path is None else self.pool.read(msg.name, msg.path)
+        self.controls.append(_Control(msg, read))
+
+    def control_replies(self, in_use: Callable[[], Iterable[str]]) -> list[ControlReply]:
+        """Apply the controls whose reads have ended, in arrival order, and their replies."""
+        out: list[ControlReply] = []
+        while self.controls and (self.controls[0].read is None or self.controls[0].read.done()):
+            c = self.controls.popleft()
+            try:
+                if c.read is None:
+                    self.pool.unregister(c.msg.name)
+                else:
+                    self.pool.install(*c.read.result(), set(in_use()))
+            except READ_ERRORS as e:
+                logger.info("LoRA adapter %r refused: %s", c.msg.name, e)
+                out.append(ControlReply("lora", ok=False, payload={"error": str(e) or type(e).__name__}))
+                continue
+            out.append(ControlReply("lora", payload={"adapters": self.pool.describe()}))
+        return out
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.held or self.controls)
+
     def wait(self, timeout_s: float) -> None:
-        if self.held:
-            wait([h.future for h in self.held], timeout=timeout_s, return_when="FIRST_COMPLETED")
+        futures: list[Future] = [h.future for h in self.held]
+        futures += [c.read for c in self.controls if c.read is not None]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when="FIRST_COMPLETED")
 
     def drop(self, hit: Callable[[Req], bool]) -> list[Req]:
         out = [h.req for h in self.held if hit(h.req)]
@@ -97,31 +145,15 @@ class LoRAAdmission:
 
 
 def _bind(req: Req, adapter: LoRAAdapter) -> None:
-    """Give ``req`` its adapter: from where it applies, and (aLoRA) up to where
-    its KV is the base model's and may enter the tree. An aLoRA request whose
-    prompt lacks the invocation tokens runs as the base model, as in PEFT."""
+    """Give ``req`` its adapter and key its KV by it (module docstring): from where
+    it applies, and (aLoRA) up to where its KV is the base model's and may enter
+    the tree. An aLoRA request whose prompt lacks the invocation tokens runs as
+    the base model, as in PEFT."""
+    if adapter.invocation_tokens is None:
+        req.namespace = lora_namespace(req.namespace, adapter.digest)
     start = adapter.activation_start(req.input_ids)
     if start == NEVER:
         return
     req.lora, req.lora_start = adapter, start
     if adapter.invocation_tokens is not None:
         req.tree_limit = start
-
-
-def lora_control(runtime: Optional[LoRARuntime], msg: LoRAControlReq) -> ControlReply:
-    """Load or unload an adapter at run time (/load_lora_adapter, /unload_lora_adapter).
-    Loading reads the adapter here, on the scheduler's thread: a pause of the
-    step loop as long as the read (milliseconds for small adapters)."""
-    if runtime is None:
-        return ControlReply("lora", ok=False, payload={"error": "this server serves no LoRA adapters (--enable-lora)"})
-    pool = runtime.pool
-    try:
-        if msg.path is None:
-            pool.unregister(msg.name)
-        else:
-            pool.register(msg.name, msg.path)
-            pool.load(msg.name).result()
-            pool.finish_load(msg.name, set())
-    except (ValueError, OSError, RuntimeError) as e:
-        return ControlReply("lora", ok=False, payload={"error": str(e)})
-    return ControlReply("lora", payload={"adapters": pool.describe()})

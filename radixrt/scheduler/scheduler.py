@@ -74,7 +74,7 @@ from radixrt.scheduler.interfaces import StepSampler
 from radixrt.scheduler.kv_budget import KVBudgeter
 from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
-from radixrt.scheduler.lora_admission import LoRAAdmission, lora_control
+from radixrt.scheduler.lora_admission import LoRAAdmission
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
 from radixrt.scheduler.policy import urgency
 from radixrt.scheduler.request import Phase, Req
@@ -299,7 +299,7 @@ class Scheduler:
             stored = self.storage.holds if self.storage is not None else None
             return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg, stored))
         elif isinstance(msg, LoRAControlReq):
-            return lora_control(self.runner.lora, msg)
+            return self.arriving.lora_control(msg)
         else:
             raise TypeError(f"unknown scheduler message {type(msg).__name__}")
         return None
@@ -326,6 +326,8 @@ class Scheduler:
                 outputs = self.step()
                 if outputs:
                     send(TokenBatch(outputs))
+                for reply in self.arriving.replies():
+                    send(reply)
         finally:
             self.close()
 

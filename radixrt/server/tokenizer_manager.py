@@ -151,12 +151,13 @@ class TokenizerManager:
                 if isinstance(msg, DetokBatch):
                     self._on_batch(msg)
                 elif isinstance(msg, ControlReply):
+                    # the scheduler answers each call of a kind once, in order: the reply is the
+                    # oldest waiter's, even one that stopped waiting (a timeout), never the next one's
                     waiters = self.control_waiters[msg.kind]
-                    while waiters:
+                    if waiters:
                         fut = waiters.popleft()
                         if not fut.done():
                             fut.set_result(msg)
-                            break
                 else:
                     logger.warning("unexpected message %s", type(msg).__name__)
             except Exception:
@@ -277,8 +278,8 @@ class TokenizerManager:
     async def control(self, msg: Any, kind: str, timeout: float = 10.0) -> ControlReply:
         self.check_alive()
         fut = asyncio.get_running_loop().create_future()
-        self.control_waiters[kind].append(fut)
         self._to_scheduler.send_pyobj(msg)
+        self.control_waiters[kind].append(fut)  # only once sent: one waiter per call the scheduler answers
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:

@@ -103,6 +103,41 @@ def test_the_cache_is_keyed_by_the_adapter_weights(engine, adapters, tmp_path: P
     assert salted["meta_info"]["cached_tokens"] == 0 and salted["output_ids"] == first["output_ids"]
 
 
+def test_adapter_loads_run_off_the_step_loop(engine, adapters, tmp_path: Path) -> None:
+    """A run-time load waits for the loader thread (kept busy here) while every other
+    request is served; a corrupt weights file is a refusal with a message, not a crash."""
+    import threading
+
+    gate = threading.Event()
+    engine.scheduler.runner.lora.pool._loader.submit(gate.wait, 60)  # the loader thread is busy
+    answer: list = []
+    load = threading.Thread(target=lambda: answer.append(engine.load_lora_adapter("late", adapters["other"])))
+    load.start()
+    try:
+        served = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")
+        assert len(served["output_ids"]) == 8 and load.is_alive()
+        early = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="late")
+        assert "unknown LoRA adapter 'late'" in early["meta_info"]["finish_reason"]["message"]
+    finally:
+        gate.set()
+        load.join(30)
+    assert any(a["name"] == "late" and a["loaded"] for a in answer[0])
+    late = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="late")
+    assert (
+        late["output_ids"] == engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="other")["output_ids"]
+    )
+    engine.unload_lora_adapter("late")
+
+    bad = tmp_path / "bad"
+    shutil.copytree(adapters["other"], bad)
+    (bad / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+    with pytest.raises(ValueError):
+        engine.load_lora_adapter("bad", str(bad))
+    assert (
+        engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")["output_ids"] == served["output_ids"]
+    )
+
+
 def test_activated_lora_matches_peft_and_shares_the_base_models_kv(engine, tiny_llama, adapters) -> None:
     engine.flush_cache()
     history = PROMPT * 4  # 256 tokens the base model already saw

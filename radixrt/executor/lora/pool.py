@@ -10,8 +10,12 @@ unloads the least recently used adapter that no request holds.
 A step holds references to the adapters of its rows, so unloading never
 pulls weights from under a running forward.
 
-Threads: every method runs on the scheduler's thread except the loading
-itself (`_load`, on the loader thread), which touches only its own result.
+Loading at run time (`read`, then `install`) checks and reads the folder on
+the loader thread too, so a large or slow adapter never pauses the step loop.
+
+Threads: every method runs on the scheduler's thread except the reading
+itself (`load`'s and `read`'s jobs, on the loader thread, and
+`describe_folder`), which touches only its own result.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ class LoRAPool:
     def register(self, name: str, path: str) -> Registered:
         """Know adapter ``name`` at ``path`` (ValueError for a bad folder or name);
         a name registered again with other weights is a new adapter (new digest)."""
+        return self._add(self.describe_folder(name, path))
+
+    def describe_folder(self, name: str, path: str) -> Registered:
+        """Check the adapter folder at ``path`` for this pool and hash its weights
+        (ValueError for a bad folder or name). Reads the disk, changes nothing: any thread."""
         if not name or ":" in name or "/" in name:
             raise ValueError(f"LoRA adapter name {name!r} must be non-empty, without ':' or '/'")
         folder = Path(path).expanduser()
@@ -80,11 +89,13 @@ class LoRAPool:
             extra = sorted(set(targets) - self.target_modules)
             raise ValueError(f"LoRA adapter {name!r} adapts {extra}, outside --lora-target-modules")
         inv = cfg.get("alora_invocation_tokens")
-        reg = Registered(name, str(folder), adapter_digest(folder), rank, tuple(int(t) for t in inv) if inv else None)
-        old = self.registered.get(name)
+        return Registered(name, str(folder), adapter_digest(folder), rank, tuple(int(t) for t in inv) if inv else None)
+
+    def _add(self, reg: Registered) -> Registered:
+        old = self.registered.get(reg.name)
         if old is not None and old.digest != reg.digest:
-            self._drop(name)
-        self.registered[name] = reg
+            self._drop(reg.name)
+        self.registered[reg.name] = reg
         return reg
 
     def unregister(self, name: str) -> None:
@@ -116,6 +127,27 @@ class LoRAPool:
             )
             self.loading[name] = future
         return future
+
+    def read(self, name: str, path: str) -> "Future[tuple[Registered, LoRAAdapter]]":
+        """Check and read the adapter folder at ``path`` on the loader thread (a load at
+        run time, ``/load_lora_adapter``); `install` puts the result in the pool."""
+
+        def job() -> tuple[Registered, LoRAAdapter]:
+            reg = self.describe_folder(name, path)
+            return reg, load_adapter(name, reg.path, self.sizes, self.dtype, self.device, self.max_rank)
+
+        return self._loader.submit(job)
+
+    def install(self, reg: Registered, adapter: LoRAAdapter, in_use: set[str]) -> None:
+        """Register and hold an adapter `read` returned (replacing one of the same name),
+        then unload as `finish_load` does."""
+        if adapter.digest != reg.digest:
+            raise ValueError(f"LoRA adapter {reg.name!r} changed while it loaded; load it again")
+        self._add(reg)
+        self.loaded[reg.name] = adapter
+        self.loaded.move_to_end(reg.name)
+        self.loads += 1
+        self.trim(in_use | {reg.name})
 
     def finish_load(self, name: str, in_use: set[str]) -> LoRAAdapter:
         """Put a finished load in the pool (unloading the least recently used
