@@ -264,6 +264,10 @@ class BeamSearch:
             beam=g,
             beam_logprob=parent.beam_logprob,
             beam_token_logprobs=list(parent.beam_token_logprobs),
+            lora_name=parent.lora_name,
+            lora=parent.lora,
+            lora_start=parent.lora_start,
+            tree_limit=parent.tree_limit,
         )
         g.next_id += 1
         g.forks += 1

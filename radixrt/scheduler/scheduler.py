@@ -223,8 +223,6 @@ class Scheduler:
                 raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
             self.beams.check(len(msg.input_ids), msg.sampling)
             self.arriving.check_lora(msg.lora)
-            if msg.lora is not None and msg.sampling.uses_beam_search:
-                raise ValueError("beam search with a LoRA adapter is not supported yet")
         except ValueError as e:
             self._queued_outputs.append(
                 TokenOutput(

@@ -138,6 +138,32 @@ def test_adapter_loads_run_off_the_step_loop(engine, adapters, tmp_path: Path) -
     )
 
 
+@pytest.mark.parametrize("name,width", [("r8", 2), ("r64bias", 4), ("alora", 4)])
+def test_beam_search_with_an_adapter_matches_peft(engine, tiny_llama, adapters, name, width) -> None:
+    """Every beam runs the request's adapter (an activated one from its invocation on):
+    the best beam is PEFT's ``generate(num_beams=W)``."""
+    ids = PROMPT + INVOCATION + [7, 8] if name == "alora" else PROMPT
+    params = {"max_new_tokens": 8, "beam_width": width, "length_penalty": 1.0, "early_stopping": True}
+    ours = engine.generate(input_ids=ids, sampling_params=params, lora_path=name)
+    model = peft_reference(tiny_llama, adapters[name])
+    if name == "alora":  # PEFT refuses beam search with aLoRA: PEFT's forward scores the best beam instead
+        seq, score = list(ids), 0.0
+        with torch.no_grad():
+            for token in ours["output_ids"]:
+                logits = model(input_ids=torch.tensor([seq]), alora_offsets=[len(seq) - len(PROMPT)]).logits[0, -1]
+                score += float(torch.log_softmax(logits.float(), -1)[token])
+                seq.append(token)
+        assert math.isclose(ours["meta_info"]["beam"]["cumulative_logprob"], score, abs_tol=1e-3)
+    else:
+        with torch.no_grad():
+            want = model.generate(
+                input_ids=torch.tensor([ids]), num_beams=width, do_sample=False, max_new_tokens=8, early_stopping=True
+            )
+        assert ours["output_ids"] == want[0, len(ids) :].tolist()
+    base = engine.generate(input_ids=ids, sampling_params=params)
+    assert base["output_ids"] != ours["output_ids"], "the adapter changes the search"
+
+
 def test_activated_lora_matches_peft_and_shares_the_base_models_kv(engine, tiny_llama, adapters) -> None:
     engine.flush_cache()
     history = PROMPT * 4  # 256 tokens the base model already saw
