@@ -8,7 +8,8 @@
   request's token ids and namespace, and their wiring (cache_aware's source
   when the workers publish events; the approximate tree stays the fallback);
 * `workers`: the worker pool, loads and health checks;
-* `app`: the HTTP front (proxy, failover, broadcast routes);
+* `app`: the HTTP front (proxy, failover); `broadcast`: the routes sent to
+  every worker (flush, abort, LoRA loads); `state`: what the routes share;
 * `cli`: `radixrt router`; `dp`: `radixrt serve --dp N`.
 
 Imports no torch: the router runs on a machine without the model stack.

@@ -6,6 +6,11 @@ SGLang's) native and OpenAI routes to its workers.
   passed through as the worker sends them.
 * ``/flush_cache``, ``/abort_request``: sent to every healthy worker
   (``/abort_request`` matches rids, which only the worker running it knows).
+* ``/load_lora_adapter``, ``/unload_lora_adapter``: sent to every healthy
+  worker, so that any of them serves the adapter. When all answer alike (done,
+  or refused for one reason) that answer is passed on; otherwise a 502 (some
+  applied it) or 400 names each worker's failure. A worker added later loads
+  only its own ``--lora-paths``.
 * ``GET /get_server_info`` (``/server_info``): every worker's info under
   ``workers``, their ``internal_states`` concatenated, the router's own under
   ``router``; the first healthy worker's fields at the top level.
@@ -33,7 +38,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import httpx
@@ -41,68 +45,16 @@ from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from radixrt.router.broadcast import add_broadcast_routes
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
+from radixrt.router.state import RouterConfig, RouterState, error_body, error_response
 from radixrt.router.workers import NoWorkerError, Worker, WorkerPool
-from radixrt.server.api_keys import presented_key, same_key
 
 logger = logging.getLogger("radixrt.router")
 
 ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
-FORWARD_HEADERS = ("authorization", "x-api-key", "content-type", "accept")
 SSE_DONE = b"data: [DONE]\n\n"
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    502: "bad_gateway",
-    503: "service_unavailable",
-}
-
-
-def error_body(status: int, message: str) -> dict:
-    """The OpenAI-shaped error body radixrt's servers use."""
-    return {
-        "error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None, "code": status}
-    }
-
-
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse(error_body(status, message), status_code=status)
-
-
-@dataclass
-class RouterConfig:
-    api_key: Optional[str] = None
-    # a --dp front's: accepted wherever api_key is, as a single server does; the replicas
-    # (which get the same key and the forwarded header) decide what it may do beyond that
-    admin_api_key: Optional[str] = None
-    request_timeout_s: float = 1800.0
-    require_all_healthy: bool = False  # /health: every worker (a --dp server) or any (standalone)
-    eviction_interval_s: Optional[float] = None
-
-
-class RouterState:
-    """What the routes share: the pool, an HTTP client, draining and counters."""
-
-    def __init__(self, pool: WorkerPool, config: RouterConfig, kv_events: Optional[KVEventRouting] = None) -> None:
-        self.pool = pool
-        self.config = config
-        self.kv_events = kv_events
-        self.client: Optional[httpx.AsyncClient] = None
-        self.draining = False
-        self.active = 0  # requests the front is answering
-        self.failovers = 0
-
-    def headers(self, request: Request) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() in FORWARD_HEADERS}
-
-    def authorized(self, request: Request) -> bool:
-        if not self.config.api_key:
-            return True
-        given = presented_key(request.scope.get("headers", []))
-        keys = [k for k in (self.config.api_key, self.config.admin_api_key) if k]
-        return given is not None and any(same_key(given, k) for k in keys)
 
 
 async def _send(
@@ -197,28 +149,6 @@ def _pass_through(state: RouterState, w: Worker, resp: httpx.Response) -> Respon
     return StreamingResponse(body_iter(), status_code=resp.status_code, media_type=media, headers=out_headers)
 
 
-Answer = tuple[str, Optional[httpx.Response], str]
-
-
-async def _broadcast(state: RouterState, request: Request, path: str) -> list[Answer]:
-    """Send the request to every healthy worker; (url, response or None, error) each."""
-    assert state.client is not None
-    body = await request.body()
-    headers = state.headers(request)
-
-    async def one(url: str) -> Answer:
-        assert state.client is not None
-        try:
-            r = await state.client.request(
-                request.method, url + path, headers=headers, content=body, params=request.query_params, timeout=60.0
-            )
-            return url, r, ""
-        except httpx.HTTPError as e:
-            return url, None, f"{type(e).__name__}: {e}"
-
-    return list(await asyncio.gather(*(one(u) for u in state.pool.healthy_urls())))
-
-
 class _Guard:
     """ASGI middleware: the API key, 503 while draining, and the count of
     answers in progress (streams included, until their last byte). A client
@@ -271,7 +201,7 @@ def build_router_app(
     app.state.router = state
     app.add_middleware(_Guard, state=state)
     _add_worker_routes(app, state)
-    _add_broadcast_routes(app, state)
+    add_broadcast_routes(app, state)
     _add_server_info_routes(app, state)
     _add_proxied_routes(app, state)  # last: its catch-all route takes every other path
     return app
@@ -356,42 +286,6 @@ def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
         if state.kv_events is not None:
             state.kv_events.remove_worker(url)
         return JSONResponse({"workers": pool.public()})
-
-
-def _add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
-    """/flush_cache and /abort_request, sent to every healthy worker."""
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache(request: Request) -> Response:
-        results = await _broadcast(state, request, "/flush_cache")
-        state.pool.policy.reset()
-        failed = [
-            f"{u}: {r.status_code} {r.text.strip()}" if r is not None else f"{u}: {err}"
-            for u, r, err in results
-            if r is None or r.status_code != 200
-        ]
-        if not results:
-            return error_response(503, "no healthy worker is available")
-        if failed:
-            return Response(
-                "Cache not flushed on every worker:\n" + "\n".join(failed) + "\n",
-                status_code=400,
-                media_type="text/plain",
-            )
-        return Response("Cache flushed.\n", media_type="text/plain")
-
-    @app.post("/abort_request")
-    async def abort_request(request: Request) -> Response:
-        results = await _broadcast(state, request, "/abort_request")
-        answered = [r for _, r, _ in results if r is not None]
-        if not answered:
-            return error_response(503, "no healthy worker is available")
-        bad = [r for r in answered if r.status_code != 200]
-        if bad:  # the same body went to all: a 400 from one is a 400 from each
-            return Response(
-                bad[0].content, status_code=bad[0].status_code, media_type=bad[0].headers.get("content-type")
-            )
-        return Response(status_code=200)
 
 
 async def _worker_info(state: RouterState, url: str, headers: dict[str, str]) -> dict:

@@ -6,8 +6,8 @@ With an admin key set (``--admin-api-key``) both need it (they read the
 server's disk); without one, what every route needs. The server answers to
 ``"<served model>:<adapter>"`` on the OpenAI routes for each loaded adapter
 (`ServerContext.lora_of`) and lists them in ``/v1/models``; on ``/generate``
-an adapter is ``lora_path``, one per prompt or one for all. Under ``--dp``
-each replica has its own adapters: send these routes to each worker.
+an adapter is ``lora_path``, one per prompt or one for all. Under ``--dp`` the front sends
+both to every replica (radixrt/router/broadcast.py).
 """
 
 from __future__ import annotations

@@ -112,6 +112,7 @@ def dp_server(tiny_llama):
         "1",
         "--admin-api-key",
         ADMIN_KEY,
+        "--enable-lora",
         model=tiny_llama,
         api_key=KEY,
     )
@@ -234,6 +235,34 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     st = fan.run(backend=backend, temperature=0)
     assert st.error() is None and st["c"] in ("red", "green", "blue") and len(st["more"]) == 3
     assert all(w.url.startswith("http://127.0.0.1:") and w.url != srv.url for w in workers)
+
+
+def test_lora_adapters_load_through_the_front_on_every_replica(dp_server, workers, tiny_llama, tmp_path):
+    from tests.support.lora import make_adapter
+
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    path = make_adapter(tiny_llama, tmp_path / "a", 8, seed=5, scale=0.5)
+    r = HTTP.post(
+        dp_server.url + "/load_lora_adapter", headers=admin, timeout=150, json={"lora_name": "a", "lora_path": path}
+    )
+    assert r.status_code == 200 and "a" in r.json()["loaded_adapters"], r.text
+    body = {"input_ids": list(range(5, 40)), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    outs = [
+        HTTP.post(w.url + "/generate", headers=AUTH, timeout=60, json={**body, "lora_path": "a"}).json()["output_ids"]
+        for w in workers
+    ]
+    assert outs[0] == outs[1] and len(outs[0]) == 4  # every replica holds it, with the same weights
+    assert HTTP.post(workers[0].url + "/generate", headers=AUTH, timeout=60, json=body).json()["output_ids"] != outs[0]
+    bad = HTTP.post(dp_server.url + "/load_lora_adapter", headers=admin, json={"lora_name": "b", "lora_path": "/nope"})
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"], bad.text
+    assert HTTP.post(
+        dp_server.url + "/load_lora_adapter", headers=AUTH, json={"lora_name": "c", "lora_path": path}
+    ).status_code in (401, 403)
+    gone = HTTP.post(dp_server.url + "/unload_lora_adapter", headers=admin, timeout=60, json={"lora_name": "a"})
+    assert gone.status_code == 200
+    for w in workers:
+        after = HTTP.post(w.url + "/generate", headers=AUTH, timeout=60, json={**body, "lora_path": "a"})
+        assert after.status_code == 400 and "unknown LoRA adapter" in after.text
 
 
 def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(workers, routers):

@@ -1,0 +1,98 @@
+"""The router's routes that go to every healthy worker: ``/flush_cache``,
+``/abort_request``, ``/load_lora_adapter`` and ``/unload_lora_adapter`` (the
+router app's docstring says what each answers)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import httpx
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from radixrt.router.state import RouterState, error_response
+
+Answer = tuple[str, Optional[httpx.Response], str]
+
+
+async def broadcast(state: RouterState, request: Request, path: str, timeout: float = 60.0) -> list[Answer]:
+    """Send the request to every healthy worker; (url, response or None, error) each."""
+    assert state.client is not None
+    body = await request.body()
+    headers = state.headers(request)
+
+    async def one(url: str) -> Answer:
+        assert state.client is not None
+        try:
+            r = await state.client.request(
+                request.method, url + path, headers=headers, content=body, params=request.query_params, timeout=timeout
+            )
+            return url, r, ""
+        except httpx.HTTPError as e:
+            return url, None, f"{type(e).__name__}: {e}"
+
+    return list(await asyncio.gather(*(one(u) for u in state.pool.healthy_urls())))
+
+
+def failures(results: list[Answer]) -> list[str]:
+    """The workers that did not answer 200, with what they said."""
+    return [
+        f"{u}: {r.status_code} {r.text.strip()}" if r is not None else f"{u}: {err}"
+        for u, r, err in results
+        if r is None or r.status_code != 200
+    ]
+
+
+def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
+    """/flush_cache, /abort_request and the LoRA routes, sent to every healthy worker."""
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(request: Request) -> Response:
+        results = await broadcast(state, request, "/flush_cache")
+        state.pool.policy.reset()
+        failed = failures(results)
+        if not results:
+            return error_response(503, "no healthy worker is available")
+        if failed:
+            return Response(
+                "Cache not flushed on every worker:\n" + "\n".join(failed) + "\n",
+                status_code=400,
+                media_type="text/plain",
+            )
+        return Response("Cache flushed.\n", media_type="text/plain")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        results = await broadcast(state, request, "/abort_request")
+        answered = [r for _, r, _ in results if r is not None]
+        if not answered:
+            return error_response(503, "no healthy worker is available")
+        bad = [r for r in answered if r.status_code != 200]
+        if bad:  # the same body went to all: a 400 from one is a 400 from each
+            return Response(
+                bad[0].content, status_code=bad[0].status_code, media_type=bad[0].headers.get("content-type")
+            )
+        return Response(status_code=200)
+
+    async def lora_control(request: Request, path: str) -> Response:
+        results = await broadcast(state, request, path, timeout=130.0)  # the workers' own limit is 120 s
+        if not results:
+            return error_response(503, "no healthy worker is available")
+        first = results[0][1]
+        if first is not None and all(r is not None and r.status_code == first.status_code for _, r, _ in results):
+            # one answer from all (loaded, or refused alike: a bad folder, a missing key): one server's answer
+            return Response(first.content, status_code=first.status_code, media_type=first.headers.get("content-type"))
+        failed = failures(results)
+        applied = len(results) - len(failed)
+        reasons = "; ".join(failed)
+        message = f"{path} failed on {len(failed)} of {len(results)} workers ({applied} applied it): {reasons}"
+        return error_response(502 if applied else 400, message)
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        return await lora_control(request, "/load_lora_adapter")
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        return await lora_control(request, "/unload_lora_adapter")
