@@ -101,11 +101,23 @@ class IncrementalDetokenizer:
         return full[:cut] if cut >= 0 else full
 
     def _stop_prefix_len(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self._held:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
+        return stop_prefix_len(text, self._held)
+
+
+def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of one of ``stops``.
+
+    Per stop string, only the tail's positions holding the stop's first character are
+    tried, longest first, each by one C-level comparison: about one try per stop on
+    text that does not end like one, and at most ``len(stop)`` tries of ``len(stop)``
+    characters on the most repetitive (the sampling parameters bound both lengths)."""
+    best = 0
+    for s in stops:
+        tail = text[len(text) - min(len(s) - 1, len(text)) :]
+        i = tail.find(s[0]) if tail else -1
+        while i != -1 and len(tail) - i > best:
+            if s.startswith(tail[i:]):
+                best = len(tail) - i
+                break
+            i = tail.find(s[0], i + 1)
+    return best

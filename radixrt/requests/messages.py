@@ -119,6 +119,11 @@ class TokenOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @classmethod
+    def refusal(cls, rid: str, prompt_tokens: int, message: str, status_code: int = 400) -> "TokenOutput":
+        """The one output of a request refused before it ran (``status_code``: the HTTP status it gets)."""
+        return cls(rid, [], prompt_tokens, 0, 0, FinishReason.abort(message, status_code=status_code))
+
 
 _TOKEN_OUTPUT_FIELDS = tuple(f.name for f in fields(TokenOutput))
 token_output_row = operator.attrgetter(*_TOKEN_OUTPUT_FIELDS)  # a TokenOutput's field values, in order

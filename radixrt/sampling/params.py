@@ -11,10 +11,12 @@ Type rules (shared by the constructor and ``from_dict``):
 * float fields accept ints and floats, never bools or strings;
 * bool fields accept bools only;
 * ``stop`` accepts a string or a list/tuple of strings and is stored as a list
-  (``None`` becomes ``[]``); so does ``stop_regex`` (its patterns must compile,
-  see `radixrt.sampling.stop_regex`);
+  (``None`` becomes ``[]``; at most ``MAX_STOP_STRINGS`` of at most
+  ``MAX_STOP_STRING_CHARS`` characters: every token is checked against them);
+  so does ``stop_regex`` (its patterns must compile, see
+  `radixrt.sampling.stop_regex`);
 * ``stop_token_ids`` accepts a list/tuple of ints or ``None`` (stored as a list
-  or ``None``);
+  or ``None``; at most ``MAX_STOP_TOKEN_IDS``);
 * ``logit_bias`` maps token ids (strings like ``"42"`` as in JSON, or ints) to
   floats; keys are stored as canonical decimal strings.
 
@@ -71,6 +73,11 @@ _ALIASES = {"sampling_seed": "seed"}
 KV_BUDGET_POLICIES = ("h2o", "infinigen", "window")
 MIN_KV_BUDGET = 32
 MAX_BEAM_WIDTH = 64  # a beam request runs this many rows every step at most
+# Stop conditions are checked on every token (the scheduler and the detokenizer): bounded per request
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 512
+MAX_STOP_TOKEN_IDS = 4096
+MAX_LENGTH_PENALTY = 10.0  # |length_penalty| of a beam search (transformers' users pick 0.5 to 2)
 EARLY_STOPPING = (True, False, "never")  # transformers' values
 _GREEDY_TEMPERATURE = 1e-6
 FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -198,6 +205,8 @@ class SamplingParams:
             stop = [stop]
         elif isinstance(stop, (list, tuple)):
             stop = list(stop)
+            if len(stop) > MAX_STOP_STRINGS:
+                raise ValueError(f"sampling parameter 'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS}")
             for s in stop:
                 if not isinstance(s, str):
                     raise ValueError(
@@ -214,6 +223,10 @@ class SamplingParams:
             if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
                 raise ValueError(
                     f"sampling parameter 'stop_token_ids' must be a list of integers, got {_type_name(ids)}"
+                )
+            if len(ids) > MAX_STOP_TOKEN_IDS:
+                raise ValueError(
+                    f"sampling parameter 'stop_token_ids' holds {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}"
                 )
             self.stop_token_ids = [_as_int("stop_token_ids", t) for t in ids]
 
@@ -317,6 +330,10 @@ class SamplingParams:
         for s in self.stop:
             if not s:
                 raise ValueError("sampling parameter 'stop' must not contain an empty string")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(
+                    f"sampling parameter 'stop' holds a string of {len(s)} characters; at most {MAX_STOP_STRING_CHARS}"
+                )
         if self.stop_regex:
             check_stop_regex(self.stop_regex)
         if self.stop_token_ids:
@@ -367,6 +384,13 @@ class SamplingParams:
             return
         if self.n > self.beam_width:
             raise ValueError(f"sampling parameter 'n' ({self.n}) must be <= beam_width ({self.beam_width})")
+        if not abs(self.length_penalty) <= MAX_LENGTH_PENALTY:  # length ** penalty stays a finite, nonzero float
+            raise ValueError(
+                f"sampling parameter 'length_penalty' must be in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}] "
+                f"with beam search, got {self.length_penalty}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError("beam search needs max_new_tokens >= 1 (a search of no tokens has nothing to rank)")
         reshaping = [
             name
             for name, off in (

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from radixrt.config.sections import KVBudgetSettings
-from radixrt.memory.kv_budget import KVBudget, resolve_budget
+from radixrt.memory.kv_budget import MIN_KV_BUDGET, KVBudget, resolve_budget
 from radixrt.memory.kv_budget_ops import (
     choose_positions,
     gather_columns,
@@ -75,12 +75,15 @@ class KVBudgeter:
             raise ValueError(f"kv_budget needs a server started with --page-size 1 (it has {self.kv.page_size})")
 
     def budget_for(self, req: "Req") -> Optional[KVBudget]:
-        """The request's budget in tokens (its own, else the server's), or None."""
+        """The request's budget in tokens (its own, else the server's), or None. At most
+        what the request can ever hold (its prompt and output, and the KV pool): the
+        budget's buffers are sized by it, so a client's huge number costs nothing."""
         sp, s = req.sampling, self.settings
         value = sp.kv_budget if sp.kv_budget is not None else s.kv_budget
         if value is None:
             return None
-        tokens = resolve_budget(value, len(req.input_ids) + sp.max_new_tokens)
+        longest = len(req.input_ids) + sp.max_new_tokens
+        tokens = max(MIN_KV_BUDGET, min(resolve_budget(value, longest), longest, self.kv.allocator.total_slots))
         sinks = min(s.kv_budget_sink_tokens, tokens // 4)
         recent = max(1, math.floor(tokens * s.kv_budget_recent_fraction))
         return KVBudget(sp.kv_budget_policy or s.kv_budget_policy, tokens, sinks, min(recent, tokens - sinks))

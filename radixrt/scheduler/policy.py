@@ -20,11 +20,16 @@ one tick equal, so the policy's order still decides among them."""
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from radixrt.memory.radix_node import MatchResult, TreeNode
+from radixrt.requests.intake import ADMIN_PRIORITY_RANGE
 from radixrt.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixrt.config.sections import SchedulingSettings
 
 MatchFn = Callable[[Req], MatchResult]
 
@@ -65,6 +70,18 @@ def urgency(
         priority = max(-max_priority, min(priority, max_priority))
     ticks = math.floor(arrived_s / aging_s) if aging_s > 0 else 0
     return (-priority if low_values_first else priority) - ticks
+
+
+def arrival_urgency(priority: Optional[int], settings: "SchedulingSettings") -> int:
+    """`urgency` of a request arriving now with ``priority`` (None: 0), under the server's
+    scheduling settings, clamped to the front door's widest bound (an admin's)."""
+    return urgency(
+        priority or 0,
+        time.monotonic(),
+        low_values_first=settings.schedule_low_priority_values_first,
+        aging_s=settings.priority_aging_s,
+        max_priority=ADMIN_PRIORITY_RANGE[1],
+    )
 
 
 def by_priority(ordered: list[Req]) -> list[Req]:

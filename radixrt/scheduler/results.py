@@ -223,11 +223,17 @@ class ResultProcessor:
     def _take_token(self, req: Req, result: SampleResult, i: int) -> None:
         """Append the model's own token of row ``i`` (its matcher holds no draft)."""
         token = result.token_ids[i]
-        accepted = req.grammar is None or req.grammar.accept(token)
+        if req.grammar is not None and not req.grammar.accept(token):
+            # the mask allowed no token (a grammar with no text the vocabulary can write from here):
+            # the sampled token is not the grammar's, so it is not output
+            logger.warning("request %s: its grammar allows no token after %d", req.rid, len(req.output_ids))
+            where = "at the start" if not req.output_ids else f"after {len(req.output_ids)} tokens"
+            req.finish_reason = FinishReason.abort(
+                f"the grammar allows no token {where}: it matches no text this model's vocabulary can write",
+                status_code=400,
+            )
+            return
         self._append_token(req, token, result, i)
-        if not accepted:
-            logger.error("request %s: grammar rejected sampled token %d", req.rid, token)
-            req.finish_reason = FinishReason.abort(f"the grammar rejected sampled token {token}")
 
     def _append_token(self, req: Req, token: int, result: SampleResult, i: int) -> None:
         """Append ``token``, sampled in row ``i`` of ``result``, and check the stop conditions."""

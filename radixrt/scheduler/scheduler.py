@@ -48,7 +48,7 @@ from radixrt.executor.models.compiled import warm_up as warm_up_compiled
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import ADMIN_PRIORITY_RANGE, validate_prompt
+from radixrt.requests.intake import validate_prompt
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -76,7 +76,7 @@ from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.lora_admission import LoRAAdmission
 from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
-from radixrt.scheduler.policy import urgency
+from radixrt.scheduler.policy import arrival_urgency
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
@@ -214,38 +214,40 @@ class Scheduler:
             self.storage.close()
 
     def add_request(self, msg: GenerateReq) -> None:
+        """Queue (or hold) the request's samples, or refuse it: a 400 for what it asks that
+        this server cannot do, a 500 for a failure of its own set-up, which no other request
+        shares (nothing of it is queued before every sample is set up)."""
         try:
-            self.validate(msg.input_ids, msg.sampling)
-            self.budgets.check(msg.sampling.kv_budget)
-            if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
-                raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
-            if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
-                raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
-            self.beams.check(len(msg.input_ids), msg.sampling)
-            self.arriving.check_lora(msg.lora)
-        except ValueError as e:
-            self._queued_outputs.append(
-                TokenOutput(
-                    rid=msg.rid,
-                    new_token_ids=[],
-                    prompt_tokens=len(msg.input_ids),
-                    completion_tokens=0,
-                    cached_tokens=0,
-                    finish_reason=FinishReason.abort(str(e), status_code=400),
-                )
-            )
+            self.validate_request(msg)
+            reqs = self._new_reqs(msg)
+        except Exception as e:  # a ValueError is the request's fault; anything else, a bug it alone meets
+            bad = isinstance(e, ValueError)
+            if not bad:
+                logger.exception("request %s failed before it was queued", msg.rid)
+            why = str(e) if bad else f"internal error: {type(e).__name__}"
+            self._queued_outputs.append(TokenOutput.refusal(msg.rid, len(msg.input_ids), why, 400 if bad else 500))
             return
+        for req in reqs:
+            self.arriving.arrive(req, msg.lora)
+
+    def validate_request(self, msg: GenerateReq) -> None:
+        """ValueError (a 400) for what ``msg`` asks that this server cannot do."""
+        self.validate(msg.input_ids, msg.sampling)
+        self.budgets.check(msg.sampling.kv_budget)
+        if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
+            raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
+        if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
+            raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
+        self.beams.check(len(msg.input_ids), msg.sampling)
+        self.arriving.check_lora(msg.lora)
+
+    def _new_reqs(self, msg: GenerateReq) -> list[Req]:
+        """The request's samples (one root for a beam search), set up but not yet queued."""
         grammar_future = self.constrained.compile(msg.sampling)
         max_stop_chars = max((len(s) for s in msg.sampling.stop or ()), default=0)
-        sched = self.config.scheduling
-        prio = urgency(
-            msg.priority or 0,
-            time.monotonic(),
-            low_values_first=sched.schedule_low_priority_values_first,
-            aging_s=sched.priority_aging_s,
-            max_priority=ADMIN_PRIORITY_RANGE[1],  # the front door's widest bound (an admin's)
-        )
+        prio = arrival_urgency(msg.priority, self.config.scheduling)
         beam = msg.sampling.uses_beam_search
+        reqs = []
         for i, rid in enumerate([f"{msg.rid}#beam0"] if beam else sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
@@ -257,7 +259,8 @@ class Scheduler:
                 self.budgets.start(req)
             if self.speculator is not None and req.kv_budget is None and not beam:
                 self.speculator.start(req)
-            self.arriving.arrive(req, msg.lora)
+            reqs.append(req)
+        return reqs
 
     def abort(self, rid: str) -> None:
         """Abort one request with all its samples, or one sample (or all, for

@@ -9,9 +9,10 @@ when set). The page itself is served to anyone (it holds no data): the
 operator types the key into it, and it sends the key with every request.
 
 Decoded text (``text=true``) is off by default and is given only to the
-admin key's holder, or on a server with no key at all (one user): a tenant
-never reads another namespace's text, and namespaces are shown by a digest
-of their salt, never the salt (radixrt/memory/radix_snapshot.py).
+admin key's holder (a server with no key shows none: whoever reaches its port
+is a client, as for ``return_cache_info: "full"``): a client never reads
+another's text, and namespaces are shown by a digest of their salt, never the
+salt (radixrt/memory/radix_snapshot.py).
 """
 
 from __future__ import annotations
@@ -88,14 +89,13 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
 
 def _text_allowed(request: Request, ctx: ServerContext, name: str = "text") -> bool:
     """Whether ``name=true`` (decoded text, or token ids: text all the same) was asked for
-    and may be given: to the admin key's holder, or on a server with no key at all."""
+    and may be given: to the admin key's holder only."""
     raw = request.query_params.get(name, "false").lower()
     if raw not in ("true", "false", "1", "0"):
         raise bad_request(f"'{name}' must be true or false.", name)
     if raw in ("false", "0"):
         return False
-    if not (ctx.is_admin(request) or not (ctx.api_key or ctx.admin_api_key)):
-        raise ServerError(403, f"'{name}' needs the server's admin key.", name, "permission_error")
+    ctx.require_admin(request, f"'{name}'", name)
     return True
 
 

@@ -84,7 +84,8 @@ def _too_deep(obj: Any, limit: int) -> bool:
 
 def parse_json_body(raw: bytes) -> Any:
     """``raw`` parsed as JSON (UTF-8); ServerError 400 when it is not valid
-    UTF-8 or not JSON, nests more than MAX_JSON_DEPTH deep, or holds a lone
+    UTF-8 or not JSON, nests more than MAX_JSON_DEPTH deep, holds an integer of
+    more digits than Python converts (4,300 by default), or holds a lone
     UTF-16 surrogate escape (``"\\ud800"``: not a Unicode character, so no
     tokenizer or encoder can take it). NaN and Infinity are accepted as
     Python's json does; the fields that take numbers refuse them."""
@@ -99,6 +100,8 @@ def parse_json_body(raw: bytes) -> Any:
         too_deep = _too_deep(obj, MAX_JSON_DEPTH)
     except json.JSONDecodeError as e:
         raise bad_request(f"Malformed JSON body: {e}") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise bad_request(f"The JSON body holds a number Python will not read: {e}") from None
     except RecursionError:
         too_deep = True
     if too_deep:

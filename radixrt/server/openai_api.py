@@ -22,7 +22,7 @@ from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
-from radixrt.server.http_utils import JSON, raise_state_errors, read_model, stream_response, wait_group
+from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.tokenizer_manager import TokenizerManager
@@ -67,6 +67,7 @@ async def _answer(request: Request, tm: TokenizerManager, group: ReqGroup, view:
     if not await wait_group(request, tm, group):
         return Response(status_code=499)
     raise_state_errors(group)
+    raise_refused(group)
     return JSON(view.response())
 
 

@@ -30,6 +30,12 @@ def engine(request):
         (dict(prompt="hi", priority=-(2**63)), "--max-client-priority"),
         (dict(prompt="hi", priority="1"), "'priority' must be an integer"),
         (dict(prompt="hi", priority=True), "'priority' must be an integer"),
+        (dict(prompt="hi", sampling_params={"beam_width": 2, "max_new_tokens": 0}), "max_new_tokens >= 1"),
+        (dict(prompt="hi", sampling_params={"beam_width": 2, "length_penalty": 300}), "length_penalty"),
+        (dict(prompt="hi", sampling_params={"beam_width": 2, "length_penalty": -1000}), "length_penalty"),
+        (dict(prompt="hi", sampling_params={"stop": [f"s{i}" for i in range(65)]}), "at most 64"),
+        (dict(prompt="hi", sampling_params={"stop": ["x" * 513]}), "at most 512"),
+        (dict(prompt="hi", sampling_params={"stop_token_ids": [1] * 4097}), "at most 4096"),
     ],
 )
 def test_bad_input_is_refused_and_engine_keeps_serving(engine, kwargs, match):
@@ -40,3 +46,44 @@ def test_bad_input_is_refused_and_engine_keeps_serving(engine, kwargs, match):
     engine.wait_idle()
     engine.scheduler.check_invariants()
     assert engine.scheduler.kv_usage()["private_slots"] == 0
+
+
+@pytest.mark.parametrize(
+    "budget,max_new",
+    [(1e15, 4), (3e38, 4), (0.5, 2**62)],
+)
+def test_a_huge_kv_budget_costs_no_more_than_the_request_can_hold(tiny_llama, budget, max_new):
+    """A budget (or a fraction of an enormous max_new_tokens) past what the request can ever
+    hold is held to that: served, with the scheduler's buffers sized by the request."""
+    with radixrt.Engine(tiny_llama, max_total_tokens=4096, page_size=1) as e:
+        out = e.generate("Say hi.", {"max_new_tokens": max_new, "temperature": 0, "kv_budget": budget})
+        assert out["meta_info"]["completion_tokens"] >= 1
+        assert e.generate("Say hi.", {"max_new_tokens": 3, "temperature": 0})["meta_info"]["completion_tokens"] == 3
+
+
+def test_a_grammar_with_no_text_ends_without_output(engine):
+    """A regex no text matches: no token is output (none is the grammar's), a 400 reason."""
+    out = engine.generate("hi", {"regex": "[^\\s\\S]", "max_new_tokens": 8})
+    reason = out["meta_info"]["finish_reason"]
+    assert out["output_ids"] == [] and out["text"] == ""
+    assert reason["type"] == "abort" and reason["status_code"] == 400 and "matches no text" in reason["message"]
+
+
+def test_a_fault_in_one_requests_set_up_fails_that_request_alone(tiny_llama, monkeypatch):
+    """A bug met while setting a request up (injected here) ends that request with a 500;
+    the scheduler keeps serving the others."""
+    with radixrt.Engine(tiny_llama, max_total_tokens=4096) as e:
+        budgets = e.scheduler.budgets
+
+        def broken(req):
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(budgets, "start", broken)
+        out = e.generate("Say hi.", {"max_new_tokens": 3, "n": 2})
+        reasons = [o["meta_info"]["finish_reason"] for o in (out if isinstance(out, list) else [out])]
+        assert all(r["type"] == "abort" and r["status_code"] == 500 and "RuntimeError" in r["message"] for r in reasons)
+        monkeypatch.undo()
+        assert e.generate("Say hi.", {"max_new_tokens": 3, "temperature": 0})["meta_info"]["completion_tokens"] == 3
+        e.wait_idle()
+        kv = e.get_stats()["kv"]
+        assert kv["private_slots"] == 0 and kv["free_slots"] + kv["tree_slots"] == kv["total_slots"]

@@ -93,6 +93,12 @@ BAD_BODIES = {
     "not_utf8": ("/generate", b'{"text": "\xff\xfe"}', "UTF-8"),
     "utf8_encoded_surrogate": ("/generate", b'{"text": "\xed\xa0\x80"}', "UTF-8"),
     "truncated": ("/v1/completions", b'{"model": "default", "prompt": "x', "JSON"),
+    "huge_integer": (
+        "/generate",
+        b'{"text": "a", "sampling_params": {"max_new_tokens": ' + b"9" * 4301 + b"}}",
+        "number",
+    ),
+    "huge_integer_chat": ("/v1/chat/completions", b'{"max_tokens": ' + b"9" * 5000 + b"}", "number"),
 }
 
 
@@ -466,3 +472,33 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         assert not any(pid_alive(p) for p in pids.values()), pids
     finally:
         srv.cleanup()
+
+
+def test_a_grammar_that_matches_no_text_is_a_400(server):
+    """No token is the grammar's: none is output, and the answer is a 400 saying why."""
+    nothing = "[^\\s\\S]"
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 8, "regex": nothing}})
+        _error(r, 400, "matches no text")
+        schema = {"type": "string", "pattern": nothing}
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": "default",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+            },
+        )
+        _error(r, 400, "matches no text")
+
+
+def test_a_server_without_keys_shows_no_cached_text(server):
+    """Anyone who reaches a keyless server is a client: the cache's view shows counts, never text."""
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        secret = {"text": "the vault code is 4417", "sampling_params": {"max_new_tokens": 1}}
+        assert c.post("/generate", json=secret).status_code == 200
+        view = c.get("/debug/radix", params={"max_depth": 8})
+        assert view.status_code == 200 and "vault" not in view.text
+        _error(c.get("/debug/radix", params={"text": "true"}), 403, "admin key")
+        _error(c.post("/generate", json={**secret, "return_cache_info": "full"}), 403, "admin key")

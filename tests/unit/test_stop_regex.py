@@ -133,3 +133,28 @@ def test_a_pattern_that_backtracks_without_end_times_out():
         sr.search([r"(a|aa)+b"], "a" * 80, True, 1)  # exponential: 2**40 ways
     with pytest.raises(sr.SearchTimeout):
         sr.search(["ok", r"(a|aa)+b"], "x" * 20 + "a" * 80, False, 1)
+
+
+def test_the_held_tail_is_the_longest_proper_prefix_of_a_stop_string():
+    """`stop_prefix_len` (which tries only the stop's first character's positions) against
+    the direct search over every length, on random and repetitive texts."""
+    import random
+
+    from radixrt.requests.detokenizer import stop_prefix_len
+
+    def direct(text: str, stops: list[str]) -> int:
+        best = 0
+        for s in stops:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        alphabet = rng.choice(["ab", "abc", "a", "xyz\n"])
+        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9))) for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        assert stop_prefix_len(text, stops) == direct(text, stops), (text, stops)
+    assert stop_prefix_len("x" + "a" * 600, ["a" * 512]) == 511
