@@ -198,37 +198,7 @@ class SamplingParams:
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"sampling parameter '{name}' must be a string, got {_type_name(value)}")
 
-        stop = self.stop
-        if stop is None:
-            stop = []
-        elif isinstance(stop, str):
-            stop = [stop]
-        elif isinstance(stop, (list, tuple)):
-            stop = list(stop)
-            if len(stop) > MAX_STOP_STRINGS:
-                raise ValueError(f"sampling parameter 'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS}")
-            for s in stop:
-                if not isinstance(s, str):
-                    raise ValueError(
-                        f"sampling parameter 'stop' must be a string or a list of strings, "
-                        f"got an element of type {_type_name(s)}"
-                    )
-        else:
-            raise ValueError(f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}")
-        self.stop = stop
-        self.stop_regex = _as_str_list("stop_regex", self.stop_regex)
-
-        if self.stop_token_ids is not None:
-            ids = self.stop_token_ids
-            if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
-                raise ValueError(
-                    f"sampling parameter 'stop_token_ids' must be a list of integers, got {_type_name(ids)}"
-                )
-            if len(ids) > MAX_STOP_TOKEN_IDS:
-                raise ValueError(
-                    f"sampling parameter 'stop_token_ids' holds {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}"
-                )
-            self.stop_token_ids = [_as_int("stop_token_ids", t) for t in ids]
+        self._normalize_stops()
 
         if self.logit_bias is not None:
             bias = self.logit_bias
@@ -327,22 +297,7 @@ class SamplingParams:
             bad("n", "must be >= 1")
         if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
             bad("seed", "must fit in 64 bits")
-        for s in self.stop:
-            if not s:
-                raise ValueError("sampling parameter 'stop' must not contain an empty string")
-            if len(s) > MAX_STOP_STRING_CHARS:
-                raise ValueError(
-                    f"sampling parameter 'stop' holds a string of {len(s)} characters; at most {MAX_STOP_STRING_CHARS}"
-                )
-        if self.stop_regex:
-            check_stop_regex(self.stop_regex)
-        if self.stop_token_ids:
-            for t in self.stop_token_ids:
-                if t < 0 or (vocab_size is not None and t >= vocab_size):
-                    raise ValueError(
-                        f"sampling parameter 'stop_token_ids' holds {t}, outside the vocabulary"
-                        + (f" [0, {vocab_size})" if vocab_size is not None else "")
-                    )
+        self._validate_stops(vocab_size)
         if self.logit_bias:
             for key, value in self.logit_bias.items():
                 t = int(key)
@@ -370,6 +325,60 @@ class SamplingParams:
                 f"sampling parameters {', '.join(repr(n) for n in set_constraints)} are exclusive: "
                 "set at most one of regex, json_schema, ebnf, structural_tag"
             )
+
+    def _normalize_stops(self) -> None:
+        """``stop`` and ``stop_regex`` as lists of strings, ``stop_token_ids`` as a list of ints
+        (or None), each within its count limit."""
+        stop = self.stop
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        elif isinstance(stop, (list, tuple)):
+            stop = list(stop)
+            if len(stop) > MAX_STOP_STRINGS:
+                raise ValueError(f"sampling parameter 'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS}")
+            for s in stop:
+                if not isinstance(s, str):
+                    raise ValueError(
+                        f"sampling parameter 'stop' must be a string or a list of strings, "
+                        f"got an element of type {_type_name(s)}"
+                    )
+        else:
+            raise ValueError(f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}")
+        self.stop = stop
+        self.stop_regex = _as_str_list("stop_regex", self.stop_regex)
+
+        if self.stop_token_ids is not None:
+            ids = self.stop_token_ids
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+                raise ValueError(
+                    f"sampling parameter 'stop_token_ids' must be a list of integers, got {_type_name(ids)}"
+                )
+            if len(ids) > MAX_STOP_TOKEN_IDS:
+                raise ValueError(
+                    f"sampling parameter 'stop_token_ids' holds {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}"
+                )
+            self.stop_token_ids = [_as_int("stop_token_ids", t) for t in ids]
+
+    def _validate_stops(self, vocab_size: Optional[int]) -> None:
+        """The stop strings' lengths, the stop patterns, and the stop token ids' range."""
+        for s in self.stop:
+            if not s:
+                raise ValueError("sampling parameter 'stop' must not contain an empty string")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(
+                    f"sampling parameter 'stop' holds a string of {len(s)} characters; at most {MAX_STOP_STRING_CHARS}"
+                )
+        if self.stop_regex:
+            check_stop_regex(self.stop_regex)
+        if self.stop_token_ids:
+            for t in self.stop_token_ids:
+                if t < 0 or (vocab_size is not None and t >= vocab_size):
+                    raise ValueError(
+                        f"sampling parameter 'stop_token_ids' holds {t}, outside the vocabulary"
+                        + (f" [0, {vocab_size})" if vocab_size is not None else "")
+                    )
 
     def _validate_beam_search(self) -> None:
         """What a beam search cannot combine with: its hypotheses are scored by the
