@@ -87,6 +87,7 @@ class RequestSpec:
     priority: Optional[int] = None  # honoured only under enable_priority_scheduling
     cache_info: str = ""  # meta_info.cache_info: "" none, "own" or "full" (see cache_info_mode)
     lora: Optional[str] = None  # the LoRA adapter's name (SGLang's lora_path); None: the base model
+    group: Optional[str] = None  # the call it came in (set on submission: a batch's prompts share one)
     # Sent with the server's admin key: ``priority`` may be any 64-bit integer, not only one within
     # Limits.max_client_priority. Only the server's routes set it (from the request's key).
     admin: bool = False
@@ -108,6 +109,7 @@ class RequestSpec:
             priority=self.priority,
             cache_info=self.cache_info,
             lora=self.lora,
+            group=self.group,
         )
 
 

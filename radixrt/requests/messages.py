@@ -38,6 +38,9 @@ class GenerateReq:
     # text and match only, "full" with the cache's neighbouring content (the operator's view)
     cache_info: str = ""
     lora: Optional[str] = None  # the LoRA adapter's name (None: the base model)
+    # the client call it came in: a batch's prompts share one, so that the queue takes turns between calls
+    # (planner.interleave_calls); None: its own
+    group: Optional[str] = None
 
 
 @dataclass

@@ -198,6 +198,7 @@ class ResultRouter:
             group = ReqGroup(box)
             entries = self._rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
             for spec, entry in zip(specs, entries):
+                spec.group = entries[0].iid  # one call: the scheduler's queue takes turns between calls
                 self._register(group, spec, entry, live_text)
         for spec, entry in zip(specs, entries):
             self.transport.send_request(spec, entry)

@@ -253,6 +253,7 @@ class BeamSearch:
             namespace=parent.namespace,
             arrival=parent.arrival,
             parent=parent.parent,
+            group=parent.group,
             priority=parent.priority,
             urgency=parent.urgency,
             max_stop_chars=parent.max_stop_chars,

@@ -42,7 +42,7 @@ from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.constrained import drop_draft
-from radixrt.scheduler.policy import by_priority, order_waiting
+from radixrt.scheduler.policy import by_priority, interleave_calls, order_waiting
 from radixrt.scheduler.request import Phase, Req
 
 logger = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ class BatchPlanner:
         waiting, running = self.queues.waiting, self.queues.running
         if not waiting or budget <= 0:
             return
-        ordered = order_waiting(self.config.schedule_policy, waiting, self.kv.match)
+        ordered = interleave_calls(order_waiting(self.config.schedule_policy, waiting, self.kv.match))
         if self.config.enable_priority_scheduling:
             ordered = by_priority(ordered)
         # Prefixes being computed in this step (or by an unfinished chunked prefill):

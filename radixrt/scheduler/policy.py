@@ -84,6 +84,23 @@ def arrival_urgency(priority: Optional[int], settings: "SchedulingSettings") -> 
     )
 
 
+def interleave_calls(ordered: list[Req]) -> list[Req]:
+    """``ordered`` with the requests of each client call (a batch's prompts, a prompt's
+    samples: one ``group``) taking turns: every call's first waiting request in
+    ``ordered``'s order, then every call's second, and so on. A call of many prompts
+    then holds up a call behind it for one step's admission, not for all its prompts;
+    the policy's order still holds within a call, and among calls of one request each."""
+    seen: dict[str, int] = defaultdict(int)
+    turns = []
+    for r in ordered:
+        turns.append(seen[r.group])
+        seen[r.group] += 1
+    if len(seen) in (1, len(ordered)):  # one call, or one request per call: nothing to interleave
+        return ordered
+    order = sorted(range(len(ordered)), key=lambda i: (turns[i], i))
+    return [ordered[i] for i in order]
+
+
 def by_priority(ordered: list[Req]) -> list[Req]:
     """``ordered`` with the most urgent (highest `urgency`) first; a stable
     sort, so the policy's order holds among requests of equal urgency."""

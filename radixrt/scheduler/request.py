@@ -64,6 +64,7 @@ class Req(RequestKV):
     top_logprobs_num: int = 0
     arrival: int = 0
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
+    group: str = ""  # the client call it came in (a batch's prompts and their samples share it)
     priority: int = 0  # waiting-queue order under enable_priority_scheduling
     urgency: int = 0  # its fixed sort key there: priority with aging (policy.urgency)
     cache_info_mode: str = ""  # "" / "own" / "full": explain the first admission's match (GenerateReq.cache_info)
@@ -140,6 +141,7 @@ class Req(RequestKV):
             arrival=arrival,
             grammar_future=grammar_future,
             parent=msg.rid,
+            group=msg.group or msg.rid,
             priority=msg.priority or 0,
             urgency=urgency,
             cache_info_mode=msg.cache_info,

@@ -197,3 +197,54 @@ def test_much_more_urgent_request_preempts_and_the_preempted_one_still_answers_r
         False, enable_priority_scheduling=True, priority_scheduling_preemption_threshold=60
     )
     assert running_after == ["low"] and retractions == 0
+
+
+def test_interleave_calls_takes_turns_between_client_calls():
+    from radixrt.scheduler.policy import interleave_calls
+
+    def req(rid: str, group: str) -> Req:
+        r = Req(rid, [1], SamplingParams(), 0)
+        r.group = group
+        return r
+
+    ordered = [req("a0", "A"), req("a1", "A"), req("a2", "A"), req("b0", "B"), req("c0", "C"), req("b1", "B")]
+    assert [r.rid for r in interleave_calls(ordered)] == ["a0", "b0", "c0", "a1", "b1", "a2"]
+    alone = [req(f"x{i}", f"G{i}") for i in range(3)]
+    assert interleave_calls(alone) == alone  # one request per call: the policy's order
+    one_call = [req(f"y{i}", "Y") for i in range(3)]
+    assert interleave_calls(one_call) == one_call
+
+
+def test_a_call_of_many_prompts_does_not_hold_up_the_call_behind_it(tiny_llama):
+    """A batch of 24 long prompts (one call, sharing a prefix, so LPM ranks them first)
+    then a short request: the short one is admitted in the step after the first, not
+    after the batch's last prompt."""
+    sched = Scheduler(
+        EngineConfig(
+            model_path=tiny_llama,
+            max_total_tokens=8192,
+            chunked_prefill_size=256,
+            disable_overlap_schedule=True,
+            debug_check_invariants=True,
+        )
+    )
+    try:
+        sp = SamplingParams(max_new_tokens=2, ignore_eos=True)
+        shared = list(range(20, 120))
+        for i in range(24):
+            sched.handle(GenerateReq(f"batch-{i}", shared + [200 + i] * 60, sp, group="batch"))
+        sched.step()
+        sched.handle(GenerateReq("short", [7, 8, 9], sp))
+        admitted: list[str] = []
+        for _ in range(200):
+            for r in sched.running:
+                if r.rid not in admitted:
+                    admitted.append(r.rid)
+            if not sched.has_work():
+                break
+            sched.step()
+        sched.check_invariants()
+        assert admitted.index("short") <= 4, admitted  # 256 prompt tokens a step: the batch's first few, then it
+        assert len(admitted) == 25
+    finally:
+        sched.close()
