@@ -116,16 +116,22 @@ class LoRAAdmission:
         out: list[ControlReply] = []
         while self.controls and (self.controls[0].read is None or self.controls[0].read.done()):
             c = self.controls.popleft()
-            try:
-                if c.read is None:
-                    self.pool.unregister(c.msg.name)
-                else:
-                    self.pool.install(*c.read.result(), set(in_use()))
-            except READ_ERRORS as e:
-                logger.info("LoRA adapter %r refused: %s", c.msg.name, e)
-                out.append(ControlReply("lora", ok=False, payload={"error": str(e) or type(e).__name__}))
-                continue
-            out.append(ControlReply("lora", payload={"adapters": self.pool.describe()}))
+            # the read's error is taken, not raised here: a traceback through this frame would keep
+            # the control (and what the error holds) alive until a full garbage collection
+            error = None if c.read is None else c.read.exception()
+            if error is None:
+                try:
+                    if c.read is None:
+                        self.pool.unregister(c.msg.name)
+                    else:
+                        self.pool.install(*c.read.result(), set(in_use()))
+                except ValueError as e:
+                    error = e
+            if error is not None:
+                logger.info("LoRA adapter %r refused: %s", c.msg.name, error)
+                out.append(ControlReply("lora", ok=False, payload={"error": str(error) or type(error).__name__}))
+            else:
+                out.append(ControlReply("lora", payload={"adapters": self.pool.describe()}))
         return out
 
     @property

@@ -8,7 +8,9 @@ LoRA sharing the base model's KV, and least-recently-used unloading."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,17 @@ def test_adapter_loads_run_off_the_step_loop(engine, adapters, tmp_path: Path) -
     (bad / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
     with pytest.raises(ValueError):
         engine.load_lora_adapter("bad", str(bad))
+    # files no adapter of this model needs are refused by their size, before they are read
+    huge = tmp_path / "huge"
+    shutil.copytree(adapters["other"], huge)
+    os.truncate(huge / "adapter_model.safetensors", 1 << 34)  # sparse: 16 GiB that take no disk
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="more than any adapter"):
+        engine.load_lora_adapter("huge", str(huge))
+    (huge / "adapter_config.json").write_text(" " * (2 << 20) + "{}")
+    with pytest.raises(ValueError, match="adapter_config.json is over"):
+        engine.load_lora_adapter("huge", str(huge))
+    assert time.monotonic() - started < 5
     assert (
         engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")["output_ids"] == served["output_ids"]
     )

@@ -98,11 +98,23 @@ class LoRAAdapter:
         return NEVER
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a PEFT config is a few KB
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "adapter_config.json"
     if not path.is_file():
         raise ValueError(f"LoRA adapter {str(folder)!r} has no adapter_config.json (a PEFT folder is expected)")
-    cfg = json.loads(path.read_text())
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"LoRA adapter {str(folder)!r}: adapter_config.json is over {MAX_CONFIG_BYTES} bytes")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:  # its message only: the error object keeps the whole text
+        raise ValueError(
+            f"LoRA adapter {str(folder)!r}: adapter_config.json is not JSON ({e.msg}, line {e.lineno})"
+        ) from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"LoRA adapter {str(folder)!r}: adapter_config.json is not a JSON object")
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise ValueError(f"adapter {str(folder)!r} is {cfg.get('peft_type')}, not LoRA")
     for key in UNSUPPORTED:
@@ -111,7 +123,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     return cfg
 
 
-def _weights_file(folder: Path) -> Path:
+def weights_file(folder: Path) -> Path:
     for name in ("adapter_model.safetensors", "adapter_model.bin"):
         if (folder / name).is_file():
             if name.endswith(".bin"):
@@ -127,7 +139,7 @@ def adapter_digest(folder: Path) -> str:
     relevant = {k: cfg.get(k) for k in ("r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern")}
     relevant["alora_invocation_tokens"] = cfg.get("alora_invocation_tokens")
     h.update(json.dumps(relevant, sort_keys=True, default=str).encode())
-    with open(_weights_file(folder), "rb") as f:
+    with open(weights_file(folder), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -150,7 +162,7 @@ def load_adapter(
 
     folder = Path(folder_text).expanduser()
     cfg = read_config(folder)
-    raw = load_file(str(_weights_file(folder)))
+    raw = load_file(str(weights_file(folder)))
     modules: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in raw.items():
         m = _KEY.search(key)

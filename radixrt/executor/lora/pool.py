@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 
 from radixrt.config.lora import LoRASettings, parse_lora_paths
-from radixrt.executor.lora.adapter import LoRAAdapter, adapter_digest, load_adapter, read_config
+from radixrt.executor.lora.adapter import LoRAAdapter, adapter_digest, load_adapter, read_config, weights_file
 from radixrt.executor.lora.batch import LoRAContext, install
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class LoRAPool:
         max_loaded: Optional[int],
         max_rank: int,
         target_modules: Optional[list[str]] = None,
+        num_layers: int = 1,
     ) -> None:
         self.sizes = sizes
         self.dtype = dtype
@@ -61,6 +62,7 @@ class LoRAPool:
         self.max_loaded = max_loaded
         self.max_rank = max_rank
         self.target_modules = set(target_modules) if target_modules else None
+        self.max_weights_bytes = weights_bound(sizes, num_layers, max_rank)
         self.registered: dict[str, Registered] = {}
         self.loaded: OrderedDict[str, LoRAAdapter] = OrderedDict()  # least recently used first
         self.loading: dict[str, Future[LoRAAdapter]] = {}
@@ -88,6 +90,12 @@ class LoRAPool:
         if self.target_modules is not None and isinstance(targets, list) and set(targets) - self.target_modules:
             extra = sorted(set(targets) - self.target_modules)
             raise ValueError(f"LoRA adapter {name!r} adapts {extra}, outside --lora-target-modules")
+        size = weights_file(folder).stat().st_size
+        if size > self.max_weights_bytes:  # before reading it whole to hash it
+            raise ValueError(
+                f"LoRA adapter {name!r}: its weights file holds {size} bytes, more than any adapter of rank "
+                f"<= --max-lora-rank {self.max_rank} of this model can ({self.max_weights_bytes})"
+            )
         inv = cfg.get("alora_invocation_tokens")
         return Registered(name, str(folder), adapter_digest(folder), rank, tuple(int(t) for t in inv) if inv else None)
 
@@ -194,6 +202,15 @@ class LoRAPool:
         }
 
 
+def weights_bound(sizes: dict[str, list[int]], num_layers: int, max_rank: int) -> int:
+    """The most bytes an adapter file of rank ``max_rank`` for this model can need: every
+    module's ``A`` and ``B`` and a bias, in 8-byte numbers, and a megabyte of header."""
+    hidden, q, inter = sizes["o"][0], sizes["qkv"][0], sizes["gate_up"][0]
+    inputs = {"qkv": hidden, "o": q, "gate_up": hidden, "down": inter}
+    per_layer = sum(len(outs) * max_rank * inputs[p] + (max_rank + 1) * sum(outs) for p, outs in sizes.items())
+    return num_layers * per_layer * 8 + (1 << 20)
+
+
 @dataclass
 class LoRARuntime:
     """What a runner holds for LoRA: the forward's context and the adapter pool."""
@@ -216,6 +233,7 @@ def build_lora(settings: LoRASettings, runner: Any) -> Optional[LoRARuntime]:
         settings.max_loaded_loras,
         settings.max_lora_rank,
         settings.lora_target_modules,
+        num_layers=len(runner.model.model.layers),
     )
     for name, path in parse_lora_paths(settings.lora_paths).items():
         pool.register(name, path)
