@@ -141,6 +141,8 @@ class CompletionView:
         self.head = _head("cmpl", "text_completion", model)
         self.tt = TokenTexts(tokenizer)
         self.echoed: set[int] = set()  # streamed choices whose prompt was sent (with echo, in their first chunk)
+        # streamed choices: the text_offset their next logprob starts at (the text sent before it)
+        self.next_offset: dict[int, int] = {}
 
     def prompt_text(self, i: int) -> str:
         """Prompt ``i`` as text (decoded once when it was given as ids)."""
@@ -148,16 +150,17 @@ class CompletionView:
             self.prompts.texts[i] = self.tokenizer.decode(self.prompts.ids[i])
         return self.prompts.texts[i]
 
-    def logprobs(self, st: ReqState, start: int, echo: bool) -> dict:
+    def logprobs(self, st: ReqState, start: int, echo: bool, index: Optional[int] = None) -> dict:
         """OpenAI's legacy logprobs object for output logprobs from ``start``
-        (preceded by the prompt's with ``echo``)."""
+        (preceded by the prompt's with ``echo``). ``index``: a streamed choice's, whose
+        text offsets go on from where its previous chunk's ended."""
         acc, top_n = st.acc, self.req.logprobs
         pairs: list = list(acc.input_token_logprobs) if echo else []
         top_lists: list = (list(acc.input_top_logprobs) or [None] * len(acc.input_token_logprobs)) if echo else []
         pairs += acc.output_token_logprobs[start:]
         top_lists += acc.output_top_logprobs[start:] or [None] * len(acc.output_token_logprobs[start:])
         tokens, lps, tops, offsets = [], [], [], []
-        pos = 0
+        pos = 0 if index is None else self.next_offset.get(index, 0)
         for i, (lp, tid) in enumerate(pairs):
             s = self.tt(tid)
             tokens.append(s)
@@ -167,6 +170,8 @@ class CompletionView:
             top = top_lists[i] if i < len(top_lists) else None
             if top_n:
                 tops.append(None if top is None else {self.tt(t): v for v, t in top})
+        if index is not None:
+            self.next_offset[index] = pos
         return {
             "tokens": tokens,
             "token_logprobs": lps,
@@ -174,10 +179,12 @@ class CompletionView:
             "text_offset": offsets,
         }
 
-    def _choice(self, index: int, st: ReqState, text: str, start_lp: int, echo: bool, finish: Optional[str]) -> dict:
+    def _choice(
+        self, index: int, st: ReqState, text: str, start_lp: int, echo: bool, finish: Optional[str], streamed: bool
+    ) -> dict:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
         if self.req.logprobs is not None:
-            choice["logprobs"] = self.logprobs(st, start_lp, echo)
+            choice["logprobs"] = self.logprobs(st, start_lp, echo, index if streamed else None)
         return choice
 
     def usage(self) -> dict:
@@ -188,7 +195,13 @@ class CompletionView:
         echo = self.req.echo
         choices = [
             self._choice(
-                i, st, (self.prompt_text(i // self.req.n) if echo else "") + st.acc.text, 0, echo, finish_reason(st)
+                i,
+                st,
+                (self.prompt_text(i // self.req.n) if echo else "") + st.acc.text,
+                0,
+                echo,
+                finish_reason(st),
+                streamed=False,
             )
             for i, st in enumerate(self.group.states)
         ]
@@ -201,7 +214,7 @@ class CompletionView:
         prefix = self.prompt_text(u.index // self.req.n) if echo_now else ""
         if not u.delta and not prefix and u.finish_reason is None:
             return []
-        return [self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason)]
+        return [self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason, streamed=True)]
 
     def stream(self) -> AsyncIterator[bytes]:
         return stream_choices(self.group, self.head, self.render, self.usage if _include_usage(self.req) else None)

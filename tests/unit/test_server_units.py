@@ -382,6 +382,18 @@ def test_openai_shapes(app_client):
             if c["finish_reason"]:
                 finish[c["index"]] = c["finish_reason"]
     assert finish == {0: "length", 1: "length"} and all(text.values())
+    # streamed legacy logprobs: each chunk's text offsets go on from the text sent before it
+    r = app_client.post(
+        "/v1/completions",
+        json={"model": "fake-model", "prompt": "a", "max_tokens": 3, "logprobs": 1, "echo": True, "stream": True},
+    )
+    tokens, offsets = [], []
+    for e in events(r.text)[:-1]:
+        for c in e["choices"]:
+            if c["logprobs"] is not None:
+                tokens += c["logprobs"]["tokens"]
+                offsets += c["logprobs"]["text_offset"]
+    assert len(tokens) >= 4 and offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))], offsets
     models = app_client.get("/v1/models").json()
     assert models["data"][0]["id"] == "fake-model"
 
