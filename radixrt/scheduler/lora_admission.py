@@ -1,7 +1,8 @@
 """Requests with a LoRA adapter, from arrival to the waiting queue.
 
 `LoRAAdmission.start` resolves a request's adapter name (a 400 for an
-unknown one) and sets what its KV is keyed by:
+unknown one) and, once it has the loaded adapter (at once, or when a held
+request's load ends), sets what its KV is keyed by, from the weights it got:
 
 - a plain adapter's requests live in a namespace of their own,
   ``{"lora": <digest of the adapter's weights>, "ns": <the request's
@@ -52,7 +53,6 @@ class _Held:
     req: Req
     name: str
     future: "Future[LoRAAdapter]"
-    namespace: Optional[str]  # the request's own namespace, before its adapter's key
 
 
 @dataclass(eq=False)
@@ -83,7 +83,7 @@ class LoRAAdmission:
         if adapter is not None:
             _bind(req, adapter)
             return True
-        self.held.append(_Held(req, name, self.pool.load(name), req.namespace))
+        self.held.append(_Held(req, name, self.pool.load(name)))  # keyed once it has its adapter (`_bind`)
         return False
 
     def ready(self, in_use: Callable[[], Iterable[str]]) -> list[tuple[Req, Optional[str]]]:
@@ -101,7 +101,6 @@ class LoRAAdmission:
             except READ_ERRORS as e:
                 out.append((h.req, f"LoRA adapter {h.name!r}: {e}"))
                 continue
-            h.req.namespace = h.namespace  # keyed by the weights it gets, reloaded meanwhile or not
             _bind(h.req, adapter)
             out.append((h.req, None))
         return out
