@@ -46,18 +46,23 @@ def _admission_order(
         for rid, prio, pause in arrivals:
             time.sleep(pause)
             sched.handle(req(rid, prio, 2))
-        order: list[str] = []
-        for _ in range(100):
-            for r in sched.running:
-                if r.rid not in order:
-                    order.append(r.rid)
-            if not sched.has_work():
-                break
-            sched.step()
-        sched.check_invariants()
-        return order
+        return _run_recording_admissions(sched, 100)
     finally:
         sched.close()
+
+
+def _run_recording_admissions(sched: Scheduler, max_steps: int) -> list[str]:
+    """Step ``sched`` until it is idle; the rids in the order they started running."""
+    order: list[str] = []
+    for _ in range(max_steps):
+        for r in sched.running:
+            if r.rid not in order:
+                order.append(r.rid)
+        if not sched.has_work():
+            break
+        sched.step()
+    sched.check_invariants()
+    return order
 
 
 def test_urgent_request_is_admitted_first(tiny_llama):
@@ -235,15 +240,7 @@ def test_a_call_of_many_prompts_does_not_hold_up_the_call_behind_it(tiny_llama):
             sched.handle(GenerateReq(f"batch-{i}", shared + [200 + i] * 60, sp, group="batch"))
         sched.step()
         sched.handle(GenerateReq("short", [7, 8, 9], sp))
-        admitted: list[str] = []
-        for _ in range(200):
-            for r in sched.running:
-                if r.rid not in admitted:
-                    admitted.append(r.rid)
-            if not sched.has_work():
-                break
-            sched.step()
-        sched.check_invariants()
+        admitted = _run_recording_admissions(sched, 200)
         assert admitted.index("short") <= 4, admitted  # 256 prompt tokens a step: the batch's first few, then it
         assert len(admitted) == 25
     finally:
