@@ -44,8 +44,6 @@ def lora_namespace(namespace: Optional[str], digest: str) -> str:
 
 
 logger = logging.getLogger(__name__)
-# what reading a client-named adapter folder may raise (safetensors' own error is a bare Exception)
-READ_ERRORS = (Exception,)
 
 
 @dataclass(eq=False)
@@ -98,7 +96,7 @@ class LoRAAdmission:
                 adapter = self.pool.get(h.name)
                 if adapter is None:
                     raise ValueError(f"LoRA adapter {h.name!r} was unloaded")
-            except READ_ERRORS as e:
+            except Exception as e:  # a client-named folder: safetensors' own error is a bare Exception
                 out.append((h.req, f"LoRA adapter {h.name!r}: {e}"))
                 continue
             _bind(h.req, adapter)
