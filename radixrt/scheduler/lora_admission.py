@@ -96,7 +96,7 @@ class LoRAAdmission:
                 adapter = self.pool.get(h.name)
                 if adapter is None:
                     raise ValueError(f"LoRA adapter {h.name!r} was unloaded")
-            except Exception as e:  # a client-named folder: safetensors' own error is a bare Exception
+            except Exception as e:  # noqa: BLE001 - a client-named folder: safetensors raises a bare Exception
                 out.append((h.req, f"LoRA adapter {h.name!r}: {e}"))
                 continue
             _bind(h.req, adapter)
