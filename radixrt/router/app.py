@@ -17,18 +17,23 @@ SGLang's) native and OpenAI routes to its workers.
 * ``GET /health``: 200 while a worker is healthy (every worker with
   ``require_all_healthy``, as in ``radixrt serve --dp``) and the router is not
   draining; else 503.
-* ``GET /list_workers``, ``POST /add_worker?url=``, ``POST /remove_worker?url=``.
+* ``GET /list_workers``; ``POST /add_worker?url=`` and ``POST /remove_worker?url=``
+  need the admin key (they decide where clients' requests and keys go); a url
+  that reaches the router itself is refused.
 * Any other path: proxied to the least loaded worker.
 
 Failover: a request whose worker cannot be reached (connect error, or the
 connection closed before any answer) or answers 503 goes to another healthy
 worker (each worker tried once); an unreachable worker leaves routing at
 once. A stream whose worker fails after the answer started cannot move: it
-ends with an error event and ``data: [DONE]``.
+ends with an error event and ``data: [DONE]``. A client that leaves before
+its answer starts has its request to the worker cancelled (the worker aborts
+it); one that leaves mid-answer closes the worker's stream the same way.
 
 Auth: with an API key, every route but ``/health`` needs ``Authorization:
 Bearer KEY`` (or ``x-api-key``); the client's header is passed to the
-workers, so they may share the key.
+workers, so they may share the key. What every request passes first (loops,
+keys, the body size limit) is `guard.RouterGuard`.
 """
 
 from __future__ import annotations
@@ -37,24 +42,25 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Optional
 
 import httpx
 from fastapi import FastAPI, Request
-from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.broadcast import add_broadcast_routes
+from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
-from radixrt.router.state import RouterConfig, RouterState, error_body, error_response
-from radixrt.router.workers import NoWorkerError, Worker, WorkerPool
+from radixrt.router.state import VIA_HEADER, RouterConfig, RouterState, error_body, error_response
+from radixrt.router.workers import NoWorkerError, Worker, WorkerPool, normalize_url
 
 logger = logging.getLogger("radixrt.router")
 
 ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 SSE_DONE = b"data: [DONE]\n\n"
+PARSE_ON_LOOP_BYTES = 64 * 1024  # larger bodies are parsed in a thread
 
 
 async def _send(
@@ -72,15 +78,46 @@ async def _send(
     return await state.client.send(req, stream=True)
 
 
+async def _parse(body: bytes) -> Any:
+    """The JSON body, or None where it is malformed (the worker answers that with its own 400);
+    a large one is parsed off the event loop, so other clients' requests do not wait for it."""
+    try:
+        if len(body) <= PARSE_ON_LOOP_BYTES:
+            return json.loads(body)
+        return await asyncio.to_thread(json.loads, body)
+    except (ValueError, RecursionError):
+        return None
+
+
+async def _client_left(request: Request) -> None:
+    """Return when the client closes its connection (its body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _send_while_client_waits(request: Request, send: Awaitable[httpx.Response]) -> Optional[httpx.Response]:
+    """The worker's answer, or None when the client leaves first: the request to the worker is
+    then cancelled, which closes its connection, and the worker aborts it as it does for any
+    client that leaves (a non-streaming answer starts only when it is complete)."""
+    answer = asyncio.ensure_future(send)
+    left = asyncio.ensure_future(_client_left(request))
+    try:
+        await asyncio.wait((answer, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not answer.done():
+            answer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await answer
+    return answer.result() if not answer.cancelled() else None
+
+
 async def proxy(state: RouterState, request: Request, path: str, key_from_body: bool) -> Response:
     """Route one request and pass its answer (or stream) back; fail over while nothing was answered."""
     body = await request.body()
     key = tokens = None
     if key_from_body:
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):
-            parsed = None  # the worker answers a malformed body with its own 400
+        parsed = await _parse(body)
         key = routing_key(path, parsed)
         tokens = await state.kv_events.key(path, parsed) if state.kv_events is not None else None
     headers = state.headers(request)
@@ -94,7 +131,9 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
         tried.append(w.url)
         w.load += 1
         try:
-            resp = await _send(state, w, request.method, path, headers, body, request.query_params)
+            resp = await _send_while_client_waits(
+                request, _send(state, w, request.method, path, headers, body, request.query_params)
+            )
         except (
             httpx.ConnectError,
             httpx.ConnectTimeout,
@@ -117,6 +156,10 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
         except BaseException:
             w.load -= 1
             raise
+        if resp is None:
+            w.load -= 1
+            logger.info("%s %s: the client left before the worker answered; cancelled there", request.method, path)
+            return Response(status_code=499)
         if resp.status_code == 503 and len(tried) < len(state.pool.workers):
             last_error = f"worker {w.url} answered 503"
             await resp.aclose()
@@ -149,41 +192,6 @@ def _pass_through(state: RouterState, w: Worker, resp: httpx.Response) -> Respon
     return StreamingResponse(body_iter(), status_code=resp.status_code, media_type=media, headers=out_headers)
 
 
-class _Guard:
-    """ASGI middleware: the API key, 503 while draining, and the count of
-    answers in progress (streams included, until their last byte). A client
-    that leaves (or is cut off by a read timeout) before its body is complete
-    costs one log line at INFO, not a traceback."""
-
-    def __init__(self, app: Any, state: RouterState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        if scope["path"] != "/health":
-            refusal = None
-            if not self.state.authorized(request):
-                refusal = error_response(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.")
-            elif self.state.draining:
-                refusal = error_response(503, "The server is shutting down.")
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
-        self.state.active += 1
-        try:
-            await self.app(scope, receive, send)
-        except ClientDisconnect:
-            logger.info(
-                "%s %s: the client left before its request body was complete", scope.get("method"), scope["path"]
-            )
-        finally:
-            self.state.active -= 1
-
-
 def build_router_app(
     pool: WorkerPool, config: RouterConfig, lifespan: Any = None, kv_events: Optional[KVEventRouting] = None
 ) -> FastAPI:
@@ -199,7 +207,7 @@ def build_router_app(
         openapi_url=None,
     )
     app.state.router = state
-    app.add_middleware(_Guard, state=state)
+    app.add_middleware(RouterGuard, state=state)
     _add_worker_routes(app, state)
     add_broadcast_routes(app, state)
     _add_server_info_routes(app, state)
@@ -214,7 +222,7 @@ def _router_lifespan(state: RouterState, inner: Any) -> Any:
     async def router_lifespan(app: FastAPI) -> AsyncIterator[None]:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
         state.client = httpx.AsyncClient(limits=limits)
-        await state.pool.start(state.config.eviction_interval_s)
+        await state.pool.start(state.config.eviction_interval_s, headers={VIA_HEADER: state.config.instance_id})
         if state.kv_events is not None:
             await asyncio.to_thread(state.kv_events.start)
         try:
@@ -265,18 +273,27 @@ def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
         return JSONResponse(_router_view(state))
 
     @app.post("/add_worker")
-    async def add_worker(url: str) -> Response:
+    async def add_worker(request: Request, url: str) -> Response:
+        refusal = _needs_admin(state, request, "adding a worker")
+        if refusal is not None:
+            return refusal
         try:
-            pool.add(url)
+            url = normalize_url(url)
         except ValueError as e:
             return error_response(400, str(e))
+        if await _reaches_this_router(state, url):
+            return error_response(400, f"{url!r} reaches this router itself: a worker must be a server.")
+        pool.add(url)
         if state.kv_events is not None:  # with --kv-events-port: its events too
             state.kv_events.add_worker(url)
         await pool.check_once()
         return JSONResponse({"workers": pool.public()})
 
     @app.post("/remove_worker")
-    async def remove_worker(url: str) -> Response:
+    async def remove_worker(request: Request, url: str) -> Response:
+        refusal = _needs_admin(state, request, "removing a worker")
+        if refusal is not None:
+            return refusal
         try:
             removed = pool.remove(url)
         except ValueError as e:
@@ -286,6 +303,25 @@ def _add_worker_routes(app: FastAPI, state: RouterState) -> None:
         if state.kv_events is not None:
             state.kv_events.remove_worker(url)
         return JSONResponse({"workers": pool.public()})
+
+
+def _needs_admin(state: RouterState, request: Request, what: str) -> Optional[Response]:
+    """A 403 unless ``request`` presents the admin key: who may change where the router sends
+    clients' requests (and their keys) is the operator's decision."""
+    if state.is_admin(request):
+        return None
+    hint = "" if state.config.admin_api_key else " (this router has none: --admin-api-key)"
+    return error_response(403, f"{what.capitalize()} needs the router's admin key{hint}.")
+
+
+async def _reaches_this_router(state: RouterState, url: str) -> bool:
+    """Whether ``url``'s /health answers as a loop back to this router (the router's own address)."""
+    assert state.client is not None
+    try:
+        r = await state.client.get(url + "/health", headers={VIA_HEADER: state.config.instance_id}, timeout=5.0)
+    except httpx.HTTPError:
+        return False  # unreachable now: the health checks decide when it serves
+    return r.status_code == 508
 
 
 async def _worker_info(state: RouterState, url: str, headers: dict[str, str]) -> dict:

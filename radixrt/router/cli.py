@@ -125,6 +125,20 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "on to the workers (default: $RADIXRT_API_KEY)",
     )
     p.add_argument(
+        "--admin-api-key",
+        dest="admin_api_key",
+        default=os.environ.get("RADIXRT_ADMIN_API_KEY"),
+        help="the operator's key: accepted wherever --api-key is, and needed to add or remove workers "
+        "(/add_worker, /remove_worker); unset: nobody may (default: $RADIXRT_ADMIN_API_KEY)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        dest="max_request_bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="largest accepted request body in bytes (413 above), as a server's",
+    )
+    p.add_argument(
         "--request-timeout",
         dest="request_timeout_s",
         type=float,
@@ -309,6 +323,8 @@ def router_main(args: argparse.Namespace) -> int:
     pool = pool_from_args(args, args.worker_urls, kv_events)
     config = RouterConfig(
         api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        max_request_bytes=args.max_request_bytes,
         request_timeout_s=args.request_timeout_s,
         eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware" else None,
     )

@@ -186,6 +186,7 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
         rconfig = RouterConfig(
             api_key=sargs.api_key,
             admin_api_key=sargs.admin_api_key,
+            max_request_bytes=sargs.max_request_bytes,
             require_all_healthy=True,
             eviction_interval_s=args.eviction_interval_s if args.router_policy == "cache_aware" else None,
         )

@@ -192,8 +192,9 @@ class WorkerPool:
             await asyncio.sleep(interval)
             self.policy.evict()
 
-    async def start(self, eviction_interval_s: Optional[float] = None) -> None:
-        self._client = httpx.AsyncClient()
+    async def start(self, eviction_interval_s: Optional[float] = None, headers: Optional[dict] = None) -> None:
+        """Start the health checks (their requests carry ``headers``) and the eviction loop."""
+        self._client = httpx.AsyncClient(headers=headers)
         await self.check_once()
         for w in self.workers.values():
             if not w.healthy:

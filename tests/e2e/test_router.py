@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 KEY = "k"
 ROUTER_READ_TIMEOUT_S = 1.0  # the round_robin router's --header-read-timeout-s and --body-read-timeout-s
+ROUTER_MAX_BODY = 8192  # the round_robin router's --max-request-bytes
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # one client for the module: a new httpx client per request costs 80 ms of CPU building its SSL context,
 # which the health polls below would take from the servers under test
@@ -132,11 +133,11 @@ def workers(dp_server):
 @pytest.fixture(scope="module")
 def routers(workers):
     urls = [w.url for w in workers]
-    # cache_aware: rare health checks, so that only a failed request can remove a worker (the failover test);
-    # round_robin: frequent ones (the stopped-worker test)
-    # round_robin also has short read timeouts (the slow-client test)
+    # cache_aware: rare health checks, so that only a failed request can remove a worker (the failover test),
+    # and an admin key; round_robin: frequent ones (the stopped-worker test), short read timeouts (the
+    # slow-client test) and a small body limit
     made = {
-        "cache_aware": Router(urls, "cache_aware", 60.0),
+        "cache_aware": Router(urls, "cache_aware", 60.0, "--admin-api-key", ADMIN_KEY),
         "round_robin": Router(
             urls,
             "round_robin",
@@ -145,6 +146,8 @@ def routers(workers):
             str(ROUTER_READ_TIMEOUT_S),
             "--body-read-timeout-s",
             str(ROUTER_READ_TIMEOUT_S),
+            "--max-request-bytes",
+            str(ROUTER_MAX_BODY),
         ),
     }
     yield made
@@ -330,6 +333,57 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
     assert HTTP.post(router.url + "/abort_request", headers=AUTH, json={}).status_code == 400
     assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
     assert all(_hits(w) is not None for w in workers)
+
+
+def test_only_the_admin_key_changes_the_workers(dp_server, workers, routers):
+    """Adding a worker decides where clients' prompts and keys go: a client's key gets a 403 (on
+    a router without an admin key, nobody may), and the router's own address is refused (it
+    would send each request round through itself)."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    elsewhere = "http://127.0.0.1:9"
+    for router_url in (dp_server.url, routers["cache_aware"].url, routers["round_robin"].url):
+        for route in ("/add_worker", "/remove_worker"):
+            r = HTTP.post(router_url + route, headers=AUTH, params={"url": elsewhere})
+            assert r.status_code == 403 and "admin key" in r.json()["error"]["message"], (router_url, r.text)
+            assert ("--admin-api-key" in r.text) == (router_url == routers["round_robin"].url), r.text
+    for router_url in (dp_server.url, routers["cache_aware"].url):
+        r = HTTP.post(router_url + "/add_worker", headers=admin, params={"url": router_url + "/"})
+        assert r.status_code == 400 and "reaches this router itself" in r.text, r.text
+        listed = HTTP.get(router_url + "/list_workers", headers=AUTH).json()["workers"]
+        assert sorted(w["url"] for w in listed) == sorted(w.url for w in workers)
+    assert HTTP.get(dp_server.url + "/health").status_code == 200
+
+
+def test_the_router_refuses_a_body_past_its_limit(routers):
+    router = routers["round_robin"]
+    big = {"text": "x" * ROUTER_MAX_BODY, "sampling_params": {"max_new_tokens": 1}}
+    r = HTTP.post(router.url + "/generate", headers=AUTH, json=big)
+    assert r.status_code == 413 and str(ROUTER_MAX_BODY) in r.json()["error"]["message"], r.text
+
+    def chunks():  # no Content-Length: refused once the bytes read pass the limit
+        yield b'{"text": "'
+        for _ in range(2 * ROUTER_MAX_BODY // 1024):
+            yield b"y" * 1024
+        yield b'"}'
+
+    r = HTTP.post(router.url + "/generate", headers={**AUTH, "content-type": "application/json"}, content=chunks())
+    assert r.status_code == 413, r.text
+    assert _generate(router, "still served").status_code == 200
+
+
+def test_a_client_that_leaves_a_routed_request_cancels_it_on_the_worker(workers, routers):
+    """A non-streaming answer starts only when it is complete: until then the router watches the
+    client, and when it leaves, the worker's request is cancelled (it aborts it)."""
+    router = routers["cache_aware"]
+    body = {"text": "A long story", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):
+        HTTP.post(router.url + "/generate", headers=AUTH, json=body, timeout=1.0)
+
+    def running() -> int:
+        states = [HTTP.get(w.url + "/get_server_info", headers=AUTH, timeout=30).json() for w in workers]
+        return sum(s["internal_states"][0]["running"] + s["internal_states"][0]["waiting"] for s in states)
+
+    _wait(lambda: running() == 0, "the request ran on after its client left", timeout=5.0)
 
 
 def _healthy(router: Router) -> dict:

@@ -1,0 +1,113 @@
+"""The router's ASGI guard: what every request passes before a route sees it.
+
+In order: a request that already passed this router is a 508 (a loop, `RouterState.came_back`);
+every route but ``/health`` needs the API key (401); while draining, 503; a body larger than
+``RouterConfig.max_request_bytes`` is a 413, at once when ``Content-Length`` says so, else as
+soon as the bytes read pass it (so the front never holds more than that of one request, as a
+single server does); then the route runs on the body read, and the count of answers in progress
+(streams included, until their last byte) covers it. A client that leaves before its body is
+complete costs one log line at INFO, not a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from fastapi import Request
+from starlette.responses import Response
+
+from radixrt.router.state import RouterState, error_response
+
+logger = logging.getLogger("radixrt.router")
+
+
+class _ClientLeft(Exception):
+    """The client closed the connection before its request body was complete."""
+
+
+class _TooLarge(Exception):
+    """The request body passed the limit."""
+
+
+class RouterGuard:
+    def __init__(self, app: Any, state: RouterState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(Request(scope), scope["path"])
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        self.state.active += 1
+        try:
+            try:
+                replay = await self._read_body(receive)
+            except _ClientLeft as e:
+                logger.info("%s %s: %s", scope.get("method"), scope["path"], e)
+                return
+            except _TooLarge:
+                await self._too_large()(scope, receive, send)
+                return
+            await self.app(scope, replay, send)
+        finally:
+            self.state.active -= 1
+
+    def _refusal(self, request: Request, path: str) -> Optional[Response]:
+        """The answer to a request refused before its body is read, or None."""
+        if self.state.came_back(request):
+            return error_response(
+                508, "Request loop: this request already passed this router (is the router one of its own workers?)."
+            )
+        if path == "/health":
+            return None
+        if not self.state.authorized(request):
+            return error_response(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.")
+        if self.state.draining:
+            return error_response(503, "The server is shutting down.")
+        length = request.headers.get("content-length")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                return error_response(400, f"Invalid Content-Length header {length[:40]!r}.")
+            if size > self.state.config.max_request_bytes:
+                return self._too_large(size)
+        return None
+
+    def _too_large(self, size: Optional[int] = None) -> Response:
+        limit = self.state.config.max_request_bytes
+        what = f"The request body ({size} bytes)" if size is not None else "The request body"
+        return error_response(413, f"{what} exceeds the limit of {limit} bytes.")
+
+    async def _read_body(self, receive: Callable) -> Callable:
+        """Read the whole body (`_TooLarge` past the limit, `_ClientLeft` if the client goes
+        first); return a receive that hands it to the app in one message, then passes through
+        (so a route can still hear the client leave)."""
+        limit = self.state.config.max_request_bytes
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientLeft(f"the client left after sending {size} bytes of the request body")
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay() -> dict:
+            return pending.pop() if pending else await receive()
+
+        return replay
