@@ -2,7 +2,11 @@
 
 The flag takes vLLM's JSON, e.g. ``{"enable_kv_cache_events": true,
 "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}``;
-`parse_kv_events_config` checks it into a `KVEventsConfig`. The events and
+`parse_kv_events_config` checks it into a `KVEventsConfig`. The events carry the
+token ids of every cached prompt (every tenant's: a ``cache_salt`` changes only
+the hashes), and ZMQ has no keys: the default endpoint is loopback
+(``tcp://127.0.0.1:5557``, where vLLM's is every interface), and an endpoint
+open beyond it is logged as a warning at start (`exposure_warning`). The events and
 their wire format: radixrt/memory/kv_events.py; the publisher:
 radixrt/scheduler/kv_event_publisher.py.
 """
@@ -22,7 +26,7 @@ PUBLISHERS = ("zmq", "null")
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
     publisher: str = "null"
-    endpoint: str = "tcp://*:5557"
+    endpoint: str = "tcp://127.0.0.1:5557"
     topic: str = ""
     hwm: int = 100_000  # messages the PUB socket queues per subscriber before dropping
     replay_endpoint: Optional[str] = None  # a ROUTER socket answering replay requests (kv_event_replay.py)
@@ -41,6 +45,19 @@ class KVEventsConfig:
     def connect_replay_endpoint(self) -> Optional[str]:
         """`connect_endpoint` of the replay socket (None: no replay)."""
         return _local(self.replay_endpoint) if self.replay_endpoint else None
+
+
+def exposure_warning(endpoint: str) -> Optional[str]:
+    """The warning an endpoint that is open beyond this machine deserves, or None (loopback, ipc)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return None
+    return (
+        f"KV events at {endpoint} can be read by anyone who reaches that port: they carry the token ids of "
+        "every cached prompt, of every tenant (ZMQ has no keys). Keep the port on a private network."
+    )
 
 
 def _local(endpoint: str) -> str:

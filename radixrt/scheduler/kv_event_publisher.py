@@ -19,11 +19,13 @@ from typing import Any, Optional
 
 import zmq
 
-from radixrt.config.kv_events import KVEventsConfig
+from radixrt.config.kv_events import KVEventsConfig, exposure_warning
 from radixrt.memory.kv_events import KVEventRecorder, encode_batch
 from radixrt.scheduler.kv_event_replay import ReplayServer
 
 logger = logging.getLogger(__name__)
+
+MAX_SUBSCRIPTION_BYTES = 4096
 
 
 class KVEvents:
@@ -35,7 +37,14 @@ class KVEvents:
         self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.PUB)
         self.socket.setsockopt(zmq.SNDHWM, cfg.hwm)
         self.socket.setsockopt(zmq.LINGER, 0)
+        # a subscriber sends only subscriptions (a topic): a peer announcing a larger message
+        # is cut off at once, where ZMQ would otherwise allocate whatever size it announces
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
         self.socket.bind(cfg.endpoint)
+        for endpoint in (cfg.endpoint, cfg.replay_endpoint):
+            warning = exposure_warning(endpoint) if endpoint else None
+            if warning:
+                logger.warning("%s", warning)
         self.topic = cfg.topic.encode()
         self.seq = 0
         self.sent = 0

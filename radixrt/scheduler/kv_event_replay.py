@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 POLL_MS = 100
+MAX_REQUEST_BYTES = 64
 
 
 class ReplayServer:
@@ -37,6 +38,8 @@ class ReplayServer:
         self._lock = threading.Lock()
         self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # a request is one 8-byte sequence number: a peer announcing more is cut off, not buffered
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         self._socket.bind(endpoint)  # on the caller's thread, so a taken port fails at start-up
         self._stop = threading.Event()
         self.replays = 0

@@ -4,12 +4,16 @@ embedded model through `radixrt serve --tp 2` (against the Engine at tp 1); the 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import stat
 import time
 
 import httpx
+import psutil
 import pytest
+import zmq
 
 import radixrt
 from radixrt.server.local import LocalServer
@@ -32,6 +36,7 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
     """Also through chunked prefill (16-token chunks) and a second round served from the radix cache."""
     path = make_tiny(arch, num_attention_heads=4, num_key_value_heads=2)
     outputs = {}
+    listening_before = _tcp_listeners(os.getpid())
     for tp in (1, 2):
         engine = radixrt.Engine(
             path, tp_size=tp, max_total_tokens=2048, chunked_prefill_size=16, debug_check_invariants=True
@@ -42,10 +47,29 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
             assert again == first
             if tp == 2:
                 assert engine.scheduler.runner.shard_config.num_kv_heads == 1  # really split
+                _assert_ranks_talk_privately(engine.scheduler.runner.followers, listening_before)
             outputs[tp] = first
         finally:
             engine.shutdown()
     assert outputs[2] == outputs[1]
+
+
+def _tcp_listeners(pid: int) -> set[tuple[str, int]]:
+    return {c.laddr for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _assert_ranks_talk_privately(followers, listening_before: set) -> None:
+    """The leader's commands go over ipc:// sockets (one peer each) in a directory only this user
+    can enter, and nothing the ranks opened listens beyond the loopback interface: a command socket
+    on a loopback TCP port let any local process take a rank's commands and hang the server."""
+    assert stat.S_IMODE(followers._dir.stat().st_mode) == 0o700
+    for sock in followers._socks:
+        assert sock.getsockopt_string(zmq.LAST_ENDPOINT).startswith(f"ipc://{followers._dir}/")
+        assert sock.getsockopt(zmq.TYPE) == zmq.PAIR
+    opened = _tcp_listeners(os.getpid()) - listening_before
+    for proc in followers.procs:
+        opened |= _tcp_listeners(proc.pid)
+    assert all(ipaddress.ip_address(host).is_loopback for host, _ in opened), opened
 
 
 @pytest.fixture(scope="module")

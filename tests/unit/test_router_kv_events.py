@@ -344,3 +344,48 @@ def test_storage_blocks_count_for_every_worker_sharing_the_store():
     idx.apply(B, 1, batch(BlockRemoved([disk.block_hashes[2]], store)))  # the store evicted the third block
     assert idx.match_tokens([A, B], key) == {A: 32, B: 32}
     assert idx.stats()[A]["stores"] == {other: 0, store: 3}
+
+
+def _announce_huge_message(port: int, socket_type: bytes) -> bytes:
+    """Speak ZMTP 3.0 to ``port`` as a ``socket_type`` peer, announce a 2.5 GB message, send 3
+    bytes of it; what the server sends back until it closes the connection, or b"still open"
+    when it waits 3 s for the rest."""
+    import socket
+    import struct
+
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32)
+        ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", len(socket_type)) + socket_type
+        s.sendall(b"\x04" + bytes([len(ready)]) + ready)
+        s.sendall(b"\x02" + struct.pack(">Q", 2_500_000_000) + b"abc")
+        received = b""
+        try:
+            while chunk := s.recv(4096):
+                received += chunk
+        except TimeoutError:
+            return b"still open"
+        return received
+
+
+def test_the_event_sockets_stay_local_and_refuse_what_no_peer_should_send():
+    """The events carry every tenant's prompt token ids: the default endpoint is loopback and one
+    open beyond it is warned about; a peer that announces a message larger than a subscription
+    (PUB) or a replay request (ROUTER) is cut off at once instead of ZMQ allocating its size."""
+    from radixrt.config.kv_events import KVEventsConfig, exposure_warning
+    from radixrt.memory.kv_pool import PageAllocator
+    from radixrt.memory.radix_cache import RadixCache
+    from radixrt.scheduler.kv_event_publisher import KVEvents
+
+    assert KVEventsConfig().endpoint == "tcp://127.0.0.1:5557"
+    assert exposure_warning("tcp://127.0.0.1:5557") is None and exposure_warning("ipc:///tmp/e") is None
+    for open_endpoint in ("tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://10.0.0.1:5557"):
+        assert "every tenant" in (exposure_warning(open_endpoint) or "")
+    pub_port, replay_port = _free_port(), _free_port()
+    cfg = KVEventsConfig(True, "zmq", f"tcp://127.0.0.1:{pub_port}", replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
+    alloc = PageAllocator(100, 4)
+    events = KVEvents(cfg, RadixCache(alloc, page_size=4), page_size=4, medium="CPU")
+    try:
+        for port, peer in ((replay_port, b"DEALER"), (pub_port, b"SUB")):
+            assert _announce_huge_message(port, peer) != b"still open", f"port {port} kept a peer announcing 2.5 GB"
+    finally:
+        events.close()

@@ -15,7 +15,7 @@ import sys
 import torch
 import zmq
 
-from radixrt.executor.parallel.group import TPGroup
+from radixrt.executor.parallel.group import TPGroup, keep_gloo_on_loopback
 from radixrt.executor.runner_settings import RunnerSettings
 
 _POLL_MS = 500
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--init-method", required=True)
-    p.add_argument("--commands", required=True, help="the leader's ZMQ PUSH address")
+    p.add_argument("--commands", required=True, help="the leader's ZMQ PAIR address (ipc://)")
     p.add_argument("--settings", required=True, help="the leader's RunnerSettings as JSON")
     p.add_argument("--log-level", default="WARNING", help="the leader's log level")
     args = p.parse_args(argv)
@@ -35,11 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s",
     )
     leader = os.getppid()
-    sock: zmq.Socket = zmq.Context.instance().socket(zmq.PULL)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.PAIR)
     sock.connect(args.commands)
     from radixrt.executor.model_runner import ModelRunner
 
     ex = settings.execution
+    keep_gloo_on_loopback(ex.device)
     group = TPGroup.join(args.rank, ex.tp_size, args.init_method, ex.device)
     runner = ModelRunner(settings, tp=group)
     with torch.inference_mode():

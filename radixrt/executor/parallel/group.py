@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -12,6 +14,22 @@ import torch.distributed as dist
 # A follower blocks in a collective until the leader's next command; an idle
 # server sends none, so the timeout only bounds a hung collective.
 _TIMEOUT = datetime.timedelta(days=7)
+
+
+def _loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def keep_gloo_on_loopback(device: str) -> None:
+    """On the CPU, gloo's connections on the loopback interface (unless the operator chose one)."""
+    lo = _loopback_interface()
+    if not device.startswith("cuda") and lo is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
 
 
 @dataclass

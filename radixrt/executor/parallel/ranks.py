@@ -8,32 +8,36 @@ itself; the followers make the same call, so the collectives inside meet.
 Commands travel outside the process group so that an idle follower waits on
 a socket it can poll (and exits when its leader is gone) instead of blocking
 in a collective.
+
+Nothing of this listens on a network port: the command sockets are ``ipc://``
+paths and the group meets through a ``file://`` store, both in a directory
+only this user can enter (``mkdtemp``), and each command socket is a PAIR (one
+peer). A PUSH socket on a loopback TCP port let any local process connect and
+take a rank's commands (PUSH deals them round-robin to whoever connects): the
+ranks' collectives then never met and the server hung. On the CPU, gloo's own
+connections stay on the loopback interface (``GLOO_SOCKET_IFNAME``, unless set).
 """
 
 from __future__ import annotations
 
 import logging
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import zmq
 
-from radixrt.executor.parallel.group import TPGroup
+from radixrt.executor.parallel.group import TPGroup, keep_gloo_on_loopback
 from radixrt.executor.runner_settings import RunnerSettings
 
 logger = logging.getLogger(__name__)
 
 _STOP_GRACE_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Followers:
@@ -47,13 +51,16 @@ class Followers:
         self._ctx: zmq.Context = zmq.Context.instance()
         self._socks: list[Any] = []
         self.procs: list[subprocess.Popen] = []
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._dir = Path(tempfile.mkdtemp(prefix="radixrt-tp-"))  # mode 0700: this user only
+        init_method = (self._dir / "rendezvous").as_uri()
         payload = settings.to_json()
         log_level = logging.getLevelName(logging.getLogger("radixrt").getEffectiveLevel())
+        keep_gloo_on_loopback(settings.execution.device)
         for rank in range(1, self.size):
-            sock = self._ctx.socket(zmq.PUSH)
+            sock = self._ctx.socket(zmq.PAIR)
             sock.setsockopt(zmq.LINGER, 0)
-            port = sock.bind_to_random_port("tcp://127.0.0.1")
+            commands = f"ipc://{self._dir / f'rank{rank}'}"
+            sock.bind(commands)
             self._socks.append(sock)
             self.procs.append(
                 subprocess.Popen(
@@ -66,7 +73,7 @@ class Followers:
                         "--init-method",
                         init_method,
                         "--commands",
-                        f"tcp://127.0.0.1:{port}",
+                        commands,
                         "--settings",
                         payload,
                         "--log-level",
@@ -126,6 +133,7 @@ class Followers:
                 p.wait()
         for sock in self._socks:
             sock.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
