@@ -3,6 +3,7 @@
     python -m radixrt.bench.dense_linear                      # the embedded model's shapes
     python -m radixrt.bench.dense_linear --rows 1,9,32,64 --shape 4096,4096
     python -m radixrt.bench.dense_linear --quantization int4   # the quantized kernel instead
+    python -m radixrt.bench.dense_linear --against-source old.c  # another build of the float32 kernel
 
 Each shape is ``out_features,in_features``; each row count is a decode batch
 (1 row per request) or a verification (9 rows per drafting request). The
@@ -10,7 +11,10 @@ weights are cold, as in a model step whose other layers evict them: every
 call reads the next of enough copies to fill 256 MiB (the LM head: 2). Times
 are medians over ``--calls`` calls; ``ratio`` is torch / kernel, so above 1
 the kernel is faster. ``kernels/dense_linear_cpu.MAX_ROWS`` is set from where
-the ratio of the decoder's shapes falls to 1.
+the ratio of the decoder's shapes falls to 1. ``--against-source`` builds another
+version of ``kernels/csrc/dense_linear_cpu.c`` (an older commit's, say) and adds
+its times, alternating with the current kernel's, and ``G`` (multiply-adds per
+second) for both; its outputs must equal the current kernel's bit for bit.
 """
 
 from __future__ import annotations
@@ -60,10 +64,18 @@ def _kernel_and_weights(n: int, k: int, copies: int, quantization: Optional[str]
     return quant.linear, packed, floats
 
 
-def bench_shape(n: int, k: int, rows: list[int], calls: int, quantization: Optional[str] = None) -> list[dict]:
+def bench_shape(
+    n: int,
+    k: int,
+    rows: list[int],
+    calls: int,
+    quantization: Optional[str] = None,
+    against: Optional[Callable[[Any, Any], Any]] = None,
+) -> list[dict]:
     """One row per row count: torch and kernel milliseconds and their ratio. ``quantization``
     (int8, int4 with groups of 32): the quantized kernel on the packed copies instead of the
-    float32 one (torch still multiplies the float32 weights)."""
+    float32 one (torch still multiplies the float32 weights). ``against``: another float32
+    product, timed too (``against_ms``)."""
     import torch
     import torch.nn.functional as F
 
@@ -79,8 +91,37 @@ def bench_shape(n: int, k: int, rows: list[int], calls: int, quantization: Optio
         x = torch.randn(m, k)
         t = _median_ms(cold(F.linear, x, floats), calls)
         native = _median_ms(cold(product, x, weights), calls)
-        out.append({"shape": f"{n}x{k}", "rows": m, "torch_ms": t, "kernel_ms": native, "ratio": t / native})
+        row = {"shape": f"{n}x{k}", "rows": m, "torch_ms": t, "kernel_ms": native, "ratio": t / native}
+        if against is not None:
+            if not torch.equal(against(x, weights[0]), product(x, weights[0])):
+                raise SystemExit(f"--against-source: {n}x{k}, {m} rows: outputs differ from the current kernel's")
+            row["against_ms"] = _median_ms(cold(against, x, weights), calls)
+            native = min(native, _median_ms(cold(product, x, weights), calls))  # alternated: same conditions
+            row["kernel_ms"], row["ratio"] = native, t / native
+        out.append(row)
     return out
+
+
+def _other_build(source: str) -> Callable[[Any, Any], Any]:
+    """The float32 kernel built from ``source`` (another version of its C file)."""
+    from pathlib import Path
+
+    from radixrt.kernels import dense_linear_cpu as dl
+    from radixrt.kernels.native_build import load_kernel
+
+    kernel = load_kernel(
+        "dense_linear_cpu_other",
+        Path(source),
+        dl.COMPILE_FLAGS,
+        dl.LINK_FLAGS,
+        dl.NativeDenseLinear,
+        lambda k: None,
+        "RADIXRT_BENCH_OTHER_KERNEL",
+        "nothing to compare",
+    )
+    if kernel is None:
+        raise SystemExit(f"--against-source {source}: it does not build here (see the warning)")
+    return kernel.linear
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -97,19 +138,33 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="time the quantized kernel (kernels/quant_linear_cpu.py; int4 in groups of 32) on packed weights",
     )
+    p.add_argument(
+        "--against-source",
+        default=None,
+        help="another version of kernels/csrc/dense_linear_cpu.c to time beside the current one",
+    )
     opts = p.parse_args(argv)
     import torch
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
     rows = [int(r) for r in opts.rows.split(",") if r.strip()]
+    against = _other_build(opts.against_source) if opts.against_source else None
+    if against is not None and opts.quantization:
+        raise SystemExit("--against-source compares float32 kernels: leave out --quantization")
+    extra = f" {'other ms':>9} {'G':>5} {'other G':>7}" if against else ""
     print(
-        f"{'shape':>10} {'rows':>5} {'torch ms':>9} {'kernel ms':>9} {'ratio':>6}  ({torch.get_num_threads()} threads)"
+        f"{'shape':>10} {'rows':>5} {'torch ms':>9} {'kernel ms':>9} {'ratio':>6}{extra}"
+        f"  ({torch.get_num_threads()} threads)"
     )
     for shape in opts.shape or SHAPES:
         n, k = (int(v) for v in shape.split(","))
-        for r in bench_shape(n, k, rows, opts.calls, opts.quantization):
-            print(f"{r['shape']:>10} {r['rows']:>5} {r['torch_ms']:9.3f} {r['kernel_ms']:9.3f} {r['ratio']:6.2f}")
+        for r in bench_shape(n, k, rows, opts.calls, opts.quantization, against):
+            line = f"{r['shape']:>10} {r['rows']:>5} {r['torch_ms']:9.3f} {r['kernel_ms']:9.3f} {r['ratio']:6.2f}"
+            if against:
+                macs = n * k * r["rows"] / 1e6
+                line += f" {r['against_ms']:9.3f} {macs / r['kernel_ms']:5.1f} {macs / r['against_ms']:7.1f}"
+            print(line)
     return 0
 
 
