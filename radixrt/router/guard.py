@@ -18,16 +18,9 @@ from fastapi import Request
 from starlette.responses import Response
 
 from radixrt.router.state import RouterState, error_response
+from radixrt.server.request_body import BodyTooLarge, ClientLeft, read_body, replaying
 
 logger = logging.getLogger("radixrt.router")
-
-
-class _ClientLeft(Exception):
-    """The client closed the connection before its request body was complete."""
-
-
-class _TooLarge(Exception):
-    """The request body passed the limit."""
 
 
 class RouterGuard:
@@ -46,14 +39,14 @@ class RouterGuard:
         self.state.active += 1
         try:
             try:
-                replay = await self._read_body(receive)
-            except _ClientLeft as e:
+                body = await read_body(receive, self.state.config.max_request_bytes)
+            except ClientLeft as e:
                 logger.info("%s %s: %s", scope.get("method"), scope["path"], e)
                 return
-            except _TooLarge:
+            except BodyTooLarge:
                 await self._too_large()(scope, receive, send)
                 return
-            await self.app(scope, replay, send)
+            await self.app(scope, replaying(body, receive), send)
         finally:
             self.state.active -= 1
 
@@ -83,31 +76,3 @@ class RouterGuard:
         limit = self.state.config.max_request_bytes
         what = f"The request body ({size} bytes)" if size is not None else "The request body"
         return error_response(413, f"{what} exceeds the limit of {limit} bytes.")
-
-    async def _read_body(self, receive: Callable) -> Callable:
-        """Read the whole body (`_TooLarge` past the limit, `_ClientLeft` if the client goes
-        first); return a receive that hands it to the app in one message, then passes through
-        (so a route can still hear the client leave)."""
-        limit = self.state.config.max_request_bytes
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientLeft(f"the client left after sending {size} bytes of the request body")
-            if message["type"] != "http.request":
-                continue
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _TooLarge
-            if chunk:
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
-
-        async def replay() -> dict:
-            return pending.pop() if pending else await receive()
-
-        return replay

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
 from radixrt.server.http_utils import SCOPE_JSON_KEY, error_response, parse_json_body_async
+from radixrt.server.request_body import BodyTooLarge, ClientLeft, read_body, replaying
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ KNOWN_ROUTES = {
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
-
-
-class _ClientGone(Exception):
-    """The client closed the connection before its request body was complete."""
 
 
 class GuardMiddleware:
@@ -89,7 +86,7 @@ class GuardMiddleware:
             if refusal is None:
                 try:
                     body_receive = await self._read_body(scope, receive, ctx.max_request_bytes)
-                except _ClientGone as e:
+                except ClientLeft as e:
                     logger.info("%s %s: %s", scope.get("method"), path, e)
                     return
                 except ServerError as e:
@@ -133,35 +130,15 @@ class GuardMiddleware:
 
     async def _read_body(self, scope: dict, receive: Callable, limit: int) -> Callable:
         """Read the whole body (ServerError 413 past ``limit``, 400 for a bad
-        JSON body; _ClientGone if the client leaves first); return a receive
+        JSON body; `ClientLeft` if the client leaves first); return a receive
         that hands the body to the app, then passes through."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone(f"the client left after sending {size} bytes of the request body")
-            if message["type"] != "http.request":
-                continue
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise ServerError(413, f"The request body exceeds the limit of {limit} bytes.")
-            if chunk:
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        try:
+            body = await read_body(receive, limit)
+        except BodyTooLarge:
+            raise ServerError(413, f"The request body exceeds the limit of {limit} bytes.") from None
         if body.strip() and scope.get("method") in _BODY_METHODS and self._json_content(scope):
             scope[SCOPE_JSON_KEY] = await parse_json_body_async(body)
-        pending: list[dict] = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def replay_receive() -> dict:
-            if pending:
-                return pending.pop()
-            return await receive()
-
-        return replay_receive
+        return replaying(body, receive)
 
     @classmethod
     def _json_content(cls, scope: dict) -> bool:
