@@ -28,9 +28,13 @@ worker's own set, and a flush leaves them. A worker's match is the longer of
 its own prefix and its stores'. A store's set is a hint: a block evicted by
 Redis itself, or written before the router started, is not known.
 
-Memory: at most ``max_blocks`` hashes per worker and per store; past that the
-oldest stored go first (the index then under-counts, never over-counts).
-Thread-safe: the subscriber thread writes, the router's event loop reads.
+Memory: at most ``max_blocks`` hashes per worker and per store, and at most
+`MAX_STORES` stores (events naming another are ignored and counted); past
+``max_blocks`` the oldest stored go first (the index then under-counts, never
+over-counts). Thread-safe: the subscriber thread writes, the router's event
+loop reads; a batch is applied `APPLY_CHUNK` hashes at a time, the lock
+released between them, so one huge batch from a worker cannot hold a routing
+decision for seconds.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from radixrt.memory.kv_events import (
 __all__ = ["KVEventIndex", "TokenKey", "WorkerBlocks", "block_hashes", "chain_hash"]
 
 DEFAULT_MAX_BLOCKS = 2**20
+MAX_STORES = 16  # distinct storage media the index keeps sets for (a worker announces one or two)
+APPLY_CHUNK = 4096  # hashes applied per hold of the lock
 
 
 class TokenKey(NamedTuple):
@@ -78,6 +84,7 @@ class WorkerBlocks:
     gaps: int = 0  # batches missed (sequence numbers skipped)
     restarts: int = 0  # the sequence numbers started again
     overflow: int = 0  # hashes dropped past max_blocks
+    ignored: int = 0  # events ignored: a store past MAX_STORES, a block size below 1
     last_event: Optional[float] = None  # time.monotonic() of the last batch
     stores: set[str] = field(default_factory=set)  # the storage media it announced
 
@@ -129,25 +136,35 @@ class KVEventIndex:
             w.last_seq = seq
             w.batches += 1
             w.last_event = time.monotonic()
-            for event in batch.events:
-                self._apply_event(w, event)
+        for event in batch.events:
+            hashes = getattr(event, "block_hashes", ())
+            for start in range(0, max(len(hashes), 1), APPLY_CHUNK):
+                with self._lock:
+                    self._apply_event(w, event, hashes[start : start + APPLY_CHUNK])
 
-    def _apply_event(self, w: WorkerBlocks, event: Any) -> None:
+    def _apply_event(self, w: WorkerBlocks, event: Any, hashes: Sequence[int]) -> None:
+        """Apply ``event`` to ``w`` (or its store) for ``hashes``, a slice of its block hashes."""
         medium = getattr(event, "medium", None)
         target: Any = w
         if isinstance(medium, str) and medium.startswith(STORAGE_MEDIUM_PREFIX):
+            if medium not in self._stores and len(self._stores) >= MAX_STORES:
+                w.ignored += 1
+                return
             w.stores.add(medium)
             target = self._stores.setdefault(medium, StoreBlocks())
         if isinstance(event, BlockStored):
+            if not isinstance(event.block_size, int) or event.block_size < 1:
+                w.ignored += 1
+                return
             target.block_size = event.block_size
-            for h in event.block_hashes:
+            for h in hashes:
                 target.blocks[h] = None
                 target.blocks.move_to_end(h)
             while len(target.blocks) > self.max_blocks:
                 target.blocks.popitem(last=False)
                 w.overflow += 1
         elif isinstance(event, BlockRemoved):
-            for h in event.block_hashes:
+            for h in hashes:
                 target.blocks.pop(h, None)
         elif isinstance(event, AllBlocksCleared):
             w.clear()
@@ -249,7 +266,7 @@ class KVEventIndex:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per worker: live, connected, blocks, block_size, batches, gaps, restarts,
-        overflow and seconds since its last batch."""
+        overflow, ignored events, seconds since its last batch and its stores' sizes."""
         now = time.monotonic()
         with self._lock:
             return {
@@ -262,6 +279,7 @@ class KVEventIndex:
                     "gaps": w.gaps,
                     "restarts": w.restarts,
                     "overflow": w.overflow,
+                    "ignored": w.ignored,
                     "last_event_age_s": None if w.last_event is None else round(now - w.last_event, 3),
                     "stores": {m: len(self._stores[m].blocks) for m in sorted(w.stores)},
                 }

@@ -13,7 +13,10 @@ is simply not live in the index (the policy uses its approximate tree). A
 connection that drops (the worker stopped or restarted) clears the worker's
 blocks (`KVEventIndex.disconnected`); ZMQ reconnects by itself, and a restarted
 worker's stream begins again at batch 0. A message that cannot be decoded is
-counted and skipped; the thread never dies of one.
+counted and skipped; the thread never dies of one. What a worker may send is
+bounded (`MAX_MESSAGE_BYTES` a message; a replay answer `MAX_REPLAY_BATCHES`,
+`MAX_REPLAY_BYTES` and `MAX_REPLAY_SECONDS`), so a broken or hostile publisher
+costs the router bounded memory and time.
 
 Replay. For a worker whose publisher has a replay socket (vLLM's
 ``replay_endpoint``: radixrt/scheduler/kv_event_replay.py), a batch that does
@@ -31,6 +34,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Optional
 
 import msgspec
@@ -45,6 +49,12 @@ logger = logging.getLogger("radixrt.router")
 POLL_MS = 100
 RECONNECT_MS = 200  # how often ZMQ retries a publisher that is not there
 REPLAY_TIMEOUT_MS = 1000  # how long a replay answer may pause before the rest is given up
+# What one worker may send: a batch (a step's events) is far below this; a replay answer is cut off
+# past its count, bytes or seconds (a publisher that streams without end is treated as out of sync)
+MAX_MESSAGE_BYTES = 64 << 20
+MAX_REPLAY_BATCHES = 100_000
+MAX_REPLAY_BYTES = 256 << 20
+MAX_REPLAY_SECONDS = 30.0
 END_SEQ = -1
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 
@@ -116,6 +126,7 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5 * RECONNECT_MS)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # larger: the connection is dropped, not buffered
         monitor = sub.get_monitor_socket(_MONITORED)
         sub.connect(endpoint)
         self._sockets[worker] = [sub, monitor]
@@ -125,6 +136,7 @@ class KVEventSubscriber:
         if replay is not None:
             dealer = self._replay[worker] = self._ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             dealer.connect(replay)
             self._sockets[worker].append(dealer)
 
@@ -216,27 +228,40 @@ class KVEventSubscriber:
 
     def _fetch_replay(self, worker: str, start: int, until: int) -> tuple[list[tuple[int, Any]], bool]:
         """Batches ``start`` .. ``until - 1`` of ``worker``'s replay buffer, as
-        many as it still holds, and whether the answer ended with its marker."""
+        many as it still holds, and whether the answer ended with its marker
+        (False too when it passed a bound: the rest is not waited for)."""
         sock = self._replay[worker]
         while sock.poll(0):  # the tail of an earlier answer that timed out
             sock.recv_multipart()
         sock.send(start.to_bytes(8, "big"))
         out = []
         complete = False
+        received = 0
+        deadline = time.monotonic() + MAX_REPLAY_SECONDS
         while sock.poll(REPLAY_TIMEOUT_MS):
             frames = sock.recv_multipart()
+            received += sum(len(f) for f in frames)
             if len(frames) != 2 or len(frames[0]) != 8:
                 self.bad_messages += 1
-                continue
-            seq = int.from_bytes(frames[0], "big", signed=True)
-            if seq == END_SEQ:
-                complete = True
+            else:
+                seq = int.from_bytes(frames[0], "big", signed=True)
+                if seq == END_SEQ:
+                    complete = True
+                    break
+                if start <= seq < until:
+                    try:
+                        out.append((seq, decode_batch(frames[1])))
+                    except msgspec.DecodeError:
+                        self.bad_messages += 1
+            if len(out) >= MAX_REPLAY_BATCHES or received > MAX_REPLAY_BYTES or time.monotonic() > deadline:
+                logger.warning(
+                    "KV events: %s's replay answer passed its bounds (%d batches, %d bytes); the rest is ignored",
+                    worker,
+                    len(out),
+                    received,
+                )
+                self.bad_messages += 1
                 break
-            if start <= seq < until:
-                try:
-                    out.append((seq, decode_batch(frames[1])))
-                except msgspec.DecodeError:
-                    self.bad_messages += 1
         self.replayed += len(out)
         logger.info("KV events: %d batches of %s replayed (from %d)", len(out), worker, start)
         return out, complete

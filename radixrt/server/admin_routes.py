@@ -115,7 +115,8 @@ async def flush_cache(ctx: ServerContext = Depends(server_context)) -> Response:
 
 @router.post("/abort_request")
 async def abort_request(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    """Body ``{"rid": str}`` or ``{"abort_all": true}``; 200 (empty) once sent to the scheduler."""
+    """Body ``{"rid": str}`` or ``{"abort_all": true}``; 200 (empty) once sent to the scheduler.
+    With ``--admin-api-key``, ``abort_all`` needs that key (403); without one it is SGLang's."""
     body = await read_json(request)
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
@@ -126,6 +127,9 @@ async def abort_request(request: Request, ctx: ServerContext = Depends(server_co
         raise bad_request("'abort_all' must be a boolean.", "abort_all")
     if not rid and not abort_all:
         raise bad_request("Give a 'rid' to abort, or 'abort_all': true.", "rid")
+    if abort_all and ctx.admin_api_key:
+        # a server with an operator's key serves clients that should not end each other's requests
+        ctx.require_admin(request, "'abort_all' (every client's requests)", "abort_all")
     ctx.tm.check_alive()
     ctx.tm.abort_rid("" if abort_all else rid)
     return Response(status_code=200)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
-from tests.support.servers import TINY_SERVER_KEY, serving
+from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_KEY, serving
 
 KEY = TINY_SERVER_KEY  # the embedded server below takes the same key
 KV_TOKENS = 24576
@@ -261,6 +261,20 @@ def test_flush_cache_and_abort_route(client):
     r = client.post("/generate", json={"text": "Repeat me", "sampling_params": greedy(2)}).json()
     assert r["meta_info"]["cached_tokens"] == 0
     assert client.post("/abort_request", json={"rid": "no-such-request"}).status_code == 200
+
+
+def test_abort_all_needs_the_admin_key_where_there_is_one(tiny_server):
+    """Any client may abort its own request by rid (SGLang's route); ending every client's requests
+    is the operator's, on a server that has an admin key."""
+    every = {"abort_all": True}
+    plain = httpx.post(tiny_server.url + "/abort_request", json=every, headers=_bearer(TINY_SERVER_KEY))
+    assert plain.status_code == 403 and "admin key" in plain.json()["error"]["message"], plain.text
+    admin = httpx.post(tiny_server.url + "/abort_request", json=every, headers=_bearer(TINY_SERVER_ADMIN_KEY))
+    assert admin.status_code == 200, admin.text
+
+
+def _bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
 
 
 def _frontend_programs_on_both(engine, client) -> list:

@@ -3,6 +3,7 @@ cache_aware policy on events (no model, no server; one real ZMQ socket pair)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 
@@ -86,6 +87,38 @@ def test_index_memory_is_bounded():
     idx.apply(A, 0, batch(stored(list(range(20)))))  # 5 blocks
     s = idx.stats()[A]
     assert s["blocks"] == 3 and s["overflow"] == 2
+
+
+def test_what_a_worker_announces_is_bounded():
+    """Stores past MAX_STORES and blocks of size < 1 are ignored (counted); a huge batch is
+    applied APPLY_CHUNK hashes per hold of the lock, so routing never waits for all of it."""
+    from radixrt.router import kv_event_index as kei
+
+    idx = KVEventIndex()
+    media = [f"STORAGE:s{i}" for i in range(3 * kei.MAX_STORES)]
+    idx.apply(A, 0, batch(*(BlockStored([i], None, [1] * 4, 4, None, m) for i, m in enumerate(media))))
+    idx.apply(A, 1, batch(BlockStored([10**6], None, [1] * 4, 0, None, "CPU")))
+    s = idx.stats()[A]
+    assert len(s["stores"]) == kei.MAX_STORES and s["ignored"] == 2 * kei.MAX_STORES + 1
+    assert s["blocks"] == 0 and s["block_size"] is None
+
+    holds = []
+
+    class CountingLock:
+        def __init__(self) -> None:
+            self.inner = idx._lock
+
+        def __enter__(self):
+            holds.append(1)
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    idx._lock = CountingLock()
+    n = 10 * kei.APPLY_CHUNK
+    idx.apply(B, 0, batch(BlockStored(list(range(n)), None, [], 1, None, "CPU")))
+    assert len(holds) >= 10 and idx.stats()[B]["blocks"] == n
 
 
 def test_match_tokens_needs_every_worker_live_and_follows_namespaces():
@@ -389,3 +422,46 @@ def test_the_event_sockets_stay_local_and_refuse_what_no_peer_should_send():
             assert _announce_huge_message(port, peer) != b"still open", f"port {port} kept a peer announcing 2.5 GB"
     finally:
         events.close()
+
+
+def test_a_replay_that_never_ends_is_cut_off_and_the_stream_goes_on(monkeypatch):
+    """A publisher whose replay socket answers without end (no end marker) costs the router a
+    bounded answer, not unbounded memory or a stuck thread: live batches apply afterwards."""
+    from radixrt.router import kv_event_subscriber as kes
+
+    monkeypatch.setattr(kes, "MAX_REPLAY_BATCHES", 300)
+    ctx = zmq.Context.instance()
+    pub, rep = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    pub_port, rep_port = pub.bind_to_random_port("tcp://127.0.0.1"), rep.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def answer_forever() -> None:
+        while not stop.is_set():
+            if not rep.poll(50):
+                continue
+            ident, _ = rep.recv_multipart()
+            seq = 0
+            while not stop.is_set():
+                rep.send_multipart([ident, seq.to_bytes(8, "big"), encode_batch(batch(stored([seq % 97] * 4)))])
+                seq += 1
+
+    streamer = threading.Thread(target=answer_forever, daemon=True)
+    streamer.start()
+    idx = KVEventIndex()
+    sub = KVEventSubscriber(
+        idx, {A: f"tcp://127.0.0.1:{pub_port}"}, replay_endpoints={A: f"tcp://127.0.0.1:{rep_port}"}
+    )
+    sub.start()
+    try:
+        _wait(lambda: sub.replayed > 0, timeout=20)
+        assert sub.replayed <= 300 and sub.bad_messages >= 1
+        stop.set()
+        time.sleep(0.3)
+        live = idx.next_seq(A)
+        pub.send_multipart([b"", live.to_bytes(8, "big"), encode_batch(batch(AllBlocksCleared()))])
+        _wait(lambda: idx.live(A) and idx.next_seq(A) == live + 1)
+    finally:
+        stop.set()
+        sub.stop()
+        pub.close(linger=0)
+        rep.close(linger=0)
