@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from radixrt.router.kv_event_index import DEFAULT_MAX_BLOCKS
 from radixrt.router.kv_routing import KVEventRouting, parse_endpoints, split_replay
 from radixrt.router.policies import POLICIES, CacheAwareConfig, make_policy
+from radixrt.router.state import RouterConfig
 from radixrt.router.workers import HealthConfig, WorkerPool
 
 logger = logging.getLogger("radixrt.router")
@@ -135,7 +136,7 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--max-request-bytes",
         dest="max_request_bytes",
         type=int,
-        default=32 * 1024 * 1024,
+        default=RouterConfig.max_request_bytes,
         help="largest accepted request body in bytes (413 above), as a server's",
     )
     p.add_argument(
@@ -312,7 +313,7 @@ def serve_router(
 
 def router_main(args: argparse.Namespace) -> int:
     """Entry point of `radixrt router`."""
-    from radixrt.router.app import RouterConfig, build_router_app
+    from radixrt.router.app import build_router_app
 
     logging.getLogger("radixrt.router").setLevel(args.log_level.upper())
     try:
