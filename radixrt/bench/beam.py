@@ -161,6 +161,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--dtype", default="float32", help="the server's --dtype (float32: both searches agree)")
+    p.add_argument("--quantization", help="the server's --quantization (int8, int4; both searches use it)")
+    p.add_argument("--quantize-lm-head", action="store_true", help="with --quantization: the head too")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--best-of", action="store_true", help="also the best-of-8 copy-on-write example")
     p.add_argument("--json", help="write the rows here")
@@ -168,6 +170,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from radixrt.server.local import LocalServer
 
     flags = ["--max-total-tokens", "65536", "--page-size", str(args.page_size), "--dtype", args.dtype]
+    if args.quantization:
+        flags += ["--quantization", args.quantization] + (["--quantize-lm-head"] if args.quantize_lm_head else [])
     srv = LocalServer(*flags, model=args.model).wait_ready()
     try:
         rows = asyncio.run(_run(srv.url, args))
@@ -183,7 +187,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         srv.cleanup()
     print(
         f"beam search, W={args.width}, L={args.tokens}, prompt {args.prompt_tokens} tokens, "
-        f"page {args.page_size}, {args.dtype}"
+        f"page {args.page_size}, {args.dtype}" + (f", {args.quantization} weights" if args.quantization else "")
+        + (" and head" if args.quantization and args.quantize_lm_head else "")
     )
     print(f"{'mode':<16} {'wall s':>8} {'tok/s':>8} {'peak KV':>8} {'bound':>8} {'unshared':>9} {'best lp':>9}")
     for r in rows:
