@@ -137,8 +137,10 @@ class BatchPlanner:
         self.prefill_cap = self.config.chunked_prefill_size if alone else self.shared_step_prefill_cap
         if self.config.enable_priority_scheduling:
             self._preempt_for_priority(plan)
-        budget = self._schedule_running(plan, max(self.config.chunked_prefill_size, 1))
-        self._admit(plan.batch, budget)
+        busy = {r.group for r in self.queues.running if not r.output_ids}  # calls with a prompt being computed
+        held = self._held_for_other_calls(busy)
+        budget = self._schedule_running(plan, max(self.config.chunked_prefill_size, 1), held)
+        self._admit(plan.batch, budget, busy if held else set())
         if plan.batch:
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         return plan
@@ -163,10 +165,23 @@ class BatchPlanner:
         n_out = len(req.output_ids) + req.inflight_tokens
         return n_out >= req.sampling.max_new_tokens or req.seq_len + req.inflight_tokens >= self.context_length
 
-    def _schedule_running(self, plan: Plan, budget: int) -> int:
+    def _held_for_other_calls(self, busy: set[str]) -> int:
+        """Prompt tokens of this step that running prompts may not take: one request's share
+        (at most half the step) while a request waits whose call has no prompt in progress (its
+        group not in ``busy``), so that a call of many long prompts, admitted together, holds
+        another call's request for a step and not until all of them are computed."""
+        running, waiting = self.queues.running, self.queues.waiting
+        if not waiting or len(running) >= self.config.max_running_requests:
+            return 0
+        if all(r.group in busy or r.grammar_compiling for r in waiting):
+            return 0
+        return min(self.prefill_cap, self.config.chunked_prefill_size // 2)
+
+    def _schedule_running(self, plan: Plan, budget: int, held: int = 0) -> int:
         """Put the running requests into ``plan.batch`` in `running_order`, each
-        with its KV for this step, while ``budget`` tokens last; short of memory,
-        retract from the end of the order. Returns the budget left."""
+        with its KV for this step, while ``budget`` tokens last (prompts still being
+        computed leave ``held`` of them to `_admit`); short of memory, retract from
+        the end of the order. Returns the budget left."""
         running, batch = self.queues.running, plan.batch
         if not self.queues.running_ordered:
             running.sort(key=running_order)
@@ -182,7 +197,7 @@ class BatchPlanner:
                 continue
             if req.draft_ids and req.uncomputed > min(budget, self.prefill_cap):
                 drop_draft(req)  # a draft is computed in one piece or not at all
-            q = self._tokens_this_step(req, budget)
+            q = self._tokens_this_step(req, budget if req.output_ids else budget - held)
             if q > 0:
                 q = self._extend_or_retract(req, q, queue, plan, budget)
             if q > 0:
@@ -298,11 +313,15 @@ class BatchPlanner:
     def _decode_reserve(self) -> int:
         return int(sum(self._remaining_tokens(r) for r in self.queues.running) * self.new_token_ratio)
 
-    def _admit(self, batch: Batch, budget: int) -> None:
+    def _admit(self, batch: Batch, budget: int, busy: set[str]) -> None:
+        """Admit waiting requests while ``budget`` and memory last; those of calls with a
+        prompt in progress (``busy``) after the others."""
         waiting, running = self.queues.waiting, self.queues.running
         if not waiting or budget <= 0:
             return
         ordered = interleave_calls(order_waiting(self.config.schedule_policy, waiting, self.kv.match))
+        if busy:
+            ordered = sorted(ordered, key=lambda r: r.group in busy)  # stable: the order holds within each part
         if self.config.enable_priority_scheduling:
             ordered = by_priority(ordered)
         # Prefixes being computed in this step (or by an unfinished chunked prefill):

@@ -65,6 +65,36 @@ def _run_recording_admissions(sched: Scheduler, max_steps: int) -> list[str]:
     return order
 
 
+def test_a_call_of_many_long_prompts_in_progress_leaves_room_for_the_next_call(tiny_llama):
+    """Ten 2,500-token prompts of one call, admitted together (256 tokens each a step, eight
+    in a 2,048-token step), then a short request of another call: it is admitted within two
+    steps, not once the first prompts are computed (ten steps later)."""
+    sched = Scheduler(
+        EngineConfig(
+            model_path=tiny_llama,
+            max_total_tokens=40000,
+            long_prefill_token_threshold=256,
+            disable_overlap_schedule=True,
+            debug_check_invariants=True,
+        )
+    )
+    try:
+        sp = SamplingParams(max_new_tokens=2, ignore_eos=True)
+        for i in range(10):
+            sched.handle(GenerateReq(f"batch-{i}", [200 + i] + list(range(300, 2799)), sp, group="batch"))
+        sched.step()
+        assert len(sched.running) == 8
+        sched.handle(GenerateReq("short", [7, 8, 9], sp))
+        steps = 0
+        while "short" not in {r.rid for r in sched.running}:
+            sched.step()
+            steps += 1
+        assert steps <= 2, steps
+        assert len(_run_recording_admissions(sched, 400)) == 11
+    finally:
+        sched.close()
+
+
 def test_urgent_request_is_admitted_first(tiny_llama):
     assert _admission_order(tiny_llama, enable_priority_scheduling=True) == ["a", "d", "b", "c"]
 
