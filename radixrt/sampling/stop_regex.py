@@ -23,15 +23,18 @@ Patterns are checked when a request comes in (`check_patterns`): at most
 each one that compiles with Python's ``re`` (SGLang's engine). The search
 itself runs on the scheduler's thread, so a pattern that backtracks without
 end (``(a+)+b`` over a run of a's) must not stall it: the tail is searched
-with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` per pattern
-and step; past it `search` raises `SearchTimeout`, and the scheduler ends that
-request with an error. This module imports no torch.
+with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` for all of a
+request's patterns together in one step (each pattern gets what the ones
+before it left); past it `search` raises `SearchTimeout`, and the scheduler
+ends that request with an error. So one request's patterns cost a step at
+most that long. This module imports no torch.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import time
 from typing import Any, Optional, Sequence
 
 import regex  # a dependency of transformers too; re has no timeout
@@ -48,7 +51,7 @@ _SLACK_TOKENS = 8  # decoding a tail may mangle its first token(s): decode a few
 _CONTEXT_CHARS = 8  # real text kept before the search start for \b, lookbehind, MULTILINE ^
 _MARGIN_CHARS = 2  # the newest token's text length is measured on its own: allow for a char or two
 _UNBOUNDED = 1 << 30
-SEARCH_TIMEOUT_S = 0.05  # per pattern and step; a sane pattern over a tail takes microseconds
+SEARCH_TIMEOUT_S = 0.05  # per request and step, all patterns; a sane pattern over a tail takes microseconds
 
 
 class SearchTimeout(ValueError):
@@ -148,31 +151,35 @@ def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int) -> O
     made starts at most ``max_match_chars`` characters before that token's
     text. The skipped characters are context for ``\\b``, lookbehinds and
     MULTILINE ``^``; a plain ``^`` / ``\\A`` never matches the tail's start
-    (it is not the output's). Raises `SearchTimeout` for a pattern that takes
-    longer than `SEARCH_TIMEOUT_S`."""
+    (it is not the output's). Raises `SearchTimeout` when the patterns together
+    take longer than `SEARCH_TIMEOUT_S`."""
+    deadline = time.perf_counter() + SEARCH_TIMEOUT_S
     for p in patterns:
         try:
-            found = _search_one(p, tail, whole, new_chars)
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError
+            found = _search_one(p, tail, whole, new_chars, left)
         except TimeoutError:
             raise SearchTimeout(
-                f"stop_regex {p!r} took over {SEARCH_TIMEOUT_S * 1000:.0f} ms to search the output "
-                "(it backtracks without end); the request was stopped"
+                f"stop_regex {p!r} took over {SEARCH_TIMEOUT_S * 1000:.0f} ms to search the output, with "
+                "the patterns before it (one backtracks without end); the request was stopped"
             ) from None
         if found:
             return p
     return None
 
 
-def _search_one(p: str, tail: str, whole: bool, new_chars: int) -> bool:
+def _search_one(p: str, tail: str, whole: bool, new_chars: int, timeout: float) -> bool:
     rx = _compiled(p)
     if whole:
-        return rx.search(tail, timeout=SEARCH_TIMEOUT_S) is not None
+        return rx.search(tail, timeout=timeout) is not None
     chars = max_match_chars(p)
     if chars is None:  # unbounded: anywhere in the tail, past a little context
         start = min(_CONTEXT_CHARS, len(tail) - new_chars)
     else:
         start = len(tail) - new_chars - chars - _MARGIN_CHARS
     if start > 0:
-        return rx.search(tail, start, timeout=SEARCH_TIMEOUT_S) is not None
+        return rx.search(tail, start, timeout=timeout) is not None
     # "\0" stands for the unknown text before the tail
-    return rx.search("\0" + tail, 1, timeout=SEARCH_TIMEOUT_S) is not None
+    return rx.search("\0" + tail, 1, timeout=timeout) is not None

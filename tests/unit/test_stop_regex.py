@@ -4,6 +4,8 @@ pattern's own text, when it occurs)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from radixrt.requests.detokenizer import IncrementalDetokenizer
@@ -133,6 +135,17 @@ def test_a_pattern_that_backtracks_without_end_times_out():
         sr.search([r"(a|aa)+b"], "a" * 80, True, 1)  # exponential: 2**40 ways
     with pytest.raises(sr.SearchTimeout):
         sr.search(["ok", r"(a|aa)+b"], "x" * 20 + "a" * 80, False, 1)
+
+
+def test_many_slow_patterns_share_one_time_limit_per_step():
+    """32 patterns that each take a little under the limit (polynomial backtracking) would
+    have cost a step 32 times it: together they get the limit once, then the request stops."""
+    patterns = [f"(?:a+)+c{i}" for i in range(sr.MAX_STOP_REGEX_COUNT)]
+    tail = "a" * 240
+    start = time.perf_counter()
+    with pytest.raises(sr.SearchTimeout):
+        sr.search(patterns, tail, True, 1)
+    assert time.perf_counter() - start < 4 * sr.SEARCH_TIMEOUT_S
 
 
 def test_the_held_tail_is_the_longest_proper_prefix_of_a_stop_string():
