@@ -29,6 +29,7 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
 from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag
+from radixrt.server.tools.reasoning import reasoning_mode
 from radixrt.server.tools.render import render_messages
 from radixrt.server.tools.turns import TURNS, mark_turns, split_encode
 
@@ -311,7 +312,7 @@ def _chat_spec(
     tm: TokenizerManager,
     parser: ToolCallParser,
     tr: ToolRequest,
-    reasoning: bool = False,
+    reasoning: str = "",
     admin: bool = False,
 ) -> RequestSpec:
     """The one spec of a chat request; without a token limit it may fill the
@@ -357,7 +358,7 @@ def _checked_chat(
     req: ChatCompletionRequest,
     tm: TokenizerManager,
     parser: ToolCallParser,
-    reasoning: bool,
+    reasoning: str,
     settings: dict,
     admin: bool,
 ) -> tuple[ToolRequest, RequestSpec]:
@@ -378,7 +379,7 @@ class ChatPlan:
     spec: RequestSpec
     tools: ToolRequest
     parser: Optional[ToolCallParser]  # reads tool calls from the output; None while calls are off
-    reasoning: bool  # a <think> block goes to reasoning_content
+    reasoning: str  # how a <think> block goes to reasoning_content (reasoning.reasoning_mode; "": it does not)
     remember: Optional[Callable[[str, list[int]], None]]  # sees each finished choice's text and ids
 
 
@@ -395,7 +396,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     _check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
-    reasoning = req.separate_reasoning if req.separate_reasoning is not None else bool(settings.get("reasoning_parser"))
+    reasoning = reasoning_mode(req.separate_reasoning, settings.get("reasoning_parser"))
     tr, spec = await tm.run_tokenize(_checked_chat, req, tm, parser, reasoning, settings, admin)
     spec.lora = lora
     remember = None

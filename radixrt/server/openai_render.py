@@ -239,7 +239,7 @@ class ChatView:
         tokenizer: Any,
         model: str,
         parser: Optional[ToolCallParser] = None,
-        reasoning: bool = False,
+        reasoning: str = "",
         remember: Optional[Callable[[str, list[int]], None]] = None,
     ) -> None:
         self.req, self.group, self.prompt_len = req, group, prompt_len

@@ -107,7 +107,7 @@ class ResponseView:
         group: ReqGroup,
         prompt_len: int,
         parser: Optional[ToolCallParser],
-        reasoning: bool,
+        reasoning: str,
         remember: Optional[Callable[[str, list[int]], None]],
         on_done: Callable[[dict[str, Any]], None],
     ) -> None:

@@ -101,6 +101,25 @@ def test_streamed_calls_are_assembled_by_the_client(client):
     _valid(call)
 
 
+def test_a_call_cut_off_by_max_tokens_streams_as_the_whole_answer_reports_it(client):
+    """The token limit ends a call inside its arguments: streamed or not, the answer holds
+    that call with its arguments as far as they go (as OpenAI's do), finish_reason length."""
+    kw = dict(messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=18)
+    whole = _chat(client, **kw).choices[0]
+    assert whole.finish_reason == "length"
+    (call,) = whole.message.tool_calls
+    name, args, finish = None, "", None
+    for chunk in _chat(client, stream=True, **kw):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        assert not choice.delta.content
+        for tc in choice.delta.tool_calls or []:
+            name = tc.function.name or name
+            args += tc.function.arguments or ""
+    assert (name, args, finish) == (call.function.name, call.function.arguments, "length")
+    assert call.function.name == "get_weather" and not whole.message.content
+
+
 def test_parallel_calls_and_n_share_the_prefix(client):
     two = [ASK[0], {"role": "user", "content": "Add 1 and 2. Also add 3 and 4."}]
     r = _chat(client, messages=two, tools=TOOLS, tool_choice="required", max_tokens=80)
@@ -284,6 +303,11 @@ BAD_TURNS = {
     "arguments_not_json": (
         TOOLS,
         [*_asked(_call("call_1", arguments='{"city": ')), _answer("call_1")],
+        "messages[2].tool_calls[0].function.arguments",
+    ),
+    "arguments_nested_past_what_json_takes": (
+        TOOLS,
+        [*_asked(_call("call_1", arguments='{"city": ' + "[" * 5000 + "]" * 5000 + "}")), _answer("call_1")],
         "messages[2].tool_calls[0].function.arguments",
     ),
     "arguments_not_an_object": (

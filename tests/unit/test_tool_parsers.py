@@ -13,7 +13,7 @@ from radixrt.server.tools import ChoiceOutput, ToolError, check_tools, get_parse
 from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag
 from radixrt.server.tools.parsers import detect_parser
-from radixrt.server.tools.reasoning import split_reasoning
+from radixrt.server.tools.reasoning import reasoning_mode, split_reasoning
 from radixrt.server.tools.render import render_messages
 from radixrt.server.tools.spec import is_tool_name
 
@@ -104,6 +104,66 @@ def test_stream_deltas_add_up_to_the_message(fmt, step):
     ]
 
 
+DEEP = '{"x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@pytest.mark.parametrize(
+    "call,named",
+    [
+        ('{"name": "f", "arguments": ' + DEEP + "}", True),  # arguments nested past what json.loads takes
+        ('{"name": "f\\ud800", "arguments": {}}', False),  # a lone surrogate: not a tool name
+        ('{"name": "get weather", "arguments": {}}', False),  # not a tool name
+        ('{"name": "f", "arguments": "{\\"x\\": \\"\\ud800\\"}"}', True),  # arguments no response can encode
+        ('{"name": "f", "arguments": {"x": [1, 2', True),  # cut off by the token limit
+        ('{"name": "f", "arguments": [1]}', True),  # not an object
+        ('{"name": "f", 5: 1}', True),  # malformed after the name
+        ('{"na', False),
+    ],
+)
+@pytest.mark.parametrize("step", [1, 7, 401])
+def test_a_stream_adds_up_to_its_message_whatever_the_model_writes(call, named, step):
+    """Calls a client can make the model write (logit_bias, its own regex): the message
+    encodes, and the stream sends exactly it: a named call in both, or the text in both."""
+    text = "Sure.\n<tool_call>\n" + call + "\n</tool_call>"
+    out = ChoiceOutput(get_parser("qwen", None), "")
+    msg, calls = out.message(text)
+    json.dumps(msg, ensure_ascii=False).encode("utf-8")
+    assert calls == named
+    assert msg["content"] == ("Sure." if named else text)
+    got = _assemble(out, text, step)
+    assert got["content"] == (msg["content"] or "")
+    assert [(c["id"], c["name"], c["arguments"]) for c in got["calls"]] == [
+        (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in msg.get("tool_calls", [])
+    ]
+
+
+@pytest.mark.parametrize(
+    "mode,text,split",
+    [
+        ("qwen3", "I am thinking here</think>The answer is 4", ("", "I am thinking here</think>The answer is 4")),
+        ("deepseek-r1", "I am thinking here</think>The answer is 4", ("I am thinking here", "The answer is 4")),
+        ("deepseek-r1", "<think>a</think>\nb", ("a", "b")),
+        ("qwen3", "<think>a</think>\nb", ("a", "b")),
+        ("deepseek-r1", "still thinking", ("still thinking", "")),
+        ("qwen3", "no thinking", ("", "no thinking")),
+    ],
+)
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_reasoning_streams_as_its_whole_split(mode, text, split, step):
+    """SGLang's two rules: qwen3's model opens the block itself; deepseek-r1's prompt opened
+    it. The stream never sends content that the whole answer calls reasoning."""
+    out = ChoiceOutput(None, mode)
+    msg, _ = out.message(text)
+    assert (msg["reasoning_content"] or "", msg["content"] or "") == split
+    got = _assemble(out, text, step)
+    assert (got["reasoning"], got["content"]) == split
+
+
+def test_reasoning_mode():
+    assert reasoning_mode(None, None) == "" and reasoning_mode(False, "qwen3") == ""
+    assert reasoning_mode(True, None) == "qwen3" and reasoning_mode(None, "deepseek-r1") == "deepseek-r1"
+
+
 def test_reasoning_split_whole_and_streamed():
     text = "<think>\nThe user wants Paris.\n</think>\n\nIt is sunny."
     assert split_reasoning(text) == ("The user wants Paris.", "It is sunny.")
@@ -190,6 +250,8 @@ def _t(cid, content="ok"):
         (_turns(_c("c1", "get_weather\n")), "messages[1].tool_calls[0].function.name"),
         (_turns(_c("c1", args='{"city": ')), "messages[1].tool_calls[0].function.arguments"),
         (_turns(_c("c1", args="42")), "messages[1].tool_calls[0].function.arguments"),
+        (_turns(_c("c1", args=DEEP)), "messages[1].tool_calls[0].function.arguments"),
+        (_turns(_c("c1", args='{"x": "\\ud800"}')), "messages[1].tool_calls[0].function.arguments"),
         (_turns(_c("c1", args=["x"])), "messages[1].tool_calls[0].function.arguments"),
         (_turns({"id": "c1", "function": "get_weather"}), "messages[1].tool_calls[0].function"),
         (_turns({"id": 7, "function": {"name": "f", "arguments": "{}"}}), "messages[1].tool_calls[0].id"),

@@ -37,9 +37,9 @@ Pure and linear in the conversation's size; no tokenizer needed.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
+from radixrt.server.tools.scan import load_json
 from radixrt.server.tools.spec import ToolError, is_tool_name
 
 
@@ -55,7 +55,7 @@ def call_arguments(arguments: Any, where: str) -> dict[str, Any]:
     if not arguments.strip():
         return {}
     try:
-        value = json.loads(arguments)
+        value = load_json(arguments)
     except ValueError as e:
         raise ToolError(f"'{where}' is not valid JSON ({e}).", where) from None
     if not isinstance(value, dict):

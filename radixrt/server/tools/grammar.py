@@ -49,7 +49,7 @@ def _tags(parser: ToolCallParser, tools: list[ToolSpec]) -> list[Any]:
     ]
 
 
-def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning: bool = False) -> Optional[str]:
+def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning: str = "") -> Optional[str]:
     """The structural tag (JSON text, for the ``structural_tag`` sampling
     parameter) that enforces ``tr``'s calls in ``parser``'s format; None when
     calls are off."""

@@ -13,7 +13,11 @@ when streaming, sends what is new since the last chunk:
   the client's concatenation equals the final ``arguments`` string.
 
 The streamed pieces add up to the whole message: same content, same calls
-(ids included), same reasoning.
+(ids included), same reasoning. So the whole message reports every call
+whose name was read, as the stream announced it: a call cut off by the token
+limit (``finish_reason`` "length") or malformed after its name keeps its
+arguments as far as they go (as OpenAI's do; a client checks them). Where
+calls began but none got a name, the whole text is the content.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Optional
 
 from radixrt.server.tools.parsers import ParseResult, ToolCallParser
 from radixrt.server.tools.reasoning import split_reasoning
+from radixrt.server.tools.scan import CallScan
 
 
 def new_call_id() -> str:
@@ -41,14 +46,16 @@ class _Sent:
 class ChoiceOutput:
     """Parses one choice; ``parser`` None means no tool calls are read."""
 
-    def __init__(self, parser: Optional[ToolCallParser], reasoning: bool) -> None:
+    def __init__(self, parser: Optional[ToolCallParser], reasoning: str) -> None:
+        """``reasoning``: `reasoning_mode` ("" for no split)."""
         self.parser = parser
         self.reasoning = reasoning
+        self._opened_by_prompt = reasoning == "deepseek-r1"
         self.sent = _Sent()
         self.ids: list[str] = []  # call ids, stable between stream and final message
 
     def _split(self, text: str, final: bool) -> tuple[str, ParseResult]:
-        reasoning, rest = split_reasoning(text, final) if self.reasoning else ("", text)
+        reasoning, rest = split_reasoning(text, final, self._opened_by_prompt) if self.reasoning else ("", text)
         if self.parser is None:
             return reasoning, ParseResult(rest)
         return reasoning, self.parser.parse(rest, final)
@@ -61,58 +68,63 @@ class ChoiceOutput:
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The finished choice's message, and whether it holds tool calls."""
         reasoning, parsed = self._split(text, True)
-        calls = parsed.complete_calls()
+        calls = parsed.named_calls()
         msg: dict[str, Any] = {"role": "assistant"}
+        msg["content"] = self._content(text, parsed, True) or (None if calls else "")
         if calls:
-            msg["content"] = parsed.content.rstrip() or None
             msg["tool_calls"] = [
-                {"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": c.args or "{}"}}
+                {"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
                 for i, c in enumerate(calls)
             ]
-        else:
-            msg["content"] = parsed.content if not parsed.calls else self._raw_content(text)
         if self.reasoning:
             msg["reasoning_content"] = reasoning or None
         return msg, bool(calls)
 
-    def _raw_content(self, text: str) -> str:
-        """The content when calls started but none completed: all text after the reasoning."""
-        return split_reasoning(text, True)[1] if self.reasoning else text
+    def _content(self, text: str, parsed: ParseResult, final: bool) -> str:
+        """The content as far as it may be sent: the text before the calls (its trailing
+        whitespace held while calls may follow); once final, where calls began but none
+        was named, all text after the reasoning."""
+        if parsed.calls and not parsed.named_calls():
+            if final:
+                return split_reasoning(text, True, self._opened_by_prompt)[1] if self.reasoning else text
+            return parsed.content.rstrip()
+        return parsed.content.rstrip() if (parsed.calls or not final) else parsed.content
 
     def has_calls(self, text: str) -> bool:
-        return bool(self._split(text, True)[1].complete_calls())
+        return bool(self._split(text, True)[1].named_calls())
 
     def deltas(self, text: str, final: bool) -> list[dict[str, Any]]:
-        """The deltas that bring the client from what was sent to ``text``."""
+        """The deltas that bring the client from what was sent to ``text``. Nothing sent is
+        ever taken back: every piece is a prefix of what `message` reports for the whole."""
         reasoning, parsed = self._split(text, final)
         out: list[dict[str, Any]] = []
         s = self.sent
         if len(reasoning) > s.reasoning:
             out.append({"reasoning_content": reasoning[s.reasoning :]})
             s.reasoning = len(reasoning)
-        content = parsed.content.rstrip() if (parsed.calls or not final) else parsed.content
+        content = self._content(text, parsed, final)
         if len(content) > s.content:
             out.append({"content": content[s.content :]})
             s.content = len(content)
-        for i, c in enumerate(parsed.calls):
+        for i, c in enumerate(parsed.named_calls()):
             if i >= len(s.call_ids):
-                if not c.name:
-                    break
                 s.call_ids.append(self._id(i))
                 s.call_args.append(0)
-                out.append(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": i,
-                                "id": self._id(i),
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-            if len(c.args) > s.call_args[i]:
-                out.append({"tool_calls": [{"index": i, "function": {"arguments": c.args[s.call_args[i] :]}}]})
-                s.call_args[i] = len(c.args)
+                header = {
+                    "index": i,
+                    "id": self._id(i),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": ""},
+                }
+                out.append({"tool_calls": [header]})
+            args = _arguments(c)
+            if len(args) > s.call_args[i]:
+                out.append({"tool_calls": [{"index": i, "function": {"arguments": args[s.call_args[i] :]}}]})
+                s.call_args[i] = len(args)
         return out
+
+
+def _arguments(call: CallScan) -> str:
+    """A call's ``arguments`` string: its raw text so far, or ``{}`` for a call object
+    that closed without any."""
+    return "{}" if call.end is not None and not call.args else call.args

@@ -55,6 +55,13 @@ class ParseResult:
             c for c in self.calls if c.name and c.end is not None and c.args_done and is_json_object(c.args or "{}")
         ]
 
+    def named_calls(self) -> list[CallScan]:
+        """Calls whose name has been read (a valid tool name): what a stream announces as
+        soon as it can, so what the whole message reports too, finished or not (cut off by
+        the token limit, or malformed after the name: arguments as far as they go, as
+        OpenAI's models' own may be; clients check them)."""
+        return [c for c in self.calls if c.name]
+
 
 class ToolCallParser(ABC):
     """One tool-call output format."""

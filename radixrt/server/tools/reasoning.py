@@ -1,17 +1,27 @@
 """Reasoning separated from the answer, for models that think in
-``<think>...</think>`` (Qwen3; ``--reasoning-parser qwen3``, or per request
-``separate_reasoning``).
+``<think>...</think>`` (``--reasoning-parser``, or per request
+``separate_reasoning``), under SGLang's two rules:
 
-``split_reasoning(text, final)`` gives ``(reasoning, content)``. The thinking
-block is the text up to ``</think>`` (a leading ``<think>`` removed); the
-content is what follows, leading whitespace removed. Without ``</think>``:
-an output that opened ``<think>`` is all reasoning (still thinking, or cut
-off by the token limit), any other output is all content. While the output
-grows (``final`` False), a tail that may become ``<think>``/``</think>`` is
-held back.
+* ``qwen3`` (and ``separate_reasoning`` without a server parser): the model
+  opens the block itself. An output that starts with ``<think>`` thinks up
+  to ``</think>``; any other output is all content, a ``</think>`` in it
+  included;
+* ``deepseek-r1``: the chat template opens the block in the prompt, so the
+  output starts inside it (a leading ``<think>`` is still accepted) and
+  thinks up to ``</think>``.
+
+``split_reasoning(text, final, opened_by_prompt)`` gives ``(reasoning,
+content)``: the thinking block's text, and what follows ``</think>``
+(leading whitespace removed). Inside a block that has not closed the output
+is all reasoning (still thinking, or cut off by the token limit). While the
+output grows (``final`` False), a tail that may become ``<think>`` or
+``</think>`` is held back, so that streamed pieces never need taking back:
+they add up to the split of the whole output.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from radixrt.server.tools.scan import partial_suffix
 
@@ -19,17 +29,26 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 
 
-def split_reasoning(text: str, final: bool = True) -> tuple[str, str]:
+def reasoning_mode(separate: Optional[bool], parser: Optional[str]) -> str:
+    """How a chat request's output is split: ``""`` (not at all), or the reasoning parser
+    whose rule applies (``separate_reasoning`` asks for a split, ``--reasoning-parser`` names
+    the rule; ``qwen3`` where only the request asks)."""
+    if separate is False or (separate is None and not parser):
+        return ""
+    return parser or "qwen3"
+
+
+def split_reasoning(text: str, final: bool = True, opened_by_prompt: bool = False) -> tuple[str, str]:
     body = text.lstrip()
     opened = body.startswith(THINK_OPEN)
     if opened:
         body = body[len(THINK_OPEN) :]
+    elif not opened_by_prompt:
+        if not final and THINK_OPEN.startswith(body):
+            return "", ""  # may still open a thinking block
+        return "", text
     end = body.find(THINK_CLOSE)
     if end >= 0:
         return body[:end].strip("\n"), body[end + len(THINK_CLOSE) :].lstrip()
-    if opened:
-        hold = 0 if final else partial_suffix(body, THINK_CLOSE)
-        return body[: len(body) - hold].strip("\n"), ""  # trailing newlines wait: they may precede </think>
-    if not final and THINK_OPEN.startswith(body):
-        return "", ""  # may still open a thinking block
-    return "", text
+    hold = 0 if final else max(partial_suffix(body, THINK_CLOSE), len(body) if THINK_OPEN.startswith(body) else 0)
+    return body[: len(body) - hold].strip("\n"), ""  # trailing newlines wait: they may precede </think>

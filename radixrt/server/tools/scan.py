@@ -11,11 +11,35 @@ makes a re-rendered conversation byte-identical to what was generated.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+from radixrt.server.tools.spec import is_tool_name
 
 _WS = " \t\r\n"
 ARG_KEYS = ("arguments", "parameters")
+# a \uD800-\uDFFF escape: json.loads makes it a lone surrogate, which no UTF-8 encoder takes
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def load_json(text: str) -> Any:
+    """``json.loads(text)``, with ValueError (as for any invalid JSON) where Python's own
+    parser would raise RecursionError (arrays or objects nested about a thousand deep) or the
+    value would hold a lone UTF-16 surrogate (``"\\ud800"``), which a response cannot encode.
+    Text from clients and from the model (which a client can steer) both pass here."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("JSON holds a lone UTF-16 surrogate") from None
+        except RecursionError:
+            raise ValueError("JSON nested too deep") from None
+    return value
 
 
 def skip_ws(text: str, pos: int) -> int:
@@ -74,7 +98,7 @@ class CallScan:
     args: str = ""  # raw arguments text so far ("" until it starts; whole when a JSON string)
     args_done: bool = False
     end: Optional[int] = None  # end of the object (exclusive) once complete
-    bad: bool = False  # not a call object (or not JSON)
+    bad: bool = False  # not a call object (or not JSON) before its name was read
 
 
 def scan_call(text: str, pos: int) -> CallScan:
@@ -99,22 +123,19 @@ def scan_call(text: str, pos: int) -> CallScan:
             i += 1
             continue
         if text[i] != '"':
-            out.bad = True
-            return out
+            return _malformed(out)
         kend = value_end(text, i)
         if kend is None:
             return out
         try:
-            key = json.loads(text[i:kend])
+            key = load_json(text[i:kend])
         except ValueError:
-            out.bad = True
-            return out
+            return _malformed(out)
         i = skip_ws(text, kend)
         if i >= len(text):
             return out
         if text[i] != ":":
-            out.bad = True
-            return out
+            return _malformed(out)
         i = skip_ws(text, i + 1)
         if i >= len(text):
             return out
@@ -123,11 +144,11 @@ def scan_call(text: str, pos: int) -> CallScan:
             if vend is None:
                 return out
             try:
-                name = json.loads(text[i:vend])
+                name = load_json(text[i:vend])
             except ValueError:
                 out.bad = True
                 return out
-            if not isinstance(name, str):
+            if not is_tool_name(name):  # the rule every tool the client defines follows
                 out.bad = True
                 return out
             out.name = name
@@ -136,10 +157,9 @@ def scan_call(text: str, pos: int) -> CallScan:
                 if vend is None:
                     return out
                 try:
-                    out.args = json.loads(text[i:vend])
+                    out.args = load_json(text[i:vend])
                 except ValueError:
-                    out.bad = True
-                    return out
+                    return _malformed(out)
             else:
                 out.args = text[i:vend] if vend is not None else text[i:]
             if vend is None:
@@ -150,9 +170,16 @@ def scan_call(text: str, pos: int) -> CallScan:
         i = vend
 
 
+def _malformed(out: CallScan) -> CallScan:
+    """The call object turned out malformed here: ``bad`` before its name was read; after
+    it, the call stays (a client may already have been sent its name) and ends unfinished."""
+    out.bad = out.name is None
+    return out
+
+
 def is_json_object(s: str) -> bool:
     try:
-        return isinstance(json.loads(s), dict)
+        return isinstance(load_json(s), dict)
     except ValueError:
         return False
 
