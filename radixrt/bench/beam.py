@@ -187,7 +187,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         srv.cleanup()
     print(
         f"beam search, W={args.width}, L={args.tokens}, prompt {args.prompt_tokens} tokens, "
-        f"page {args.page_size}, {args.dtype}" + (f", {args.quantization} weights" if args.quantization else "")
+        f"page {args.page_size}, {args.dtype}"
+        + (f", {args.quantization} weights" if args.quantization else "")
         + (" and head" if args.quantization and args.quantize_lm_head else "")
     )
     print(f"{'mode':<16} {'wall s':>8} {'tok/s':>8} {'peak KV':>8} {'bound':>8} {'unshared':>9} {'best lp':>9}")
