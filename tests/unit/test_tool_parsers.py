@@ -5,6 +5,7 @@ separation: strings only, no model."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -135,6 +136,19 @@ def test_a_stream_adds_up_to_its_message_whatever_the_model_writes(call, named, 
     assert [(c["id"], c["name"], c["arguments"]) for c in got["calls"]] == [
         (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in msg.get("tool_calls", [])
     ]
+
+
+def test_a_long_streamed_call_is_scanned_once_not_once_per_chunk():
+    """The API server parses every chunk on its event loop: a call whose arguments grow to
+    200,000 characters, streamed 100 at a time, costs its length once (a scan that started
+    over each chunk took minutes here)."""
+    text = '<tool_call>\n{"name": "f", "arguments": {"x": "' + "#" * 200_000 + '"}}\n</tool_call>'
+    out = ChoiceOutput(get_parser("qwen", None), "")
+    start = time.perf_counter()
+    got = _assemble(out, text, 100)
+    elapsed = time.perf_counter() - start
+    assert got["calls"][0]["arguments"] == '{"x": "' + "#" * 200_000 + '"}'
+    assert elapsed < 5.0, elapsed
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from radixrt.server.tools.parsers import ParseResult, ToolCallParser
 from radixrt.server.tools.reasoning import split_reasoning
-from radixrt.server.tools.scan import CallScan
+from radixrt.server.tools.scan import CallScan, ScanMemo
 
 
 def new_call_id() -> str:
@@ -51,6 +51,7 @@ class ChoiceOutput:
         self.parser = parser
         self.reasoning = reasoning
         self._opened_by_prompt = reasoning == "deepseek-r1"
+        self._memo, self._memo_offset, self._memo_len = ScanMemo(), -1, 0  # scans of the text after the reasoning
         self.sent = _Sent()
         self.ids: list[str] = []  # call ids, stable between stream and final message
 
@@ -58,7 +59,12 @@ class ChoiceOutput:
         reasoning, rest = split_reasoning(text, final, self._opened_by_prompt) if self.reasoning else ("", text)
         if self.parser is None:
             return reasoning, ParseResult(rest)
-        return reasoning, self.parser.parse(rest, final)
+        # the memo holds for a text that grew since: not where the text after the reasoning starts
+        # elsewhere now, nor for a shorter text (a stream after the whole message)
+        if len(text) - len(rest) != self._memo_offset or len(rest) < self._memo_len:
+            self._memo, self._memo_offset = ScanMemo(), len(text) - len(rest)
+        self._memo_len = len(rest)
+        return reasoning, self.parser.parse(rest, final, self._memo)
 
     def _id(self, i: int) -> str:
         while len(self.ids) <= i:

@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from radixrt.server.tools.scan import CallScan, is_json_object, partial_suffix, scan_call, skip_ws
+from radixrt.server.tools.scan import CallScan, ScanMemo, is_json_object, partial_suffix, scan_call, skip_ws
 
 
 @dataclass
@@ -86,12 +86,14 @@ class ToolCallParser(ABC):
         """``(name, arguments JSON text)`` pairs as the model would write them."""
         return self.block_begin + self.separator.join(self.render_call(n, a) for n, a in calls) + self.block_end
 
-    def parse(self, text: str, final: bool = True) -> ParseResult:
+    def parse(self, text: str, final: bool = True, memo: Optional[ScanMemo] = None) -> ParseResult:
+        """``text`` split into content and calls; ``memo``: what earlier parses of a
+        shorter ``text`` (the same output, streamed) found (see `ScanMemo`)."""
         start = self._find_start(text)
         if start is None:
             hold = 0 if final else max(partial_suffix(text, m) for m in self.markers)
             return ParseResult(text[: len(text) - hold])
-        calls, bad = self._scan_block(text, start)
+        calls, bad = self._scan_block(text, start, memo)
         if bad:
             return ParseResult(text)
         return ParseResult(text[:start], calls)
@@ -101,7 +103,7 @@ class ToolCallParser(ABC):
         return min(found) if found else None
 
     @abstractmethod
-    def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
+    def _scan_block(self, text: str, start: int, memo: Optional[ScanMemo]) -> tuple[list[CallScan], bool]:
         """The calls from ``start`` (where a marker begins) and whether the text
         there turned out not to be calls."""
 
@@ -118,8 +120,8 @@ class QwenParser(ToolCallParser):
     def call_begin(self, name: str) -> str:
         return self.OPEN + "\n" + super().call_begin(name)
 
-    def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
-        return scan_calls(text, start, self.OPEN, self.CLOSE)
+    def _scan_block(self, text: str, start: int, memo: Optional[ScanMemo]) -> tuple[list[CallScan], bool]:
+        return scan_calls(text, start, self.OPEN, self.CLOSE, memo)
 
 
 class GenericParser(QwenParser):
@@ -140,9 +142,9 @@ class Llama3Parser(ToolCallParser):
     separator = "; "
     TAG = "<|python_tag|>"
 
-    def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
+    def _scan_block(self, text: str, start: int, memo: Optional[ScanMemo]) -> tuple[list[CallScan], bool]:
         pos = start + len(self.TAG) if text.startswith(self.TAG, start) else start
-        return scan_calls(text, pos, "", ";")
+        return scan_calls(text, pos, "", ";", memo)
 
 
 class MistralParser(ToolCallParser):
@@ -155,16 +157,18 @@ class MistralParser(ToolCallParser):
     block_begin = "[TOOL_CALLS]["
     block_end = "]"
 
-    def _scan_block(self, text: str, start: int) -> tuple[list[CallScan], bool]:
+    def _scan_block(self, text: str, start: int, memo: Optional[ScanMemo]) -> tuple[list[CallScan], bool]:
         pos = skip_ws(text, start + len(self.trigger))
         if pos >= len(text):
             return [], False
         if text[pos] != "[":
             return [], True
-        return scan_calls(text, pos + 1, "", ",")
+        return scan_calls(text, pos + 1, "", ",", memo)
 
 
-def scan_calls(text: str, pos: int, opener: str, separator: str) -> tuple[list[CallScan], bool]:
+def scan_calls(
+    text: str, pos: int, opener: str, separator: str, memo: Optional[ScanMemo] = None
+) -> tuple[list[CallScan], bool]:
     """The calls from ``pos``: each JSON call after ``opener`` (may be empty),
     the next one only after ``separator``. Returns (calls, bad): ``bad`` when
     the first call is malformed; a later malformed one ends the block."""
@@ -173,7 +177,7 @@ def scan_calls(text: str, pos: int, opener: str, separator: str) -> tuple[list[C
         pos = skip_ws(text, pos)
         if pos >= len(text) or not text.startswith(opener, pos):
             return calls, False
-        c = scan_call(text, skip_ws(text, pos + len(opener)))
+        c = scan_call(text, skip_ws(text, pos + len(opener)), memo)
         if c.bad:
             return calls, not calls
         calls.append(c)

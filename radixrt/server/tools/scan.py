@@ -48,15 +48,37 @@ def skip_ws(text: str, pos: int) -> int:
     return pos
 
 
-def value_end(text: str, pos: int) -> Optional[int]:
+class ScanMemo:
+    """What earlier scans of a text that only grows (a streamed output) found, so that each
+    new scan starts where the last one stopped instead of at the start: a stream's parses
+    cost its length once, not once per chunk (the API server parses on its event loop).
+    Valid for one text; `ChoiceOutput` starts a new one where the text's start moves."""
+
+    def __init__(self) -> None:
+        self.partial: dict[int, tuple[int, int, bool]] = {}  # value start -> (resume at, depth, in a string)
+        self.ends: dict[int, int] = {}  # value start -> its end
+        self.calls: dict[int, CallScan] = {}  # call start -> the finished call scanned there
+
+
+def value_end(text: str, pos: int, memo: Optional[ScanMemo] = None) -> Optional[int]:
     """The end (exclusive) of the JSON value starting at ``pos`` (no leading
     whitespace), or None when the text ends inside it. Not a validator: it
-    tracks strings and bracket depth only."""
+    tracks strings and bracket depth only. ``memo``: see `ScanMemo`."""
     if pos >= len(text):
         return None
+    if memo is not None and pos in memo.ends:
+        return memo.ends[pos]
+    end = _value_end(text, pos, memo.partial if memo is not None else None)
+    if end is not None and memo is not None:
+        memo.ends[pos] = end
+        memo.partial.pop(pos, None)
+    return end
+
+
+def _value_end(text: str, pos: int, partial: Optional[dict[int, tuple[int, int, bool]]]) -> Optional[int]:
     c = text[pos]
     if c == '"':
-        i = pos + 1
+        i = partial[pos][0] if partial and pos in partial else pos + 1
         while i < len(text):
             if text[i] == "\\":
                 i += 2
@@ -64,9 +86,11 @@ def value_end(text: str, pos: int) -> Optional[int]:
             if text[i] == '"':
                 return i + 1
             i += 1
+        if partial is not None:
+            partial[pos] = (i, 0, True)
         return None
     if c in "{[":
-        depth, i, in_str = 0, pos, False
+        i, depth, in_str = partial[pos] if partial and pos in partial else (pos, 0, False)
         while i < len(text):
             ch = text[i]
             if in_str:
@@ -83,6 +107,8 @@ def value_end(text: str, pos: int) -> Optional[int]:
                 if depth == 0:
                     return i + 1
             i += 1
+        if partial is not None:
+            partial[pos] = (i, depth, in_str)
         return None
     i = pos  # number, true, false, null: up to a delimiter
     while i < len(text) and text[i] not in ",}] \t\r\n":
@@ -101,9 +127,18 @@ class CallScan:
     bad: bool = False  # not a call object (or not JSON) before its name was read
 
 
-def scan_call(text: str, pos: int) -> CallScan:
+def scan_call(text: str, pos: int, memo: Optional[ScanMemo] = None) -> CallScan:
     """Scan ``{"name": ..., "arguments"|"parameters": ...}`` at ``pos`` (any key order,
     other keys ignored). ``bad`` when the text cannot be such an object."""
+    if memo is not None and pos in memo.calls:
+        return memo.calls[pos]
+    out = _scan_call(text, pos, memo)
+    if memo is not None and (out.end is not None or out.bad):  # finished: no later text changes it
+        memo.calls[pos] = out
+    return out
+
+
+def _scan_call(text: str, pos: int, memo: Optional[ScanMemo]) -> CallScan:
     out = CallScan()
     if pos >= len(text):
         return out
@@ -124,7 +159,7 @@ def scan_call(text: str, pos: int) -> CallScan:
             continue
         if text[i] != '"':
             return _malformed(out)
-        kend = value_end(text, i)
+        kend = value_end(text, i, memo)
         if kend is None:
             return out
         try:
@@ -139,7 +174,7 @@ def scan_call(text: str, pos: int) -> CallScan:
         i = skip_ws(text, i + 1)
         if i >= len(text):
             return out
-        vend = value_end(text, i)
+        vend = value_end(text, i, memo)
         if key == "name":
             if vend is None:
                 return out
