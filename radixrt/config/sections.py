@@ -154,9 +154,8 @@ class CacheSettings:
     max_total_tokens: Optional[int] = setting(None, "KV pool capacity in tokens; unset: sized by --mem-fraction")
     mem_fraction: float = setting(
         0.3,
-        "share of free memory given to the KV pool (give it or --max-total-tokens, not both); on the CPU "
-        "the pool's pages are backed as they are first used, so the process grows toward the pool's size "
-        "while serving (and keeps it after /flush_cache): size memory limits by the pool, not by start-up",
+        "share of free memory given to the KV pool (give it or --max-total-tokens, not both); the CPU "
+        "pool's pages are backed as first used: size memory limits by the pool, not by the process at start",
     )
     kv_cache_dtype: str = setting(
         "auto",
