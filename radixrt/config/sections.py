@@ -153,9 +153,7 @@ class CacheSettings:
     page_size: int = setting(1, "tokens per KV-cache page")
     max_total_tokens: Optional[int] = setting(None, "KV pool capacity in tokens; unset: sized by --mem-fraction")
     mem_fraction: float = setting(
-        0.3,
-        "share of free memory given to the KV pool (give it or --max-total-tokens, not both); the CPU "
-        "pool's pages are backed as first used: size memory limits by the pool, not by the process at start",
+        0.3, "share of free memory for the KV pool (or --max-total-tokens); CPU pages are backed as first used"
     )
     kv_cache_dtype: str = setting(
         "auto",
