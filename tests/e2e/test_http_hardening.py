@@ -502,3 +502,17 @@ def test_a_server_without_keys_shows_no_cached_text(server):
         assert view.status_code == 200 and "vault" not in view.text
         _error(c.get("/debug/radix", params={"text": "true"}), 403, "admin key")
         _error(c.post("/generate", json={**secret, "return_cache_info": "full"}), 403, "admin key")
+
+
+def test_chat_template_kwargs_pass_variables_not_a_template(server):
+    """``chat_template_kwargs`` reach the server's template as variables; a key that is one of
+    the rendering's own arguments (``chat_template`` would run the client's Jinja on the
+    server: a loop of 2.25e8 steps stalled every client 30 s) is a 400 naming it."""
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for key, value in (("chat_template", "{{ 'x' * 1500000000 }}"), ("add_generation_prompt", False)):
+            r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {key: value}})
+            _error(r, 400, "may not set")
+            assert r.json()["error"]["param"] == f"chat_template_kwargs.{key}", r.text
+        r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status_code == 200, r.text
