@@ -97,7 +97,16 @@ class IncrementalDetokenizer:
         kind, matched = _finish_fields(finish_reason)
         if kind != "stop" or not isinstance(matched, str) or self.no_stop_trim:
             return full
-        cut = full.find(matched)
+        # where the stop that ended it begins: the first occurrence the last token completed (one
+        # before min_new_tokens stays text), so the search starts where the last token's text does
+        before = self.tokenizer.decode(
+            self.ids[:-1],
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+        )
+        cut = full.find(matched, max(0, len(before.rstrip("\ufffd")) - len(matched) + 1))
+        if cut < 0:
+            cut = full.find(matched)
         return full[:cut] if cut >= 0 else full
 
     def _stop_prefix_len(self, text: str) -> int:

@@ -275,9 +275,12 @@ class ResultProcessor:
                     n_tail = max(n_tail, stop_regex.window_tokens(regexes))
                 tail_ids = req.output_ids[-n_tail:]
                 tail = self._decode(tail_ids, skip_special_tokens=False)
-                for s in stops:
-                    if s in tail:
-                        return FinishReason.stop(s)
+                if stops:
+                    # only an occurrence this token completed: one before min_new_tokens stays text
+                    before = self._decode(tail_ids[:-1], skip_special_tokens=False).rstrip("\ufffd")
+                    for s in stops:
+                        if tail.find(s, max(0, len(before) - len(s) + 1)) >= 0:
+                            return FinishReason.stop(s)
                 if regexes:
                     new_chars = len(self._decode([token], skip_special_tokens=False))
                     try:

@@ -56,6 +56,19 @@ def test_min_new_tokens_holds_the_stop_back(engine):
     assert late["meta_info"]["finish_reason"]["matched"] == "[a-z]"
 
 
+def test_a_stop_string_before_min_new_tokens_stays_text(engine):
+    """Only a stop the output completes at or after min_new_tokens ends it, and the text is cut
+    there: streamed or not (the occurrence min_new_tokens passed over cut the answer before)."""
+    sp = {"max_new_tokens": 24, "temperature": 0, "regex": "ab END cd END ef", "stop": ["END"]}
+    early = engine.generate("Hi", sp)
+    assert early["text"] == "ab "
+    late_sp = {**sp, "min_new_tokens": len(early["output_ids"]) + 1}
+    late = engine.generate("Hi", late_sp)
+    assert late["text"] == "ab END cd " and late["meta_info"]["finish_reason"]["matched"] == "END"
+    texts = [c["text"] for c in engine.generate("Hi", late_sp, stream=True)]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])) and texts[-1] == late["text"]
+
+
 def test_streaming_ends_with_the_final_text(engine):
     sp = {**PINNED, "stop_regex": ["12", "z$"]}
     full = engine.generate("Hi", sp)
