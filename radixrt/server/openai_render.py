@@ -212,7 +212,9 @@ class CompletionView:
         echo_now = self.req.echo and u.index not in self.echoed
         self.echoed.add(u.index)
         prefix = self.prompt_text(u.index // self.req.n) if echo_now else ""
-        if not u.delta and not prefix and u.finish_reason is None:
+        # tokens whose text is held back (a partial character, a possible stop) still send their logprobs
+        new_logprobs = self.req.logprobs is not None and len(u.state.acc.output_token_logprobs) > u.start_lp
+        if not u.delta and not prefix and u.finish_reason is None and not new_logprobs:
             return []
         return [self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason, streamed=True)]
 

@@ -516,3 +516,21 @@ def test_chat_template_kwargs_pass_variables_not_a_template(server):
             assert r.json()["error"]["param"] == f"chat_template_kwargs.{key}", r.text
         r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": False}})
         assert r.status_code == 200, r.text
+
+
+def test_streamed_completion_logprobs_include_tokens_whose_text_waits(server):
+    """Token 173 is the byte 0xE2 alone: no character ever completes, so no chunk has text,
+    yet every token's logprob is streamed, as the whole answer lists them."""
+    body = {"model": "default", "prompt": "hi", "logprobs": 1, "max_tokens": 6, "temperature": 0, "n": 2}
+    body["logit_bias"] = {"173": 100}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        whole = c.post("/v1/completions", json=body).json()["choices"]
+        streamed: dict[int, list] = {0: [], 1: []}
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for ch in json.loads(line[6:])["choices"]:
+                        streamed[ch["index"]] += (ch["logprobs"] or {}).get("token_logprobs") or []
+    for i in (0, 1):
+        assert len(whole[i]["logprobs"]["token_logprobs"]) == 6
+        assert streamed[i] == whole[i]["logprobs"]["token_logprobs"]
