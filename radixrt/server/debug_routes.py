@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
@@ -48,24 +49,40 @@ def _stream_bounds(request: Request) -> tuple[int, float]:
     """``limit`` (events before the end, 0: none) and ``seconds`` (how long at most) of a stream."""
     limit = _int_param(request, "limit", 0, 0, 1_000_000)
     seconds = _int_param(request, "seconds", DEFAULT_STREAM_SECONDS, 1, MAX_STREAM_SECONDS)
-    if _open_streams[0] >= MAX_OPEN_STREAMS:
-        raise ServerError(503, f"{MAX_OPEN_STREAMS} debug streams are open already; close one first.")
     return limit, time.monotonic() + seconds
 
 
-def _event_stream(body: AsyncIterator[bytes]) -> StreamingResponse:
-    """An SSE response of ``body``, counted among the open debug streams while it runs."""
+def _reserve_stream() -> Callable[[], None]:
+    """Take one of the MAX_OPEN_STREAMS slots now, in the route (a 503 when none is left), so
+    that streams opened at the same moment cannot all pass the check; returns its release
+    (idempotent)."""
+    if _open_streams[0] >= MAX_OPEN_STREAMS:
+        raise ServerError(503, f"{MAX_OPEN_STREAMS} debug streams are open already; close one first.")
+    _open_streams[0] += 1
+    held = [True]
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            _open_streams[0] -= 1
+
+    return release
+
+
+def _event_stream(body: AsyncIterator[bytes], release: Callable[[], None]) -> StreamingResponse:
+    """An SSE response of ``body``, holding its slot (`_reserve_stream`) until it ends."""
 
     async def counted() -> AsyncIterator[bytes]:
-        _open_streams[0] += 1
         try:
             async for chunk in body:
                 yield chunk
         finally:
-            _open_streams[0] -= 1
+            release()
 
+    stream = counted()
+    weakref.finalize(stream, release)  # a stream whose body never started (its client left first)
     return StreamingResponse(
-        counted(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 
 
@@ -143,6 +160,7 @@ async def debug_stream(request: Request, ctx: ServerContext = Depends(server_con
     _check_access(request, ctx)
     rate = _int_param(request, "rate", 2, *RATES)
     limit, until = _stream_bounds(request)
+    release = _reserve_stream()
 
     async def events() -> AsyncIterator[bytes]:
         sent = 0
@@ -155,7 +173,7 @@ async def debug_stream(request: Request, ctx: ServerContext = Depends(server_con
             sent += 1
             await asyncio.sleep(max(0.0, 1.0 / rate - (time.monotonic() - started)))
 
-    return _event_stream(events())
+    return _event_stream(events(), release)
 
 
 @router.get("/debug/events")
@@ -172,10 +190,15 @@ async def debug_events(request: Request, ctx: ServerContext = Depends(server_con
     import zmq
     import zmq.asyncio
 
-    socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SUBSCRIBE, cfg.topic.encode())
-    socket.connect(cfg.connect_endpoint)
+    release = _reserve_stream()
+    try:
+        socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, cfg.topic.encode())
+        socket.connect(cfg.connect_endpoint)
+    except BaseException:
+        release()
+        raise
 
     async def events() -> AsyncIterator[bytes]:
         sent = 0
@@ -190,7 +213,7 @@ async def debug_events(request: Request, ctx: ServerContext = Depends(server_con
         finally:
             socket.close(linger=0)
 
-    return _event_stream(events())
+    return _event_stream(events(), release)
 
 
 @router.get("/dashboard")

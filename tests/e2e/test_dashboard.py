@@ -116,6 +116,32 @@ def test_the_stream_sends_the_pool_at_the_rate_asked(srv):
     assert _get(srv, "/debug/stream", rate=11).status_code == 400
 
 
+def test_streams_opened_together_respect_the_cap(srv):
+    """Twelve streams asked for at the same moment: at most MAX_OPEN_STREAMS open (the slot is
+    taken when the stream is admitted, not when its body starts), the rest 503; closed, their
+    slots come back."""
+    import asyncio
+
+    from radixrt.server.debug_routes import MAX_OPEN_STREAMS
+
+    async def open_many(n: int) -> list[int]:
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=30) as c:
+            reqs = [c.build_request("GET", "/debug/stream", params={"rate": 1, "seconds": 5}) for _ in range(n)]
+            replies = await asyncio.gather(*(c.send(r, stream=True) for r in reqs))
+            codes = [r.status_code for r in replies]
+            for r in replies:
+                await r.aclose()
+            return codes
+
+    codes = asyncio.run(open_many(MAX_OPEN_STREAMS + 4))
+    assert codes.count(200) <= MAX_OPEN_STREAMS and set(codes) <= {200, 503}, codes
+    deadline = time.monotonic() + 10
+    while (code := asyncio.run(open_many(1))[0]) != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert code == 200
+
+
 def _follow(frames_list) -> list:
     return [e for frames in frames_list for e in decode_batch(frames[2]).events]
 
