@@ -58,6 +58,11 @@ logger = logging.getLogger(__name__)
 IDENTITY_FILE = "store.json"
 
 
+# namespace files one directory holds at most (each a cache_salt / prompt_cache_key pair, at most
+# intake.MAX_NAMESPACE_KEY_CHARS characters each): about 8 MB, beside the blocks' quota
+MAX_NAMESPACES = 4096
+
+
 class FileKVStore(KVStore):
     name = "file"
 
@@ -77,6 +82,7 @@ class FileKVStore(KVStore):
         self._check_identity()
         self._scan()
         self._namespaces: dict[bytes, Optional[str]] = {namespace_seed(identity, None): None}
+        self._namespaces_full = False
         self._read_namespaces()
 
     def _check_identity(self) -> None:
@@ -133,6 +139,16 @@ class FileKVStore(KVStore):
     def _remember_namespace(self, namespace: str) -> None:
         seed = namespace_seed(self.identity, namespace)
         if seed in self._namespaces:
+            return
+        if len(self._namespaces) > MAX_NAMESPACES:  # a bound on the directory's namespace files
+            if not self._namespaces_full:
+                logger.warning(
+                    "KV store %s: %d namespaces written; blocks of newer ones are served but not "
+                    "rebuilt after a restart",
+                    self.root,
+                    MAX_NAMESPACES,
+                )
+                self._namespaces_full = True
             return
         path = self.namespaces_dir / seed.hex()
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -260,4 +276,5 @@ class FileKVStore(KVStore):
             "directory": str(self.root),
             "quota_bytes": self.quota_bytes,
             "blocks": len(self._index),
+            "namespaces": len(self._namespaces) - 1,
         }

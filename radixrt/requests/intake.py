@@ -283,6 +283,9 @@ def to_sampling_params(value: Any) -> SamplingParams:
         raise RequestError(str(e), "sampling_params") from None
 
 
+MAX_NAMESPACE_KEY_CHARS = 1024  # cache_salt / prompt_cache_key: an id (OpenAI's prompt_cache_key is one)
+
+
 def cache_namespace(cache_salt: Optional[str], prompt_cache_key: Optional[str] = None) -> Optional[str]:
     """The radix-cache namespace of a request: None (the shared one) when it
     gives neither ``cache_salt`` nor ``prompt_cache_key``, else the JSON array
@@ -356,6 +359,9 @@ def build_specs(
     for name, value in (("cache_salt", cache_salt), ("prompt_cache_key", prompt_cache_key)):
         if value is not None and not isinstance(value, str):
             raise RequestError(f"'{name}' must be a string.", name)
+        if value is not None and len(value) > MAX_NAMESPACE_KEY_CHARS:
+            # the storage tier keeps each namespace's text on disk; a key is an id, not a payload
+            raise RequestError(f"'{name}' holds {len(value)} characters; at most {MAX_NAMESPACE_KEY_CHARS}.", name)
     priorities = per_item(
         "priority", priority, prompts, None, lambda v: v is None or is_int(v), "an integer (or one per prompt)"
     )

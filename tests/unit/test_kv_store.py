@@ -88,6 +88,25 @@ def test_file_store_is_warm_after_reopening(tmp_path: Path) -> None:
     assert reopened.get(b"\1" * 16) is None and reopened.misses == 1
 
 
+def test_namespace_files_are_bounded(tmp_path: Path, monkeypatch) -> None:
+    """Every cache_salt whose blocks are stored once wrote a file that nothing removed: a client
+    naming a new one per request grew the directory without bound. Past MAX_NAMESPACES no more
+    are written (their blocks are still served); a key is at most 1,024 characters (intake)."""
+    import radixrt.memory.kv_store_file as kv_store_file
+    from radixrt.requests.errors import RequestError
+    from radixrt.requests.intake import MAX_NAMESPACE_KEY_CHARS, PromptBatch, build_specs
+
+    monkeypatch.setattr(kv_store_file, "MAX_NAMESPACES", 3)
+    store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    for n in range(6):
+        keys = chain(list(range(8)), namespace=f"tenant-{n}")
+        store.put(keys[0], payload(n), META[keys[0]])
+    assert len(list((tmp_path / "namespaces").iterdir())) == 3 and store.stats()["namespaces"] == 3
+    assert all(store.contains(chain(list(range(8)), namespace=f"tenant-{n}")[0]) for n in range(6))
+    with pytest.raises(RequestError, match="at most 1024"):
+        build_specs(PromptBatch([[1, 2]], ["hi"], False, "text"), cache_salt="x" * (MAX_NAMESPACE_KEY_CHARS + 1))
+
+
 def test_reads_land_straight_in_scattered_views_and_refuse_corrupt_blocks(tmp_path: Path) -> None:
     """`get_into` (the storage tier's read into host pages): the file store's scatter
     read, and the default over `get` that other stores use."""
