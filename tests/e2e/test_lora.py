@@ -149,6 +149,21 @@ def test_adapter_loads_run_off_the_step_loop(engine, adapters, tmp_path: Path) -
     assert (
         engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")["output_ids"] == served["output_ids"]
     )
+    # names are ids: bounded in length and in number (each one is listed in /v1/models)
+    with pytest.raises(ValueError, match="must be 1-128 characters"):
+        engine.load_lora_adapter("n" * 129, adapters["other"])
+    import radixrt.executor.lora.pool as pool_module
+
+    pool = engine.scheduler.runner.lora.pool
+
+    saved = pool_module.MAX_REGISTERED_ADAPTERS
+    pool_module.MAX_REGISTERED_ADAPTERS = len(pool.registered)
+    try:
+        with pytest.raises(ValueError, match="registered already"):
+            engine.load_lora_adapter("one-too-many", adapters["other"])
+        engine.load_lora_adapter("r8", adapters["r8"])  # a known name reloads
+    finally:
+        pool_module.MAX_REGISTERED_ADAPTERS = saved  # the module's bound, lowered for the test
 
 
 @pytest.mark.parametrize("name,width", [("r8", 2), ("r64bias", 4), ("alora", 4)])

@@ -36,6 +36,11 @@ from radixrt.executor.lora.batch import LoRAContext, install
 logger = logging.getLogger(__name__)
 
 
+# names the pool knows (each listed in /v1/models; the loaded ones are --max-loaded-loras)
+MAX_REGISTERED_ADAPTERS = 1024
+MAX_ADAPTER_NAME_CHARS = 128
+
+
 @dataclass
 class Registered:
     name: str
@@ -79,8 +84,10 @@ class LoRAPool:
     def describe_folder(self, name: str, path: str) -> Registered:
         """Check the adapter folder at ``path`` for this pool and hash its weights
         (ValueError for a bad folder or name). Reads the disk, changes nothing: any thread."""
-        if not name or ":" in name or "/" in name:
-            raise ValueError(f"LoRA adapter name {name!r} must be non-empty, without ':' or '/'")
+        if not name or ":" in name or "/" in name or len(name) > MAX_ADAPTER_NAME_CHARS:
+            raise ValueError(
+                f"LoRA adapter name {name[:80]!r} must be 1-{MAX_ADAPTER_NAME_CHARS} characters, without ':' or '/'"
+            )
         folder = Path(path).expanduser()
         cfg = read_config(folder)
         rank = int(cfg.get("r", 8))
@@ -100,6 +107,8 @@ class LoRAPool:
         return Registered(name, str(folder), adapter_digest(folder), rank, tuple(int(t) for t in inv) if inv else None)
 
     def _add(self, reg: Registered) -> Registered:
+        if reg.name not in self.registered and len(self.registered) >= MAX_REGISTERED_ADAPTERS:
+            raise ValueError(f"{MAX_REGISTERED_ADAPTERS} LoRA adapters are registered already; unload one first")
         old = self.registered.get(reg.name)
         if old is not None and old.digest != reg.digest:
             self._drop(reg.name)
