@@ -51,6 +51,13 @@ def _admission_order(
         sched.close()
 
 
+def _checked_scheduler(model_path: str, **settings) -> Scheduler:
+    """A scheduler stepped by the test (no overlap) that checks its invariants every step."""
+    return Scheduler(
+        EngineConfig(model_path=model_path, disable_overlap_schedule=True, debug_check_invariants=True, **settings)
+    )
+
+
 def _run_recording_admissions(sched: Scheduler, max_steps: int) -> list[str]:
     """Step ``sched`` until it is idle; the rids in the order they started running."""
     order: list[str] = []
@@ -69,15 +76,7 @@ def test_a_call_of_many_long_prompts_in_progress_leaves_room_for_the_next_call(t
     """Ten 2,500-token prompts of one call, admitted together (256 tokens each a step, eight
     in a 2,048-token step), then a short request of another call: it is admitted within two
     steps, not once the first prompts are computed (ten steps later)."""
-    sched = Scheduler(
-        EngineConfig(
-            model_path=tiny_llama,
-            max_total_tokens=40000,
-            long_prefill_token_threshold=256,
-            disable_overlap_schedule=True,
-            debug_check_invariants=True,
-        )
-    )
+    sched = _checked_scheduler(tiny_llama, max_total_tokens=40000, long_prefill_token_threshold=256)
     try:
         sp = SamplingParams(max_new_tokens=2, ignore_eos=True)
         for i in range(10):
@@ -254,15 +253,7 @@ def test_a_call_of_many_prompts_does_not_hold_up_the_call_behind_it(tiny_llama):
     """A batch of 24 long prompts (one call, sharing a prefix, so LPM ranks them first)
     then a short request: the short one is admitted in the step after the first, not
     after the batch's last prompt."""
-    sched = Scheduler(
-        EngineConfig(
-            model_path=tiny_llama,
-            max_total_tokens=8192,
-            chunked_prefill_size=256,
-            disable_overlap_schedule=True,
-            debug_check_invariants=True,
-        )
-    )
+    sched = _checked_scheduler(tiny_llama, max_total_tokens=8192, chunked_prefill_size=256)
     try:
         sp = SamplingParams(max_new_tokens=2, ignore_eos=True)
         shared = list(range(20, 120))
