@@ -69,6 +69,14 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text))
 
 
+# apply_chat_template's and the tokenizer's own arguments: never template variables from a client
+# (``chat_template`` among them would run the client's Jinja on the server)
+TEMPLATE_CONTROL_KEYS = frozenset(
+    "chat_template tokenize return_dict return_tensors return_assistant_tokens_mask tokenizer_kwargs padding "
+    "truncation max_length add_generation_prompt continue_final_message conversation tools".split()
+)
+
+
 def apply_chat_template(
     tokenizer: Any,
     messages: list[dict],

@@ -72,27 +72,6 @@ async def _answer(request: Request, tm: TokenizerManager, group: ReqGroup, view:
     return JSON(view.response())
 
 
-# apply_chat_template's and the tokenizer's own arguments: never from a client's chat_template_kwargs
-# (``chat_template`` there would run the client's Jinja on the server; the rest are set by the route)
-TEMPLATE_CONTROL_KEYS = frozenset(
-    {
-        "chat_template",
-        "tokenize",
-        "return_dict",
-        "return_tensors",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-        "padding",
-        "truncation",
-        "max_length",
-        "add_generation_prompt",
-        "continue_final_message",
-        "conversation",
-        "tools",
-    }
-)
-
-
 def _sampling(req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = None) -> SamplingParams:
     """The request's SamplingParams; a bad value is a 400 naming the OpenAI field."""
     d = req.sampling_dict(max_new_tokens)
@@ -242,16 +221,15 @@ def _chat_prompt_ids(
     goes to a template that renders them itself. With ``reuse_turns``,
     assistant turns the model generated keep the tokens it generated them with
     (radixrt/server/tools/turns.py)."""
-    from radixrt.requests.tokenizer_utils import apply_chat_template
+    from radixrt.requests.tokenizer_utils import TEMPLATE_CONTROL_KEYS, apply_chat_template
 
     cont = req.continue_final_message and messages[-1]["role"] == "assistant"
     extra_tpl = dict(req.chat_template_kwargs or {})
-    control = sorted(k for k in extra_tpl if k in TEMPLATE_CONTROL_KEYS)
-    if control:  # the template's variables only: not transformers' arguments (a client's own template)
+    control = sorted(k for k in extra_tpl if k in TEMPLATE_CONTROL_KEYS)  # a client's own template, say
+    if control:
+        why = f"it holds the chat template's variables, not these arguments: {', '.join(sorted(TEMPLATE_CONTROL_KEYS))}"
         raise bad_request(
-            f"'chat_template_kwargs' may not set {control[0]!r}: it passes variables to the server's chat "
-            f"template, not arguments of its rendering ({', '.join(sorted(TEMPLATE_CONTROL_KEYS))}).",
-            f"chat_template_kwargs.{control[0]}",
+            f"'chat_template_kwargs' may not set {control[0]!r}: {why}.", f"chat_template_kwargs.{control[0]}"
         )
     if tools:
         extra_tpl["tools"] = tools
