@@ -194,6 +194,9 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     if isinstance(body, dict):
         ctx.check_cache_info(request, body.get("return_cache_info"))
     specs, batch, stream = await tm.run_tokenize(_checked_generate, body, tm, ctx.is_admin(request))
+    unknown = next((s.lora for s in specs if s.lora is not None and s.lora not in ctx.lora_adapters), None)
+    if unknown is not None:  # before a stream's 200, as for a whole answer
+        raise bad_request(f"unknown LoRA adapter {unknown[:128]!r}; load it with /load_lora_adapter.", "lora_path")
     group = tm.submit(specs, validated=True)
     multi = batch or len(group.states) > 1
     if stream:

@@ -239,6 +239,9 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
             assert with_r8["output_ids"] != without["output_ids"]
             unknown = c.post("/generate", json={"input_ids": PROMPT, "sampling_params": GREEDY, "lora_path": "nope"})
             assert unknown.status_code == 400 and "unknown LoRA adapter 'nope'" in unknown.text
+            body = {"input_ids": PROMPT, "sampling_params": GREEDY, "lora_path": "nope", "stream": True}
+            streamed = c.post("/generate", json=body)  # refused before the stream's 200, as whole
+            assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "lora_path", streamed.text
             loaded = c.post("/load_lora_adapter", json={"lora_name": "other", "lora_path": adapters["other"]})
             assert loaded.status_code == 200 and set(loaded.json()["loaded_adapters"]) == {"r8", "other"}
             bad = c.post("/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"})
