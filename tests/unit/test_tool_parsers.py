@@ -54,7 +54,7 @@ OUTPUTS = {
 def test_parsers_read_their_format(fmt):
     p = get_parser(fmt, None)
     res = p.parse(OUTPUTS[fmt])
-    calls = [(c.name, json.loads(c.args)) for c in res.complete_calls()]
+    calls = [(c.name, json.loads(c.args)) for c in res.named_calls()]
     assert calls[0] == ("get_weather", {"city": "Paris"})
     if fmt != "generic":
         assert calls[1] == ("add", {"a": 1, "b": 2})
@@ -65,7 +65,7 @@ def test_parsers_read_their_format(fmt):
 def test_render_calls_reads_back(fmt):
     p = get_parser(fmt, None)
     text = p.render_calls([("f", '{"x": [1, "}"]}'), ("g", "{}")])
-    assert [(c.name, c.args) for c in p.parse(text).complete_calls()] == [("f", '{"x": [1, "}"]}'), ("g", "{}")]
+    assert [(c.name, c.args) for c in p.parse(text).named_calls()] == [("f", '{"x": [1, "}"]}'), ("g", "{}")]
 
 
 def test_plain_text_and_broken_calls_are_content():

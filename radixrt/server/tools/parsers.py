@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from radixrt.server.tools.scan import CallScan, ScanMemo, is_json_object, partial_suffix, scan_call, skip_ws
+from radixrt.server.tools.scan import CallScan, ScanMemo, partial_suffix, scan_call, skip_ws
 
 
 @dataclass
@@ -48,12 +48,6 @@ class ParseResult:
 
     content: str
     calls: list[CallScan] = field(default_factory=list)
-
-    def complete_calls(self) -> list[CallScan]:
-        """Calls with a name, complete JSON-object arguments and a closed object."""
-        return [
-            c for c in self.calls if c.name and c.end is not None and c.args_done and is_json_object(c.args or "{}")
-        ]
 
     def named_calls(self) -> list[CallScan]:
         """Calls whose name has been read (a valid tool name): what a stream announces as

@@ -212,13 +212,6 @@ def _malformed(out: CallScan) -> CallScan:
     return out
 
 
-def is_json_object(s: str) -> bool:
-    try:
-        return isinstance(load_json(s), dict)
-    except ValueError:
-        return False
-
-
 def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest proper prefix of ``marker`` that ``text`` ends with
     (text to hold back while it may still become the marker)."""
