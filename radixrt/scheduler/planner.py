@@ -137,7 +137,8 @@ class BatchPlanner:
         self.prefill_cap = self.config.chunked_prefill_size if alone else self.shared_step_prefill_cap
         if self.config.enable_priority_scheduling:
             self._preempt_for_priority(plan)
-        busy = {r.group for r in self.queues.running if not r.output_ids}  # calls with a prompt being computed
+        # calls with a prompt being computed (only asked about while requests wait)
+        busy = {r.group for r in self.queues.running if not r.output_ids} if self.queues.waiting else set()
         held = self._held_for_other_calls(busy)
         budget = self._schedule_running(plan, max(self.config.chunked_prefill_size, 1), held)
         self._admit(plan.batch, budget, busy if held else set())

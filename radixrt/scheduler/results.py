@@ -275,12 +275,15 @@ class ResultProcessor:
                     n_tail = max(n_tail, stop_regex.window_tokens(regexes))
                 tail_ids = req.output_ids[-n_tail:]
                 tail = self._decode(tail_ids, skip_special_tokens=False)
-                if stops:
-                    # only an occurrence this token completed: one before min_new_tokens stays text
+                start = 0
+                if stops and n_out - len(tail_ids) + 1 < sp.min_new_tokens:
+                    # the tail holds tokens min_new_tokens kept from stopping: only an occurrence this
+                    # token completed counts (every earlier token was checked when it came otherwise)
                     before = self._decode(tail_ids[:-1], skip_special_tokens=False).rstrip("\ufffd")
-                    for s in stops:
-                        if tail.find(s, max(0, len(before) - len(s) + 1)) >= 0:
-                            return FinishReason.stop(s)
+                    start = len(before)
+                for s in stops:
+                    if tail.find(s, max(0, start - len(s) + 1)) >= 0:
+                        return FinishReason.stop(s)
                 if regexes:
                     new_chars = len(self._decode([token], skip_special_tokens=False))
                     try:
