@@ -149,14 +149,17 @@ class ResponseView:
             return self._finished(output)
         message, _ = self.out.message(text)
         if message.get("reasoning_content"):
-            output.append(reasoning_item(new_id("rs"), message["reasoning_content"], item_status))
+            output.append(reasoning_item(new_id("rs"), message["reasoning_content"], "completed"))
         calls = message.get("tool_calls") or []
         if message.get("content") or not calls:
-            output.append(message_item(new_id("msg"), message.get("content") or "", item_status))
+            output.append(message_item(new_id("msg"), message.get("content") or "", "completed"))
         for c in calls:
             output.append(
                 call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"], "completed")
             )
+        # As in the stream: items before the last were closed when the next began; only
+        # the last can have been cut by the token budget.
+        output[-1]["status"] = item_status
         return self._finished(output)
 
     async def stream(self) -> AsyncIterator[bytes]:

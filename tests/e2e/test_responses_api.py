@@ -131,7 +131,7 @@ def test_tool_choice_modes(client):
         input="What's the weather in Paris?",
         tools=TOOLS,
         tool_choice="auto",
-        max_output_tokens=12,
+        max_output_tokens=18,
     )
     for o in r.output:  # free text, or a call the grammar kept valid
         if o.type == "function_call" and o.status == "completed":
@@ -241,6 +241,23 @@ def test_streamed_call_adds_up_to_the_whole_call(client):
     assert (call.name, call.arguments) == (whole.name, whole.arguments)
     added = [e.item.id for e in events if e.type == "response.output_item.added"]
     assert added == [o.id for o in final.output]
+
+
+def test_a_call_cut_by_the_budget_is_incomplete_in_stream_and_whole(client):
+    ask = dict(
+        instructions=INSTRUCTIONS,
+        input="What's the weather in Paris?",
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=18,
+    )
+    _, final = _stream(client, **ask)
+    whole = _create(client, **ask)
+    for r in (final, whole):
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+        assert r.output[-1].type == "function_call" and r.output[-1].status == "incomplete", r.output
+    assert final.output[-1].arguments == whole.output[-1].arguments
 
 
 def test_store_retrieve_delete(client, server):
