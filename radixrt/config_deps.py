@@ -384,6 +384,7 @@ ENGINE_INDEPENDENT = frozenset(
         "grammar_max_chars",
         "grammar_max_repeat",
         "max_n",
+        "max_request_sequences",
         "max_top_logprobs_num",
         "incremental_streaming_output",
         "speculative_algorithm",

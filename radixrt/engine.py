@@ -23,12 +23,12 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Iterator, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Union
 
 from radixrt.config import EngineConfig
 from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestSpec, build_specs, split_prompts, validate_spec
+from radixrt.requests.intake import RequestSpec, build_specs, split_prompts, validate_call
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, LoRAControlReq, StatsReq, TokenBatch
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
@@ -50,8 +50,8 @@ class _QueueTransport:
     def send_request(self, spec: RequestSpec, entry: RidEntry) -> None:
         self.inbox.put(spec.to_generate_req(entry.iid))
 
-    def send_abort(self, iid: str) -> None:
-        self.inbox.put(AbortReq(iid))
+    def send_abort(self, iids: Sequence[str]) -> None:
+        self.inbox.put(AbortReq(tuple(iids)))
 
 
 class Engine:
@@ -154,7 +154,9 @@ class Engine:
         lora_path: Any = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
-        prompts = split_prompts(prompt, input_ids, self.tokenizer.encode, text_name="prompt", allow_empty_batch=True)
+        prompts = split_prompts(
+            prompt, input_ids, self.tokenizer.encode, text_name="prompt", allow_empty_batch=True, limits=self.limits
+        )
         specs = build_specs(
             prompts,
             sampling_params=sampling_params,
@@ -168,8 +170,7 @@ class Engine:
             return_cache_info=return_cache_info,
             lora_path=lora_path,
         )
-        for spec in specs:
-            validate_spec(spec, self.limits)
+        validate_call(specs, self.limits)
         if stream and (prompts.batch or specs[0].sampling.n != 1):
             raise ValueError("stream=True takes a single prompt with n=1")
         return specs, prompts.batch

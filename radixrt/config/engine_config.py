@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 
 from radixrt.config.fields import add_fields_as_args, first_line
 from radixrt.config.kv_events import KVEventSettings
+from radixrt.config.limits import LimitSettings
 from radixrt.config.lora import LoRASettings
 from radixrt.config.sections import (
     CacheSettings,
@@ -27,7 +28,6 @@ from radixrt.config.sections import (
     GrammarSettings,
     HostCacheSettings,
     KVBudgetSettings,
-    LimitSettings,
     ModelSettings,
     OutputSettings,
     SchedulingSettings,

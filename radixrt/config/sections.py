@@ -7,7 +7,8 @@ A field's name is its flag's (``page_size`` is ``--page-size``) and an
 sections (a flag that needs another) is `EngineConfig`'s, through
 radixrt/config_deps.py. A component takes the sections it reads: the batch
 planner `SchedulingSettings`, the model runner `ModelSettings`,
-`ExecutionSettings` and `CacheSettings`, the host tier `HostCacheSettings`.
+`ExecutionSettings` and `CacheSettings`, the host tier `HostCacheSettings`
+(the per-request limits: radixrt/config/limits.py).
 """
 
 from __future__ import annotations
@@ -24,13 +25,6 @@ from radixrt.config.weight_format import (
 )
 from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET, resolve_budget
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
-from radixrt.requests.intake import (
-    DEFAULT_MAX_CLIENT_PRIORITY,
-    DEFAULT_MAX_N,
-    DEFAULT_MAX_TOP_LOGPROBS_NUM,
-    Limits,
-)
-from radixrt.sampling.grammar_bounds import DEFAULT_MAX_CHARS, DEFAULT_MAX_REPEAT, GrammarLimits
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
 CPU_LONG_PREFILL_TOKENS = 256
@@ -273,63 +267,6 @@ class SchedulingSettings:
         if cap is None:
             cap = 0 if device.startswith("cuda") else CPU_LONG_PREFILL_TOKENS
         return self.chunked_prefill_size if cap <= 0 else min(cap, self.chunked_prefill_size)
-
-
-@dataclass(frozen=True)
-class LimitSettings:
-    """What one request may ask for: beyond these it is refused (400) on every route and by the Engine."""
-
-    max_n: int = setting(
-        DEFAULT_MAX_N,
-        "most samples of one prompt (sampling param n) a request may ask for, on "
-        "every route (/generate, the OpenAI routes, the Engine); more is refused "
-        "(400)",
-    )
-    max_top_logprobs_num: int = setting(
-        DEFAULT_MAX_TOP_LOGPROBS_NUM,
-        "most top logprobs per position a request may ask for (top_logprobs_num on "
-        "/generate and the Engine, logprobs / top_logprobs on the OpenAI routes); "
-        "more is refused (400)",
-    )
-    max_client_priority: int = setting(
-        DEFAULT_MAX_CLIENT_PRIORITY,
-        "largest 'priority' a request may give, in absolute value: a value outside "
-        "[-N, N] is refused (400 naming 'priority'), except for a request presenting "
-        "--admin-api-key (any 64-bit integer); the Engine's caller is held to it",
-    )
-    grammar_max_chars: int = setting(
-        DEFAULT_MAX_CHARS,
-        "refuse (400) a regex, JSON schema or grammar whose shortest instance, or any part's, "
-        "is longer than this many characters, or that has no finite instance (a schema that "
-        "requires itself): bounds jump-forward searches",
-    )
-    grammar_max_repeat: int = setting(
-        DEFAULT_MAX_REPEAT,
-        "refuse (400) a grammar with a counted repetition ({m,n}, minLength, maxItems, ...) "
-        "above this: bounds grammar compilation",
-    )
-
-    def __post_init__(self) -> None:
-        if self.max_n < 1:
-            raise ValueError("max_n must be >= 1")
-        if self.max_top_logprobs_num < 0:
-            raise ValueError("max_top_logprobs_num must be >= 0")
-        if not 0 <= self.max_client_priority < 2**62:
-            raise ValueError("max_client_priority must be in [0, 2**62)")
-        if self.grammar_max_chars < 1 or self.grammar_max_repeat < 1:
-            raise ValueError("grammar_max_chars and grammar_max_repeat must be >= 1")
-
-    def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int) -> Limits:
-        """The front door's `Limits` for a runtime of these sizes under these settings."""
-        return Limits(
-            context_length,
-            kv_total_slots,
-            vocab_size,
-            max_n=self.max_n,
-            max_top_logprobs_num=self.max_top_logprobs_num,
-            max_client_priority=self.max_client_priority,
-            grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat),
-        )
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.sampling.params import SamplingParams
 
-# The defaults of EngineConfig.max_n, .max_top_logprobs_num and .max_client_priority.
+# The defaults of EngineConfig.max_n, .max_request_sequences, .max_top_logprobs_num and .max_client_priority.
 DEFAULT_MAX_N = 128
+DEFAULT_MAX_REQUEST_SEQUENCES = 4096
 DEFAULT_MAX_TOP_LOGPROBS_NUM = 20
 DEFAULT_MAX_CLIENT_PRIORITY = 100
 # The priorities a request with the admin key may give: any 64-bit integer.
@@ -58,6 +59,7 @@ class Limits:
     kv_total_slots: int  # KV pool size in tokens
     vocab_size: int  # token ids are in [0, vocab_size)
     max_n: int = DEFAULT_MAX_N  # samples of one prompt (sampling param n)
+    max_request_sequences: int = DEFAULT_MAX_REQUEST_SEQUENCES  # sequences of one call (`check_call_size`)
     max_top_logprobs_num: int = DEFAULT_MAX_TOP_LOGPROBS_NUM  # top logprobs per position
     max_client_priority: int = DEFAULT_MAX_CLIENT_PRIORITY  # |priority| at most this
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
@@ -161,6 +163,35 @@ def validate_prompt(
         raise RequestError(str(e), key[0] if key else "sampling_params") from None
 
 
+def sequences_of(sampling: SamplingParams) -> int:
+    """The sequences one prompt starts: its samples, or its beams when more."""
+    return max(sampling.n, sampling.beam_width or 1)
+
+
+def check_prompt_count(count: int, limits: Limits, field: str) -> None:
+    """RequestError unless a call of ``count`` prompts may start (each starts at least
+    one sequence): checked before they are tokenized."""
+    if count > limits.max_request_sequences:
+        raise RequestError(
+            f"'{field}' holds {count} prompts; this server starts at most {limits.max_request_sequences} "
+            f"sequences per call (--max-request-sequences)",
+            field,
+        )
+
+
+def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
+    """The call's size (its prompts' sequences together), then `validate_spec` of each prompt."""
+    total = sum(sequences_of(spec.sampling) for spec in specs)
+    if total > limits.max_request_sequences:
+        raise RequestError(
+            f"this call starts {total} sequences ({len(specs)} prompts, each with its n or beam width); this "
+            f"server starts at most {limits.max_request_sequences} per call (--max-request-sequences)",
+            "n",
+        )
+    for spec in specs:
+        validate_spec(spec, limits)
+
+
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     """`validate_prompt`, then the logprob fields and the priority's range."""
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
@@ -219,12 +250,15 @@ def split_prompts(
     text_name: str = "text",
     ids_name: str = "input_ids",
     allow_empty_batch: bool = False,
+    limits: Optional[Limits] = None,
 ) -> PromptBatch:
     """Exactly one of ``text`` (a string or a list of strings) and
     ``input_ids`` (a list of ints, or a list of such lists) -> a PromptBatch.
 
     An empty text, or ``input_ids=[]``, is one empty prompt (refused by
-    validation). An empty list of texts is refused unless ``allow_empty_batch``."""
+    validation). An empty list of texts is refused unless ``allow_empty_batch``.
+    With ``limits``, more prompts than a call may start is refused before any is
+    tokenized (`check_prompt_count`)."""
     if (text is None) == (input_ids is None):
         raise RequestError(f"Give exactly one of '{text_name}' or '{ids_name}'.", text_name)
     if text is not None:
@@ -234,6 +268,8 @@ def split_prompts(
             texts = list(text)
         else:
             raise RequestError(f"'{text_name}' must be a string or a non-empty list of strings.", text_name)
+        if limits is not None:
+            check_prompt_count(len(texts), limits, text_name)
         ids = [list(encode(t)) if t else [] for t in texts]
         return PromptBatch(ids, list(texts), not isinstance(text, str), text_name)
     if isinstance(input_ids, (list, tuple)) and all(is_int(t) for t in input_ids):
@@ -243,6 +279,8 @@ def split_prompts(
         and input_ids
         and all(isinstance(x, (list, tuple)) and all(is_int(t) for t in x) for x in input_ids)
     ):
+        if limits is not None:
+            check_prompt_count(len(input_ids), limits, ids_name)
         return PromptBatch([[int(t) for t in x] for x in input_ids], [None] * len(input_ids), True, ids_name)
     raise RequestError(
         f"'{ids_name}' must be a list of integers (token ids; true and false are not) or a non-empty "

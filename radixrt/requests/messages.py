@@ -53,7 +53,7 @@ class LoRAControlReq:
 
 @dataclass
 class AbortReq:
-    rid: str  # an internal id: a request with its samples, or one sample; "" aborts every request
+    rids: tuple[str, ...]  # internal ids: requests with their samples, or single samples; "" aborts every request
 
 
 @dataclass

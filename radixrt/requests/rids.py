@@ -76,7 +76,8 @@ class RidTable:
     def add(self, rids: Sequence[Optional[str]], ns: Sequence[int]) -> list[RidEntry]:
         """Register one request per item (a rid, or None for a new random
         one; its ``n``), all or none: RequestError (param 'rid') if a given
-        rid is already running, here or earlier in ``rids``."""
+        rid, or one of its samples' rids, is already running, here or earlier
+        in ``rids``: no two running requests or samples share a rid."""
         added: list[RidEntry] = []
         try:
             for rid, n in zip(rids, ns):
@@ -86,6 +87,13 @@ class RidTable:
                         rid = new_request_id()
                 elif self.running(rid):
                     raise RequestError(f"a request with rid {rid!r} is already running", "rid")
+                elif n > 1 and any(r in self._by_rid for r in sample_rids(rid, n)):
+                    taken = next(r for r in sample_rids(rid, n) if r in self._by_rid)
+                    raise RequestError(
+                        f"rid {rid!r} with n={n} names its samples {rid}-0 to {rid}-{n - 1}, and a request "
+                        f"with rid {taken!r} is already running",
+                        "rid",
+                    )
                 entry = RidEntry(rid, new_request_id(), n)
                 self._by_rid[rid] = self._by_iid[entry.iid] = entry
                 added.append(entry)

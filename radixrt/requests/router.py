@@ -50,8 +50,8 @@ class Transport(Protocol):
     def send_request(self, spec: RequestSpec, entry: RidEntry) -> None:
         """Send ``spec`` on under ``entry``'s internal ids."""
 
-    def send_abort(self, iid: str) -> None:
-        """Abort the request or sample of internal id ``iid`` ("" aborts every request)."""
+    def send_abort(self, iids: Sequence[str]) -> None:
+        """Abort the requests or samples of internal ids ``iids`` ("" aborts every request), in one message."""
 
 
 class ResultObserver(Protocol):
@@ -268,8 +268,8 @@ class ResultRouter:
         with self._lock:
             box.updates.clear()
             dead = [st for st in self._states.values() if st.group.mailbox is box]
-        for parent in dict.fromkeys(st.parent for st in dead):
-            self.transport.send_abort(parent)
+        if dead:
+            self.transport.send_abort(list(dict.fromkeys(st.parent for st in dead)))
         for st in dead:
             st.done = True
         if dead:
@@ -324,8 +324,8 @@ class ResultRouter:
         frees their KV, and they end now with an abort finish reason."""
         with self._lock:
             live = [p for p in group.parents if p in self._requests]
-        for parent in live:
-            self.transport.send_abort(parent)
+        if live:
+            self.transport.send_abort(live)
         finished = []
         for st in group.states:
             if not st.done:
@@ -343,12 +343,12 @@ class ResultRouter:
         exactly; an unknown one is ignored. The samples end when the
         scheduler's abort outputs arrive."""
         if not rid:
-            self.transport.send_abort("")
+            self.transport.send_abort([""])
             return
         with self._lock:
             iids = self._rids.resolve(rid)
-        for iid in iids:
-            self.transport.send_abort(iid)
+        if iids:
+            self.transport.send_abort(list(iids))
 
     def finish_all(self, reason: FinishReason) -> None:
         """End every live sample with ``reason`` as if the scheduler had sent it."""

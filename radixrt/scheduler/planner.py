@@ -32,7 +32,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from radixrt.config import SchedulingSettings
 from radixrt.memory.kv_manager import KVCacheManager
@@ -100,6 +100,15 @@ class RequestQueues:
 
     def remove(self, req: Req) -> None:
         (self.running if req.phase is Phase.RUNNING else self.waiting).remove(req)
+
+    def take(self, hit: Callable[[Req], bool]) -> list[Req]:
+        """Remove and return the requests ``hit`` selects, waiting ones first: one pass
+        over each list however many are taken (an aborted batch of thousands)."""
+        taken = [r for r in self.waiting if hit(r)] + [r for r in self.running if hit(r)]
+        if taken:
+            self.waiting[:] = [r for r in self.waiting if not hit(r)]
+            self.running[:] = [r for r in self.running if not hit(r)]
+        return taken
 
 
 class BatchPlanner:

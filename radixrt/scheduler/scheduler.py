@@ -262,17 +262,18 @@ class Scheduler:
             reqs.append(req)
         return reqs
 
-    def abort(self, rid: str) -> None:
-        """Abort one request with all its samples, or one sample (or all, for
-        rid ""), at any stage; its KV is released. Ids match exactly."""
+    def abort(self, *rids: str) -> None:
+        """Abort requests with all their samples, or single samples (or all, for
+        rid ""), at any stage; their KV is released. Ids match exactly. One pass
+        over the queues however many ids are given."""
+        wanted = set(rids)
 
         def hit(r: Req) -> bool:
-            return rid == "" or r.rid == rid or r.parent == rid
+            return "" in wanted or r.rid in wanted or r.parent in wanted
 
-        for r in [r for r in self.queues.waiting + self.queues.running if hit(r)]:
+        for r in self.queues.take(hit):
             if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue
-            self.queues.remove(r)
             self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
         for r in self.arriving.drop(hit):
             self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
@@ -291,7 +292,7 @@ class Scheduler:
         if isinstance(msg, GenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
-            self.abort(msg.rid)
+            self.abort(*msg.rids)
         elif isinstance(msg, FlushCacheReq):
             return ControlReply("flush_cache", ok=self.flush_cache())
         elif isinstance(msg, StatsReq):

@@ -29,6 +29,7 @@ from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
 from radixrt.server.http_utils import error_response
 from radixrt.server.middleware import GuardMiddleware
+from radixrt.server.protocol import field_path
 
 __all__ = ["ServerContext", "build_app"]
 
@@ -50,11 +51,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Any]:
     """(message, param) for a request body that failed its pydantic model."""
     errors = exc.errors()
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     kind = first.get("type", "")
     if kind == "json_invalid":
         return f"Malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    field_name = ".".join(loc) if loc else None
+    field_name = field_path(first.get("loc", ()))
     msg = first.get("msg", "invalid request")
     if field_name:
         message = f"Invalid value for '{field_name}': {msg}"

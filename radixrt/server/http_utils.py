@@ -138,13 +138,36 @@ async def read_json(request: Request) -> Any:
 M = TypeVar("M", bound=BaseModel)
 
 
-async def read_model(request: Request, model: type[M]) -> M:
+def check_items(body: Any, field: str, limit: int) -> None:
+    """ServerError 400 unless ``body[field]``, a list of messages or items, holds at most
+    ``limit`` of them and of their content parts together. Validating a list holds the
+    GIL throughout (pydantic's core), so a million items stalled the event loop for
+    seconds from a worker thread; each costs at least one token, so a list longer than
+    the context (the routes' ``limit``) is refused before, in O(limit)."""
+    items = body.get(field) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return
+    total = len(items)
+    if total <= limit:
+        total += sum(len(m["content"]) for m in items if isinstance(m, dict) and isinstance(m.get("content"), list))
+    if total > limit:
+        raise bad_request(
+            f"'{field}' holds more than {limit} messages and content parts together; each takes at least "
+            f"one token of this model's context ({limit} tokens)",
+            field,
+        )
+
+
+async def read_model(request: Request, model: type[M], max_items: Optional[tuple[str, int]] = None) -> M:
     """The JSON body (`read_json`) validated as the pydantic ``model``;
     RequestValidationError (a 400 naming the field) when it does not fit.
     A body too large to parse on the event loop is validated in a worker
     thread too (a route that declares its body model has FastAPI parse and
-    validate it again, on the loop)."""
+    validate it again, on the loop). ``max_items`` (field, n): first, a 400
+    unless that list holds at most n items and content parts (`check_items`)."""
     body = await read_json(request)
+    if max_items is not None:
+        check_items(body, *max_items)
     length = request.headers.get("content-length")
     large = not (length and length.isdigit()) or int(length) > PARSE_IN_THREAD_BYTES
     try:

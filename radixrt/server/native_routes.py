@@ -161,7 +161,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", "stream")
     with as_bad_request():
-        prompts = split_prompts(body.get("text"), body.get("input_ids"), tm.encode)
+        prompts = split_prompts(body.get("text"), body.get("input_ids"), tm.encode, limits=tm.limits)
         specs = build_specs(
             prompts,
             sampling_params=body.get("sampling_params"),

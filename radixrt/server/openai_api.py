@@ -122,7 +122,12 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
     is_text = isinstance(p, str) or isinstance(p[0], str)
     with as_bad_request():
         return split_prompts(
-            p if is_text else None, None if is_text else p, tm.encode, text_name="prompt", ids_name="prompt"
+            p if is_text else None,
+            None if is_text else p,
+            tm.encode,
+            text_name="prompt",
+            ids_name="prompt",
+            limits=tm.limits,
         )
 
 
@@ -416,7 +421,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    req = await read_model(request, ChatCompletionRequest)
+    req = await read_model(request, ChatCompletionRequest, ("messages", ctx.tm.context_length))
     ctx.check_cache_info(request, req.return_cache_info)
     plan = await plan_chat(req, ctx, ctx.is_admin(request))
     tm = ctx.tm

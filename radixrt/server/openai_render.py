@@ -98,14 +98,16 @@ async def stream_choices(
     render: Callable[[ChoiceUpdate], list[dict]],
     usage_fn: Optional[Callable[[], dict]],
     opening: Optional[list[dict]] = None,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed completion, one chunk per choice entry.
 
     First the ``opening`` entries (one write). Then, for each batch of engine
     updates, the entries ``render`` makes of every choice's update (it may make
-    none), in one write; a request error ends the stream with an error event.
-    Then, unless an error ended it, a chunk with no choices and ``usage_fn()``
-    when ``usage_fn`` is given; last ``[DONE]``.
+    none), in one write, each with the usage so far when ``continuous_usage``;
+    a request error ends the stream with an error event. Then, unless an error
+    ended it, a chunk with no choices and ``usage_fn()`` when ``usage_fn`` is
+    given; last ``[DONE]``.
     """
     if opening:
         yield b"".join(sse_chunk(head, [c]) for c in opening)
@@ -114,7 +116,9 @@ async def stream_choices(
         if err is not None:
             yield sse(error_body(503, err))
             break
-        out = [sse_chunk(head, [c]) for st in news for c in render(take_update(group, st))]
+        entries = [c for st in news for c in render(take_update(group, st))]
+        so_far = usage_fn() if (continuous_usage and usage_fn is not None and entries) else None
+        out = [sse_chunk(head, [c], so_far) for c in entries]
         if out:
             yield b"".join(out)
     if usage_fn is not None and group_error(group) is None:
@@ -128,6 +132,11 @@ def _head(prefix: str, obj: str, model: str) -> dict:
 
 def _include_usage(req: Any) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _continuous_usage(req: Any) -> bool:
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): usage in every chunk."""
+    return _include_usage(req) and req.stream_options.continuous_usage_stats
 
 
 # ---------------------------------------------------------------------- /v1/completions
@@ -219,7 +228,8 @@ class CompletionView:
         return [self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason, streamed=True)]
 
     def stream(self) -> AsyncIterator[bytes]:
-        return stream_choices(self.group, self.head, self.render, self.usage if _include_usage(self.req) else None)
+        usage = self.usage if _include_usage(self.req) else None
+        return stream_choices(self.group, self.head, self.render, usage, None, _continuous_usage(self.req))
 
 
 # ---------------------------------------------------------------------- /v1/chat/completions
@@ -324,4 +334,5 @@ class ChatView:
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             for i in range(self.req.n)
         ]
-        return stream_choices(self.group, head, self.render, self.usage if _include_usage(self.req) else None, opening)
+        usage = self.usage if _include_usage(self.req) else None
+        return stream_choices(self.group, head, self.render, usage, opening, _continuous_usage(self.req))

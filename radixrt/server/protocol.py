@@ -2,37 +2,79 @@
 
 Unknown fields are ignored (clients send vendor extras); known fields are
 type- and range-checked so that a bad value is a 400 naming the field.
-Integer fields are strict: ``true`` or ``"5"`` is a 400, not read as 1 or 5
-(pydantic's lax mode would coerce them; ``/generate`` refuses them too). The
+Integer and boolean fields are strict: ``true`` or ``"5"`` is a 400, not read as
+1 or 5, and ``"yes"`` is not true (pydantic's lax mode would coerce them;
+``/generate`` refuses them too). OpenAI documents its fields as nullable
+("boolean or null"): an explicit ``null`` means the field's default. The
 extra sampling fields that SGLang accepts (top_k, min_p, regex, json_schema,
 stop_regex, ...) are accepted here too.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+import functools
+import re
+from typing import Any, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
-class _Lenient(BaseModel):
+@functools.cache
+def _nullable_fields(cls: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for name, f in cls.model_fields.items() if type(None) in get_args(f.annotation))
+
+
+# a union's branch in a pydantic error's loc ("messages.0.content.str"): not a field's name
+UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|(list|dict|literal|function-\w+|json-or-python)\[.*\])$")
+
+
+def field_path(loc: Any) -> Optional[str]:
+    """A pydantic error's loc as the request field's dotted name, without the body and
+    the unions' branches (None for the body as a whole)."""
+    parts = [str(p) for p in loc if p != "body" and not UNION_BRANCH.match(str(p))]
+    return ".".join(parts) or None
+
+
+class Lenient(BaseModel):
+    """Unknown fields are ignored; a null on a field that cannot hold one is its default."""
+
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """A null on a field that cannot hold one is the field left out (its default)."""
+        if isinstance(data, dict) and None in data.values():
+            keep = _nullable_fields(cls)
+            data = {k: v for k, v in data.items() if v is not None or k in keep}
+        return data
 
-class StreamOptions(_Lenient):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+
+class StreamOptions(Lenient):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # with include_usage: every chunk carries the usage so far
 
 
-class _SamplingExtras(_Lenient):
+class _SamplingExtras(Lenient):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
     temperature: Optional[float] = Field(None, ge=0)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     n: StrictInt = Field(1, ge=1)  # at most --max-n (checked by the route)
-    stream: bool = False
-    stream_options: Optional[StreamOptions] = None
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None  # only with stream (`_stream_options_need_stream`)
     stop: Optional[Union[str, list[str]]] = None
     stop_regex: Optional[Union[str, list[str]]] = None  # SGLang's extra
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
@@ -45,10 +87,10 @@ class _SamplingExtras(_Lenient):
     min_p: Optional[float] = Field(None, ge=0, le=1)
     repetition_penalty: Optional[float] = Field(None, gt=0)
     min_tokens: Optional[StrictInt] = Field(None, ge=0)
-    ignore_eos: Optional[bool] = None
-    skip_special_tokens: Optional[bool] = None
-    spaces_between_special_tokens: Optional[bool] = None
-    no_stop_trim: Optional[bool] = None
+    ignore_eos: Optional[StrictBool] = None
+    skip_special_tokens: Optional[StrictBool] = None
+    spaces_between_special_tokens: Optional[StrictBool] = None
+    no_stop_trim: Optional[StrictBool] = None
     speculative: Optional[StrictBool] = None  # radixrt's: false opts out of speculative decoding
     # radixrt's: the KV the request attends at most (tokens or a fraction of its context) and the policy
     kv_budget: Optional[Union[StrictInt, StrictFloat]] = None
@@ -72,6 +114,13 @@ class _SamplingExtras(_Lenient):
     priority: Optional[StrictInt] = None
     # radixrt's: usage.cache_info explains each prompt's radix-cache match ("full": the admin's view)
     return_cache_info: Union[StrictBool, Literal["full"]] = False
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: Optional[StreamOptions], info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("only allowed when 'stream' is true")
+        return value
 
     def sampling_dict(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """The SGLang sampling parameters this request asks for (None: default)."""
@@ -124,17 +173,17 @@ class CompletionRequest(_SamplingExtras):
     prompt: Any
     max_tokens: Optional[StrictInt] = Field(16, ge=0)
     logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
-    echo: bool = False
+    echo: StrictBool = False
     best_of: Optional[StrictInt] = Field(None, ge=1)
     suffix: Optional[str] = None
 
 
-class TextPart(_Lenient):
+class TextPart(Lenient):
     type: str
     text: Optional[str] = None
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
@@ -142,13 +191,13 @@ class ChatMessage(_Lenient):
     tool_call_id: Optional[str] = None
 
 
-class JsonSchemaFormat(_Lenient):
+class JsonSchemaFormat(Lenient):
     name: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[bool] = None
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(Lenient):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
@@ -157,15 +206,15 @@ class ChatCompletionRequest(_SamplingExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[StrictInt] = Field(None, ge=0)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=0)
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[Any]] = None  # checked by radixrt.server.tools.spec (400 naming the tool)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None
-    separate_reasoning: Optional[bool] = None  # SGLang's: reasoning_content split from content
+    parallel_tool_calls: Optional[StrictBool] = None
+    separate_reasoning: Optional[StrictBool] = None  # SGLang's: reasoning_content split from content
     chat_template_kwargs: Optional[dict[str, Any]] = None
-    continue_final_message: bool = False
+    continue_final_message: StrictBool = False
     # True when built from a /v1/responses request: tools and tool_choice are in the Responses
     # API's flat shapes (never set from a request body)
     _flat_tools: bool = PrivateAttr(False)

@@ -130,7 +130,7 @@ def _skeleton(req: ResponsesRequest, rid: str, model: str, plan: ChatPlan) -> di
 
 @router.post("/v1/responses")
 async def create_response(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    req = await read_model(request, ResponsesRequest)
+    req = await read_model(request, ResponsesRequest, ("input", ctx.tm.context_length))
     _check_request(req)
     store = responses_store(request)
     prev = None

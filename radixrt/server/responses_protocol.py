@@ -23,50 +23,47 @@ as on chat; ``tools`` and ``tool_choice`` are checked by the chat path
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, TypeAdapter, ValidationError
+from pydantic import Discriminator, Field, StrictBool, StrictInt, Tag, TypeAdapter, ValidationError
+
+from radixrt.server.protocol import UNION_BRANCH, Lenient
 
 # OpenAI's limits on metadata: at most 16 pairs, keys up to 64 characters, values up to 512
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class ContentPart(_Lenient):
+class ContentPart(Lenient):
     """A part of a message's content; only text parts can be given to the model."""
 
     type: str
     text: Optional[str] = None
 
 
-class MessageItem(_Lenient):
+class MessageItem(Lenient):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: Union[str, list[ContentPart]]
 
 
-class FunctionCallItem(_Lenient):
+class FunctionCallItem(Lenient):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
 
 
-class FunctionCallOutputItem(_Lenient):
+class FunctionCallOutputItem(Lenient):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
     output: Union[str, list[ContentPart]]
 
 
-class ReasoningItem(_Lenient):
+class ReasoningItem(Lenient):
     type: Literal["reasoning"]
 
 
-class ItemReference(_Lenient):
+class ItemReference(Lenient):
     type: Literal["item_reference"]
     id: Optional[str] = None
 
@@ -91,7 +88,7 @@ InputItem = Annotated[
 ]
 
 
-class TextFormat(_Lenient):
+class TextFormat(Lenient):
     """``text.format``: plain text, any JSON object, or JSON matching ``schema``."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -100,21 +97,21 @@ class TextFormat(_Lenient):
     strict: Optional[bool] = None
 
 
-class TextConfig(_Lenient):
+class TextConfig(Lenient):
     format: Optional[TextFormat] = None
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(Lenient):
     model: str
     input: Any  # a string or a list of items: checked by `parse_input` (400 naming the item's field)
     instructions: Optional[str] = None
     previous_response_id: Optional[str] = Field(None, min_length=1)
-    store: bool = True
-    stream: bool = False
-    background: bool = False  # only False: a response is answered (or streamed) on its request
+    store: StrictBool = True
+    stream: StrictBool = False
+    background: StrictBool = False  # only False: a response is answered (or streamed) on its request
     tools: Optional[list[Any]] = None  # checked by radixrt.server.tools.spec (400 naming the tool)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[StrictBool] = None
     max_output_tokens: Optional[StrictInt] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
@@ -133,7 +130,6 @@ class ResponsesRequest(_Lenient):
 
 
 _ITEMS = TypeAdapter(list[InputItem])
-_BRANCH = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\])$")  # a union branch in a pydantic loc
 
 
 def _where(loc: tuple) -> str:
@@ -146,7 +142,7 @@ def _where(loc: tuple) -> str:
     for p in rest:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif not _BRANCH.match(str(p)):
+        elif not UNION_BRANCH.match(str(p)):
             out += f".{p}"
     return out
 
@@ -180,7 +176,7 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
             )
         elif kind == "union_tag_not_found":
             msg = f"'{where}' must be an input item (an object), got {type(err['input']).__name__}."
-        elif _BRANCH.match(str(err["loc"][-1])):
+        elif UNION_BRANCH.match(str(err["loc"][-1])):
             msg = f"'{where}' must be a string or a list of text parts."
         else:
             msg = f"Invalid value for '{where}': {err['msg']}"

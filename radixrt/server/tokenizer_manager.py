@@ -20,9 +20,9 @@ import collections
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
-from radixrt.requests.intake import RequestSpec, validate_spec
+from radixrt.requests.intake import RequestSpec, validate_call
 from radixrt.requests.messages import (
     AbortReq,
     ControlReply,
@@ -212,13 +212,12 @@ class TokenizerManager:
             raise ServerError(503, f"the server is shutting down: {self.dead_reason}")
 
     def validate_specs(self, specs: list[RequestSpec]) -> None:
-        """`validate_spec` of every spec against this runtime's limits
-        (ServerError 400 on the first bad one). Blocking and O(size): it reads
+        """`validate_call` of the specs against this runtime's limits
+        (ServerError 400 on the call's size or the first bad one). Blocking and O(size): it reads
         every prompt id and parses grammars, so routes call it from
         `run_tokenize` and then `submit(..., validated=True)`."""
         with as_bad_request():
-            for spec in specs:
-                validate_spec(spec, self.limits)
+            validate_call(specs, self.limits)
 
     def submit(self, specs: list[RequestSpec], validated: bool = False) -> ReqGroup:
         """Validate every prompt (ServerError 400 on the first bad one; skipped
@@ -251,8 +250,8 @@ class TokenizerManager:
         )
         self._to_scheduler.send_pyobj(spec.to_generate_req(entry.iid, stream=True))
 
-    def send_abort(self, iid: str) -> None:
-        self._to_scheduler.send_pyobj(AbortReq(iid))
+    def send_abort(self, iids: Sequence[str]) -> None:
+        self._to_scheduler.send_pyobj(AbortReq(tuple(iids)))
 
     # ------------------------------------------------------------------ aborts
     def abort_group(self, group: ReqGroup, reason: str = "aborted: the client disconnected") -> None:

@@ -534,3 +534,43 @@ def test_streamed_completion_logprobs_include_tokens_whose_text_waits(server):
     for i in (0, 1):
         assert len(whole[i]["logprobs"]["token_logprobs"]) == 6
         assert streamed[i] == whole[i]["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize(
+    "route, body, param",
+    [
+        ("/v1/completions", {"model": "default", "prompt": ["x"] * 100_000, "max_tokens": 1}, "prompt"),
+        ("/v1/completions", {"model": "default", "prompt": ["x"] * 40, "n": 128, "max_tokens": 1}, "n"),
+        ("/generate", {"input_ids": [[5]] * 100_000, "sampling_params": {"max_new_tokens": 1}}, "input_ids"),
+        ("/generate", {"text": ["x"] * 40, "sampling_params": {"n": 128, "max_new_tokens": 1}}, "n"),
+    ],
+)
+def test_a_call_of_more_sequences_than_the_server_starts_is_a_400(server, route, body, param):
+    """A small body cannot start hundreds of thousands of sequences (prompts times n): the
+    scheduler's and the front's memory grew by gigabytes, and its abort stalled the loop."""
+    t0 = time.monotonic()
+    err = _error(httpx.post(server.url + route, json=body, timeout=60), 400, "--max-request-sequences")
+    assert err["param"] == param and time.monotonic() - t0 < 5
+    assert httpx.post(
+        server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    ).is_success
+
+
+@pytest.mark.parametrize("route, field", [("/v1/chat/completions", "messages"), ("/v1/responses", "input")])
+def test_more_messages_than_the_context_holds_are_refused_before_validation(server, route, field):
+    """A million tiny messages (a 30 MB body) held the GIL in pydantic's validation for seconds,
+    in a worker thread, and with it the event loop: each message takes a token at least, so
+    more than the context holds are refused first, and /health keeps answering."""
+    items = [{"role": "user", "content": "x"}] * 900_000
+    if route == "/v1/responses":
+        body = {"model": "default", "input": items}
+    else:
+        body = {"model": "default", "messages": items}
+    payload = json.dumps(body).encode()
+    t0 = time.monotonic()
+    err = _error(httpx.post(server.url + route, content=payload, timeout=60), 400, "messages and content parts")
+    assert err["param"] == field and time.monotonic() - t0 < 10
+    parts = [{"type": "text", "text": "x"}] * 900_000  # one message of many parts, likewise
+    message = {"role": "user", "content": parts}
+    body = {"model": "default", ("input" if route == "/v1/responses" else "messages"): [message]}
+    assert _error(httpx.post(server.url + route, json=body, timeout=60), 400)["param"] == field

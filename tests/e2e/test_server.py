@@ -429,6 +429,38 @@ def test_openai_bool_token_ids_are_400(oai, model_name):
     assert r.usage.prompt_tokens == 2
 
 
+def test_openai_null_fields_mean_their_defaults(client):
+    """OpenAI's fields are nullable ("boolean or null"): clients that send every field, unset
+    ones as null, get the defaults, not 400s."""
+    nulls = {"logprobs": None, "stream": None, "n": None, "echo": None, "return_cache_info": None}
+    for route, body in (
+        ("/v1/chat/completions", {"messages": _MSG, "max_tokens": 2}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+    ):
+        r = client.post(route, json={"model": "default", **body, **nulls})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
+
+
+def test_openai_continuous_usage_stats(client):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far."""
+    body = {
+        "model": "default",
+        "prompt": "Count: 1, 2,",
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    *running, last = chunks
+    assert running and all(c["choices"] and "usage" in c for c in running), chunks
+    counts = [c["usage"]["completion_tokens"] for c in running]
+    assert counts == sorted(counts) and 1 <= counts[0] and counts[-1] == 4, counts
+    assert not last["choices"] and last["usage"]["completion_tokens"] == 4
+
+
 def test_openai_extra_fields_accepted(client):
     r = client.post(
         "/v1/completions",
@@ -624,6 +656,29 @@ BAD_INPUTS = {
         "'n'",
     ),
     "bool_tokens_detokenize": ("POST", "/detokenize", {"json": {"tokens": [True]}}, 400, "tokens"),
+    # booleans are strict too: "yes" is not true
+    "string_logprobs_chat": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": _MSG, "logprobs": "yes"}},
+        400,
+        "'logprobs'",
+    ),
+    "stream_options_without_stream": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": _MSG, "stream_options": {"include_usage": True}}},
+        400,
+        "'stream_options'",
+    ),
+    # the field's name, without pydantic's union branches ("messages.0.content.str")
+    "number_content_chat": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": [{"role": "user", "content": 5}]}},
+        400,
+        "'messages.0.content'",
+    ),
     "unknown_model": ("POST", "/v1/chat/completions", {"json": {"model": "nope", "messages": _MSG}}, 404, "nope"),
     "unknown_route": ("GET", "/no/such/route", {}, 404, ""),
     # the server runs with --max-request-bytes 200000

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -32,8 +32,8 @@ class Recorder:
     def send_request(self, spec: Any, entry: RidEntry) -> None:
         self.requests.append(entry)
 
-    def send_abort(self, iid: str) -> None:
-        self.aborts.append(iid)
+    def send_abort(self, iids: Sequence[str]) -> None:
+        self.aborts.extend(iids)
 
 
 class CountingLoop(asyncio.SelectorEventLoop):

@@ -17,6 +17,7 @@ from radixrt.requests.intake import (
     Limits,
     RequestError,
     RequestSpec,
+    validate_call,
     validate_spec,
 )
 from radixrt.sampling.params import SamplingParams
@@ -126,6 +127,18 @@ def test_front_door_limits():
     with pytest.raises(RequestError, match="logit_bias") as ei:
         validate_spec(RequestSpec([1, 2], SamplingParams(logit_bias={"5": 1e300})), LIMITS)
     assert ei.value.param == "sampling_params"
+
+
+def test_a_call_starts_at_most_max_request_sequences():
+    limits = Limits(context_length=64, kv_total_slots=1000, vocab_size=100, max_request_sequences=8)
+    four = [RequestSpec([1, 2], SamplingParams(n=2)) for _ in range(4)]
+    validate_call(four, limits)
+    with pytest.raises(RequestError, match="starts 9 sequences") as ei:
+        validate_call([*four, RequestSpec([1], SamplingParams())], limits)
+    assert ei.value.param == "n"
+    beams = RequestSpec([1], SamplingParams(n=1, beam_width=5))  # a beam search runs its width
+    with pytest.raises(RequestError, match="starts 9 sequences"):
+        validate_call([*four[:2], beams], limits)
 
 
 def test_config_fields_and_flags():

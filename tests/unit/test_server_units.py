@@ -58,7 +58,7 @@ class FakePipeline:
                 self.tasks[rid] = loop.create_task(self._run(rid, msg, i))
         elif isinstance(msg, AbortReq):
             for rid, t in list(self.tasks.items()):
-                if msg.rid == "" or rid == msg.rid or rid.startswith(msg.rid + "-"):
+                if any(a == "" or rid == a or rid.startswith(a + "-") for a in msg.rids):
                     t.cancel()
                     self._emit([TokenOutput(rid, [], 3, 0, 0, FinishReason.abort("aborted"))])
         elif isinstance(msg, StatsReq):
@@ -174,6 +174,8 @@ def events(text: str) -> list:
 
 def test_parse_generate_rejects_bad_bodies(tokenizer):
     class TM:
+        limits = Limits(context_length=64, kv_total_slots=256, vocab_size=100, max_request_sequences=3)
+
         def encode(self, t):
             return tokenizer.encode(t)
 
@@ -191,6 +193,8 @@ def test_parse_generate_rejects_bad_bodies(tokenizer):
         ({"text": "a", "return_logprob": "yes"}, "return_logprob"),
         ({"text": "a", "top_logprobs_num": -1}, "top_logprobs_num"),
         ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
+        ({"text": ["a"] * 4}, "text"),  # more prompts than a call may start, before tokenizing
+        ({"input_ids": [[1]] * 4}, "input_ids"),
     ]
     for body, param in cases:
         with pytest.raises(ServerError) as ei:

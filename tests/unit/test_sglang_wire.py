@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import pytest
 
+from radixrt.requests.intake import Limits
 from radixrt.server.native_routes import parse_generate
 from radixrt.server.tokenizer_manager import ServerError
 
 
 class _TM:
-    """The one thing parse_generate asks of the tokenizer manager."""
+    """The two things parse_generate asks of the tokenizer manager."""
+
+    limits = Limits(context_length=4096, kv_total_slots=8192, vocab_size=256)
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) % 200 + 1 for c in text] or [1]

@@ -1,0 +1,80 @@
+"""`LimitSettings`: what one request may ask for (the checks themselves:
+radixrt/requests/intake.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixrt.config.fields import setting
+from radixrt.requests.intake import (
+    DEFAULT_MAX_CLIENT_PRIORITY,
+    DEFAULT_MAX_N,
+    DEFAULT_MAX_REQUEST_SEQUENCES,
+    DEFAULT_MAX_TOP_LOGPROBS_NUM,
+    Limits,
+)
+from radixrt.sampling.grammar_bounds import DEFAULT_MAX_CHARS, DEFAULT_MAX_REPEAT, GrammarLimits
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """What one request may ask for: beyond these it is refused (400) on every route and by the Engine."""
+
+    max_n: int = setting(
+        DEFAULT_MAX_N,
+        "most samples of one prompt (sampling param n) a request may ask for, on "
+        "every route (/generate, the OpenAI routes, the Engine); more is refused "
+        "(400)",
+    )
+    max_top_logprobs_num: int = setting(
+        DEFAULT_MAX_TOP_LOGPROBS_NUM,
+        "most top logprobs per position a request may ask for (top_logprobs_num on "
+        "/generate and the Engine, logprobs / top_logprobs on the OpenAI routes); "
+        "more is refused (400)",
+    )
+    max_client_priority: int = setting(
+        DEFAULT_MAX_CLIENT_PRIORITY,
+        "largest 'priority' a request may give, in absolute value: a value outside "
+        "[-N, N] is refused (400 naming 'priority'), except for a request presenting "
+        "--admin-api-key (any 64-bit integer); the Engine's caller is held to it",
+    )
+    max_request_sequences: int = setting(
+        DEFAULT_MAX_REQUEST_SEQUENCES,
+        "most sequences one call may start: the sum over its prompts of n (or of the beam "
+        "width, when larger), on every route and the Engine; more is refused (400) before "
+        "the prompts are tokenized",
+    )
+    grammar_max_chars: int = setting(
+        DEFAULT_MAX_CHARS,
+        "refuse (400) a regex, JSON schema or grammar whose shortest instance, or any part's, "
+        "is longer than this many characters, or that has no finite instance (a schema that "
+        "requires itself): bounds jump-forward searches",
+    )
+    grammar_max_repeat: int = setting(
+        DEFAULT_MAX_REPEAT,
+        "refuse (400) a grammar with a counted repetition ({m,n}, minLength, maxItems, ...) "
+        "above this: bounds grammar compilation",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_n < 1 or self.max_request_sequences < 1:
+            raise ValueError("max_n and max_request_sequences must be >= 1")
+        if self.max_top_logprobs_num < 0:
+            raise ValueError("max_top_logprobs_num must be >= 0")
+        if not 0 <= self.max_client_priority < 2**62:
+            raise ValueError("max_client_priority must be in [0, 2**62)")
+        if self.grammar_max_chars < 1 or self.grammar_max_repeat < 1:
+            raise ValueError("grammar_max_chars and grammar_max_repeat must be >= 1")
+
+    def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int) -> Limits:
+        """The front door's `Limits` for a runtime of these sizes under these settings."""
+        return Limits(
+            context_length,
+            kv_total_slots,
+            vocab_size,
+            max_n=self.max_n,
+            max_request_sequences=self.max_request_sequences,
+            max_top_logprobs_num=self.max_top_logprobs_num,
+            max_client_priority=self.max_client_priority,
+            grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat),
+        )
