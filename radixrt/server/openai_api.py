@@ -194,11 +194,8 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
             parts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise bad_request(
-                        f"messages[{i}].content: only text parts are supported by this model "
-                        f"(got a '{part.type}' part).",
-                        f"messages.{i}.content",
-                    )
+                    why = "has no 'text'" if part.type == "text" else "is not supported by this model (text only)"
+                    raise bad_request(f"messages[{i}].content: a '{part.type}' part {why}.", f"messages.{i}.content")
                 parts.append(part.text)
             content = "".join(parts)
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}

@@ -63,11 +63,10 @@ def _text(content: Any, where: str) -> str:
         return content
     parts = []
     for j, part in enumerate(content):
-        if part.get("type") not in TEXT_PARTS or part.get("text") is None:
-            raise bad_request(
-                f"{where}.content[{j}]: only text parts are supported by this model (got a {part.get('type')!r} part).",
-                as_param(f"{where}.content[{j}]"),
-            )
+        kind = part.get("type")
+        if kind not in TEXT_PARTS or part.get("text") is None:
+            why = "has no 'text'" if kind in TEXT_PARTS else "is not supported by this model (text only)"
+            raise bad_request(f"{where}.content[{j}]: a {kind!r} part {why}.", as_param(f"{where}.content[{j}]"))
         parts.append(part["text"])
     return "".join(parts)
 

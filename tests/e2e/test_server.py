@@ -671,6 +671,20 @@ BAD_INPUTS = {
         400,
         "'stream_options'",
     ),
+    "text_part_without_text": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": [{"role": "user", "content": [{"type": "text"}]}]}},
+        400,
+        "a 'text' part has no 'text'",
+    ),
+    "image_part": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}},
+        400,
+        "a 'image_url' part is not supported by this model",
+    ),
     # the field's name, without pydantic's union branches ("messages.0.content.str")
     "number_content_chat": (
         "POST",
@@ -689,7 +703,13 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input(client, case):
     method, route, kwargs, status, mention = BAD_INPUTS[case]
-    _error(client.request(method, route, **kwargs), status, mention)
+    body = _error(client.request(method, route, **kwargs), status, mention)
+    assert body["type"] != "server_error", body  # the client's mistake, with the type that says so
+
+
+def test_wrong_method_is_a_405_of_the_client(client):
+    body = _error(client.post("/v1/models", json={}), 405, "Method not allowed")
+    assert body["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize(
