@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from radixrt.requests.messages import ControlReply, LoRAControlReq
 from radixrt.scheduler.lora_admission import LoRAAdmission
-from radixrt.scheduler.planner import RequestQueues
+from radixrt.scheduler.queues import RequestQueues
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.storage_tier import StorageTier
 

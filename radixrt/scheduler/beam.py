@@ -46,7 +46,7 @@ from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import TokenOutput
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.beam_state import BeamGroup, Hypothesis
-from radixrt.scheduler.planner import RequestQueues
+from radixrt.scheduler.queues import RequestQueues
 from radixrt.scheduler.request import Phase, Req
 
 # a hypothesis the search could not score (it never had a candidate): last

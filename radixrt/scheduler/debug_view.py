@@ -16,7 +16,7 @@ from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.radix_node import TreeNode
 from radixrt.memory.radix_snapshot import namespace_label, radix_snapshot
 from radixrt.requests.messages import RadixSnapshotReq
-from radixrt.scheduler.planner import RequestQueues
+from radixrt.scheduler.queues import RequestQueues
 
 MAX_LISTED_REQUESTS = 256
 

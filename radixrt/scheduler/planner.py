@@ -32,7 +32,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from radixrt.config import SchedulingSettings
 from radixrt.memory.kv_manager import KVCacheManager
@@ -43,6 +43,7 @@ from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.constrained import drop_draft
 from radixrt.scheduler.policy import by_priority, interleave_calls, order_waiting
+from radixrt.scheduler.queues import RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
 
 logger = logging.getLogger(__name__)
@@ -73,42 +74,8 @@ class Plan:
     ended: list[tuple[Req, FinishReason]] = field(default_factory=list)
 
 
-def running_order(req: Req) -> tuple[bool, int, int]:
-    """Running requests' scheduling order: decoders (one token, plus any draft)
-    before prefill chunks, then most outputs first, then shortest prompt first;
-    retraction takes from the end. (``uncomputed - len(draft_ids)``, inlined: it
-    is computed for every running request every step.)"""
-    n_out = len(req.output_ids)
-    uncomputed = len(req.input_ids) + n_out + req.inflight_tokens - len(req.slots) - req.kv_dropped
-    return uncomputed > 1, -n_out, len(req.input_ids)
-
-
-@dataclass
-class RequestQueues:
-    """Every unfinished request is in exactly one of the two lists.
-
-    ``running_ordered``: ``running`` is known to be in `running_order` (sorting
-    it would change nothing), so the planner need not sort it. The planner sets
-    it when it sorts and clears it when it appends an admitted request; the
-    result processor clears it unless every running request just gained exactly
-    one token as a one-token decoder (everyone's key moves alike). Removing
-    requests keeps the order."""
-
-    waiting: list[Req] = field(default_factory=list)
-    running: list[Req] = field(default_factory=list)
-    running_ordered: bool = False
-
-    def remove(self, req: Req) -> None:
-        (self.running if req.phase is Phase.RUNNING else self.waiting).remove(req)
-
-    def take(self, hit: Callable[[Req], bool]) -> list[Req]:
-        """Remove and return the requests ``hit`` selects, waiting ones first: one pass
-        over each list however many are taken (an aborted batch of thousands)."""
-        taken = [r for r in self.waiting if hit(r)] + [r for r in self.running if hit(r)]
-        if taken:
-            self.waiting[:] = [r for r in self.waiting if not hit(r)]
-            self.running[:] = [r for r in self.running if not hit(r)]
-        return taken
+# A step's prompt tokens while several calls have work, in requests' shares (`BatchPlanner._step_budget`)
+PROMPT_SHARES_WHEN_SHARED = 2
 
 
 class BatchPlanner:
@@ -149,7 +116,7 @@ class BatchPlanner:
         # calls with a prompt being computed (only asked about while requests wait)
         busy = {r.group for r in self.queues.running if not r.output_ids} if self.queues.waiting else set()
         held = self._held_for_other_calls(busy)
-        budget = self._schedule_running(plan, max(self.config.chunked_prefill_size, 1), held)
+        budget = self._schedule_running(plan, self._step_budget(), held)
         self._admit(plan.batch, budget, busy if held else set())
         if plan.batch:
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -174,6 +141,22 @@ class BatchPlanner:
         """A request whose in-flight token is its last: nothing to compute for it."""
         n_out = len(req.output_ids) + req.inflight_tokens
         return n_out >= req.sampling.max_new_tokens or req.seq_len + req.inflight_tokens >= self.context_length
+
+    def _step_budget(self) -> int:
+        """Tokens this step may compute: ``chunked_prefill_size`` while one call has all
+        the work (a batch's steps stay long); while several have, its prompts get at most
+        `PROMPT_SHARES_WHEN_SHARED` requests' shares (``shared_step_prefill_cap``) besides
+        the decoders' tokens: every other call's next token (its first, too) waits for
+        the whole step, and on a CPU a step of 2,048 prompt tokens takes seconds."""
+        full = max(self.config.chunked_prefill_size, 1)
+        cap = PROMPT_SHARES_WHEN_SHARED * self.shared_step_prefill_cap
+        running, waiting = self.queues.running, self.queues.waiting
+        if cap >= full or not (running or waiting):
+            return full
+        first = (running or waiting)[0].group
+        if all(r.group == first for r in running) and all(r.group == first for r in waiting):
+            return full
+        return min(full, cap + sum(1 + len(r.draft_ids) for r in running if r.output_ids))
 
     def _held_for_other_calls(self, busy: set[str]) -> int:
         """Prompt tokens of this step that running prompts may not take: one request's share
@@ -334,12 +317,15 @@ class BatchPlanner:
             ordered = sorted(ordered, key=lambda r: r.group in busy)  # stable: the order holds within each part
         if self.config.enable_priority_scheduling:
             ordered = by_priority(ordered)
-        # Prefixes being computed in this step (or by an unfinished chunked prefill):
-        # a request sharing a long uncached prefix with one of them waits a step
+        # Prefixes being computed, in this step or by an unfinished chunked prefill that gets
+        # no tokens this one: a request sharing a long uncached prefix with one of them waits
         # and then reads that prefix from the tree instead of computing it again.
         inflight = RadixCache(None, page_size=1)
         for r, q in batch:
             if q > 1:
+                inflight.insert(r.seq, [0] * r.seq_len)
+        for r in running:
+            if r.uncomputed - len(r.draft_ids) > 1:  # its KV for this step not yet allocated: none this step
                 inflight.insert(r.seq, [0] * r.seq_len)
         reserve = self._decode_reserve()
         threshold = self.config.in_batch_prefix_threshold

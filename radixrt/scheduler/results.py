@@ -28,7 +28,8 @@ from radixrt.sampling.sampler import SampleResult
 from radixrt.scheduler.constrained import ConstrainedDecoding, drop_draft
 from radixrt.scheduler.inputs import StepInputs
 from radixrt.scheduler.launcher import PromptScores, StepOutput
-from radixrt.scheduler.planner import Batch, RequestQueues
+from radixrt.scheduler.planner import Batch
+from radixrt.scheduler.queues import RequestQueues
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.speculative import Speculator
 

@@ -75,8 +75,9 @@ from radixrt.scheduler.kv_budget import KVBudgeter
 from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.lora_admission import LoRAAdmission
-from radixrt.scheduler.planner import Batch, BatchPlanner, RequestQueues, running_order
+from radixrt.scheduler.planner import Batch, BatchPlanner
 from radixrt.scheduler.policy import arrival_urgency
+from radixrt.scheduler.queues import RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
@@ -263,14 +264,10 @@ class Scheduler:
         return reqs
 
     def abort(self, *rids: str) -> None:
-        """Abort requests with all their samples, or single samples (or all, for
-        rid ""), at any stage; their KV is released. Ids match exactly. One pass
-        over the queues however many ids are given."""
+        """Abort requests with all their samples, or single samples (or all, for rid ""), at any
+        stage; their KV is released. Ids match exactly; one pass over the queues for all of them."""
         wanted = set(rids)
-
-        def hit(r: Req) -> bool:
-            return "" in wanted or r.rid in wanted or r.parent in wanted
-
+        hit: Callable[[Req], bool] = lambda r: "" in wanted or r.rid in wanted or r.parent in wanted  # noqa: E731
         for r in self.queues.take(hit):
             if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue

@@ -25,6 +25,7 @@ from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.special_text import special_text
 from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
 from radixrt.server.tools.conversation import check_tool_turns
@@ -235,12 +236,10 @@ def _chat_prompt_ids(
         )
     if tools:
         extra_tpl["tools"] = tools
-    spliced: list = []
     original = messages
-    if reuse_turns:
-        marked, spliced = mark_turns(messages[:-1] if cont else messages, TURNS)
-        if spliced:
-            messages = marked + ([messages[-1]] if cont else [])
+    marked, spliced = mark_turns(messages, TURNS if reuse_turns else None, special_text(tm.tokenizer), not cont)
+    if spliced:
+        messages = marked
     try:
         prompt = apply_chat_template(tm.tokenizer, messages, continue_final_message=cont, extra=extra_tpl)
     except Exception as e:  # noqa: BLE001 - a template may reject a conversation
@@ -254,7 +253,13 @@ def _chat_prompt_ids(
         ids = split_encode(prompt, spliced, first, lambda t: tm.encode(t, add_special_tokens=False) if t else [])
         if ids is not None:
             return ids
-        return _chat_prompt_ids(req, original, tm, tools)  # the template changed a turn: plain tokens
+        if reuse_turns:
+            return _chat_prompt_ids(req, original, tm, tools)  # the template changed a turn: plain tokens
+        raise bad_request(
+            "A message's content spells a special token, which is read as text, and this chat template "
+            "does not render message contents verbatim.",
+            "messages",
+        )
     return first(prompt)
 
 

@@ -13,7 +13,7 @@ from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestError
 from radixrt.requests.messages import TokenBatch, TokenOutput
 from radixrt.requests.rids import RidTable, new_request_id, sample_rids
-from radixrt.scheduler.planner import RequestQueues
+from radixrt.scheduler.queues import RequestQueues
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server.ipc import DetokRegister

@@ -14,7 +14,9 @@ conversation is a cached prefix.
 Used for the generic tool format only, where radixrt writes the turn's text
 itself (``parser.render_calls``) and the chat template inserts it verbatim;
 ``split_encode`` checks that (each placeholder appears exactly once) and
-otherwise the prompt is tokenized as usual.
+otherwise the prompt is tokenized as usual. The same placeholders carry the
+plain-text tokens of special tokens spelled in a message's content
+(radixrt/server/special_text.py), on every chat prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from typing import Callable, Optional
+
+from radixrt.server.special_text import SpecialText
 
 _MARK = "\ue000radixrt-turn-{}\ue001"
 
@@ -58,18 +62,41 @@ class TurnTokens:
 TURNS = TurnTokens()  # one per server process
 
 
-def mark_turns(messages: list[dict], turns: TurnTokens) -> tuple[list[dict], list[tuple[int, ...]]]:
-    """``messages`` with each remembered assistant turn's content replaced by a
-    placeholder, and the remembered tokens of those turns in order."""
+def mark_turns(
+    messages: list[dict],
+    turns: Optional[TurnTokens],
+    special: Optional[SpecialText] = None,
+    last_turn: bool = True,
+) -> tuple[list[dict], list[tuple[int, ...]]]:
+    """``messages`` with placeholders, and the tokens each stands for, in prompt order:
+    a remembered assistant turn's whole content (``turns``; the last message's only when
+    ``last_turn``), and in other contents each special token's spelling (``special``:
+    its plain-text tokens, radixrt/server/special_text.py)."""
     out: list[dict] = []
     spliced: list[tuple[int, ...]] = []
-    for m in messages:
-        ids = turns.get(m["content"]) if m.get("role") == "assistant" and m.get("content") else None
-        if ids is None:
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if not isinstance(content, str) or not content:
             out.append(m)
             continue
-        out.append({**m, "content": _MARK.format(len(spliced))})
-        spliced.append(ids)
+        may_reuse = turns is not None and m.get("role") == "assistant" and (last_turn or i < len(messages) - 1)
+        ids = turns.get(content) if may_reuse else None
+        if ids is not None:
+            out.append({**m, "content": _MARK.format(len(spliced))})
+            spliced.append(ids)
+            continue
+        pieces = special.split(content) if special is not None else None
+        if pieces is None:
+            out.append(m)
+            continue
+        text = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                text.append(piece)
+            else:
+                text.append(_MARK.format(len(spliced)))
+                spliced.append(piece)
+        out.append({**m, "content": "".join(text)})
     return out, spliced
 
 
