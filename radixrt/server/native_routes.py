@@ -29,6 +29,7 @@ posts when a program joins its forks with ``mode="concate_and_append"``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
@@ -161,7 +162,8 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", "stream")
     with as_bad_request():
-        prompts = split_prompts(body.get("text"), body.get("input_ids"), tm.encode, limits=tm.limits)
+        encode = functools.partial(tm.encode, field="text")
+        prompts = split_prompts(body.get("text"), body.get("input_ids"), encode, limits=tm.limits)
         specs = build_specs(
             prompts,
             sampling_params=body.get("sampling_params"),

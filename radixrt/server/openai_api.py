@@ -8,6 +8,7 @@ and the answers are built by `radixrt.server.openai_render`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -125,7 +126,7 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
         return split_prompts(
             p if is_text else None,
             None if is_text else p,
-            tm.encode,
+            functools.partial(tm.encode, field="prompt"),
             text_name="prompt",
             ids_name="prompt",
             limits=tm.limits,
@@ -247,10 +248,10 @@ def _chat_prompt_ids(
     bos = getattr(tm.tokenizer, "bos_token", None)
 
     def first(text: str) -> list[int]:
-        return tm.encode(text, add_special_tokens=False) if bos and text.startswith(bos) else tm.encode(text)
+        return tm.encode(text, not (bos and text.startswith(bos)), "messages")
 
     if spliced:
-        ids = split_encode(prompt, spliced, first, lambda t: tm.encode(t, add_special_tokens=False) if t else [])
+        ids = split_encode(prompt, spliced, first, lambda t: tm.encode(t, False, "messages") if t else [])
         if ids is not None:
             return ids
         if reuse_turns:

@@ -172,30 +172,34 @@ class TokenizerManager:
         return self.router.states
 
     # ------------------------------------------------------------------ requests
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """``text``'s token ids; ServerError 400 when the text cannot fit the
-        context: longer than ``max_prompt_chars`` (refused before tokenizing)
-        or ``context_length`` tokens or more (refused at once, before the
-        other prompts of a batch are tokenized); or when it holds a lone
-        surrogate. Blocking: routes call it from `run_tokenize`."""
+    def encode(self, text: str, add_special_tokens: bool = True, field: Optional[str] = None) -> list[int]:
+        """``text``'s token ids; ServerError 400 (naming ``field``, the request field
+        the text came from) when the text cannot fit the context: longer than
+        ``max_prompt_chars`` (refused before tokenizing) or ``context_length``
+        tokens or more (refused at once, before the other prompts of a batch are
+        tokenized); or when it holds a lone surrogate. Blocking: routes call it
+        from `run_tokenize`."""
         n = len(text)
         if n > self.max_prompt_chars:
             raise bad_request(
                 f"the prompt is {n} characters long; this model's context length is {self.context_length} "
-                f"tokens, which cannot hold more than {self.max_prompt_chars} characters"
+                f"tokens, which cannot hold more than {self.max_prompt_chars} characters",
+                field,
             )
         if not text.isascii():
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
                 raise bad_request(
-                    f"the prompt holds a lone surrogate ({text[e.start : e.end]!a}), which is not a Unicode character"
+                    f"the prompt holds a lone surrogate ({text[e.start : e.end]!a}), which is not a Unicode character",
+                    field,
                 ) from None
         ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         if len(ids) >= self.context_length:
             raise bad_request(
                 f"the prompt has {len(ids)} tokens; this model's context length is "
-                f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit"
+                f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit",
+                field,
             )
         return ids
 

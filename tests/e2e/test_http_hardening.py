@@ -305,20 +305,22 @@ def test_ten_thousand_tools_are_checked_off_the_event_loop(server):
     assert worst < max(0.5, 2 * max(idle) + 3 * parse_s), (idle, parse_s, latencies)
 
 
-@pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"])
 def test_huge_prompt_is_refused_by_size(server, route):
     big = "x" * 30_000_000  # a 30 MB body: under the default 32 MiB body limit
     body = {
         "/generate": {"text": big},
         "/v1/completions": {"model": "default", "prompt": big},
         "/v1/chat/completions": json.loads(_chat("x")),
+        "/v1/responses": {"model": "default", "input": big},
     }[route]
     if route == "/v1/chat/completions":
         body["messages"][0]["content"] = big
     t0 = time.monotonic()
     r = httpx.post(server.url + route, json=body, timeout=60)
     elapsed = time.monotonic() - t0
-    _error(r, 400, "characters")
+    field = {"/generate": "text", "/v1/completions": "prompt", "/v1/chat/completions": "messages"}.get(route, "input")
+    assert _error(r, 400, "characters")["param"] == field
     assert elapsed < 2.0, elapsed
     # 38 prompts under the size bound that cannot fit (about 0.5 s each to tokenize): the batch is
     # refused at the first one
