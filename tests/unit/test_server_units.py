@@ -176,7 +176,7 @@ def test_parse_generate_rejects_bad_bodies(tokenizer):
     class TM:
         limits = Limits(context_length=64, kv_total_slots=256, vocab_size=100, max_request_sequences=3)
 
-        def encode(self, t):
+        def encode(self, t, field=None):
             return tokenizer.encode(t)
 
     tm = TM()
