@@ -30,7 +30,9 @@ class IncrementalDetokenizer:
     incomplete UTF-8 sequence and any tail that could be the start of a stop
     string, so streamed text never shows characters that the final text will
     not contain. When the request finishes on a stop string, the text is cut
-    before it (unless ``no_stop_trim``).
+    before it, and on a stop token (EOS included) that token's text is left out
+    (both unless ``no_stop_trim``; SGLang's ``trim_matched_stop``: with
+    ``skip_special_tokens`` false an answer does not end in ``<|im_end|>``).
 
     A request that finishes on a stop regex reports the pattern as ``matched``
     and, as in SGLang, its text is cut where the pattern's own text first
@@ -65,9 +67,9 @@ class IncrementalDetokenizer:
 
             self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
-    def _full_decode(self) -> str:
+    def _full_decode(self, upto: Optional[int] = None) -> str:
         return self.tokenizer.decode(
-            self.ids,
+            self.ids[:upto],
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
@@ -84,7 +86,7 @@ class IncrementalDetokenizer:
     def push(self, new_ids: Sequence[int], finish_reason: Any = None) -> str:
         self.ids.extend(new_ids)
         if finish_reason is not None:
-            self.text = self._trim_final(self._full_decode(), finish_reason)
+            self.text = self._final_text(finish_reason)
             return self.text
         stable = self._stream_decode(new_ids)
         held = self._stop_prefix_len(stable)
@@ -93,10 +95,13 @@ class IncrementalDetokenizer:
             self.text = candidate
         return self.text
 
-    def _trim_final(self, full: str, finish_reason: Any) -> str:
+    def _final_text(self, finish_reason: Any) -> str:
         kind, matched = _finish_fields(finish_reason)
-        if kind != "stop" or not isinstance(matched, str) or self.no_stop_trim:
-            return full
+        if kind != "stop" or self.no_stop_trim or not isinstance(matched, (str, int)) or isinstance(matched, bool):
+            return self._full_decode()
+        if isinstance(matched, int):
+            return self._full_decode(-1) if self.ids and self.ids[-1] == matched else self._full_decode()
+        full = self._full_decode()
         # where the stop that ended it begins: the first occurrence the last token completed (one
         # before min_new_tokens stays text), so the search starts where the last token's text does
         before = self.tokenizer.decode(

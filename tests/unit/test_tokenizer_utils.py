@@ -51,6 +51,24 @@ def test_streamed_text_is_the_same_with_either_tokenizer(folder):
     assert texts[0][1].startswith("Grüße, 世界!") and not texts[0][1].endswith("end")
 
 
+def test_a_matched_stop_token_leaves_the_text_unless_no_stop_trim(folder):
+    """As SGLang's trim_matched_stop: the token that ended the request (a stop_token_ids id, or
+    EOS kept by skip_special_tokens false) is not in the text; with no_stop_trim it is."""
+    tok = load_decoder(folder)
+    ref = AutoTokenizer.from_pretrained(folder)
+    period, eos = ref.convert_tokens_to_ids("."), ref.convert_tokens_to_ids("<|im_end|>")
+    paris = ref.encode(" Paris", add_special_tokens=False)
+    for stop_id, skip in ((period, True), (eos, False)):
+        for keep in (False, True):
+            det = IncrementalDetokenizer(tok, skip_special_tokens=skip, no_stop_trim=keep)
+            streamed = det.push(paris)
+            final = det.push([stop_id], {"type": "stop", "matched": stop_id})
+            assert streamed == " Paris" and final == " Paris" + (ref.decode([stop_id]) if keep else ""), final
+    # a request that ended otherwise keeps its last token
+    det = IncrementalDetokenizer(tok)
+    assert det.push(paris + [period], {"type": "length", "length": 3}) == " Paris."
+
+
 def test_a_tokenizer_whose_decode_cleans_up_spaces_keeps_transformers(tmp_path, tiny_llama):
     folder = shutil.copytree(tiny_llama, tmp_path / "model")
     cfg_path = folder / "tokenizer_config.json"
