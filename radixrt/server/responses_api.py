@@ -1,5 +1,5 @@
 """The OpenAI Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE
-/v1/responses/{id}``.
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
 
 A Responses request becomes a chat request (`responses_input`) and takes
 the chat route's own path (`openai_api.plan_chat`): the same checks of tools
@@ -33,6 +33,7 @@ from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, r
 from radixrt.server.openai_api import ChatPlan, plan_chat
 from radixrt.server.protocol import ChatCompletionRequest
 from radixrt.server.responses_input import Conversation, input_items, to_chat_request
+from radixrt.server.responses_items import listed_inputs, page
 from radixrt.server.responses_protocol import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, ResponsesRequest
 from radixrt.server.responses_render import ResponseView, new_id
 from radixrt.server.responses_store import ResponseStore, StoredResponse
@@ -151,7 +152,7 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
     def on_done(body: dict[str, Any]) -> None:
         if req.store:  # a call cut by the token limit (streamed) is not part of the conversation
             said = [o for o in body["output"] if o["type"] != "function_call" or o["status"] == "completed"]
-            store.put(rid, body, history + new_items + said)
+            store.put(rid, body, history + new_items + said, listed_inputs(new_items))
 
     group = tm.submit([plan.spec], validated=True)
     view = ResponseView(
@@ -178,6 +179,16 @@ async def get_response(response_id: str, request: Request) -> Response:
     if entry is None:
         raise ServerError(404, _not_stored(response_id, responses_store(request)), "response_id")
     return Response(entry.body, media_type="application/json")
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str, request: Request, order: str = "desc", after: Optional[str] = None, limit: Optional[str] = None
+) -> Response:
+    entry = responses_store(request).get(response_id)
+    if entry is None:
+        raise ServerError(404, _not_stored(response_id, responses_store(request)), "response_id")
+    return JSON(page(entry.input_items(), order, after, limit))
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -1,8 +1,9 @@
 """The stored responses of ``/v1/responses``: a bounded LRU.
 
 A stored response keeps its response object (what ``GET /v1/responses/{id}``
-answers) and its conversation as Responses items, input and output (what a
-request with ``previous_response_id`` continues). Both are kept as JSON
+answers), its conversation as Responses items, input and output (what a
+request with ``previous_response_id`` continues), and its own input items as
+``GET /v1/responses/{id}/input_items`` lists them. Both are kept as JSON
 bytes, so the size of an entry is known and nothing outside can change it.
 
 Bounds: at most ``capacity`` entries and ``max_bytes`` in all; the least
@@ -28,14 +29,19 @@ from radixrt.server.http_utils import dumps
 class StoredResponse:
     body: bytes  # the response object, JSON
     items: bytes  # the conversation (input items then output items), JSON
+    inputs: bytes = b"[]"  # this request's input items as listed (responses_items.listed_inputs), JSON
 
     @property
     def size(self) -> int:
-        return len(self.body) + len(self.items)
+        return len(self.body) + len(self.items) + len(self.inputs)
 
     def conversation(self) -> list[dict[str, Any]]:
         """The conversation's items (a fresh list each call)."""
         return json.loads(self.items)
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The request's own input items, as listed (a fresh list each call)."""
+        return json.loads(self.inputs)
 
 
 class ResponseStore:
@@ -52,9 +58,11 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._d)
 
-    def put(self, rid: str, body: dict[str, Any], items: list[dict[str, Any]]) -> bool:
+    def put(
+        self, rid: str, body: dict[str, Any], items: list[dict[str, Any]], inputs: Optional[list[dict[str, Any]]] = None
+    ) -> bool:
         """Store a response; False when it cannot be (no room at all, or larger than the whole store)."""
-        entry = StoredResponse(dumps(body), dumps(items))
+        entry = StoredResponse(dumps(body), dumps(items), dumps(inputs or []))
         if self.capacity == 0 or entry.size > self.max_bytes:
             return False
         self.delete(rid)

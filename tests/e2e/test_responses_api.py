@@ -261,7 +261,10 @@ def test_a_call_cut_by_the_budget_is_incomplete_in_stream_and_whole(client):
     # the cut call is not part of the stored conversation, so it continues (it was a 400: the
     # stored call's arguments were not JSON)
     for r in (final, whole):
-        assert _create(client, previous_response_id=r.id, input="Never mind; say hi.").status in ("completed", "incomplete")
+        assert _create(client, previous_response_id=r.id, input="Never mind; say hi.").status in (
+            "completed",
+            "incomplete",
+        )
 
 
 def test_store_retrieve_delete(client, server):
@@ -275,6 +278,42 @@ def test_store_retrieve_delete(client, server):
         _create(client, previous_response_id=r.id, input="again")
     assert e.value.body["param"] == "previous_response_id"
     assert httpx.delete(server.url + f"/v1/responses/{r.id}", timeout=10).status_code == 404
+
+
+def test_input_items_are_listed_as_the_official_client_reads_them(client, server):
+    """``responses.input_items.list``: the response's own input items, newest first by default,
+    with ids that stay put and OpenAI's cursor."""
+    said = [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+        {
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Name a "}, {"type": "input_text", "text": "fruit."}],
+        },
+    ]
+    r = _create(client, input=said, max_output_tokens=4)
+    listed = client.responses.input_items.list(r.id)
+    assert [(i.type, i.role) for i in listed.data] == [
+        ("message", "user"),
+        ("message", "assistant"),
+        ("message", "user"),
+    ]
+    assert [c.text for c in listed.data[0].content] == ["Name a ", "fruit."] and not listed.has_more
+    assert listed.data[1].content[0].type == "output_text" and listed.data[2].content[0].text == "Hi."
+    asc = client.responses.input_items.list(r.id, order="asc")
+    assert [i.id for i in asc.data] == [i.id for i in reversed(listed.data)]  # the same ids each time
+    first = client.responses.input_items.list(r.id, order="asc", limit=1)
+    assert first.has_more and first.data[0].id == asc.data[0].id
+    rest = client.responses.input_items.list(r.id, order="asc", after=first.data[0].id, limit=5)
+    assert [i.id for i in rest.data] == [i.id for i in asc.data[1:]] and not rest.has_more
+    # with previous_response_id: only that request's own input
+    then = _create(client, previous_response_id=r.id, input="And a colour?", max_output_tokens=4)
+    (only,) = client.responses.input_items.list(then.id).data
+    assert only.content[0].text == "And a colour?"
+    for bad, status in (({"limit": 0}, 400), ({"order": "up"}, 400), ({"after": "msg_x"}, 400)):
+        got = httpx.get(server.url + f"/v1/responses/{r.id}/input_items", params=bad, timeout=30)
+        assert got.status_code == status, got.text
+    assert httpx.get(server.url + "/v1/responses/resp_nope/input_items", timeout=30).status_code == 404
 
 
 def test_store_false_is_neither_kept_nor_continued(client):
