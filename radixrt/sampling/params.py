@@ -213,13 +213,8 @@ class SamplingParams:
                     raise ValueError(f"sampling parameter 'logit_bias' has a non-token-id key {key!r}")
                 if isinstance(key, numbers.Integral):
                     tok = int(key)
-                elif isinstance(key, str):
-                    try:
-                        tok = int(key.strip())
-                    except ValueError:
-                        raise ValueError(
-                            f"sampling parameter 'logit_bias' keys must be token ids, got {key!r}"
-                        ) from None
+                elif isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():  # not "5_0", "+5", "٥"
+                    tok = int(key)
                 else:
                     raise ValueError(f"sampling parameter 'logit_bias' keys must be token ids, got {key!r}")
                 out[str(tok)] = _clamp_bias(_as_float("logit_bias", value))

@@ -118,6 +118,10 @@ def test_defaults_are_sglangs():
         ({"regex": 3}, "regex"),
         ({"regex": "a+", "json_schema": "{}"}, "json_schema"),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        # Python's int() reads these as ids; a token id key is decimal digits
+        ({"logit_bias": {"5_0": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"+5": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"\u0665": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": "x"}}, "logit_bias"),
         ({"logit_bias": [1, 2]}, "logit_bias"),
         ({"stop_regex": "("}, "stop_regex"),
