@@ -192,6 +192,12 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
     messages = []
     for i, m in enumerate(req.messages):
         content = m.content
+        if m.role in ("user", "system", "developer") and not (isinstance(content, str) or content):
+            raise bad_request(
+                f"messages[{i}].content is required for a '{m.role}' message: a string or a non-empty list of "
+                f"text parts (got {'an empty list' if content == [] else 'null'}).",
+                f"messages.{i}.content",
+            )
         if isinstance(content, list):
             parts = []
             for part in content:

@@ -671,6 +671,20 @@ BAD_INPUTS = {
         400,
         "'stream_options'",
     ),
+    "user_content_null": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": [{"role": "user", "content": None}]}},
+        400,
+        "content is required",
+    ),
+    "user_content_empty_list": (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": [{"role": "user", "content": []}]}},
+        400,
+        "content is required",
+    ),
     "text_part_without_text": (
         "POST",
         "/v1/chat/completions",
