@@ -24,10 +24,11 @@ each one that compiles with Python's ``re`` (SGLang's engine). The search
 itself runs on the scheduler's thread, so a pattern that backtracks without
 end (``(a+)+b`` over a run of a's) must not stall it: the tail is searched
 with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` for all of a
-request's patterns together in one step (each pattern gets what the ones
-before it left); past it `search` raises `SearchTimeout`, and the scheduler
-ends that request with an error. So one request's patterns cost a step at
-most that long. This module imports no torch.
+request's searches together in one step: its patterns, its ``n`` samples' and
+the tokens of its accepted drafts (each search gets what the ones before it
+left, `search`'s ``spent_s``); past it `search` raises `SearchTimeout`, and the
+scheduler ends the request with an error. So one request's patterns cost a
+step at most that long, however many samples it has. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _SLACK_TOKENS = 8  # decoding a tail may mangle its first token(s): decode a few
 _CONTEXT_CHARS = 8  # real text kept before the search start for \b, lookbehind, MULTILINE ^
 _MARGIN_CHARS = 2  # the newest token's text length is measured on its own: allow for a char or two
 _UNBOUNDED = 1 << 30
-SEARCH_TIMEOUT_S = 0.05  # per request and step, all patterns; a sane pattern over a tail takes microseconds
+SEARCH_TIMEOUT_S = 0.05  # per request and step, all patterns and samples; a sane pattern takes microseconds
 
 
 class SearchTimeout(ValueError):
@@ -141,7 +142,7 @@ def window_tokens(patterns: Sequence[str]) -> int:
     return need + _SLACK_TOKENS
 
 
-def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int) -> Optional[str]:
+def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int, spent_s: float = 0.0) -> Optional[str]:
     """The first of ``patterns`` found in ``tail`` (the decoded end of the
     output; ``whole`` when it is all of it, and its last ``new_chars``
     characters are the newest token's), or None.
@@ -152,8 +153,9 @@ def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int) -> O
     text. The skipped characters are context for ``\\b``, lookbehinds and
     MULTILINE ``^``; a plain ``^`` / ``\\A`` never matches the tail's start
     (it is not the output's). Raises `SearchTimeout` when the patterns together
-    take longer than `SEARCH_TIMEOUT_S`."""
-    deadline = time.perf_counter() + SEARCH_TIMEOUT_S
+    take longer than what is left of `SEARCH_TIMEOUT_S` after ``spent_s`` (the
+    request's other searches this step: its other samples', its drafts')."""
+    deadline = time.perf_counter() + SEARCH_TIMEOUT_S - spent_s
     for p in patterns:
         try:
             left = deadline - time.perf_counter()
@@ -162,8 +164,9 @@ def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int) -> O
             found = _search_one(p, tail, whole, new_chars, left)
         except TimeoutError:
             raise SearchTimeout(
-                f"stop_regex {p!r} took over {SEARCH_TIMEOUT_S * 1000:.0f} ms to search the output, with "
-                "the patterns before it (one backtracks without end); the request was stopped"
+                f"stop_regex {p!r} took the request over {SEARCH_TIMEOUT_S * 1000:.0f} ms of search in one step, "
+                "with the patterns before it and the request's other samples (a pattern backtracks too much); "
+                "the request was stopped"
             ) from None
         if found:
             return p

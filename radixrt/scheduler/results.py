@@ -17,6 +17,7 @@ dropped with its KV).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -84,6 +85,8 @@ class ResultProcessor:
         self._decode: Callable[..., str] = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
         self.generated_tokens = 0
         self.beams: "Optional[BeamSearch]" = None  # set by the scheduler: takes beam rows' candidates
+        # seconds of stop_regex search this step, per request (its n samples and drafts share one limit)
+        self.regex_spent: dict[str, float] = {}
 
     def process(self, batch: Batch, inputs: StepInputs, output: StepOutput) -> StepResults:
         """Fold ``output`` into the batch's requests, request by request in batch
@@ -96,6 +99,7 @@ class ResultProcessor:
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
                 self._add_prompt_logprobs(req, scores, inputs.computed_to(job.batch_index))
         sample = output.sample
+        self.regex_spent.clear()
         outputs: list[TokenOutput] = []
         one_token_decoders = finished = 0  # running rows that decoded exactly one token; rows finished here
         ends = inputs.kv_lens if inputs.position_offsets is None else list(map(inputs.computed_to, range(len(batch))))
@@ -287,11 +291,15 @@ class ResultProcessor:
                         return FinishReason.stop(s)
                 if regexes:
                     new_chars = len(self._decode([token], skip_special_tokens=False))
+                    spent = self.regex_spent.get(req.parent, 0.0)
+                    start_s = time.perf_counter()
                     try:
-                        hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars)
+                        hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars, spent)
                     except stop_regex.SearchTimeout as e:
                         logger.warning("request %s: %s", req.rid, e)
                         return FinishReason.abort(str(e), status_code=400)
+                    finally:
+                        self.regex_spent[req.parent] = spent + time.perf_counter() - start_s
                     if hit is not None:
                         return FinishReason.stop(hit)  # SGLang reports the pattern
         if n_out >= sp.max_new_tokens:

@@ -171,3 +171,42 @@ def test_the_held_tail_is_the_longest_proper_prefix_of_a_stop_string():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
         assert stop_prefix_len(text, stops) == direct(text, stops), (text, stops)
     assert stop_prefix_len("x" + "a" * 600, ["a" * 512]) == 511
+
+
+def test_a_requests_samples_share_one_time_limit_per_step(tiny_llama, monkeypatch):
+    """n samples used to get the limit each (n=128: 6.4 s of search a step, on the step loop):
+    they share it. Each search here takes 10 ms: one sample runs to its end; of eight (80 ms a
+    step), those past the limit are stopped with a 400, and no step searches longer."""
+    from radixrt.config import EngineConfig
+    from radixrt.requests.messages import GenerateReq
+    from radixrt.scheduler.scheduler import Scheduler
+
+    calls: list[int] = []
+
+    def slow_search(p, tail, whole, new_chars, timeout):
+        calls[-1] += 1
+        time.sleep(0.01)
+        if timeout < 0.01:
+            raise TimeoutError
+        return False
+
+    monkeypatch.setattr(sr, "_search_one", slow_search)
+    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=4096, disable_overlap_schedule=True))
+    try:
+        for rid, n in (("one", 1), ("eight", 8)):
+            sp = SamplingParams(max_new_tokens=6, ignore_eos=True, n=n, stop_regex=["never"])
+            sched.handle(GenerateReq(rid, [11, 12, 13], sp))
+        finished = {}
+        while sched.has_work():
+            calls.append(0)
+            for out in sched.step():
+                if out.finish_reason is not None:
+                    finished[out.rid] = out.finish_reason
+        assert finished["one"].type == "length"
+        eight = [r for rid, r in finished.items() if rid.startswith("eight")]
+        stopped = [r for r in eight if r.is_abort]
+        assert len(eight) == 8 and stopped and all(r.status_code == 400 for r in stopped), eight
+        assert "other samples" in stopped[0].message
+        assert max(calls) <= 1 + 6, calls  # the one sample's search, and the eight's 50 ms
+    finally:
+        sched.close()
