@@ -491,6 +491,24 @@ def test_min_new_tokens_masks_eos_and_stop_ids():
     assert sampler.sample(base, [r3]).token_ids == [5]
 
 
+def test_a_requests_rows_share_its_bias_and_bans_built_once():
+    """n rows of one request (one params object) with a logit_bias over the whole vocabulary
+    and stop ids under min_new_tokens: each row gets them, and they are built once (a Python
+    loop over 49,152 keys for each of 128 rows took 2.4 s a step)."""
+    sampler = Sampler(vocab_size=8, eos_token_ids=[7])
+    p = SamplingParams(logit_bias={str(t): float(t) for t in range(8)}, min_new_tokens=2, stop_token_ids=[6])
+    p.validate(8)
+    rows = [SamplingRow(params=p, seed=i, output_ids=[], prompt_ids=[1]) for i in range(3)]
+    base = torch.zeros(3, 8)
+    got = sampler.process_logits(base, rows)
+    expect = torch.tensor([0.0, 1, 2, 3, 4, 5, float("-inf"), float("-inf")])
+    assert all(torch.equal(got[i], expect) for i in range(3)), got
+    ids = p.__dict__["_bias_rows"][1][0]
+    sampler.process_logits(base, rows)
+    assert p.__dict__["_bias_rows"][1][0] is ids  # kept, not rebuilt
+    assert torch.equal(base, torch.zeros(3, 8))  # the input is never modified
+
+
 def test_logprobs_are_raw_log_softmax(sampler):
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(4, V, generator=g)
