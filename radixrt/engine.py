@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Un
 from radixrt.config import EngineConfig
 from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import RequestSpec, build_specs, split_prompts, validate_call
+from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts, validate_call
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, LoRAControlReq, StatsReq, TokenBatch
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
@@ -155,7 +155,13 @@ class Engine:
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
         prompts = split_prompts(
-            prompt, input_ids, self.tokenizer.encode, text_name="prompt", allow_empty_batch=True, limits=self.limits
+            prompt,
+            input_ids,
+            self.tokenizer.encode,
+            text_name="prompt",
+            allow_empty_batch=True,
+            limits=self.limits,
+            each=sequences_each(sampling_params),
         )
         specs = build_specs(
             prompts,

@@ -59,7 +59,7 @@ class Limits:
     kv_total_slots: int  # KV pool size in tokens
     vocab_size: int  # token ids are in [0, vocab_size)
     max_n: int = DEFAULT_MAX_N  # samples of one prompt (sampling param n)
-    max_request_sequences: int = DEFAULT_MAX_REQUEST_SEQUENCES  # sequences of one call (`check_call_size`)
+    max_request_sequences: int = DEFAULT_MAX_REQUEST_SEQUENCES  # sequences of one call (`validate_call`)
     max_top_logprobs_num: int = DEFAULT_MAX_TOP_LOGPROBS_NUM  # top logprobs per position
     max_client_priority: int = DEFAULT_MAX_CLIENT_PRIORITY  # |priority| at most this
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
@@ -168,13 +168,28 @@ def sequences_of(sampling: SamplingParams) -> int:
     return max(sampling.n, sampling.beam_width or 1)
 
 
-def check_prompt_count(count: int, limits: Limits, field: str) -> None:
-    """RequestError unless a call of ``count`` prompts may start (each starts at least
-    one sequence): checked before they are tokenized."""
-    if count > limits.max_request_sequences:
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def sequences_each(sampling_params: Any) -> int:
+    """The sequences each prompt starts when a call gives one ``sampling_params`` object for
+    all its prompts (its n, or beam width when larger); 1 when it gives a list, or values
+    validation will refuse."""
+    if not isinstance(sampling_params, dict):
+        return 1
+    values: list[Any] = [sampling_params.get("n"), sampling_params.get("beam_width")]
+    return max([1] + [int(v) for v in values if is_int(v)])
+
+
+def check_prompt_count(count: int, limits: Limits, field: str, each: int = 1) -> None:
+    """RequestError unless a call of ``count`` prompts, each starting ``each`` sequences
+    (at least one), may start: checked before they are tokenized."""
+    if count * each > limits.max_request_sequences:
+        times = f" of {_plural(each, 'sequence')} each" if each > 1 else ""
         raise RequestError(
-            f"'{field}' holds {count} prompts; this server starts at most {limits.max_request_sequences} "
-            f"sequences per call (--max-request-sequences)",
+            f"'{field}' holds {_plural(count, 'prompt')}{times}; this server starts at most "
+            f"{_plural(limits.max_request_sequences, 'sequence')} per call (--max-request-sequences)",
             field,
         )
 
@@ -183,10 +198,12 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
     """The call's size (its prompts' sequences together), then `validate_spec` of each prompt."""
     total = sum(sequences_of(spec.sampling) for spec in specs)
     if total > limits.max_request_sequences:
+        beams = any(spec.sampling.beam_width > spec.sampling.n for spec in specs)
         raise RequestError(
-            f"this call starts {total} sequences ({len(specs)} prompts, each with its n or beam width); this "
-            f"server starts at most {limits.max_request_sequences} per call (--max-request-sequences)",
-            "n",
+            f"this call starts {total} sequences ({_plural(len(specs), 'prompt')}, each with its "
+            f"{'beam width' if beams else 'n'}); this server starts at most "
+            f"{_plural(limits.max_request_sequences, 'sequence')} per call (--max-request-sequences)",
+            "beam_width" if beams else "n",
         )
     for spec in specs:
         validate_spec(spec, limits)
@@ -251,14 +268,16 @@ def split_prompts(
     ids_name: str = "input_ids",
     allow_empty_batch: bool = False,
     limits: Optional[Limits] = None,
+    each: int = 1,
 ) -> PromptBatch:
     """Exactly one of ``text`` (a string or a list of strings) and
     ``input_ids`` (a list of ints, or a list of such lists) -> a PromptBatch.
 
     An empty text, or ``input_ids=[]``, is one empty prompt (refused by
     validation). An empty list of texts is refused unless ``allow_empty_batch``.
-    With ``limits``, more prompts than a call may start is refused before any is
-    tokenized (`check_prompt_count`)."""
+    With ``limits``, more prompts than a call may start (each starting ``each``
+    sequences, when the call gives one n or beam width for all) is refused before
+    any is tokenized (`check_prompt_count`)."""
     if (text is None) == (input_ids is None):
         raise RequestError(f"Give exactly one of '{text_name}' or '{ids_name}'.", text_name)
     if text is not None:
@@ -269,7 +288,7 @@ def split_prompts(
         else:
             raise RequestError(f"'{text_name}' must be a string or a non-empty list of strings.", text_name)
         if limits is not None:
-            check_prompt_count(len(texts), limits, text_name)
+            check_prompt_count(len(texts), limits, text_name, each)
         ids = [list(encode(t)) if t else [] for t in texts]
         return PromptBatch(ids, list(texts), not isinstance(text, str), text_name)
     if isinstance(input_ids, (list, tuple)) and all(is_int(t) for t in input_ids):
@@ -280,7 +299,7 @@ def split_prompts(
         and all(isinstance(x, (list, tuple)) and all(is_int(t) for t in x) for x in input_ids)
     ):
         if limits is not None:
-            check_prompt_count(len(input_ids), limits, ids_name)
+            check_prompt_count(len(input_ids), limits, ids_name, each)
         return PromptBatch([[int(t) for t in x] for x in input_ids], [None] * len(input_ids), True, ids_name)
     raise RequestError(
         f"'{ids_name}' must be a list of integers (token ids; true and false are not) or a non-empty "

@@ -86,12 +86,12 @@ class RidTable:
                     while self.running(rid):  # pragma: no cover - a uuid4 collision
                         rid = new_request_id()
                 elif self.running(rid):
-                    raise RequestError(f"a request with rid {rid!r} is already running", "rid")
+                    raise RequestError(f"a request with rid {rid!r} {self._where(rid, added)}", "rid")
                 elif n > 1 and any(r in self._by_rid for r in sample_rids(rid, n)):
                     taken = next(r for r in sample_rids(rid, n) if r in self._by_rid)
                     raise RequestError(
                         f"rid {rid!r} with n={n} names its samples {rid}-0 to {rid}-{n - 1}, and a request "
-                        f"with rid {taken!r} is already running",
+                        f"with rid {taken!r} {self._where(taken, added)}",
                         "rid",
                     )
                 entry = RidEntry(rid, new_request_id(), n)
@@ -102,6 +102,11 @@ class RidTable:
                 self.remove(entry.iid)
             raise
         return added
+
+    def _where(self, rid: str, added: list[RidEntry]) -> str:
+        """Where the request that holds ``rid`` (or whose sample it is) came from."""
+        holder = self._by_rid.get(rid) or (self._sample_of(rid) or (None,))[0]
+        return "is earlier in this call" if any(holder is e for e in added) else "is already running"
 
     def remove(self, iid: str) -> None:
         """Forget the request of internal id ``iid`` (finished or aborted)."""

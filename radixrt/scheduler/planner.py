@@ -42,7 +42,7 @@ from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.constrained import drop_draft
-from radixrt.scheduler.policy import by_priority, interleave_calls, order_waiting
+from radixrt.scheduler.policy import by_priority, fair_share_retractions, interleave_calls, order_waiting
 from radixrt.scheduler.queues import RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
 
@@ -113,6 +113,10 @@ class BatchPlanner:
         self.prefill_cap = self.config.chunked_prefill_size if alone else self.shared_step_prefill_cap
         if self.config.enable_priority_scheduling:
             self._preempt_for_priority(plan)
+        else:
+            queues = self.queues
+            for victim in fair_share_retractions(queues.running, queues.waiting, self.config.max_running_requests):
+                self._retract(victim, plan, pressure=False)
         # calls with a prompt being computed (only asked about while requests wait)
         busy = {r.group for r in self.queues.running if not r.output_ids} if self.queues.waiting else set()
         held = self._held_for_other_calls(busy)
@@ -251,9 +255,10 @@ class BatchPlanner:
         batch.extend(zip(decoders, repeat(1)))
         return n
 
-    def _retract(self, req: Req, plan: Plan) -> None:
+    def _retract(self, req: Req, plan: Plan, pressure: bool = True) -> None:
         """Release a running request's KV (its prefix stays in the tree) and re-queue it.
-        Its output and grammar matcher stay; its draft is dropped."""
+        Its output and grammar matcher stay; its draft is dropped. ``pressure``: retracted
+        for memory (more KV is then kept in reserve), not to share the batch."""
         self.queues.running.remove(req)
         drop_draft(req)
         swap = self.swap_cost is not None and self.swap_cost.should_swap(len(req.slots))
@@ -266,8 +271,11 @@ class BatchPlanner:
         req.retractions += 1
         self.queues.waiting.insert(0, req)
         plan.retracted.append(req)
-        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
-        logger.info("retracted %s (%d tokens) under KV pressure", req.rid, req.seq_len)
+        if pressure:
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
+        logger.info(
+            "retracted %s (%d tokens) %s", req.rid, req.seq_len, "under KV pressure" if pressure else "for a call"
+        )
         if req.beam is not None:  # a beam search is retracted as a unit: its other beams go too
             for sibling in req.beam.beams:
                 if sibling.phase is Phase.RUNNING:
@@ -276,7 +284,7 @@ class BatchPlanner:
                             del plan.batch[i]
                             self.kv.truncate(sibling, len(sibling.slots) - q)
                             break
-                    self._retract(sibling, plan)
+                    self._retract(sibling, plan, pressure)
 
     def _preempt_for_priority(self, plan: Plan) -> None:
         """With the batch full (max_running_requests), retract the least urgent
@@ -313,8 +321,8 @@ class BatchPlanner:
         if not waiting or budget <= 0:
             return
         ordered = interleave_calls(order_waiting(self.config.schedule_policy, waiting, self.kv.match))
-        if busy:
-            ordered = sorted(ordered, key=lambda r: r.group in busy)  # stable: the order holds within each part
+        holding = {r.group for r in running}  # calls with nothing running first (a place retracted for one)
+        ordered = sorted(ordered, key=lambda r: (r.group in busy, r.group in holding))  # stable
         if self.config.enable_priority_scheduling:
             ordered = by_priority(ordered)
         # Prefixes being computed, in this step or by an unfinished chunked prefill that gets

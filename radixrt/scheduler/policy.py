@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from radixrt.memory.radix_node import MatchResult, TreeNode
@@ -99,6 +99,33 @@ def interleave_calls(ordered: list[Req]) -> list[Req]:
         return ordered
     order = sorted(range(len(ordered)), key=lambda i: (turns[i], i))
     return [ordered[i] for i in order]
+
+
+def fair_share_retractions(running: list[Req], waiting: list[Req], max_running: int) -> list[Req]:
+    """With the batch full (``max_running``), the running requests to retract so that each
+    waiting call with nothing running gets a place: each time the latest-admitted request
+    of the call holding the most places, while that call holds more than half of them and
+    at least two (so it keeps one, and no two calls take places from each other in turn);
+    never a beam (a search is retracted as a unit). A call of 4,000 prompts then holds a
+    newcomer's request for a step, not until a wave of its own requests has finished."""
+    if len(running) < max_running or not waiting:
+        return []
+    held = Counter(r.group for r in running)
+    newcomers = {r.group for r in waiting if r.group not in held and not (r.grammar_compiling or r.inflight_tokens)}
+    victims: list[Req] = []
+    taken: set[int] = set()
+    for _ in newcomers:
+        group, count = held.most_common(1)[0]
+        if count <= max(1, max_running // 2):
+            break
+        candidates = [r for r in running if r.group == group and r.beam is None and id(r) not in taken]
+        if not candidates:
+            break
+        victim = max(candidates, key=lambda r: r.arrival)
+        victims.append(victim)
+        taken.add(id(victim))
+        held[group] -= 1
+    return victims
 
 
 def by_priority(ordered: list[Req]) -> list[Req]:

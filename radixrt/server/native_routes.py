@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from radixrt.requests.intake import RequestSpec, build_specs, split_prompts
+from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts
 from radixrt.requests.router import ReqGroup
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request, error_body
@@ -163,7 +163,8 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
         raise bad_request("'stream' must be a boolean.", "stream")
     with as_bad_request():
         encode = functools.partial(tm.encode, field="text")
-        prompts = split_prompts(body.get("text"), body.get("input_ids"), encode, limits=tm.limits)
+        each = sequences_each(body.get("sampling_params"))
+        prompts = split_prompts(body.get("text"), body.get("input_ids"), encode, limits=tm.limits, each=each)
         specs = build_specs(
             prompts,
             sampling_params=body.get("sampling_params"),

@@ -130,6 +130,7 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
             text_name="prompt",
             ids_name="prompt",
             limits=tm.limits,
+            each=max(req.n, req.beam_width or 0, (req.best_of or 0) if req.use_beam_search else 0),
         )
 
 

@@ -110,7 +110,8 @@ async def stream_choices(
     given; last ``[DONE]``.
     """
     if opening:
-        yield b"".join(sse_chunk(head, [c]) for c in opening)
+        first = usage_fn() if (continuous_usage and usage_fn is not None) else None
+        yield b"".join(sse_chunk(head, [c], first) for c in opening)
     async for news in group.updates():
         err = group_error(group)
         if err is not None:

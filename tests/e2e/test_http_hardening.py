@@ -542,14 +542,21 @@ def test_streamed_completion_logprobs_include_tokens_whose_text_waits(server):
     "route, body, param",
     [
         ("/v1/completions", {"model": "default", "prompt": ["x"] * 100_000, "max_tokens": 1}, "prompt"),
-        ("/v1/completions", {"model": "default", "prompt": ["x"] * 40, "n": 128, "max_tokens": 1}, "n"),
+        ("/v1/completions", {"model": "default", "prompt": ["x"] * 40, "n": 128, "max_tokens": 1}, "prompt"),
         ("/generate", {"input_ids": [[5]] * 100_000, "sampling_params": {"max_new_tokens": 1}}, "input_ids"),
-        ("/generate", {"text": ["x"] * 40, "sampling_params": {"n": 128, "max_new_tokens": 1}}, "n"),
+        ("/generate", {"text": ["x"] * 40, "sampling_params": {"n": 128, "max_new_tokens": 1}}, "text"),
+        ("/generate", {"text": ["x"] * 40, "sampling_params": [{"n": 128, "max_new_tokens": 1}] * 40}, "n"),
+        (
+            "/generate",
+            {"text": ["x"] * 70, "sampling_params": [{"beam_width": 64, "max_new_tokens": 1}] * 70},
+            "beam_width",
+        ),
     ],
 )
 def test_a_call_of_more_sequences_than_the_server_starts_is_a_400(server, route, body, param):
     """A small body cannot start hundreds of thousands of sequences (prompts times n): the
-    scheduler's and the front's memory grew by gigabytes, and its abort stalled the loop."""
+    scheduler's and the front's memory grew by gigabytes, and its abort stalled the loop. With
+    one n for all prompts the count is refused before any prompt is tokenized."""
     t0 = time.monotonic()
     err = _error(httpx.post(server.url + route, json=body, timeout=60), 400, "--max-request-sequences")
     assert err["param"] == param and time.monotonic() - t0 < 5

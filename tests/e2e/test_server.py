@@ -459,6 +459,11 @@ def test_openai_continuous_usage_stats(client):
     counts = [c["usage"]["completion_tokens"] for c in running]
     assert counts == sorted(counts) and 1 <= counts[0] and counts[-1] == 4, counts
     assert not last["choices"] and last["usage"]["completion_tokens"] == 4
+    chat = {k: v for k, v in body.items() if k != "prompt"} | {"messages": _MSG}
+    with client.stream("POST", "/v1/chat/completions", json=chat) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"  # the opening chunk has it too
+    assert all("usage" in c for c in chunks) and chunks[0]["usage"]["completion_tokens"] == 0, chunks[0]
 
 
 def test_openai_extra_fields_accepted(client):

@@ -105,5 +105,5 @@ def test_a_pattern_that_backtracks_without_end_fails_the_request_not_the_engine(
     # "(a|aa)+b" over a growing run of a's: exponential, the search times out
     sp = {"max_new_tokens": 200, "temperature": 0, "regex": "a{150}", "stop_regex": r"(a|aa)+b"}
     fr = engine.generate("Hi", sp)["meta_info"]["finish_reason"]
-    assert fr["type"] == "abort" and fr["message"].startswith(r"stop_regex '(a|aa)+b' took over"), fr
+    assert fr["type"] == "abort" and fr["message"].startswith(r"stop_regex '(a|aa)+b' took the request over"), fr
     assert engine.generate("Hi", {**PINNED, "stop_regex": r"\d"})["text"] == "abc 1"  # still serving

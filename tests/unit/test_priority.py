@@ -122,6 +122,32 @@ def test_steps_shorten_while_another_call_has_work(tiny_llama):
         sched.close()
 
 
+def test_a_full_batch_of_one_call_makes_room_for_another_calls_request(tiny_llama):
+    """Eight places (max_running_requests), all taken by one call's long requests, twelve more
+    of them waiting: a request of another call runs within two steps (one of the call's is
+    retracted, its KV kept in the tree), not once a wave of the call's requests finishes.
+    A call keeps at least half the places, and everything finishes, the retracted one too."""
+    sched = _checked_scheduler(tiny_llama, max_total_tokens=20000, max_running_requests=8)
+    try:
+        sp = SamplingParams(max_new_tokens=40, ignore_eos=True)
+        for i in range(20):
+            sched.handle(GenerateReq(f"batch-{i}", [300 + i, 301, 302, 303], sp, group="batch"))
+        for _ in range(3):
+            sched.step()
+        assert len(sched.running) == 8
+        for name in ("a", "b", "c", "d", "e"):
+            sched.handle(GenerateReq(name, [7, 8, 9], SamplingParams(max_new_tokens=4, ignore_eos=True)))
+        sched.step()
+        sched.step()
+        running = {r.rid for r in sched.running}
+        assert {"a", "b", "c", "d"} <= running and len(running) == 8, running  # e waits: the call keeps 4
+        assert sum(r.startswith("batch") for r in running) == 4
+        _run_recording_admissions(sched, 2000)
+        assert sched.counters["requests_finished"] == 25
+    finally:
+        sched.close()
+
+
 def test_urgent_request_is_admitted_first(tiny_llama):
     assert _admission_order(tiny_llama, enable_priority_scheduling=True) == ["a", "d", "b", "c"]
 

@@ -40,6 +40,11 @@ def test_a_running_rid_is_refused_including_sample_rids():
     with pytest.raises(RequestError, match="'col2-0' is already running"):
         t.add(["col2-0x", "col2"], [1, 3])  # in one batch, too: all or nothing
     assert t.resolve("col2-0x") == []
+    with pytest.raises(RequestError, match="'e-0' is earlier in this call"):
+        t.add(["e", "e-0"], [2, 1])  # a conflict inside one call says so
+    with pytest.raises(RequestError, match="'e-0' is earlier in this call"):
+        t.add(["e-0", "e"], [1, 2])
+    assert len(t) == 1
     t.remove(b.iid)
     [a] = t.add(["col2"], [2])
     for rid in ("col2", "col2-0", "col2-1"):
