@@ -148,19 +148,21 @@ class BatchPlanner:
 
     def _step_budget(self) -> int:
         """Tokens this step may compute: ``chunked_prefill_size`` while one call has all
-        the work (a batch's steps stay long); while several have, its prompts get at most
-        `PROMPT_SHARES_WHEN_SHARED` requests' shares (``shared_step_prefill_cap``) besides
-        the decoders' tokens: every other call's next token (its first, too) waits for
-        the whole step, and on a CPU a step of 2,048 prompt tokens takes seconds."""
+        the work (a batch's steps stay long) or nothing decodes (prompts only: nobody waits
+        on the step for a token); while several calls have work and requests decode, the
+        prompts get at most `PROMPT_SHARES_WHEN_SHARED` requests' shares
+        (``shared_step_prefill_cap``) besides the decoders' tokens: every decoder's next
+        token waits for the whole step, and on a CPU 2,048 prompt tokens take seconds."""
         full = max(self.config.chunked_prefill_size, 1)
         cap = PROMPT_SHARES_WHEN_SHARED * self.shared_step_prefill_cap
         running, waiting = self.queues.running, self.queues.waiting
-        if cap >= full or not (running or waiting):
+        if cap >= full or not running:
             return full
-        first = (running or waiting)[0].group
-        if all(r.group == first for r in running) and all(r.group == first for r in waiting):
+        decoding = sum(1 + len(r.draft_ids) for r in running if r.output_ids)
+        first = running[0].group
+        if not decoding or (all(r.group == first for r in running) and all(r.group == first for r in waiting)):
             return full
-        return min(full, cap + sum(1 + len(r.draft_ids) for r in running if r.output_ids))
+        return min(full, cap + decoding)
 
     def _held_for_other_calls(self, busy: set[str]) -> int:
         """Prompt tokens of this step that running prompts may not take: one request's share

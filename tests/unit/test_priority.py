@@ -95,12 +95,14 @@ def test_a_call_of_many_long_prompts_in_progress_leaves_room_for_the_next_call(t
 
 
 def test_steps_shorten_while_another_call_has_work(tiny_llama):
-    """A batch of 200 short prompts alone computes 2,048 tokens a step; once a request of
-    another call comes, each step computes at most two requests' shares (2 x 256) of prompt
-    tokens besides the decoders, so that the other call's tokens do not each wait seconds."""
-    sched = _checked_scheduler(tiny_llama, max_total_tokens=40000, long_prefill_token_threshold=256)
+    """A batch of 200 short prompts alone computes 2,048 prompt tokens a step; once a request of another call comes, each step computes at most two
+    requests' shares (2 x 256) of prompt tokens besides the decoders, so that the decoders'
+    tokens (the other call's first) do not each wait seconds."""
+    sched = _checked_scheduler(
+        tiny_llama, max_total_tokens=40000, long_prefill_token_threshold=256, max_running_requests=400
+    )
     try:
-        sp = SamplingParams(max_new_tokens=1, ignore_eos=True)
+        sp = SamplingParams(max_new_tokens=6, ignore_eos=True)
         for i in range(200):
             sched.handle(GenerateReq(f"batch-{i}", [200 + i] + list(range(300, 319)), sp, group="batch"))
 
