@@ -75,7 +75,7 @@ class Plan:
 
 
 # A step's prompt tokens while several calls have work, in requests' shares (`BatchPlanner._step_budget`)
-PROMPT_SHARES_WHEN_SHARED = 2
+PROMPT_SHARES_WHEN_SHARED = 4
 
 
 class BatchPlanner:
