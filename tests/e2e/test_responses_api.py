@@ -223,15 +223,18 @@ def test_stream_adds_up_to_the_whole_answer(client):
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+# one forced weather call (the two tests below: whole, and cut by the token budget)
+WEATHER_CALL = dict(
+    instructions=INSTRUCTIONS,
+    input="What's the weather in Paris?",
+    tools=TOOLS,
+    tool_choice="required",
+    parallel_tool_calls=False,
+)
+
+
 def test_streamed_call_adds_up_to_the_whole_call(client):
-    ask = dict(
-        instructions=INSTRUCTIONS,
-        input="What's the weather in Paris?",
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_output_tokens=64,
-    )
+    ask = dict(WEATHER_CALL, max_output_tokens=64)
     events, final = _stream(client, **ask)
     whole = _call(_create(client, **ask))
     deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
@@ -244,14 +247,7 @@ def test_streamed_call_adds_up_to_the_whole_call(client):
 
 
 def test_a_call_cut_by_the_budget_is_incomplete_in_stream_and_whole(client):
-    ask = dict(
-        instructions=INSTRUCTIONS,
-        input="What's the weather in Paris?",
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_output_tokens=18,
-    )
+    ask = dict(WEATHER_CALL, max_output_tokens=18)
     _, final = _stream(client, **ask)
     whole = _create(client, **ask)
     for r in (final, whole):

@@ -221,7 +221,7 @@ def test_runaway_stop_regex_fails_only_its_request(tiny_server):
     sp = {"max_new_tokens": 200, "temperature": 0, "regex": "a{150}", "stop_regex": r"(a|aa)+b"}
     with httpx.Client(base_url=tiny_server.url, timeout=60) as c:
         r = c.post("/generate", json={"text": "Hi", "sampling_params": sp})
-        assert r.status_code == 400 and "took over" in r.json()["error"]["message"], r.text
+        assert r.status_code == 400 and "took the request over" in r.json()["error"]["message"], r.text
         assert c.get("/health").status_code == 200
     assert_kv_idle(tiny_server)
 
