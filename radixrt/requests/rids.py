@@ -87,8 +87,7 @@ class RidTable:
                         rid = new_request_id()
                 elif self.running(rid):
                     raise RequestError(f"a request with rid {rid!r} {self._where(rid, added)}", "rid")
-                elif n > 1 and any(r in self._by_rid for r in sample_rids(rid, n)):
-                    taken = next(r for r in sample_rids(rid, n) if r in self._by_rid)
+                elif (taken := self._sample_rid_taken(rid, n)) is not None:
                     raise RequestError(
                         f"rid {rid!r} with n={n} names its samples {rid}-0 to {rid}-{n - 1}, and a request "
                         f"with rid {taken!r} {self._where(taken, added)}",
@@ -102,6 +101,10 @@ class RidTable:
                 self.remove(entry.iid)
             raise
         return added
+
+    def _sample_rid_taken(self, rid: str, n: int) -> Optional[str]:
+        """The first of request ``rid``'s sample rids that a running request holds (n > 1)."""
+        return next((s for s in sample_rids(rid, n) if s in self._by_rid), None) if n > 1 else None
 
     def _where(self, rid: str, added: list[RidEntry]) -> str:
         """Where the request that holds ``rid`` (or whose sample it is) came from."""

@@ -331,12 +331,11 @@ class BatchPlanner:
         # no tokens this one: a request sharing a long uncached prefix with one of them waits
         # and then reads that prefix from the tree instead of computing it again.
         inflight = RadixCache(None, page_size=1)
-        for r, q in batch:
-            if q > 1:
-                inflight.insert(r.seq, [0] * r.seq_len)
-        for r in running:
-            if r.uncomputed - len(r.draft_ids) > 1:  # its KV for this step not yet allocated: none this step
-                inflight.insert(r.seq, [0] * r.seq_len)
+        computing = {id(r): r for r, q in batch if q > 1}
+        # a prefill given no tokens this step has no KV allocated for it: still uncomputed
+        computing.update((id(r), r) for r in running if r.uncomputed - len(r.draft_ids) > 1)
+        for r in computing.values():
+            inflight.insert(r.seq, [0] * r.seq_len)
         reserve = self._decode_reserve()
         threshold = self.config.in_batch_prefix_threshold
         adapters = {id(r.lora) for r in running if r.lora is not None}

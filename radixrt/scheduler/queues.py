@@ -40,8 +40,10 @@ class RequestQueues:
     def take(self, hit: Callable[[Req], bool]) -> list[Req]:
         """Remove and return the requests ``hit`` selects, waiting ones first: one pass
         over each list however many are taken (an aborted batch of thousands)."""
-        taken = [r for r in self.waiting if hit(r)] + [r for r in self.running if hit(r)]
-        if taken:
-            self.waiting[:] = [r for r in self.waiting if not hit(r)]
-            self.running[:] = [r for r in self.running if not hit(r)]
+        taken: list[Req] = []
+        for queue in (self.waiting, self.running):
+            kept: list[Req] = []
+            for r in queue:
+                (taken if hit(r) else kept).append(r)
+            queue[:] = kept
         return taken

@@ -267,7 +267,10 @@ class Scheduler:
         """Abort requests with all their samples, or single samples (or all, for rid ""), at any
         stage; their KV is released. Ids match exactly; one pass over the queues for all of them."""
         wanted = set(rids)
-        hit: Callable[[Req], bool] = lambda r: "" in wanted or r.rid in wanted or r.parent in wanted  # noqa: E731
+
+        def hit(r: Req) -> bool:
+            return "" in wanted or r.rid in wanted or r.parent in wanted
+
         for r in self.queues.take(hit):
             if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue

@@ -57,7 +57,7 @@ def as_param(where: str) -> str:
     return where.replace("[", ".").replace("]", "")
 
 
-def _text(content: Any, where: str) -> str:
+def content_text(content: Any, where: str) -> str:
     """A message's (or a call output's) content as text; only text parts."""
     if isinstance(content, str):
         return content
@@ -94,7 +94,7 @@ class Conversation:
     def add_item(self, where: str, item: dict[str, Any]) -> None:
         kind = item.get("type", "message")
         if kind == "message":
-            self.add(where, {"role": item["role"], "content": _text(item["content"], where)})
+            self.add(where, {"role": item["role"], "content": content_text(item["content"], where)})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],
@@ -110,7 +110,9 @@ class Conversation:
             calls.append(call)
             last["content"] = last["content"] or None
         elif kind == "function_call_output":
-            self.add(where, {"role": "tool", "tool_call_id": item["call_id"], "content": _text(item["output"], where)})
+            self.add(
+                where, {"role": "tool", "tool_call_id": item["call_id"], "content": content_text(item["output"], where)}
+            )
         elif kind == "item_reference":
             raise bad_request(
                 f"{where}: 'item_reference' items are not supported; send the item itself, or "

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from radixrt.server.errors import bad_request
+from radixrt.server.responses_input import content_text
 from radixrt.server.responses_render import new_id
 
 MAX_PAGE = 100  # OpenAI's: limit is 1 to 100 (default 20)
@@ -27,10 +28,6 @@ def _parts(content: Any, part_type: str) -> list[dict[str, Any]]:
         for part in out:
             part["annotations"] = []
     return out
-
-
-def _text(content: Any) -> str:
-    return content if isinstance(content, str) else "".join(p.get("text") or "" for p in content)
 
 
 def listed_inputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -53,7 +50,7 @@ def listed_inputs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "id": new_id("fco"),
                     "type": "function_call_output",
                     "call_id": item["call_id"],
-                    "output": _text(item["output"]),
+                    "output": content_text(item["output"], "input"),  # checked when the request came
                     "status": "completed",
                 }
             )
