@@ -383,6 +383,7 @@ ENGINE_INDEPENDENT = frozenset(
         "grammar_cache_size",
         "grammar_max_chars",
         "grammar_max_repeat",
+        "grammar_max_source_chars",
         "max_n",
         "max_request_sequences",
         "max_top_logprobs_num",

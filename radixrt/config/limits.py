@@ -13,7 +13,12 @@ from radixrt.requests.intake import (
     DEFAULT_MAX_TOP_LOGPROBS_NUM,
     Limits,
 )
-from radixrt.sampling.grammar_bounds import DEFAULT_MAX_CHARS, DEFAULT_MAX_REPEAT, GrammarLimits
+from radixrt.sampling.grammar_bounds import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_REPEAT,
+    DEFAULT_MAX_SOURCE_CHARS,
+    GrammarLimits,
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,11 @@ class LimitSettings:
         "refuse (400) a grammar with a counted repetition ({m,n}, minLength, maxItems, ...) "
         "above this: bounds grammar compilation",
     )
+    grammar_max_source_chars: int = setting(
+        DEFAULT_MAX_SOURCE_CHARS,
+        "refuse (400) a regex, JSON schema, grammar or tool set's structural tag longer than "
+        "this many characters: bounds parsing and compiling it (about 15 s a million characters)",
+    )
 
     def __post_init__(self) -> None:
         if self.max_n < 1 or self.max_request_sequences < 1:
@@ -63,8 +73,8 @@ class LimitSettings:
             raise ValueError("max_top_logprobs_num must be >= 0")
         if not 0 <= self.max_client_priority < 2**62:
             raise ValueError("max_client_priority must be in [0, 2**62)")
-        if self.grammar_max_chars < 1 or self.grammar_max_repeat < 1:
-            raise ValueError("grammar_max_chars and grammar_max_repeat must be >= 1")
+        if min(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars) < 1:
+            raise ValueError("grammar_max_chars, grammar_max_repeat and grammar_max_source_chars must be >= 1")
 
     def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int) -> Limits:
         """The front door's `Limits` for a runtime of these sizes under these settings."""
@@ -76,5 +86,5 @@ class LimitSettings:
             max_request_sequences=self.max_request_sequences,
             max_top_logprobs_num=self.max_top_logprobs_num,
             max_client_priority=self.max_client_priority,
-            grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat),
+            grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars),
         )

@@ -126,10 +126,15 @@ def bad_token_ids(ids: Sequence[Any], vocab_size: int) -> list[Any]:
 
 
 def validate_prompt(
-    input_ids: Sequence[int], sampling: SamplingParams, limits: Limits, field: str = "input_ids"
+    input_ids: Sequence[int],
+    sampling: SamplingParams,
+    limits: Limits,
+    field: str = "input_ids",
+    parse_grammar: bool = True,
 ) -> None:
     """Raise RequestError unless ``input_ids`` with ``sampling`` can be served
-    within ``limits``; the grammar (if any) is parsed, not compiled."""
+    within ``limits``; the grammar (if any) is parsed, not compiled, unless
+    ``parse_grammar`` is false (the scheduler: its compile thread parses it)."""
     n = len(input_ids)
     if not n:
         raise RequestError("the prompt is empty: give a non-empty text or input_ids", field)
@@ -156,7 +161,7 @@ def validate_prompt(
         sampling.validate(limits.vocab_size)
     except ValueError as e:
         raise RequestError(str(e), "sampling_params") from None
-    key = grammar_key(sampling)
+    key = grammar_key(sampling) if parse_grammar else None
     try:
         check_grammar(key, limits.grammar)
     except ValueError as e:

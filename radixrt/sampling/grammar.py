@@ -124,6 +124,10 @@ def _parse(key: GrammarKey, limits: GrammarLimits) -> Any:
     import xgrammar as xgr
 
     kind, source = key
+    if len(source) > limits.max_source_chars:
+        raise GrammarTooCostly(
+            f"it has {len(source)} characters, more than the limit of {limits.max_source_chars} (--grammar-max-source-chars)"
+        )
     if kind == "regex":
         grammar = xgr.Grammar.from_regex(source)
     elif kind == "json_schema":

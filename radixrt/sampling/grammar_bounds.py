@@ -10,6 +10,11 @@ allowed character for as long as there is one, never ends and grows without
 bound. Both are refused here, in the caller's thread at submission and again
 before compilation, from the grammar's structure alone (microseconds):
 
+* the source (regex, schema, EBNF or structural tag) has at most
+  ``max_source_chars`` characters: parsing and compiling are linear in it but
+  not cheap (a 625,000-character alternation takes 2 s to parse and 7 s to
+  compile against a 49,152-token vocabulary), and this is checked first;
+
 * every rule must be *productive*: it derives at least one finite string
   (a rule whose every alternative needs itself again is not);
 * the shortest string of every rule is at most ``max_chars``
@@ -63,6 +68,8 @@ INFINITE = float("inf")
 
 DEFAULT_MAX_CHARS = 1 << 16  # shortest text of any rule: far beyond any context, far below a stall
 DEFAULT_MAX_REPEAT = 1 << 16  # largest counted repetition
+# a grammar's source text: parsing and compiling cost about 15 s a million characters here
+DEFAULT_MAX_SOURCE_CHARS = 1 << 18
 
 
 class GrammarTooCostly(ValueError):
@@ -75,6 +82,7 @@ class GrammarLimits:
 
     max_chars: int = DEFAULT_MAX_CHARS
     max_repeat: int = DEFAULT_MAX_REPEAT
+    max_source_chars: int = DEFAULT_MAX_SOURCE_CHARS
 
 
 @dataclass

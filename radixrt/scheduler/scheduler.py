@@ -63,7 +63,6 @@ from radixrt.requests.messages import (
 from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.sampling.grammar import GrammarBackend
-from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
@@ -193,10 +192,6 @@ class Scheduler:
         return self.launcher.sampler
 
     # ------------------------------------------------------------------ intake
-    def validate(self, input_ids: list[int], sampling: SamplingParams) -> None:
-        """Raise ValueError for a request that can never be served (the front door's checks)."""
-        validate_prompt(input_ids, sampling, self.limits)
-
     @property
     def grammars(self) -> GrammarBackend:
         """The grammar compiler and cache, created on first use."""
@@ -232,8 +227,9 @@ class Scheduler:
             self.arriving.arrive(req, msg.lora)
 
     def validate_request(self, msg: GenerateReq) -> None:
-        """ValueError (a 400) for what ``msg`` asks that this server cannot do."""
-        self.validate(msg.input_ids, msg.sampling)
+        """ValueError (a 400) for what ``msg`` asks that this server cannot do. Its grammar is
+        parsed by the compile thread, off the step loop (a large one takes half a second)."""
+        validate_prompt(msg.input_ids, msg.sampling, self.limits, parse_grammar=False)
         self.budgets.check(msg.sampling.kv_budget)
         if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
             raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")

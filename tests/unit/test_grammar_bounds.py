@@ -54,6 +54,16 @@ REFUSED = {
         ("ebnf", "root ::= r30\n" + "\n".join(f"r{i + 1} ::= r{i} r{i}" for i in range(30)) + '\nr0 ::= "ab"'),
         "characters, more than the limit",
     ),
+    # a long source costs its parse and compile whatever its structure (2 s and 7 s at 625,000
+    # characters): refused before xgrammar reads it
+    "long_alternation": (
+        ("regex", "(" + "|".join(f"w{i}x" for i in range(40_000)) + ")"),
+        "--grammar-max-source-chars",
+    ),
+    "long_enum": (
+        ("json_schema", json.dumps({"enum": [f"value number {i}" for i in range(20_000)]})),
+        "more than the limit of 262144",
+    ),
 }
 
 ACCEPTED = {
@@ -89,6 +99,7 @@ ACCEPTED = {
     "date": ("regex", r"\d{4}-\d{2}-\d{2}"),
     "recursive_ebnf_with_base": ("ebnf", 'root ::= "(" root ")" | "x"'),
     "at_the_limit": ("regex", "a{65536}"),
+    "a_large_enum": ("json_schema", json.dumps({"enum": [f"value number {i}" for i in range(10_000)]})),
 }
 
 
@@ -115,3 +126,33 @@ def test_limits_are_the_operators():
     with pytest.raises(ValueError, match="exceeds the limit of 100"):
         check_grammar(key, GrammarLimits(max_repeat=100))
     check_grammar(("regex", "a{100000}"), GrammarLimits(max_chars=100000, max_repeat=100000))
+    with pytest.raises(ValueError, match="has 7 characters, more than the limit of 6"):
+        check_grammar(key, GrammarLimits(max_source_chars=6))
+
+
+def test_the_scheduler_leaves_parsing_a_grammar_to_its_compile_thread(tiny_llama):
+    """A distinct large grammar took half a second to parse on the step loop's thread, once
+    per request (the front had parsed it already, in another process); the compile thread
+    parses it now, and a bad one still fails its request alone with a 400."""
+    from radixrt.config import EngineConfig
+    from radixrt.requests.messages import GenerateReq
+    from radixrt.sampling.grammar import _check_cached
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.scheduler import Scheduler
+
+    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=1024, disable_overlap_schedule=True))
+    words = "(" + "|".join(f"w{i}x" for i in range(3000)) + ")"  # parsed by no one before
+    parsed = _check_cached.cache_info().misses
+    try:
+        for rid, regex in (("ok", words), ("bad", "(")):
+            sched.add_request(GenerateReq(rid, [5, 6, 7], SamplingParams(max_new_tokens=4, temperature=0, regex=regex)))
+        assert _check_cached.cache_info().misses == parsed  # no parse on the scheduler's thread
+        ends = {}
+        while sched.has_work():
+            for out in sched.step():
+                if out.finish_reason is not None:
+                    ends[out.rid] = out
+    finally:
+        sched.close()
+    assert ends["bad"].finish_reason.status_code == 400 and "regex" in ends["bad"].finish_reason.message
+    assert ends["ok"].finish_reason.status_code is None, ends["ok"].finish_reason
