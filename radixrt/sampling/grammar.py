@@ -126,7 +126,8 @@ def _parse(key: GrammarKey, limits: GrammarLimits) -> Any:
     kind, source = key
     if len(source) > limits.max_source_chars:
         raise GrammarTooCostly(
-            f"it has {len(source)} characters, more than the limit of {limits.max_source_chars} (--grammar-max-source-chars)"
+            f"it has {len(source)} characters, more than the limit of {limits.max_source_chars} "
+            "(--grammar-max-source-chars)"
         )
     if kind == "regex":
         grammar = xgr.Grammar.from_regex(source)
