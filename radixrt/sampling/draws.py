@@ -2,8 +2,10 @@
 
 The randomness of a row at output index ``i`` comes from a counter-based hash
 of ``(seed, i, attempt)`` computed in Python (`draw_uniform`): it depends on
-nothing else, so a request draws the same tokens whatever batch it runs in
-and when it is recomputed after a retraction, on CPU and GPU alike. One
+nothing else, so a request draws the same random numbers whatever batch it
+runs in and when it is recomputed after a retraction, on CPU and GPU alike
+(the same tokens where its logits are the same to the bit: see
+docs/deterministic.md). One
 uniform number per row becomes a token by inverse-CDF sampling over the kept
 weights in token-id order (two levels over a wide vocabulary, since a
 full-width cumsum is the slowest op on CPU). See sampler.py for the whole
