@@ -14,7 +14,8 @@ bound); the run goes on.
 
 The hostile requests are the ones of issue #22 and their neighbours: a JSON
 schema with no finite instance, a regex bomb, the largest forced string the
-default grammar limits allow, a prompt at the context length, a 30 MB body,
+default grammar limits allow, a large grammar never seen before (parsed and
+compiled off the step loop), a prompt at the context length, a 30 MB body,
 a maximal-priority request, and a tool list at the server's limits.
 """
 
@@ -49,6 +50,10 @@ def _hostile(context: int) -> dict[str, tuple[str, Any]]:
         "recursive schema": ("/generate", gen(json_schema=json.dumps(RECURSIVE))),
         "regex a{3000000}": ("/generate", gen(regex="a{3000000}")),
         "forced a{65536} (allowed)": ("/generate", gen(regex="a{65536}")),
+        "62 KB alternation regex (allowed)": (
+            "/generate",
+            gen(regex="(" + "|".join(f"w{i}x{i * 7919 % 100003}" for i in range(5000)) + ")"),
+        ),
         "prompt at the context": (
             "/generate",
             {"input_ids": [17] * (context - 2), "sampling_params": {"max_new_tokens": 1}},

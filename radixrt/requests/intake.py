@@ -6,10 +6,9 @@ OpenAI routes, and the scheduler itself) turns its input into requests here:
 * `split_prompts`: text or input_ids, one prompt or a batch -> token id lists;
 * `build_specs`: per-prompt sampling params and logprob flags (a single value
   or one per prompt) -> one `RequestSpec` per prompt;
-* `validate_prompt` / `validate_spec`: the admission checks against the
-  runtime's `Limits` (prompt empty or too long for the context or the KV
-  pool, ids outside the vocabulary, sampling params, ``n``, grammar syntax,
-  ``logprob_start_len``, ``top_logprobs_num``, ``priority``);
+* `validate_prompt` / `validate_spec`: the admission checks against `Limits` (prompt
+  empty or too long for the context or the KV pool, ids outside the vocabulary, sampling
+  params, ``n``, grammar syntax, ``logprob_start_len``, ``top_logprobs_num``, ``priority``);
 * request ids (`new_request_id`, `sample_rids`, `RidTable`, see below);
 * `resolve_logprob`: whether a request returns logprobs.
 
@@ -132,9 +131,8 @@ def validate_prompt(
     field: str = "input_ids",
     parse_grammar: bool = True,
 ) -> None:
-    """Raise RequestError unless ``input_ids`` with ``sampling`` can be served
-    within ``limits``; the grammar (if any) is parsed, not compiled, unless
-    ``parse_grammar`` is false (the scheduler: its compile thread parses it)."""
+    """Raise RequestError unless ``input_ids`` with ``sampling`` can be served within ``limits``;
+    the grammar is parsed (not compiled) unless not ``parse_grammar`` (its compile thread will)."""
     n = len(input_ids)
     if not n:
         raise RequestError("the prompt is empty: give a non-empty text or input_ids", field)

@@ -123,15 +123,15 @@ class Scheduler:
             config.grammar.enable_jump_forward,
             self.context_length,
         )
-        swap = self.host.swap_cost if self.host is not None and config.scheduling.preemption_mode == "swap" else None
         self.planner = BatchPlanner(
             config.scheduling,
             self.kv,
             self.queues,
             self.context_length,
-            swap,
+            self.host.swap_cost if self.host is not None and config.scheduling.preemption_mode == "swap" else None,
             config.scheduling.shared_step_prefill_cap(config.execution.device),
             config.lora.max_loras_per_batch,
+            0 if config.execution.device.startswith("cuda") else mc.keys_per_dense_token(),
         )
         self.launcher = StepLauncher(
             self.runner,

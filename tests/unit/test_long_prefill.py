@@ -90,3 +90,34 @@ def test_the_cap_resolves_per_device():
     assert SchedulingSettings(chunked_prefill_size=64).shared_step_prefill_cap("cpu") == 64
     with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
         SchedulingSettings(long_prefill_token_threshold=-1)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_step_counts_the_attention_of_a_long_context(tiny_llama, shared):
+    """Deep in a long prompt a token's attention costs more than its dense products, so a
+    step gives it fewer tokens (`BatchPlanner._prompt_cap`), beside a decoding request (the
+    shared cap) or alone (the chunk), and stays short: on the CPU 256 tokens over 7,000 keys
+    took 1.6 s where 256 over none take 0.5 s, and a request arriving behind a 2,048-token
+    chunk deep in a context-length prompt waited up to 17 s for it."""
+    rng = random.Random(1)
+    long_prompt = [rng.randrange(10, 500) for _ in range(1800)]
+    sched = _scheduler(tiny_llama, CAP)
+    k0 = sched.planner.keys_per_dense_token
+    assert k0 == sched.runner.model_config.keys_per_dense_token() and 0 < k0 < 1800
+    cap = CAP if shared else CHUNK
+    outputs: dict[str, list[int]] = {}
+    done: set[str] = set()
+    try:
+        if shared:
+            sched.handle(_req("short", [11, 12, 13, 14], 1000))  # decodes all along
+            _run(sched, outputs, done)
+        sched.handle(_req("long", long_prompt, 1))
+        computed, sizes = 0, []
+        while computed < len(long_prompt):
+            q = _run(sched, outputs, done)
+            assert q == min(len(long_prompt) - computed, max(32, cap * k0 // (k0 + computed))), (computed, q)
+            computed += q
+            sizes.append(q)
+        assert sizes[0] == cap and sizes[-2] <= cap // 2, sizes
+    finally:
+        sched.close()

@@ -56,6 +56,15 @@ class ModelConfig:
     sliding_window: Optional[int] = None
     hf_config: Any = None
 
+    def keys_per_dense_token(self) -> int:
+        """Cached keys whose attention costs a token what its dense products do (multiply-adds
+        of the layers' projections and MLP against those of attending one key), so a prompt
+        token over ``c`` cached keys costs about ``1 + c / this`` tokens with none: 3,072 for
+        SmolLM2-135M, about 26,600 for Llama-3-8B."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        dense = self.hidden_size * (2 * q + 2 * kv) + 3 * self.hidden_size * self.intermediate_size
+        return max(1, dense // (2 * q))
+
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
         """Read ``path/config.json`` (and ``generation_config.json`` for extra eos ids).
