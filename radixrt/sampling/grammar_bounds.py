@@ -8,13 +8,12 @@ scheduler's thread), and a JSON schema that requires itself
 instance at all, so xgrammar's jump-forward search, which follows the one
 allowed character for as long as there is one, never ends and grows without
 bound. Both are refused here, in the caller's thread at submission and again
-before compilation, from the grammar's structure alone (microseconds):
+before compilation, from the grammar's size and structure alone (microseconds):
 
 * the source (regex, schema, EBNF or structural tag) has at most
   ``max_source_chars`` characters: parsing and compiling are linear in it but
   not cheap (a 625,000-character alternation takes 2 s to parse and 7 s to
   compile against a 49,152-token vocabulary), and this is checked first;
-
 * every rule must be *productive*: it derives at least one finite string
   (a rule whose every alternative needs itself again is not);
 * the shortest string of every rule is at most ``max_chars``

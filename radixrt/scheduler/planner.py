@@ -77,7 +77,7 @@ class Plan:
 # A step's prompt tokens while several calls have work, in requests' shares (`BatchPlanner._step_budget`)
 PROMPT_SHARES_WHEN_SHARED = 4
 # the fewest prompt tokens a step gives a request, however long its context (`_prompt_cap`)
-MIN_SHARED_PROMPT_TOKENS = 32
+MIN_STEP_PROMPT_TOKENS = 32
 
 
 class BatchPlanner:
@@ -150,11 +150,11 @@ class BatchPlanner:
         """This step's cap on ``req``'s prompt tokens: the chunk, or the shared cap. Both bound a
         step's time, and a token's attention over ``c`` keys costs ``c / keys_per_dense_token`` of
         its dense products (on the CPU 256 tokens over 7,000 keys took 1.6 s, not 0.5), so a
-        token counts as that much more (at least `MIN_SHARED_PROMPT_TOKENS` a step)."""
+        token counts as that much more (at least `MIN_STEP_PROMPT_TOKENS` a step)."""
         cap, k0 = self.prefill_cap, self.keys_per_dense_token
         if k0 <= 0:
             return cap
-        return max(min(cap, MIN_SHARED_PROMPT_TOKENS), cap * k0 // (k0 + len(req.slots)))
+        return max(min(cap, MIN_STEP_PROMPT_TOKENS), cap * k0 // (k0 + len(req.slots)))
 
     def _will_stop_at_length(self, req: Req) -> bool:
         """A request whose in-flight token is its last: nothing to compute for it."""
