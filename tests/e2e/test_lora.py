@@ -192,6 +192,72 @@ def test_beam_search_with_an_adapter_matches_peft(engine, tiny_llama, adapters, 
     assert base["output_ids"] != ours["output_ids"], "the adapter changes the search"
 
 
+def _crafted(src: str, folder: Path, edit_weights=None, **config) -> str:
+    """A copy of the adapter at ``src`` with its weights edited by ``edit_weights`` (a dict of
+    tensors, changed in place) and ``config`` merged into its adapter_config.json."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, folder)
+    if edit_weights is not None:
+        weights = load_file(str(folder / "adapter_model.safetensors"))
+        edit_weights(weights)
+        save_file(weights, str(folder / "adapter_model.safetensors"))
+    if config:
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**cfg, **config}))
+    return str(folder)
+
+
+def _key(weights: dict, part: str) -> str:
+    return next(k for k in sorted(weights) if part in k)
+
+
+CRAFTED = {
+    # lora_A of a width the module does not take: the kernel read past A's end, and a longer
+    # prompt's matrix product raised in the scheduler, which ended the server
+    "narrow_A": (
+        lambda w: w.update({_key(w, "o_proj.lora_A"): torch.randn(8, 3)}),
+        {},
+        "the model's module takes",
+    ),
+    # a layer the model lacks: the kernel's table was sized by the largest index (160 TB here)
+    "far_layer": (
+        lambda w: w.update({"base_model.model.model.layers.5000000.self_attn.q_proj.lora_A.weight": torch.ones(8, 64)}),
+        {},
+        "is for layer 5000000",
+    ),
+    "int8_A": (
+        lambda w: w.update({_key(w, "q_proj.lora_A"): torch.ones(8, 64, dtype=torch.int8)}),
+        {},
+        "not floating point",
+    ),
+    # a catastrophic pattern for `re` held the GIL on the loader thread: the whole server froze for
+    # good (now matched with a time limit, which `regex` does not even need for this one: it loads)
+    "redos_pattern": (None, {"alpha_pattern": {"(.*)*(.*)*(.*)*(.*)*(.*)*(.*)*Z": 3}}, None),
+    "infinite_scaling": (None, {"lora_alpha": 1e300}, "not a finite one"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_adapter_is_refused_and_serving_goes_on(engine, adapters, tmp_path: Path, case) -> None:
+    edit, config, message = CRAFTED[case]
+    before = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")["output_ids"]
+    crafted = _crafted(adapters["r8"], tmp_path / case, edit, **config)
+    started = time.monotonic()
+    if message is None:  # served: within the time bound, and with the adapter's own output
+        engine.load_lora_adapter(case, crafted)
+        assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path=case)["output_ids"] == before
+        engine.unload_lora_adapter(case)
+    else:
+        with pytest.raises(ValueError, match=message):
+            engine.load_lora_adapter(case, crafted)
+    assert time.monotonic() - started < 10
+    assert engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")["output_ids"] == before
+    assert case not in engine.scheduler.runner.lora.pool.registered
+
+
 def test_activated_lora_matches_peft_and_shares_the_base_models_kv(engine, tiny_llama, adapters) -> None:
     engine.flush_cache()
     history = PROMPT * 4  # 256 tokens the base model already saw

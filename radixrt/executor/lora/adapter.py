@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import regex  # type: ignore[import-untyped]  # re has no timeout
 import torch
 
 # PEFT module -> (radixrt projection, index of its output slice)
@@ -48,7 +49,9 @@ PARTS = {
 }
 NEVER = 1 << 62  # an activation start no position reaches
 UNSUPPORTED = ("use_dora", "modules_to_save", "fan_in_fan_out")
-_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.(weight|bias)$")
+_KEY = re.compile(r"layers\.(\d{1,9})\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.(weight|bias)$")
+# an alpha_pattern is a client's regex matched against module names: a catastrophic one gets this long
+PATTERN_TIMEOUT_S = 0.05
 
 
 @dataclass
@@ -145,19 +148,43 @@ def adapter_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _scaling(cfg: dict[str, Any], module_key: str, rank: int) -> float:
+def projection_inputs(sizes: dict[str, list[int]]) -> dict[str, int]:
+    """Each fused projection's input width, from the output slices `install` returns."""
+    hidden, q, inter = sizes["o"][0], sizes["qkv"][0], sizes["gate_up"][0]
+    return {"qkv": hidden, "o": q, "gate_up": hidden, "down": inter}
+
+
+def _scaling(name: str, cfg: dict[str, Any], module_key: str, rank: int) -> float:
+    """``lora_alpha / r`` (or ``/ sqrt(r)``), ``alpha_pattern`` applied; ValueError for a
+    pattern that is no regex or runs past `PATTERN_TIMEOUT_S`, or a scaling not finite."""
     alpha = cfg.get("lora_alpha", 8)
     for pattern, value in (cfg.get("alpha_pattern") or {}).items():
-        if re.search(pattern, module_key):
-            alpha = value
-    return alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+        try:
+            if regex.search(str(pattern), module_key, timeout=PATTERN_TIMEOUT_S):
+                alpha = value
+        except (regex.error, TimeoutError) as e:
+            raise ValueError(f"LoRA adapter {name!r}: alpha_pattern {str(pattern)[:80]!r}: {e}") from None
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise ValueError(f"LoRA adapter {name!r}: lora_alpha of {module_key} is not a number")
+    scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+    if not math.isfinite(scaling) or abs(scaling) > 1e6:
+        raise ValueError(f"LoRA adapter {name!r}: {module_key} has scaling {scaling}, not a finite one up to 1e6")
+    return scaling
 
 
 def load_adapter(
-    name: str, folder_text: str, sizes: dict[str, list[int]], dtype: torch.dtype, device: Any, max_rank: int
+    name: str,
+    folder_text: str,
+    sizes: dict[str, list[int]],
+    dtype: torch.dtype,
+    device: Any,
+    max_rank: int,
+    num_layers: int,
 ) -> LoRAAdapter:
-    """Read a PEFT folder for a model whose fused projections have output slices
-    ``sizes`` (e.g. ``{"qkv": [q, kv, kv], "o": [h], "gate_up": [i, i], "down": [h]}``)."""
+    """Read a PEFT folder for a model of ``num_layers`` layers whose fused projections have
+    output slices ``sizes`` (e.g. ``{"qkv": [q, kv, kv], "o": [h], "gate_up": [i, i], "down":
+    [h]}``). ValueError, before anything is converted, for a weight that is not a floating
+    tensor of its module's shape (rank at most ``max_rank``) in one of the model's layers."""
     from safetensors.torch import load_file
 
     folder = Path(folder_text).expanduser()
@@ -169,6 +196,8 @@ def load_adapter(
         if m is None or m.group(2) not in PARTS:
             raise ValueError(f"LoRA adapter {name!r}: unsupported weight {key!r}")
         layer, module, ab, kind = int(m.group(1)), m.group(2), m.group(3), m.group(4)
+        if layer >= num_layers:
+            raise ValueError(f"LoRA adapter {name!r}: {key!r} is for layer {layer}; the model has {num_layers}")
         modules.setdefault((layer, module), {})[ab + ("_bias" if kind == "bias" else "")] = tensor
     digest = adapter_digest(folder)
     adapter = LoRAAdapter(name, str(folder), digest, 0, tuple(sorted({mod for _, mod in modules})))
@@ -179,30 +208,47 @@ def load_adapter(
         projection, index = PARTS[module]
         grouped.setdefault((layer, projection), []).append((index, w, f"layers.{layer}.{module}"))
     for (layer, projection), parts in grouped.items():
-        adapter.layers[(layer, projection)] = _projection(name, cfg, sizes[projection], parts, dtype, device)
+        shape = (projection_inputs(sizes)[projection], sizes[projection], max_rank)
+        adapter.layers[(layer, projection)] = _projection(name, cfg, shape, parts, dtype, device)
         adapter.rank = max(adapter.rank, *(p.ranks[1] - p.ranks[0] for p in adapter.layers[(layer, projection)].parts))
-    if adapter.rank > max_rank:
-        raise ValueError(f"LoRA adapter {name!r} has rank {adapter.rank} > --max-lora-rank {max_rank}")
     return adapter
+
+
+def _check_module(name: str, module_key: str, w: dict[str, torch.Tensor], width: int, out: int, max_rank: int) -> int:
+    """The rank of a module's weights ``w``, or ValueError unless they are floating tensors
+    ``A [r, width]``, ``B [out, r]`` and a bias ``[out]``, with ``0 < r <= max_rank``."""
+    if "A" not in w or "B" not in w:
+        raise ValueError(f"LoRA adapter {name!r}: {module_key} lacks lora_A or lora_B")
+    a, b, bias = w["A"], w["B"], w.get("B_bias")
+    r = a.shape[0] if a.dim() == 2 else 0
+    if not all(t.is_floating_point() for t in (a, b) + ((bias,) if bias is not None else ())):
+        raise ValueError(f"LoRA adapter {name!r}: {module_key} has weights that are not floating point")
+    if a.shape != (r, width) or b.shape != (out, r) or not 0 < r or (bias is not None and bias.shape != (out,)):
+        raise ValueError(
+            f"LoRA adapter {name!r}: {module_key} has shapes {tuple(a.shape)}, {tuple(b.shape)}; "
+            f"the model's module takes {width} inputs to {out} outputs"
+        )
+    if r > max_rank:
+        raise ValueError(f"LoRA adapter {name!r} has rank {r} > --max-lora-rank {max_rank}")
+    return r
 
 
 def _projection(
     name: str,
     cfg: dict[str, Any],
-    slices: list[int],
+    shape: tuple[int, list[int], int],
     parts: list[tuple[int, dict[str, torch.Tensor], str]],
     dtype: torch.dtype,
     device: Any,
 ) -> ProjectionDelta:
+    """A projection's delta from its adapted parts; ``shape``: its input width, output slices
+    and the largest rank allowed."""
+    width, slices, max_rank = shape
     a_list, out_parts, r0 = [], [], 0
     for index, w, module_key in sorted(parts, key=lambda p: p[0]):
-        if "A" not in w or "B" not in w:
-            raise ValueError(f"LoRA adapter {name!r}: {module_key} lacks lora_A or lora_B")
+        r = _check_module(name, module_key, w, width, slices[index], max_rank)
         a, b = w["A"].float(), w["B"].float()
-        r = a.shape[0]
-        if b.shape != (slices[index], r) or a.shape[1] <= 0:
-            raise ValueError(f"LoRA adapter {name!r}: {module_key} has shapes {tuple(a.shape)}, {tuple(b.shape)}")
-        s = _scaling(cfg, module_key, r)
+        s = _scaling(name, cfg, module_key, r)
         bias = w.get("B_bias")
         out_parts.append(
             Part(

@@ -30,7 +30,14 @@ from typing import Any, Optional
 import torch
 
 from radixrt.config.lora import LoRASettings, parse_lora_paths
-from radixrt.executor.lora.adapter import LoRAAdapter, adapter_digest, load_adapter, read_config, weights_file
+from radixrt.executor.lora.adapter import (
+    LoRAAdapter,
+    adapter_digest,
+    load_adapter,
+    projection_inputs,
+    read_config,
+    weights_file,
+)
 from radixrt.executor.lora.batch import LoRAContext, install
 
 logger = logging.getLogger(__name__)
@@ -59,7 +66,8 @@ class LoRAPool:
         max_loaded: Optional[int],
         max_rank: int,
         target_modules: Optional[list[str]] = None,
-        num_layers: int = 1,
+        *,
+        num_layers: int,
     ) -> None:
         self.sizes = sizes
         self.dtype = dtype
@@ -67,6 +75,7 @@ class LoRAPool:
         self.max_loaded = max_loaded
         self.max_rank = max_rank
         self.target_modules = set(target_modules) if target_modules else None
+        self.num_layers = num_layers
         self.max_weights_bytes = weights_bound(sizes, num_layers, max_rank)
         self.registered: dict[str, Registered] = {}
         self.loaded: OrderedDict[str, LoRAAdapter] = OrderedDict()  # least recently used first
@@ -140,7 +149,7 @@ class LoRAPool:
         if future is None:
             reg = self.registered[name]
             future = self._loader.submit(
-                load_adapter, name, reg.path, self.sizes, self.dtype, self.device, self.max_rank
+                load_adapter, name, reg.path, self.sizes, self.dtype, self.device, self.max_rank, self.num_layers
             )
             self.loading[name] = future
         return future
@@ -151,7 +160,9 @@ class LoRAPool:
 
         def job() -> tuple[Registered, LoRAAdapter]:
             reg = self.describe_folder(name, path)
-            return reg, load_adapter(name, reg.path, self.sizes, self.dtype, self.device, self.max_rank)
+            return reg, load_adapter(
+                name, reg.path, self.sizes, self.dtype, self.device, self.max_rank, self.num_layers
+            )
 
         return self._loader.submit(job)
 
@@ -214,8 +225,7 @@ class LoRAPool:
 def weights_bound(sizes: dict[str, list[int]], num_layers: int, max_rank: int) -> int:
     """The most bytes an adapter file of rank ``max_rank`` for this model can need: every
     module's ``A`` and ``B`` and a bias, in 8-byte numbers, and a megabyte of header."""
-    hidden, q, inter = sizes["o"][0], sizes["qkv"][0], sizes["gate_up"][0]
-    inputs = {"qkv": hidden, "o": q, "gate_up": hidden, "down": inter}
+    inputs = projection_inputs(sizes)
     per_layer = sum(len(outs) * max_rank * inputs[p] + (max_rank + 1) * sum(outs) for p, outs in sizes.items())
     return num_layers * per_layer * 8 + (1 << 20)
 
