@@ -239,8 +239,8 @@ class SchedulingSettings:
     )
     in_batch_prefix_threshold: int = setting(
         32,
-        "hold back a request that shares at least this many uncached prompt tokens with one being computed, "
-        "so it reads them from the cache instead",
+        "hold back a request whose prompt shares at least this many leading tokens with one being computed, "
+        "while any of them is uncached, so it reads them from the cache instead",
     )
     long_prefill_token_threshold: Optional[int] = setting(
         None,

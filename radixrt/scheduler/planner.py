@@ -373,8 +373,8 @@ class BatchPlanner:
             match = self.kv.match(req, load=True)  # what the host tier holds comes back (copies queued)
             if self.kv.tree.stores_prefixes:
                 shared = inflight.match_prefix(req.seq[: req.max_prefix_len], record_stats=False).length
-                if shared - match.length >= threshold:
-                    continue
+                if shared >= threshold and shared > match.length:
+                    continue  # even for its last few uncached tokens: a step's wait, not a second copy
             extend = req.seq_len - match.length
             if req.draft_ids and extend > min(budget, self.prefill_cap):
                 drop_draft(req)  # a draft is computed in one piece or not at all

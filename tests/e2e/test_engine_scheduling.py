@@ -87,9 +87,8 @@ def test_n_samples_share_prompt_slots(tiny_llama, page_size):
         engine.wait_idle()
         peak = engine.get_stats()["peak_kv_used_slots"]
         assert peak <= 2000 + 8 * gen + 8 * page_size, peak
-        # 7 of the 8 samples found the prompt in the tree (but for the last tokens of it still being
-        # computed when they were admitted: fewer than in_batch_prefix_threshold do not hold them back)
-        assert sorted(r["meta_info"]["cached_tokens"] for r in results)[1] >= 2000 - max(page_size, 32)
+        # 7 of the 8 samples found the prompt in the tree.
+        assert sorted(r["meta_info"]["cached_tokens"] for r in results)[1] >= 2000 - page_size
         engine.scheduler.check_invariants()
     finally:
         engine.shutdown()
