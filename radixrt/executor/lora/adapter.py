@@ -183,8 +183,8 @@ def load_adapter(
 ) -> LoRAAdapter:
     """Read a PEFT folder for a model of ``num_layers`` layers whose fused projections have
     output slices ``sizes`` (e.g. ``{"qkv": [q, kv, kv], "o": [h], "gate_up": [i, i], "down":
-    [h]}``). ValueError, before anything is converted, for a weight that is not a floating
-    tensor of its module's shape (rank at most ``max_rank``) in one of the model's layers."""
+    [h]}``). ValueError for a weight that is not a floating tensor of its module's shape (rank
+    at most ``max_rank``) in one of the model's layers, each checked before it is converted."""
     from safetensors.torch import load_file
 
     folder = Path(folder_text).expanduser()
