@@ -140,21 +140,21 @@ class BatchPlanner:
         lets it compute. Under a KV budget (kv_budget.py) at most its slack,
         and the prompt's last token in a step of its own: it is compacted
         between chunks and before the first output's logits."""
-        q = min(need, budget, self._prompt_cap(req))
+        q = min(need, budget, self._prompt_cap(req.seq_len - need - req.kv_dropped))
         b = req.kv_budget
         if b is not None and need > 1:
             q = min(q, b.budget.slack, need - 1)
         return q
 
-    def _prompt_cap(self, req: Req) -> int:
-        """This step's cap on ``req``'s prompt tokens: the chunk, or the shared cap. Both bound a
-        step's time, and a token's attention over ``c`` keys costs ``c / keys_per_dense_token`` of
-        its dense products (on the CPU 256 tokens over 7,000 keys took 1.6 s, not 0.5), so a
-        token counts as that much more (at least `MIN_STEP_PROMPT_TOKENS` a step)."""
+    def _prompt_cap(self, keys: int) -> int:
+        """The cap (chunk or shared) on the prompt tokens of a request with ``keys`` keys (an
+        admitted one's: its cached prefix). A token's attention over ``c`` keys costs ``c /
+        keys_per_dense_token`` of its dense products (on the CPU 256 tokens over 7,000 keys took
+        1.6 s, not 0.5), so it counts that much more (at least `MIN_STEP_PROMPT_TOKENS` a step)."""
         cap, k0 = self.prefill_cap, self.keys_per_dense_token
         if k0 <= 0:
             return cap
-        return max(min(cap, MIN_STEP_PROMPT_TOKENS), cap * k0 // (k0 + len(req.slots)))
+        return max(min(cap, MIN_STEP_PROMPT_TOKENS), cap * k0 // (k0 + max(keys, 0)))
 
     def _will_stop_at_length(self, req: Req) -> bool:
         """A request whose in-flight token is its last: nothing to compute for it."""

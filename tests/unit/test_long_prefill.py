@@ -119,5 +119,10 @@ def test_a_step_counts_the_attention_of_a_long_context(tiny_llama, shared):
             computed += q
             sizes.append(q)
         assert sizes[0] == cap and sizes[-2] <= cap // 2, sizes
+        # admitted over a cached prefix, a prompt's first step counts the prefix's keys too
+        while "long" not in done:
+            _run(sched, outputs, done)
+        sched.handle(_req("longer", long_prompt + [7] * 300, 1))
+        assert _run(sched, outputs, done) == max(32, cap * k0 // (k0 + len(long_prompt))) < cap
     finally:
         sched.close()
