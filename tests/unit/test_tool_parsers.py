@@ -295,6 +295,24 @@ def test_structural_tags_parse(fmt, choice):
     assert tool_call_structural_tag(get_parser(fmt, None), check_tools([WEATHER], "none", None)) is None
 
 
+@pytest.mark.parametrize("fmt", ["generic", "qwen", "llama3", "mistral"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_enforced_calls_may_end_after_a_newline(fmt, parallel):
+    """A model that writes the separator's newline after its last call may then stop: under
+    "required" the grammar used to allow only another call there, so it wrote calls until the
+    token limit. A separator that is not whitespace is not allowed at the end."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    p = get_parser(fmt, None)
+    grammar = xgr.Grammar.from_structural_tag(tool_call_structural_tag(p, check_tools([WEATHER], "required", parallel)))
+    call = p.render_call("get_weather", '{"city": "Paris"}')
+    one, two = p.block_begin + call + p.block_end, p.block_begin + call + p.separator + call + p.block_end
+    assert accepts(grammar, one) and accepts(grammar, two) == parallel
+    assert accepts(grammar, one + p.separator) == (not p.separator.strip())
+    assert not accepts(grammar, one + p.separator + "<")
+
+
 def test_generic_rendering_is_stable_and_round_trips():
     p = get_parser("generic", None)
     tr = check_tools([WEATHER], "auto", None)

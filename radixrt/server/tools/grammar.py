@@ -75,8 +75,12 @@ def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning:
             fmt = SequenceFormat(
                 elements=[ConstStringFormat(value=parser.block_begin), calls, ConstStringFormat(value=parser.block_end)]
             )
-        else:
+        elif parser.separator.strip():
             fmt = calls
+        else:
+            # after its last call the output may end with the separator (a newline): a model that
+            # writes one there (as templates render calls) is not then held to write another call
+            fmt = SequenceFormat(elements=[calls, OptionalFormat(content=ConstStringFormat(value=parser.separator))])
     elif parser.block_begin or parser.block_end:
         fmt = TriggeredTagsFormat(
             triggers=[parser.trigger],
