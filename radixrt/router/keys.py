@@ -9,15 +9,24 @@ matches against its trees.
   (``role`` then the text content of each), so conversations that share
   their first messages share a prefix.
 
-Anything else (a malformed body, a route without a prompt) has no key: the
-policy then routes by load. The router never rejects a body itself; the
-worker answers malformed ones with its own 4xx.
+Every key starts with its cache namespace's marker (`namespace_marker`):
+the worker never shares KV across namespaces (``cache_salt``, and
+``prompt_cache_key`` on the OpenAI routes), and neither may the router's
+trees, or a client could learn from where its request was routed (the
+``x-radixrt-worker`` header, the policy's counters) whether another
+namespace sent a prompt that begins like its own.
+
+Anything else (a malformed body, a route without a prompt, a salt that is
+not a string) has no key: the policy then routes by load. The router never
+rejects a body itself; the worker answers malformed ones with its own 4xx.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from radixrt.requests.intake import cache_namespace
+from radixrt.router.key_marker import namespace_marker
 from radixrt.router.policies import RouteKey
 
 # The longest key kept: enough to tell prompts apart by their prefix, and it bounds the router's work per request.
@@ -50,9 +59,20 @@ def _content_text(content: Any) -> str:
 
 
 def routing_key(path: str, body: Any) -> Optional[RouteKey]:
-    """The key of ``body`` posted to ``path``, or None."""
+    """The key of ``body`` posted to ``path`` (its namespace's marker, then its prompt), or None."""
     if not isinstance(body, dict):
         return None
+    salts = [body.get("cache_salt")] if path == "/generate" else [body.get("cache_salt"), body.get("prompt_cache_key")]
+    if any(s is not None and not isinstance(s, str) for s in salts):
+        return None
+    prompt = _prompt_key(path, body)
+    if prompt is None:
+        return None
+    marker = namespace_marker(cache_namespace(*salts))
+    return marker + prompt if isinstance(prompt, str) else (marker, *prompt)
+
+
+def _prompt_key(path: str, body: dict) -> Optional[RouteKey]:
     if path == "/generate":
         if body.get("text") is not None:
             return _prompt(body["text"])

@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Union
 
 from radixrt.router.approx_tree import ApproxTree
+from radixrt.router.key_marker import marker_len
 from radixrt.router.kv_event_index import KVEventIndex, TokenKey
 
-RouteKey = Union[str, tuple[int, ...]]
+RouteKey = Union[str, tuple[Any, ...]]  # a namespace marker (key_marker.py), then the prompt
 POLICIES = ("round_robin", "shortest_queue", "cache_aware")
 
 
@@ -165,11 +166,19 @@ class CacheAware:
             if on_events is not None:
                 url = on_events
             else:
-                matched = self._tree(key).match(key) if key else {}
-                url = self._by_prefix(workers, loads, matched, len(key) if key else 0)
+                url = self._by_prefix(workers, loads, *self._match(key))
         if key:
-            self._tree(key).insert(key, url)
+            self._insert(key, url)
         return url
+
+    def _insert(self, key: RouteKey, url: str) -> None:
+        """Record ``key`` as sent to ``url``; past ``max_tree_size`` the worker's tree is cut to
+        three quarters of it at once (amortized over the quarter inserted since), so that no burst
+        of long keys (requests the worker refuses included) outgrows the bound between `evict` runs."""
+        tree = self._tree(key)
+        tree.insert(key, url)
+        if tree.size(url) > self.config.max_tree_size:
+            tree.evict_tenant(url, self.config.max_tree_size * 3 // 4)
 
     def _on_events(self, workers: Sequence[str], loads: dict[str, int], tokens: Optional[TokenKey]) -> Optional[str]:
         """The worker whose cache holds the longest prefix of ``tokens`` per the
@@ -186,6 +195,16 @@ class CacheAware:
             return best
         self.sources["approx_tree"] += 1
         return None
+
+    def _match(self, key: Optional[RouteKey]) -> tuple[dict[str, int], int]:
+        """Per worker, how much of ``key``'s prompt its tree holds, and the prompt's length: a
+        key's namespace marker (`keys.marker_len`) is not part of the match. Two namespaces'
+        markers may share their first characters, never a prompt."""
+        if not key:
+            return {}, 0
+        skip = marker_len(key)
+        held = self._tree(key).match(key)
+        return {w: n - skip for w, n in held.items() if n > skip}, len(key) - skip
 
     def _by_prefix(self, workers: Sequence[str], loads: dict[str, int], matched: dict[str, int], length: int) -> str:
         """The worker with the longest ``matched`` prefix when it covers

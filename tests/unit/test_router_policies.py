@@ -7,6 +7,7 @@ import random
 import pytest
 
 from radixrt.router.approx_tree import ApproxTree
+from radixrt.router.key_marker import marker_len, namespace_marker
 from radixrt.router.keys import routing_key
 from radixrt.router.policies import CacheAware, CacheAwareConfig, RoundRobin, ShortestQueue, make_policy
 from radixrt.router.workers import HealthConfig, WorkerPool
@@ -88,12 +89,13 @@ def test_tree_random_operations_keep_invariants():
 
 # ---------------------------------------------------------------- routing keys
 def test_routing_keys():
-    assert routing_key("/generate", {"text": "abc"}) == "abc"
-    assert routing_key("/generate", {"text": ["first", "second"]}) == "first"
-    assert routing_key("/generate", {"input_ids": [5, 6, 7]}) == (5, 6, 7)
-    assert routing_key("/generate", {"input_ids": [[5, 6], [7]]}) == (5, 6)
-    assert routing_key("/v1/completions", {"prompt": "p"}) == "p"
-    assert routing_key("/v1/completions", {"prompt": [[1, 2]]}) == (1, 2)
+    shared = namespace_marker(None)
+    assert routing_key("/generate", {"text": "abc"}) == shared + "abc"
+    assert routing_key("/generate", {"text": ["first", "second"]}) == shared + "first"
+    assert routing_key("/generate", {"input_ids": [5, 6, 7]}) == (shared, 5, 6, 7)
+    assert routing_key("/generate", {"input_ids": [[5, 6], [7]]}) == (shared, 5, 6)
+    assert routing_key("/v1/completions", {"prompt": "p"}) == shared + "p"
+    assert routing_key("/v1/completions", {"prompt": [[1, 2]]}) == (shared, 1, 2)
     chat = routing_key(
         "/v1/chat/completions",
         {
@@ -103,10 +105,47 @@ def test_routing_keys():
             ]
         },
     )
-    assert isinstance(chat, str) and chat.startswith("<system>be brief\n") and chat.endswith("<user>hi\n")
-    for body in (None, [], {"text": 3}, {"input_ids": ["x"]}, {"messages": "no"}, {"prompt": []}):
+    assert isinstance(chat, str) and chat.startswith(shared + "<system>be brief\n") and chat.endswith("<user>hi\n")
+    for body in (
+        None,
+        [],
+        {"text": 3},
+        {"input_ids": ["x"]},
+        {"messages": "no"},
+        {"prompt": []},
+        {"text": "a", "cache_salt": 1},
+    ):
         assert routing_key("/generate", body) is None
         assert routing_key("/v1/chat/completions", body) is None
+
+
+def test_routing_keys_carry_the_namespace_the_worker_caches_under():
+    a = routing_key("/generate", {"text": "secret memo", "cache_salt": "tenant-a"})
+    b = routing_key("/generate", {"text": "secret memo", "cache_salt": "tenant-b"})
+    assert a != b and a == routing_key("/generate", {"text": "secret memo", "cache_salt": "tenant-a"})
+    assert a.endswith("secret memo") and "tenant-a" not in a and marker_len(a) == len(a) - len("secret memo")
+    ids = routing_key("/v1/completions", {"prompt": [1, 2], "prompt_cache_key": "k"})
+    assert ids == (namespace_marker('[null, "k"]'), 1, 2) and marker_len(ids) == 1
+    chat = routing_key("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "cache_salt": "s"})
+    assert chat.startswith(namespace_marker('["s", null]'))
+
+
+def test_cache_aware_never_matches_one_namespace_against_another():
+    """Tenant B guessing tenant A's prompt, under its own salt, is routed exactly as for a
+    prompt nobody sent: its routing (the x-radixrt-worker header, the decision counters)
+    cannot tell whether A sent it. The same guess without a salt neither."""
+    p = CacheAware(CacheAwareConfig(cache_threshold=0.3))
+    loads = dict.fromkeys(W, 0)
+    secret = "Internal memo: merger with Acme Corp closes on March 3rd at $41 per share."
+    owner = p.select(W, loads, routing_key("/generate", {"text": secret, "cache_salt": "tenant-a"}))
+    guesses = [{"text": secret[:40], "cache_salt": "tenant-b"}, {"text": secret}, {"input_ids": [1, 2, 3]}]
+    for body in guesses:
+        before = dict(p.counts)
+        assert p._match(routing_key("/generate", body))[0] == {}
+        p.select(W, loads, routing_key("/generate", body))
+        assert p.counts["prefix"] == before["prefix"]
+    same = p.select(W, loads, routing_key("/generate", {"text": secret[:40] + " more", "cache_salt": "tenant-a"}))
+    assert same == owner and p.counts["prefix"] == 1
 
 
 # ---------------------------------------------------------------- policies
@@ -160,6 +199,9 @@ def test_cache_aware_forgets_removed_workers_and_evicts_by_size():
     assert new_owner in rest
     p.evict()
     assert all(s <= 10 for s in p.stats()["tree_sizes"].values())
+    for i in range(50):  # no eviction run between them: each insert keeps the bound
+        p.select(rest, loads, (7, i, i + 1, i + 2))
+        assert all(s <= 10 for s in p.stats()["tree_sizes"].values())
     p.reset()
     assert p.stats()["tree_sizes"] == {}
 
