@@ -30,10 +30,12 @@ the server's own.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import socket
+import stat
 import threading
 import uuid
 from collections import OrderedDict
@@ -61,6 +63,27 @@ IDENTITY_FILE = "store.json"
 # namespace files one directory holds at most (each a cache_salt / prompt_cache_key pair, at most
 # intake.MAX_NAMESPACE_KEY_CHARS characters each): about 8 MB, beside the blocks' quota
 MAX_NAMESPACES = 4096
+
+
+class NotABlockFile(OSError):
+    """Something other than a regular file where a block should be."""
+
+
+def _open_block(path: Path) -> int:
+    """A read-only descriptor of the block file at ``path``; OSError unless it is a regular
+    file. A FIFO or a device put in its place would block a reader thread, and every storage
+    read queued behind it, for good: it is opened without blocking and refused (a symbolic
+    link too: the store never makes one, and it could point anywhere)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symbolic link (O_NOFOLLOW)
+            raise NotABlockFile(f"{path} is a symbolic link") from e
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotABlockFile(f"{path} is not a regular file")
+    return fd
 
 
 class FileKVStore(KVStore):
@@ -186,11 +209,13 @@ class FileKVStore(KVStore):
         path = self._path(key)
         header, tokens, extra = bytearray(HEADER.size), bytearray(token_bytes(self.identity)), bytearray(1)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open_block(path)
             try:
                 size = os.readv(fd, [header, tokens, *dest, extra])
             finally:
                 os.close(fd)
+        except NotABlockFile:
+            size = -1  # corrupt: deleted below
         except OSError:
             with self._lock:
                 self.misses += 1
@@ -219,7 +244,7 @@ class FileKVStore(KVStore):
 
     def read_meta(self, key: bytes) -> Optional[BlockMeta]:
         try:
-            with open(self._path(key), "rb") as f:
+            with os.fdopen(_open_block(self._path(key)), "rb") as f:
                 return frame_meta(self.identity, key, f.read(HEADER.size + token_bytes(self.identity)))
         except OSError:
             return None
@@ -234,7 +259,7 @@ class FileKVStore(KVStore):
             self._remember_namespace(meta.namespace)
         path = self._path(key)
         data = frame(self.identity, key, payload, meta)
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)  # (the folder may have been removed)
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)

@@ -211,6 +211,36 @@ def test_corrupt_and_torn_blocks_are_refused_and_removed(tmp_path: Path) -> None
     assert bytes(reopened.get(keys[2]) or b"") == payload(2)
 
 
+def test_a_fifo_or_a_link_in_a_blocks_place_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Whoever can write the store's folder (or a network file system gone odd) could leave a
+    FIFO where a block was: opening it for reading blocked the reader thread, and every storage
+    read behind it, for good. It is refused at once as corrupt and removed; so is a symlink.
+    And a store whose blocks folder was removed while serving writes again."""
+    import os
+    import threading
+
+    store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)
+    keys = chain(list(range(100, 112)))
+    for i, k in enumerate(keys):
+        store.put(k, payload(i), META[k])
+    fifo, link = store._path(keys[0]), store._path(keys[1])
+    fifo.unlink()
+    os.mkfifo(fifo)
+    link.unlink()
+    link.symlink_to(store._path(keys[2]))
+    results: list = []
+    reader = threading.Thread(target=lambda: results.extend([store.read_meta(keys[0]), store.get(keys[0])]))
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive() and results == [None, None]
+    assert store.get(keys[1]) is None and store.corrupt == 2
+    assert not os.path.lexists(fifo) and not os.path.lexists(link)
+    assert bytes(store.get(keys[2]) or b"") == payload(2)
+    shutil.rmtree(store.blocks)
+    store.put(keys[0], payload(0), META[keys[0]])
+    assert bytes(store.get(keys[0]) or b"") == payload(0)
+
+
 _WRITER = """
 import sys
 from radixrt.memory.kv_store import BlockMeta, StoreIdentity, block_keys, namespace_seed
