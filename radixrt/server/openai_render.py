@@ -3,6 +3,7 @@ SSE chunks), logprobs, usage and finish reasons, from a request group's states."
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.errors import error_body
 from radixrt.server.http_utils import SSE_DONE, group_error, sse
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 
@@ -25,18 +27,16 @@ def finish_reason(st: ReqState) -> Optional[str]:
     return fr.type if fr.type in (STOP, LENGTH) else "abort"
 
 
-class TokenTexts:
-    """Per-request cache of single-token texts (for logprobs)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.cache: dict[int, str] = {}
-
-    def __call__(self, tid: int) -> str:
-        s = self.cache.get(tid)
-        if s is None:
-            s = self.cache[tid] = self.tokenizer.decode([tid])
-        return s
+def content_logprobs(st: ReqState) -> int:
+    """How many of ``st``'s output logprobs belong to its text: all but a stop token that ended
+    it (EOS, ``stop_token_ids``), whose text is not in the answer (nor in OpenAI's logprobs)."""
+    acc = st.acc
+    n = len(acc.output_token_logprobs)
+    fr = acc.finish_reason
+    if fr is not None and fr.type == STOP and isinstance(fr.matched, int) and n:
+        if acc.output_token_logprobs[-1][1] == fr.matched:
+            return n - 1
+    return n
 
 
 def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
@@ -83,11 +83,12 @@ def take_update(group: ReqGroup, st: ReqState) -> ChoiceUpdate:
     return ChoiceUpdate(group.states.index(st), st, delta, start_lp, finish_reason(st))
 
 
-def sse_chunk(head: dict, choices: list, usage_body: Optional[dict] = None) -> bytes:
+def sse_chunk(head: dict, choices: list, usage_body: Optional[dict] = None, usage_key: bool = False) -> bytes:
     """One chunk of a streamed response as an SSE event: ``head`` (its id,
-    object, created and model fields), then ``choices``, then ``usage`` when given."""
+    object, created and model fields), then ``choices``, then ``usage`` when given
+    (or with ``usage_key``, as null: OpenAI's chunks before the last under ``include_usage``)."""
     d = {**head, "choices": choices}
-    if usage_body is not None:
+    if usage_body is not None or usage_key:
         d["usage"] = usage_body
     return sse(d)
 
@@ -109,9 +110,10 @@ async def stream_choices(
     ended it, a chunk with no choices and ``usage_fn()`` when ``usage_fn`` is
     given; last ``[DONE]``.
     """
+    key = usage_fn is not None  # every chunk has "usage" (null but in the last) under include_usage
     if opening:
         first = usage_fn() if (continuous_usage and usage_fn is not None) else None
-        yield b"".join(sse_chunk(head, [c], first) for c in opening)
+        yield b"".join(sse_chunk(head, [c], first, key) for c in opening)
     async for news in group.updates():
         err = group_error(group)
         if err is not None:
@@ -119,7 +121,7 @@ async def stream_choices(
             break
         entries = [c for st in news for c in render(take_update(group, st))]
         so_far = usage_fn() if (continuous_usage and usage_fn is not None and entries) else None
-        out = [sse_chunk(head, [c], so_far) for c in entries]
+        out = [sse_chunk(head, [c], so_far, key) for c in entries]
         if out:
             yield b"".join(out)
     if usage_fn is not None and group_error(group) is None:
@@ -151,8 +153,9 @@ class CompletionView:
         self.head = _head("cmpl", "text_completion", model)
         self.tt = TokenTexts(tokenizer)
         self.echoed: set[int] = set()  # streamed choices whose prompt was sent (with echo, in their first chunk)
-        # streamed choices: the text_offset their next logprob starts at (the text sent before it)
-        self.next_offset: dict[int, int] = {}
+        # streamed choices: the text_offset their next logprob starts at (the text sent before it), and
+        # the decoder holding a character begun but not yet whole
+        self.next_offset: dict[int, tuple[int, Any]] = {}
 
     def prompt_text(self, i: int) -> str:
         """Prompt ``i`` as text (decoded once when it was given as ids)."""
@@ -167,21 +170,23 @@ class CompletionView:
         acc, top_n = st.acc, self.req.logprobs
         pairs: list = list(acc.input_token_logprobs) if echo else []
         top_lists: list = (list(acc.input_top_logprobs) or [None] * len(acc.input_token_logprobs)) if echo else []
-        pairs += acc.output_token_logprobs[start:]
-        top_lists += acc.output_top_logprobs[start:] or [None] * len(acc.output_token_logprobs[start:])
+        end = content_logprobs(st)
+        pairs += acc.output_token_logprobs[start:end]
+        top_lists += acc.output_top_logprobs[start:end] or [None] * len(acc.output_token_logprobs[start:end])
         tokens, lps, tops, offsets = [], [], [], []
-        pos = 0 if index is None else self.next_offset.get(index, 0)
+        # a token's offset: the characters of the text before it (a partial character counts once whole)
+        fresh = (0, codecs.getincrementaldecoder("utf-8")("replace"))
+        pos, chars = fresh if index is None else self.next_offset.get(index, fresh)
         for i, (lp, tid) in enumerate(pairs):
-            s = self.tt(tid)
-            tokens.append(s)
+            tokens.append(self.tt(tid))
             lps.append(lp)
             offsets.append(pos)
-            pos += len(s)
+            pos += len(chars.decode(self.tt.token_bytes(tid)))  # the characters it completes
             top = top_lists[i] if i < len(top_lists) else None
             if top_n:
                 tops.append(None if top is None else {self.tt(t): v for v, t in top})
         if index is not None:
-            self.next_offset[index] = pos
+            self.next_offset[index] = (pos, chars)
         return {
             "tokens": tokens,
             "token_logprobs": lps,
@@ -266,17 +271,15 @@ class ChatView:
         """Chat logprobs ``content`` entries for output tokens from ``start``."""
         tt, out = self.tt, []
         tops = st.acc.output_top_logprobs
-        for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start:], start):
+        for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start : content_logprobs(st)], start):
             s = tt(tid)
             top = tops[i] if i < len(tops) and tops[i] is not None else []
             out.append(
                 {
                     "token": s,
                     "logprob": lp,
-                    "bytes": list(s.encode("utf-8")),
-                    "top_logprobs": [
-                        {"token": tt(t), "logprob": v, "bytes": list(tt(t).encode("utf-8"))} for v, t in top
-                    ],
+                    "bytes": list(tt.token_bytes(tid)),
+                    "top_logprobs": [{"token": tt(t), "logprob": v, "bytes": list(tt.token_bytes(t))} for v, t in top],
                 }
             )
         return out

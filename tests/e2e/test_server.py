@@ -417,6 +417,51 @@ def test_openai_completion_n_and_logprobs(oai, model_name):
     assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the top token
 
 
+@pytest.mark.slow
+def test_openai_logprobs_cover_the_content_byte_for_byte(embedded_oai):
+    """Chat logprobs cover exactly the answer: their ``bytes`` join to its UTF-8 (a token
+    holding part of a character gives its own bytes, not U+FFFD's), and the EOS token that
+    ended it is not among them (its text is not in the answer). Streamed under
+    ``include_usage``, every chunk but the last has ``usage: null``."""
+    model_name = embedded_oai.models.list().data[0].id
+    msgs = [{"role": "user", "content": "Reply with one emoji and the word café."}]
+    r = embedded_oai.chat.completions.create(
+        model=model_name, messages=msgs, max_tokens=40, temperature=0, logprobs=True, top_logprobs=2
+    )
+    choice = r.choices[0]
+    entries = choice.logprobs.content
+    assert b"".join(bytes(e.bytes) for e in entries) == choice.message.content.encode("utf-8")
+    assert any(len(e.bytes) and e.token.startswith("bytes:") for e in entries) or choice.message.content.isascii()
+    assert choice.finish_reason == "stop" and len(entries) == r.usage.completion_tokens - 1
+    assert all("<|im_end|>" not in e.token for e in entries)
+    prompt = "I like 😀 and café"  # the emoji is split over tokens, none a whole character
+    echo = embedded_oai.completions.create(
+        model=model_name, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=1
+    ).choices[0]
+    lp = echo.logprobs
+    partial = [t for t in lp.tokens if t.startswith("bytes:\\x")]
+    assert len(partial) >= 2 and len(set(partial)) == len(partial)  # texts of their own, not U+FFFD each
+    where = {t: o for t, o in zip(lp.tokens, lp.text_offset)}
+    assert where[" and"] == prompt.index(" and") and where[" café"] == prompt.index(" café")
+    assert lp.text_offset[-1] == len(prompt) and echo.text.startswith(prompt)
+    raw = httpx.post(
+        f"{embedded_oai.base_url}chat/completions",
+        json={
+            "model": model_name,
+            "messages": msgs,
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        headers={"Authorization": f"Bearer {embedded_oai.api_key}"},
+        timeout=120,
+    )
+    assert raw.status_code == 200, raw.text
+    chunks = [json.loads(line[6:]) for line in raw.text.splitlines() if line.startswith("data: {")]
+    assert all("usage" in c for c in chunks) and [c["usage"] is None for c in chunks].count(False) == 1
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
 def test_openai_bool_token_ids_are_400(oai, model_name):
     """``prompt: [true, false]`` is not the ids [1, 0]: a 400 naming 'prompt', as on /generate."""
     import openai
