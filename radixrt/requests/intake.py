@@ -215,9 +215,9 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     """`validate_prompt`, then the logprob fields and the priority's range."""
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
-    if spec.return_logprob and spec.logprob_start_len >= len(spec.input_ids):
+    if spec.return_logprob and spec.logprob_start_len > len(spec.input_ids):  # (equal: no prompt logprobs, as SGLang)
         raise RequestError(
-            f"logprob_start_len {spec.logprob_start_len} is not below the prompt length {len(spec.input_ids)}",
+            f"logprob_start_len {spec.logprob_start_len} is beyond the prompt length {len(spec.input_ids)}",
             "logprob_start_len",
         )
     if spec.top_logprobs_num < 0:

@@ -226,6 +226,12 @@ def test_generate_logprobs(client):
     assert meta["output_top_logprobs"][0][0][1] == tid
     inp = meta["input_token_logprobs"]
     assert len(inp) == meta["prompt_tokens"] and inp[0][0] is None
+    # a start at the prompt's length asks for none of its logprobs (as SGLang's default start does)
+    body = {"input_ids": [5, 6, 7], "sampling_params": greedy(2), "return_logprob": True}
+    at_end = client.post("/generate", json={**body, "logprob_start_len": 3})
+    assert at_end.status_code == 200 and at_end.json()["meta_info"]["input_token_logprobs"] == []
+    assert len(at_end.json()["meta_info"]["output_token_logprobs"]) == 2
+    assert client.post("/generate", json={**body, "logprob_start_len": 4}).status_code == 400
 
 
 def test_generate_stream(client):

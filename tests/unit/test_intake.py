@@ -122,8 +122,9 @@ def test_validation_against_limits():
             validate_prompt(ids, sp, LIMITS, field="text")
         assert mention in ei.value.message and ei.value.param == param, ei.value.message
     with pytest.raises(RequestError) as ei:
-        validate_spec(RequestSpec([1, 2], ok, return_logprob=True, logprob_start_len=2), LIMITS)
+        validate_spec(RequestSpec([1, 2], ok, return_logprob=True, logprob_start_len=3), LIMITS)
     assert ei.value.param == "logprob_start_len"
+    validate_spec(RequestSpec([1, 2], ok, return_logprob=True, logprob_start_len=2), LIMITS)  # none of the prompt's
     validate_spec(RequestSpec([1, 2], ok, logprob_start_len=2), LIMITS)  # no logprobs: start is unused
     with pytest.raises(RequestError) as ei:
         validate_spec(RequestSpec([1, 2], ok, top_logprobs_num=-1), LIMITS)
