@@ -8,6 +8,7 @@ streams included (:meth:`ResultAccumulator.stream_chunk`). With
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, Sequence
 
 from radixrt.requests.detokenizer import IncrementalDetokenizer
@@ -61,6 +62,8 @@ class ResultAccumulator:
         self._input_meta: Optional[tuple[list, list]] = None  # built by _input_logprob_meta
         self.cache_info: Optional[dict[str, Any]] = None  # rendered meta_info.cache_info, once it arrived
         self._streamed = (0, 0, 0)  # text chars, output ids, output logprobs already sent incrementally
+        self._started = time.monotonic()
+        self.e2e_latency: Optional[float] = None  # seconds from intake to the finish (SGLang's meta_info field)
 
     @property
     def finished(self) -> bool:
@@ -80,6 +83,8 @@ class ResultAccumulator:
         if out.beam is not None:
             self.beam = out.beam
         self.finish_reason = out.finish_reason
+        if out.finish_reason is not None and self.e2e_latency is None:
+            self.e2e_latency = time.monotonic() - self._started
         if text is not None:
             self.text = text
         elif self.live_text or out.finish_reason is not None:
@@ -150,6 +155,8 @@ class ResultAccumulator:
             "cached_tokens": self.cached_tokens,
             "finish_reason": None if self.finish_reason is None else self.finish_reason.to_dict(),
         }
+        if self.e2e_latency is not None:
+            meta["e2e_latency"] = self.e2e_latency
         if self.spec_verify_ct is not None:  # SGLang's name; and the tokens each verification gave
             meta["spec_verify_ct"] = self.spec_verify_ct
             decoded = max(self.completion_tokens - 1, 0)  # the first token comes from the prefill

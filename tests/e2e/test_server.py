@@ -226,6 +226,7 @@ def test_generate_logprobs(client):
     assert meta["output_top_logprobs"][0][0][1] == tid
     inp = meta["input_token_logprobs"]
     assert len(inp) == meta["prompt_tokens"] and inp[0][0] is None
+    assert 0 < meta["e2e_latency"] < 120  # SGLang's field: seconds from the request's intake to its finish
     # a start at the prompt's length asks for none of its logprobs (as SGLang's default start does)
     body = {"input_ids": [5, 6, 7], "sampling_params": greedy(2), "return_logprob": True}
     at_end = client.post("/generate", json={**body, "logprob_start_len": 3})
