@@ -76,6 +76,7 @@ import logging
 import os
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
@@ -137,12 +138,38 @@ def _parse(key: GrammarKey, limits: GrammarLimits) -> Any:
     elif kind == "ebnf":
         grammar = xgr.Grammar.from_ebnf(source)
     elif kind == "structural_tag":
-        json.loads(source)
-        grammar = xgr.Grammar.from_structural_tag(source)
+        grammar = _structural_tag(json.loads(source), source)
     else:
         raise ValueError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
     check_grammar_bounds(grammar, limits)
     return grammar
+
+
+def _structural_tag(tag: Any, source: str) -> Any:
+    """xgrammar's structural tag (``{"type": "structural_tag", "format": ...}``), or the
+    earlier form SGLang still takes, ``{"structures": [{"begin", "schema", "end"}, ...],
+    "triggers": [...]}`` (xgrammar's deprecated call, which it converts)."""
+    import xgrammar as xgr
+
+    if not (isinstance(tag, dict) and "structures" in tag and "format" not in tag):
+        return xgr.Grammar.from_structural_tag(source)
+    structures, triggers = tag["structures"], tag.get("triggers")
+    if not isinstance(structures, list) or not all(
+        isinstance(st, dict)
+        and isinstance(st.get("begin"), str)
+        and isinstance(st.get("end"), str)
+        and isinstance(st.get("schema"), (dict, bool))
+        for st in structures
+    ):
+        raise ValueError('\'structures\' must be a list of {"begin": str, "schema": JSON schema, "end": str}')
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise ValueError("'triggers' must be a list of non-empty strings")
+    items = [
+        xgr.StructuralTagItem(begin=st["begin"], schema=json.dumps(st["schema"]), end=st["end"]) for st in structures
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return xgr.Grammar.from_structural_tag(items, triggers)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from radixrt.sampling.grammar import check_grammar
+from radixrt.sampling.grammar import _parse, check_grammar
 from radixrt.sampling.grammar_bounds import GrammarLimits
 
 RECURSIVE = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
@@ -156,3 +156,26 @@ def test_the_scheduler_leaves_parsing_a_grammar_to_its_compile_thread(tiny_llama
         sched.close()
     assert ends["bad"].finish_reason.status_code == 400 and "regex" in ends["bad"].finish_reason.message
     assert ends["ok"].finish_reason.status_code is None, ends["ok"].finish_reason
+
+
+def test_the_earlier_structural_tag_form_sglang_takes_is_converted():
+    """``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`` (SGLang still takes
+    it) constrains the text after a trigger to the schema; a malformed one is a clear error."""
+    import json
+
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}],
+        "triggers": ["<f>"],
+    }
+    grammar = _parse(("structural_tag", json.dumps(tag)), GrammarLimits())
+    assert accepts(grammar, 'free text <f>{"a": 1}</f> more') and not accepts(grammar, 'x <f>{"b": 1}</f>')
+    for bad, says in (
+        ({**tag, "structures": [{"begin": "<f>", "end": "</f>"}]}, "'structures'"),
+        ({**tag, "triggers": []}, "'triggers'"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            check_grammar(("structural_tag", json.dumps(bad)))
