@@ -61,6 +61,24 @@ def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
     return body
 
 
+def logprob_entries(tt: TokenTexts, st: ReqState, start: int) -> list[dict]:
+    """Chat's (and the Responses API's) logprobs ``content`` entries for ``st``'s output
+    tokens from ``start`` (to `content_logprobs`)."""
+    out = []
+    tops = st.acc.output_top_logprobs
+    for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start : content_logprobs(st)], start):
+        top = tops[i] if i < len(tops) and tops[i] is not None else []
+        out.append(
+            {
+                "token": tt(tid),
+                "logprob": lp,
+                "bytes": list(tt.token_bytes(tid)),
+                "top_logprobs": [{"token": tt(t), "logprob": v, "bytes": list(tt.token_bytes(t))} for v, t in top],
+            }
+        )
+    return out
+
+
 # ---------------------------------------------------------------------- streaming
 @dataclass
 class ChoiceUpdate:
@@ -268,21 +286,7 @@ class ChatView:
         self.remember = remember  # called with each finished choice's text and output ids
 
     def logprob_entries(self, st: ReqState, start: int) -> list[dict]:
-        """Chat logprobs ``content`` entries for output tokens from ``start``."""
-        tt, out = self.tt, []
-        tops = st.acc.output_top_logprobs
-        for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start : content_logprobs(st)], start):
-            s = tt(tid)
-            top = tops[i] if i < len(tops) and tops[i] is not None else []
-            out.append(
-                {
-                    "token": s,
-                    "logprob": lp,
-                    "bytes": list(tt.token_bytes(tid)),
-                    "top_logprobs": [{"token": tt(t), "logprob": v, "bytes": list(tt.token_bytes(t))} for v, t in top],
-                }
-            )
-        return out
+        return logprob_entries(self.tt, st, start)
 
     def usage(self) -> dict:
         return usage(self.group, self.req.n, [self.prompt_len])

@@ -34,7 +34,14 @@ from radixrt.server.openai_api import ChatPlan, plan_chat
 from radixrt.server.protocol import ChatCompletionRequest
 from radixrt.server.responses_input import Conversation, input_items, to_chat_request
 from radixrt.server.responses_items import listed_inputs, page
-from radixrt.server.responses_protocol import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, ResponsesRequest
+from radixrt.server.responses_protocol import (
+    INCLUDABLE,
+    LOGPROBS_INCLUDE,
+    MAX_METADATA_KEY,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE,
+    ResponsesRequest,
+)
 from radixrt.server.responses_render import ResponseView, new_id
 from radixrt.server.responses_store import ResponseStore, StoredResponse
 
@@ -76,6 +83,9 @@ def _check_request(req: ResponsesRequest) -> None:
             "refused; leave it 'disabled'.",
             "truncation",
         )
+    unknown = [v for v in req.include or [] if v not in INCLUDABLE]
+    if unknown:
+        raise bad_request(f"'include' has {unknown[0]!r}; expected any of {', '.join(INCLUDABLE)}.", "include")
     md = req.metadata or {}
     if len(md) > MAX_METADATA_PAIRS or any(
         len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE for k, v in md.items()
@@ -163,6 +173,7 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
         plan.reasoning,
         plan.remember,
         on_done,
+        tokenizer=tm.tokenizer if LOGPROBS_INCLUDE in (req.include or []) else None,
     )
     if req.stream:
         return stream_response(tm, group, view.stream())

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.protocol import ChatCompletionRequest
-from radixrt.server.responses_protocol import InputError, ResponsesRequest, parse_input
+from radixrt.server.responses_protocol import LOGPROBS_INCLUDE, InputError, ResponsesRequest, parse_input
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 HISTORY = "previous_response_id"  # what errors in the stored conversation name
@@ -194,6 +194,8 @@ def to_chat_request(
         "user": req.user,
         "response_format": _text_format(req),
     }
+    if LOGPROBS_INCLUDE in (req.include or []):
+        fields.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     try:
         chat = ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:

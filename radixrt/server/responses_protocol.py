@@ -101,6 +101,21 @@ class TextConfig(Lenient):
     format: Optional[TextFormat] = None
 
 
+# OpenAI's ``include`` values. Only the logprobs change an answer here; the others name output this
+# server never makes (hosted tools' results, images, encrypted reasoning), so there is nothing to add.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDABLE = (
+    LOGPROBS_INCLUDE,
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+)
+
+
 class ResponsesRequest(Lenient):
     model: str
     input: Any  # a string or a list of items: checked by `parse_input` (400 naming the item's field)
@@ -119,6 +134,8 @@ class ResponsesRequest(Lenient):
     truncation: Optional[Literal["disabled", "auto"]] = None
     metadata: Optional[dict[str, str]] = None
     user: Optional[str] = None
+    include: Optional[list[str]] = None  # of INCLUDABLE; "message.output_text.logprobs" asks for logprobs
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=20)
     prompt_cache_key: Optional[str] = None  # as on chat: a radix-cache namespace
     # SGLang / radixrt extras, as on the chat route
     cache_salt: Optional[str] = None

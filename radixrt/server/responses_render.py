@@ -35,7 +35,8 @@ from typing import Any, AsyncIterator, Callable, Optional
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.http_utils import dumps, group_error
-from radixrt.server.openai_render import take_update, usage
+from radixrt.server.openai_render import logprob_entries, take_update, usage
+from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 
@@ -67,16 +68,19 @@ def outcome(st: ReqState) -> tuple[str, Optional[dict], Optional[dict]]:
     return "failed", None, {"code": "server_error", "message": fr.message or "the request was aborted"}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def _reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [_text_part(text)]}
+def message_item(
+    item_id: str, text: str, status: str, logprobs: Optional[list[dict[str, Any]]] = None
+) -> dict[str, Any]:
+    part = _text_part(text, logprobs)
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": [part]}
 
 
 def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -99,7 +103,10 @@ class ResponseView:
 
     ``skeleton`` is the response object without its outcome (id, model, the
     request's settings); ``on_done`` gets the finished response object
-    (stores it) before it is answered."""
+    (stores it) before it is answered. ``tokenizer`` (with ``include`` of
+    ``message.output_text.logprobs``): the message's ``output_text`` carries the
+    logprobs of the output's tokens, as chat's ``logprobs.content`` (with tool calls
+    or reasoning, of the whole output, which the message is a part of)."""
 
     def __init__(
         self,
@@ -110,8 +117,10 @@ class ResponseView:
         reasoning: str,
         remember: Optional[Callable[[str, list[int]], None]],
         on_done: Callable[[dict[str, Any]], None],
+        tokenizer: Any = None,
     ) -> None:
         self.skeleton, self.group, self.prompt_len = skeleton, group, prompt_len
+        self.tt = TokenTexts(tokenizer) if tokenizer is not None else None
         self.out = ChoiceOutput(parser, reasoning)
         self.plain = parser is None and not reasoning
         self.remember, self.on_done = remember, on_done
@@ -144,15 +153,16 @@ class ResponseView:
         text = self.state.acc.text
         item_status = "incomplete" if outcome(self.state)[0] == "incomplete" else "completed"
         output: list[dict[str, Any]] = []
+        lps = logprob_entries(self.tt, self.state, 0) if self.tt is not None else None
         if self.plain:
-            output.append(message_item(new_id("msg"), text, item_status))
+            output.append(message_item(new_id("msg"), text, item_status, lps))
             return self._finished(output)
         message, _ = self.out.message(text)
         if message.get("reasoning_content"):
             output.append(reasoning_item(new_id("rs"), message["reasoning_content"], "completed"))
         calls = message.get("tool_calls") or []
         if message.get("content") or not calls:
-            output.append(message_item(new_id("msg"), message.get("content") or "", "completed"))
+            output.append(message_item(new_id("msg"), message.get("content") or "", "completed", lps))
         for c in calls:
             output.append(
                 call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"], "completed")
@@ -174,6 +184,8 @@ class ResponseView:
             out: list[bytes] = []
             for st in news:
                 u = take_update(self.group, st)
+                if self.tt is not None:
+                    ev.logprobs += logprob_entries(self.tt, st, u.start_lp)
                 final = u.finish_reason is not None
                 if self.plain:
                     deltas = [{"content": u.delta}] if u.delta else []
@@ -200,6 +212,7 @@ class _Events:
         self.open: Optional[int] = None  # the message or reasoning item being written
         self.calls: dict[int, int] = {}  # a call's index -> its item's output index
         self.calls_done: set[int] = set()
+        self.logprobs: list[dict[str, Any]] = []  # of tokens whose text no message delta carried yet
 
     def emit(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -244,7 +257,11 @@ class _Events:
         item["status"] = status
         part = item["content"][0]
         kind = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
-        extra: dict[str, Any] = {"logprobs": []} if item["type"] == "message" else {}
+        extra: dict[str, Any] = {}
+        if item["type"] == "message":
+            part["logprobs"] += self.logprobs
+            self.logprobs = []
+            extra["logprobs"] = list(part["logprobs"])
         return [
             self.emit(kind, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra),
             self.emit(
@@ -266,7 +283,10 @@ class _Events:
         item = self.items[index]
         item["content"][0]["text"] += delta
         event = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
-        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        extra: dict[str, Any] = {}
+        if kind == "message":  # the logprobs of the tokens that brought this text
+            extra["logprobs"], self.logprobs = self.logprobs, []
+            item["content"][0]["logprobs"] += extra["logprobs"]
         out.append(self.emit(event, item_id=item["id"], output_index=index, content_index=0, delta=delta, **extra))
         return out
 

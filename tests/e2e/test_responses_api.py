@@ -223,6 +223,31 @@ def test_stream_adds_up_to_the_whole_answer(client):
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
+def test_logprobs_when_included_whole_and_streamed(client):
+    """``include: ["message.output_text.logprobs"]`` fills ``output_text.logprobs`` as chat's
+    ``logprobs.content`` (with ``top_logprobs`` alternatives); streamed, each text delta carries
+    its tokens' logprobs and the deltas add up to the done event's and the final answer's."""
+    ask = dict(input="Why is the sea salty?", include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = _create(client, **ask)
+    chat = client.chat.completions.create(
+        model="default",
+        temperature=0,
+        max_tokens=32,
+        messages=[{"role": "user", "content": "Why is the sea salty?"}],
+        logprobs=True,
+        top_logprobs=2,
+    )
+    lps = whole.output[0].content[0].logprobs
+    assert [(x.token, x.logprob) for x in lps] == [(x.token, x.logprob) for x in chat.choices[0].logprobs.content]
+    assert b"".join(bytes(x.bytes) for x in lps) == whole.output_text.encode() and len(lps[0].top_logprobs) == 2
+    assert _create(client, input="Why is the sea salty?").output[0].content[0].logprobs == []  # not asked
+    events, final = _stream(client, **ask)
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [x.token for x in streamed] == [x.token for x in done.logprobs] == [x.token for x in lps]
+    assert [x.token for x in final.output[0].content[0].logprobs] == [x.token for x in lps]
+
+
 # one forced weather call (the two tests below: whole, and cut by the token budget)
 WEATHER_CALL = dict(
     instructions=INSTRUCTIONS,
@@ -429,6 +454,8 @@ BAD = {
     "background": ({"input": "x", "background": True}, "background"),
     "truncation_auto": ({"input": "x", "truncation": "auto"}, "truncation"),
     "metadata_too_large": ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    "include_unknown": ({"input": "x", "include": ["bogus.include"]}, "include"),
+    "top_logprobs_too_many": ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
 }
 
 
