@@ -1,7 +1,7 @@
 """The router's ASGI guard: what every request passes before a route sees it.
 
 In order: a request that already passed this router is a 508 (a loop, `RouterState.came_back`);
-every route but ``/health`` needs the API key (401); while draining, 503; a body larger than
+every route but ``/health`` and ``/dashboard`` needs the API key (401); while draining, 503; a body larger than
 ``RouterConfig.max_request_bytes`` is a 413, at once when ``Content-Length`` says so, else as
 soon as the bytes read pass it (so the front never holds more than that of one request, as a
 single server does); then the route runs on the body read, and the count of answers in progress
@@ -58,7 +58,9 @@ class RouterGuard:
             )
         if path == "/health":
             return None
-        if not self.state.authorized(request):
+        # /dashboard is the page's code only (a browser sends no key for it): what it shows comes from
+        # routes that need the key, as on a worker
+        if path != "/dashboard" and not self.state.authorized(request):
             return error_response(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.")
         if self.state.draining:
             return error_response(503, "The server is shutting down.")

@@ -302,6 +302,9 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
     router = routers["cache_aware"]
     assert HTTP.post(router.url + "/generate", json={"text": "x"}).status_code == 401  # no key
     assert HTTP.get(router.url + "/health").status_code == 200  # health needs none
+    page = HTTP.get(router.url + "/dashboard")  # nor the live view's page (a browser sends no key)...
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert HTTP.get(router.url + "/debug/radix").status_code == 401  # ... but what it shows does
     with httpx.stream(
         "POST",
         router.url + "/generate",
