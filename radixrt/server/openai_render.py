@@ -201,8 +201,11 @@ class CompletionView:
             offsets.append(pos)
             pos += len(chars.decode(self.tt.token_bytes(tid)))  # the characters it completes
             top = top_lists[i] if i < len(top_lists) else None
-            if top_n:
-                tops.append(None if top is None else {self.tt(t): v for v, t in top})
+            if top_n:  # the chosen token too, where it is not among the top (OpenAI's up to logprobs + 1)
+                alternatives = None if top is None else {self.tt(t): v for v, t in top}
+                if alternatives is not None and lp is not None:
+                    alternatives.setdefault(self.tt(tid), lp)
+                tops.append(alternatives)
         if index is not None:
             self.next_offset[index] = (pos, chars)
         return {

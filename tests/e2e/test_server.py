@@ -441,6 +441,11 @@ def test_openai_logprobs_cover_the_content_byte_for_byte(embedded_oai):
     assert any(len(e.bytes) and e.token.startswith("bytes:") for e in entries) or choice.message.content.isascii()
     assert choice.finish_reason == "stop" and len(entries) == r.usage.completion_tokens - 1
     assert all("<|im_end|>" not in e.token for e in entries)
+    sampled = embedded_oai.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=8, temperature=1.5, seed=7, logprobs=1
+    ).choices[0]
+    for token, top in zip(sampled.logprobs.tokens, sampled.logprobs.top_logprobs):
+        assert token in top and len(top) <= 2  # the chosen token is listed, even when not the top one
     prompt = "I like 😀 and café"  # the emoji is split over tokens, none a whole character
     echo = embedded_oai.completions.create(
         model=model_name, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=1
