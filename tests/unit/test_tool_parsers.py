@@ -300,7 +300,8 @@ def test_structural_tags_parse(fmt, choice):
 def test_enforced_calls_may_end_after_a_newline(fmt, parallel):
     """A model that writes the separator's newline after its last call may then stop: under
     "required" the grammar used to allow only another call there, so it wrote calls until the
-    token limit. A separator that is not whitespace is not allowed at the end."""
+    token limit. A separator that is not whitespace is not allowed at the end, nor a newline
+    after the one call of ``parallel_tool_calls: false`` (which would cost the turn's cache hit)."""
     import xgrammar as xgr
     from xgrammar.testing import _is_grammar_accept_string as accepts
 
@@ -309,7 +310,7 @@ def test_enforced_calls_may_end_after_a_newline(fmt, parallel):
     call = p.render_call("get_weather", '{"city": "Paris"}')
     one, two = p.block_begin + call + p.block_end, p.block_begin + call + p.separator + call + p.block_end
     assert accepts(grammar, one) and accepts(grammar, two) == parallel
-    assert accepts(grammar, one + p.separator) == (not p.separator.strip())
+    assert accepts(grammar, one + p.separator) == (parallel and not p.separator.strip())
     assert not accepts(grammar, one + p.separator + "<")
 
 
@@ -407,7 +408,7 @@ def test_generated_turns_keep_their_tokens():
     a template that does not keep the placeholder falls back to plain tokens."""
     from radixrt.server.tools.turns import TurnTokens, mark_turns, split_encode
 
-    vocab = {1: "<tool", 2: "_call>", 3: "{", 4: '"', 5: "}", 9: "<eos>"}
+    vocab = {1: "<tool", 2: "_call>", 3: "{", 4: '"', 5: "}", 6: "\n", 9: "<eos>"}
 
     def decode(ids):
         return "".join(vocab[i] for i in ids)
@@ -416,6 +417,9 @@ def test_generated_turns_keep_their_tokens():
     turns.remember('<tool_call>{"}', [1, 2, 3, 4, 5, 9], decode)  # the stop token is dropped
     turns.remember("never produced", [1, 2], decode)  # ids that do not decode to the text: not kept
     assert turns.get('<tool_call>{"}') == (1, 2, 3, 4, 5) and turns.get("never produced") is None
+    turns.remember('<tool_call>"\n', [1, 2, 4, 6, 9], decode)  # a newline after the last call: kept without it too
+    assert turns.get('<tool_call>"\n') == (1, 2, 4, 6) and turns.get('<tool_call>"') == (1, 2, 4)
+    turns.remember('<tool_call>{"}', [1, 2, 3, 4, 5, 9], decode)  # (the most recent again)
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": '<tool_call>{"}'}]
     marked, spliced = mark_turns(msgs, turns)
     assert marked[0] == msgs[0] and marked[1]["content"] != msgs[1]["content"] and spliced == [(1, 2, 3, 4, 5)]

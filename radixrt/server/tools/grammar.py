@@ -75,11 +75,12 @@ def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning:
             fmt = SequenceFormat(
                 elements=[ConstStringFormat(value=parser.block_begin), calls, ConstStringFormat(value=parser.block_end)]
             )
-        elif parser.separator.strip():
+        elif single or parser.separator.strip():
             fmt = calls
         else:
             # after its last call the output may end with the separator (a newline): a model that
-            # writes one there (as templates render calls) is not then held to write another call
+            # writes one there is not then held to write another call. (One call ends right after
+            # it, as a template renders it back: a newline there would cost the turn's cache hit.)
             fmt = SequenceFormat(elements=[calls, OptionalFormat(content=ConstStringFormat(value=parser.separator))])
     elif parser.block_begin or parser.block_end:
         fmt = TriggeredTagsFormat(

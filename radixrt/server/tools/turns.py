@@ -39,7 +39,15 @@ class TurnTokens:
         self._lock = threading.Lock()
 
     def remember(self, text: str, ids: list[int], decode: Callable[[list[int]], str]) -> None:
-        """Keep ``ids`` for ``text`` when they decode to it (a trailing stop token dropped)."""
+        """Keep ``ids`` for ``text`` when they decode to it (a trailing stop token dropped). A
+        turn that ends in whitespace (the newline a model may write after its last tool call) is
+        kept without it too: the client's copy of the turn renders back without it."""
+        self._keep(text, ids, decode)
+        stripped = text.rstrip()
+        if stripped != text:
+            self._keep(stripped, ids[:-1], decode)
+
+    def _keep(self, text: str, ids: list[int], decode: Callable[[list[int]], str]) -> None:
         if not text:
             return
         for cut in (ids, ids[:-1]):
