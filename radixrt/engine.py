@@ -26,6 +26,7 @@ import threading
 from typing import Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Union
 
 from radixrt.config import EngineConfig
+from radixrt.config.lora import parse_lora_paths
 from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts, validate_call
@@ -95,6 +96,8 @@ class Engine:
         self.context_length = self.info.context_length
         self.limits = self.info.limits
         self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
+        # adapter names a request may give as lora_path (kept by load/unload_lora_adapter)
+        self.lora_adapters: set[str] = set(parse_lora_paths(self.config.lora.lora_paths))
         self._router_ready.set()
 
     # ------------------------------------------------------------------ scheduler thread
@@ -177,6 +180,9 @@ class Engine:
             lora_path=lora_path,
         )
         validate_call(specs, self.limits)
+        unknown = next((s.lora for s in specs if s.lora is not None and s.lora not in self.lora_adapters), None)
+        if unknown is not None:  # as the server answers it: a clear error now, not an aborted result
+            raise ValueError(f"unknown LoRA adapter {unknown[:128]!r}; load it with load_lora_adapter.")
         if stream and (prompts.batch or specs[0].sampling.n != 1):
             raise ValueError("stream=True takes a single prompt with n=1")
         return specs, prompts.batch
@@ -402,11 +408,17 @@ class Engine:
         reply = self._control_call(msg)
         if not reply.ok:
             raise ValueError(reply.payload.get("error", "LoRA control failed"))
-        return list(reply.payload.get("adapters", []))
+        adapters = list(reply.payload.get("adapters", []))
+        self.lora_adapters = {a["name"] for a in adapters}
+        return adapters
 
     def shutdown(self) -> None:
+        """Stop the scheduler. Requests still running end for their callers, who would
+        otherwise wait forever, with an abort finish reason (as when the scheduler thread
+        dies); then the sync API's loop stops. Later calls raise RuntimeError."""
         self._stopping.set()
         self._thread.join(timeout=10)
+        self.router.finish_all(FinishReason.abort("the engine was shut down while this request ran"))
         self.scheduler.close()
         with self._sync_loop_lock:
             if self._sync_loop is not None:

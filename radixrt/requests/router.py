@@ -65,12 +65,19 @@ class ResultObserver(Protocol):
 class _Mailbox:
     """The updates waiting for one event loop, and whether a wake-up is on its way."""
 
-    __slots__ = ("loop", "updates", "armed", "__weakref__")
+    __slots__ = ("_loop", "updates", "armed", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # weakly: the mailbox is the value of a map keyed weakly by its loop, which a strong
+        # reference here would keep alive forever (one per `asyncio.run` that ever submitted)
+        self._loop = weakref.ref(loop)
         self.updates: list[_Update] = []
         self.armed = False
+
+    @property
+    def loop(self) -> Optional[asyncio.AbstractEventLoop]:
+        """The mailbox's loop; None once it was collected (its callers are gone)."""
+        return self._loop()
 
 
 class ReqState:
@@ -246,22 +253,25 @@ class ResultRouter:
         """Apply the updates of the running loop now; post the others, waking each loop at most once."""
         current = _running_loop()
         wake = []
+        here = [box for box in by_box if current is not None and box.loop is current]
         with self._lock:
             for box, updates in by_box.items():
-                if box.loop is current:
+                if box in here:
                     continue
                 box.updates.extend(updates)
                 if not box.armed:
                     box.armed = True
                     wake.append(box)
         for box in wake:
+            loop = box.loop
             try:
-                box.loop.call_soon_threadsafe(self._drain, box)
-            except RuntimeError:  # that loop is closed: its callers are gone
+                if loop is None:
+                    raise RuntimeError("collected")
+                loop.call_soon_threadsafe(self._drain, box)
+            except RuntimeError:  # that loop is closed (or gone): its callers are gone
                 self._drop_loop(box)
-        for box, updates in by_box.items():
-            if box.loop is current:
-                self._apply(updates)
+        for box in here:
+            self._apply(by_box[box])
 
     def _drop_loop(self, box: _Mailbox) -> None:
         """Forget the live samples of a closed loop (nobody can read them) and abort their requests."""
@@ -341,7 +351,10 @@ class ResultRouter:
         """Abort the request of the client's rid ``rid`` with its samples, or
         the one sample of that rid ("" aborts every request). Rids match
         exactly; an unknown one is ignored. The samples end when the
-        scheduler's abort outputs arrive."""
+        scheduler's abort outputs arrive. TypeError for a rid that is not a string: a
+        missing one (None) must not abort everyone's requests."""
+        if not isinstance(rid, str):
+            raise TypeError(f"rid must be a string ('' aborts every request), got {type(rid).__name__}")
         if not rid:
             self.transport.send_abort([""])
             return

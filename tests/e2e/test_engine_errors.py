@@ -36,6 +36,7 @@ def engine(request):
         (dict(prompt="hi", sampling_params={"stop": [f"s{i}" for i in range(65)]}), "at most 64"),
         (dict(prompt="hi", sampling_params={"stop": ["x" * 513]}), "at most 512"),
         (dict(prompt="hi", sampling_params={"stop_token_ids": [1] * 4097}), "at most 4096"),
+        (dict(prompt="hi", lora_path="nope"), "unknown LoRA adapter 'nope'"),  # as the server's 400
     ],
 )
 def test_bad_input_is_refused_and_engine_keeps_serving(engine, kwargs, match):
@@ -84,3 +85,73 @@ def test_a_fault_in_one_requests_set_up_fails_that_request_alone(tiny_llama, mon
         e.wait_idle()
         kv = e.get_stats()["kv"]
         assert kv["private_slots"] == 0 and kv["free_slots"] + kv["tree_slots"] == kv["total_slots"]
+
+
+def test_a_missing_rid_aborts_nobody(engine):
+    """``abort_request(None)`` (a rid read with ``dict.get``) raised nothing and aborted every
+    caller's requests; only ``""`` aborts all. A rid that is not a string is a TypeError."""
+    import threading
+
+    out = {}
+    t = threading.Thread(
+        target=lambda: out.update(r=engine.generate("x", {"max_new_tokens": 24, "ignore_eos": True}, rid="victim"))
+    )
+    t.start()
+    for bad in (None, 0, ["victim"]):
+        with pytest.raises(TypeError, match="rid must be a string"):
+            engine.abort_request(bad)
+    t.join(120)
+    assert out["r"]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_asyncio_run_per_request_leaves_no_mailbox_behind(engine):
+    """One ``asyncio.run`` per request (a common script) kept every loop, and its mailbox,
+    alive for good: the mailbox held its loop, the weak map's key."""
+    import asyncio
+    import gc
+
+    for _ in range(5):
+        asyncio.run(engine.async_generate("hi", {"max_new_tokens": 1}))
+    gc.collect()
+    assert len(engine.router._mailboxes) <= 1  # (the sync API's own loop, when it ran)
+
+
+def test_shutdown_ends_running_requests_with_an_error(tiny_llama):
+    """Callers of requests still running when the engine shuts down get their results so far,
+    ended by an abort naming the shutdown, sync, streamed and async alike, rather than waiting
+    forever."""
+    import asyncio
+    import threading
+
+    e = radixrt.Engine(tiny_llama, max_total_tokens=4096)
+    long = {"max_new_tokens": 4000, "ignore_eos": True}
+    got: dict = {}
+
+    def call(name, fn):
+        try:
+            got[name] = fn()
+        except BaseException as ex:  # noqa: BLE001 - what the caller sees
+            got[name] = ex
+
+    callers = [
+        threading.Thread(target=call, args=("sync", lambda: e.generate("x", long))),
+        threading.Thread(target=call, args=("stream", lambda: list(e.generate("y", long, stream=True)))),
+        threading.Thread(target=call, args=("async", lambda: asyncio.run(e.async_generate("z", long)))),
+    ]
+    for t in callers:
+        t.start()
+    deadline = 60
+    while e.router.inflight < 3 and deadline:
+        threading.Event().wait(0.1)
+        deadline -= 0.1
+    e.shutdown()
+    for t in callers:
+        t.join(20)
+    assert not any(t.is_alive() for t in callers), got
+    assert sorted(got) == ["async", "stream", "sync"], got
+    if isinstance(got["stream"], RuntimeError):  # its next chunk was asked for once the loop had stopped
+        assert "shut down" in str(got.pop("stream"))
+    ends = {k: (v[-1] if k == "stream" else v)["meta_info"]["finish_reason"] for k, v in got.items()}
+    assert all(f["type"] == "abort" and "shut down" in f["message"] for f in ends.values()), ends
+    with pytest.raises(RuntimeError, match="shut down"):
+        e.generate("after", {"max_new_tokens": 1})

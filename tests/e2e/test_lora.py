@@ -98,8 +98,8 @@ def test_the_cache_is_keyed_by_the_adapter_weights(engine, adapters, tmp_path: P
         == engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="other")["output_ids"]
     )
     engine.unload_lora_adapter("r8-twin")
-    gone = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8-twin")["meta_info"]["finish_reason"]
-    assert gone["type"] == "abort" and "unknown LoRA adapter 'r8-twin'" in gone["message"]
+    with pytest.raises(ValueError, match="unknown LoRA adapter 'r8-twin'"):  # as the server's 400
+        engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8-twin")
     # a salt and an adapter: their own namespace again
     salted = engine.generate(input_ids=text, sampling_params=GREEDY, lora_path="r8", cache_salt="t1")
     assert salted["meta_info"]["cached_tokens"] == 0 and salted["output_ids"] == first["output_ids"]
@@ -118,8 +118,8 @@ def test_adapter_loads_run_off_the_step_loop(engine, adapters, tmp_path: Path) -
     try:
         served = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="r8")
         assert len(served["output_ids"]) == 8 and load.is_alive()
-        early = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="late")
-        assert "unknown LoRA adapter 'late'" in early["meta_info"]["finish_reason"]["message"]
+        with pytest.raises(ValueError, match="unknown LoRA adapter 'late'"):
+            engine.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="late")
     finally:
         gate.set()
         load.join(30)
