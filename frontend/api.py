@@ -93,7 +93,11 @@ def gen(
     """Generate text into variable ``name`` (unset options take the program's defaults). With
     ``choices``, this is :func:`select`; ``beam_width`` > 1: a beam search (its best, or ``n`` best);
     ``lora``: the server's LoRA adapter of that name generates it (``lora_path`` on the wire)."""
-    if choices:
+    if choices is not None:
+        constrained = {"regex": regex, "json_schema": json_schema, "ebnf": ebnf, "dtype": dtype}
+        taken = [k for k, v in constrained.items() if v is not None]
+        if taken:  # a choice is picked by its score: no grammar would apply to it
+            raise ValueError(f"gen takes choices or {taken[0]}, not both")
         return SglSelect(
             name,
             choices,

@@ -23,9 +23,8 @@ from .nodes import SglCommitLazy, SglConcateAndAppend, SglExpr
 
 def fork_executors(parent: StreamExecutor, size: int) -> list[StreamExecutor]:
     """``size`` new executors continuing from ``parent``'s current state."""
-    size = int(size)
-    if size < 1:
-        raise ValueError("fork size must be >= 1")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:  # (2.5, "3" and True were taken)
+        raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
     if size > 1 and global_config.prefill_before_fork and parent.tracer is None:
         parent.submit(SglCommitLazy())
     parent.sync()

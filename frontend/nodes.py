@@ -100,6 +100,9 @@ class SglSelect(SglExpr):
 
     def __init__(self, name: Optional[str], choices: list[str], temperature: float, choices_method: Any) -> None:
         super().__init__()
+        if isinstance(choices, (str, bytes)) or not isinstance(choices, (list, tuple)):
+            # a string would be picked from character by character
+            raise ValueError(f"choices must be a list of strings, got {type(choices).__name__}")
         if not choices:
             raise ValueError("select needs a non-empty list of choices")
         self.name = name

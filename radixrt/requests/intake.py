@@ -24,9 +24,8 @@ matches rids exactly, never by prefix. The ``n > 1`` samples of a request
 have the ids ``<id>-<i>`` (`sample_rids`) in both spaces, and in the
 scheduler each knows its request's internal id as its ``parent``.
 
-Every problem is a `RequestError` (a ValueError naming the request field at
-fault): the Engine raises it as is, the server answers it with a 400.
-"""
+Every problem is a `RequestError` (a ValueError naming the request field at fault): the
+Engine raises it as is, the server answers it with a 400."""
 
 from __future__ import annotations
 
@@ -143,7 +142,8 @@ def validate_prompt(
             field,
         )
     if n + 1 > limits.kv_total_slots:
-        raise RequestError(f"the prompt has {n} tokens, more than the KV pool holds ({limits.kv_total_slots})", field)
+        held = f"the KV pool holds {limits.kv_total_slots}"
+        raise RequestError(f"the prompt has {n} tokens and needs one more for its output; {held}", field)
     if sampling.n > limits.max_n:
         raise RequestError(
             f"sampling parameter 'n' is {sampling.n}; this server allows at most {limits.max_n} "

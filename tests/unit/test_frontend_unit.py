@@ -142,6 +142,21 @@ def test_gen_with_choices_is_select_and_bad_regex_rejected():
         rt.gen("x", regex="(")
     with pytest.raises(ValueError):
         rt.select("x", choices=[])
+    with pytest.raises(ValueError, match="list of strings"):  # not picked from character by character
+        rt.select("x", choices="abc")
+    with pytest.raises(ValueError, match="choices or regex"):  # the regex would have been ignored
+        rt.gen("x", choices=["apple", "pear"], regex="[0-9]+")
+
+
+def test_fork_sizes_are_whole_numbers():
+    @rt.function
+    def p(s, size):
+        s += "x"
+        s.fork(size)
+
+    for bad in (2.5, "3", True, 0):
+        with pytest.raises(ValueError, match="fork size must be an integer"):
+            p.run(size=bad, backend=ScriptedBackend(reply=lambda p, sp: "y"))
 
 
 def test_function_decorator_forms_and_argument_binding():

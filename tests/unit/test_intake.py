@@ -111,7 +111,7 @@ def test_validation_against_limits():
     cases = [
         ([], ok, "empty", "text"),
         (list(range(16)), ok, "context length is 16", "text"),
-        (list(range(12)), ok, "KV pool holds (12)", "text"),
+        (list(range(12)), ok, "needs one more for its output; the KV pool holds 12", "text"),
         ([1, 100], ok, "vocabulary [0, 100): [100]", "input_ids"),
         ([1, -1], ok, "vocabulary", "input_ids"),
         ([1], SamplingParams(logit_bias={"150": 1.0}), "", "sampling_params"),
