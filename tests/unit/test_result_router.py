@@ -204,4 +204,6 @@ def test_text_made_once_at_the_end_equals_the_live_text(tokenizer):
             acc.add(TokenOutput("r", [tid], 3, i + 1, 0, fin))
         if fin is None:
             assert once.text == "" and live.text
-    assert once.to_dict() == live.to_dict() and once.text == " the quick brown fox jumps over the"
+    a, b = once.to_dict(), live.to_dict()
+    assert a["meta_info"].pop("e2e_latency") > 0 and b["meta_info"].pop("e2e_latency") > 0  # (their own clocks)
+    assert a == b and once.text == " the quick brown fox jumps over the"
