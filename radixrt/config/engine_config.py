@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from radixrt.config.fields import add_fields_as_args, first_line
+from radixrt.config.fields import add_fields_as_args, check_number, first_line
 from radixrt.config.kv_events import KVEventSettings
 from radixrt.config.limits import LimitSettings
 from radixrt.config.lora import LoRASettings
@@ -135,6 +135,8 @@ class EngineConfig:
         for name in flags:
             if name not in owner:
                 raise TypeError(f"EngineConfig got an unexpected keyword argument {name!r}")
+        for name, value in flags.items():
+            check_number(SECTIONS[owner[name]], name, value)
         values.update(flags)
         # flags that need another: implied or refused (one table: radixrt/config_deps.py)
         view = argparse.Namespace(**values)

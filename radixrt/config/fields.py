@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import numbers
 import os
 import types
 import typing
@@ -52,6 +53,16 @@ def _value_types(cls: type) -> dict[str, tuple[type, bool]]:
         optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1
         out[name] = (args[0] if optional else hint, optional)
     return out
+
+
+def check_number(cls: type, name: str, value: Any) -> None:
+    """TypeError naming flag ``name`` (a field of ``cls``) when it takes a number and ``value``
+    is not one (``max_total_tokens="big"`` failed later, as an arithmetic error of no flag)."""
+    typ, _ = _value_types(cls)[name]
+    if value is None or typ not in (int, float):
+        return
+    if not isinstance(value, numbers.Integral if typ is int else numbers.Real):
+        raise TypeError(f"{name} must be {'an integer' if typ is int else 'a number'}, got {value!r}")
 
 
 def add_fields_as_args(parser: Any, cls: type) -> None:

@@ -80,6 +80,16 @@ def test_every_flag_parses_into_its_section(name):
     assert EngineConfig(**{name: value, **met}) == config  # the Engine's keywords: the same flat names
 
 
+def test_a_number_flag_given_something_else_names_the_flag():
+    """``Engine(max_total_tokens="big")`` failed later as an arithmetic error naming no flag."""
+    import numpy as np
+
+    for name, bad in (("max_total_tokens", "big"), ("max_total_tokens", 1.5), ("mem_fraction", "0.8")):
+        with pytest.raises(TypeError, match=f"{name} must be"):
+            EngineConfig(**{name: bad})
+    assert EngineConfig(max_total_tokens=np.int64(4096)).cache.max_total_tokens == 4096
+
+
 def test_defaults_live_once():
     """The parsers' defaults are the dataclasses': no flag repeats a default of its own."""
     assert EngineConfig.from_cli_args(_parser().parse_args([])) == EngineConfig()
