@@ -26,7 +26,7 @@ import threading
 from typing import Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Union
 
 from radixrt.config import EngineConfig
-from radixrt.config.lora import parse_lora_paths
+from radixrt.config.lora import parse_lora_paths, unknown_adapter
 from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts, validate_call
@@ -180,7 +180,7 @@ class Engine:
             lora_path=lora_path,
         )
         validate_call(specs, self.limits)
-        unknown = next((s.lora for s in specs if s.lora is not None and s.lora not in self.lora_adapters), None)
+        unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)
         if unknown is not None:  # as the server answers it: a clear error now, not an aborted result
             raise ValueError(f"unknown LoRA adapter {unknown[:128]!r}; load it with load_lora_adapter.")
         if stream and (prompts.batch or specs[0].sampling.n != 1):

@@ -4,7 +4,7 @@ radixrt/executor/lora/, radixrt/scheduler/lora_admission.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Collection, Iterable, Optional
 
 from radixrt.config.fields import setting
 
@@ -23,6 +23,13 @@ def parse_lora_paths(items: Optional[list[str]]) -> dict[str, str]:
             raise ValueError(f"lora_paths names adapter {name!r} twice")
         out[name] = path
     return out
+
+
+def unknown_adapter(adapters: Iterable[Optional[str]], known: Collection[str]) -> Optional[str]:
+    """The first adapter name of ``adapters`` (requests' ``lora_path``; None: the base model)
+    that is not in ``known``, or None: what the server answers with a 400 and the Engine
+    raises, before anything is queued."""
+    return next((a for a in adapters if a is not None and a not in known), None)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from radixrt.config.lora import unknown_adapter
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts
 from radixrt.requests.router import ReqGroup
 from radixrt.server.context import ServerContext, server_context
@@ -197,7 +198,7 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     if isinstance(body, dict):
         ctx.check_cache_info(request, body.get("return_cache_info"))
     specs, batch, stream = await tm.run_tokenize(_checked_generate, body, tm, ctx.is_admin(request))
-    unknown = next((s.lora for s in specs if s.lora is not None and s.lora not in ctx.lora_adapters), None)
+    unknown = unknown_adapter((s.lora for s in specs), ctx.lora_adapters)
     if unknown is not None:  # before a stream's 200, as for a whole answer
         raise bad_request(f"unknown LoRA adapter {unknown[:128]!r}; load it with /load_lora_adapter.", "lora_path")
     group = tm.submit(specs, validated=True)

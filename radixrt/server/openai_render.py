@@ -288,9 +288,6 @@ class ChatView:
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
         self.remember = remember  # called with each finished choice's text and output ids
 
-    def logprob_entries(self, st: ReqState, start: int) -> list[dict]:
-        return logprob_entries(self.tt, st, start)
-
     def usage(self) -> dict:
         return usage(self.group, self.req.n, [self.prompt_len])
 
@@ -313,7 +310,7 @@ class ChatView:
                 {
                     "index": i,
                     "message": message,
-                    "logprobs": {"content": self.logprob_entries(st, 0)} if self.req.logprobs else None,
+                    "logprobs": {"content": logprob_entries(self.tt, st, 0)} if self.req.logprobs else None,
                     "finish_reason": self._finish(st, calls),
                 }
             )
@@ -323,7 +320,7 @@ class ChatView:
         """Content / reasoning / tool-call deltas (the first with the logprobs) and a
         closing entry with the finish reason."""
         out = []
-        lp = {"content": self.logprob_entries(u.state, u.start_lp)} if self.req.logprobs else None
+        lp = {"content": logprob_entries(self.tt, u.state, u.start_lp)} if self.req.logprobs else None
         if self.plain:
             deltas = [{"content": u.delta}] if u.delta else []
         else:
