@@ -155,6 +155,7 @@ class Engine:
         priority: Any = None,
         return_cache_info: Any = False,
         lora_path: Any = None,
+        token_ids_logprob: Any = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
         prompts = split_prompts(
@@ -178,6 +179,7 @@ class Engine:
             priority=priority,
             return_cache_info=return_cache_info,
             lora_path=lora_path,
+            token_ids_logprob=token_ids_logprob,
         )
         validate_call(specs, self.limits)
         unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)
@@ -251,6 +253,7 @@ class Engine:
         priority: Any = None,
         return_cache_info: Union[bool, str] = False,
         lora_path: Any = None,
+        token_ids_logprob: Any = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
@@ -270,6 +273,9 @@ class Engine:
         closest cached prompt, whoever sent that (the in-process caller is the
         operator; see `radixrt.memory.radix_explain`). ``lora_path``: a LoRA
         adapter's name, or one per prompt (None: the base model).
+        ``token_ids_logprob`` (SGLang's): token ids whose logprobs every scored
+        position returns (``meta_info.input_token_ids_logprobs`` and
+        ``output_token_ids_logprobs``), or one list per prompt.
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
@@ -287,6 +293,7 @@ class Engine:
             priority,
             return_cache_info,
             lora_path,
+            token_ids_logprob,
         )
         loop = self._loop()
         if stream:
@@ -308,6 +315,7 @@ class Engine:
         priority: Any = None,
         return_cache_info: Union[bool, str] = False,
         lora_path: Any = None,
+        token_ids_logprob: Any = None,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
         specs, batch = self._prepare(
@@ -324,6 +332,7 @@ class Engine:
             priority,
             return_cache_info,
             lora_path,
+            token_ids_logprob,
         )
         if stream:
             return await self._start_stream(specs[0])

@@ -61,7 +61,7 @@ IDENTITY_FILE = "store.json"
 
 
 # namespace files one directory holds at most (each a cache_salt / prompt_cache_key pair, at most
-# intake.MAX_NAMESPACE_KEY_CHARS characters each): about 8 MB, beside the blocks' quota
+# cache_fields.MAX_NAMESPACE_KEY_CHARS characters each): about 8 MB, beside the blocks' quota
 MAX_NAMESPACES = 4096
 
 

@@ -29,13 +29,13 @@ Engine raises it as is, the server answers it with a 400."""
 
 from __future__ import annotations
 
-import json
-import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from radixrt.requests.cache_fields import cache_info_mode, request_namespace
 from radixrt.requests.errors import RequestError
 from radixrt.requests.messages import GenerateReq
+from radixrt.requests.token_id_lists import bad_token_ids, check_token_ids_logprob, is_int, token_ids_each
 from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.sampling.params import SamplingParams
@@ -63,9 +63,9 @@ class Limits:
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
 
 
-def resolve_logprob(return_logprob: Any, top_logprobs_num: int) -> bool:
-    """A request returns logprobs when asked to, or when it asks for top logprobs."""
-    return bool(return_logprob) or top_logprobs_num > 0
+def resolve_logprob(return_logprob: Any, top_logprobs_num: int, token_ids_logprob: Sequence[int] = ()) -> bool:
+    """A request returns logprobs when asked to, or when it asks for top logprobs or named tokens' ones."""
+    return bool(return_logprob) or top_logprobs_num > 0 or bool(token_ids_logprob)
 
 
 @dataclass
@@ -80,6 +80,7 @@ class RequestSpec:
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
+    token_ids_logprob: tuple[int, ...] = ()  # SGLang's: tokens whose logprobs every scored position returns
     return_text_in_logprobs: bool = False
     namespace: Optional[str] = None  # the radix-cache namespace (`cache_namespace`); None: the shared one
     rid: Optional[str] = None  # None: assigned when queued
@@ -93,7 +94,7 @@ class RequestSpec:
     admin: bool = False
 
     def __post_init__(self) -> None:
-        self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num)
+        self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num, self.token_ids_logprob)
 
     def to_generate_req(self, rid: str, stream: bool = False) -> GenerateReq:
         """The scheduler message for this prompt under request id ``rid``."""
@@ -105,6 +106,7 @@ class RequestSpec:
             logprob_start_len=self.logprob_start_len,
             top_logprobs_num=self.top_logprobs_num,
             stream=stream,
+            token_ids_logprob=self.token_ids_logprob,
             namespace=self.namespace,
             priority=self.priority,
             cache_info=self.cache_info,
@@ -114,15 +116,6 @@ class RequestSpec:
 
 
 # ---------------------------------------------------------------------- validation
-def is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def bad_token_ids(ids: Sequence[Any], vocab_size: int) -> list[Any]:
-    rough = [t for t in ids if type(t) is not int or not 0 <= t < vocab_size]  # fast path: plain ints
-    return [t for t in rough if not (is_int(t) and 0 <= t < vocab_size)]
-
-
 def validate_prompt(
     input_ids: Sequence[int],
     sampling: SamplingParams,
@@ -228,6 +221,7 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
             f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
             "top_logprobs_num",
         )
+    check_token_ids_logprob(spec.token_ids_logprob, limits.max_top_logprobs_num, limits.vocab_size, spec.sampling)
     _check_priority(spec, limits)
 
 
@@ -343,34 +337,6 @@ def to_sampling_params(value: Any) -> SamplingParams:
         raise RequestError(str(e), "sampling_params") from None
 
 
-MAX_NAMESPACE_KEY_CHARS = 1024  # cache_salt / prompt_cache_key: an id (OpenAI's prompt_cache_key is one)
-
-
-def cache_namespace(cache_salt: Optional[str], prompt_cache_key: Optional[str] = None) -> Optional[str]:
-    """The radix-cache namespace of a request: None (the shared one) when it
-    gives neither ``cache_salt`` nor ``prompt_cache_key``, else the JSON array
-    of both, so that distinct pairs never share a namespace (whatever
-    characters the strings hold) and a salt means the same on every route."""
-    if cache_salt is None and prompt_cache_key is None:
-        return None
-    return json.dumps([cache_salt, prompt_cache_key])
-
-
-def cache_info_mode(return_cache_info: Any) -> str:
-    """The `RequestSpec.cache_info` mode of a ``return_cache_info`` value:
-    False / None: "" (none); True: "own" (explained from the request's own text
-    and match only: what a cache hit on it tells anyway); "full": "full" (the
-    cache's content around the match too, i.e. other requests' text: the
-    server asks for its admin key)."""
-    if return_cache_info is None or return_cache_info is False:
-        return ""
-    if return_cache_info is True:
-        return "own"
-    if return_cache_info == "full":
-        return "full"
-    raise RequestError("'return_cache_info' must be a boolean or \"full\".", "return_cache_info")
-
-
 def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
     if not prompts.batch and isinstance(rid, list):
         raise RequestError("'rid' must be a string for a single prompt.", "rid")
@@ -388,6 +354,7 @@ def build_specs(
     return_logprob: Any = None,
     logprob_start_len: Any = None,
     top_logprobs_num: Any = None,
+    token_ids_logprob: Any = None,
     rid: Any = None,
     return_text_in_logprobs: Any = False,
     cache_salt: Any = None,
@@ -412,16 +379,11 @@ def build_specs(
     flags = per_item("return_logprob", return_logprob, prompts, False, lambda v: isinstance(v, bool), "a boolean")
     starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, is_int, "an integer")
     tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: is_int(v) and v >= 0, "an integer >= 0")
+    token_ids = token_ids_each(token_ids_logprob, len(prompts.ids), prompts.batch)
     rids = per_item("rid", rid, prompts, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
     _check_rids(rids, prompts, rid)
     if not isinstance(return_text_in_logprobs, bool):
         raise RequestError("'return_text_in_logprobs' must be a boolean.", "return_text_in_logprobs")
-    for name, value in (("cache_salt", cache_salt), ("prompt_cache_key", prompt_cache_key)):
-        if value is not None and not isinstance(value, str):
-            raise RequestError(f"'{name}' must be a string.", name)
-        if value is not None and len(value) > MAX_NAMESPACE_KEY_CHARS:
-            # the storage tier keeps each namespace's text on disk; a key is an id, not a payload
-            raise RequestError(f"'{name}' holds {len(value)} characters; at most {MAX_NAMESPACE_KEY_CHARS}.", name)
     priorities = per_item(
         "priority", priority, prompts, None, lambda v: v is None or is_int(v), "an integer (or one per prompt)"
     )
@@ -429,7 +391,7 @@ def build_specs(
         "lora_path", lora_path, prompts, None, lambda v: v is None or isinstance(v, str), "a string (or one per prompt)"
     )
     cache_info = cache_info_mode(return_cache_info)
-    namespace = cache_namespace(cache_salt, prompt_cache_key)
+    namespace = request_namespace(cache_salt, prompt_cache_key)
     return [
         RequestSpec(
             input_ids=ids,
@@ -437,6 +399,7 @@ def build_specs(
             return_logprob=flags[i],
             logprob_start_len=int(starts[i]),
             top_logprobs_num=int(tops[i]),
+            token_ids_logprob=token_ids[i],
             return_text_in_logprobs=return_text_in_logprobs,
             namespace=namespace,
             rid=rids[i],

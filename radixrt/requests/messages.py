@@ -32,7 +32,9 @@ class GenerateReq:
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     stream: bool = False
-    namespace: Optional[str] = None  # the radix cache's namespace (intake.cache_namespace); None: shared
+    # SGLang's token_ids_logprob: the logprobs of these tokens at every scored position, prompt and output
+    token_ids_logprob: tuple[int, ...] = ()
+    namespace: Optional[str] = None  # the radix cache's namespace (cache_fields.cache_namespace); None: shared
     priority: Optional[int] = None  # queue order under enable_priority_scheduling (None: 0)
     # explain the prefix match (radixrt.memory.radix_explain): "" no, "own" from the request's own
     # text and match only, "full" with the cache's neighbouring content (the operator's view)
@@ -113,6 +115,9 @@ class TokenOutput:
     kv_budget: Optional[dict[str, Any]] = None
     # a beam search's output: its rank, score and search figures (beam.BeamGroup.describe)
     beam: Optional[dict[str, Any]] = None
+    # a request with token_ids_logprob: per output token, and once per prompt position (as the top lists)
+    output_token_ids_logprobs: Optional[list[list[tuple[float, int]]]] = None
+    input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

@@ -28,10 +28,13 @@ class ResultAccumulator:
         return_logprob: bool = False,
         return_text_in_logprobs: bool = False,
         live_text: bool = True,
+        token_ids_logprob: bool = False,
     ) -> None:
         """``live_text`` False: ``text`` is made only when the request
         finishes (the final text is a plain decode of every output id, so it
-        is the same); for a result nobody reads before it ends."""
+        is the same); for a result nobody reads before it ends.
+        ``token_ids_logprob``: the request named tokens whose logprobs it returns
+        (``meta_info.input_token_ids_logprobs`` and ``output_token_ids_logprobs``)."""
         self.rid = rid
         self.live_text = live_text
         self._detok_ids = 0  # output ids handed to the detokenizer
@@ -59,6 +62,11 @@ class ResultAccumulator:
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.input_token_logprobs: list[tuple[Optional[float], int]] = []
         self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
+        # with token_ids_logprob: the named tokens' logprobs per position (None otherwise)
+        self.output_token_ids_logprobs: Optional[list[list[tuple[float, int]]]] = [] if token_ids_logprob else None
+        self.input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = (
+            [] if token_ids_logprob else None
+        )
         self._input_meta: Optional[tuple[list, list]] = None  # built by _input_logprob_meta
         self.cache_info: Optional[dict[str, Any]] = None  # rendered meta_info.cache_info, once it arrived
         self._streamed = (0, 0, 0)  # text chars, output ids, output logprobs already sent incrementally
@@ -92,6 +100,10 @@ class ResultAccumulator:
             self._detok_ids = len(self.output_ids)
         self.output_token_logprobs.extend(out.output_token_logprobs)
         self.output_top_logprobs.extend(out.output_top_logprobs)
+        if out.output_token_ids_logprobs and self.output_token_ids_logprobs is not None:
+            self.output_token_ids_logprobs.extend(out.output_token_ids_logprobs)
+        if out.input_token_ids_logprobs is not None and self.input_token_ids_logprobs is not None:
+            self.input_token_ids_logprobs = list(out.input_token_ids_logprobs)
         if out.cache_info is not None:
             from radixrt.memory.radix_explain import render_cache_info
 
@@ -172,4 +184,7 @@ class ResultAccumulator:
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[lps:])
             meta["output_top_logprobs"] = self._top_triples(self.output_top_logprobs[lps:])
             meta["output_token_logprobs_length"] = len(self.output_token_logprobs)
+            if self.output_token_ids_logprobs is not None and self.input_token_ids_logprobs is not None:
+                meta["input_token_ids_logprobs"] = self._top_triples(self.input_token_ids_logprobs)
+                meta["output_token_ids_logprobs"] = self._top_triples(self.output_token_ids_logprobs[lps:])
         return {"text": self.text[chars:], "output_ids": self.output_ids[ids:], "meta_info": meta}

@@ -221,6 +221,7 @@ class ResultRouter:
                 spec.return_logprob,
                 spec.return_text_in_logprobs,
                 live_text=live_text,
+                token_ids_logprob=bool(spec.token_ids_logprob),
             )
             st = ReqState(iid, entry.iid, acc, group, spec.input_ids)
             self._states[iid] = st

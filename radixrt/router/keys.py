@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from radixrt.requests.intake import cache_namespace
+from radixrt.requests.cache_fields import cache_namespace
 from radixrt.router.key_marker import namespace_marker
 from radixrt.router.policies import RouteKey
 

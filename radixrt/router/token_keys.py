@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from radixrt.requests.intake import cache_namespace
+from radixrt.requests.cache_fields import cache_namespace
 from radixrt.router.kv_event_index import TokenKey
 
 # The longest prompt followed, in tokens: bounds the router's hashing per request.

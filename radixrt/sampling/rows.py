@@ -41,6 +41,8 @@ class SamplingRow:
     draft_len: int = 0  # trailing output_ids that are an unverified jump-forward draft
     # a beam search's row: how many of its best (logprob, token) continuations to return (0: none)
     beam_candidates: int = 0
+    # SGLang's token_ids_logprob: the tokens whose logprobs this row returns whatever is sampled (empty: none)
+    token_ids_logprob: tuple[int, ...] = ()
 
     @property
     def output_index(self) -> int:
@@ -59,6 +61,7 @@ def sampling_row(
     counts: Optional[TokenCounts],
     draft_len: int,
     beam_candidates: int,
+    token_ids_logprob: tuple[int, ...],
 ) -> SamplingRow:
     """The `SamplingRow` of these fields, all given by name. The step loop makes
     one per sampling row per step, and calling a dataclass with keywords costs
@@ -76,6 +79,7 @@ def sampling_row(
     row.counts = counts
     row.draft_len = draft_len
     row.beam_candidates = beam_candidates
+    row.token_ids_logprob = token_ids_logprob
     return row
 
 

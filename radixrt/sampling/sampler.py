@@ -97,6 +97,9 @@ class SampleResult:
     # Per row: a beam search row's best continuations, (logprob, token_id) best first (see
     # `beam_candidates`); None for other rows, or for all when no row is a beam's.
     beam_candidates: Optional[list[Optional[list[tuple[float, int]]]]] = None
+    # Per row: (logprob, token_id) of each of the row's ``token_ids_logprob``, in its order; None for
+    # other rows, or for all when no row asked.
+    token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
 
 
 class Sampler(TokenDrawer):
@@ -148,6 +151,7 @@ class Sampler(TokenDrawer):
         want = [i for i, r in enumerate(rows) if r.return_logprob or r.top_logprobs_num > 0]
         logprobs: Optional[list[Optional[float]]] = None
         top: list[Optional[list[tuple[float, int]]]] = [None] * B
+        by_id: Optional[list[Optional[list[tuple[float, int]]]]] = None
         if want:
             w_t = long_tensor(want, device)
             sub = raw if len(want) == B else raw.index_select(0, w_t)
@@ -164,8 +168,9 @@ class Sampler(TokenDrawer):
                     n = rows[i].top_logprobs_num
                     if n > 0:
                         top[i] = list(zip(vals[j][:n], ids[j][:n]))
+            by_id = _token_ids_logprobs(lp, rows, want)
         beams = [i for i, r in enumerate(rows) if r.beam_candidates > 0]
-        result = SampleResult(token_ids, logprobs, top)
+        result = SampleResult(token_ids, logprobs, top, token_ids_logprobs=by_id)
         if beams:
             result.beam_candidates = beam_candidates(raw, x, rows, beams)
         return result
@@ -236,16 +241,33 @@ def beam_candidates(
     return out
 
 
+def _token_ids_logprobs(
+    lp: torch.Tensor, rows: list[SamplingRow], want: list[int]
+) -> Optional[list[Optional[list[tuple[float, int]]]]]:
+    """Each row's ``token_ids_logprob`` read from ``lp`` (the log-softmax of the ``want`` rows, in
+    that order); None when no row asks."""
+    asking = [(j, i) for j, i in enumerate(want) if rows[i].token_ids_logprob]
+    if not asking:
+        return None
+    out: list[Optional[list[tuple[float, int]]]] = [None] * len(rows)
+    for j, i in asking:
+        ids = rows[i].token_ids_logprob
+        out[i] = list(zip(lp[j, list(ids)].tolist(), ids))
+    return out
+
+
 def token_logprobs(
     logits: torch.Tensor,
     target_ids: Union[torch.Tensor, Sequence[int]],
     top_k: int,
     chunk_elems: int = 1 << 22,
-) -> tuple[list[float], Optional[list[list[tuple[float, int]]]]]:
+    token_ids: Sequence[int] = (),
+) -> tuple[list[float], Optional[list[list[tuple[float, int]]]], Optional[list[list[tuple[float, int]]]]]:
     """Logprob of ``target_ids[t]`` under ``log_softmax(logits[t])`` for each of
-    the T rows (prompt logprobs), and the top-``top_k`` (logprob, token_id)
-    pairs per row when ``top_k > 0`` (else None). Works in row chunks of about
-    ``chunk_elems`` values so long prompts do not allocate a [T, V] copy."""
+    the T rows (prompt logprobs), the top-``top_k`` (logprob, token_id)
+    pairs per row when ``top_k > 0`` (else None), and the (logprob, token_id) of
+    each of ``token_ids`` per row when any is given (else None). Works in row
+    chunks of about ``chunk_elems`` values so long prompts do not allocate a [T, V] copy."""
     T, V = logits.shape
     targets = torch.as_tensor(target_ids, dtype=torch.long).to(logits.device)
     if targets.shape != (T,):
@@ -253,6 +275,7 @@ def token_logprobs(
     step = max(1, chunk_elems // max(V, 1))
     lps: list[float] = []
     tops: Optional[list[list[tuple[float, int]]]] = [] if top_k > 0 else None
+    by_id: Optional[list[list[tuple[float, int]]]] = [] if token_ids else None
     k = min(top_k, V)
     for start in range(0, T, step):
         lp = torch.log_softmax(logits[start : start + step].float(), dim=1)
@@ -260,4 +283,6 @@ def token_logprobs(
         if tops is not None:
             vals, ids = lp.topk(k, dim=1)
             tops.extend(list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist()))
-    return lps, tops
+        if by_id is not None:
+            by_id.extend(list(zip(v, token_ids)) for v in lp[:, list(token_ids)].tolist())
+    return lps, tops, by_id

@@ -36,6 +36,7 @@ class PromptLogprobJob:
     targets: list[int]
     top_k: int
     retractions: int  # the request's count when launched: a retraction since voids the scores
+    token_ids: tuple[int, ...] = ()  # the request's token_ids_logprob
 
 
 @dataclass
@@ -84,7 +85,15 @@ def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> 
     lo = max(first - 1, start)  # positions whose next token is scored
     hi = min(len(req.input_ids) - 1, start + q)
     return PromptLogprobJob(
-        batch_index, offset, start, lo, hi, req.input_ids[lo + 1 : hi + 1], req.top_logprobs_num, req.retractions
+        batch_index,
+        offset,
+        start,
+        lo,
+        hi,
+        req.input_ids[lo + 1 : hi + 1],
+        req.top_logprobs_num,
+        req.retractions,
+        req.token_ids_logprob,
     )
 
 
@@ -106,6 +115,7 @@ def _sampling_row(req: Req, draft_pos: int, before: Optional[list[int]] = None) 
         counts=req.penalty_counts,
         draft_len=draft_pos,
         beam_candidates=req.beam.candidates_per_beam if req.beam is not None else 0,
+        token_ids_logprob=req.token_ids_logprob,
     )
 
 

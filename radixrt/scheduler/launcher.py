@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
 
-PromptScores = list[tuple[float, int, Optional[list[tuple[float, int]]]]]  # (logprob, token, top)
+# (logprob, token, top, by_id): by_id are the logprobs of the request's token_ids_logprob
+PromptScores = list[tuple[float, int, Optional[list[tuple[float, int]]], Optional[list[tuple[float, int]]]]]
 
 
 @dataclass
@@ -183,6 +184,8 @@ class StepLauncher:
             first = job.offset + b - job.start
             logits = self.runner.logits(hidden[first : first + e - b])
             targets = job.targets[b - job.lo : e - job.lo]
-            lps, tops = token_logprobs(logits, targets, job.top_k)
-            out.extend((lps[j], targets[j], tops[j] if tops else None) for j in range(e - b))
+            lps, tops, by_id = token_logprobs(logits, targets, job.top_k, token_ids=job.token_ids)
+            out.extend(
+                (lps[j], targets[j], tops[j] if tops else None, by_id[j] if by_id else None) for j in range(e - b)
+            )
         return out

@@ -7,7 +7,7 @@ request's load ends), sets what its KV is keyed by, from the weights it got:
 - a plain adapter's requests live in a namespace of their own,
   ``{"lora": <digest of the adapter's weights>, "ns": <the request's
   namespace>}`` (a JSON object: it never equals a plain namespace, which is
-  None or a JSON array, intake.cache_namespace), so a name reloaded with new
+  None or a JSON array, cache_fields.cache_namespace), so a name reloaded with new
   weights never reuses the old KV and two names for the same weights share;
 - an activated adapter (aLoRA) applies from its invocation tokens on: the KV
   before that point is the base model's, so the request stays in its own

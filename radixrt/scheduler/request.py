@@ -52,7 +52,8 @@ class Req(RequestKV):
     the draft never has KV (``len(slots) <= len(input_ids) + len(output_ids)``).
 
     What the front has not been sent yet: the last ``unsent_ids`` output
-    tokens, with their ``unsent_output_logprobs`` and ``unsent_top_logprobs``.
+    tokens, with their ``unsent_output_logprobs``, ``unsent_top_logprobs`` and
+    ``unsent_token_ids_logprobs``.
     """
 
     rid: str
@@ -62,6 +63,7 @@ class Req(RequestKV):
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: tuple[int, ...] = ()  # tokens whose logprobs every scored position returns
     arrival: int = 0
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
     group: str = ""  # the client call it came in (a batch's prompts and their samples share it)
@@ -112,10 +114,12 @@ class Req(RequestKV):
     unsent_ids: int = 0
     unsent_output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     unsent_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    unsent_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: Optional[list[tuple[Optional[float], int]]] = None
     input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+    input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
     input_logprobs_sent: bool = False
-    prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top) while prefilling
+    prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top, by_id) while prefilling
 
     @classmethod
     def from_message(
@@ -137,6 +141,7 @@ class Req(RequestKV):
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
+            token_ids_logprob=msg.token_ids_logprob,
             namespace=msg.namespace,
             arrival=arrival,
             grammar_future=grammar_future,

@@ -147,8 +147,10 @@ class ResultProcessor:
             acc = req.prompt_logprob_acc
             pairs: list = [(None, req.input_ids[0])] if req.logprob_start_len == 0 else []
             tops: list = [None] if req.logprob_start_len == 0 else []
-            req.input_logprobs = pairs + [(lp, t) for lp, t, _ in acc]
-            req.input_top_logprobs = tops + [tp for _, _, tp in acc]
+            req.input_logprobs = pairs + [(lp, t) for lp, t, _, _ in acc]
+            req.input_top_logprobs = tops + [tp for _, _, tp, _ in acc]
+            if req.token_ids_logprob:
+                req.input_token_ids_logprobs = tops + [by_id for _, _, _, by_id in acc]
 
     # ------------------------------------------------------------------ sampled tokens
     def _take_samples(self, req: Req, result: SampleResult, first: int) -> None:
@@ -251,6 +253,9 @@ class ResultProcessor:
             req.unsent_output_logprobs.append((logprob, token))
             if req.top_logprobs_num:
                 req.unsent_top_logprobs.append((result.top_logprobs[i] if result.top_logprobs else None) or [])
+            if req.token_ids_logprob:
+                by_id = result.token_ids_logprobs
+                req.unsent_token_ids_logprobs.append((by_id[i] if by_id else None) or [])
         req.finish_reason = self._check_finish(req, token)
 
     def candidate_finish(self, req: Req, token: int) -> Optional[FinishReason]:
@@ -336,7 +341,10 @@ def token_output(req: Req) -> TokenOutput:
     if req.input_logprobs is not None and not req.input_logprobs_sent:
         out.input_token_logprobs = req.input_logprobs
         out.input_top_logprobs = req.input_top_logprobs
+        out.input_token_ids_logprobs = req.input_token_ids_logprobs
         req.input_logprobs_sent = True
+    if req.token_ids_logprob:
+        out.output_token_ids_logprobs, req.unsent_token_ids_logprobs = req.unsent_token_ids_logprobs, []
     req.unsent_ids = 0
     req.unsent_output_logprobs = []
     req.unsent_top_logprobs = []

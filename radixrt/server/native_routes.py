@@ -2,7 +2,9 @@
 
 Body: ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params``
 (an object, or one per prompt), ``return_logprob``, ``logprob_start_len``,
-``top_logprobs_num`` (a value or one per prompt), ``rid`` (one per prompt),
+``top_logprobs_num`` (a value or one per prompt), ``token_ids_logprob`` (token
+ids whose logprobs every position returns, in ``meta_info.input_token_ids_logprobs``
+and ``output_token_ids_logprobs``; a list, or one per prompt), ``rid`` (one per prompt),
 ``return_text_in_logprobs``, ``stream``, ``cache_salt``, ``priority`` (an int in
 ``[-N, N]`` for ``--max-client-priority N``, or one per prompt: orders the waiting
 queue under ``--enable-priority-scheduling``, else ignored), ``return_cache_info``
@@ -62,6 +64,7 @@ _GENERATE_KEYS = {
     "return_logprob",
     "logprob_start_len",
     "top_logprobs_num",
+    "token_ids_logprob",
     "return_text_in_logprobs",
     "stream",
     "cache_salt",
@@ -110,7 +113,6 @@ _GENERATE_IGNORED = {
     "kv_hints",
     # extra outputs
     "return_hidden_states",
-    "token_ids_logprob",
     "return_routed_experts",
     "routed_experts_start_len",
     "return_indexer_topk",
@@ -172,6 +174,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             return_logprob=body.get("return_logprob"),
             logprob_start_len=body.get("logprob_start_len"),
             top_logprobs_num=body.get("top_logprobs_num"),
+            token_ids_logprob=body.get("token_ids_logprob"),
             rid=body.get("rid"),
             return_text_in_logprobs=body.get("return_text_in_logprobs", False),
             cache_salt=body.get("cache_salt"),

@@ -106,7 +106,7 @@ class _SamplingExtras(Lenient):
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
     cache_salt: Optional[str] = None
-    # OpenAI's cache hint; here, with cache_salt, a radix namespace (intake.cache_namespace)
+    # OpenAI's cache hint; here, with cache_salt, a radix namespace (cache_fields.cache_namespace)
     prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None
     # SGLang's: waiting-queue order under --enable-priority-scheduling. Strict, as on /generate: "1" and

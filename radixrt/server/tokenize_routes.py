@@ -35,7 +35,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from radixrt.requests.intake import bad_token_ids, is_int
+from radixrt.requests.token_id_lists import bad_token_ids, is_int
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import bad_request
 from radixrt.server.http_utils import JSON, read_json

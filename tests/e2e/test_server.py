@@ -235,6 +235,31 @@ def test_generate_logprobs(client):
     assert client.post("/generate", json={**body, "logprob_start_len": 4}).status_code == 400
 
 
+def test_generate_token_ids_logprob(client):
+    """SGLang's token_ids_logprob: the named tokens' logprobs at every prompt and output position,
+    the same numbers the top lists give where they name the same token; one list per prompt too."""
+    body = {"text": "Paris is the capital of", "sampling_params": greedy(3), "logprob_start_len": 0}
+    top = client.post("/generate", json={**body, "top_logprobs_num": 3}).json()["meta_info"]
+    named = [top["output_top_logprobs"][0][1][1], top["input_top_logprobs"][1][0][1], 3]
+    meta = client.post("/generate", json={**body, "token_ids_logprob": named}).json()["meta_info"]
+    out, inp = meta["output_token_ids_logprobs"], meta["input_token_ids_logprobs"]
+    assert len(out) == 3 and len(inp) == meta["prompt_tokens"] and inp[0] is None
+    assert all([t for _, t, _ in pos] == named for pos in out + inp[1:])
+    assert out[0][0][0] == pytest.approx(top["output_top_logprobs"][0][1][0], abs=1e-4)
+    assert inp[1][1][0] == pytest.approx(top["input_top_logprobs"][1][0][0], abs=1e-4)
+    assert all(lp <= 0 for pos in out for lp, _, _ in pos)
+    batch = {"text": ["a b c", "d e"], "sampling_params": greedy(2), "token_ids_logprob": [[5], [6, 7]]}
+    a, b = client.post("/generate", json=batch).json()
+    assert [[t for _, t, _ in pos] for pos in a["meta_info"]["output_token_ids_logprobs"]] == [[5], [5]]
+    assert [[t for _, t, _ in pos] for pos in b["meta_info"]["output_token_ids_logprobs"]] == [[6, 7], [6, 7]]
+    for bad in ([10**9], list(range(21)), "5", [[5], [6]], [1.5]):
+        r = client.post("/generate", json={**body, "token_ids_logprob": bad})
+        assert r.status_code == 400 and "token_ids_logprob" in r.text, (bad, r.text)
+    beams = {**body, "sampling_params": greedy(3, beam_width=2), "token_ids_logprob": [5]}
+    assert client.post("/generate", json=beams).status_code == 400
+    assert_no_leak(wait_idle(client))
+
+
 def test_generate_stream(client):
     body = {"text": "Count: one, two,", "sampling_params": greedy(6), "return_logprob": True, "stream": True}
     plain = client.post("/generate", json={**body, "stream": False}).json()

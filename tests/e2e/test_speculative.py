@@ -94,7 +94,7 @@ def test_greedy_outputs_equal_speculation_off_and_drafts_are_accepted(tiny_engin
 def test_seeded_samples_logprobs_and_stops_equal_speculation_off(tiny_engines):
     on, off = tiny_engines
     sp = {"temperature": 0.8, "top_p": 0.9, "seed": 7, "max_new_tokens": MAX_NEW}
-    kw = dict(return_logprob=True, top_logprobs_num=3)
+    kw = dict(return_logprob=True, top_logprobs_num=3, token_ids_logprob=[1, 2])
     free = _run(off, PROMPTS, {"temperature": 0, "max_new_tokens": MAX_NEW})
     # stop at a token the greedy run produces late, so that the stop falls inside accepted drafts
     sp_stop = {"temperature": 0, "max_new_tokens": MAX_NEW, "stop_token_ids": [free[0]["output_ids"][30]]}
@@ -110,6 +110,10 @@ def test_seeded_samples_logprobs_and_stops_equal_speculation_off(tiny_engines):
             [t[0] for t in wm["output_token_logprobs"]], abs=1e-3
         )
         assert len(gm["output_top_logprobs"]) == len(wm["output_top_logprobs"]) == len(g["output_ids"])
+        named = [[lp for lp, _, _ in pos] for pos in gm["output_token_ids_logprobs"]]
+        assert len(named) == len(g["output_ids"])  # accepted draft tokens carry them too
+        for got_pos, want_pos in zip(named, wm["output_token_ids_logprobs"]):
+            assert got_pos == pytest.approx([lp for lp, _, _ in want_pos], abs=1e-3)
 
 
 def _oracle_trees(speculator, expected: dict[tuple[int, ...], list[int]]):

@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from radixrt.requests.cache_fields import cache_info_mode, cache_namespace
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import (
     Limits,
@@ -14,8 +15,6 @@ from radixrt.requests.intake import (
     RequestError,
     RequestSpec,
     build_specs,
-    cache_info_mode,
-    cache_namespace,
     resolve_logprob,
     split_prompts,
     validate_prompt,
@@ -191,3 +190,16 @@ def test_cache_info_modes():
     for bad in (1, 0, "yes", "Full", "own"):
         with pytest.raises(RequestError, match="return_cache_info"):
             cache_info_mode(bad)
+
+
+def test_token_ids_logprob_is_one_list_for_every_prompt_or_one_per_prompt():
+    one = PromptBatch([[1, 2]], ["a"], False, "text")
+    two = PromptBatch([[1, 2], [3]], ["a", "b"], True, "text")
+    assert [s.token_ids_logprob for s in build_specs(one, token_ids_logprob=[4, 5])] == [(4, 5)]
+    assert build_specs(one, token_ids_logprob=[4])[0].return_logprob  # asking for them returns logprobs
+    assert [s.token_ids_logprob for s in build_specs(two, token_ids_logprob=[4])] == [(4,), (4,)]
+    assert [s.token_ids_logprob for s in build_specs(two, token_ids_logprob=[[4], None])] == [(4,), ()]
+    assert not build_specs(two)[1].return_logprob
+    for bad in ([[4]], "4", [True], [[4], [5], [6]]):
+        with pytest.raises(RequestError, match="token_ids_logprob"):
+            build_specs(two if bad != [[4]] else one, token_ids_logprob=bad)

@@ -25,6 +25,8 @@ def _full_output(rid: str) -> TokenOutput:
         3,
         {"policy": "h2o", "peak_kv_tokens": 136},
         {"rank": 1, "score": -0.75},
+        [[(-0.5, 7)], [(-3.0, 7)]],
+        [None, [(-1.5, 7)]],
     )
 
 

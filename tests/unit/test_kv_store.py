@@ -93,8 +93,9 @@ def test_namespace_files_are_bounded(tmp_path: Path, monkeypatch) -> None:
     naming a new one per request grew the directory without bound. Past MAX_NAMESPACES no more
     are written (their blocks are still served); a key is at most 1,024 characters (intake)."""
     import radixrt.memory.kv_store_file as kv_store_file
+    from radixrt.requests.cache_fields import MAX_NAMESPACE_KEY_CHARS
     from radixrt.requests.errors import RequestError
-    from radixrt.requests.intake import MAX_NAMESPACE_KEY_CHARS, PromptBatch, build_specs
+    from radixrt.requests.intake import PromptBatch, build_specs
 
     monkeypatch.setattr(kv_store_file, "MAX_NAMESPACES", 3)
     store = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20)

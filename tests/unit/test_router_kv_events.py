@@ -19,7 +19,7 @@ from radixrt.memory.kv_events import (
     decode_batch,
     encode_batch,
 )
-from radixrt.requests.intake import cache_namespace
+from radixrt.requests.cache_fields import cache_namespace
 from radixrt.router.kv_event_index import KVEventIndex, TokenKey, block_hashes
 from radixrt.router.kv_event_subscriber import KVEventSubscriber
 from radixrt.router.kv_routing import parse_endpoints

@@ -189,6 +189,7 @@ def test_sampling_row_sets_every_field_by_name():
         "counts": TokenCounts(),
         "draft_len": 1,
         "beam_candidates": 3,
+        "token_ids_logprob": (6, 8),
     }
     assert {f.name for f in dataclasses.fields(SamplingRow)} == set(values)
     row = sampling_row(**values)
@@ -548,11 +549,31 @@ def test_token_logprobs_helper():
     logits = torch.randn(37, 50, generator=g)
     targets = torch.randint(0, 50, (37,), generator=g)
     raw = torch.log_softmax(logits, 1)
-    lps, tops = token_logprobs(logits, targets, top_k=4, chunk_elems=200)  # several chunks
+    lps, tops, _ = token_logprobs(logits, targets, top_k=4, chunk_elems=200)  # several chunks
     assert lps == pytest.approx(raw.gather(1, targets[:, None]).squeeze(1).tolist(), abs=1e-6)
     assert [[t for _, t in r] for r in tops] == raw.topk(4, 1).indices.tolist()
-    lps2, none = token_logprobs(logits, targets.tolist(), top_k=0)
+    lps2, none, by_id = token_logprobs(logits, targets.tolist(), top_k=0, chunk_elems=200, token_ids=(7, 3, 7))
     assert none is None and lps2 == pytest.approx(lps, abs=1e-6)
+    assert [[t for _, t in r] for r in by_id] == [[7, 3, 7]] * 37
+    assert [v for r in by_id for v, _ in r] == pytest.approx(raw[:, [7, 3, 7]].flatten().tolist(), abs=1e-6)
+
+
+def test_rows_get_the_logprobs_of_the_token_ids_they_name():
+    """Raw logprobs (before temperature and penalties) of the named ids, whatever is sampled;
+    rows that name none get None."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(2))
+    rows = [
+        SamplingRow(SamplingParams(temperature=0.7), 1, [], [], return_logprob=True, token_ids_logprob=(4, 9)),
+        SamplingRow(SamplingParams(temperature=0.0), 1, [], [], return_logprob=True),
+        SamplingRow(SamplingParams(temperature=0.0, repetition_penalty=1.5), 1, [9], [9], token_ids_logprob=(9,)),
+    ]
+    rows[2].return_logprob = True
+    res = Sampler(vocab_size=50, eos_token_ids=[]).sample(logits, rows)
+    raw = torch.log_softmax(logits, 1)
+    assert res.token_ids_logprobs[1] is None
+    assert [t for _, t in res.token_ids_logprobs[0]] == [4, 9]
+    assert [v for v, _ in res.token_ids_logprobs[0]] == pytest.approx(raw[0, [4, 9]].tolist(), abs=1e-6)
+    assert res.token_ids_logprobs[2][0][0] == pytest.approx(raw[2, 9].item(), abs=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
