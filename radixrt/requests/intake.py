@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 from radixrt.requests.cache_fields import cache_info_mode, request_namespace
 from radixrt.requests.errors import RequestError
 from radixrt.requests.messages import GenerateReq
-from radixrt.requests.token_id_lists import bad_token_ids, check_token_ids_logprob, is_int, token_ids_each
+from radixrt.requests.token_id_lists import bad_token_ids, check_logprob_fields, is_int, token_ids_each
 from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.sampling.grammar_bounds import GrammarLimits
 from radixrt.sampling.params import SamplingParams
@@ -213,15 +213,9 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
             f"logprob_start_len {spec.logprob_start_len} is beyond the prompt length {len(spec.input_ids)}",
             "logprob_start_len",
         )
-    if spec.top_logprobs_num < 0:
-        raise RequestError("top_logprobs_num must be >= 0", "top_logprobs_num")
-    if spec.top_logprobs_num > limits.max_top_logprobs_num:
-        raise RequestError(
-            f"top_logprobs_num is {spec.top_logprobs_num}; this server returns at most "
-            f"{limits.max_top_logprobs_num} top logprobs per position (--max-top-logprobs-num)",
-            "top_logprobs_num",
-        )
-    check_token_ids_logprob(spec.token_ids_logprob, limits.max_top_logprobs_num, limits.vocab_size, spec.sampling)
+    check_logprob_fields(
+        spec.top_logprobs_num, spec.token_ids_logprob, limits.max_top_logprobs_num, limits.vocab_size, spec.sampling
+    )
     _check_priority(spec, limits)
 
 

@@ -43,21 +43,36 @@ def token_ids_each(value: Any, n: int, batch: bool) -> list[tuple[int, ...]]:
     return out
 
 
-def check_token_ids_logprob(ids: Sequence[int], max_ids: int, vocab_size: int, sampling: SamplingParams) -> None:
-    """At most ``max_ids`` ids (the server's --max-top-logprobs-num), each in the
-    vocabulary; not with a beam search, whose outputs carry no per-position lists."""
-    if not ids:
-        return
-    if len(ids) > max_ids:
+def check_logprob_fields(
+    top_logprobs_num: int, token_ids: Sequence[int], max_ids: int, vocab_size: int, sampling: SamplingParams
+) -> None:
+    """``top_logprobs_num`` in ``[0, max_ids]`` (the server's --max-top-logprobs-num) and
+    ``token_ids_logprob`` at most ``max_ids`` ids, each in the vocabulary; neither with a beam
+    search, whose outputs carry each token's own logprob but no per-position lists."""
+    if top_logprobs_num < 0:
+        raise RequestError("top_logprobs_num must be >= 0", "top_logprobs_num")
+    if top_logprobs_num > max_ids:
         raise RequestError(
-            f"token_ids_logprob names {len(ids)} tokens; this server returns at most "
+            f"top_logprobs_num is {top_logprobs_num}; this server returns at most "
+            f"{max_ids} top logprobs per position (--max-top-logprobs-num)",
+            "top_logprobs_num",
+        )
+    if len(token_ids) > max_ids:
+        raise RequestError(
+            f"token_ids_logprob names {len(token_ids)} tokens; this server returns at most "
             f"{max_ids} per position (--max-top-logprobs-num)",
             "token_ids_logprob",
         )
-    bad = bad_token_ids(ids, vocab_size)
+    bad = bad_token_ids(token_ids, vocab_size)
     if bad:
         raise RequestError(
             f"token_ids_logprob names ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", "token_ids_logprob"
         )
     if sampling.beam_width > 1:
-        raise RequestError("token_ids_logprob cannot be combined with beam_width > 1", "token_ids_logprob")
+        for name, asked in (("top_logprobs_num", top_logprobs_num), ("token_ids_logprob", token_ids)):
+            if asked:
+                raise RequestError(
+                    f"{name} cannot be combined with beam_width > 1: a beam search returns each output "
+                    "token's own logprob only",
+                    name,
+                )

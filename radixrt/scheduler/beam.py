@@ -126,7 +126,6 @@ class BeamSearch:
             prompt_tokens=len(root.input_ids),
         )
         root.return_logprob = False  # its rows report candidates instead; the outputs carry the logprobs
-        root.top_logprobs_num = 0
         root.beam = group
         group.beams.append(root)
         return group

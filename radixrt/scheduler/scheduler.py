@@ -62,7 +62,7 @@ from radixrt.requests.messages import (
 )
 from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
-from radixrt.requests.token_id_lists import check_token_ids_logprob
+from radixrt.requests.token_id_lists import check_logprob_fields
 from radixrt.sampling.grammar import GrammarBackend
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.beam import BeamSearch
@@ -232,10 +232,9 @@ class Scheduler:
         parsed by the compile thread, off the step loop (a large one takes half a second)."""
         validate_prompt(msg.input_ids, msg.sampling, self.limits, parse_grammar=False)
         self.budgets.check(msg.sampling.kv_budget)
-        if not 0 <= msg.top_logprobs_num <= self.limits.max_top_logprobs_num:
-            raise ValueError(f"top_logprobs_num must be in [0, {self.limits.max_top_logprobs_num}]")
         limits = self.limits
-        check_token_ids_logprob(msg.token_ids_logprob, limits.max_top_logprobs_num, limits.vocab_size, msg.sampling)
+        top, ids = msg.top_logprobs_num, msg.token_ids_logprob
+        check_logprob_fields(top, ids, limits.max_top_logprobs_num, limits.vocab_size, msg.sampling)
         if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
             raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
         self.beams.check(len(msg.input_ids), msg.sampling)
