@@ -154,7 +154,11 @@ async def best_of(url: str, prompt_tokens: int, n: int, tokens: int) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.beam", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.beam",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default")
     p.add_argument("--width", type=int, default=4)
     p.add_argument("--tokens", type=int, default=128, help="tokens every hypothesis generates (L)")

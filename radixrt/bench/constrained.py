@@ -116,7 +116,11 @@ def run_once(engine: Any, prompts: list[str], sampling: dict) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.constrained", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.constrained",
+        description=__doc__.split("\n\n")[0],
+    )
     ap.add_argument("--model", default="default")
     ap.add_argument("--documents", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -182,7 +182,11 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.dashboard", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.dashboard",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default")
     p.add_argument("--nodes", type=int, default=100_000)
     p.add_argument("--batch", type=int, default=8)

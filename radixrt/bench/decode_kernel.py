@@ -130,7 +130,11 @@ def measure(shape: str, calls: int, draft: int = 0) -> KernelTime:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.decode_kernel", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.decode_kernel",
+        description=__doc__.split("\n")[0],
+    )
     ap.add_argument(
         "--shape",
         action="append",

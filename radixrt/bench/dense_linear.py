@@ -125,7 +125,11 @@ def _other_build(source: str) -> Callable[[Any, Any], Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.dense_linear", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.dense_linear",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument(
         "--shape", action="append", help="out_features,in_features (repeatable; default: the embedded model's)"
     )

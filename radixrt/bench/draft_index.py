@@ -131,7 +131,11 @@ def _measure(runs: list[list[int]], rng: random.Random) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.draft_index", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.draft_index",
+        description=__doc__.split("\n")[0],
+    )
     ap.add_argument("--model", default="default", help="whose tokenizer makes the tokens (default: the embedded model)")
     ap.add_argument("--sizes", default="1000,10000,100000", help="tree sizes in tokens, comma-separated")
     args = ap.parse_args(argv)

@@ -328,7 +328,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.hicache", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.hicache",
+        description=__doc__.split("\n\n")[0],
+    )
     add_args(p)
     args = p.parse_args(argv)
     report = run(args)

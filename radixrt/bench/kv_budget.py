@@ -329,7 +329,11 @@ def contexts_for_recall(args: argparse.Namespace) -> list[int]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.kv_budget", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.kv_budget",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default")
     p.add_argument("--dtype", default="float32", help="the model's dtype (float32: budgets are compared exactly)")
     p.add_argument("--context", type=int, default=4096, help="context tokens per sample and needle prompt")

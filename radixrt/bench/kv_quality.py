@@ -287,7 +287,11 @@ def format_table(rows: list[QualityRow], prompts: int, tokens: int) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.kv_quality", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.kv_quality",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a model folder")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="model dtype (auto: float32 on CPU, bfloat16 on CUDA)")

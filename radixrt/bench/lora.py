@@ -141,7 +141,11 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.lora", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.lora",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default")
     p.add_argument("--dtype", default=None)
     p.add_argument("--requests", type=int, default=32)

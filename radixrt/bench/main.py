@@ -322,7 +322,9 @@ def bench_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m radixrt.bench.main") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog, description=__doc__.split("\n\n")[0]
+    )
     add_bench_args(p)
     return bench_main(p.parse_args(argv))
 

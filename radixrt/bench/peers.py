@@ -88,7 +88,7 @@ def parse_config(text: str) -> dict[str, Any]:
     typed as the command line types them. Raises ValueError naming an unknown field."""
     from radixrt.config import EngineConfig
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, add_help=False)
     EngineConfig.add_cli_args(parser)
     actions = {a.dest: a for a in parser._actions}
     out: dict[str, Any] = {}
@@ -277,7 +277,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.peers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.peers",
+        description=__doc__.split("\n\n")[0],
+    )
     add_args(p)
     args = p.parse_args(argv)
     import torch

@@ -273,7 +273,11 @@ def merge_reports(reports: list[dict]) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.plots", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.plots",
+        description=__doc__.split("\n\n")[0],
+    )
     ap.add_argument("reports", nargs="+", help="JSON files written by radixrt bench --json-out")
     ap.add_argument("--out", default="docs/img")
     args = ap.parse_args(argv)

@@ -138,7 +138,11 @@ def hf_replay(model: Any, tokenizer: Any, reqs: list[dict[str, Any]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.programs", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.programs",
+        description=__doc__.split("\n\n")[0],
+    )
     ap.add_argument("--model", default="default")
     ap.add_argument("--questions", type=int, default=64)
     ap.add_argument("--tot-width", type=int, default=4)

@@ -251,7 +251,11 @@ def format_table(rows: list[QuantRow], args: argparse.Namespace, load: str) -> s
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.quant_quality", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.quant_quality",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default", help="'default' (the embedded model) or a model folder")
     p.add_argument("--formats", default=",".join(FORMATS[1:]), help="formats to compare with float32, comma-separated")
     p.add_argument("--prompts", type=int, default=16, help="prompts from data/kv_quality_prompts.txt")

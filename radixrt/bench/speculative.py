@@ -349,7 +349,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The options of `run_bench` (callers may add ``engine_kwargs``: more settings for both engines)."""
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.speculative", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.speculative",
+        description=__doc__.split("\n\n")[0],
+    )
     add_args(p)
     opts = p.parse_args(argv)
     names = opts.workload or ["all"]

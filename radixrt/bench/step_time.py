@@ -325,7 +325,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m radixrt.bench.step_time", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.step_time",
+        description=__doc__.split("\n")[0],
+    )
     add_args(ap)
     args = ap.parse_args(argv)
     import torch

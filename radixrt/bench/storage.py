@@ -260,7 +260,11 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m radixrt.bench.storage", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m radixrt.bench.storage",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--model", default="default")
     p.add_argument("--dtype", default=None, help="the engines' dtype (default: the engine's own choice)")
     p.add_argument("--prefix-tokens", type=int, default=4000)
