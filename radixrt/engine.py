@@ -23,7 +23,8 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Iterator, Optional, Sequence, TypeVar, Union
+import time
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence, Union
 
 from radixrt.config import EngineConfig
 from radixrt.config.lora import parse_lora_paths, unknown_adapter
@@ -33,13 +34,13 @@ from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, sp
 from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, LoRAControlReq, StatsReq, TokenBatch
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
+from radixrt.requests.scoring import score_with
 from radixrt.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
 Prompt = Union[str, list[str], None]
 _IDLE_POLL_S = 0.05
-T = TypeVar("T")
 
 
 class _QueueTransport:
@@ -61,12 +62,11 @@ class Engine:
     One thread, ``radixrt-scheduler``, builds the scheduler (the model load included) and runs
     its loop; the constructor waits for it and raises what the build raised. Nothing of torch
     runs on the caller's thread: libgomp (the OpenMP runtime of torch's CPU wheels and of the C
-    kernels) keeps a thread pool per thread that ever ran a parallel region, and once the
-    threads of all pools outnumber the cores its workers stop spinning between regions and
-    sleep, so each region pays a wake-up. A model built on the caller's thread and run on
-    another made a batch-1 decode step of the embedded model take 18 ms instead of 9 ms on 2
-    cores (docs/benchmarks.md, "Server process"); torch work of the caller's own, on its
-    thread, while an Engine runs, costs the same."""
+    kernels) keeps a thread pool per thread that ever ran a parallel region, and once all pools'
+    threads outnumber the cores, workers sleep between regions and each region pays a wake-up: a
+    model built on the caller's thread and run on another took 18 ms instead of 9 ms per batch-1
+    decode step on 2 cores (docs/benchmarks.md, "Server process"), as does torch work of the
+    caller's own on its thread while an Engine runs."""
 
     def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
         log_level = kwargs.get("log_level")
@@ -338,6 +338,18 @@ class Engine:
             return await self._start_stream(specs[0])
         return await self._generate(specs, batch)
 
+    def score(
+        self,
+        query: Any = None,
+        items: Any = None,
+        label_token_ids: Any = None,
+        apply_softmax: Any = False,
+        item_first: Any = False,
+    ) -> list[list[float]]:
+        """SGLang's Engine.score: each item's probabilities of ``label_token_ids`` as the next token
+        after the query joined to it, as ``POST /v1/score`` (`radixrt.requests.scoring`)."""
+        return score_with(self.generate, query, items, label_token_ids, apply_softmax, item_first)
+
     def abort_request(self, rid: str = "") -> None:
         """Abort the request of rid ``rid`` (its ``meta_info.id``) with its
         samples, or the one sample of that rid ("" aborts all); their KV slots
@@ -376,8 +388,7 @@ class Engine:
             "model_path": self.model_path,
             "context_length": self.context_length,
             "max_total_num_tokens": self.info.kv_total_slots,
-            # as the server's /get_server_info: bytes per token and capacity (radixrt/memory/kv_format.py)
-            "kv_cache": self.info.kv_cache,
+            "kv_cache": self.info.kv_cache,  # as /get_server_info: bytes per token, capacity (kv_format.py)
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
             "stats": stats,
         }
@@ -396,8 +407,6 @@ class Engine:
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Block until the scheduler has no work and waits for input (tests use
         this before inspecting scheduler state from another thread)."""
-        import time
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._idle.clear()

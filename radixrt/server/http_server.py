@@ -23,6 +23,7 @@ from radixrt.server import (
     native_routes,
     openai_api,
     responses_api,
+    score_routes,
     tokenize_routes,
 )
 from radixrt.server.context import ServerContext
@@ -42,7 +43,8 @@ def build_app(ctx: ServerContext, lifespan: Any = None) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(GuardMiddleware, ctx_getter=lambda: app.state.ctx)
     _add_error_handlers(app)
-    for module in (admin_routes, debug_routes, lora_routes, native_routes, openai_api, responses_api, tokenize_routes):
+    routes = (admin_routes, debug_routes, lora_routes, native_routes, openai_api, responses_api)
+    for module in routes + (score_routes, tokenize_routes):
         app.include_router(module.router)
     return app
 

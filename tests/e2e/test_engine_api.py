@@ -176,3 +176,40 @@ def test_stats_and_flush(engine, prompt):
     assert again["meta_info"]["cached_tokens"] == 0
     info = engine.get_server_info()
     assert info["max_total_num_tokens"] == 8192 and info["context_length"] == 8192
+
+
+def test_score_equals_transformers_next_token_probabilities(engine):
+    """SGLang's Engine.score: each item's label probabilities after the query joined to it, as
+    transformers computes them on the same weights; with apply_softmax, among the labels alone;
+    item_first and token ids as SGLang's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = engine.tokenizer
+    ref = AutoModelForCausalLM.from_pretrained(engine.model_path, dtype=torch.float32).eval()
+    labels = [tok.encode(w)[0] for w in (" the", " a", " Paris")]
+
+    def hf(texts, softmax):
+        out = []
+        for text in texts:
+            with torch.no_grad():
+                lp = torch.log_softmax(ref(torch.tensor([tok.encode(text)])).logits[0, -1], -1)[labels]
+            out.append((torch.softmax(lp, -1) if softmax else lp.exp()).tolist())
+        return out
+
+    query, items = "The capital of France is", [" Paris", " a city", ""]
+    got = engine.score(query=query, items=items, label_token_ids=labels)
+    want = hf([query + i for i in items], False)
+    assert [p for row in got for p in row] == pytest.approx([p for row in want for p in row], abs=1e-5)
+    got = engine.score(
+        query=" is big.", items=["Tokyo", "Rome"], label_token_ids=labels, apply_softmax=True, item_first=True
+    )
+    assert [p for row in got for p in row] == pytest.approx(
+        [p for row in hf(["Tokyo is big.", "Rome is big."], True) for p in row], abs=1e-5
+    )
+    assert all(sum(row) == pytest.approx(1.0) for row in got)
+    ids = engine.score(query=tok.encode(query), items=[tok.encode(" Paris")], label_token_ids=labels)
+    assert ids[0] == pytest.approx(hf([query + " Paris"], False)[0], abs=1e-5)
+    for bad in ({"label_token_ids": []}, {"items": []}, {"query": 5}, {"items": [[1]]}, {"apply_softmax": "yes"}):
+        with pytest.raises(ValueError):
+            engine.score(**{"query": query, "items": items, "label_token_ids": labels, **bad})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -255,6 +256,35 @@ def test_generate_token_ids_logprob(client):
     for bad in ([10**9], list(range(21)), "5", [[5], [6]], [1.5]):
         r = client.post("/generate", json={**body, "token_ids_logprob": bad})
         assert r.status_code == 400 and "token_ids_logprob" in r.text, (bad, r.text)
+    assert_no_leak(wait_idle(client))
+
+
+def test_v1_score(client, model_name):
+    """SGLang's /v1/score: the label probabilities /generate's token_ids_logprob gives after each
+    joined prompt, in SGLang's answer shape; bad bodies are 400s naming the field; no KV leaks."""
+    body = {"query": "The capital of France is", "items": [" Paris", " Rome"], "label_token_ids": [5, 9]}
+    r = client.post("/v1/score", json={**body, "model": model_name})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "scoring" and got["usage"]["prompt_tokens"] > 0 and len(got["scores"]) == 2
+    for item, scores in zip(body["items"], got["scores"]):
+        meta = client.post(
+            "/generate",
+            json={"text": body["query"] + item, "sampling_params": greedy(1), "token_ids_logprob": [5, 9]},
+        ).json()["meta_info"]
+        assert scores == pytest.approx([math.exp(lp) for lp, _, _ in meta["output_token_ids_logprobs"][0]], rel=1e-4)
+    soft = client.post("/v1/score", json={**body, "apply_softmax": True}).json()["scores"]
+    assert all(sum(row) == pytest.approx(1.0) for row in soft)
+    for bad, field in (
+        ({"label_token_ids": [10**9]}, "token_ids_logprob"),
+        ({"items": [[1, 2]]}, "items"),
+        ({"items": []}, "items"),
+        ({"item_first": 1}, "item_first"),
+        ({"n": 2}, "n"),
+    ):
+        r = client.post("/v1/score", json={**body, **bad})
+        assert r.status_code == 400 and field in r.text, (bad, r.text)
+    assert client.post("/v1/score", json={**body, "model": "nope"}).status_code == 404
     assert_no_leak(wait_idle(client))
 
 
