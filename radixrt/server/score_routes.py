@@ -58,7 +58,10 @@ async def score(request: Request, ctx: ServerContext = Depends(server_context)) 
     unknown = sorted(set(body) - _SCORE_KEYS)
     if unknown:
         raise bad_request(f"Unknown field '{unknown[0]}' in the /v1/score request.", unknown[0])
-    lora = ctx.lora_of(body.get("model"))
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string.", "model")
+    lora = ctx.lora_of(model)
     tm = ctx.tm
     tm.check_alive()
     ask, specs = await tm.run_tokenize(_score_plan, body, tm, lora)
@@ -72,7 +75,7 @@ async def score(request: Request, ctx: ServerContext = Depends(server_context)) 
     return JSON(
         {
             "scores": scores_of(results, ask.apply_softmax),
-            "model": body.get("model") or ctx.served_model_name,
+            "model": model or ctx.served_model_name,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
             "object": "scoring",
         }

@@ -187,6 +187,7 @@ GENERATE = st.tuples(
             "return_logprob": st.booleans(),
             "logprob_start_len": st.integers(-1, 3),
             "top_logprobs_num": st.integers(0, 3),
+            "token_ids_logprob": st.lists(token_id, max_size=3),
             "return_text_in_logprobs": st.booleans(),
             "stream": st.booleans(),
             "rid": st.uuids().map(str),
@@ -204,6 +205,7 @@ GENERATE_KEYS = [
     "return_logprob",
     "logprob_start_len",
     "top_logprobs_num",
+    "token_ids_logprob",
     "return_text_in_logprobs",
     "stream",
     "rid",
@@ -540,6 +542,18 @@ RESPONSES_KEYS = [
 ABORT = st.fixed_dictionaries({}, optional={"rid": st.text(max_size=8), "abort_all": st.booleans()})
 CONCAT = st.fixed_dictionaries({"src_rids": st.lists(st.text(max_size=6), max_size=3), "dst_rid": st.text(max_size=6)})
 GENERIC = st.one_of(st.just(None), ANY)
+_text_or_ids = st.one_of(
+    st.tuples(st.text(max_size=12), st.one_of(st.text(max_size=6), st.lists(st.text(max_size=6), max_size=3))),
+    st.tuples(st.lists(token_id, max_size=6), st.lists(st.lists(token_id, max_size=4), max_size=3)),
+)
+SCORE = st.tuples(
+    _text_or_ids,
+    st.fixed_dictionaries(
+        {"label_token_ids": st.lists(token_id, min_size=1, max_size=4)},
+        optional={"apply_softmax": st.booleans(), "item_first": st.booleans()},
+    ),
+).map(lambda t: {"query": t[0][0], "items": t[0][1], **t[1]})
+SCORE_KEYS = ["query", "items", "label_token_ids", "apply_softmax", "item_first", "model"]
 
 # (method, path) -> [(strategy of JSON bodies, examples), ...]
 BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
@@ -553,6 +567,7 @@ BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
     ("POST", "/v1/responses"): [(RESPONSES, 30), (mutated(RESPONSES, RESPONSES_KEYS), 20)],
     ("POST", "/abort_request"): [(ABORT, 10), (mutated(ABORT, ["rid", "abort_all"]), 15)],
     ("POST", "/concate_and_append_request"): [(CONCAT, 10), (mutated(CONCAT, ["src_rids", "dst_rid"]), 15)],
+    ("POST", "/v1/score"): [(SCORE, 15), (mutated(SCORE, SCORE_KEYS), 15)],
 }
 GENERIC_EXAMPLES = 8
 # the bodies with tools, on a server whose context holds the tools' description (every body bounds its output)

@@ -281,6 +281,7 @@ def test_v1_score(client, model_name):
         ({"items": []}, "items"),
         ({"item_first": 1}, "item_first"),
         ({"n": 2}, "n"),
+        ({"model": 1e300}, "model"),
     ):
         r = client.post("/v1/score", json={**body, **bad})
         assert r.status_code == 400 and field in r.text, (bad, r.text)
