@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from radixrt.config import EngineConfig
 from radixrt.config_deps import Need
+from radixrt.help_format import HelpFormatter
 
 
 def _setup_logging(level: str) -> None:
@@ -190,18 +191,6 @@ def _other_value(action: argparse.Action) -> Any:
     if isinstance(default, (int, float)):
         return default + 1
     return f"{default}-other"
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" to an option's help unless the help already says
-    what the default is (e.g. an environment variable, whose value must not be
-    printed)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if not action.option_strings or "(default" in text:
-            return text
-        return super()._get_help_string(action) or ""
 
 
 def _add_download(p: argparse.ArgumentParser) -> None:

@@ -44,6 +44,8 @@ from typing import Any, Optional
 
 import httpx
 
+from radixrt.help_format import HelpFormatter
+
 
 @dataclass
 class BeamRow:
@@ -155,7 +157,7 @@ async def best_of(url: str, prompt_tokens: int, n: int, tokens: int) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.beam",
         description=__doc__.split("\n\n")[0],
     )

@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any, Optional
 
+from radixrt.help_format import HelpFormatter
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -117,7 +119,7 @@ def run_once(engine: Any, prompts: list[str], sampling: dict) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.constrained",
         description=__doc__.split("\n\n")[0],
     )

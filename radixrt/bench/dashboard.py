@@ -33,6 +33,8 @@ from typing import Any, Optional
 
 import httpx
 
+from radixrt.help_format import HelpFormatter
+
 
 def build_tree(nodes: int, seed: int = 0) -> Any:
     """A radix tree of about ``nodes`` nodes: random branching prompts in two namespaces."""
@@ -183,7 +185,7 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.dashboard",
         description=__doc__.split("\n\n")[0],
     )

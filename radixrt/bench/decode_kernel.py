@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
+from radixrt.help_format import HelpFormatter
+
 if TYPE_CHECKING:  # torch is imported where it is used: `radixrt bench --help` stays light
     import torch
 
@@ -131,7 +133,7 @@ def measure(shape: str, calls: int, draft: int = 0) -> KernelTime:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.decode_kernel",
         description=__doc__.split("\n")[0],
     )

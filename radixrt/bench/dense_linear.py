@@ -25,6 +25,8 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
+from radixrt.help_format import HelpFormatter
+
 # the embedded model (SmolLM2-135M): qkv, o, gate_up, down, the LM head
 SHAPES = ["960,576", "576,576", "3072,576", "576,1536", "49152,576"]
 ROWS = "1,2,4,8,9,16,32,48,64,128"
@@ -126,7 +128,7 @@ def _other_build(source: str) -> Callable[[Any, Any], Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.dense_linear",
         description=__doc__.split("\n\n")[0],
     )

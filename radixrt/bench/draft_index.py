@@ -22,6 +22,7 @@ import random
 import time
 import timeit
 
+from radixrt.help_format import HelpFormatter
 from radixrt.memory.draft_index import DraftIndex, OwnTokens
 from radixrt.memory.radix_cache import RadixCache
 
@@ -132,7 +133,7 @@ def _measure(runs: list[list[int]], rng: random.Random) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.draft_index",
         description=__doc__.split("\n")[0],
     )

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.bench.common import ideal_prompt_tokens
+from radixrt.help_format import HelpFormatter
 
 
 @dataclass
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.hicache",
         description=__doc__.split("\n\n")[0],
     )

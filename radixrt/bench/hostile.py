@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import httpx
 
+from radixrt.help_format import HelpFormatter
 from radixrt.server.local import LocalServer
 
 RECURSIVE = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
@@ -152,9 +153,7 @@ def run(model: str, probes: int, only: str = "", server_args: tuple[str, ...] = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default")
     p.add_argument("--probes", type=int, default=5, help="probes for the idle median")
     p.add_argument("--only", default="", help="only the hostile requests whose name contains this")

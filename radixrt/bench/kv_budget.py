@@ -49,6 +49,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from radixrt.help_format import HelpFormatter
+
 POLICIES = ("window", "h2o", "infinigen")
 CODE_MODULES = ("argparse", "dataclasses", "inspect", "typing", "pathlib", "json.decoder")
 COLOURS = ("red", "green", "blue", "amber", "violet", "silver", "orange", "black", "white", "golden")
@@ -330,7 +332,7 @@ def contexts_for_recall(args: argparse.Namespace) -> list[int]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.kv_budget",
         description=__doc__.split("\n\n")[0],
     )

@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from radixrt.help_format import HelpFormatter
+
 DATA = Path(__file__).resolve().parent / "data"
 PROMPTS_FILE = DATA / "kv_quality_prompts.txt"
 TEXT_FILE = DATA / "kv_quality_text.txt"
@@ -288,7 +290,7 @@ def format_table(rows: list[QualityRow], prompts: int, tokens: int) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.kv_quality",
         description=__doc__.split("\n\n")[0],
     )

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from radixrt.bench.common import report_out
+from radixrt.help_format import HelpFormatter
 
 INVOCATION = "<|assistant_review|>"
 
@@ -142,7 +143,7 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.lora",
         description=__doc__.split("\n\n")[0],
     )

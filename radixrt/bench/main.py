@@ -56,6 +56,7 @@ from radixrt.bench.offline import Systems, bench_workload_offline, run_sweep
 from radixrt.bench.online import run_online
 from radixrt.bench.report import add_ratios, render
 from radixrt.bench.workloads import WORKLOADS, make_workload
+from radixrt.help_format import HelpFormatter
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -322,9 +323,7 @@ def bench_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "python -m radixrt.bench.main") -> int:
-    p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog, description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog=prog, description=__doc__.split("\n\n")[0])
     add_bench_args(p)
     return bench_main(p.parse_args(argv))
 

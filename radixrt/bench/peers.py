@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from radixrt.bench.common import HFGenerate, words
+from radixrt.help_format import HelpFormatter
 
 DEFAULT_CONFIGS = ("dtype=float32", "dtype=bfloat16", "quantization=int8,quantize_lm_head=true")
 SHARED = "32 shared prefix"
@@ -88,7 +89,7 @@ def parse_config(text: str) -> dict[str, Any]:
     typed as the command line types them. Raises ValueError naming an unknown field."""
     from radixrt.config import EngineConfig
 
-    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter, add_help=False)
+    parser = argparse.ArgumentParser(formatter_class=HelpFormatter, add_help=False)
     EngineConfig.add_cli_args(parser)
     actions = {a.dest: a for a in parser._actions}
     out: dict[str, Any] = {}
@@ -278,7 +279,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.peers",
         description=__doc__.split("\n\n")[0],
     )

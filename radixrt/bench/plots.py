@@ -29,6 +29,8 @@ import os
 import sys
 from typing import Any, Optional
 
+from radixrt.help_format import HelpFormatter
+
 REF = "radixrt"
 OFF = "radixrt, cache off"
 HF = "transformers generate"
@@ -274,7 +276,7 @@ def merge_reports(reports: list[dict]) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.plots",
         description=__doc__.split("\n\n")[0],
     )

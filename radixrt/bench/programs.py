@@ -37,6 +37,7 @@ from typing import Any
 
 from radixrt.bench.example_programs import CAPITAL_QUESTIONS, TOT_QUESTION, capital_qa, tree_of_thought
 from radixrt.frontend.engine_backend import EngineBackend
+from radixrt.help_format import HelpFormatter
 
 
 class RecordingBackend(EngineBackend):
@@ -139,7 +140,7 @@ def hf_replay(model: Any, tokenizer: Any, reqs: list[dict[str, Any]]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.programs",
         description=__doc__.split("\n\n")[0],
     )

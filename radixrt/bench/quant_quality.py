@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from radixrt.bench.kv_quality import encode_prompt, greedy_answers, load_prompts, perplexity, teacher_forced
+from radixrt.help_format import HelpFormatter
 
 FORMATS = ("float32", "int8", "int4", "int4+head")
 
@@ -252,7 +253,7 @@ def format_table(rows: list[QuantRow], args: argparse.Namespace, load: str) -> s
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.quant_quality",
         description=__doc__.split("\n\n")[0],
     )

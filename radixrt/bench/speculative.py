@@ -55,6 +55,7 @@ from radixrt.bench.driver import drive
 from radixrt.bench.peers import parse_config
 from radixrt.bench.spec_workloads import TOKEN_WORKLOADS, Sizes, build
 from radixrt.bench.workload_base import Gen, Program, Tokens, Workload
+from radixrt.help_format import HelpFormatter
 
 WORKLOADS = ("agent-loop", "code-edit", "dsl-few-shot", "no-repetition")
 SYSTEMS = ("off", "on")
@@ -350,7 +351,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The options of `run_bench` (callers may add ``engine_kwargs``: more settings for both engines)."""
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.speculative",
         description=__doc__.split("\n\n")[0],
     )

@@ -43,6 +43,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
+from radixrt.help_format import HelpFormatter
+
 PROMPT_LEN = 32
 WARM_STEPS = 8
 
@@ -326,7 +328,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.step_time",
         description=__doc__.split("\n")[0],
     )

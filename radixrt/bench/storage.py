@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from radixrt.bench.common import report_out
+from radixrt.help_format import HelpFormatter
 
 SLOW_DISKS = {"SATA SSD (500 MB/s)": 500e6, "network disk (125 MB/s)": 125e6}
 
@@ -261,7 +262,7 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         prog="python -m radixrt.bench.storage",
         description=__doc__.split("\n\n")[0],
     )

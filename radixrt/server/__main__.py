@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from radixrt.cli import HelpFormatter, add_serve_command
+from radixrt.cli import add_serve_command
+from radixrt.help_format import HelpFormatter
 
 
 def main() -> int:
