@@ -346,9 +346,9 @@ class Engine:
         apply_softmax: Any = False,
         item_first: Any = False,
     ) -> list[list[float]]:
-        """SGLang's Engine.score: each item's probabilities of ``label_token_ids`` as the next token
-        after the query joined to it, as ``POST /v1/score`` (`radixrt.requests.scoring`)."""
-        return score_with(self.generate, query, items, label_token_ids, apply_softmax, item_first)
+        """SGLang's Engine.score: each item's label probabilities, as ``POST /v1/score`` (requests/scoring.py)."""
+        args = (query, items, label_token_ids, apply_softmax, item_first)
+        return score_with(self.generate, self.tokenizer.encode, self.limits, *args)
 
     def abort_request(self, rid: str = "") -> None:
         """Abort the request of rid ``rid`` (its ``meta_info.id``) with its

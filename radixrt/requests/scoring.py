@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from radixrt.requests.errors import RequestError
-from radixrt.requests.token_id_lists import is_int
+from radixrt.requests.intake import Limits, PromptBatch, split_prompts
+from radixrt.requests.token_id_lists import check_named_tokens, is_int
 
 # What each item's request samples: the next token's distribution is all it is for.
 SCORE_SAMPLING = {"max_new_tokens": 1, "temperature": 0.0}
 # Joining repeats the query once per item: the joined prompts hold at most this many
 # characters (or token ids) in all, whatever the body's size.
-MAX_JOINED_UNITS = 1 << 24
+MAX_JOINED_UNITS = 1 << 22
 
 
 @dataclass
@@ -98,10 +99,50 @@ def scores_of(results: list[dict], apply_softmax: bool) -> list[list[float]]:
     return scores
 
 
+def score_prompts(ask: ScoreAsk, encode: Callable[[str], list[int]], limits: Limits) -> PromptBatch:
+    """The items' prompts, tokenized and checked: the labels (at most ``max_top_logprobs_num``,
+    each in the vocabulary), and what the call computes (`check_score_cost`)."""
+    check_named_tokens(ask.label_token_ids, limits.max_top_logprobs_num, limits.vocab_size, "label_token_ids")
+    prompts = split_prompts(ask.texts, ask.input_ids, encode, text_name="items", ids_name="items", limits=limits)
+    check_score_cost(prompts.ids, limits.kv_total_slots)
+    return prompts
+
+
+def check_score_cost(prompts: list[list[int]], max_tokens: int) -> None:
+    """RequestError unless the prompts need at most ``max_tokens`` computed (the KV pool's size),
+    each sharing with the first the prefix they have in common, as the radix tree lets them: a
+    long query joined after many items (``item_first``) is computed once per item."""
+    first = prompts[0]
+    total = len(first)
+    for p in prompts[1:]:
+        shared = 0
+        for a, b in zip(p, first):
+            if a != b:
+                break
+            shared += 1
+        total += len(p) - shared
+        if total > max_tokens:
+            raise RequestError(
+                f"scoring these {len(prompts)} items computes more than {max_tokens} prompt tokens (the KV "
+                "pool's size; items share only the prefix they have in common): send fewer or shorter items, "
+                "with the query first so that they share it",
+                "items",
+            )
+
+
 def score_with(
-    generate: Callable[..., Any], query: Any, items: Any, label_token_ids: Any, apply_softmax: Any, item_first: Any
+    generate: Callable[..., Any],
+    encode: Callable[[str], list[int]],
+    limits: Limits,
+    query: Any,
+    items: Any,
+    label_token_ids: Any,
+    apply_softmax: Any,
+    item_first: Any,
 ) -> list[list[float]]:
-    """`score_ask`, run through ``generate`` (`Engine.generate`'s signature), read by `scores_of`."""
+    """`score_ask` and `score_prompts`, run through ``generate`` (`Engine.generate`'s signature),
+    read by `scores_of`."""
     ask = score_ask(query, items, label_token_ids, apply_softmax, item_first)
-    results = generate(ask.texts, dict(SCORE_SAMPLING), ask.input_ids, token_ids_logprob=ask.label_token_ids)
+    prompts = score_prompts(ask, encode, limits)
+    results = generate(None, dict(SCORE_SAMPLING), prompts.ids, token_ids_logprob=ask.label_token_ids)
     return scores_of(results, ask.apply_softmax)

@@ -43,6 +43,20 @@ def token_ids_each(value: Any, n: int, batch: bool) -> list[tuple[int, ...]]:
     return out
 
 
+def check_named_tokens(token_ids: Sequence[int], max_ids: int, vocab_size: int, field: str) -> None:
+    """At most ``max_ids`` token ids (the server's --max-top-logprobs-num), each in the
+    vocabulary: tokens whose logprobs a request names (RequestError naming ``field``)."""
+    if len(token_ids) > max_ids:
+        raise RequestError(
+            f"{field} names {len(token_ids)} tokens; this server returns at most "
+            f"{max_ids} per position (--max-top-logprobs-num)",
+            field,
+        )
+    bad = bad_token_ids(token_ids, vocab_size)
+    if bad:
+        raise RequestError(f"{field} names ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", field)
+
+
 def check_logprob_fields(
     top_logprobs_num: int, token_ids: Sequence[int], max_ids: int, vocab_size: int, sampling: SamplingParams
 ) -> None:
@@ -57,17 +71,7 @@ def check_logprob_fields(
             f"{max_ids} top logprobs per position (--max-top-logprobs-num)",
             "top_logprobs_num",
         )
-    if len(token_ids) > max_ids:
-        raise RequestError(
-            f"token_ids_logprob names {len(token_ids)} tokens; this server returns at most "
-            f"{max_ids} per position (--max-top-logprobs-num)",
-            "token_ids_logprob",
-        )
-    bad = bad_token_ids(token_ids, vocab_size)
-    if bad:
-        raise RequestError(
-            f"token_ids_logprob names ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", "token_ids_logprob"
-        )
+    check_named_tokens(token_ids, max_ids, vocab_size, "token_ids_logprob")
     if sampling.beam_width > 1:
         for name, asked in (("top_logprobs_num", top_logprobs_num), ("token_ids_logprob", token_ids)):
             if asked:

@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from radixrt.requests.intake import RequestSpec, build_specs, split_prompts
-from radixrt.requests.scoring import SCORE_SAMPLING, ScoreAsk, score_ask, scores_of
+from radixrt.requests.intake import RequestSpec, build_specs
+from radixrt.requests.scoring import SCORE_SAMPLING, ScoreAsk, score_ask, score_prompts, scores_of
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_json, wait_group
@@ -36,9 +36,7 @@ def _score_plan(body: dict, tm: TokenizerManager, lora: Any) -> tuple[ScoreAsk, 
             body.get("apply_softmax", False),
             body.get("item_first", False),
         )
-        prompts = split_prompts(
-            ask.texts, ask.input_ids, tm.encode, text_name="items", ids_name="items", limits=tm.limits
-        )
+        prompts = score_prompts(ask, lambda text: tm.encode(text, field="items"), tm.limits)
         specs = build_specs(
             prompts,
             sampling_params=dict(SCORE_SAMPLING),

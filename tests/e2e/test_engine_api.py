@@ -210,6 +210,8 @@ def test_score_equals_transformers_next_token_probabilities(engine):
     assert all(sum(row) == pytest.approx(1.0) for row in got)
     ids = engine.score(query=tok.encode(query), items=[tok.encode(" Paris")], label_token_ids=labels)
     assert ids[0] == pytest.approx(hf([query + " Paris"], False)[0], abs=1e-5)
+    with pytest.raises(ValueError, match="label_token_ids"):
+        engine.score(query=query, items=items, label_token_ids=[10**9])
     for bad in ({"label_token_ids": []}, {"items": []}, {"query": 5}, {"items": [[1]]}, {"apply_softmax": "yes"}):
         with pytest.raises(ValueError):
             engine.score(**{"query": query, "items": items, "label_token_ids": labels, **bad})

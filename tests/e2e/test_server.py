@@ -276,7 +276,8 @@ def test_v1_score(client, model_name):
     soft = client.post("/v1/score", json={**body, "apply_softmax": True}).json()["scores"]
     assert all(sum(row) == pytest.approx(1.0) for row in soft)
     for bad, field in (
-        ({"label_token_ids": [10**9]}, "token_ids_logprob"),
+        ({"label_token_ids": [10**9]}, "label_token_ids"),
+        ({"label_token_ids": list(range(21))}, "label_token_ids"),
         ({"items": [[1, 2]]}, "items"),
         ({"items": []}, "items"),
         ({"item_first": 1}, "item_first"),
@@ -286,6 +287,12 @@ def test_v1_score(client, model_name):
         r = client.post("/v1/score", json={**body, **bad})
         assert r.status_code == 400 and field in r.text, (bad, r.text)
     assert client.post("/v1/score", json={**body, "model": "nope"}).status_code == 404
+    # a long query after each of many items is computed once per item: past the KV pool's size, a 400;
+    # the same items after the query share it
+    long = {"query": list(range(100, 1400)), "items": [[i] for i in range(20)], "label_token_ids": [5]}
+    r = client.post("/v1/score", json={**long, "item_first": True})
+    assert r.status_code == 400 and "query first" in r.text, r.text
+    assert len(client.post("/v1/score", json=long).json()["scores"]) == 20
     assert_no_leak(wait_idle(client))
 
 
