@@ -269,8 +269,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gguf", default=None, help="llama.cpp's GGUF of --model (default model: its own Q4_1 file)")
     p.add_argument("--llama-threads", type=int, default=2, help="llama.cpp threads")
-    p.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false", help="leave llama.cpp out")
-    p.add_argument("--no-transformers", dest="transformers", action="store_false", help="leave transformers out")
+    p.add_argument(
+        "--no-llama-cpp", dest="llama_cpp", action="store_false", help="leave llama.cpp out (default: run it)"
+    )
+    p.add_argument(
+        "--no-transformers", dest="transformers", action="store_false", help="leave transformers out (default: run it)"
+    )
     p.add_argument("--scale", type=float, default=1.0, help="multiply every prompt and output length")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts' words")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
