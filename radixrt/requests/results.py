@@ -67,7 +67,7 @@ class ResultAccumulator:
         self.input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = (
             [] if token_ids_logprob else None
         )
-        self._input_meta: Optional[tuple[list, list]] = None  # built by _input_logprob_meta
+        self._input_meta: Optional[tuple[list, list, Optional[list]]] = None  # built by _input_logprob_meta
         self.cache_info: Optional[dict[str, Any]] = None  # rendered meta_info.cache_info, once it arrived
         self._streamed = (0, 0, 0)  # text chars, output ids, output logprobs already sent incrementally
         self._started = time.monotonic()
@@ -102,8 +102,6 @@ class ResultAccumulator:
         self.output_top_logprobs.extend(out.output_top_logprobs)
         if out.output_token_ids_logprobs and self.output_token_ids_logprobs is not None:
             self.output_token_ids_logprobs.extend(out.output_token_ids_logprobs)
-        if out.input_token_ids_logprobs is not None and self.input_token_ids_logprobs is not None:
-            self.input_token_ids_logprobs = list(out.input_token_ids_logprobs)
         if out.cache_info is not None:
             from radixrt.memory.radix_explain import render_cache_info
 
@@ -111,6 +109,8 @@ class ResultAccumulator:
         if out.input_token_logprobs is not None:
             self.input_token_logprobs = list(out.input_token_logprobs)
             self.input_top_logprobs = list(out.input_top_logprobs or [])
+            if self.input_token_ids_logprobs is not None:
+                self.input_token_ids_logprobs = list(out.input_token_ids_logprobs or [])
             self._input_meta = None
 
     def _token_text(self, tid: int) -> str:
@@ -125,16 +125,23 @@ class ResultAccumulator:
             return [[lp, tid, self._token_text(tid)] for lp, tid in pairs]
         return [[lp, tid, None] for lp, tid in pairs]
 
-    def _input_logprob_meta(self) -> tuple[list, list]:
-        """Prompt logprob triples, built once (streamed chunks repeat them)."""
+    def _input_logprob_meta(self) -> tuple[list, list, Optional[list]]:
+        """Prompt logprob triples: the tokens', the top lists and the named tokens' lists (None
+        without ``token_ids_logprob``), built once (streamed chunks repeat them)."""
         cached = self.__dict__.get("_input_meta")
         if cached is None:
+            by_id = self.input_token_ids_logprobs
             cached = self._input_meta = (
                 self._triples(self.input_token_logprobs),
                 self._top_triples(self.input_top_logprobs),
+                None if by_id is None else self._top_triples(by_id),
             )
-        tokens, tops = cached
-        return [list(t) for t in tokens], [None if t is None else [list(x) for x in t] for t in tops]
+        tokens, tops, by_id_lists = cached
+
+        def copy(lists: list) -> list:
+            return [None if t is None else [list(x) for x in t] for t in lists]
+
+        return [list(t) for t in tokens], copy(tops), None if by_id_lists is None else copy(by_id_lists)
 
     def _top_triples(self, tops: list) -> list:
         return [None if t is None else self._triples(t) for t in tops]
@@ -180,11 +187,11 @@ class ResultAccumulator:
         if self.beam is not None:
             meta["beam"] = dict(self.beam)
         if self.return_logprob:
-            meta["input_token_logprobs"], meta["input_top_logprobs"] = self._input_logprob_meta()
+            meta["input_token_logprobs"], meta["input_top_logprobs"], by_id = self._input_logprob_meta()
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[lps:])
             meta["output_top_logprobs"] = self._top_triples(self.output_top_logprobs[lps:])
             meta["output_token_logprobs_length"] = len(self.output_token_logprobs)
-            if self.output_token_ids_logprobs is not None and self.input_token_ids_logprobs is not None:
-                meta["input_token_ids_logprobs"] = self._top_triples(self.input_token_ids_logprobs)
+            if self.output_token_ids_logprobs is not None:
+                meta["input_token_ids_logprobs"] = by_id
                 meta["output_token_ids_logprobs"] = self._top_triples(self.output_token_ids_logprobs[lps:])
         return {"text": self.text[chars:], "output_ids": self.output_ids[ids:], "meta_info": meta}
