@@ -173,10 +173,20 @@ def test_greedy_picks_the_first_maximum() -> None:
     assert Sampler(4, []).sample(x, rows).token_ids == [1, 0, 0, 2]
 
 
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
 def test_plain_configs_are_read_without_transformers_and_give_the_same_config(tmp_path):
     """config.json read as JSON (no transformers import at start-up) gives the
-    same `ModelConfig` as transformers' AutoConfig; scaled RoPE or a missing
-    field goes through AutoConfig."""
+    same `ModelConfig` and RoPE frequencies as transformers' AutoConfig (Llama 3's
+    scaling and linear included); other scalings, incomplete parameters or a
+    missing field go through AutoConfig."""
     import json
 
     from transformers import AutoConfig
@@ -208,8 +218,25 @@ def test_plain_configs_are_read_without_transformers_and_give_the_same_config(tm
 
     a, b = RotaryEmbedding(plain.hf_config, 16), RotaryEmbedding(reference.hf_config, 16)
     assert torch.equal(a.inv_freq, b.inv_freq) and a.attention_scaling == b.attention_scaling
-    for change in (
+    scaled = (  # Llama 3.x's scaling, in the standard form and in the older rope_scaling one; linear
+        {"rope_parameters": {**LLAMA3_ROPE, "rope_theta": 5e5}},
+        {"rope_scaling": {**LLAMA3_ROPE, "type": "llama3"}, "rope_theta": 5e5, "rope_parameters": None},
         {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+    )
+    for change in scaled:
+        (tmp_path / "config.json").write_text(json.dumps({**raw, **change}))
+        plain = ModelConfig.from_pretrained(str(tmp_path))
+        assert isinstance(plain.hf_config, PlainHFConfig), change
+        reference = ModelConfig.from_hf_config(AutoConfig.from_pretrained(str(tmp_path)))
+        assert strip(plain) == strip(reference)
+        a, b = RotaryEmbedding(plain.hf_config, 16), RotaryEmbedding(reference.hf_config, 16)
+        assert a.rope_type == b.rope_type != "default"
+        assert torch.equal(a.inv_freq, b.inv_freq) and a.attention_scaling == b.attention_scaling
+    for change in (
+        {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
+        {"rope_parameters": dict(LLAMA3_ROPE)},  # no rope_theta anywhere
+        {"rope_parameters": {k: v for k, v in LLAMA3_ROPE.items() if k != "low_freq_factor"} | {"rope_theta": 5e5}},
+        {"rope_parameters": {**LLAMA3_ROPE, "rope_theta": 5e5, "extra": 1}},
         {"eos_token_id": None},
     ):
         other = {**raw, **change}

@@ -24,17 +24,25 @@ def _greedy(model: str, **flags) -> tuple[list[list[int]], Engine]:
     return [one["output_ids"]] + [o["output_ids"] for o in many], engine
 
 
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory):
+    """One inductor cache for this module's engines, empty at its start: the float and
+    speculative runs compile the same graphs, which the second reads back instead of
+    compiling its C++ again."""
+    return tmp_path_factory.mktemp("inductor")
+
+
 @needs_cxx
 @pytest.mark.parametrize(
     "flags",
     [{}, {"quantization": "int4"}, {"speculative_algorithm": "RADIX"}],
     ids=["float", "int4", "speculative"],
 )
-def test_compiled_layers_give_the_eager_answers(tiny_llama, tmp_path, monkeypatch, flags):
+def test_compiled_layers_give_the_eager_answers(tiny_llama, inductor_cache, monkeypatch, flags):
     """Greedy tokens equal the eager model's; both graphs were compiled when the engine started
     (before speculation's cost probes timed the forward); drafts verify through the many-token
     graph (the repeated prompt drafts from its first answer in the tree)."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
     eager, engine = _greedy(tiny_llama, **flags)
     engine.shutdown()
     compiled, engine = _greedy(tiny_llama, enable_torch_compile=True, **flags)
@@ -45,7 +53,7 @@ def test_compiled_layers_give_the_eager_answers(tiny_llama, tmp_path, monkeypatc
         assert compiled == eager
         if "speculative_algorithm" in flags:
             assert engine.get_stats()["spec_accepted_tokens"] > 0
-        assert any((tmp_path / "inductor").iterdir()), "inductor keeps its code in the cache dir"
+        assert any(inductor_cache.iterdir()), "inductor keeps its code in the cache dir"
     finally:
         engine.shutdown()
 

@@ -138,9 +138,20 @@ class ModelConfig:
 class PlainHFConfig:
     """A checkpoint's ``config.json`` as attributes, for the configs that need
     nothing from transformers' config classes: a supported ``model_type``,
-    every size given, and rotary embeddings of the default type. Anything else
-    (scaled RoPE, missing fields that transformers would default) goes through
-    ``AutoConfig``, so both give the model the same numbers."""
+    every size given, and rotary embeddings of a type in `ROPE_KEYS` with every
+    parameter of that type given (Llama 3.x checkpoints' ``llama3`` scaling
+    included). Anything else (other RoPE scalings, missing fields that
+    transformers would default) goes through ``AutoConfig``, so both give the
+    model the same numbers. A scaled RoPE's parameters are kept in the
+    standard form (``rope_parameters`` with ``rope_type`` and ``rope_theta``),
+    which transformers' RoPE functions read."""
+
+    # RoPE types read as JSON -> the parameters each needs besides rope_type and rope_theta
+    ROPE_KEYS: dict[str, frozenset[str]] = {
+        "default": frozenset(),
+        "linear": frozenset({"factor"}),
+        "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}),
+    }
 
     REQUIRED = (
         "hidden_size",
@@ -165,11 +176,23 @@ class PlainHFConfig:
         if any(raw.get(k) is None for k in cls.REQUIRED) or "eos_token_id" not in raw:
             return None  # transformers' classes would fill in defaults (LlamaConfig's eos_token_id is 2)
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != "default":
+        if not isinstance(rope, dict):
             return None
-        if not (set(rope) <= {"rope_type", "type", "rope_theta"}):
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        needed = cls.ROPE_KEYS.get(kind) if isinstance(kind, str) else None
+        if needed is None or set(rope) - {"rope_type", "type", "rope_theta"} != needed:
             return None
+        if kind != "default":
+            theta = rope.get("rope_theta", raw.get("rope_theta"))
+            if not isinstance(theta, (int, float)) or isinstance(theta, bool):
+                return None
+            params = {"rope_type": kind, **{k: rope[k] for k in sorted(needed)}, "rope_theta": theta}
+            raw = {**raw, "rope_parameters": params}
+            raw.pop("rope_scaling", None)
         return cls(raw)
+
+    def standardize_rope_params(self) -> None:
+        """transformers' RoPE functions call this on their config: `read` already did it."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self._raw)
