@@ -28,10 +28,11 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence, Union
 
 from radixrt.config import EngineConfig
 from radixrt.config.lora import parse_lora_paths, unknown_adapter
+from radixrt.engine_control import EngineControl
 from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts, validate_call
-from radixrt.requests.messages import AbortReq, ControlReply, FlushCacheReq, LoRAControlReq, StatsReq, TokenBatch
+from radixrt.requests.messages import REPLY_KINDS, AbortReq, ControlReply, TokenBatch
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.requests.scoring import score_with
@@ -56,7 +57,7 @@ class _QueueTransport:
         self.inbox.put(AbortReq(tuple(iids)))
 
 
-class Engine:
+class Engine(EngineControl):
     """In-process engine. ``Engine(model_path="default", **EngineConfig fields)``.
 
     One thread, ``radixrt-scheduler``, builds the scheduler (the model load included) and runs
@@ -74,8 +75,9 @@ class Engine:
             logging.getLogger("radixrt").setLevel(log_level.upper())
         self.config = EngineConfig(model_path=model_path, **kwargs)
         self._inbox: queue.Queue = queue.Queue()
-        self._control: queue.Queue = queue.Queue()
-        self._control_lock = threading.Lock()
+        # replies by kind: a long call (a weight update) does not hold up the others (stats)
+        self._control = {kind: queue.Queue() for kind in REPLY_KINDS.values()}
+        self._control_locks = {kind: threading.Lock() for kind in REPLY_KINDS.values()}
         self._sync_loop: Optional[LoopThread] = None
         self._sync_loop_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -137,7 +139,7 @@ class Engine:
         if isinstance(msg, TokenBatch):
             self.router.deliver(msg.outputs)  # one wake-up per caller's loop, not one per output
         elif isinstance(msg, ControlReply):
-            self._control.put(msg)
+            self._control[msg.kind].put(msg)
 
     # ------------------------------------------------------------------ requests
     def _prepare(
@@ -359,27 +361,19 @@ class Engine:
     def _control_call(self, msg: Any) -> ControlReply:
         """The scheduler's reply to ``msg``; RuntimeError once its thread has stopped (a
         control call never waits on a dead scheduler)."""
-        with self._control_lock:
+        kind = REPLY_KINDS[type(msg)]
+        with self._control_locks[kind]:
             self._check_alive()
             self._inbox.put(msg)
             while True:
                 try:
-                    return self._control.get(timeout=_IDLE_POLL_S)
+                    return self._control[kind].get(timeout=_IDLE_POLL_S)
                 except queue.Empty:
                     self._check_alive()
 
     def _check_alive(self) -> None:
         if self._error is not None or not self._thread.is_alive():
             raise RuntimeError(f"the engine's scheduler has stopped ({self._error or 'shut down'})")
-
-    def flush_cache(self) -> bool:
-        """Drop every cached prefix (False while requests run). The counters of
-        `get_stats` are not reset: they count from the engine's start."""
-        return self._control_call(FlushCacheReq()).ok
-
-    def get_stats(self) -> dict:
-        """The scheduler's counters (cumulative since the start) and its state now."""
-        return self._control_call(StatsReq()).payload
 
     def get_server_info(self) -> dict:
         stats = self.get_stats()
@@ -390,6 +384,7 @@ class Engine:
             "max_total_num_tokens": self.info.kv_total_slots,
             "kv_cache": self.info.kv_cache,  # as /get_server_info: bytes per token, capacity (kv_format.py)
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
+            "weight_version": stats["weight_version"],
             "stats": stats,
         }
 
@@ -413,22 +408,6 @@ class Engine:
             if self._idle.wait(timeout=1.0) and self._inbox.empty() and not self.scheduler.has_work():
                 return
         raise TimeoutError("engine did not become idle")
-
-    def load_lora_adapter(self, lora_name: str, lora_path: str) -> list[dict]:
-        """Load (or reload) a LoRA adapter (SGLang's method); the adapters now known (ValueError: refused)."""
-        return self._lora_control(LoRAControlReq(lora_name, lora_path))
-
-    def unload_lora_adapter(self, lora_name: str) -> list[dict]:
-        """Forget a LoRA adapter (running requests finish with it)."""
-        return self._lora_control(LoRAControlReq(lora_name))
-
-    def _lora_control(self, msg: LoRAControlReq) -> list[dict]:
-        reply = self._control_call(msg)
-        if not reply.ok:
-            raise ValueError(reply.payload.get("error", "LoRA control failed"))
-        adapters = list(reply.payload.get("adapters", []))
-        self.lora_adapters = {a["name"] for a in adapters}
-        return adapters
 
     def shutdown(self) -> None:
         """Stop the scheduler. Requests still running end for their callers, who would

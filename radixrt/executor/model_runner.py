@@ -15,21 +15,20 @@ from typing import Any, Iterable, Optional
 import torch
 
 from radixrt.config import EngineConfig
-from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.batch_invariant import enable_batch_invariant
 from radixrt.executor.lora.batch import LoRABatch
-from radixrt.executor.lora.pool import LoRARuntime
+from radixrt.executor.lora.pool import LoRARuntime, install_lora
 from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
+from radixrt.executor.models.config import ModelConfig, architecture_differences
 from radixrt.executor.models.decode_stack import use_decode_stack
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
 from radixrt.executor.runner_settings import RunnerSettings
+from radixrt.executor.runtime_choice import fit_to_model, quantization_spec, resolve_runtime
 from radixrt.kernels import AttentionBackend, AttentionMetadata, create_backend
-from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
-from radixrt.kernels.kv_cache import kv_storage_dtype
 from radixrt.kernels.kv_scores import ScoreJob, ScoringPass
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.memory.kv_pool import KVPool
@@ -39,92 +38,6 @@ from radixrt.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtype:
-    """``quantized``: weight-only quantization is on, whose CPU kernels take float32
-    activations (auto is float32 then: bf16 would be converted around every linear)."""
-    if name == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16
-        if quantized:
-            return torch.float32
-        from radixrt.executor.cpu_dtype import auto_cpu_dtype
-
-        return _DTYPES[auto_cpu_dtype().dtype]
-    if name not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
-    return _DTYPES[name]
-
-
-def _weight_quantization(spec: Optional[WeightQuantization], dtype: str) -> Optional[WeightQuantization]:
-    """``spec`` with its prefill dtype: with ``dtype`` auto, what auto means on this CPU (the
-    model itself stays float32: `_resolve_dtype`), else float32."""
-    if spec is None or dtype != "auto":
-        return spec
-    from radixrt.executor.cpu_dtype import auto_cpu_dtype
-
-    return replace(spec, prefill_dtype=auto_cpu_dtype().dtype)
-
-
-@dataclass(frozen=True)
-class RuntimeChoice:
-    """What a config resolves to on its device (no model or CUDA needed to decide)."""
-
-    attention_backend: str  # "torch" | "flashinfer"
-    dtype: torch.dtype  # the model's
-    kv_dtype: torch.dtype  # what the KV pool stores (the model dtype, int8 or a float8)
-    cuda_graph: bool  # decode steps replayed from captured CUDA graphs
-    cuda_graph_max_bs: int
-
-
-def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
-    """``device="cuda"`` with the defaults: FlashInfer attention, bf16, decode CUDA
-    graphs up to ``min(cuda_graph_max_bs, max_running_requests)``. CPU: the torch
-    reference backend, fp32, no graphs. Graphs need the FlashInfer backend (the
-    torch backend's per-batch shapes cannot be captured).
-
-    ``kv_cache_dtype``: fp8 runs on either backend; FlashInfer cannot read an
-    int8 cache (per-token scales), so int8 on CUDA takes the torch backend
-    (and no graphs).
-
-    ``enable_deterministic_inference``: the torch backend's batch-invariant
-    path on every device (FlashInfer's kernels split work by batch shape) and
-    no CUDA graphs.
-
-    (``EngineConfig`` has already refused what cannot run as asked, e.g.
-    flashinfer attention with an int8 cache or with deterministic inference:
-    ``radixrt/config_deps.py``.)"""
-    ex = settings.execution
-    cuda = ex.device.startswith("cuda")
-    dtype = _resolve_dtype(settings.model.dtype, ex.device, settings.model.quantization is not None)
-    kv_dtype = kv_storage_dtype(settings.cache.kv_cache_dtype, dtype)
-    backend = ex.attention_backend
-    if ex.enable_deterministic_inference:
-        return RuntimeChoice("torch", dtype, kv_dtype, False, 0)
-    if backend == "auto":  # FlashInfer's kernels take 16-bit q (and 16-bit or fp8 KV) only
-        backend = (
-            "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 else "torch"
-        )
-    max_bs = min(ex.cuda_graph_max_bs, settings.max_running_requests)
-    graphs = cuda and backend == "flashinfer" and not ex.disable_cuda_graph and max_bs > 0
-    return RuntimeChoice(backend, dtype, kv_dtype, graphs, max_bs if graphs else 0)
-
-
-def fit_to_model(choice: RuntimeChoice, head_dim: int) -> RuntimeChoice:
-    """FlashInfer's kernels exist for a few head dims only: for any other, run
-    the torch backend (without CUDA graphs, which need FlashInfer) and say so."""
-    if choice.attention_backend != "flashinfer" or head_dim in FLASHINFER_HEAD_DIMS:
-        return choice
-    logger.warning(
-        "FlashInfer has no kernels for head_dim %d (it supports %s): using the torch attention "
-        "backend, without CUDA graphs",
-        head_dim,
-        ", ".join(map(str, FLASHINFER_HEAD_DIMS)),
-    )
-    return replace(choice, attention_backend="torch", cuda_graph=False, cuda_graph_max_bs=0)
-
 
 def _available_memory_bytes(device: str) -> int:
     if device.startswith("cuda"):
@@ -132,6 +45,15 @@ def _available_memory_bytes(device: str) -> int:
         return int(free)
     pages = os.sysconf("SC_AVPHYS_PAGES")
     return int(pages * os.sysconf("SC_PAGE_SIZE"))
+
+
+@dataclass
+class LoadedWeights:
+    """A checkpoint read by `ModelRunner.load_weights`, for `ModelRunner.install_weights`."""
+
+    path: str
+    model: Any  # a LlamaForCausalLM
+    config: ModelConfig
 
 
 class ModelRunner:
@@ -163,19 +85,10 @@ class ModelRunner:
                 "kv_cache_dtype int8: FlashInfer cannot read it, attention runs on the torch backend "
                 "without CUDA graphs (fp8_e4m3 keeps FlashInfer)"
             )
-        self.model_path = resolve_model_path(model.model_path)
         clock = time.perf_counter()
-        # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
-        self.model, self.model_config = load_model(
-            self.model_path,
-            self.dtype,
-            "cpu" if tp else self.device,
-            _weight_quantization(model.weight_quantization, model.dtype),
-        )
-        self.shard_config = self.model_config  # this rank's heads: what its KV pool and attention see
-        if tp is not None:
-            self.shard_config = shard_model(self.model, self.model_config, tp)
-            self.model.to(self.device)
+        loaded = self.load_weights(model.model_path)
+        self.model_path, self.model, self.model_config = loaded.path, loaded.model, loaded.config
+        self.shard_config = self._shard(self.model)  # this rank's heads: what its KV pool and attention see
         # seconds of each start-up phase, for the start-up breakdown (`radixrt generate --log-level info`)
         self.startup_s = {"weights": time.perf_counter() - clock}
         clock = time.perf_counter()
@@ -215,11 +128,54 @@ class ModelRunner:
         self._choose_linear_products(deterministic=ex.enable_deterministic_inference)
         self.backend: AttentionBackend = self._attention_backend()
         self.cuda_graph: Optional[Any] = self._capture_decode_graphs() if use_graphs else None
-        if ex.enable_torch_compile:
+        self._compile()
+        self._log_loaded()
+
+    def load_weights(self, model_path: str) -> LoadedWeights:
+        """Read the checkpoint at ``model_path`` into a new model as this runner's settings say
+        (dtype, quantization; on the host under tensor parallel). Touches nothing the runner
+        uses, so it may run on another thread while the runner serves. ValueError when the
+        checkpoint's architecture is not the one being served."""
+        model = self.settings.model
+        path = resolve_model_path(model_path)
+        quantization = quantization_spec(model.weight_quantization, model.dtype)
+        # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
+        new, config = load_model(path, self.dtype, "cpu" if self.tp else self.device, quantization)
+        served = getattr(self, "model_config", None)
+        if served is not None and (differs := architecture_differences(served, config)):
+            raise ValueError(f"{model_path!r} is not the architecture being served: {differs}")
+        return LoadedWeights(str(path), new, config)
+
+    def install_weights(self, loaded: LoadedWeights) -> None:
+        """Serve ``loaded``'s weights from now on (`load_weights` checked their architecture). The
+        caller has no step in flight and drops every KV computed with the old weights; tensor-
+        parallel ranks load the same checkpoint. The KV pool, backend and tokenizer stay."""
+        if self.followers is not None:
+            self.followers.send("reload", loaded.path)
+        self._shard(loaded.model)
+        self.model_path, self.model = loaded.path, loaded.model
+        self._choose_linear_products(self.deterministic)
+        self._tell_backend_the_stack(self.backend)
+        if self.cuda_graph is not None:
+            self.cuda_graph = self._capture_decode_graphs()
+        self._compile()
+        if self.lora is not None:
+            install_lora(self, self.lora.context)
+        logger.info("now serving the weights of %s", self.model_path)
+
+    def _shard(self, model: Any) -> Any:
+        """This rank's share of ``model`` (tensor parallel), moved to the device; its config."""
+        if self.tp is None:
+            return self.model_config
+        config = shard_model(model, self.model_config, self.tp)
+        model.to(self.device)
+        return config
+
+    def _compile(self) -> None:
+        if self.settings.execution.enable_torch_compile:
             from radixrt.executor.models.compiled import enable_compile
 
             enable_compile(self.model)
-        self._log_loaded()
 
     def _choose_linear_products(self, deterministic: bool) -> None:
         """Sets ``self.deterministic``. Deterministic mode: batch-invariant linear layers; else on

@@ -1,7 +1,7 @@
 """Typed messages between the front (Engine or HTTP tokenizer manager) and the scheduler.
 
-The scheduler consumes `GenerateReq`, `AbortReq`, `FlushCacheReq` and
-`StatsReq`, and emits `TokenBatch` (one per scheduler step, holding a
+The scheduler consumes `GenerateReq`, `AbortReq`, the control requests
+(`FlushCacheReq`, `StatsReq`, LoRA, weights, pause) and emits `TokenBatch` (one per scheduler step, holding a
 `TokenOutput` for every request that produced something or finished) and
 `ControlReply` (answers to flush/stats). The same dataclasses travel through
 an in-process queue (Engine) or are pickled over ZMQ (server).
@@ -54,6 +54,29 @@ class LoRAControlReq:
 
 
 @dataclass
+class UpdateWeightsReq:
+    """Serve the weights of the checkpoint at ``model_path`` from now on (SGLang's
+    ``update_weights_from_disk``; radixrt/scheduler/generation_control.py says when)."""
+
+    model_path: str
+    abort_all_requests: bool = False
+    weight_version: Optional[str] = None  # the label the server reports from then on (None: the path)
+
+
+@dataclass
+class PauseGenerationReq:
+    """Stop stepping: ``mode`` "abort" (end every request first), "retract" (running
+    requests give up their KV and wait) or "in_place" (they keep it)."""
+
+    mode: str = "abort"
+
+
+@dataclass
+class ContinueGenerationReq:
+    pass
+
+
+@dataclass
 class AbortReq:
     rids: tuple[str, ...]  # internal ids: requests with their samples, or single samples; "" aborts every request
 
@@ -79,9 +102,22 @@ class RadixSnapshotReq:
 
 @dataclass
 class ControlReply:
-    kind: str  # "flush_cache" | "stats" | "radix" | "lora"
+    kind: str  # "flush_cache" | "stats" | "radix" | "lora" | "update_weights" | "pause" | "continue"
     ok: bool = True
     payload: dict[str, Any] = field(default_factory=dict)
+
+
+# the kind of `ControlReply` each control message is answered with (the scheduler answers each
+# call of a kind once, in the order of the calls)
+REPLY_KINDS: dict[type, str] = {
+    FlushCacheReq: "flush_cache",
+    StatsReq: "stats",
+    RadixSnapshotReq: "radix",
+    LoRAControlReq: "lora",
+    UpdateWeightsReq: "update_weights",
+    PauseGenerationReq: "pause",
+    ContinueGenerationReq: "continue",
+}
 
 
 @dataclass(slots=True)  # one per request per step: no instance dict

@@ -6,8 +6,9 @@ SGLang's) native and OpenAI routes to its workers.
   passed through as the worker sends them.
 * ``/flush_cache``, ``/abort_request``: sent to every healthy worker
   (``/abort_request`` matches rids, which only the worker running it knows).
-* ``/load_lora_adapter``, ``/unload_lora_adapter``: sent to every healthy
-  worker, so that any of them serves the adapter. When all answer alike (done,
+* ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``,
+  ``/pause_generation``, ``/continue_generation``: sent to every healthy
+  worker, so that any of them serves the adapter (the weights; pauses). When all answer alike (done,
   or refused for one reason) that answer is passed on; otherwise a 502 (some
   applied it) or 400 names each worker's failure. A worker added later loads
   only its own ``--lora-paths``.

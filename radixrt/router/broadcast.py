@@ -1,6 +1,7 @@
 """The router's routes that go to every healthy worker: ``/flush_cache``,
-``/abort_request``, ``/load_lora_adapter`` and ``/unload_lora_adapter`` (the
-router app's docstring says what each answers)."""
+``/abort_request``, ``/load_lora_adapter``, ``/unload_lora_adapter``,
+``/update_weights_from_disk``, ``/pause_generation`` and ``/continue_generation``
+(the router app's docstring says what each answers)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from starlette.responses import Response
 from radixrt.router.state import RouterState, error_response
 
 Answer = tuple[str, Optional[httpx.Response], str]
+# a worker answers an update once its running requests are done: within an hour (its own limit)
+UPDATE_TIMEOUT_S = 3610.0
 
 
 async def broadcast(state: RouterState, request: Request, path: str, timeout: float = 60.0) -> list[Answer]:
@@ -75,8 +78,10 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
             )
         return Response(status_code=200)
 
-    async def lora_control(request: Request, path: str) -> Response:
-        results = await broadcast(state, request, path, timeout=130.0)  # the workers' own limit is 120 s
+    async def to_every_worker(request: Request, path: str, timeout: float = 130.0) -> Response:
+        """The workers' one answer when they agree, else what failed where (a 400 when nothing
+        applied it, a 502 when some did). The default timeout: the LoRA routes' (120 s) and more."""
+        results = await broadcast(state, request, path, timeout=timeout)
         if not results:
             return error_response(503, "no healthy worker is available")
         first = results[0][1]
@@ -91,8 +96,20 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
 
     @app.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
-        return await lora_control(request, "/load_lora_adapter")
+        return await to_every_worker(request, "/load_lora_adapter")
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:
-        return await lora_control(request, "/unload_lora_adapter")
+        return await to_every_worker(request, "/unload_lora_adapter")
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        return await to_every_worker(request, "/update_weights_from_disk", timeout=UPDATE_TIMEOUT_S)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Response:
+        return await to_every_worker(request, "/pause_generation")
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request) -> Response:
+        return await to_every_worker(request, "/continue_generation")

@@ -42,7 +42,13 @@ from radixrt.memory.radix_node import MatchResult
 from radixrt.memory.swap_cost import SwapCostModel
 from radixrt.requests.finish import FinishReason
 from radixrt.scheduler.constrained import drop_draft
-from radixrt.scheduler.policy import by_priority, fair_share_retractions, interleave_calls, order_waiting
+from radixrt.scheduler.policy import (
+    by_priority,
+    fair_share_retractions,
+    interleave_calls,
+    order_waiting,
+    priority_retractions,
+)
 from radixrt.scheduler.queues import RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
 
@@ -110,18 +116,24 @@ class BatchPlanner:
         self.swap_cost = swap_cost
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
 
-    def schedule(self) -> Plan:
-        """Plan the next step: its batch, and the requests retracted or ended to make it."""
+    def schedule(self, admit: bool = True) -> Plan:
+        """Plan the next step: its batch, and the requests retracted or ended to make it
+        (``admit`` False: the running requests only, none retracted for waiting ones)."""
         plan = Plan()
         # alone, a request's prompt takes the whole step; shared, a long one yields between short steps
         alone = len(self.queues.running) + len(self.queues.waiting) <= 1
         self.prefill_cap = self.config.chunked_prefill_size if alone else self.shared_step_prefill_cap
-        if self.config.enable_priority_scheduling:
-            self._preempt_for_priority(plan)
+        if not admit:  # generation paused, or a weight update waits for the running requests
+            self._schedule_running(plan, self._step_budget())
+            return plan
+        cfg, queues = self.config, self.queues
+        if cfg.enable_priority_scheduling:
+            threshold = cfg.priority_scheduling_preemption_threshold
+            for victim in priority_retractions(queues.running, queues.waiting, cfg.max_running_requests, threshold):
+                self.retract(victim, plan)
         else:
-            queues = self.queues
-            for victim in fair_share_retractions(queues.running, queues.waiting, self.config.max_running_requests):
-                self._retract(victim, plan, pressure=False)
+            for victim in fair_share_retractions(queues.running, queues.waiting, cfg.max_running_requests):
+                self.retract(victim, plan, pressure=False)
         # calls with a prompt being computed (only asked about while requests wait)
         busy = {r.group for r in self.queues.running if not r.output_ids} if self.queues.waiting else set()
         held = self._held_for_other_calls(busy)
@@ -205,7 +217,7 @@ class BatchPlanner:
         queue = deque(running[taken:] if taken else running)
         while queue:
             req = queue.popleft()
-            if req.phase is not Phase.RUNNING:  # a beam retracted with a sibling (see `_retract`)
+            if req.phase is not Phase.RUNNING:  # a beam retracted with a sibling (see `retract`)
                 continue
             if req.inflight_tokens and self._will_stop_at_length(req):
                 continue
@@ -245,7 +257,7 @@ class BatchPlanner:
                     self.kv.release(req)  # now: what it held is admissible in this very step
                     plan.ended.append((req, FinishReason.abort("out of KV memory for a single request")))
                     return 0
-            self._retract(victim, plan)
+            self.retract(victim, plan)
             if req.phase is not Phase.RUNNING:  # retracted itself, or with a sibling beam
                 return 0
         return q
@@ -272,7 +284,7 @@ class BatchPlanner:
         batch.extend(zip(decoders, repeat(1)))
         return n
 
-    def _retract(self, req: Req, plan: Plan, pressure: bool = True) -> None:
+    def retract(self, req: Req, plan: Plan, pressure: bool = True) -> None:
         """Release a running request's KV (its prefix stays in the tree) and re-queue it.
         Its output and grammar matcher stay; its draft is dropped. ``pressure``: retracted
         for memory (more KV is then kept in reserve), not to share the batch."""
@@ -301,29 +313,7 @@ class BatchPlanner:
                             del plan.batch[i]
                             self.kv.truncate(sibling, len(sibling.slots) - q)
                             break
-                    self._retract(sibling, plan, pressure)
-
-    def _preempt_for_priority(self, plan: Plan) -> None:
-        """With the batch full (max_running_requests), retract the least urgent
-        running request for each admissible waiting one that is more urgent by
-        at least ``priority_scheduling_preemption_threshold`` (SGLang's rule).
-        Urgency includes aging (`policy.urgency`): a running request ages as a
-        waiting one does, so a later arrival must outrank it by the threshold
-        plus the ticks between their arrivals. Keys are fixed, so a retracted
-        request can never preempt its preemptor back."""
-        cfg, running = self.config, self.queues.running
-        if len(running) < cfg.max_running_requests:
-            return
-        urgent = sorted(
-            (r.urgency for r in self.queues.waiting if not (r.grammar_compiling or r.inflight_tokens)), reverse=True
-        )
-        for u in urgent:
-            if not running:
-                return
-            victim = min(running, key=lambda r: (r.urgency, -r.arrival))  # least urgent, latest
-            if u - victim.urgency < cfg.priority_scheduling_preemption_threshold:
-                return
-            self._retract(victim, plan)
+                    self.retract(sibling, plan, pressure)
 
     def _remaining_tokens(self, req: Req) -> int:
         return min(max(req.sampling.max_new_tokens - len(req.output_ids), 0), RESERVE_CAP_PER_REQUEST)

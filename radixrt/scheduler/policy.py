@@ -128,6 +128,29 @@ def fair_share_retractions(running: list[Req], waiting: list[Req], max_running: 
     return victims
 
 
+def priority_retractions(running: list[Req], waiting: list[Req], max_running: int, threshold: int) -> list[Req]:
+    """With the batch full (``max_running``), the running requests to retract, least urgent
+    first, one for each admissible waiting request more urgent by at least ``threshold``
+    (SGLang's rule; a beam search goes as a unit, its other beams with it). Urgency includes
+    aging (`urgency`): a running request ages as a waiting one does, so a later arrival must
+    outrank it by the threshold plus the ticks between their arrivals. Keys are fixed, so a
+    retracted request can never preempt its preemptor back."""
+    if len(running) < max_running:
+        return []
+    left = list(running)
+    victims: list[Req] = []
+    for u in sorted((r.urgency for r in waiting if not (r.grammar_compiling or r.inflight_tokens)), reverse=True):
+        if not left:
+            break
+        victim = min(left, key=lambda r: (r.urgency, -r.arrival))  # least urgent, latest
+        if u - victim.urgency < threshold:
+            break
+        victims.append(victim)
+        gone = {id(b) for b in victim.beam.beams} if victim.beam is not None else {id(victim)}
+        left = [r for r in left if id(r) not in gone]
+    return victims
+
+
 def by_priority(ordered: list[Req]) -> list[Req]:
     """``ordered`` with the most urgent (highest `urgency`) first; a stable
     sort, so the policy's order holds among requests of equal urgency."""

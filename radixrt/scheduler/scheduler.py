@@ -49,17 +49,7 @@ from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import validate_prompt
-from radixrt.requests.messages import (
-    AbortReq,
-    ControlReply,
-    FlushCacheReq,
-    GenerateReq,
-    LoRAControlReq,
-    RadixSnapshotReq,
-    StatsReq,
-    TokenBatch,
-    TokenOutput,
-)
+from radixrt.requests.messages import GenerateReq, TokenBatch, TokenOutput
 from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.requests.token_id_lists import check_logprob_fields
@@ -67,7 +57,8 @@ from radixrt.sampling.grammar import GrammarBackend
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.beam import BeamSearch
 from radixrt.scheduler.constrained import ConstrainedDecoding
-from radixrt.scheduler.debug_view import radix_view
+from radixrt.scheduler.control_requests import SchedulerControl
+from radixrt.scheduler.generation_control import STORAGE_KEYS_WEIGHTS, GenerationControl
 from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache, build_storage_tier
 from radixrt.scheduler.inputs import prepare_inputs
 from radixrt.scheduler.interfaces import StepSampler
@@ -87,7 +78,7 @@ from radixrt.scheduler.storage_tier import StorageTier
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(SchedulerControl):
     def __init__(self, config: EngineConfig, runner: Optional[ModelRunner] = None) -> None:
         self.config = config
         self.runner = runner or ModelRunner.from_config(config)
@@ -174,8 +165,11 @@ class Scheduler:
             self.storage.finish_restore(self._idle)
 
     def _arrivals(self, config: EngineConfig, prefix_cache: Any) -> Arrivals:
-        """The storage tier and the LoRA adapters, and the way in through them."""
+        """The storage tier and the LoRA adapters, and the way in through them; weight updates
+        (which a storage tier rules out)."""
         self.storage: Optional[StorageTier] = build_storage_tier(config.storage, self.runner, self.host, prefix_cache)
+        refusal = STORAGE_KEYS_WEIGHTS if self.storage is not None else ""
+        self.control = GenerationControl(self.runner.load_weights, refusal)
         self.runner.lora = build_lora(config.lora, self.runner)
         lora = LoRAAdmission(self.runner.lora.pool) if self.runner.lora is not None else None
         return Arrivals(self.queues, lora, self.storage)
@@ -261,51 +255,9 @@ class Scheduler:
             reqs.append(req)
         return reqs
 
-    def abort(self, *rids: str) -> None:
-        """Abort requests with all their samples, or single samples (or all, for rid ""), at any
-        stage; their KV is released. Ids match exactly; one pass over the queues for all of them."""
-        wanted = set(rids)
-
-        def hit(r: Req) -> bool:
-            return "" in wanted or r.rid in wanted or r.parent in wanted
-
-        for r in self.queues.take(hit):
-            if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
-                continue
-            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
-        for r in self.arriving.drop(hit):
-            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
-
-    def flush_cache(self) -> bool:
-        """Drop every cached prefix. Only when nothing is running (like SGLang).
-        The cache's counters (queried, hit, inserted, evicted tokens) and the
-        rates from them keep counting from the start: they are history, which
-        dropping the cache's content does not undo."""
-        if self.has_work():
-            return False
-        self.kv.tree.reset()
-        return True
-
-    def handle(self, msg: Any) -> Optional[ControlReply]:
-        if isinstance(msg, GenerateReq):
-            self.add_request(msg)
-        elif isinstance(msg, AbortReq):
-            self.abort(*msg.rids)
-        elif isinstance(msg, FlushCacheReq):
-            return ControlReply("flush_cache", ok=self.flush_cache())
-        elif isinstance(msg, StatsReq):
-            return ControlReply("stats", payload=self.stats())
-        elif isinstance(msg, RadixSnapshotReq):
-            stored = self.storage.holds if self.storage is not None else None
-            return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg, stored))
-        elif isinstance(msg, LoRAControlReq):
-            return self.arriving.lora_control(msg)
-        else:
-            raise TypeError(f"unknown scheduler message {type(msg).__name__}")
-        return None
-
     def has_work(self) -> bool:
-        return bool(self.queues.waiting or self.queues.running or self.inflight or self.arriving.busy)
+        queues = self.queues
+        return bool(queues.waiting or queues.running or self.inflight or self.arriving.busy or self.control.updates)
 
     # ------------------------------------------------------------------ loop
     def event_loop(
@@ -319,14 +271,15 @@ class Scheduler:
         try:
             while not should_stop():
                 self.runner.check_ranks()
-                for msg in recv(not self.has_work() and not self._queued_outputs):
+                halted = self.control.paused is not None and not self.control.updates
+                for msg in recv((halted or not self.has_work()) and not self._queued_outputs):
                     reply = self.handle(msg)
                     if reply is not None:
                         send(reply)
                 outputs = self.step()
                 if outputs:
                     send(TokenBatch(outputs))
-                for reply in self.arriving.replies():
+                for reply in self.control_replies():
                     send(reply)
         finally:
             self.close()
@@ -336,7 +289,10 @@ class Scheduler:
         it (or of this one, when it cannot overlap); return what requests produced
         (after the outputs queued since the last step)."""
         started = time.perf_counter()
+        self._update_weights()
         out, self._queued_outputs = self._queued_outputs, []
+        if self.control.paused is not None:
+            return out
         for req, error in self.arriving.ready():
             out += self._finish(req, FinishReason.abort(error, status_code=400))
         for req, reason in self.constrained.resolve(self.queues.waiting):
@@ -347,7 +303,7 @@ class Scheduler:
         self.budgets.compact(self.queues.running)
         if self.speculator is not None:
             self.speculator.draft(self.queues.running)
-        plan = self.planner.schedule()
+        plan = self.planner.schedule(admit=not self.control.holds_admission)
         self.counters["retractions"] += len(plan.retracted)
         for req, reason in plan.ended:
             out += self._finish(req, reason)

@@ -25,6 +25,7 @@ from radixrt.server import (
     responses_api,
     score_routes,
     tokenize_routes,
+    weight_routes,
 )
 from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
@@ -44,7 +45,7 @@ def build_app(ctx: ServerContext, lifespan: Any = None) -> FastAPI:
     app.add_middleware(GuardMiddleware, ctx_getter=lambda: app.state.ctx)
     _add_error_handlers(app)
     routes = (admin_routes, debug_routes, lora_routes, native_routes, openai_api, responses_api)
-    for module in routes + (score_routes, tokenize_routes):
+    for module in routes + (score_routes, tokenize_routes, weight_routes):
         app.include_router(module.router)
     return app
 

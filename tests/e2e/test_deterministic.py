@@ -95,8 +95,8 @@ def test_deterministic_flag_and_refused_backends():
     import argparse
 
     from radixrt.config import EngineConfig
-    from radixrt.executor.model_runner import resolve_runtime
     from radixrt.executor.runner_settings import RunnerSettings
+    from radixrt.executor.runtime_choice import resolve_runtime
 
     def _resolve(**flags):
         return resolve_runtime(RunnerSettings.of(EngineConfig(**flags)))

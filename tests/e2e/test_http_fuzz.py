@@ -787,6 +787,14 @@ def _report_and_check(rec: Recorder, client: httpx.Client) -> None:
     assert kv["free_slots"] + kv["tree_slots"] + kv["private_slots"] == kv["total_slots"], kv
 
 
+def _send_then_resume(rec: Recorder, method: str, path: str, **body: Any) -> None:
+    """Send one request; after a pause (``/pause_generation`` with any body it takes), continue
+    generating, so the requests that follow are served."""
+    rec.send(method, path, **body)
+    if path == "/pause_generation":
+        rec.send("POST", "/continue_generation")
+
+
 def test_fuzz_every_route(fuzz_servers):
     routes = _routes()
     assert ("POST", "/generate") in routes and ("POST", "/concate_and_append_request") in routes
@@ -811,10 +819,10 @@ def test_fuzz_every_route(fuzz_servers):
                     send = (
                         responses.send
                         if path == "/v1/responses"
-                        else (lambda v, m=method, p=path: rec.send(m, p, body=v))
+                        else (lambda v, m=method, p=path: _send_then_resume(rec, m, p, body=v))
                     )
                     _fuzz(strategy, n, send)
-                _fuzz(JUNK, 12, lambda raw, m=method, p=path: rec.send(m, p, raw=raw))
+                _fuzz(JUNK, 12, lambda raw, m=method, p=path: _send_then_resume(rec, m, p, raw=raw))
             for wrong in {"GET", "POST", "PUT", "DELETE"} - {m for m, p in routes if p == path}:
                 rec.send(wrong, path.split("{")[0])
         rec.send("GET", "/no/such/route")

@@ -33,8 +33,10 @@ def _greedy(engine, prompts, n=20):
 
 @pytest.mark.parametrize("arch", ["qwen2"])  # q/k/v biases; the server test below runs a Llama
 def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
-    """Also through chunked prefill (16-token chunks) and a second round served from the radix cache."""
+    """Also through chunked prefill (16-token chunks), a second round served from the radix cache,
+    and after the weights of another checkpoint replaced the first's (every rank loads its shard)."""
     path = make_tiny(arch, num_attention_heads=4, num_key_value_heads=2)
+    other = make_tiny(arch, seed=1, num_attention_heads=4, num_key_value_heads=2)
     outputs = {}
     listening_before = _tcp_listeners(os.getpid())
     for tp in (1, 2):
@@ -48,10 +50,11 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
             if tp == 2:
                 assert engine.scheduler.runner.shard_config.num_kv_heads == 1  # really split
                 _assert_ranks_talk_privately(engine.scheduler.runner.followers, listening_before)
-            outputs[tp] = first
+            assert engine.update_weights_from_disk(other)[0]
+            outputs[tp] = first, _greedy(engine, PROMPTS)
         finally:
             engine.shutdown()
-    assert outputs[2] == outputs[1]
+    assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
 
 
 def _tcp_listeners(pid: int) -> set[tuple[str, int]]:

@@ -18,9 +18,9 @@ from radixrt.executor.cuda_graph import (
     pad_decode_batch,
     padded_batch_size,
 )
-from radixrt.executor.model_runner import resolve_runtime
 from radixrt.executor.models import load_model
 from radixrt.executor.runner_settings import RunnerSettings
+from radixrt.executor.runtime_choice import resolve_runtime
 from radixrt.kernels import AttentionMetadata
 from radixrt.kernels.flashinfer_backend import FlashInferBackend
 from radixrt.kernels.torch_ref import TorchReferenceBackend
@@ -260,7 +260,7 @@ def test_unsupported_head_dim_falls_back_to_torch(caplog):
     """A head dim FlashInfer has no kernels for runs the torch backend, with a warning."""
     import logging
 
-    from radixrt.executor.model_runner import fit_to_model
+    from radixrt.executor.runtime_choice import fit_to_model
 
     graphs = _resolve(device="cuda")
     assert (graphs.attention_backend, graphs.cuda_graph) == ("flashinfer", True)

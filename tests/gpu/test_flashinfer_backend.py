@@ -227,7 +227,7 @@ def test_cpu_paths_never_import_flashinfer():
         "import radixrt, radixrt.kernels, radixrt.executor.model_runner, radixrt.executor.cuda_graph\n"
         "from radixrt.kernels import create_backend\n"
         "create_backend('torch', 'cpu')\n"
-        "from radixrt.executor.model_runner import resolve_runtime\n"
+        "from radixrt.executor.runtime_choice import resolve_runtime\n"
         "from radixrt.config import EngineConfig\n"
         "from radixrt.executor.runner_settings import RunnerSettings\n"
         "resolve_runtime(RunnerSettings.of(EngineConfig(device='cpu')))\n"

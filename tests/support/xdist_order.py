@@ -52,6 +52,7 @@ HEAVIEST_FIRST: tuple[str, ...] = (
     "tests/e2e/test_storage_tier.py",
     "tests/e2e/test_swap_preemption.py",
     "tests/e2e/test_cli.py",
+    "tests/e2e/test_weight_updates.py",
     "tests/e2e/test_router.py",
     "tests/e2e/test_engine_api.py",
     "tests/e2e/test_frontend.py",

@@ -127,8 +127,9 @@ def test_each_component_takes_only_its_sections():
     """The planner, the host tier, the prefix cache and the runner are typed by
     the sections they read, never the whole EngineConfig."""
     from radixrt.config import CacheSettings, ExecutionSettings, HostCacheSettings, ModelSettings, SchedulingSettings
-    from radixrt.executor.model_runner import ModelRunner, resolve_runtime
+    from radixrt.executor.model_runner import ModelRunner
     from radixrt.executor.runner_settings import RunnerSettings
+    from radixrt.executor.runtime_choice import resolve_runtime
     from radixrt.scheduler.host_tier import build_host_tier, build_prefix_cache
     from radixrt.scheduler.planner import BatchPlanner
 

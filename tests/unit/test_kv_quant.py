@@ -265,8 +265,8 @@ def test_flashinfer_backend_refuses_int8():
 
 def _resolve(**flags):
     """What the runner resolves an ``EngineConfig(**flags)`` to on its device."""
-    from radixrt.executor.model_runner import resolve_runtime
     from radixrt.executor.runner_settings import RunnerSettings
+    from radixrt.executor.runtime_choice import resolve_runtime
 
     return resolve_runtime(RunnerSettings.of(EngineConfig(**flags)))
 

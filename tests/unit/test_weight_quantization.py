@@ -302,16 +302,16 @@ def test_the_prefill_dtype_follows_dtype_auto(monkeypatch):
     """With dtype auto the quantized model stays float32 and its prefill products take what auto
     means on this CPU; an explicit dtype keeps them float32."""
     from radixrt.executor import cpu_dtype
-    from radixrt.executor.model_runner import _resolve_dtype, _weight_quantization
+    from radixrt.executor.runtime_choice import model_dtype, quantization_spec
 
     spec = WeightQuantization("int8")
     try:
         for pinned in ("bfloat16", "float32"):
             monkeypatch.setenv("RADIXRT_CPU_DTYPE", pinned)
             cpu_dtype.auto_cpu_dtype.cache_clear()
-            assert _resolve_dtype("auto", "cpu", quantized=True) == torch.float32
-            assert _weight_quantization(spec, "auto").prefill_dtype == pinned
-            assert _weight_quantization(spec, "float32").prefill_dtype == "float32"
-        assert _weight_quantization(None, "auto") is None
+            assert model_dtype("auto", "cpu", quantized=True) == torch.float32
+            assert quantization_spec(spec, "auto").prefill_dtype == pinned
+            assert quantization_spec(spec, "float32").prefill_dtype == "float32"
+        assert quantization_spec(None, "auto") is None
     finally:
         cpu_dtype.auto_cpu_dtype.cache_clear()

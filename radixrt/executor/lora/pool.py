@@ -243,8 +243,7 @@ def build_lora(settings: LoRASettings, runner: Any) -> Optional[LoRARuntime]:
     if not settings.enable_lora:
         return None
     context = LoRAContext()
-    runner.disable_decode_stack()  # the native decode stack would run the linears without their adapters
-    sizes = install(runner.model, context)
+    sizes = install_lora(runner, context)
     pool = LoRAPool(
         sizes,
         runner.dtype,
@@ -260,3 +259,10 @@ def build_lora(settings: LoRASettings, runner: Any) -> Optional[LoRARuntime]:
         pool.finish_load(name, set())
     logger.info("LoRA: %d adapter(s) loaded: %s", len(pool.loaded), ", ".join(pool.loaded) or "none")
     return LoRARuntime(context, pool)
+
+
+def install_lora(runner: Any, context: LoRAContext) -> dict[str, list[int]]:
+    """Wrap the linear layers of ``runner``'s model to add the adapters of ``context``; the
+    sizes of the wrapped layers."""
+    runner.disable_decode_stack()  # the native decode stack would run the linears without their adapters
+    return install(runner.model, context)

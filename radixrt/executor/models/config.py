@@ -135,6 +135,13 @@ class ModelConfig:
         )
 
 
+def architecture_differences(served: ModelConfig, other: ModelConfig) -> str:
+    """What differs between two checkpoints' configs, beyond their weights ("" when
+    nothing: the second can replace the first's weights in a running server)."""
+    fields = [f for f in vars(served) if f != "hf_config" and getattr(served, f) != getattr(other, f)]
+    return ", ".join(f"{f} {getattr(other, f)!r} (served: {getattr(served, f)!r})" for f in fields)
+
+
 class PlainHFConfig:
     """A checkpoint's ``config.json`` as attributes, for the configs that need
     nothing from transformers' config classes: a supported ``model_type``,

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                 runner.forward_batch(*command[1:])
             elif command[0] == "logits":
                 runner.logits(command[1])
+            elif command[0] == "reload":  # the leader loaded this checkpoint and checked it
+                runner.install_weights(runner.load_weights(command[1]))
             elif command[0] == "stop":
                 break
             else:

@@ -1,0 +1,87 @@
+"""The Engine's control methods (SGLang's names): the cache, counters, LoRA adapters,
+pausing generation and weight updates. `EngineControl` is a base of `radixrt.Engine`; each
+method is one control message to the scheduler (radixrt/scheduler/control_requests.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from radixrt.requests.messages import (
+    ContinueGenerationReq,
+    ControlReply,
+    FlushCacheReq,
+    LoRAControlReq,
+    PauseGenerationReq,
+    StatsReq,
+    UpdateWeightsReq,
+)
+
+
+class EngineControl:
+    lora_adapters: set[str]
+    model_path: Any
+
+    def _control_call(self, msg: Any) -> ControlReply:
+        raise NotImplementedError
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix (False while requests run). The counters of
+        `get_stats` are not reset: they count from the engine's start."""
+        return self._control_call(FlushCacheReq()).ok
+
+    def get_stats(self) -> dict:
+        """The scheduler's counters (cumulative since the start) and its state now."""
+        return self._control_call(StatsReq()).payload
+
+    def update_weights_from_disk(
+        self,
+        model_path: str,
+        load_format: Optional[str] = None,
+        abort_all_requests: bool = False,
+        weight_version: Optional[str] = None,
+    ) -> tuple[bool, str, int]:
+        """Serve the weights of the checkpoint at ``model_path`` (same architecture) from now
+        on, without a restart (SGLang's method; its contract: radixrt/scheduler/generation_control.py).
+        Returns when they serve: (success, message, requests that waited for them). Running
+        requests finish first with the old weights (``abort_all_requests``: every request is
+        ended instead); the prefix cache is dropped. ``load_format``: only None or "auto"
+        (safetensors, as at start)."""
+        if load_format not in (None, "auto"):
+            return False, f"load_format {load_format!r} is not supported (None or 'auto': safetensors)", 0
+        reply = self._control_call(UpdateWeightsReq(str(model_path), abort_all_requests, weight_version))
+        p = reply.payload
+        if reply.ok:
+            self.model_path = model_path
+        return bool(p["success"]), str(p["message"]), int(p["num_paused_requests"])
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        """Stop generating until `continue_generation`: "abort" ends every request first,
+        "retract" sends running ones back to the queue without their KV, "in_place" keeps
+        them as they are. ValueError for another mode."""
+        reply = self._control_call(PauseGenerationReq(mode))
+        if not reply.ok:
+            raise ValueError(reply.payload["message"])
+
+    def continue_generation(self) -> None:
+        self._control_call(ContinueGenerationReq())
+
+    def get_weight_version(self) -> str:
+        """The label of the weights being served: "default" at start, then the
+        ``weight_version`` (or the path) of the last update."""
+        return str(self.get_stats()["weight_version"])
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> list[dict]:
+        """Load (or reload) a LoRA adapter (SGLang's method); the adapters now known (ValueError: refused)."""
+        return self._lora_control(LoRAControlReq(lora_name, lora_path))
+
+    def unload_lora_adapter(self, lora_name: str) -> list[dict]:
+        """Forget a LoRA adapter (running requests finish with it)."""
+        return self._lora_control(LoRAControlReq(lora_name))
+
+    def _lora_control(self, msg: LoRAControlReq) -> list[dict]:
+        reply = self._control_call(msg)
+        if not reply.ok:
+            raise ValueError(reply.payload.get("error", "LoRA control failed"))
+        adapters = list(reply.payload.get("adapters", []))
+        self.lora_adapters = {a["name"] for a in adapters}
+        return adapters

@@ -1,0 +1,172 @@
+"""The scheduler's answers to the messages that are not requests: abort, flush, stats, the
+tree's debug view, LoRA adapters, pausing generation and weight updates
+(radixrt/scheduler/generation_control.py states their contracts).
+
+`SchedulerControl` is a part of `Scheduler` (its base class), kept apart so the step loop's
+module holds the loop; the attributes it declares are the scheduler's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from radixrt.executor.model_runner import ModelRunner
+from radixrt.executor.models.compiled import warm_up as warm_up_compiled
+from radixrt.memory.kv_manager import KVCacheManager
+from radixrt.requests.finish import FinishReason
+from radixrt.requests.messages import (
+    AbortReq,
+    ContinueGenerationReq,
+    ControlReply,
+    FlushCacheReq,
+    GenerateReq,
+    LoRAControlReq,
+    PauseGenerationReq,
+    RadixSnapshotReq,
+    StatsReq,
+    TokenOutput,
+    UpdateWeightsReq,
+)
+from radixrt.scheduler.arrivals import Arrivals
+from radixrt.scheduler.debug_view import radix_view
+from radixrt.scheduler.generation_control import GenerationControl
+from radixrt.scheduler.host_tier import HostTierRuntime
+from radixrt.scheduler.launcher import InFlight
+from radixrt.scheduler.planner import BatchPlanner, Plan
+from radixrt.scheduler.queues import RequestQueues
+from radixrt.scheduler.request import Phase, Req
+from radixrt.scheduler.storage_tier import StorageTier
+
+# while a weight update is read and nothing runs, the loop waits this long for it per step
+UPDATE_POLL_S = 0.01
+
+
+class SchedulerControl:
+    runner: ModelRunner
+    kv: KVCacheManager
+    queues: RequestQueues
+    planner: BatchPlanner
+    arriving: Arrivals
+    control: GenerationControl
+    host: Optional[HostTierRuntime]
+    storage: Optional[StorageTier]
+    inflight: Optional[InFlight]
+    _queued_outputs: list[TokenOutput]
+
+    def add_request(self, msg: GenerateReq) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        raise NotImplementedError
+
+    def _complete(self, step: InFlight) -> list[TokenOutput]:
+        raise NotImplementedError
+
+    def _finish(self, req: Req, reason: FinishReason) -> list[TokenOutput]:
+        raise NotImplementedError
+
+    def handle(self, msg: Any) -> Optional[ControlReply]:
+        """Take one incoming message; the reply to send at once, if it has one (weight
+        updates and LoRA loads are answered later, through `control_replies`)."""
+        if isinstance(msg, GenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(*msg.rids)
+        elif isinstance(msg, FlushCacheReq):
+            return ControlReply("flush_cache", ok=self.flush_cache())
+        elif isinstance(msg, StatsReq):
+            return ControlReply("stats", payload=self.stats())
+        elif isinstance(msg, RadixSnapshotReq):
+            stored = self.storage.holds if self.storage is not None else None
+            return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg, stored))
+        elif isinstance(msg, LoRAControlReq):
+            return self.arriving.lora_control(msg)
+        elif isinstance(msg, UpdateWeightsReq):
+            if msg.abort_all_requests:
+                self.abort("")
+            self.control.request_update(msg)
+        elif isinstance(msg, PauseGenerationReq):
+            return self._pause(msg.mode)
+        elif isinstance(msg, ContinueGenerationReq):
+            self.control.resume()
+            return ControlReply("continue")
+        else:
+            raise TypeError(f"unknown scheduler message {type(msg).__name__}")
+        return None
+
+    def control_replies(self) -> list[ControlReply]:
+        return self.arriving.replies() + self.control.replies()
+
+    def abort(self, *rids: str) -> None:
+        """Abort requests with all their samples, or single samples (or all, for rid ""), at any
+        stage; their KV is released. Ids match exactly; one pass over the queues for all of them."""
+        wanted = set(rids)
+
+        def hit(r: Req) -> bool:
+            return "" in wanted or r.rid in wanted or r.parent in wanted
+
+        for r in self.queues.take(hit):
+            if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
+                continue
+            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
+        for r in self.arriving.drop(hit):
+            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix. Only when nothing is running (like SGLang).
+        The cache's counters (queried, hit, inserted, evicted tokens) and the
+        rates from them keep counting from the start: they are history, which
+        dropping the cache's content does not undo."""
+        if self.has_work():
+            return False
+        self.kv.tree.reset()
+        return True
+
+    def _pause(self, mode: str) -> ControlReply:
+        try:
+            self.control.pause(mode)
+        except ValueError as e:
+            return ControlReply("pause", ok=False, payload={"message": str(e)})
+        self._settle_inflight()
+        if mode == "abort":
+            self.abort("")
+        elif mode == "retract":
+            self._retract_running()
+        return ControlReply("pause", payload={"mode": mode})
+
+    def _settle_inflight(self) -> None:
+        """Process the step in flight (overlap scheduling) now, so that nothing runs."""
+        if self.inflight is not None:
+            self._queued_outputs += self._complete(self.inflight)
+            self.inflight = None
+
+    def _retract_running(self) -> int:
+        plan = Plan()
+        while self.queues.running:
+            self.planner.retract(self.queues.running[-1], plan, pressure=False)
+        return len(plan.retracted)
+
+    def _update_weights(self) -> None:
+        """Install the next weight update once its checkpoint is read and nothing runs (while
+        paused, the running requests are retracted for it: their KV has the old weights)."""
+        control = self.control
+        if not control.updates:
+            return
+        if control.paused is not None and self.queues.running:
+            self._settle_inflight()
+            self._retract_running()
+        drained = not self.queues.running and self.inflight is None
+        ready = control.next_install(drained, UPDATE_POLL_S if drained else 0.0)
+        if ready is None:
+            return
+        msg, loaded = ready
+        if self.host is not None:  # copies queued for the host tier run before its content is dropped
+            transfers = self.kv.take_transfers()
+            self.host.pool.run(transfers.before + transfers.after)
+        self.runner.install_weights(loaded)
+        self.kv.tree.reset()  # every tier: no KV of the old weights is served again
+        warm_up_compiled(self.runner, self.kv.allocator)
+        control.installed(msg, waiting=len(self.queues.waiting))

@@ -1,0 +1,100 @@
+"""Weights updated in place and generation paused: SGLang's routes for RL rollouts.
+
+* ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests"?,
+  "weight_version"?, "load_format"?, "flush_cache"?}``: serve the weights of
+  the checkpoint at ``model_path`` (a folder on the server's disk, the
+  architecture being served) from now on. Answers once they serve:
+  ``{"success", "message", "num_paused_requests"}``, 200, or 400 when the
+  checkpoint cannot be read or differs (the old weights keep serving).
+  Running requests finish with the old weights first (``abort_all_requests``:
+  ended instead); the prefix cache is always dropped, so ``flush_cache:
+  false`` is refused. The tokenizer stays the one loaded at start.
+* ``POST /pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}``
+  and ``POST /continue_generation``.
+* ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update).
+
+With an admin key set (``--admin-api-key``) the two POST routes that change
+state need it (an update reads the server's disk); without one, what every
+route needs. Under ``--dp`` the front sends them to every replica. Contracts:
+radixrt/scheduler/generation_control.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from radixrt.requests.messages import ContinueGenerationReq, PauseGenerationReq, UpdateWeightsReq
+from radixrt.server.context import ServerContext, server_context
+from radixrt.server.errors import ServerError, bad_request
+from radixrt.server.http_utils import JSON, read_json
+
+router = APIRouter()
+
+# An update waits for the running requests to finish: the answer may take this long.
+UPDATE_TIMEOUT_S = 3600.0
+# SGLang's fields that change nothing here (graphs are always captured again; memory is the host's)
+_IGNORED = ("is_async", "torch_empty_cache", "recapture_cuda_graph", "token_step", "keep_pause")
+
+
+async def _body(request: Request, ctx: ServerContext, what: str) -> dict[str, Any]:
+    if ctx.admin_api_key:
+        ctx.require_admin(request, what)
+    if not await request.body():  # SGLang's clients may post /continue_generation without one
+        return {}
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def _update_request(body: dict[str, Any]) -> UpdateWeightsReq:
+    path, version = body.get("model_path"), body.get("weight_version")
+    if not isinstance(path, str) or not path:
+        raise bad_request("'model_path' must be a non-empty string.", "model_path")
+    if body.get("load_format") not in (None, "auto"):
+        raise bad_request("'load_format' must be null or 'auto' (safetensors, as at start).", "load_format")
+    if body.get("flush_cache", True) is not True:
+        raise bad_request("'flush_cache' must be true: KV computed with other weights is never served.", "flush_cache")
+    if not isinstance(body.get("abort_all_requests", False), bool):
+        raise bad_request("'abort_all_requests' must be a boolean.", "abort_all_requests")
+    if version is not None and not isinstance(version, str):
+        raise bad_request("'weight_version' must be a string.", "weight_version")
+    known = {"model_path", "load_format", "flush_cache", "abort_all_requests", "weight_version", *_IGNORED}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise bad_request(f"Unknown field(s): {', '.join(unknown)}.", unknown[0])
+    return UpdateWeightsReq(path, body.get("abort_all_requests", False), version)
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    msg = _update_request(await _body(request, ctx, "updating the weights"))
+    reply = await ctx.tm.control(msg, "update_weights", timeout=UPDATE_TIMEOUT_S)
+    return JSON(reply.payload, status_code=200 if reply.ok else 400)
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    mode = (await _body(request, ctx, "pausing generation")).get("mode", "abort")
+    if not isinstance(mode, str):
+        raise bad_request("'mode' must be 'abort', 'retract' or 'in_place'.", "mode")
+    reply = await ctx.tm.control(PauseGenerationReq(mode), "pause")
+    if not reply.ok:
+        raise ServerError(400, reply.payload["message"], "mode")
+    return JSON({"message": "Generation paused successfully.", "status": "ok", "mode": mode})
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    await _body(request, ctx, "continuing generation")
+    await ctx.tm.control(ContinueGenerationReq(), "continue")
+    return JSON({"message": "Generation continued successfully.", "status": "ok"})
+
+
+@router.get("/get_weight_version")
+async def get_weight_version(ctx: ServerContext = Depends(server_context)) -> Response:
+    stats = await ctx.tm.get_stats()
+    return JSON({"weight_version": stats["weight_version"]})

@@ -1,0 +1,246 @@
+"""Weights updated in place and generation paused (SGLang's routes for RL rollouts), on the
+Engine and over HTTP: the new weights answer exactly as an engine started on them; requests
+running at the update finish with the old weights, waiting ones start with the new; no KV of
+the old weights is served; refused updates keep the old weights; pauses hold every request
+and lose none (radixrt/scheduler/generation_control.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+import radixrt
+from radixrt.server.local import LocalServer
+from tests.support.lora import make_adapter
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+LONG = {"max_new_tokens": 600, "temperature": 0, "ignore_eos": True}
+PROMPT = "The weights of this model are"
+ADMIN_KEY = "weights-admin"
+
+
+@pytest.fixture(scope="module")
+def models(make_tiny) -> dict[str, str]:
+    """Two checkpoints of one architecture (seeds 0 and 1) and one of another (3 layers)."""
+    shape = {"max_position_embeddings": 4096}
+    return {
+        "a": make_tiny("llama", seed=0, **shape),
+        "b": make_tiny("llama", seed=1, **shape),
+        "deeper": make_tiny("llama", seed=0, num_hidden_layers=3, **shape),
+    }
+
+
+@pytest.fixture(scope="module")
+def answers(models) -> dict[str, dict]:
+    """What an engine started on each checkpoint answers: a short and a long greedy generation."""
+    out = {}
+    for name in ("a", "b"):
+        with radixrt.Engine(models[name], max_total_tokens=8192) as engine:
+            out[name] = {
+                "short": engine.generate(PROMPT, GREEDY)["output_ids"],
+                "long": engine.generate(PROMPT, LONG)["output_ids"],
+            }
+    assert out["a"]["short"] != out["b"]["short"]
+    return out
+
+
+@pytest.fixture
+def engine(models):
+    with radixrt.Engine(models["a"], max_total_tokens=8192, debug_check_invariants=True) as eng:
+        yield eng
+        assert eng.get_stats()["kv"]["private_slots"] == 0
+
+
+def _in_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(result=fn(*args)))
+    t.start()
+    return t, box
+
+
+def _wait_for(engine, pred, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = engine.get_stats()
+        if pred(stats):
+            return stats
+        time.sleep(0.01)
+    raise AssertionError(f"not reached in {timeout} s: {engine.get_stats()}")
+
+
+def test_the_new_weights_answer_as_an_engine_started_on_them(engine, models, answers):
+    assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
+    assert engine.get_weight_version() == "default"
+    ok, message, paused = engine.update_weights_from_disk(models["b"], weight_version="step-1")
+    assert (ok, paused) == (True, 0) and models["b"] in message
+    out = engine.generate(PROMPT, GREEDY)
+    assert out["output_ids"] == answers["b"]["short"]
+    assert out["meta_info"]["cached_tokens"] == 0  # the prompt's cached KV had the old weights
+    assert engine.generate(PROMPT, GREEDY)["meta_info"]["cached_tokens"] > 0  # cached again, with the new
+    assert engine.get_weight_version() == "step-1" and engine.get_server_info()["weight_version"] == "step-1"
+    assert engine.update_weights_from_disk(models["a"])[0]
+    assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
+    assert engine.get_weight_version() == models["a"]  # no label given: the path
+
+
+def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path):
+    for path, why in (
+        (str(tmp_path / "missing"), "not a local folder"),
+        (models["deeper"], "num_layers 3 (served: 2)"),
+    ):
+        ok, message, _ = engine.update_weights_from_disk(path)
+        assert not ok and why in message, message
+    assert engine.update_weights_from_disk(models["b"], load_format="pt")[0] is False
+    assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
+    assert engine.get_weight_version() == "default"
+
+
+def test_running_requests_finish_with_the_old_weights_and_waiting_ones_start_with_the_new(engine, models, answers):
+    long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
+    _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
+    update, update_box = _in_thread(engine.update_weights_from_disk, models["b"])
+    _wait_for(engine, lambda s: s["weight_updates_pending"] == 1)
+    short_run, short_box = _in_thread(engine.generate, PROMPT, GREEDY)
+    stats = _wait_for(engine, lambda s: s["waiting"] == 1)  # held back while the long one runs
+    assert stats["running"] == 1
+    for t in (long_run, update, short_run):
+        t.join(timeout=120)
+    assert long_box["result"]["output_ids"] == answers["a"]["long"]
+    assert update_box["result"][0] is True and update_box["result"][2] == 1  # the short one waited
+    assert short_box["result"]["output_ids"] == answers["b"]["short"]
+
+
+def test_abort_all_requests_ends_the_running_ones_first(engine, models, answers):
+    long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
+    _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
+    assert engine.update_weights_from_disk(models["b"], abort_all_requests=True)[0]
+    long_run.join(timeout=60)
+    finished = long_box["result"]["meta_info"]["finish_reason"]
+    assert finished["type"] == "abort" and len(long_box["result"]["output_ids"]) < LONG["max_new_tokens"]
+    assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["b"]["short"]
+
+
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_a_paused_request_waits_and_then_ends_as_if_never_paused(engine, answers, mode):
+    long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
+    _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
+    engine.pause_generation(mode)
+    held = engine.get_stats()
+    time.sleep(0.2)
+    stats = engine.get_stats()
+    assert stats["generation_paused"] == mode and stats["generated_tokens"] == held["generated_tokens"]
+    if mode == "retract":  # back in the queue without its KV
+        assert (stats["running"], stats["waiting"], stats["kv"]["private_slots"]) == (0, 1, 0)
+    engine.continue_generation()
+    long_run.join(timeout=120)
+    assert long_box["result"]["output_ids"] == answers["a"]["long"]
+    assert engine.get_stats()["generation_paused"] is None
+
+
+def test_pause_abort_ends_requests_and_holds_new_ones_until_continued(engine, answers):
+    long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
+    _wait_for(engine, lambda s: s["running"] == 1)
+    engine.pause_generation()  # SGLang's default mode: abort
+    long_run.join(timeout=60)
+    assert long_box["result"]["meta_info"]["finish_reason"]["type"] == "abort"
+    short_run, short_box = _in_thread(engine.generate, PROMPT, GREEDY)
+    _wait_for(engine, lambda s: s["waiting"] == 1)
+    time.sleep(0.1)
+    assert "result" not in short_box
+    engine.continue_generation()
+    short_run.join(timeout=60)
+    assert short_box["result"]["output_ids"] == answers["a"]["short"]
+    with pytest.raises(ValueError, match="mode must be one of"):
+        engine.pause_generation("sleep")
+
+
+def test_an_update_while_paused_retracts_the_running_request(engine, models, answers):
+    """Paused in place, a request's KV has the old weights: the update sends it back to the
+    queue, and once continued it goes on with the new weights after what it already wrote."""
+    long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
+    _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
+    engine.pause_generation("in_place")
+    written = engine.get_stats()["generated_tokens"]
+    ok, _, paused = engine.update_weights_from_disk(models["b"])
+    assert ok and paused == 1
+    assert engine.get_stats()["generation_paused"] == "in_place"  # until continued
+    engine.continue_generation()
+    long_run.join(timeout=120)
+    got = long_box["result"]["output_ids"]
+    assert len(got) == LONG["max_new_tokens"] and got[: written - 1] == answers["a"]["long"][: written - 1]
+    assert got != answers["a"]["long"]
+
+
+def test_adapters_apply_to_the_new_weights(models, tmp_path):
+    """LoRA's wrappers go around the new model's layers: an adapter's answer after the update is
+    what an engine started on the new weights with that adapter gives."""
+    adapter = f"r8={make_adapter(models['a'], tmp_path / 'r8', 8, seed=1)}"
+    want = {}
+    for name in ("a", "b"):
+        with radixrt.Engine(models[name], lora_paths=[adapter], max_total_tokens=4096) as e:
+            want[name] = [e.generate(PROMPT, GREEDY, lora_path=lora)["output_ids"] for lora in (None, "r8")]
+    with radixrt.Engine(models["a"], lora_paths=[adapter], max_total_tokens=4096, debug_check_invariants=True) as e:
+        assert [e.generate(PROMPT, GREEDY, lora_path=lora)["output_ids"] for lora in (None, "r8")] == want["a"]
+        assert e.update_weights_from_disk(models["b"])[0]
+        assert [e.generate(PROMPT, GREEDY, lora_path=lora)["output_ids"] for lora in (None, "r8")] == want["b"]
+    assert want["b"][0] != want["b"][1]
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    srv = LocalServer(
+        "--max-total-tokens", "8192", "--debug-check-invariants", "--admin-api-key", ADMIN_KEY, model=models["a"]
+    )
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+        srv.cleanup()
+
+
+def test_the_http_routes(server, models, answers):
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as c:
+
+        def short() -> list[int]:
+            body = {"text": PROMPT, "sampling_params": GREEDY}
+            return c.post("/generate", json=body).json()["output_ids"]
+
+        assert short() == answers["a"]["short"]
+        body = {"model_path": models["b"], "weight_version": "step-7", "abort_all_requests": False}
+        assert c.post("/update_weights_from_disk", json=body).status_code == 403  # the admin key's
+        r = c.post("/update_weights_from_disk", json=body, headers=admin)
+        assert r.status_code == 200 and r.json()["success"] and r.json()["num_paused_requests"] == 0
+        assert short() == answers["b"]["short"]
+        assert c.get("/get_weight_version").json() == {"weight_version": "step-7"}
+        info = c.get("/get_server_info").json()
+        assert info["internal_states"][0]["weight_version"] == "step-7"
+        for bad, field in (
+            ({}, "model_path"),
+            ({"model_path": 7}, "model_path"),
+            ({"model_path": models["a"], "flush_cache": False}, "flush_cache"),
+            ({"model_path": models["a"], "load_format": "pt"}, "load_format"),
+            ({"model_path": models["a"], "abort_all_requests": "yes"}, "abort_all_requests"),
+            ({"model_path": models["a"], "surprise": 1}, "surprise"),
+        ):
+            r = c.post("/update_weights_from_disk", json=bad, headers=admin)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        r = c.post("/update_weights_from_disk", json={"model_path": models["deeper"]}, headers=admin)
+        assert r.status_code == 400 and not r.json()["success"] and "num_layers" in r.json()["message"]
+        assert short() == answers["b"]["short"]
+
+        r = c.post("/pause_generation", json={"mode": "in_place"}, headers=admin)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+        held, box = _in_thread(short)
+        time.sleep(0.3)
+        assert "result" not in box
+        assert c.post("/continue_generation", headers=admin).status_code == 200  # no body, as SGLang's clients
+        held.join(timeout=60)
+        assert box["result"] == answers["b"]["short"]
+        r = c.post("/pause_generation", json={"mode": "sleep"}, headers=admin)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
+        kv = c.get("/debug/kv").json()
+        assert kv["kv_slots"]["private_slots"] == 0 and kv["running"] == kv["waiting"] == 0
