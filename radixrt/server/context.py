@@ -34,6 +34,8 @@ class ServerContext:
     process_ids: dict = field(default_factory=dict)
     model_aliases: set = field(default_factory=set)
     lora_adapters: set = field(default_factory=set)  # adapter names, answered to as "<model>:<name>"
+    weights_path: str = ""  # the checkpoint of the last /update_weights_from_disk ("": the model's own)
+    weight_version: str = "default"  # its label (weight_routes.py)
     chat_info: dict = field(default_factory=dict)  # chat_role_markers, chat_default_system_prompt
     healthy: Callable[[], bool] = lambda: True
     # Why /health should answer 503 besides a dead child (the scheduler's
@@ -94,8 +96,9 @@ class ServerContext:
     def model_info(self) -> dict:
         """The body of ``/get_model_info`` (also inside ``/get_server_info``)."""
         return {
-            "model_path": self.resolved_model_path,
+            "model_path": self.weights_path or self.resolved_model_path,
             "tokenizer_path": self.resolved_model_path,
+            "weight_version": self.weight_version,
             "served_model_name": self.served_model_name,
             "is_generation": True,
             "context_length": self.tm.context_length,

@@ -11,7 +11,8 @@
   false`` is refused. The tokenizer stays the one loaded at start.
 * ``POST /pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}``
   and ``POST /continue_generation``.
-* ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update).
+* ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update);
+  ``/get_model_info`` also gives it, and the last update's path as ``model_path``.
 
 With an admin key set (``--admin-api-key``) the two POST routes that change
 state need it (an update reads the server's disk); without one, what every
@@ -73,6 +74,8 @@ def _update_request(body: dict[str, Any]) -> UpdateWeightsReq:
 async def update_weights_from_disk(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     msg = _update_request(await _body(request, ctx, "updating the weights"))
     reply = await ctx.tm.control(msg, "update_weights", timeout=UPDATE_TIMEOUT_S)
+    if reply.ok:
+        ctx.weights_path, ctx.weight_version = msg.model_path, msg.weight_version or msg.model_path
     return JSON(reply.payload, status_code=200 if reply.ok else 400)
 
 

@@ -216,6 +216,8 @@ def test_the_http_routes(server, models, answers):
         assert r.status_code == 200 and r.json()["success"] and r.json()["num_paused_requests"] == 0
         assert short() == answers["b"]["short"]
         assert c.get("/get_weight_version").json() == {"weight_version": "step-7"}
+        model_info = c.get("/get_model_info").json()
+        assert model_info["weight_version"] == "step-7" and model_info["model_path"] == models["b"]
         info = c.get("/get_server_info").json()
         assert info["internal_states"][0]["weight_version"] == "step-7"
         for bad, field in (

@@ -18,9 +18,9 @@ from radixrt.scheduler.scheduler import Scheduler
 class _AlwaysSort(BatchPlanner):
     """The reference: forgets the order before every schedule."""
 
-    def schedule(self):  # type: ignore[no-untyped-def]
+    def schedule(self, admit=True):  # type: ignore[no-untyped-def]
         self.queues.running_ordered = False
-        return super().schedule()
+        return super().schedule(admit)
 
 
 def _run(tiny_llama: str, overlap: bool, always_sort: bool) -> tuple[list[list[tuple[str, list[int]]]], int]:
