@@ -29,7 +29,8 @@ def default_server(default_model_path):
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama):
-    """``radixrt serve`` on the tiny random Llama (test_server.py, test_request_ids.py), served as
+    """``radixrt serve`` on the tiny random Llama (test_server.py, test_request_ids.py, test_dashboard.py,
+    test_weight_updates.py: which updates its weights, then restores them), served as
     "default", with the API key ``TINY_SERVER_KEY`` and the admin key ``TINY_SERVER_ADMIN_KEY``, 24,576 KV
     tokens, --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
     ``TINY_SERVER_MAX_TOP`` and the overlap scheduler (a CUDA default, off on the CPU otherwise), so

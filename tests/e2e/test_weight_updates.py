@@ -13,13 +13,12 @@ import httpx
 import pytest
 
 import radixrt
-from radixrt.server.local import LocalServer
 from tests.support.lora import make_adapter
+from tests.support.servers import TINY_SERVER_ADMIN_KEY
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 LONG = {"max_new_tokens": 600, "temperature": 0, "ignore_eos": True}
 PROMPT = "The weights of this model are"
-ADMIN_KEY = "weights-admin"
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +34,14 @@ def models(make_tiny) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def answers(models) -> dict[str, dict]:
-    """What an engine started on each checkpoint answers: a short and a long greedy generation."""
+    """What an engine started on each checkpoint answers: a short greedy generation (and on the
+    first, a long one)."""
     out = {}
     for name in ("a", "b"):
         with radixrt.Engine(models[name], max_total_tokens=8192) as engine:
-            out[name] = {
-                "short": engine.generate(PROMPT, GREEDY)["output_ids"],
-                "long": engine.generate(PROMPT, LONG)["output_ids"],
-            }
+            out[name] = {"short": engine.generate(PROMPT, GREEDY)["output_ids"]}
+            if name == "a":
+                out[name]["long"] = engine.generate(PROMPT, LONG)["output_ids"]
     assert out["a"]["short"] != out["b"]["short"]
     return out
 
@@ -189,60 +188,64 @@ def test_adapters_apply_to_the_new_weights(models, tmp_path):
     assert want["b"][0] != want["b"][1]
 
 
-@pytest.fixture(scope="module")
-def server(models):
-    srv = LocalServer(
-        "--max-total-tokens", "8192", "--debug-check-invariants", "--admin-api-key", ADMIN_KEY, model=models["a"]
-    )
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
-        srv.cleanup()
-
-
-def test_the_http_routes(server, models, answers):
-    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as c:
+def test_the_http_routes(tiny_server, make_tiny):
+    """On the session's tiny server (tests/e2e/conftest.py), whose own weights come back at the end."""
+    admin = {"Authorization": f"Bearer {TINY_SERVER_ADMIN_KEY}"}
+    own, other = tiny_server.folder, make_tiny("llama", seed=1, max_position_embeddings=8192)
+    deeper = make_tiny("llama", num_hidden_layers=3, max_position_embeddings=8192)
+    with httpx.Client(base_url=tiny_server.url, headers=tiny_server.headers, timeout=120) as c:
 
         def short() -> list[int]:
             body = {"text": PROMPT, "sampling_params": GREEDY}
             return c.post("/generate", json=body).json()["output_ids"]
 
-        assert short() == answers["a"]["short"]
-        body = {"model_path": models["b"], "weight_version": "step-7", "abort_all_requests": False}
-        assert c.post("/update_weights_from_disk", json=body).status_code == 403  # the admin key's
-        r = c.post("/update_weights_from_disk", json=body, headers=admin)
-        assert r.status_code == 200 and r.json()["success"] and r.json()["num_paused_requests"] == 0
-        assert short() == answers["b"]["short"]
-        assert c.get("/get_weight_version").json() == {"weight_version": "step-7"}
-        model_info = c.get("/get_model_info").json()
-        assert model_info["weight_version"] == "step-7" and model_info["model_path"] == models["b"]
-        info = c.get("/get_server_info").json()
-        assert info["internal_states"][0]["weight_version"] == "step-7"
-        for bad, field in (
-            ({}, "model_path"),
-            ({"model_path": 7}, "model_path"),
-            ({"model_path": models["a"], "flush_cache": False}, "flush_cache"),
-            ({"model_path": models["a"], "load_format": "pt"}, "load_format"),
-            ({"model_path": models["a"], "abort_all_requests": "yes"}, "abort_all_requests"),
-            ({"model_path": models["a"], "surprise": 1}, "surprise"),
-        ):
-            r = c.post("/update_weights_from_disk", json=bad, headers=admin)
-            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-        r = c.post("/update_weights_from_disk", json={"model_path": models["deeper"]}, headers=admin)
-        assert r.status_code == 400 and not r.json()["success"] and "num_layers" in r.json()["message"]
-        assert short() == answers["b"]["short"]
+        try:
+            _http_routes(c, admin, short, other, deeper)
+        finally:
+            restore = {"model_path": own, "weight_version": "default"}
+            r = c.post("/update_weights_from_disk", json=restore, headers=admin)
+            assert r.status_code == 200, r.text
+        assert c.get("/get_model_info").json()["weight_version"] == "default"
 
-        r = c.post("/pause_generation", json={"mode": "in_place"}, headers=admin)
-        assert r.status_code == 200 and r.json()["status"] == "ok"
-        held, box = _in_thread(short)
-        time.sleep(0.3)
-        assert "result" not in box
-        assert c.post("/continue_generation", headers=admin).status_code == 200  # no body, as SGLang's clients
-        held.join(timeout=60)
-        assert box["result"] == answers["b"]["short"]
-        r = c.post("/pause_generation", json={"mode": "sleep"}, headers=admin)
-        assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
-        kv = c.get("/debug/kv").json()
-        assert kv["kv_slots"]["private_slots"] == 0 and kv["running"] == kv["waiting"] == 0
+
+def _http_routes(c: httpx.Client, admin: dict, short, other: str, deeper: str) -> None:
+    before = short()
+    with radixrt.Engine(other, max_total_tokens=4096) as engine:
+        want = engine.generate(PROMPT, GREEDY)["output_ids"]
+    assert want != before
+    body = {"model_path": other, "weight_version": "step-7", "abort_all_requests": False}
+    assert c.post("/update_weights_from_disk", json=body).status_code == 403  # the admin key's
+    r = c.post("/update_weights_from_disk", json=body, headers=admin)
+    assert r.status_code == 200 and r.json()["success"] and r.json()["num_paused_requests"] == 0
+    assert short() == want
+    assert c.get("/get_weight_version").json() == {"weight_version": "step-7"}
+    model_info = c.get("/get_model_info").json()
+    assert model_info["weight_version"] == "step-7" and model_info["model_path"] == other
+    info = c.get("/get_server_info").json()
+    assert info["internal_states"][0]["weight_version"] == "step-7"
+    for bad, field in (
+        ({}, "model_path"),
+        ({"model_path": 7}, "model_path"),
+        ({"model_path": other, "flush_cache": False}, "flush_cache"),
+        ({"model_path": other, "load_format": "pt"}, "load_format"),
+        ({"model_path": other, "abort_all_requests": "yes"}, "abort_all_requests"),
+        ({"model_path": other, "surprise": 1}, "surprise"),
+    ):
+        r = c.post("/update_weights_from_disk", json=bad, headers=admin)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = c.post("/update_weights_from_disk", json={"model_path": deeper}, headers=admin)
+    assert r.status_code == 400 and not r.json()["success"] and "num_layers" in r.json()["message"]
+    assert short() == want
+
+    r = c.post("/pause_generation", json={"mode": "in_place"}, headers=admin)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    held, box = _in_thread(short)
+    time.sleep(0.3)
+    assert "result" not in box
+    assert c.post("/continue_generation", headers=admin).status_code == 200  # no body, as SGLang's clients
+    held.join(timeout=60)
+    assert box["result"] == want
+    r = c.post("/pause_generation", json={"mode": "sleep"}, headers=admin)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
+    kv = c.get("/debug/kv").json()
+    assert kv["kv_slots"]["private_slots"] == 0 and kv["running"] == kv["waiting"] == 0

@@ -28,13 +28,15 @@ SHARED_SERVER_MODULES: dict[str, str] = {
     "tests/e2e/test_server.py": "tiny_server",
     "tests/e2e/test_request_ids.py": "tiny_server",
     "tests/e2e/test_dashboard.py": "tiny_server",
+    "tests/e2e/test_weight_updates.py": "tiny_server",
 }
 
 # the slowest modules of the full suite, slowest first (per-module time of a --durations run,
 # 2026-12-04: the whole suite 9:46 on the 2-core machine)
 HEAVIEST_FIRST: tuple[str, ...] = (
-    "tests/e2e/test_server.py",  # with test_request_ids.py and test_dashboard.py: one unit, the longest
+    "tests/e2e/test_server.py",  # with test_request_ids.py, test_weight_updates.py, test_dashboard.py: one unit
     "tests/e2e/test_request_ids.py",
+    "tests/e2e/test_weight_updates.py",
     "tests/e2e/test_tool_calls.py",  # with test_responses_api.py: one unit
     "tests/e2e/test_responses_api.py",
     "tests/e2e/test_kv_budget_needle.py",
@@ -52,7 +54,6 @@ HEAVIEST_FIRST: tuple[str, ...] = (
     "tests/e2e/test_storage_tier.py",
     "tests/e2e/test_swap_preemption.py",
     "tests/e2e/test_cli.py",
-    "tests/e2e/test_weight_updates.py",
     "tests/e2e/test_router.py",
     "tests/e2e/test_engine_api.py",
     "tests/e2e/test_frontend.py",
