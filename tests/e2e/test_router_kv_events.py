@@ -121,9 +121,10 @@ def test_router_sends_a_prefix_to_the_worker_whose_events_hold_it(setup):
     assert r.headers["x-radixrt-worker"] == a.url
 
 
-def test_dp_front_follows_its_replicas_events(tiny_llama):
+def test_dp_front_follows_its_replicas_events(tiny_llama, make_tiny):
     """`radixrt serve --dp 2 --kv-events-config ...`: the front follows replica i at port + i (its replay
-    socket too), with the model's tokenizer, by itself."""
+    socket too), with the model's tokenizer, by itself. A weight update sent to the front reaches
+    both replicas, whose caches it drops (the front's view of them too)."""
     port, replay = free_port(), free_port()
     while abs(replay - port) < 2:
         replay = free_port()
@@ -137,5 +138,12 @@ def test_dp_front_follows_its_replicas_events(tiny_llama):
         r = _generate(srv.url, {"text": SYSTEM + " And my refund?"})
         assert r.headers["x-radixrt-worker"] == replicas[1], _stats(srv.url)
         assert _stats(srv.url)["sources"]["events"] == 1
+        before = [_generate(u, {"text": SYSTEM}).json()["output_ids"] for u in replicas]
+        other = make_tiny("llama", seed=1, max_position_embeddings=8192)
+        r = httpx.post(srv.url + "/update_weights_from_disk", json={"model_path": other}, timeout=120)
+        assert r.status_code == 200 and r.json()["success"], r.text
+        _wait(lambda: _stats(srv.url)["kv_events"][replicas[1]]["blocks"] == 0, 30)
+        after = [_generate(u, {"text": SYSTEM}).json()["output_ids"] for u in replicas]
+        assert before[0] == before[1] != after[0] == after[1]
     finally:
         srv.cleanup()
