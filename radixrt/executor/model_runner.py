@@ -22,6 +22,7 @@ from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.config import ModelConfig, architecture_differences
 from radixrt.executor.models.decode_stack import use_decode_stack
+from radixrt.executor.models.loader import empty_model
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
@@ -45,6 +46,11 @@ def _available_memory_bytes(device: str) -> int:
         return int(free)
     pages = os.sysconf("SC_AVPHYS_PAGES")
     return int(pages * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _weights_in_order(model: Any) -> list[torch.Tensor]:
+    """A model's tensors in an order every rank derives from the config alone (a tied head once)."""
+    return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers()]
 
 
 @dataclass
@@ -150,8 +156,10 @@ class ModelRunner:
         """Serve ``loaded``'s weights from now on (`load_weights` checked their architecture). The
         caller has no step in flight and drops every KV computed with the old weights; tensor-
         parallel ranks load the same checkpoint. The KV pool, backend and tokenizer stay."""
-        if self.followers is not None:
+        if self.followers is not None:  # the ranks get these very weights, not a second read of the path
             self.followers.send("reload", loaded.path)
+            for t in _weights_in_order(loaded.model):
+                self.tp.broadcast_(t)  # type: ignore[union-attr]  # a leader has its group
         self._shard(loaded.model)
         self.model_path, self.model = loaded.path, loaded.model
         self._choose_linear_products(self.deterministic)
@@ -162,6 +170,14 @@ class ModelRunner:
         if self.lora is not None:
             install_lora(self, self.lora.context)
         logger.info("now serving the weights of %s", self.model_path)
+
+    def receive_weights(self, path: str) -> LoadedWeights:
+        """A follower rank's copy of the weights its leader installs (`install_weights`)."""
+        assert self.tp is not None, "only a tensor-parallel rank receives weights"
+        model = empty_model(self.model_config, self.dtype, "cpu")
+        for t in _weights_in_order(model):
+            self.tp.broadcast_(t)
+        return LoadedWeights(path, model, self.model_config)
 
     def _shard(self, model: Any) -> Any:
         """This rank's share of ``model`` (tensor parallel), moved to the device; its config."""

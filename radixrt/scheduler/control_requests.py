@@ -150,15 +150,17 @@ class SchedulerControl:
         return len(plan.retracted)
 
     def _update_weights(self) -> None:
-        """Install the next weight update once its checkpoint is read and nothing runs (while
-        paused, the running requests are retracted for it: their KV has the old weights)."""
-        control = self.control
+        """Install the next weight update once its checkpoint is read and no request that started
+        is left: none runs, and none retracted since it started waits to go on (while paused,
+        the running requests are retracted for it instead: their KV has the old weights)."""
+        control, queues = self.control, self.queues
         if not control.updates:
             return
-        if control.paused is not None and self.queues.running:
+        if control.paused is not None and queues.running:
             self._settle_inflight()
             self._retract_running()
-        drained = not self.queues.running and self.inflight is None
+        started = control.paused is None and any(r.admitted_once for r in queues.waiting)
+        drained = not queues.running and self.inflight is None and not started
         ready = control.next_install(drained, UPDATE_POLL_S if drained else 0.0)
         if ready is None:
             return

@@ -9,13 +9,14 @@ updates; the scheduler asks it what to hold back each step. The contracts:
   their KV (they recompute it when generation continues); "in_place" keeps
   them as they are. New requests queue meanwhile.
 * **A weight update** (`UpdateWeightsReq`) starts reading the checkpoint on a
-  thread at once. Until it is installed no waiting request is admitted, while
-  running requests finish their generation with the old weights (with
-  ``abort_all_requests`` every request is ended first; while paused, running
-  requests are retracted, since their KV was computed with the old weights).
-  Once none runs, the new weights replace the old and the prefix cache
-  (device and host tiers) is dropped: no KV computed with other weights is
-  ever served. Then the queue is admitted again, with the new weights.
+  thread at once. Until it is installed no waiting request starts, while
+  the requests that started finish their generation with the old weights,
+  those retracted for memory meanwhile included (with ``abort_all_requests``
+  every request is ended first; while paused, running requests are retracted
+  and go on after the update, since their KV was computed with the old
+  weights). Once none is left, the new weights replace the old and the
+  prefix cache (device and host tiers) is dropped: no KV computed with other
+  weights is ever served. Then the queue starts again, with the new weights.
 * Updates are answered in the order they came (one reply each, kind
   "update_weights"): ``success``, ``message`` and ``num_paused_requests``
   (the requests that waited for it), as SGLang's route answers. A checkpoint
@@ -123,7 +124,7 @@ class GenerationControl:
         return None
 
     def installed(self, msg: UpdateWeightsReq, waiting: int) -> None:
-        self.weight_version = msg.weight_version or msg.model_path
+        self.weight_version = msg.model_path if msg.weight_version is None else msg.weight_version
         self._reply(True, f"Succeeded to update model weights from {msg.model_path}.", waiting)
 
     def _reply(self, ok: bool, message: str, paused_requests: int = 0) -> None:

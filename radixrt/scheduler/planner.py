@@ -118,13 +118,15 @@ class BatchPlanner:
 
     def schedule(self, admit: bool = True) -> Plan:
         """Plan the next step: its batch, and the requests retracted or ended to make it
-        (``admit`` False: the running requests only, none retracted for waiting ones)."""
+        (``admit`` False: no request starts; the running ones, and those retracted since
+        they started, go on, and none is retracted for a waiting one)."""
         plan = Plan()
         # alone, a request's prompt takes the whole step; shared, a long one yields between short steps
         alone = len(self.queues.running) + len(self.queues.waiting) <= 1
         self.prefill_cap = self.config.chunked_prefill_size if alone else self.shared_step_prefill_cap
-        if not admit:  # generation paused, or a weight update waits for the running requests
-            self._schedule_running(plan, self._step_budget())
+        if not admit:  # a weight update waits for the requests that started to finish
+            budget = self._schedule_running(plan, self._step_budget())
+            self._admit(plan.batch, budget, set(), resumed_only=True)
             return plan
         cfg, queues = self.config, self.queues
         if cfg.enable_priority_scheduling:
@@ -321,9 +323,9 @@ class BatchPlanner:
     def _decode_reserve(self) -> int:
         return int(sum(self._remaining_tokens(r) for r in self.queues.running) * self.new_token_ratio)
 
-    def _admit(self, batch: Batch, budget: int, busy: set[str]) -> None:
+    def _admit(self, batch: Batch, budget: int, busy: set[str], resumed_only: bool = False) -> None:
         """Admit waiting requests while ``budget`` and memory last; those of calls with a
-        prompt in progress (``busy``) after the others."""
+        prompt in progress (``busy``) after the others (``resumed_only``: those admitted before)."""
         waiting, running = self.queues.waiting, self.queues.running
         if not waiting or budget <= 0:
             return
@@ -349,6 +351,8 @@ class BatchPlanner:
                 break
             if req.phase is not Phase.WAITING or req.grammar_compiling or req.inflight_tokens:
                 continue  # admitted with its beam search / its grammar is compiling / its last token is in flight
+            if resumed_only and not req.admitted_once:
+                continue
             if req.lora is not None and id(req.lora) not in adapters:
                 if len(adapters) >= self.max_loras_per_batch:
                     continue  # one adapter too many for this batch

@@ -36,6 +36,7 @@ router = APIRouter()
 
 # An update waits for the running requests to finish: the answer may take this long.
 UPDATE_TIMEOUT_S = 3600.0
+MAX_VERSION_CHARS = 256
 # SGLang's fields that change nothing here (graphs are always captured again; memory is the host's)
 _IGNORED = ("is_async", "torch_empty_cache", "recapture_cuda_graph", "token_step", "keep_pause")
 
@@ -52,22 +53,26 @@ async def _body(request: Request, ctx: ServerContext, what: str) -> dict[str, An
 
 
 def _update_request(body: dict[str, Any]) -> UpdateWeightsReq:
+    """The update a body asks for; ServerError 400 for what it cannot be (a null is the default)."""
     path, version = body.get("model_path"), body.get("weight_version")
+    abort_all = body.get("abort_all_requests")
     if not isinstance(path, str) or not path:
         raise bad_request("'model_path' must be a non-empty string.", "model_path")
     if body.get("load_format") not in (None, "auto"):
         raise bad_request("'load_format' must be null or 'auto' (safetensors, as at start).", "load_format")
-    if body.get("flush_cache", True) is not True:
+    if body.get("flush_cache") not in (None, True):
         raise bad_request("'flush_cache' must be true: KV computed with other weights is never served.", "flush_cache")
-    if not isinstance(body.get("abort_all_requests", False), bool):
+    if abort_all is not None and not isinstance(abort_all, bool):
         raise bad_request("'abort_all_requests' must be a boolean.", "abort_all_requests")
-    if version is not None and not isinstance(version, str):
-        raise bad_request("'weight_version' must be a string.", "weight_version")
+    if version is not None and (not isinstance(version, str) or len(version) > MAX_VERSION_CHARS):
+        raise bad_request(
+            f"'weight_version' must be a string of at most {MAX_VERSION_CHARS} characters.", "weight_version"
+        )
     known = {"model_path", "load_format", "flush_cache", "abort_all_requests", "weight_version", *_IGNORED}
     unknown = sorted(set(body) - known)
     if unknown:
         raise bad_request(f"Unknown field(s): {', '.join(unknown)}.", unknown[0])
-    return UpdateWeightsReq(path, body.get("abort_all_requests", False), version)
+    return UpdateWeightsReq(path, bool(abort_all), version)
 
 
 @router.post("/update_weights_from_disk")
@@ -75,13 +80,14 @@ async def update_weights_from_disk(request: Request, ctx: ServerContext = Depend
     msg = _update_request(await _body(request, ctx, "updating the weights"))
     reply = await ctx.tm.control(msg, "update_weights", timeout=UPDATE_TIMEOUT_S)
     if reply.ok:
-        ctx.weights_path, ctx.weight_version = msg.model_path, msg.weight_version or msg.model_path
+        ctx.weights_path = ctx.server_args["model_path"] = msg.model_path
+        ctx.weight_version = msg.model_path if msg.weight_version is None else msg.weight_version
     return JSON(reply.payload, status_code=200 if reply.ok else 400)
 
 
 @router.post("/pause_generation")
 async def pause_generation(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    mode = (await _body(request, ctx, "pausing generation")).get("mode", "abort")
+    mode = (await _body(request, ctx, "pausing generation")).get("mode") or "abort"
     if not isinstance(mode, str):
         raise bad_request("'mode' must be 'abort', 'retract' or 'in_place'.", "mode")
     reply = await ctx.tm.control(PauseGenerationReq(mode), "pause")

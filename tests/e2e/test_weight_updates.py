@@ -23,12 +23,16 @@ PROMPT = "The weights of this model are"
 
 @pytest.fixture(scope="module")
 def models(make_tiny) -> dict[str, str]:
-    """Two checkpoints of one architecture (seeds 0 and 1) and one of another (3 layers)."""
+    """Two checkpoints of one architecture (seeds 0 and 1) and two of others (3 layers; another
+    RoPE base)."""
     shape = {"max_position_embeddings": 4096}
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    rope |= {"original_max_position_embeddings": 64, "rope_theta": 500000.0}  # the tiny Llama's: 10,000
     return {
         "a": make_tiny("llama", seed=0, **shape),
         "b": make_tiny("llama", seed=1, **shape),
         "deeper": make_tiny("llama", seed=0, num_hidden_layers=3, **shape),
+        "other_rope": make_tiny("llama", seed=1, rope_parameters=rope, **shape),
     }
 
 
@@ -89,6 +93,7 @@ def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path)
     for path, why in (
         (str(tmp_path / "missing"), "not a local folder"),
         (models["deeper"], "num_layers 3 (served: 2)"),
+        (models["other_rope"], "'rope_theta': 500000.0"),
     ):
         ok, message, _ = engine.update_weights_from_disk(path)
         assert not ok and why in message, message
@@ -110,6 +115,27 @@ def test_running_requests_finish_with_the_old_weights_and_waiting_ones_start_wit
     assert long_box["result"]["output_ids"] == answers["a"]["long"]
     assert update_box["result"][0] is True and update_box["result"][2] == 1  # the short one waited
     assert short_box["result"]["output_ids"] == answers["b"]["short"]
+
+
+def test_requests_retracted_while_an_update_waits_finish_with_the_old_weights(models):
+    """A pool too small for every request at once: some are retracted while the update waits, and
+    they come back before it (they started with the old weights), not after. Each answer is the old
+    weights' or (for a request that had not started) the new weights', never a mix."""
+    prompts = [f"{PROMPT} {i}" for i in range(8)]
+    params = {"max_new_tokens": 120, "temperature": 0, "ignore_eos": True}
+    with radixrt.Engine(models["a"], max_total_tokens=480, debug_check_invariants=True) as engine:
+        want = [o["output_ids"] for o in engine.generate(prompts, params)]
+        retracted = engine.get_stats()["retractions"]
+        assert retracted > 0, "the pool was meant to be too small for every request at once"
+        run, box = _in_thread(engine.generate, prompts, params)
+        _wait_for(engine, lambda s: s["running"] > 0 and s["generated_tokens"] > 8 * 120 + 20)
+        assert engine.update_weights_from_disk(models["b"])[0]
+        run.join(timeout=120)
+        got = [o["output_ids"] for o in box["result"]]
+        assert engine.get_stats()["retractions"] > retracted  # retracted again this time too
+        new = [o["output_ids"] for o in engine.generate(prompts, params)]
+        assert all(g in (w, n) for g, w, n in zip(got, want, new)), "an answer mixes the two checkpoints"
+        assert got[0] == want[0] and sum(g == w for g, w in zip(got, want)) >= 2
 
 
 def test_abort_all_requests_ends_the_running_ones_first(engine, models, answers):

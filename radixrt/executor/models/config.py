@@ -137,9 +137,20 @@ class ModelConfig:
 
 def architecture_differences(served: ModelConfig, other: ModelConfig) -> str:
     """What differs between two checkpoints' configs, beyond their weights ("" when
-    nothing: the second can replace the first's weights in a running server)."""
-    fields = [f for f in vars(served) if f != "hf_config" and getattr(served, f) != getattr(other, f)]
-    return ", ".join(f"{f} {getattr(other, f)!r} (served: {getattr(served, f)!r})" for f in fields)
+    nothing: the second can replace the first's weights in a running server): the
+    `ModelConfig` fields and the rotary embedding's parameters."""
+    from radixrt.executor.models.rope import rope_parameters
+
+    def described(c: ModelConfig) -> dict[str, Any]:
+        fields = {f: v for f, v in vars(c).items() if f != "hf_config"}
+        given = rope_parameters(c.hf_config) if c.hf_config is not None else {}
+        rope = {k: v for k, v in given.items() if v is not None}
+        rope.setdefault("rope_type", rope.pop("type", "default"))  # JSON read plainly or by transformers alike
+        rope.setdefault("partial_rotary_factor", getattr(c.hf_config, "partial_rotary_factor", None) or 1.0)
+        return {**fields, "rope": rope}
+
+    a, b = described(served), described(other)
+    return ", ".join(f"{f} {b[f]!r} (served: {a[f]!r})" for f in a if a[f] != b[f])
 
 
 class PlainHFConfig:

@@ -161,6 +161,21 @@ def _no_weight_init() -> Iterator[None]:
             setattr(torch.nn.init, n, f)
 
 
+def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: Union[str, torch.device]) -> LlamaForCausalLM:
+    """The model of ``cfg`` in eval mode, its weights allocated but not set (`load_weights` or a
+    tensor-parallel leader's broadcast fills them)."""
+    with torch.device("meta"), _no_weight_init():
+        model = LlamaForCausalLM(cfg)
+    # Module.to_empty, but with torch.empty: empty_like of a meta tensor runs torch's reference
+    # op, whose first use imports sympy (about 0.7 s of every start-up).
+    model = model.to(dtype=dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    if cfg.tie_word_embeddings:  # to_empty keeps the sharing, but make it explicit
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
 def load_model(
     path: str,
     dtype: Union[str, torch.dtype, None] = "auto",
@@ -176,17 +191,8 @@ def load_model(
 
     path = resolve_model_path(path)
     cfg = ModelConfig.from_pretrained(path)
-    torch_dtype = resolve_dtype(dtype, device)
-    with torch.device("meta"), _no_weight_init():
-        model = LlamaForCausalLM(cfg)
-    # Module.to_empty, but with torch.empty: empty_like of a meta tensor runs torch's reference
-    # op, whose first use imports sympy (about 0.7 s of every start-up).
-    model = model.to(dtype=torch_dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-    if cfg.tie_word_embeddings:  # to_empty keeps the sharing, but make it explicit
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = empty_model(cfg, resolve_dtype(dtype, device), device)
     load_weights(model, path)
-    model.eval()
-    model.requires_grad_(False)
     if quantization is not None:
         from radixrt.executor.models.quantized_linear import quantize_model
 

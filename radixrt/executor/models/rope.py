@@ -34,7 +34,8 @@ def _init_functions() -> dict[str, Callable[..., tuple[torch.Tensor, float]]]:
     return ROPE_INIT_FUNCTIONS
 
 
-def _rope_parameters(hf_config: Any) -> dict:
+def rope_parameters(hf_config: Any) -> dict:
+    """The checkpoint's RoPE type and parameters, in the standard form (``rope_type``, ``rope_theta``, ...)."""
     params = getattr(hf_config, "rope_parameters", None)
     if params is None:  # transformers 4.x style
         params = dict(getattr(hf_config, "rope_scaling", None) or {})
@@ -53,7 +54,7 @@ class RotaryEmbedding:
     def __init__(self, hf_config: Any, head_dim: int) -> None:
         self.hf_config = hf_config
         self.head_dim = head_dim
-        params = _rope_parameters(hf_config)
+        params = rope_parameters(hf_config)
         self.rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         self.max_position_embeddings = int(hf_config.max_position_embeddings)
         self._init_fn: Optional[Callable[..., tuple[torch.Tensor, float]]] = None

@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                 runner.forward_batch(*command[1:])
             elif command[0] == "logits":
                 runner.logits(command[1])
-            elif command[0] == "reload":  # the leader loaded this checkpoint and checked it
-                runner.install_weights(runner.load_weights(command[1]))
+            elif command[0] == "reload":  # the leader read and checked this checkpoint: its tensors follow
+                runner.install_weights(runner.receive_weights(command[1]))
             elif command[0] == "stop":
                 break
             else:

@@ -76,6 +76,15 @@ class TPGroup:
             return None
         return torch.cat([p[:, :w] for p, w in zip(parts, widths)], dim=1)
 
+    def broadcast_(self, t: torch.Tensor) -> None:
+        """The leader's ``t`` (a host tensor) into every other rank's ``t``, in place."""
+        if self.device.startswith("cuda"):  # NCCL moves device memory only
+            buf = t.to(self.device)
+            dist.broadcast(buf, src=0, group=self.group)
+            t.copy_(buf)
+        else:
+            dist.broadcast(t, src=0, group=self.group)
+
     def command(self, message: Any = None) -> Any:
         """The leader sends ``message`` (any picklable object, tensors included);
         every other rank receives and returns it."""
