@@ -236,6 +236,12 @@ class PageAllocator:
     def is_page_free(self, page: int) -> bool:
         return bool(self._is_free[page])
 
+    def first_free(self, pages: list[int]) -> Optional[int]:
+        """The first of ``pages`` (each in range) on the free list, or None: one pass in C."""
+        flags = bytes(map(self._is_free.__getitem__, pages))
+        i = flags.find(1)
+        return None if i < 0 else pages[i]
+
     # ---- alloc / free ------------------------------------------------------
     def alloc_pages(self, n: int) -> Optional[list[int]]:
         """Hand out ``n`` pages, or return None (allocating nothing) if fewer are free."""

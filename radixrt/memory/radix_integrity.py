@@ -151,10 +151,11 @@ def _check_node(tree: CheckedTree, node: TreeNode, c: _Census) -> None:
     c.seen.update(node.value)
     c.slots += len(node.value)
     alloc = tree.allocator
-    if alloc is not None and on_device:  # run after every step in debug mode: one pass, no call per slot
-        total, is_free = alloc.total_slots, alloc.is_page_free
-        bad = next((s for s in node.value[::P] if not 0 <= s < total or is_free(s // P)), None)
-        assert bad is None, f"tree slot {bad} is out of range or on the free list"
+    if alloc is not None and on_device:  # run after every step in debug mode: passes in C, no call per slot
+        firsts = node.value[::P]
+        assert 0 <= min(firsts) and max(firsts) < alloc.total_slots, f"a tree slot out of range at {node!r}"
+        bad = alloc.first_free(firsts if P == 1 else [s // P for s in firsts])
+        assert bad is None, f"tree page {bad} of {node!r} is on the free list"
 
 
 def _check_host_node(tree: CheckedHostTree, node: TreeNode, c: _Census) -> None:
@@ -171,9 +172,10 @@ def _check_host_node(tree: CheckedHostTree, node: TreeNode, c: _Census) -> None:
     assert len(node.host_value) == k, f"key/host_value length mismatch at {node!r}"
     alloc = tree.host.allocator
     HP = alloc.page_size
-    total, is_free = alloc.total_slots, alloc.is_page_free
-    bad = next((s for s in node.host_value[::HP] if not 0 <= s < total or is_free(s // HP)), None)
-    assert bad is None, f"tree host slot {bad} is out of range or on the host free list"
+    firsts = node.host_value[::HP]
+    assert 0 <= min(firsts) and max(firsts) < alloc.total_slots, f"a tree host slot out of range at {node!r}"
+    bad = alloc.first_free(firsts if HP == 1 else [s // HP for s in firsts])
+    assert bad is None, f"host page {bad} of {node!r} is on the host free list"
     if HP > 1:
         for i in range(0, k, HP):
             s = node.host_value[i]
