@@ -38,16 +38,20 @@ def models(make_tiny) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def answers(models) -> dict[str, dict]:
-    """What an engine started on each checkpoint answers: a short greedy generation (and on the
-    first, a long one)."""
+    """What an engine started on each checkpoint answers to a short greedy generation."""
     out = {}
     for name in ("a", "b"):
         with radixrt.Engine(models[name], max_total_tokens=8192) as engine:
             out[name] = {"short": engine.generate(PROMPT, GREEDY)["output_ids"]}
-            if name == "a":
-                out[name]["long"] = engine.generate(PROMPT, LONG)["output_ids"]
     assert out["a"]["short"] != out["b"]["short"]
     return out
+
+
+@pytest.fixture(scope="module")
+def long_answer(models) -> list[int]:
+    """The first checkpoint's long greedy generation, which the tests below interrupt."""
+    with radixrt.Engine(models["a"], max_total_tokens=8192) as engine:
+        return engine.generate(PROMPT, LONG)["output_ids"]
 
 
 @pytest.fixture
@@ -102,7 +106,10 @@ def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path)
     assert engine.get_weight_version() == "default"
 
 
-def test_running_requests_finish_with_the_old_weights_and_waiting_ones_start_with_the_new(engine, models, answers):
+@pytest.mark.slow
+def test_running_requests_finish_with_the_old_weights_and_waiting_ones_start_with_the_new(
+    engine, models, answers, long_answer
+):
     long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
     _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
     update, update_box = _in_thread(engine.update_weights_from_disk, models["b"])
@@ -112,11 +119,12 @@ def test_running_requests_finish_with_the_old_weights_and_waiting_ones_start_wit
     assert stats["running"] == 1
     for t in (long_run, update, short_run):
         t.join(timeout=120)
-    assert long_box["result"]["output_ids"] == answers["a"]["long"]
+    assert long_box["result"]["output_ids"] == long_answer
     assert update_box["result"][0] is True and update_box["result"][2] == 1  # the short one waited
     assert short_box["result"]["output_ids"] == answers["b"]["short"]
 
 
+@pytest.mark.slow
 def test_requests_retracted_while_an_update_waits_finish_with_the_old_weights(models):
     """A pool too small for every request at once: some are retracted while the update waits, and
     they come back before it (they started with the old weights), not after. Each answer is the old
@@ -138,6 +146,7 @@ def test_requests_retracted_while_an_update_waits_finish_with_the_old_weights(mo
         assert got[0] == want[0] and sum(g == w for g, w in zip(got, want)) >= 2
 
 
+@pytest.mark.slow
 def test_abort_all_requests_ends_the_running_ones_first(engine, models, answers):
     long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
     _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
@@ -148,8 +157,9 @@ def test_abort_all_requests_ends_the_running_ones_first(engine, models, answers)
     assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["b"]["short"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["in_place", "retract"])
-def test_a_paused_request_waits_and_then_ends_as_if_never_paused(engine, answers, mode):
+def test_a_paused_request_waits_and_then_ends_as_if_never_paused(engine, long_answer, mode):
     long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
     _wait_for(engine, lambda s: s["running"] == 1 and s["generated_tokens"] > 10)
     engine.pause_generation(mode)
@@ -161,10 +171,11 @@ def test_a_paused_request_waits_and_then_ends_as_if_never_paused(engine, answers
         assert (stats["running"], stats["waiting"], stats["kv"]["private_slots"]) == (0, 1, 0)
     engine.continue_generation()
     long_run.join(timeout=120)
-    assert long_box["result"]["output_ids"] == answers["a"]["long"]
+    assert long_box["result"]["output_ids"] == long_answer
     assert engine.get_stats()["generation_paused"] is None
 
 
+@pytest.mark.slow
 def test_pause_abort_ends_requests_and_holds_new_ones_until_continued(engine, answers):
     long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
     _wait_for(engine, lambda s: s["running"] == 1)
@@ -182,7 +193,8 @@ def test_pause_abort_ends_requests_and_holds_new_ones_until_continued(engine, an
         engine.pause_generation("sleep")
 
 
-def test_an_update_while_paused_retracts_the_running_request(engine, models, answers):
+@pytest.mark.slow
+def test_an_update_while_paused_retracts_the_running_request(engine, models, long_answer):
     """Paused in place, a request's KV has the old weights: the update sends it back to the
     queue, and once continued it goes on with the new weights after what it already wrote."""
     long_run, long_box = _in_thread(engine.generate, PROMPT, LONG)
@@ -195,10 +207,11 @@ def test_an_update_while_paused_retracts_the_running_request(engine, models, ans
     engine.continue_generation()
     long_run.join(timeout=120)
     got = long_box["result"]["output_ids"]
-    assert len(got) == LONG["max_new_tokens"] and got[: written - 1] == answers["a"]["long"][: written - 1]
-    assert got != answers["a"]["long"]
+    assert len(got) == LONG["max_new_tokens"] and got[: written - 1] == long_answer[: written - 1]
+    assert got != long_answer
 
 
+@pytest.mark.slow
 def test_adapters_apply_to_the_new_weights(models, tmp_path):
     """LoRA's wrappers go around the new model's layers: an adapter's answer after the update is
     what an engine started on the new weights with that adapter gives."""
@@ -214,6 +227,7 @@ def test_adapters_apply_to_the_new_weights(models, tmp_path):
     assert want["b"][0] != want["b"][1]
 
 
+@pytest.mark.slow
 def test_the_http_routes(tiny_server, make_tiny):
     """On the session's tiny server (tests/e2e/conftest.py), whose own weights come back at the end."""
     admin = {"Authorization": f"Bearer {TINY_SERVER_ADMIN_KEY}"}
