@@ -284,6 +284,7 @@ def test_least_recently_used_adapters_unload_and_load_again(tiny_llama, adapters
         assert stats["loaded"] <= 2 and stats["loads"] >= 3 and stats["unloads"] >= 1
 
 
+@pytest.mark.slow  # a server start-up: ~8 s
 def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
     import httpx
     import openai

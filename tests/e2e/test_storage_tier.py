@@ -199,6 +199,7 @@ def _server(model: str, store: Path) -> LocalServer:
     return LocalServer(*flags, model=model).wait_ready()
 
 
+@pytest.mark.slow  # two server start-ups and a kill -9: ~15 s
 def test_kill_9_during_writes_then_a_restarted_server_serves_every_request(tiny_llama, tmp_path: Path) -> None:
     prompts = [_prompt(80, tag=f"-{k}") for k in range(10)]
     first = _server(tiny_llama, tmp_path)

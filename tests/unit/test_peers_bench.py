@@ -38,6 +38,7 @@ def test_gguf_kind_reads_the_quantization_from_the_file_name():
     assert gguf_kind("model.gguf") == "GGUF"
 
 
+@pytest.mark.slow  # every workload of the benchmark: ~10 s
 def test_peers_bench_runs_every_workload_on_the_tiny_model(tiny_llama, tmp_path):
     out = tmp_path / "peers.json"
     cmd = [sys.executable, "-m", "radixrt.cli", "bench", "--peers", "--model", tiny_llama, "--json-out", str(out)]

@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # the benchmark's own process, a server and an Engine: ~15 s
 def test_step_time_bench_reports_each_batch(tmp_path):
     out = tmp_path / "steps.json"
     proc = subprocess.run(
