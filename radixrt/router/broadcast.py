@@ -94,22 +94,12 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
         message = f"{path} failed on {len(failed)} of {len(results)} workers ({applied} applied it): {reasons}"
         return error_response(502 if applied else 400, message)
 
-    @app.post("/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> Response:
-        return await to_every_worker(request, "/load_lora_adapter")
+    def forward(path: str, timeout: float = 130.0) -> None:
+        async def route(request: Request) -> Response:
+            return await to_every_worker(request, path, timeout)
 
-    @app.post("/unload_lora_adapter")
-    async def unload_lora_adapter(request: Request) -> Response:
-        return await to_every_worker(request, "/unload_lora_adapter")
+        app.add_api_route(path, route, methods=["POST"], name=path.strip("/"))
 
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
-        return await to_every_worker(request, "/update_weights_from_disk", timeout=UPDATE_TIMEOUT_S)
-
-    @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> Response:
-        return await to_every_worker(request, "/pause_generation")
-
-    @app.post("/continue_generation")
-    async def continue_generation(request: Request) -> Response:
-        return await to_every_worker(request, "/continue_generation")
+    for path in ("/load_lora_adapter", "/unload_lora_adapter", "/pause_generation", "/continue_generation"):
+        forward(path)
+    forward("/update_weights_from_disk", UPDATE_TIMEOUT_S)
