@@ -54,8 +54,8 @@ class GenerationControl:
     """Pause state and pending weight updates of one scheduler (see the module docstring)."""
 
     def __init__(self, load: Any, refusal: str = "", weight_version: str = "default") -> None:
-        """``load(path)`` reads a checkpoint (`ModelRunner.load_weights`, run on this
-        object's thread); ``refusal``: why this server cannot update its weights ("": it can)."""
+        """``load(path)`` reads a checkpoint (`ModelRunner.load_weights`, run on a thread of its
+        own); ``refusal``: why this server cannot update its weights ("": it can)."""
         self._load = load
         self.refusal = refusal
         self.paused: Optional[str] = None  # the pause mode, or None
@@ -99,8 +99,9 @@ class GenerationControl:
         return future
 
     def next_install(self, drained: bool, wait_s: float = 0.0) -> Optional[tuple[UpdateWeightsReq, Any]]:
-        """The first queued update whose checkpoint is read, with it, once ``drained`` (nothing
-        runs); updates that failed are answered on the way. Waits up to ``wait_s`` for a read."""
+        """The first queued update whose checkpoint is read, with it, once ``drained`` (no request
+        that started is left); updates that failed are answered on the way. Waits up to
+        ``wait_s`` for a read."""
         while self.updates:
             head = self.updates[0]
             if head.loading is not None and not head.error:
