@@ -17,7 +17,7 @@ from tests.support.lora import make_adapter
 from tests.support.servers import TINY_SERVER_ADMIN_KEY
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-LONG = {"max_new_tokens": 600, "temperature": 0, "ignore_eos": True}
+LONG = {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}
 PROMPT = "The weights of this model are"
 
 
