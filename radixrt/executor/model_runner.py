@@ -145,17 +145,19 @@ class ModelRunner:
         model = self.settings.model
         path = resolve_model_path(model_path)
         quantization = quantization_spec(model.weight_quantization, model.dtype)
-        # tensor parallel: each rank loads the whole checkpoint on the host and keeps its shard
+        # tensor parallel: on the host, whole (`_shard` keeps this rank's part); at start every
+        # rank reads it, an update only the leader (the others receive its tensors)
         new, config = load_model(path, self.dtype, "cpu" if self.tp else self.device, quantization)
-        served = getattr(self, "model_config", None)
+        served = getattr(self, "model_config", None)  # None while __init__ loads the first checkpoint
         if served is not None and (differs := architecture_differences(served, config)):
             raise ValueError(f"{model_path!r} is not the architecture being served: {differs}")
         return LoadedWeights(str(path), new, config)
 
     def install_weights(self, loaded: LoadedWeights) -> None:
         """Serve ``loaded``'s weights from now on (`load_weights` checked their architecture). The
-        caller has no step in flight and drops every KV computed with the old weights; tensor-
-        parallel ranks load the same checkpoint. The KV pool, backend and tokenizer stay."""
+        caller has no step in flight and drops every KV computed with the old weights; the other
+        tensor-parallel ranks receive these tensors (`receive_weights`). The KV pool, backend and
+        tokenizer stay."""
         if self.followers is not None:  # the ranks get these very weights, not a second read of the path
             self.followers.send("reload", loaded.path)
             for t in _weights_in_order(loaded.model):
