@@ -175,10 +175,16 @@ def test_generate_n_samples_and_seed(client):
     assert len({x["meta_info"]["id"] for x in a}) == 3
 
 
-def test_generate_with_a_kv_budget(client, oai, model_name):
+def test_generate_with_a_kv_budget(tiny_server):
     """``kv_budget`` in sampling_params (and as an OpenAI extra): the request attends at most its budget
     plus its slack (meta_info.kv_budget), whatever the policy; a budget above the context gives the
-    unbudgeted answer; a bad budget is a 400 naming the field; no KV leaks."""
+    unbudgeted answer; a bad budget is a 400 naming the field; no KV leaks. On the tiny model only:
+    test_kv_budget_needle.py runs budgets through a server on the embedded model."""
+    with _http_client(tiny_server) as client, _openai_client(tiny_server) as oai:
+        _check_kv_budget_routes(client, oai, oai.models.list().data[0].id)
+
+
+def _check_kv_budget_routes(client: httpx.Client, oai, model_name: str) -> None:
     text = " ".join(f"item {i} is number {i * 7}." for i in range(30))
     plain = client.post("/generate", json={"text": text, "sampling_params": greedy(8)}).json()
     roomy = client.post("/generate", json={"text": text, "sampling_params": greedy(8, kv_budget=4096)}).json()

@@ -163,7 +163,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert s["beam"]["engine_vs_loop"] > 0 and s["beam"]["peak_kv_slots"] > 0
     assert s["hostkv"]["pass"] and s["hostkv"]["round_trip_exact"] and s["hostkv"]["load_GBps"] > 0
     for shape in ("default", "llama-1b"):
-        for overlap in ("on", "off"):
+        for overlap in ("on",):  # the dry run times the overlap loop only
             rows = s["steptime"]["rows"][f"{shape}, overlap {overlap}"]
             assert [r["batch"] for r in rows] == [1, 4] and all(r["ms_per_step"] > 0 for r in rows)
     cpu = s["steptime"]["cpu_tiny"]
