@@ -10,6 +10,7 @@ from radixrt.requests.messages import (
     ContinueGenerationReq,
     ControlReply,
     FlushCacheReq,
+    GetWeightsReq,
     LoRAControlReq,
     PauseGenerationReq,
     StatsReq,
@@ -53,6 +54,18 @@ class EngineControl:
         if reply.ok:
             self.model_path = model_path
         return bool(p["success"]), str(p["message"]), int(p["num_paused_requests"])
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first ``truncate_size`` rows of the served weight ``name`` (Hugging Face's name,
+        e.g. ``model.layers.0.self_attn.q_proj.weight``) as float32 lists, to check an update
+        (SGLang's method). ValueError for an unknown name, a quantized layer, ``--tp`` above 1,
+        or more than a million values."""
+        if isinstance(truncate_size, bool) or not isinstance(truncate_size, int) or truncate_size < 1:
+            raise ValueError(f"truncate_size must be a positive integer, got {truncate_size!r}")
+        reply = self._control_call(GetWeightsReq(str(name), truncate_size))
+        if not reply.ok:
+            raise ValueError(reply.payload["message"])
+        return reply.payload["values"]
 
     def pause_generation(self, mode: str = "abort") -> None:
         """Stop generating until `continue_generation`: "abort" ends every request first,

@@ -22,7 +22,7 @@ from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.config import ModelConfig, architecture_differences
 from radixrt.executor.models.decode_stack import use_decode_stack
-from radixrt.executor.models.loader import empty_model
+from radixrt.executor.models.loader import checkpoint_tensor, empty_model
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
@@ -38,6 +38,9 @@ from radixrt.requests.tokenizer_utils import load_tokenizer
 from radixrt.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
+
+# the most values `ModelRunner.weights_by_name` returns (about 20 MB of JSON)
+MAX_WEIGHT_VALUES = 1 << 20
 
 
 def _available_memory_bytes(device: str) -> int:
@@ -394,6 +397,23 @@ class ModelRunner:
         if self.followers is not None:
             self.followers.send("logits", hidden.cpu())
         return self.model.compute_logits(hidden.to(self.device))
+
+    def weights_by_name(self, name: str, truncate_size: int) -> list:
+        """The first ``truncate_size`` rows of the checkpoint tensor ``name`` (Hugging Face's name)
+        as served, as float32 lists (SGLang's ``get_weights_by_name``). ValueError for a name the
+        model lacks, a quantized layer, a tensor-parallel runner (its ranks hold shards), or more
+        than `MAX_WEIGHT_VALUES` values."""
+        if self.tp is not None:
+            raise ValueError("weights are not read back under tensor parallelism (each rank holds a shard)")
+        try:
+            rows = checkpoint_tensor(self.model, name)[:truncate_size]
+        except KeyError as e:
+            raise ValueError(e.args[0]) from None
+        if rows.numel() > MAX_WEIGHT_VALUES:
+            raise ValueError(
+                f"the first {truncate_size} rows of {name!r} hold {rows.numel()} values (at most {MAX_WEIGHT_VALUES})"
+            )
+        return rows.to("cpu", torch.float32).tolist()
 
     def check_ranks(self) -> None:
         """Raise if a tensor-parallel follower has exited (its next collective would hang or fail)."""

@@ -64,6 +64,15 @@ class UpdateWeightsReq:
 
 
 @dataclass
+class GetWeightsReq:
+    """The first ``truncate_size`` rows of the served weight ``name`` (SGLang's
+    ``get_weights_by_name``; Hugging Face's parameter names)."""
+
+    name: str
+    truncate_size: int = 100
+
+
+@dataclass
 class PauseGenerationReq:
     """Stop stepping: ``mode`` "abort" (end every request first), "retract" (running
     requests give up their KV and wait) or "in_place" (they keep it)."""
@@ -115,6 +124,7 @@ REPLY_KINDS: dict[type, str] = {
     RadixSnapshotReq: "radix",
     LoRAControlReq: "lora",
     UpdateWeightsReq: "update_weights",
+    GetWeightsReq: "weights",
     PauseGenerationReq: "pause",
     ContinueGenerationReq: "continue",
 }

@@ -20,6 +20,7 @@ from radixrt.requests.messages import (
     ControlReply,
     FlushCacheReq,
     GenerateReq,
+    GetWeightsReq,
     LoRAControlReq,
     PauseGenerationReq,
     RadixSnapshotReq,
@@ -88,6 +89,8 @@ class SchedulerControl:
             if msg.abort_all_requests:
                 self.abort("")
             self.control.request_update(msg)
+        elif isinstance(msg, GetWeightsReq):
+            return self._weights(msg)
         elif isinstance(msg, PauseGenerationReq):
             return self._pause(msg.mode)
         elif isinstance(msg, ContinueGenerationReq):
@@ -124,6 +127,13 @@ class SchedulerControl:
             return False
         self.kv.tree.reset()
         return True
+
+    def _weights(self, msg: GetWeightsReq) -> ControlReply:
+        try:
+            values = self.runner.weights_by_name(msg.name, msg.truncate_size)
+        except ValueError as e:
+            return ControlReply("weights", ok=False, payload={"message": str(e)})
+        return ControlReply("weights", payload={"values": values})
 
     def _pause(self, mode: str) -> ControlReply:
         try:

@@ -13,10 +13,14 @@
   and ``POST /continue_generation``.
 * ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update);
   ``/get_model_info`` also gives it, and the last update's path as ``model_path``.
+* ``GET`` or ``POST /get_weights_by_name`` ``{"name", "truncate_size"?}``: the first
+  ``truncate_size`` (100) rows of a served weight, by its Hugging Face name, as a JSON
+  list of float32 values (to check an update); 400 for an unknown name, a quantized
+  layer, ``--tp`` above 1, or more than a million values.
 
-With an admin key set (``--admin-api-key``) the two POST routes that change
-state need it (an update reads the server's disk); without one, what every
-route needs. Under ``--dp`` the front sends them to every replica. Contracts:
+With an admin key set (``--admin-api-key``) the POST routes that change state
+and the weights' read-back need it (an update reads the server's disk); without
+one, what every route needs. Under ``--dp`` the front sends them to every replica. Contracts:
 radixrt/scheduler/generation_control.py.
 """
 
@@ -27,7 +31,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from radixrt.requests.messages import ContinueGenerationReq, PauseGenerationReq, UpdateWeightsReq
+from radixrt.requests.messages import ContinueGenerationReq, GetWeightsReq, PauseGenerationReq, UpdateWeightsReq
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.http_utils import JSON, read_json
@@ -107,3 +111,23 @@ async def continue_generation(request: Request, ctx: ServerContext = Depends(ser
 async def get_weight_version(ctx: ServerContext = Depends(server_context)) -> Response:
     stats = await ctx.tm.get_stats()
     return JSON({"weight_version": stats["weight_version"]})
+
+
+def _weights_request(body: dict[str, Any]) -> GetWeightsReq:
+    name, size = body.get("name"), body.get("truncate_size", 100)
+    if not isinstance(name, str) or not name:
+        raise bad_request("'name' must be a weight's name, e.g. 'model.layers.0.self_attn.q_proj.weight'.", "name")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise bad_request("'truncate_size' must be a positive integer.", "truncate_size")
+    unknown = sorted(set(body) - {"name", "truncate_size"})
+    if unknown:
+        raise bad_request(f"Unknown field(s): {', '.join(unknown)}.", unknown[0])
+    return GetWeightsReq(name, size)
+
+
+@router.api_route("/get_weights_by_name", methods=["GET", "POST"])
+async def get_weights_by_name(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    reply = await ctx.tm.control(_weights_request(await _body(request, ctx, "reading the weights")), "weights")
+    if not reply.ok:
+        raise ServerError(400, reply.payload["message"], "name")
+    return JSON(reply.payload["values"])

@@ -50,6 +50,8 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
             if tp == 2:
                 assert engine.scheduler.runner.shard_config.num_kv_heads == 1  # really split
                 _assert_ranks_talk_privately(engine.scheduler.runner.followers, listening_before)
+                with pytest.raises(ValueError, match="tensor parallelism"):  # the leader holds a shard
+                    engine.get_weights_by_name("model.layers.0.self_attn.q_proj.weight")
             assert engine.update_weights_from_disk(other)[0]
             outputs[tp] = first, _greedy(engine, PROMPTS)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -91,6 +92,59 @@ def test_the_new_weights_answer_as_an_engine_started_on_them(engine, models, ans
     assert engine.update_weights_from_disk(models["a"])[0]
     assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
     assert engine.get_weight_version() == models["a"]  # no label given: the path
+
+
+# SGLang's own read-back test's names (lm_head: the embedding where they are tied)
+WEIGHT_NAMES = [
+    "model.embed_tokens.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.1.self_attn.k_proj.weight",
+    "model.layers.0.self_attn.v_proj.weight",
+    "model.layers.1.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_proj.weight",
+    "model.layers.1.mlp.up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.1.post_attention_layernorm.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+]
+
+
+def checkpoint_rows(folder: str, name: str, rows: int) -> list:
+    """The first ``rows`` rows of a tiny checkpoint's tensor ``name``, as float32 lists."""
+    from safetensors import safe_open
+
+    (file,) = Path(folder).glob("*.safetensors")
+    with safe_open(str(file), framework="pt") as f:
+        if name not in f.keys() and name == "lm_head.weight":
+            name = "model.embed_tokens.weight"  # tied
+        return f.get_tensor(name)[:rows].float().tolist()
+
+
+def test_weights_read_back_by_name_are_the_checkpoint_s(engine, models):
+    """SGLang's ``get_weights_by_name`` before and after an update: every name (fused q/k/v and
+    gate/up rows included) gives the served checkpoint's values exactly."""
+    for folder in (models["a"], models["b"]):
+        if folder != models["a"]:
+            assert engine.update_weights_from_disk(folder)[0]
+        for name in WEIGHT_NAMES:
+            assert engine.get_weights_by_name(name, 3) == checkpoint_rows(folder, name, 3), name
+    assert len(engine.get_weights_by_name("model.layers.0.self_attn.k_proj.weight")) == 32  # all its rows (< 100)
+    for name, size, why in (
+        ("model.layers.9.mlp.up_proj.weight", 100, "no weight"),
+        ("model.layers.0.mlp.up_proj", 100, "no weight"),
+        ("model.embed_tokens.weight", 0, "positive integer"),
+        ("model.embed_tokens.weight", True, "positive integer"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            engine.get_weights_by_name(name, size)
+    with radixrt.Engine(models["a"], max_total_tokens=1024, quantization="int8") as quantized:
+        with pytest.raises(ValueError, match="quantized"):
+            quantized.get_weights_by_name("model.layers.0.mlp.gate_proj.weight")
+        assert quantized.get_weights_by_name("model.norm.weight", 4) == checkpoint_rows(
+            models["a"], "model.norm.weight", 4
+        )
 
 
 def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path):
@@ -259,6 +313,7 @@ def _http_routes(c: httpx.Client, admin: dict, short, other: str, deeper: str) -
     assert r.status_code == 200 and r.json()["success"] and r.json()["num_paused_requests"] == 0
     assert short() == want
     assert c.get("/get_weight_version").json() == {"weight_version": "step-7"}
+    _read_back(c, admin, other)
     model_info = c.get("/get_model_info").json()
     assert model_info["weight_version"] == "step-7" and model_info["model_path"] == other
     info = c.get("/get_server_info").json()
@@ -289,3 +344,23 @@ def _http_routes(c: httpx.Client, admin: dict, short, other: str, deeper: str) -
     assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
     kv = c.get("/debug/kv").json()
     assert kv["kv_slots"]["private_slots"] == 0 and kv["running"] == kv["waiting"] == 0
+
+
+def _read_back(c: httpx.Client, admin: dict, served: str) -> None:
+    """``/get_weights_by_name`` (GET with a JSON body, as SGLang's clients send it, or POST)."""
+    name = "model.layers.1.self_attn.v_proj.weight"
+    body = {"name": name, "truncate_size": 2}
+    assert c.request("GET", "/get_weights_by_name", json=body).status_code == 403  # the admin key's
+    r = c.request("GET", "/get_weights_by_name", json=body, headers=admin)
+    assert r.status_code == 200 and r.json() == checkpoint_rows(served, name, 2), r.text
+    r = c.post("/get_weights_by_name", json={"name": "lm_head.weight"}, headers=admin)
+    assert r.json() == checkpoint_rows(served, "lm_head.weight", 100)
+    for bad, field in (
+        ({}, "name"),
+        ({"name": "no.such.weight"}, "name"),
+        ({"name": name, "truncate_size": -1}, "truncate_size"),
+        ({"name": name, "surprise": 1}, "surprise"),
+        ({"name": "model.embed_tokens.weight", "truncate_size": 10**9}, "name"),  # too many values
+    ):
+        r = c.post("/get_weights_by_name", json=bad, headers=admin)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

@@ -78,6 +78,41 @@ def _shard_bounds(cfg: ModelConfig, fused: str) -> list[tuple[int, int]]:
     return [(0, i), (i, 2 * i)]
 
 
+def _our_name(hf_name: str) -> tuple[str, Optional[int]]:
+    """The model's parameter holding a checkpoint tensor, and its shard in a fused one (or None)."""
+    m = _LAYER_RE.match(hf_name)
+    if not m:
+        return hf_name, None
+    fused, shard = _FUSED[m.group(2)]
+    return f"{m.group(1)}{fused}.{m.group(3)}", shard
+
+
+def checkpoint_tensor(model: LlamaForCausalLM, hf_name: str) -> torch.Tensor:
+    """The values ``model`` holds for the checkpoint tensor ``hf_name`` (Hugging Face's name: its
+    q/k/v or gate/up rows of a fused parameter; the embedding for a tied ``lm_head.weight``; the
+    base layer's under a LoRA wrapper), a view that may not be written. KeyError naming what the
+    model lacks: a name not in the checkpoint's layout, or a quantized layer's float weights."""
+    cfg = model.config
+    if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+        hf_name = "model.embed_tokens.weight"
+    name, shard = _our_name(hf_name)
+    owner_path, _, leaf = name.rpartition(".")
+    try:
+        owner = model.get_submodule(owner_path)
+    except AttributeError:
+        raise KeyError(f"the model has no weight {hf_name!r}") from None
+    owner = getattr(owner, "base", owner)  # a LoRA wrapper (lora/batch.py) around the model's layer
+    param = getattr(owner, leaf, None)
+    if not isinstance(param, torch.nn.Parameter):
+        if getattr(owner, "packed", None) is not None:  # a QuantizedLinear
+            raise KeyError(f"{hf_name!r} is quantized: its float weights are not kept")
+        raise KeyError(f"the model has no weight {hf_name!r}")
+    if shard is None:
+        return param.detach()
+    lo, hi = _shard_bounds(cfg, name)[shard]
+    return param.detach()[lo:hi]
+
+
 def load_weights(model: LlamaForCausalLM, path: str) -> None:
     """Copy every tensor of the folder's safetensors into ``model`` (fusing q/k/v and gate/up).
 
@@ -110,12 +145,7 @@ def load_weights(model: LlamaForCausalLM, path: str) -> None:
                         continue
                     if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # tied: the embedding is the head
-                    m = _LAYER_RE.match(hf_name)
-                    if m:
-                        fused, shard = _FUSED[m.group(2)]
-                        name = f"{m.group(1)}{fused}.{m.group(3)}"
-                    else:
-                        name, shard = hf_name, None
+                    name, shard = _our_name(hf_name)
                     param = params.get(name)
                     if param is None or (name, shard) not in needed:
                         unexpected.append(hf_name)
