@@ -14,6 +14,7 @@ from radixrt.requests.messages import (
     LoRAControlReq,
     PauseGenerationReq,
     StatsReq,
+    UpdateTensorsReq,
     UpdateWeightsReq,
 )
 
@@ -54,6 +55,33 @@ class EngineControl:
         if reply.ok:
             self.model_path = model_path
         return bool(p["success"]), str(p["message"]), int(p["num_paused_requests"])
+
+    def update_weights_from_tensor(
+        self,
+        named_tensors: list,
+        load_format: Optional[str] = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: Optional[str] = None,
+    ) -> tuple[bool, str]:
+        """Serve the weights being served with ``named_tensors`` ((checkpoint name, tensor) pairs:
+        some or all of the model's, e.g. one bucket of a trainer's state dict) in their place, as
+        `update_weights_from_disk` does (SGLang's method): running requests finish first, the
+        prefix cache is dropped, calls add up in order. ``flush_cache`` False is taken but the
+        cache is dropped anyway (no KV of other weights is served). ``load_format``: None or
+        "direct". Returns (success, message); refused under ``--tp`` and for quantized weights."""
+        import torch
+
+        if load_format not in (None, "direct"):
+            return False, f"load_format {load_format!r} is not supported (None or 'direct': (name, tensor) pairs)"
+        pairs = list(named_tensors.items()) if isinstance(named_tensors, dict) else list(named_tensors)
+        for pair in pairs:
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise TypeError(f"named_tensors must be (name, tensor) pairs, got {type(pair).__name__}")
+            if not isinstance(pair[1], torch.Tensor):
+                raise TypeError(f"{pair[0]!r}: expected a torch.Tensor, got {type(pair[1]).__name__}")
+        reply = self._control_call(UpdateTensorsReq([tuple(p) for p in pairs], abort_all_requests, weight_version))
+        return bool(reply.payload["success"]), str(reply.payload["message"])
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first ``truncate_size`` rows of the served weight ``name`` (Hugging Face's name,

@@ -22,7 +22,7 @@ from radixrt.executor.model_store import resolve_model_path
 from radixrt.executor.models import load_model
 from radixrt.executor.models.config import ModelConfig, architecture_differences
 from radixrt.executor.models.decode_stack import use_decode_stack
-from radixrt.executor.models.loader import checkpoint_tensor, empty_model
+from radixrt.executor.models.loader import checkpoint_tensor, empty_model, with_tensors
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
@@ -175,6 +175,16 @@ class ModelRunner:
         if self.lora is not None:
             install_lora(self, self.lora.context)
         logger.info("now serving the weights of %s", self.model_path)
+
+    def weights_with(self, named_tensors: list, base: Optional[LoadedWeights] = None) -> LoadedWeights:
+        """A copy of the served weights (or of ``base``, an update not installed yet) with
+        ``named_tensors`` in their place (`loader.with_tensors`), for `install_weights`; only reads
+        the model, so it may run beside the step loop. ValueError under tensor parallelism, for
+        quantized weights, and for a name or shape the model does not have."""
+        if self.tp is not None:
+            raise ValueError("weights are not updated from tensors under tensor parallelism (each rank holds a shard)")
+        src = base or LoadedWeights(self.model_path, self.model, self.model_config)
+        return LoadedWeights(src.path, with_tensors(src.model, named_tensors), src.config)
 
     def receive_weights(self, path: str) -> LoadedWeights:
         """A follower rank's copy of the weights its leader installs (`install_weights`)."""

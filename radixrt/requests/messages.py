@@ -64,6 +64,17 @@ class UpdateWeightsReq:
 
 
 @dataclass
+class UpdateTensorsReq:
+    """Serve the weights being served with ``named_tensors`` ((checkpoint name, tensor) pairs,
+    some or all of the model's) in their place (SGLang's ``update_weights_from_tensor``; the
+    same contract as `UpdateWeightsReq`). In-process only: the tensors are not serialized."""
+
+    named_tensors: list
+    abort_all_requests: bool = False
+    weight_version: Optional[str] = None  # the label from then on (None: unchanged)
+
+
+@dataclass
 class GetWeightsReq:
     """The first ``truncate_size`` rows of the served weight ``name`` (SGLang's
     ``get_weights_by_name``; Hugging Face's parameter names)."""
@@ -124,6 +135,7 @@ REPLY_KINDS: dict[type, str] = {
     RadixSnapshotReq: "radix",
     LoRAControlReq: "lora",
     UpdateWeightsReq: "update_weights",
+    UpdateTensorsReq: "update_weights",
     GetWeightsReq: "weights",
     PauseGenerationReq: "pause",
     ContinueGenerationReq: "continue",

@@ -26,6 +26,7 @@ from radixrt.requests.messages import (
     RadixSnapshotReq,
     StatsReq,
     TokenOutput,
+    UpdateTensorsReq,
     UpdateWeightsReq,
 )
 from radixrt.scheduler.arrivals import Arrivals
@@ -85,7 +86,7 @@ class SchedulerControl:
             return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg, stored))
         elif isinstance(msg, LoRAControlReq):
             return self.arriving.lora_control(msg)
-        elif isinstance(msg, UpdateWeightsReq):
+        elif isinstance(msg, (UpdateWeightsReq, UpdateTensorsReq)):
             if msg.abort_all_requests:
                 self.abort("")
             self.control.request_update(msg)

@@ -17,6 +17,9 @@ updates; the scheduler asks it what to hold back each step. The contracts:
   weights). Once none is left, the new weights replace the old and the
   prefix cache (device and host tiers) is dropped: no KV computed with other
   weights is ever served. Then the queue starts again, with the new weights.
+* **Tensors** (`UpdateTensorsReq`, in-process callers) update the same way: the
+  tensors are written into a copy of the weights the update before them leaves
+  (the served ones when none waits), so updates sent one part at a time add up.
 * Updates are answered in the order they came (one reply each, kind
   "update_weights"): ``success``, ``message`` and ``num_paused_requests``
   (the requests that waited for it), as SGLang's route answers. A checkpoint
@@ -33,9 +36,9 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from radixrt.requests.messages import ControlReply, UpdateWeightsReq
+from radixrt.requests.messages import ControlReply, UpdateTensorsReq, UpdateWeightsReq
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +46,30 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 STORAGE_KEYS_WEIGHTS = "the KV storage tier keys its blocks by the weights the server started with"
 
 
+Update = Union[UpdateWeightsReq, UpdateTensorsReq]
+
+
 @dataclass
 class _Update:
-    msg: UpdateWeightsReq
+    msg: Update
     loading: Optional["Future[Any]"]  # the runner's LoadedWeights; None when refused at once
     error: str = ""
+
+
+def _source(msg: Update) -> str:
+    return msg.model_path if isinstance(msg, UpdateWeightsReq) else "tensors"
 
 
 class GenerationControl:
     """Pause state and pending weight updates of one scheduler (see the module docstring)."""
 
-    def __init__(self, load: Any, refusal: str = "", weight_version: str = "default") -> None:
-        """``load(path)`` reads a checkpoint (`ModelRunner.load_weights`, run on a thread of its
-        own); ``refusal``: why this server cannot update its weights ("": it can)."""
+    def __init__(self, load: Any, apply: Any, refusal: str = "", weight_version: str = "default") -> None:
+        """``load(path)`` reads a checkpoint (`ModelRunner.load_weights`); ``apply(named_tensors,
+        base)`` writes tensors into a copy of ``base`` (an update's loaded weights, or None: the
+        served ones; `ModelRunner.weights_with`). Both run on a thread of their own. ``refusal``:
+        why this server cannot update its weights ("": it can)."""
         self._load = load
+        self._apply = apply
         self.refusal = refusal
         self.paused: Optional[str] = None  # the pause mode, or None
         self.weight_version = weight_version
@@ -76,29 +89,34 @@ class GenerationControl:
     def resume(self) -> None:
         self.paused = None
 
-    def request_update(self, msg: UpdateWeightsReq) -> None:
-        """Queue ``msg`` and start reading its checkpoint (unless this server refuses updates)."""
+    def request_update(self, msg: Update) -> None:
+        """Queue ``msg`` and start reading its weights (unless this server refuses updates)."""
         if self.refusal:
             self.updates.append(_Update(msg, None, self.refusal))
             return
-        self.updates.append(_Update(msg, self._read(msg.model_path)))
+        if isinstance(msg, UpdateTensorsReq):
+            before = self.updates[-1].loading if self.updates else None
+            self.updates.append(_Update(msg, self._run(lambda: self._apply(msg.named_tensors, _loaded(before)))))
+        else:
+            self.updates.append(_Update(msg, self._run(lambda: self._load(msg.model_path))))
 
-    def _read(self, path: str) -> "Future[Any]":
-        """``load(path)`` on a thread of its own that ends with it: libgomp keeps an OpenMP
-        thread pool for each thread that ran torch's parallel regions while that thread lives,
-        and pools beyond the cores slow every later step (the Engine's docstring)."""
+    @staticmethod
+    def _run(job: Any) -> "Future[Any]":
+        """``job()`` on a thread of its own that ends with it: libgomp keeps an OpenMP thread
+        pool for each thread that ran torch's parallel regions while that thread lives, and
+        pools beyond the cores slow every later step (the Engine's docstring)."""
         future: "Future[Any]" = Future()
 
         def run() -> None:
             try:
-                future.set_result(self._load(path))
+                future.set_result(job())
             except BaseException as e:  # noqa: BLE001 - handed to the scheduler through the future
                 future.set_exception(e)
 
         threading.Thread(target=run, name="radixrt-weights", daemon=True).start()
         return future
 
-    def next_install(self, drained: bool, wait_s: float = 0.0) -> Optional[tuple[UpdateWeightsReq, Any]]:
+    def next_install(self, drained: bool, wait_s: float = 0.0) -> Optional[tuple[Update, Any]]:
         """The first queued update whose checkpoint is read, with it, once ``drained`` (no request
         that started is left); updates that failed are answered on the way. Waits up to
         ``wait_s`` for a read."""
@@ -112,7 +130,7 @@ class GenerationControl:
                 try:
                     loaded = head.loading.result()
                 except Exception as e:  # noqa: BLE001 - an unreadable or different checkpoint: refused
-                    logger.warning("weight update from %s refused: %s", head.msg.model_path, e)
+                    logger.warning("weight update from %s refused: %s", _source(head.msg), e)
                     head.error = str(e) or type(e).__name__
             if head.error:
                 self.updates.popleft()
@@ -124,9 +142,13 @@ class GenerationControl:
             return head.msg, loaded
         return None
 
-    def installed(self, msg: UpdateWeightsReq, waiting: int) -> None:
-        self.weight_version = msg.model_path if msg.weight_version is None else msg.weight_version
-        self._reply(True, f"Succeeded to update model weights from {msg.model_path}.", waiting)
+    def installed(self, msg: Update, waiting: int) -> None:
+        if isinstance(msg, UpdateWeightsReq):
+            self.weight_version = msg.model_path if msg.weight_version is None else msg.weight_version
+            self._reply(True, f"Succeeded to update model weights from {msg.model_path}.", waiting)
+            return
+        self.weight_version = self.weight_version if msg.weight_version is None else msg.weight_version
+        self._reply(True, "Succeeded to update model weights.", waiting)
 
     def _reply(self, ok: bool, message: str, paused_requests: int = 0) -> None:
         payload = {"success": ok, "message": message, "num_paused_requests": paused_requests}
@@ -135,3 +157,14 @@ class GenerationControl:
     def replies(self) -> list[ControlReply]:
         out, self._replies = self._replies, []
         return out
+
+
+def _loaded(before: Optional["Future[Any]"]) -> Any:
+    """What the update ``before`` this one loads (waiting for it), or None when there is none or
+    it failed (this one then starts from the weights served)."""
+    if before is None:
+        return None
+    try:
+        return before.result()
+    except Exception:  # noqa: BLE001 - refused: its own reply says why
+        return None

@@ -169,7 +169,7 @@ class Scheduler(SchedulerControl):
         (which a storage tier rules out)."""
         self.storage: Optional[StorageTier] = build_storage_tier(config.storage, self.runner, self.host, prefix_cache)
         refusal = STORAGE_KEYS_WEIGHTS if self.storage is not None else ""
-        self.control = GenerationControl(self.runner.load_weights, refusal)
+        self.control = GenerationControl(self.runner.load_weights, self.runner.weights_with, refusal)
         self.runner.lora = build_lora(config.lora, self.runner)
         lora = LoRAAdmission(self.runner.lora.pool) if self.runner.lora is not None else None
         return Arrivals(self.queues, lora, self.storage)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 import radixrt
 from tests.support.lora import make_adapter
@@ -142,9 +143,39 @@ def test_weights_read_back_by_name_are_the_checkpoint_s(engine, models):
     with radixrt.Engine(models["a"], max_total_tokens=1024, quantization="int8") as quantized:
         with pytest.raises(ValueError, match="quantized"):
             quantized.get_weights_by_name("model.layers.0.mlp.gate_proj.weight")
+        ok, message = quantized.update_weights_from_tensor([("model.norm.weight", torch.ones(64))])
+        assert not ok and "quantized" in message, message
         assert quantized.get_weights_by_name("model.norm.weight", 4) == checkpoint_rows(
             models["a"], "model.norm.weight", 4
         )
+
+
+def test_tensors_sent_in_parts_update_the_weights(engine, models, answers):
+    """SGLang's ``update_weights_from_tensor`` as an RL trainer calls it: the new state dict in
+    parts, ``flush_cache`` False on each (the cache is dropped anyway); then one tensor alone
+    changes that tensor only; refusals keep the weights served."""
+    from safetensors.torch import load_file
+
+    new = sorted(load_file(str(next(Path(models["b"]).glob("*.safetensors")))).items())
+    for i in range(0, len(new), 7):
+        ok, message = engine.update_weights_from_tensor(new[i : i + 7], flush_cache=False, weight_version="b")
+        assert ok and message == "Succeeded to update model weights.", message
+    out = engine.generate(PROMPT, GREEDY)
+    assert out["output_ids"] == answers["b"]["short"] and out["meta_info"]["cached_tokens"] == 0
+    assert engine.get_weight_version() == "b"
+    k, v = "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"
+    old_k = load_file(str(next(Path(models["a"]).glob("*.safetensors"))))[k]
+    assert engine.update_weights_from_tensor([(k, old_k)])[0]
+    assert engine.get_weights_by_name(k, 2) == checkpoint_rows(models["a"], k, 2)
+    assert engine.get_weights_by_name(v, 2) == checkpoint_rows(models["b"], v, 2)
+    assert engine.get_weight_version() == "b"  # no label given: unchanged
+    for pairs, why in (([(k, old_k[:3])], "shape"), ([("model.layers.7.mlp.up_proj.weight", old_k)], "no weight")):
+        ok, message = engine.update_weights_from_tensor(pairs)
+        assert not ok and why in message, message
+    assert engine.update_weights_from_tensor([(k, old_k)], load_format="flattened_bucket")[0] is False
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        engine.update_weights_from_tensor([(k, old_k.tolist())])
+    assert engine.get_weights_by_name(k, 2) == checkpoint_rows(models["a"], k, 2)
 
 
 def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path):

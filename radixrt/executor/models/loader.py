@@ -8,7 +8,7 @@ import logging
 import os
 import re
 from glob import glob
-from typing import Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -87,30 +87,63 @@ def _our_name(hf_name: str) -> tuple[str, Optional[int]]:
     return f"{m.group(1)}{fused}.{m.group(3)}", shard
 
 
-def checkpoint_tensor(model: LlamaForCausalLM, hf_name: str) -> torch.Tensor:
-    """The values ``model`` holds for the checkpoint tensor ``hf_name`` (Hugging Face's name: its
-    q/k/v or gate/up rows of a fused parameter; the embedding for a tied ``lm_head.weight``; the
-    base layer's under a LoRA wrapper), a view that may not be written. KeyError naming what the
-    model lacks: a name not in the checkpoint's layout, or a quantized layer's float weights."""
-    cfg = model.config
-    if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
-        hf_name = "model.embed_tokens.weight"
-    name, shard = _our_name(hf_name)
+def _parameter(model: LlamaForCausalLM, name: str) -> torch.nn.Parameter:
+    """``model``'s parameter ``name`` (radixrt's name; a LoRA-wrapped layer's base weight).
+    KeyError when it has none, saying so for a quantized layer."""
     owner_path, _, leaf = name.rpartition(".")
     try:
         owner = model.get_submodule(owner_path)
     except AttributeError:
-        raise KeyError(f"the model has no weight {hf_name!r}") from None
+        raise KeyError(f"the model has no weight {name!r}") from None
     owner = getattr(owner, "base", owner)  # a LoRA wrapper (lora/batch.py) around the model's layer
     param = getattr(owner, leaf, None)
     if not isinstance(param, torch.nn.Parameter):
         if getattr(owner, "packed", None) is not None:  # a QuantizedLinear
-            raise KeyError(f"{hf_name!r} is quantized: its float weights are not kept")
-        raise KeyError(f"the model has no weight {hf_name!r}")
+            raise KeyError(f"{name!r} is quantized: its float weights are not kept")
+        raise KeyError(f"the model has no weight {name!r}")
+    return param
+
+
+def checkpoint_tensor(model: LlamaForCausalLM, hf_name: str) -> torch.Tensor:
+    """The values ``model`` holds for the checkpoint tensor ``hf_name`` (Hugging Face's name: its
+    q/k/v or gate/up rows of a fused parameter; the embedding for a tied ``lm_head.weight``; the
+    base layer's under a LoRA wrapper), a view of the parameter. KeyError naming what the model
+    lacks: a name not in the checkpoint's layout, or a quantized layer's float weights."""
+    if hf_name == "lm_head.weight" and model.config.tie_word_embeddings:
+        hf_name = "model.embed_tokens.weight"
+    name, shard = _our_name(hf_name)
+    try:
+        param = _parameter(model, name).detach()
+    except KeyError as e:  # named as asked, not as fused
+        raise KeyError(e.args[0].replace(repr(name), repr(hf_name))) from None
     if shard is None:
-        return param.detach()
-    lo, hi = _shard_bounds(cfg, name)[shard]
-    return param.detach()[lo:hi]
+        return param
+    lo, hi = _shard_bounds(model.config, name)[shard]
+    return param[lo:hi]
+
+
+def with_tensors(base: LlamaForCausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> LlamaForCausalLM:
+    """A new model (eval mode, ``base``'s dtype and device) holding ``base``'s weights with
+    ``named_tensors`` in their place: checkpoint (Hugging Face) names, q/k/v and gate/up written
+    into their fused rows. ``base`` is only read. ValueError naming a tensor the model has no
+    place for (or a quantized one), or one whose shape differs."""
+    first = next(base.parameters())
+    model = empty_model(base.config, first.dtype, first.device)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            try:
+                param.copy_(_parameter(base, name))
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+        for hf_name, tensor in named_tensors:
+            try:
+                target = checkpoint_tensor(model, hf_name)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(f"{hf_name!r} has shape {tuple(tensor.shape)}; the model's is {tuple(target.shape)}")
+            target.copy_(tensor)
+    return model
 
 
 def load_weights(model: LlamaForCausalLM, path: str) -> None:
