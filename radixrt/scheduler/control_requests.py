@@ -132,8 +132,8 @@ class SchedulerControl:
     def _weights(self, msg: GetWeightsReq) -> ControlReply:
         try:
             values = self.runner.weights_by_name(msg.name, msg.truncate_size)
-        except ValueError as e:
-            return ControlReply("weights", ok=False, payload={"message": str(e)})
+        except Exception as e:  # noqa: BLE001 - a read never ends the loop: the caller gets why
+            return ControlReply("weights", ok=False, payload={"message": str(e) or type(e).__name__})
         return ControlReply("weights", payload={"values": values})
 
     def _pause(self, mode: str) -> ControlReply:

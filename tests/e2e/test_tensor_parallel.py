@@ -13,6 +13,7 @@ import time
 import httpx
 import psutil
 import pytest
+import torch
 import zmq
 
 import radixrt
@@ -52,6 +53,8 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
                 _assert_ranks_talk_privately(engine.scheduler.runner.followers, listening_before)
                 with pytest.raises(ValueError, match="tensor parallelism"):  # the leader holds a shard
                     engine.get_weights_by_name("model.layers.0.self_attn.q_proj.weight")
+                ok, message = engine.update_weights_from_tensor([("model.norm.weight", torch.ones(64))])
+                assert not ok and "tensor parallelism" in message, message
             assert engine.update_weights_from_disk(other)[0]
             outputs[tp] = first, _greedy(engine, PROMPTS)
         finally:
