@@ -142,7 +142,9 @@ def window_tokens(patterns: Sequence[str]) -> int:
     return need + _SLACK_TOKENS
 
 
-def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int, spent_s: float = 0.0) -> Optional[str]:
+def search(
+    patterns: Sequence[str], tail: str, whole: bool, new_chars: int, spent_s: float = 0.0, min_end: int = 0
+) -> Optional[str]:
     """The first of ``patterns`` found in ``tail`` (the decoded end of the
     output; ``whole`` when it is all of it, and its last ``new_chars``
     characters are the newest token's), or None.
@@ -154,14 +156,16 @@ def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int, spen
     MULTILINE ``^``; a plain ``^`` / ``\\A`` never matches the tail's start
     (it is not the output's). Raises `SearchTimeout` when the patterns together
     take longer than what is left of `SEARCH_TIMEOUT_S` after ``spent_s`` (the
-    request's other searches this step: its other samples', its drafts')."""
+    request's other searches this step: its other samples', its drafts'). ``min_end``: only a
+    match that ends past this many characters of ``tail`` counts (the text before it came
+    while ``min_new_tokens`` kept the request from stopping, and stays text)."""
     deadline = time.perf_counter() + SEARCH_TIMEOUT_S - spent_s
     for p in patterns:
         try:
             left = deadline - time.perf_counter()
             if left <= 0:
                 raise TimeoutError
-            found = _search_one(p, tail, whole, new_chars, left)
+            found = _search_one(p, tail, whole, new_chars, left, min_end)
         except TimeoutError:
             raise SearchTimeout(
                 f"stop_regex {p!r} took the request over {SEARCH_TIMEOUT_S * 1000:.0f} ms of search in one step, "
@@ -173,16 +177,20 @@ def search(patterns: Sequence[str], tail: str, whole: bool, new_chars: int, spen
     return None
 
 
-def _search_one(p: str, tail: str, whole: bool, new_chars: int, timeout: float) -> bool:
+def _search_one(p: str, tail: str, whole: bool, new_chars: int, timeout: float, min_end: int = 0) -> bool:
     rx = _compiled(p)
     if whole:
-        return rx.search(tail, timeout=timeout) is not None
-    chars = max_match_chars(p)
-    if chars is None:  # unbounded: anywhere in the tail, past a little context
-        start = min(_CONTEXT_CHARS, len(tail) - new_chars)
+        text, start = tail, 0
     else:
-        start = len(tail) - new_chars - chars - _MARGIN_CHARS
-    if start > 0:
-        return rx.search(tail, start, timeout=timeout) is not None
-    # "\0" stands for the unknown text before the tail
-    return rx.search("\0" + tail, 1, timeout=timeout) is not None
+        chars = max_match_chars(p)
+        if chars is None:  # unbounded: anywhere in the tail, past a little context
+            start = min(_CONTEXT_CHARS, len(tail) - new_chars)
+        else:
+            start = len(tail) - new_chars - chars - _MARGIN_CHARS
+        text = tail
+        if start <= 0:  # "\0" stands for the unknown text before the tail
+            text, start, min_end = "\0" + tail, 1, min_end + 1
+    if min_end <= start:
+        return rx.search(text, start, timeout=timeout) is not None
+    # every match (overlapping ones too): one that ends in the text min_new_tokens held counts not
+    return any(m.end() > min_end for m in rx.finditer(text, start, overlapped=True, timeout=timeout))

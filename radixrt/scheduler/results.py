@@ -286,7 +286,7 @@ class ResultProcessor:
                 tail_ids = req.output_ids[-n_tail:]
                 tail = self._decode(tail_ids, skip_special_tokens=False)
                 start = 0
-                if stops and n_out - len(tail_ids) + 1 < sp.min_new_tokens:
+                if n_out - len(tail_ids) + 1 < sp.min_new_tokens:
                     # the tail holds tokens min_new_tokens kept from stopping: only an occurrence this
                     # token completed counts (every earlier token was checked when it came otherwise)
                     before = self._decode(tail_ids[:-1], skip_special_tokens=False).rstrip("\ufffd")
@@ -299,7 +299,7 @@ class ResultProcessor:
                     spent = self.regex_spent.get(req.parent, 0.0)
                     start_s = time.perf_counter()
                     try:
-                        hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars, spent)
+                        hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars, spent, start)
                     except stop_regex.SearchTimeout as e:
                         logger.warning("request %s: %s", req.rid, e)
                         return FinishReason.abort(str(e), status_code=400)

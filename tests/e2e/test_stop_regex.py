@@ -7,6 +7,8 @@ a stop regex must end it where the pattern first matches."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import radixrt
@@ -52,8 +54,11 @@ def test_anchored_pattern_matches_at_the_output_start(engine):
 def test_min_new_tokens_holds_the_stop_back(engine):
     early = engine.generate("Hi", {**PINNED, "stop_regex": "[a-z]"})
     late = engine.generate("Hi", {**PINNED, "stop_regex": "[a-z]", "min_new_tokens": 3})
-    assert len(early["output_ids"]) == 1 and len(late["output_ids"]) == 3
-    assert late["meta_info"]["finish_reason"]["matched"] == "[a-z]"
+    assert len(early["output_ids"]) == 1 and late["meta_info"]["finish_reason"]["matched"] == "[a-z]"
+    # the first token from the third on whose text holds a match ends it
+    pieces = [engine.tokenizer.decode([t]) for t in late["output_ids"]]
+    assert len(pieces) >= 3 and re.search("[a-z]", pieces[-1])
+    assert not any(re.search("[a-z]", p) for p in pieces[2:-1]), pieces
 
 
 def test_a_stop_string_before_min_new_tokens_stays_text(engine):
@@ -67,6 +72,18 @@ def test_a_stop_string_before_min_new_tokens_stays_text(engine):
     assert late["text"] == "ab END cd " and late["meta_info"]["finish_reason"]["matched"] == "END"
     texts = [c["text"] for c in engine.generate("Hi", late_sp, stream=True)]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:])) and texts[-1] == late["text"]
+
+
+def test_a_regex_match_before_min_new_tokens_stays_text(engine):
+    """As for stop strings: a match in the text min_new_tokens held back does not end the
+    request later (it cut the answer at that early match, dropping text it had counted)."""
+    sp = {"max_new_tokens": 24, "temperature": 0, "regex": "ab END cd END ef", "stop_regex": ["E[A-Z]D"]}
+    early = engine.generate("Hi", sp)
+    assert early["text"] == "ab END"  # a pattern with metacharacters: the matched text stays
+    late = engine.generate("Hi", {**sp, "min_new_tokens": len(early["output_ids"]) + 1})
+    assert late["text"] == "ab END cd END" and late["meta_info"]["finish_reason"]["matched"] == "E[A-Z]D"
+    plain = engine.generate("Hi", {**sp, "stop_regex": "END", "min_new_tokens": len(early["output_ids"]) + 1})
+    assert plain["text"] == "ab END cd "  # a plain-text pattern: cut at the occurrence that ended it
 
 
 def test_streaming_ends_with_the_final_text(engine):

@@ -183,7 +183,7 @@ def test_a_requests_samples_share_one_time_limit_per_step(tiny_llama, monkeypatc
 
     calls: list[int] = []
 
-    def slow_search(p, tail, whole, new_chars, timeout):
+    def slow_search(p, tail, whole, new_chars, timeout, min_end=0):
         calls[-1] += 1
         time.sleep(0.01)
         if timeout < 0.01:
