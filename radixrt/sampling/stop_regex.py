@@ -4,6 +4,8 @@ A request with ``stop_regex`` (one pattern or a list) finishes as soon as one
 of the patterns is found (``re.search``) in its output text, checked after
 every new token like stop strings. As in SGLang:
 
+* a match in text generated before ``min_new_tokens`` is reached stays text,
+  as a stop string there does: only a match that ends in a later token counts;
 * the finish reason is ``{"type": "stop", "matched": <the pattern>}`` (the
   pattern that matched, not the text it matched);
 * the final text is cut where the pattern's own text first occurs in it
