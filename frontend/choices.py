@@ -21,10 +21,11 @@ class ChoicesDecision:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
 
-def _lp(entry: Any) -> float:
-    """The logprob of one ``[logprob, token_id, text]`` entry (None -> 0.0)."""
+def _lp(entry: Any, unknown: float = 0.0) -> float:
+    """The logprob of one ``[logprob, token_id, text]`` entry (``unknown`` for None: a
+    sequence's first token has none)."""
     v = entry[0] if isinstance(entry, (list, tuple)) else entry
-    return 0.0 if v is None else float(v)
+    return unknown if v is None else float(v)
 
 
 def _mean(xs: list[float]) -> float:
@@ -100,7 +101,7 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
         output_token_logprobs=None,
         unconditional_token_logprobs=None,
     ):
-        rows = [[_lp(e) for e in toks] for toks in input_token_logprobs]
+        rows = [[_lp(e, unknown=-math.inf) for e in toks] for toks in input_token_logprobs]
         width = max((len(r) for r in rows), default=0)
         padded = []
         for r in rows:

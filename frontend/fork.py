@@ -23,8 +23,8 @@ from .nodes import SglCommitLazy, SglConcateAndAppend, SglExpr
 
 def fork_executors(parent: StreamExecutor, size: int) -> list[StreamExecutor]:
     """``size`` new executors continuing from ``parent``'s current state."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:  # (2.5, "3" and True were taken)
-        raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:  # (2.5, "3" and True were taken)
+        raise ValueError(f"fork size must be an integer >= 0, got {size!r}")
     if size > 1 and global_config.prefill_before_fork and parent.tracer is None:
         parent.submit(SglCommitLazy())
     parent.sync()
@@ -92,9 +92,10 @@ class ProgramStateGroup:
         return [other] * len(self.states)
 
     def join(self, mode: str = "gather_variable") -> None:
-        """Wait for every branch. ``gather_variable`` (default): each variable
-        set in the branches becomes, on the parent, the list of the branches'
-        values (None where a branch did not set it), meta info likewise.
+        """Wait for every branch. ``gather_variable`` (default, as SGLang's): each
+        variable the branches set that the parent does not have becomes, on the
+        parent, the list of the values of the branches that set it (in branch
+        order), meta info likewise; the parent's own variables stay as they are.
         ``concate_and_append``: append the branches' new text to the parent."""
         parent = self.src_state.stream_executor
         branches = [st.stream_executor for st in self.states]
@@ -121,15 +122,17 @@ def _wait_all(parent: StreamExecutor, branches: list[StreamExecutor]) -> None:
 
 
 def _gather_variables(parent: StreamExecutor, branches: list[StreamExecutor]) -> None:
-    for name in _assigned_in_any(branches):
-        values = [b.variables.get(name) if name in b.assigned else None for b in branches]
-        metas = [b.meta_info.get(name) if name in b.assigned else None for b in branches]
+    for name in _new_in_branches(parent, branches):
+        setting = [b for b in branches if name in b.variables or name in b.failed_vars]
+        values = [b.variables.get(name) for b in setting]
+        metas = [b.meta_info.get(name) for b in setting]
         parent.store_var(name, values, metas, has_meta=True)
-        errs = [b.failed_vars[name] for b in branches if name in b.failed_vars]
+        errs = [b.failed_vars[name] for b in setting if name in b.failed_vars]
         if errs:
             parent.failed_vars[name] = errs[0]
 
 
-def _assigned_in_any(branches: list[StreamExecutor]) -> list[str]:
-    """Every name some branch set, in first-seen order."""
-    return list(dict.fromkeys(n for b in branches for n in b.assigned))
+def _new_in_branches(parent: StreamExecutor, branches: list[StreamExecutor]) -> list[str]:
+    """Every name some branch set that the parent does not have, in first-seen order."""
+    have = set(parent.variables) | set(parent.failed_vars)
+    return [n for n in dict.fromkeys(n for b in branches for n in b.assigned) if n not in have]

@@ -36,9 +36,12 @@ def _check(resp: Any) -> Any:
     return resp
 
 
-def _lp(entry: Any) -> float:
-    v = entry[0]
-    return 0.0 if v is None else float(v)
+def _known_mean(entries: list[list[Any]]) -> float:
+    """The mean logprob of a choice's tokens that have one: a choice whose text merges with
+    the prompt's first token has none there (nothing precedes it), and an unknown is no
+    evidence (it scored 0.0, the best possible, and won). -inf when none is known."""
+    known = [float(e[0]) for e in entries if e[0] is not None]
+    return sum(known) / len(known) if known else -math.inf
 
 
 class _StreamFold:
@@ -149,7 +152,7 @@ class NativeBackend(BaseBackend):
             while j < len(entries) and j < len(tail) and entries[j][1] == tail[j]:
                 j += 1
             choice_lps.append([list(e) for e in entries[j:]])
-        normalized = [sum(_lp(e) for e in lps) / len(lps) if lps else -math.inf for lps in choice_lps]
+        normalized = [_known_mean(lps) for lps in choice_lps]
 
         unconditional = None
         if getattr(method, "requires_unconditional_logprobs", False):

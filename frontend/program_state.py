@@ -66,12 +66,22 @@ class ProgramState:
         return ProgramStateGroup([ProgramState(e) for e in fork_executors(self.stream_executor, size)], self)
 
     def copy(self, position_ids_offset: Any = None) -> "ProgramState":
-        return self.fork(1, position_ids_offset)[0]
+        """One branch (``fork(1)``); used as ``with s.copy() as c:``, it is joined into this
+        state when the block ends (SGLang's: ``c``'s new variables become lists here)."""
+        group = self.fork(1, position_ids_offset)
+        branch = group[0]
+        branch._join_on_exit = group
+        return branch
 
     def __enter__(self) -> "ProgramState":
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        group = getattr(self, "_join_on_exit", None)
+        if group is not None:
+            self._join_on_exit = None
+            group.join()
+            return
         self.stream_executor.sync()
         self.stream_executor.end()
 

@@ -41,7 +41,7 @@ def end_role(ex: Any, role: str) -> None:
     """Close the open ``role`` turn: record its message and append its end marker."""
     if ex.cur_role != role:
         raise FrontendError(f"role {role!r} closed while {ex.cur_role!r} is open")
-    content = ex.text_[ex.cur_role_begin_pos :]
+    content = ex.text_[ex.cur_role_begin_pos :].lstrip()  # as SGLang records the message
     ex.append(ex.role_markers[role][1])
     ex.messages_.append({"role": role, "content": content})
     ex.cur_role = None

@@ -15,13 +15,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-# Constraints used for ``dtype=int`` / ``gen_int`` (an optional leading space,
-# as BPE vocabularies attach it to the number; bounded so a constrained decoder
-# cannot run away with digits) and ``dtype=str`` / ``gen_string``.
-REGEX_INT = r" ?[-+]?[0-9]{1,18}"
-REGEX_STR = r" ?\"[^\"\n]{0,256}\""
-REGEX_FLOAT = r" ?[-+]?[0-9]{1,18}(\.[0-9]{1,18})?"
-REGEX_BOOL = r" ?(True|False)"
+# Constraints used for ``dtype=int`` / ``gen_int``, ``float``, ``str`` / ``gen_string`` and
+# ``bool``: SGLang's (a number may be followed by spaces and newlines, where the stops
+# `NUMBER_STOPS` end it), with bounded repetition, so that a constrained decoder cannot run
+# away with digits or characters.
+REGEX_INT = r"[-+]?[0-9]{1,18}[ \n]*"
+REGEX_STR = r"\"[\w\d\s]{0,256}\""
+REGEX_FLOAT = r"[-+]?[0-9]{0,18}\.?[0-9]{1,18}[ \n]*"
+REGEX_BOOL = r"(True|False)"
+# what ends an int or float generation (SGLang adds them to the gen's stop strings)
+NUMBER_STOPS = (" ", "\n")
 
 
 @dataclass
@@ -113,8 +116,11 @@ class SglSamplingParams:
             v = getattr(self, k)
             if v is not None:
                 out[k] = v
-        if self.stop is not None and self.stop != [] and self.stop != ():
-            out["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        stops = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if self.dtype in (int, "int", float, "float"):
+            stops += [s for s in NUMBER_STOPS if s not in stops]
+        if stops:
+            out["stop"] = stops
         if self.n in (None, 1):
             out.pop("n", None)
         rx = self.effective_regex()

@@ -153,12 +153,27 @@ def test_select_scores_choices_from_the_cached_prefix(engine, method):
     assert pick2.run()["c"] == " hot"
 
 
+def test_select_scores_a_choice_only_by_the_logprobs_it_has(engine):
+    """After the one-token prompt "I", the choice "t" makes the single token "It", which has no
+    logprob (nothing precedes it): an unknown is no evidence (it counted as 0.0 and always won)."""
+    choices = [" am", "'m", "t"]
+
+    @rt.function
+    def pick(s):
+        s += "I" + rt.select("c", choices=choices)
+
+    st = pick.run()
+    scores = st.get_meta_info("c")["normalized_prompt_logprobs"]
+    assert len(engine.tokenizer.encode("It")) == 1 and scores[2] == float("-inf")
+    assert st["c"] == choices[max(range(3), key=lambda i: scores[i])] != "t"
+
+
 @embedded_only
 def test_gen_int(engine):
     @rt.function
     def arithmetic(s, a, b):
         s += "Q: What is 3 + 4?\nA: 7\nQ: What is 10 + 5?\nA: 15\n"
-        s += f"Q: What is {a} + {b}?\nA:" + rt.gen_int("n") + "\n"
+        s += f"Q: What is {a} + {b}?\nA: " + rt.gen_int("n") + "\n"
 
     st = arithmetic.run(a=2, b=3, temperature=0)
     assert st["n"] == "5" and int(st["n"]) == 5

@@ -129,7 +129,9 @@ def test_gen_parameters_map_to_sglang_sampling_params():
     assert wire["stop"] == ["\n"] and wire["temperature"] == 0 and wire["top_k"] == 5
     assert wire["regex"] == r"\d+" and "n" not in wire
     assert sp.logprob_kwargs() == {"return_logprob": True, "logprob_start_len": 3, "top_logprobs_num": 2}
-    assert re.fullmatch(rt.gen_int("n").sampling.to_wire()["regex"], " -42")
+    wire_int = rt.gen_int("n").sampling.to_wire()  # SGLang's: the number, ended by a space or a newline
+    assert re.fullmatch(wire_int["regex"], "-42") and wire_int["stop"] == [" ", "\n"]
+    assert rt.gen("f", dtype=float, stop="|").sampling.to_wire()["stop"] == ["|", " ", "\n"]
     assert '"' in rt.gen_string("s").sampling.to_wire()["regex"]
     js = rt.gen("j", json_schema={"type": "object"}).sampling.to_wire()["json_schema"]
     assert js == '{"type": "object"}'
@@ -154,9 +156,40 @@ def test_fork_sizes_are_whole_numbers():
         s += "x"
         s.fork(size)
 
-    for bad in (2.5, "3", True, 0):
+    for bad in (2.5, "3", True, -1):
         with pytest.raises(ValueError, match="fork size must be an integer"):
             p.run(size=bad, backend=ScriptedBackend(reply=lambda p, sp: "y"))
+    assert p.run(size=0, backend=ScriptedBackend(reply=lambda p, sp: "y")).error() is None  # SGLang's empty group
+
+
+def test_messages_hold_each_turn_left_stripped_as_sglang_records_them():
+    @rt.function
+    def chat(s):
+        s += rt.user("  hi there ") + rt.assistant(" " + rt.gen("a"))
+
+    st = chat.run(backend=ScriptedBackend(reply=lambda p, sp: "ok"))
+    assert [m["content"] for m in st.messages()] == ["hi there ", "ok"]
+    assert "  hi there " in st.text()  # the text keeps what was appended
+
+
+def test_join_gathers_the_branches_new_variables_as_sglang_does():
+    """Only names the parent does not have, from the branches that set them (no None for the
+    others); the parent's own variables stay, even where a branch set them again; ``with
+    s.copy() as c:`` joins ``c`` at the block's end."""
+
+    @rt.function
+    def p(s):
+        s += "P" + rt.gen("pre", max_tokens=2)
+        forks = s.fork(2)
+        forks[0] += rt.gen("v", max_tokens=2)
+        forks[1] += rt.gen("w", max_tokens=2) + rt.gen("pre", max_tokens=2)
+        forks.join()
+        with s.copy() as c:
+            c += rt.gen("q", max_tokens=2)
+
+    st = p.run(backend=ScriptedBackend(reply=lambda p, sp: "y"))
+    assert st.error() is None, st.error()
+    assert st["v"] == ["y"] and st["w"] == ["y"] and st["pre"] == "y" and st["q"] == ["y"]
 
 
 def test_function_decorator_forms_and_argument_binding():
