@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
 
+from radixrt.requests.reasoning import REASONING_PARSERS
+
 from .backend import BaseBackend  # noqa: F401  (SGLang's api exports it)
 from .choices import ChoicesSamplingMethod, token_length_normalized
 from .default_backend import backend_or_none, get_default_backend, set_default_backend  # noqa: F401  (public)
@@ -241,6 +243,12 @@ def select(
 
 
 def separate_reasoning(expr: Optional[SglExpr] = None, model_type: Optional[str] = None) -> SglExpr:
+    """``expr`` (a ``gen``/``select`` or a list), then its variables' ``<think>...</think>``
+    blocks moved to ``<name>_reasoning_content`` and out of the text (SGLang's).
+    ``model_type``: ``"qwen3"`` (the default: the model opens the block) or ``"deepseek-r1"``
+    (the chat template opened it in the prompt)."""
+    if model_type not in (None, *REASONING_PARSERS):
+        raise ValueError(f"separate_reasoning: model_type must be one of {', '.join(REASONING_PARSERS)}")
     return SglExprList([expr, SglSeparateReasoning(model_type, expr)])
 
 

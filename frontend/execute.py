@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from radixrt.requests.reasoning import split_reasoning
+
 from .constraints import fit_to_constraint
 from .errors import FrontendError, UnsupportedModalityError
 from .nodes import (
@@ -169,6 +171,23 @@ def _concate_and_append(ex: Any, expr: SglConcateAndAppend) -> None:
     ex.append("".join(st.stream_executor.text_[st.stream_executor.fork_start_text_pos :] for st in expr.states))
 
 
+def _separate_reasoning(ex: Any, expr: SglSeparateReasoning) -> None:
+    """Split each named variable into its thinking block (``<name>_reasoning_content``) and the
+    rest (the variable), and drop the block from the text where the variable ends it, as
+    SGLang's interpreter does; not while streaming (SGLang's neither: it was already sent)."""
+    if ex.stream:
+        return
+    for name in expr.names:
+        value = ex.variables.get(name)
+        if not isinstance(value, str):
+            continue
+        reasoning, content = split_reasoning(value, opened_by_prompt=expr.model_type == "deepseek-r1")
+        ex.store_var(name, content)
+        ex.store_var(name + "_reasoning_content", reasoning)
+        if ex.text_.endswith(value):
+            ex.text_ = ex.text_[: len(ex.text_) - len(value)] + content
+
+
 def _unsupported_modality(ex: Any, expr: SglExpr) -> None:
     raise UnsupportedModalityError("image/video inputs are not supported by this model")
 
@@ -183,7 +202,7 @@ _HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     SglVarScopeEnd: _var_scope_end,
     SglCommitLazy: _commit_lazy,
     SglConcateAndAppend: _concate_and_append,
-    SglSeparateReasoning: lambda ex, e: None,
+    SglSeparateReasoning: _separate_reasoning,
     SglImage: _unsupported_modality,
     SglVideo: _unsupported_modality,
 }

@@ -181,12 +181,16 @@ class SglVideo(SglExpr):
 
 
 class SglSeparateReasoning(SglExpr):
-    """Accepted for compatibility; radixrt's default models do not emit reasoning blocks."""
+    """After ``expr`` (a ``gen`` or ``select``, or a list of them): its variable's
+    ``<think>...</think>`` block moves to ``<name>_reasoning_content`` (SGLang's
+    ``separate_reasoning``; executed in frontend/execute.py)."""
 
     def __init__(self, model_type: Optional[str], expr: Optional[SglExpr]) -> None:
         super().__init__()
         self.model_type = model_type
-        self.name = getattr(expr, "name", None)
+        parts = expr.flatten() if isinstance(expr, SglExpr) else []
+        self.names = [p.name for p in parts if isinstance(p, (SglGen, SglSelect)) and p.name is not None]
+        self.name = self.names[0] if self.names else None
 
 
 class SglArgument(_SglLabeledExpr):

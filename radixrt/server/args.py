@@ -13,6 +13,7 @@ from typing import Optional
 
 from radixrt.config import EngineConfig
 from radixrt.config.fields import add_fields_as_args, first_line, setting, values_from_args
+from radixrt.requests.reasoning import REASONING_PARSERS
 from radixrt.server.slow_clients import (
     BODY_TIMEOUT_HELP,
     DEFAULT_BODY_TIMEOUT_S,
@@ -20,7 +21,6 @@ from radixrt.server.slow_clients import (
     HEADER_TIMEOUT_HELP,
 )
 from radixrt.server.tools.parsers import PARSER_CHOICES
-from radixrt.server.tools.reasoning import REASONING_PARSERS
 
 
 def _non_negative_int(text: str) -> int:

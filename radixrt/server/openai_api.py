@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from radixrt.requests.intake import PromptBatch, RequestSpec, build_specs, split_prompts
+from radixrt.requests.reasoning import reasoning_mode
 from radixrt.requests.router import ReqGroup
 from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.params import SamplingParams
@@ -31,7 +32,6 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
 from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag
-from radixrt.server.tools.reasoning import reasoning_mode
 from radixrt.server.tools.render import render_messages
 from radixrt.server.tools.turns import TURNS, mark_turns, split_encode
 

@@ -153,6 +153,22 @@ def test_select_scores_choices_from_the_cached_prefix(engine, method):
     assert pick2.run()["c"] == " hot"
 
 
+def test_separate_reasoning_moves_the_thinking_block_out_of_the_variable_and_the_text(engine):
+    """SGLang's ``separate_reasoning`` (the output pinned by a regex: a random model thinks too)."""
+
+    @rt.function
+    def think(s):
+        s += rt.user("Say hi")
+        answer = rt.gen("a", max_tokens=24, regex=r"<think>[a-z]{3,8}</think>[a-z ]{3,12}")
+        s += rt.assistant(rt.separate_reasoning(answer, model_type="qwen3"))
+
+    st = think.run(temperature=0)
+    assert st["a_reasoning_content"] and "<think>" not in st["a"] and "</think>" not in st["a"]
+    assert "<think>" not in st.text() and st.messages()[-1]["content"] == st["a"].lstrip()
+    with pytest.raises(ValueError, match="model_type"):
+        rt.separate_reasoning(rt.gen("x"), model_type="kimi")
+
+
 def test_select_scores_a_choice_only_by_the_logprobs_it_has(engine):
     """After the one-token prompt "I", the choice "t" makes the single token "It", which has no
     logprob (nothing precedes it): an unknown is no evidence (it counted as 0.0 and always won)."""

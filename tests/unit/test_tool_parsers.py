@@ -9,12 +9,12 @@ import time
 
 import pytest
 
+from radixrt.requests.reasoning import reasoning_mode, split_reasoning
 from radixrt.sampling.grammar import check_grammar
 from radixrt.server.tools import ChoiceOutput, ToolError, check_tools, get_parser
 from radixrt.server.tools.conversation import check_tool_turns
 from radixrt.server.tools.grammar import tool_call_structural_tag
 from radixrt.server.tools.parsers import detect_parser
-from radixrt.server.tools.reasoning import reasoning_mode, split_reasoning
 from radixrt.server.tools.render import render_messages
 from radixrt.server.tools.spec import is_tool_name
 

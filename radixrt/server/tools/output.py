@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixrt.requests.reasoning import split_reasoning
 from radixrt.server.tools.parsers import ParseResult, ToolCallParser
-from radixrt.server.tools.reasoning import split_reasoning
 from radixrt.server.tools.scan import CallScan, ScanMemo
 
 

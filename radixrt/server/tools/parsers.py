@@ -34,7 +34,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from radixrt.server.tools.scan import CallScan, ScanMemo, partial_suffix, scan_call, skip_ws
+from radixrt.requests.reasoning import partial_suffix
+from radixrt.server.tools.scan import CallScan, ScanMemo, scan_call, skip_ws
 
 
 @dataclass

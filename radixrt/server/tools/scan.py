@@ -210,12 +210,3 @@ def _malformed(out: CallScan) -> CallScan:
     it, the call stays (a client may already have been sent its name) and ends unfinished."""
     out.bad = out.name is None
     return out
-
-
-def partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest proper prefix of ``marker`` that ``text`` ends with
-    (text to hold back while it may still become the marker)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0

@@ -23,10 +23,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from radixrt.server.tools.scan import partial_suffix
-
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
+
+
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest proper prefix of ``marker`` that ``text`` ends with
+    (text to hold back while it may still become the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
 
 
 def reasoning_mode(separate: Optional[bool], parser: Optional[str]) -> str:
