@@ -93,7 +93,7 @@ class EngineControl:
         reply = self._control_call(GetWeightsReq(str(name), truncate_size))
         if not reply.ok:
             raise ValueError(reply.payload["message"])
-        return reply.payload["values"]
+        return reply.payload["values"].tolist()  # here, not on the scheduler's thread
 
     def pause_generation(self, mode: str = "abort") -> None:
         """Stop generating until `continue_generation`: "abort" ends every request first,

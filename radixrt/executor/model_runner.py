@@ -408,11 +408,11 @@ class ModelRunner:
             self.followers.send("logits", hidden.cpu())
         return self.model.compute_logits(hidden.to(self.device))
 
-    def weights_by_name(self, name: str, truncate_size: int) -> list:
-        """The first ``truncate_size`` rows of the checkpoint tensor ``name`` (Hugging Face's name)
-        as served, as float32 lists (SGLang's ``get_weights_by_name``). ValueError for a name the
-        model lacks, a quantized layer, a tensor-parallel runner (its ranks hold shards), or more
-        than `MAX_WEIGHT_VALUES` values."""
+    def weights_by_name(self, name: str, truncate_size: int) -> torch.Tensor:
+        """A float32 CPU copy of the first ``truncate_size`` rows of the checkpoint tensor ``name``
+        (Hugging Face's name) as served (SGLang's ``get_weights_by_name``; the caller makes the
+        lists, off the step loop). ValueError for a name the model lacks, a quantized layer, a
+        tensor-parallel runner (its ranks hold shards), or more than `MAX_WEIGHT_VALUES` values."""
         if self.tp is not None:
             raise ValueError("weights are not read back under tensor parallelism (each rank holds a shard)")
         try:
@@ -423,7 +423,7 @@ class ModelRunner:
             raise ValueError(
                 f"the first {truncate_size} rows of {name!r} hold {rows.numel()} values (at most {MAX_WEIGHT_VALUES})"
             )
-        return rows.to("cpu", torch.float32).tolist()
+        return rows.to("cpu", torch.float32, copy=True)
 
     def check_ranks(self) -> None:
         """Raise if a tensor-parallel follower has exited (its next collective would hang or fail)."""

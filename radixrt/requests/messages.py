@@ -77,7 +77,8 @@ class UpdateTensorsReq:
 @dataclass
 class GetWeightsReq:
     """The first ``truncate_size`` rows of the served weight ``name`` (SGLang's
-    ``get_weights_by_name``; Hugging Face's parameter names)."""
+    ``get_weights_by_name``; Hugging Face's parameter names). Answered with a float32
+    CPU tensor (``payload["values"]``), which the caller turns into lists."""
 
     name: str
     truncate_size: int = 100

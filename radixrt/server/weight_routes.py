@@ -30,6 +30,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from radixrt.requests.messages import ContinueGenerationReq, GetWeightsReq, PauseGenerationReq, UpdateWeightsReq
 from radixrt.server.context import ServerContext, server_context
@@ -130,4 +131,5 @@ async def get_weights_by_name(request: Request, ctx: ServerContext = Depends(ser
     reply = await ctx.tm.control(_weights_request(await _body(request, ctx, "reading the weights")), "weights")
     if not reply.ok:
         raise ServerError(400, reply.payload["message"], "name")
-    return JSON(reply.payload["values"])
+    # up to a million values: made into lists on a worker thread, not the event loop
+    return JSON(await run_in_threadpool(reply.payload["values"].tolist))
