@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer, free_port
+from tests.support.weights import checkpoint_rows
 
 pytestmark = pytest.mark.slow
 
@@ -145,5 +146,11 @@ def test_dp_front_follows_its_replicas_events(tiny_llama, make_tiny):
         _wait(lambda: _stats(srv.url)["kv_events"][replicas[1]]["blocks"] == 0, 30)
         after = [_generate(u, {"text": SYSTEM}).json()["output_ids"] for u in replicas]
         assert before[0] == before[1] != after[0] == after[1]
+        # the weights read back through the front (one replica answers; both serve the update)
+        name = "model.layers.0.self_attn.v_proj.weight"
+        got = httpx.request(
+            "GET", srv.url + "/get_weights_by_name", json={"name": name, "truncate_size": 2}, timeout=30
+        )
+        assert got.status_code == 200 and got.json() == checkpoint_rows(other, name, 2), got.text
     finally:
         srv.cleanup()

@@ -17,6 +17,7 @@ import torch
 import radixrt
 from tests.support.lora import make_adapter
 from tests.support.servers import TINY_SERVER_ADMIN_KEY
+from tests.support.weights import checkpoint_rows
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 LONG = {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}
@@ -110,17 +111,6 @@ WEIGHT_NAMES = [
     "model.norm.weight",
     "lm_head.weight",
 ]
-
-
-def checkpoint_rows(folder: str, name: str, rows: int) -> list:
-    """The first ``rows`` rows of a tiny checkpoint's tensor ``name``, as float32 lists."""
-    from safetensors import safe_open
-
-    (file,) = Path(folder).glob("*.safetensors")
-    with safe_open(str(file), framework="pt") as f:
-        if name not in f.keys() and name == "lm_head.weight":
-            name = "model.embed_tokens.weight"  # tied
-        return f.get_tensor(name)[:rows].float().tolist()
 
 
 def test_weights_read_back_by_name_are_the_checkpoint_s(engine, models):
