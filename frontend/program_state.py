@@ -24,6 +24,7 @@ class ProgramState:
     def __init__(self, stream_executor: StreamExecutor) -> None:
         self.stream_executor = stream_executor
         self.ret_value: Any = None
+        self._join_on_exit: Optional[ProgramStateGroup] = None  # set by `copy`: the group to join at `with`'s end
 
     # --- building -----------------------------------------------------------
     def __iadd__(self, other: Any) -> "ProgramState":
@@ -77,9 +78,8 @@ class ProgramState:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        group = getattr(self, "_join_on_exit", None)
+        group, self._join_on_exit = self._join_on_exit, None
         if group is not None:
-            self._join_on_exit = None
             group.join()
             return
         self.stream_executor.sync()

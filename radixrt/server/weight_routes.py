@@ -20,7 +20,8 @@
 
 With an admin key set (``--admin-api-key``) the POST routes that change state
 and the weights' read-back need it (an update reads the server's disk); without
-one, what every route needs. Under ``--dp`` the front sends them to every replica. Contracts:
+one, what every route needs. Under ``--dp`` the front sends the POST routes to every
+replica, and one replica answers the read-back (all serve the same weights). Contracts:
 radixrt/scheduler/generation_control.py.
 """
 
@@ -115,7 +116,8 @@ async def get_weight_version(ctx: ServerContext = Depends(server_context)) -> Re
 
 
 def _weights_request(body: dict[str, Any]) -> GetWeightsReq:
-    name, size = body.get("name"), body.get("truncate_size", 100)
+    name, size = body.get("name"), body.get("truncate_size")
+    size = 100 if size is None else size  # a null is the default, as in the update's body
     if not isinstance(name, str) or not name:
         raise bad_request("'name' must be a weight's name, e.g. 'model.layers.0.self_attn.q_proj.weight'.", "name")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
