@@ -95,6 +95,7 @@ class ReqState:
         "sent_version",
         "sent_logprobs",
         "sent_text",
+        "sent_ids",
         "t_start",
         "t_first",
         "t_last",
@@ -112,6 +113,7 @@ class ReqState:
         self.sent_version = 0  # what the stream consumer has seen
         self.sent_logprobs = 0  # output logprobs already streamed
         self.sent_text = 0  # characters of text already streamed (OpenAI deltas)
+        self.sent_ids = 0  # output ids already streamed (OpenAI's return_token_ids)
         self.t_start = time.perf_counter()
         self.t_first: Optional[float] = None
         self.t_last: Optional[float] = None

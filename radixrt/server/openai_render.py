@@ -88,17 +88,24 @@ class ChoiceUpdate:
     state: ReqState
     delta: str  # text not sent yet
     start_lp: int  # position of the first output logprob not sent yet
+    start_id: int  # position of the first output id not sent yet
     finish_reason: Optional[str]
+
+    def new_ids(self) -> list[int]:
+        """The output ids produced since the choice's last chunk."""
+        return list(self.state.acc.output_ids[self.start_id :])
 
 
 def take_update(group: ReqGroup, st: ReqState) -> ChoiceUpdate:
-    """``st``'s news since its last chunk; marks its text and logprobs as sent."""
+    """``st``'s news since its last chunk; marks its text, logprobs and ids as sent (a
+    renderer that asks for logprobs or ids sends a chunk whenever there are new ones)."""
     text = st.acc.text
     delta = text[st.sent_text :] if len(text) > st.sent_text else ""
-    start_lp = st.sent_logprobs
+    start_lp, start_id = st.sent_logprobs, st.sent_ids
     st.sent_text = max(st.sent_text, len(text))
     st.sent_logprobs = len(st.acc.output_token_logprobs)
-    return ChoiceUpdate(group.states.index(st), st, delta, start_lp, finish_reason(st))
+    st.sent_ids = len(st.acc.output_ids)
+    return ChoiceUpdate(group.states.index(st), st, delta, start_lp, start_id, finish_reason(st))
 
 
 def sse_chunk(head: dict, choices: list, usage_body: Optional[dict] = None, usage_key: bool = False) -> bytes:
@@ -118,10 +125,12 @@ async def stream_choices(
     usage_fn: Optional[Callable[[], dict]],
     opening: Optional[list[dict]] = None,
     continuous_usage: bool = False,
+    opening_head: Optional[dict] = None,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed completion, one chunk per choice entry.
 
-    First the ``opening`` entries (one write). Then, for each batch of engine
+    First the ``opening`` entries (one write; their chunks under ``opening_head`` when
+    given). Then, for each batch of engine
     updates, the entries ``render`` makes of every choice's update (it may make
     none), in one write, each with the usage so far when ``continuous_usage``;
     a request error ends the stream with an error event. Then, unless an error
@@ -131,7 +140,7 @@ async def stream_choices(
     key = usage_fn is not None  # every chunk has "usage" (null but in the last) under include_usage
     if opening:
         first = usage_fn() if (continuous_usage and usage_fn is not None) else None
-        yield b"".join(sse_chunk(head, [c], first, key) for c in opening)
+        yield b"".join(sse_chunk(opening_head or head, [c], first, key) for c in opening)
     async for news in group.updates():
         err = group_error(group)
         if err is not None:
@@ -169,8 +178,8 @@ class CompletionView:
     ) -> None:
         self.req, self.group, self.prompts, self.tokenizer = req, group, prompts, tokenizer
         self.head = _head("cmpl", "text_completion", model)
-        self.tt = TokenTexts(tokenizer)
-        self.echoed: set[int] = set()  # streamed choices whose prompt was sent (with echo, in their first chunk)
+        self.tt = TokenTexts(tokenizer, req.return_tokens_as_token_ids)
+        self.opened: set[int] = set()  # streamed choices that sent their first chunk (the echo, the prompt ids)
         # streamed choices: the text_offset their next logprob starts at (the text sent before it), and
         # the decoder holding a character begun but not yet whole
         self.next_offset: dict[int, tuple[int, Any]] = {}
@@ -221,6 +230,9 @@ class CompletionView:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
         if self.req.logprobs is not None:
             choice["logprobs"] = self.logprobs(st, start_lp, echo, index if streamed else None)
+        if self.req.return_token_ids and not streamed:
+            choice["prompt_token_ids"] = list(self.prompts.ids[index // self.req.n])
+            choice["token_ids"] = list(st.acc.output_ids)
         return choice
 
     def usage(self) -> dict:
@@ -244,15 +256,23 @@ class CompletionView:
         return {**self.head, "choices": choices, "usage": self.usage()}
 
     def render(self, u: ChoiceUpdate) -> list[dict]:
-        """A streamed choice's chunk entries for one update (none when it has no news)."""
-        echo_now = self.req.echo and u.index not in self.echoed
-        self.echoed.add(u.index)
+        """A streamed choice's chunk entries for one update (none when it has no news). With
+        ``return_token_ids`` the choice's first chunk has the prompt's ids, and each its new ids."""
+        first = u.index not in self.opened
+        echo_now = self.req.echo and first
         prefix = self.prompt_text(u.index // self.req.n) if echo_now else ""
         # tokens whose text is held back (a partial character, a possible stop) still send their logprobs
         new_logprobs = self.req.logprobs is not None and len(u.state.acc.output_token_logprobs) > u.start_lp
-        if not u.delta and not prefix and u.finish_reason is None and not new_logprobs:
+        ids = u.new_ids() if self.req.return_token_ids else []
+        if not u.delta and not prefix and u.finish_reason is None and not new_logprobs and not ids:
             return []
-        return [self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason, streamed=True)]
+        self.opened.add(u.index)
+        choice = self._choice(u.index, u.state, prefix + u.delta, u.start_lp, echo_now, u.finish_reason, streamed=True)
+        if self.req.return_token_ids:
+            if first:
+                choice["prompt_token_ids"] = list(self.prompts.ids[u.index // self.req.n])
+            choice["token_ids"] = ids
+        return [choice]
 
     def stream(self) -> AsyncIterator[bytes]:
         usage = self.usage if _include_usage(self.req) else None
@@ -283,7 +303,7 @@ class ChatView:
     ) -> None:
         self.req, self.group, self.prompt_len = req, group, prompt_len
         self.head = _head("chatcmpl", "chat.completion", model)
-        self.tt = TokenTexts(tokenizer)
+        self.tt = TokenTexts(tokenizer, req.return_tokens_as_token_ids)
         self.plain = parser is None and not reasoning  # text passes through as content
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
         self.remember = remember  # called with each finished choice's text and output ids
@@ -306,34 +326,59 @@ class ChatView:
                 message, calls = {"role": "assistant", "content": st.acc.text}, False
             else:
                 message, calls = self.outputs[i].message(st.acc.text)
-            choices.append(
-                {
-                    "index": i,
-                    "message": message,
-                    "logprobs": {"content": logprob_entries(self.tt, st, 0)} if self.req.logprobs else None,
-                    "finish_reason": self._finish(st, calls),
-                }
-            )
-        return {**self.head, "choices": choices, "usage": self.usage()}
+            choice = {
+                "index": i,
+                "message": message,
+                "logprobs": {"content": logprob_entries(self.tt, st, 0)} if self.req.logprobs else None,
+                "finish_reason": self._finish(st, calls),
+            }
+            choices.append({**choice, **self._token_fields(st)})
+        body = {**self.head, "choices": choices, "usage": self.usage()}
+        if self.req.return_token_ids:
+            body["prompt_token_ids"] = self._prompt_ids()
+        return body
+
+    def _prompt_ids(self) -> list[int]:
+        return list(self.group.states[0].input_ids) if self.group.states else []
+
+    def _token_fields(self, st: ReqState) -> dict:
+        """A whole choice's ids and metadata where asked: vLLM's ``token_ids``,
+        SGLang's ``prompt_token_ids`` and ``meta_info`` (its /generate meta_info)."""
+        out: dict[str, Any] = {}
+        if self.req.return_token_ids:
+            out["token_ids"] = list(st.acc.output_ids)
+        if self.req.return_prompt_token_ids:
+            out["prompt_token_ids"] = list(st.input_ids)
+        if self.req.return_meta_info:
+            out["meta_info"] = st.acc.to_dict()["meta_info"]
+        return out
 
     def render(self, u: ChoiceUpdate) -> list[dict]:
-        """Content / reasoning / tool-call deltas (the first with the logprobs) and a
-        closing entry with the finish reason."""
+        """Content / reasoning / tool-call deltas (the first with the logprobs and, with
+        ``return_token_ids``, the new output ids; the others with none) and a closing
+        entry with the finish reason."""
         out = []
         lp = {"content": logprob_entries(self.tt, u.state, u.start_lp)} if self.req.logprobs else None
+        ids = u.new_ids() if self.req.return_token_ids else None
         if self.plain:
             deltas = [{"content": u.delta}] if u.delta else []
         else:
             deltas = self.outputs[u.index].deltas(u.state.acc.text, u.finish_reason is not None)
-        if not deltas and lp and lp["content"]:
+        if not deltas and ((lp and lp["content"]) or ids):
             deltas = [{"content": ""}]
         for j, d in enumerate(deltas):
-            out.append({"index": u.index, "delta": d, "logprobs": lp if j == 0 else None, "finish_reason": None})
+            entry = {"index": u.index, "delta": d, "logprobs": lp if j == 0 else None, "finish_reason": None}
+            if ids is not None:
+                entry["token_ids"] = ids if j == 0 else []
+            out.append(entry)
         if u.finish_reason is not None:
             if self.remember is not None:
                 self.remember(u.state.acc.text, list(u.state.acc.output_ids))
             calls = not self.plain and self.outputs[u.index].has_calls(u.state.acc.text)
-            out.append({"index": u.index, "delta": {}, "logprobs": None, "finish_reason": self._finish(u.state, calls)})
+            closing = {"index": u.index, "delta": {}, "logprobs": None, "finish_reason": self._finish(u.state, calls)}
+            if ids is not None:
+                closing["token_ids"] = []
+            out.append(closing)
         return out
 
     def stream(self) -> AsyncIterator[bytes]:
@@ -343,4 +388,5 @@ class ChatView:
             for i in range(self.req.n)
         ]
         usage = self.usage if _include_usage(self.req) else None
-        return stream_choices(self.group, head, self.render, usage, opening, _continuous_usage(self.req))
+        first_head = {**head, "prompt_token_ids": self._prompt_ids()} if self.req.return_token_ids else None
+        return stream_choices(self.group, head, self.render, usage, opening, _continuous_usage(self.req), first_head)

@@ -114,6 +114,10 @@ class _SamplingExtras(Lenient):
     priority: Optional[StrictInt] = None
     # radixrt's: usage.cache_info explains each prompt's radix-cache match ("full": the admin's view)
     return_cache_info: Union[StrictBool, Literal["full"]] = False
+    # vLLM's, for token-in token-out clients (RL rollouts): the prompt's token ids and each choice's
+    # output ids (streamed: the prompt's in a choice's first chunk, then each chunk's new ids)
+    return_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False  # vLLM's: logprobs name tokens "token_id:<id>"
 
     @field_validator("stream_options")
     @classmethod
@@ -215,6 +219,16 @@ class ChatCompletionRequest(_SamplingExtras):
     separate_reasoning: Optional[StrictBool] = None  # SGLang's: reasoning_content split from content
     chat_template_kwargs: Optional[dict[str, Any]] = None
     continue_final_message: StrictBool = False
+    # SGLang's (whole answers only): each choice's prompt ids, and its native /generate meta_info
+    return_prompt_token_ids: StrictBool = False
+    return_meta_info: StrictBool = False
     # True when built from a /v1/responses request: tools and tool_choice are in the Responses
     # API's flat shapes (never set from a request body)
     _flat_tools: bool = PrivateAttr(False)
+
+    @field_validator("return_prompt_token_ids", "return_meta_info")
+    @classmethod
+    def _whole_answers_only(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("stream"):  # as SGLang: return_token_ids streams them instead
+            raise ValueError("not supported with 'stream'; use return_token_ids to stream token ids")
+        return value

@@ -32,8 +32,9 @@ def _byte_level_alphabet() -> dict[str, int]:
 class TokenTexts:
     """Per-request cache of single-token texts and bytes (for logprobs)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: every text is "token_id:<id>"
         self.cache: dict[int, str] = {}
         self.raw: dict[int, bytes] = {}
 
@@ -66,7 +67,10 @@ class TokenTexts:
         return text.encode("utf-8")  # a token that decodes to U+FFFD itself
 
     def __call__(self, tid: int) -> str:
-        """The token's text: decoded, or ``bytes:\\x..`` where its bytes are not whole UTF-8."""
+        """The token's text: decoded, or ``bytes:\\x..`` where its bytes are not whole UTF-8
+        (``token_id:<id>`` for every token with ``as_ids``)."""
+        if self.as_ids:
+            return f"token_id:{tid}"
         raw = self.token_bytes(tid)
         try:
             return raw.decode("utf-8")

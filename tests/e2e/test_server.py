@@ -590,6 +590,51 @@ def test_openai_continuous_usage_stats(client):
     assert all("usage" in c for c in chunks) and chunks[0]["usage"]["completion_tokens"] == 0, chunks[0]
 
 
+def _chunks(client: httpx.Client, route: str, body: dict) -> list[dict]:
+    with client.stream("POST", route, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_openai_token_ids_for_token_in_token_out(client):
+    """vLLM's return_token_ids (RL rollouts read the exact tokens): the prompt's ids and each
+    choice's output ids, equal to /generate's, whole and streamed (the prompt's in a choice's
+    first chunk, then each chunk's new ids); return_tokens_as_token_ids names the logprobs'
+    tokens by id; SGLang's return_prompt_token_ids and return_meta_info on whole chat answers."""
+    prompt = "Count: 1, 2,"
+    native = client.post("/generate", json={"text": prompt, "sampling_params": greedy(5, ignore_eos=True)}).json()
+    prompt_ids = client.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+    body = {"model": "default", "prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    whole = client.post("/v1/completions", json={**body, "n": 2, "return_token_ids": True}).json()
+    for c in whole["choices"]:
+        assert c["prompt_token_ids"] == prompt_ids and c["token_ids"] == native["output_ids"], c
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    firsts: dict[int, list] = {0: [], 1: []}
+    for chunk in _chunks(client, "/v1/completions", {**body, "n": 2, "return_token_ids": True}):
+        for c in chunk["choices"]:
+            streamed[c["index"]] += c["token_ids"]
+            firsts[c["index"]].append(c.get("prompt_token_ids"))
+    assert streamed == {0: native["output_ids"], 1: native["output_ids"]}
+    assert all(f[0] == prompt_ids and not any(f[1:]) for f in firsts.values()), firsts
+
+    chat = {"model": "default", "messages": _MSG, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    extras = {"return_token_ids": True, "logprobs": True, "return_tokens_as_token_ids": True}
+    r = client.post(
+        "/v1/chat/completions", json={**chat, **extras, "return_prompt_token_ids": True, "return_meta_info": True}
+    )
+    answer = r.json()
+    choice = answer["choices"][0]
+    assert len(answer["prompt_token_ids"]) == answer["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"])
+    assert choice["prompt_token_ids"] == answer["prompt_token_ids"] and len(choice["token_ids"]) == 5
+    assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert choice["meta_info"]["completion_tokens"] == 5 and choice["meta_info"]["finish_reason"]["type"] == "length"
+    chunks = _chunks(client, "/v1/chat/completions", {**chat, "return_token_ids": True})
+    assert chunks[0]["prompt_token_ids"] == answer["prompt_token_ids"] and "prompt_token_ids" not in chunks[1]
+    assert [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])] == choice["token_ids"]
+    r = client.post("/v1/chat/completions", json={**chat, "stream": True, "return_meta_info": True})
+    assert r.status_code == 400 and "return_meta_info" in r.text, r.text
+
+
 def test_openai_extra_fields_accepted(client):
     r = client.post(
         "/v1/completions",
