@@ -151,7 +151,7 @@ def evaluate(
             input_ids=sample,
             sampling_params=_sampling(policy, tokens, max_new_tokens=1),
             return_logprob=True,
-            logprob_start_len=ctx_len,
+            logprob_start_len=ctx_len - 1,  # the first entry, unscored; then the continuation's
         )
         lps = [lp for lp, _, _ in res["meta_info"]["input_token_logprobs"] if lp is not None]
         nll -= sum(lps)

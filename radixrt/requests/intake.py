@@ -334,8 +334,6 @@ def to_sampling_params(value: Any) -> SamplingParams:
 def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
     if not prompts.batch and isinstance(rid, list):
         raise RequestError("'rid' must be a string for a single prompt.", "rid")
-    if prompts.batch and isinstance(rid, str) and len(rids) > 1:
-        raise RequestError("a batch takes a list of 'rid' values, one per prompt, not one string.", "rid")
     given = [r for r in rids if r]
     if prompts.batch and len(set(given)) != len(given):
         raise RequestError("'rid' values must be unique.", "rid")
@@ -374,6 +372,8 @@ def build_specs(
     starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, is_int, "an integer")
     tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: is_int(v) and v >= 0, "an integer >= 0")
     token_ids = token_ids_each(token_ids_logprob, len(prompts.ids), prompts.batch)
+    if prompts.batch and isinstance(rid, str) and rid and len(prompts.ids) > 1:
+        rid = [f"{rid}_{i}" for i in range(len(prompts.ids))]  # SGLang's names for a batch's prompts
     rids = per_item("rid", rid, prompts, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
     _check_rids(rids, prompts, rid)
     if not isinstance(return_text_in_logprobs, bool):

@@ -197,6 +197,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"sampling parameter '{name}' must be a string, got {_type_name(value)}")
+            if value == "":  # as SGLang: an empty constraint is no constraint, not "generate nothing"
+                setattr(self, name, None)
 
         self._normalize_stops()
 

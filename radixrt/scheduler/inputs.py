@@ -81,7 +81,7 @@ class StepInputs:
 
 
 def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> PromptLogprobJob:
-    first = max(req.logprob_start_len, 1)  # token 0 has no logprob
+    first = req.logprob_start_len + 1  # as SGLang, the token at logprob_start_len is listed unscored
     lo = max(first - 1, start)  # positions whose next token is scored
     hi = min(len(req.input_ids) - 1, start + q)
     return PromptLogprobJob(

@@ -198,7 +198,7 @@ class Req(RequestKV):
         that position and the draft are always computed."""
         cap = self.seq_len - len(self.draft_ids) - 1
         if self.wants_prompt_logprobs and self.input_logprobs is None:
-            cap = min(cap, max(self.logprob_start_len - 1, 0))
+            cap = min(cap, self.logprob_start_len)  # its logits score the token after it
         return cap if self.tree_limit is None else min(cap, self.tree_limit)
 
     @property

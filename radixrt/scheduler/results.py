@@ -145,8 +145,10 @@ class ResultProcessor:
         req.prompt_logprob_acc.extend(scores)
         if computed_to >= len(req.input_ids):
             acc = req.prompt_logprob_acc
-            pairs: list = [(None, req.input_ids[0])] if req.logprob_start_len == 0 else []
-            tops: list = [None] if req.logprob_start_len == 0 else []
+            # the token at logprob_start_len comes first, with no logprob (SGLang's list; clients
+            # such as its select() average the entries that have one)
+            pairs: list = [(None, req.input_ids[req.logprob_start_len])]
+            tops: list = [None]
             req.input_logprobs = pairs + [(lp, t) for lp, t, _, _ in acc]
             req.input_top_logprobs = tops + [tp for _, _, tp, _ in acc]
             if req.token_ids_logprob:

@@ -66,6 +66,7 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
     return JSON(
         {
             **ctx.server_args,
+            "served_model_name": ctx.served_model_name,  # the name answered, the folder's where none was given
             "version": __version__,
             "model_info": ctx.model_info(),
             "max_total_num_tokens": ctx.tm.kv_total_slots,
@@ -106,8 +107,11 @@ async def metrics(ctx: ServerContext = Depends(server_context)) -> Response:
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache(ctx: ServerContext = Depends(server_context)) -> Response:
-    """200 when the prefix cache was dropped; 400 while requests are running."""
+async def flush_cache(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """200 when the prefix cache was dropped; 400 while requests are running. With
+    ``--admin-api-key``, only that key may drop every client's cache (403), as in SGLang."""
+    if ctx.admin_api_key:
+        ctx.require_admin(request, "flushing the cache (every client's)")
     if await ctx.tm.flush_cache():
         return PlainTextResponse("Cache flushed.\n")
     return PlainTextResponse("Cache not flushed: requests are running; try again when idle.\n", status_code=400)
@@ -116,7 +120,10 @@ async def flush_cache(ctx: ServerContext = Depends(server_context)) -> Response:
 @router.post("/abort_request")
 async def abort_request(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     """Body ``{"rid": str}`` or ``{"abort_all": true}``; 200 (empty) once sent to the scheduler.
-    With ``--admin-api-key``, ``abort_all`` needs that key (403); without one it is SGLang's."""
+    With ``--admin-api-key`` either needs that key (403), as in SGLang: a client's rid is no secret
+    from the others (clients end their own requests by disconnecting)."""
+    if ctx.admin_api_key:
+        ctx.require_admin(request, "aborting requests (any client's)")
     body = await read_json(request)
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
@@ -127,9 +134,6 @@ async def abort_request(request: Request, ctx: ServerContext = Depends(server_co
         raise bad_request("'abort_all' must be a boolean.", "abort_all")
     if not rid and not abort_all:
         raise bad_request("Give a 'rid' to abort, or 'abort_all': true.", "rid")
-    if abort_all and ctx.admin_api_key:
-        # a server with an operator's key serves clients that should not end each other's requests
-        ctx.require_admin(request, "'abort_all' (every client's requests)", "abort_all")
     ctx.tm.check_alive()
     ctx.tm.abort_rid("" if abort_all else rid)
     return Response(status_code=200)

@@ -52,7 +52,8 @@ class ServerArgs:
         None,
         "the operator's key (default: $RADIXRT_ADMIN_API_KEY): accepted wherever --api-key is, and needed "
         "for what only the operator may ask for (return_cache_info: 'full', which shows other clients' "
-        "cached text); unset: nobody may",
+        "cached text; /flush_cache, /abort_request, weight and adapter updates, where a key is set); "
+        "unset: nobody may see other clients' text, and any client key runs those routes",
         env="RADIXRT_ADMIN_API_KEY",
     )
     served_model_name: Optional[str] = setting(

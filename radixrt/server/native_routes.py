@@ -193,7 +193,7 @@ def _checked_generate(body: Any, tm: TokenizerManager, admin: bool) -> tuple[lis
     return specs, batch, stream
 
 
-@router.post("/generate")
+@router.api_route("/generate", methods=["POST", "PUT"])  # SGLang takes both
 async def generate(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     """Generate for one prompt or a batch; 499 (empty) if the client leaves first."""
     tm = ctx.tm

@@ -185,7 +185,8 @@ def test_kv_events_reach_a_router_over_zmq_and_the_sse_route(srv):
         assert stored and stored[0].parent_block_hash is None and stored[0].block_size == 1
         assert len(frames[0][1]) == 8  # the sequence number frame
         deadline = time.monotonic() + 30
-        while _CLIENT.post(srv.url + "/flush_cache", headers=auth).status_code != 200:  # once idle
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        while _CLIENT.post(srv.url + "/flush_cache", headers=admin).status_code != 200:  # once idle
             assert time.monotonic() < deadline, "the server did not become idle"
             time.sleep(0.2)
         cleared = False

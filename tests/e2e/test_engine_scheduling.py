@@ -158,14 +158,15 @@ def test_prefill_only_and_prompt_logprobs(tiny_llama):
         assert len(lps) == len(ids) and lps[0][0] is None and [t for _, t, _ in lps] == ids
         assert all(lp is not None and lp <= 0 for lp, _, _ in lps[1:])
         assert len(meta["input_top_logprobs"][5]) == 3
-        # From a later start, served partly from the cache: the same numbers.
+        # From a later start, served partly from the cache: the same numbers, the first entry (the
+        # token at logprob_start_len) unscored, as in SGLang
         part = engine.generate(
             input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=40
         )["meta_info"]
-        assert part["cached_tokens"] > 0
+        assert part["cached_tokens"] == 40
         got = [lp for lp, _, _ in part["input_token_logprobs"]]
-        want = [lp for lp, _, _ in lps[40:]]
-        assert got == pytest.approx(want, abs=1e-4)
+        assert [t for _, t, _ in part["input_token_logprobs"]] == ids[40:] and got[0] is None
+        assert got[1:] == pytest.approx([lp for lp, _, _ in lps[41:]], abs=1e-4)
     finally:
         engine.shutdown()
 

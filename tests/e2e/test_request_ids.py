@@ -18,10 +18,14 @@ import re
 import httpx
 import pytest
 
-from tests.support.servers import TINY_SERVER_MAX_N, TINY_SERVER_MAX_TOP
+from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_MAX_N, TINY_SERVER_MAX_TOP
 
 MAX_N = TINY_SERVER_MAX_N  # the server's --max-n
 MAX_TOP = TINY_SERVER_MAX_TOP  # its --max-top-logprobs-num
+
+
+# /abort_request takes the admin key of a server that has one (as SGLang's)
+ADMIN = {"Authorization": f"Bearer {TINY_SERVER_ADMIN_KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +88,7 @@ def test_sample_ids_never_collide_with_a_running_rid(client):
 def test_abort_matches_the_rid_exactly(client):
     with started(client, {"text": "other", "rid": "job-7", "sampling_params": greedy(1500)}) as other_rest:
         with started(client, {"text": "target", "rid": "job", "sampling_params": greedy(8000)}) as job_rest:
-            assert client.post("/abort_request", json={"rid": "job"}).status_code == 200
+            assert client.post("/abort_request", json={"rid": "job"}, headers=ADMIN).status_code == 200
             job = job_rest()
         other = other_rest()
     assert job["meta_info"]["finish_reason"]["type"] == "abort"
@@ -94,7 +98,7 @@ def test_abort_matches_the_rid_exactly(client):
 
 def test_abort_of_a_request_stops_its_samples_and_a_sample_rid_one_sample(client):
     with started(client, {"text": "many", "rid": "par", "sampling_params": greedy(8000, n=2)}) as rest:
-        assert client.post("/abort_request", json={"rid": "par"}).status_code == 200
+        assert client.post("/abort_request", json={"rid": "par"}, headers=ADMIN).status_code == 200
         rest()
     # every sample ended: the same rid is free again, and answers in full
     r = client.post("/generate", json={"text": "many", "rid": "par", "sampling_params": greedy(3, n=2)})
@@ -122,9 +126,9 @@ def test_duplicate_rids_are_refused_and_ids_cannot_be_squatted(client):
             # but a rid that merely starts like it is its own request
             r = client.post("/generate", json={"text": "ok", "rid": "grp-10", "sampling_params": greedy(2)})
             assert r.status_code == 200, r.text
-            assert client.post("/abort_request", json={"rid": "grp"}).status_code == 200
+            assert client.post("/abort_request", json={"rid": "grp"}, headers=ADMIN).status_code == 200
         for rid in squats:
-            assert client.post("/abort_request", json={"rid": rid}).status_code == 200
+            assert client.post("/abort_request", json={"rid": rid}, headers=ADMIN).status_code == 200
     assert re.fullmatch(r"[0-9a-f]{32}", auto_id), auto_id  # random: nothing to count on
 
 

@@ -38,6 +38,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 # which the health polls below would take from the servers under test
 HTTP = httpx.Client(timeout=5)
 ADMIN_KEY = "admin"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # /flush_cache and /abort_request: the workers have the admin key
 # Two system prompts of ~60 tokens each; questions add a few tokens.
 SYSTEM = [
     f"You are assistant number {i}. " + " ".join(f"rule {i}-{j} is important." for j in range(12)) for i in range(2)
@@ -270,7 +271,7 @@ def test_lora_adapters_load_through_the_front_on_every_replica(dp_server, worker
 
 def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(workers, routers):
     router = routers["cache_aware"]
-    assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert HTTP.post(router.url + "/flush_cache", headers=ADMIN, timeout=30).status_code == 200
     first = {i: _generate(router, SYSTEM[i] + " Question: hello?").headers["x-radixrt-worker"] for i in range(2)}
     assert sorted(first.values()) == sorted(w.url for w in workers)  # two new prefixes: one per worker
     by_url = {w.url: w for w in workers}
@@ -332,9 +333,9 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
     info = HTTP.get(router.url + "/get_server_info", headers=AUTH, timeout=30).json()
     assert len(info["internal_states"]) == 2 and {w["url"] for w in info["workers"]} == {w.url for w in workers}
     assert info["router"]["policy"] == "cache_aware"
-    assert HTTP.post(router.url + "/abort_request", headers=AUTH, json={"rid": "nope"}).status_code == 200
-    assert HTTP.post(router.url + "/abort_request", headers=AUTH, json={}).status_code == 400
-    assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert HTTP.post(router.url + "/abort_request", headers=ADMIN, json={"rid": "nope"}).status_code == 200
+    assert HTTP.post(router.url + "/abort_request", headers=ADMIN, json={}).status_code == 400
+    assert HTTP.post(router.url + "/flush_cache", headers=ADMIN, timeout=30).status_code == 200
     assert all(_hits(w) is not None for w in workers)
 
 
@@ -419,7 +420,7 @@ def test_a_stopped_worker_leaves_routing_and_comes_back(workers, routers, dp_ser
 
 def test_a_killed_worker_fails_over_and_the_dp_front_goes_down_with_it(workers, routers, dp_server):
     router = routers["cache_aware"]
-    assert HTTP.post(router.url + "/flush_cache", headers=AUTH, timeout=30).status_code == 200
+    assert HTTP.post(router.url + "/flush_cache", headers=ADMIN, timeout=30).status_code == 200
     owner_url = _generate(router, SYSTEM[0] + " Before the crash?").headers["x-radixrt-worker"]
     victim = next(w for w in workers if w.url == owner_url)
     survivor = next(w for w in workers if w is not victim)

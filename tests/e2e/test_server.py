@@ -39,7 +39,7 @@ def embedded_server(default_model_path):
     """The embedded model with the session tiny_server's KV size, key and request size limit."""
     flags = ("--max-total-tokens", str(KV_TOKENS), "--max-request-bytes", "200000")
     for srv in serving(*flags, model="default", api_key=KEY):
-        srv.folder, srv.served_name = default_model_path, "SmolLM2-135M-Instruct"
+        srv.folder, srv.served_name, srv.admin_key = default_model_path, "SmolLM2-135M-Instruct", None
         yield srv
 
 
@@ -330,21 +330,49 @@ def test_generate_stop_string(embedded_client):
     assert " 7" not in r["text"] and r["text"].strip().startswith("5")
 
 
-def test_flush_cache_and_abort_route(client):
-    assert client.post("/flush_cache").status_code == 200
+def test_sglang_request_forms(server, client):
+    """SGLang's: PUT /generate; an empty grammar is none; one rid for a batch numbers its prompts;
+    prompt logprobs from the middle list the start token unscored; the served name in the info."""
+    body = {"text": "Hello", "sampling_params": greedy(4, ignore_eos=True)}
+    plain = client.post("/generate", json=body).json()
+    assert client.put("/generate", json=body).json()["output_ids"] == plain["output_ids"]
+    for kind in ("regex", "json_schema", "ebnf"):
+        r = client.post("/generate", json={**body, "sampling_params": {**body["sampling_params"], kind: ""}})
+        assert r.status_code == 200 and r.json()["output_ids"] == plain["output_ids"], (kind, r.text)
+    batch = client.post("/generate", json={"text": ["a", "b"], "rid": "mine", "sampling_params": greedy(1)}).json()
+    assert [x["meta_info"]["id"] for x in batch] == ["mine_0", "mine_1"]
+    ids = client.post("/tokenize", json={"prompt": "one two three four five"}).json()["tokens"]
+    lps = client.post(
+        "/generate",
+        json={"input_ids": ids, "return_logprob": True, "logprob_start_len": 2, "sampling_params": greedy(1)},
+    ).json()["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, _ in lps] == ids[2:] and lps[0][0] is None and all(x[0] is not None for x in lps[1:])
+    info = client.get("/get_server_info").json()
+    assert info["served_model_name"] == server.served_name
+
+
+def test_flush_cache_and_abort_route(server, client):
+    """The tiny server needs its admin key (the test below); the embedded one has none: any key does."""
+    admin = _bearer(server.admin_key) if server.admin_key else {}
+    assert client.post("/flush_cache", headers=admin).status_code == 200
     r = client.post("/generate", json={"text": "Repeat me", "sampling_params": greedy(2)}).json()
     assert r["meta_info"]["cached_tokens"] == 0
-    assert client.post("/abort_request", json={"rid": "no-such-request"}).status_code == 200
+    assert client.post("/abort_request", json={"rid": "no-such-request"}, headers=admin).status_code == 200
 
 
-def test_abort_all_needs_the_admin_key_where_there_is_one(tiny_server):
-    """Any client may abort its own request by rid (SGLang's route); ending every client's requests
-    is the operator's, on a server that has an admin key."""
-    every = {"abort_all": True}
-    plain = httpx.post(tiny_server.url + "/abort_request", json=every, headers=_bearer(TINY_SERVER_KEY))
-    assert plain.status_code == 403 and "admin key" in plain.json()["error"]["message"], plain.text
-    admin = httpx.post(tiny_server.url + "/abort_request", json=every, headers=_bearer(TINY_SERVER_ADMIN_KEY))
-    assert admin.status_code == 200, admin.text
+def test_flush_and_abort_need_the_admin_key_where_there_is_one(tiny_server):
+    """As in SGLang: on a server with an admin key, dropping every client's cache and aborting
+    requests (a rid is no secret from other clients) are the operator's; clients end their own
+    requests by disconnecting."""
+    for route, body in (
+        ("/flush_cache", None),
+        ("/abort_request", {"abort_all": True}),
+        ("/abort_request", {"rid": "someone-elses"}),
+    ):
+        plain = httpx.post(tiny_server.url + route, json=body, headers=_bearer(TINY_SERVER_KEY))
+        assert plain.status_code == 403 and "admin key" in plain.json()["error"]["message"], plain.text
+        admin = httpx.post(tiny_server.url + route, json=body, headers=_bearer(TINY_SERVER_ADMIN_KEY))
+        assert admin.status_code == 200, admin.text
 
 
 def _bearer(key: str) -> dict:
@@ -978,7 +1006,7 @@ def test_flush_cache_resets_no_counter_and_the_hit_rate_is_since_start(tiny_serv
 
         [rate_before] = [v for (n, _), v in before.items() if n == "radixrt_cache_hit_rate"]
         assert 0 < rate_before == pytest.approx(rate_of(before))
-        assert client.post("/flush_cache").status_code == 200
+        assert client.post("/flush_cache", headers=_bearer(TINY_SERVER_ADMIN_KEY)).status_code == 200
         after, _ = _scrape(client)
         totals = [k for k in before if k[0].endswith("_total")]
         assert len(totals) >= 8 and ("radixrt_cache_queried_tokens_total", (("model_name", "default"),)) in totals

@@ -94,11 +94,10 @@ def test_build_specs_per_item_values():
         assert isinstance(ei.value, ValueError)
 
 
-def test_a_batch_needs_one_rid_per_prompt():
+def test_a_batch_takes_one_rid_per_prompt_or_one_to_number():
+    """As SGLang: one string for a batch names its prompts ``<rid>_<i>``."""
     batch = split_prompts(["a", "b"], None, encode)
-    with pytest.raises(RequestError, match="one per prompt") as e:
-        build_specs(batch, rid="x")
-    assert e.value.param == "rid"
+    assert [s.rid for s in build_specs(batch, rid="x")] == ["x_0", "x_1"]
     with pytest.raises(RequestError, match="unique"):
         build_specs(batch, rid=["x", "x"])
     assert [s.rid for s in build_specs(split_prompts(["a"], None, encode), rid="x")] == ["x"]
