@@ -35,7 +35,8 @@ def tiny_server(tiny_llama):
     tokens, --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
     ``TINY_SERVER_MAX_TOP`` and the overlap scheduler (a CUDA default, off on the CPU otherwise), so
     that streams, aborts and disconnects are also tested with a step in flight. ``folder`` and
-    ``served_name`` are what it reports, ``admin_key`` its admin key; it publishes KV events at ``kv_events`` (test_dashboard.py)."""
+    ``served_name`` are what it reports, ``admin_key`` its admin key; it publishes KV events at
+    ``kv_events`` (test_dashboard.py)."""
     events = free_port()
     for srv in serving(
         "--max-total-tokens",
