@@ -92,6 +92,8 @@ class RequestSpec:
     # Sent with the server's admin key: ``priority`` may be any 64-bit integer, not only one within
     # Limits.max_client_priority. Only the server's routes set it (from the request's key).
     admin: bool = False
+    # max_new_tokens was given (`build_specs` sets it; the default stops at the context): prompt + it must fit
+    asks_max_new_tokens: bool = False
 
     def __post_init__(self) -> None:
         self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num, self.token_ids_logprob)
@@ -208,6 +210,13 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     """`validate_prompt`, then the logprob fields and the priority's range."""
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
+    n, wanted = len(spec.input_ids), spec.sampling.max_new_tokens
+    if spec.asks_max_new_tokens and n + wanted > limits.context_length:  # as SGLang, vLLM and OpenAI
+        raise RequestError(
+            f"the prompt's {n} tokens and max_new_tokens {wanted} make {n + wanted}, more than this model's "
+            f"context length of {limits.context_length}: ask for at most {limits.context_length - n} new tokens",
+            "max_new_tokens",
+        )
     if spec.return_logprob and spec.logprob_start_len > len(spec.input_ids):  # (equal: no prompt logprobs, as SGLang)
         raise RequestError(
             f"logprob_start_len {spec.logprob_start_len} is beyond the prompt length {len(spec.input_ids)}",
@@ -331,6 +340,11 @@ def to_sampling_params(value: Any) -> SamplingParams:
         raise RequestError(str(e), "sampling_params") from None
 
 
+def _asks_max_new_tokens(sampling: Any) -> bool:
+    """Whether a request's sampling parameters set max_new_tokens (a SamplingParams object always does)."""
+    return not isinstance(sampling, dict) or sampling.get("max_new_tokens") is not None
+
+
 def _check_rids(rids: list[Any], prompts: PromptBatch, rid: Any) -> None:
     if not prompts.batch and isinstance(rid, list):
         raise RequestError("'rid' must be a string for a single prompt.", "rid")
@@ -392,6 +406,7 @@ def build_specs(
             sampling=to_sampling_params(sampling[i]),
             return_logprob=flags[i],
             logprob_start_len=int(starts[i]),
+            asks_max_new_tokens=_asks_max_new_tokens(sampling[i]),
             top_logprobs_num=int(tops[i]),
             token_ids_logprob=token_ids[i],
             return_text_in_logprobs=return_text_in_logprobs,

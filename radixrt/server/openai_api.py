@@ -9,8 +9,6 @@ and the answers are built by `radixrt.server.openai_render`.
 from __future__ import annotations
 
 import functools
-import json
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -20,11 +18,10 @@ from starlette.responses import Response
 from radixrt.requests.intake import PromptBatch, RequestSpec, build_specs, split_prompts
 from radixrt.requests.reasoning import reasoning_mode
 from radixrt.requests.router import ReqGroup
-from radixrt.sampling.grammar import check_grammar
-from radixrt.sampling.params import SamplingParams
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
+from radixrt.server.openai_checks import check_limits, response_format_sampling, sampling_of, validate_specs
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.special_text import special_text
@@ -74,38 +71,6 @@ async def _answer(request: Request, tm: TokenizerManager, group: ReqGroup, view:
     return JSON(view.response())
 
 
-def _sampling(req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = None) -> SamplingParams:
-    """The request's SamplingParams; a bad value is a 400 naming the OpenAI field."""
-    d = req.sampling_dict(max_new_tokens)
-    if extra:
-        d.update(extra)
-    try:
-        return SamplingParams.from_dict(d)
-    except ValueError as e:
-        msg = str(e)
-        param = None
-        for name in ("max_new_tokens", "min_new_tokens"):
-            if f"'{name}'" in msg:
-                param = "max_tokens" if name == "max_new_tokens" else "min_tokens"
-        if param is None:
-            m = re.search(r"'(\w+)'", msg)
-            param = m.group(1) if m else None
-        raise bad_request(msg.replace("max_new_tokens", "max_tokens"), param) from None
-
-
-def _check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[int]) -> None:
-    """The server's limits on ``n`` and the number of top logprobs (the same
-    as /generate's), as 400s naming the OpenAI fields."""
-    limits = tm.limits
-    if req.n > limits.max_n:
-        raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
-    if top is not None and top > limits.max_top_logprobs_num:
-        raise bad_request(
-            f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} top logprobs per token.",
-            top_name,
-        )
-
-
 # ---------------------------------------------------------------------- completions
 def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptBatch:
     """``prompt`` (a string, a list of ids, or a list of either) through the front door."""
@@ -134,15 +99,11 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
         )
 
 
-def _completion_specs(
-    req: CompletionRequest, prompts: PromptBatch, context_length: int, admin: bool = False
-) -> list[RequestSpec]:
-    """One spec per prompt; without max_tokens a prompt may fill the context.
+def _completion_specs(req: CompletionRequest, prompts: PromptBatch, admin: bool = False) -> list[RequestSpec]:
+    """One spec per prompt, each with max_tokens (16 unless given).
     ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
-    sampling = [
-        _sampling(req, req.max_tokens if req.max_tokens is not None else max(context_length - len(ids), 0))
-        for ids in prompts.ids
-    ]
+    constraint = response_format_sampling(req)
+    sampling = [sampling_of(req, req.max_tokens, constraint) for _ in prompts.ids]
     want_lp = req.logprobs is not None
     with as_bad_request():
         return build_specs(
@@ -165,8 +126,8 @@ def _completion_plan(
 ) -> tuple[PromptBatch, list[RequestSpec]]:
     """The prompts and their validated specs (blocking: tokenizes; run off the event loop)."""
     prompts = _completion_prompts(req, tm)
-    specs = _completion_specs(req, prompts, tm.context_length, admin)
-    tm.validate_specs(specs)
+    specs = _completion_specs(req, prompts, admin)
+    validate_specs(tm, specs)
     return prompts, specs
 
 
@@ -177,7 +138,7 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
     ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
-    _check_limits(req, tm, "logprobs", req.logprobs)
+    check_limits(req, tm, "logprobs", req.logprobs)
     prompts, specs = await tm.run_tokenize(_completion_plan, req, tm, ctx.is_admin(request))
     for spec in specs:
         spec.lora = lora
@@ -271,28 +232,6 @@ def _chat_prompt_ids(
     return first(prompt)
 
 
-def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
-    """The sampling params that ``response_format`` asks for (a JSON schema), checked."""
-    rf = req.response_format
-    if rf is None or rf.type == "text":
-        return {}
-    if req.regex or req.json_schema or req.ebnf:
-        raise bad_request("'response_format' cannot be combined with regex, json_schema or ebnf.", "response_format")
-    if rf.type == "json_object":
-        schema = json.dumps({"type": "object"})
-    else:
-        if rf.json_schema is None or rf.json_schema.schema_ is None:
-            raise bad_request("response_format json_schema needs a 'json_schema.schema'.", "response_format")
-        schema = json.dumps(rf.json_schema.schema_)
-    try:
-        check_grammar(("json_schema", schema))
-    except ValueError as e:
-        raise bad_request(
-            f"'response_format' holds an unusable JSON schema: {str(e).split(': ', 1)[-1]}", "response_format"
-        ) from None
-    return {"json_schema": schema}
-
-
 def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser, settings: Optional[dict] = None) -> ToolRequest:
     """The request's tools and tool_choice, checked (400 naming the bad tool)
     against the server's ``settings`` (``max_tools``, ``max_tools_chars``).
@@ -351,7 +290,7 @@ def _chat_spec(
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
     ids = _chat_prompt_ids(req, messages, tm, tools_arg, reuse_turns=bool(tr.tools) and not native)
-    extra = _response_format(req)
+    extra = response_format_sampling(req)
     if not extra and not (req.regex or req.json_schema or req.ebnf):
         tag = tool_call_structural_tag(parser, tr, reasoning)
         if tag is not None:
@@ -362,7 +301,7 @@ def _chat_spec(
     with as_bad_request():
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"),
-            sampling_params=_sampling(req, max_new, extra),
+            sampling_params=sampling_of(req, max_new, extra),
             return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
             rid=req.rid or None,
@@ -388,7 +327,7 @@ def _checked_chat(
     (`plan_chat` runs it off the event loop)."""
     tr = _chat_tools(req, parser, settings)
     spec = _chat_spec(req, tm, parser, tr, reasoning, admin)
-    tm.validate_specs([spec])
+    validate_specs(tm, [spec])
     return tr, spec
 
 
@@ -414,7 +353,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     lora = ctx.lora_of(req.model)
     tm = ctx.tm
     tm.check_alive()
-    _check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
+    check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     reasoning = reasoning_mode(req.separate_reasoning, settings.get("reasoning_parser"))

@@ -157,7 +157,8 @@ async def stream_choices(
 
 
 def _head(prefix: str, obj: str, model: str) -> dict:
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": model}
+    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": model}
+    return {**head, "system_fingerprint": None}  # OpenAI's field: nothing to fingerprint here
 
 
 def _include_usage(req: Any) -> bool:

@@ -66,6 +66,17 @@ class StreamOptions(Lenient):
     continuous_usage_stats: StrictBool = False  # with include_usage: every chunk carries the usage so far
 
 
+class JsonSchemaFormat(Lenient):
+    name: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
 class _SamplingExtras(Lenient):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -105,6 +116,7 @@ class _SamplingExtras(Lenient):
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None  # chat's; on completions as vLLM takes it
     cache_salt: Optional[str] = None
     # OpenAI's cache hint; here, with cache_salt, a radix namespace (cache_fields.cache_namespace)
     prompt_cache_key: Optional[str] = None
@@ -175,7 +187,7 @@ class CompletionRequest(_SamplingExtras):
     # a string, a list of strings, a list of token ids or a list of such lists: checked by the route
     # (`split_prompts`), where a token id is an int and never a bool (pydantic would read true as 1)
     prompt: Any
-    max_tokens: Optional[StrictInt] = Field(16, ge=0)
+    max_tokens: StrictInt = Field(16, ge=0)  # OpenAI's default, also for an explicit null
     logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     echo: StrictBool = False
     best_of: Optional[StrictInt] = Field(None, ge=1)
@@ -195,24 +207,12 @@ class ChatMessage(Lenient):
     tool_call_id: Optional[str] = None
 
 
-class JsonSchemaFormat(Lenient):
-    name: Optional[str] = None
-    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
-    strict: Optional[bool] = None
-
-
-class ResponseFormat(Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
-
-
 class ChatCompletionRequest(_SamplingExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[StrictInt] = Field(None, ge=0)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=0)
     logprobs: StrictBool = False
     top_logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
-    response_format: Optional[ResponseFormat] = None
     tools: Optional[list[Any]] = None  # checked by radixrt.server.tools.spec (400 naming the tool)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None

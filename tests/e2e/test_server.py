@@ -663,6 +663,44 @@ def test_openai_token_ids_for_token_in_token_out(client):
     assert r.status_code == 400 and "return_meta_info" in r.text, r.text
 
 
+def test_max_tokens_beyond_the_context_is_a_400(client):
+    """As SGLang, vLLM and OpenAI: a token limit the prompt leaves no room for is refused (not
+    capped into a run to the context's end), naming each API's field; without one, chat may fill
+    the context; completions' max_tokens defaults to 16, also when sent as null."""
+    ctx = client.get("/v1/models").json()["data"][0]["max_model_len"]
+    for route, body, param in (
+        ("/v1/chat/completions", {"messages": _MSG, "max_tokens": ctx}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": _MSG, "max_completion_tokens": ctx}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": ctx}, "max_tokens"),
+        ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": ctx}}, "max_new_tokens"),
+    ):
+        r = client.post(route, json={**({"model": "default"} if route.startswith("/v1") else {}), **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, r.text)
+        assert f"context length of {ctx}" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/completions", json={"model": "default", "prompt": "x", "max_tokens": None, "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 16, r.text
+    r = client.post("/v1/completions", json={"model": "default", "prompt": "x", "logit_bias": {"99999999": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+    # vLLM's response_format on completions: the text is JSON
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "n",
+            "schema": {
+                "type": "object",
+                "properties": {"n": {"type": "boolean"}},
+                "required": ["n"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    r = client.post(
+        "/v1/completions", json={"model": "default", "prompt": "x", "max_tokens": 40, "response_format": fmt}
+    )
+    out = r.json()["choices"][0]
+    assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"n"}, r.text
+
+
 def test_openai_extra_fields_accepted(client):
     r = client.post(
         "/v1/completions",

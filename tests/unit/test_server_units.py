@@ -438,7 +438,7 @@ def test_dead_child_fails_requests_and_health(app_client):
             tm.fail_all("the scheduler process (pid 1) exited with code -9")
 
         app_client.portal.start_task_soon(hang_then_fail)
-        r = app_client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 200}})
+        r = app_client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 50}})
         assert r.status_code == 503 and "scheduler" in r.json()["error"]["message"]
         assert app_client.get("/health").status_code == 503
         assert app_client.post("/generate", json={"text": "Hi"}).status_code == 503

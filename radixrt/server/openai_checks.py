@@ -1,0 +1,84 @@
+"""The checks both OpenAI routes make, with errors in OpenAI's terms: sampling
+parameters and the server's limits as 400s naming the OpenAI field
+(``max_tokens``, not the runtime's ``max_new_tokens``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional
+
+from radixrt.requests.intake import RequestError, RequestSpec, validate_call
+from radixrt.sampling.grammar import check_grammar
+from radixrt.sampling.params import SamplingParams
+from radixrt.server.errors import ServerError, bad_request
+from radixrt.server.tokenizer_manager import TokenizerManager
+
+# runtime names -> the OpenAI fields that set them
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_QUOTED_NAME = re.compile(r"'(\w+)'")
+
+
+def openai_error(message: str, param: Optional[str]) -> ServerError:
+    """A 400 for a runtime error message: the field named in OpenAI's terms (a message
+    about ``sampling_params`` names the parameter it quotes, as ``'logit_bias'``)."""
+    if param in (None, "sampling_params"):
+        quoted = _QUOTED_NAME.search(message)
+        param = quoted.group(1) if quoted else param
+    for name, openai_name in _OPENAI_NAMES.items():
+        message = message.replace(name, openai_name)
+    return bad_request(message, _OPENAI_NAMES.get(param or "", param))
+
+
+def sampling_of(req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = None) -> SamplingParams:
+    """The request's SamplingParams; a bad value is a 400 naming the OpenAI field."""
+    d = req.sampling_dict(max_new_tokens)
+    if extra:
+        d.update(extra)
+    try:
+        return SamplingParams.from_dict(d)
+    except ValueError as e:
+        raise openai_error(str(e), None) from None
+
+
+def check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[int]) -> None:
+    """The server's limits on ``n`` and the number of top logprobs (the same
+    as /generate's), as 400s naming the OpenAI fields."""
+    limits = tm.limits
+    if req.n > limits.max_n:
+        raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
+    if top is not None and top > limits.max_top_logprobs_num:
+        raise bad_request(
+            f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} top logprobs per token.",
+            top_name,
+        )
+
+
+def validate_specs(tm: TokenizerManager, specs: list[RequestSpec]) -> None:
+    """`TokenizerManager.validate_specs` (blocking: off the event loop), its 400s in OpenAI's terms."""
+    try:
+        validate_call(specs, tm.limits)
+    except RequestError as e:
+        raise openai_error(e.message, e.param) from None
+
+
+def response_format_sampling(req: Any) -> dict[str, Any]:
+    """The sampling params that ``response_format`` asks for (a JSON schema), checked."""
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return {}
+    if req.regex or req.json_schema or req.ebnf:
+        raise bad_request("'response_format' cannot be combined with regex, json_schema or ebnf.", "response_format")
+    if rf.type == "json_object":
+        schema = json.dumps({"type": "object"})
+    else:
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise bad_request("response_format json_schema needs a 'json_schema.schema'.", "response_format")
+        schema = json.dumps(rf.json_schema.schema_)
+    try:
+        check_grammar(("json_schema", schema))
+    except ValueError as e:
+        raise bad_request(
+            f"'response_format' holds an unusable JSON schema: {str(e).split(': ', 1)[-1]}", "response_format"
+        ) from None
+    return {"json_schema": schema}
