@@ -106,10 +106,10 @@ def test_quantized_engines_agree_with_auto_on_the_embedded_model():
                     input_ids=p + a,
                     sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                     return_logprob=True,
-                    logprob_start_len=len(p),
+                    logprob_start_len=len(p) - 1,  # its entry unscored; then the answer's tokens
                     top_logprobs_num=1,
                 )
-                tops = [row[0][1] for row in out["meta_info"]["input_top_logprobs"]]
+                tops = [row[0][1] for row in out["meta_info"]["input_top_logprobs"][1:]]
                 assert len(tops) == len(a)
                 agree += sum(t == x for t, x in zip(tops, a))
                 total += len(a)
