@@ -78,11 +78,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         clock = time.perf_counter()
         if args.stream and len(prompts) == 1:
             printed, logged = 0, False
+            incremental = engine.config.output.incremental_streaming_output  # chunks hold only new text
             for chunk in engine.generate(prompts[0], sampling, stream=True):
                 if not logged:
                     _log_startup([*phases, ("first token", time.perf_counter() - clock)], engine, "first token")
                     logged = True
-                sys.stdout.write(chunk["text"][printed:])
+                sys.stdout.write(chunk["text"] if incremental else chunk["text"][printed:])
                 sys.stdout.flush()
                 printed = len(chunk["text"])
             sys.stdout.write("\n")

@@ -36,6 +36,7 @@ from radixrt.requests.messages import REPLY_KINDS, AbortReq, ControlReply, Token
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.requests.scoring import score_with
+from radixrt.requests.sglang_fields import check_engine_fields
 from radixrt.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,10 @@ class Engine(EngineControl):
         return_cache_info: Any = False,
         lora_path: Any = None,
         token_ids_logprob: Any = None,
+        sglang_fields: Optional[dict] = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
+        check_engine_fields(sglang_fields or {})
         prompts = split_prompts(
             prompt,
             input_ids,
@@ -256,6 +259,7 @@ class Engine(EngineControl):
         return_cache_info: Union[bool, str] = False,
         lora_path: Any = None,
         token_ids_logprob: Any = None,
+        **sglang_fields: Any,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
@@ -277,7 +281,9 @@ class Engine(EngineControl):
         adapter's name, or one per prompt (None: the base model).
         ``token_ids_logprob`` (SGLang's): token ids whose logprobs every scored
         position returns (``meta_info.input_token_ids_logprobs`` and
-        ``output_token_ids_logprobs``), or one list per prompt.
+        ``output_token_ids_logprobs``), or one list per prompt. SGLang's other arguments
+        (``image_data``, ``custom_logit_processor``...) are taken unset and refused set
+        (`radixrt.requests.sglang_fields`).
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
@@ -296,6 +302,7 @@ class Engine(EngineControl):
             return_cache_info,
             lora_path,
             token_ids_logprob,
+            sglang_fields,
         )
         loop = self._loop()
         if stream:
@@ -318,6 +325,7 @@ class Engine(EngineControl):
         return_cache_info: Union[bool, str] = False,
         lora_path: Any = None,
         token_ids_logprob: Any = None,
+        **sglang_fields: Any,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
         specs, batch = self._prepare(
@@ -335,6 +343,7 @@ class Engine(EngineControl):
             return_cache_info,
             lora_path,
             token_ids_logprob,
+            sglang_fields,
         )
         if stream:
             return await self._start_stream(specs[0])

@@ -23,7 +23,8 @@ Every other field of SGLang's ``GenerateReqInput`` is accepted while unset
 (``None``, ``false``, empty), since SGLang's clients send some of them
 explicitly (``RuntimeEndpoint``, ``Runtime.generate``: ``session_id``,
 ``image_data``...); set, it is a 400 naming it, except the
-pure hints in ``_GENERATE_ALWAYS_IGNORED`` (logging, tracing, routing).
+pure hints (logging, tracing, routing): `radixrt.requests.sglang_fields`,
+which `Engine.generate` checks its SGLang arguments with too.
 
 ``POST /concate_and_append_request`` is what SGLang's ``RuntimeEndpoint``
 posts when a program joins its forks with ``mode="concate_and_append"``.
@@ -40,6 +41,7 @@ from starlette.responses import Response
 from radixrt.config.lora import unknown_adapter
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts
 from radixrt.requests.router import ReqGroup
+from radixrt.requests.sglang_fields import HINT_FIELDS, UNSUPPORTED_FIELDS, check_unsupported
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request, error_body
 from radixrt.server.http_utils import (
@@ -72,73 +74,6 @@ _GENERATE_KEYS = {
     "return_cache_info",
     "lora_path",
 }
-# SGLang request fields (GenerateReqInput, SGLang 0.5.x) radixrt does not implement:
-# accepted while empty/unset, a 400 naming the field when set.
-_GENERATE_IGNORED = {
-    # multimodal inputs
-    "image_data",
-    "audio_data",
-    "video_data",
-    "input_embeds",
-    "modalities",
-    "mm_hashes",
-    "mm_content_hashes",
-    "use_audio_in_video",
-    "video_config",
-    "images_config",
-    "mm_processor_kwargs",
-    "max_dynamic_patch",
-    "min_dynamic_patch",
-    "image_max_dynamic_patch",
-    "video_max_dynamic_patch",
-    "need_wait_for_mm_inputs",
-    "num_items_assigned",
-    "encoder_urls",
-    "positional_embed_overrides",
-    # adapters (by id), sessions, custom processors
-    "lora_id",
-    "session_params",
-    "session_id",
-    "custom_logit_processor",
-    # disaggregation and data parallelism
-    "bootstrap_host",
-    "bootstrap_port",
-    "bootstrap_room",
-    "bootstrap_pair_key",
-    "decode_tp_size",
-    "data_parallel_rank",
-    "routed_dp_rank",
-    "disagg_prefill_dp_rank",
-    "http_worker_ipc",
-    "kv_hints",
-    # extra outputs
-    "return_hidden_states",
-    "return_routed_experts",
-    "routed_experts_start_len",
-    "return_indexer_topk",
-    "return_sampling_mask",
-    "sampling_logprobs_mode",
-    "return_flat_raw_top_logprobs",
-    "return_flat_raw_output_top_logprobs",
-    "return_flat_raw_top_logprobs_b64",
-    "return_bytes",
-    "return_entropy",
-    "return_prompt_token_ids",
-    "multi_item_delimiter_indices",
-    "token_indices_to_pool",
-    # generation options radixrt does not have
-    "stream_options",
-    "extra_key",
-    "background",
-    "require_reasoning",
-    "max_thinking_tokens",
-    "watermark",
-    "conversation_id",
-    "label",
-    "custom_labels",
-}
-# Hints that never change an answer (logging, tracing, routing): ignored whatever their value.
-_GENERATE_ALWAYS_IGNORED = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time"}
 
 
 def _check_keys(body: Any) -> None:
@@ -146,12 +81,12 @@ def _check_keys(body: Any) -> None:
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     for key, value in body.items():
-        if key in _GENERATE_KEYS or key in _GENERATE_ALWAYS_IGNORED:
+        if key in _GENERATE_KEYS:
             continue
-        if key in _GENERATE_IGNORED:
-            if value in (None, False, [], {}, ""):
-                continue
-            raise bad_request(f"'{key}' is not supported by radixrt.", key)
+        if key in UNSUPPORTED_FIELDS or key in HINT_FIELDS:
+            with as_bad_request():
+                check_unsupported({key: value})
+            continue
         raise bad_request(f"Unknown field '{key}' in the /generate request.", key)
 
 

@@ -1,0 +1,95 @@
+"""SGLang's request fields that radixrt does not implement (GenerateReqInput, SGLang 0.5.x), for
+`/generate` and `Engine.generate`: accepted while unset, refused by name when set, so that SGLang's
+clients, which send some of them empty, work unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixrt.requests.errors import RequestError
+
+# SGLang request fields (GenerateReqInput, SGLang 0.5.x) radixrt does not implement:
+# accepted while empty/unset, a 400 naming the field when set.
+UNSUPPORTED_FIELDS = {
+    # multimodal inputs
+    "image_data",
+    "audio_data",
+    "video_data",
+    "input_embeds",
+    "modalities",
+    "mm_hashes",
+    "mm_content_hashes",
+    "use_audio_in_video",
+    "video_config",
+    "images_config",
+    "mm_processor_kwargs",
+    "max_dynamic_patch",
+    "min_dynamic_patch",
+    "image_max_dynamic_patch",
+    "video_max_dynamic_patch",
+    "need_wait_for_mm_inputs",
+    "num_items_assigned",
+    "encoder_urls",
+    "positional_embed_overrides",
+    # adapters (by id), sessions, custom processors
+    "lora_id",
+    "session_params",
+    "session_id",
+    "custom_logit_processor",
+    # disaggregation and data parallelism
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+    "data_parallel_rank",
+    "routed_dp_rank",
+    "disagg_prefill_dp_rank",
+    "http_worker_ipc",
+    "kv_hints",
+    # extra outputs
+    "return_hidden_states",
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "return_indexer_topk",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+    "return_flat_raw_top_logprobs",
+    "return_flat_raw_output_top_logprobs",
+    "return_flat_raw_top_logprobs_b64",
+    "return_bytes",
+    "return_entropy",
+    "return_prompt_token_ids",
+    "multi_item_delimiter_indices",
+    "token_indices_to_pool",
+    # generation options radixrt does not have
+    "stream_options",
+    "extra_key",
+    "background",
+    "require_reasoning",
+    "max_thinking_tokens",
+    "watermark",
+    "conversation_id",
+    "label",
+    "custom_labels",
+}
+# Hints that never change an answer (logging, tracing, routing): ignored whatever their value.
+HINT_FIELDS = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time"}
+
+
+def check_unsupported(fields: dict[str, Any]) -> None:
+    """RequestError naming the first of ``fields`` (names from the two sets above) that is set;
+    a hint is ignored whatever its value."""
+    for key, value in fields.items():
+        if key in HINT_FIELDS or value in (None, False, [], {}, ""):
+            continue
+        raise RequestError(f"'{key}' is not supported by radixrt.", key)
+
+
+def check_engine_fields(fields: dict[str, Any]) -> None:
+    """``Engine.generate``'s SGLang arguments: TypeError for a name SGLang does not take either,
+    then `check_unsupported`."""
+    for key in fields:
+        if key not in UNSUPPORTED_FIELDS and key not in HINT_FIELDS:
+            raise TypeError(f"Engine.generate() got an unexpected keyword argument {key!r}")
+    check_unsupported(fields)
