@@ -117,6 +117,9 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
     add_serve_args(p)
     p.add_argument(
         "--dp",
+        "--dp-size",  # SGLang's spellings
+        "--data-parallel-size",
+        dest="dp",
         type=int,
         default=1,
         help="data parallel: this many replicas (each its own scheduler, KV pool and radix "

@@ -361,6 +361,17 @@ ENGINE_NEEDS: tuple[Need, ...] = (
 ENGINE_INDEPENDENT = frozenset(
     {
         "model_path",
+        "tokenizer_path",
+        "chat_template",
+        "mem_fraction_static",  # max_total_tokens, where given, decides (SGLang takes both)
+        # SGLang's flags that change nothing here (radixrt/config/sglang_flags.py)
+        "trust_remote_code",
+        "enable_metrics",
+        "enable_cache_report",
+        "enable_mixed_chunk",
+        "max_prefill_tokens",
+        "grammar_backend",
+        "skip_server_warmup",
         "device",
         "tp_size",
         "dtype",

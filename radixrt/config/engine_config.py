@@ -33,6 +33,7 @@ from radixrt.config.sections import (
     SchedulingSettings,
     SpeculativeSettings,
 )
+from radixrt.config.sglang_flags import SGLangFlagSettings
 from radixrt.config.storage import StorageSettings
 from radixrt.config_deps import ENGINE_NEEDS, apply_needs, field_defaults
 
@@ -52,6 +53,7 @@ SECTIONS: dict[str, type] = {
     "lora": LoRASettings,
     "output": OutputSettings,
     "debug": DebugSettings,
+    "sglang": SGLangFlagSettings,
 }
 
 
@@ -93,6 +95,7 @@ class EngineConfig:
     lora: LoRASettings
     output: OutputSettings
     debug: DebugSettings
+    sglang: SGLangFlagSettings
 
     def __init__(
         self,
@@ -110,6 +113,7 @@ class EngineConfig:
         lora: _Section = None,
         output: _Section = None,
         debug: _Section = None,
+        sglang: _Section = None,
         **flags: Any,
     ) -> None:
         given = {
@@ -127,6 +131,7 @@ class EngineConfig:
             "lora": lora,
             "output": output,
             "debug": debug,
+            "sglang": sglang,
         }
         values = dict(flag_defaults())
         for section, value in given.items():

@@ -13,6 +13,7 @@ planner `SchedulingSettings`, the model runner `ModelSettings`,
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,6 +29,8 @@ from radixrt.memory.kv_format import KV_CACHE_DTYPES
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
 CPU_LONG_PREFILL_TOKENS = 256
+# SGLang's (and transformers') other names of the dtypes
+DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,13 @@ class ModelSettings:
         "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face "
         "model folder (config.json + safetensors)",
         flag="--model",
+        aliases=("--model-path",),
+    )
+    tokenizer_path: Optional[str] = setting(None, "the tokenizer's folder (SGLang's flag); unset: the model's")
+    chat_template: Optional[str] = setting(
+        None,
+        "a Jinja chat template for chat requests in place of the tokenizer's: a file holding it (.jinja), or "
+        "a JSON file with a 'chat_template' key (SGLang's flag takes such a file too); unset: the tokenizer's",
     )
     dtype: str = setting(
         "auto",
@@ -62,6 +72,11 @@ class ModelSettings:
     )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_SPELLINGS.get(self.dtype, self.dtype))
+        for name in ("tokenizer_path", "chat_template"):  # refused before the model loads
+            path = getattr(self, name)
+            if path is not None and not os.path.exists(path):
+                raise ValueError(f"{name} {path!r} does not exist")
         method, group = normalize_method(self.quantization)
         object.__setattr__(self, "quantization", method)
         if group is not None:
@@ -125,6 +140,8 @@ class ExecutionSettings:
             raise ValueError("tp_size must be >= 1")
         if self.cuda_graph_max_bs < 0:
             raise ValueError("cuda_graph_max_bs must be >= 0")
+        if self.sampling_backend == "pytorch":  # SGLang's name for torch sampling: radixrt's own
+            object.__setattr__(self, "sampling_backend", "radixrt")
         check_choice("sampling_backend", self.sampling_backend, ("radixrt", "flashinfer"))
 
     @property
@@ -149,6 +166,12 @@ class CacheSettings:
     mem_fraction: float = setting(
         0.3, "share of free memory for the KV pool (or --max-total-tokens); CPU pages are backed as first used"
     )
+    mem_fraction_static: Optional[float] = setting(
+        None,
+        "SGLang's sizing (in place of --mem-fraction): this share of the device's total memory holds the "
+        "weights and the KV pool together, so the pool gets what stays free of it once the weights are loaded "
+        "(--max-total-tokens, where given, decides); unset: --mem-fraction",
+    )
     kv_cache_dtype: str = setting(
         "auto",
         "how the KV cache stores K/V: auto (the model dtype), int8 (per-token, per-head scales; torch "
@@ -160,6 +183,8 @@ class CacheSettings:
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError("mem_fraction_static must be in (0, 1]")
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
 
 

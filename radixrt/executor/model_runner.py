@@ -27,6 +27,7 @@ from radixrt.executor.models.native_linear import use_native_linears, use_native
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
+from radixrt.executor.pool_size import kv_pool_tokens
 from radixrt.executor.runner_settings import RunnerSettings
 from radixrt.executor.runtime_choice import fit_to_model, quantization_spec, resolve_runtime
 from radixrt.kernels import AttentionBackend, AttentionMetadata, create_backend
@@ -41,14 +42,6 @@ logger = logging.getLogger(__name__)
 
 # the most values `ModelRunner.weights_by_name` returns (about 20 MB of JSON)
 MAX_WEIGHT_VALUES = 1 << 20
-
-
-def _available_memory_bytes(device: str) -> int:
-    if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info()
-        return int(free)
-    pages = os.sysconf("SC_AVPHYS_PAGES")
-    return int(pages * os.sysconf("SC_PAGE_SIZE"))
 
 
 def _weights_in_order(model: Any) -> list[torch.Tensor]:
@@ -101,7 +94,7 @@ class ModelRunner:
         # seconds of each start-up phase, for the start-up breakdown (`radixrt generate --log-level info`)
         self.startup_s = {"weights": time.perf_counter() - clock}
         clock = time.perf_counter()
-        self.tokenizer: Any = load_tokenizer(self.model_path)
+        self.tokenizer: Any = load_tokenizer(model.tokenizer_path or self.model_path, model.chat_template)
         self.startup_s["tokenizer"] = time.perf_counter() - clock
         mc = self.model_config
         self.choice = fit_to_model(self.choice, mc.head_dim)
@@ -277,14 +270,10 @@ class ModelRunner:
     def _num_pages(self) -> int:
         mc = self.model_config
         cache = self.settings.cache
-        if cache.max_total_tokens is not None:
-            tokens = cache.max_total_tokens
-        else:
-            fp = kv_footprint(
-                mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, cache.kv_cache_dtype, str(self.dtype)
-            )
-            tokens = fp.tokens_in(_available_memory_bytes(self.device) * cache.mem_fraction)
-            tokens = min(tokens, 1 << 20)
+        fp = kv_footprint(
+            mc.num_layers, self.shard_config.num_kv_heads, mc.head_dim, cache.kv_cache_dtype, str(self.dtype)
+        )
+        tokens = kv_pool_tokens(cache, fp, self.device)
         pages = tokens // self.page_size
         if pages < 1:
             raise ValueError(f"KV pool of {tokens} tokens holds no page of {self.page_size}")

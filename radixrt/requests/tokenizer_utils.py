@@ -21,19 +21,39 @@ def _plain_fast_config(model_path: str) -> Optional[dict]:
     return cfg if cfg.get("tokenizer_class") in _PLAIN_FAST else None
 
 
-def load_tokenizer(model_path: str) -> Any:
-    """The model folder's tokenizer (the ModelRunner and the server's processes
-    load the same). A folder whose ``tokenizer_config.json`` names the plain
+def load_tokenizer(model_path: str, chat_template: Optional[str] = None) -> Any:
+    """The folder's tokenizer (the ModelRunner and the server's processes
+    load the same), with ``chat_template`` (`read_chat_template`) in place of its own where given.
+    A folder whose ``tokenizer_config.json`` names the plain
     fast tokenizer loads that class directly: ``AutoTokenizer`` would also
     read the model's config through transformers' config classes, whose
     imports cost seconds of start-up. Any other class goes through ``AutoTokenizer``."""
     if _plain_fast_config(model_path) is not None:
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(model_path)
-    from transformers import AutoTokenizer
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(model_path)
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return tokenizer
+
+
+def read_chat_template(path: str) -> str:
+    """The Jinja chat template in file ``path``: the file's text, or the ``chat_template`` of a
+    JSON file (SGLang's --chat-template takes either). ValueError naming the flag otherwise."""
+    if not os.path.isfile(path):
+        raise ValueError(f"chat_template {path!r} is not a file (a .jinja template, or a JSON file holding one)")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".json"):
+        template = json.loads(text).get("chat_template")
+        if not isinstance(template, str):
+            raise ValueError(f"chat_template {path!r} holds no 'chat_template' string")
+        return template
+    return text
 
 
 class TextDecoder:

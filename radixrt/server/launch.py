@@ -139,7 +139,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
             target=run_detokenizer_process,
             name="radixrt-detokenizer",
             daemon=True,
-            args=(resolved, config.debug.log_level, addrs, w, os.getpid()),
+            args=(config.model.tokenizer_path or resolved, config.debug.log_level, addrs, w, os.getpid()),
         )
         proc.start()
         w.close()
@@ -147,10 +147,11 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
 
         from radixrt.requests.tokenizer_utils import load_tokenizer
 
-        tokenizer = load_tokenizer(resolved)
-        from radixrt.sampling.grammar import warm_grammar_checker
+        tokenizer = load_tokenizer(config.model.tokenizer_path or resolved, config.model.chat_template)
+        if not config.sglang.skip_server_warmup:
+            from radixrt.sampling.grammar import warm_grammar_checker
 
-        warm_grammar_checker()  # while the scheduler loads the model, not on the first request
+            warm_grammar_checker()  # while the scheduler loads the model, not on the first request
         try:
             _wait_ready(children, sargs.startup_timeout)
         except RuntimeError as e:

@@ -47,10 +47,13 @@ def _example(name: str) -> object:
         "speculative_algorithm": "RADIX",
         "kv_budget_policy": "infinigen",
         "kv_events_config": '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5599"}',
+        "tokenizer_path": "/",  # they must exist
+        "chat_template": "/",
+        "grammar_backend": "xgrammar",
     }
     if name in strings:
         return strings[name]
-    if name == "kv_budget_recent_fraction":
+    if name in ("kv_budget_recent_fraction", "mem_fraction_static"):
         return 0.25
     if isinstance(default, bool):
         return not default
@@ -246,3 +249,44 @@ def test_serve_router_flags_need_dp(need):
         apply_needs(args, serve_router_needs(), defaults)
     args.dp = 2
     apply_needs(args, serve_router_needs(), defaults)
+
+
+def test_an_sglang_launch_command_line_parses():
+    """``python -m sglang.launch_server``'s common flags, as `radixrt serve` takes them: SGLang's
+    spellings of radixrt's flags, and its flags that change nothing here (sglang_flags.py)."""
+    from radixrt.cli import build_parser
+    from radixrt.server.args import server_args_from_cli
+
+    argv = (
+        "serve --model-path /m --tokenizer-path / --chat-template / --mem-fraction-static 0.85 --dp-size 2 "
+        "--tp-size 1 --trust-remote-code --enable-metrics --enable-cache-report --enable-mixed-chunk "
+        "--skip-server-warmup --max-prefill-tokens 16384 --grammar-backend xgrammar --dtype half "
+        "--sampling-backend pytorch --host 127.0.0.1 --port 30000"
+    ).split()
+    args = build_parser("serve").parse_args(argv)
+    assert args.dp == 2 and server_args_from_cli(args).port == 30000
+    config = EngineConfig.from_cli_args(args)
+    assert (config.model.model_path, config.model.tokenizer_path, config.model.dtype) == ("/m", "/", "float16")
+    assert config.cache.mem_fraction_static == 0.85 and config.execution.sampling_backend == "radixrt"
+    assert config.sglang.skip_server_warmup and config.sglang.trust_remote_code
+    with pytest.raises(ValueError, match="grammar_backend"):
+        EngineConfig(grammar_backend="outlines")
+
+
+def test_mem_fraction_static_sizes_the_pool_as_sglang(monkeypatch):
+    """That share of the total holds weights and pool: the pool gets the free memory beyond the
+    rest; max_total_tokens decides where given; a share that leaves nothing is refused."""
+    from radixrt.config.sections import CacheSettings
+    from radixrt.executor import pool_size
+
+    class PerGiB:
+        def tokens_in(self, nbytes: float) -> int:
+            return int(nbytes // 2**30)
+
+    monkeypatch.setattr(pool_size, "total_memory_bytes", lambda device: 100 * 2**30)
+    monkeypatch.setattr(pool_size, "available_memory_bytes", lambda device: 60 * 2**30)
+    assert pool_size.kv_pool_tokens(CacheSettings(mem_fraction_static=0.9), PerGiB(), "cpu") == 50
+    assert pool_size.kv_pool_tokens(CacheSettings(mem_fraction=0.5), PerGiB(), "cpu") == 30
+    assert pool_size.kv_pool_tokens(CacheSettings(mem_fraction_static=0.9, max_total_tokens=7), PerGiB(), "cpu") == 7
+    with pytest.raises(ValueError, match="mem_fraction_static 0.3 leaves no memory"):
+        pool_size.kv_pool_tokens(CacheSettings(mem_fraction_static=0.3), PerGiB(), "cpu")

@@ -85,3 +85,24 @@ def test_the_decoder_loads_without_importing_transformers(default_model_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["TextDecoder", "False"]
+
+
+def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
+    """SGLang's --chat-template (and an Engine's chat_template): a Jinja file, or a JSON file holding
+    one, replaces the tokenizer's template; a path that is no such file is refused by name."""
+    from radixrt.config import EngineConfig
+    from radixrt.requests.tokenizer_utils import load_tokenizer
+
+    jinja = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    (tmp_path / "t.jinja").write_text(jinja)
+    (tmp_path / "t.json").write_text(json.dumps({"chat_template": jinja}))
+    turns = [{"role": "user", "content": "hi"}]
+    for name in ("t.jinja", "t.json"):
+        tok = load_tokenizer(tiny_llama, str(tmp_path / name))
+        assert tok.apply_chat_template(turns, tokenize=False) == "[user] hi\n"
+    with pytest.raises(ValueError, match="holds no 'chat_template'"):
+        (tmp_path / "bad.json").write_text("{}")
+        load_tokenizer(tiny_llama, str(tmp_path / "bad.json"))
+    for name in ("chat_template", "tokenizer_path"):
+        with pytest.raises(ValueError, match=f"{name} '/no/such' does not exist"):
+            EngineConfig(**{name: "/no/such"})
