@@ -32,7 +32,7 @@ from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
 from radixrt.server.openai_api import ChatPlan, plan_chat
 from radixrt.server.protocol import ChatCompletionRequest
-from radixrt.server.responses_input import Conversation, input_items, to_chat_request
+from radixrt.server.responses_input import Conversation, drop_unanswered_cuts, input_items, to_chat_request
 from radixrt.server.responses_items import listed_inputs, page
 from radixrt.server.responses_protocol import (
     INCLUDABLE,
@@ -77,6 +77,12 @@ def _not_stored(rid: str, store: ResponseStore) -> str:
 def _check_request(req: ResponsesRequest) -> None:
     if req.background:
         raise bad_request("'background' responses are not supported; leave it false (or stream).", "background")
+    if req.conversation is not None:
+        raise bad_request(
+            "'conversation' is not supported: continue a stored response with 'previous_response_id', "
+            "or send the whole conversation as 'input'.",
+            "conversation",
+        )
     if req.truncation == "auto":
         raise bad_request(
             "'truncation': 'auto' is not supported: a conversation longer than the context is "
@@ -104,8 +110,8 @@ def _prepare(
     """The stored conversation, the new input items, and the chat request of
     both with its `Conversation`. Blocking and O(size of the conversation):
     run off the event loop."""
-    history = prev.conversation() if prev is not None else []
     new_items = input_items(req)
+    history = drop_unanswered_cuts(prev.conversation(), new_items) if prev is not None else []
     chat, conv = to_chat_request(req, history, new_items)
     return history, new_items, chat, conv
 
@@ -160,9 +166,8 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
     rid = new_id("resp")
 
     def on_done(body: dict[str, Any]) -> None:
-        if req.store:  # a call cut by the token limit (streamed) is not part of the conversation
-            said = [o for o in body["output"] if o["type"] != "function_call" or o["status"] == "completed"]
-            store.put(rid, body, history + new_items + said, listed_inputs(new_items))
+        if req.store:  # a cut call too: the next request may answer it (or not: drop_unanswered_cuts)
+            store.put(rid, body, history + new_items + body["output"], listed_inputs(new_items))
 
     group = tm.submit([plan.spec], validated=True)
     view = ResponseView(
@@ -185,7 +190,9 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
 
 
 @router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request) -> Response:
+async def get_response(response_id: str, request: Request, stream: Optional[str] = None) -> Response:
+    if stream not in (None, "false"):  # OpenAI replays a background response's events: none here
+        raise bad_request("'stream' is not supported on a stored response: it is answered whole.", "stream")
     entry = responses_store(request).get(response_id)
     if entry is None:
         raise ServerError(404, _not_stored(response_id, responses_store(request)), "response_id")

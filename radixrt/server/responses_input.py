@@ -7,7 +7,8 @@ output items), then the new ``input`` items:
 * a ``message`` item is a message of its role, its text parts joined;
 * a ``function_call`` item is a call in the ``tool_calls`` of the assistant
   message right before it (the text the model wrote before its calls), or
-  of a new assistant message;
+  of a new assistant message; a call cut by the token limit (``status``
+  ``incomplete``) whose arguments are not a JSON object yet has ``{}``;
 * a ``function_call_output`` item is a ``tool`` message;
 * ``reasoning`` items are left out (chat templates drop earlier reasoning).
 
@@ -23,6 +24,7 @@ becomes ``text.format``, ``max_tokens`` ``max_output_tokens``.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Optional
 
@@ -79,6 +81,25 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
         raise bad_request(str(e), as_param(e.where)) from None
 
 
+def _json_object(text: Any) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (TypeError, ValueError):
+        return False
+
+
+def drop_unanswered_cuts(history: list[dict[str, Any]], new_items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stored conversation without its calls cut by the token limit that ``new_items`` do not
+    answer: a continuation may answer every call of the response before (as OpenAI requires), or
+    go on without the cut one."""
+    answered = {i.get("call_id") for i in new_items if i.get("type") == "function_call_output"}
+    return [
+        i
+        for i in history
+        if not (i.get("type") == "function_call" and i.get("status") == "incomplete" and i["call_id"] not in answered)
+    ]
+
+
 class Conversation:
     """Chat messages made of Responses items, and which item made each."""
 
@@ -96,10 +117,13 @@ class Conversation:
         if kind == "message":
             self.add(where, {"role": item["role"], "content": content_text(item["content"], where)})
         elif kind == "function_call":
+            arguments = item["arguments"]
+            if item.get("status") == "incomplete" and not _json_object(arguments):
+                arguments = "{}"  # cut by the token limit: what it wrote is no call's arguments
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
+                "function": {"name": item["name"], "arguments": arguments},
             }
             last = self.messages[-1] if self.messages else None
             if last is None or last["role"] != "assistant":

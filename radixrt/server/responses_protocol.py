@@ -51,6 +51,7 @@ class FunctionCallItem(Lenient):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
+    status: Optional[str] = None  # "incomplete": cut by the token limit, its arguments as far as they went
 
 
 class FunctionCallOutputItem(Lenient):
@@ -124,6 +125,7 @@ class ResponsesRequest(Lenient):
     store: StrictBool = True
     stream: StrictBool = False
     background: StrictBool = False  # only False: a response is answered (or streamed) on its request
+    conversation: Any = None  # OpenAI's stored conversations: not kept here (a 400 when set)
     tools: Optional[list[Any]] = None  # checked by radixrt.server.tools.spec (400 naming the tool)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None
