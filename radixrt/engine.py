@@ -190,8 +190,6 @@ class Engine(EngineControl):
         unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)
         if unknown is not None:  # as the server answers it: a clear error now, not an aborted result
             raise ValueError(f"unknown LoRA adapter {unknown[:128]!r}; load it with load_lora_adapter.")
-        if stream and (prompts.batch or specs[0].sampling.n != 1):
-            raise ValueError("stream=True takes a single prompt with n=1")
         return specs, prompts.batch
 
     def _submit(self, specs: list[RequestSpec], stream: bool = False) -> ReqGroup:
@@ -213,27 +211,33 @@ class Engine(EngineControl):
         results = [st.acc.to_dict() for st in group.states]
         return results[0] if not batch and len(results) == 1 else results
 
-    async def _start_stream(self, spec: RequestSpec) -> AsyncIterator[dict]:
-        """Submit ``spec`` now and return the iterator of its cumulative results."""
-        return self._stream(self._submit([spec], stream=True))
+    async def _start_stream(self, specs: list[RequestSpec], batch: bool) -> AsyncIterator[dict]:
+        """Submit ``specs`` now and return the iterator of their results."""
+        group = self._submit(specs, stream=True)
+        return self._stream(group, batch or len(group.states) > 1)
 
-    async def _stream(self, group: ReqGroup) -> AsyncIterator[dict]:
-        """One event per update, as `/generate` streams them: cumulative
+    async def _stream(self, group: ReqGroup, indexed: bool) -> AsyncIterator[dict]:
+        """One event per update of a sample, as `/generate` streams them: cumulative
         results, or only what is new with ``incremental_streaming_output``
-        (`ResultAccumulator.stream_chunk`); leaving early aborts the request."""
-        st = group.states[0]
+        (`ResultAccumulator.stream_chunk`); with ``indexed`` (a batch, or n > 1) each
+        names its sample's position in the answer (``index``, as SGLang's). Leaving
+        early aborts the requests."""
+        incremental = self.config.output.incremental_streaming_output
         try:
             while True:
-                if st.has_news:
+                news = [(i, st) for i, st in enumerate(group.states) if st.has_news]
+                for i, st in news:
                     st.sent_version = st.version
-                    yield st.acc.stream_chunk(self.config.output.incremental_streaming_output)
-                elif st.done:
+                    chunk = st.acc.stream_chunk(incremental)
+                    yield {**chunk, "index": i} if indexed else chunk
+                if news:
+                    continue
+                if all(st.done for st in group.states):
                     return
-                else:
-                    await group.event.wait()
-                    group.event.clear()
+                await group.event.wait()
+                group.event.clear()
         finally:
-            if not st.done:
+            if not all(st.done for st in group.states):
                 self.router.abort_group(group, "aborted: the stream was closed")
 
     # ------------------------------------------------------------------ public API
@@ -263,7 +267,8 @@ class Engine(EngineControl):
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """SGLang's Engine.generate: one prompt -> a result dict (a list of n
         dicts when n > 1); a batch -> a flat list. ``stream`` yields cumulative results
-        (only what is new in each with ``incremental_streaming_output``, as `/generate`).
+        (only what is new in each with ``incremental_streaming_output``, as `/generate`;
+        a batch's and n > 1's samples interleaved, each naming its ``index``).
         ``rid`` (a string, or one per prompt of a batch) names the request for
         ``meta_info.id`` and `abort_request`; one already running is refused.
         ``priority`` (an int, or one per prompt) orders the waiting queue when
@@ -306,7 +311,7 @@ class Engine(EngineControl):
         )
         loop = self._loop()
         if stream:
-            return loop.iterate(loop.run(self._start_stream(specs[0])))
+            return loop.iterate(loop.run(self._start_stream(specs, batch)))
         return loop.run(self._generate(specs, batch))
 
     async def async_generate(
@@ -346,7 +351,7 @@ class Engine(EngineControl):
             sglang_fields,
         )
         if stream:
-            return await self._start_stream(specs[0])
+            return await self._start_stream(specs, batch)
         return await self._generate(specs, batch)
 
     def score(

@@ -149,7 +149,7 @@ class EngineConfig:
         for section, cls in SECTIONS.items():
             setattr(self, section, cls(**{f.name: getattr(view, f.name) for f in dataclasses.fields(cls)}))
         if self.scheduling.chunked_prefill_size < self.cache.page_size:
-            raise ValueError("chunked_prefill_size must be at least page_size")
+            raise ValueError("chunked_prefill_size must be at least page_size (or -1: no chunking)")
         if self.storage.block_tokens(self.cache.page_size) % self.cache.page_size:
             raise ValueError("hicache_storage_block_tokens must be a multiple of page_size")
 

@@ -29,6 +29,7 @@ from radixrt.memory.kv_format import KV_CACHE_DTYPES
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
 CPU_LONG_PREFILL_TOKENS = 256
+UNCHUNKED_PREFILL = 1 << 30  # chunked_prefill_size -1: more than any context holds
 # SGLang's (and transformers') other names of the dtypes
 DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -108,6 +109,7 @@ class ExecutionSettings:
         aliases=("--tp",),
     )
     attention_backend: str = setting("auto", "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer")
+
     sampling_backend: str = setting(
         "radixrt", "radixrt (reproducible per request) or flashinfer (CUDA sampling kernels)"
     )
@@ -143,6 +145,7 @@ class ExecutionSettings:
         if self.sampling_backend == "pytorch":  # SGLang's name for torch sampling: radixrt's own
             object.__setattr__(self, "sampling_backend", "radixrt")
         check_choice("sampling_backend", self.sampling_backend, ("radixrt", "flashinfer"))
+        check_choice("attention_backend", self.attention_backend, ("auto", "torch", "flashinfer"))
 
     @property
     def overlap_schedule(self) -> bool:
@@ -228,7 +231,7 @@ class SchedulingSettings:
     """How each step's batch is formed: its size, the queue's order, priorities, preemption, seeds."""
 
     chunked_prefill_size: int = setting(
-        2048, "most prompt tokens computed in one step; longer prompts are prefilled in chunks"
+        2048, "most prompt tokens computed in one step; longer prompts are prefilled in chunks (-1: no chunking)"
     )
     max_running_requests: int = setting(128, "most requests decoding at once")
     schedule_policy: str = setting(
@@ -277,6 +280,10 @@ class SchedulingSettings:
     random_seed: int = setting(0, "seeds the sampling of requests that give no seed of their own")
 
     def __post_init__(self) -> None:
+        if self.chunked_prefill_size == -1:  # SGLang's "no chunking": a prompt is computed in one step
+            object.__setattr__(self, "chunked_prefill_size", UNCHUNKED_PREFILL)
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0: no cap)")
         check_choice("schedule_policy", self.schedule_policy, ("lpm", "dfs-weight", "fcfs"))

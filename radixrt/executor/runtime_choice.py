@@ -75,6 +75,10 @@ def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
     ``radixrt/config_deps.py``.)"""
     ex = settings.execution
     cuda = ex.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {ex.device!r}: this torch sees no CUDA device ({torch.__version__}); use device 'cpu'"
+        )
     dtype = model_dtype(settings.model.dtype, ex.device, settings.model.quantization is not None)
     kv_dtype = kv_storage_dtype(settings.cache.kv_cache_dtype, dtype)
     backend = ex.attention_backend

@@ -64,6 +64,20 @@ def test_streaming_is_cumulative_and_ends_with_the_full_text(engine, prompt):
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
 
+def test_a_batch_and_n_samples_stream_interleaved_with_their_index(engine, prompt):
+    """As SGLang's Engine: each event of a batch (or of n > 1) names its sample's position
+    in the whole answer; each sample's events end with its whole result."""
+    whole = engine.generate([prompt, "Once upon a time"], {**GREEDY, "n": 2})
+    last: dict[int, dict] = {}
+    for chunk in engine.generate([prompt, "Once upon a time"], {**GREEDY, "n": 2}, stream=True):
+        assert chunk["text"].startswith(last.get(chunk["index"], {"text": ""})["text"])
+        last[chunk["index"]] = chunk
+    assert sorted(last) == [0, 1, 2, 3]
+    assert [last[i]["output_ids"] for i in range(4)] == [w["output_ids"] for w in whole]
+    single = list(engine.generate(prompt, GREEDY, stream=True))
+    assert "index" not in single[-1] and single[-1]["output_ids"] == whole[0]["output_ids"]
+
+
 def test_stream_logprobs_are_cumulative_with_their_count(engine, prompt):
     """As `/generate` streams them (SGLang's default): every event holds all output
     logprobs so far, and ``output_token_logprobs_length`` counts them."""
