@@ -29,7 +29,7 @@ from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
 from radixrt.executor.pool_size import kv_pool_tokens
 from radixrt.executor.runner_settings import RunnerSettings
-from radixrt.executor.runtime_choice import fit_to_model, quantization_spec, resolve_runtime
+from radixrt.executor.runtime_choice import check_device, fit_to_model, quantization_spec, resolve_runtime
 from radixrt.kernels import AttentionBackend, AttentionMetadata, create_backend
 from radixrt.kernels.kv_scores import ScoreJob, ScoringPass
 from radixrt.memory.kv_format import kv_footprint
@@ -80,6 +80,7 @@ class ModelRunner:
             # the ranks share the machine's cores: oversubscribed intra-op threads spin against each other
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp.size))
         self.device = tp.device if tp is not None else ex.device
+        check_device(self.device)
         self.choice = resolve_runtime(settings)
         self.dtype = self.choice.dtype
         if self.device.startswith("cuda") and self.choice.kv_dtype == torch.int8:

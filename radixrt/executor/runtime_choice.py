@@ -56,6 +56,12 @@ class RuntimeChoice:
     cuda_graph_max_bs: int
 
 
+def check_device(device: str) -> None:
+    """ValueError, before anything loads, for a CUDA device this torch cannot reach."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this torch sees no CUDA device ({torch.__version__}); use device 'cpu'")
+
+
 def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
     """``device="cuda"`` with the defaults: FlashInfer attention, bf16, decode CUDA
     graphs up to ``min(cuda_graph_max_bs, max_running_requests)``. CPU: the torch
@@ -75,10 +81,6 @@ def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
     ``radixrt/config_deps.py``.)"""
     ex = settings.execution
     cuda = ex.device.startswith("cuda")
-    if cuda and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {ex.device!r}: this torch sees no CUDA device ({torch.__version__}); use device 'cpu'"
-        )
     dtype = model_dtype(settings.model.dtype, ex.device, settings.model.quantization is not None)
     kv_dtype = kv_storage_dtype(settings.cache.kv_cache_dtype, dtype)
     backend = ex.attention_backend
