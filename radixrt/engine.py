@@ -162,7 +162,9 @@ class Engine(EngineControl):
         sglang_fields: Optional[dict] = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
-        check_engine_fields(sglang_fields or {})
+        fields = dict(sglang_fields or {})
+        prompt_ids = fields.pop("return_prompt_token_ids", False)  # SGLang's: each result's prompt_token_ids
+        check_engine_fields(fields)
         prompts = split_prompts(
             prompt,
             input_ids,
@@ -185,6 +187,7 @@ class Engine(EngineControl):
             return_cache_info=return_cache_info,
             lora_path=lora_path,
             token_ids_logprob=token_ids_logprob,
+            return_prompt_token_ids=prompt_ids,
         )
         validate_call(specs, self.limits)
         unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)
@@ -286,7 +289,8 @@ class Engine(EngineControl):
         adapter's name, or one per prompt (None: the base model).
         ``token_ids_logprob`` (SGLang's): token ids whose logprobs every scored
         position returns (``meta_info.input_token_ids_logprobs`` and
-        ``output_token_ids_logprobs``), or one list per prompt. SGLang's other arguments
+        ``output_token_ids_logprobs``), or one list per prompt. SGLang's ``return_prompt_token_ids``
+        adds each result's ``prompt_token_ids``. SGLang's other arguments
         (``image_data``, ``custom_logit_processor``...) are taken unset and refused set
         (`radixrt.requests.sglang_fields`).
 

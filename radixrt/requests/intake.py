@@ -92,6 +92,7 @@ class RequestSpec:
     # Sent with the server's admin key: ``priority`` may be any 64-bit integer, not only one within
     # Limits.max_client_priority. Only the server's routes set it (from the request's key).
     admin: bool = False
+    return_prompt_token_ids: bool = False  # SGLang's: each result (and stream event) has prompt_token_ids
     # max_new_tokens was given (`build_specs` sets it; the default stops at the context): prompt + it must fit
     asks_max_new_tokens: bool = False
 
@@ -369,6 +370,7 @@ def build_specs(
     prompt_cache_key: Any = None,
     admin: bool = False,
     lora_path: Any = None,
+    return_prompt_token_ids: Any = False,
 ) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
@@ -390,8 +392,12 @@ def build_specs(
         rid = [f"{rid}_{i}" for i in range(len(prompts.ids))]  # SGLang's names for a batch's prompts
     rids = per_item("rid", rid, prompts, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
     _check_rids(rids, prompts, rid)
-    if not isinstance(return_text_in_logprobs, bool):
-        raise RequestError("'return_text_in_logprobs' must be a boolean.", "return_text_in_logprobs")
+    for name, flag in (
+        ("return_text_in_logprobs", return_text_in_logprobs),
+        ("return_prompt_token_ids", return_prompt_token_ids),
+    ):
+        if not isinstance(flag, bool):
+            raise RequestError(f"'{name}' must be a boolean.", name)
     priorities = per_item(
         "priority", priority, prompts, None, lambda v: v is None or is_int(v), "an integer (or one per prompt)"
     )
@@ -407,6 +413,7 @@ def build_specs(
             return_logprob=flags[i],
             logprob_start_len=int(starts[i]),
             asks_max_new_tokens=_asks_max_new_tokens(sampling[i]),
+            return_prompt_token_ids=return_prompt_token_ids,
             top_logprobs_num=int(tops[i]),
             token_ids_logprob=token_ids[i],
             return_text_in_logprobs=return_text_in_logprobs,

@@ -72,6 +72,7 @@ class ResultAccumulator:
         self._streamed = (0, 0, 0)  # text chars, output ids, output logprobs already sent incrementally
         self._started = time.monotonic()
         self.e2e_latency: Optional[float] = None  # seconds from intake to the finish (SGLang's meta_info field)
+        self.prompt_token_ids: Optional[list[int]] = None  # SGLang's return_prompt_token_ids: in every result
 
     @property
     def finished(self) -> bool:
@@ -194,4 +195,7 @@ class ResultAccumulator:
             if self.output_token_ids_logprobs is not None:
                 meta["input_token_ids_logprobs"] = by_id
                 meta["output_token_ids_logprobs"] = self._top_triples(self.output_token_ids_logprobs[lps:])
-        return {"text": self.text[chars:], "output_ids": self.output_ids[ids:], "meta_info": meta}
+        out = {"text": self.text[chars:], "output_ids": self.output_ids[ids:], "meta_info": meta}
+        if self.prompt_token_ids is not None:
+            out["prompt_token_ids"] = self.prompt_token_ids
+        return out

@@ -225,6 +225,8 @@ class ResultRouter:
                 live_text=live_text,
                 token_ids_logprob=bool(spec.token_ids_logprob),
             )
+            if spec.return_prompt_token_ids:
+                acc.prompt_token_ids = list(spec.input_ids)
             st = ReqState(iid, entry.iid, acc, group, spec.input_ids)
             self._states[iid] = st
             samples.append(st)

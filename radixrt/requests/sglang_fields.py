@@ -59,7 +59,6 @@ UNSUPPORTED_FIELDS = {
     "return_flat_raw_top_logprobs_b64",
     "return_bytes",
     "return_entropy",
-    "return_prompt_token_ids",
     "multi_item_delimiter_indices",
     "token_indices_to_pool",
     # generation options radixrt does not have

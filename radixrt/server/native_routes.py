@@ -73,6 +73,7 @@ _GENERATE_KEYS = {
     "priority",
     "return_cache_info",
     "lora_path",
+    "return_prompt_token_ids",
 }
 
 
@@ -117,6 +118,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             return_cache_info=body.get("return_cache_info", False),
             admin=admin,
             lora_path=body.get("lora_path"),
+            return_prompt_token_ids=body.get("return_prompt_token_ids") or False,
         )
     return specs, prompts.batch, bool(stream)
 

@@ -66,7 +66,9 @@ def test_sglang_arguments_unset_are_taken(engine):
     """SGLang's Engine.generate arguments radixrt lacks: wrappers that pass every one unset work."""
     unset = dict(image_data=None, custom_logit_processor=None, return_hidden_states=False, session_params=None)
     out = engine.generate("Say hi.", {"max_new_tokens": 2, "temperature": 0}, **unset, data_parallel_rank=None)
-    assert out["meta_info"]["completion_tokens"] == 2
+    assert out["meta_info"]["completion_tokens"] == 2 and "prompt_token_ids" not in out
+    asked = engine.generate("Say hi.", {"max_new_tokens": 2}, return_prompt_token_ids=True)
+    assert asked["prompt_token_ids"] == engine.tokenizer.encode("Say hi.")
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_argument'"):
         engine.generate("Say hi.", no_such_argument=1)
 

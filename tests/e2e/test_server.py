@@ -349,6 +349,12 @@ def test_sglang_request_forms(server, client):
     assert [t for _, t, _ in lps] == ids[2:] and lps[0][0] is None and all(x[0] is not None for x in lps[1:])
     info = client.get("/get_server_info").json()
     assert info["served_model_name"] == server.served_name
+    asks = {"text": "Hello", "return_prompt_token_ids": True, "sampling_params": greedy(2)}
+    hello = client.post("/tokenize", json={"prompt": "Hello"}).json()["tokens"]
+    assert client.post("/generate", json=asks).json()["prompt_token_ids"] == hello
+    with client.stream("POST", "/generate", json={**asks, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert events and all(e["prompt_token_ids"] == hello for e in events)
 
 
 def test_flush_cache_and_abort_route(server, client):
