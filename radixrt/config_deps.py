@@ -399,6 +399,7 @@ ENGINE_INDEPENDENT = frozenset(
         "max_request_sequences",
         "max_top_logprobs_num",
         "incremental_streaming_output",
+        "stream_interval",
         "speculative_algorithm",
         "kv_events_config",  # with --dp, each replica publishes on the endpoint port + its index (router/dp.py)
         "kv_budget_policy",  # these three shape per-request budgets too (sampling_params kv_budget)

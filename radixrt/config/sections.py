@@ -403,6 +403,16 @@ class OutputSettings:
         "streamed /generate results (and Engine streams) send only what is new in each event: text, "
         "output_ids and output logprobs (SGLang's flag); default: each event is the cumulative result",
     )
+    stream_interval: int = setting(
+        1,
+        "partial results reach the front (a stream's events) every this many tokens, the first at once and the "
+        "last at the finish; fewer events cost less per token (SGLang's flag; a request's stream_interval "
+        "sampling parameter overrides it)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ValueError("stream_interval must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ _CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 # Keys that SGLang's server or frontend may send but radixrt does not implement.
 # They are accepted while unset (None), so that SGLang's own client works
 # unchanged, and rejected with a clear message otherwise.
-_UNSUPPORTED_KEYS = ("custom_params", "stream_interval")
+_UNSUPPORTED_KEYS = ("custom_params",)
 # SGLang spellings of our fields.
 _ALIASES = {"sampling_seed": "seed"}
 
@@ -75,6 +75,7 @@ MIN_KV_BUDGET = 32
 MAX_BEAM_WIDTH = 64  # a beam request runs this many rows every step at most
 # Stop conditions are checked on every token (the scheduler and the detokenizer): bounded per request
 MAX_STOP_STRINGS = 64
+MAX_STREAM_INTERVAL = 1 << 20
 MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 4096
 MAX_LENGTH_PENALTY = 10.0  # |length_penalty| of a beam search (transformers' users pick 0.5 to 2)
@@ -172,6 +173,9 @@ class SamplingParams:
     beam_width: int = 0
     length_penalty: float = 1.0
     early_stopping: Union[bool, str] = False
+    # SGLang's: partial results reach the front every this many tokens (the first at once, the last at
+    # the finish); None: the server's --stream-interval
+    stream_interval: Optional[int] = None
 
     def __post_init__(self) -> None:
         """Check types and normalize containers (no range checks: see ``validate``)."""
@@ -183,6 +187,8 @@ class SamplingParams:
             _as_bool(name, getattr(self, name))
         if self.seed is not None:
             self.seed = _as_int("seed", self.seed)
+        if self.stream_interval is not None:
+            self.stream_interval = _as_int("stream_interval", self.stream_interval)
         if self.kv_budget is not None:
             self.kv_budget = _as_float("kv_budget", self.kv_budget)
         if self.kv_budget_policy is not None and not isinstance(self.kv_budget_policy, str):
@@ -266,6 +272,8 @@ class SamplingParams:
                 bad(name, "must be a finite number within float32's range (|x| <= 3.4e38)")
         if self.max_new_tokens < 0:
             bad("max_new_tokens", "must be >= 0")
+        if self.stream_interval is not None and not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            bad("stream_interval", f"must be from 1 to {MAX_STREAM_INTERVAL}")
         if self.min_new_tokens < 0:
             bad("min_new_tokens", "must be >= 0")
         if self.min_new_tokens > self.max_new_tokens:

@@ -110,7 +110,8 @@ class Req(RequestKV):
     beam_token_logprobs: list[float] = field(default_factory=list)
     beam_candidates: Optional[list[tuple[float, int]]] = None
 
-    # Deltas not yet reported to the front.
+    # Deltas not yet reported to the front: reported every stream_interval tokens (`report_due`).
+    stream_interval: int = 1
     unsent_ids: int = 0
     unsent_output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     unsent_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
@@ -152,6 +153,13 @@ class Req(RequestKV):
             cache_info_mode=msg.cache_info,
             max_stop_chars=max_stop_chars,
         )
+
+    @property
+    def report_due(self) -> bool:
+        """Whether the unsent output goes to the front this step: the first token at once, then
+        every ``stream_interval`` tokens (a step may add several: at least that many)."""
+        n = self.unsent_ids
+        return n > 0 and (n >= self.stream_interval or n == len(self.output_ids))
 
     @property
     def seq(self) -> list[int]:

@@ -126,7 +126,7 @@ class ResultProcessor:
                 self.queues.remove(req)
                 outputs.append(finish_request(req, req.finish_reason, self.kv))
                 finished += 1
-            elif req.unsent_ids:
+            elif req.report_due:
                 outputs.append(token_output(req))
         if self.beams is not None:
             searched, ended = self.beams.advance()

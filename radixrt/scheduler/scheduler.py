@@ -245,6 +245,7 @@ class Scheduler(SchedulerControl):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
             req = Req.from_message(msg, rid, seed, self.arrivals, grammar_future, prio, max_stop_chars)
+            req.stream_interval = msg.sampling.stream_interval or self.config.output.stream_interval
             self.arrivals += 1
             if beam:  # a search's hypotheses share their KV: no budget compresses it (not even the server's)
                 self.beams.start(req, sample_rids(msg.rid, msg.sampling.n))

@@ -78,6 +78,19 @@ def test_a_batch_and_n_samples_stream_interleaved_with_their_index(engine, promp
     assert "index" not in single[-1] and single[-1]["output_ids"] == whole[0]["output_ids"]
 
 
+def test_stream_interval_spaces_the_events(engine, prompt):
+    """SGLang's stream_interval: the first token at once, then an event every 4 tokens (or more:
+    a step may add several), the last at the finish; the same answer."""
+    sp = {**GREEDY, "ignore_eos": True}
+    counts = [
+        c["meta_info"]["completion_tokens"] for c in engine.generate(prompt, {**sp, "stream_interval": 4}, stream=True)
+    ]
+    assert counts[0] == 1 and counts[-1] == 20, counts
+    assert all(b - a >= 4 for a, b in zip(counts, counts[1:-1])) and len(counts) <= 7, counts
+    with pytest.raises(ValueError, match="stream_interval"):
+        engine.generate(prompt, {**sp, "stream_interval": 0})
+
+
 def test_stream_logprobs_are_cumulative_with_their_count(engine, prompt):
     """As `/generate` streams them (SGLang's default): every event holds all output
     logprobs so far, and ``output_token_logprobs_length`` counts them."""
