@@ -220,7 +220,7 @@ def _typed_gen(public_name: str, dtype: type, default_max_tokens: Optional[int],
 gen_int = _typed_gen(
     "gen_int",
     int,
-    16,
+    None,  # as SGLang's: the program's max_tokens (gen(dtype=int) is the same call)
     'Generate an integer (as its decimal string, e.g. ``"42"``): constrained by a regex '
     "where the backend supports constraints, and cut to the leading integer otherwise.",
 )

@@ -46,6 +46,12 @@ def _run_defaults(run_locals: dict[str, Any]) -> SglSamplingParams:
     return default_sampling_params(**{k: run_locals[k] for k in _RUN_SAMPLING_OPTIONS})
 
 
+def _one_sample(n: Any) -> None:
+    """SGLang's run(n=...): 1 here (its own client fails for more)."""
+    if n != 1:
+        raise ValueError(f"run takes n=1 only (got {n!r}): fork the state for several samples")
+
+
 class SglFunction:
     """A program: a Python function whose first parameter is the program state.
 
@@ -104,10 +110,13 @@ class SglFunction:
         stream: bool = False,
         backend: Any = None,
         use_thread: bool = True,
+        n: int = 1,
         **kwargs: Any,
     ) -> ProgramState:
         """Run the program once; the sampling options are the defaults of its
-        ``gen`` calls. Returns the finished state (``stream=True``: at once)."""
+        ``gen`` calls. Returns the finished state (``stream=True``: at once).
+        ``n``: SGLang's, 1 only (fork the state for several samples)."""
+        _one_sample(n)
         defaults = _run_defaults(locals())
         arguments = self.bind_args(args, kwargs)
         return run_program(self, backend, arguments, defaults, stream=stream, use_thread=use_thread)
@@ -136,10 +145,13 @@ class SglFunction:
         progress_bar: bool = False,
         generator_style: bool = False,
         prefill_shared_prefix: bool = True,
+        n: int = 1,
     ):
-        """Run the program once per dict of arguments, concurrently. Returns the
-        states in input order (a generator of them with ``generator_style``);
-        a program's failure is kept in its state's ``error()``."""
+        """Run the program once per dict of arguments (or tuple of them in order), concurrently.
+        Returns the states in input order (a generator of them with ``generator_style``);
+        a program's failure, an exception its body raised included, is kept in its state's
+        ``error()`` (SGLang's run_batch raises the body's exception: here the others' results stay)."""
+        _one_sample(n)
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of keyword-argument dicts")
         defaults = _run_defaults(locals())
@@ -156,8 +168,11 @@ class SglFunction:
         )
 
     def _batch_entry(self, kw: Any) -> dict[str, Any]:
+        """A run_batch entry's arguments: a dict by name, or (as SGLang) a tuple or list in order."""
+        if isinstance(kw, (tuple, list)):
+            return self.bind_args(tuple(kw), {})
         if not isinstance(kw, dict):
-            raise TypeError("each run_batch entry must be a dict of program arguments")
+            raise TypeError("each run_batch entry must be a dict of program arguments, or a tuple of them in order")
         return self.bind_args((), dict(kw))
 
     def trace(self, *, backend: Any = None, **kwargs: Any) -> TracedProgram:

@@ -125,8 +125,9 @@ class NativeBackend(BaseBackend):
 
     # select ----------------------------------------------------------------------
     def select(self, s: Any, choices: list[str], temperature: float, choices_method: Any) -> ChoicesDecision:
-        """Score each choice by the log-probabilities of its tokens after the
-        prompt, with prefill-only requests: the prompt is prefilled first (so it
+        """Score each choice by the log-probabilities of its tokens and of the prompt's
+        last token before it (SGLang's select scores the same, so a program picks the
+        same choice on either), with prefill-only requests: the prompt is prefilled first (so it
         is computed once and cached), then one ``max_new_tokens=0`` request per
         choice asks for prompt logprobs from just before the choice."""
         method = choices_method or token_length_normalized
@@ -151,7 +152,8 @@ class NativeBackend(BaseBackend):
             j = 0
             while j < len(entries) and j < len(tail) and entries[j][1] == tail[j]:
                 j += 1
-            choice_lps.append([list(e) for e in entries[j:]])
+            # as SGLang's select: the prompt's last token before the choice counts in its mean too
+            choice_lps.append([list(e) for e in entries[max(j - 1, 0) :]])
         normalized = [_known_mean(lps) for lps in choice_lps]
 
         unconditional = None

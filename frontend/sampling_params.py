@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -76,18 +77,17 @@ class SglSamplingParams:
 
     # --- what goes on the wire --------------------------------------------
     def effective_regex(self) -> Optional[str]:
-        if self.regex is not None:
-            return self.regex
+        """The regex the request is constrained by: ``dtype``'s where one is set (as SGLang,
+        which warns that a ``regex`` beside it is not used), else ``regex``."""
         dt = self.dtype
-        if dt in (int, "int"):
-            return REGEX_INT
-        if dt in (str, "str", "string"):
-            return REGEX_STR
-        if dt in (float, "float"):
-            return REGEX_FLOAT
-        if dt in (bool, "bool"):
-            return REGEX_BOOL
-        return None
+        typed = {int: REGEX_INT, "int": REGEX_INT, float: REGEX_FLOAT, "float": REGEX_FLOAT}
+        typed.update({str: REGEX_STR, "str": REGEX_STR, "string": REGEX_STR, bool: REGEX_BOOL, "bool": REGEX_BOOL})
+        regex = typed.get(dt) if dt is not None else None
+        if regex is None:
+            return self.regex
+        if self.regex is not None:
+            warnings.warn(f"gen has both dtype {dt!r} and a regex: the dtype's constraint is used (as SGLang)")
+        return regex
 
     def to_wire(self) -> dict[str, Any]:
         """SGLang ``sampling_params`` (only the keys that are set)."""

@@ -746,3 +746,24 @@ def test_runtime_keeps_the_log_of_a_server_that_failed_to_start(tmp_path):
         assert "model not found: nope" in open(log_path).read()
     finally:
         os.unlink(log_path)
+
+
+def test_sglang_run_forms_tuple_entries_n_and_typed_gens():
+    """As SGLang: run_batch entries may be tuples of the arguments in order; run takes n=1 (its own
+    client fails for more); a dtype's constraint wins over a regex beside it (with a warning);
+    gen_int's max_tokens is the program's, as gen(dtype=int)'s."""
+    from frontend.sampling_params import REGEX_INT, SglSamplingParams
+
+    @rt.function
+    def prog(s, q, r="R"):
+        s += q + r
+
+    assert prog._batch_entry(("Yo", "Z")) == {"q": "Yo", "r": "Z"} and prog._batch_entry(["Hi"]) == {"q": "Hi"}
+    with pytest.raises(ValueError, match="n=1 only"):
+        prog.run("x", n=2)
+    with pytest.raises(ValueError, match="n=1 only"):
+        prog.run_batch([("x",)], n=3)
+    with pytest.warns(UserWarning, match="dtype"):
+        assert SglSamplingParams(dtype=int, regex="[a-z]+").effective_regex() == REGEX_INT
+    assert SglSamplingParams(regex="[a-z]+").effective_regex() == "[a-z]+"
+    assert rt.gen_int("x").sampling.max_new_tokens is None
