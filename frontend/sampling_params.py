@@ -86,7 +86,9 @@ class SglSamplingParams:
         if regex is None:
             return self.regex
         if self.regex is not None:
-            warnings.warn(f"gen has both dtype {dt!r} and a regex: the dtype's constraint is used (as SGLang)")
+            warnings.warn(
+                f"gen has both dtype {dt!r} and a regex: the dtype's constraint is used (as SGLang)", stacklevel=2
+            )
         return regex
 
     def to_wire(self) -> dict[str, Any]:
