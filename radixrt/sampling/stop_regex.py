@@ -29,7 +29,9 @@ with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` for all of a
 request's searches together in one step: its patterns, its ``n`` samples' and
 the tokens of its accepted drafts (each search gets what the ones before it
 left, `search`'s ``spent_s``); past it `search` raises `SearchTimeout`, and the
-scheduler ends the request with an error. So one request's patterns cost a
+scheduler ends the request with an error. The budget is CPU time of the scheduler's thread,
+so that other load on the machine does not stop a pattern that fits it; each search is also
+cut at `WALL_SLACK` times what is left of it in wall time (``regex``'s own timeout). So one request's patterns cost a
 step at most that long, however many samples it has. This module imports no torch.
 """
 
@@ -53,6 +55,7 @@ UNBOUNDED_WINDOW_TOKENS = 256  # the tail searched for a pattern with unbounded 
 _SLACK_TOKENS = 8  # decoding a tail may mangle its first token(s): decode a few more
 _CONTEXT_CHARS = 8  # real text kept before the search start for \b, lookbehind, MULTILINE ^
 _MARGIN_CHARS = 2  # the newest token's text length is measured on its own: allow for a char or two
+WALL_SLACK = 4.0  # a search may take this many times its CPU budget in wall time on a loaded machine
 _UNBOUNDED = 1 << 30
 SEARCH_TIMEOUT_S = 0.05  # per request and step, all patterns and samples; a sane pattern takes microseconds
 
@@ -161,13 +164,13 @@ def search(
     request's other searches this step: its other samples', its drafts'). ``min_end``: only a
     match that ends past this many characters of ``tail`` counts (the text before it came
     while ``min_new_tokens`` kept the request from stopping, and stays text)."""
-    deadline = time.perf_counter() + SEARCH_TIMEOUT_S - spent_s
+    deadline = time.thread_time() + SEARCH_TIMEOUT_S - spent_s
     for p in patterns:
         try:
-            left = deadline - time.perf_counter()
+            left = deadline - time.thread_time()
             if left <= 0:
                 raise TimeoutError
-            found = _search_one(p, tail, whole, new_chars, left, min_end)
+            found = _search_one(p, tail, whole, new_chars, left * WALL_SLACK, min_end)
         except TimeoutError:
             raise SearchTimeout(
                 f"stop_regex {p!r} took the request over {SEARCH_TIMEOUT_S * 1000:.0f} ms of search in one step, "

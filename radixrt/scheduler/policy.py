@@ -104,19 +104,22 @@ def interleave_calls(ordered: list[Req]) -> list[Req]:
 def fair_share_retractions(running: list[Req], waiting: list[Req], max_running: int) -> list[Req]:
     """With the batch full (``max_running``), the running requests to retract so that each
     waiting call with nothing running gets a place: each time the latest-admitted request
-    of the call holding the most places, while that call holds more than half of them and
-    at least two (so it keeps one, and no two calls take places from each other in turn);
-    never a beam (a search is retracted as a unit). A call of 4,000 prompts then holds a
-    newcomer's request for a step, not until a wave of its own requests has finished."""
+    of the call holding the most places, while that call holds more than its share (the
+    places over the calls running and those newcomers, at least one: so it keeps one, and no
+    two calls take places from each other in turn, since a call with a request running is no
+    newcomer); never a beam (a search is retracted as a unit). A call of 4,000 prompts, or
+    two calls of n=64 on 128 places, then hold a newcomer's request for a step, not until a
+    wave of their own requests has finished."""
     if len(running) < max_running or not waiting:
         return []
     held = Counter(r.group for r in running)
     newcomers = {r.group for r in waiting if r.group not in held and not (r.grammar_compiling or r.inflight_tokens)}
+    share = max(1, max_running // (len(held) + len(newcomers) or 1))
     victims: list[Req] = []
     taken: set[int] = set()
     for _ in newcomers:
         group, count = held.most_common(1)[0]
-        if count <= max(1, max_running // 2):
+        if count <= share:
             break
         candidates = [r for r in running if r.group == group and r.beam is None and id(r) not in taken]
         if not candidates:

@@ -299,14 +299,14 @@ class ResultProcessor:
                 if regexes:
                     new_chars = len(self._decode([token], skip_special_tokens=False))
                     spent = self.regex_spent.get(req.parent, 0.0)
-                    start_s = time.perf_counter()
+                    start_s = time.thread_time()  # CPU time, as the budget (stop_regex.search)
                     try:
                         hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars, spent, start)
                     except stop_regex.SearchTimeout as e:
                         logger.warning("request %s: %s", req.rid, e)
                         return FinishReason.abort(str(e), status_code=400)
                     finally:
-                        self.regex_spent[req.parent] = spent + time.perf_counter() - start_s
+                        self.regex_spent[req.parent] = spent + time.thread_time() - start_s
                     if hit is not None:
                         return FinishReason.stop(hit)  # SGLang reports the pattern
         if n_out >= sp.max_new_tokens:

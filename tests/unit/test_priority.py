@@ -128,7 +128,8 @@ def test_a_full_batch_of_one_call_makes_room_for_another_calls_request(tiny_llam
     """Eight places (max_running_requests), all taken by one call's long requests, twelve more
     of them waiting: a request of another call runs within two steps (one of the call's is
     retracted, its KV kept in the tree), not once a wave of the call's requests finishes.
-    A call keeps at least half the places, and everything finishes, the retracted one too."""
+    A call keeps its share of the places (8 over 6 calls: 1, so each newcomer gets one), and
+    everything finishes, the retracted ones too."""
     sched = _checked_scheduler(tiny_llama, max_total_tokens=20000, max_running_requests=8)
     try:
         sp = SamplingParams(max_new_tokens=40, ignore_eos=True)
@@ -142,10 +143,31 @@ def test_a_full_batch_of_one_call_makes_room_for_another_calls_request(tiny_llam
         sched.step()
         sched.step()
         running = {r.rid for r in sched.running}
-        assert {"a", "b", "c", "d"} <= running and len(running) == 8, running  # e waits: the call keeps 4
-        assert sum(r.startswith("batch") for r in running) == 4
+        assert {"a", "b", "c", "d", "e"} <= running and len(running) == 8, running
+        assert sum(r.startswith("batch") for r in running) == 3
         _run_recording_admissions(sched, 2000)
         assert sched.counters["requests_finished"] == 25
+    finally:
+        sched.close()
+
+
+def test_two_calls_sharing_a_full_batch_make_room_for_a_third(tiny_llama):
+    """Two calls of n=4 fill the eight places, neither with more than half: a newcomer's request
+    still runs within two steps (the rule is each call's share, not half of the places)."""
+    sched = _checked_scheduler(tiny_llama, max_total_tokens=20000, max_running_requests=8)
+    try:
+        sp = SamplingParams(max_new_tokens=60, ignore_eos=True, n=4, temperature=1.0)
+        for name in ("one", "two"):
+            sched.handle(GenerateReq(name, [400, 401, 402, len(name)], sp))
+        for _ in range(3):
+            sched.step()
+        assert len(sched.running) == 8
+        sched.handle(GenerateReq("newcomer", [7, 8, 9], SamplingParams(max_new_tokens=4, ignore_eos=True)))
+        sched.step()
+        sched.step()
+        assert "newcomer" in {r.rid for r in sched.running}
+        _run_recording_admissions(sched, 2000)
+        assert sched.counters["requests_finished"] == 9
     finally:
         sched.close()
 

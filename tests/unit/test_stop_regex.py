@@ -185,7 +185,9 @@ def test_a_requests_samples_share_one_time_limit_per_step(tiny_llama, monkeypatc
 
     def slow_search(p, tail, whole, new_chars, timeout, min_end=0):
         calls[-1] += 1
-        time.sleep(0.01)
+        began = time.thread_time()
+        while time.thread_time() - began < 0.01:  # the budget is the scheduler thread's CPU time
+            pass
         if timeout < 0.01:
             raise TimeoutError
         return False
@@ -210,3 +212,15 @@ def test_a_requests_samples_share_one_time_limit_per_step(tiny_llama, monkeypatc
         assert max(calls) <= 1 + 6, calls  # the one sample's search, and the eight's 50 ms
     finally:
         sched.close()
+
+
+def test_the_search_budget_is_cpu_time_so_a_busy_machine_stops_nothing(monkeypatch):
+    """Waiting for the CPU (other processes' load, here a sleep) is not the pattern's cost:
+    three searches of 30 ms wall time each, little CPU, stay within the 50 ms budget."""
+
+    def waiting_search(p, tail, whole, new_chars, timeout, min_end=0):
+        time.sleep(0.03)
+        return False
+
+    monkeypatch.setattr(sr, "_search_one", waiting_search)
+    assert sr.search(["a", "b", "c"], "some tail", True, 4, 0.0) is None
