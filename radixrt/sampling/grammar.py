@@ -94,6 +94,8 @@ JSON_SEPARATORS = (", ", ": ")
 # Characters of forced text tokenized per draft token allowed (tokens average ~4 characters; a
 # longer token cut at the end only shortens the draft, which verification keeps correct).
 MAX_DRAFT_CHARS_PER_TOKEN = 16
+# grammars of at most this many characters compile in a lane of their own (GrammarBackend)
+SMALL_GRAMMAR_CHARS = 4096
 
 
 def grammar_key(sampling: Any) -> Optional[GrammarKey]:
@@ -247,6 +249,10 @@ class GrammarBackend:
     xgrammar ``TokenizerInfo`` and ``GrammarCompiler`` are built by the first
     task on the worker thread (``threads`` workers; compilation itself is C++
     and may use a few more threads inside xgrammar).
+
+    Two lanes, each with its own compiler: grammars of at most `SMALL_GRAMMAR_CHARS`
+    characters compile on a thread of their own, so that one client's large grammars
+    (seconds each, within the limits) never queue a small one behind them.
     """
 
     def __init__(
@@ -264,28 +270,31 @@ class GrammarBackend:
         self.stop_token_ids = sorted(int(t) for t in stop_token_ids)
         self.cache_size = max(int(cache_size), 1)
         self._pool = ThreadPoolExecutor(max_workers=max(int(threads), 1), thread_name_prefix="radixrt-grammar")
+        self._small_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-grammar-small")
         self._cache: "OrderedDict[GrammarKey, Future]" = OrderedDict()
         self._lock = threading.Lock()
-        self._compiler: Any = None
+        self._info: Any = None
+        self._compilers: dict[bool, Any] = {}  # per lane (small or not)
         self._compiler_lock = threading.Lock()
         self.compilations = 0  # grammars compiled (cache misses)
 
-    def _get_compiler(self) -> Any:
+    def _get_compiler(self, small: bool) -> Any:
         with self._compiler_lock:
-            if self._compiler is None:
+            if small not in self._compilers:
                 import xgrammar as xgr
 
-                info = xgr.TokenizerInfo.from_huggingface(
-                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids or None
-                )
+                if self._info is None:
+                    self._info = xgr.TokenizerInfo.from_huggingface(
+                        self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids or None
+                    )
                 inner = max(1, min(4, (os.cpu_count() or 2) // 2))
                 # Our LRU of futures is the cache; xgrammar's own would hold a second copy.
-                self._compiler = xgr.GrammarCompiler(info, max_threads=inner, cache_enabled=False)
-            return self._compiler
+                self._compilers[small] = xgr.GrammarCompiler(self._info, max_threads=inner, cache_enabled=False)
+            return self._compilers[small]
 
-    def _compile(self, key: GrammarKey) -> Any:
+    def _compile(self, key: GrammarKey, small: bool) -> Any:
         grammar = _parse(key, self.limits)  # checked again: nothing unbounded is compiled here
-        compiled = self._get_compiler().compile_grammar(grammar)
+        compiled = self._get_compiler(small).compile_grammar(grammar)
         self.compilations += 1
         return compiled
 
@@ -297,7 +306,8 @@ class GrammarBackend:
             if fut is not None:
                 self._cache.move_to_end(key)
                 return fut
-            fut = self._pool.submit(self._compile, key)
+            small = len(key[1]) <= SMALL_GRAMMAR_CHARS
+            fut = (self._small_pool if small else self._pool).submit(self._compile, key, small)
             self._cache[key] = fut
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)  # holders of an evicted future keep it alive
@@ -311,7 +321,8 @@ class GrammarBackend:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._small_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class GrammarState:

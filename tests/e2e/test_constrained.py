@@ -317,10 +317,10 @@ def test_compile_failure_ends_the_request_not_the_scheduler(engine, monkeypatch)
     backend = engine.scheduler.grammars
     real = backend._compile
 
-    def failing(key):
+    def failing(key, small):
         if key == ("regex", "q[0-9]{3}"):
             raise RuntimeError("simulated compiler failure")
-        return real(key)
+        return real(key, small)
 
     monkeypatch.setattr(backend, "_compile", failing)
     r = engine.generate("x", {"regex": "q[0-9]{3}", "max_new_tokens": 8})
@@ -338,10 +338,10 @@ def test_compiling_grammar_waits_without_blocking_others(engine, monkeypatch):
     release = threading.Event()
     slow_key = ("regex", "slow-[a-z]{2}")
 
-    def slow(key):
+    def slow(key, small):
         if key == slow_key:
             assert release.wait(60), "never released"
-        return real(key)
+        return real(key, small)
 
     monkeypatch.setattr(backend, "_compile", slow)
     before = backend.compilations

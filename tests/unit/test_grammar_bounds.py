@@ -179,3 +179,23 @@ def test_the_earlier_structural_tag_form_sglang_takes_is_converted():
     ):
         with pytest.raises(ValueError, match=says):
             check_grammar(("structural_tag", json.dumps(bad)))
+
+
+def test_a_small_grammar_never_waits_behind_large_ones(monkeypatch):
+    """One client's large grammars (seconds each to compile, within the limits) queue on their
+    lane; a small one compiles on its own lane meanwhile (a probe measured 58 s behind twelve)."""
+    from radixrt.sampling.grammar import SMALL_GRAMMAR_CHARS, GrammarBackend
+
+    def compile_(self, key, small):
+        time.sleep(0.01 if small else 1.0)
+        return key
+
+    monkeypatch.setattr(GrammarBackend, "_compile", compile_)
+    backend = GrammarBackend(tokenizer=None, vocab_size=100, stop_token_ids=[])
+    try:
+        large = [backend.compile_async(("regex", f"({i}|" + "a" * SMALL_GRAMMAR_CHARS + ")")) for i in range(3)]
+        began = time.perf_counter()
+        assert backend.compile_async(("regex", "(yes|no)")).result(timeout=5) == ("regex", "(yes|no)")
+        assert time.perf_counter() - began < 0.5 and not large[-1].done()
+    finally:
+        backend.shutdown()
