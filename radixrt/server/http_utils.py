@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from typing import Any, AsyncIterator, Callable, Optional, TypeVar
 
@@ -18,6 +19,10 @@ from starlette.responses import Response, StreamingResponse
 from radixrt.requests.router import ReqGroup
 from radixrt.server.errors import ServerError, bad_request, error_body
 from radixrt.server.tokenizer_manager import TokenizerManager
+
+logger = logging.getLogger(__name__)
+# a stream whose client reads nothing (its connection's buffers full) for this long is ended
+SEND_STALL_TIMEOUT_S = 60.0
 
 _json_encoder = msgspec.json.Encoder()
 
@@ -178,19 +183,38 @@ async def read_model(request: Request, model: type[M], max_items: Optional[tuple
         raise RequestValidationError(e.errors(include_url=False)) from None
 
 
+class _ClientStalled(Exception):
+    """A stream's client read nothing for `SEND_STALL_TIMEOUT_S`."""
+
+
 class AbortingStreamingResponse(StreamingResponse):
     """A streaming response that runs ``on_close`` however it ends (finished,
-    client gone, server stopping): unfinished requests are aborted there."""
+    client gone, server stopping, or a client that reads nothing: a write that
+    waits ``stall_timeout_s`` for the client ends the stream, and the server closes
+    the connection): unfinished requests are aborted there, and what the stream held
+    is freed, however long it would have run."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], None], stall_timeout_s: float = 0.0
+    ) -> None:
         super().__init__(
             content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
         self.on_close = on_close
+        self.stall_timeout_s = stall_timeout_s or SEND_STALL_TIMEOUT_S
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def send_or_give_up(message: Any) -> None:
+            try:
+                async with asyncio.timeout(self.stall_timeout_s):  # the transport waits for the client to read
+                    await send(message)
+            except TimeoutError:
+                raise _ClientStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_give_up)
+        except _ClientStalled:
+            logger.warning("a stream's client read nothing for %.0f s: its requests end", self.stall_timeout_s)
         finally:
             self.on_close()
 

@@ -447,3 +447,35 @@ def test_dead_child_fails_requests_and_health(app_client):
         app_client.pipe.step_s = 0.002
         for t in list(app_client.pipe.tasks.values()):
             t.cancel()
+
+
+def test_a_stream_whose_client_reads_nothing_ends_and_aborts_its_requests():
+    """A client that opens a stream and never reads fills its connection's buffers: the write
+    that waits past the stall limit ends the stream (its requests aborted, what it held freed)
+    instead of holding them as long as the client keeps the socket open."""
+    from radixrt.server.http_utils import AbortingStreamingResponse
+
+    async def chunks():
+        for i in range(100):
+            yield f"data: {i}\n\n".encode()
+
+    async def run() -> tuple[list, float]:
+        closed: list = []
+        written: list = []
+        never = asyncio.Event()
+
+        async def send(message):
+            if len(written) >= 3:  # the buffers are full: the client reads nothing
+                await never.wait()
+            written.append(message)
+
+        async def receive():
+            await never.wait()
+
+        response = AbortingStreamingResponse(chunks(), lambda: closed.append(True), stall_timeout_s=0.2)
+        began = asyncio.get_running_loop().time()
+        await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
+        return closed, asyncio.get_running_loop().time() - began
+
+    closed, took = asyncio.run(run())
+    assert closed == [True] and took < 2.0, took
