@@ -12,8 +12,11 @@ tell the router that B holds that prefix. Both token-id and text prompts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -122,13 +125,32 @@ def test_router_sends_a_prefix_to_the_worker_whose_events_hold_it(setup):
     assert r.headers["x-radixrt-worker"] == a.url
 
 
+_EPHEMERAL_LOW = 32768  # Linux hands out ports from here on to bind(0): the launcher's free_port() calls
+
+
+def _free_run(n: int, below: int) -> int:
+    """The first of ``n`` consecutive free ports under ``below``: outside the range free_port()
+    draws from, so no port the --dp launcher picks for its replicas can be port + i (a flake once)."""
+    rng = random.Random()
+    while True:
+        first = rng.randrange(20000, below - n)
+        try:
+            with contextlib.ExitStack() as held:
+                for p in range(first, first + n):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+
+
 def test_dp_front_follows_its_replicas_events(tiny_llama, make_tiny):
     """`radixrt serve --dp 2 --kv-events-config ...`: the front follows replica i at port + i (its replay
     socket too), with the model's tokenizer, by itself. A weight update sent to the front reaches
     both replicas, whose caches it drops (the front's view of them too)."""
-    port, replay = free_port(), free_port()
+    port, replay = _free_run(2, below=_EPHEMERAL_LOW), _free_run(2, below=_EPHEMERAL_LOW)
     while abs(replay - port) < 2:
-        replay = free_port()
+        replay = _free_run(2, below=_EPHEMERAL_LOW)
     srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", *_events_flag(port, replay), model=tiny_llama)
     try:
         srv.wait_ready()
