@@ -73,14 +73,19 @@ class ServerContext:
                 request, 'return_cache_info "full" (the cached text around the match)', "return_cache_info"
             )
 
-    def lora_of(self, name: Optional[str]) -> Optional[str]:
-        """The LoRA adapter an OpenAI ``model`` names (``"<model>:<adapter>"``), None
-        for the base model; ServerError 404 for a name this server does not answer to."""
+    def lora_of(self, name: Optional[str], lora_path: Optional[str] = None) -> Optional[str]:
+        """The LoRA adapter an OpenAI ``model`` names (``"<model>:<adapter>"``), else the
+        request's ``lora_path`` (SGLang's field), None for the base model; ServerError 404 for a
+        name this server does not answer to, 400 for a ``lora_path`` that is not loaded."""
         base, sep, adapter = (name or "").rpartition(":")
         if sep and base in self.model_aliases and adapter in self.lora_adapters:
             return adapter
         self.check_model(name)
-        return None
+        if lora_path is not None and lora_path not in self.lora_adapters:
+            raise ServerError(
+                400, f"unknown LoRA adapter {lora_path[:128]!r}; load it with /load_lora_adapter.", "lora_path"
+            )
+        return lora_path
 
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""

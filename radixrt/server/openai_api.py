@@ -134,7 +134,7 @@ def _completion_plan(
 @router.post("/v1/completions")
 async def completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, CompletionRequest)
-    lora = ctx.lora_of(req.model)
+    lora = ctx.lora_of(req.model, req.lora_path)
     ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
@@ -350,7 +350,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     and the grammar that enforces calls, each refused with a 400 naming the
     field. ``admin``: the request presented the admin key (any 64-bit ``priority``).
     A ``model`` of ``"<model>:<adapter>"`` runs the LoRA adapter."""
-    lora = ctx.lora_of(req.model)
+    lora = ctx.lora_of(req.model, req.lora_path)
     tm = ctx.tm
     tm.check_alive()
     check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)

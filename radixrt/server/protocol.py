@@ -121,6 +121,7 @@ class _SamplingExtras(Lenient):
     # OpenAI's cache hint; here, with cache_salt, a radix namespace (cache_fields.cache_namespace)
     prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None
+    lora_path: Optional[str] = None  # SGLang's: the adapter, where ``model`` names none
     # SGLang's: waiting-queue order under --enable-priority-scheduling. Strict, as on /generate: "1" and
     # true are 400s, not coerced; the range (--max-client-priority) is checked at the front door.
     priority: Optional[StrictInt] = None

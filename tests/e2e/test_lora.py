@@ -320,6 +320,13 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
         assert other.choices[0].text != done.choices[0].text
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=f"{base}:nope", prompt=PROMPT, max_tokens=4)
+        # SGLang's lora_path field, where the model names no adapter
+        by_field = client.completions.create(
+            model=base, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"lora_path": "r8"}
+        )
+        assert by_field.choices[0].text == done.choices[0].text
+        with pytest.raises(openai.BadRequestError, match="unknown LoRA adapter"):
+            client.completions.create(model=base, prompt=PROMPT, max_tokens=4, extra_body={"lora_path": "nope"})
     finally:
         srv.cleanup()
 
