@@ -174,6 +174,8 @@ class BeamSearch:
         """One step of the search (transformers' order of updates); True when it ended."""
         beams = g.beams
         g.steps += 1
+        # the pass just computed wrote its tokens' KV: the beams hold the most now
+        g.peak_kv_slots = max(g.peak_kv_slots, held_slots(beams))
         n_gen = len(beams[0].output_ids) + 1  # generated length of every candidate
         K = g.candidates_per_beam
         cands = sorted(
