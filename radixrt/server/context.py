@@ -87,6 +87,12 @@ class ServerContext:
             )
         return lora_path
 
+    def answering_model(self, lora: Optional[str]) -> str:
+        """The ``model`` an OpenAI answer names: the served model, or its adapter's entry of
+        ``/v1/models`` (``"<model>:<adapter>"``) when ``lora`` answered, as SGLang and vLLM
+        name the adapter that answered."""
+        return f"{self.served_model_name}:{lora}" if lora else self.served_model_name
+
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""
         if name is None or name in self.model_aliases:

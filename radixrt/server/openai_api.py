@@ -143,7 +143,7 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
     for spec in specs:
         spec.lora = lora
     group = tm.submit(specs, validated=True)
-    view = CompletionView(req, group, prompts, tm.tokenizer, ctx.served_model_name)
+    view = CompletionView(req, group, prompts, tm.tokenizer, ctx.answering_model(lora))
     return await _answer(request, tm, group, view, req.stream)
 
 
@@ -380,7 +380,7 @@ async def chat_completions(request: Request, ctx: ServerContext = Depends(server
         group,
         len(plan.spec.input_ids),
         tm.tokenizer,
-        ctx.served_model_name,
+        ctx.answering_model(plan.spec.lora),
         plan.parser,
         plan.reasoning,
         plan.remember,

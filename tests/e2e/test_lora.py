@@ -325,6 +325,7 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
             model=base, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"lora_path": "r8"}
         )
         assert by_field.choices[0].text == done.choices[0].text
+        assert done.model == by_field.model == f"{base}:r8"  # the answer names the adapter that answered
         with pytest.raises(openai.BadRequestError, match="unknown LoRA adapter"):
             client.completions.create(model=base, prompt=PROMPT, max_tokens=4, extra_body={"lora_path": "nope"})
     finally:
