@@ -28,6 +28,15 @@ REGEX_BOOL = r"(True|False)"
 NUMBER_STOPS = (" ", "\n")
 
 
+# gen(dtype=...): the constraint each type asks for (SGLang's names and regexes)
+_DTYPE_REGEX: dict[Any, str] = {
+    **dict.fromkeys((int, "int"), REGEX_INT),
+    **dict.fromkeys((float, "float"), REGEX_FLOAT),
+    **dict.fromkeys((str, "str", "string"), REGEX_STR),
+    **dict.fromkeys((bool, "bool"), REGEX_BOOL),
+}
+
+
 @dataclass
 class SglSamplingParams:
     """Sampling parameters of one generation call.
@@ -80,9 +89,7 @@ class SglSamplingParams:
         """The regex the request is constrained by: ``dtype``'s where one is set (as SGLang,
         which warns that a ``regex`` beside it is not used), else ``regex``."""
         dt = self.dtype
-        typed = {int: REGEX_INT, "int": REGEX_INT, float: REGEX_FLOAT, "float": REGEX_FLOAT}
-        typed.update({str: REGEX_STR, "str": REGEX_STR, "string": REGEX_STR, bool: REGEX_BOOL, "bool": REGEX_BOOL})
-        regex = typed.get(dt) if dt is not None else None
+        regex = _DTYPE_REGEX.get(dt) if isinstance(dt, (type, str)) else None
         if regex is None:
             return self.regex
         if self.regex is not None:

@@ -37,7 +37,7 @@ class SGLangFlagSettings:
     skip_server_warmup: bool = setting(
         False,
         "SGLang's: start without warming up; here a server's front skips parsing one grammar at start-up "
-        "(loading xgrammar and torch, about 1.5 s of CPU), so the first request with a grammar pays for it",
+        "(loading xgrammar and torch, about 1.4 s of CPU), so the first request with a grammar pays for it",
     )
 
     def __post_init__(self) -> None:
