@@ -36,7 +36,7 @@ from radixrt.requests.messages import REPLY_KINDS, AbortReq, ControlReply, Token
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.requests.scoring import score_with
-from radixrt.requests.sglang_fields import check_engine_fields
+from radixrt.requests.sglang_fields import engine_extras
 from radixrt.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -162,9 +162,7 @@ class Engine(EngineControl):
         sglang_fields: Optional[dict] = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
-        fields = dict(sglang_fields or {})
-        prompt_ids = fields.pop("return_prompt_token_ids", False)  # SGLang's: each result's prompt_token_ids
-        check_engine_fields(fields)
+        extras = engine_extras(sglang_fields or {})  # return_prompt_token_ids, extra_key
         prompts = split_prompts(
             prompt,
             input_ids,
@@ -187,7 +185,7 @@ class Engine(EngineControl):
             return_cache_info=return_cache_info,
             lora_path=lora_path,
             token_ids_logprob=token_ids_logprob,
-            return_prompt_token_ids=prompt_ids,
+            **extras,
         )
         validate_call(specs, self.limits)
         unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)

@@ -371,6 +371,7 @@ def build_specs(
     admin: bool = False,
     lora_path: Any = None,
     return_prompt_token_ids: Any = False,
+    extra_key: Any = None,
 ) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
@@ -405,7 +406,9 @@ def build_specs(
         "lora_path", lora_path, prompts, None, lambda v: v is None or isinstance(v, str), "a string (or one per prompt)"
     )
     cache_info = cache_info_mode(return_cache_info)
-    namespace = request_namespace(cache_salt, prompt_cache_key)
+    salts = per_item("cache_salt", cache_salt, prompts, None, lambda v: True, "a string (or one per prompt)")
+    keys = per_item("extra_key", extra_key, prompts, None, lambda v: True, "a string (or one per prompt)")
+    namespaces = [request_namespace(salt, prompt_cache_key, key) for salt, key in zip(salts, keys)]
     return [
         RequestSpec(
             input_ids=ids,
@@ -417,7 +420,7 @@ def build_specs(
             top_logprobs_num=int(tops[i]),
             token_ids_logprob=token_ids[i],
             return_text_in_logprobs=return_text_in_logprobs,
-            namespace=namespace,
+            namespace=namespaces[i],
             rid=rids[i],
             field=prompts.field,
             priority=None if priorities[i] is None else int(priorities[i]),

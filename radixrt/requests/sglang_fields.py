@@ -63,7 +63,6 @@ UNSUPPORTED_FIELDS = {
     "token_indices_to_pool",
     # generation options radixrt does not have
     "stream_options",
-    "extra_key",
     "background",
     "require_reasoning",
     "max_thinking_tokens",
@@ -83,6 +82,20 @@ def check_unsupported(fields: dict[str, Any]) -> None:
         if key in HINT_FIELDS or value in (None, False, [], {}, ""):
             continue
         raise RequestError(f"'{key}' is not supported by radixrt.", key)
+
+
+# SGLang's arguments that Engine.generate implements but names only through ``**sglang_fields``
+# (keyword arguments of `build_specs` under the same names)
+ENGINE_EXTRAS = ("return_prompt_token_ids", "extra_key")
+
+
+def engine_extras(fields: dict[str, Any]) -> dict[str, Any]:
+    """The `ENGINE_EXTRAS` among ``fields``, as `build_specs` keyword arguments; every other
+    field checked by `check_engine_fields`."""
+    rest = dict(fields)
+    extras = {name: rest.pop(name) for name in ENGINE_EXTRAS if name in rest}
+    check_engine_fields(rest)
+    return extras
 
 
 def check_engine_fields(fields: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ matches against its trees.
   their first messages share a prefix.
 
 Every key starts with its cache namespace's marker (`namespace_marker`):
-the worker never shares KV across namespaces (``cache_salt``, and
+the worker never shares KV across namespaces (``cache_salt``, ``extra_key``, and
 ``prompt_cache_key`` on the OpenAI routes), and neither may the router's
 trees, or a client could learn from where its request was routed (the
 ``x-radixrt-worker`` header, the policy's counters) whether another
@@ -28,6 +28,7 @@ from typing import Any, Optional
 from radixrt.requests.cache_fields import cache_namespace
 from radixrt.router.key_marker import namespace_marker
 from radixrt.router.policies import RouteKey
+from radixrt.router.token_keys import NAMESPACE_FIELDS
 
 # The longest key kept: enough to tell prompts apart by their prefix, and it bounds the router's work per request.
 MAX_KEY_LEN = 16384
@@ -62,7 +63,7 @@ def routing_key(path: str, body: Any) -> Optional[RouteKey]:
     """The key of ``body`` posted to ``path`` (its namespace's marker, then its prompt), or None."""
     if not isinstance(body, dict):
         return None
-    salts = [body.get("cache_salt")] if path == "/generate" else [body.get("cache_salt"), body.get("prompt_cache_key")]
+    salts = [body.get(name) for name in NAMESPACE_FIELDS]
     if any(s is not None and not isinstance(s, str) for s in salts):
         return None
     prompt = _prompt_key(path, body)

@@ -7,16 +7,16 @@ approximate tree).
   they are; ``text`` (a string; a batch: its first) through the model's
   tokenizer as the worker's ``TokenizerManager.encode`` does
   (``tokenizer.encode(text)``, special tokens added), when the router has
-  the tokenizer. Namespace: ``cache_salt`` (`cache_namespace`).
+  the tokenizer. Namespace: ``cache_salt`` and ``extra_key`` (`cache_namespace`).
 * ``/v1/completions``: ``prompt`` likewise (string, list of strings, token
   ids, list of token-id lists: the first prompt); namespace from
-  ``cache_salt`` and ``prompt_cache_key``.
+  ``cache_salt``, ``prompt_cache_key`` and ``extra_key``.
 * ``/v1/chat/completions``: None. The worker renders the messages through
   the chat template (with tools, turn reuse and template arguments); the
   router does not repeat that.
 
 A body the worker would refuse (both or neither of ``text`` and
-``input_ids``, a salt that is not a string) has no key.
+``input_ids``, a salt that is not a string) has no key; nor has one with a salt per prompt.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any, Optional
 from radixrt.requests.cache_fields import cache_namespace
 from radixrt.router.kv_event_index import TokenKey
 
+NAMESPACE_FIELDS = ("cache_salt", "prompt_cache_key", "extra_key")  # `cache_namespace`'s arguments, in order
 # The longest prompt followed, in tokens: bounds the router's hashing per request.
 MAX_TOKENS = 65536
 
@@ -49,9 +50,9 @@ def _encode(text: Any, tokenizer: Any) -> Optional[tuple[int, ...]]:
     return tuple(list(tokenizer.encode(text))[:MAX_TOKENS])
 
 
-def _namespace(body: dict, keys: tuple[str, ...]) -> tuple[bool, Optional[str]]:
-    """(valid, namespace) from the body's salt fields ``keys``."""
-    values = [body.get(k) for k in keys]
+def _namespace(body: dict) -> tuple[bool, Optional[str]]:
+    """(valid, namespace) from the body's salt fields (a route without one of them refuses it)."""
+    values = [body.get(k) for k in NAMESPACE_FIELDS]
     if any(v is not None and not isinstance(v, str) for v in values):
         return False, None
     return True, cache_namespace(*values)
@@ -63,13 +64,13 @@ def token_key(path: str, body: Any, tokenizer: Any = None) -> Optional[TokenKey]
     if not isinstance(body, dict):
         return None
     if path == "/generate":
-        ok, ns = _namespace(body, ("cache_salt",))
+        ok, ns = _namespace(body)
         text, input_ids = body.get("text"), body.get("input_ids")
         if not ok or (text is None) == (input_ids is None):
             return None
         ids = _encode(_first(text), tokenizer) if text is not None else _ids(_first(input_ids))
     elif path == "/v1/completions":
-        ok, ns = _namespace(body, ("cache_salt", "prompt_cache_key"))
+        ok, ns = _namespace(body)
         prompt = _first(body.get("prompt"))
         if not ok:
             return None

@@ -5,7 +5,8 @@ Body: ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params``
 ``top_logprobs_num`` (a value or one per prompt), ``token_ids_logprob`` (token
 ids whose logprobs every position returns, in ``meta_info.input_token_ids_logprobs``
 and ``output_token_ids_logprobs``; a list, or one per prompt), ``rid`` (one per prompt),
-``return_text_in_logprobs``, ``stream``, ``cache_salt``, ``priority`` (an int in
+``return_text_in_logprobs``, ``stream``, ``cache_salt`` and ``extra_key`` (each a string or one
+per prompt: a radix-cache namespace of their own), ``priority`` (an int in
 ``[-N, N]`` for ``--max-client-priority N``, or one per prompt: orders the waiting
 queue under ``--enable-priority-scheduling``, else ignored), ``return_cache_info``
 (radixrt's extension: ``meta_info.cache_info`` explains the prompt's radix-cache
@@ -74,6 +75,7 @@ _GENERATE_KEYS = {
     "return_cache_info",
     "lora_path",
     "return_prompt_token_ids",
+    "extra_key",
 }
 
 
@@ -119,6 +121,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             admin=admin,
             lora_path=body.get("lora_path"),
             return_prompt_token_ids=body.get("return_prompt_token_ids") or False,
+            extra_key=body.get("extra_key"),
         )
     return specs, prompts.batch, bool(stream)
 

@@ -118,6 +118,7 @@ class _SamplingExtras(Lenient):
     ebnf: Optional[str] = None
     response_format: Optional[ResponseFormat] = None  # chat's; on completions as vLLM takes it
     cache_salt: Optional[str] = None
+    extra_key: Optional[str] = None  # SGLang's: a radix namespace with cache_salt (cache_fields.cache_namespace)
     # OpenAI's cache hint; here, with cache_salt, a radix namespace (cache_fields.cache_namespace)
     prompt_cache_key: Optional[str] = None
     rid: Optional[str] = None

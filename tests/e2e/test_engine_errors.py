@@ -69,6 +69,9 @@ def test_sglang_arguments_unset_are_taken(engine):
     assert out["meta_info"]["completion_tokens"] == 2 and "prompt_token_ids" not in out
     asked = engine.generate("Say hi.", {"max_new_tokens": 2}, return_prompt_token_ids=True)
     assert asked["prompt_token_ids"] == engine.tokenizer.encode("Say hi.")
+    prompt = "A prompt whose prefix only its own extra_key may reuse, " * 3
+    keyed = [engine.generate(prompt, {"max_new_tokens": 1}, extra_key=k)["meta_info"] for k in ("t1", "t1", "t2")]
+    assert keyed[1]["cached_tokens"] > 0 and keyed[2]["cached_tokens"] == 0, keyed
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_argument'"):
         engine.generate("Say hi.", no_such_argument=1)
 

@@ -217,11 +217,9 @@ def test_cache_info_never_shows_another_clients_prompt(client):
     sp = {"max_new_tokens": 1, "temperature": 0}
     client.post("/generate", json={"text": secret, "sampling_params": sp}).raise_for_status()
     guess = "Note for the on-call admin: the vault"
-    for salt in (None, "tenant-b"):
+    for namespace in ({}, {"cache_salt": "tenant-b"}, {"extra_key": "tenant-b"}):  # extra_key: SGLang's salt
         for round_ in range(4):
-            body = {"text": guess + "\u00a7", "sampling_params": sp, "return_cache_info": True}
-            if salt:
-                body["cache_salt"] = salt
+            body = {"text": guess + "\u00a7", "sampling_params": sp, "return_cache_info": True, **namespace}
             r = client.post("/generate", json=body)
             assert r.status_code == 200, r.text
             info = r.json()["meta_info"]["cache_info"]
@@ -239,7 +237,7 @@ def test_cache_info_never_shows_another_clients_prompt(client):
             }
             assert "tulip" not in json.dumps(info) and " password" not in info["prompt_after_text"]
             if round_ == 0:  # the secret's namespace shares the guess's tokens; the salted one holds nothing
-                assert (info["matched_tokens"] > 0) == (salt is None)
+                assert (info["matched_tokens"] > 0) == (not namespace)
 
 
 def test_openai_chat_priority_and_cache_info(server):

@@ -94,6 +94,27 @@ def test_build_specs_per_item_values():
         assert isinstance(ei.value, ValueError)
 
 
+def test_extra_key_and_per_prompt_salts_name_namespaces():
+    """SGLang's ``extra_key`` separates caches as ``cache_salt`` does (a namespace of its own per
+    distinct triple), and either takes one value per prompt of a batch."""
+    batch = split_prompts(["a", "b"], None, encode)
+    specs = build_specs(batch, cache_salt=["s", None], extra_key="k")
+    assert [s.namespace for s in specs] == ['["s", null, "k"]', '[null, null, "k"]']
+    (plain,) = build_specs(split_prompts("a", None, encode), cache_salt="s")
+    assert plain.namespace == '["s", null]'  # namespaces named before extra_key keep their names
+    names = {
+        build_specs(split_prompts("a", None, encode), **kw)[0].namespace
+        for kw in (dict(extra_key="x"), dict(cache_salt="x"), dict(prompt_cache_key="x"), {})
+    }
+    assert len(names) == 4 and None in names
+    for kwargs, param in ((dict(extra_key=3), "extra_key"), (dict(extra_key=["x"]), "extra_key")):
+        with pytest.raises(RequestError) as ei:
+            build_specs(split_prompts("a", None, encode), **kwargs)
+        assert ei.value.param == param
+    with pytest.raises(RequestError, match="'cache_salt' has 1 entries for 2 prompts"):
+        build_specs(batch, cache_salt=["s"])
+
+
 def test_a_batch_takes_one_rid_per_prompt_or_one_to_number():
     """As SGLang: one string for a batch names its prompts ``<rid>_<i>``."""
     batch = split_prompts(["a", "b"], None, encode)

@@ -146,6 +146,7 @@ def test_token_keys_follow_the_worker():
     assert token_key("/generate", {"text": ["ab", "c"]}, tok) == TokenKey(None, (1, 97, 98))
     assert token_key("/generate", {"text": "ab", "input_ids": [1]}, tok) is None  # the worker refuses it
     assert token_key("/generate", {"input_ids": [1], "cache_salt": 3}) is None
+    assert token_key("/generate", {"input_ids": [1], "extra_key": "k"}) == TokenKey('[null, null, "k"]', (1,))
     assert token_key("/v1/completions", {"prompt": "ab", "prompt_cache_key": "k"}, tok) == TokenKey(
         cache_namespace(None, "k"), (1, 97, 98)
     )

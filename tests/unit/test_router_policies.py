@@ -128,6 +128,9 @@ def test_routing_keys_carry_the_namespace_the_worker_caches_under():
     assert ids == (namespace_marker('[null, "k"]'), 1, 2) and marker_len(ids) == 1
     chat = routing_key("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "cache_salt": "s"})
     assert chat.startswith(namespace_marker('["s", null]'))
+    keyed = routing_key("/generate", {"text": "secret memo", "extra_key": "tenant-a"})
+    assert keyed.startswith(namespace_marker('[null, null, "tenant-a"]')) and keyed not in (a, b)
+    assert routing_key("/generate", {"text": "secret memo", "cache_salt": ["a", "b"]}) is None  # one per prompt
 
 
 def test_cache_aware_never_matches_one_namespace_against_another():
