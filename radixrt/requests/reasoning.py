@@ -10,7 +10,8 @@
   output starts inside it (a leading ``<think>`` is still accepted) and
   thinks up to ``</think>``.
 
-``split_reasoning(text, final, opened_by_prompt)`` gives ``(reasoning,
+``reasoning_token_count`` gives how many output tokens the block took (usage's
+``reasoning_tokens``). ``split_reasoning(text, final, opened_by_prompt)`` gives ``(reasoning,
 content)``: the thinking block's text, and what follows ``</think>``
 (leading whitespace removed). Inside a block that has not closed the output
 is all reasoning (still thinking, or cut off by the token limit). While the
@@ -21,7 +22,7 @@ they add up to the split of the whole output.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
@@ -59,3 +60,25 @@ def split_reasoning(text: str, final: bool = True, opened_by_prompt: bool = Fals
         return body[:end].strip("\n"), body[end + len(THINK_CLOSE) :].lstrip()
     hold = 0 if final else max(partial_suffix(body, THINK_CLOSE), len(body) if THINK_OPEN.startswith(body) else 0)
     return body[: len(body) - hold].strip("\n"), ""  # trailing newlines wait: they may precede </think>
+
+
+def reasoning_token_count(output_ids: Sequence[int], decode: Callable[[Sequence[int]], str], mode: str) -> int:
+    """How many of ``output_ids`` (whose text ``decode`` gives) its thinking block took under
+    ``mode``'s rule (`reasoning_mode`; "": no split, 0), the tokens that spell ``</think>``
+    included: all of them while the block has not closed, none where the output opened no block.
+    At most about log2(len(output_ids)) decodes of a prefix."""
+    if not mode or not output_ids:
+        return 0
+    text = decode(output_ids)
+    if not text.lstrip().startswith(THINK_OPEN) and mode != "deepseek-r1":
+        return 0
+    if THINK_CLOSE not in text:
+        return len(output_ids)
+    lo, hi = 1, len(output_ids)  # the shortest prefix whose text holds </think>
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if THINK_CLOSE in decode(output_ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -7,10 +7,11 @@ import codecs
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.intake import PromptBatch
+from radixrt.requests.reasoning import reasoning_token_count
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.errors import error_body
 from radixrt.server.http_utils import SSE_DONE, group_error, sse
@@ -59,6 +60,16 @@ def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
     if any(info is not None for info in infos):
         body["cache_info"] = infos
     return body
+
+
+def reasoning_tokens(group: ReqGroup, mode: str, tokenizer: Any, skip_special_tokens: Optional[bool]) -> int:
+    """The output tokens the thinking blocks of ``group``'s samples took under ``mode``
+    (`reasoning_token_count`), decoded as their text was (``skip_special_tokens``: None is true)."""
+
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens is not False)
+
+    return sum(reasoning_token_count(st.acc.output_ids, decode, mode) for st in group.states)
 
 
 def logprob_entries(tt: TokenTexts, st: ReqState, start: int) -> list[dict]:
@@ -308,9 +319,15 @@ class ChatView:
         self.plain = parser is None and not reasoning  # text passes through as content
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
         self.remember = remember  # called with each finished choice's text and output ids
+        self.reasoning, self.tokenizer = reasoning, tokenizer
 
     def usage(self) -> dict:
-        return usage(self.group, self.req.n, [self.prompt_len])
+        body = usage(self.group, self.req.n, [self.prompt_len])
+        done = all(st.acc.finish_reason is not None for st in self.group.states)
+        if self.reasoning and done:  # OpenAI's count of the reasoning tokens, where the output is split
+            count = reasoning_tokens(self.group, self.reasoning, self.tokenizer, self.req.skip_special_tokens)
+            body["completion_tokens_details"] = {"reasoning_tokens": count}
+        return body
 
     @staticmethod
     def _finish(st: ReqState, calls: bool) -> Optional[str]:

@@ -178,7 +178,8 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
         plan.reasoning,
         plan.remember,
         on_done,
-        tokenizer=tm.tokenizer if LOGPROBS_INCLUDE in (req.include or []) else None,
+        tokenizer=tm.tokenizer,
+        logprobs=LOGPROBS_INCLUDE in (req.include or []),
     )
     if req.stream:
         return stream_response(tm, group, view.stream())

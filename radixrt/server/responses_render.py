@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.http_utils import dumps, group_error
-from radixrt.server.openai_render import logprob_entries, take_update, usage
+from radixrt.server.openai_render import logprob_entries, reasoning_tokens, take_update, usage
 from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
@@ -44,14 +44,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def responses_usage(group: ReqGroup, prompt_len: int) -> dict[str, Any]:
-    """The Responses API's usage object (input / output tokens, cached input tokens)."""
+def responses_usage(group: ReqGroup, prompt_len: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """The Responses API's usage object (input / output tokens, cached input tokens, and
+    ``reasoning_tokens`` of the output's)."""
     u = usage(group, 1, [prompt_len])
     return {
         "input_tokens": u["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": u["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": u["total_tokens"],
     }
 
@@ -103,8 +104,9 @@ class ResponseView:
 
     ``skeleton`` is the response object without its outcome (id, model, the
     request's settings); ``on_done`` gets the finished response object
-    (stores it) before it is answered. ``tokenizer`` (with ``include`` of
-    ``message.output_text.logprobs``): the message's ``output_text`` carries the
+    (stores it) before it is answered. ``tokenizer`` counts the reasoning tokens;
+    with ``logprobs`` (``include`` of
+    ``message.output_text.logprobs``) the message's ``output_text`` carries the
     logprobs of the output's tokens, as chat's ``logprobs.content`` (with tool calls
     or reasoning, of the whole output, which the message is a part of)."""
 
@@ -118,9 +120,11 @@ class ResponseView:
         remember: Optional[Callable[[str, list[int]], None]],
         on_done: Callable[[dict[str, Any]], None],
         tokenizer: Any = None,
+        logprobs: bool = False,
     ) -> None:
         self.skeleton, self.group, self.prompt_len = skeleton, group, prompt_len
-        self.tt = TokenTexts(tokenizer) if tokenizer is not None else None
+        self.tt = TokenTexts(tokenizer) if logprobs else None
+        self.tokenizer, self.reasoning = tokenizer, reasoning
         self.out = ChoiceOutput(parser, reasoning)
         self.plain = parser is None and not reasoning
         self.remember, self.on_done = remember, on_done
@@ -140,13 +144,18 @@ class ResponseView:
             "incomplete_details": incomplete,
             "error": error,
             "output": output,
-            "usage": responses_usage(self.group, self.prompt_len),
+            "usage": responses_usage(self.group, self.prompt_len, self._reasoning_tokens()),
         }
         if status == "completed":
             body["completed_at"] = int(time.time())
         if status != "failed":
             self.on_done(body)
         return body
+
+    def _reasoning_tokens(self) -> int:
+        if not self.reasoning or self.tokenizer is None:
+            return 0
+        return reasoning_tokens(self.group, self.reasoning, self.tokenizer, None)
 
     def response(self) -> dict[str, Any]:
         """The whole response object, once the request finished."""

@@ -494,6 +494,29 @@ def test_openai_chat_stream(oai, model_name):
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
 
 
+def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
+    """With the output split (``separate_reasoning``), usage names how many output tokens the
+    thinking block took, ``</think>`` included (the output pinned by a regex: any model thinks)."""
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Think, then answer."}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "regex": "<think>[a-z]{3,12}</think>[a-z ]{3,12}",
+        "return_token_ids": True,
+    }
+    r = client.post("/v1/chat/completions", json={**body, "separate_reasoning": True}).json()
+    choice, usage = r["choices"][0], r["usage"]
+    assert choice["message"]["reasoning_content"], r
+    ids, count = choice["token_ids"], usage["completion_tokens_details"]["reasoning_tokens"]
+    assert 0 < count < usage["completion_tokens"] == len(ids)
+    detok = client.post("/detokenize", json={"tokens": ids[:count]}).json()["text"]
+    before = client.post("/detokenize", json={"tokens": ids[: count - 1]}).json()["text"]
+    assert detok.rstrip().endswith("</think>") and "</think>" not in before, (detok, before)
+    plain = client.post("/v1/chat/completions", json=body).json()  # no split: no count
+    assert "completion_tokens_details" not in plain["usage"]
+
+
 @pytest.mark.slow
 def test_openai_completion_stop(embedded_oai):
     model_name = embedded_oai.models.list().data[0].id

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from radixrt.requests.reasoning import reasoning_mode, split_reasoning
+from radixrt.requests.reasoning import reasoning_mode, reasoning_token_count, split_reasoning
 from radixrt.sampling.grammar import check_grammar
 from radixrt.server.tools import ChoiceOutput, ToolError, check_tools, get_parser
 from radixrt.server.tools.conversation import check_tool_turns
@@ -433,3 +433,19 @@ def test_generated_turns_keep_their_tokens():
     for k in range(3):  # least recently used out
         turns.remember(f"t{k}", [3] * (k + 1), lambda ids: f"t{len(ids) - 1}")
     assert turns.get('<tool_call>{"}') is None and turns.get("t2") == (3, 3, 3)
+
+
+def test_reasoning_token_count_follows_the_split_rules():
+    """The tokens up to the one that completes ``</think>``; all while it is open; none without a block."""
+    pieces = ["<th", "ink>", "a", "b", "</", "think", ">", "x", "</think>"]
+
+    def decode(ids):
+        return "".join(pieces[i] for i in ids)
+
+    ids = list(range(len(pieces)))
+    assert reasoning_token_count(ids, decode, "qwen3") == 7
+    assert reasoning_token_count(ids[:5], decode, "qwen3") == 5  # still thinking (or cut off)
+    assert reasoning_token_count(ids, decode, "") == 0  # no split asked
+    assert reasoning_token_count([7, 8], decode, "qwen3") == 0  # qwen3: opened no block
+    assert reasoning_token_count([2, 4, 5, 6, 7], decode, "deepseek-r1") == 4  # the prompt opened it
+    assert reasoning_token_count([], decode, "qwen3") == 0
