@@ -398,6 +398,7 @@ ENGINE_INDEPENDENT = frozenset(
         "max_n",
         "max_request_sequences",
         "max_top_logprobs_num",
+        "enable_return_hidden_states",
         "incremental_streaming_output",
         "stream_interval",
         "speculative_algorithm",

@@ -162,7 +162,7 @@ class Engine(EngineControl):
         sglang_fields: Optional[dict] = None,
     ) -> tuple[list[RequestSpec], bool]:
         """(validated specs, is_batch) through the front door; ValueError on bad input."""
-        extras = engine_extras(sglang_fields or {})  # return_prompt_token_ids, extra_key
+        extras = engine_extras(sglang_fields or {})  # return_prompt_token_ids, extra_key, return_hidden_states
         prompts = split_prompts(
             prompt,
             input_ids,
@@ -288,7 +288,9 @@ class Engine(EngineControl):
         ``token_ids_logprob`` (SGLang's): token ids whose logprobs every scored
         position returns (``meta_info.input_token_ids_logprobs`` and
         ``output_token_ids_logprobs``), or one list per prompt. SGLang's ``return_prompt_token_ids``
-        adds each result's ``prompt_token_ids``. SGLang's other arguments
+        adds each result's ``prompt_token_ids``, ``extra_key`` names a cache namespace (as ``cache_salt``),
+        ``return_hidden_states`` (with ``enable_return_hidden_states``) adds ``meta_info.hidden_states``
+        (`radixrt.requests.hidden_states`). SGLang's other arguments
         (``image_data``, ``custom_logit_processor``...) are taken unset and refused set
         (`radixrt.requests.sglang_fields`).
 

@@ -49,6 +49,12 @@ class LimitSettings:
         "width, when larger), on every route and the Engine; more is refused (400) before "
         "the prompts are tokenized",
     )
+    enable_return_hidden_states: bool = setting(
+        False,
+        "let requests ask for their final hidden states (SGLang's return_hidden_states on "
+        "/generate and the Engine: meta_info.hidden_states); such a request computes its whole "
+        "prompt itself and its rows wait on the scheduler until it ends (default off: a 400)",
+    )
     grammar_max_chars: int = setting(
         DEFAULT_MAX_CHARS,
         "refuse (400) a regex, JSON schema or grammar whose shortest instance, or any part's, "
@@ -86,5 +92,6 @@ class LimitSettings:
             max_request_sequences=self.max_request_sequences,
             max_top_logprobs_num=self.max_top_logprobs_num,
             max_client_priority=self.max_client_priority,
+            return_hidden_states=self.enable_return_hidden_states,
             grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars),
         )

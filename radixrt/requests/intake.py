@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from radixrt.requests.cache_fields import cache_info_mode, request_namespace
 from radixrt.requests.errors import RequestError
+from radixrt.requests.hidden_states import check_hidden_states
 from radixrt.requests.messages import GenerateReq
 from radixrt.requests.token_id_lists import bad_token_ids, check_logprob_fields, is_int, token_ids_each
 from radixrt.sampling.grammar import check_grammar, grammar_key
@@ -60,6 +61,7 @@ class Limits:
     max_request_sequences: int = DEFAULT_MAX_REQUEST_SEQUENCES  # sequences of one call (`validate_call`)
     max_top_logprobs_num: int = DEFAULT_MAX_TOP_LOGPROBS_NUM  # top logprobs per position
     max_client_priority: int = DEFAULT_MAX_CLIENT_PRIORITY  # |priority| at most this
+    return_hidden_states: bool = False  # requests may ask for their hidden states (hidden_states.py)
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
 
 
@@ -95,6 +97,7 @@ class RequestSpec:
     return_prompt_token_ids: bool = False  # SGLang's: each result (and stream event) has prompt_token_ids
     # max_new_tokens was given (`build_specs` sets it; the default stops at the context): prompt + it must fit
     asks_max_new_tokens: bool = False
+    return_hidden_states: bool = False  # SGLang's: meta_info.hidden_states (radixrt/requests/hidden_states.py)
 
     def __post_init__(self) -> None:
         self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num, self.token_ids_logprob)
@@ -115,6 +118,7 @@ class RequestSpec:
             cache_info=self.cache_info,
             lora=self.lora,
             group=self.group,
+            return_hidden_states=self.return_hidden_states,
         )
 
 
@@ -227,6 +231,7 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
         spec.top_logprobs_num, spec.token_ids_logprob, limits.max_top_logprobs_num, limits.vocab_size, spec.sampling
     )
     _check_priority(spec, limits)
+    check_hidden_states(spec.return_hidden_states, limits.return_hidden_states, spec.sampling.beam_width)
 
 
 def _check_priority(spec: RequestSpec, limits: Limits) -> None:
@@ -341,6 +346,10 @@ def to_sampling_params(value: Any) -> SamplingParams:
         raise RequestError(str(e), "sampling_params") from None
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
 def _asks_max_new_tokens(sampling: Any) -> bool:
     """Whether a request's sampling parameters set max_new_tokens (a SamplingParams object always does)."""
     return not isinstance(sampling, dict) or sampling.get("max_new_tokens") is not None
@@ -372,6 +381,7 @@ def build_specs(
     lora_path: Any = None,
     return_prompt_token_ids: Any = False,
     extra_key: Any = None,
+    return_hidden_states: Any = False,
 ) -> list[RequestSpec]:
     """One RequestSpec per prompt. The per-prompt fields take a single value
     or one per prompt (`per_item`); ``sampling_params`` are dicts or
@@ -385,7 +395,8 @@ def build_specs(
         lambda v: isinstance(v, (dict, SamplingParams)),
         "an object (or a list of objects)",
     )
-    flags = per_item("return_logprob", return_logprob, prompts, False, lambda v: isinstance(v, bool), "a boolean")
+    flags = per_item("return_logprob", return_logprob, prompts, False, _is_bool, "a boolean")
+    hidden = per_item("return_hidden_states", return_hidden_states, prompts, False, _is_bool, "a boolean")
     starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, is_int, "an integer")
     tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: is_int(v) and v >= 0, "an integer >= 0")
     token_ids = token_ids_each(token_ids_logprob, len(prompts.ids), prompts.batch)
@@ -427,6 +438,7 @@ def build_specs(
             cache_info=cache_info,
             admin=admin,
             lora=loras[i],
+            return_hidden_states=hidden[i],
         )
         for i, ids in enumerate(prompts.ids)
     ]

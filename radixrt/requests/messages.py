@@ -43,6 +43,7 @@ class GenerateReq:
     # the client call it came in: a batch's prompts share one, so that the queue takes turns between calls
     # (planner.interleave_calls); None: its own
     group: Optional[str] = None
+    return_hidden_states: bool = False  # SGLang's: the last result carries them (hidden_states.py)
 
 
 @dataclass
@@ -177,6 +178,8 @@ class TokenOutput:
     # a request with token_ids_logprob: per output token, and once per prompt position (as the top lists)
     output_token_ids_logprobs: Optional[list[list[tuple[float, int]]]] = None
     input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+    # a request with return_hidden_states: all its rows, with its last output (hidden_states.PackedHidden)
+    hidden_states: Optional[tuple[int, int, bytes]] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from radixrt.requests.detokenizer import IncrementalDetokenizer
 from radixrt.requests.finish import FinishReason
+from radixrt.requests.hidden_states import unpack_rows
 from radixrt.requests.messages import TokenOutput
 from radixrt.sampling.params import SamplingParams
 
@@ -73,6 +74,7 @@ class ResultAccumulator:
         self._started = time.monotonic()
         self.e2e_latency: Optional[float] = None  # seconds from intake to the finish (SGLang's meta_info field)
         self.prompt_token_ids: Optional[list[int]] = None  # SGLang's return_prompt_token_ids: in every result
+        self.hidden_states: Optional[list[Any]] = None  # SGLang's return_hidden_states: with the last result
 
     @property
     def finished(self) -> bool:
@@ -91,6 +93,8 @@ class ResultAccumulator:
             self.kv_budget = out.kv_budget
         if out.beam is not None:
             self.beam = out.beam
+        if out.hidden_states is not None:
+            self.hidden_states = unpack_rows(out.hidden_states)
         self.finish_reason = out.finish_reason
         if out.finish_reason is not None and self.e2e_latency is None:
             self.e2e_latency = time.monotonic() - self._started
@@ -187,6 +191,8 @@ class ResultAccumulator:
             meta["kv_budget"] = dict(self.kv_budget)
         if self.beam is not None:
             meta["beam"] = dict(self.beam)
+        if self.hidden_states is not None:
+            meta["hidden_states"] = self.hidden_states
         if self.return_logprob:
             meta["input_token_logprobs"], meta["input_top_logprobs"], by_id = self._input_logprob_meta()
             meta["output_token_logprobs"] = self._triples(self.output_token_logprobs[lps:])

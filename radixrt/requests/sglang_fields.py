@@ -48,7 +48,6 @@ UNSUPPORTED_FIELDS = {
     "http_worker_ipc",
     "kv_hints",
     # extra outputs
-    "return_hidden_states",
     "return_routed_experts",
     "routed_experts_start_len",
     "return_indexer_topk",
@@ -86,7 +85,7 @@ def check_unsupported(fields: dict[str, Any]) -> None:
 
 # SGLang's arguments that Engine.generate implements but names only through ``**sglang_fields``
 # (keyword arguments of `build_specs` under the same names)
-ENGINE_EXTRAS = ("return_prompt_token_ids", "extra_key")
+ENGINE_EXTRAS = ("return_prompt_token_ids", "extra_key", "return_hidden_states")
 
 
 def engine_extras(fields: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from radixrt.kernels.kv_scores import ScoreJob
 from radixrt.kernels.tree import path as tree_path
 from radixrt.sampling.rows import SamplingRow, sampling_row
 from radixrt.scheduler.constrained import ConstrainedDecoding
+from radixrt.scheduler.hidden_capture import HiddenJob
 from radixrt.scheduler.planner import Batch
 from radixrt.scheduler.request import Req
 
@@ -63,6 +64,7 @@ class StepInputs:
     last_token_rows: list[int] = field(default_factory=list)
     last_token_samples: list[int] = field(default_factory=list)
     prompt_jobs: list[PromptLogprobJob] = field(default_factory=list)
+    hidden_jobs: list[HiddenJob] = field(default_factory=list)  # rows of requests returning hidden states
     prompt_tokens: int = 0  # prompt tokens computed by this step (statistics)
     # per batch row, the tree its new tokens form (AttentionMetadata.tree) when some row verifies a
     # speculative draft tree; None otherwise (every row causal)
@@ -95,6 +97,15 @@ def _prompt_job(req: Req, batch_index: int, offset: int, start: int, q: int) -> 
         req.retractions,
         req.token_ids_logprob,
     )
+
+
+def _add_row_jobs(inp: StepInputs, req: Req, batch_index: int, offset: int, start: int, q: int) -> None:
+    """What the step reads from a request's hidden rows besides sampling: its prompt logprobs, its
+    hidden states (rows ``offset ..`` of the step, sequence positions ``start ..``)."""
+    if req.return_logprob and req.wants_prompt_logprobs and req.input_logprobs is None:
+        inp.prompt_jobs.append(_prompt_job(req, batch_index, offset, start, q))
+    if req.hidden_rows is not None:
+        inp.hidden_jobs.append(HiddenJob(batch_index, offset, q, start, req.retractions))
 
 
 def _sampling_row(req: Req, draft_pos: int, before: Optional[list[int]] = None) -> SamplingRow:
@@ -161,8 +172,7 @@ def prepare_inputs(
                 input_ids.extend(req.tokens(end - q, end))
             if end - q < n_in:
                 prompt_tokens += min(end, n_in) - (end - q)
-        if req.return_logprob and req.wants_prompt_logprobs and req.input_logprobs is None:
-            inp.prompt_jobs.append(_prompt_job(req, bi, offset, end - q, q))
+        _add_row_jobs(inp, req, bi, offset, end - q, q)
         offset += q
         k = len(req.draft_ids)
         if end != n_in + n_out + k + req.inflight_tokens or req.sampling.max_new_tokens == 0:  # not yet / prefill-only

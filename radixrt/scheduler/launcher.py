@@ -29,7 +29,7 @@ after it.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -37,6 +37,7 @@ import torch
 from radixrt.memory.host_pool import HostKVPool
 from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.sampling.sampler import SampleResult, token_logprobs
+from radixrt.scheduler.hidden_capture import copy_rows
 from radixrt.scheduler.inputs import PromptLogprobJob, StepInputs
 from radixrt.scheduler.interfaces import StepRunner, StepSampler
 
@@ -56,6 +57,7 @@ class StepOutput:
 
     sample: Optional[SampleResult]  # one token per StepInputs.sampling_rows entry; None without any
     prompt_scores: list[PromptScores]  # one list per StepInputs.prompt_jobs entry
+    hidden_rows: list[torch.Tensor] = field(default_factory=list)  # one per StepInputs.hidden_jobs entry
 
 
 @dataclass
@@ -164,6 +166,7 @@ class StepLauncher:
                 lora_rows=inputs.lora_rows,
             )
         scores = [self._score_prompt(hidden, job) for job in inputs.prompt_jobs]
+        hidden_rows = [copy_rows(hidden, job) for job in inputs.hidden_jobs]
         sample = None
         positions = inputs.sample_positions
         if positions:
@@ -175,7 +178,7 @@ class StepLauncher:
                 tokens = [sample.token_ids[i] for i in inputs.last_token_samples]
                 last = self._to_device([inputs.last_token_rows, tokens])
                 self.last_tokens[last[0]] = last[1]
-        return StepOutput(sample, scores)
+        return StepOutput(sample, scores, hidden_rows)
 
     def _score_prompt(self, hidden: torch.Tensor, job: PromptLogprobJob) -> PromptScores:
         out: PromptScores = []

@@ -121,6 +121,9 @@ class Req(RequestKV):
     input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
     input_logprobs_sent: bool = False
     prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top, by_id) while prefilling
+    # return_hidden_states: the final hidden row (a 1-D float32 host tensor) of each sequence position
+    # computed so far, in order (hidden_capture.py); None when it did not ask
+    hidden_rows: Optional[list] = None
 
     @classmethod
     def from_message(
@@ -152,6 +155,7 @@ class Req(RequestKV):
             urgency=urgency,
             cache_info_mode=msg.cache_info,
             max_stop_chars=max_stop_chars,
+            hidden_rows=[] if msg.return_hidden_states else None,
         )
 
     @property
@@ -203,10 +207,13 @@ class Req(RequestKV):
         """The longest prefix that may come from the cache: at least one token is
         always computed (for logits), and prompt logprobs need their positions.
         A draft is verified from the logits of the position before it on, so
-        that position and the draft are always computed."""
+        that position and the draft are always computed. A request that returns
+        its hidden states computes every position whose row it does not hold yet."""
         cap = self.seq_len - len(self.draft_ids) - 1
         if self.wants_prompt_logprobs and self.input_logprobs is None:
             cap = min(cap, self.logprob_start_len)  # its logits score the token after it
+        if self.hidden_rows is not None:  # a cached prefix has no hidden rows kept: compute past its own
+            cap = min(cap, len(self.hidden_rows))
         return cap if self.tree_limit is None else min(cap, self.tree_limit)
 
     @property

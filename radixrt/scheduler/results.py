@@ -27,6 +27,7 @@ from radixrt.requests.messages import TokenOutput
 from radixrt.sampling import stop_regex
 from radixrt.sampling.sampler import SampleResult
 from radixrt.scheduler.constrained import ConstrainedDecoding, drop_draft
+from radixrt.scheduler.hidden_capture import file_rows, keep_rows, pack_rows
 from radixrt.scheduler.inputs import StepInputs
 from radixrt.scheduler.launcher import PromptScores, StepOutput
 from radixrt.scheduler.planner import Batch
@@ -98,6 +99,10 @@ class ResultProcessor:
             req = batch[job.batch_index][0]
             if req.phase is Phase.RUNNING and req.retractions == job.retractions:
                 self._add_prompt_logprobs(req, scores, inputs.computed_to(job.batch_index))
+        for hidden_job, rows in zip(inputs.hidden_jobs, output.hidden_rows):
+            req = batch[hidden_job.batch_index][0]
+            if req.phase is Phase.RUNNING and req.retractions == hidden_job.retractions:
+                file_rows(req, hidden_job, rows)
         sample = output.sample
         self.regex_spent.clear()
         outputs: list[TokenOutput] = []
@@ -128,6 +133,8 @@ class ResultProcessor:
                 finished += 1
             elif req.report_due:
                 outputs.append(token_output(req))
+        for hidden_job in inputs.hidden_jobs:  # rows past what a request kept (a rejected draft's) go
+            keep_rows(batch[hidden_job.batch_index][0])
         if self.beams is not None:
             searched, ended = self.beams.advance()
             outputs += searched
@@ -338,6 +345,8 @@ def token_output(req: Req) -> TokenOutput:
         out.spec_verify_ct = req.spec.verify_ct
     if req.kv_budget is not None and req.finish_reason is not None:
         out.kv_budget = req.kv_budget.describe()
+    if req.hidden_rows is not None and req.finish_reason is not None:
+        out.hidden_states = pack_rows(req)
     if req.cache_info is not None:  # sent once, with the first output after admission
         out.cache_info, req.cache_info = req.cache_info, None
     if req.input_logprobs is not None and not req.input_logprobs_sent:

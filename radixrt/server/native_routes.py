@@ -76,6 +76,7 @@ _GENERATE_KEYS = {
     "lora_path",
     "return_prompt_token_ids",
     "extra_key",
+    "return_hidden_states",
 }
 
 
@@ -122,6 +123,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             lora_path=body.get("lora_path"),
             return_prompt_token_ids=body.get("return_prompt_token_ids") or False,
             extra_key=body.get("extra_key"),
+            return_hidden_states=body.get("return_hidden_states") or False,
         )
     return specs, prompts.batch, bool(stream)
 

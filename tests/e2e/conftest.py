@@ -32,7 +32,8 @@ def tiny_server(tiny_llama):
     """``radixrt serve`` on the tiny random Llama (test_server.py, test_request_ids.py, test_dashboard.py,
     test_weight_updates.py: which updates its weights, then restores them), served as
     "default", with the API key ``TINY_SERVER_KEY`` and the admin key ``TINY_SERVER_ADMIN_KEY``, 24,576 KV
-    tokens, --skip-server-warmup, --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
+    tokens, --skip-server-warmup, --enable-return-hidden-states,
+    --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
     ``TINY_SERVER_MAX_TOP`` and the overlap scheduler (a CUDA default, off on the CPU otherwise), so
     that streams, aborts and disconnects are also tested with a step in flight. ``folder`` and
     ``served_name`` are what it reports, ``admin_key`` its admin key; it publishes KV events at
@@ -47,6 +48,7 @@ def tiny_server(tiny_llama):
         "default",
         "--no-disable-overlap-schedule",
         "--skip-server-warmup",  # SGLang's flag: its first grammar request loads xgrammar (test_server.py has some)
+        "--enable-return-hidden-states",  # test_hidden_states.py
         "--max-n",
         str(TINY_SERVER_MAX_N),
         "--max-top-logprobs-num",
