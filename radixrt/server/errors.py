@@ -1,5 +1,6 @@
 """Errors answered to HTTP clients, in OpenAI's body shape on every route:
-``{"error": {"message", "type", "param", "code"}}``."""
+``{"error": {"message", "type", "param", "code"}}``; on Anthropic's Messages routes
+(``/v1/messages...``) in Anthropic's: ``{"type": "error", "error": {"type", "message"}}``."""
 
 from __future__ import annotations
 
@@ -38,6 +39,23 @@ def error_body(status: int, message: str, param: Optional[str] = None, err_type:
     """The JSON body of an error answer (also sent as an SSE event mid-stream)."""
     e = ServerError(status, message, param, err_type)
     return {"error": {"message": message, "type": e.err_type, "param": param, "code": status}}
+
+
+ANTHROPIC_PREFIX = "/v1/messages"  # the routes that answer errors in Anthropic's shape
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """Anthropic's error body (also its stream's ``error`` event)."""
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
 @contextlib.contextmanager

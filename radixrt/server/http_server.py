@@ -1,8 +1,9 @@
-"""The FastAPI app: the native, OpenAI and admin routers over one
+"""The FastAPI app: the native, OpenAI, Anthropic and admin routers over one
 `ServerContext`, behind `GuardMiddleware`.
 
 Error bodies follow OpenAI's shape on every route:
-``{"error": {"message", "type", "param", "code"}}``.
+``{"error": {"message", "type", "param", "code"}}``, but Anthropic's on its
+Messages routes (`radixrt.server.errors.anthropic_error_body`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from radixrt.requests.intake import RequestError
 from radixrt.server import (
     admin_routes,
+    anthropic_api,
     debug_routes,
     lora_routes,
     native_routes,
@@ -28,8 +30,8 @@ from radixrt.server import (
     weight_routes,
 )
 from radixrt.server.context import ServerContext
-from radixrt.server.errors import ServerError
-from radixrt.server.http_utils import error_response
+from radixrt.server.errors import ANTHROPIC_PREFIX, ServerError, anthropic_error_body
+from radixrt.server.http_utils import JSON, error_response
 from radixrt.server.middleware import GuardMiddleware
 from radixrt.server.protocol import field_path
 
@@ -44,7 +46,7 @@ def build_app(ctx: ServerContext, lifespan: Any = None) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(GuardMiddleware, ctx_getter=lambda: app.state.ctx)
     _add_error_handlers(app)
-    routes = (admin_routes, debug_routes, lora_routes, native_routes, openai_api, responses_api)
+    routes = (admin_routes, anthropic_api, debug_routes, lora_routes, native_routes, openai_api, responses_api)
     for module in routes + (score_routes, tokenize_routes, weight_routes):
         app.include_router(module.router)
     return app
@@ -70,33 +72,40 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Any]:
     return message, field_name
 
 
+def _error(request: Request, status: int, message: str, param: Any = None, err_type: Any = None) -> Response:
+    """OpenAI's error answer, or Anthropic's on its Messages routes."""
+    if request.url.path.startswith(ANTHROPIC_PREFIX):
+        return JSON(anthropic_error_body(status, message), status_code=status)
+    return error_response(status, message, param, err_type)
+
+
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every error becomes an OpenAI-shaped body with the right status."""
+    """Every error becomes an OpenAI-shaped (or Anthropic-shaped) body with the right status."""
 
     @app.exception_handler(ServerError)
-    async def _server_error(_: Request, exc: ServerError) -> Response:
-        return error_response(exc.status, exc.message, exc.param, exc.err_type)
+    async def _server_error(request: Request, exc: ServerError) -> Response:
+        return _error(request, exc.status, exc.message, exc.param, exc.err_type)
 
     @app.exception_handler(RequestError)
-    async def _request_error(_: Request, exc: RequestError) -> Response:
-        return error_response(400, exc.message, exc.param)
+    async def _request_error(request: Request, exc: RequestError) -> Response:
+        return _error(request, 400, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         message, param = _validation_message(exc)
-        return error_response(400, message, param)
+        return _error(request, 400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         cause = exc.__cause__
         if isinstance(cause, ServerError):  # e.g. the body limit hit while FastAPI read a model's body
-            return error_response(cause.status, cause.message, cause.param, cause.err_type)
+            return _error(request, cause.status, cause.message, cause.param, cause.err_type)
         message = {404: "Not found: no such route.", 405: "Method not allowed on this route."}.get(
             exc.status_code, str(exc.detail)
         )
-        return error_response(exc.status_code, message)
+        return _error(request, exc.status_code, message)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> Response:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error")
-        return error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")
+        return _error(request, 500, f"Internal server error: {type(exc).__name__}: {exc}")
