@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixrt.server.sglang_metrics import SGLangNames
+
 _LATENCY_BUCKETS = (
     0.005,
     0.01,
@@ -207,6 +209,12 @@ class ServerMetrics:
         self.queued = Gauge(
             "radixrt_num_queued_reqs", "Requests waiting in the scheduler, at the last scrape", lbl, registry=r
         )
+        self.gen_throughput = Gauge(
+            "radixrt_gen_throughput",
+            "Generated tokens per second over the scheduler's last --log-interval steps, at the last scrape",
+            lbl,
+            registry=r,
+        )
         self.inflight = Gauge("radixrt_num_inflight_reqs", "Requests the HTTP server awaits now", lbl, registry=r)
         self.kv_slots = Gauge(
             "radixrt_kv_slots",
@@ -219,6 +227,7 @@ class ServerMetrics:
         self.scheduler_counters = _SchedulerCounters(model_name)
         r.register(self.scheduler_counters)
         self._init_latency_histograms(r, lbl)
+        r.register(SGLangNames(self))  # the same figures under SGLang's names (sglang_metrics.py)
 
     def _init_kv_gauges(self, r: CollectorRegistry, lbl: list[str]) -> None:
         kv_lbl = lbl + ["kv_cache_dtype"]
@@ -298,6 +307,8 @@ class ServerMetrics:
         self._m(self.running).set(stats.get("running", 0))
         self._m(self.queued).set(stats.get("waiting", 0))
         self.scheduler_counters.update(stats)
+        if "last_gen_throughput" in stats:
+            self._m(self.gen_throughput).set(stats["last_gen_throughput"])
         if "avg_spec_accept_length" in stats:
             self._m(self.spec_accept_length).set(stats["avg_spec_accept_length"])
         cache = stats.get("cache") or {}

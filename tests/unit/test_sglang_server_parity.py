@@ -1,0 +1,59 @@
+"""The HTTP server answers as SGLang's where its clients and tools depend on it: SGLang's
+metric names, the open probe and scrape paths, requests left out of the metrics, the
+abort and weight-update bodies SGLang takes, resolved server info, and /flush_cache's
+``timeout``. Fast: the real app with the fake scheduler of test_server_units.py."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.unit.test_server_units import app_client  # noqa: F401 - the fixture
+
+
+def _scrape(client) -> dict:
+    """{(sample name, sorted labels): value} of /metrics."""
+    out = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _total(samples: dict, name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def _generate(client, **extra) -> None:
+    r = client.post("/generate", json={"text": "Hi there", "sampling_params": {"max_new_tokens": 3}, **extra})
+    assert r.status_code == 200, r.text
+
+
+def test_sglang_metric_names_carry_radixrt_figures(app_client):  # noqa: F811
+    _generate(app_client)
+    m = _scrape(app_client)
+    model = (("model_name", "fake-model"),)
+    for sglang, radixrt in (
+        ("sglang:prompt_tokens_total", "radixrt_prompt_tokens_total"),
+        ("sglang:generation_tokens_total", "radixrt_generation_tokens_total"),
+        ("sglang:num_requests_total", "radixrt_requests_total"),  # summed over finish_reason
+        ("sglang:time_to_first_token_seconds_count", "radixrt_time_to_first_token_seconds_count"),
+        ("sglang:inter_token_latency_seconds_count", "radixrt_inter_token_latency_seconds_count"),
+        ("sglang:e2e_request_latency_seconds_count", "radixrt_e2e_request_latency_seconds_count"),
+        ("sglang:e2e_request_latency_seconds_sum", "radixrt_e2e_request_latency_seconds_sum"),
+    ):
+        assert m[(sglang, model)] == _total(m, radixrt) > 0, sglang
+    assert m[("sglang:num_requests_total", model)] >= 1
+    assert m[("sglang:cached_tokens_total", (("cache_source", "total"), *model))] == _total(
+        m, "radixrt_cached_tokens_total"
+    )
+    assert m[("sglang:prompt_tokens_total", model)] >= 2  # the prompt's tokens
+    assert m[("sglang:cache_hit_rate", model)] == 0.25 == m[("radixrt_cache_hit_rate", model)]
+    assert m[("sglang:num_running_reqs", model)] == m[("radixrt_num_running_reqs", model)]
+    assert m[("sglang:num_queue_reqs", model)] == m[("radixrt_num_queued_reqs", model)] == 0
+    assert m[("sglang:token_usage", model)] == m[("radixrt_kv_usage", model)] == 0.0
+    buckets = [k for k in m if k[0] == "sglang:time_to_first_token_seconds_bucket"]
+    assert len(buckets) == len([k for k in m if k[0] == "radixrt_time_to_first_token_seconds_bucket"]) > 1
+    # what SGLang's benchmark parses: lines starting "sglang:cached_tokens_total{"
+    text = app_client.get("/metrics").text
+    assert any(line.startswith("sglang:cached_tokens_total{") for line in text.splitlines())
+    assert "# TYPE sglang:prompt_tokens counter" in text or "# TYPE sglang:prompt_tokens_total counter" in text
