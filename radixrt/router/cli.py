@@ -122,8 +122,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         "--api-key",
         dest="api_key",
         default=os.environ.get("RADIXRT_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every route but /health; the header is passed "
-        "on to the workers (default: $RADIXRT_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route but /dashboard and (as SGLang) paths "
+        "starting with /health, /ready or /metrics; the header is passed on to the workers "
+        "(default: $RADIXRT_API_KEY)",
     )
     p.add_argument(
         "--admin-api-key",

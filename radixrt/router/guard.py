@@ -18,6 +18,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from radixrt.router.state import RouterState, error_response
+from radixrt.server.api_keys import OPEN_PREFIXES
 from radixrt.server.request_body import BodyTooLarge, ClientLeft, read_body, replaying
 
 logger = logging.getLogger("radixrt.router")
@@ -60,7 +61,8 @@ class RouterGuard:
             return None
         # /dashboard is the page's code only (a browser sends no key for it): what it shows comes from
         # routes that need the key, as on a worker
-        if path != "/dashboard" and not self.state.authorized(request):
+        # (and, as SGLang, probes and scrapes: paths starting with /health, /ready or /metrics)
+        if path != "/dashboard" and not path.startswith(OPEN_PREFIXES) and not self.state.authorized(request):
             return error_response(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.")
         if self.state.draining:
             return error_response(503, "The server is shutting down.")

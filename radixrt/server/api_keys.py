@@ -6,6 +6,10 @@ import hmac
 from collections.abc import Iterable
 from typing import Optional
 
+# Paths open without a key, as in SGLang (sglang/srt/utils/auth.py): health and readiness probes and
+# Prometheus scrapes need no secret (/metrics shows counts and timings only, never request text).
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+
 
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
     """The key a request presents: ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``."""

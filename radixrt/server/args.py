@@ -45,7 +45,8 @@ class ServerArgs:
     port: int = setting(30000, "HTTP port")
     api_key: Optional[str] = setting(
         None,
-        "require 'Authorization: Bearer KEY' on every route but /health (default: $RADIXRT_API_KEY)",
+        "require 'Authorization: Bearer KEY' on every route but /dashboard and, as SGLang, paths starting with "
+        "/health, /ready or /metrics (default: $RADIXRT_API_KEY)",
         env="RADIXRT_API_KEY",
     )
     admin_api_key: Optional[str] = setting(

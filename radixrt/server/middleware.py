@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from starlette.responses import Response
 
+from radixrt.server.api_keys import OPEN_PREFIXES
 from radixrt.server.context import ServerContext
 from radixrt.server.errors import ServerError
 from radixrt.server.http_utils import SCOPE_JSON_KEY, error_response, parse_json_body_async
@@ -43,7 +44,8 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 class GuardMiddleware:
     """Pure ASGI (streaming and disconnect detection pass through untouched):
 
-    * API key on every route but /health and /dashboard (401);
+    * API key on every route but /dashboard and, as SGLang, any path starting with /health, /ready
+      or /metrics (probes and Prometheus scrapes need no secret; the metrics hold counts only) (401);
     * while the server drains for shutdown, 503 to every new request but
       /health, /metrics and /abort_request;
     * the request body is read here in full before the app runs: over the
@@ -60,7 +62,8 @@ class GuardMiddleware:
     """
 
     # /dashboard is the page's code only: everything it shows comes from routes that need the key
-    OPEN_PATHS = ("/health", "/dashboard")
+    OPEN_PATHS = ("/dashboard",)
+    OPEN_PREFIXES = OPEN_PREFIXES
     OPEN_WHILE_DRAINING = ("/health", "/metrics", "/abort_request")
 
     def __init__(self, app: Any, ctx_getter: Callable[[], ServerContext]) -> None:
@@ -109,7 +112,8 @@ class GuardMiddleware:
 
     def _refusal(self, scope: dict, ctx: ServerContext, path: str) -> Optional[Response]:
         """The error answer for a request refused before its body is read, or None."""
-        if path not in self.OPEN_PATHS and not ctx.authorized(scope.get("headers", [])):
+        is_open = path in self.OPEN_PATHS or path.startswith(self.OPEN_PREFIXES)
+        if not is_open and not ctx.authorized(scope.get("headers", [])):
             return error_response(
                 401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.", err_type="authentication_error"
             )

@@ -1004,13 +1004,15 @@ def test_api_key_required(server, headers):
     for method, route in (
         ("POST", "/generate"),
         ("GET", "/v1/models"),
-        ("GET", "/metrics"),
         ("GET", "/get_model_info"),
         ("POST", "/v1/chat/completions"),
         ("GET", "/no/such/route"),
     ):
         _error(httpx.request(method, server.url + route, headers=headers, json={"text": "x"}), 401)
     assert httpx.get(server.url + "/health", headers=headers).status_code == 200  # /health stays open
+    # as in SGLang, every path starting with /health, /ready or /metrics: probes and scrapes
+    assert httpx.get(server.url + "/health_generate", headers=headers, timeout=60).status_code == 200
+    assert "sglang:num_requests_total" in httpx.get(server.url + "/metrics", headers=headers).text
 
 
 def test_still_serving_after_bad_inputs(client):

@@ -6,6 +6,7 @@ abort and weight-update bodies SGLang takes, resolved server info, and /flush_ca
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
 from tests.unit.test_server_units import app_client  # noqa: F401 - the fixture
 
@@ -57,3 +58,12 @@ def test_sglang_metric_names_carry_radixrt_figures(app_client):  # noqa: F811
     text = app_client.get("/metrics").text
     assert any(line.startswith("sglang:cached_tokens_total{") for line in text.splitlines())
     assert "# TYPE sglang:prompt_tokens counter" in text or "# TYPE sglang:prompt_tokens_total counter" in text
+
+
+def test_probes_and_scrapes_need_no_key(app_client):  # noqa: F811
+    raw = TestClient(app_client.app)  # no Authorization header
+    assert raw.get("/metrics").status_code == 200 and "sglang:num_running_reqs" in raw.get("/metrics").text
+    assert raw.get("/health_generate").status_code == 200
+    assert raw.get("/health").status_code == 200
+    for route in ("/get_server_info", "/get_model_info", "/v1/models"):
+        assert raw.get(route).status_code == 401, route
