@@ -98,6 +98,7 @@ class RequestSpec:
     # max_new_tokens was given (`build_specs` sets it; the default stops at the context): prompt + it must fit
     asks_max_new_tokens: bool = False
     return_hidden_states: bool = False  # SGLang's: meta_info.hidden_states (radixrt/requests/hidden_states.py)
+    log_metrics: bool = True  # SGLang's: False leaves it out of the request, token and latency metrics
 
     def __post_init__(self) -> None:
         self.return_logprob = resolve_logprob(self.return_logprob, self.top_logprobs_num, self.token_ids_logprob)

@@ -100,6 +100,7 @@ class ReqState:
         "t_first",
         "t_last",
         "done",
+        "log_metrics",
     )
 
     def __init__(self, rid: str, parent: str, acc: ResultAccumulator, group: "ReqGroup", input_ids: list[int]) -> None:
@@ -118,6 +119,7 @@ class ReqState:
         self.t_first: Optional[float] = None
         self.t_last: Optional[float] = None
         self.done = False  # finished, failed or aborted: no more updates
+        self.log_metrics = True  # counted in the metrics (the spec's log_metrics)
 
     @property
     def has_news(self) -> bool:
@@ -228,6 +230,7 @@ class ResultRouter:
             if spec.return_prompt_token_ids:
                 acc.prompt_token_ids = list(spec.input_ids)
             st = ReqState(iid, entry.iid, acc, group, spec.input_ids)
+            st.log_metrics = spec.log_metrics
             self._states[iid] = st
             samples.append(st)
         group.states.extend(samples)

@@ -70,7 +70,8 @@ UNSUPPORTED_FIELDS = {
     "label",
     "custom_labels",
 }
-# Hints that never change an answer (logging, tracing, routing): ignored whatever their value.
+# Hints that never change an answer (logging, tracing, routing): never refused (/generate honours
+# log_metrics false: the request is left out of the metrics).
 HINT_FIELDS = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time"}
 
 

@@ -36,11 +36,14 @@ async def health(ctx: ServerContext = Depends(server_context)) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    """200 (empty) once a one-token generation finished, 503 if it did not in 30 s."""
+    """200 (empty) once a one-token generation finished, 503 if it did not in 30 s. The probe is
+    not counted in the request, token and latency metrics (as in SGLang)."""
     tm = ctx.tm
     tm.check_alive()
     spec = RequestSpec(
-        input_ids=[tm.tokenizer.eos_token_id or 0], sampling=SamplingParams(max_new_tokens=1, temperature=0.0)
+        input_ids=[tm.tokenizer.eos_token_id or 0],
+        sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+        log_metrics=False,
     )
     group = tm.submit([spec])
     try:

@@ -125,6 +125,9 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             extra_key=body.get("extra_key"),
             return_hidden_states=body.get("return_hidden_states") or False,
         )
+    if body.get("log_metrics") is False:  # SGLang's hint: leave these out of the metrics
+        for spec in specs:
+            spec.log_metrics = False
     return specs, prompts.batch, bool(stream)
 
 

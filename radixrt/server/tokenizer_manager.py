@@ -66,14 +66,15 @@ __all__ = ["ServerError", "TokenizerManager"]
 
 
 class _Metrics:
-    """The router's observer on the server: TTFT, inter-token latency and finishes."""
+    """The router's observer on the server: TTFT, inter-token latency and finishes (of the
+    requests with ``log_metrics``: not /health_generate's probes, as in SGLang)."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
 
     def on_output(self, st: ReqState, out: TokenOutput, now: float) -> None:
         n = len(out.new_token_ids)
-        if not n:
+        if not n or not st.log_metrics:
             return
         if st.t_first is None:
             st.t_first = now
@@ -85,6 +86,9 @@ class _Metrics:
         st.t_last = now
 
     def on_finish(self, st: ReqState, now: float, inflight: int) -> None:
+        self.metrics.set_inflight(inflight)
+        if not st.log_metrics:
+            return
         fr = st.acc.finish_reason
         self.metrics.observe_finish(
             fr.type if fr else "error",
@@ -93,7 +97,6 @@ class _Metrics:
             st.acc.cached_tokens,
             now - st.t_start,
         )
-        self.metrics.set_inflight(inflight)
 
 
 class TokenizerManager:

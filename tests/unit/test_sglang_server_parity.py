@@ -67,3 +67,24 @@ def test_probes_and_scrapes_need_no_key(app_client):  # noqa: F811
     assert raw.get("/health").status_code == 200
     for route in ("/get_server_info", "/get_model_info", "/v1/models"):
         assert raw.get(route).status_code == 401, route
+
+
+def test_health_probes_and_log_metrics_false_are_not_counted(app_client):  # noqa: F811
+    names = (
+        "radixrt_requests_total",
+        "radixrt_prompt_tokens_total",
+        "radixrt_generation_tokens_total",
+        "radixrt_time_to_first_token_seconds_count",
+        "radixrt_inter_token_latency_seconds_count",
+        "radixrt_e2e_request_latency_seconds_count",
+        "sglang:num_requests_total",
+    )
+    before = _scrape(app_client)
+    assert app_client.get("/health_generate").status_code == 200
+    _generate(app_client, log_metrics=False)
+    after = _scrape(app_client)
+    assert {n: _total(after, n) for n in names} == {n: _total(before, n) for n in names}
+    _generate(app_client, log_metrics=True)
+    counted = _scrape(app_client)
+    assert _total(counted, "radixrt_requests_total") == _total(before, "radixrt_requests_total") + 1
+    assert _total(counted, "sglang:generation_tokens_total") == _total(before, "sglang:generation_tokens_total") + 3
