@@ -122,21 +122,23 @@ async def flush_cache(request: Request, ctx: ServerContext = Depends(server_cont
 
 @router.post("/abort_request")
 async def abort_request(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    """Body ``{"rid": str}`` or ``{"abort_all": true}``; 200 (empty) once sent to the scheduler.
-    With ``--admin-api-key`` either needs that key (403), as in SGLang: a client's rid is no secret
-    from the others (clients end their own requests by disconnecting)."""
+    """Body ``{"rid": str}`` or ``{"abort_all": true}`` (any ``rid``, null included); 200 (empty)
+    once sent to the scheduler. An empty or null ``rid`` without ``abort_all`` aborts nothing and is
+    a 200 too, as in SGLang. With ``--admin-api-key`` either needs that key (403), as in SGLang: a
+    client's rid is no secret from the others (clients end their own requests by disconnecting)."""
     if ctx.admin_api_key:
         ctx.require_admin(request, "aborting requests (any client's)")
     body = await read_json(request)
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
-    rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
+    rid, abort_all = body.get("rid") or "", body.get("abort_all", False)
     if not isinstance(rid, str):
-        raise bad_request("'rid' must be a string.", "rid")
+        raise bad_request("'rid' must be a string or null.", "rid")
     if not isinstance(abort_all, bool):
         raise bad_request("'abort_all' must be a boolean.", "abort_all")
-    if not rid and not abort_all:
-        raise bad_request("Give a 'rid' to abort, or 'abort_all': true.", "rid")
     ctx.tm.check_alive()
-    ctx.tm.abort_rid("" if abort_all else rid)
+    if abort_all:
+        ctx.tm.abort_rid("")
+    elif rid:
+        ctx.tm.abort_rid(rid)
     return Response(status_code=200)

@@ -408,7 +408,7 @@ def test_info_metrics_and_control(app_client):
     assert app_client.get("/debug/kv").json()["kv_slots"]["total_slots"] == 1000
     assert app_client.post("/flush_cache").status_code == 200
     assert app_client.post("/abort_request", json={"rid": "abc"}).status_code == 200
-    assert app_client.post("/abort_request", json={}).status_code == 400
+    assert app_client.post("/abort_request", json={}).status_code == 200  # aborts nothing, as in SGLang
     text = app_client.get("/metrics").text
     assert 'radixrt_kv_slots{model_name="fake-model",state="total"} 1000.0' in text
     assert "radixrt_time_to_first_token_seconds_count" in text

@@ -8,6 +8,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from radixrt.requests.messages import AbortReq
 from tests.unit.test_server_units import app_client  # noqa: F401 - the fixture
 
 
@@ -88,3 +89,16 @@ def test_health_probes_and_log_metrics_false_are_not_counted(app_client):  # noq
     counted = _scrape(app_client)
     assert _total(counted, "radixrt_requests_total") == _total(before, "radixrt_requests_total") + 1
     assert _total(counted, "sglang:generation_tokens_total") == _total(before, "sglang:generation_tokens_total") + 3
+
+
+def test_abort_request_takes_sglangs_forms(app_client):  # noqa: F811
+    sent = app_client.pipe.received
+    n = len(sent)
+    assert app_client.post("/abort_request", json={"rid": None, "abort_all": True}).status_code == 200
+    assert [tuple(m.rids) for m in sent[n:] if isinstance(m, AbortReq)] == [("",)]  # every request
+    for body in ({"rid": "", "abort_all": False}, {"rid": None}, {}):  # aborts nothing, as in SGLang
+        n = len(sent)
+        assert app_client.post("/abort_request", json=body).status_code == 200, body
+        assert not [m for m in sent[n:] if isinstance(m, AbortReq)], body
+    r = app_client.post("/abort_request", json={"rid": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "rid"
