@@ -8,7 +8,9 @@
   checkpoint cannot be read or differs (the old weights keep serving).
   Running requests finish with the old weights first (``abort_all_requests``:
   ended instead); the prefix cache is always dropped, so ``flush_cache:
-  false`` is refused. The tokenizer stays the one loaded at start.
+  false`` is refused. The tokenizer stays the one loaded at start. SGLang's
+  ``rid`` (a label) is accepted and ignored; its ``manifest`` (tensor metadata
+  for its own loaders) must be unset or null: a set one is a 400.
 * ``POST /pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}``
   and ``POST /continue_generation``.
 * ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update);
@@ -74,7 +76,16 @@ def _update_request(body: dict[str, Any]) -> UpdateWeightsReq:
         raise bad_request(
             f"'weight_version' must be a string of at most {MAX_VERSION_CHARS} characters.", "weight_version"
         )
-    known = {"model_path", "load_format", "flush_cache", "abort_all_requests", "weight_version", *_IGNORED}
+    if body.get("manifest") is not None:
+        raise bad_request(
+            "'manifest' (tensor metadata for SGLang's own loaders) is not supported: radixrt reads the "
+            "checkpoint's safetensors files at 'model_path' itself; leave it unset or null.",
+            "manifest",
+        )
+    if body.get("rid") is not None and not isinstance(body["rid"], str):
+        raise bad_request("'rid' must be a string or null.", "rid")
+    known = {"model_path", "load_format", "flush_cache", "abort_all_requests", "weight_version", "manifest", "rid"}
+    known.update(_IGNORED)
     unknown = sorted(set(body) - known)
     if unknown:
         raise bad_request(f"Unknown field(s): {', '.join(unknown)}.", unknown[0])

@@ -5,10 +5,13 @@ abort and weight-update bodies SGLang takes, resolved server info, and /flush_ca
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from radixrt.requests.messages import AbortReq
+from radixrt.server.errors import ServerError
+from radixrt.server.weight_routes import _update_request
 from tests.unit.test_server_units import app_client  # noqa: F401 - the fixture
 
 
@@ -102,3 +105,15 @@ def test_abort_request_takes_sglangs_forms(app_client):  # noqa: F811
         assert not [m for m in sent[n:] if isinstance(m, AbortReq)], body
     r = app_client.post("/abort_request", json={"rid": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "rid"
+
+
+def test_update_weights_takes_sglangs_manifest_and_rid_unset():
+    req = _update_request({"model_path": "/ckpt", "manifest": None, "rid": None, "weight_version": "v2"})
+    assert (req.model_path, req.weight_version) == ("/ckpt", "v2")
+    assert _update_request({"model_path": "/ckpt", "rid": "job-1"}).model_path == "/ckpt"
+    with pytest.raises(ServerError) as e:
+        _update_request({"model_path": "/ckpt", "manifest": {"tensors": []}})
+    assert e.value.status == 400 and e.value.param == "manifest" and "not supported" in e.value.message
+    with pytest.raises(ServerError) as e:
+        _update_request({"model_path": "/ckpt", "no_such_field": 1})
+    assert "Unknown field" in e.value.message
