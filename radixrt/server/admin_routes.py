@@ -64,11 +64,16 @@ async def get_model_info(ctx: ServerContext = Depends(server_context)) -> Respon
 @router.get("/server_info")
 @router.get("/get_server_info")
 async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Response:
-    """Server arguments, model info, KV size and the scheduler's live stats."""
+    """Server arguments (resolved, as SGLang's ``resolved_dict``), model info, KV size and the
+    scheduler's live stats (with SGLang's figures that its benchmarks read: `_internal_state`)."""
     stats = await ctx.tm.get_stats()
     return JSON(
         {
             **ctx.server_args,
+            # what the command line left to the server, as it resolved them
+            "model_path": ctx.weights_path or ctx.resolved_model_path,
+            "tokenizer_path": ctx.server_args.get("tokenizer_path") or ctx.resolved_model_path,
+            "context_length": ctx.tm.context_length,
             "served_model_name": ctx.served_model_name,  # the name answered, the folder's where none was given
             "version": __version__,
             "model_info": ctx.model_info(),
@@ -77,11 +82,23 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
             "kv_slots": stats.get("kv", {}),
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
             "storage_kv_cache": stats.get("storage_kv"),  # the storage tier (--hicache-storage-backend), or None
-            "internal_states": [stats],
+            "internal_states": [_internal_state(ctx, stats)],
             "process_ids": ctx.process_ids,
             "uptime_s": round(time.time() - ctx.started, 3),
         }
     )
+
+
+def _internal_state(ctx: ServerContext, stats: dict) -> dict:
+    """The scheduler's stats, with SGLang's names for the figures its tools read
+    (``sglang/benchmark/one_batch_server.py``): the KV pool's capacity in tokens, the most
+    requests running at once, and the generation throughput of the last --log-interval steps."""
+    return {
+        **stats,
+        "memory_usage": {"token_capacity": ctx.tm.kv_total_slots},
+        "effective_max_running_requests_per_dp": ctx.server_args.get("max_running_requests"),
+        "last_gen_throughput": stats.get("last_gen_throughput", 0.0),
+    }
 
 
 @router.get("/debug/kv")

@@ -142,6 +142,13 @@ def test_health_and_info(server, client):
         assert si["kv_slots"]["total_slots"] == KV_TOKENS
         assert set(si["process_ids"]) == {"server", "scheduler", "detokenizer"}
         assert si["api_key"] == "***"
+        # resolved, as SGLang's resolved_dict(): the folder, the tokenizer's, the context served
+        assert si["model_path"] == si["tokenizer_path"] == server.folder
+        assert si["context_length"] == si["model_info"]["context_length"] > 0
+        state = si["internal_states"][0]  # what sglang/benchmark/one_batch_server.py reads
+        assert state["memory_usage"]["token_capacity"] == KV_TOKENS
+        assert state["effective_max_running_requests_per_dp"] == si["max_running_requests"] > 0
+        assert state["last_gen_throughput"] >= 0
     assert client.get("/health_generate").status_code == 200
 
 

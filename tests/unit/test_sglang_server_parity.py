@@ -117,3 +117,19 @@ def test_update_weights_takes_sglangs_manifest_and_rid_unset():
     with pytest.raises(ServerError) as e:
         _update_request({"model_path": "/ckpt", "no_such_field": 1})
     assert "Unknown field" in e.value.message
+
+
+def test_server_info_reports_resolved_args_and_sglangs_internal_state(app_client, monkeypatch):  # noqa: F811
+    ctx = app_client.app.state.ctx
+    monkeypatch.setitem(ctx.server_args, "model_path", "fake")  # as on the command line
+    monkeypatch.setitem(ctx.server_args, "tokenizer_path", None)
+    monkeypatch.setitem(ctx.server_args, "context_length", None)
+    monkeypatch.setitem(ctx.server_args, "max_running_requests", 7)
+    for route in ("/server_info", "/get_server_info"):
+        info = app_client.get(route).json()
+        assert (info["model_path"], info["tokenizer_path"], info["context_length"]) == ("/models/fake",) * 2 + (64,)
+        state = info["internal_states"][0]
+        assert state["memory_usage"]["token_capacity"] == 1000
+        assert state["effective_max_running_requests_per_dp"] == 7
+        assert state["last_gen_throughput"] == 0.0
+        assert state["kv"]["total_slots"] == 1000  # radixrt's own stats stay
