@@ -4,6 +4,7 @@ Prometheus metrics and the KV debug view."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from fastapi import APIRouter, Depends, Request
@@ -20,6 +21,8 @@ from radixrt.version import __version__
 router = APIRouter()
 
 HEALTH_GENERATE_TIMEOUT_S = 30
+FLUSH_TIMEOUT_MAX_S = 600  # the longest /flush_cache?timeout= waits for the server to be idle
+FLUSH_RETRY_S = 0.05  # how often it tries again meanwhile
 
 
 @router.get("/health")
@@ -126,15 +129,35 @@ async def metrics(ctx: ServerContext = Depends(server_context)) -> Response:
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+def _flush_timeout(request: Request) -> float:
+    """The ``timeout`` query parameter of /flush_cache in seconds (0 without one); ServerError 400
+    unless it is a number from 0 to `FLUSH_TIMEOUT_MAX_S`."""
+    raw = request.query_params.get("timeout")
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= FLUSH_TIMEOUT_MAX_S:  # NaN fails too
+        raise bad_request(f"'timeout' must be a number of seconds from 0 to {FLUSH_TIMEOUT_MAX_S}.", "timeout")
+    return value
+
+
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
-    """200 when the prefix cache was dropped; 400 while requests are running. With
-    ``--admin-api-key``, only that key may drop every client's cache (403), as in SGLang."""
+    """200 when the prefix cache was dropped; 400 while requests are running. ``?timeout=N``
+    (SGLang's): wait up to N seconds (at most `FLUSH_TIMEOUT_MAX_S`) for the server to be idle,
+    trying again every `FLUSH_RETRY_S`, before answering 400. With ``--admin-api-key``, only that
+    key may drop every client's cache (403), as in SGLang."""
     if ctx.admin_api_key:
         ctx.require_admin(request, "flushing the cache (every client's)")
-    if await ctx.tm.flush_cache():
-        return PlainTextResponse("Cache flushed.\n")
-    return PlainTextResponse("Cache not flushed: requests are running; try again when idle.\n", status_code=400)
+    deadline = time.monotonic() + _flush_timeout(request)
+    while not await ctx.tm.flush_cache():
+        if time.monotonic() >= deadline:
+            return PlainTextResponse("Cache not flushed: requests are running; try again when idle.\n", status_code=400)
+        await asyncio.sleep(min(FLUSH_RETRY_S, max(0.0, deadline - time.monotonic())))
+    return PlainTextResponse("Cache flushed.\n")
 
 
 @router.post("/abort_request")

@@ -5,6 +5,9 @@ abort and weight-update bodies SGLang takes, resolved server info, and /flush_ca
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
@@ -133,3 +136,32 @@ def test_server_info_reports_resolved_args_and_sglangs_internal_state(app_client
         assert state["effective_max_running_requests_per_dp"] == 7
         assert state["last_gen_throughput"] == 0.0
         assert state["kv"]["total_slots"] == 1000  # radixrt's own stats stay
+
+
+def test_flush_cache_timeout_waits_for_idle(app_client):  # noqa: F811
+    pipe = app_client.pipe
+
+    class Busy:
+        def cancel(self) -> None:
+            pass
+
+    pipe.tasks["busy"] = Busy()  # a request running: the fake scheduler refuses to flush
+
+    async def finish_later() -> None:
+        await asyncio.sleep(0.3)
+        pipe.tasks.pop("busy", None)
+
+    try:
+        assert app_client.post("/flush_cache").status_code == 400  # no timeout: at once, as before
+        r = app_client.post("/flush_cache?timeout=0.1")
+        assert r.status_code == 400 and "not flushed" in r.text
+        app_client.portal.start_task_soon(finish_later)
+        t0 = time.monotonic()
+        r = app_client.post("/flush_cache?timeout=5")
+        assert r.status_code == 200 and r.text == "Cache flushed.\n"
+        assert 0.2 < time.monotonic() - t0 < 4
+    finally:
+        pipe.tasks.pop("busy", None)
+    for bad in ("-1", "abc", "nan", "601"):
+        r = app_client.get(f"/flush_cache?timeout={bad}")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "timeout", bad
