@@ -1027,6 +1027,8 @@ def test_still_serving_after_bad_inputs(client):
 
 
 def test_metrics(server, client):
+    # a request of its own: /health_generate's probes are not counted (as in SGLang)
+    assert client.post("/generate", json={"text": "Hi", "sampling_params": greedy(2)}).status_code == 200
     text = client.get("/metrics").text
     kv_free = f'radixrt_kv_slots{{model_name="{server.served_name}",state="free"}}'
     for name in (
