@@ -121,7 +121,7 @@ class MessageView:
             content.append(
                 {"type": "tool_use", "id": tool_use_id(c["id"]), "name": fn["name"], "input": _input(fn["arguments"])}
             )
-        reason, sequence = self.stop(bool(calls))
+        reason, sequence = self.stop(bool(calls) and self.out.has_whole_calls(text))
         return {**self._head(content), "stop_reason": reason, "stop_sequence": sequence, "usage": self.usage()}
 
     async def stream(self) -> AsyncIterator[bytes]:
@@ -150,7 +150,7 @@ class MessageView:
             return
         self._finished()
         closing = blocks.finish()
-        reason, sequence = self.stop(blocks.calls > 0)
+        reason, sequence = self.stop(blocks.calls > 0 and self.out.has_whole_calls(self.state.acc.text))
         delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}}
         yield (
             b"".join(closing)

@@ -197,6 +197,10 @@ def _chat_prompt_ids(
     from radixrt.requests.tokenizer_utils import TEMPLATE_CONTROL_KEYS, apply_chat_template
 
     cont = req.continue_final_message and messages[-1]["role"] == "assistant"
+    if req.continue_final_message and req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+        raise bad_request(  # as vLLM: the final message is continued, so no new turn opens
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true.", "add_generation_prompt"
+        )
     extra_tpl = dict(req.chat_template_kwargs or {})
     control = sorted(k for k in extra_tpl if k in TEMPLATE_CONTROL_KEYS)  # a client's own template, say
     if control:
@@ -211,7 +215,13 @@ def _chat_prompt_ids(
     if spliced:
         messages = marked
     try:
-        prompt = apply_chat_template(tm.tokenizer, messages, continue_final_message=cont, extra=extra_tpl)
+        prompt = apply_chat_template(
+            tm.tokenizer,
+            messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=cont,
+            extra=extra_tpl,
+        )
     except Exception as e:  # noqa: BLE001 - a template may reject a conversation
         raise bad_request(f"The chat template cannot render these messages: {e}", "messages") from None
     bos = getattr(tm.tokenizer, "bos_token", None)

@@ -348,7 +348,7 @@ class ChatView:
                 "index": i,
                 "message": message,
                 "logprobs": {"content": logprob_entries(self.tt, st, 0)} if self.req.logprobs else None,
-                "finish_reason": self._finish(st, calls),
+                "finish_reason": self._finish(st, calls and self.outputs[i].has_whole_calls(st.acc.text)),
             }
             choices.append({**choice, **self._token_fields(st)})
         body = {**self.head, "choices": choices, "usage": self.usage()}
@@ -392,7 +392,7 @@ class ChatView:
         if u.finish_reason is not None:
             if self.remember is not None:
                 self.remember(u.state.acc.text, list(u.state.acc.output_ids))
-            calls = not self.plain and self.outputs[u.index].has_calls(u.state.acc.text)
+            calls = not self.plain and self.outputs[u.index].has_whole_calls(u.state.acc.text)
             closing = {"index": u.index, "delta": {}, "logprobs": None, "finish_reason": self._finish(u.state, calls)}
             if ids is not None:
                 closing["token_ids"] = []

@@ -221,6 +221,8 @@ class ChatCompletionRequest(_SamplingExtras):
     separate_reasoning: Optional[StrictBool] = None  # SGLang's: reasoning_content split from content
     chat_template_kwargs: Optional[dict[str, Any]] = None
     continue_final_message: StrictBool = False
+    # vLLM's: false renders the conversation without the assistant turn's opening (the model writes it)
+    add_generation_prompt: StrictBool = True
     # SGLang's (whole answers only): each choice's prompt ids, and its native /generate meta_info
     return_prompt_token_ids: StrictBool = False
     return_meta_info: StrictBool = False

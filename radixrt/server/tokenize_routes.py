@@ -9,8 +9,8 @@ and exactly one of
 * ``messages``: a chat conversation, rendered and tokenized exactly as
   ``/v1/chat/completions`` renders it (the same code: chat template, tools,
   ``chat_template_kwargs``, ``continue_final_message``, generation prompt),
-  so the ids are the prompt a chat request with these fields computes.
-  ``add_generation_prompt`` may only be true (as the chat route does).
+  so the ids are the prompt a chat request with these fields computes
+  (``add_generation_prompt``, default true, as the chat route takes it).
 
 ``return_token_strs`` (vLLM) adds each id's vocabulary string. Answer:
 ``{"tokens", "count", "max_model_len"}`` (+ ``token_strs``); for a list of
@@ -105,17 +105,13 @@ def _chat_ids(body: dict, ctx: ServerContext) -> list[int]:
     from radixrt.server import openai_api
     from radixrt.server.protocol import ChatCompletionRequest
 
-    if not _flag(body, "add_generation_prompt", True):
-        raise bad_request(
-            "'add_generation_prompt': false is not supported; the chat route always adds the "
-            "generation prompt (or continues the final message with 'continue_final_message').",
-            "add_generation_prompt",
-        )
     fields = {
         k: body[k]
         for k in ("messages", "tools", "tool_choice", "chat_template_kwargs", "continue_final_message")
         if body.get(k) is not None
     }
+    if not _flag(body, "add_generation_prompt", True) or fields.get("continue_final_message"):
+        fields["add_generation_prompt"] = False  # the chat route's (vLLM's): not with continue_final_message
     try:
         req = ChatCompletionRequest.model_validate({**fields, "model": ctx.served_model_name})
     except ValidationError as e:

@@ -85,6 +85,14 @@ def test_tokenize_messages_is_the_chat_prompt(client, hf_tok):
     chat = client.post("/v1/chat/completions", json={"model": "default", "messages": messages, "max_tokens": 1})
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+    # vLLM's add_generation_prompt: false leaves the assistant turn for the model to open, on both routes
+    bare = client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    assert hf_tok.decode(bare) == hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    body = {"model": "default", "messages": messages, "max_tokens": 1, "add_generation_prompt": False}
+    assert client.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"] == len(bare) < len(ids)
+    both = {**body, "add_generation_prompt": True, "continue_final_message": True}
+    r = client.post("/v1/chat/completions", json=both)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_generation_prompt", r.text
     # with tools too (rendered by the chat route's own code: here its generic format)
     tools = [
         {
@@ -144,7 +152,7 @@ def test_detokenize_round_trip(client, hf_tok):
         ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
         (
             "/tokenize",
-            {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+            {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "no"},
             "add_generation_prompt",
         ),
         ("/detokenize", {"tokens": [1, 49152]}, "tokens"),

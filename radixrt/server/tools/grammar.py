@@ -42,7 +42,8 @@ def _tags(parser: ToolCallParser, tools: list[ToolSpec]) -> list[Any]:
     return [
         TagFormat(
             begin=parser.call_begin(t.name),
-            content=GrammarFormat(grammar=_schema_ebnf(json.dumps(t.parameters, sort_keys=True))),
+            # the schema's key order is the arguments' (OpenAI's structured outputs keep it)
+            content=GrammarFormat(grammar=_schema_ebnf(json.dumps(t.parameters))),
             end=parser.call_end,
         )
         for t in tools

@@ -96,8 +96,11 @@ class ChoiceOutput:
             return parsed.content.rstrip()
         return parsed.content.rstrip() if (parsed.calls or not final) else parsed.content
 
-    def has_calls(self, text: str) -> bool:
-        return bool(self._split(text, True)[1].named_calls())
+    def has_whole_calls(self, text: str) -> bool:
+        """Whether the finished ``text`` made calls and each closed (a stop string or token
+        can cut one short: its ``finish_reason`` is then ``"stop"``, not ``"tool_calls"``)."""
+        calls = self._split(text, True)[1].named_calls()
+        return bool(calls) and all(c.end is not None for c in calls)
 
     def deltas(self, text: str, final: bool) -> list[dict[str, Any]]:
         """The deltas that bring the client from what was sent to ``text``. Nothing sent is

@@ -12,8 +12,10 @@ carrying the OpenAI parameter name) with a message fit for a 400:
 * with the server's limits given, at most ``max_tools`` tools of at most
   ``max_chars`` characters as compact JSON (counted before any tool is
   checked);
-* ``parameters`` (default: any object) is a JSON schema that xgrammar can
-  compile, since enforced calls are decoded against it;
+* ``parameters`` is a JSON schema that xgrammar can compile, since enforced
+  calls are decoded against it; arguments are always an object (a schema
+  without ``type`` gets ``"object"``), and none or ``{}`` is OpenAI's empty
+  parameter list (arguments ``{}``);
 * ``tool_choice`` is ``"auto"``, ``"none"``, ``"required"`` or
   ``{"type": "function", "function": {"name": <a tool's name>}}`` (with
   ``flat``: ``{"type": "function", "name": <a tool's name>}``);
@@ -107,8 +109,10 @@ def _check_tool(i: int, tool: Any, flat: bool) -> ToolSpec:
     if desc is not None and not isinstance(desc, str):
         raise ToolError(f"{where}.description must be a string.", "tools")
     params = fn.get("parameters")
-    if params is None:
-        params = {"type": "object"}
+    if params is None or params == {}:  # OpenAI: "omitting parameters defines an empty parameter list"
+        params = {"type": "object", "properties": {}}
+    if isinstance(params, dict) and "type" not in params:  # arguments are an object whatever the schema
+        params = {"type": "object", **params}
     if not isinstance(params, dict):
         raise ToolError(f"{where}.parameters must be a JSON schema object.", "tools")
     if params.get("type", "object") != "object":
