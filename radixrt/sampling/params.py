@@ -367,7 +367,7 @@ class SamplingParams:
             self.stop_token_ids = [_as_int("stop_token_ids", t) for t in ids]
 
     def _validate_stops(self, vocab_size: Optional[int]) -> None:
-        """The stop strings' lengths, the stop patterns, and the stop token ids' range."""
+        """The stop strings' lengths, the stop patterns, and the stop token ids' sign."""
         for s in self.stop:
             if not s:
                 raise ValueError("sampling parameter 'stop' must not contain an empty string")
@@ -377,13 +377,10 @@ class SamplingParams:
                 )
         if self.stop_regex:
             check_stop_regex(self.stop_regex)
-        if self.stop_token_ids:
+        if self.stop_token_ids:  # an id past the vocabulary is never sampled: accepted, as SGLang does
             for t in self.stop_token_ids:
-                if t < 0 or (vocab_size is not None and t >= vocab_size):
-                    raise ValueError(
-                        f"sampling parameter 'stop_token_ids' holds {t}, outside the vocabulary"
-                        + (f" [0, {vocab_size})" if vocab_size is not None else "")
-                    )
+                if t < 0:
+                    raise ValueError(f"sampling parameter 'stop_token_ids' holds {t}; token ids are >= 0")
 
     def _validate_beam_search(self) -> None:
         """What a beam search cannot combine with: its hypotheses are scored by the

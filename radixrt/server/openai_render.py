@@ -323,10 +323,11 @@ class ChatView:
 
     def usage(self) -> dict:
         body = usage(self.group, self.req.n, [self.prompt_len])
-        done = all(st.acc.finish_reason is not None for st in self.group.states)
-        if self.reasoning and done:  # OpenAI's count of the reasoning tokens, where the output is split
+        if all(st.acc.finish_reason is not None for st in self.group.states):
+            # OpenAI's and SGLang's counts of the reasoning tokens (0 where the output is not split)
             count = reasoning_tokens(self.group, self.reasoning, self.tokenizer, self.req.skip_special_tokens)
             body["completion_tokens_details"] = {"reasoning_tokens": count}
+            body["reasoning_tokens"] = count
         return body
 
     @staticmethod
@@ -341,7 +342,7 @@ class ChatView:
             if self.remember is not None and st.acc.finish_reason is not None:
                 self.remember(st.acc.text, list(st.acc.output_ids))
             if self.plain:
-                message, calls = {"role": "assistant", "content": st.acc.text}, False
+                message, calls = {"role": "assistant", "content": st.acc.text, "reasoning_content": None}, False
             else:
                 message, calls = self.outputs[i].message(st.acc.text)
             choice = {
@@ -385,6 +386,7 @@ class ChatView:
         if not deltas and ((lp and lp["content"]) or ids):
             deltas = [{"content": ""}]
         for j, d in enumerate(deltas):
+            d = {**d, "reasoning_content": d.get("reasoning_content")}  # always a key, null without any (SGLang's)
             entry = {"index": u.index, "delta": d, "logprobs": lp if j == 0 else None, "finish_reason": None}
             if ids is not None:
                 entry["token_ids"] = ids if j == 0 else []
@@ -393,7 +395,13 @@ class ChatView:
             if self.remember is not None:
                 self.remember(u.state.acc.text, list(u.state.acc.output_ids))
             calls = not self.plain and self.outputs[u.index].has_whole_calls(u.state.acc.text)
-            closing = {"index": u.index, "delta": {}, "logprobs": None, "finish_reason": self._finish(u.state, calls)}
+            finish = self._finish(u.state, calls)
+            closing = {
+                "index": u.index,
+                "delta": {"reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             if ids is not None:
                 closing["token_ids"] = []
             out.append(closing)
@@ -402,7 +410,12 @@ class ChatView:
     def stream(self) -> AsyncIterator[bytes]:
         head = {**self.head, "object": "chat.completion.chunk"}
         opening = [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": None,
+            }
             for i in range(self.req.n)
         ]
         usage = self.usage if _include_usage(self.req) else None

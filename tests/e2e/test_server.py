@@ -520,8 +520,10 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
     detok = client.post("/detokenize", json={"tokens": ids[:count]}).json()["text"]
     before = client.post("/detokenize", json={"tokens": ids[: count - 1]}).json()["text"]
     assert detok.rstrip().endswith("</think>") and "</think>" not in before, (detok, before)
-    plain = client.post("/v1/chat/completions", json=body).json()  # no split: no count
-    assert "completion_tokens_details" not in plain["usage"]
+    plain = client.post("/v1/chat/completions", json=body).json()  # no split: a count of 0
+    assert plain["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert plain["usage"]["reasoning_tokens"] == 0 and usage["reasoning_tokens"] == count  # SGLang's field
+    assert plain["choices"][0]["message"]["reasoning_content"] is None
 
 
 @pytest.mark.slow

@@ -82,8 +82,7 @@ class ChoiceOutput:
                 {"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
                 for i, c in enumerate(calls)
             ]
-        if self.reasoning:
-            msg["reasoning_content"] = reasoning or None
+        msg["reasoning_content"] = reasoning or None  # a key even without a split (SGLang's message)
         return msg, bool(calls)
 
     def _content(self, text: str, parsed: ParseResult, final: bool) -> str:
