@@ -320,6 +320,7 @@ class ChatView:
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
         self.remember = remember  # called with each finished choice's text and output ids
         self.reasoning, self.tokenizer = reasoning, tokenizer
+        self.held: dict[int, list[str]] = {}  # per choice, reasoning not streamed yet (stream_reasoning false)
 
     def usage(self) -> dict:
         body = usage(self.group, self.req.n, [self.prompt_len])
@@ -383,6 +384,8 @@ class ChatView:
             deltas = [{"content": u.delta}] if u.delta else []
         else:
             deltas = self.outputs[u.index].deltas(u.state.acc.text, u.finish_reason is not None)
+            if not self.req.stream_reasoning:
+                deltas = self._held_reasoning(u.index, deltas, u.finish_reason is not None)
         if not deltas and ((lp and lp["content"]) or ids):
             deltas = [{"content": ""}]
         for j, d in enumerate(deltas):
@@ -405,6 +408,24 @@ class ChatView:
             if ids is not None:
                 closing["token_ids"] = []
             out.append(closing)
+        return out
+
+    def _held_reasoning(self, index: int, deltas: list[dict], final: bool) -> list[dict]:
+        """SGLang's ``stream_reasoning: false``: a choice's reasoning is held back and sent as one
+        delta, before the first delta of anything else (or at the end)."""
+        held = self.held.setdefault(index, [])
+        out: list[dict] = []
+        for d in deltas:
+            if "reasoning_content" in d:
+                held.append(d["reasoning_content"])
+                continue
+            if held:
+                out.append({"reasoning_content": "".join(held)})
+                held.clear()
+            out.append(d)
+        if final and held:
+            out.append({"reasoning_content": "".join(held)})
+            held.clear()
         return out
 
     def stream(self) -> AsyncIterator[bytes]:

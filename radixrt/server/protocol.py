@@ -219,6 +219,7 @@ class ChatCompletionRequest(_SamplingExtras):
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[StrictBool] = None
     separate_reasoning: Optional[StrictBool] = None  # SGLang's: reasoning_content split from content
+    stream_reasoning: StrictBool = True  # SGLang's: false sends a choice's reasoning as one delta
     chat_template_kwargs: Optional[dict[str, Any]] = None
     continue_final_message: StrictBool = False
     # vLLM's: false renders the conversation without the assistant turn's opening (the model writes it)

@@ -524,6 +524,17 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
     assert plain["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     assert plain["usage"]["reasoning_tokens"] == 0 and usage["reasoning_tokens"] == count  # SGLang's field
     assert plain["choices"][0]["message"]["reasoning_content"] is None
+    # streamed: the reasoning piece by piece, or (SGLang's stream_reasoning: false) as one delta
+    for stream_reasoning, most in ((True, None), (False, 1)):
+        streamed = {**body, "separate_reasoning": True, "stream": True, "stream_reasoning": stream_reasoning}
+        with client.stream("POST", "/v1/chat/completions", json=streamed) as s:
+            chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        pieces = [d["reasoning_content"] for d in deltas if d.get("reasoning_content")]
+        assert "".join(pieces) == choice["message"]["reasoning_content"] and all(
+            "reasoning_content" in d for d in deltas
+        )
+        assert most is None or len(pieces) == most, pieces
 
 
 @pytest.mark.slow
