@@ -417,6 +417,7 @@ def build_specs(
     loras = per_item(
         "lora_path", lora_path, prompts, None, lambda v: v is None or isinstance(v, str), "a string (or one per prompt)"
     )
+    loras = [lora or None for lora in loras]  # "" is the base model, as SGLang reads it
     cache_info = cache_info_mode(return_cache_info)
     salts = per_item("cache_salt", cache_salt, prompts, None, lambda v: True, "a string (or one per prompt)")
     keys = per_item("extra_key", extra_key, prompts, None, lambda v: True, "a string (or one per prompt)")

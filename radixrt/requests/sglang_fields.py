@@ -61,7 +61,6 @@ UNSUPPORTED_FIELDS = {
     "multi_item_delimiter_indices",
     "token_indices_to_pool",
     # generation options radixrt does not have
-    "stream_options",
     "background",
     "require_reasoning",
     "max_thinking_tokens",
@@ -72,7 +71,8 @@ UNSUPPORTED_FIELDS = {
 }
 # Hints that never change an answer (logging, tracing, routing): never refused (/generate honours
 # log_metrics false: the request is left out of the metrics).
-HINT_FIELDS = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time"}
+# (stream_options: SGLang's /generate reads none, its cache-hit client sends include_usage)
+HINT_FIELDS = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time", "stream_options"}
 
 
 def check_unsupported(fields: dict[str, Any]) -> None:

@@ -81,7 +81,9 @@ class ServerContext:
         if sep and base in self.model_aliases and adapter in self.lora_adapters:
             return adapter
         self.check_model(name)
-        if lora_path is not None and lora_path not in self.lora_adapters:
+        if not lora_path:  # None, or "" as SGLang reads it: the base model
+            return None
+        if lora_path not in self.lora_adapters:
             raise ServerError(
                 400, f"unknown LoRA adapter {lora_path[:128]!r}; load it with /load_lora_adapter.", "lora_path"
             )

@@ -28,6 +28,13 @@ def finish_reason(st: ReqState) -> Optional[str]:
     return fr.type if fr.type in (STOP, LENGTH) else "abort"
 
 
+def matched_stop(st: ReqState) -> Any:
+    """SGLang's ``matched_stop`` of a choice: the stop string, stop pattern or stop token id that
+    ended it; None for any other finish (or while running)."""
+    fr = st.acc.finish_reason
+    return fr.matched if fr is not None and fr.type == STOP else None
+
+
 def content_logprobs(st: ReqState) -> int:
     """How many of ``st``'s output logprobs belong to its text: all but a stop token that ended
     it (EOS, ``stop_token_ids``), whose text is not in the answer (nor in OpenAI's logprobs)."""
@@ -240,6 +247,8 @@ class CompletionView:
         self, index: int, st: ReqState, text: str, start_lp: int, echo: bool, finish: Optional[str], streamed: bool
     ) -> dict:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["matched_stop"] = matched_stop(st)
         if self.req.logprobs is not None:
             choice["logprobs"] = self.logprobs(st, start_lp, echo, index if streamed else None)
         if self.req.return_token_ids and not streamed:
@@ -351,6 +360,7 @@ class ChatView:
                 "message": message,
                 "logprobs": {"content": logprob_entries(self.tt, st, 0)} if self.req.logprobs else None,
                 "finish_reason": self._finish(st, calls and self.outputs[i].has_whole_calls(st.acc.text)),
+                "matched_stop": matched_stop(st),  # SGLang's
             }
             choices.append({**choice, **self._token_fields(st)})
         body = {**self.head, "choices": choices, "usage": self.usage()}
@@ -404,6 +414,7 @@ class ChatView:
                 "delta": {"reasoning_content": None},
                 "logprobs": None,
                 "finish_reason": finish,
+                "matched_stop": matched_stop(u.state),
             }
             if ids is not None:
                 closing["token_ids"] = []

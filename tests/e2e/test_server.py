@@ -501,6 +501,38 @@ def test_openai_chat_stream(oai, model_name):
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
 
 
+def test_sglang_client_fields_on_the_openai_and_native_routes(client, model_name):
+    """SGLang's ``matched_stop`` in OpenAI choices (the stop string that ended it; None at the length
+    limit), whole and streamed; /generate takes what SGLang's cache-hit client sends: ``stream_options``
+    and an empty ``lora_path`` (the base model)."""
+    body = {"model": model_name, "prompt": "Hello there", "max_tokens": 12, "temperature": 0}
+    free = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert free["finish_reason"] == "length" and free["matched_stop"] is None, free
+    stop = free["text"][3:6]
+    cut = client.post("/v1/completions", json={**body, "stop": [stop]}).json()["choices"][0]
+    assert (
+        cut["finish_reason"] == "stop"
+        and cut["matched_stop"] == stop
+        and cut["text"] == free["text"][: free["text"].find(stop)]
+    )
+    chat = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    said = client.post("/v1/chat/completions", json=chat).json()["choices"][0]
+    stop = said["message"]["content"][3:6]
+    ended = client.post("/v1/chat/completions", json={**chat, "stop": [stop]}).json()["choices"][0]
+    assert ended["finish_reason"] == "stop" and ended["matched_stop"] == stop, ended
+    with client.stream("POST", "/v1/chat/completions", json={**chat, "stop": [stop], "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert [c["choices"][0].get("matched_stop") for c in chunks if c["choices"][0]["finish_reason"]] == [stop]
+    native = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}, "stream_options": {"include_usage": True}}
+    r = client.post("/generate", json={**native, "lora_path": ""})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text
+
+
 def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
     """With the output split (``separate_reasoning``), usage names how many output tokens the
     thinking block took, ``</think>`` included (the output pinned by a regex: any model thinks)."""
