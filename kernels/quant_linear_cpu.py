@@ -239,15 +239,17 @@ class NativeQuantLinear:
         w: PackedWeight,
         bias: Optional[torch.Tensor] = None,
         dense_dtype: torch.dtype = torch.float32,
+        dense_min_rows: int = DENSE_MIN_ROWS,
     ) -> torch.Tensor:
         """``x`` float32 [M, K] (rows may be strided, elements contiguous) -> float32 [M, N].
-        ``dense_dtype``: the dtype of the product from ``DENSE_MIN_ROWS`` rows on (bfloat16 on a
-        CPU with native bf16 products: about twice float32's speed there)."""
+        ``dense_dtype``: the dtype of the product from ``dense_min_rows`` rows on in the row layout
+        (bfloat16 on a CPU with native bf16 products: about twice float32's speed there); a
+        ``dense_min_rows`` above any row count keeps every product in integers (batch-invariant)."""
         m, k = x.shape
         assert k == w.in_features and x.dtype == torch.float32 and x.device.type == "cpu"
         # a prefill in the row layout: compute-bound, where torch's float matrix product is faster; the
         # tiled product is as fast there, and keeps every row count on the same arithmetic
-        if m >= DENSE_MIN_ROWS and w.layout == "rows":
+        if m >= dense_min_rows and w.layout == "rows":
             weight = self.dequantize(w)
             if dense_dtype == torch.float32:
                 return torch.nn.functional.linear(x, weight, bias)
@@ -283,7 +285,8 @@ class NativeQuantLinear:
     def bind(self, w: PackedWeight, bias: Optional[torch.Tensor] = None) -> Callable[[torch.Tensor], torch.Tensor]:
         """`linear` of ``w`` (in `prepare`'s layout) and ``bias`` for the integer product's row
         counts, with the weight's arguments converted once: the returned function takes float32
-        ``x`` [M, K] with unit column stride and M below ``DENSE_MIN_ROWS`` (the caller checks;
+        ``x`` [M, K] with unit column stride and M where the integer product runs (below
+        ``DENSE_MIN_ROWS``, or any M where every product is integer; the caller checks;
         a decode step's layer costs a few microseconds less per call). It holds ``w`` and
         ``bias``, whose storage must not be replaced while it is used."""
         assert w.layout == ("tiles" if self.tiles else "rows") and (bias is None or bias.dtype == torch.float32)

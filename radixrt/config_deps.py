@@ -289,7 +289,8 @@ ENGINE_NEEDS: tuple[Need, ...] = (
             ("speculative_tree_width", 1),
         )
     ),
-    # weight-only quantization: the CPU kernels, one process, not batch-invariant
+    # weight-only quantization: the CPU kernels, one process (deterministic mode keeps every product
+    # in integers: batch-invariant)
     Need(
         "quantization",
         "int8",
@@ -300,7 +301,6 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         lambda d: not str(d).startswith("cuda"),
     ),
     _tp1("quantization", "int8"),
-    _off("quantization", "int8", "enable_deterministic_inference"),
     Need(
         "quantization_group_size",
         64,

@@ -24,6 +24,7 @@ from radixrt.executor.models.config import ModelConfig, architecture_differences
 from radixrt.executor.models.decode_stack import use_decode_stack
 from radixrt.executor.models.loader import checkpoint_tensor, empty_model, with_tensors
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
+from radixrt.executor.models.quantized_linear import integer_products_only
 from radixrt.executor.models.rope import _LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
@@ -209,6 +210,7 @@ class ModelRunner:
         self.deterministic = deterministic
         if deterministic:
             enable_batch_invariant(self.model)
+            integer_products_only(self.model)  # quantized layers: every row count in integers
         elif self.device == "cpu":
             use_native_linears(self.model)
             use_native_row_ops(self.model)

@@ -22,7 +22,7 @@ they add up to the split of the whole output.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
@@ -62,13 +62,19 @@ def split_reasoning(text: str, final: bool = True, opened_by_prompt: bool = Fals
     return body[: len(body) - hold].strip("\n"), ""  # trailing newlines wait: they may precede </think>
 
 
-def reasoning_token_count(output_ids: Sequence[int], decode: Callable[[Sequence[int]], str], mode: str) -> int:
-    """How many of ``output_ids`` (whose text ``decode`` gives) its thinking block took under
-    ``mode``'s rule (`reasoning_mode`; "": no split, 0), the tokens that spell ``</think>``
-    included: all of them while the block has not closed, none where the output opened no block.
-    At most about log2(len(output_ids)) decodes of a prefix."""
+def reasoning_token_count(
+    output_ids: Sequence[int], tokenizer: Any, mode: str, skip_special_tokens: Optional[bool] = None
+) -> int:
+    """How many of ``output_ids`` its thinking block took under ``mode``'s rule (`reasoning_mode`;
+    "": no split, 0), the tokens that spell ``</think>`` included: all of them while the block has
+    not closed, none where the output opened no block. Decoded as the output's text was
+    (``skip_special_tokens``: None is true); at most about log2(len(output_ids)) decodes of a prefix."""
     if not mode or not output_ids:
         return 0
+
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens is not False)
+
     text = decode(output_ids)
     if not text.lstrip().startswith(THINK_OPEN) and mode != "deepseek-r1":
         return 0

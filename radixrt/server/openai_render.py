@@ -7,7 +7,7 @@ import codecs
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Optional
 
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.intake import PromptBatch
@@ -70,13 +70,8 @@ def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
 
 
 def reasoning_tokens(group: ReqGroup, mode: str, tokenizer: Any, skip_special_tokens: Optional[bool]) -> int:
-    """The output tokens the thinking blocks of ``group``'s samples took under ``mode``
-    (`reasoning_token_count`), decoded as their text was (``skip_special_tokens``: None is true)."""
-
-    def decode(ids: Sequence[int]) -> str:
-        return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens is not False)
-
-    return sum(reasoning_token_count(st.acc.output_ids, decode, mode) for st in group.states)
+    """The output tokens the thinking blocks of ``group``'s samples took (`reasoning_token_count`)."""
+    return sum(reasoning_token_count(st.acc.output_ids, tokenizer, mode, skip_special_tokens) for st in group.states)
 
 
 def logprob_entries(tt: TokenTexts, st: ReqState, start: int) -> list[dict]:
@@ -329,7 +324,6 @@ class ChatView:
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]
         self.remember = remember  # called with each finished choice's text and output ids
         self.reasoning, self.tokenizer = reasoning, tokenizer
-        self.held: dict[int, list[str]] = {}  # per choice, reasoning not streamed yet (stream_reasoning false)
 
     def usage(self) -> dict:
         body = usage(self.group, self.req.n, [self.prompt_len])
@@ -395,7 +389,7 @@ class ChatView:
         else:
             deltas = self.outputs[u.index].deltas(u.state.acc.text, u.finish_reason is not None)
             if not self.req.stream_reasoning:
-                deltas = self._held_reasoning(u.index, deltas, u.finish_reason is not None)
+                deltas = self.outputs[u.index].hold_reasoning(deltas, u.finish_reason is not None)
         if not deltas and ((lp and lp["content"]) or ids):
             deltas = [{"content": ""}]
         for j, d in enumerate(deltas):
@@ -419,24 +413,6 @@ class ChatView:
             if ids is not None:
                 closing["token_ids"] = []
             out.append(closing)
-        return out
-
-    def _held_reasoning(self, index: int, deltas: list[dict], final: bool) -> list[dict]:
-        """SGLang's ``stream_reasoning: false``: a choice's reasoning is held back and sent as one
-        delta, before the first delta of anything else (or at the end)."""
-        held = self.held.setdefault(index, [])
-        out: list[dict] = []
-        for d in deltas:
-            if "reasoning_content" in d:
-                held.append(d["reasoning_content"])
-                continue
-            if held:
-                out.append({"reasoning_content": "".join(held)})
-                held.clear()
-            out.append(d)
-        if final and held:
-            out.append({"reasoning_content": "".join(held)})
-            held.clear()
         return out
 
     def stream(self) -> AsyncIterator[bytes]:

@@ -45,14 +45,23 @@ def _run(engine, prompts, params) -> list[dict]:
     return results
 
 
-@pytest.mark.parametrize("case", ["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
-def test_seeded_outputs_alone_batched_and_retracted(case, request):
+@pytest.mark.parametrize(
+    "case,quantization",
+    [
+        ("tiny", None),
+        ("tiny", "int8"),  # weight-only quantization: every product in integers, whatever the rows
+        ("tiny", "int4"),
+        pytest.param("embedded", None, marks=pytest.mark.slow),
+    ],
+)
+def test_seeded_outputs_alone_batched_and_retracted(case, quantization, request):
     fixture, targets, fillers, new_tokens, small_pool, chunk, pressed_count = CASES[case]
     model = request.getfixturevalue(fixture)
     prompts, params = _workload(targets, fillers, new_tokens)
+    quantized = {"quantization": quantization} if quantization else {}
 
     engine = radixrt.Engine(
-        model, max_total_tokens=8192, enable_deterministic_inference=True, debug_check_invariants=True
+        model, max_total_tokens=8192, enable_deterministic_inference=True, debug_check_invariants=True, **quantized
     )
     try:
         alone = []
@@ -76,6 +85,7 @@ def test_seeded_outputs_alone_batched_and_retracted(case, request):
         chunked_prefill_size=chunk,
         enable_deterministic_inference=True,
         debug_check_invariants=True,
+        **quantized,
     )
     try:
         pressed = [r["output_ids"] for r in _run(engine, prompts[:pressed_count], params[:pressed_count])]

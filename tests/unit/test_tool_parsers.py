@@ -439,13 +439,14 @@ def test_reasoning_token_count_follows_the_split_rules():
     """The tokens up to the one that completes ``</think>``; all while it is open; none without a block."""
     pieces = ["<th", "ink>", "a", "b", "</", "think", ">", "x", "</think>"]
 
-    def decode(ids):
-        return "".join(pieces[i] for i in ids)
+    class Pieces:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(pieces[i] for i in ids)
 
-    ids = list(range(len(pieces)))
-    assert reasoning_token_count(ids, decode, "qwen3") == 7
-    assert reasoning_token_count(ids[:5], decode, "qwen3") == 5  # still thinking (or cut off)
-    assert reasoning_token_count(ids, decode, "") == 0  # no split asked
-    assert reasoning_token_count([7, 8], decode, "qwen3") == 0  # qwen3: opened no block
-    assert reasoning_token_count([2, 4, 5, 6, 7], decode, "deepseek-r1") == 4  # the prompt opened it
-    assert reasoning_token_count([], decode, "qwen3") == 0
+    tok, ids = Pieces(), list(range(len(pieces)))
+    assert reasoning_token_count(ids, tok, "qwen3") == 7
+    assert reasoning_token_count(ids[:5], tok, "qwen3") == 5  # still thinking (or cut off)
+    assert reasoning_token_count(ids, tok, "") == 0  # no split asked
+    assert reasoning_token_count([7, 8], tok, "qwen3") == 0  # qwen3: opened no block
+    assert reasoning_token_count([2, 4, 5, 6, 7], tok, "deepseek-r1") == 4  # the prompt opened it
+    assert reasoning_token_count([], tok, "qwen3") == 0

@@ -20,6 +20,7 @@ slower). Both return the model dtype. CPU only: the config refuses
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Optional
 
 import torch
@@ -29,6 +30,7 @@ from radixrt.config.weight_format import WeightQuantization
 from radixrt.executor.models.compiled import register_quantized
 from radixrt.kernels.quant_linear_cpu import (
     DENSE_MIN_ROWS,
+    DISABLE_ENV,
     NativeQuantLinear,
     PackedWeight,
     int4_unpack,
@@ -56,6 +58,7 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.packed = packed if kernel is None else kernel.prepare(packed)
         self.prefill_dtype = prefill_dtype
+        self.dense_min_rows = DENSE_MIN_ROWS  # rows from which the row layout multiplies dense floats
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.kernel = kernel
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -74,7 +77,7 @@ class QuantizedLinear(nn.Module):
         if (  # a decode step's or a verification's rows: the bound kernel, without the general path's checks
             rows_product is not None
             and x.dim() == 2
-            and x.shape[0] < DENSE_MIN_ROWS
+            and x.shape[0] < self.dense_min_rows
             and x.dtype == torch.float32
             and x.stride(1) == 1
         ):
@@ -82,7 +85,7 @@ class QuantizedLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.kernel is not None:
-            out = self.kernel.linear(x2.float(), self.packed, self.bias, self.prefill_dtype)
+            out = self.kernel.linear(x2.float(), self.packed, self.bias, self.prefill_dtype, self.dense_min_rows)
         else:
             xa = x2.to(_TORCH_ACT)
             if self.packed.bits == 8:
@@ -120,6 +123,21 @@ def quantize_linear(
     w = linear.weight
     packed = quantize_int8(w) if spec.method == "int8" else quantize_int4(w, spec.group_size)
     return QuantizedLinear(packed, linear.bias, kernel, getattr(torch, spec.prefill_dtype))
+
+
+def integer_products_only(model: nn.Module) -> None:
+    """Deterministic inference: every `QuantizedLinear` of ``model`` multiplies every row count in
+    integers (each activation row quantized on its own, the weight's integers exact), so a token's
+    numbers do not depend on its step's rows. ValueError where the native kernel did not build
+    (torch's packed kernels block their products by shape)."""
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            if module.kernel is None:
+                raise ValueError(
+                    "deterministic inference with --quantization needs radixrt's native quantized kernel, "
+                    f"which did not build on this machine (or {DISABLE_ENV}=0 turned it off)"
+                )
+            module.dense_min_rows = sys.maxsize
 
 
 def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:

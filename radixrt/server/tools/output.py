@@ -54,6 +54,7 @@ class ChoiceOutput:
         self._memo, self._memo_offset, self._memo_len = ScanMemo(), -1, 0  # scans of the text after the reasoning
         self.sent = _Sent()
         self.ids: list[str] = []  # call ids, stable between stream and final message
+        self.held: list[str] = []  # reasoning not streamed yet (`hold_reasoning`)
 
     def _split(self, text: str, final: bool) -> tuple[str, ParseResult]:
         reasoning, rest = split_reasoning(text, final, self._opened_by_prompt) if self.reasoning else ("", text)
@@ -94,6 +95,23 @@ class ChoiceOutput:
                 return split_reasoning(text, True, self._opened_by_prompt)[1] if self.reasoning else text
             return parsed.content.rstrip()
         return parsed.content.rstrip() if (parsed.calls or not final) else parsed.content
+
+    def hold_reasoning(self, deltas: list[dict[str, Any]], final: bool) -> list[dict[str, Any]]:
+        """``deltas`` with the reasoning held back and sent as one delta, before the first delta
+        of anything else (or at the end): SGLang's ``stream_reasoning: false``."""
+        out: list[dict[str, Any]] = []
+        for d in deltas:
+            if "reasoning_content" in d:
+                self.held.append(d["reasoning_content"])
+                continue
+            if self.held:
+                out.append({"reasoning_content": "".join(self.held)})
+                self.held.clear()
+            out.append(d)
+        if final and self.held:
+            out.append({"reasoning_content": "".join(self.held)})
+            self.held.clear()
+        return out
 
     def has_whole_calls(self, text: str) -> bool:
         """Whether the finished ``text`` made calls and each closed (a stop string or token
