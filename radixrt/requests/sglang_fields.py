@@ -33,7 +33,6 @@ UNSUPPORTED_FIELDS = {
     "positional_embed_overrides",
     # adapters (by id), sessions, custom processors
     "lora_id",
-    "session_params",
     "session_id",
     "custom_logit_processor",
     # disaggregation and data parallelism

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from starlette.requests import Request
 
+from radixrt.requests.sessions import SessionStore
 from radixrt.server.api_keys import presented_key, same_key
 from radixrt.server.errors import ServerError
 from radixrt.server.metrics import ServerMetrics
@@ -34,6 +35,7 @@ class ServerContext:
     process_ids: dict = field(default_factory=dict)
     model_aliases: set = field(default_factory=set)
     lora_adapters: set = field(default_factory=set)  # adapter names, answered to as "<model>:<name>"
+    sessions: SessionStore = field(default_factory=SessionStore)  # SGLang's sessions (session_routes.py)
     weights_path: str = ""  # the checkpoint of the last /update_weights_from_disk ("": the model's own)
     weight_version: str = "default"  # its label (weight_routes.py)
     chat_info: dict = field(default_factory=dict)  # chat_role_markers, chat_default_system_prompt

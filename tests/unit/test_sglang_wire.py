@@ -111,11 +111,11 @@ def test_lora_path_is_read_per_prompt():
     "field, value",
     [
         ("session_id", "s1"),
-        ("session_params", {"id": "s"}),
+        ("custom_logit_processor", "x"),
         ("image_data", "x.png"),
-        ("return_hidden_states", True),
+        ("return_sampling_mask", True),
         ("return_entropy", True),
-        ("extra_key", "k"),
+        ("require_reasoning", True),
         ("bootstrap_room", 7),
     ],
 )

@@ -1,0 +1,178 @@
+"""SGLang's sessions: ``/open_session``, ``/close_session`` and ``session_params`` on ``/generate``.
+
+A session remembers its finished turns, so that a turn sends only its new tokens: its prompt is
+an earlier turn's tokens (prompt and output) followed by them. The radix cache already holds
+those earlier tokens' KV, so a turn computes only what is new (``cached_tokens`` says so); the
+session only spares the client resending them. SGLang's two kinds:
+
+* **streaming** (``"streaming": true``): one line of turns. Each turn continues the last one that
+  finished (``rid`` is ignored); one turn at a time; a turn that fails or is aborted is forgotten,
+  so the next continues the last good one. ``offset``, ``replace`` and ``drop_previous_output``
+  are refused.
+* **tree** (the default): each finished turn is a node named by its request id
+  (``meta_info.id``). ``session_params.rid`` names the node to continue (none: a new root), which
+  must have finished; ``drop_previous_output`` continues from its prompt only; ``offset`` keeps
+  the first ``offset`` tokens of that context; ``replace`` first forgets the node's children
+  (without ``rid``: every node).
+
+A continuing turn drops a leading BOS from its new tokens (the context has one). Bounds: at most
+`MAX_SESSIONS` sessions open, `MAX_TURNS` turns remembered per session (a tree session refuses the
+next; a streaming one keeps its last only); a session with a ``timeout`` closes after that many
+idle seconds. Every method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.requests.errors import RequestError
+
+MAX_SESSIONS = 256
+MAX_TURNS = 32
+MAX_SESSION_ID_CHARS = 128
+
+
+@dataclass
+class Turn:
+    """A finished turn: its whole prompt, its output, its parent's request id."""
+
+    prompt: array
+    output: array
+    parent: Optional[str]
+
+
+@dataclass
+class Session:
+    streaming: bool
+    timeout: Optional[float]
+    last_active: float = field(default_factory=time.monotonic)
+    turns: dict[str, Turn] = field(default_factory=dict)  # by request id; streaming: the last one only
+    last: Optional[str] = None  # streaming: the turn the next continues
+    running: bool = False  # streaming: a turn is in flight
+
+    def expired(self, now: float) -> bool:
+        return self.timeout is not None and now - self.last_active > self.timeout
+
+
+@dataclass(frozen=True)
+class SessionTurn:
+    """A turn being served: its session, the prompt to run, the turn it continues."""
+
+    session_id: str
+    prompt: list[int]
+    parent: Optional[str]
+
+
+def _error(message: str, field_name: str = "session_params") -> RequestError:
+    return RequestError(message, field_name)
+
+
+class SessionStore:
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def open(self, session_id: Any = None, streaming: Any = False, timeout: Any = None) -> str:
+        """A new session's id (``session_id`` when given and not open). RequestError on bad input."""
+        if session_id is not None and (not isinstance(session_id, str) or not 0 < len(session_id) <= 128):
+            raise _error(f"'session_id' must be a string of 1 to {MAX_SESSION_ID_CHARS} characters.", "session_id")
+        if not isinstance(streaming, bool):
+            raise _error("'streaming' must be a boolean.", "streaming")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise _error("'timeout' must be a positive number of seconds.", "timeout")
+        with self._lock:
+            self._reap()
+            if len(self._sessions) >= MAX_SESSIONS:
+                raise _error(f"{MAX_SESSIONS} sessions are open; close one first.", "session_id")
+            sid = session_id or uuid.uuid4().hex
+            if sid in self._sessions:
+                raise _error(f"a session {sid!r} is already open.", "session_id")
+            self._sessions[sid] = Session(streaming, None if timeout is None else float(timeout))
+            return sid
+
+    def close(self, session_id: Any) -> None:
+        with self._lock:
+            if not isinstance(session_id, str) or self._sessions.pop(session_id, None) is None:
+                raise _error(f"no open session {str(session_id)[:128]!r}.", "session_id")
+
+    def begin(self, params: Any, new_ids: list[int], bos: Optional[int]) -> SessionTurn:
+        """The prompt of a turn of ``params["id"]`` that sends ``new_ids``; RequestError naming
+        ``session_params`` when the session or its turn cannot take it."""
+        if not isinstance(params, dict) or not isinstance(params.get("id"), str):
+            raise _error("'session_params' must be an object with the session's 'id'.")
+        sid, rid = params["id"], params.get("rid")
+        offset, replace, drop = params.get("offset"), params.get("replace"), params.get("drop_previous_output")
+        if rid is not None and not isinstance(rid, str) or offset is not None and not isinstance(offset, int):
+            raise _error("'session_params.rid' must be a string and 'offset' an integer.")
+        with self._lock:
+            self._reap()
+            session = self._sessions.get(sid)
+            if session is None:
+                raise _error(f"no open session {sid[:128]!r} (closed, timed out, or never opened).")
+            session.last_active = time.monotonic()
+            if session.streaming:
+                if replace or drop or offset:
+                    raise _error("a streaming session takes neither 'replace', 'offset' nor 'drop_previous_output'.")
+                if session.running:
+                    raise _error("this streaming session already has a turn running.")
+                parent = session.last
+            else:
+                parent = self._tree_parent(session, rid, bool(replace))
+            context: list[int] = []
+            if parent is not None:
+                turn = session.turns[parent]
+                context = list(turn.prompt) if drop else list(turn.prompt) + list(turn.output)
+                if offset is not None:
+                    if not 0 <= offset <= len(context):
+                        raise _error(f"'session_params.offset' {offset} is outside the context of {len(context)}.")
+                    context = context[:offset]
+                if new_ids and bos is not None and new_ids[0] == bos:
+                    new_ids = new_ids[1:]
+            prompt = context + list(new_ids)
+            if not prompt:
+                raise _error("a session turn must hold some tokens.")
+            session.running = session.streaming
+            return SessionTurn(sid, prompt, parent)
+
+    def _tree_parent(self, session: Session, rid: Optional[str], replace: bool) -> Optional[str]:
+        if rid is not None and rid not in session.turns:
+            raise _error(f"this session has no finished turn {rid[:128]!r} to continue.")
+        if replace:
+            if rid is None:
+                session.turns.clear()
+            else:
+                self._forget_children(session, rid)
+        if len(session.turns) >= MAX_TURNS:
+            raise _error(f"this session remembers {MAX_TURNS} turns; replace some, or open another.")
+        return rid
+
+    @staticmethod
+    def _forget_children(session: Session, rid: str) -> None:
+        children = [r for r, t in session.turns.items() if t.parent == rid]
+        for child in children:
+            SessionStore._forget_children(session, child)
+            del session.turns[child]
+
+    def finish(self, turn: SessionTurn, rid: str, output_ids: list[int], ok: bool) -> None:
+        """Remember a served turn (``ok``: it finished, not failed or aborted)."""
+        with self._lock:
+            session = self._sessions.get(turn.session_id)
+            if session is None:
+                return
+            session.running = False
+            if not ok:
+                return  # a streaming session continues from its last good turn
+            if session.streaming:
+                session.turns.clear()
+                session.last = rid
+            session.turns[rid] = Turn(array("l", turn.prompt), array("l", output_ids), turn.parent)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for sid in [s for s, session in self._sessions.items() if session.expired(now)]:
+            del self._sessions[sid]
