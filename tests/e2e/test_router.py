@@ -334,7 +334,7 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
     assert len(info["internal_states"]) == 2 and {w["url"] for w in info["workers"]} == {w.url for w in workers}
     assert info["router"]["policy"] == "cache_aware"
     assert HTTP.post(router.url + "/abort_request", headers=ADMIN, json={"rid": "nope"}).status_code == 200
-    assert HTTP.post(router.url + "/abort_request", headers=ADMIN, json={}).status_code == 400
+    assert HTTP.post(router.url + "/abort_request", headers=ADMIN, json={"rid": 5}).status_code == 400
     assert HTTP.post(router.url + "/flush_cache", headers=ADMIN, timeout=30).status_code == 200
     assert all(_hits(w) is not None for w in workers)
 
