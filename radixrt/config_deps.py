@@ -399,6 +399,8 @@ ENGINE_INDEPENDENT = frozenset(
         "max_request_sequences",
         "max_top_logprobs_num",
         "enable_return_hidden_states",
+        "request_waiting_timeout_s",
+        "request_running_timeout_s",
         "incremental_streaming_output",
         "stream_interval",
         "speculative_algorithm",

@@ -278,6 +278,16 @@ class SchedulingSettings:
         "0: no cap",
     )
     random_seed: int = setting(0, "seeds the sampling of requests that give no seed of their own")
+    request_waiting_timeout_s: Optional[float] = setting(
+        None,
+        "abort (503) a request still waiting this many seconds after it arrived (unset: "
+        "$SGLANG_REQ_WAITING_TIMEOUT where set, else none; 0 or less: none)",
+    )
+    request_running_timeout_s: Optional[float] = setting(
+        None,
+        "abort (503) a request still running this many seconds after it was first admitted (unset: "
+        "$SGLANG_REQ_RUNNING_TIMEOUT where set, else none; 0 or less: none)",
+    )
 
     def __post_init__(self) -> None:
         if self.chunked_prefill_size == -1:  # SGLang's "no chunking": a prompt is computed in one step

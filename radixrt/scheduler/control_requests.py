@@ -104,10 +104,12 @@ class SchedulerControl:
     def control_replies(self) -> list[ControlReply]:
         return self.arriving.replies() + self.control.replies()
 
-    def abort(self, *rids: str) -> None:
+    def abort(self, *rids: str, reason: Optional[FinishReason] = None) -> None:
         """Abort requests with all their samples, or single samples (or all, for rid ""), at any
-        stage; their KV is released. Ids match exactly; one pass over the queues for all of them."""
+        stage; their KV is released. Ids match exactly; one pass over the queues for all of them.
+        ``reason``: what they finish with (default: "aborted")."""
         wanted = set(rids)
+        reason = reason or FinishReason.abort("aborted")
 
         def hit(r: Req) -> bool:
             return "" in wanted or r.rid in wanted or r.parent in wanted
@@ -115,9 +117,9 @@ class SchedulerControl:
         for r in self.queues.take(hit):
             if r.phase is Phase.FINISHED:  # a beam whose search an earlier one of these ended
                 continue
-            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
+            self._queued_outputs += self._finish(r, reason)
         for r in self.arriving.drop(hit):
-            self._queued_outputs += self._finish(r, FinishReason.abort("aborted"))
+            self._queued_outputs += self._finish(r, reason)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when nothing is running (like SGLang).

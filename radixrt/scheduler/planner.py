@@ -29,6 +29,7 @@ retracted and those it had to end.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -403,6 +404,7 @@ class BatchPlanner:
             req.cached_tokens = match.length
             req.cache_info = explained
             req.admitted_once = True
+            req.started_at = time.monotonic()
             storage_hit = min(req.storage_tokens, match.loaded)
             self.kv.record_admission(req, match.length, match.loaded, storage_hit)
             if explained is not None:

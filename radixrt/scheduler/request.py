@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
@@ -65,6 +66,8 @@ class Req(RequestKV):
     top_logprobs_num: int = 0
     token_ids_logprob: tuple[int, ...] = ()  # tokens whose logprobs every scored position returns
     arrival: int = 0
+    queued_at: float = field(default_factory=time.monotonic)  # when it arrived (waiting timeout)
+    started_at: Optional[float] = None  # when it was first admitted (running timeout)
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
     group: str = ""  # the client call it came in (a batch's prompts and their samples share it)
     priority: int = 0  # waiting-queue order under enable_priority_scheduling

@@ -74,6 +74,14 @@ from radixrt.scheduler.results import ResultProcessor, finish_request
 from radixrt.scheduler.speculative import build_speculator
 from radixrt.scheduler.step_log import StepLog, scheduler_stats
 from radixrt.scheduler.storage_tier import StorageTier
+from radixrt.scheduler.timeouts import (
+    RUNNING_ENV,
+    RUNNING_MESSAGE,
+    WAITING_ENV,
+    WAITING_MESSAGE,
+    RequestTimeouts,
+    resolved,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +101,10 @@ class Scheduler(SchedulerControl):
         self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token, self.runner.kv_pool.copy_slots)
         self.limits = config.limits.for_runtime(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.scheduling.random_seed)
+        sc = config.scheduling
+        self.timeouts = RequestTimeouts(
+            resolved(sc.request_waiting_timeout_s, WAITING_ENV), resolved(sc.request_running_timeout_s, RUNNING_ENV)
+        )
         self.queues = RequestQueues()
         self.arriving = self._arrivals(config, prefix_cache)
         self.arrivals = 0
@@ -294,6 +306,7 @@ class Scheduler(SchedulerControl):
         out, self._queued_outputs = self._queued_outputs, []
         if self.control.paused is not None:
             return out
+        out += self._abort_late()
         for req, error in self.arriving.ready():
             out += self._finish(req, FinishReason.abort(error, status_code=400))
         for req, reason in self.constrained.resolve(self.queues.waiting):
@@ -321,6 +334,15 @@ class Scheduler(SchedulerControl):
             self._idle()
         if self.kv_events is not None:
             self.kv_events.flush()
+        return out
+
+    def _abort_late(self) -> list[TokenOutput]:
+        """Abort (503) the requests past their waiting or running timeout (timeouts.py); their outputs."""
+        late_waiting, late_running = self.timeouts.overdue(self.queues.waiting, self.queues.running, time.monotonic())
+        for late, why in ((late_waiting, WAITING_MESSAGE), (late_running, RUNNING_MESSAGE)):
+            if late:
+                self.abort(*(r.rid for r in late), reason=FinishReason.abort(why, status_code=503))
+        out, self._queued_outputs = self._queued_outputs, []
         return out
 
     def _idle(self) -> None:

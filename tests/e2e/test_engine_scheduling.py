@@ -255,3 +255,27 @@ def test_request_is_not_aborted_while_finishing_ones_hold_kv(tiny_llama, pool):
         finally:
             engine.shutdown()
     assert outputs[pool] == outputs[4096] == [8] * len(prompts)
+
+
+def test_requests_past_their_waiting_or_running_timeout_end_with_a_503(tiny_llama, monkeypatch):
+    """SGLang's SGLANG_REQ_WAITING_TIMEOUT / SGLANG_REQ_RUNNING_TIMEOUT (radixrt's flags): a request
+    that waits, or runs, longer ends with a 503 abort naming why; the others are served."""
+    import time
+
+    from radixrt.scheduler.timeouts import RUNNING_ENV, resolved
+
+    long = {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}
+    with radixrt.Engine(tiny_llama, max_total_tokens=8192, max_running_requests=1, request_waiting_timeout_s=0.3) as e:
+        started = time.monotonic()
+        first, second = e.generate(["one", "two"], [long, {"max_new_tokens": 2}])
+        assert first["meta_info"]["completion_tokens"] == 3000 and time.monotonic() - started > 0.3
+        reason = second["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and reason["status_code"] == 503 and "waiting timeout" in reason["message"]
+    monkeypatch.setenv(RUNNING_ENV, "0.3")  # SGLang's variable, where the flag is unset
+    assert resolved(None, RUNNING_ENV) == 0.3 and resolved(0, RUNNING_ENV) is None
+    with radixrt.Engine(tiny_llama, max_total_tokens=8192) as e:
+        out = e.generate("one", {"max_new_tokens": 7000, "ignore_eos": True})
+        reason = out["meta_info"]["finish_reason"]
+        assert reason["status_code"] == 503 and "running timeout" in reason["message"], reason
+        assert 0 < out["meta_info"]["completion_tokens"] < 7000
+        assert e.generate("two", {"max_new_tokens": 3})["meta_info"]["completion_tokens"] == 3

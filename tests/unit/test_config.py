@@ -53,7 +53,12 @@ def _example(name: str) -> object:
     }
     if name in strings:
         return strings[name]
-    if name in ("kv_budget_recent_fraction", "mem_fraction_static"):
+    if name in (
+        "kv_budget_recent_fraction",
+        "mem_fraction_static",
+        "request_waiting_timeout_s",
+        "request_running_timeout_s",
+    ):
         return 0.25
     if isinstance(default, bool):
         return not default
