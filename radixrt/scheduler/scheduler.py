@@ -75,12 +75,9 @@ from radixrt.scheduler.speculative import build_speculator
 from radixrt.scheduler.step_log import StepLog, scheduler_stats
 from radixrt.scheduler.storage_tier import StorageTier
 from radixrt.scheduler.timeouts import (
-    RUNNING_ENV,
     RUNNING_MESSAGE,
-    WAITING_ENV,
     WAITING_MESSAGE,
     RequestTimeouts,
-    resolved,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,10 +98,7 @@ class Scheduler(SchedulerControl):
         self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token, self.runner.kv_pool.copy_slots)
         self.limits = config.limits.for_runtime(self.context_length, allocator.total_slots, self.vocab_size)
         self.rng = random.Random(config.scheduling.random_seed)
-        sc = config.scheduling
-        self.timeouts = RequestTimeouts(
-            resolved(sc.request_waiting_timeout_s, WAITING_ENV), resolved(sc.request_running_timeout_s, RUNNING_ENV)
-        )
+        self.timeouts = RequestTimeouts.of(config.scheduling)
         self.queues = RequestQueues()
         self.arriving = self._arrivals(config, prefix_cache)
         self.arrivals = 0

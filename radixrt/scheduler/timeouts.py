@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from radixrt.config.sections import SchedulingSettings
 from radixrt.scheduler.request import Req
 
 WAITING_ENV, RUNNING_ENV = "SGLANG_REQ_WAITING_TIMEOUT", "SGLANG_REQ_RUNNING_TIMEOUT"
@@ -40,6 +41,14 @@ class RequestTimeouts:
     waiting_s: Optional[float]
     running_s: Optional[float]
     _next_poll: float = 0.0
+
+    @classmethod
+    def of(cls, scheduling: SchedulingSettings) -> "RequestTimeouts":
+        """The timeouts the flags (or SGLang's variables) ask for."""
+        return cls(
+            resolved(scheduling.request_waiting_timeout_s, WAITING_ENV),
+            resolved(scheduling.request_running_timeout_s, RUNNING_ENV),
+        )
 
     def overdue(self, waiting: Iterable[Req], running: Iterable[Req], now: float) -> tuple[list[Req], list[Req]]:
         """(waiting requests past their waiting timeout, running ones past their running timeout);
