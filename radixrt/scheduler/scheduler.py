@@ -104,14 +104,9 @@ class Scheduler(SchedulerControl):
         self.arrivals = 0
         # outputs made between steps (aborts, refused requests): the next step returns them first
         self._queued_outputs: list[TokenOutput] = []
-        self.counters = {
-            "steps": 0,
-            "prompt_tokens_computed": 0,
-            "requests_finished": 0,
-            "peak_kv_used_slots": 0,
-            "peak_decoding": 0,  # the most running requests at once that had all their prompt computed
-            "retractions": 0,
-        }
+        # peak_decoding: the most running requests at once that had all their prompt computed
+        names = ("steps", "prompt_tokens_computed", "requests_finished", "peak_kv_used_slots", "peak_decoding")
+        self.counters = dict.fromkeys(names + ("retractions",), 0)
         self.constrained = ConstrainedDecoding(
             self.tokenizer,
             self.vocab_size,
