@@ -54,6 +54,7 @@ from radixrt.router.broadcast import add_broadcast_routes
 from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
+from radixrt.router.sessions import SESSION_PATHS, session_of, session_worker
 from radixrt.router.state import VIA_HEADER, RouterConfig, RouterState, error_body, error_response
 from radixrt.router.workers import NoWorkerError, Worker, WorkerPool, normalize_url
 
@@ -116,17 +117,21 @@ async def _send_while_client_waits(request: Request, send: Awaitable[httpx.Respo
 async def proxy(state: RouterState, request: Request, path: str, key_from_body: bool) -> Response:
     """Route one request and pass its answer (or stream) back; fail over while nothing was answered."""
     body = await request.body()
-    key = tokens = None
-    if key_from_body:
-        parsed = await _parse(body)
-        key = routing_key(path, parsed)
-        tokens = await state.kv_events.key(path, parsed) if state.kv_events is not None else None
+    key = tokens = pinned = None
+    if key_from_body or path in SESSION_PATHS:
+        parsed = await _parse(body) if body.strip() else None
+        session, body = session_of(path, parsed, body)
+        if session is not None:  # its worker holds its turns
+            pinned = session_worker(list(state.pool.workers), session)
+        elif key_from_body:
+            key = routing_key(path, parsed)
+            tokens = await state.kv_events.key(path, parsed) if state.kv_events is not None else None
     headers = state.headers(request)
     tried: list[str] = []
     last_error = "no healthy worker is available"
     while True:
         try:
-            w = state.pool.pick(key, exclude=tuple(tried), tokens=tokens)
+            w = _pinned(state, pinned, tried) if pinned is not None else state.pool.pick(key, tuple(tried), tokens)
         except NoWorkerError as e:
             return error_response(503, f"{e}: {last_error}" if tried else str(e))
         tried.append(w.url)
@@ -168,6 +173,15 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
             state.failovers += 1
             continue
         return _pass_through(state, w, resp)
+
+
+def _pinned(state: RouterState, url: str, tried: list[str]) -> Worker:
+    """A session's worker (router/sessions.py); NoWorkerError when it is down or failed already."""
+    w = state.pool.workers[url]
+    if tried or not w.healthy:
+        raise NoWorkerError(f"the worker holding this session ({url}) is not available; sessions do not move")
+    w.routed += 1
+    return w
 
 
 def _pass_through(state: RouterState, w: Worker, resp: httpx.Response) -> Response:

@@ -299,6 +299,28 @@ def test_round_robin_alternates(workers, routers):
     assert all(a > b for a, b in zip(after, before))  # both workers computed the same prompt
 
 
+def test_a_sessions_requests_stay_on_its_worker(workers, routers):
+    """SGLang's sessions live in one worker: under round robin every turn of a session still goes
+    to the worker that opened it (the router names a session that comes without an id)."""
+    router = routers["round_robin"]
+    for opened in (
+        HTTP.post(router.url + "/open_session", headers=AUTH, json={"capacity_of_str_len": 100}),
+        HTTP.post(router.url + "/open_session", headers=AUTH, json={"session_id": "mine", "streaming": True}),
+    ):
+        assert opened.status_code == 200, opened.text
+        sid, home = opened.json(), opened.headers["x-radixrt-worker"]
+        params = {"id": sid, "rid": None}
+        for i in range(4):
+            body = {"input_ids": [600 + i, 601], "session_params": params, "sampling_params": {"max_new_tokens": 2}}
+            r = HTTP.post(router.url + "/generate", headers=AUTH, json=body, timeout=60)
+            assert r.status_code == 200 and r.headers["x-radixrt-worker"] == home, r.text
+            if sid != "mine":  # a tree session: continue the turn just made
+                params = {"id": sid, "rid": r.json()["meta_info"]["id"]}
+            assert r.json()["meta_info"]["prompt_tokens"] == 2 + 4 * i  # every earlier turn, on that worker
+        closed = HTTP.post(router.url + "/close_session", headers=AUTH, json={"session_id": sid})
+        assert closed.status_code == 200 and closed.headers["x-radixrt-worker"] == home
+
+
 def test_streams_openai_and_broadcast_routes(workers, routers):
     router = routers["cache_aware"]
     assert HTTP.post(router.url + "/generate", json={"text": "x"}).status_code == 401  # no key
