@@ -450,3 +450,27 @@ def test_reasoning_token_count_follows_the_split_rules():
     assert reasoning_token_count([7, 8], tok, "qwen3") == 0  # qwen3: opened no block
     assert reasoning_token_count([2, 4, 5, 6, 7], tok, "deepseek-r1") == 4  # the prompt opened it
     assert reasoning_token_count([], tok, "qwen3") == 0
+
+
+def test_the_generic_prompt_shows_the_parsers_own_call_format_and_mistral_ids_fit_its_templates():
+    """Where the template renders no tools, the system message's example call is written in the
+    format the grammar enforces and the parser reads (it said <tool_call> for every parser); a
+    Mistral call's id is 9 letters and digits, as Mistral's templates require."""
+    from radixrt.server.tools.output import ChoiceOutput
+    from radixrt.server.tools.parsers import get_parser
+    from radixrt.server.tools.render import generic_tools_text
+    from radixrt.server.tools.spec import check_tools
+
+    tr = check_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "auto", None)
+    for name, call in (("llama3", '{"name": "<function name>", "parameters": '), ("mistral", "[TOOL_CALLS][{")):
+        text = generic_tools_text(tr, get_parser(name, None))
+        assert call in text and "<tool_call>" not in text, text
+    assert "<tool_call>\n{" in generic_tools_text(tr, get_parser("qwen", None))
+    out = ChoiceOutput(get_parser("mistral", None), "")
+    msg, _ = out.message('[TOOL_CALLS][{"name": "f", "arguments": {}}]')
+    (call_id,) = [c["id"] for c in msg["tool_calls"]]
+    assert len(call_id) == 9 and call_id.isalnum(), call_id
+    qwen_msg, _ = ChoiceOutput(get_parser("qwen", None), "").message(
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    )
+    assert qwen_msg["tool_calls"][0]["id"].startswith("call_")

@@ -22,6 +22,8 @@ calls began but none got a name, the whole text is the content.
 
 from __future__ import annotations
 
+import secrets
+import string
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -31,7 +33,11 @@ from radixrt.server.tools.parsers import ParseResult, ToolCallParser
 from radixrt.server.tools.scan import CallScan, ScanMemo
 
 
-def new_call_id() -> str:
+def new_call_id(short: bool = False) -> str:
+    """OpenAI's ``call_<24 hex>``, or ``short``: 9 letters and digits (what Mistral's chat
+    templates accept, as vLLM makes them)."""
+    if short:
+        return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
     return "call_" + uuid.uuid4().hex[:24]
 
 
@@ -69,7 +75,7 @@ class ChoiceOutput:
 
     def _id(self, i: int) -> str:
         while len(self.ids) <= i:
-            self.ids.append(new_call_id())
+            self.ids.append(new_call_id(self.parser is not None and self.parser.short_call_ids))
         return self.ids[i]
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:

@@ -69,6 +69,8 @@ class ToolCallParser(ABC):
     separator: ClassVar[str] = "\n"
     block_begin: ClassVar[str] = ""  # text around all calls (Mistral's list)
     block_end: ClassVar[str] = ""
+    # the calls' ids: OpenAI's "call_<24 hex>", or (Mistral's templates refuse any other) 9 letters and digits
+    short_call_ids: ClassVar[bool] = False
 
     def call_begin(self, name: str) -> str:
         """The text of a call up to its arguments' value."""
@@ -151,6 +153,7 @@ class MistralParser(ToolCallParser):
     separator = ", "
     block_begin = "[TOOL_CALLS]["
     block_end = "]"
+    short_call_ids = True
 
     def _scan_block(self, text: str, start: int, memo: Optional[ScanMemo]) -> tuple[list[CallScan], bool]:
         pos = skip_ws(text, start + len(self.trigger))

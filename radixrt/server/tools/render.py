@@ -32,18 +32,21 @@ GENERIC_TOOLS_HEADER = (
     "You can call the functions below to help with the user's request. "
     "Their definitions, one JSON object per line:\n<tools>\n"
 )
-GENERIC_TOOLS_FOOTER = (
-    "\n</tools>\n\n"
-    "To call functions, answer with one block per call and nothing else:\n"
-    '<tool_call>\n{"name": "<function name>", "arguments": <the arguments as a JSON object>}\n</tool_call>\n'
-    "Each result comes back in a <tool_response></tool_response> block."
-)
+GENERIC_CALL_EXAMPLE = ("<function name>", "<the arguments as a JSON object>")
 
 
-def generic_tools_text(tr: ToolRequest) -> str:
-    """The generic format's description of the tools (appended to the system message)."""
+def generic_tools_text(tr: ToolRequest, parser: ToolCallParser) -> str:
+    """The generic format's description of the tools (appended to the system message), with
+    an example call in ``parser``'s format: the one the grammar enforces and the parser reads."""
     lines = "\n".join(json.dumps(t.raw, ensure_ascii=False, separators=JSON_SEPARATORS) for t in tr.tools)
-    return GENERIC_TOOLS_HEADER + lines + GENERIC_TOOLS_FOOTER
+    example = parser.render_calls([GENERIC_CALL_EXAMPLE])
+    return (
+        GENERIC_TOOLS_HEADER
+        + lines
+        + "\n</tools>\n\nTo call functions, answer with one block per call and nothing else:\n"
+        + example
+        + "\nEach result comes back in a <tool_response></tool_response> block."
+    )
 
 
 def _calls(i: int, msg: dict) -> list[tuple[str, str]]:
@@ -94,7 +97,7 @@ def render_messages(
         return [_native_message(i, m) for i, m in enumerate(messages)], ([t.raw for t in tr.tools] or None)
     out = [_generic_message(i, m, parser) for i, m in enumerate(messages)]
     if tr.tools:
-        text = generic_tools_text(tr)
+        text = generic_tools_text(tr, parser)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{text}"}
         else:
