@@ -22,6 +22,9 @@ from typing import Any
 from radixrt.requests.errors import RequestError
 
 FLAG = "--enable-return-hidden-states"
+# Most rows one call may ask for (prompt and new tokens, times n, over its prompts): about 11 KB
+# of JSON a row for a 576-wide model, so a call's answer stays within about 90 MB
+MAX_CALL_ROWS = 8192
 
 # A finished request's rows as they travel to the front: (prompt rows, hidden size, float32 bytes).
 PackedHidden = tuple[int, int, bytes]
@@ -40,10 +43,22 @@ def check_hidden_states(asked: bool, enabled: bool, beam_width: int) -> None:
         raise RequestError("'return_hidden_states' does not combine with beam search", "return_hidden_states")
 
 
+def check_call_rows(rows: int) -> None:
+    """RequestError when one call asks for more than `MAX_CALL_ROWS` hidden-state rows."""
+    if rows > MAX_CALL_ROWS:
+        raise RequestError(
+            f"'return_hidden_states' asks for {rows} rows (prompt tokens and max_new_tokens, times n, over "
+            f"the call's prompts); at most {MAX_CALL_ROWS} per call: split the call or shorten it",
+            "return_hidden_states",
+        )
+
+
 def unpack_rows(packed: PackedHidden) -> list[Any]:
     """SGLang's ``meta_info.hidden_states`` list from a `PackedHidden`: the prompt's block (a
     list of rows), then one row per further output token."""
     prompt_rows, size, data = packed
+    if size == 0:  # it ended before any row was computed (aborted or timed out while waiting)
+        return []
     values = array("f")
     values.frombytes(data)
     rows = [values[i : i + size].tolist() for i in range(0, len(values), size)]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from radixrt.requests.cache_fields import cache_info_mode, request_namespace
 from radixrt.requests.errors import RequestError
-from radixrt.requests.hidden_states import check_hidden_states
+from radixrt.requests.hidden_states import check_call_rows, check_hidden_states
 from radixrt.requests.messages import GenerateReq
 from radixrt.requests.token_id_lists import bad_token_ids, check_logprob_fields, is_int, token_ids_each
 from radixrt.sampling.grammar import check_grammar, grammar_key
@@ -211,6 +211,8 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
         )
     for spec in specs:
         validate_spec(spec, limits)
+    hidden = [s for s in specs if s.return_hidden_states]
+    check_call_rows(sum((len(s.input_ids) + s.sampling.max_new_tokens) * s.sampling.n for s in hidden))
 
 
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:

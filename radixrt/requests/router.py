@@ -30,6 +30,7 @@ from inside a send (a test's in-process pipeline does).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import weakref
@@ -42,6 +43,8 @@ from radixrt.requests.results import ResultAccumulator
 from radixrt.requests.rids import RidEntry, RidTable
 
 __all__ = ["ReqGroup", "ReqState", "ResultObserver", "ResultRouter", "Transport"]
+
+logger = logging.getLogger(__name__)
 
 
 class Transport(Protocol):
@@ -310,8 +313,9 @@ class ResultRouter:
             if out is None:
                 st.error = text
                 st.done = True
+            elif not self._add(st, out, text):  # a fault in one output fails its request alone
+                finished.append(st)
             else:
-                st.acc.add(out, text)
                 if observer is not None:
                     observer.on_output(st, out, now)
                 if out.finish_reason is not None:
@@ -321,6 +325,18 @@ class ResultRouter:
             st.group.event.set()
         if finished:
             self._forget(finished, now)
+
+    @staticmethod
+    def _add(st: ReqState, out: TokenOutput, text: Optional[str]) -> bool:
+        """Fold ``out`` into ``st``; False (``st`` failed, done) where that raised: a bug met by one
+        request's output must not drop the other requests' outputs of the same batch."""
+        try:
+            st.acc.add(out, text)
+            return True
+        except Exception as e:  # contained to this request, and logged
+            logger.exception("request %s: its output could not be read", st.rid)
+            st.error, st.done = f"internal error reading its output: {type(e).__name__}", True
+            return False
 
     def _forget(self, finished: list[ReqState], now: float) -> None:
         """Drop finished samples from the tables, and their requests once all their samples are done."""

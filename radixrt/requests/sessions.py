@@ -16,9 +16,14 @@ session only spares the client resending them. SGLang's two kinds:
   (without ``rid``: every node).
 
 A continuing turn drops a leading BOS from its new tokens (the context has one). Bounds: at most
-`MAX_SESSIONS` sessions open, `MAX_TURNS` turns remembered per session (a tree session refuses the
-next; a streaming one keeps its last only); a session with a ``timeout`` closes after that many
-idle seconds. Every method is thread-safe.
+`MAX_SESSIONS` sessions open (when full, one idle for `IDLE_EVICT_S` is closed to make room), at
+most `MAX_TURNS` turns remembered per session (a streaming one keeps its last only) and
+`MAX_STORED_TOKENS` tokens over all sessions: a turn past either is served but not remembered
+(continuing it is then a 400 that says so); a session with a ``timeout`` closes after that many
+idle seconds. A turn is remembered once under its id (a turn named like one the session holds is
+not: ids cannot make a turn its own ancestor). Whoever knows a session's id may use it: ids the
+server makes are random (unguessable), one a client chooses is as secret as the client keeps it.
+Every method is thread-safe.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from radixrt.requests.errors import RequestError
 
 MAX_SESSIONS = 256
 MAX_TURNS = 32
+MAX_STORED_TOKENS = 1 << 23  # 32 MB of int32 token ids over all sessions
+IDLE_EVICT_S = 600.0
 MAX_SESSION_ID_CHARS = 128
 
 
@@ -75,6 +82,7 @@ def _error(message: str, field_name: str = "session_params") -> RequestError:
 class SessionStore:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
+        self._stored = 0  # tokens the remembered turns hold, over all sessions
         self._lock = threading.Lock()
 
     def open(self, session_id: Any = None, streaming: Any = False, timeout: Any = None) -> str:
@@ -83,12 +91,13 @@ class SessionStore:
             raise _error(f"'session_id' must be a string of 1 to {MAX_SESSION_ID_CHARS} characters.", "session_id")
         if not isinstance(streaming, bool):
             raise _error("'streaming' must be a boolean.", "streaming")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise _error("'timeout' must be a positive number of seconds.", "timeout")
+        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and 0 < timeout < float("inf")):
+            raise _error("'timeout' must be a positive, finite number of seconds.", "timeout")
         with self._lock:
             self._reap()
-            if len(self._sessions) >= MAX_SESSIONS:
-                raise _error(f"{MAX_SESSIONS} sessions are open; close one first.", "session_id")
+            if len(self._sessions) >= MAX_SESSIONS and not self._evict_idle():
+                raise _error(f"{MAX_SESSIONS} sessions are open and in use; close one first.", "session_id")
             sid = session_id or uuid.uuid4().hex
             if sid in self._sessions:
                 raise _error(f"a session {sid!r} is already open.", "session_id")
@@ -97,8 +106,9 @@ class SessionStore:
 
     def close(self, session_id: Any) -> None:
         with self._lock:
-            if not isinstance(session_id, str) or self._sessions.pop(session_id, None) is None:
+            if not isinstance(session_id, str) or session_id not in self._sessions:
                 raise _error(f"no open session {str(session_id)[:128]!r}.", "session_id")
+            self._close(session_id)
 
     def begin(self, params: Any, new_ids: list[int], bos: Optional[int]) -> SessionTurn:
         """The prompt of a turn of ``params["id"]`` that sends ``new_ids``; RequestError naming
@@ -141,22 +151,34 @@ class SessionStore:
 
     def _tree_parent(self, session: Session, rid: Optional[str], replace: bool) -> Optional[str]:
         if rid is not None and rid not in session.turns:
-            raise _error(f"this session has no finished turn {rid[:128]!r} to continue.")
+            raise _error(
+                f"this session has no finished turn {rid[:128]!r} to continue (or it was not remembered: "
+                f"at most {MAX_TURNS} turns a session and {MAX_STORED_TOKENS} tokens over all sessions)."
+            )
         if replace:
             if rid is None:
-                session.turns.clear()
+                for old in list(session.turns):
+                    self._drop(session, old)
             else:
                 self._forget_children(session, rid)
         if len(session.turns) >= MAX_TURNS:
             raise _error(f"this session remembers {MAX_TURNS} turns; replace some, or open another.")
         return rid
 
-    @staticmethod
-    def _forget_children(session: Session, rid: str) -> None:
-        children = [r for r, t in session.turns.items() if t.parent == rid]
-        for child in children:
-            SessionStore._forget_children(session, child)
-            del session.turns[child]
+    def _forget_children(self, session: Session, rid: str) -> None:
+        """Forget every turn below ``rid`` (iteratively: a long line of turns is no deep recursion)."""
+        below, frontier = set(), [rid]
+        while frontier:
+            parent = frontier.pop()
+            children = [r for r, t in session.turns.items() if t.parent == parent and r not in below and r != rid]
+            below.update(children)
+            frontier += children
+        for r in below:
+            self._drop(session, r)
+
+    def _drop(self, session: Session, rid: str) -> None:
+        turn = session.turns.pop(rid)
+        self._stored -= len(turn.prompt) + len(turn.output)
 
     def finish(self, turn: SessionTurn, rid: str, output_ids: list[int], ok: bool) -> None:
         """Remember a served turn (``ok``: it finished, not failed or aborted)."""
@@ -168,11 +190,30 @@ class SessionStore:
             if not ok:
                 return  # a streaming session continues from its last good turn
             if session.streaming:
-                session.turns.clear()
+                for old in list(session.turns):
+                    self._drop(session, old)
+            size = len(turn.prompt) + len(output_ids)
+            if rid in session.turns or len(session.turns) >= MAX_TURNS or self._stored + size > MAX_STORED_TOKENS:
+                return  # served, not remembered (a duplicate id would tie turns into loops)
+            session.turns[rid] = Turn(array("i", turn.prompt), array("i", output_ids), turn.parent)
+            self._stored += size
+            if session.streaming:
                 session.last = rid
-            session.turns[rid] = Turn(array("l", turn.prompt), array("l", output_ids), turn.parent)
 
     def _reap(self) -> None:
         now = time.monotonic()
         for sid in [s for s, session in self._sessions.items() if session.expired(now)]:
-            del self._sessions[sid]
+            self._close(sid)
+
+    def _evict_idle(self) -> bool:
+        """Close the least recently used session idle for `IDLE_EVICT_S`, if any (the store is full)."""
+        now = time.monotonic()
+        idle = [(s.last_active, sid) for sid, s in self._sessions.items() if not s.running]
+        if not idle or now - min(idle)[0] < IDLE_EVICT_S:
+            return False
+        self._close(min(idle)[1])
+        return True
+
+    def _close(self, sid: str) -> None:
+        session = self._sessions.pop(sid)
+        self._stored -= sum(len(t.prompt) + len(t.output) for t in session.turns.values())

@@ -59,6 +59,9 @@ async def create_message(request: Request, ctx: ServerContext = Depends(server_c
         return Response(status_code=499)
     raise_state_errors(group)
     raise_refused(group)
+    aborted = view.aborted()
+    if aborted is not None:
+        raise ServerError(*aborted)
     return JSON(view.response())
 
 

@@ -45,6 +45,7 @@ from radixrt.server.protocol import ChatCompletionRequest
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _MESSAGE_REF = re.compile(r"messages(?:\[(\d+)\]|\.(\d+))")
+_TOOL_FIELD = re.compile(r"(?<=\])\.function\.(parameters|name|description)")  # tools[i].function.x
 
 
 @dataclass
@@ -65,7 +66,8 @@ class Translation:
             k = int(m.group(1) or m.group(2))
             return self.origins[k] if k < len(self.origins) else m.group(0)
 
-        return _MESSAGE_REF.sub(origin, text).replace("response_format", "output_config.format")
+        text = _MESSAGE_REF.sub(origin, text).replace("response_format", "output_config.format")
+        return _TOOL_FIELD.sub(lambda m: ".input_schema" if m.group(1) == "parameters" else "." + m.group(1), text)
 
     def renamed(self, e: ServerError) -> ServerError:
         param = self.rename(e.param).replace("[", ".").replace("]", "") if e.param else e.param

@@ -17,7 +17,9 @@ those the radix cache served (their sum is the prompt), ``output_tokens``.
 Streamed: ``message_start``, then per block ``content_block_start``, its deltas
 (``text_delta``, ``thinking_delta``, ``input_json_delta`` pieces that join to the
 call's JSON input), ``content_block_stop``; then ``message_delta`` (stop reason,
-usage) and ``message_stop``. An error ends the stream with an ``error`` event.
+usage) and ``message_stop``. A failure, or an abort (a request timeout,
+``/abort_request``), ends the stream with an ``error`` event (a whole answer:
+that error).
 """
 
 from __future__ import annotations
@@ -94,6 +96,14 @@ class MessageView:
             return "stop_sequence", matched
         return "end_turn", None
 
+    def aborted(self) -> Optional[tuple[int, str]]:
+        """(status, message) where the request was aborted (a timeout, an admin's abort): an
+        Anthropic answer has no stop reason for that, so it is an error."""
+        fr = self.state.acc.finish_reason
+        if fr is None or not fr.is_abort:
+            return None
+        return fr.status_code or 503, fr.message or "the request was aborted"
+
     def _finished(self) -> None:
         st = self.state
         if self.remember is not None and st.acc.finish_reason is not None:
@@ -145,8 +155,10 @@ class MessageView:
             if out:
                 yield b"".join(out)
         error = group_error(self.group)
-        if error is not None:  # a server-side failure (the chat route's 503)
-            yield _event("error", anthropic_error_body(503, error))
+        aborted = self.aborted()
+        if error is not None or aborted is not None:  # a server-side failure (the chat route's 503), an abort
+            status, message = (503, error) if error is not None else (aborted or (503, ""))
+            yield b"".join(blocks.finish()) + _event("error", anthropic_error_body(status, message))
             return
         self._finished()
         closing = blocks.finish()

@@ -31,8 +31,8 @@ from radixrt.server import (
     weight_routes,
 )
 from radixrt.server.context import ServerContext
-from radixrt.server.errors import ANTHROPIC_PREFIX, ServerError, anthropic_error_body
-from radixrt.server.http_utils import JSON, error_response
+from radixrt.server.errors import ServerError
+from radixrt.server.http_utils import error_response
 from radixrt.server.middleware import GuardMiddleware
 from radixrt.server.protocol import field_path
 
@@ -75,9 +75,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Any]:
 
 def _error(request: Request, status: int, message: str, param: Any = None, err_type: Any = None) -> Response:
     """OpenAI's error answer, or Anthropic's on its Messages routes."""
-    if request.url.path.startswith(ANTHROPIC_PREFIX):
-        return JSON(anthropic_error_body(status, message), status_code=status)
-    return error_response(status, message, param, err_type)
+    return error_response(status, message, param, err_type, path=request.url.path)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

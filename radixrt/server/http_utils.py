@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from radixrt.requests.router import ReqGroup
-from radixrt.server.errors import ServerError, bad_request, error_body
+from radixrt.server.errors import ANTHROPIC_PREFIX, ServerError, anthropic_error_body, bad_request, error_body
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,12 @@ def sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
-def error_response(status: int, message: str, param: Optional[str] = None, err_type: Optional[str] = None) -> JSON:
-    """An error answer with `error_body`'s body."""
+def error_response(
+    status: int, message: str, param: Optional[str] = None, err_type: Optional[str] = None, path: str = ""
+) -> JSON:
+    """An error answer with `error_body`'s body, or Anthropic's on its Messages routes (``path``)."""
+    if path.startswith(ANTHROPIC_PREFIX):
+        return JSON(anthropic_error_body(status, message), status_code=status)
     return JSON(error_body(status, message, param, err_type), status_code=status)
 
 

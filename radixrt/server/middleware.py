@@ -93,7 +93,7 @@ class GuardMiddleware:
                     logger.info("%s %s: %s", scope.get("method"), path, e)
                     return
                 except ServerError as e:
-                    refusal = error_response(e.status, e.message, e.param, e.err_type)
+                    refusal = error_response(e.status, e.message, e.param, e.err_type, path=path)
             if refusal is not None:
                 await refusal(scope, receive, send_wrapper)
                 return
@@ -102,7 +102,7 @@ class GuardMiddleware:
             except Exception as exc:  # answered here, so that the connection stays usable
                 logger.exception("unhandled error on %s %s", scope.get("method"), path)
                 if not status_box[0]:
-                    await error_response(500, f"Internal server error: {type(exc).__name__}: {exc}")(
+                    await error_response(500, f"Internal server error: {type(exc).__name__}: {exc}", path=path)(
                         scope, receive, send_wrapper
                     )
         finally:
@@ -114,11 +114,10 @@ class GuardMiddleware:
         """The error answer for a request refused before its body is read, or None."""
         is_open = path in self.OPEN_PATHS or path.startswith(self.OPEN_PREFIXES)
         if not is_open and not ctx.authorized(scope.get("headers", [])):
-            return error_response(
-                401, "Missing or invalid API key: send 'Authorization: Bearer <key>'.", err_type="authentication_error"
-            )
+            message = "Missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')."
+            return error_response(401, message, err_type="authentication_error", path=path)
         if ctx.draining and path not in self.OPEN_WHILE_DRAINING:
-            resp = error_response(503, "The server is shutting down and takes no new requests.")
+            resp = error_response(503, "The server is shutting down and takes no new requests.", path=path)
             resp.headers["connection"] = "close"
             return resp
         limit = ctx.max_request_bytes
@@ -127,9 +126,10 @@ class GuardMiddleware:
             try:
                 size = int(length)
             except ValueError:
-                return error_response(400, f"Invalid Content-Length header {length!r}.")
+                return error_response(400, f"Invalid Content-Length header {length!r}.", path=path)
             if size > limit:
-                return error_response(413, f"The request body ({size} bytes) exceeds the limit of {limit} bytes.")
+                message = f"The request body ({size} bytes) exceeds the limit of {limit} bytes."
+                return error_response(413, message, path=path)
         return None
 
     async def _read_body(self, scope: dict, receive: Callable, limit: int) -> Callable:

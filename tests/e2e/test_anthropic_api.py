@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.support.servers import TINY_SERVER_KEY
+from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_KEY
 from tests.support.tools import ADD_FUNCTION, SCHEMAS, WEATHER_FUNCTION
 
 TOOLS = [
@@ -141,3 +141,30 @@ def test_a_wrong_key_and_an_unknown_model_in_anthropics_shape(tiny_server, clien
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="claude-nonexistent", max_tokens=4, messages=QUESTION)
     assert e.value.body["type"] == "error" and "claude-nonexistent" in e.value.body["error"]["message"]
+
+
+def test_errors_before_the_route_and_aborts_come_in_anthropics_shape(tiny_server, http):
+    """The key check and the body parser answer before the route, in Anthropic's shape too; a tool
+    schema's error names ``input_schema``; an aborted stream ends with an ``error`` event."""
+    r = httpx.post(tiny_server.url + "/v1/messages", headers={"x-api-key": "wrong"}, json={}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error" and "x-api-key" in r.text
+    r = http.post("/v1/messages", content=b'{"model": "default",', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    bad_tool = [{"name": "f", "input_schema": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}]
+    r = http.post("/v1/messages", json={"model": "default", "max_tokens": 4, "messages": QUESTION, "tools": bad_tool})
+    assert r.status_code == 400 and "tools[0].input_schema" in r.json()["error"]["message"], r.text
+    body = {"model": "default", "max_tokens": 6000, "messages": QUESTION, "stream": True, "temperature": 0}
+    admin = {"Authorization": f"Bearer {TINY_SERVER_ADMIN_KEY}"}
+    with http.stream("POST", "/v1/messages", json={**body, "ignore_eos": True}) as s:
+        kinds = []
+        for line in s.iter_lines():
+            if line.startswith("event: "):
+                kinds.append(line[7:])
+                if kinds[-1] == "content_block_delta" and kinds.count("content_block_delta") == 1:
+                    assert (
+                        httpx.post(
+                            tiny_server.url + "/abort_request", headers=admin, json={"abort_all": True}
+                        ).status_code
+                        == 200
+                    )
+    assert kinds[-1] == "error" and "message_stop" not in kinds, kinds[-3:]

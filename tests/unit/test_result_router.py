@@ -207,3 +207,20 @@ def test_text_made_once_at_the_end_equals_the_live_text(tokenizer):
     a, b = once.to_dict(), live.to_dict()
     assert a["meta_info"].pop("e2e_latency") > 0 and b["meta_info"].pop("e2e_latency") > 0  # (their own clocks)
     assert a == b and once.text == " the quick brown fox jumps over the"
+
+
+def test_an_output_that_cannot_be_read_fails_its_request_alone(tokenizer, loops):
+    """A fault met reading one request's output (here: hidden-state bytes that are no float32
+    array) fails that request; the other outputs of the same batch are delivered (the batch was
+    dropped whole, and every request in it waited forever)."""
+    router = ResultRouter(tokenizer, Recorder())
+    a = loops()
+    group = a.run(submit(router, specs(tokenizer, ["one", "two"])))
+    bad, good = group.states
+    done = FinishReason.length(1)
+    broken = TokenOutput(bad.rid, [5], 2, 1, 0, done)
+    broken.hidden_states = (1, 3, b"123")
+    router.deliver([broken, TokenOutput(good.rid, [6], 2, 1, 0, done)])
+    a.run(group.wait())
+    assert bad.done and "internal error" in (bad.error or "") and good.acc.output_ids == [6] and good.error is None
+    assert router.inflight == 0

@@ -76,3 +76,49 @@ def test_the_store_is_bounded(monkeypatch):
     for bad in ({"session_id": 5}, {"streaming": "yes"}, {"timeout": 0}):
         with pytest.raises(RequestError):
             store.open(**bad)
+
+
+def test_turn_ids_cannot_tie_turns_into_loops_and_every_turn_counts_against_the_bounds(monkeypatch):
+    """A client names its turns: a turn named like one the session holds is served, not remembered
+    (it made a turn its own parent, and replacing it recursed without end); turns begun together
+    are bounded when they finish too; all sessions' turns share one token budget."""
+    store = SessionStore()
+    sid = store.open()
+    store.finish(store.begin({"id": sid}, [5], BOS), "X", [6], ok=True)
+    store.finish(store.begin({"id": sid, "rid": "X"}, [7], BOS), "X", [8], ok=True)  # not remembered
+    assert store.begin({"id": sid, "rid": "X"}, [9], BOS).prompt == [5, 6, 9]
+    store.begin({"id": sid, "rid": "X", "replace": True}, [9], BOS)  # no RecursionError
+    monkeypatch.setattr(sessions_module, "MAX_TURNS", 3)
+    begun = [store.begin({"id": sid}, [5], BOS) for _ in range(10)]  # all begun under the limit
+    for i, turn in enumerate(begun):
+        store.finish(turn, f"t{i}", [6], ok=True)
+    with pytest.raises(RequestError, match="no finished turn 't9'"):
+        store.begin({"id": sid, "rid": "t9"}, [5], BOS)
+    monkeypatch.setattr(sessions_module, "MAX_STORED_TOKENS", 10)
+    other = store.open()
+    store.finish(store.begin({"id": other}, list(range(2, 20)), BOS), "big", [1], ok=True)
+    with pytest.raises(RequestError, match="not remembered"):
+        store.begin({"id": other, "rid": "big"}, [5], BOS)
+    store.close(sid)
+    store.close(other)
+    assert store._stored == 0
+
+
+def test_a_full_store_makes_room_by_closing_an_idle_session(monkeypatch):
+    monkeypatch.setattr(sessions_module, "MAX_SESSIONS", 2)
+    monkeypatch.setattr(sessions_module, "IDLE_EVICT_S", 0.0)
+    store = SessionStore()
+    first, second = store.open(), store.open()
+    third = store.open()  # the least recently used idle one made room
+    with pytest.raises(RequestError, match="no open session"):
+        store.begin({"id": first}, [5], BOS)
+    store.begin({"id": second}, [5], BOS) and store.begin({"id": third}, [5], BOS)
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(RequestError, match="finite"):
+            store.open(timeout=bad)
+
+
+def test_hidden_states_of_a_request_that_never_ran_are_an_empty_list():
+    from radixrt.requests.hidden_states import unpack_rows
+
+    assert unpack_rows((0, 0, b"")) == []
