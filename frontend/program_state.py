@@ -145,14 +145,19 @@ class ProgramState:
         self, var_name: Optional[str] = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
         """:meth:`text_iter` for asyncio; with ``return_meta_data`` each item
-        is ``(chunk, meta_info)``."""
+        is ``(chunk, meta_info)``, as SGLang's frontend gives them: the output's
+        logprob lists hold what is new since the previous item (the tokens of
+        this chunk's text, and of chunks before it that brought no text), the
+        counts (``completion_tokens``, ``output_token_logprobs_length``) are
+        running totals."""
         ex = self.stream_executor
         if not ex.stream:
             value, meta = await self._final_async(var_name)
             yield (value, meta) if return_meta_data else value
             return
+        sent: dict[str, int] = {}
         async for chunk, meta in ex.log.aiter_chunks(var_name):
-            yield (chunk, meta) if return_meta_data else chunk
+            yield (chunk, _new_in_lists(meta, sent)) if return_meta_data else chunk
 
     async def _final_async(self, var_name: Optional[str]) -> tuple[Any, Any]:
         loop = asyncio.get_running_loop()
@@ -163,6 +168,22 @@ class ProgramState:
 
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
+
+
+# the meta_info lists SGLang's frontend streams as deltas (its _INCREMENTAL_STREAMING_META_INFO_KEYS)
+_STREAMED_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+def _new_in_lists(meta: Any, sent: dict[str, int]) -> Any:
+    """``meta`` with its streamed lists cut to what ``sent`` (their lengths already given) lacks."""
+    if not isinstance(meta, dict):
+        return meta
+    out = dict(meta)
+    for key in _STREAMED_LISTS:
+        if isinstance(meta.get(key), list):
+            out[key] = meta[key][sent.get(key, 0) :]
+            sent[key] = len(meta[key])
+    return out
 
     def __del__(self) -> None:
         try:

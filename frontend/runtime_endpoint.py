@@ -106,6 +106,10 @@ class RuntimeEndpoint(NativeBackend):
         self._raise_for(r, "GET /get_model_info")
         return r.json()
 
+    def get_model_name(self) -> str:
+        """The served model's folder (SGLang's: what its clients load the tokenizer from)."""
+        return self.model_info["model_path"]
+
     def get_server_info(self) -> dict:
         r = self.client.get("/get_server_info")
         self._raise_for(r, "GET /get_server_info")
@@ -287,6 +291,9 @@ class Runtime(BaseBackend):
 
     def get_model_info(self) -> dict:
         return self.endpoint.get_model_info()
+
+    def get_model_name(self) -> str:
+        return self.endpoint.get_model_name()
 
     def raw_generate(self, payload: dict[str, Any]) -> Any:
         return self.endpoint.raw_generate(payload)

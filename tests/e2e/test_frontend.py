@@ -478,3 +478,14 @@ def test_sglang_decode_json_regex_program(engine, sglang_bound_to_radixrt):
     js_obj = json.loads(ret["json_output"])
     assert isinstance(js_obj["name"], str) and isinstance(js_obj["population"], int)
     assert isinstance(js_obj["area"], int) and isinstance(js_obj["latitude"], (int, float))
+
+
+def test_sglangs_stream_logprobs_program_runs_unchanged(engine, monkeypatch):
+    """SGLang's own ``test_stream_logprobs`` (sglang/test/test_programs.py) with ``sgl`` being
+    radixrt's frontend: each streamed chunk's ``output_token_logprobs`` holds only its new tokens
+    (SGLang's frontend's shape, whatever the server streams), the counts are running totals."""
+    programs = pytest.importorskip("sglang.test.test_programs")
+    if not hasattr(programs, "test_stream_logprobs"):
+        pytest.skip("this SGLang has no test_stream_logprobs (scripts/setup.sh installs 0.5.23)")
+    monkeypatch.setattr(programs, "sgl", rt)
+    programs.test_stream_logprobs()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,8 @@ def chat(s, question):
 def test_runtime_endpoint_runs_programs(runtime, tokenizer):
     backend = runtime.endpoint
     assert backend.get_role_markers()["user"][0] == "<|im_start|>user\n"  # from /get_model_info
+    assert runtime.get_model_name() == backend.get_model_name() == backend.model_info["model_path"]  # SGLang's
+    assert (Path(backend.get_model_name()) / "config.json").exists()  # a folder its tokenizer loads from
     st = chat.run(question="What is the capital of France?", temperature=0, backend=runtime)
     assert "Paris" in st["answer"]
     assert st.text() == tokenizer.apply_chat_template(st.messages(), tokenize=False)
