@@ -41,7 +41,7 @@ UNSUPPORTED_FIELDS = {
     "bootstrap_room",
     "bootstrap_pair_key",
     "decode_tp_size",
-    "data_parallel_rank",
+    "data_parallel_rank",  # rank 0 (a single server's) is taken; the router serves the others (router/dp_rank.py)
     "routed_dp_rank",
     "disagg_prefill_dp_rank",
     "http_worker_ipc",

@@ -51,6 +51,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.broadcast import add_broadcast_routes
+from radixrt.router.dp_rank import rank_of
 from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
@@ -121,8 +122,14 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
     if key_from_body or path in SESSION_PATHS:
         parsed = await _parse(body) if body.strip() else None
         session, body = session_of(path, parsed, body)
+        rank, ranked_body = rank_of(path, parsed)
         if session is not None:  # its worker holds its turns
             pinned = session_worker(list(state.pool.workers), session)
+        elif rank is not None:  # SGLang's routed_dp_rank: the worker of that rank, in the router's order
+            workers = list(state.pool.workers)
+            if not 0 <= rank < len(workers):
+                return error_response(400, f"'routed_dp_rank' {rank} names no worker of this router's {len(workers)}")
+            pinned, body = workers[rank], ranked_body or body
         elif key_from_body:
             key = routing_key(path, parsed)
             tokens = await state.kv_events.key(path, parsed) if state.kv_events is not None else None
@@ -176,10 +183,11 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
 
 
 def _pinned(state: RouterState, url: str, tried: list[str]) -> Worker:
-    """A session's worker (router/sessions.py); NoWorkerError when it is down or failed already."""
+    """The one worker a request must go to (a session's, router/sessions.py; a DP rank's,
+    router/dp_rank.py); NoWorkerError when it is down or failed already (no failover)."""
     w = state.pool.workers[url]
     if tried or not w.healthy:
-        raise NoWorkerError(f"the worker holding this session ({url}) is not available; sessions do not move")
+        raise NoWorkerError(f"the worker this request must go to ({url}) is not available; it does not fail over")
     w.routed += 1
     return w
 

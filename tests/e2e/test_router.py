@@ -299,6 +299,19 @@ def test_round_robin_alternates(workers, routers):
     assert all(a > b for a, b in zip(after, before))  # both workers computed the same prompt
 
 
+def test_routed_dp_rank_picks_the_worker_of_that_rank(workers, routers):
+    """SGLang's routed_dp_rank (the Engine's data_parallel_rank): the worker of that rank in the
+    router's order, whatever the policy; the field does not reach the worker (which serves one rank)."""
+    router = routers["round_robin"]
+    for rank, field in ((0, "routed_dp_rank"), (1, "routed_dp_rank"), (1, "data_parallel_rank")):
+        for _ in range(2):  # round robin would alternate
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 1}, field: rank}
+            r = HTTP.post(router.url + "/generate", headers=AUTH, json=body, timeout=60)
+            assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
+    r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": 2}, timeout=60)
+    assert r.status_code == 400 and "names no worker" in r.text
+
+
 def test_a_sessions_requests_stay_on_its_worker(workers, routers):
     """SGLang's sessions live in one worker: under round robin every turn of a session still goes
     to the worker that opened it (the router names a session that comes without an id)."""
