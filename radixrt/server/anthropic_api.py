@@ -20,7 +20,7 @@ from radixrt.server.anthropic_protocol import CountTokensRequest, MessagesReques
 from radixrt.server.anthropic_render import MessageView
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError
-from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
+from radixrt.server.http_utils import JSON, answer_view, read_model
 from radixrt.server.openai_api import ChatPlan, plan_chat
 from radixrt.server.protocol import ChatCompletionRequest
 
@@ -53,16 +53,7 @@ async def create_message(request: Request, ctx: ServerContext = Depends(server_c
         req.stop_sequences,
         plan.remember,
     )
-    if req.stream:
-        return stream_response(tm, group, view.stream())
-    if not await wait_group(request, tm, group):
-        return Response(status_code=499)
-    raise_state_errors(group)
-    raise_refused(group)
-    aborted = view.aborted()
-    if aborted is not None:
-        raise ServerError(*aborted)
-    return JSON(view.response())
+    return await answer_view(request, tm, group, view, bool(req.stream))
 
 
 @router.post("/v1/messages/count_tokens")

@@ -30,9 +30,9 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from radixrt.requests.finish import LENGTH
 from radixrt.requests.router import ReqGroup, ReqState
-from radixrt.server.errors import anthropic_error_body
+from radixrt.server.errors import ServerError, anthropic_error_body
 from radixrt.server.http_utils import dumps, group_error
-from radixrt.server.openai_render import take_update
+from radixrt.server.openai_render import choice_updates, output_deltas
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 
@@ -113,7 +113,10 @@ class MessageView:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content}
 
     def response(self) -> dict[str, Any]:
-        """The whole message, once the request finished."""
+        """The whole message, once the request finished; ServerError where it was aborted."""
+        aborted = self.aborted()
+        if aborted is not None:
+            raise ServerError(*aborted)
         self._finished()
         text = self.state.acc.text
         if self.plain:
@@ -140,17 +143,10 @@ class MessageView:
         start = {**self._head([]), "stop_reason": None, "stop_sequence": None}
         start["usage"] = {"input_tokens": self.prompt_len, "output_tokens": 0}
         yield _event("message_start", {"type": "message_start", "message": start})
-        async for news in self.group.updates():
-            if group_error(self.group) is not None:
-                break
+        async for updates in choice_updates(self.group):
             out: list[bytes] = []
-            for st in news:
-                u = take_update(self.group, st)
-                final = u.finish_reason is not None
-                deltas = (
-                    ([{"content": u.delta}] if u.delta else []) if self.plain else self.out.deltas(st.acc.text, final)
-                )
-                for d in deltas:
+            for u in updates:
+                for d in output_deltas(self.out, self.plain, u):
                     out += blocks.feed(d)
             if out:
                 yield b"".join(out)

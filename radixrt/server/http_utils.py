@@ -276,6 +276,18 @@ def raise_state_errors(group: ReqGroup) -> None:
         raise ServerError(503, err)
 
 
+async def answer_view(request: Request, tm: TokenizerManager, group: ReqGroup, view: Any, stream: bool) -> Response:
+    """Stream ``view`` (its ``stream()``), or wait for the group and answer its ``response()``
+    whole (499 if the client left; a failure or a refusal as its error)."""
+    if stream:
+        return stream_response(tm, group, view.stream())
+    if not await wait_group(request, tm, group):
+        return Response(status_code=499)
+    raise_state_errors(group)
+    raise_refused(group)
+    return JSON(view.response())
+
+
 def raise_refused(group: ReqGroup) -> None:
     """ServerError 400 if the scheduler refused a sample of ``group`` (an abort
     with status 400: a grammar that does not compile, a stop_regex whose search

@@ -17,10 +17,9 @@ from starlette.responses import Response
 
 from radixrt.requests.intake import PromptBatch, RequestSpec, build_specs, split_prompts
 from radixrt.requests.reasoning import reasoning_mode
-from radixrt.requests.router import ReqGroup
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
-from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
+from radixrt.server.http_utils import JSON, answer_view, read_model
 from radixrt.server.openai_checks import check_limits, response_format_sampling, sampling_of, validate_specs
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -58,17 +57,6 @@ async def get_model(model_id: str, ctx: ServerContext = Depends(server_context))
     """The served model, under any of its names; 404 for another name."""
     ctx.check_model(model_id)
     return JSON({"id": ctx.served_model_name, "object": "model", "created": int(ctx.started), "owned_by": "radixrt"})
-
-
-async def _answer(request: Request, tm: TokenizerManager, group: ReqGroup, view: Any, stream: bool) -> Response:
-    """Stream ``view``, or wait for the group and answer it whole (499 if the client left)."""
-    if stream:
-        return stream_response(tm, group, view.stream())
-    if not await wait_group(request, tm, group):
-        return Response(status_code=499)
-    raise_state_errors(group)
-    raise_refused(group)
-    return JSON(view.response())
 
 
 # ---------------------------------------------------------------------- completions
@@ -145,7 +133,7 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
         spec.lora = lora
     group = tm.submit(specs, validated=True)
     view = CompletionView(req, group, prompts, tm.tokenizer, ctx.answering_model(lora))
-    return await _answer(request, tm, group, view, req.stream)
+    return await answer_view(request, tm, group, view, req.stream)
 
 
 # ---------------------------------------------------------------------- chat
@@ -397,4 +385,4 @@ async def chat_completions(request: Request, ctx: ServerContext = Depends(server
         plan.reasoning,
         plan.remember,
     )
-    return await _answer(request, tm, group, view, req.stream)
+    return await answer_view(request, tm, group, view, req.stream)

@@ -121,6 +121,23 @@ def take_update(group: ReqGroup, st: ReqState) -> ChoiceUpdate:
     return ChoiceUpdate(group.states.index(st), st, delta, start_lp, start_id, finish_reason(st))
 
 
+async def choice_updates(group: ReqGroup) -> AsyncIterator[list[ChoiceUpdate]]:
+    """The group's news as choice updates (`take_update`), batch by batch, until it ends or a
+    sample fails on the server (`group_error`)."""
+    async for news in group.updates():
+        if group_error(group) is not None:
+            return
+        yield [take_update(group, st) for st in news]
+
+
+def output_deltas(output: Any, plain: bool, u: ChoiceUpdate) -> list[dict]:
+    """A choice's chat deltas for update ``u``: its new text as content (``plain``: no tool
+    calls or reasoning to read), else what ``output`` (a `ChoiceOutput`) reads from its text."""
+    if plain:
+        return [{"content": u.delta}] if u.delta else []
+    return output.deltas(u.state.acc.text, u.finish_reason is not None)
+
+
 def sse_chunk(head: dict, choices: list, usage_body: Optional[dict] = None, usage_key: bool = False) -> bytes:
     """One chunk of a streamed response as an SSE event: ``head`` (its id,
     object, created and model fields), then ``choices``, then ``usage`` when given
@@ -384,12 +401,9 @@ class ChatView:
         out = []
         lp = {"content": logprob_entries(self.tt, u.state, u.start_lp)} if self.req.logprobs else None
         ids = u.new_ids() if self.req.return_token_ids else None
-        if self.plain:
-            deltas = [{"content": u.delta}] if u.delta else []
-        else:
-            deltas = self.outputs[u.index].deltas(u.state.acc.text, u.finish_reason is not None)
-            if not self.req.stream_reasoning:
-                deltas = self.outputs[u.index].hold_reasoning(deltas, u.finish_reason is not None)
+        deltas = output_deltas(self.outputs[u.index], self.plain, u)
+        if not self.plain and not self.req.stream_reasoning:
+            deltas = self.outputs[u.index].hold_reasoning(deltas, u.finish_reason is not None)
         if not deltas and ((lp and lp["content"]) or ids):
             deltas = [{"content": ""}]
         for j, d in enumerate(deltas):

@@ -29,7 +29,7 @@ from starlette.responses import Response
 
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
-from radixrt.server.http_utils import JSON, raise_refused, raise_state_errors, read_model, stream_response, wait_group
+from radixrt.server.http_utils import JSON, answer_view, read_model
 from radixrt.server.openai_api import ChatPlan, plan_chat
 from radixrt.server.protocol import ChatCompletionRequest
 from radixrt.server.responses_input import Conversation, drop_unanswered_cuts, input_items, to_chat_request
@@ -181,13 +181,7 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
         tokenizer=tm.tokenizer,
         logprobs=LOGPROBS_INCLUDE in (req.include or []),
     )
-    if req.stream:
-        return stream_response(tm, group, view.stream())
-    if not await wait_group(request, tm, group):
-        return Response(status_code=499)
-    raise_state_errors(group)
-    raise_refused(group)
-    return JSON(view.response())
+    return await answer_view(request, tm, group, view, bool(req.stream))
 
 
 @router.get("/v1/responses/{response_id}")

@@ -34,8 +34,8 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.router import ReqGroup, ReqState
-from radixrt.server.http_utils import dumps, group_error
-from radixrt.server.openai_render import logprob_entries, reasoning_tokens, take_update, usage
+from radixrt.server.http_utils import dumps
+from radixrt.server.openai_render import choice_updates, logprob_entries, output_deltas, reasoning_tokens, usage
 from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
@@ -187,20 +187,12 @@ class ResponseView:
         yield ev.emit("response.created", response=ev.snapshot()) + ev.emit(
             "response.in_progress", response=ev.snapshot()
         )
-        async for news in self.group.updates():
-            if group_error(self.group) is not None:
-                break
+        async for updates in choice_updates(self.group):
             out: list[bytes] = []
-            for st in news:
-                u = take_update(self.group, st)
+            for u in updates:
                 if self.tt is not None:
-                    ev.logprobs += logprob_entries(self.tt, st, u.start_lp)
-                final = u.finish_reason is not None
-                if self.plain:
-                    deltas = [{"content": u.delta}] if u.delta else []
-                else:
-                    deltas = self.out.deltas(st.acc.text, final)
-                for d in deltas:
+                    ev.logprobs += logprob_entries(self.tt, u.state, u.start_lp)
+                for d in output_deltas(self.out, self.plain, u):
                     out += ev.feed(d)
             if out:
                 yield b"".join(out)
