@@ -247,15 +247,10 @@ def _chat_tools(req: ChatCompletionRequest, parser: ToolCallParser, settings: Op
         )
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
-    if tr.enforced and (
-        req.regex
-        or req.json_schema
-        or req.ebnf
-        or (req.response_format is not None and req.response_format.type != "text")
-    ):
+    if tr.enforced and (req.regex or req.json_schema or req.ebnf):
         raise bad_request(
             f"'tool_choice' {req.tool_choice!r} constrains the output to tool calls; it cannot be "
-            f"combined with regex, json_schema, ebnf or response_format.",
+            f"combined with regex, json_schema or ebnf.",
             "tool_choice",
         )
     return tr
@@ -289,7 +284,8 @@ def _chat_spec(
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
     ids = _chat_prompt_ids(req, messages, tm, tools_arg, reuse_turns=bool(tr.tools) and not native)
-    extra = response_format_sampling(req)
+    # response_format shapes a text answer, which an enforced tool_choice rules out in this turn (as OpenAI)
+    extra = {} if tr.enforced else response_format_sampling(req)
     if not extra and not (req.regex or req.json_schema or req.ebnf):
         tag = tool_call_structural_tag(parser, tr, reasoning)
         if tag is not None:

@@ -75,3 +75,15 @@ def test_a_call_cut_by_a_stop_string_is_not_a_call_to_run(http):
     }
     msg = http.post("/v1/messages", json=anthropic_body).json()
     assert msg["stop_reason"] == "stop_sequence" and msg["stop_sequence"] == '"alpha"', msg
+
+
+def test_an_enforced_tool_choice_with_a_response_format_makes_its_call(http):
+    """OpenAI takes the pair (agent frameworks send their output type on every turn): the format
+    shapes a text answer, which the enforced choice rules out; a regex with it stays a 400."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}}}
+    choice = _forced(http, ORDERED, response_format=fmt)
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "f"
+    body = {"model": "default", "messages": ASK, "max_tokens": 8, "regex": "[a-z]+", "tool_choice": "required"}
+    body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": ORDERED}}]
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
