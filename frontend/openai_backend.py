@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .backend import PLAIN_ROLE_MARKERS, BaseBackend, normalize_markers
@@ -31,6 +32,21 @@ from .errors import BackendError, UnsupportedByBackendError
 from .sampling_params import SglSamplingParams
 
 _COMPLETION_ONLY_MODELS = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
+
+
+@dataclass
+class TokenUsage:
+    """SGLang's running count of the tokens an OpenAI backend's calls used (``backend.token_usage``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def reset(self) -> None:
+        self.prompt_tokens = self.completion_tokens = 0
+
+    def add(self, usage: Any) -> None:
+        self.prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
+        self.completion_tokens += getattr(usage, "completion_tokens", 0) or 0
 
 
 class OpenAI(BaseBackend):
@@ -60,6 +76,7 @@ class OpenAI(BaseBackend):
         self.client = client
         self.base_url = base_url
         self._markers = normalize_markers(chat_template) or dict(PLAIN_ROLE_MARKERS)
+        self.token_usage = TokenUsage()  # every answer's usage, added up (SGLang's)
 
     def get_role_markers(self) -> dict[str, tuple[str, str]]:
         return dict(self._markers)
@@ -131,9 +148,12 @@ class OpenAI(BaseBackend):
 
     def _call(self, fn: Any, **kw: Any) -> Any:
         try:
-            return fn(**kw)
+            resp = fn(**kw)
         except self._openai.OpenAIError as e:
             raise BackendError(f"OpenAI API error: {e}") from e
+        if not kw.get("stream") and getattr(resp, "usage", None) is not None:  # a stream reports none here
+            self.token_usage.add(resp.usage)
+        return resp
 
     @staticmethod
     def _finish(reason: Optional[str]) -> dict:

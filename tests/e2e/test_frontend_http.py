@@ -86,6 +86,10 @@ def test_openai_backend_against_radixrt_server(runtime):
     chat_backend = rt.OpenAI("default", base_url=runtime.url + "/v1")
     st = chat.run(question="What is the capital of France?", temperature=0, backend=chat_backend)
     assert st.error() is None and "Paris" in st["answer"]
+    usage = chat_backend.token_usage  # SGLang's running count of the calls' tokens
+    assert usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 16
+    usage.reset()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (0, 0)
 
     @rt.function
     def pick(s):
