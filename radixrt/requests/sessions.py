@@ -189,9 +189,10 @@ class SessionStore:
             session.running = False
             if not ok:
                 return  # a streaming session continues from its last good turn
-            if session.streaming:
+            if session.streaming:  # a line of turns: only the newest is continued
                 for old in list(session.turns):
                     self._drop(session, old)
+                session.last = None
             size = len(turn.prompt) + len(output_ids)
             if rid in session.turns or len(session.turns) >= MAX_TURNS or self._stored + size > MAX_STORED_TOKENS:
                 return  # served, not remembered (a duplicate id would tie turns into loops)

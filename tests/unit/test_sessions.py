@@ -122,3 +122,14 @@ def test_hidden_states_of_a_request_that_never_ran_are_an_empty_list():
     from radixrt.requests.hidden_states import unpack_rows
 
     assert unpack_rows((0, 0, b"")) == []
+
+
+def test_a_streaming_turn_past_the_budget_starts_the_line_again(monkeypatch):
+    """Its earlier turn is dropped when the new one finishes; not remembered either, the next turn
+    starts afresh (it pointed at the dropped turn: a KeyError, a 500)."""
+    monkeypatch.setattr(sessions_module, "MAX_STORED_TOKENS", 4)
+    store = SessionStore()
+    sid = store.open(streaming=True)
+    store.finish(store.begin({"id": sid}, [5, 6], BOS), "a", [7], ok=True)
+    store.finish(store.begin({"id": sid}, [8], BOS), "b", [9], ok=True)  # 5 tokens: past the budget
+    assert store.begin({"id": sid}, [10], BOS).prompt == [10]
