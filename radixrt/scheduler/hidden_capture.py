@@ -41,7 +41,9 @@ def file_rows(req: Req, job: HiddenJob, rows: torch.Tensor) -> None:
     """File ``rows`` at their positions (replacing rows of positions computed again)."""
     kept = req.hidden_rows
     assert kept is not None, "a hidden job for a request that did not ask"
-    assert job.start <= len(kept), "positions are computed in order, from the last row held on"
+    if job.start > len(kept):  # positions are computed from the last row held on; never a gap, but
+        # if one came (a cache path that ignored max_prefix_len), its rows are unknown (NaN), not a crash
+        kept.extend(torch.full_like(rows[0], float("nan")) for _ in range(job.start - len(kept)))
     del kept[job.start :]
     kept.extend(rows.unbind(0))
 
