@@ -77,7 +77,7 @@ class ToolChoice(_Lenient):
 
 class Thinking(_Lenient):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: Optional[StrictInt] = None  # accepted; the output's max_tokens bounds thinking here
+    budget_tokens: Optional[StrictInt] = Field(None, ge=1)  # accepted; the output's max_tokens bounds thinking
 
 
 class OutputFormat(_Lenient):

@@ -36,6 +36,16 @@ KNOWN_ROUTES = {
     "/debug/stream",
     "/debug/events",
     "/dashboard",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/open_session",
+    "/close_session",
+    "/tokenize",
+    "/detokenize",
+    "/update_weights_from_disk",
+    "/pause_generation",
+    "/continue_generation",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
