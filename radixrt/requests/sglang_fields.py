@@ -74,11 +74,16 @@ UNSUPPORTED_FIELDS = {
 HINT_FIELDS = {"log_metrics", "no_logs", "routing_key", "external_trace_header", "received_time", "stream_options"}
 
 
+def _is_set(value: Any) -> bool:
+    """Whether a field holds a value (SGLang's clients send unset ones as None, False or empty)."""
+    return value not in (None, False, [], {}, "")
+
+
 def check_unsupported(fields: dict[str, Any]) -> None:
     """RequestError naming the first of ``fields`` (names from the two sets above) that is set;
     a hint is ignored whatever its value."""
     for key, value in fields.items():
-        if key in HINT_FIELDS or value in (None, False, [], {}, ""):
+        if key in HINT_FIELDS or not _is_set(value):
             continue
         raise RequestError(f"'{key}' is not supported by radixrt.", key)
 
@@ -107,6 +112,6 @@ def check_engine_fields(fields: dict[str, Any]) -> None:
     for key, value in fields.items():
         if key not in UNSUPPORTED_FIELDS and key not in HINT_FIELDS and key not in ENGINE_UNSUPPORTED_FIELDS:
             raise TypeError(f"Engine.generate() got an unexpected keyword argument {key!r}")
-        if key in ENGINE_UNSUPPORTED_FIELDS and value not in (None, False, [], {}, ""):
+        if key in ENGINE_UNSUPPORTED_FIELDS and _is_set(value):
             raise RequestError(f"'{key}' is taken by `radixrt serve` (/generate), not by the Engine.", key)
     check_unsupported(fields)

@@ -172,7 +172,8 @@ def prepare_inputs(
                 input_ids.extend(req.tokens(end - q, end))
             if end - q < n_in:
                 prompt_tokens += min(end, n_in) - (end - q)
-        _add_row_jobs(inp, req, bi, offset, end - q, q)
+        if req.return_logprob or req.hidden_rows is not None:  # most rows have neither: no call
+            _add_row_jobs(inp, req, bi, offset, end - q, q)
         offset += q
         k = len(req.draft_ids)
         if end != n_in + n_out + k + req.inflight_tokens or req.sampling.max_new_tokens == 0:  # not yet / prefill-only

@@ -151,10 +151,9 @@ class MessageView:
             if out:
                 yield b"".join(out)
         error = group_error(self.group)
-        aborted = self.aborted()
-        if error is not None or aborted is not None:  # a server-side failure (the chat route's 503), an abort
-            status, message = (503, error) if error is not None else (aborted or (503, ""))
-            yield b"".join(blocks.finish()) + _event("error", anthropic_error_body(status, message))
+        failed = (503, error) if error is not None else self.aborted()  # a server-side failure, or an abort
+        if failed is not None:
+            yield b"".join(blocks.finish()) + _event("error", anthropic_error_body(*failed))
             return
         self._finished()
         closing = blocks.finish()

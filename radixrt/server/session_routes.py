@@ -68,7 +68,10 @@ def end_turn(sessions: SessionStore, turn: Optional[SessionTurn], group: Optiona
     """Remember a turn that finished (a failed, refused or aborted one, or none: forgotten)."""
     if turn is None:
         return
-    st = group.states[0] if group is not None else None
-    fr = st.acc.finish_reason if st is not None else None
-    ok = st is not None and st.error is None and fr is not None and fr.type in (STOP, LENGTH)
-    sessions.finish(turn, st.acc.rid if st is not None else "", list(st.acc.output_ids) if st is not None else [], ok)
+    if group is None:  # refused before it was submitted
+        sessions.finish(turn, "", [], ok=False)
+        return
+    st = group.states[0]
+    fr = st.acc.finish_reason
+    ok = st.error is None and fr is not None and fr.type in (STOP, LENGTH)
+    sessions.finish(turn, st.acc.rid, list(st.acc.output_ids), ok)
