@@ -20,6 +20,7 @@ detokenization on that loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -36,6 +37,7 @@ from radixrt.requests.messages import REPLY_KINDS, AbortReq, ControlReply, Token
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.requests.scoring import score_with
+from radixrt.requests.sessions import SessionStore, SessionTurn, end_turn, start_turn
 from radixrt.requests.sglang_fields import engine_extras
 from radixrt.scheduler.scheduler import Scheduler
 
@@ -101,6 +103,7 @@ class Engine(EngineControl):
         self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
         # adapter names a request may give as lora_path (kept by load/unload_lora_adapter)
         self.lora_adapters: set[str] = set(parse_lora_paths(self.config.lora.lora_paths))
+        self.sessions = SessionStore()  # SGLang's sessions (`open_session`), as the server's
         self._router_ready.set()
 
     # ------------------------------------------------------------------ scheduler thread
@@ -160,9 +163,12 @@ class Engine(EngineControl):
         lora_path: Any = None,
         token_ids_logprob: Any = None,
         sglang_fields: Optional[dict] = None,
-    ) -> tuple[list[RequestSpec], bool]:
-        """(validated specs, is_batch) through the front door; ValueError on bad input."""
-        extras = engine_extras(sglang_fields or {})  # return_prompt_token_ids, extra_key, return_hidden_states
+    ) -> tuple[list[RequestSpec], bool, Optional[SessionTurn]]:
+        """(validated specs, is_batch, the session turn begun or None) through the front door;
+        ValueError on bad input."""
+        fields = dict(sglang_fields or {})
+        session_params = fields.pop("session_params", None)
+        extras = engine_extras(fields)  # return_prompt_token_ids, extra_key, return_hidden_states
         prompts = split_prompts(
             prompt,
             input_ids,
@@ -187,23 +193,36 @@ class Engine(EngineControl):
             token_ids_logprob=token_ids_logprob,
             **extras,
         )
-        validate_call(specs, self.limits)
-        unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)
-        if unknown is not None:  # as the server answers it: a clear error now, not an aborted result
-            raise ValueError(f"unknown LoRA adapter {unknown[:128]!r}; load it with load_lora_adapter.")
-        return specs, prompts.batch
+        turn = start_turn(self.sessions, session_params, specs, getattr(self.tokenizer, "bos_token_id", None))
+        try:
+            validate_call(specs, self.limits)
+            unknown = unknown_adapter((s.lora for s in specs), self.lora_adapters)
+            if unknown is not None:  # as the server answers it: a clear error now, not an aborted result
+                raise ValueError(f"unknown LoRA adapter {unknown[:128]!r}; load it with load_lora_adapter.")
+        except BaseException:
+            end_turn(self.sessions, turn, None)
+            raise
+        return specs, prompts.batch, turn
 
-    def _submit(self, specs: list[RequestSpec], stream: bool = False) -> ReqGroup:
+    def _submit(self, specs: list[RequestSpec], turn: Optional[SessionTurn], stream: bool = False) -> ReqGroup:
         """Queue every spec for the scheduler as one group of the running loop,
-        or none: ValueError if a rid is already running."""
-        self._check_alive()
-        return self.router.submit(specs, live_text=stream)
+        or none: ValueError if a rid is already running. A session ``turn`` ends
+        with the group (`end_turn`), or now if the group is refused."""
+        try:
+            self._check_alive()
+            on_done = None if turn is None else functools.partial(end_turn, self.sessions, turn)
+            return self.router.submit(specs, live_text=stream, on_done=on_done)
+        except BaseException:
+            end_turn(self.sessions, turn, None)
+            raise
 
     # ------------------------------------------------------------------ the async core
-    async def _generate(self, specs: list[RequestSpec], batch: bool) -> Union[dict, list[dict]]:
+    async def _generate(
+        self, specs: list[RequestSpec], batch: bool, turn: Optional[SessionTurn]
+    ) -> Union[dict, list[dict]]:
         """Submit every prompt, wait for all, and answer in SGLang's shape;
         cancelling this aborts the requests."""
-        group = self._submit(specs)
+        group = self._submit(specs, turn)
         try:
             await group.wait()
         except asyncio.CancelledError:
@@ -212,9 +231,11 @@ class Engine(EngineControl):
         results = [st.acc.to_dict() for st in group.states]
         return results[0] if not batch and len(results) == 1 else results
 
-    async def _start_stream(self, specs: list[RequestSpec], batch: bool) -> AsyncIterator[dict]:
+    async def _start_stream(
+        self, specs: list[RequestSpec], batch: bool, turn: Optional[SessionTurn]
+    ) -> AsyncIterator[dict]:
         """Submit ``specs`` now and return the iterator of their results."""
-        group = self._submit(specs, stream=True)
+        group = self._submit(specs, turn, stream=True)
         return self._stream(group, batch or len(group.states) > 1)
 
     async def _stream(self, group: ReqGroup, indexed: bool) -> AsyncIterator[dict]:
@@ -290,13 +311,14 @@ class Engine(EngineControl):
         ``output_token_ids_logprobs``), or one list per prompt. SGLang's ``return_prompt_token_ids``
         adds each result's ``prompt_token_ids``, ``extra_key`` names a cache namespace (as ``cache_salt``),
         ``return_hidden_states`` (with ``enable_return_hidden_states``) adds ``meta_info.hidden_states``
-        (`radixrt.requests.hidden_states`). SGLang's other arguments
+        (`radixrt.requests.hidden_states`), ``session_params`` runs one prompt as a turn of a session
+        (`open_session`). SGLang's other arguments
         (``image_data``, ``custom_logit_processor``...) are taken unset and refused set
         (`radixrt.requests.sglang_fields`).
 
         Runs `async_generate`'s coroutines on the engine's loop thread; any
         number of threads may call it at once."""
-        specs, batch = self._prepare(
+        specs, batch, turn = self._prepare(
             prompt,
             sampling_params,
             input_ids,
@@ -315,8 +337,8 @@ class Engine(EngineControl):
         )
         loop = self._loop()
         if stream:
-            return loop.iterate(loop.run(self._start_stream(specs, batch)))
-        return loop.run(self._generate(specs, batch))
+            return loop.iterate(loop.run(self._start_stream(specs, batch, turn)))
+        return loop.run(self._generate(specs, batch, turn))
 
     async def async_generate(
         self,
@@ -337,7 +359,7 @@ class Engine(EngineControl):
         **sglang_fields: Any,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` in the caller's event loop (``stream`` returns an async iterator)."""
-        specs, batch = self._prepare(
+        specs, batch, turn = self._prepare(
             prompt,
             sampling_params,
             input_ids,
@@ -355,8 +377,8 @@ class Engine(EngineControl):
             sglang_fields,
         )
         if stream:
-            return await self._start_stream(specs, batch)
-        return await self._generate(specs, batch)
+            return await self._start_stream(specs, batch, turn)
+        return await self._generate(specs, batch, turn)
 
     def score(
         self,
@@ -392,30 +414,6 @@ class Engine(EngineControl):
     def _check_alive(self) -> None:
         if self._error is not None or not self._thread.is_alive():
             raise RuntimeError(f"the engine's scheduler has stopped ({self._error or 'shut down'})")
-
-    def get_server_info(self) -> dict:
-        stats = self.get_stats()
-        return {
-            **self.config.to_flat(),
-            "model_path": self.model_path,
-            "context_length": self.context_length,
-            "max_total_num_tokens": self.info.kv_total_slots,
-            "kv_cache": self.info.kv_cache,  # as /get_server_info: bytes per token, capacity (kv_format.py)
-            "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
-            "weight_version": stats["weight_version"],
-            "stats": stats,
-        }
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
-        )
-
-    @property
-    def chat_role_markers(self) -> dict[str, tuple[str, str]]:
-        from radixrt.requests.chat_roles import derive_role_markers
-
-        return derive_role_markers(self.tokenizer)
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Block until the scheduler has no work and waits for input (tests use

@@ -1,6 +1,7 @@
 """The Engine's control methods (SGLang's names): the cache, counters, LoRA adapters,
-pausing generation and weight updates. `EngineControl` is a base of `radixrt.Engine`; each
-method is one control message to the scheduler (radixrt/scheduler/control_requests.py)."""
+pausing generation, weight updates, sessions and what the engine serves. `EngineControl` is a
+base of `radixrt.Engine`; a method that asks the scheduler sends it one control message
+(radixrt/scheduler/control_requests.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,17 @@ from radixrt.requests.messages import (
     UpdateTensorsReq,
     UpdateWeightsReq,
 )
+from radixrt.requests.sessions import SessionStore
 
 
 class EngineControl:
     lora_adapters: set[str]
     model_path: Any
+    config: Any  # EngineConfig
+    info: Any  # the scheduler's RuntimeInfo
+    context_length: int
+    tokenizer: Any
+    sessions: SessionStore
 
     def _control_call(self, msg: Any) -> ControlReply:
         raise NotImplementedError
@@ -126,3 +133,44 @@ class EngineControl:
         adapters = list(reply.payload.get("adapters", []))
         self.lora_adapters = {a["name"] for a in adapters}
         return adapters
+
+    def open_session(
+        self,
+        capacity_of_str_len: Optional[int] = None,
+        session_id: Optional[str] = None,
+        streaming: bool = False,
+        timeout: Optional[float] = None,
+    ) -> str:
+        """Open a session (SGLang's method; ``capacity_of_str_len`` is taken and not needed): its
+        id, for ``session_params={"id": ...}`` on `generate`, whose turns then send only their new
+        tokens (`radixrt.requests.sessions`: streaming and tree sessions, bounds). ValueError on a
+        bad argument or an id already open."""
+        return self.sessions.open(session_id, streaming, timeout)
+
+    def close_session(self, session_id: str) -> None:
+        """Forget a session's turns (ValueError: no such session open)."""
+        self.sessions.close(session_id)
+
+    def get_server_info(self) -> dict:
+        stats = self.get_stats()
+        return {
+            **self.config.to_flat(),
+            "model_path": self.model_path,
+            "context_length": self.context_length,
+            "max_total_num_tokens": self.info.kv_total_slots,
+            "kv_cache": self.info.kv_cache,  # as /get_server_info: bytes per token, capacity (kv_format.py)
+            "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
+            "weight_version": stats["weight_version"],
+            "stats": stats,
+        }
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+
+    @property
+    def chat_role_markers(self) -> dict[str, tuple[str, str]]:
+        from radixrt.requests.chat_roles import derive_role_markers
+
+        return derive_role_markers(self.tokenizer)

@@ -14,7 +14,10 @@ and detokenizer processes). What happens to a request between them is here:
   not a sample's (the scheduler refused an ``n > 1`` request before making
   its samples) ends every sample of it;
 * `abort_group` / `abort_rid`: stop a caller's requests, or the request of a
-  client's rid; `finish_all` / `fail_all`: end everything (the scheduler died).
+  client's rid; `finish_all` / `fail_all`: end everything (the scheduler died);
+* a group's ``on_done`` (given to `submit`) runs once, on the group's loop, when its last
+  sample is done however it ended (finished, failed, aborted): what a front keeps about a
+  call past its answer (a session's turn) is kept there, whoever waits or has left.
 
 Threads and delivery. A group belongs to the event loop that submitted it,
 and its states change on that loop only. `deliver` may run on any thread: on
@@ -34,7 +37,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import AsyncIterator, Iterable, Mapping, Optional, Protocol, Sequence
+from typing import AsyncIterator, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec
@@ -133,11 +136,23 @@ class ReqGroup:
     """The samples of one call (an HTTP request, an `Engine.generate`), in
     answer order (prompt-major), and the event that wakes its reader."""
 
-    def __init__(self, mailbox: _Mailbox) -> None:
+    def __init__(self, mailbox: _Mailbox, on_done: Optional[Callable[["ReqGroup"], None]] = None) -> None:
         self.states: list[ReqState] = []
         self.parents: list[str] = []  # the requests' internal ids
         self.event = asyncio.Event()
         self.mailbox = mailbox
+        self.on_done = on_done  # run once by `settle`
+
+    def settle(self) -> None:
+        """Run ``on_done`` once every sample is done (its faults are logged, not raised: the
+        router's caller is whoever delivered the outputs)."""
+        if self.on_done is None or not self.done:
+            return
+        hook, self.on_done = self.on_done, None
+        try:
+            hook(self)
+        except Exception:
+            logger.exception("a request group's on_done hook failed")
 
     @property
     def done(self) -> bool:
@@ -199,17 +214,23 @@ class ResultRouter:
         return len(self._states)
 
     # ------------------------------------------------------------------ out
-    def submit(self, specs: Sequence[RequestSpec], live_text: bool = True) -> ReqGroup:
+    def submit(
+        self,
+        specs: Sequence[RequestSpec],
+        live_text: bool = True,
+        on_done: Optional[Callable[[ReqGroup], None]] = None,
+    ) -> ReqGroup:
         """Register ``specs`` (validated) as one group of the running loop and send
         them; nothing is sent if one's rid is running (RequestError, param 'rid').
         ``live_text`` False: the accumulators make text only when a sample
-        finishes (nobody reads it before; the text is the same)."""
+        finishes (nobody reads it before; the text is the same). ``on_done``: the
+        group's hook (`ReqGroup.settle`), not run if this raises."""
         loop = asyncio.get_running_loop()
         with self._lock:
             box = self._mailboxes.get(loop)
             if box is None:
                 box = self._mailboxes[loop] = _Mailbox(loop)
-            group = ReqGroup(box)
+            group = ReqGroup(box, on_done)
             entries = self._rids.add([spec.rid for spec in specs], [spec.sampling.n for spec in specs])
             for spec, entry in zip(specs, entries):
                 spec.group = entries[0].iid  # one call: the scheduler's queue takes turns between calls
@@ -295,6 +316,8 @@ class ResultRouter:
             st.done = True
         if dead:
             self._forget(dead, time.perf_counter())
+        for group in {id(st.group): st.group for st in dead}.values():
+            group.settle()
 
     def _drain(self, box: _Mailbox) -> None:
         with self._lock:
@@ -306,7 +329,8 @@ class ResultRouter:
         """Fold updates into their states (on the states' loop) and wake their groups."""
         now = time.perf_counter()
         observer = self.observer
-        finished = []
+        finished: list[ReqState] = []
+        ended: list[ReqGroup] = []
         for st, out, text in updates:
             if st.done:  # aborted or failed meanwhile
                 continue
@@ -323,8 +347,12 @@ class ResultRouter:
                     finished.append(st)
             st.version += 1
             st.group.event.set()
+            if st.done:
+                ended.append(st.group)
         if finished:
             self._forget(finished, now)
+        for group in ended:
+            group.settle()
 
     @staticmethod
     def _add(st: ReqState, out: TokenOutput, text: Optional[str]) -> bool:
@@ -370,6 +398,7 @@ class ResultRouter:
         if finished:
             self._forget(finished, time.perf_counter())
         group.event.set()
+        group.settle()
 
     def abort_rid(self, rid: str) -> None:
         """Abort the request of the client's rid ``rid`` with its samples, or

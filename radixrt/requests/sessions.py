@@ -23,7 +23,8 @@ most `MAX_TURNS` turns remembered per session (a streaming one keeps its last on
 idle seconds. A turn is remembered once under its id (a turn named like one the session holds is
 not: ids cannot make a turn its own ancestor). Whoever knows a session's id may use it: ids the
 server makes are random (unguessable), one a client chooses is as secret as the client keeps it.
-Every method is thread-safe.
+Every method is thread-safe. A front (the server's ``/generate``, `Engine.generate`) runs a turn
+with `start_turn` before it submits the request and `end_turn` as the group's ``on_done``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from radixrt.requests.errors import RequestError
+from radixrt.requests.finish import LENGTH, STOP
+from radixrt.requests.intake import RequestSpec
+from radixrt.requests.router import ReqGroup
 
 MAX_SESSIONS = 256
 MAX_TURNS = 32
@@ -218,3 +222,32 @@ class SessionStore:
     def _close(self, sid: str) -> None:
         session = self._sessions.pop(sid)
         self._stored -= sum(len(t.prompt) + len(t.output) for t in session.turns.values())
+
+
+def start_turn(
+    store: SessionStore, params: Any, specs: list[RequestSpec], bos: Optional[int]
+) -> Optional[SessionTurn]:
+    """The session turn of a call with ``session_params`` ``params`` (its one spec's prompt becomes
+    the turn's whole prompt), or None without; RequestError where the session cannot take it. The
+    caller ends the turn (`end_turn`) however the call goes on, refused included."""
+    if params is None:
+        return None
+    if len(specs) != 1 or specs[0].sampling.n != 1 or specs[0].sampling.beam_width > 1:
+        raise _error("'session_params' takes one prompt, with n = 1 and no beam search.")
+    turn = store.begin(params, specs[0].input_ids, bos)
+    specs[0].input_ids = turn.prompt
+    return turn
+
+
+def end_turn(store: SessionStore, turn: Optional[SessionTurn], group: Optional[ReqGroup]) -> None:
+    """Remember a turn whose request finished (a failed, aborted or refused one, ``group`` None
+    where it was never submitted: forgotten)."""
+    if turn is None:
+        return
+    if group is None:
+        store.finish(turn, "", [], ok=False)
+        return
+    st = group.states[0]
+    fr = st.acc.finish_reason
+    ok = st.error is None and fr is not None and fr.type in (STOP, LENGTH)
+    store.finish(turn, st.acc.rid, list(st.acc.output_ids), ok)

@@ -89,7 +89,7 @@ def check_unsupported(fields: dict[str, Any]) -> None:
 
 
 # SGLang's arguments that Engine.generate implements but names only through ``**sglang_fields``
-# (keyword arguments of `build_specs` under the same names)
+# (keyword arguments of `build_specs` under the same names; ``session_params`` is the Engine's own)
 ENGINE_EXTRAS = ("return_prompt_token_ids", "extra_key", "return_hidden_states")
 
 
@@ -102,16 +102,10 @@ def engine_extras(fields: dict[str, Any]) -> dict[str, Any]:
     return extras
 
 
-# SGLang fields the server implements and the Engine does not: taken unset, refused set
-ENGINE_UNSUPPORTED_FIELDS = {"session_params"}
-
-
 def check_engine_fields(fields: dict[str, Any]) -> None:
     """``Engine.generate``'s SGLang arguments: TypeError for a name SGLang does not take either,
     then `check_unsupported`."""
-    for key, value in fields.items():
-        if key not in UNSUPPORTED_FIELDS and key not in HINT_FIELDS and key not in ENGINE_UNSUPPORTED_FIELDS:
+    for key in fields:
+        if key not in UNSUPPORTED_FIELDS and key not in HINT_FIELDS:
             raise TypeError(f"Engine.generate() got an unexpected keyword argument {key!r}")
-        if key in ENGINE_UNSUPPORTED_FIELDS and _is_set(value):
-            raise RequestError(f"'{key}' is taken by `radixrt serve` (/generate), not by the Engine.", key)
     check_unsupported(fields)

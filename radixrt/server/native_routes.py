@@ -34,7 +34,7 @@ posts when a program joins its forks with ``mode="concate_and_append"``.
 from __future__ import annotations
 
 import functools
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Optional
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
@@ -42,7 +42,7 @@ from starlette.responses import Response
 from radixrt.config.lora import unknown_adapter
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts
 from radixrt.requests.router import ReqGroup
-from radixrt.requests.sessions import SessionStore, SessionTurn
+from radixrt.requests.sessions import SessionStore, SessionTurn, end_turn, start_turn
 from radixrt.requests.sglang_fields import HINT_FIELDS, UNSUPPORTED_FIELDS, check_unsupported
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request, error_body
@@ -56,7 +56,6 @@ from radixrt.server.http_utils import (
     stream_response,
     wait_group,
 )
-from radixrt.server.session_routes import end_turn, start_turn
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 router = APIRouter()
@@ -140,7 +139,8 @@ def _checked_generate(
     """`parse_generate`, its session turn begun, then the specs validated (blocking: run off
     the event loop)."""
     specs, batch, stream = parse_generate(body, tm, admin)
-    turn = start_turn(sessions, body, specs, getattr(tm.tokenizer, "bos_token_id", None))
+    with as_bad_request():
+        turn = start_turn(sessions, body.get("session_params"), specs, getattr(tm.tokenizer, "bos_token_id", None))
     try:
         tm.validate_specs(specs)
     except BaseException:
@@ -162,17 +162,16 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     if unknown is not None:  # before a stream's 200, as for a whole answer
         end_turn(ctx.sessions, turn, None)
         raise bad_request(f"unknown LoRA adapter {unknown[:128]!r}; load it with /load_lora_adapter.", "lora_path")
-    group = tm.submit(specs, validated=True)
+    try:
+        group = tm.submit(specs, validated=True, on_done=functools.partial(end_turn, ctx.sessions, turn))
+    except BaseException:
+        end_turn(ctx.sessions, turn, None)
+        raise
     multi = batch or len(group.states) > 1
-    done = functools.partial(end_turn, ctx.sessions, turn, group)
     if stream:
         incremental = bool(ctx.server_args.get("incremental_streaming_output"))
-        return stream_response(tm, group, _native_stream(group, multi, incremental, done))
-    try:
-        answered = await wait_group(request, tm, group)
-    finally:
-        done()
-    if not answered:
+        return stream_response(tm, group, _native_stream(group, multi, incremental))
+    if not await wait_group(request, tm, group):
         return Response(status_code=499)
     raise_state_errors(group)
     raise_refused(group)
@@ -180,26 +179,20 @@ async def generate(request: Request, ctx: ServerContext = Depends(server_context
     return JSON(results if multi else results[0])
 
 
-async def _native_stream(
-    group: ReqGroup, multi: bool, incremental: bool, done: Callable[[], None]
-) -> AsyncIterator[bytes]:
+async def _native_stream(group: ReqGroup, multi: bool, incremental: bool) -> AsyncIterator[bytes]:
     """SSE body: each update of a sample as its cumulative result, or what is
-    new in it when ``incremental`` (``index`` when ``multi``), then [DONE];
-    ``done()`` however the stream ends."""
-    try:
-        async for news in group.updates():
-            chunks = []
-            for st in news:
-                if st.error is not None:
-                    chunks.append(sse(error_body(503, st.error)))
-                    continue
-                d = st.acc.stream_chunk(incremental)
-                if multi:
-                    d["index"] = group.states.index(st)
-                chunks.append(sse(d))
-            yield b"".join(chunks)
-    finally:
-        done()
+    new in it when ``incremental`` (``index`` when ``multi``), then [DONE]."""
+    async for news in group.updates():
+        chunks = []
+        for st in news:
+            if st.error is not None:
+                chunks.append(sse(error_body(503, st.error)))
+                continue
+            d = st.acc.stream_chunk(incremental)
+            if multi:
+                d["index"] = group.states.index(st)
+            chunks.append(sse(d))
+        yield b"".join(chunks)
     yield SSE_DONE
 
 

@@ -226,17 +226,23 @@ class TokenizerManager:
         with as_bad_request():
             validate_call(specs, self.limits)
 
-    def submit(self, specs: list[RequestSpec], validated: bool = False) -> ReqGroup:
+    def submit(
+        self,
+        specs: list[RequestSpec],
+        validated: bool = False,
+        on_done: Optional[Callable[[ReqGroup], None]] = None,
+    ) -> ReqGroup:
         """Validate every prompt (ServerError 400 on the first bad one; skipped
         when ``validated``: the caller ran `validate_specs` off the event
         loop), then queue them all: nothing is queued if one is bad. A spec
         without a rid gets a random one; a rid already running (as a
-        request's or a sample's rid) is refused."""
+        request's or a sample's rid) is refused. ``on_done``: the group's
+        hook (`ResultRouter.submit`)."""
         self.check_alive()
         if not validated:
             self.validate_specs(specs)
         with as_bad_request():
-            group = self.router.submit(specs)
+            group = self.router.submit(specs, on_done=on_done)
         self.metrics.set_inflight(self.router.inflight)
         return group
 

@@ -4,10 +4,13 @@ in the radix cache; a tree session continues the turn it names; errors are 400s.
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
+
 import httpx
 import pytest
 
-from tests.support.servers import TINY_SERVER_KEY
+from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_KEY
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +61,25 @@ def test_a_tree_session_continues_the_named_turn(http):
     assert r.status_code == 400, r.text
     assert http.post("/close_session", json={"session_id": sid}).status_code == 200
     assert http.post("/close_session", json={"session_id": sid}).status_code == 400
+
+
+def test_a_turn_refused_for_its_rid_leaves_a_streaming_session_usable(http):
+    sid = http.post("/open_session", json={"streaming": True}).json()
+    admin = {"x-api-key": TINY_SERVER_ADMIN_KEY}
+    assert http.post("/pause_generation", json={"mode": "in_place"}, headers=admin).status_code == 200
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(http.post, "/generate", json={"input_ids": [7, 8], "rid": "busy-rid"})
+            deadline = time.monotonic() + 30
+            while True:  # the rid is taken once the request is queued
+                r = http.post("/generate", json={"input_ids": [1, 9], "rid": "busy-rid", "session_params": {"id": sid}})
+                if r.status_code == 400 or time.monotonic() > deadline:
+                    break
+            assert r.status_code == 400 and r.json()["error"]["param"] == "rid", r.text
+            http.post("/continue_generation", headers=admin)
+            assert waiting.result(timeout=60).status_code == 200
+    finally:
+        http.post("/continue_generation", headers=admin)
+    out = _turn(http, [1, 9], {"id": sid})  # not "already has a turn running"
+    assert out["meta_info"]["prompt_tokens"] == 2
+    assert http.post("/close_session", json={"session_id": sid}).status_code == 200

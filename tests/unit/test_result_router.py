@@ -224,3 +224,38 @@ def test_an_output_that_cannot_be_read_fails_its_request_alone(tokenizer, loops)
     a.run(group.wait())
     assert bad.done and "internal error" in (bad.error or "") and good.acc.output_ids == [6] and good.error is None
     assert router.inflight == 0
+
+
+def test_on_done_runs_once_when_the_last_sample_ends_however_it_ends(tokenizer, loops):
+    """A group's hook sees it done: finished, aborted, failed, or its loop closed."""
+    router = ResultRouter(tokenizer, Recorder())
+    a = loops()
+    seen: list[list] = []
+
+    def hook(group) -> None:
+        seen.append([st.acc.finish_reason or st.error for st in group.states])
+
+    g = a.run(submit(router, specs(tokenizer, ["p", "q"]), on_done=hook))
+    router.deliver([TokenOutput(g.states[0].rid, [5], 2, 1, 0, FinishReason.length(1))])
+    a.run(asyncio.sleep(0))
+    assert seen == []  # one sample still runs
+    router.deliver([TokenOutput(g.states[1].rid, [6], 2, 1, 0, FinishReason.length(1))] * 2)
+    a.run(g.wait())
+    assert seen == [[FinishReason.length(1)] * 2]
+
+    g = a.run(submit(router, specs(tokenizer, ["p"]), on_done=hook))
+
+    async def abort() -> None:
+        router.abort_group(g, "gone")
+        router.abort_group(g, "gone")
+
+    a.run(abort())
+    assert seen[-1] == [FinishReason.abort("gone")] and len(seen) == 2
+    a.run(submit(router, specs(tokenizer, ["p"], n=2), on_done=hook))
+    router.fail_all("the scheduler process exited")
+    a.run(asyncio.sleep(0))
+    assert seen[-1] == ["the scheduler process exited"] * 2
+    a.run(submit(router, specs(tokenizer, ["p"]), on_done=hook))
+    a.close()
+    router.deliver([TokenOutput(next(iter(router.states)), [5], 2, 1, 0)])
+    assert len(seen) == 4

@@ -1,0 +1,61 @@
+"""SGLang's sessions on the in-process Engine (tiny random Llama): `open_session`, turns through
+``generate(..., session_params=...)`` that send only their new tokens, streamed or whole, and a
+turn that is refused or aborted leaving its session able to go on."""
+
+from __future__ import annotations
+
+import pytest
+
+import radixrt
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    e = radixrt.Engine(tiny_llama, max_total_tokens=8192)
+    yield e
+    e.shutdown()
+
+
+def greedy(tokens: int) -> dict:
+    return {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
+
+
+def test_turns_run_on_the_whole_conversation_and_reuse_its_cache(engine):
+    sid = engine.open_session(1000, streaming=True)
+    context: list[int] = []
+    for i, ids in enumerate([[1, 500, 501, 502], [600, 601], [700]]):
+        if i == 1:  # a streamed turn is remembered too
+            out = list(
+                engine.generate(input_ids=ids, sampling_params=greedy(6), session_params={"id": sid}, stream=True)
+            )[-1]
+        else:
+            out = engine.generate(input_ids=ids, sampling_params=greedy(6), session_params={"id": sid})
+        meta = out["meta_info"]
+        assert meta["prompt_tokens"] == len(context) + len(ids)
+        if i:
+            assert meta["cached_tokens"] >= len(context) - 1
+        alone = engine.generate(input_ids=context + ids, sampling_params=greedy(6))
+        assert out["output_ids"] == alone["output_ids"]
+        context += ids + out["output_ids"]
+    engine.close_session(sid)
+    with pytest.raises(ValueError, match="no open session"):
+        engine.generate(input_ids=[5], sampling_params=greedy(2), session_params={"id": sid})
+    with pytest.raises(ValueError, match="no open session"):
+        engine.close_session(sid)
+
+
+def test_a_refused_or_aborted_turn_is_forgotten_and_the_session_goes_on(engine):
+    sid = engine.open_session(session_id="mine", streaming=True)
+    with pytest.raises(ValueError, match="already open"):
+        engine.open_session(session_id="mine")
+    first = engine.generate(input_ids=[1, 40, 41], sampling_params=greedy(4), session_params={"id": sid})
+    with pytest.raises(ValueError, match="one prompt"):
+        engine.generate(input_ids=[[5], [6]], sampling_params=greedy(2), session_params={"id": sid})
+    with pytest.raises(ValueError):  # over the context: refused before it is queued
+        engine.generate(input_ids=[5] * 100_000, sampling_params=greedy(2), session_params={"id": sid})
+    stream = engine.generate(input_ids=[60], sampling_params=greedy(200), session_params={"id": sid}, stream=True)
+    next(stream)
+    stream.close()  # an aborted turn
+    nxt = engine.generate(input_ids=[70], sampling_params=greedy(2), session_params={"id": sid})
+    assert nxt["meta_info"]["prompt_tokens"] == 3 + len(first["output_ids"]) + 1  # after the first turn
+    engine.close_session(sid)
