@@ -14,10 +14,12 @@ from radixrt.requests.messages import (
     GetWeightsReq,
     LoRAControlReq,
     PauseGenerationReq,
+    ProfileReq,
     StatsReq,
     UpdateTensorsReq,
     UpdateWeightsReq,
 )
+from radixrt.requests.profile_fields import profile_request
 from radixrt.requests.sessions import SessionStore
 
 
@@ -133,6 +135,22 @@ class EngineControl:
         adapters = list(reply.payload.get("adapters", []))
         self.lora_adapters = {a["name"] for a in adapters}
         return adapters
+
+    def start_profile(self, **fields: Any) -> str:
+        """Profile the scheduler's steps with the torch profiler until `stop_profile` or
+        ``num_steps`` (SGLang's method and fields: radixrt/requests/profile_fields.py); the path
+        the trace will be written to. ValueError for a bad field or a profile already running."""
+        return self._profile(profile_request(fields))
+
+    def stop_profile(self) -> str:
+        """End the profile; the path of the trace it wrote (ValueError: none runs)."""
+        return self._profile(ProfileReq("stop"))
+
+    def _profile(self, msg: ProfileReq) -> str:
+        reply = self._control_call(msg)
+        if not reply.ok:
+            raise ValueError(reply.payload["message"])
+        return str(reply.payload["path"])
 
     def open_session(
         self,

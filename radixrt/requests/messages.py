@@ -99,6 +99,21 @@ class ContinueGenerationReq:
 
 
 @dataclass
+class ProfileReq:
+    """Start or stop the torch profiler over the scheduler's steps (SGLang's ``/start_profile``
+    fields; radixrt/scheduler/profiler.py)."""
+
+    action: str = "start"  # "start" | "stop"
+    output_dir: Optional[str] = None
+    num_steps: Optional[int] = None
+    activities: Optional[list[str]] = None
+    with_stack: Optional[bool] = None
+    record_shapes: Optional[bool] = None
+    profile_id: Optional[str] = None
+    profile_prefix: Optional[str] = None
+
+
+@dataclass
 class AbortReq:
     rids: tuple[str, ...]  # internal ids: requests with their samples, or single samples; "" aborts every request
 
@@ -124,7 +139,7 @@ class RadixSnapshotReq:
 
 @dataclass
 class ControlReply:
-    kind: str  # "flush_cache" | "stats" | "radix" | "lora" | "update_weights" | "pause" | "continue"
+    kind: str  # a value of REPLY_KINDS
     ok: bool = True
     payload: dict[str, Any] = field(default_factory=dict)
 
@@ -141,6 +156,7 @@ REPLY_KINDS: dict[type, str] = {
     GetWeightsReq: "weights",
     PauseGenerationReq: "pause",
     ContinueGenerationReq: "continue",
+    ProfileReq: "profile",
 }
 
 

@@ -224,9 +224,7 @@ class SessionStore:
         self._stored -= sum(len(t.prompt) + len(t.output) for t in session.turns.values())
 
 
-def start_turn(
-    store: SessionStore, params: Any, specs: list[RequestSpec], bos: Optional[int]
-) -> Optional[SessionTurn]:
+def start_turn(store: SessionStore, params: Any, specs: list[RequestSpec], bos: Optional[int]) -> Optional[SessionTurn]:
     """The session turn of a call with ``session_params`` ``params`` (its one spec's prompt becomes
     the turn's whole prompt), or None without; RequestError where the session cannot take it. The
     caller ends the turn (`end_turn`) however the call goes on, refused included."""

@@ -1,5 +1,5 @@
 """The scheduler's answers to the messages that are not requests: abort, flush, stats, the
-tree's debug view, LoRA adapters, pausing generation and weight updates
+tree's debug view, LoRA adapters, pausing generation, weight updates and the profiler
 (radixrt/scheduler/generation_control.py states their contracts).
 
 `SchedulerControl` is a part of `Scheduler` (its base class), kept apart so the step loop's
@@ -23,6 +23,7 @@ from radixrt.requests.messages import (
     GetWeightsReq,
     LoRAControlReq,
     PauseGenerationReq,
+    ProfileReq,
     RadixSnapshotReq,
     StatsReq,
     TokenOutput,
@@ -35,6 +36,7 @@ from radixrt.scheduler.generation_control import GenerationControl
 from radixrt.scheduler.host_tier import HostTierRuntime
 from radixrt.scheduler.launcher import InFlight
 from radixrt.scheduler.planner import BatchPlanner, Plan
+from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.queues import RequestQueues
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.storage_tier import StorageTier
@@ -52,6 +54,7 @@ class SchedulerControl:
     control: GenerationControl
     host: Optional[HostTierRuntime]
     storage: Optional[StorageTier]
+    profiler: StepProfiler
     inflight: Optional[InFlight]
     _queued_outputs: list[TokenOutput]
 
@@ -97,6 +100,8 @@ class SchedulerControl:
         elif isinstance(msg, ContinueGenerationReq):
             self.control.resume()
             return ControlReply("continue")
+        elif isinstance(msg, ProfileReq):
+            return self.profiler.handle(msg)
         else:
             raise TypeError(f"unknown scheduler message {type(msg).__name__}")
         return None

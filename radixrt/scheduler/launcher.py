@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -115,6 +115,15 @@ class StepLauncher:
             done.set_result(self.run(inputs, transfers))
         except BaseException as e:  # noqa: BLE001 - re-raised by result(), as a thread's would be
             done.set_exception(e)
+        return done
+
+    def between_steps(self, fn: Callable[[], Any]) -> "Future[Any]":
+        """Run ``fn`` where the steps run, after those launched so far (inline without a forward
+        thread): what must see the forward's thread (the profiler) goes through here."""
+        if self._thread is not None:
+            return self._thread.submit(fn)
+        done: Future[Any] = Future()
+        done.set_result(fn())
         return done
 
     def close(self) -> None:

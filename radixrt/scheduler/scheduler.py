@@ -68,6 +68,7 @@ from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.lora_admission import LoRAAdmission
 from radixrt.scheduler.planner import Batch, BatchPlanner
 from radixrt.scheduler.policy import arrival_urgency
+from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.queues import RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
 from radixrt.scheduler.results import ResultProcessor, finish_request
@@ -159,6 +160,7 @@ class Scheduler(SchedulerControl):
         )
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
+        self.profiler = StepProfiler(self.launcher.between_steps, cuda=config.execution.device.startswith("cuda"))
         self._restore_before_ready(config)
 
     def _restore_before_ready(self, config: EngineConfig) -> None:
@@ -195,6 +197,7 @@ class Scheduler(SchedulerControl):
 
     def close(self) -> None:
         """Stop background work (the forward thread, grammar compilation, tensor-parallel ranks)."""
+        self.profiler.close()  # before the forward thread it runs on ends
         self.launcher.close()
         self.runner.close()
         self.constrained.shutdown()
@@ -355,6 +358,7 @@ class Scheduler(SchedulerControl):
                 self.kv.cache_prefix(req, limit=len(req.slots) - len(req.draft_ids), computed=False)
         # tier copies queued since the last launch run on the forward thread around this step's forward
         transfers = self.kv.take_transfers()
+        self.profiler.launched()
         return InFlight(batch, inputs, self.launcher.launch(inputs, transfers or None), overlappable, started)
 
     def _complete(self, step: InFlight) -> list[TokenOutput]:

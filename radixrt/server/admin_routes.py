@@ -1,5 +1,5 @@
 """Admin routes: health, model and server info, cache flush, abort,
-Prometheus metrics and the KV debug view."""
+Prometheus metrics, the KV debug view and the profiler."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import PlainTextResponse, Response
 
 from radixrt.requests.intake import RequestSpec
+from radixrt.requests.messages import ProfileReq
+from radixrt.requests.profile_fields import profile_request
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.context import ServerContext, server_context
-from radixrt.server.errors import ServerError, bad_request
+from radixrt.server.errors import ServerError, as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, error_response, raise_state_errors, read_json, wait_group
 from radixrt.server.metrics import CONTENT_TYPE_LATEST
 from radixrt.version import __version__
@@ -182,3 +184,33 @@ async def abort_request(request: Request, ctx: ServerContext = Depends(server_co
     elif rid:
         ctx.tm.abort_rid(rid)
     return Response(status_code=200)
+
+
+@router.api_route("/start_profile", methods=["GET", "POST"])
+async def start_profile(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """SGLang's: the torch profiler over the scheduler's steps until ``/stop_profile`` or
+    ``num_steps`` (radixrt/scheduler/profiler.py; the body's fields: requests/profile_fields.py).
+    With ``--admin-api-key`` it needs that key (it writes files on the server)."""
+    if ctx.admin_api_key:
+        ctx.require_admin(request, "profiling (a trace written on the server)")
+    body = await read_json(request) if await request.body() else {}
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    with as_bad_request():
+        msg = profile_request(body)
+    return await _profile(ctx, msg, "Start profiling")
+
+
+@router.api_route("/stop_profile", methods=["GET", "POST"])
+async def stop_profile(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    """End the profile and write its trace (400 when none runs)."""
+    if ctx.admin_api_key:
+        ctx.require_admin(request, "profiling (a trace written on the server)")
+    return await _profile(ctx, ProfileReq("stop"), "Stop profiling")
+
+
+async def _profile(ctx: ServerContext, msg: ProfileReq, done: str) -> Response:
+    reply = await ctx.tm.control(msg, "profile", timeout=600.0)
+    if not reply.ok:
+        raise bad_request(reply.payload["message"])
+    return PlainTextResponse(f"{done}. The trace: {reply.payload['path']}\n")

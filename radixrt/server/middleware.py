@@ -46,6 +46,8 @@ KNOWN_ROUTES = {
     "/update_weights_from_disk",
     "/pause_generation",
     "/continue_generation",
+    "/start_profile",
+    "/stop_profile",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
