@@ -13,6 +13,7 @@ from radixrt.requests.messages import (
     FlushCacheReq,
     GetWeightsReq,
     LoRAControlReq,
+    MemoryOccupationReq,
     PauseGenerationReq,
     ProfileReq,
     StatsReq,
@@ -135,6 +136,23 @@ class EngineControl:
         adapters = list(reply.payload.get("adapters", []))
         self.lora_adapters = {a["name"] for a in adapters}
         return adapters
+
+    def release_memory_occupation(self, tags: Optional[list[str]] = None) -> dict:
+        """Give the memory of ``tags`` ("kv_cache", "weights", "cuda_graph"; None: all) back while
+        idle, SGLang's method for RL loops (contract: radixrt/scheduler/memory_occupation.py);
+        generation waits until `resume_memory_occupation`. ``{"released", "freed_bytes"}``;
+        ValueError while requests run, on CUDA, under ``tp_size`` above 1, or for a bad tag."""
+        return self._memory(MemoryOccupationReq(True, tags))
+
+    def resume_memory_occupation(self, tags: Optional[list[str]] = None) -> dict:
+        """Take ``tags``' memory back (the weights are read again from the checkpoint served)."""
+        return self._memory(MemoryOccupationReq(False, tags))
+
+    def _memory(self, msg: MemoryOccupationReq) -> dict:
+        reply = self._control_call(msg)
+        if not reply.ok:
+            raise ValueError(reply.payload["message"])
+        return dict(reply.payload)
 
     def start_profile(self, **fields: Any) -> str:
         """Profile the scheduler's steps with the torch profiler until `stop_profile` or

@@ -42,6 +42,7 @@ def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
 
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14's madvise: back a range with writable pages, contents unchanged
+MADV_DONTNEED = 4  # give a private anonymous range's pages back: it reads as zeros from then on
 
 
 def prefault(buf: torch.Tensor, nbytes: int) -> bool:
@@ -59,6 +60,22 @@ def prefault(buf: torch.Tensor, nbytes: int) -> bool:
     start = buf.data_ptr() // page * page
     length = (buf.data_ptr() + nbytes + page - 1) // page * page - start
     return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_POPULATE_WRITE) == 0
+
+
+def release_pages(buf: torch.Tensor) -> int:
+    """Give the whole pages inside CPU tensor ``buf``'s memory back to the system
+    (``MADV_DONTNEED``): anonymous memory reads as zeros afterwards (a `lazy_zeros` buffer
+    is as new), a file's private mapping as the file. The tensor stays valid (its address
+    too). The bytes of those pages (0 where the kernel cannot: not Linux, not a CPU tensor)."""
+    libc = _libc()
+    if buf.device.type != "cpu" or libc is None:
+        return 0
+    page = mmap.PAGESIZE
+    start = (buf.data_ptr() + page - 1) // page * page
+    end = (buf.data_ptr() + buf.numel() * buf.element_size()) // page * page
+    if end <= start:
+        return 0
+    return end - start if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0 else 0
 
 
 @functools.cache
@@ -164,6 +181,11 @@ class KVPool:
         """Back pages ``0 .. num_pages - 1`` (the allocator's first) of every
         buffer with memory now (`prefault`; contents unchanged). CPU only."""
         return all(prefault(buf, num_pages * buf[0].numel() * buf.element_size()) for buf in self.buffers())
+
+    def release_pages(self) -> int:
+        """Give every buffer's memory back to the system (CPU; the buffers then read as zeros,
+        as a new pool's); the bytes given back. The caller holds no KV in the pool."""
+        return sum(release_pages(buf) for buf in self.buffers())
 
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Copy the stored K/V (and int8 scales) of slots ``src[i]`` to ``dst[i]``

@@ -99,6 +99,16 @@ class ContinueGenerationReq:
 
 
 @dataclass
+class MemoryOccupationReq:
+    """Release (``release``) or take back the memory of ``tags`` ("kv_cache", "weights",
+    "cuda_graph"; None: all), SGLang's ``release_memory_occupation`` and
+    ``resume_memory_occupation`` (radixrt/scheduler/memory_occupation.py)."""
+
+    release: bool
+    tags: Optional[list[str]] = None
+
+
+@dataclass
 class ProfileReq:
     """Start or stop the torch profiler over the scheduler's steps (SGLang's ``/start_profile``
     fields; radixrt/scheduler/profiler.py)."""
@@ -157,6 +167,7 @@ REPLY_KINDS: dict[type, str] = {
     PauseGenerationReq: "pause",
     ContinueGenerationReq: "continue",
     ProfileReq: "profile",
+    MemoryOccupationReq: "memory",
 }
 
 

@@ -7,7 +7,8 @@ SGLang's) native and OpenAI routes to its workers.
 * ``/flush_cache``, ``/abort_request``: sent to every healthy worker
   (``/abort_request`` matches rids, which only the worker running it knows).
 * ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``,
-  ``/pause_generation``, ``/continue_generation``: sent to every healthy
+  ``/pause_generation``, ``/continue_generation``, ``/release_memory_occupation``,
+  ``/resume_memory_occupation``: sent to every healthy
   worker, so that any of them serves the adapter (the weights; pauses). When all answer alike (done,
   or refused for one reason) that answer is passed on; otherwise a 502 (some
   applied it) or 400 names each worker's failure. A worker added later loads

@@ -1,5 +1,5 @@
 """The scheduler's answers to the messages that are not requests: abort, flush, stats, the
-tree's debug view, LoRA adapters, pausing generation, weight updates and the profiler
+tree's debug view, LoRA adapters, pausing generation, weight updates, the profiler and memory release
 (radixrt/scheduler/generation_control.py states their contracts).
 
 `SchedulerControl` is a part of `Scheduler` (its base class), kept apart so the step loop's
@@ -22,6 +22,7 @@ from radixrt.requests.messages import (
     GenerateReq,
     GetWeightsReq,
     LoRAControlReq,
+    MemoryOccupationReq,
     PauseGenerationReq,
     ProfileReq,
     RadixSnapshotReq,
@@ -35,6 +36,7 @@ from radixrt.scheduler.debug_view import radix_view
 from radixrt.scheduler.generation_control import GenerationControl
 from radixrt.scheduler.host_tier import HostTierRuntime
 from radixrt.scheduler.launcher import InFlight
+from radixrt.scheduler.memory_occupation import MemoryOccupation
 from radixrt.scheduler.planner import BatchPlanner, Plan
 from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.queues import RequestQueues
@@ -55,6 +57,7 @@ class SchedulerControl:
     host: Optional[HostTierRuntime]
     storage: Optional[StorageTier]
     profiler: StepProfiler
+    memory: MemoryOccupation
     inflight: Optional[InFlight]
     _queued_outputs: list[TokenOutput]
 
@@ -102,6 +105,9 @@ class SchedulerControl:
             return ControlReply("continue")
         elif isinstance(msg, ProfileReq):
             return self.profiler.handle(msg)
+        elif isinstance(msg, MemoryOccupationReq):
+            self._settle_inflight()
+            return self.memory.handle(msg)
         else:
             raise TypeError(f"unknown scheduler message {type(msg).__name__}")
         return None

@@ -72,14 +72,20 @@ class GenerationControl:
         self._apply = apply
         self.refusal = refusal
         self.paused: Optional[str] = None  # the pause mode, or None
+        self.released: set[str] = set()  # memory given back (memory_occupation.py): no step runs
         self.weight_version = weight_version
         self.updates: deque[_Update] = deque()
         self._replies: list[ControlReply] = []
 
     @property
+    def halted(self) -> bool:
+        """No step runs: generation is paused or memory is released."""
+        return self.paused is not None or bool(self.released)
+
+    @property
     def holds_admission(self) -> bool:
-        """No waiting request may start: generation is paused or an update waits."""
-        return self.paused is not None or bool(self.updates)
+        """No waiting request may start: no step runs or an update waits."""
+        return self.halted or bool(self.updates)
 
     def pause(self, mode: str) -> None:
         if mode not in PAUSE_MODES:
@@ -91,8 +97,9 @@ class GenerationControl:
 
     def request_update(self, msg: Update) -> None:
         """Queue ``msg`` and start reading its weights (unless this server refuses updates)."""
-        if self.refusal:
-            self.updates.append(_Update(msg, None, self.refusal))
+        refusal = self.refusal or ("the weights are released: resume them first" if "weights" in self.released else "")
+        if refusal:
+            self.updates.append(_Update(msg, None, refusal))
             return
         if isinstance(msg, UpdateTensorsReq):
             before = self.updates[-1].loading if self.updates else None

@@ -66,6 +66,7 @@ from radixrt.scheduler.kv_budget import KVBudgeter
 from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.lora_admission import LoRAAdmission
+from radixrt.scheduler.memory_occupation import MemoryOccupation
 from radixrt.scheduler.planner import Batch, BatchPlanner
 from radixrt.scheduler.policy import arrival_urgency
 from radixrt.scheduler.profiler import StepProfiler
@@ -161,6 +162,7 @@ class Scheduler(SchedulerControl):
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
         self.profiler = StepProfiler(self.launcher.between_steps, cuda=config.execution.device.startswith("cuda"))
+        self.memory = MemoryOccupation(self.runner, self.kv, self.control.released, self.is_running)
         self._restore_before_ready(config)
 
     def _restore_before_ready(self, config: EngineConfig) -> None:
@@ -260,6 +262,10 @@ class Scheduler(SchedulerControl):
             reqs.append(req)
         return reqs
 
+    def is_running(self) -> bool:
+        """A request runs (or a step is in flight)."""
+        return bool(self.queues.running or self.inflight)
+
     def has_work(self) -> bool:
         queues = self.queues
         return bool(queues.waiting or queues.running or self.inflight or self.arriving.busy or self.control.updates)
@@ -276,7 +282,7 @@ class Scheduler(SchedulerControl):
         try:
             while not should_stop():
                 self.runner.check_ranks()
-                halted = self.control.paused is not None and not self.control.updates
+                halted = self.control.halted and not self.control.updates
                 for msg in recv((halted or not self.has_work()) and not self._queued_outputs):
                     reply = self.handle(msg)
                     if reply is not None:
@@ -296,7 +302,7 @@ class Scheduler(SchedulerControl):
         started = time.perf_counter()
         self._update_weights()
         out, self._queued_outputs = self._queued_outputs, []
-        if self.control.paused is not None:
+        if self.control.halted:
             return out
         out += self._abort_late()
         for req, error in self.arriving.ready():

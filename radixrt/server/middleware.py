@@ -48,6 +48,8 @@ KNOWN_ROUTES = {
     "/continue_generation",
     "/start_profile",
     "/stop_profile",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}

@@ -13,6 +13,9 @@
   for its own loaders) must be unset or null: a set one is a 400.
 * ``POST /pause_generation`` ``{"mode": "abort" | "retract" | "in_place"}``
   and ``POST /continue_generation``.
+* ``POST /release_memory_occupation`` and ``/resume_memory_occupation`` ``{"tags"?}``: give the
+  KV cache's and the weights' memory back while idle, and take it back (radixrt/scheduler/
+  memory_occupation.py); ``{"success", "message", "released", "freed_bytes"}``, 400 when refused.
 * ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update);
   ``/get_model_info`` also gives it, and the last update's path as ``model_path``.
 * ``GET`` or ``POST /get_weights_by_name`` ``{"name", "truncate_size"?}``: the first
@@ -35,7 +38,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from radixrt.requests.messages import ContinueGenerationReq, GetWeightsReq, PauseGenerationReq, UpdateWeightsReq
+from radixrt.requests.messages import (
+    ContinueGenerationReq,
+    GetWeightsReq,
+    MemoryOccupationReq,
+    PauseGenerationReq,
+    UpdateWeightsReq,
+)
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.http_utils import JSON, read_json
@@ -118,6 +127,29 @@ async def continue_generation(request: Request, ctx: ServerContext = Depends(ser
     await _body(request, ctx, "continuing generation")
     await ctx.tm.control(ContinueGenerationReq(), "continue")
     return JSON({"message": "Generation continued successfully.", "status": "ok"})
+
+
+@router.post("/release_memory_occupation")
+async def release_memory_occupation(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    return await _memory(request, ctx, release=True)
+
+
+@router.post("/resume_memory_occupation")
+async def resume_memory_occupation(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    return await _memory(request, ctx, release=False)
+
+
+async def _memory(request: Request, ctx: ServerContext, release: bool) -> Response:
+    body = await _body(request, ctx, "releasing or resuming memory")
+    unknown = sorted(set(body) - {"tags"})
+    if unknown:
+        raise bad_request(f"Unknown field(s): {', '.join(unknown)}.", unknown[0])
+    # reading the weights again takes as long as an update's read
+    reply = await ctx.tm.control(MemoryOccupationReq(release, body.get("tags")), "memory", timeout=UPDATE_TIMEOUT_S)
+    if not reply.ok:
+        raise ServerError(400, reply.payload["message"], "tags")
+    what = "released" if release else "resumed"
+    return JSON({"success": True, "message": f"Memory {what}.", **reply.payload})
 
 
 @router.get("/get_weight_version")
