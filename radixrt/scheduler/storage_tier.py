@@ -250,8 +250,9 @@ class StorageTier:
         thread; the slots are reserved for it); how many leading blocks are good.
         A long read is split into runs of blocks read by up to `READ_THREADS`
         threads at once (file reads, checksums and copies release the GIL)."""
-        per_block = self.block_tokens // self.pool.allocator.page_size
-        pages = torch.tensor(host_slots[:: self.pool.allocator.page_size])
+        P = self.pool.allocator.page_size
+        per_block = self.block_tokens // P
+        pages = torch.tensor([s // P for s in host_slots[::P]])  # page numbers, not their first slots
         parts = max(1, min(READ_THREADS, len(keys) // MIN_BLOCKS_PER_READ_THREAD))
         bounds = [len(keys) * i // parts for i in range(parts + 1)]
         first_bad = [len(keys)]  # the first missing or corrupt block ends the read: later runs stop there

@@ -294,3 +294,19 @@ def test_stored_blocks_are_announced_as_kv_events_a_router_follows(tiny_llama, t
     assert index.stats()["w"]["stores"] == {stored[0].medium: len(ids) // BLOCK}
     index.apply("w", index.next_seq("w"), KVEventBatch(ts=0.0, events=[AllBlocksCleared()]))  # a flush
     assert index.match_tokens(["w"], TokenKey(None, tuple(ids))) == {"w": len(ids) // BLOCK * BLOCK}  # the store's
+
+
+def test_pages_of_several_tokens_are_read_back_into_their_own_host_pages(tiny_llama, tmp_path: Path) -> None:
+    """With 4-token pages, blocks read from storage (on demand, and by the restore at start) land in
+    the host pages the tree gives them (they landed in the page numbered like the first slot), so
+    every answer equals the first engine's."""
+    prompts = [_prompt(40, tag=f"-{i}") for i in range(4)]
+    flags = dict(hicache_storage_dir=str(tmp_path), page_size=4)
+    with _engine(tiny_llama, **flags) as first:
+        before = [first.generate(p, GREEDY)["output_ids"] for p in prompts]
+    with _engine(tiny_llama, **flags) as on_demand:
+        after = [on_demand.generate(p, GREEDY, return_cache_info=True) for p in prompts]
+    assert [r["output_ids"] for r in after] == before
+    assert all(r["meta_info"]["cache_info"]["tiers"]["storage"] >= 64 for r in after)
+    with _engine(tiny_llama, hicache_storage_restore_tokens=100_000, hicache_storage_restore_wait=True, **flags) as e:
+        assert [e.generate(p, GREEDY)["output_ids"] for p in prompts] == before
