@@ -92,6 +92,13 @@ def build_storage_tier(
     if config.hicache_storage_backend is None:
         return None
     assert host is not None and isinstance(tree, HostRadixCache), "the storage tier needs the host tier"
+    if host.tier.write_policy == "write_through" and host.pool.total_slots <= runner.kv_pool.total_slots:
+        # every host page then mirrors a device page: no read from storage ever finds room to land
+        raise ValueError(
+            f"the storage tier reads into free host pages, and a write-through host tier of "
+            f"{host.pool.total_slots} tokens mirrors the device pool's {runner.kv_pool.total_slots}: give the "
+            f"host tier more tokens than the device pool (--hicache-ratio above 1, or --host-kv-size)."
+        )
     started = time.perf_counter()
     identity = StoreIdentity(
         model=model_fingerprint(runner.model, runner.model_config),

@@ -310,3 +310,12 @@ def test_pages_of_several_tokens_are_read_back_into_their_own_host_pages(tiny_ll
     assert all(r["meta_info"]["cache_info"]["tiers"]["storage"] >= 64 for r in after)
     with _engine(tiny_llama, hicache_storage_restore_tokens=100_000, hicache_storage_restore_wait=True, **flags) as e:
         assert [e.generate(p, GREEDY)["output_ids"] for p in prompts] == before
+
+
+def test_a_host_tier_that_only_mirrors_the_device_pool_is_refused_with_a_storage_tier(
+    tiny_llama, tmp_path: Path
+) -> None:
+    """Reads from storage land in free host pages; a write-through host tier no larger than the
+    device pool never has one, so the storage tier would write and never serve: refused at start."""
+    with pytest.raises(ValueError, match="more tokens than the device pool"):
+        _engine(tiny_llama, hicache_storage_dir=str(tmp_path), host_kv_size=4096)
