@@ -278,6 +278,10 @@ class KVStore(ABC):
         return {namespace_seed(self.identity, None): None}
 
     @abstractmethod
+    def discard(self, keys: Sequence[bytes]) -> None:
+        """Delete these blocks (those held; no error for the others)."""
+
+    @abstractmethod
     def size_bytes(self) -> int:
         """Bytes the store holds (as far as this process knows)."""
 

@@ -288,6 +288,10 @@ class FileKVStore(KVStore):
             if size is not None:
                 self._bytes -= size
 
+    def discard(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self._delete(key)
+
     def _delete(self, key: bytes) -> None:
         self._forget(key)
         self._path(key).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from radixrt.memory.kv_store import BlockMeta, KVStore, StoreIdentity, frame, unframe
 
@@ -108,6 +108,16 @@ class RedisKVStore(KVStore):
             self._failed("SET", e)
             return
         self._remember(key)
+
+    def discard(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            return
+        with self._lock:
+            self._known.difference_update(keys)
+        try:
+            self._client.delete(*(self._key(k) for k in keys))
+        except self._errors as e:
+            self._failed("DEL", e)
 
     def _remember(self, key: bytes) -> None:
         with self._lock:

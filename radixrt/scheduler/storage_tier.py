@@ -266,6 +266,10 @@ class StorageTier:
             wait(helpers)  # none may still write into the slots once this returns (or raises)
         for f in helpers:
             f.result()  # a helper's error is the read's
+        if first_bad[0] + 1 < len(keys):
+            # the chain's later blocks cannot be reached past the bad one: drop them, so that the
+            # request, which computes them now, writes the whole chain again (else one per request)
+            self.store.discard(keys[first_bad[0] + 1 :])
         return first_bad[0]
 
     def _read_run(

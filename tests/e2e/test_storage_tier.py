@@ -319,3 +319,24 @@ def test_a_host_tier_that_only_mirrors_the_device_pool_is_refused_with_a_storage
     device pool never has one, so the storage tier would write and never serve: refused at start."""
     with pytest.raises(ValueError, match="more tokens than the device pool"):
         _engine(tiny_llama, hicache_storage_dir=str(tmp_path), host_kv_size=4096)
+
+
+def test_one_request_rewrites_a_whole_stored_sequence_after_a_corrupt_block(tiny_llama, tmp_path: Path) -> None:
+    """Every stored block corrupt: the first read stops at the first one, and the blocks after it,
+    unreachable past it, are dropped too, so the request that recomputes them stores the whole
+    sequence again (they stayed, and each later request repaired one block)."""
+    prompt = _prompt(60)
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as first:
+        before = first.generate(prompt, GREEDY)
+    for block in tmp_path.rglob("*.kv"):
+        data = bytearray(block.read_bytes())
+        data[-5] ^= 0x01
+        block.write_bytes(bytes(data))
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as repairing:
+        assert repairing.generate(prompt, GREEDY)["output_ids"] == before["output_ids"]
+        assert repairing.scheduler.stats()["storage_kv"]["corrupt_blocks"] >= 1  # (parallel reads may meet two)
+    with _engine(tiny_llama, hicache_storage_dir=str(tmp_path)) as repaired:
+        after = repaired.generate(prompt, GREEDY, return_cache_info=True)
+    assert after["output_ids"] == before["output_ids"]
+    prompt_tokens = after["meta_info"]["prompt_tokens"]
+    assert after["meta_info"]["cache_info"]["tiers"]["storage"] == (prompt_tokens - 1) // BLOCK * BLOCK

@@ -133,6 +133,10 @@ def test_reads_land_straight_in_scattered_views_and_refuse_corrupt_blocks(tmp_pa
         def size_bytes(self) -> int:
             return sum(map(len, self.frames.values()))
 
+        def discard(self, keys) -> None:
+            for key in keys:
+                self.frames.pop(key, None)
+
     store, other = FileKVStore(tmp_path, IDENTITY, quota_bytes=1 << 20), InMemory()
     keys = chain(list(range(8)))
     for s in (store, other):
