@@ -2,11 +2,12 @@
 
 A step copies the hidden rows of each asking request's tokens to the host (`HiddenJob`,
 the launcher); processing the step's results files them by sequence position into
-``Req.hidden_rows`` (`file_rows`), and drops rows past what the request has kept
-(`keep_rows`: a rejected draft's, or a token not output after all). A row is filed again
-when its position is computed again (a retracted request recomputes from its last row on),
-so ``hidden_rows[p]`` is always the row of the request's token ``p``. The finished request
-hands them over packed (`pack_rows`).
+``Req.hidden_rows`` (`file_rows`; a draft tree's nodes in tree order, until its kept
+branch's rows are moved to the branch's positions, `keep_branch_rows`), and drops rows
+past what the request has kept (`keep_rows`: a rejected draft's, or a token not output
+after all). A row is filed again when its position is computed again (a retracted request
+recomputes from its last row on), so ``hidden_rows[p]`` is always the row of the request's
+token ``p``. The finished request hands them over packed (`pack_rows`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,20 @@ def file_rows(req: Req, job: HiddenJob, rows: torch.Tensor) -> None:
         kept.extend(torch.full_like(rows[0], float("nan")) for _ in range(job.start - len(kept)))
     del kept[job.start :]
     kept.extend(rows.unbind(0))
+
+
+def keep_branch_rows(req: Req, base: int, branch: list[int]) -> None:
+    """A draft tree was verified (`ResultProcessor._take_tree`): its node ``i``'s row was filed
+    at position ``base + i`` (tree order); the kept branch's nodes become positions ``base ..``,
+    so their rows move there (as the branch's KV does, `KVCacheManager.keep_branch`). The rows
+    past the branch are dropped by `keep_rows`. Nothing to move if this step's rows were not
+    filed (the request was retracted since its launch)."""
+    kept = req.hidden_rows
+    if kept is None or len(kept) <= base or list(branch) == list(range(len(branch))):
+        return
+    tail = kept[base:]
+    assert all(a < len(tail) for a in branch), "a kept draft node without a filed row"
+    kept[base:] = [tail[a] for a in branch]
 
 
 def keep_rows(req: Req) -> None:

@@ -27,7 +27,7 @@ from radixrt.requests.messages import TokenOutput
 from radixrt.sampling import stop_regex
 from radixrt.sampling.sampler import SampleResult
 from radixrt.scheduler.constrained import ConstrainedDecoding, drop_draft
-from radixrt.scheduler.hidden_capture import file_rows, keep_rows, pack_rows
+from radixrt.scheduler.hidden_capture import file_rows, keep_branch_rows, keep_rows, pack_rows
 from radixrt.scheduler.inputs import StepInputs
 from radixrt.scheduler.launcher import PromptScores, StepOutput
 from radixrt.scheduler.planner import Batch
@@ -234,6 +234,7 @@ class ResultProcessor:
             if req.finish_reason is not None:  # it finished inside the draft
                 break
         self.kv.keep_branch(req, base, branch)
+        keep_branch_rows(req, base, branch)  # the branch's hidden rows too, where the request asked
         return len(branch)
 
     def _take_token(self, req: Req, result: SampleResult, i: int) -> None:

@@ -195,6 +195,29 @@ def _check_oracle_trees(on, off) -> None:
     assert 0.25 < accepted / drafted < 0.4  # a third of each tree is its right branch
 
 
+@pytest.mark.parametrize("flags", [{}, {"disable_overlap_schedule": False, "chunked_prefill_size": 16}])
+def test_draft_trees_return_the_accepted_branchs_hidden_states(tiny_path, flags):
+    """return_hidden_states with trees whose accepted branch skips nodes: the row of
+    each accepted token is the one computed for it (its branch node's), as with
+    speculation off, not the row of the draft's next node in tree order."""
+    import torch
+
+    greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    hidden = dict(enable_return_hidden_states=True, **flags)
+    with _engine(tiny_path, True, **hidden) as on, _engine(tiny_path, False, **hidden) as off:
+        want = _run(off, PROMPTS, greedy, return_hidden_states=True)
+        spec = on.scheduler.speculator
+        spec._propose = _oracle_trees(spec, {tuple(p): w["output_ids"] for p, w in zip(PROMPTS, want)})
+        got = _run(on, PROMPTS, greedy, return_hidden_states=True)
+    assert _ids(got) == _ids(want)
+    for g, w in zip(got, want):
+        assert g["meta_info"]["spec_accept_length"] > 2.0, g["meta_info"]  # branches off the first path kept
+        rows = [torch.tensor(o["meta_info"]["hidden_states"][0] + o["meta_info"]["hidden_states"][1:]) for o in (g, w)]
+        assert rows[0].shape == rows[1].shape and torch.allclose(rows[0], rows[1], atol=1e-4), (
+            (rows[0] - rows[1]).abs().amax(dim=1).nonzero().flatten().tolist()
+        )
+
+
 def test_n_samples_penalties_and_opt_out_equal_speculation_off(tiny_engines):
     on, off = tiny_engines
     sp = {"temperature": 0.7, "seed": 3, "n": 3, "max_new_tokens": 24, "frequency_penalty": 0.3}
