@@ -82,7 +82,7 @@ class LimitSettings:
         if min(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars) < 1:
             raise ValueError("grammar_max_chars, grammar_max_repeat and grammar_max_source_chars must be >= 1")
 
-    def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int) -> Limits:
+    def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int, hidden_size: int = 0) -> Limits:
         """The front door's `Limits` for a runtime of these sizes under these settings."""
         return Limits(
             context_length,
@@ -93,5 +93,6 @@ class LimitSettings:
             max_top_logprobs_num=self.max_top_logprobs_num,
             max_client_priority=self.max_client_priority,
             return_hidden_states=self.enable_return_hidden_states,
+            hidden_size=hidden_size,
             grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars),
         )

@@ -22,9 +22,10 @@ from typing import Any
 from radixrt.requests.errors import RequestError
 
 FLAG = "--enable-return-hidden-states"
-# Most rows one call may ask for (prompt and new tokens, times n, over its prompts): about 11 KB
-# of JSON a row for a 576-wide model, so a call's answer stays within about 90 MB
-MAX_CALL_ROWS = 8192
+# Most values one call's rows may hold (prompt and new tokens, times n, over its prompts, times the
+# model's width): 8,192 rows of a 576-wide model, about 11 bytes of JSON a value, so a call's answer
+# stays within about 50 MB whatever the model (a 4,096-wide one: 1,152 rows)
+MAX_CALL_VALUES = 8192 * 576
 
 # A finished request's rows as they travel to the front: (prompt rows, hidden size, float32 bytes).
 PackedHidden = tuple[int, int, bytes]
@@ -43,12 +44,14 @@ def check_hidden_states(asked: bool, enabled: bool, beam_width: int) -> None:
         raise RequestError("'return_hidden_states' does not combine with beam search", "return_hidden_states")
 
 
-def check_call_rows(rows: int) -> None:
-    """RequestError when one call asks for more than `MAX_CALL_ROWS` hidden-state rows."""
-    if rows > MAX_CALL_ROWS:
+def check_call_rows(rows: int, hidden_size: int) -> None:
+    """RequestError when one call asks for more than `MAX_CALL_VALUES` hidden-state values
+    (``rows`` of ``hidden_size`` floats; an unknown width counts as 576)."""
+    most = MAX_CALL_VALUES // max(hidden_size or 576, 1)
+    if rows > most:
         raise RequestError(
             f"'return_hidden_states' asks for {rows} rows (prompt tokens and max_new_tokens, times n, over "
-            f"the call's prompts); at most {MAX_CALL_ROWS} per call: split the call or shorten it",
+            f"the call's prompts); at most {most} per call for this model's width: split the call or shorten it",
             "return_hidden_states",
         )
 

@@ -62,6 +62,7 @@ class Limits:
     max_top_logprobs_num: int = DEFAULT_MAX_TOP_LOGPROBS_NUM  # top logprobs per position
     max_client_priority: int = DEFAULT_MAX_CLIENT_PRIORITY  # |priority| at most this
     return_hidden_states: bool = False  # requests may ask for their hidden states (hidden_states.py)
+    hidden_size: int = 0  # the model's width: what one hidden-state row holds (0: unknown)
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
 
 
@@ -212,7 +213,9 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
     for spec in specs:
         validate_spec(spec, limits)
     hidden = [s for s in specs if s.return_hidden_states]
-    check_call_rows(sum((len(s.input_ids) + s.sampling.max_new_tokens) * s.sampling.n for s in hidden))
+    check_call_rows(
+        sum((len(s.input_ids) + s.sampling.max_new_tokens) * s.sampling.n for s in hidden), limits.hidden_size
+    )
 
 
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:

@@ -98,7 +98,9 @@ class Scheduler(SchedulerControl):
         self.host = build_host_tier(config.host_cache, self.runner, allocator.total_slots)
         prefix_cache = build_prefix_cache(config.cache, allocator, self.host)
         self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token, self.runner.kv_pool.copy_slots)
-        self.limits = config.limits.for_runtime(self.context_length, allocator.total_slots, self.vocab_size)
+        self.limits = config.limits.for_runtime(
+            self.context_length, allocator.total_slots, self.vocab_size, mc.hidden_size
+        )
         self.rng = random.Random(config.scheduling.random_seed)
         self.timeouts = RequestTimeouts.of(config.scheduling)
         self.queues = RequestQueues()

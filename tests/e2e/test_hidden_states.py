@@ -78,8 +78,9 @@ def test_hidden_states_are_refused_unless_enabled(tiny_llama):
     with radixrt.Engine(tiny_llama, max_total_tokens=4096, enable_return_hidden_states=True) as e:
         with pytest.raises(ValueError, match="beam search"):
             e.generate("hi", {"max_new_tokens": 2, "beam_width": 2}, return_hidden_states=True)
-        with pytest.raises(ValueError, match="at most 8192 per call"):  # the answer's size is bounded
-            e.generate(["hi"] * 5, {"max_new_tokens": 2000}, return_hidden_states=True)
+        most = 8192 * 576 // e.limits.hidden_size  # the answer's size is bounded, in values
+        with pytest.raises(ValueError, match=f"at most {most} per call"):
+            e.generate(["hi"] * (most // 8000 + 1), {"max_new_tokens": 8000}, return_hidden_states=True)
 
 
 def test_generate_route_returns_hidden_states(tiny_server, hf):
