@@ -212,10 +212,8 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
         )
     for spec in specs:
         validate_spec(spec, limits)
-    hidden = [s for s in specs if s.return_hidden_states]
-    check_call_rows(
-        sum((len(s.input_ids) + s.sampling.max_new_tokens) * s.sampling.n for s in hidden), limits.hidden_size
-    )
+    rows = sum((len(s.input_ids) + s.sampling.max_new_tokens) * s.sampling.n for s in specs if s.return_hidden_states)
+    check_call_rows(rows, limits.hidden_size)
 
 
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:
