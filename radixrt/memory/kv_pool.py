@@ -66,7 +66,8 @@ def release_pages(buf: torch.Tensor) -> int:
     """Give the whole pages inside CPU tensor ``buf``'s memory back to the system
     (``MADV_DONTNEED``): anonymous memory reads as zeros afterwards (a `lazy_zeros` buffer
     is as new), a file's private mapping as the file. The tensor stays valid (its address
-    too). The bytes of those pages (0 where the kernel cannot: not Linux, not a CPU tensor)."""
+    too). The bytes of those pages that were resident (``mincore``), which the process's
+    resident memory falls by (0 where the kernel cannot: not Linux, not a CPU tensor)."""
     libc = _libc()
     if buf.device.type != "cpu" or libc is None:
         return 0
@@ -75,7 +76,11 @@ def release_pages(buf: torch.Tensor) -> int:
     end = (buf.data_ptr() + buf.numel() * buf.element_size()) // page * page
     if end <= start:
         return 0
-    return end - start if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0 else 0
+    resident = (ctypes.c_ubyte * ((end - start) // page))()
+    counted = libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(end - start), resident) == 0
+    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) != 0:
+        return 0
+    return sum(bytes(resident)) * page if counted else 0  # mincore sets only the low bit of a page's byte
 
 
 @functools.cache
@@ -83,6 +88,7 @@ def _libc() -> Optional[ctypes.CDLL]:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         return libc
     except (OSError, AttributeError):
         return None
@@ -184,7 +190,7 @@ class KVPool:
 
     def release_pages(self) -> int:
         """Give every buffer's memory back to the system (CPU; the buffers then read as zeros,
-        as a new pool's); the bytes given back. The caller holds no KV in the pool."""
+        as a new pool's); the resident bytes given back. The caller holds no KV in the pool."""
         return sum(release_pages(buf) for buf in self.buffers())
 
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:

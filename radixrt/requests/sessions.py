@@ -17,12 +17,14 @@ session only spares the client resending them. SGLang's two kinds:
 
 A continuing turn drops a leading BOS from its new tokens (the context has one). Bounds: at most
 `MAX_SESSIONS` sessions open (when full, one idle for `IDLE_EVICT_S` is closed to make room), at
-most `MAX_TURNS` turns remembered per session (a streaming one keeps its last only) and
-`MAX_STORED_TOKENS` tokens over all sessions: a turn past either is served but not remembered
-(continuing it is then a 400 that says so); a session with a ``timeout`` closes after that many
-idle seconds. A turn is remembered once under its id (a turn named like one the session holds is
-not: ids cannot make a turn its own ancestor). Whoever knows a session's id may use it: ids the
-server makes are random (unguessable), one a client chooses is as secret as the client keeps it.
+most `MAX_TURNS` turns remembered per session (a streaming one keeps its last only; a tree
+session holding that many refuses a new turn: replace some) and `MAX_STORED_TOKENS` tokens over
+all sessions: a turn past the tokens is served but not remembered (continuing it is then a 400
+that says so); a session with a ``timeout`` closes after that many idle seconds, counted from
+its last turn's end (never while a turn runs). A turn is remembered once under its id (a turn
+named like one the session holds is not: ids cannot make a turn its own ancestor). Whoever knows
+a session's id may use it: ids the server makes are random (unguessable), one a client chooses
+is as secret as the client keeps it.
 Every method is thread-safe. A front (the server's ``/generate``, `Engine.generate`) runs a turn
 with `start_turn` before it submits the request and `end_turn` as the group's ``on_done``.
 """
@@ -65,9 +67,11 @@ class Session:
     turns: dict[str, Turn] = field(default_factory=dict)  # by request id; streaming: the last one only
     last: Optional[str] = None  # streaming: the turn the next continues
     running: bool = False  # streaming: a turn is in flight
+    in_flight: int = 0  # turns begun and not finished (either kind): the session is not idle
 
     def expired(self, now: float) -> bool:
-        return self.timeout is not None and now - self.last_active > self.timeout
+        """Idle (no turn in flight) for longer than its timeout, counted from its last turn's end."""
+        return self.timeout is not None and not self.in_flight and now - self.last_active > self.timeout
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ class SessionStore:
             if not prompt:
                 raise _error("a session turn must hold some tokens.")
             session.running = session.streaming
+            session.in_flight += 1
             return SessionTurn(sid, prompt, parent)
 
     def _tree_parent(self, session: Session, rid: Optional[str], replace: bool) -> Optional[str]:
@@ -191,6 +196,8 @@ class SessionStore:
             if session is None:
                 return
             session.running = False
+            session.in_flight = max(0, session.in_flight - 1)
+            session.last_active = time.monotonic()  # idle from now
             if not ok:
                 return  # a streaming session continues from its last good turn
             if session.streaming:  # a line of turns: only the newest is continued
@@ -213,7 +220,7 @@ class SessionStore:
     def _evict_idle(self) -> bool:
         """Close the least recently used session idle for `IDLE_EVICT_S`, if any (the store is full)."""
         now = time.monotonic()
-        idle = [(s.last_active, sid) for sid, s in self._sessions.items() if not s.running]
+        idle = [(s.last_active, sid) for sid, s in self._sessions.items() if not s.in_flight]
         if not idle or now - min(idle)[0] < IDLE_EVICT_S:
             return False
         self._close(min(idle)[1])

@@ -11,7 +11,7 @@ between rollouts. `MemoryOccupation` answers both on the scheduler's thread. Tag
   SGLang without a CPU backup: weights set by ``update_weights_from_tensor`` since must be sent
   again after resuming (RL loops do: resume the weights, update them, resume the KV cache). Weight
   updates are refused while the weights are released.
-* ``cuda_graph``: taken; nothing to give back on a CPU.
+* ``cuda_graph``: taken; a CPU has none, so it is never held (nor listed as released).
 
 Releasing needs no request running (SGLang's contract; pause generation or wait first); requests
 waiting or arriving meanwhile wait, and run once everything is resumed. On CUDA devices and under
@@ -91,7 +91,7 @@ class MemoryOccupation:
             freed += self.runner.kv_pool.release_pages()
         if "weights" in tags and "weights" not in self.released:
             freed += sum(release_pages(t) for t in model_tensors(self.runner.model))
-        self.released.update(tags)
+        self.released.update(t for t in tags if t != "cuda_graph")
         logger.info("released %s: %.1f MB given back", ", ".join(tags), freed / 1e6)
         return freed
 

@@ -64,7 +64,8 @@ class StepProfiler:
             return
         run.steps_left -= 1
         run.steps += 1
-        self.where(lambda: self._next_range(run, f"radixrt step {run.steps}"))
+        name = f"radixrt step {run.steps}"  # now: under overlap the range opens after later launches
+        self.where(lambda: self._next_range(run, name))
 
     def close(self) -> None:
         """End a running profile, writing its trace (a failed write is logged: the loop goes on)."""

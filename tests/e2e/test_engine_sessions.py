@@ -4,6 +4,9 @@ turn that is refused or aborted leaving its session able to go on."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
+
 import pytest
 
 import radixrt
@@ -59,3 +62,23 @@ def test_a_refused_or_aborted_turn_is_forgotten_and_the_session_goes_on(engine):
     nxt = engine.generate(input_ids=[70], sampling_params=greedy(2), session_params={"id": sid})
     assert nxt["meta_info"]["prompt_tokens"] == 3 + len(first["output_ids"]) + 1  # after the first turn
     engine.close_session(sid)
+
+
+def test_a_timeout_counts_idle_time_from_the_end_of_the_last_turn(engine):
+    """A session's timeout never closes it under a running turn, and counts from the turn's end."""
+    sid = engine.open_session(timeout=0.3)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        turn = pool.submit(
+            engine.generate, input_ids=list(range(10, 40)), sampling_params=greedy(1500), session_params={"id": sid}
+        )
+        time.sleep(0.6)
+        engine.open_session()  # any call reaps the sessions past their timeout
+        first = turn.result(timeout=120)
+    nxt = engine.generate(
+        input_ids=[50], sampling_params=greedy(2), session_params={"id": sid, "rid": first["meta_info"]["id"]}
+    )
+    assert nxt["meta_info"]["prompt_tokens"] == 30 + len(first["output_ids"]) + 1
+    time.sleep(0.6)
+    engine.open_session()
+    with pytest.raises(ValueError, match="no open session"):
+        engine.generate(input_ids=[5], sampling_params=greedy(2), session_params={"id": sid})

@@ -27,8 +27,9 @@ def test_a_written_pool_gives_its_pages_back_and_reads_as_new():
     for buf in pool.buffers():
         buf.fill_(1.0)
     before = resident_bytes()
-    assert pool.release_pages() >= pool.total_bytes - 8 * 4096
-    assert before - resident_bytes() > 0.9 * pool.total_bytes
+    freed = pool.release_pages()
+    assert freed >= pool.total_bytes - 8 * 4096 and abs((before - resident_bytes()) - freed) < 0.05 * freed
+    assert pool.release_pages() == 0  # nothing resident is left to give back
     assert all(float(buf.abs().sum()) == 0.0 for buf in pool.buffers())
     pool.k_buffers[0][3].fill_(2.0)  # written again: backed again
     assert float(pool.k_buffers[0].sum()) == 2.0 * pool.k_buffers[0][3].numel()
@@ -48,7 +49,7 @@ def greedy(n: int) -> dict:
 def test_release_holds_generation_and_resume_answers_as_before(engine):
     expected = engine.generate(input_ids=[1, 50, 51, 52], sampling_params=greedy(12))["output_ids"]
     out = engine.release_memory_occupation()
-    assert out["released"] == ["cuda_graph", "kv_cache", "weights"] and out["freed_bytes"] > 0
+    assert out["released"] == ["kv_cache", "weights"] and out["freed_bytes"] > 0  # a CPU holds no graphs
     assert engine.get_server_info()["stats"]["kv"]["tree_slots"] == 0  # the prefix cache is gone
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
@@ -60,7 +61,7 @@ def test_release_holds_generation_and_resume_answers_as_before(engine):
         engine.resume_memory_occupation(["weights"])
         time.sleep(0.3)
         assert not waiting.done()  # the KV cache is still released
-        assert engine.resume_memory_occupation()["released"] == []
+        assert engine.resume_memory_occupation(["kv_cache"])["released"] == []  # as RL loops resume
         assert waiting.result(timeout=60)["output_ids"] == expected
     finally:
         engine.resume_memory_occupation()  # a failed check must not leave the request waiting forever

@@ -46,6 +46,18 @@ def test_the_engine_profiles_until_stopped_or_num_steps(tiny_llama, tmp_path):
         e.shutdown()
 
 
+def test_under_the_overlap_scheduler_each_step_has_its_own_numbered_range(tiny_llama, tmp_path):
+    e = radixrt.Engine(tiny_llama, max_total_tokens=4096, disable_overlap_schedule=False)
+    try:
+        path = e.start_profile(output_dir=str(tmp_path))
+        e.generate("hello", {"max_new_tokens": 12, "ignore_eos": True})
+        e.stop_profile()
+        ranges = _step_ranges(path)
+        assert ranges == [f"radixrt step {i}" for i in range(1, len(ranges) + 1)] and len(ranges) >= 12
+    finally:
+        e.shutdown()
+
+
 def test_the_server_routes_need_the_admin_key_and_write_the_trace(tiny_server, tmp_path):
     admin = {"x-api-key": TINY_SERVER_ADMIN_KEY}
     with httpx.Client(base_url=tiny_server.url, headers={"x-api-key": TINY_SERVER_KEY}, timeout=60) as http:
