@@ -9,18 +9,9 @@ import time
 
 import pytest
 
-import radixrt
+from tests.support.engines import greedy, tiny_engine_fixture
 
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    e = radixrt.Engine(tiny_llama, max_total_tokens=8192)
-    yield e
-    e.shutdown()
-
-
-def greedy(tokens: int) -> dict:
-    return {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
+engine = tiny_engine_fixture()
 
 
 def test_turns_run_on_the_whole_conversation_and_reuse_its_cache(engine):

@@ -6,44 +6,32 @@ are clear and change nothing."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 
 import httpx
 import pytest
 import torch
 
-import radixrt
 from radixrt.memory.kv_pool import KVPool
-from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_KEY
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+from tests.support.engines import greedy, tiny_engine_fixture
+from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_KEY, rss_bytes
 
 
 def test_a_written_pool_gives_its_pages_back_and_reads_as_new():
     pool = KVPool(num_layers=4, num_pages=4096, page_size=16, num_kv_heads=2, head_dim=64)  # 64 MiB
     for buf in pool.buffers():
         buf.fill_(1.0)
-    before = resident_bytes()
+    before = rss_bytes(os.getpid())
     freed = pool.release_pages()
-    assert freed >= pool.total_bytes - 8 * 4096 and abs((before - resident_bytes()) - freed) < 0.05 * freed
+    assert freed >= pool.total_bytes - 8 * 4096 and abs((before - rss_bytes(os.getpid())) - freed) < 0.05 * freed
     assert pool.release_pages() == 0  # nothing resident is left to give back
     assert all(float(buf.abs().sum()) == 0.0 for buf in pool.buffers())
     pool.k_buffers[0][3].fill_(2.0)  # written again: backed again
     assert float(pool.k_buffers[0].sum()) == 2.0 * pool.k_buffers[0][3].numel()
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    e = radixrt.Engine(tiny_llama, max_total_tokens=8192)
-    yield e
-    e.shutdown()
-
-
-def greedy(n: int) -> dict:
-    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+engine = tiny_engine_fixture()
 
 
 def test_release_holds_generation_and_resume_answers_as_before(engine):
