@@ -17,8 +17,10 @@ from radixrt.requests.messages import (
     PauseGenerationReq,
     ProfileReq,
     StatsReq,
+    UpdateDistributedReq,
     UpdateTensorsReq,
     UpdateWeightsReq,
+    WeightsGroupReq,
 )
 from radixrt.requests.profile_fields import profile_request
 from radixrt.requests.sessions import SessionStore
@@ -92,6 +94,51 @@ class EngineControl:
                 raise TypeError(f"{pair[0]!r}: expected a torch.Tensor, got {type(pair[1]).__name__}")
         reply = self._control_call(UpdateTensorsReq([tuple(p) for p in pairs], abort_all_requests, weight_version))
         return bool(reply.payload["success"]), str(reply.payload["message"])
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+    ) -> tuple[bool, str]:
+        """Join a trainer's weight-update group as rank ``rank_offset`` of ``world_size`` (SGLang's
+        method; radixrt/executor/weight_groups.py): returns once every rank joined, (success,
+        message). ``backend``: "gloo" on a CPU, "nccl" on CUDA."""
+        msg = WeightsGroupReq(
+            group_name, True, master_address, int(master_port), int(rank_offset), int(world_size), backend
+        )
+        p = self._control_call(msg).payload
+        return bool(p["success"]), str(p["message"])
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        load_format: Optional[str] = None,
+        weight_version: Optional[str] = None,
+    ) -> tuple[bool, str]:
+        """Serve the tensors rank 0 of ``group_name`` broadcasts now (one per name, in order, of
+        those dtypes and shapes) in place of those weights, as `update_weights_from_tensor` does
+        (SGLang's method); (success, message). ``flush_cache`` is taken: the cache is dropped anyway."""
+        if load_format not in (None, "direct"):
+            return False, f"load_format {load_format!r} is not supported (None or 'direct')"
+        if not len(names) == len(dtypes) == len(shapes):
+            return False, "names, dtypes and shapes must have one entry per tensor"
+        msg = UpdateDistributedReq(
+            list(names), list(dtypes), [list(s) for s in shapes], group_name, False, weight_version
+        )
+        p = self._control_call(msg).payload
+        return bool(p["success"]), str(p["message"])
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
+        p = self._control_call(WeightsGroupReq(group_name, False)).payload
+        return bool(p["success"]), str(p["message"])
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first ``truncate_size`` rows of the served weight ``name`` (Hugging Face's name,

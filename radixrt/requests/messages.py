@@ -68,11 +68,40 @@ class UpdateWeightsReq:
 class UpdateTensorsReq:
     """Serve the weights being served with ``named_tensors`` ((checkpoint name, tensor) pairs,
     some or all of the model's) in their place (SGLang's ``update_weights_from_tensor``; the
-    same contract as `UpdateWeightsReq`). In-process only: the tensors are not serialized."""
+    same contract as `UpdateWeightsReq`). In-process only: the tensors are not serialized.
+    ``named_tensors`` may be a function giving them (called on the update's thread)."""
 
-    named_tensors: list
+    named_tensors: Any
     abort_all_requests: bool = False
     weight_version: Optional[str] = None  # the label from then on (None: unchanged)
+
+
+@dataclass
+class WeightsGroupReq:
+    """Join (``join``) or leave the weight-update group ``group_name`` (SGLang's
+    ``init_weights_update_group`` / ``destroy_weights_update_group``; executor/weight_groups.py)."""
+
+    group_name: str
+    join: bool = True
+    master_address: str = ""
+    master_port: int = 0
+    rank_offset: int = 0
+    world_size: int = 0
+    backend: str = "gloo"
+
+
+@dataclass
+class UpdateDistributedReq:
+    """Serve the tensors rank 0 of ``group_name`` broadcasts now (``names``, ``dtypes``, ``shapes``,
+    in order) in place of those weights (SGLang's ``update_weights_from_distributed``; updated as
+    `UpdateTensorsReq`)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    abort_all_requests: bool = False
+    weight_version: Optional[str] = None
 
 
 @dataclass
@@ -168,6 +197,8 @@ REPLY_KINDS: dict[type, str] = {
     ContinueGenerationReq: "continue",
     ProfileReq: "profile",
     MemoryOccupationReq: "memory",
+    WeightsGroupReq: "weights_group",
+    UpdateDistributedReq: "update_weights",
 }
 
 

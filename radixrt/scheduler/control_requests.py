@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.executor.models.compiled import warm_up as warm_up_compiled
+from radixrt.executor.weight_groups import WeightGroups
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.messages import (
@@ -28,8 +29,10 @@ from radixrt.requests.messages import (
     RadixSnapshotReq,
     StatsReq,
     TokenOutput,
+    UpdateDistributedReq,
     UpdateTensorsReq,
     UpdateWeightsReq,
+    WeightsGroupReq,
 )
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.debug_view import radix_view
@@ -57,6 +60,7 @@ class SchedulerControl:
     host: Optional[HostTierRuntime]
     storage: Optional[StorageTier]
     profiler: StepProfiler
+    weight_groups: WeightGroups
     memory: MemoryOccupation
     inflight: Optional[InFlight]
     _queued_outputs: list[TokenOutput]
@@ -92,10 +96,12 @@ class SchedulerControl:
             return ControlReply("radix", payload=radix_view(self.kv, self.queues, msg, stored))
         elif isinstance(msg, LoRAControlReq):
             return self.arriving.lora_control(msg)
-        elif isinstance(msg, (UpdateWeightsReq, UpdateTensorsReq)):
+        elif isinstance(msg, (UpdateWeightsReq, UpdateTensorsReq, UpdateDistributedReq)):
             if msg.abort_all_requests:
                 self.abort("")
-            self.control.request_update(msg)
+            self.control.request_update(self._received(msg) if isinstance(msg, UpdateDistributedReq) else msg)
+        elif isinstance(msg, WeightsGroupReq):
+            return self.weight_groups.handle(msg)
         elif isinstance(msg, GetWeightsReq):
             return self._weights(msg)
         elif isinstance(msg, PauseGenerationReq):
@@ -113,7 +119,16 @@ class SchedulerControl:
         return None
 
     def control_replies(self) -> list[ControlReply]:
-        return self.arriving.replies() + self.control.replies()
+        return self.arriving.replies() + self.control.replies() + self.weight_groups.replies()
+
+    def _received(self, msg: UpdateDistributedReq) -> UpdateTensorsReq:
+        """The update of tensors a trainer broadcasts (received on the update's thread, now)."""
+        groups = self.weight_groups
+
+        def receive() -> list:
+            return groups.receive(msg.group_name, msg.names, msg.dtypes, msg.shapes)
+
+        return UpdateTensorsReq(receive, False, msg.weight_version)
 
     def abort(self, *rids: str, reason: Optional[FinishReason] = None) -> None:
         """Abort requests with all their samples, or single samples (or all, for rid ""), at any

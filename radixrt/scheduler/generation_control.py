@@ -103,7 +103,13 @@ class GenerationControl:
             return
         if isinstance(msg, UpdateTensorsReq):
             before = self.updates[-1].loading if self.updates else None
-            self.updates.append(_Update(msg, self._run(lambda: self._apply(msg.named_tensors, _loaded(before)))))
+            source = msg.named_tensors
+
+            def apply() -> Any:
+                pairs = source() if callable(source) else source  # received on this thread, in order
+                return self._apply(pairs, _loaded(before))
+
+            self.updates.append(_Update(msg, self._run(apply)))
         else:
             self.updates.append(_Update(msg, self._run(lambda: self._load(msg.model_path))))
 

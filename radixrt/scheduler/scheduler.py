@@ -45,6 +45,7 @@ from radixrt.config import EngineConfig
 from radixrt.executor.lora.pool import build_lora
 from radixrt.executor.model_runner import ModelRunner
 from radixrt.executor.models.compiled import warm_up as warm_up_compiled
+from radixrt.executor.weight_groups import WeightGroups
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
@@ -177,6 +178,7 @@ class Scheduler(SchedulerControl):
         self.storage: Optional[StorageTier] = build_storage_tier(config.storage, self.runner, self.host, prefix_cache)
         refusal = STORAGE_KEYS_WEIGHTS if self.storage is not None else ""
         self.control = GenerationControl(self.runner.load_weights, self.runner.weights_with, refusal)
+        self.weight_groups = WeightGroups(str(self.runner.device))  # trainers' broadcasts of new weights
         self.runner.lora = build_lora(config.lora, self.runner)
         lora = LoRAAdmission(self.runner.lora.pool) if self.runner.lora is not None else None
         return Arrivals(self.queues, lora, self.storage)
@@ -202,6 +204,7 @@ class Scheduler(SchedulerControl):
     def close(self) -> None:
         """Stop background work (the forward thread, grammar compilation, tensor-parallel ranks)."""
         self.profiler.close()  # before the forward thread it runs on ends
+        self.weight_groups.close()
         self.launcher.close()
         self.runner.close()
         self.constrained.shutdown()

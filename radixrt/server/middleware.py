@@ -50,6 +50,9 @@ KNOWN_ROUTES = {
     "/stop_profile",
     "/release_memory_occupation",
     "/resume_memory_occupation",
+    "/init_weights_update_group",
+    "/update_weights_from_distributed",
+    "/destroy_weights_update_group",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}

@@ -16,6 +16,11 @@
 * ``POST /release_memory_occupation`` and ``/resume_memory_occupation`` ``{"tags"?}``: give the
   KV cache's and the weights' memory back while idle, and take it back (radixrt/scheduler/
   memory_occupation.py); ``{"success", "message", "released", "freed_bytes"}``, 400 when refused.
+* ``POST /init_weights_update_group`` ``{"master_address", "master_port", "rank_offset",
+  "world_size", "group_name"?, "backend"?}``, ``/update_weights_from_distributed`` ``{"names",
+  "dtypes", "shapes", "group_name"?, "weight_version"?}`` and ``/destroy_weights_update_group``
+  ``{"group_name"?}``: a trainer's broadcast of new weights (radixrt/executor/weight_groups.py);
+  ``{"success", "message"}``, 400 when refused.
 * ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update);
   ``/get_model_info`` also gives it, and the last update's path as ``model_path``.
 * ``GET`` or ``POST /get_weights_by_name`` ``{"name", "truncate_size"?}``: the first
@@ -43,7 +48,9 @@ from radixrt.requests.messages import (
     GetWeightsReq,
     MemoryOccupationReq,
     PauseGenerationReq,
+    UpdateDistributedReq,
     UpdateWeightsReq,
+    WeightsGroupReq,
 )
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
@@ -150,6 +157,69 @@ async def _memory(request: Request, ctx: ServerContext, release: bool) -> Respon
         raise ServerError(400, reply.payload["message"], "tags")
     what = "released" if release else "resumed"
     return JSON({"success": True, "message": f"Memory {what}.", **reply.payload})
+
+
+def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    value = body.get(name, default)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise bad_request(f"'{name}' must be {'an integer' if kind is int else 'a ' + kind.__name__}.", name)
+    return value
+
+
+def _group_request(body: dict[str, Any], join: bool) -> WeightsGroupReq:
+    name = _field(body, "group_name", str, "weight_update_group")
+    if not join:
+        return WeightsGroupReq(name, False)
+    port, rank, world = (_field(body, f, int) for f in ("master_port", "rank_offset", "world_size"))
+    if not 0 <= rank < world or not 0 < port < 65536:
+        raise bad_request("'rank_offset' must be in [0, world_size) and 'master_port' a port.", "rank_offset")
+    address, backend = _field(body, "master_address", str), _field(body, "backend", str, "gloo")
+    return WeightsGroupReq(name, True, address, port, rank, world, backend)
+
+
+def _distributed_request(body: dict[str, Any]) -> UpdateDistributedReq:
+    names, dtypes, shapes = (_field(body, f, list) for f in ("names", "dtypes", "shapes"))
+    if not len(names) == len(dtypes) == len(shapes) or not all(isinstance(n, str) for n in names + dtypes):
+        raise bad_request("'names', 'dtypes' and 'shapes' must hold one entry per tensor (strings, strings, lists).")
+    if not all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes):
+        raise bad_request("each of 'shapes' must be a list of non-negative integers.", "shapes")
+    if body.get("load_format") not in (None, "direct"):
+        raise bad_request("'load_format' must be null or 'direct'.", "load_format")
+    version = body.get("weight_version")
+    if version is not None and (not isinstance(version, str) or len(version) > MAX_VERSION_CHARS):
+        raise bad_request(
+            f"'weight_version' must be a string of at most {MAX_VERSION_CHARS} characters.", "weight_version"
+        )
+    group = _field(body, "group_name", str, "weight_update_group")
+    return UpdateDistributedReq(names, dtypes, shapes, group, bool(body.get("abort_all_requests")), version)
+
+
+@router.post("/init_weights_update_group")
+async def init_weights_update_group(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    msg = _group_request(await _body(request, ctx, "joining a weight-update group"), join=True)
+    return _answer(await ctx.tm.control(msg, "weights_group", timeout=UPDATE_TIMEOUT_S))
+
+
+@router.post("/destroy_weights_update_group")
+async def destroy_weights_update_group(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    msg = _group_request(await _body(request, ctx, "leaving a weight-update group"), join=False)
+    return _answer(await ctx.tm.control(msg, "weights_group"))
+
+
+@router.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    msg = _distributed_request(await _body(request, ctx, "updating the weights"))
+    reply = await ctx.tm.control(msg, "update_weights", timeout=UPDATE_TIMEOUT_S)
+    if reply.ok and msg.weight_version is not None:
+        ctx.weight_version = msg.weight_version
+    return _answer(reply)
+
+
+def _answer(reply: Any) -> Response:
+    return JSON(
+        {"success": bool(reply.payload["success"]), "message": reply.payload["message"]},
+        status_code=200 if reply.ok else 400,
+    )
 
 
 @router.get("/get_weight_version")
