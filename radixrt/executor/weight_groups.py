@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import threading
 from typing import Any, Optional, Sequence
 
@@ -100,9 +101,17 @@ class WeightGroups:
         with self._lock:
             self._groups[name] = group
 
-    def receive(self, name: str, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> list:
-        """The (name, tensor) pairs rank 0 of group ``name`` broadcasts now, one tensor each, in order."""
+    def receive(
+        self, name: str, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], max_values: int
+    ) -> list:
+        """The (name, tensor) pairs rank 0 of group ``name`` broadcasts now, one tensor each, in order;
+        ValueError before anything is received when they would hold more than ``max_values`` values
+        (the model's: an update replaces weights, it adds none)."""
         import torch.distributed as dist
+
+        asked = sum(math.prod(int(n) for n in shape) for shape in shapes)
+        if asked > max_values:
+            raise ValueError(f"the update's tensors hold {asked} values, more than the model's {max_values}")
 
         with self._lock:
             group = self._groups.get(name)

@@ -123,10 +123,10 @@ class SchedulerControl:
 
     def _received(self, msg: UpdateDistributedReq) -> UpdateTensorsReq:
         """The update of tensors a trainer broadcasts (received on the update's thread, now)."""
-        groups = self.weight_groups
+        groups, limit = self.weight_groups, sum(p.numel() for p in self.runner.model.parameters())
 
         def receive() -> list:
-            return groups.receive(msg.group_name, msg.names, msg.dtypes, msg.shapes)
+            return groups.receive(msg.group_name, msg.names, msg.dtypes, msg.shapes, limit)
 
         return UpdateTensorsReq(receive, False, msg.weight_version)
 

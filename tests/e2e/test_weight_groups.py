@@ -41,6 +41,8 @@ def test_the_engine_serves_what_a_trainer_broadcasts(engine):
     assert engine.destroy_weights_update_group("wg")[0] is False
     ok, message = engine.update_weights_from_distributed([NORM], ["float32"], [[width]], "wg")
     assert not ok and "no weight-update group" in message
+    ok, message = engine.update_weights_from_distributed([NORM], ["float32"], [[10**12]], "wg")
+    assert not ok and "more than the model's" in message  # refused before anything is allocated
     assert engine.init_weights_update_group("127.0.0.1", free_port(), 1, 2, "other", backend="nccl")[0] is False
 
 
