@@ -11,12 +11,17 @@ import argparse
 import logging
 import os
 import sys
+import time
+from typing import TYPE_CHECKING
 
 import torch
 import zmq
 
 from radixrt.executor.parallel.group import TPGroup, keep_gloo_on_loopback
 from radixrt.executor.runner_settings import RunnerSettings
+
+if TYPE_CHECKING:
+    from radixrt.executor.model_runner import ModelRunner
 
 _POLL_MS = 500
 
@@ -50,18 +55,39 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 continue
             command = sock.recv_pyobj()
-            if command[0] == "forward":
-                runner.forward_batch(*command[1:])
-            elif command[0] == "logits":
-                runner.logits(command[1])
-            elif command[0] == "reload":  # the leader read and checked this checkpoint: its tensors follow
-                runner.install_weights(runner.receive_weights(command[1]))
-            elif command[0] == "stop":
+            if command[0] == "stop":
                 break
-            else:
-                raise ValueError(f"unknown tensor-parallel command {command[0]!r}")
+            try:
+                _run(runner, command)
+            except RuntimeError:
+                if not _leader_gone(leader):
+                    raise
+                # the leader was stopped inside a step (a shutdown's grace ran out): not a fault here
+                logging.getLogger(__name__).info("the leader stopped during a step; this rank stops too")
+                return 1
     group.close()
     return 0
+
+
+def _run(runner: "ModelRunner", command: tuple) -> None:
+    if command[0] == "forward":
+        runner.forward_batch(*command[1:])
+    elif command[0] == "logits":
+        runner.logits(command[1])
+    elif command[0] == "reload":  # the leader read and checked this checkpoint: its tensors follow
+        runner.install_weights(runner.receive_weights(command[1]))
+    else:
+        raise ValueError(f"unknown tensor-parallel command {command[0]!r}")
+
+
+def _leader_gone(leader: int, wait_s: float = 3.0) -> bool:
+    """Whether the leader's process ends within ``wait_s`` (a collective fails as it goes)."""
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == leader:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 if __name__ == "__main__":
