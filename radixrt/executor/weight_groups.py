@@ -76,6 +76,7 @@ class WeightGroups:
         """Join group ``name`` as ``rank`` of ``world_size`` (blocks until every rank joined)."""
         from torch.distributed.distributed_c10d import (
             Backend,
+            GroupName,
             PrefixStore,
             _new_process_group_helper,
             _world,
@@ -95,7 +96,13 @@ class WeightGroups:
         store, rank, world_size = next(rendezvous(f"tcp://{address}:{port}", rank, world_size, timeout=timeout))
         store.set_timeout(timeout)
         group, _ = _new_process_group_helper(
-            world_size, rank, [], Backend(backend), PrefixStore(name, store), group_name=name, timeout=timeout
+            world_size,
+            rank,
+            [],
+            Backend(backend),
+            PrefixStore(name, store),
+            group_name=GroupName(name),
+            timeout=timeout,
         )
         _world.pg_group_ranks[group] = {r: r for r in range(world_size)}  # its ranks are its own
         with self._lock:
