@@ -7,7 +7,8 @@ in that order. `WeightGroups` holds this server's side: its groups by name, join
 ``rank_offset`` of ``world_size`` (a process group of its own, made the way the trainers' helpers
 make theirs: a ``tcp://`` rendezvous, a store prefixed with the group's name), and the receiving
 of one update's tensors. Gloo runs on a CPU, NCCL on CUDA. Joining and receiving block until the
-trainer takes part (or `TIMEOUT_S`): the scheduler runs them on threads of their own.
+trainer takes part (or `TIMEOUT_S`): joins and leaves run on this object's thread, an update's
+receiving on the update's own (`GenerationControl`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import queue
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -42,30 +44,34 @@ class WeightGroups:
         self.device = device
         self._groups: dict[str, Any] = {}  # name -> the backend process group
         self._lock = threading.Lock()
-        self._replies: list[ControlReply] = []  # joins answered on their threads
+        self._replies: list[ControlReply] = []  # answered on the worker, in the calls' order
+        # a daemon: a join left waiting for its trainer must not hold the process's exit
+        self._calls: queue.Queue = queue.Queue()
+        threading.Thread(target=self._serve, name="radixrt-weights-group", daemon=True).start()
 
-    def handle(self, msg: WeightsGroupReq) -> Optional[ControlReply]:
-        """Leave at once (the reply), or join on a thread of its own (answered by `replies`)."""
-        if not msg.join:
-            try:
-                self.destroy(msg.group_name)
-            except ValueError as e:
-                return _reply(False, str(e))
-            return _reply(True, f"Destroyed the weight-update group {msg.group_name!r}.")
+    def handle(self, msg: WeightsGroupReq) -> None:
+        """Join or leave on this object's thread, one call after another, so that the replies
+        (`replies`) come in the order of the calls, as the fronts match them."""
+        self._calls.put(msg)
 
-        def join() -> None:
-            try:
-                rank = msg.rank_offset  # a tensor-parallel server refuses updates from tensors
+    def _serve(self) -> None:
+        while (msg := self._calls.get()) is not None:
+            self._answer(msg)
+
+    def _answer(self, msg: WeightsGroupReq) -> None:
+        try:
+            if msg.join:
+                rank = msg.rank_offset  # (a tensor-parallel server refuses updates from tensors)
                 self.join(msg.master_address, msg.master_port, rank, msg.world_size, msg.group_name, msg.backend)
                 reply = _reply(True, f"Joined the weight-update group {msg.group_name!r} as rank {rank}.")
-            except Exception as e:  # noqa: BLE001 - a failed rendezvous is the caller's answer
-                logger.warning("weight-update group %r: %s", msg.group_name, e)
-                reply = _reply(False, f"could not join {msg.group_name!r}: {e}")
-            with self._lock:
-                self._replies.append(reply)
-
-        threading.Thread(target=join, name="radixrt-weights-group", daemon=True).start()
-        return None
+            else:
+                self.destroy(msg.group_name)
+                reply = _reply(True, f"Destroyed the weight-update group {msg.group_name!r}.")
+        except Exception as e:  # noqa: BLE001 - a failed rendezvous is the caller's answer
+            logger.warning("weight-update group %r: %s", msg.group_name, e)
+            reply = _reply(False, str(e) if not msg.join else f"could not join {msg.group_name!r}: {e}")
+        with self._lock:
+            self._replies.append(reply)
 
     def replies(self) -> list[ControlReply]:
         with self._lock:
@@ -146,6 +152,7 @@ class WeightGroups:
             logger.debug("weight-update group %r: destroy_process_group failed", name, exc_info=True)
 
     def close(self) -> None:
+        self._calls.put(None)
         for name in list(self._groups):
             self.destroy(name)
 

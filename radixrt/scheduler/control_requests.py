@@ -101,7 +101,7 @@ class SchedulerControl:
                 self.abort("")
             self.control.request_update(self._received(msg) if isinstance(msg, UpdateDistributedReq) else msg)
         elif isinstance(msg, WeightsGroupReq):
-            return self.weight_groups.handle(msg)
+            self.weight_groups.handle(msg)
         elif isinstance(msg, GetWeightsReq):
             return self._weights(msg)
         elif isinstance(msg, PauseGenerationReq):
