@@ -19,7 +19,8 @@ A continuing turn drops a leading BOS from its new tokens (the context has one).
 `MAX_SESSIONS` sessions open (when full, one idle for `IDLE_EVICT_S` is closed to make room), at
 most `MAX_TURNS` turns remembered per session (a streaming one keeps its last only; a tree
 session holding that many refuses a new turn: replace some) and `MAX_STORED_TOKENS` tokens over
-all sessions: a turn past the tokens is served but not remembered (continuing it is then a 400
+all sessions (a tree turn keeps only what it added to the turn it continues: its new tokens and
+its output; a streaming session its last turn whole): a turn past the tokens is served but not remembered (continuing it is then a 400
 that says so); a session with a ``timeout`` closes after that many idle seconds, counted from
 its last turn's end (never while a turn runs). A turn is remembered once under its id (a turn
 named like one the session holds is not: ids cannot make a turn its own ancestor). Whoever knows
@@ -36,7 +37,7 @@ import time
 import uuid
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from radixrt.requests.errors import RequestError
 from radixrt.requests.finish import LENGTH, STOP
@@ -52,11 +53,15 @@ MAX_SESSION_ID_CHARS = 128
 
 @dataclass
 class Turn:
-    """A finished turn: its whole prompt, its output, its parent's request id."""
+    """A finished turn, kept as what it added: its prompt is the first ``shared`` tokens of its
+    parent's context (the parent's prompt, and its output unless ``drop``) followed by ``new``
+    (`SessionStore._prompt` puts it back together); then its output."""
 
-    prompt: array
+    shared: int
+    new: array
     output: array
     parent: Optional[str]
+    drop: bool = False
 
 
 @dataclass
@@ -76,11 +81,14 @@ class Session:
 
 @dataclass(frozen=True)
 class SessionTurn:
-    """A turn being served: its session, the prompt to run, the turn it continues."""
+    """A turn being served: its session, the prompt to run, the turn it continues (the first
+    ``shared`` tokens of the prompt are that turn's context, its output left out with ``drop``)."""
 
     session_id: str
     prompt: list[int]
     parent: Optional[str]
+    shared: int = 0
+    drop: bool = False
 
 
 def _error(message: str, field_name: str = "session_params") -> RequestError:
@@ -143,8 +151,9 @@ class SessionStore:
                 parent = self._tree_parent(session, rid, bool(replace))
             context: list[int] = []
             if parent is not None:
-                turn = session.turns[parent]
-                context = list(turn.prompt) if drop else list(turn.prompt) + list(turn.output)
+                context = self._prompt(session, parent)
+                if not drop:
+                    context += session.turns[parent].output
                 if offset is not None:
                     if not 0 <= offset <= len(context):
                         raise _error(f"'session_params.offset' {offset} is outside the context of {len(context)}.")
@@ -156,7 +165,24 @@ class SessionStore:
                 raise _error("a session turn must hold some tokens.")
             session.running = session.streaming
             session.in_flight += 1
-            return SessionTurn(sid, prompt, parent)
+            return SessionTurn(sid, prompt, parent, len(context), bool(drop))
+
+    @staticmethod
+    def _prompt(session: Session, rid: str) -> list[int]:
+        """Turn ``rid``'s whole prompt, from the root of its line of turns down (every turn's
+        parent is remembered while the turn is)."""
+        line = []
+        turn: Optional[Turn] = session.turns[rid]
+        while turn is not None:
+            line.append(turn)
+            turn = session.turns[turn.parent] if turn.parent is not None else None
+        prompt: list[int] = []
+        parent_output: Sequence[int] = ()
+        for turn in reversed(line):
+            context = prompt if turn.drop else prompt + list(parent_output)
+            prompt = context[: turn.shared] + list(turn.new)
+            parent_output = turn.output
+        return prompt
 
     def _tree_parent(self, session: Session, rid: Optional[str], replace: bool) -> Optional[str]:
         if rid is not None and rid not in session.turns:
@@ -187,7 +213,7 @@ class SessionStore:
 
     def _drop(self, session: Session, rid: str) -> None:
         turn = session.turns.pop(rid)
-        self._stored -= len(turn.prompt) + len(turn.output)
+        self._stored -= len(turn.new) + len(turn.output)
 
     def finish(self, turn: SessionTurn, rid: str, output_ids: list[int], ok: bool) -> None:
         """Remember a served turn (``ok``: it finished, not failed or aborted)."""
@@ -200,14 +226,17 @@ class SessionStore:
             session.last_active = time.monotonic()  # idle from now
             if not ok:
                 return  # a streaming session continues from its last good turn
-            if session.streaming:  # a line of turns: only the newest is continued
+            shared, parent, drop = turn.shared, turn.parent, turn.drop
+            if session.streaming:  # a line of turns: only the newest is continued, kept whole
                 for old in list(session.turns):
                     self._drop(session, old)
                 session.last = None
-            size = len(turn.prompt) + len(output_ids)
+                shared, parent, drop = 0, None, False
+            new = turn.prompt[shared:]
+            size = len(new) + len(output_ids)
             if rid in session.turns or len(session.turns) >= MAX_TURNS or self._stored + size > MAX_STORED_TOKENS:
                 return  # served, not remembered (a duplicate id would tie turns into loops)
-            session.turns[rid] = Turn(array("i", turn.prompt), array("i", output_ids), turn.parent)
+            session.turns[rid] = Turn(shared, array("i", new), array("i", output_ids), parent, drop)
             self._stored += size
             if session.streaming:
                 session.last = rid
@@ -228,7 +257,7 @@ class SessionStore:
 
     def _close(self, sid: str) -> None:
         session = self._sessions.pop(sid)
-        self._stored -= sum(len(t.prompt) + len(t.output) for t in session.turns.values())
+        self._stored -= sum(len(t.new) + len(t.output) for t in session.turns.values())
 
 
 def start_turn(store: SessionStore, params: Any, specs: list[RequestSpec], bos: Optional[int]) -> Optional[SessionTurn]:

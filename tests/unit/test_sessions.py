@@ -134,3 +134,31 @@ def test_a_streaming_turn_past_the_budget_starts_the_line_again(monkeypatch):
     store.finish(store.begin({"id": sid}, [5, 6], BOS), "a", [7], ok=True)
     store.finish(store.begin({"id": sid}, [8], BOS), "b", [9], ok=True)  # 5 tokens: past the budget
     assert store.begin({"id": sid}, [10], BOS).prompt == [10]
+
+
+def test_a_line_of_turns_keeps_what_each_added_and_puts_every_prompt_back_together():
+    """Twenty turns, each continuing the last (one with its output dropped, one cut by offset):
+    every prompt is the whole conversation, and the store holds each turn's new tokens and
+    output once (it held every prompt whole: the conversation's length times its turns)."""
+    store = SessionStore()
+    sid = store.open()
+    whole: list[int] = []
+    rid = None
+    added = 0
+    for i in range(20):
+        new = [100 + 3 * i, 101 + 3 * i]
+        params: dict = {"id": sid, "rid": rid}
+        if i == 7:
+            params["drop_previous_output"] = True
+            whole = whole[: len(whole) - 1]  # the last turn's output (one token) left out
+        if i == 12:
+            params["offset"] = 5
+            whole = whole[:5]
+        turn = store.begin(params, new, BOS)
+        assert turn.prompt == whole + new
+        store.finish(turn, f"t{i}", [200 + i], ok=True)
+        whole = turn.prompt + [200 + i]
+        rid = f"t{i}"
+        added += len(new) + 1
+    assert store._stored == added  # not quadratic in the turns
+    assert store.begin({"id": sid, "rid": "t19"}, [7], BOS).prompt == whole + [7]
