@@ -21,11 +21,11 @@ most `MAX_TURNS` turns remembered per session (a streaming one keeps its last on
 session holding that many refuses a new turn: replace some) and `MAX_STORED_TOKENS` tokens over
 all sessions (a tree turn keeps only what it added to the turn it continues: its new tokens and
 its output; a streaming session its last turn whole): a turn past the tokens is served but not
-remembered (continuing it is then a 400 that says so); a session with a ``timeout`` closes after that many idle seconds, counted from
-its last turn's end (never while a turn runs). A turn is remembered once under its id (a turn
-named like one the session holds is not: ids cannot make a turn its own ancestor). Whoever knows
-a session's id may use it: ids the server makes are random (unguessable), one a client chooses
-is as secret as the client keeps it.
+remembered (continuing it is then a 400 that says so); a session with a ``timeout`` closes after
+that many idle seconds, counted from its last turn's end (never while a turn runs). A turn is
+remembered once under its id (a turn named like one the session holds is not: ids cannot make a
+turn its own ancestor). Whoever knows a session's id may use it: ids the server makes are random
+(unguessable), one a client chooses is as secret as the client keeps it.
 Every method is thread-safe. A front (the server's ``/generate``, `Engine.generate`) runs a turn
 with `start_turn` before it submits the request and `end_turn` as the group's ``on_done``.
 """
