@@ -71,7 +71,6 @@ class Session:
     last_active: float = field(default_factory=time.monotonic)
     turns: dict[str, Turn] = field(default_factory=dict)  # by request id; streaming: the last one only
     last: Optional[str] = None  # streaming: the turn the next continues
-    running: bool = False  # streaming: a turn is in flight
     in_flight: int = 0  # turns begun and not finished (either kind): the session is not idle
 
     def expired(self, now: float) -> bool:
@@ -144,7 +143,7 @@ class SessionStore:
             if session.streaming:
                 if replace or drop or offset:
                     raise _error("a streaming session takes neither 'replace', 'offset' nor 'drop_previous_output'.")
-                if session.running:
+                if session.in_flight:
                     raise _error("this streaming session already has a turn running.")
                 parent = session.last
             else:
@@ -163,7 +162,6 @@ class SessionStore:
             prompt = context + list(new_ids)
             if not prompt:
                 raise _error("a session turn must hold some tokens.")
-            session.running = session.streaming
             session.in_flight += 1
             return SessionTurn(sid, prompt, parent, len(context), bool(drop))
 
@@ -221,7 +219,6 @@ class SessionStore:
             session = self._sessions.get(turn.session_id)
             if session is None:
                 return
-            session.running = False
             session.in_flight = max(0, session.in_flight - 1)
             session.last_active = time.monotonic()  # idle from now
             if not ok:

@@ -204,10 +204,15 @@ class SchedulerControl:
         if ready is None:
             return
         msg, loaded = ready
+        self.install_weights(loaded)
+        control.installed(msg, waiting=len(self.queues.waiting))
+
+    def install_weights(self, loaded: Any) -> None:
+        """Serve ``loaded`` (the runner's `LoadedWeights`) now, nothing running: the KV of the old
+        weights is dropped from every tier (the host tier's queued copies run first)."""
         if self.host is not None:  # copies queued for the host tier run before its content is dropped
             transfers = self.kv.take_transfers()
             self.host.pool.run(transfers.before + transfers.after)
         self.runner.install_weights(loaded)
         self.kv.tree.reset()  # every tier: no KV of the old weights is served again
         warm_up_compiled(self.runner, self.kv.allocator)
-        control.installed(msg, waiting=len(self.queues.waiting))

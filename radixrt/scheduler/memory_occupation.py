@@ -25,7 +25,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from radixrt.executor.models.compiled import warm_up as warm_up_compiled
 from radixrt.memory.kv_pool import release_pages
 from radixrt.requests.messages import ControlReply, MemoryOccupationReq
 
@@ -55,13 +54,22 @@ def model_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
 
 
 class MemoryOccupation:
-    def __init__(self, runner: Any, kv: Any, released: set[str], running: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        runner: Any,
+        kv: Any,
+        released: set[str],
+        running: Callable[[], bool],
+        install: Callable[[Any], None],
+    ) -> None:
         """``released``: the tags given back, shared with `GenerationControl` (which holds the steps
-        while any is); ``running()``: whether a request runs (or a step is in flight)."""
+        while any is); ``running()``: whether a request runs (or a step is in flight); ``install(loaded)``:
+        the scheduler's way to serve weights read again (`SchedulerControl.install_weights`)."""
         self.runner = runner
         self.kv = kv
         self.released = released
         self.running = running
+        self.install = install
 
     def handle(self, msg: MemoryOccupationReq) -> ControlReply:
         try:
@@ -97,9 +105,6 @@ class MemoryOccupation:
 
     def _resume(self, tags: list[str]) -> int:
         if "weights" in tags and "weights" in self.released:
-            loaded = self.runner.load_weights(self.runner.model_path)
-            self.runner.install_weights(loaded)
-            self.kv.tree.reset()  # nothing computed with the released weights is served
-            warm_up_compiled(self.runner, self.kv.allocator)
+            self.install(self.runner.load_weights(self.runner.model_path))
         self.released.difference_update(tags)
         return 0

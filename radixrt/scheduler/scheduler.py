@@ -164,9 +164,15 @@ class Scheduler(SchedulerControl):
         )
         self.inflight: Optional[InFlight] = None
         self.step_log = StepLog(config.debug.log_interval)
-        self.profiler = StepProfiler(self.launcher.between_steps, cuda=config.execution.device.startswith("cuda"))
-        self.memory = MemoryOccupation(self.runner, self.kv, self.control.released, self.is_running)
+        self._operator_tools(config)
         self._restore_before_ready(config)
+
+    def _operator_tools(self, config: EngineConfig) -> None:
+        """The profiler and the memory release (SGLang's operator and RL calls)."""
+        self.profiler = StepProfiler(self.launcher.between_steps, cuda=config.execution.device.startswith("cuda"))
+        self.memory = MemoryOccupation(
+            self.runner, self.kv, self.control.released, self.is_running, self.install_weights
+        )
 
     def _restore_before_ready(self, config: EngineConfig) -> None:
         if self.storage is not None and config.storage.hicache_storage_restore_wait:
