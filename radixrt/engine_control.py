@@ -21,6 +21,7 @@ from radixrt.requests.messages import (
     UpdateTensorsReq,
     UpdateWeightsReq,
     WeightsGroupReq,
+    WeightVersionReq,
 )
 from radixrt.requests.profile_fields import profile_request
 from radixrt.requests.sessions import SessionStore
@@ -162,6 +163,14 @@ class EngineControl:
 
     def continue_generation(self) -> None:
         self._control_call(ContinueGenerationReq())
+
+    def update_weight_version(self, new_version: str, abort_all_requests: bool = True) -> None:
+        """Label the weights being served ``new_version`` (outputs' ``meta_info.weight_version``
+        from the next step on) without changing them; ``abort_all_requests`` (SGLang's default)
+        ends every request first."""
+        if not isinstance(new_version, str):
+            raise TypeError(f"new_version must be a string, got {type(new_version).__name__}")
+        self._control_call(WeightVersionReq(new_version, bool(abort_all_requests)))
 
     def get_weight_version(self) -> str:
         """The label of the weights being served: "default" at start, then the

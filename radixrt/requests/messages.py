@@ -128,6 +128,16 @@ class ContinueGenerationReq:
 
 
 @dataclass
+class WeightVersionReq:
+    """Label the weights being served ``new_version`` from now on (SGLang's
+    ``update_weight_version``; the weights stay as they are), after ending every request when
+    ``abort_all_requests`` (SGLang's default)."""
+
+    new_version: str
+    abort_all_requests: bool = True
+
+
+@dataclass
 class MemoryOccupationReq:
     """Release (``release``) or take back the memory of ``tags`` ("kv_cache", "weights",
     "cuda_graph"; None: all), SGLang's ``release_memory_occupation`` and
@@ -195,6 +205,7 @@ REPLY_KINDS: dict[type, str] = {
     GetWeightsReq: "weights",
     PauseGenerationReq: "pause",
     ContinueGenerationReq: "continue",
+    WeightVersionReq: "weight_version",
     ProfileReq: "profile",
     MemoryOccupationReq: "memory",
     WeightsGroupReq: "weights_group",
@@ -238,6 +249,10 @@ class TokenOutput:
     input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
     # a request with return_hidden_states: all its rows, with its last output (hidden_states.PackedHidden)
     hidden_states: Optional[tuple[int, int, bytes]] = None
+    # the label of the weights that computed this output (stamped per batch: scheduler.event_loop)
+    weight_version: Optional[str] = None
+    # how often the request was retracted (sent back to the queue without its KV) so far, once above 0
+    num_retractions: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

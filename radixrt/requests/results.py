@@ -75,6 +75,8 @@ class ResultAccumulator:
         self.e2e_latency: Optional[float] = None  # seconds from intake to the finish (SGLang's meta_info field)
         self.prompt_token_ids: Optional[list[int]] = None  # SGLang's return_prompt_token_ids: in every result
         self.hidden_states: Optional[list[Any]] = None  # SGLang's return_hidden_states: with the last result
+        self.weight_version: Optional[str] = None  # the weights that computed the latest output
+        self.num_retractions = 0
 
     @property
     def finished(self) -> bool:
@@ -95,6 +97,10 @@ class ResultAccumulator:
             self.beam = out.beam
         if out.hidden_states is not None:
             self.hidden_states = unpack_rows(out.hidden_states)
+        if out.weight_version is not None:
+            self.weight_version = out.weight_version
+        if out.num_retractions is not None:
+            self.num_retractions = out.num_retractions
         self.finish_reason = out.finish_reason
         if out.finish_reason is not None and self.e2e_latency is None:
             self.e2e_latency = time.monotonic() - self._started
@@ -178,7 +184,10 @@ class ResultAccumulator:
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "finish_reason": None if self.finish_reason is None else self.finish_reason.to_dict(),
+            "num_retractions": self.num_retractions,
         }
+        if self.weight_version is not None:  # SGLang's: the weights' label (update_weights_from_*)
+            meta["weight_version"] = self.weight_version
         if self.e2e_latency is not None:
             meta["e2e_latency"] = self.e2e_latency
         if self.spec_verify_ct is not None:  # SGLang's name; and the tokens each verification gave

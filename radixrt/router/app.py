@@ -6,7 +6,7 @@ SGLang's) native and OpenAI routes to its workers.
   passed through as the worker sends them.
 * ``/flush_cache``, ``/abort_request``: sent to every healthy worker
   (``/abort_request`` matches rids, which only the worker running it knows).
-* ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``,
+* ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``, ``/update_weight_version``,
   ``/pause_generation``, ``/continue_generation``, ``/release_memory_occupation``,
   ``/resume_memory_occupation``: sent to every healthy
   worker, so that any of them serves the adapter (the weights; pauses). When all answer alike (done,

@@ -1,7 +1,7 @@
 """The router's routes that go to every healthy worker: ``/flush_cache``,
 ``/abort_request``, ``/load_lora_adapter``, ``/unload_lora_adapter``,
-``/update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``,
-``/release_memory_occupation`` and ``/resume_memory_occupation``
+``/update_weights_from_disk``, ``/update_weight_version``, ``/pause_generation``,
+``/continue_generation``, ``/release_memory_occupation`` and ``/resume_memory_occupation``
 (the router app's docstring says what each answers)."""
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
 
     for path in ("/load_lora_adapter", "/unload_lora_adapter", "/pause_generation", "/continue_generation"):
         forward(path)
+    forward("/update_weight_version")
     forward("/update_weights_from_disk", UPDATE_TIMEOUT_S)
     for path in ("/release_memory_occupation", "/resume_memory_occupation"):
         forward(path, UPDATE_TIMEOUT_S)

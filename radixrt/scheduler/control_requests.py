@@ -33,6 +33,7 @@ from radixrt.requests.messages import (
     UpdateTensorsReq,
     UpdateWeightsReq,
     WeightsGroupReq,
+    WeightVersionReq,
 )
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.debug_view import radix_view
@@ -109,6 +110,11 @@ class SchedulerControl:
         elif isinstance(msg, ContinueGenerationReq):
             self.control.resume()
             return ControlReply("continue")
+        elif isinstance(msg, WeightVersionReq):
+            if msg.abort_all_requests:
+                self.abort("")
+            self.control.weight_version = msg.new_version
+            return ControlReply("weight_version", payload={"weight_version": msg.new_version})
         elif isinstance(msg, ProfileReq):
             return self.profiler.handle(msg)
         elif isinstance(msg, MemoryOccupationReq):

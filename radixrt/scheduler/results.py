@@ -344,6 +344,8 @@ def token_output(req: Req) -> TokenOutput:
     )
     if req.spec is not None:
         out.spec_verify_ct = req.spec.verify_ct
+    if req.retractions:
+        out.num_retractions = req.retractions
     if req.kv_budget is not None and req.finish_reason is not None:
         out.kv_budget = req.kv_budget.describe()
     if req.hidden_rows is not None and req.finish_reason is not None:

@@ -300,6 +300,9 @@ class Scheduler(SchedulerControl):
                         send(reply)
                 outputs = self.step()
                 if outputs:
+                    version = self.control.weight_version  # no step runs across an update (generation_control.py)
+                    for out in outputs:
+                        out.weight_version = version
                     send(TokenBatch(outputs))
                 for reply in self.control_replies():
                     send(reply)

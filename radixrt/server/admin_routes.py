@@ -28,9 +28,11 @@ FLUSH_RETRY_S = 0.05  # how often it tries again meanwhile
 
 
 @router.get("/health")
+@router.get("/ping")
 async def health(ctx: ServerContext = Depends(server_context)) -> Response:
     """200 (empty) while every server process is up, the scheduler's heartbeat
-    is on time and the server is not shutting down; else 503 with the reason."""
+    is on time and the server is not shutting down; else 503 with the reason.
+    ``/ping`` is SageMaker's name for it (a paused server is healthy)."""
     reason = ctx.tm.dead_reason or ctx.health_problem()
     if reason is None and not ctx.healthy():
         reason = "a server process is down"

@@ -53,6 +53,12 @@ KNOWN_ROUTES = {
     "/init_weights_update_group",
     "/update_weights_from_distributed",
     "/destroy_weights_update_group",
+    "/update_weight_version",
+    "/get_weight_version",
+    "/parse_function_call",
+    "/separate_reasoning",
+    "/ping",
+    "/invocations",
 }
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}

@@ -365,6 +365,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
 
 
 @router.post("/v1/chat/completions")
+@router.post("/invocations")  # SageMaker's route for it
 async def chat_completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, ChatCompletionRequest, ("messages", ctx.tm.context_length))
     ctx.check_cache_info(request, req.return_cache_info)

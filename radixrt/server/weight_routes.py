@@ -21,6 +21,10 @@
   "dtypes", "shapes", "group_name"?, "weight_version"?}`` and ``/destroy_weights_update_group``
   ``{"group_name"?}``: a trainer's broadcast of new weights (radixrt/executor/weight_groups.py);
   ``{"success", "message"}``, 400 when refused.
+* ``POST /update_weight_version`` ``{"new_version", "abort_all_requests"?}``: label the
+  weights ``new_version`` without changing them (every request ended first unless
+  ``abort_all_requests`` is false); ``{"success", "message", "new_version"}``. Each result's
+  ``meta_info.weight_version`` is the label of the weights that computed it.
 * ``GET /get_weight_version``: ``{"weight_version"}`` ("default" until an update);
   ``/get_model_info`` also gives it, and the last update's path as ``model_path``.
 * ``GET`` or ``POST /get_weights_by_name`` ``{"name", "truncate_size"?}``: the first
@@ -51,6 +55,7 @@ from radixrt.requests.messages import (
     UpdateDistributedReq,
     UpdateWeightsReq,
     WeightsGroupReq,
+    WeightVersionReq,
 )
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
@@ -76,9 +81,17 @@ async def _body(request: Request, ctx: ServerContext, what: str) -> dict[str, An
     return body
 
 
+def _version(body: dict[str, Any], name: str, required: bool = False) -> Any:
+    """The weights' label a body gives in ``name`` (None: unset or null, unless ``required``)."""
+    version = body.get(name)
+    if (version is not None or required) and (not isinstance(version, str) or len(version) > MAX_VERSION_CHARS):
+        raise bad_request(f"'{name}' must be a string of at most {MAX_VERSION_CHARS} characters.", name)
+    return version
+
+
 def _update_request(body: dict[str, Any]) -> UpdateWeightsReq:
     """The update a body asks for; ServerError 400 for what it cannot be (a null is the default)."""
-    path, version = body.get("model_path"), body.get("weight_version")
+    path, version = body.get("model_path"), _version(body, "weight_version")
     abort_all = body.get("abort_all_requests")
     if not isinstance(path, str) or not path:
         raise bad_request("'model_path' must be a non-empty string.", "model_path")
@@ -88,10 +101,6 @@ def _update_request(body: dict[str, Any]) -> UpdateWeightsReq:
         raise bad_request("'flush_cache' must be true: KV computed with other weights is never served.", "flush_cache")
     if abort_all is not None and not isinstance(abort_all, bool):
         raise bad_request("'abort_all_requests' must be a boolean.", "abort_all_requests")
-    if version is not None and (not isinstance(version, str) or len(version) > MAX_VERSION_CHARS):
-        raise bad_request(
-            f"'weight_version' must be a string of at most {MAX_VERSION_CHARS} characters.", "weight_version"
-        )
     if body.get("manifest") is not None:
         raise bad_request(
             "'manifest' (tensor metadata for SGLang's own loaders) is not supported: radixrt reads the "
@@ -185,11 +194,7 @@ def _distributed_request(body: dict[str, Any]) -> UpdateDistributedReq:
         raise bad_request("each of 'shapes' must be a list of non-negative integers.", "shapes")
     if body.get("load_format") not in (None, "direct"):
         raise bad_request("'load_format' must be null or 'direct'.", "load_format")
-    version = body.get("weight_version")
-    if version is not None and (not isinstance(version, str) or len(version) > MAX_VERSION_CHARS):
-        raise bad_request(
-            f"'weight_version' must be a string of at most {MAX_VERSION_CHARS} characters.", "weight_version"
-        )
+    version = _version(body, "weight_version")
     group = _field(body, "group_name", str, "weight_update_group")
     return UpdateDistributedReq(names, dtypes, shapes, group, bool(body.get("abort_all_requests")), version)
 
@@ -220,6 +225,20 @@ def _answer(reply: Any) -> Response:
         {"success": bool(reply.payload["success"]), "message": reply.payload["message"]},
         status_code=200 if reply.ok else 400,
     )
+
+
+@router.post("/update_weight_version")
+async def update_weight_version(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    body = await _body(request, ctx, "labelling the weights")
+    version, abort_all = _version(body, "new_version", required=True), body.get("abort_all_requests")
+    if abort_all is not None and not isinstance(abort_all, bool):
+        raise bad_request("'abort_all_requests' must be a boolean.", "abort_all_requests")
+    unknown = sorted(set(body) - {"new_version", "abort_all_requests", "rid"})
+    if unknown:
+        raise bad_request(f"Unknown field(s): {', '.join(unknown)}.", unknown[0])
+    await ctx.tm.control(WeightVersionReq(version, abort_all is not False), "weight_version")
+    ctx.weight_version = version
+    return JSON({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
 
 
 @router.get("/get_weight_version")

@@ -372,6 +372,12 @@ def test_streams_openai_and_broadcast_routes(workers, routers):
     assert HTTP.post(router.url + "/abort_request", headers=ADMIN, json={"rid": 5}).status_code == 400
     assert HTTP.post(router.url + "/flush_cache", headers=ADMIN, timeout=30).status_code == 200
     assert all(_hits(w) is not None for w in workers)
+    for label in ("step-3", "default"):  # every worker's label, then the one they started with again
+        r = HTTP.post(router.url + "/update_weight_version", headers=ADMIN, json={"new_version": label}, timeout=30)
+        assert r.status_code == 200 and r.json()["new_version"] == label, r.text
+        assert [HTTP.get(w.url + "/get_weight_version", headers=AUTH).json()["weight_version"] for w in workers] == [
+            label
+        ] * len(workers)
 
 
 def test_only_the_admin_key_changes_the_workers(dp_server, workers, routers):

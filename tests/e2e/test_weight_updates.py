@@ -82,18 +82,23 @@ def _wait_for(engine, pred, timeout: float = 30.0) -> dict:
 
 
 def test_the_new_weights_answer_as_an_engine_started_on_them(engine, models, answers):
-    assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
+    first = engine.generate(PROMPT, GREEDY)
+    assert first["output_ids"] == answers["a"]["short"] and first["meta_info"]["weight_version"] == "default"
     assert engine.get_weight_version() == "default"
     ok, message, paused = engine.update_weights_from_disk(models["b"], weight_version="step-1")
     assert (ok, paused) == (True, 0) and models["b"] in message
     out = engine.generate(PROMPT, GREEDY)
-    assert out["output_ids"] == answers["b"]["short"]
+    assert out["output_ids"] == answers["b"]["short"] and out["meta_info"]["weight_version"] == "step-1"
     assert out["meta_info"]["cached_tokens"] == 0  # the prompt's cached KV had the old weights
     assert engine.generate(PROMPT, GREEDY)["meta_info"]["cached_tokens"] > 0  # cached again, with the new
     assert engine.get_weight_version() == "step-1" and engine.get_server_info()["weight_version"] == "step-1"
     assert engine.update_weights_from_disk(models["a"])[0]
     assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
     assert engine.get_weight_version() == models["a"]  # no label given: the path
+    engine.update_weight_version("relabelled", abort_all_requests=False)  # the weights stay
+    out = engine.generate(PROMPT, GREEDY)
+    assert out["output_ids"] == answers["a"]["short"] and out["meta_info"]["weight_version"] == "relabelled"
+    assert engine.get_weight_version() == "relabelled"
 
 
 # SGLang's own read-back test's names (lm_head: the embedding where they are tied)
@@ -177,7 +182,8 @@ def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path)
         ok, message, _ = engine.update_weights_from_disk(path)
         assert not ok and why in message, message
     assert engine.update_weights_from_disk(models["b"], load_format="pt")[0] is False
-    assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
+    first = engine.generate(PROMPT, GREEDY)
+    assert first["output_ids"] == answers["a"]["short"] and first["meta_info"]["weight_version"] == "default"
     assert engine.get_weight_version() == "default"
 
 
@@ -197,6 +203,9 @@ def test_running_requests_finish_with_the_old_weights_and_waiting_ones_start_wit
     assert long_box["result"]["output_ids"] == long_answer
     assert update_box["result"][0] is True and update_box["result"][2] == 1  # the short one waited
     assert short_box["result"]["output_ids"] == answers["b"]["short"]
+    # SGLang's meta_info.weight_version: the weights that computed each answer
+    assert long_box["result"]["meta_info"]["weight_version"] == "default"
+    assert short_box["result"]["meta_info"]["weight_version"] == models["b"]
 
 
 @pytest.mark.slow
@@ -216,6 +225,8 @@ def test_requests_retracted_while_an_update_waits_finish_with_the_old_weights(mo
         run.join(timeout=120)
         got = [o["output_ids"] for o in box["result"]]
         assert engine.get_stats()["retractions"] > retracted  # retracted again this time too
+        assert any(o["meta_info"]["num_retractions"] > 0 for o in box["result"])
+        assert sum(o["meta_info"]["num_retractions"] for o in box["result"]) <= engine.get_stats()["retractions"]
         new = [o["output_ids"] for o in engine.generate(prompts, params)]
         assert all(g in (w, n) for g, w, n in zip(got, want, new)), "an answer mixes the two checkpoints"
         assert got[0] == want[0] and sum(g == w for g, w in zip(got, want)) >= 2

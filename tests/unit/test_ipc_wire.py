@@ -28,6 +28,8 @@ def _full_output(rid: str) -> TokenOutput:
         [[(-0.5, 7)], [(-3.0, 7)]],
         [None, [(-1.5, 7)]],
         (1, 2, b"\x00" * 16),  # hidden states: one prompt row, one more, of 2 floats
+        "step-3",
+        2,
     )
 
 
