@@ -10,6 +10,9 @@ each message in order:
   blocks its ``tool_calls`` (``input`` as the JSON ``arguments``);
 * ``thinking`` blocks are left out (chat templates drop earlier reasoning).
 
+A final assistant message of text is Anthropic's prefill: the answer continues it (chat's
+``continue_final_message``), and, as Anthropic's API, it may not end with whitespace.
+
 ``tools`` become function tools (``input_schema`` as ``parameters``);
 ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` becomes chat's ``auto`` /
 ``required`` / the named function / ``none``, ``disable_parallel_tool_use`` its
@@ -46,6 +49,7 @@ from radixrt.server.protocol import ChatCompletionRequest
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _MESSAGE_REF = re.compile(r"messages(?:\[(\d+)\]|\.(\d+))")
 _TOOL_FIELD = re.compile(r"(?<=\])\.function\.(parameters|name|description)")  # tools[i].function.x
+_STOP_FIELD = re.compile(r"(?<=')stop(?=')|^stop(?=$|[.\[])")  # chat's 'stop' (a message's, or the param)
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Translation:
             return self.origins[k] if k < len(self.origins) else m.group(0)
 
         text = _MESSAGE_REF.sub(origin, text).replace("response_format", "output_config.format")
+        text = _STOP_FIELD.sub("stop_sequences", text)
         return _TOOL_FIELD.sub(lambda m: ".input_schema" if m.group(1) == "parameters" else "." + m.group(1), text)
 
     def renamed(self, e: ServerError) -> ServerError:
@@ -107,6 +112,9 @@ def _user(t: Translation, m: Message, where: str) -> None:
     if isinstance(m.content, str):
         t.add(where, {"role": "user", "content": m.content})
         return
+    if not m.content:
+        param = f"{where}.content".replace("[", ".").replace("]", "")
+        raise bad_request(f"{where}: user messages must have non-empty content.", param)
     texts: list[str] = []
     for j, b in enumerate(m.content):
         at = f"{where}.content[{j}]"
@@ -192,6 +200,14 @@ def to_chat_request(req: CountTokensRequest) -> tuple[ChatCompletionRequest, Tra
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel,
     }
+    last = t.messages[-1]
+    if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):
+        # Anthropic's prefill: the answer continues the final assistant message's text
+        if last["content"] != last["content"].rstrip():
+            where = t.origins[-1]
+            param = where.replace("[", ".").replace("]", "")
+            raise bad_request(f"{where}: final assistant content cannot end with trailing whitespace.", param)
+        fields.update(continue_final_message=True, add_generation_prompt=False)
     if req.thinking is not None:
         thinking = req.thinking.type != "disabled"
         fields.update(separate_reasoning=thinking or None, chat_template_kwargs={"enable_thinking": thinking})

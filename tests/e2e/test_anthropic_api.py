@@ -114,6 +114,29 @@ def test_stop_sequences_and_structured_output(client):
     jsonschema.validate(json.loads(shaped.content[0].text), schema)
 
 
+def test_a_final_assistant_message_is_continued(client, http):
+    """Anthropic's prefill: the answer goes on from the assistant's text, as the chat route's
+    ``continue_final_message`` does, and is only the continuation."""
+    prefill = [*QUESTION, {"role": "assistant", "content": "The weather in Paris is"}]
+    msg = _create(client, messages=prefill)
+    chat = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "default",
+            "messages": prefill,
+            "max_tokens": 12,
+            "temperature": 0,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    ).json()
+    assert msg.content[0].text == chat["choices"][0]["message"]["content"]
+    assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == chat["usage"]["prompt_tokens"]
+    assert (
+        client.messages.count_tokens(model="default", messages=prefill).input_tokens == chat["usage"]["prompt_tokens"]
+    )
+
+
 @pytest.mark.parametrize(
     "body,where",
     [
@@ -123,6 +146,9 @@ def test_stop_sequences_and_structured_output(client):
         ({"tool_choice": {"type": "tool"}, "tools": TOOLS}, "tool_choice.name"),
         ({"max_tokens": 0}, None),
         ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+        ({"stop_sequences": [""]}, "stop_sequences"),  # the Anthropic field, not the chat one
+        ({"messages": [*QUESTION, {"role": "assistant", "content": "It is "}]}, "messages.1"),  # trailing space
     ],
 )
 def test_bad_requests_are_400s_in_anthropics_shape(http, body, where):
