@@ -76,6 +76,37 @@ def test_a_batch_mixing_adapters_gives_each_what_it_gets_alone(engine) -> None:
     assert len({tuple(a) for a in alone[:4]}) == 4, "every adapter changes the output"
 
 
+def test_a_mixed_batch_of_adapters_of_parts_of_a_fused_projection(engine, tiny_llama, tmp_path: Path) -> None:
+    """Adapters that adapt only the leading part of a fused projection (``q_proj`` of
+    q/k/v, ``gate_proj`` of gate/up), mixed in a prefill over 64 rows (the stacked form):
+    each request gets what it gets alone, and PEFT's output. The stacked deltas were as
+    wide as the adapted parts only, and the step raised in the scheduler, which ended."""
+    made = {
+        "q1": ["q_proj"],
+        "q2": ["q_proj"],
+        "gate_down": ["gate_proj", "down_proj"],
+        "q_v": ["q_proj", "v_proj"],
+    }
+    folders = {
+        n: make_adapter(tiny_llama, tmp_path / n, 8, seed=20 + i, targets=t) for i, (n, t) in enumerate(made.items())
+    }
+    for name, folder in folders.items():
+        engine.load_lora_adapter(name, folder)
+    try:
+        for names in (["q1", "q2"], ["gate_down", "q_v"]):
+            prompts = [PROMPT[i : i + 40] for i in range(len(names))]  # 80 prefill rows
+            engine.flush_cache()
+            mixed = engine.generate(input_ids=prompts, sampling_params=GREEDY, lora_path=names)
+            for prompt, name, out in zip(prompts, names, mixed):
+                engine.flush_cache()
+                alone = engine.generate(input_ids=prompt, sampling_params=GREEDY, lora_path=name)["output_ids"]
+                want, _ = _reference(peft_reference(tiny_llama, folders[name]), prompt, 8)
+                assert out["output_ids"] == alone == want, name
+    finally:
+        for name in folders:
+            engine.unload_lora_adapter(name)
+
+
 def test_the_cache_is_keyed_by_the_adapter_weights(engine, adapters, tmp_path: Path) -> None:
     engine.flush_cache()
     text = [11, 12, 13] + PROMPT

@@ -19,9 +19,12 @@ def make_adapter(
     bias: bool = False,
     invocation: Optional[list[int]] = None,
     scale: float = 0.05,
+    targets: Optional[list[str]] = None,
+    **config: object,
 ) -> str:
-    """A PEFT folder of a rank-``rank`` adapter of every projection of ``base``
-    with random (not zero) ``lora_B``, so that it changes the model's output."""
+    """A PEFT folder of a rank-``rank`` adapter of every projection of ``base`` (or of
+    ``targets``: PEFT's ``target_modules``) with random (not zero) ``lora_B``, so that it
+    changes the model's output; ``config``: more `LoraConfig` fields."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -30,10 +33,11 @@ def make_adapter(
     config = LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
-        target_modules=TARGETS,
+        target_modules=TARGETS if targets is None else targets,
         lora_bias=bias,
         init_lora_weights=False,
         **({"alora_invocation_tokens": invocation} if invocation else {}),
+        **config,  # type: ignore[arg-type]
     )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():

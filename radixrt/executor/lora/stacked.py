@@ -64,7 +64,7 @@ class StackedRows:
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
         key = (layer, projection)
         if key not in self._weights:
-            self._weights[key] = _stack([a.layers.get(key) for a in self.adapters])
+            self._weights[key] = _stack([a.layers.get(key) for a in self.adapters], out.shape[1])
         w = self._weights[key]
         if w is None:
             return
@@ -77,13 +77,16 @@ class StackedRows:
         out.index_add_(0, self.dst, d if self.src is None else d.index_select(0, self.src))
 
 
-def _stack(deltas: list[Optional[ProjectionDelta]]) -> _Weights:
-    """The stacked A, block-diagonal B and biases of one projection over adapters (None: none adapts it)."""
+def _stack(deltas: list[Optional[ProjectionDelta]], out: int) -> _Weights:
+    """The stacked A, block-diagonal B and biases of one projection of ``out`` output columns
+    over adapters (None: none adapts it). B and the biases span all ``out`` columns, whichever
+    parts the adapters adapt (zeros elsewhere), so each adapter's delta rows are as wide as
+    the projection's output they are added to."""
     present = [d for d in deltas if d is not None]
     if not present:
         return None
     ref = present[0]
-    d_in, out = ref.a_t.shape[0], max(p.offset + p.b_t.shape[1] for d in present for p in d.parts)
+    d_in = ref.a_t.shape[0]
     rank = max(d.a_t.shape[1] for d in present)
     k = len(deltas)
     a = ref.a_t.new_zeros(k, d_in, rank)
