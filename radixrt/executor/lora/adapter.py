@@ -15,7 +15,8 @@ multiplied by the part's scaling (``[r, out]``), with ``lora_B``'s bias
 
 as PEFT computes ``lora_B(lora_A(x)) * scaling`` (dropout is off at
 inference). Scaling is ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with
-``use_rslora``), per module where ``rank_pattern`` / ``alpha_pattern`` say.
+``use_rslora``), per module where ``rank_pattern`` / ``alpha_pattern`` say,
+their keys matched against the module's full name as PEFT matches them.
 
 ``digest``: a hash of the adapter's weights and of the config fields that
 change its output: the radix cache's namespace for its requests, so a name
@@ -154,22 +155,45 @@ def projection_inputs(sizes: dict[str, list[int]]) -> dict[str, int]:
     return {"qkv": hidden, "o": q, "gate_up": hidden, "down": inter}
 
 
-def _scaling(name: str, cfg: dict[str, Any], module_key: str, rank: int) -> float:
-    """``lora_alpha / r`` (or ``/ sqrt(r)``), ``alpha_pattern`` applied; ValueError for a
-    pattern that is no regex or runs past `PATTERN_TIMEOUT_S`, or a scaling not finite."""
-    alpha = cfg.get("lora_alpha", 8)
-    for pattern, value in (cfg.get("alpha_pattern") or {}).items():
+def pattern_value(patterns: Any, module_path: str, name: str, field_name: str) -> Any:
+    """The value of the first key of ``patterns`` (PEFT's ``alpha_pattern`` / ``rank_pattern``)
+    that matches module ``module_path`` (e.g. ``model.layers.0.self_attn.q_proj``) as PEFT's
+    ``get_pattern_key`` matches it: ``(.*\\.)?(key)$`` from the start of the name, so a key
+    names whole trailing components (``layers.1.self_attn.q_proj`` is not ``layers.11``'s);
+    None when none matches. ValueError for a key that is no regex or runs past `PATTERN_TIMEOUT_S`."""
+    if not isinstance(patterns or {}, dict):
+        raise ValueError(f"LoRA adapter {name!r}: {field_name} is not a JSON object")
+    for pattern, value in (patterns or {}).items():
         try:
-            if regex.search(str(pattern), module_key, timeout=PATTERN_TIMEOUT_S):
-                alpha = value
+            if regex.match(rf"(.*\.)?({pattern})$", module_path, timeout=PATTERN_TIMEOUT_S):
+                return value
         except (regex.error, TimeoutError) as e:
-            raise ValueError(f"LoRA adapter {name!r}: alpha_pattern {str(pattern)[:80]!r}: {e}") from None
+            raise ValueError(f"LoRA adapter {name!r}: {field_name} {str(pattern)[:80]!r}: {e}") from None
+    return None
+
+
+def _scaling(name: str, cfg: dict[str, Any], module_path: str, rank: int) -> float:
+    """PEFT's scaling of module ``module_path`` (its full name in the model, as PEFT names
+    it) of rank ``rank`` (its weights' own, which ``rank_pattern`` sets in PEFT): ``lora_alpha
+    / r`` (or ``/ sqrt(r)``), ``alpha_pattern`` applied (`pattern_value`); ValueError for a bad
+    pattern or a scaling not finite."""
+    alpha = pattern_value(cfg.get("alpha_pattern"), module_path, name, "alpha_pattern")
+    if alpha is None:
+        alpha = cfg.get("lora_alpha", 8)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ValueError(f"LoRA adapter {name!r}: lora_alpha of {module_key} is not a number")
+        raise ValueError(f"LoRA adapter {name!r}: lora_alpha of {module_path} is not a number")
     scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     if not math.isfinite(scaling) or abs(scaling) > 1e6:
-        raise ValueError(f"LoRA adapter {name!r}: {module_key} has scaling {scaling}, not a finite one up to 1e6")
+        raise ValueError(f"LoRA adapter {name!r}: {module_path} has scaling {scaling}, not a finite one up to 1e6")
     return scaling
+
+
+def peft_module_name(key: str) -> str:
+    """The full name in the model of the module a PEFT weight key is for, as PEFT matches its
+    patterns against it: ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``
+    -> ``model.layers.0.self_attn.q_proj``."""
+    path = key[: key.rindex(".lora_")] if ".lora_" in key else key
+    return path.removeprefix("base_model.model.")
 
 
 def load_adapter(
@@ -191,6 +215,7 @@ def load_adapter(
     cfg = read_config(folder)
     raw = load_file(str(weights_file(folder)))
     modules: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    paths: dict[tuple[int, str], str] = {}
     for key, tensor in raw.items():
         m = _KEY.search(key)
         if m is None or m.group(2) not in PARTS:
@@ -199,6 +224,7 @@ def load_adapter(
         if layer >= num_layers:
             raise ValueError(f"LoRA adapter {name!r}: {key!r} is for layer {layer}; the model has {num_layers}")
         modules.setdefault((layer, module), {})[ab + ("_bias" if kind == "bias" else "")] = tensor
+        paths[(layer, module)] = peft_module_name(key)
     digest = adapter_digest(folder)
     adapter = LoRAAdapter(name, str(folder), digest, 0, tuple(sorted({mod for _, mod in modules})))
     inv = cfg.get("alora_invocation_tokens")
@@ -206,7 +232,7 @@ def load_adapter(
     grouped: dict[tuple[int, str], list[tuple[int, dict[str, torch.Tensor], str]]] = {}
     for (layer, module), w in sorted(modules.items()):
         projection, index = PARTS[module]
-        grouped.setdefault((layer, projection), []).append((index, w, f"layers.{layer}.{module}"))
+        grouped.setdefault((layer, projection), []).append((index, w, paths[(layer, module)]))
     for (layer, projection), parts in grouped.items():
         shape = (projection_inputs(sizes)[projection], sizes[projection], max_rank)
         adapter.layers[(layer, projection)] = _projection(name, cfg, shape, parts, dtype, device)
