@@ -66,3 +66,60 @@ def test_pattern_keys_match_module_names_as_peft_matches_them(model: str, tmp_pa
         torch.testing.assert_close(ours, delta, atol=1e-6, rtol=1e-5, msg=f"layers.{layer}.{module}")
     # rank_pattern: layers.1's q_proj has rank 4, layers.11's the default 8
     assert adapter.layers[(1, "qkv")].parts[0].ranks == (0, 4) and adapter.layers[(11, "qkv")].parts[0].ranks == (0, 8)
+
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture
+def pool(model: str):
+    from radixrt.executor.lora.pool import LoRAPool
+
+    def make(targets: list[str] | None) -> LoRAPool:
+        made.append(LoRAPool(_sizes(model), torch.float32, "cpu", None, 64, targets, num_layers=LAYERS))
+        return made[-1]
+
+    made: list = []
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_all_linear_adapters_pass_target_modules_that_cover_them(make_tiny, pool, tmp_path: Path) -> None:
+    import json
+
+    # PEFT saves target_modules="all-linear" as full module names (model.layers.0.mlp.down_proj, ...)
+    # where they are few (under 20: 2 layers)
+    small = make_tiny("llama", tokenizer=False)
+    every = make_adapter(small, tmp_path / "all", 4, seed=2, targets="all-linear")
+    assert (
+        "model.layers.0.mlp.down_proj"
+        in json.loads((Path(every) / "adapter_config.json").read_text())["target_modules"]
+    )
+    assert pool(ALL).register("all", every).rank == 4
+    with pytest.raises(ValueError, match=r"adapts \['down_proj', 'gate_proj', 'up_proj'\], outside"):
+        pool(ALL[:4]).register("all", every)
+
+
+def test_target_modules_bound_the_weights_whatever_the_config_says(make_tiny, pool, tmp_path: Path) -> None:
+    """A config that lists fewer modules than its weights adapt, and a regex target_modules."""
+    import json
+
+    q_and_v = make_adapter(
+        make_tiny("llama", tokenizer=False), tmp_path / "qv", 4, seed=3, targets=["q_proj", "v_proj"]
+    )
+    config = json.loads((Path(q_and_v) / "adapter_config.json").read_text())
+    for targets in (["q_proj"], r".*\.q_proj"):
+        (Path(q_and_v) / "adapter_config.json").write_text(json.dumps({**config, "target_modules": targets}))
+        with pytest.raises(ValueError, match=r"adapts \['v_proj'\], outside --lora-target-modules"):
+            pool(["q_proj", "k_proj"]).register("qv", q_and_v)
+        assert pool(["q_proj", "v_proj"]).register("qv", q_and_v).rank == 4
+
+
+@pytest.mark.parametrize("module", ["lm_head", "embed_tokens"])
+def test_weights_of_modules_radixrt_does_not_adapt_are_refused_by_name(
+    model: str, pool, tmp_path: Path, module
+) -> None:
+    folder = make_adapter(model, tmp_path / module, 4, seed=4, targets=["q_proj", module])
+    with pytest.raises(ValueError, match=rf"has weights for \['{module}'\]: radixrt adapts only q_proj"):
+        pool(None).register(module, folder)

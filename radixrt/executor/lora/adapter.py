@@ -136,6 +136,42 @@ def weights_file(folder: Path) -> Path:
     raise ValueError(f"LoRA adapter {str(folder)!r} has no adapter_model.safetensors")
 
 
+MAX_HEADER_BYTES = 1 << 24  # a safetensors header of an adapter: a few hundred bytes per tensor
+
+
+def weight_modules(name: str, folder: Path) -> set[str]:
+    """The PEFT modules (``q_proj``, ...) whose weights the adapter's safetensors file holds,
+    from its header only (the file's size is not bounded yet). ValueError for a header that
+    is not one, or for weights of modules radixrt does not adapt (``lm_head``,
+    ``embed_tokens``, ...), naming them."""
+    path = weights_file(folder)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= min(MAX_HEADER_BYTES, path.stat().st_size - 8):
+            raise ValueError(f"LoRA adapter {name!r}: {path.name} has no safetensors header")
+        try:
+            header = json.loads(f.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"LoRA adapter {name!r}: {path.name} has no safetensors header")
+    modules, unsupported = set(), set()
+    for key in header:
+        if key == "__metadata__":
+            continue
+        m = _KEY.search(key)
+        if m is not None and m.group(2) in PARTS:
+            modules.add(m.group(2))
+        else:
+            unsupported.add(_module_of(key))
+    if unsupported:
+        raise ValueError(
+            f"LoRA adapter {name!r} has weights for {sorted(unsupported)}: radixrt adapts only {', '.join(PARTS)}"
+        )
+    return modules
+
+
 def adapter_digest(folder: Path) -> str:
     """A hash of the adapter's weights file and of its config (what its KV depends on)."""
     cfg = read_config(folder)
@@ -186,6 +222,15 @@ def _scaling(name: str, cfg: dict[str, Any], module_path: str, rank: int) -> flo
     if not math.isfinite(scaling) or abs(scaling) > 1e6:
         raise ValueError(f"LoRA adapter {name!r}: {module_path} has scaling {scaling}, not a finite one up to 1e6")
     return scaling
+
+
+def _module_of(key: str) -> str:
+    """The module's own name of any key a PEFT file holds (``...lm_head.lora_A.weight``,
+    ``...embed_tokens.base_layer.weight``, ``...embed_tokens.lora_embedding_A``)."""
+    names = peft_module_name(key).split(".")
+    while len(names) > 1 and names[-1] in ("weight", "bias", "base_layer"):
+        names.pop()
+    return names[-1]
 
 
 def peft_module_name(key: str) -> str:

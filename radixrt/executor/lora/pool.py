@@ -36,6 +36,7 @@ from radixrt.executor.lora.adapter import (
     load_adapter,
     projection_inputs,
     read_config,
+    weight_modules,
     weights_file,
 )
 from radixrt.executor.lora.batch import LoRAContext, install
@@ -92,7 +93,11 @@ class LoRAPool:
 
     def describe_folder(self, name: str, path: str) -> Registered:
         """Check the adapter folder at ``path`` for this pool and hash its weights
-        (ValueError for a bad folder or name). Reads the disk, changes nothing: any thread."""
+        (ValueError for a bad folder or name). ``--lora-target-modules`` bounds the modules
+        whose weights the file holds (whatever its config's ``target_modules`` says: PEFT
+        saves ``all-linear`` as full module names, and a config may list fewer modules than
+        its file adapts); weights of a module radixrt does not adapt are refused by name,
+        before the size bound. Reads the disk, changes nothing: any thread."""
         if not name or ":" in name or "/" in name or len(name) > MAX_ADAPTER_NAME_CHARS:
             raise ValueError(
                 f"LoRA adapter name {name[:80]!r} must be 1-{MAX_ADAPTER_NAME_CHARS} characters, without ':' or '/'"
@@ -102,9 +107,9 @@ class LoRAPool:
         rank = int(cfg.get("r", 8))
         if rank > self.max_rank:
             raise ValueError(f"LoRA adapter {name!r} has rank {rank} > --max-lora-rank {self.max_rank}")
-        targets = cfg.get("target_modules") or []
-        if self.target_modules is not None and isinstance(targets, list) and set(targets) - self.target_modules:
-            extra = sorted(set(targets) - self.target_modules)
+        modules = weight_modules(name, folder)  # the header only: names unsupported modules before the size bound
+        if self.target_modules is not None and modules - self.target_modules:
+            extra = sorted(modules - self.target_modules)
             raise ValueError(f"LoRA adapter {name!r} adapts {extra}, outside --lora-target-modules")
         size = weights_file(folder).stat().st_size
         if size > self.max_weights_bytes:  # before reading it whole to hash it
