@@ -78,9 +78,17 @@ class ServerContext:
     def lora_of(self, name: Optional[str], lora_path: Optional[str] = None) -> Optional[str]:
         """The LoRA adapter an OpenAI ``model`` names (``"<model>:<adapter>"``), else the
         request's ``lora_path`` (SGLang's field), None for the base model; ServerError 404 for a
-        name this server does not answer to, 400 for a ``lora_path`` that is not loaded."""
+        name this server does not answer to, 400 for a ``lora_path`` that is not loaded or that
+        names another adapter than ``model`` does."""
         base, sep, adapter = (name or "").rpartition(":")
         if sep and base in self.model_aliases and adapter in self.lora_adapters:
+            if lora_path and lora_path != adapter:
+                raise ServerError(
+                    400,
+                    f"model names LoRA adapter {adapter!r} and lora_path names {lora_path[:128]!r}; "
+                    "name the adapter in one of them (or the same one in both).",
+                    "lora_path",
+                )
             return adapter
         self.check_model(name)
         if not lora_path:  # None, or "" as SGLang reads it: the base model
