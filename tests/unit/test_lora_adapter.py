@@ -123,3 +123,15 @@ def test_weights_of_modules_radixrt_does_not_adapt_are_refused_by_name(
     folder = make_adapter(model, tmp_path / module, 4, seed=4, targets=["q_proj", module])
     with pytest.raises(ValueError, match=rf"has weights for \['{module}'\]: radixrt adapts only q_proj"):
         pool(None).register(module, folder)
+
+
+def test_target_modules_take_sglang_s_names() -> None:
+    from radixrt.config.lora import ADAPTABLE_MODULES, LoRASettings, target_modules
+
+    assert tuple(PARTS) == ADAPTABLE_MODULES
+    assert target_modules(None) is None and target_modules(["q_proj", "all"]) is None  # all: any module
+    assert target_modules(["qkv_proj", "down_proj"]) == {"q_proj", "k_proj", "v_proj", "down_proj"}
+    assert target_modules(["gate_up_proj"]) == {"gate_proj", "up_proj"}
+    for bad in ("lm_head", "embed_tokens", "qkv"):
+        with pytest.raises(ValueError, match=f"'{bad}' is not a module radixrt adapts"):
+            LoRASettings(lora_target_modules=[bad])

@@ -25,11 +25,11 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 import torch
 
-from radixrt.config.lora import LoRASettings, parse_lora_paths
+from radixrt.config.lora import LoRASettings, parse_lora_paths, target_modules
 from radixrt.executor.lora.adapter import (
     LoRAAdapter,
     adapter_digest,
@@ -66,7 +66,7 @@ class LoRAPool:
         device: Any,
         max_loaded: Optional[int],
         max_rank: int,
-        target_modules: Optional[list[str]] = None,
+        allowed_modules: Optional[Collection[str]] = None,
         *,
         num_layers: int,
     ) -> None:
@@ -75,7 +75,7 @@ class LoRAPool:
         self.device = device
         self.max_loaded = max_loaded
         self.max_rank = max_rank
-        self.target_modules = set(target_modules) if target_modules else None
+        self.target_modules = set(allowed_modules) if allowed_modules else None  # None: any
         self.num_layers = num_layers
         self.max_weights_bytes = weights_bound(sizes, num_layers, max_rank)
         self.registered: dict[str, Registered] = {}
@@ -255,7 +255,7 @@ def build_lora(settings: LoRASettings, runner: Any) -> Optional[LoRARuntime]:
         runner.device,
         settings.max_loaded_loras,
         settings.max_lora_rank,
-        settings.lora_target_modules,
+        target_modules(settings.lora_target_modules),
         num_layers=len(runner.model.model.layers),
     )
     for name, path in parse_lora_paths(settings.lora_paths).items():
