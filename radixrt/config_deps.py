@@ -395,6 +395,7 @@ ENGINE_INDEPENDENT = frozenset(
         "grammar_max_chars",
         "grammar_max_repeat",
         "grammar_max_source_chars",
+        "grammar_max_compile_s",
         "max_n",
         "max_request_sequences",
         "max_top_logprobs_num",

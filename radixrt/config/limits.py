@@ -15,6 +15,7 @@ from radixrt.requests.intake import (
 )
 from radixrt.sampling.grammar_bounds import (
     DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_COMPILE_S,
     DEFAULT_MAX_REPEAT,
     DEFAULT_MAX_SOURCE_CHARS,
     GrammarLimits,
@@ -69,7 +70,13 @@ class LimitSettings:
     grammar_max_source_chars: int = setting(
         DEFAULT_MAX_SOURCE_CHARS,
         "refuse (400) a regex, JSON schema, grammar or tool set's structural tag longer than "
-        "this many characters: bounds parsing and compiling it (about 15 s a million characters)",
+        "this many characters: bounds parsing it (a few seconds a million characters)",
+    )
+    grammar_max_compile_s: float = setting(
+        DEFAULT_MAX_COMPILE_S,
+        "refuse (400) a grammar longer than 4,096 characters that does not compile within this "
+        "many seconds: it is first compiled in a child process, killed at the deadline "
+        "(compilation time follows a grammar's structure, e.g. a JSON schema's optional properties)",
     )
 
     def __post_init__(self) -> None:
@@ -81,6 +88,8 @@ class LimitSettings:
             raise ValueError("max_client_priority must be in [0, 2**62)")
         if min(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars) < 1:
             raise ValueError("grammar_max_chars, grammar_max_repeat and grammar_max_source_chars must be >= 1")
+        if not self.grammar_max_compile_s > 0:
+            raise ValueError("grammar_max_compile_s must be > 0")
 
     def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int, hidden_size: int = 0) -> Limits:
         """The front door's `Limits` for a runtime of these sizes under these settings."""
@@ -94,5 +103,10 @@ class LimitSettings:
             max_client_priority=self.max_client_priority,
             return_hidden_states=self.enable_return_hidden_states,
             hidden_size=hidden_size,
-            grammar=GrammarLimits(self.grammar_max_chars, self.grammar_max_repeat, self.grammar_max_source_chars),
+            grammar=GrammarLimits(
+                self.grammar_max_chars,
+                self.grammar_max_repeat,
+                self.grammar_max_source_chars,
+                self.grammar_max_compile_s,
+            ),
         )

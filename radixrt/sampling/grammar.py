@@ -81,6 +81,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
+from radixrt.sampling.compile_canary import CompileCanary
 from radixrt.sampling.grammar_bounds import GrammarLimits, GrammarTooCostly, check_grammar_bounds
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,9 @@ class GrammarBackend:
 
     Two lanes, each with its own compiler: grammars of at most `SMALL_GRAMMAR_CHARS`
     characters compile on a thread of their own, so that one client's large grammars
-    (seconds each, within the limits) never queue a small one behind them.
+    never queue a small one behind them; a large one compiles once it compiled within
+    ``limits.max_compile_s`` in a child process (`CompileCanary`), so it holds its lane
+    for at most that long before it is refused.
     """
 
     def __init__(
@@ -276,6 +279,8 @@ class GrammarBackend:
         self._info: Any = None
         self._compilers: dict[bool, Any] = {}  # per lane (small or not)
         self._compiler_lock = threading.Lock()
+        self._canary: Optional[CompileCanary] = None  # the large lane's trial compilations
+        self._canary_failed = False
         self.compilations = 0  # grammars compiled (cache misses)
 
     def _get_compiler(self, small: bool) -> Any:
@@ -294,9 +299,26 @@ class GrammarBackend:
 
     def _compile(self, key: GrammarKey, small: bool) -> Any:
         grammar = _parse(key, self.limits)  # checked again: nothing unbounded is compiled here
-        compiled = self._get_compiler(small).compile_grammar(grammar)
+        compiler = self._get_compiler(small)
+        if not small:
+            self._trial(grammar)
+        compiled = compiler.compile_grammar(grammar)
         self.compilations += 1
         return compiled
+
+    def _trial(self, grammar: Any) -> None:
+        """A large grammar compiles here only once it compiled in `CompileCanary`'s child
+        within ``limits.max_compile_s`` (GrammarTooCostly otherwise). Where no child can start,
+        it compiles unbounded, with one warning."""
+        with self._compiler_lock:
+            if self._canary is None:
+                self._canary = CompileCanary(self._info, self.limits.max_compile_s)
+        try:
+            self._canary.trial(grammar)
+        except RuntimeError as e:
+            if not self._canary_failed:
+                logger.warning("large grammars compile without a time bound: %s", e)
+            self._canary_failed = True
 
     def compile_async(self, key: GrammarKey) -> Future:
         """The future of ``key``'s CompiledGrammar (an existing one when cached or
@@ -323,6 +345,8 @@ class GrammarBackend:
     def shutdown(self) -> None:
         for pool in (self._pool, self._small_pool):
             pool.shutdown(wait=False, cancel_futures=True)
+        if self._canary is not None:
+            self._canary.close()
 
 
 class GrammarState:

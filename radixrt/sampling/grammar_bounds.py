@@ -69,6 +69,7 @@ DEFAULT_MAX_CHARS = 1 << 16  # shortest text of any rule: far beyond any context
 DEFAULT_MAX_REPEAT = 1 << 16  # largest counted repetition
 # a grammar's source text: parsing and compiling cost about 15 s a million characters here
 DEFAULT_MAX_SOURCE_CHARS = 1 << 18
+DEFAULT_MAX_COMPILE_S = 10.0
 
 
 class GrammarTooCostly(ValueError):
@@ -82,6 +83,7 @@ class GrammarLimits:
     max_chars: int = DEFAULT_MAX_CHARS
     max_repeat: int = DEFAULT_MAX_REPEAT
     max_source_chars: int = DEFAULT_MAX_SOURCE_CHARS
+    max_compile_s: float = DEFAULT_MAX_COMPILE_S  # a large grammar's trial compilation (compile_canary.py)
 
 
 @dataclass

@@ -16,12 +16,15 @@ and exactly one of
 ``{"tokens", "count", "max_model_len"}`` (+ ``token_strs``); for a list of
 prompts ``tokens``, ``count`` (and ``token_strs``) are lists, one per prompt.
 A prompt may be longer than the context (its count is what the caller wants
-to know), up to the size every route refuses before tokenizing.
+to know), up to the size every route refuses before tokenizing; a list holds
+at most ``--max-request-sequences`` prompts, as a ``/generate`` call.
 
 ``/detokenize`` body: ``model`` (optional), ``tokens``: a list of ids or a
 list of such lists. Answer: ``{"prompt", "text"}`` (vLLM names it prompt,
 SGLang text; both hold the same decoded string, or a list of strings for a
-batch). Special tokens are kept. Ids outside the vocabulary are a 400.
+batch). Special tokens are kept. Ids outside the vocabulary are a 400, and so
+are more than ``--max-request-sequences`` lists or more ids in all than the KV
+pool holds.
 
 Tokenizing and decoding run in the tokenizer manager's worker threads, off
 the event loop.
@@ -35,9 +38,10 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
+from radixrt.requests.intake import check_prompt_count
 from radixrt.requests.token_id_lists import bad_token_ids, is_int
 from radixrt.server.context import ServerContext, server_context
-from radixrt.server.errors import bad_request
+from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, read_json
 from radixrt.server.tokenizer_manager import TokenizerManager
 
@@ -146,6 +150,8 @@ def tokenize_body(body: dict, ctx: ServerContext) -> dict:
             texts, batch = list(prompt), True
         else:
             raise bad_request("'prompt' must be a string or a non-empty list of strings.", "prompt")
+        with as_bad_request():  # as many prompts as /generate takes: the tokenizer threads are shared
+            check_prompt_count(len(texts), tm.limits, "prompt")
         ids = _encode_texts(tm, texts, add_special)
     strs = [list(tm.tokenizer.convert_ids_to_tokens(x)) for x in ids] if want_strs else None
     out: dict[str, Any] = {
@@ -158,14 +164,22 @@ def tokenize_body(body: dict, ctx: ServerContext) -> dict:
     return out
 
 
-def _token_lists(tokens: Any, vocab_size: int) -> tuple[list[list[int]], bool]:
-    """(id lists, is_batch) from a list of ids or a list of such lists; 400 else."""
+def _token_lists(tokens: Any, tm: TokenizerManager) -> tuple[list[list[int]], bool]:
+    """(id lists, is_batch) from a list of ids or a list of such lists; 400 else, and for more
+    lists than a /generate call takes or more ids in all than the KV pool holds (the answer's
+    text is several times the size of the ids: a bound on what one call makes the server write)."""
+    vocab_size = tm.vocab_size
     if isinstance(tokens, list) and all(is_int(t) for t in tokens):
         lists, batch = [tokens], False
     elif isinstance(tokens, list) and tokens and all(isinstance(x, list) and all(is_int(t) for t in x) for x in tokens):
         lists, batch = tokens, True
     else:
         raise bad_request("'tokens' must be a list of integers or a non-empty list of such lists.", "tokens")
+    with as_bad_request():
+        check_prompt_count(len(lists), tm.limits, "tokens")
+    bound = max(tm.kv_total_slots, tm.context_length)
+    if sum(map(len, lists)) > bound:
+        raise bad_request(f"'tokens' holds more than {bound} ids in all, the most this server holds at once", "tokens")
     for x in lists:
         bad = bad_token_ids(x, vocab_size)
         if bad:
@@ -178,7 +192,7 @@ def detokenize_body(body: dict, ctx: ServerContext) -> dict:
     tm = ctx.tm
     if "tokens" not in body:
         raise bad_request("'tokens' is required.", "tokens")
-    lists, batch = _token_lists(body["tokens"], tm.vocab_size)
+    lists, batch = _token_lists(body["tokens"], tm)
     texts = [tm.tokenizer.decode(x) for x in lists]
     text: Optional[Any] = texts if batch else texts[0]
     return {"prompt": text, "text": text}

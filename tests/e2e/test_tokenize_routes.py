@@ -159,6 +159,11 @@ def test_detokenize_round_trip(client, hf_tok):
         ("/detokenize", {"tokens": [-1]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
         ("/detokenize", {}, "tokens"),
+        # as many prompts as a /generate call, and ids the KV pool (8,192) could hold: one client's
+        # call cannot hold the tokenizer threads (shared with every request) for minutes
+        ("/tokenize", {"prompt": ["x"] * 4097}, "prompt"),
+        ("/detokenize", {"tokens": [[1]] * 4097}, "tokens"),
+        ("/detokenize", {"tokens": [1] * 8193}, "tokens"),
     ],
 )
 def test_bad_input_is_a_400(client, route, body, param):

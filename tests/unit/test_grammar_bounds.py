@@ -199,3 +199,32 @@ def test_a_small_grammar_never_waits_behind_large_ones(monkeypatch):
         assert time.perf_counter() - began < 0.5 and not large[-1].done()
     finally:
         backend.shutdown()
+
+
+def _optional_fields(n: int, kind: str = "integer") -> tuple[str, str]:
+    """A JSON schema of ``n`` optional properties: its compilation grows far faster than its
+    source (1,000 take about 1.4 s against the embedded model's vocabulary, 2,500 minutes)."""
+    return ("json_schema", json.dumps({"type": "object", "properties": {f"f_{i}": {"type": kind} for i in range(n)}}))
+
+
+def test_a_large_grammar_that_would_compile_for_minutes_is_refused_at_the_deadline(tokenizer):
+    """The large lane compiles a grammar only once a child process compiled it within the deadline:
+    past it the child is killed and the grammar refused (cached: asked again, refused at once), and
+    the lane goes on with the next large grammar."""
+    from radixrt.sampling.grammar import SMALL_GRAMMAR_CHARS, GrammarBackend
+    from radixrt.sampling.grammar_bounds import GrammarTooCostly
+
+    backend = GrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id], limits=GrammarLimits(max_compile_s=1))
+    try:
+        slow, fine = _optional_fields(3000), _optional_fields(150)
+        assert len(fine[1]) > SMALL_GRAMMAR_CHARS  # the large lane too
+        began = time.monotonic()
+        refused = backend.compile_async(slow)
+        with pytest.raises(GrammarTooCostly, match=r"did not compile within 1 s \(--grammar-max-compile-s\)"):
+            refused.result(timeout=120)
+        assert time.monotonic() - began < 60  # the child's start-up (xgrammar's import) and 1 s
+        assert backend.compile_async(slow) is refused
+        assert backend.compile_async(fine).result(timeout=120) is not None
+        assert backend.compilations == 1
+    finally:
+        backend.shutdown()
