@@ -240,6 +240,8 @@ class TokenOutput:
     cache_info: Optional[dict[str, Any]] = None
     # speculative decoding: the request's decode steps so far, each verifying a draft (None: it does not speculate)
     spec_verify_ct: Optional[int] = None
+    # and its draft tokens verified and accepted so far (with spec_verify_ct)
+    spec_drafts: Optional[tuple[int, int]] = None
     # a request under a KV budget: its figures (kv_budget.RequestBudget.describe), with its last output
     kv_budget: Optional[dict[str, Any]] = None
     # a beam search's output: its rank, score and search figures (beam.BeamGroup.describe)

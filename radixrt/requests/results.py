@@ -56,6 +56,7 @@ class ResultAccumulator:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.spec_verify_ct: Optional[int] = None
+        self.spec_drafts = (0, 0)  # draft tokens verified, and accepted
         self.kv_budget: Optional[dict[str, Any]] = None  # a request under a KV budget: its figures, at the end
         self.beam: Optional[dict[str, Any]] = None  # a beam search's output: its rank and score, at the end
         self.finish_reason: Optional[FinishReason] = None
@@ -91,6 +92,7 @@ class ResultAccumulator:
         self.cached_tokens = out.cached_tokens
         if out.spec_verify_ct is not None:
             self.spec_verify_ct = out.spec_verify_ct
+            self.spec_drafts = out.spec_drafts or self.spec_drafts
         if out.kv_budget is not None:
             self.kv_budget = out.kv_budget
         if out.beam is not None:
@@ -194,6 +196,9 @@ class ResultAccumulator:
             meta["spec_verify_ct"] = self.spec_verify_ct
             decoded = max(self.completion_tokens - 1, 0)  # the first token comes from the prefill
             meta["spec_accept_length"] = decoded / self.spec_verify_ct if self.spec_verify_ct else 0.0
+            proposed, correct = self.spec_drafts  # SGLang's names: draft tokens verified, and accepted
+            meta["spec_num_proposed_drafts"], meta["spec_num_correct_drafts"] = proposed, correct
+            meta["spec_accept_rate"] = correct / proposed if proposed else 0.0
         if self.cache_info is not None:
             meta["cache_info"] = dict(self.cache_info)
         if self.kv_budget is not None:

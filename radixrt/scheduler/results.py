@@ -344,6 +344,7 @@ def token_output(req: Req) -> TokenOutput:
     )
     if req.spec is not None:
         out.spec_verify_ct = req.spec.verify_ct
+        out.spec_drafts = (req.spec.drafted, req.spec.kept)
     if req.retractions:
         out.num_retractions = req.retractions
     if req.kv_budget is not None and req.finish_reason is not None:

@@ -37,6 +37,8 @@ class SpecState:
     # the request's last token (a parent before its children); None: the draft is a chain
     parents: "Optional[list[int]]" = None
     verify_ct: int = 0
+    drafted: int = 0  # draft tokens verified so far (SGLang's spec_num_proposed_drafts)
+    kept: int = 0  # of them, those accepted (spec_num_correct_drafts)
 
     def calibration(self, prior: float = 1.0) -> float:
         """Accepted over expected draft tokens, starting from ``prior`` (the server's

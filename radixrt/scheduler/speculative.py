@@ -295,6 +295,8 @@ class Speculator:
         self.stats.verify_tokens += produced
         if not drafted:
             return
+        spec.drafted += drafted
+        spec.kept += kept
         self.stats.drafted_tokens += drafted
         self.stats.accepted_tokens += kept
         self.stats.tree_drafts += spec.parents is not None

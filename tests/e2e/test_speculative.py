@@ -76,15 +76,24 @@ def _ids(outs):
 def test_greedy_outputs_equal_speculation_off_and_drafts_are_accepted(tiny_engines):
     on, off = tiny_engines
     sp = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    before = on.get_stats()
     got, want = _run(on, PROMPTS, sp), _run(off, PROMPTS, sp)
     assert _ids(got) == _ids(want)
     for o in got:
         meta = o["meta_info"]
         assert meta["spec_verify_ct"] >= 1
         assert meta["spec_accept_length"] >= 1.0
+        proposed, correct = meta["spec_num_proposed_drafts"], meta["spec_num_correct_drafts"]
+        assert 0 <= correct <= proposed and meta["spec_accept_rate"] == (correct / proposed if proposed else 0.0)
     assert all("spec_verify_ct" not in o["meta_info"] for o in want)
     stats = on.get_stats()
     assert stats["spec_drafted_tokens"] > 0 and stats["spec_accepted_tokens"] > 0
+    # SGLang's per-request counts add up to the engine's
+    for mine, engine_s in (
+        ("spec_num_proposed_drafts", "spec_drafted_tokens"),
+        ("spec_num_correct_drafts", "spec_accepted_tokens"),
+    ):
+        assert sum(o["meta_info"][mine] for o in got) == stats[engine_s] - before[engine_s]
     assert stats["avg_spec_accept_length"] > 1.0  # some step yielded more than one token
     # one at a time too (batch 1: the cost model drafts most freely there)
     for p, w in zip(PROMPTS, want):

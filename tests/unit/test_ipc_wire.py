@@ -23,6 +23,7 @@ def _full_output(rid: str) -> TokenOutput:
         [None, [(-1.0, 3)]],
         {"matched": 4},
         3,
+        (12, 7),
         {"policy": "h2o", "peak_kv_tokens": 136},
         {"rank": 1, "score": -0.75},
         [[(-0.5, 7)], [(-3.0, 7)]],
