@@ -39,7 +39,7 @@ from radixrt.requests.messages import GenerateReq
 from radixrt.requests.token_id_lists import bad_token_ids, check_logprob_fields, is_int, token_ids_each
 from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.sampling.grammar_bounds import GrammarLimits
-from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.params import MAX_BEAM_WIDTH, SamplingParams
 
 # The defaults of EngineConfig.max_n, .max_request_sequences, .max_top_logprobs_num and .max_client_priority.
 DEFAULT_MAX_N = 128
@@ -183,7 +183,8 @@ def sequences_each(sampling_params: Any) -> int:
     validation will refuse."""
     if not isinstance(sampling_params, dict):
         return 1
-    values: list[Any] = [sampling_params.get("n"), sampling_params.get("beam_width")]
+    width: Any = sampling_params.get("beam_width")  # one out of its range is refused by its own check
+    values: list[Any] = [sampling_params.get("n"), width if is_int(width) and 0 <= width <= MAX_BEAM_WIDTH else 1]
     return max([1] + [int(v) for v in values if is_int(v)])
 
 
@@ -231,9 +232,9 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
             f"logprob_start_len {spec.logprob_start_len} is beyond the prompt length {len(spec.input_ids)}",
             "logprob_start_len",
         )
-    check_logprob_fields(
-        spec.top_logprobs_num, spec.token_ids_logprob, limits.max_top_logprobs_num, limits.vocab_size, spec.sampling
-    )
+    prompt_logprobs = spec.return_logprob and 0 <= spec.logprob_start_len < len(spec.input_ids)
+    top, ids = spec.top_logprobs_num, spec.token_ids_logprob
+    check_logprob_fields(top, ids, limits.max_top_logprobs_num, limits.vocab_size, spec.sampling, prompt_logprobs)
     _check_priority(spec, limits)
     check_hidden_states(spec.return_hidden_states, limits.return_hidden_states, spec.sampling.beam_width)
 

@@ -58,11 +58,17 @@ def check_named_tokens(token_ids: Sequence[int], max_ids: int, vocab_size: int, 
 
 
 def check_logprob_fields(
-    top_logprobs_num: int, token_ids: Sequence[int], max_ids: int, vocab_size: int, sampling: SamplingParams
+    top_logprobs_num: int,
+    token_ids: Sequence[int],
+    max_ids: int,
+    vocab_size: int,
+    sampling: SamplingParams,
+    prompt_logprobs: bool = False,
 ) -> None:
     """``top_logprobs_num`` in ``[0, max_ids]`` (the server's --max-top-logprobs-num) and
-    ``token_ids_logprob`` at most ``max_ids`` ids, each in the vocabulary; neither with a beam
-    search, whose outputs carry each token's own logprob but no per-position lists."""
+    ``token_ids_logprob`` at most ``max_ids`` ids, each in the vocabulary; neither, nor
+    ``prompt_logprobs`` (a ``logprob_start_len`` inside the prompt), with a beam search, whose
+    outputs carry each token's own logprob but no per-position lists."""
     if top_logprobs_num < 0:
         raise RequestError("top_logprobs_num must be >= 0", "top_logprobs_num")
     if top_logprobs_num > max_ids:
@@ -73,7 +79,8 @@ def check_logprob_fields(
         )
     check_named_tokens(token_ids, max_ids, vocab_size, "token_ids_logprob")
     if sampling.beam_width > 1:
-        for name, asked in (("top_logprobs_num", top_logprobs_num), ("token_ids_logprob", token_ids)):
+        asking = (("top_logprobs_num", top_logprobs_num), ("token_ids_logprob", token_ids))
+        for name, asked in (*asking, ("logprob_start_len", prompt_logprobs)):
             if asked:
                 raise RequestError(
                     f"{name} cannot be combined with beam_width > 1: a beam search returns each output "

@@ -16,13 +16,14 @@ How the step loop changes for such a request:
 - its prefill runs in chunks of at most ``slack`` tokens, and the prompt's
   last token in a step of its own, so a compaction (and, under
   ``infinigen``, a reload) runs between any two chunks and before the first
-  output's logits: it never holds more than ``budget + slack`` private slots
-  (a prefix matched at admission is read in place until the first compaction
-  copies what each head keeps of it);
-- it never inserts what it computes into the radix tree (``insert_into_tree``
-  False): once compressed its KV is not the exact prefix another request
-  would need. It reads what it matched at admission, and those tree-owned
-  slots stay the tree's when it stops attending them;
+  output's logits: it never holds more than ``budget + slack`` slots;
+- it neither inserts what it computes into the radix tree (``insert_into_tree``
+  False: once compressed its KV is not the exact prefix another request
+  would need) nor reads a prefix from it (``tree_limit`` 0): the KV of a cached
+  prefix was computed with full attention, which is not what its compressed
+  attention computes past its first compaction, and its scores (h2o's
+  accumulated attention) need the prompt's own queries, so its answer would
+  depend on what the cache held;
 - its batch is not overlapped with the next step (a compaction reads the
   scores of the step before), it does not speculate and takes no
   jump-forward drafts (both would need its slot list to follow its tokens);
@@ -95,6 +96,7 @@ class KVBudgeter:
             return
         req.kv_budget = RequestBudget(budget, self.pool)
         req.insert_into_tree = False
+        req.tree_limit = 0  # matches no cached prefix either (module docstring)
         req.draft_limit = 0  # no jump-forward drafts: its slot list must follow its tokens
         self.requests += 1
 

@@ -159,4 +159,4 @@ def _bind(req: Req, adapter: LoRAAdapter) -> None:
         return
     req.lora, req.lora_start = adapter, start
     if adapter.invocation_tokens is not None:
-        req.tree_limit = start
+        req.tree_limit = start if req.tree_limit is None else min(req.tree_limit, start)

@@ -33,6 +33,11 @@ def engine(request):
         (dict(prompt="hi", sampling_params={"beam_width": 2, "max_new_tokens": 0}), "max_new_tokens >= 1"),
         (dict(prompt="hi", sampling_params={"beam_width": 2, "length_penalty": 300}), "length_penalty"),
         (dict(prompt="hi", sampling_params={"beam_width": 2, "length_penalty": -1000}), "length_penalty"),
+        (
+            dict(prompt="hi there", sampling_params={"beam_width": 2}, return_logprob=True, logprob_start_len=0),
+            "logprob_start_len cannot be combined with beam_width",
+        ),
+        (dict(prompt="hi", sampling_params={"beam_width": 10**12}), r"'beam_width' must be in \[0, 64\]"),
         (dict(prompt="hi", sampling_params={"stop": [f"s{i}" for i in range(65)]}), "at most 64"),
         (dict(prompt="hi", sampling_params={"stop": ["x" * 513]}), "at most 512"),
         (dict(prompt="hi", sampling_params={"stop_token_ids": [1] * 4097}), "at most 4096"),
