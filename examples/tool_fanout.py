@@ -75,7 +75,7 @@ RUN = {
 }
 PARSER = get_parser("generic", None)
 SYSTEM = "You are a travel agent. Call the tools you are asked to call.\n\n" + generic_tools_text(
-    check_tools(TOOLS, "required", None)
+    check_tools(TOOLS, "required", None), PARSER
 )
 
 

@@ -71,10 +71,11 @@ def test_a_turn_refused_for_its_rid_leaves_a_streaming_session_usable(http):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(http.post, "/generate", json={"input_ids": [7, 8], "rid": "busy-rid"})
             deadline = time.monotonic() + 30
-            while True:  # the rid is taken once the request is queued
-                r = http.post("/generate", json={"input_ids": [1, 9], "rid": "busy-rid", "session_params": {"id": sid}})
-                if r.status_code == 400 or time.monotonic() > deadline:
-                    break
+            # the rid is taken once that request is queued: the turn is sent only then (sent first, it
+            # would take the rid itself and wait out the pause)
+            while http.get("/debug/kv").json()["waiting"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            r = http.post("/generate", json={"input_ids": [1, 9], "rid": "busy-rid", "session_params": {"id": sid}})
             assert r.status_code == 400 and r.json()["error"]["param"] == "rid", r.text
             http.post("/continue_generation", headers=admin)
             assert waiting.result(timeout=60).status_code == 200
