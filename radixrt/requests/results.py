@@ -120,11 +120,17 @@ class ResultAccumulator:
 
             self.cache_info = render_cache_info(out.cache_info, self.tokenizer.decode)
         if out.input_token_logprobs is not None:
-            self.input_token_logprobs = list(out.input_token_logprobs)
-            self.input_top_logprobs = list(out.input_top_logprobs or [])
-            if self.input_token_ids_logprobs is not None:
-                self.input_token_ids_logprobs = list(out.input_token_ids_logprobs or [])
-            self._input_meta = None
+            self.take_input_logprobs(out)
+
+    def take_input_logprobs(self, out: TokenOutput) -> None:
+        """The prompt's logprobs ``out`` carries (its request's, or with n > 1 its first sample's:
+        the first computes them for all, `ResultRouter`)."""
+        assert out.input_token_logprobs is not None
+        self.input_token_logprobs = list(out.input_token_logprobs)
+        self.input_top_logprobs = list(out.input_top_logprobs or [])
+        if self.input_token_ids_logprobs is not None:
+            self.input_token_ids_logprobs = list(out.input_token_ids_logprobs or [])
+        self._input_meta = None
 
     def _token_text(self, tid: int) -> str:
         cache = self.__dict__.setdefault("_text_cache", {})

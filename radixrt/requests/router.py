@@ -360,6 +360,11 @@ class ResultRouter:
         request's output must not drop the other requests' outputs of the same batch."""
         try:
             st.acc.add(out, text)
+            if out.input_token_logprobs is not None:  # n > 1: the first sample computed them for all
+                for sib in st.group.states:
+                    if sib.parent == st.parent and sib is not st and sib.acc.return_logprob:
+                        sib.acc.take_input_logprobs(out)
+                        sib.version += 1
             return True
         except Exception as e:  # contained to this request, and logged
             logger.exception("request %s: its output could not be read", st.rid)

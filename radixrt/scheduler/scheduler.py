@@ -262,6 +262,8 @@ class Scheduler(SchedulerControl):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
             req = Req.from_message(msg, rid, seed, self.arrivals, grammar_future, prio, max_stop_chars)
+            if i > 0:  # the prompt's logprobs are the first sample's (the front copies them): the rest share its KV
+                req.logprob_start_len = -1
             req.stream_interval = msg.sampling.stream_interval or self.config.output.stream_interval
             self.arrivals += 1
             if beam:  # a search's hypotheses share their KV: no budget compresses it (not even the server's)

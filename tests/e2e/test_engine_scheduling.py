@@ -167,6 +167,19 @@ def test_prefill_only_and_prompt_logprobs(tiny_llama):
         got = [lp for lp, _, _ in part["input_token_logprobs"]]
         assert [t for _, t, _ in part["input_token_logprobs"]] == ids[40:] and got[0] is None
         assert got[1:] == pytest.approx([lp for lp, _, _ in lps[41:]], abs=1e-4)
+        # n > 1: the first sample computes the prompt's logprobs for all (SGLang computes the prompt
+        # once); every sample reports them, the others share its KV instead of computing it again
+        engine.flush_cache()
+        before = engine.get_stats()["prompt_tokens_computed"]
+        params = {"n": 4, "max_new_tokens": 2, "temperature": 1.0}
+        samples = engine.generate(input_ids=ids, sampling_params=params, return_logprob=True, logprob_start_len=0)
+        assert engine.get_stats()["prompt_tokens_computed"] - before < 2 * len(ids)  # once, not four times
+        first = samples[0]["meta_info"]
+        assert [t for _, t, _ in first["input_token_logprobs"]] == ids
+        assert [lp for lp, _, _ in first["input_token_logprobs"][1:]] == pytest.approx(
+            [lp for lp, _, _ in lps[1:]], abs=1e-4
+        )
+        assert all(s["meta_info"]["input_token_logprobs"] == first["input_token_logprobs"] for s in samples)
     finally:
         engine.shutdown()
 
