@@ -47,6 +47,7 @@ class CompileCanary:
         self._info = tokenizer_info
         self._proc: Optional[subprocess.Popen] = None
         self._lock = threading.Lock()
+        self.closed = False
 
     def trial(self, grammar: Any) -> None:
         """Return once ``grammar`` (an xgrammar ``Grammar``) compiled in the child within the
@@ -71,6 +72,8 @@ class CompileCanary:
             raise ValueError(answer.decode(errors="replace").removeprefix("error: "))
 
     def _start(self) -> subprocess.Popen:
+        if self.closed:
+            raise RuntimeError("the grammar compiler is shut down")
         code = "from radixrt.sampling.compile_canary import serve; serve()"
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None
@@ -94,6 +97,12 @@ class CompileCanary:
                     pipe.close()
 
     def close(self) -> None:
+        """Stop the child now, without waiting for a trial under way (it then fails); no child
+        starts after this."""
+        self.closed = True
+        proc = self._proc
+        if proc is not None:
+            proc.kill()  # a trial reading from it meets the end of its output and cleans up
         with self._lock:
             self._stop()
 

@@ -316,6 +316,8 @@ class GrammarBackend:
         try:
             self._canary.trial(grammar)
         except RuntimeError as e:
+            if self._canary.closed:  # shutting down: nothing is compiled any more
+                raise ValueError("the grammar compiler is shut down") from None
             if not self._canary_failed:
                 logger.warning("large grammars compile without a time bound: %s", e)
             self._canary_failed = True

@@ -228,3 +228,21 @@ def test_a_large_grammar_that_would_compile_for_minutes_is_refused_at_the_deadli
         assert backend.compilations == 1
     finally:
         backend.shutdown()
+
+
+def test_shutting_down_does_not_wait_for_a_trial_under_way(tokenizer):
+    from radixrt.sampling.grammar import GrammarBackend
+
+    backend = GrammarBackend(
+        tokenizer, len(tokenizer), [tokenizer.eos_token_id], limits=GrammarLimits(max_compile_s=60)
+    )
+    trial = backend.compile_async(_optional_fields(3000))  # minutes, were it let run
+    deadline = time.monotonic() + 60
+    while (backend._canary is None or backend._canary._proc is None) and time.monotonic() < deadline:
+        time.sleep(0.05)  # its child is starting
+    time.sleep(1.0)
+    began = time.monotonic()
+    backend.shutdown()
+    assert time.monotonic() - began < 5
+    with pytest.raises(ValueError):
+        trial.result(timeout=30)
