@@ -57,15 +57,15 @@ class CompileCanary:
         with self._lock:
             proc = self._proc or self._start()
             assert proc.stdin is not None and proc.stdout is not None
-            _send(proc.stdin, payload)
             try:
+                _send(proc.stdin, payload)
                 answer = _receive(proc.stdout, time.monotonic() + self.deadline_s)
             except TimeoutError:
                 self._stop()
                 raise GrammarTooCostly(
                     f"it did not compile within {self.deadline_s:g} s (--grammar-max-compile-s)"
                 ) from None
-            except EOFError:  # the child died compiling it: so would the scheduler have
+            except (EOFError, OSError):  # the child died compiling it (so would the scheduler have), or was stopped
                 self._stop()
                 raise ValueError("its compilation crashed the process that tried it") from None
         if answer != b"ok":
@@ -78,11 +78,11 @@ class CompileCanary:
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None
         self._proc = proc
-        _send(proc.stdin, self._info.serialize_json().encode())
         try:
+            _send(proc.stdin, self._info.serialize_json().encode())
             if _receive(proc.stdout, time.monotonic() + START_TIMEOUT_S) != b"ready":
                 raise EOFError
-        except (TimeoutError, EOFError):
+        except (TimeoutError, EOFError, OSError):
             self._stop()
             raise RuntimeError("the grammar compilation's child process did not start") from None
         return proc
