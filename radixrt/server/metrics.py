@@ -228,6 +228,13 @@ class ServerMetrics:
         r.register(self.scheduler_counters)
         self._init_latency_histograms(r, lbl)
         r.register(SGLangNames(self))  # the same figures under SGLang's names (sglang_metrics.py)
+        # every series exists at 0 from the start (a labelled one appears on first use otherwise, and
+        # Prometheus' increase() misses that first step)
+        fresh = (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.inflight, self.ttft, self.itl)
+        for metric in (*fresh, self.e2e):
+            self._m(metric)
+        for reason in ("stop", "length", "abort"):
+            self._m(self.requests, finish_reason=reason)
 
     def _init_kv_gauges(self, r: CollectorRegistry, lbl: list[str]) -> None:
         kv_lbl = lbl + ["kv_cache_dtype"]

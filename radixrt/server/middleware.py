@@ -16,51 +16,6 @@ from radixrt.server.request_body import BodyTooLarge, ClientLeft, read_body, rep
 
 logger = logging.getLogger(__name__)
 
-# Paths counted by name in the HTTP metrics; anything else counts as "other".
-KNOWN_ROUTES = {
-    "/generate",
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/v1/models",
-    "/health",
-    "/health_generate",
-    "/model_info",
-    "/get_model_info",
-    "/server_info",
-    "/get_server_info",
-    "/flush_cache",
-    "/abort_request",
-    "/metrics",
-    "/debug/kv",
-    "/debug/radix",
-    "/debug/stream",
-    "/debug/events",
-    "/dashboard",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/open_session",
-    "/close_session",
-    "/tokenize",
-    "/detokenize",
-    "/update_weights_from_disk",
-    "/pause_generation",
-    "/continue_generation",
-    "/start_profile",
-    "/stop_profile",
-    "/release_memory_occupation",
-    "/resume_memory_occupation",
-    "/init_weights_update_group",
-    "/update_weights_from_distributed",
-    "/destroy_weights_update_group",
-    "/update_weight_version",
-    "/get_weight_version",
-    "/parse_function_call",
-    "/separate_reasoning",
-    "/ping",
-    "/invocations",
-}
-
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
@@ -92,6 +47,7 @@ class GuardMiddleware:
     def __init__(self, app: Any, ctx_getter: Callable[[], ServerContext]) -> None:
         self.app = app
         self.ctx_getter = ctx_getter
+        self._paths: Optional[frozenset[str]] = None  # the app's route paths, read on first use
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -131,7 +87,19 @@ class GuardMiddleware:
         finally:
             ctx.active_requests -= 1
             if status_box[0]:
-                ctx.metrics.observe_http(path if path in KNOWN_ROUTES else "other", status_box[0])
+                ctx.metrics.observe_http(self._route_label(scope, path), status_box[0])
+
+    def _route_label(self, scope: dict, path: str) -> str:
+        """The route an answer is counted under: the route the request matched (its path
+        template, ``/v1/models/{model_id:path}``), else the path when it is one of the app's
+        (a request refused before routing), else "other" (a bounded label set)."""
+        route = scope.get("route")
+        if route is not None:
+            return str(getattr(route, "path", "other"))
+        if self._paths is None:
+            app = scope.get("app")
+            self._paths = frozenset(str(getattr(r, "path", "")) for r in getattr(app, "routes", ()))
+        return path if path in self._paths else "other"
 
     def _refusal(self, scope: dict, ctx: ServerContext, path: str) -> Optional[Response]:
         """The error answer for a request refused before its body is read, or None."""

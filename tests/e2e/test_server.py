@@ -1092,6 +1092,16 @@ def test_metrics(server, client):
         assert name in text, name
     ttft_count = [line for line in text.splitlines() if line.startswith("radixrt_time_to_first_token_seconds_count")]
     assert ttft_count and float(ttft_count[0].split()[-1]) > 0
+    # answers are counted by the route they matched (its template), "other" for no route
+    assert client.post("/v1/tokenize", json={"prompt": "hi"}).status_code == 200
+    assert client.get(f"/v1/models/{server.served_name}").status_code == 200
+    assert client.get("/no/such/route").status_code == 404
+    text = client.get("/metrics").text
+    for route, status in (("/v1/tokenize", 200), ("/v1/models/{model_id:path}", 200), ("other", 404)):
+        assert (
+            f'radixrt_http_requests_total{{model_name="{server.served_name}",route="{route}",status="{status}"}}'
+            in text
+        )
 
 
 def _scrape(client: httpx.Client) -> tuple[dict, dict]:

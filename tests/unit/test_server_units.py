@@ -415,6 +415,25 @@ def test_info_metrics_and_control(app_client):
     assert 'radixrt_cache_hit_rate{model_name="fake-model"} 0.25' in text
 
 
+def test_every_series_exists_at_zero_before_its_first_event():
+    """Labelled series appear on first use in prometheus_client: the server makes them at 0, so
+    Prometheus' increase() sees the first request (and SGLang's names exist from the start)."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(ServerMetrics("m").registry).decode()
+    for line in (
+        'radixrt_prompt_tokens_total{model_name="m"} 0.0',
+        'radixrt_generation_tokens_total{model_name="m"} 0.0',
+        'radixrt_cached_tokens_total{model_name="m"} 0.0',
+        'radixrt_requests_total{finish_reason="stop",model_name="m"} 0.0',
+        'radixrt_time_to_first_token_seconds_count{model_name="m"} 0.0',
+        'radixrt_e2e_request_latency_seconds_count{model_name="m"} 0.0',
+        'radixrt_num_inflight_reqs{model_name="m"} 0.0',
+        'sglang:prompt_tokens_total{model_name="m"} 0.0',
+    ):
+        assert line in text, line
+
+
 def test_detokenizer_replays_early_outputs(tokenizer):
     loop = DetokenizerLoop(tokenizer)
     ids = tokenizer.encode(" hello world")
