@@ -160,6 +160,7 @@ class ProfileReq:
     record_shapes: Optional[bool] = None
     profile_id: Optional[str] = None
     profile_prefix: Optional[str] = None
+    dp_rank: Optional[int] = None  # a data-parallel replica's rank, in the trace's name (the router sets it)
 
 
 @dataclass

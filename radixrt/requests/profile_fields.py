@@ -1,7 +1,9 @@
 """The fields of SGLang's ``/start_profile`` (and ``Engine.start_profile``) checked into a `ProfileReq`.
 
 Taken: ``output_dir``, ``num_steps``, ``activities``, ``with_stack``, ``record_shapes``,
-``profile_id``, ``profile_prefix`` (radixrt/scheduler/profiler.py says what each does). SGLang's
+``profile_id``, ``profile_prefix`` (radixrt/scheduler/profiler.py says what each does), and
+``dp_rank``, which the router in front of ``--dp`` replicas sets for each (the trace's name
+then ends in SGLang's ``-DP-<rank>``). SGLang's
 options for its multi-stage and multi-rank runs (``start_step``, ``profile_by_stage``,
 ``merge_profiles``, ``profile_stages``, ``detailed_annotations``) are taken unset or false and
 refused set; any other name is refused.
@@ -30,6 +32,7 @@ def _text(fields: dict[str, Any], name: str) -> Any:
 def profile_request(fields: dict[str, Any]) -> ProfileReq:
     """The start message ``fields`` ask for; RequestError naming the first bad field."""
     known = {"output_dir", "num_steps", "activities", "with_stack", "record_shapes", "profile_id", "profile_prefix"}
+    known.add("dp_rank")
     for name, value in fields.items():
         if name in _UNSUPPORTED:
             if value not in (None, False):
@@ -41,6 +44,9 @@ def profile_request(fields: dict[str, Any]) -> ProfileReq:
         raise RequestError("'num_steps' must be a positive integer.", "num_steps")
     if activities is not None and not (isinstance(activities, list) and all(isinstance(a, str) for a in activities)):
         raise RequestError("'activities' must be a list of strings ('CPU', 'GPU', 'MEM').", "activities")
+    rank = fields.get("dp_rank")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 16):
+        raise RequestError("'dp_rank' must be a non-negative integer.", "dp_rank")
     for flag in ("with_stack", "record_shapes"):
         if fields.get(flag) is not None and not isinstance(fields[flag], bool):
             raise RequestError(f"'{flag}' must be a boolean.", flag)
@@ -53,4 +59,5 @@ def profile_request(fields: dict[str, Any]) -> ProfileReq:
         record_shapes=fields.get("record_shapes"),
         profile_id=_text(fields, "profile_id"),
         profile_prefix=_text(fields, "profile_prefix"),
+        dp_rank=rank,
     )

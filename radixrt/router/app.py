@@ -8,7 +8,7 @@ SGLang's) native and OpenAI routes to its workers.
   (``/abort_request`` matches rids, which only the worker running it knows).
 * ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``, ``/update_weight_version``,
   ``/pause_generation``, ``/continue_generation``, ``/release_memory_occupation``,
-  ``/resume_memory_occupation``: sent to every healthy
+  ``/resume_memory_occupation``, ``/start_profile``, ``/stop_profile``: sent to every healthy
   worker, so that any of them serves the adapter (the weights; pauses). When all answer alike (done,
   or refused for one reason) that answer is passed on; otherwise a 502 (some
   applied it) or 400 names each worker's failure. A worker added later loads

@@ -1,12 +1,14 @@
 """The router's routes that go to every healthy worker: ``/flush_cache``,
 ``/abort_request``, ``/load_lora_adapter``, ``/unload_lora_adapter``,
 ``/update_weights_from_disk``, ``/update_weight_version``, ``/pause_generation``,
-``/continue_generation``, ``/release_memory_occupation`` and ``/resume_memory_occupation``
-(the router app's docstring says what each answers)."""
+``/continue_generation``, ``/release_memory_occupation``, ``/resume_memory_occupation``,
+``/start_profile`` and ``/stop_profile`` (the router app's docstring says what each answers)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Optional
 
 import httpx
@@ -20,17 +22,26 @@ Answer = tuple[str, Optional[httpx.Response], str]
 UPDATE_TIMEOUT_S = 3610.0
 
 
-async def broadcast(state: RouterState, request: Request, path: str, timeout: float = 60.0) -> list[Answer]:
-    """Send the request to every healthy worker; (url, response or None, error) each."""
+async def broadcast(
+    state: RouterState, request: Request, path: str, timeout: float = 60.0, bodies: Optional[dict[str, bytes]] = None
+) -> list[Answer]:
+    """Send the request to every healthy worker (with ``bodies[url]`` as its body, where given);
+    (url, response or None, error) each."""
     assert state.client is not None
     body = await request.body()
     headers = state.headers(request)
 
     async def one(url: str) -> Answer:
         assert state.client is not None
+        content = body if bodies is None else bodies.get(url, body)
         try:
             r = await state.client.request(
-                request.method, url + path, headers=headers, content=body, params=request.query_params, timeout=timeout
+                request.method,
+                url + path,
+                headers=headers,
+                content=content,
+                params=request.query_params,
+                timeout=timeout,
             )
             return url, r, ""
         except httpx.HTTPError as e:
@@ -79,16 +90,25 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
             )
         return Response(status_code=200)
 
-    async def to_every_worker(request: Request, path: str, timeout: float = 130.0) -> Response:
-        """The workers' one answer when they agree, else what failed where (a 400 when nothing
+    async def to_every_worker(
+        request: Request,
+        path: str,
+        timeout: float = 130.0,
+        bodies: Optional[dict[str, bytes]] = None,
+        joined: bool = False,
+    ) -> Response:
+        """The workers' one answer when they agree (``joined``: all their texts when they
+        succeeded, each saying what it did), else what failed where (a 400 when nothing
         applied it, a 502 when some did). The default timeout: the LoRA routes' (120 s) and more."""
-        results = await broadcast(state, request, path, timeout=timeout)
+        results = await broadcast(state, request, path, timeout=timeout, bodies=bodies)
         if not results:
             return error_response(503, "no healthy worker is available")
         first = results[0][1]
         if first is not None and all(r is not None and r.status_code == first.status_code for _, r, _ in results):
             # one answer from all (loaded, or refused alike: a bad folder, a missing key): one server's answer
-            return Response(first.content, status_code=first.status_code, media_type=first.headers.get("content-type"))
+            ok = joined and first.status_code == 200
+            content = b"".join(r.content for _, r, _ in results if r is not None) if ok else first.content
+            return Response(content, status_code=first.status_code, media_type=first.headers.get("content-type"))
         failed = failures(results)
         applied = len(results) - len(failed)
         reasons = "; ".join(failed)
@@ -107,3 +127,25 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
     forward("/update_weights_from_disk", UPDATE_TIMEOUT_S)
     for path in ("/release_memory_occupation", "/resume_memory_occupation"):
         forward(path, UPDATE_TIMEOUT_S)
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request) -> Response:
+        """Every worker profiles, each into its own trace: one ``profile_id`` for all (the
+        request's, or the time), and with several workers each one's rank in the router's order
+        (``dp_rank``: SGLang's ``-DP-<rank>`` in the file's name)."""
+        raw = await request.body()
+        try:
+            fields = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            return error_response(400, "The request body must be a JSON object.")
+        fields.setdefault("profile_id", str(time.time()))
+        urls = list(state.pool.workers)
+        ranked = {u: {**fields, "dp_rank": i} if len(urls) > 1 else fields for i, u in enumerate(urls)}
+        bodies = {u: json.dumps(b).encode() for u, b in ranked.items()}
+        return await to_every_worker(request, "/start_profile", 610.0, bodies, joined=True)
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile(request: Request) -> Response:
+        return await to_every_worker(request, "/stop_profile", 610.0, joined=True)

@@ -6,7 +6,8 @@ forward thread under the overlap scheduler: `StepLauncher.between_steps`). `star
 ``torch.profiler.profile`` (CPU activity, and CUDA's on a GPU) in which each launched step is a
 range ``radixrt step N`` (`launched` closes the last and opens the next); `stop`, or the
 ``num_steps``-th step, ends it and writes one Chrome trace (Perfetto, ``chrome://tracing``):
-``<output_dir>/<prefix>-<profile_id>-TP-<rank>.trace.json.gz``, SGLang's name. The default
+``<output_dir>/<prefix>-<profile_id>-TP-<rank>.trace.json.gz`` (``...-TP-<rank>-DP-<dp_rank>...`` for a
+replica behind the ``--dp`` router), SGLang's name. The default
 ``output_dir`` is ``$SGLANG_TORCH_PROFILER_DIR``, else ``$RADIXRT_PROFILE_DIR``, else the system's
 temporary folder. A profile stays bounded: without ``num_steps`` it stops itself after
 `MAX_PROFILE_STEPS` steps. Writing the trace holds the step loop while it runs, as in SGLang.
@@ -104,7 +105,8 @@ class StepProfiler:
         folder = folder or os.environ.get("RADIXRT_PROFILE_DIR") or tempfile.gettempdir()
         os.makedirs(folder, exist_ok=True)
         prefix = f"{msg.profile_prefix}-" if msg.profile_prefix else ""
-        path = os.path.join(folder, f"{prefix}{msg.profile_id or time.time()}-TP-{self.rank}.trace.json.gz")
+        dp = "" if msg.dp_rank is None else f"-DP-{msg.dp_rank}"
+        path = os.path.join(folder, f"{prefix}{msg.profile_id or time.time()}-TP-{self.rank}{dp}.trace.json.gz")
         profiler = torch.profiler.profile(
             activities=activities,
             record_shapes=bool(msg.record_shapes),

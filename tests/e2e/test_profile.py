@@ -38,7 +38,8 @@ def test_the_engine_profiles_until_stopped_or_num_steps(tiny_llama, tmp_path):
         assert len(_step_ranges(path)) == 3  # it stopped itself
         with pytest.raises(ValueError, match="no profile is running"):
             e.stop_profile()
-        for bad in ({"num_steps": 0}, {"activities": ["TPU"]}, {"profile_by_stage": True}, {"nope": 1}):
+        bad_fields = ({"num_steps": 0}, {"activities": ["TPU"]}, {"profile_by_stage": True}, {"nope": 1})
+        for bad in (*bad_fields, {"dp_rank": -1}, {"dp_rank": True}):
             with pytest.raises(ValueError):
                 e.start_profile(output_dir=str(tmp_path), **bad)
         assert e.generate("hello", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2

@@ -269,6 +269,22 @@ def test_lora_adapters_load_through_the_front_on_every_replica(dp_server, worker
         assert after.status_code == 400 and "unknown LoRA adapter" in after.text
 
 
+def test_every_replica_profiles_into_its_own_trace(dp_server, workers, tmp_path):
+    """/start_profile through the --dp front: every replica profiles (one profile_id for all) and
+    writes its own trace, named with SGLang's -DP-<rank>; /stop_profile ends them all."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    body = {"output_dir": str(tmp_path), "profile_id": "p1"}
+    r = HTTP.post(dp_server.url + "/start_profile", headers=admin, timeout=60, json=body)
+    assert r.status_code == 200 and r.text.count("Start profiling") == 2, r.text
+    for w in workers:  # a step on each
+        assert HTTP.post(w.url + "/generate", headers=AUTH, timeout=60, json={"text": "x"}).status_code == 200
+    r = HTTP.post(dp_server.url + "/stop_profile", headers=admin, timeout=120)
+    assert r.status_code == 200 and r.text.count("Stop profiling") == 2, r.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"p1-TP-0-DP-{i}.trace.json.gz" for i in range(2)]
+    again = HTTP.post(dp_server.url + "/stop_profile", headers=admin, timeout=60)
+    assert again.status_code == 400, again.text  # none runs any more, on either
+
+
 def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(workers, routers):
     router = routers["cache_aware"]
     assert HTTP.post(router.url + "/flush_cache", headers=ADMIN, timeout=30).status_code == 200
