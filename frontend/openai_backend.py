@@ -94,6 +94,10 @@ class OpenAI(BaseBackend):
             what.append("prompt logprobs (logprob_start_len)")
         if sp.json_schema is not None and not self.is_chat_model:
             what.append("json_schema on a completion model")
+        if sp.dtype is not None and self.is_chat_model:  # as SGLang's backend (a completion model repairs it)
+            what.append(
+                f"a typed gen (dtype {getattr(sp.dtype, '__name__', sp.dtype)}, gen_int, gen_string) on a chat model"
+            )
         if what:
             raise UnsupportedByBackendError(
                 f"the OpenAI API cannot express {', '.join(what)}; use radixrt.Engine or RuntimeEndpoint "
@@ -248,8 +252,9 @@ class OpenAI(BaseBackend):
             if lp is None or lp.text_offset is None:
                 raise UnsupportedByBackendError("the server did not return echoed prompt logprobs; select needs them")
             i = c.index
+            lo = max(starts[i] - 1, 0)  # from the token holding the prompt's last character on, as select scores
             for tok, off, v in zip(lp.tokens, lp.text_offset, lp.token_logprobs):
-                if off + len(tok) > starts[i] and off < ends[i]:
+                if off + len(tok) > lo and off < ends[i]:
                     out[i].append([v, None, tok])
         return out
 

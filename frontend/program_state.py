@@ -169,6 +169,14 @@ class ProgramState:
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
 
+    def __del__(self) -> None:
+        """A state dropped without its branches joined (an abandoned fork) ends its executor's
+        worker thread, as SGLang's does."""
+        try:
+            self.stream_executor.end()
+        except Exception:  # noqa: BLE001 - __del__ must not raise
+            pass
+
 
 # the meta_info lists SGLang's frontend streams as deltas (its _INCREMENTAL_STREAMING_META_INFO_KEYS)
 _STREAMED_LISTS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
@@ -184,9 +192,3 @@ def _new_in_lists(meta: Any, sent: dict[str, int]) -> Any:
             out[key] = meta[key][sent.get(key, 0) :]
             sent[key] = len(meta[key])
     return out
-
-    def __del__(self) -> None:
-        try:
-            self.stream_executor.end()
-        except Exception:  # noqa: BLE001 - __del__ must not raise
-            pass

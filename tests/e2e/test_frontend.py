@@ -287,6 +287,31 @@ def test_react_loop_follows_select(engine):
     assert "Observation: Paris has 2100000 inhabitants.\nAction: finish [2100000]" in st.text()
 
 
+def test_branches_never_joined_end_their_threads(engine):
+    """A fork left unjoined (an abandoned branch, an early return) ends its branches' worker
+    threads once the states are dropped, as SGLang's ProgramState.__del__ does."""
+    import gc
+    import threading
+    import time
+
+    @rt.function
+    def abandons(s):
+        s += "Hi"
+        for branch in s.fork(2):
+            branch += "x" + rt.gen("y", max_tokens=1)
+
+    abandons.run()
+    gc.collect()
+    before = threading.active_count()
+    for _ in range(10):
+        abandons.run()
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before
+
+
 def test_fork_of_five_branches(engine):
     @rt.function
     def fan_out(s):

@@ -106,6 +106,13 @@ def test_openai_backend_against_radixrt_server(runtime):
 
     assert isinstance(constrained.run(backend=chat_backend).error(), UnsupportedByBackendError)
 
+    @rt.function
+    def typed(s):
+        s += rt.user("How many legs does a dog have?")
+        s += rt.assistant(rt.gen_int("n", max_tokens=4))
+
+    assert isinstance(typed.run(backend=chat_backend).error(), UnsupportedByBackendError)  # as SGLang's backend
+
     completion_backend = rt.OpenAI("default", base_url=runtime.url + "/v1", is_chat_model=False)
 
     @rt.function
