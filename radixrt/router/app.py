@@ -51,7 +51,7 @@ import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from radixrt.router.broadcast import add_broadcast_routes
+from radixrt.router.broadcast import add_broadcast_routes, add_profile_routes
 from radixrt.router.dp_rank import rank_of
 from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
@@ -234,6 +234,7 @@ def build_router_app(
     app.add_middleware(RouterGuard, state=state)
     _add_worker_routes(app, state)
     add_broadcast_routes(app, state)
+    add_profile_routes(app, state)
     _add_server_info_routes(app, state)
     _add_proxied_routes(app, state)  # last: its catch-all route takes every other path
     return app

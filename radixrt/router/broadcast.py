@@ -59,6 +59,33 @@ def failures(results: list[Answer]) -> list[str]:
     ]
 
 
+async def to_every_worker(
+    state: RouterState,
+    request: Request,
+    path: str,
+    timeout: float = 130.0,
+    bodies: Optional[dict[str, bytes]] = None,
+    joined: bool = False,
+) -> Response:
+    """The workers' one answer when they agree (``joined``: all their texts when they
+    succeeded, each saying what it did), else what failed where (a 400 when nothing
+    applied it, a 502 when some did). The default timeout: the LoRA routes' (120 s) and more."""
+    results = await broadcast(state, request, path, timeout=timeout, bodies=bodies)
+    if not results:
+        return error_response(503, "no healthy worker is available")
+    first = results[0][1]
+    if first is not None and all(r is not None and r.status_code == first.status_code for _, r, _ in results):
+        # one answer from all (loaded, or refused alike: a bad folder, a missing key): one server's answer
+        ok = joined and first.status_code == 200
+        content = b"".join(r.content for _, r, _ in results if r is not None) if ok else first.content
+        return Response(content, status_code=first.status_code, media_type=first.headers.get("content-type"))
+    failed = failures(results)
+    applied = len(results) - len(failed)
+    reasons = "; ".join(failed)
+    message = f"{path} failed on {len(failed)} of {len(results)} workers ({applied} applied it): {reasons}"
+    return error_response(502 if applied else 400, message)
+
+
 def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
     """/flush_cache, /abort_request and the LoRA routes, sent to every healthy worker."""
 
@@ -90,34 +117,9 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
             )
         return Response(status_code=200)
 
-    async def to_every_worker(
-        request: Request,
-        path: str,
-        timeout: float = 130.0,
-        bodies: Optional[dict[str, bytes]] = None,
-        joined: bool = False,
-    ) -> Response:
-        """The workers' one answer when they agree (``joined``: all their texts when they
-        succeeded, each saying what it did), else what failed where (a 400 when nothing
-        applied it, a 502 when some did). The default timeout: the LoRA routes' (120 s) and more."""
-        results = await broadcast(state, request, path, timeout=timeout, bodies=bodies)
-        if not results:
-            return error_response(503, "no healthy worker is available")
-        first = results[0][1]
-        if first is not None and all(r is not None and r.status_code == first.status_code for _, r, _ in results):
-            # one answer from all (loaded, or refused alike: a bad folder, a missing key): one server's answer
-            ok = joined and first.status_code == 200
-            content = b"".join(r.content for _, r, _ in results if r is not None) if ok else first.content
-            return Response(content, status_code=first.status_code, media_type=first.headers.get("content-type"))
-        failed = failures(results)
-        applied = len(results) - len(failed)
-        reasons = "; ".join(failed)
-        message = f"{path} failed on {len(failed)} of {len(results)} workers ({applied} applied it): {reasons}"
-        return error_response(502 if applied else 400, message)
-
     def forward(path: str, timeout: float = 130.0) -> None:
         async def route(request: Request) -> Response:
-            return await to_every_worker(request, path, timeout)
+            return await to_every_worker(state, request, path, timeout)
 
         app.add_api_route(path, route, methods=["POST"], name=path.strip("/"))
 
@@ -127,6 +129,10 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
     forward("/update_weights_from_disk", UPDATE_TIMEOUT_S)
     for path in ("/release_memory_occupation", "/resume_memory_occupation"):
         forward(path, UPDATE_TIMEOUT_S)
+
+
+def add_profile_routes(app: FastAPI, state: RouterState) -> None:
+    """/start_profile and /stop_profile, sent to every healthy worker (each writes its own trace)."""
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> Response:
@@ -144,8 +150,8 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
         urls = list(state.pool.workers)
         ranked = {u: {**fields, "dp_rank": i} if len(urls) > 1 else fields for i, u in enumerate(urls)}
         bodies = {u: json.dumps(b).encode() for u, b in ranked.items()}
-        return await to_every_worker(request, "/start_profile", 610.0, bodies, joined=True)
+        return await to_every_worker(state, request, "/start_profile", 610.0, bodies, joined=True)
 
     @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile(request: Request) -> Response:
-        return await to_every_worker(request, "/stop_profile", 610.0, joined=True)
+        return await to_every_worker(state, request, "/stop_profile", 610.0, joined=True)
