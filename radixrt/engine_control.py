@@ -5,7 +5,7 @@ base of `radixrt.Engine`; a method that asks the scheduler sends it one control 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from radixrt.requests.messages import (
     ContinueGenerationReq,
@@ -24,7 +24,27 @@ from radixrt.requests.messages import (
     WeightVersionReq,
 )
 from radixrt.requests.profile_fields import profile_request
+from radixrt.requests.runtime_info import internal_state
 from radixrt.requests.sessions import SessionStore
+from radixrt.version import __version__
+
+_NOT_GENERATIVE = "radixrt serves generative models, without an embedding or classification head"
+# SGLang's Engine methods radixrt does not have, and why: an AttributeError that says so
+SGLANG_ONLY_METHODS = {
+    "encode": _NOT_GENERATIVE,
+    "async_encode": _NOT_GENERATIVE,
+    "rerank": _NOT_GENERATIVE,
+    "async_score": "call score() (from a thread, in async code)",
+    "update_weights_from_ipc": "its tensors are CUDA IPC handles; use update_weights_from_tensor",
+    "load_lora_adapter_from_tensors": "load the adapter's PEFT folder with load_lora_adapter",
+    "begin_weight_update": "use update_weights_from_tensor or update_weights_from_distributed",
+    "end_weight_update": "use update_weights_from_tensor or update_weights_from_distributed",
+    "collective_rpc": "the runtime runs no user code on its workers",
+    "freeze_gc": "the scheduler's garbage collector is left as Python sets it",
+    "start_expert_distribution_record": "radixrt serves dense (Llama-family) models",
+    "stop_expert_distribution_record": "radixrt serves dense (Llama-family) models",
+    "dump_expert_distribution_record": "radixrt serves dense (Llama-family) models",
+}
 
 
 class EngineControl:
@@ -38,6 +58,14 @@ class EngineControl:
 
     def _control_call(self, msg: Any) -> ControlReply:
         raise NotImplementedError
+
+    if not TYPE_CHECKING:  # (type checkers keep seeing an unknown attribute as an error)
+
+        def __getattr__(self, name: str) -> Any:
+            why = SGLANG_ONLY_METHODS.get(name)
+            if why is None:
+                raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
+            raise AttributeError(f"Engine.{name} (SGLang's) is not supported by radixrt: {why}")
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix (False while requests run). The counters of
@@ -253,7 +281,24 @@ class EngineControl:
             "kv_cache": self.info.kv_cache,  # as /get_server_info: bytes per token, capacity (kv_format.py)
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
             "weight_version": stats["weight_version"],
+            "version": __version__,
             "stats": stats,
+            "internal_states": [
+                internal_state(stats, self.info.kv_total_slots, self.config.scheduling.max_running_requests)
+            ],
+        }
+
+    def get_model_info(self) -> dict:
+        """SGLang's Engine.get_model_info (the server's ``/get_model_info``)."""
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": getattr(self.tokenizer, "name_or_path", None) or self.model_path,
+            "weight_version": self.get_weight_version(),
+            "is_generation": True,
+            "context_length": self.context_length,
+            "vocab_size": self.info.vocab_size,
+            "chat_role_markers": {k: list(v) for k, v in self.chat_role_markers.items()},
+            "preferred_sampling_params": None,
         }
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:

@@ -36,3 +36,16 @@ class RuntimeInfo:
     @property
     def kv_total_slots(self) -> int:
         return self.limits.kv_total_slots
+
+
+def internal_state(stats: dict[str, Any], token_capacity: int, max_running_requests: Any) -> dict[str, Any]:
+    """The scheduler's stats with SGLang's names for the figures its tools read
+    (``sglang/benchmark/one_batch_server.py``): ``internal_states[0]`` of ``/get_server_info``
+    and of ``Engine.get_server_info``: the KV pool's capacity in tokens, the most requests
+    running at once, and the generation throughput of the last --log-interval steps."""
+    return {
+        **stats,
+        "memory_usage": {"token_capacity": token_capacity},
+        "effective_max_running_requests_per_dp": max_running_requests,
+        "last_gen_throughput": stats.get("last_gen_throughput", 0.0),
+    }

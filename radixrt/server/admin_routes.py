@@ -13,6 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from radixrt.requests.intake import RequestSpec
 from radixrt.requests.messages import ProfileReq
 from radixrt.requests.profile_fields import profile_request
+from radixrt.requests.runtime_info import internal_state
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
@@ -72,7 +73,7 @@ async def get_model_info(ctx: ServerContext = Depends(server_context)) -> Respon
 @router.get("/get_server_info")
 async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Response:
     """Server arguments (resolved, as SGLang's ``resolved_dict``), model info, KV size and the
-    scheduler's live stats (with SGLang's figures that its benchmarks read: `_internal_state`)."""
+    scheduler's live stats (with SGLang's figures that its benchmarks read: `internal_state`)."""
     stats = await ctx.tm.get_stats()
     return JSON(
         {
@@ -89,23 +90,13 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
             "kv_slots": stats.get("kv", {}),
             "host_kv_cache": stats.get("host_kv"),  # the host tier (--enable-hierarchical-cache), or None
             "storage_kv_cache": stats.get("storage_kv"),  # the storage tier (--hicache-storage-backend), or None
-            "internal_states": [_internal_state(ctx, stats)],
+            "internal_states": [
+                internal_state(stats, ctx.tm.kv_total_slots, ctx.server_args.get("max_running_requests"))
+            ],
             "process_ids": ctx.process_ids,
             "uptime_s": round(time.time() - ctx.started, 3),
         }
     )
-
-
-def _internal_state(ctx: ServerContext, stats: dict) -> dict:
-    """The scheduler's stats, with SGLang's names for the figures its tools read
-    (``sglang/benchmark/one_batch_server.py``): the KV pool's capacity in tokens, the most
-    requests running at once, and the generation throughput of the last --log-interval steps."""
-    return {
-        **stats,
-        "memory_usage": {"token_capacity": ctx.tm.kv_total_slots},
-        "effective_max_running_requests_per_dp": ctx.server_args.get("max_running_requests"),
-        "last_gen_throughput": stats.get("last_gen_throughput", 0.0),
-    }
 
 
 @router.get("/debug/kv")

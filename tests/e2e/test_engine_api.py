@@ -203,6 +203,17 @@ def test_stats_and_flush(engine, prompt):
     assert again["meta_info"]["cached_tokens"] == 0
     info = engine.get_server_info()
     assert info["max_total_num_tokens"] == 8192 and info["context_length"] == 8192
+    # SGLang's fields its tools read, as the server's /get_server_info has them
+    state = info["internal_states"][0]
+    assert state["memory_usage"]["token_capacity"] == 8192 and state["kv"]["total_slots"] == 8192
+    assert info["version"] == radixrt.__version__
+    model = engine.get_model_info()  # SGLang's Engine.get_model_info, as /get_model_info
+    assert model["is_generation"] and model["context_length"] == 8192 and model["weight_version"] == "default"
+    assert model["vocab_size"] == engine.info.vocab_size
+    with pytest.raises(AttributeError, match=r"Engine.encode \(SGLang's\) is not supported by radixrt: .*generative"):
+        engine.encode("hi")
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_method'"):
+        engine.no_such_method()
 
 
 def test_score_equals_transformers_next_token_probabilities(engine):
