@@ -5,8 +5,8 @@ bound: a JSON schema of 1,000 optional properties (34,000 characters) compiles i
 against a 49,152-token vocabulary, one of 2,500 optional properties (86,000 characters) in
 minutes, and a compilation cannot be stopped once started. So `GrammarBackend` compiles a
 grammar of more than ``SMALL_GRAMMAR_CHARS`` characters only after `CompileCanary.trial`
-compiled it in a child process within ``deadline_s``; a trial past it kills the child (a
-fresh one starts for the next) and the grammar is refused (`GrammarTooCostly`: a 400). One
+compiled it in a child process within ``deadline_s`` (`check`); a trial past it kills the
+child (a fresh one starts for the next) and the grammar is refused (`GrammarTooCostly`: a 400). One
 request's grammar thus costs at most ``deadline_s`` of a core before it is refused, and a
 grammar that passes costs twice its compilation (compiled grammars hold their token-mask
 cache: handing one over costs more than compiling it again).
@@ -15,8 +15,9 @@ The child imports xgrammar alone, reads the parent's ``TokenizerInfo`` once and 
 trial, a parsed grammar (xgrammar's JSON serialization, linear in the source), answering
 ``ok`` or the error. Messages are length-prefixed on its stdin and on a copy of its stdout
 (its own stdout goes to stderr, so nothing it prints mixes in). It exits when its stdin
-closes (the parent is gone). The child starts on the first trial, and its start-up (about
-4 s: xgrammar imports torch) is not counted against the deadline.
+closes (the parent is gone). The child starts at the first trial and stays; its start-up
+(about 4 s: xgrammar imports torch) is not counted against the deadline, so the first large
+grammar a server sees waits that much longer once.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class CompileCanary:
         self._proc: Optional[subprocess.Popen] = None
         self._lock = threading.Lock()
         self.closed = False
+        self._warned = False  # the warning that no child could start, given once
 
     def trial(self, grammar: Any) -> None:
         """Return once ``grammar`` (an xgrammar ``Grammar``) compiled in the child within the
@@ -70,6 +72,18 @@ class CompileCanary:
                 raise ValueError("its compilation crashed the process that tried it") from None
         if answer != b"ok":
             raise ValueError(answer.decode(errors="replace").removeprefix("error: "))
+
+    def check(self, grammar: Any) -> None:
+        """`trial`, except that where no child can start the grammar passes, with one warning
+        (it then compiles unbounded); once closed, ValueError: nothing compiles any more."""
+        try:
+            self.trial(grammar)
+        except RuntimeError as e:
+            if self.closed:
+                raise ValueError("the grammar compiler is shut down") from None
+            if not self._warned:
+                logger.warning("large grammars compile without a time bound: %s", e)
+            self._warned = True
 
     def _start(self) -> subprocess.Popen:
         if self.closed:

@@ -280,7 +280,6 @@ class GrammarBackend:
         self._compilers: dict[bool, Any] = {}  # per lane (small or not)
         self._compiler_lock = threading.Lock()
         self._canary: Optional[CompileCanary] = None  # the large lane's trial compilations
-        self._canary_failed = False
         self.compilations = 0  # grammars compiled (cache misses)
 
     def _get_compiler(self, small: bool) -> Any:
@@ -301,26 +300,18 @@ class GrammarBackend:
         grammar = _parse(key, self.limits)  # checked again: nothing unbounded is compiled here
         compiler = self._get_compiler(small)
         if not small:
-            self._trial(grammar)
+            self._canary_of().check(grammar)
         compiled = compiler.compile_grammar(grammar)
         self.compilations += 1
         return compiled
 
-    def _trial(self, grammar: Any) -> None:
-        """A large grammar compiles here only once it compiled in `CompileCanary`'s child
-        within ``limits.max_compile_s`` (GrammarTooCostly otherwise). Where no child can start,
-        it compiles unbounded, with one warning."""
+    def _canary_of(self) -> CompileCanary:
+        """The large lane's trials (`CompileCanary`), made on first use (after a compiler: it needs
+        the vocabulary's ``TokenizerInfo``)."""
         with self._compiler_lock:
             if self._canary is None:
                 self._canary = CompileCanary(self._info, self.limits.max_compile_s)
-        try:
-            self._canary.trial(grammar)
-        except RuntimeError as e:
-            if self._canary.closed:  # shutting down: nothing is compiled any more
-                raise ValueError("the grammar compiler is shut down") from None
-            if not self._canary_failed:
-                logger.warning("large grammars compile without a time bound: %s", e)
-            self._canary_failed = True
+            return self._canary
 
     def compile_async(self, key: GrammarKey) -> Future:
         """The future of ``key``'s CompiledGrammar (an existing one when cached or
