@@ -146,7 +146,7 @@ def add_profile_routes(app: FastAPI, state: RouterState) -> None:
             fields = None
         if not isinstance(fields, dict):
             return error_response(400, "The request body must be a JSON object.")
-        fields.setdefault("profile_id", str(time.time()))
+        fields["profile_id"] = fields.get("profile_id") or str(time.time())  # one for all (null: the time)
         urls = list(state.pool.workers)
         ranked = {u: {**fields, "dp_rank": i} if len(urls) > 1 else fields for i, u in enumerate(urls)}
         bodies = {u: json.dumps(b).encode() for u, b in ranked.items()}

@@ -230,9 +230,10 @@ class ServerMetrics:
         r.register(SGLangNames(self))  # the same figures under SGLang's names (sglang_metrics.py)
         # every series exists at 0 from the start (a labelled one appears on first use otherwise, and
         # Prometheus' increase() misses that first step)
-        fresh = (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.inflight, self.ttft, self.itl)
-        for metric in (*fresh, self.e2e):
+        for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens, self.inflight):
             self._m(metric)
+        for histogram in (self.ttft, self.itl, self.e2e):
+            self._m(histogram)
         for reason in ("stop", "length", "abort"):
             self._m(self.requests, finish_reason=reason)
 

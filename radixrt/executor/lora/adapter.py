@@ -145,6 +145,8 @@ def weight_modules(name: str, folder: Path) -> set[str]:
     is not one, or for weights of modules radixrt does not adapt (``lm_head``,
     ``embed_tokens``, ...), naming them."""
     path = weights_file(folder)
+    # read by hand, not with safetensors.safe_open: that checks the whole file's layout, and this
+    # runs before the file's size is bounded (a sparse 16 GiB file is refused by its size next)
     with open(path, "rb") as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
