@@ -23,8 +23,9 @@ from tests.support.servers import (
 
 @pytest.fixture(scope="session")
 def default_server(default_model_path):
-    """``radixrt serve`` on the embedded model with 24,576 KV tokens (tool calling, the Responses API)."""
-    yield from serving("--max-total-tokens", "24576", model="default")
+    """``radixrt serve`` on the embedded model with 24,576 KV tokens (tool calling, the Responses API),
+    warming its grammar checker as a server does by default."""
+    yield from serving("--max-total-tokens", "24576", model="default", warmup=True)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +34,7 @@ def tiny_server(tiny_llama):
     test_weight_updates.py: which updates its weights, then restores them; test_sglang_utility_routes.py:
     its label, restored), served as
     "default", with the API key ``TINY_SERVER_KEY`` and the admin key ``TINY_SERVER_ADMIN_KEY``, 24,576 KV
-    tokens, --skip-server-warmup, --enable-return-hidden-states,
+    tokens, --enable-return-hidden-states,
     --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
     ``TINY_SERVER_MAX_TOP`` and the overlap scheduler (a CUDA default, off on the CPU otherwise), so
     that streams, aborts and disconnects are also tested with a step in flight. ``folder`` and
@@ -48,7 +49,6 @@ def tiny_server(tiny_llama):
         "--served-model-name",
         "default",
         "--no-disable-overlap-schedule",
-        "--skip-server-warmup",  # SGLang's flag: its first grammar request loads xgrammar (test_server.py has some)
         "--enable-return-hidden-states",  # test_hidden_states.py
         "--max-n",
         str(TINY_SERVER_MAX_N),

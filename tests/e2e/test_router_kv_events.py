@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer, free_port
+from tests.support.servers import SKIP_WARMUP
 from tests.support.weights import checkpoint_rows
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,9 @@ def setup(tiny_llama):
     ports = [free_port(), free_port()]
     replay_ports = [free_port(), free_port()]
     workers = [
-        LocalServer("--max-total-tokens", "4096", "--page-size", str(size), *_events_flag(p, r), model=tiny_llama)
+        LocalServer(
+            "--max-total-tokens", "4096", "--page-size", str(size), *_events_flag(p, r), SKIP_WARMUP, model=tiny_llama
+        )
         for size, p, r in zip((1, 4), ports, replay_ports)
     ]
     router_port = free_port()
@@ -151,7 +154,9 @@ def test_dp_front_follows_its_replicas_events(tiny_llama, make_tiny):
     port, replay = _free_run(2, below=_EPHEMERAL_LOW), _free_run(2, below=_EPHEMERAL_LOW)
     while abs(replay - port) < 2:
         replay = _free_run(2, below=_EPHEMERAL_LOW)
-    srv = LocalServer("--dp", "2", "--max-total-tokens", "4096", *_events_flag(port, replay), model=tiny_llama)
+    srv = LocalServer(
+        "--dp", "2", "--max-total-tokens", "4096", *_events_flag(port, replay), SKIP_WARMUP, model=tiny_llama
+    )
     try:
         srv.wait_ready()
         replicas = [w["url"] for w in httpx.get(srv.url + "/list_workers", timeout=10).json()["workers"]]

@@ -18,6 +18,7 @@ import zmq
 
 import radixrt
 from radixrt.server.local import LocalServer
+from tests.support.servers import SKIP_WARMUP
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +85,7 @@ def _assert_ranks_talk_privately(followers, listening_before: set) -> None:
 def tp_server(default_model_path):
     """One `radixrt serve --tp 2` for this module; its last test kills a rank, so
     the teardown only cleans up (no clean-exit check)."""
-    srv = LocalServer("--tp", "2", "--max-total-tokens", "4096", model=default_model_path)
+    srv = LocalServer("--tp", "2", "--max-total-tokens", "4096", SKIP_WARMUP, model=default_model_path)
     try:
         yield srv.wait_ready()
     finally:

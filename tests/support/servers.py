@@ -20,12 +20,18 @@ TINY_SERVER_MAX_N = 4
 TINY_SERVER_MAX_TOP = 5
 
 
-def serving(*flags: str, model: str, api_key: Optional[str] = None) -> Iterator[LocalServer]:
-    """Start a server with ``flags``, yield it once ready, then stop it with
-    SIGTERM and assert a clean exit: exit code 0 within 15 s, and its child
-    processes gone 5 s later. Its files are removed whatever happens.
-    Meant for ``yield from serving(...)`` in a fixture."""
-    srv = LocalServer(*flags, model=model, api_key=api_key)
+# SGLang's flag: the server starts without loading xgrammar (and the torch it imports) into its HTTP
+# process; its first request with a grammar loads it instead. That import is 1.5-2 s of CPU a start,
+# which the suite's servers that see no grammar would spend for nothing (the session's default_server
+# keeps the warm-up, so the default path is served too).
+SKIP_WARMUP = "--skip-server-warmup"
+
+
+def serving(*flags: str, model: str, api_key: Optional[str] = None, warmup: bool = False) -> Iterator[LocalServer]:
+    """Start a server with ``flags`` (and ``SKIP_WARMUP`` unless ``warmup``), yield it once ready, then
+    stop it with SIGTERM and assert a clean exit: exit code 0 within 15 s, and its child processes gone
+    5 s later. Its files are removed whatever happens. Meant for ``yield from serving(...)`` in a fixture."""
+    srv = LocalServer(*flags, *(() if warmup else (SKIP_WARMUP,)), model=model, api_key=api_key)
     try:
         srv.wait_ready()
         pids = httpx.get(srv.url + "/get_server_info", headers=srv.headers, timeout=30).json()["process_ids"]
@@ -43,9 +49,9 @@ def serving(*flags: str, model: str, api_key: Optional[str] = None) -> Iterator[
 
 @contextlib.contextmanager
 def client_of(*flags: str, model: str) -> Iterator[httpx.Client]:
-    """A client of a server started with ``flags`` for one test's requests; the
+    """A client of a server started with ``flags`` and ``SKIP_WARMUP`` for one test's requests; the
     server is stopped and its files removed afterwards, whatever happens."""
-    srv = LocalServer(*flags, model=model)
+    srv = LocalServer(*flags, SKIP_WARMUP, model=model)
     try:
         srv.wait_ready()
         with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=60) as client:
