@@ -200,7 +200,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
     # A dense model: drop any trace of the GGUF quantizer so save_pretrained writes plain weights
     # and the saved config does not ask for GGUF loading.
     if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module types attributes as Tensor | Module
+        model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = DEFAULT_MODEL_NAME

@@ -73,7 +73,7 @@ class RedisKVStore(KVStore):
 
     def get(self, key: bytes) -> Optional[memoryview]:
         try:
-            data: Optional[bytes] = self._client.get(self._key(key))  # type: ignore[assignment]  # sync client
+            data: Optional[bytes] = self._client.get(self._key(key))  # a sync client: bytes or None
         except self._errors as e:
             self._failed("GET", e)
             return None
