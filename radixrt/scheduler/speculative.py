@@ -23,9 +23,10 @@ a CPU nearly any draft pays; in a large batch only confident ones do, and
 none when they cost more than they save, so speculation turns itself off per
 step.
 
-Who speculates: running requests with no grammar (those have jump-forward),
-no ``sampling_params.speculative = False``, nothing in flight (the overlap
-scheduler is not used for their steps), and a sampled token to continue from.
+Who speculates: running requests with no ``sampling_params.speculative =
+False``, nothing in flight (the overlap scheduler is not used for their
+steps), and a sampled token to continue from. A request with a grammar drafts
+chains only, cut to the prefix its grammar allows (``_assign``).
 """
 
 from __future__ import annotations
