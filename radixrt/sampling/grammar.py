@@ -83,14 +83,12 @@ from typing import Any, Callable, Optional
 
 from radixrt.sampling.compile_canary import CompileCanary
 from radixrt.sampling.grammar_bounds import GrammarLimits, GrammarTooCostly, check_grammar_bounds
+from radixrt.sampling.json_schema_grammar import json_schema_grammar
 
 logger = logging.getLogger(__name__)
 
 GrammarKey = tuple[str, str]  # (kind, source); kind in GRAMMAR_KINDS
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
-
-# JSON layout the grammars enforce: one line, ", " between items, ": " after keys.
-JSON_SEPARATORS = (", ", ": ")
 
 # Characters of forced text tokenized per draft token allowed (tokens average ~4 characters; a
 # longer token cut at the end only shortens the draft, which verification keeps correct).
@@ -137,7 +135,7 @@ def _parse(key: GrammarKey, limits: GrammarLimits) -> Any:
         grammar = xgr.Grammar.from_regex(source)
     elif kind == "json_schema":
         json.loads(source)  # a clearer message for malformed JSON than xgrammar's
-        grammar = xgr.Grammar.from_json_schema(source, any_whitespace=False, separators=JSON_SEPARATORS)
+        grammar = json_schema_grammar(source)
     elif kind == "ebnf":
         grammar = xgr.Grammar.from_ebnf(source)
     elif kind == "structural_tag":

@@ -525,3 +525,21 @@ def test_draft_settles_and_rolls_back(tokenizer):
         assert tokenizer.decode(state.propose_draft(64)) == 'name": "'
     finally:
         backend.shutdown()
+
+
+@pytest.mark.parametrize("bound", [{"maxLength": 12}, {"minLength": 1}, {}])
+def test_a_schema_string_never_takes_a_raw_control_character(tokenizer, bound):
+    """JSON forbids U+0000-U+001F raw inside a string (RFC 8259); xgrammar's grammar of a string
+    with a length bound let them through (``json.loads`` then refused the answer)."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", **bound}}, "required": ["name"]}
+    backend = GrammarBackend(tokenizer, 49152, [2])
+    try:
+        compiled = backend.compile_async(("json_schema", json.dumps(schema))).result(timeout=30)
+        for text, allowed in (("ab", True), ("\x19", False), ("\t", False), ("\x00", False)):
+            state = backend.new_state(compiled)
+            assert all(state.accept(t) for t in tokenizer.encode('{"name": "', add_special_tokens=False))
+            token = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))
+            assert len(token) == 1, text
+            assert state.accept(token[0]) is allowed, (bound, repr(text))
+    finally:
+        backend.shutdown()

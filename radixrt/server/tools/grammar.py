@@ -24,16 +24,14 @@ import functools
 import json
 from typing import Any, Optional
 
-from radixrt.sampling.grammar import JSON_SEPARATORS
+from radixrt.sampling.json_schema_grammar import json_schema_ebnf
 from radixrt.server.tools.parsers import ToolCallParser
 from radixrt.server.tools.spec import ToolRequest, ToolSpec
 
 
 @functools.lru_cache(maxsize=256)
 def _schema_ebnf(schema_json: str) -> str:
-    import xgrammar as xgr
-
-    return str(xgr.Grammar.from_json_schema(schema_json, any_whitespace=False, separators=JSON_SEPARATORS))
+    return json_schema_ebnf(schema_json)
 
 
 def _tags(parser: ToolCallParser, tools: list[ToolSpec]) -> list[Any]:

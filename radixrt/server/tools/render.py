@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from radixrt.sampling.grammar import JSON_SEPARATORS
+from radixrt.sampling.json_schema_grammar import JSON_SEPARATORS
 from radixrt.server.tools.conversation import call_arguments
 from radixrt.server.tools.parsers import ToolCallParser
 from radixrt.server.tools.spec import ToolError, ToolRequest
