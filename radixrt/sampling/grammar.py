@@ -83,7 +83,7 @@ from typing import Any, Callable, Optional
 
 from radixrt.sampling.compile_canary import CompileCanary
 from radixrt.sampling.grammar_bounds import GrammarLimits, GrammarTooCostly, check_grammar_bounds
-from radixrt.sampling.json_schema_grammar import json_schema_grammar
+from radixrt.sampling.json_schema_grammar import json_schema_grammar, with_json_string_chars
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def _parse(key: GrammarKey, limits: GrammarLimits) -> Any:
     elif kind == "ebnf":
         grammar = xgr.Grammar.from_ebnf(source)
     elif kind == "structural_tag":
-        grammar = _structural_tag(json.loads(source), source)
+        grammar = with_json_string_chars(_structural_tag(json.loads(source), source))
     else:
         raise ValueError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
     check_grammar_bounds(grammar, limits)

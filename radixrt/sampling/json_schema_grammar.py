@@ -5,8 +5,9 @@ to a counted repeat of ``[^"\\\r\n]``, which lets a model write the control
 characters U+0000-U+001F (a tab, U+0019, ...) raw inside the string; RFC 8259
 forbids them there, so ``json.loads`` refuses the answer (its unbounded strings
 exclude them). The schema's grammar is rebuilt from its EBNF text with that class
-excluding them, as xgrammar's unbounded strings do. Only grammars made from a
-schema go through here: the class means a JSON string's character there.
+excluding them, as xgrammar's unbounded strings do. Only grammars made from
+schemas (a JSON schema, a structural tag's) go through here: the class means a
+JSON string's character there.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ def json_schema_grammar(schema_json: str) -> Any:
     raises what xgrammar raises on a bad schema."""
     import xgrammar as xgr
 
-    grammar = xgr.Grammar.from_json_schema(schema_json, any_whitespace=False, separators=JSON_SEPARATORS)
+    return with_json_string_chars(
+        xgr.Grammar.from_json_schema(schema_json, any_whitespace=False, separators=JSON_SEPARATORS)
+    )
+
+
+def with_json_string_chars(grammar: Any) -> Any:
+    """``grammar`` (made by xgrammar from a schema, or a structural tag holding schemas) with its
+    bounded strings' character class excluding the control characters."""
+    import xgrammar as xgr
+
     text = str(grammar)
     if _BOUNDED_STRING_CHAR not in text:
         return grammar

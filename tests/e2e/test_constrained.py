@@ -543,3 +543,17 @@ def test_a_schema_string_never_takes_a_raw_control_character(tokenizer, bound):
             assert state.accept(token[0]) is allowed, (bound, repr(text))
     finally:
         backend.shutdown()
+
+
+def test_a_structural_tags_schema_string_never_takes_a_raw_control_character(tokenizer):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+    tag = {"type": "structural_tag", "format": {"type": "json_schema", "json_schema": schema}}
+    backend = GrammarBackend(tokenizer, 49152, [2])
+    try:
+        compiled = backend.compile_async(("structural_tag", json.dumps(tag))).result(timeout=30)
+        for text, allowed in (("ab", True), ("\x19", False)):
+            state = backend.new_state(compiled)
+            assert all(state.accept(t) for t in tokenizer.encode('{"name": "', add_special_tokens=False))
+            assert state.accept(tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))[0]) is allowed, repr(text)
+    finally:
+        backend.shutdown()
