@@ -33,6 +33,16 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def sample_seed(seed: int, sample: int) -> int:
+    """The seed of sample ``sample`` of an ``n > 1`` request seeded with ``seed``: ``seed`` itself
+    for the first (it draws what the request alone would), a hash of both for the others (62 bits),
+    so that requests with nearby seeds share no samples (``seed + i`` gave sample 1 of seed 42 the
+    draws of seed 43)."""
+    if sample == 0:
+        return seed
+    return _mix64(_mix64(seed & _M64) ^ _mix64(sample)) >> 2
+
+
 def draw_uniform(seed: int, index: int, attempt: int = 0) -> float:
     """The uniform number in [0, 1) used for output index ``index`` of a request
     seeded with ``seed`` (``attempt`` counts top-p rejection rounds).

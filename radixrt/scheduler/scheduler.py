@@ -54,6 +54,7 @@ from radixrt.requests.messages import GenerateReq, TokenBatch, TokenOutput
 from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.requests.token_id_lists import check_logprob_fields
+from radixrt.sampling.draws import sample_seed
 from radixrt.sampling.grammar import GrammarBackend
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.beam import BeamSearch
@@ -260,7 +261,7 @@ class Scheduler(SchedulerControl):
         reqs = []
         for i, rid in enumerate([f"{msg.rid}#beam0"] if beam else sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
-            seed = self.rng.getrandbits(62) if base_seed is None else base_seed + i
+            seed = self.rng.getrandbits(62) if base_seed is None else sample_seed(base_seed, i)
             req = Req.from_message(msg, rid, seed, self.arrivals, grammar_future, prio, max_stop_chars)
             if i > 0:  # the prompt's logprobs are the first sample's (the front copies them): the rest share its KV
                 req.logprob_start_len = -1

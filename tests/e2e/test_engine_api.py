@@ -78,6 +78,17 @@ def test_a_batch_and_n_samples_stream_interleaved_with_their_index(engine, promp
     assert "index" not in single[-1] and single[-1]["output_ids"] == whole[0]["output_ids"]
 
 
+def test_seeded_samples_of_nearby_seeds_share_nothing(tiny_engine):
+    """The first of ``n`` seeded samples is what the request alone gives; the others are not those of
+    the next seeds (they ran on ``seed + i`` once, so seeds 42 and 43 shared a sample)."""
+    sp = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
+    pair = [r["output_ids"] for r in tiny_engine.generate("Once upon a time", {**sp, "seed": 42, "n": 3})]
+    alone = [tiny_engine.generate("Once upon a time", {**sp, "seed": s})["output_ids"] for s in (42, 43, 44)]
+    assert pair[0] == alone[0]
+    assert len({tuple(ids) for ids in pair + alone}) == 5, (pair, alone)
+    assert [r["output_ids"] for r in tiny_engine.generate("Once upon a time", {**sp, "seed": 42, "n": 3})] == pair
+
+
 def test_stream_interval_spaces_the_events(engine, prompt):
     """SGLang's stream_interval: the first token at once, then an event every 4 tokens (or more:
     a step may add several), the last at the finish; the same answer."""
