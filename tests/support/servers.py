@@ -22,8 +22,9 @@ TINY_SERVER_MAX_TOP = 5
 
 # SGLang's flag: the server starts without loading xgrammar (and the torch it imports) into its HTTP
 # process; its first request with a grammar loads it instead. That import is 1.5-2 s of CPU a start,
-# which the suite's servers that see no grammar would spend for nothing (the session's default_server
-# keeps the warm-up, so the default path is served too).
+# which the suite's servers that see no grammar would spend for nothing. The session's default_server
+# keeps the warm-up (the default path), and so does test_http_hardening.py's server, whose event-loop
+# timings assume xgrammar was loaded before the first request.
 SKIP_WARMUP = "--skip-server-warmup"
 
 
