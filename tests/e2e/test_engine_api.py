@@ -82,11 +82,11 @@ def test_seeded_samples_of_nearby_seeds_share_nothing(tiny_engine):
     """The first of ``n`` seeded samples is what the request alone gives; the others are not those of
     the next seeds (they ran on ``seed + i`` once, so seeds 42 and 43 shared a sample)."""
     sp = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
-    pair = [r["output_ids"] for r in tiny_engine.generate("Once upon a time", {**sp, "seed": 42, "n": 3})]
+    samples = [r["output_ids"] for r in tiny_engine.generate("Once upon a time", {**sp, "seed": 42, "n": 3})]
     alone = [tiny_engine.generate("Once upon a time", {**sp, "seed": s})["output_ids"] for s in (42, 43, 44)]
-    assert pair[0] == alone[0]
-    assert len({tuple(ids) for ids in pair + alone}) == 5, (pair, alone)
-    assert [r["output_ids"] for r in tiny_engine.generate("Once upon a time", {**sp, "seed": 42, "n": 3})] == pair
+    assert samples[0] == alone[0]
+    assert len({tuple(ids) for ids in samples + alone}) == 5, (samples, alone)
+    assert [r["output_ids"] for r in tiny_engine.generate("Once upon a time", {**sp, "seed": 42, "n": 3})] == samples
 
 
 def test_stream_interval_spaces_the_events(engine, prompt):
