@@ -746,13 +746,15 @@ TOOLS_CONTEXT = 512  # the generic tools description alone is about 100 tokens
 
 
 @pytest.fixture(scope="module")
-def fuzz_servers(tiny_llama):
+def fuzz_servers(tiny_llama, tmp_path_factory):
     """Two servers on the tiny model, started together: a 64-token context for every route, and one
-    whose context holds tools for the bodies with tools."""
+    whose context holds tools for the bodies with tools. The traces of the profiles the fuzz starts go
+    to a temporary folder, not the system's."""
     common = ("--max-total-tokens", "4096", "--debug-check-invariants", "--served-model-name", "default")
+    env = {"RADIXRT_PROFILE_DIR": str(tmp_path_factory.mktemp("profiles")), "SGLANG_TORCH_PROFILER_DIR": ""}
     servers = [
-        LocalServer("--context-length", str(CONTEXT), *common, model=tiny_llama),
-        LocalServer("--context-length", str(TOOLS_CONTEXT), *common, model=tiny_llama),
+        LocalServer("--context-length", str(CONTEXT), *common, model=tiny_llama, env=env),
+        LocalServer("--context-length", str(TOOLS_CONTEXT), *common, model=tiny_llama, env=env),
     ]
     try:
         for srv in servers:
