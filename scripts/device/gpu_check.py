@@ -40,6 +40,11 @@ Sections, each timed and written to ``$OUT/gpu_check.json`` as soon as it ends
    --speculative``): agent-loop, code-edit, DSL few-shot and no-repetition
    workloads at batch 1, 8 and 32 on the default model, 3 repeats; decode
    tokens/s, speedup, acceptance length and greedy equality per row.
+7. ``kvbudget`` and ``beam``: KV budgets' scoring cost and beam search in
+   the engine against a loop of one-token requests (their functions' docstrings).
+8. ``lora``: the segmented Triton LoRA kernel against torch's products, then
+   decode throughput by adapters mixed in a batch of 32 (kernel and torch) and
+   activated LoRA's time to first token (``check_lora``).
 
     python3 scripts/device/gpu_check.py                # on the GPU machine (see run_on_gpu.md)
     python scripts/device/gpu_check.py --dry-run       # on CPU: everything but the CUDA kernels
@@ -1208,6 +1213,128 @@ def check_beam(device: str, dry: bool, carry: Path, work: Path, report: Report) 
     return out
 
 
+def write_random_adapter(model: Path, out: Path, rank: int, seed: int, invocation: Optional[list[int]] = None) -> str:
+    """A PEFT-format LoRA folder (``adapter_config.json``, ``adapter_model.safetensors``) of random
+    rank-``rank`` weights for every projection of the Llama in ``model``, written without ``peft``
+    (the GPU image may lack it); ``invocation``: an activated adapter's invocation tokens."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((model / "config.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    kv = head * cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    shapes = {
+        "self_attn.q_proj": (hidden, head * cfg["num_attention_heads"]),
+        "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv),
+        "self_attn.o_proj": (head * cfg["num_attention_heads"], hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in range(cfg["num_hidden_layers"]):
+        for module, (d_in, d_out) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            weights[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=gen) / d_in**0.5
+            weights[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=gen) * 0.01
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": [m.split(".")[1] for m in shapes],
+        "bias": "none",
+        **({"alora_invocation_tokens": invocation} if invocation else {}),
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+def _device_adapter(adapter: Any, device: str) -> Any:
+    """``adapter`` (executor/lora/adapter.py) with its weights moved to ``device``."""
+    from radixrt.executor.lora.adapter import Part, ProjectionDelta
+
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    for key, d in adapter.layers.items():
+        parts = [Part(p.offset, p.ranks, to(p.b_t), to(p.bias)) for p in d.parts]
+        adapter.layers[key] = ProjectionDelta(to(d.a_t), parts)
+    return adapter
+
+
+def check_lora(device: str, dry: bool, carry: Path, work: Path, report: Report) -> dict:
+    """Multi-LoRA on the device. ``kernel``: the segmented Triton kernel (kernels/lora_triton.py)
+    against torch's products on the same random adapters (scattered rows, rows without an adapter,
+    ranks 8 and 64, biases; float32 and bfloat16; pass when every relative error < 1e-2). Then
+    `radixrt.bench.lora` on the default model's shapes (bfloat16) with 8 random rank-16 adapters:
+    32 requests x 64 tokens by adapters mixed in the batch, with the kernel and with torch's
+    products (``RADIXRT_TRITON_LORA=0``), and activated LoRA's time to first token on a
+    2,000-token history."""
+    import torch
+
+    import radixrt
+    from radixrt.bench import lora as lora_bench
+    from radixrt.executor.lora.batch import LoRABatch
+    from radixrt.executor.lora.segmented import SegmentedRows
+    from tests.support.lora import IN, SLICES, every_delta, synthetic_adapter
+
+    if dry:
+        os.environ["RADIXRT_TRITON_LORA"] = "0"  # no Triton interpreter here: the torch path's logic only
+    out: dict[str, Any] = {"kernel": {}}
+    worst = 0.0
+    for dtype in (torch.float32, torch.bfloat16):
+        made = [
+            synthetic_adapter(n, r, b, dtype, i + 1)
+            for i, (n, r, b) in enumerate([("a", 8, False), ("b", 64, True), ("c", 8, True)])
+        ]
+        a, b, c = (_device_adapter(x, device) for x in made)
+        rows = [a] * 70 + [None, b, c, None, b, a, c, c, b]
+        gen = torch.Generator().manual_seed(0)
+        x = {p: torch.randn(len(rows), IN[p], generator=gen).to(device, dtype) for p in SLICES}
+        outs = {p: torch.randn(len(rows), sum(w), generator=gen).to(device, dtype) for p, w in SLICES.items()}
+        fast, slow = LoRABatch.build(rows, device), LoRABatch._build_torch(rows, device)
+        got, want = every_delta(fast, x, outs), every_delta(slow, x, outs)
+        errs = [float((got[k].float() - want[k].float()).norm() / want[k].float().norm()) for k in want]
+        worst = max(worst, *errs)
+        out["kernel"][str(dtype)] = {"max_rel_err": max(errs), "segmented": isinstance(fast.kernel, SegmentedRows)}
+    out["kernel_pass"] = worst < 1e-2 and (dry or all(v["segmented"] for v in out["kernel"].values()))
+    folder = _default_model_folder(carry, work / "lora-default", dry)
+    if folder is None:
+        return {**out, "skipped": "no default model config carried (default_model_meta)"}
+    from radixrt.requests.tokenizer_utils import load_tokenizer
+
+    invocation = list(load_tokenizer(str(folder)).encode(lora_bench.INVOCATION, add_special_tokens=False))
+    root = work / "lora-adapters"
+    paths = [f"a{i}={write_random_adapter(folder, root / f'a{i}', 16, i + 1)}" for i in range(8)]
+    paths.append(f"alora={write_random_adapter(folder, root / 'alora', 16, 99, invocation)}")
+    sizes = argparse.Namespace(requests=8 if dry else 32, prompt_tokens=16 if dry else 128, tokens=4 if dry else 64)
+    sizes.repeats, sizes.history = (1, 64) if dry else (2, 2000)
+    kw = {"attention_backend": "flashinfer"} if dry else {}
+    engine = radixrt.Engine(
+        str(folder), device=device, lora_paths=paths, max_loras_per_batch=8, max_total_tokens=65536, **kw
+    )
+    try:
+        for kernel in ("1", "0"):  # the Triton kernel, then torch's products (dry: torch's both times)
+            os.environ["RADIXRT_TRITON_LORA"] = "0" if dry else kernel
+            engine.generate(
+                input_ids=[[5, 6, 7]] * 8, sampling_params={"max_new_tokens": 2}, lora_path=[f"a{i}" for i in range(8)]
+            )
+            out["triton" if kernel == "1" else "torch"] = lora_bench.throughput(engine, sizes)
+        os.environ["RADIXRT_TRITON_LORA"] = "0" if dry else "1"
+        out["activated"] = lora_bench.activated(engine, sizes, invocation)
+    finally:
+        os.environ.pop("RADIXRT_TRITON_LORA", None)
+        engine.shutdown()
+    eight = next(r for r in out["triton"] if r["adapters"] == 8)
+    out["decode_8_adapters_vs_base"] = eight["decode_vs_base"]
+    report.log(f"lora: {out}")
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1218,7 +1345,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip sections that would not fit")
     ap.add_argument(
         "--sections",
-        default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative,kvbudget,beam",
+        default="correctness,fp8kv,bandwidth,hostkv,sampling,steptime,e2e,speculative,kvbudget,beam,lora",
     )
     for key, value in E2E_SIZES.items():
         ap.add_argument(
@@ -1282,6 +1409,8 @@ def main() -> None:
         )
     if "beam" in wanted:
         report.section("beam", lambda: check_beam(device, args.dry_run, Path(args.carry), work, report), min_left_s=60)
+    if "lora" in wanted:
+        report.section("lora", lambda: check_lora(device, args.dry_run, Path(args.carry), work, report), min_left_s=60)
     if device == "cuda":
         ws = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
         report.data["jit_compiled_on_device"] = sorted(p.name for p in ws.glob("*/*/cached_ops/*") if p.is_dir())
@@ -1307,6 +1436,8 @@ def main() -> None:
         "speculative_speedup": s.get("speculative", {}).get("speedup"),
         "speculative_accept_length": s.get("speculative", {}).get("accept_length"),
         "kv_budget_scoring_cost_ratio": s.get("kvbudget", {}).get("scoring_cost_ratio"),
+        "lora_kernel_pass": s.get("lora", {}).get("kernel_pass"),
+        "lora_decode_8_adapters_vs_base": s.get("lora", {}).get("decode_8_adapters_vs_base"),
         "errors": report.data["errors"],
         "elapsed_s": round(time.perf_counter() - report.t0, 1),
     }

@@ -7,9 +7,12 @@ LoRA sharing the base model's KV, and least-recently-used unloading."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -74,6 +77,37 @@ def test_a_batch_mixing_adapters_gives_each_what_it_gets_alone(engine) -> None:
     mixed = engine.generate(input_ids=prompts, sampling_params=GREEDY, lora_path=names)
     assert [m["output_ids"] for m in mixed] == alone
     assert len({tuple(a) for a in alone[:4]}) == 4, "every adapter changes the output"
+
+
+_TRITON_RUN = """
+import json, sys, radixrt
+model, paths, prompts, names, params = json.loads(sys.argv[1])
+with radixrt.Engine(model, lora_paths=paths, max_total_tokens=8192, debug_check_invariants=True) as e:
+    outs = e.generate(input_ids=prompts, sampling_params=params, lora_path=names, return_logprob=True)
+print(json.dumps([[o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]] for o in outs]))
+"""
+
+
+def test_the_gpu_kernel_under_the_interpreter_serves_a_mixed_batch_as_torch_does(engine, tiny_llama, adapters):
+    """The segmented Triton kernel that serves GPU steps, run whole through an Engine on the CPU under
+    Triton's interpreter (``RADIXRT_TRITON_LORA=1``): a batch mixing adapters and the base model gives
+    the tokens and logprobs of the CPU's own products."""
+    names = ["r64bias", None, "r8", "other", "r8"]
+    prompts = [PROMPT[i:] + [9 + i] for i in range(len(names))]
+    params = {**GREEDY, "max_new_tokens": 4}
+    want = engine.generate(input_ids=prompts, sampling_params=params, lora_path=names, return_logprob=True)
+    paths = [f"{name}={path}" for name, path in adapters.items()]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RADIXRT_TRITON_LORA": "1"}
+    arg = json.dumps([tiny_llama, paths, prompts, names, params])
+    done = subprocess.run(
+        [sys.executable, "-c", _TRITON_RUN, arg], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for (tokens, logprobs), w in zip(got, want):
+        assert tokens == w["output_ids"]
+        ours = [lp for lp, *_ in w["meta_info"]["output_token_logprobs"]]
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(logprobs, ours)), (logprobs, ours)
 
 
 def test_a_mixed_batch_of_adapters_of_parts_of_a_fused_projection(engine, tiny_llama, tmp_path: Path) -> None:

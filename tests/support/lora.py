@@ -7,7 +7,13 @@ from typing import Optional
 
 import torch
 
+from radixrt.executor.lora.adapter import LoRAAdapter, Part, ProjectionDelta
+from radixrt.executor.lora.batch import LoRABatch
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# the fused projections of the synthetic adapters: each one's output slices and input width
+SLICES = {"qkv": [48, 16, 16], "o": [48], "gate_up": [96, 96], "down": [48]}
+IN = {"qkv": 48, "o": 48, "gate_up": 48, "down": 96}
 
 
 def make_adapter(
@@ -62,3 +68,32 @@ def peft_reference(base: str, adapter: Optional[str]):
     if cfg.lora_bias or getattr(cfg, "alora_invocation_tokens", None):  # what PEFT cannot merge: run unmerged
         return peft_model.eval()
     return peft_model.merge_and_unload().eval()
+
+
+def synthetic_adapter(name: str, rank: int, bias: bool, dtype: torch.dtype, seed: int, layers: int = 2) -> LoRAAdapter:
+    """An adapter of random weights (no PEFT folder) of rank ``rank`` for every part of the
+    projections `SLICES` names, in ``layers`` layers, except layer 1's ``o``, which it leaves alone."""
+    gen = torch.Generator().manual_seed(seed)
+    w = lambda *s: (torch.randn(*s, generator=gen) * 0.3).to(dtype)  # noqa: E731
+    adapter = LoRAAdapter(name, "/nowhere", f"{name}-{seed}-{rank}-{bias}-{dtype}", rank, ("q_proj",))
+    for layer in range(layers):
+        for projection, slices in SLICES.items():
+            if projection == "o" and layer == 1:
+                continue
+            parts, offset = [], 0
+            for i, width in enumerate(slices):
+                parts.append(Part(offset, (i * rank, (i + 1) * rank), w(rank, width), w(width) if bias else None))
+                offset += width
+            adapter.layers[(layer, projection)] = ProjectionDelta(w(IN[projection], rank * len(slices)), parts)
+    return adapter
+
+
+def every_delta(batch: LoRABatch, x: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]) -> dict:
+    """Each (layer, projection)'s output (a copy of ``outs[projection]``) with ``batch``'s deltas added."""
+    result = {}
+    for layer in range(2):
+        for projection in SLICES:
+            out = outs[projection].clone()
+            batch.add_delta(layer, projection, x[projection], out)
+            result[(layer, projection)] = out
+    return result

@@ -102,6 +102,11 @@ class LoRAAdapter:
         return NEVER
 
 
+def adapter_dtype(adapter: LoRAAdapter) -> torch.dtype:
+    """The dtype of the adapter's weights (float32 for one that adapts nothing)."""
+    return next(iter(adapter.layers.values())).a_t.dtype if adapter.layers else torch.float32
+
+
 MAX_CONFIG_BYTES = 1 << 20  # a PEFT config is a few KB
 
 

@@ -1,18 +1,18 @@
 """LoRA products for a batch that mixes adapters (and rows with none).
 
-`LoRABatch` is built once per step from each token row's adapter. A small
-CPU step (decode, verification) goes to the C kernel, which reads each row's
-own adapter's weights (native.py). Otherwise, when the rows spread evenly
-over several adapters, the products run as batched matmuls over stacked
-weights (stacked.py); else the rows are grouped into *segments* of one
-adapter each. When every adapter's rows
+`LoRABatch` is built once per step from each token row's adapter. A GPU
+step goes to the segmented Triton kernel (segmented.py), and a small CPU
+step (decode, verification) to the C kernel, which reads each row's own
+adapter's weights (native.py). Otherwise, or for inputs a kernel does not
+take, torch ops: when the rows spread evenly over several adapters, batched
+matmuls over stacked weights (stacked.py); else the rows are grouped into
+*segments* of one adapter each. When every adapter's rows
 are already contiguous (the usual case: a request's rows are), the segments
 are slices of the batch; otherwise the rows are permuted once per step so
 that they are, and each projection gathers its input and scatters its
 delta through that permutation. Each projection then runs one ``x @ A_t``
 and one small ``@ B_t`` per adapted part per segment: a grouped matmul over
-the segments (torch ops; on CUDA the same ops, a segmented kernel would
-replace them), never one forward per adapter.
+the segments, never one forward per adapter.
 
 `LoRAProjection` wraps a fused projection of the model (``qkv``, ``o``,
 ``gate_up``, ``down``): its output is the base projection's plus the deltas
@@ -31,6 +31,7 @@ from torch import nn
 
 from radixrt.executor.lora.adapter import LoRAAdapter
 from radixrt.executor.lora.native import NativeRows
+from radixrt.executor.lora.segmented import SegmentedRows
 from radixrt.executor.lora.stacked import StackedRows
 
 
@@ -49,14 +50,14 @@ class LoRABatch:
         segments: list[Segment],
         perm: Optional[torch.Tensor],
         stacked: Optional[StackedRows] = None,
-        native: Optional[NativeRows] = None,
+        kernel: Optional[NativeRows | SegmentedRows] = None,
         torch_form: Optional[Callable[[], Optional["LoRABatch"]]] = None,
     ) -> None:
         self.segments = segments
         self.perm = perm  # sorted row i is batch row perm[i]; None: segments are batch slices
         self.stacked = stacked  # a balanced mix of adapters: batched matmuls instead (stacked.py)
-        self.native = native  # a small CPU step: the C kernel (native.py)
-        self._torch_form = torch_form  # with native: makes the torch form, for inputs the kernel does not take
+        self.kernel = kernel  # a GPU step: the Triton kernel; a small CPU step: the C kernel
+        self._torch_form = torch_form  # with a kernel: makes the torch form, for inputs the kernel does not take
         self._torch: Optional[LoRABatch] = None
 
     @classmethod
@@ -64,26 +65,25 @@ class LoRABatch:
         """From each token row's adapter (None: no adapter); None when no row has one."""
         if all(a is None for a in row_adapters):
             return None
+        torch_form = lambda: cls._build_torch(row_adapters, device)  # noqa: E731
+        triton_kernel = SegmentedRows.usable(row_adapters, device)
+        if triton_kernel is not None:
+            segmented = SegmentedRows(triton_kernel, [g for g, _ in _groups(row_adapters)], torch.device(device))
+            return cls([], None, None, segmented, torch_form)
         kernel = NativeRows.usable(row_adapters, device)
         if kernel is None:
-            return cls._build_torch(row_adapters, device)
-        return cls([], None, None, NativeRows(kernel, row_adapters), lambda: cls._build_torch(row_adapters, device))
+            return torch_form()
+        return cls([], None, None, NativeRows(kernel, row_adapters), torch_form)
 
     @classmethod
     def _build_torch(
         cls, row_adapters: list[Optional[LoRAAdapter]], device: torch.device | str
     ) -> Optional["LoRABatch"]:
-        groups: dict[int, tuple[LoRAAdapter, list[int]]] = {}
-        runs = 0
-        for i, a in enumerate(row_adapters):
-            if a is None:
-                continue
-            group = groups.setdefault(id(a), (a, []))
-            runs += not group[1] or group[1][-1] != i - 1
-            group[1].append(i)
-        if not groups:
+        grouped = _groups(row_adapters)
+        if not grouped:
             return None
-        listed = list(groups.values())
+        listed = [g for g, _ in grouped]
+        runs = sum(r for _, r in grouped)
         if StackedRows.worth_it(listed):
             return cls([], None, StackedRows(listed, device))
         if runs == len(listed):  # each adapter's rows are contiguous: slices of the batch
@@ -97,9 +97,9 @@ class LoRABatch:
 
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out += `` the adapters' deltas of projection ``projection`` of layer ``layer`` for input ``x``."""
-        if self.native is not None:
-            if self.native.accepts(x, out):
-                self.native.add_delta(layer, projection, x, out)
+        if self.kernel is not None:
+            if self.kernel.accepts(x, out):
+                self.kernel.add_delta(layer, projection, x, out)
                 return
             if self._torch is None and self._torch_form is not None:
                 self._torch = self._torch_form()
@@ -124,6 +124,19 @@ class LoRABatch:
                     cols += part.bias
         if delta is not None and self.perm is not None:
             out.index_add_(0, self.perm, delta)
+
+
+def _groups(row_adapters: list[Optional[LoRAAdapter]]) -> list[tuple[tuple[LoRAAdapter, list[int]], int]]:
+    """Each adapter with its rows, in order of first row, and how many runs of adjacent rows it has."""
+    groups: dict[int, tuple[LoRAAdapter, list[int]]] = {}
+    runs: dict[int, int] = {}
+    for i, a in enumerate(row_adapters):
+        if a is None:
+            continue
+        group = groups.setdefault(id(a), (a, []))
+        runs[id(a)] = runs.get(id(a), 0) + (not group[1] or group[1][-1] != i - 1)
+        group[1].append(i)
+    return [(g, runs[key]) for key, g in groups.items()]
 
 
 class LoRAContext:

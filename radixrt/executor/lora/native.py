@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from radixrt.executor.lora.adapter import LoRAAdapter
+from radixrt.executor.lora.adapter import LoRAAdapter, adapter_dtype
 from radixrt.kernels import lora_cpu
 
 MAX_ROWS = 64
@@ -43,7 +43,7 @@ class NativeRows:
         tables = [_adapter_table(a) for a in self.adapters]
         width = max(t.numel() for t in tables)
         self.table = torch.stack([torch.nn.functional.pad(t, (0, width - t.numel())) for t in tables], 1)
-        self.dtype = _dtype(self.adapters[0])
+        self.dtype = adapter_dtype(self.adapters[0])
 
     @staticmethod
     def usable(row_adapters: list[Optional[LoRAAdapter]], device: torch.device | str) -> Optional[lora_cpu.NativeLoRA]:
@@ -51,7 +51,7 @@ class NativeRows:
         adapters share one dtype the kernel reads; else None."""
         if torch.device(device).type != "cpu" or len(row_adapters) > MAX_ROWS:
             return None
-        dtypes = {_dtype(a) for a in row_adapters if a is not None}
+        dtypes = {adapter_dtype(a) for a in row_adapters if a is not None}
         if len(dtypes) != 1 or dtypes.pop() not in lora_cpu.DTYPES:
             return None
         return _kernel()
@@ -70,10 +70,6 @@ class NativeRows:
 def _kernel() -> Optional[lora_cpu.NativeLoRA]:
     """The kernel, built (or found unbuildable) once per process."""
     return lora_cpu.load()
-
-
-def _dtype(adapter: LoRAAdapter) -> torch.dtype:
-    return next(iter(adapter.layers.values())).a_t.dtype if adapter.layers else torch.float32
 
 
 def _adapter_table(adapter: LoRAAdapter) -> torch.Tensor:

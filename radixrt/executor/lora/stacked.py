@@ -47,13 +47,7 @@ class StackedRows:
         as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
         self.gather, self.dst = as_tensor(gather), as_tensor(dst)
         self.src = None if len(src) == len(gather) else as_tensor(src)
-        key = tuple(a.digest for a in self.adapters)
-        if key not in _cache:
-            _cache[key] = {}
-            while len(_cache) > MAX_CACHED_SETS:
-                _cache.popitem(last=False)
-        _cache.move_to_end(key)
-        self._weights = _cache[key]
+        self._weights = cached_weights(self.adapters)
 
     @staticmethod
     def worth_it(groups: list[tuple[LoRAAdapter, list[int]]]) -> bool:
@@ -62,10 +56,7 @@ class StackedRows:
         return len(sizes) > 1 and 2 * sum(sizes) >= len(sizes) * max(sizes)
 
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        key = (layer, projection)
-        if key not in self._weights:
-            self._weights[key] = _stack([a.layers.get(key) for a in self.adapters], out.shape[1])
-        w = self._weights[key]
+        w = projection_weights(self._weights, self.adapters, (layer, projection), out.shape[1])
         if w is None:
             return
         a, b, bias = w
@@ -75,6 +66,29 @@ class StackedRows:
             d += bias
         d = d.view(k * self.n, -1)
         out.index_add_(0, self.dst, d if self.src is None else d.index_select(0, self.src))
+
+
+def cached_weights(adapters: list[LoRAAdapter]) -> dict[tuple[int, str], _Weights]:
+    """The stacked weights kept for this set of adapters, in this order, by (layer, projection);
+    filled by `projection_weights` as the projections are first used."""
+    key = tuple(a.digest for a in adapters)
+    if key not in _cache:
+        _cache[key] = {}
+        while len(_cache) > MAX_CACHED_SETS:
+            _cache.popitem(last=False)
+    _cache.move_to_end(key)
+    return _cache[key]
+
+
+def projection_weights(
+    weights: dict[tuple[int, str], _Weights], adapters: list[LoRAAdapter], key: tuple[int, str], out: int
+) -> _Weights:
+    """Projection ``key``'s stacked ``A`` ``[adapters, in, R]``, block-diagonal ``B``
+    ``[adapters, R, out]`` and biases ``[adapters, 1, out]`` (or None), from ``weights`` (see
+    `cached_weights`), stacked on first use; None when no adapter adapts it."""
+    if key not in weights:
+        weights[key] = _stack([a.layers.get(key) for a in adapters], out)
+    return weights[key]
 
 
 def _stack(deltas: list[Optional[ProjectionDelta]], out: int) -> _Weights:
