@@ -105,6 +105,7 @@ def gen(
             choices,
             0.0 if temperature is None else temperature,
             token_length_normalized if choices_method is None else choices_method,
+            lora,
         )
     _check_gen_constraints(regex, stop_regex, json_schema, ebnf, dtype)
     return SglGen(
@@ -234,12 +235,13 @@ def select(
     choices: Optional[list[str]] = None,
     temperature: float = 0.0,
     choices_method: ChoicesSamplingMethod = token_length_normalized,
+    lora: Optional[str] = None,
 ) -> SglExpr:
     """Append the most likely of ``choices`` (scored by ``choices_method``) and
-    store it in ``name``."""
+    store it in ``name``; ``lora``: the server's LoRA adapter of that name scores them."""
     if not choices:
         raise ValueError("select needs choices=[...]")
-    return SglSelect(name, choices, temperature, choices_method)
+    return SglSelect(name, choices, temperature, choices_method, lora)
 
 
 def separate_reasoning(expr: Optional[SglExpr] = None, model_type: Optional[str] = None) -> SglExpr:

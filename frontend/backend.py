@@ -60,7 +60,11 @@ class BaseBackend:
         text, meta = self.generate(s, sampling)
         yield text, meta
 
-    def select(self, s: Any, choices: list[str], temperature: float, choices_method: Any) -> ChoicesDecision:
+    def select(
+        self, s: Any, choices: list[str], temperature: float, choices_method: Any, lora: Optional[str] = None
+    ) -> ChoicesDecision:
+        """The choice ``choices_method`` picks from the scores of ``choices`` after the program's text;
+        ``lora``: the LoRA adapter that scores them (a backend without adapters refuses one)."""
         raise NotImplementedError
 
     def cache_prefix(self, prefix: str) -> None:

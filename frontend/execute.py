@@ -142,7 +142,8 @@ def _select(ex: Any, expr: SglSelect) -> None:
     if ex.tracer is not None:
         ex.tracer.dynamic(ex, expr)
         return
-    decision = ex.backend.select(ex, expr.choices, expr.temperature, expr.choices_method)
+    adapter = {} if expr.lora is None else {"lora": expr.lora}  # a backend of SGLang's signature takes none
+    decision = ex.backend.select(ex, expr.choices, expr.temperature, expr.choices_method, **adapter)
     ex.append(decision.decision, var=expr.name, meta=decision.meta_info)
     ex.store_var(expr.name, decision.decision, decision.meta_info, has_meta=True)
     ex.mark_var_done(expr.name, decision.meta_info)

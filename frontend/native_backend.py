@@ -124,15 +124,21 @@ class NativeBackend(BaseBackend):
         self.raw_generate({"text": prefix, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}})
 
     # select ----------------------------------------------------------------------
-    def select(self, s: Any, choices: list[str], temperature: float, choices_method: Any) -> ChoicesDecision:
+    def select(
+        self, s: Any, choices: list[str], temperature: float, choices_method: Any, lora: Optional[str] = None
+    ) -> ChoicesDecision:
         """Score each choice by the log-probabilities of its tokens and of the prompt's
         last token before it (SGLang's select scores the same, so a program picks the
         same choice on either), with prefill-only requests: the prompt is prefilled first (so it
         is computed once and cached), then one ``max_new_tokens=0`` request per
-        choice asks for prompt logprobs from just before the choice."""
+        choice asks for prompt logprobs from just before the choice. ``lora``: the LoRA adapter
+        that scores them (None: the base model)."""
         method = choices_method or token_length_normalized
+        adapter = {} if lora is None else {"lora_path": lora}
         prefix = s.text_
-        head = self.raw_generate({"text": prefix, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}})
+        head = self.raw_generate(
+            {"text": prefix, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0}, **adapter}
+        )
         prefix_len = int(head["meta_info"]["prompt_tokens"])
         start = max(prefix_len - SELECT_BOUNDARY_TOKENS, 0)
         texts = [prefix] + [prefix + c for c in choices]
@@ -143,6 +149,7 @@ class NativeBackend(BaseBackend):
                 "return_logprob": True,
                 "logprob_start_len": start,
                 "return_text_in_logprobs": True,
+                **adapter,
             }
         )
         tail = [e[1] for e in resps[0]["meta_info"]["input_token_logprobs"]]
@@ -169,6 +176,7 @@ class NativeBackend(BaseBackend):
                         "return_logprob": True,
                         "logprob_start_len": 0,
                         "return_text_in_logprobs": True,
+                        **adapter,
                     }
                 )
                 for i, r in zip(todo, ur if isinstance(ur, list) else [ur]):

@@ -98,7 +98,14 @@ class SglGen(SglExpr):
 class SglSelect(SglExpr):
     """Append the ``choices`` entry picked by ``choices_method`` and store it in ``name``."""
 
-    def __init__(self, name: Optional[str], choices: list[str], temperature: float, choices_method: Any) -> None:
+    def __init__(
+        self,
+        name: Optional[str],
+        choices: list[str],
+        temperature: float,
+        choices_method: Any,
+        lora: Optional[str] = None,
+    ) -> None:
         super().__init__()
         if isinstance(choices, (str, bytes)) or not isinstance(choices, (list, tuple)):
             # a string would be picked from character by character
@@ -109,6 +116,7 @@ class SglSelect(SglExpr):
         self.choices = [str(c) for c in choices]
         self.temperature = temperature
         self.choices_method = choices_method
+        self.lora = lora  # the LoRA adapter that scores the choices (None: the base model)
 
     def _repr_fields(self) -> str:
         return f"{self.name!r}, choices={self.choices!r}"

@@ -94,6 +94,8 @@ class OpenAI(BaseBackend):
             what.append("prompt logprobs (logprob_start_len)")
         if sp.json_schema is not None and not self.is_chat_model:
             what.append("json_schema on a completion model")
+        if sp.lora is not None:
+            what.append(f"a LoRA adapter (lora={sp.lora[:64]!r})")
         if sp.dtype is not None and self.is_chat_model:  # as SGLang's backend (a completion model repairs it)
             what.append(
                 f"a typed gen (dtype {getattr(sp.dtype, '__name__', sp.dtype)}, gen_int, gen_string) on a chat model"
@@ -101,7 +103,7 @@ class OpenAI(BaseBackend):
         if what:
             raise UnsupportedByBackendError(
                 f"the OpenAI API cannot express {', '.join(what)}; use radixrt.Engine or RuntimeEndpoint "
-                f"for constrained decoding and prompt logprobs"
+                f"for constrained decoding, prompt logprobs and adapters"
             )
 
     def _common_kwargs(self, sp: SglSamplingParams) -> dict[str, Any]:
@@ -258,7 +260,14 @@ class OpenAI(BaseBackend):
                     out[i].append([v, None, tok])
         return out
 
-    def select(self, s: Any, choices: list[str], temperature: float, choices_method: Any) -> ChoicesDecision:
+    def select(
+        self, s: Any, choices: list[str], temperature: float, choices_method: Any, lora: Optional[str] = None
+    ) -> ChoicesDecision:
+        if lora is not None:
+            raise UnsupportedByBackendError(
+                f"the OpenAI API cannot express a LoRA adapter (lora={lora[:64]!r}); use radixrt.Engine or "
+                "RuntimeEndpoint"
+            )
         if self.is_chat_model:
             raise UnsupportedByBackendError(
                 "select/choices need prompt log-probabilities, which the OpenAI chat API does not return; "

@@ -277,8 +277,8 @@ class Runtime(BaseBackend):
     def generate_stream(self, s, sampling):
         return self.endpoint.generate_stream(s, sampling)
 
-    def select(self, s, choices, temperature, choices_method):
-        return self.endpoint.select(s, choices, temperature, choices_method)
+    def select(self, s, choices, temperature, choices_method, lora=None):
+        return self.endpoint.select(s, choices, temperature, choices_method, lora=lora)
 
     def cache_prefix(self, prefix: str) -> None:
         self.endpoint.cache_prefix(prefix)

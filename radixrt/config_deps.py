@@ -184,7 +184,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
     # LoRA adapters: giving some turns serving them on; the knobs need it; one process, no CUDA graphs
     _on("lora_paths", ["a=/tmp/a"], _LORA, imply=True),
     _on("max_loras_per_batch", 2, _LORA),
-    _on("max_loaded_loras", 4, _LORA),
+    _on("max_loaded_loras", 8, _LORA),
     _on("max_lora_rank", 16, _LORA),
     _on("lora_target_modules", ["q_proj"], _LORA),
     _tp1(_LORA, True),

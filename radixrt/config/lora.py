@@ -77,5 +77,8 @@ class LoRASettings:
         target_modules(self.lora_target_modules)
         if self.max_loras_per_batch < 1 or self.max_lora_rank < 1:
             raise ValueError("max_loras_per_batch and max_lora_rank must be >= 1")
-        if self.max_loaded_loras is not None and self.max_loaded_loras < 1:
-            raise ValueError("max_loaded_loras must be >= 1")
+        if self.max_loaded_loras is not None and self.max_loaded_loras < self.max_loras_per_batch:
+            raise ValueError(
+                f"max_loaded_loras ({self.max_loaded_loras}) must be at least max_loras_per_batch "
+                f"({self.max_loras_per_batch}), as in SGLang: a step's adapters are all in memory at once"
+            )

@@ -37,7 +37,9 @@ async def _body(request: Request, ctx: ServerContext, fields: tuple[str, ...]) -
 async def _control(ctx: ServerContext, name: str, path: str | None) -> Response:
     reply = await ctx.tm.lora_control(name, path)
     if not reply.ok:
-        raise ServerError(400, str(reply.payload.get("error", "refused")), "lora_name")
+        message = str(reply.payload.get("error", "refused"))
+        about_the_name = path is None or message.startswith(("LoRA adapter name", "unknown LoRA adapter"))
+        raise ServerError(400, message, "lora_name" if about_the_name else "lora_path")
     adapters = reply.payload.get("adapters", [])
     ctx.lora_adapters = {a["name"] for a in adapters}
     return JSON({"success": True, "loaded_adapters": {a["name"]: a["path"] for a in adapters}})

@@ -123,16 +123,22 @@ def _completion_plan(
 @router.post("/v1/completions")
 async def completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, CompletionRequest)
-    lora = ctx.lora_of(req.model, req.lora_path)
+    per_prompt = req.lora_path if isinstance(req.lora_path, list) else [req.lora_path]
+    loras = [ctx.lora_of(req.model, path) for path in per_prompt]
     ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
     check_limits(req, tm, "logprobs", req.logprobs)
     prompts, specs = await tm.run_tokenize(_completion_plan, req, tm, ctx.is_admin(request))
-    for spec in specs:
+    if not isinstance(req.lora_path, list):
+        loras *= len(specs)
+    elif len(loras) != len(specs):
+        raise bad_request(f"'lora_path' lists {len(loras)} adapters for {len(specs)} prompts.", "lora_path")
+    for spec, lora in zip(specs, loras):
         spec.lora = lora
     group = tm.submit(specs, validated=True)
-    view = CompletionView(req, group, prompts, tm.tokenizer, ctx.answering_model(lora))
+    answering = ctx.answering_model(loras[0] if len(set(loras)) == 1 else None)
+    view = CompletionView(req, group, prompts, tm.tokenizer, answering)
     return await answer_view(request, tm, group, view, req.stream)
 
 

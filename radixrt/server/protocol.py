@@ -194,6 +194,8 @@ class CompletionRequest(_SamplingExtras):
     echo: StrictBool = False
     best_of: Optional[StrictInt] = Field(None, ge=1)
     suffix: Optional[str] = None
+    # SGLang's: one adapter for all prompts, or one per prompt (None: the base model)
+    lora_path: Union[str, list[Optional[str]], None] = None  # type: ignore[assignment]
 
 
 class TextPart(Lenient):

@@ -171,7 +171,7 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
 
     group = tm.submit([plan.spec], validated=True)
     view = ResponseView(
-        _skeleton(req, rid, ctx.served_model_name, plan),
+        _skeleton(req, rid, ctx.answering_model(plan.spec.lora), plan),
         group,
         len(plan.spec.input_ids),
         plan.parser,

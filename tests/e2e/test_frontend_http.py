@@ -107,6 +107,14 @@ def test_openai_backend_against_radixrt_server(runtime):
     assert isinstance(constrained.run(backend=chat_backend).error(), UnsupportedByBackendError)
 
     @rt.function
+    def tuned(s):
+        s += rt.user("Say hi.")
+        s += rt.assistant(rt.gen("hi", max_tokens=2, lora="support"))
+
+    refused = tuned.run(backend=chat_backend).error()  # the OpenAI API has no field for an adapter
+    assert isinstance(refused, UnsupportedByBackendError) and "LoRA adapter" in str(refused)
+
+    @rt.function
     def typed(s):
         s += rt.user("How many legs does a dog have?")
         s += rt.assistant(rt.gen_int("n", max_tokens=4))

@@ -302,6 +302,9 @@ CRAFTED = {
     # good (now matched with a time limit, which `regex` does not even need for this one: it loads)
     "redos_pattern": (None, {"alpha_pattern": {"(.*)*(.*)*(.*)*(.*)*(.*)*(.*)*Z": 3}}, None),
     "infinite_scaling": (None, {"lora_alpha": 1e300}, "not a finite one"),
+    # a config whose r is not its weights' rank: PEFT refuses the folder; it was served, scaled by the weights'
+    "r_not_the_weights": (None, {"r": 2}, "has weights of rank 8, but adapter_config.json gives it r = 2"),
+    "rank_pattern_not_the_weights": (None, {"rank_pattern": {"q_proj": 4}}, "q_proj has weights of rank 8"),
 }
 
 
@@ -349,6 +352,27 @@ def test_least_recently_used_adapters_unload_and_load_again(tiny_llama, adapters
         assert stats["loaded"] <= 2 and stats["loads"] >= 3 and stats["unloads"] >= 1
 
 
+def test_an_unloaded_adapter_whose_folder_changed_is_refused_until_loaded_again(tiny_llama, adapters, tmp_path):
+    """An adapter unloaded for room is read again from its folder when next asked for; if the folder now
+    holds other weights, its KV namespace (the old weights' hash) would no longer fit them: refused,
+    saying how to recover, and served again once loaded anew."""
+    moving = tmp_path / "moving"
+    shutil.copytree(adapters["r8"], moving)
+    paths = [f"moving={moving}", f"other={adapters['other']}"]
+    with radixrt.Engine(tiny_llama, lora_paths=paths, max_loaded_loras=1, max_loras_per_batch=1) as e:
+        as_r8 = e.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="moving")["output_ids"]
+        as_other = e.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="other")["output_ids"]
+        assert as_r8 != as_other and e.get_stats()["lora"]["loaded"] == 1
+        shutil.rmtree(moving)
+        shutil.copytree(adapters["other"], moving)
+        refused = e.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="moving")["meta_info"]
+        ended = refused["finish_reason"]
+        assert ended["status_code"] == 400 and ended["message"].startswith("LoRA adapter 'moving' no longer has")
+        assert "load it again with /load_lora_adapter" in ended["message"], ended
+        e.load_lora_adapter("moving", str(moving))
+        assert e.generate(input_ids=PROMPT, sampling_params=GREEDY, lora_path="moving")["output_ids"] == as_other
+
+
 @pytest.mark.slow  # a server start-up: ~8 s
 def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
     import httpx
@@ -378,6 +402,9 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
             assert loaded.status_code == 200 and set(loaded.json()["loaded_adapters"]) == {"r8", "other"}
             bad = c.post("/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"})
             assert bad.status_code == 400 and "adapter_config.json" in bad.text
+            assert bad.json()["error"]["param"] == "lora_path"  # the folder is what is wrong
+            unknown = c.post("/unload_lora_adapter", json={"lora_name": "never"})
+            assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "lora_name"
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
         done = client.completions.create(model=f"{base}:r8", prompt=PROMPT, max_tokens=8, temperature=0)
         assert done.choices[0].text == with_r8["text"]
@@ -391,6 +418,17 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
         )
         assert by_field.choices[0].text == done.choices[0].text
         assert done.model == by_field.model == f"{base}:r8"  # the answer names the adapter that answered
+        answered = client.responses.create(model=f"{base}:r8", input="hi", max_output_tokens=4, temperature=0)
+        assert answered.model == f"{base}:r8"
+        per_prompt = client.completions.create(  # SGLang's lora_path: one adapter per prompt
+            model=base, prompt=[PROMPT, PROMPT], max_tokens=8, temperature=0, extra_body={"lora_path": ["r8", None]}
+        )
+        by_index = sorted(per_prompt.choices, key=lambda c: c.index)
+        assert [c.text for c in by_index] == [with_r8["text"], without["text"]] and per_prompt.model == base
+        with pytest.raises(openai.BadRequestError, match="lists 1 adapters for 2 prompts"):
+            client.completions.create(
+                model=base, prompt=[PROMPT, PROMPT], max_tokens=2, extra_body={"lora_path": ["r8"]}
+            )
         with pytest.raises(openai.BadRequestError, match="unknown LoRA adapter"):
             client.completions.create(model=base, prompt=PROMPT, max_tokens=4, extra_body={"lora_path": "nope"})
     finally:
@@ -410,3 +448,17 @@ def test_a_program_generates_with_an_adapter_per_gen(engine) -> None:
     plain = engine.generate(head, GREEDY)["text"]
     tuned = engine.generate(head + plain + " then ", GREEDY, lora_path="r8")["text"]
     assert state["plain"] == plain and state["tuned"] == tuned
+
+
+def test_a_choice_is_scored_by_the_adapter_its_gen_names(engine) -> None:
+    @radixrt.function
+    def pick(s, lora):
+        s += "My favourite colour is"
+        s += radixrt.gen("c", choices=[" red", " blue", " green"], lora=lora)
+        s += " and then" + radixrt.select("d", choices=[" red", " blue", " green"], lora=lora)
+
+    scores = {}
+    for lora in (None, "r8", "other"):
+        state = pick.run(lora=lora, backend=engine)
+        scores[lora] = [state.get_meta_info(v)["normalized_prompt_logprobs"] for v in ("c", "d")]
+    assert scores[None] != scores["r8"] != scores["other"] != scores[None], scores

@@ -295,3 +295,10 @@ def test_mem_fraction_static_sizes_the_pool_as_sglang(monkeypatch):
     assert pool_size.kv_pool_tokens(CacheSettings(mem_fraction_static=0.9, max_total_tokens=7), PerGiB(), "cpu") == 7
     with pytest.raises(ValueError, match="mem_fraction_static 0.3 leaves no memory"):
         pool_size.kv_pool_tokens(CacheSettings(mem_fraction_static=0.3), PerGiB(), "cpu")
+
+
+def test_fewer_loaded_adapters_than_a_batch_mixes_is_refused() -> None:
+    """SGLang's rule: --max-loaded-loras at least --max-loras-per-batch (a step's adapters are all held)."""
+    with pytest.raises(ValueError, match=r"max_loaded_loras \(1\) must be at least max_loras_per_batch \(8\)"):
+        EngineConfig(model_path="m", lora_paths=["a=/tmp/a"], max_loaded_loras=1)
+    assert EngineConfig(model_path="m", lora_paths=["a=/tmp/a"], max_loaded_loras=2, max_loras_per_batch=2)

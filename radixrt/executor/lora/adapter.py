@@ -311,6 +311,18 @@ def _check_module(name: str, module_key: str, w: dict[str, torch.Tensor], width:
     return r
 
 
+def _check_configured_rank(name: str, cfg: dict[str, Any], module_key: str, rank: int) -> None:
+    """ValueError unless a module's weights have the rank its config gives it (``rank_pattern``,
+    else ``r``, 8 when unset, as PEFT reads it): PEFT refuses a folder whose weights disagree."""
+    configured = pattern_value(cfg.get("rank_pattern"), module_key, name, "rank_pattern")
+    configured = cfg.get("r", 8) if configured is None else configured
+    if configured != rank or isinstance(configured, bool):
+        raise ValueError(
+            f"LoRA adapter {name!r}: {module_key} has weights of rank {rank}, but adapter_config.json gives it "
+            f"r = {str(configured)[:32]}"
+        )
+
+
 def _projection(
     name: str,
     cfg: dict[str, Any],
@@ -325,6 +337,7 @@ def _projection(
     a_list, out_parts, r0 = [], [], 0
     for index, w, module_key in sorted(parts, key=lambda p: p[0]):
         r = _check_module(name, module_key, w, width, slices[index], max_rank)
+        _check_configured_rank(name, cfg, module_key, r)
         a, b = w["A"].float(), w["B"].float()
         s = _scaling(name, cfg, module_key, r)
         bias = w.get("B_bias")

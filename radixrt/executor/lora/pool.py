@@ -189,7 +189,10 @@ class LoRAPool:
         future = self.loading.pop(name)
         adapter = future.result()
         if self.registered.get(name) is None or self.registered[name].digest != adapter.digest:
-            raise ValueError(f"LoRA adapter {name!r} changed while it loaded; send the request again")
+            raise ValueError(
+                f"LoRA adapter {name!r} no longer has the weights it was registered with (its folder changed on "
+                "disk after it was loaded, or it was reloaded meanwhile); load it again with /load_lora_adapter"
+            )
         self.loaded[name] = adapter
         self.loads += 1
         self.trim(in_use | {name})
