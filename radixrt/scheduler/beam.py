@@ -39,7 +39,7 @@ results are processed no step is in flight to read or write the pool.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
@@ -77,7 +77,7 @@ class BeamSearch:
         queues: RequestQueues,
         copy_kv: Callable[[Sequence[int], Sequence[int]], None],
         finish_check: Callable[[Req, int], Optional[FinishReason]],
-        num_eos_ids: int,
+        eos_token_ids: Iterable[int],
         max_running_requests: int,
     ) -> None:
         """``copy_kv(src, dst)`` copies stored K/V between slots (the pool's);
@@ -88,7 +88,7 @@ class BeamSearch:
         self.queues = queues
         self.copy_kv = copy_kv
         self.finish_check = finish_check
-        self.candidates_factor = max(2, 1 + num_eos_ids)
+        self.eos_token_ids = frozenset(eos_token_ids)
         self._ready: list[BeamGroup] = []
         self.searches_finished = 0
         self.forks = 0
@@ -121,7 +121,9 @@ class BeamSearch:
             length_penalty=sp.length_penalty,
             early_stopping=sp.early_stopping,
             max_new_tokens=sp.max_new_tokens,
-            candidates_per_beam=self.candidates_factor * sp.beam_width,
+            # as transformers: max(2, 1 + the ids that end a hypothesis) candidates a beam, so that W of them
+            # live on even when the likeliest all end
+            candidates_per_beam=max(2, 1 + len(self.eos_token_ids | set(sp.stop_token_ids or ()))) * sp.beam_width,
             return_logprob=root.return_logprob,
             prompt_tokens=len(root.input_ids),
         )

@@ -429,9 +429,11 @@ class BatchPlanner:
         if self.queues.running and self.kv.available_slots() - need < reserve:
             return None
         admitted: Batch = []
-        for b in unit:
+        for i, b in enumerate(unit):
             match = self.kv.match(b, load=True)  # after the siblings' admission: what eviction left
-            q = self._prefill_tokens(b, b.seq_len - match.length, budget)
+            # each hypothesis gets its share of the budget (at least a token): a unit whose prefill outgrows a
+            # step's budget, as a retracted search's can, is admitted in chunks, not waited on for ever
+            q = self._prefill_tokens(b, b.seq_len - match.length, max(1, budget // (len(unit) - i)))
             if q <= 0 or not self._admit_one(b, match, q, batch):
                 for done, dq in admitted:  # back to waiting, their slots for this step not computed
                     batch.remove((done, dq))

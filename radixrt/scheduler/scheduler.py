@@ -156,7 +156,7 @@ class Scheduler(SchedulerControl):
             self.queues,
             self.runner.kv_pool.copy_slots,
             self.results.candidate_finish,
-            len(self.eos_token_ids),
+            self.eos_token_ids,
             config.scheduling.max_running_requests,
         )
         self.results.beams = self.beams

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from radixrt.requests.intake import RequestError, RequestSpec, validate_call
 from radixrt.sampling.grammar import check_grammar
-from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.params import MAX_BEAM_WIDTH, SamplingParams
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.tokenizer_manager import TokenizerManager
 
@@ -47,6 +47,17 @@ def check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[in
     limits = tm.limits
     if req.n > limits.max_n:
         raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
+    best_of = getattr(req, "best_of", None)
+    if req.use_beam_search and req.beam_width is None:  # vLLM's search: its width is max(n, best_of)
+        if best_of is not None and best_of < req.n:
+            raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({req.n}).", "best_of")
+        if max(req.n, best_of or 0) > MAX_BEAM_WIDTH:
+            field = "best_of" if (best_of or 0) > req.n else "n"
+            raise bad_request(
+                f"use_beam_search searches with width '{field}' = {max(req.n, best_of or 0)}; "
+                f"at most {MAX_BEAM_WIDTH}.",
+                field,
+            )
     if top is not None and top > limits.max_top_logprobs_num:
         raise bad_request(
             f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} top logprobs per token.",

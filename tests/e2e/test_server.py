@@ -1303,6 +1303,10 @@ def test_beam_search_on_both_apis(client, oai, model_name):
         extra_body={"use_beam_search": True, "early_stopping": True},
     )
     assert len(chat.choices) == 2 and all(c.message.content is not None for c in chat.choices)
+    for bad_search, field in (({"n": 3, "best_of": 2}, "best_of"), ({"n": 100}, "n"), ({"best_of": 70}, "best_of")):
+        body = {"model": model_name, "prompt": prompt, "max_tokens": 2, "use_beam_search": True, **bad_search}
+        r = client.post("/v1/completions", json=body)  # vLLM's rules, and the width named as the client sent it
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     for bad, field in (
         ({"beam_width": 2, "n": 3}, "'n'"),
         ({"beam_width": 2, "frequency_penalty": 0.5}, "frequency_penalty"),

@@ -34,9 +34,13 @@ def _beam(width: int, n: int, max_new_tokens: int, **kw) -> SamplingParams:
 
 
 def _drain(sched: Scheduler, on_step=None) -> dict:
-    outputs = {}
+    """Every finished output by rid; fails when the scheduler has work but does nothing for 200 steps."""
+    outputs, idle = {}, 0
     while sched.has_work():
-        for out in sched.step():
+        outs = sched.step()
+        idle = 0 if outs or sched.running else idle + 1
+        assert idle < 200, f"stalled: waiting {[r.rid for r in sched.queues.waiting]}"
+        for out in outs:
             if out.finished:
                 outputs[out.rid] = out
         if on_step is not None:
@@ -118,6 +122,29 @@ def test_early_stopping_and_eos_as_transformers(tiny_llama, hf_tiny, early_stopp
     assert any(g[-1] == eos for g in got)
 
 
+@pytest.mark.parametrize("length_penalty", [1.0, 2.0])
+def test_several_stop_token_ids_end_hypotheses_as_transformers_eos_ids(tiny_llama, hf_tiny, length_penalty):
+    """The request's stop ids count as transformers' EOS ids in how many candidates a beam keeps
+    (max(2, 1 + ids) x W): with the 4 likeliest first tokens as stop ids, 2W candidates all ended and
+    the search stopped at its first step with the wrong best hypothesis."""
+    rng = random.Random(5)
+    prompt = [rng.randrange(10, 40000) for _ in range(8)]
+    with torch.no_grad():
+        stops = hf_tiny(torch.tensor([prompt])).logits[0, -1].topk(4).indices.tolist()
+    sched = _scheduler(tiny_llama)
+    sp = _beam(2, 2, 8, length_penalty=length_penalty, early_stopping="never", stop_token_ids=stops)
+    sched.add_request(GenerateReq(rid="x", input_ids=prompt, sampling=sp))
+    outs = _drain(sched)
+    eos = sorted(sched.eos_token_ids)
+    want, scores = _hf_beams(
+        hf_tiny, prompt, 2, 8, length_penalty=length_penalty, early_stopping="never", eos_token_id=eos + stops,
+        pad_token_id=eos[0],
+    )  # fmt: skip
+    got = [outs[f"x-{k}"].new_token_ids for k in range(2)]
+    assert [g + [eos[0]] * (len(w) - len(g)) for g, w in zip(got, want)] == want
+    assert [outs[f"x-{k}"].beam["score"] for k in range(2)] == pytest.approx(scores, abs=1e-4)
+
+
 def test_overlap_scheduler_and_ordinary_requests_in_the_same_steps(tiny_llama):
     rng = random.Random(3)
     prompts = _prompts(rng, 6)
@@ -152,6 +179,10 @@ def test_memory_pressure_retracts_searches_as_units_and_changes_no_answer(tiny_l
         tight, sched = run(400, page_size)
         assert tight == roomy
         assert sched.counters["retractions"] > 0
+    # a retracted search whose hypotheses' prefill together outgrows a step's prefill budget: admitted in
+    # chunks (it waited for ever, and everything queued behind it)
+    small_steps, sched = run(300, 16, chunked_prefill_size=32)
+    assert small_steps == roomy and sched.counters["retractions"] > 0
     # too few table rows for every fork: those searches wait and are admitted again as units
     few_rows, sched = run(400, 4, max_running_requests=5)
     assert few_rows == roomy
