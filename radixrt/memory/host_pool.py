@@ -40,7 +40,7 @@ import torch
 
 from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, dequantize_int8, kv_storage_dtype, quantize_int8
 from radixrt.memory.kv_format import kv_footprint
-from radixrt.memory.kv_pool import KVPool, PageAllocator, lazy_zeros
+from radixrt.memory.kv_pool import KVPool, PageAllocator, as_bytes_if_1, lazy_zeros
 from radixrt.memory.kv_transfer import QueuedOp, StoreOp
 
 
@@ -184,7 +184,7 @@ class HostKVPool:
 
             def part(layer: int, name: str) -> torch.Tensor:
                 return (
-                    _as_bytes_if_1(self.part(self.buf, layer, name))
+                    as_bytes_if_1(self.part(self.buf, layer, name))
                     .index_select(0, take)
                     .view(self.part(self.buf, layer, name).dtype)
                 )
@@ -216,8 +216,8 @@ class HostKVPool:
             names += [("ks", dev.k_scale_buffers), ("vs", dev.v_scale_buffers)]
         for layer in range(dev.num_layers):
             for name, buffers in names:
-                src = _as_bytes_if_1(self.part(self.buf, layer, name))
-                dst = _as_bytes_if_1(buffers[layer])
+                src = as_bytes_if_1(self.part(self.buf, layer, name))
+                dst = as_bytes_if_1(buffers[layer])
                 for h, d, ln in pairs:
                     dst[d : d + ln].copy_(src[h : h + ln])
 
@@ -282,19 +282,14 @@ def page_runs(pages: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _as_bytes_if_1(t: torch.Tensor) -> torch.Tensor:
-    # fp8 has no CPU index kernels: move 1-byte dtypes as bytes
-    return t.view(torch.uint8) if t.element_size() == 1 else t
-
-
 def _scatter(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> None:
     """``dst[idx[i]] = src[i]`` over the first (page) dimension."""
-    _as_bytes_if_1(dst).index_copy_(0, idx, _as_bytes_if_1(src).contiguous())
+    as_bytes_if_1(dst).index_copy_(0, idx, as_bytes_if_1(src).contiguous())
 
 
 def _gather_into(out: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
     """``out[i] = src[idx[i]]`` (``out`` may be a strided view)."""
-    _as_bytes_if_1(out).copy_(_as_bytes_if_1(src).index_select(0, idx))
+    as_bytes_if_1(out).copy_(as_bytes_if_1(src).index_select(0, idx))
 
 
 def host_pool_tokens(

@@ -19,7 +19,7 @@ import torch
 
 from radixrt.kernels.kv_cache import LayerKVCache
 from radixrt.memory.kv_budget import SKETCH_FRACTION, KVBudget
-from radixrt.memory.kv_pool import KVPool
+from radixrt.memory.kv_pool import KVPool, as_bytes_if_1
 
 
 def choose_positions(scores: torch.Tensor, budget: KVBudget, computed: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ class HostKV:
         src = (slots[:, None] * H + heads).flatten()
         dst = (positions.to(self.device)[:, None] * H + heads.to(self.device)).flatten()
         for host, (_, buf) in zip(self._bufs, _flat_buffers(self.pool)):
-            host.index_copy_(0, dst, buf.index_select(0, src).to(self.device))
+            as_bytes_if_1(host).index_copy_(0, dst, as_bytes_if_1(buf).index_select(0, src).to(self.device))
 
     def _grow(self, rows: int) -> None:
         H = self.pool.num_kv_heads
@@ -174,11 +174,12 @@ def gather_columns(pool: KVPool, slots: torch.Tensor, host_rows: torch.Tensor, h
     host_bufs = host.buffers() if host is not None else []
     out = []
     for n, (layer, buf) in enumerate(_flat_buffers(pool)):
-        rows = buf.index_select(0, pool_idx[layer])
+        rows = as_bytes_if_1(buf).index_select(0, pool_idx[layer])  # bytes where float8: moved, not computed
         if use_host is not None:
             assert host is not None, "a column to read from the host without a host copy"
             mask = use_host[layer]
-            rows[mask] = host_bufs[n].index_select(0, host_idx[layer][mask].to(host.device)).to(buf.device)
+            from_host = as_bytes_if_1(host_bufs[n]).index_select(0, host_idx[layer][mask].to(host.device))
+            rows[mask] = from_host.to(buf.device)
         out.append(rows.view(H, K, *buf.shape[1:]).transpose(0, 1).contiguous())
     return out
 
@@ -189,7 +190,7 @@ def write_columns(pool: KVPool, data: list, slots: torch.Tensor) -> None:
     heads = torch.arange(H, device=slots.device)
     idx = (slots[:, None] * H + heads).flatten()
     for rows, (_, buf) in zip(data, _flat_buffers(pool)):
-        buf.index_copy_(0, idx, rows.reshape(-1, *buf.shape[1:]))
+        as_bytes_if_1(buf).index_copy_(0, idx, rows.reshape(-1, *buf.shape[1:]))
 
 
 SKETCH_DTYPE = torch.bfloat16

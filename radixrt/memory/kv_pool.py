@@ -23,6 +23,12 @@ from radixrt.kernels.kv_cache import INT8_SCALE_DTYPE, LayerKVCache, kv_storage_
 from radixrt.memory.kv_format import KVFootprint, kv_footprint
 
 
+def as_bytes_if_1(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as bytes when its elements are one byte each: torch's CPU index ops (``index_select``,
+    ``index_copy_``) do not take float8, and moving KV rows needs no arithmetic."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
 def lazy_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zero tensor. On a CPU its memory is an anonymous ``mmap``: pages that
     read as zero and are only backed when first written, so a multi-GB pool is
@@ -204,7 +210,7 @@ class KVPool:
         s = torch.tensor(list(src), dtype=torch.int64, device=self.device)
         d = torch.tensor(list(dst), dtype=torch.int64, device=self.device)
         for buf in self.buffers():
-            flat = buf.view(self.total_slots, *buf.shape[2:])
+            flat = as_bytes_if_1(buf.view(self.total_slots, *buf.shape[2:]))
             flat.index_copy_(0, d, flat.index_select(0, s))
 
     def _make_layer_cache(self, layer_id: int) -> LayerKVCache:

@@ -74,8 +74,9 @@ def _wait_ready(children: list[_Child], timeout: float) -> None:
                     raise RuntimeError(
                         f"the {c.name} process exited during startup (exit code {c.proc.exitcode})"
                     ) from None
-                if isinstance(msg, ChildFailed):
-                    raise RuntimeError(f"the {c.name} process failed to start:\n{msg.error}")
+                if isinstance(msg, ChildFailed):  # its log has the whole traceback; the error's last line here
+                    cause = msg.error.strip().splitlines()[-1] if msg.error.strip() else "no error text"
+                    raise RuntimeError(f"the {c.name} process failed to start: {cause}")
                 assert isinstance(msg, ChildReady), msg
                 c.info = msg.info
                 pending.remove(c)

@@ -462,3 +462,18 @@ def test_a_choice_is_scored_by_the_adapter_its_gen_names(engine) -> None:
         state = pick.run(lora=lora, backend=engine)
         scores[lora] = [state.get_meta_info(v)["normalized_prompt_logprobs"] for v in ("c", "d")]
     assert scores[None] != scores["r8"] != scores["other"] != scores[None], scores
+
+
+def test_a_bad_adapter_at_start_ends_the_server_with_one_clear_line(tiny_llama) -> None:
+    from radixrt.server.local import free_port
+
+    cmd = [sys.executable, "-m", "radixrt.server", "--model", tiny_llama, "--port", str(free_port())]
+    cmd += ["--lora-paths", "bad=/nonexistent", "--max-total-tokens", "2048"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-2000:]
+    assert said.rstrip().endswith(
+        "radixrt serve: the scheduler process failed to start: ValueError: LoRA adapter '/nonexistent' has no "
+        "adapter_config.json (a PEFT folder is expected)"
+    ), said[-2000:]
+    assert said.count("Traceback") == 1, "the scheduler's log has the traceback; the server's lines do not repeat it"

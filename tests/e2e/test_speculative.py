@@ -166,10 +166,13 @@ def test_draft_trees_keep_the_accepted_branch_and_equal_speculation_off(tiny_eng
     _check_oracle_trees(*tiny_engines)
 
 
-def test_draft_trees_in_pages_of_four_slots(tiny_path):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_draft_trees_in_pages_of_four_slots(tiny_path, kv_cache_dtype):
     """The same with 4-slot pages, where the accepted branch's K/V are copied down
-    into the draft's first slots (its slot list must follow its pages)."""
-    with _engine(tiny_path, True, page_size=4) as on, _engine(tiny_path, False, page_size=4) as off:
+    into the draft's first slots (its slot list must follow its pages); in an fp8 cache
+    too (the copy ended the scheduler: torch's CPU index ops do not take float8)."""
+    kw = {"page_size": 4, "kv_cache_dtype": kv_cache_dtype}
+    with _engine(tiny_path, True, **kw) as on, _engine(tiny_path, False, **kw) as off:
         assert on.scheduler.speculator.max_width == 2
         _check_oracle_trees(on, off)
 
