@@ -54,9 +54,11 @@ async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, ctx: ServerContext = Depends(server_context)) -> Response:
-    """The served model, under any of its names; 404 for another name."""
-    ctx.check_model(model_id)
-    return JSON({"id": ctx.served_model_name, "object": "model", "created": int(ctx.started), "owned_by": "radixrt"})
+    """The served model under any of its names, or a LoRA adapter's entry as ``/v1/models`` lists it
+    (OpenAI's retrieve takes any listed id); 404 for another name."""
+    lora = ctx.lora_of(model_id)
+    entry = {"id": ctx.answering_model(lora), "object": "model", "created": int(ctx.started), "owned_by": "radixrt"}
+    return JSON({**entry, "root": lora, "parent": ctx.served_model_name} if lora else entry)
 
 
 # ---------------------------------------------------------------------- completions

@@ -387,6 +387,9 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
             model = c.get("/v1/models").json()["data"]
             base = model[0]["id"]
             assert [m["id"] for m in model] == [base, f"{base}:r8"] and model[1]["parent"] == base
+            one = c.get(f"/v1/models/{base}:r8").json()  # OpenAI's retrieve takes any listed id
+            assert one["id"] == f"{base}:r8" and one["parent"] == base
+            assert c.get(f"/v1/models/{base}:nope").status_code == 404
             native = c.post(
                 "/generate", json={"input_ids": [PROMPT, PROMPT], "sampling_params": GREEDY, "lora_path": ["r8", None]}
             )
