@@ -155,11 +155,14 @@ class BatchPlanner:
         lets it compute. Under a KV budget (kv_budget.py) at most its slack,
         and the prompt's last token in a step of its own: it is compacted
         between chunks and before the first output's logits."""
-        q = min(need, budget, self._prompt_cap(req.seq_len - need - req.kv_dropped))
+        cap = self._prompt_cap(req.seq_len - need - req.kv_dropped)
         b = req.kv_budget
         if b is not None and need > 1:
-            q = min(q, b.budget.slack, need - 1)
-        return q
+            # it compacts after every chunk, so its chunks depend on it alone, not on what else the step
+            # holds (that changed its answer): a step with less room gives it nothing, not a smaller chunk
+            own = min(need - 1, cap, b.budget.slack)
+            return own if own <= budget else 0
+        return min(need, budget, cap)
 
     def _prompt_cap(self, keys: int) -> int:
         """The cap (chunk or shared) on the prompt tokens of a request with ``keys`` keys (an
@@ -375,7 +378,7 @@ class BatchPlanner:
                 drop_draft(req)  # a draft is computed in one piece or not at all
                 extend = req.seq_len - match.length
             q = self._prefill_tokens(req, extend, budget)
-            if running and self.kv.available_slots() - q < reserve:
+            if q <= 0 or (running and self.kv.available_slots() - q < reserve):
                 break
             explained = None  # before admit/extend change the tree: the match as it happened
             if req.cache_info_mode and not req.admitted_once:

@@ -316,3 +316,24 @@ def test_no_slot_leaks_across_ten_thousand_randomized_steps(make_tiny):
     stats = sched.stats()
     assert stats["kv_budget_evicted_tokens"] and stats["kv_budget_offloaded_tokens"]
     assert reloaded > 0 and retracted > 0, (reloaded, retracted)
+
+
+@pytest.mark.parametrize("policy", ["h2o", "infinigen", "window"])
+def test_a_budgeted_answer_does_not_depend_on_what_else_runs(tiny_llama, policy):
+    """A budgeted prompt compacts after each chunk, so its chunks must be its own: they were cut to
+    whatever the step had left, and the answer changed with the requests beside it (the greedy samples
+    of one n = 3 request differed). Alone, behind a long plain prompt, and as n = 3: the same tokens."""
+    rng = random.Random(4)
+    prompt, other = _prompt(rng, 300), _prompt(rng, 200)
+    sched = _scheduler(tiny_llama, chunked_prefill_size=48, disable_radix_cache=True)
+    sched.handle(GenerateReq("alone", prompt, _sampling(16, budget=64, policy=policy)))
+    alone = _drain(sched)["alone"]
+    sched.handle(GenerateReq("first", other, _sampling(16)))
+    sched.handle(GenerateReq("beside", prompt, _sampling(16, budget=64, policy=policy)))
+    three = SamplingParams(
+        max_new_tokens=16, ignore_eos=True, temperature=0.0, kv_budget=64, kv_budget_policy=policy, n=3
+    )
+    sched.handle(GenerateReq("three", prompt, three))
+    outs = _drain(sched)
+    assert outs["beside"] == alone
+    assert [outs[f"three-{i}"] for i in range(3)] == [alone] * 3
