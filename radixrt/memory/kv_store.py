@@ -59,9 +59,15 @@ class StoreIdentity:
     block_tokens: int
     page_bytes: int  # bytes of one host page (every layer's K and V of page_size tokens)
     frame_format: int = FRAME_FORMAT
+    # "deterministic": the batch-invariant arithmetic of --enable-deterministic-inference, whose KV differs from
+    # the default kernels' in the last bits (its promise: the same answer whether KV was cached or not)
+    arithmetic: str = "default"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["arithmetic"] == "default":  # as stores written before the field: their blocks keep their keys
+            del d["arithmetic"]
+        return d
 
     @cached_property  # checked on every block read: computing it cost as much as the block's checksum
     def digest(self) -> bytes:
@@ -74,9 +80,8 @@ class StoreIdentity:
 
     def mismatch(self, other: dict[str, Any]) -> Optional[str]:
         """None when ``other`` (a stored identity) equals this one, else what differs."""
-        diffs = [
-            f"{k}: store has {other.get(k)!r}, server has {v!r}" for k, v in self.as_dict().items() if other.get(k) != v
-        ]
+        ours, theirs = asdict(self), {"arithmetic": "default", **other}
+        diffs = [f"{k}: store has {theirs.get(k)!r}, server has {v!r}" for k, v in ours.items() if theirs.get(k) != v]
         return "; ".join(diffs) or None
 
 

@@ -106,6 +106,7 @@ def build_storage_tier(
         page_size=tree.page_size,
         block_tokens=config.block_tokens(tree.page_size),
         page_bytes=host.pool.page_bytes,
+        arithmetic="deterministic" if runner.deterministic else "default",
     )
     store: KVStore
     if config.hicache_storage_backend == "file":

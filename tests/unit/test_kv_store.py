@@ -165,9 +165,16 @@ def test_file_store_refuses_another_model_dtype_or_layout(tmp_path: Path) -> Non
         (replace(IDENTITY, model="cd" * 16), "model"),
         (replace(IDENTITY, kv_dtype="int8/torch.int8"), "kv_dtype"),
         (replace(IDENTITY, page_size=2, page_bytes=16), "page_size"),
+        # deterministic mode's KV differs in the last bits, and it promises cached and computed KV agree
+        (replace(IDENTITY, arithmetic="deterministic"), "arithmetic: store has 'default', server has 'deterministic'"),
     ):
         with pytest.raises(StoreMismatchError, match=word):
             FileKVStore(tmp_path, other, quota_bytes=1 << 20)
+    assert json.loads((tmp_path / "store.json").read_text()).get("arithmetic") is None  # as older stores: usable
+    deterministic = tmp_path / "deterministic"
+    FileKVStore(deterministic, replace(IDENTITY, arithmetic="deterministic"), quota_bytes=1 << 20)
+    with pytest.raises(StoreMismatchError, match="arithmetic: store has 'deterministic', server has 'default'"):
+        FileKVStore(deterministic, IDENTITY, quota_bytes=1 << 20)
 
 
 def test_file_store_refuses_a_store_of_older_frames(tmp_path: Path) -> None:
