@@ -70,10 +70,15 @@ class KVBudgeter:
         self.totals = BudgetCounters()
         self.requests = 0
 
-    def check(self, kv_budget: Optional[float]) -> None:
-        """Raise ValueError for a request budget this server cannot run."""
+    def check(self, kv_budget: Optional[float], policy: Optional[str] = None) -> None:
+        """Raise ValueError for a request budget this server cannot run, or a policy with no budget
+        to apply it to (neither the request's nor the server's --kv-budget)."""
         if kv_budget is not None and self.kv.page_size != 1:
             raise ValueError(f"kv_budget needs a server started with --page-size 1 (it has {self.kv.page_size})")
+        if policy is not None and kv_budget is None and self.settings.kv_budget is None:
+            raise ValueError(
+                "kv_budget_policy applies to a KV budget: give kv_budget too (this server has no --kv-budget)"
+            )
 
     def budget_for(self, req: "Req") -> Optional[KVBudget]:
         """The request's budget in tokens (its own, else the server's), or None. At most

@@ -243,7 +243,7 @@ class Scheduler(SchedulerControl):
         """ValueError (a 400) for what ``msg`` asks that this server cannot do. Its grammar is
         parsed by the compile thread, off the step loop (a large one takes half a second)."""
         validate_prompt(msg.input_ids, msg.sampling, self.limits, parse_grammar=False)
-        self.budgets.check(msg.sampling.kv_budget)
+        self.budgets.check(msg.sampling.kv_budget, msg.sampling.kv_budget_policy)
         limits = self.limits
         top, ids = msg.top_logprobs_num, msg.token_ids_logprob
         check_logprob_fields(top, ids, limits.max_top_logprobs_num, limits.vocab_size, msg.sampling)

@@ -212,6 +212,8 @@ def to_chat_request(
         "min_p": req.min_p,
         "repetition_penalty": req.repetition_penalty,
         "seed": req.seed,
+        "kv_budget": req.kv_budget,
+        "kv_budget_policy": req.kv_budget_policy,
         "cache_salt": req.cache_salt,
         "prompt_cache_key": req.prompt_cache_key,
         "priority": req.priority,

@@ -146,6 +146,8 @@ class ResponsesRequest(Lenient):
     min_p: Optional[float] = Field(None, ge=0, le=1)
     repetition_penalty: Optional[float] = Field(None, gt=0)
     seed: Optional[StrictInt] = None
+    kv_budget: Any = None  # checked by the chat request it becomes
+    kv_budget_policy: Any = None
 
 
 _ITEMS = TypeAdapter(list[InputItem])

@@ -214,6 +214,14 @@ def _check_kv_budget_routes(client: httpx.Client, oai, model_name: str) -> None:
     for bad, field in (({"kv_budget": 5}, "kv_budget"), ({"kv_budget_policy": "lru"}, "kv_budget_policy")):
         r = client.post("/generate", json={"text": text, "sampling_params": greedy(4, **bad)})
         assert r.status_code == 400 and field in r.text, r.text
+        # the Responses route takes them as chat does (it ignored them)
+        body = {"model": model_name, "input": text, "max_output_tokens": 4, "kv_budget": 64, **bad}
+        r = client.post("/v1/responses", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    alone = client.post("/generate", json={"text": text, "sampling_params": greedy(4, kv_budget_policy="window")})
+    assert alone.status_code == 400 and "give kv_budget too" in alone.text, alone.text  # a policy of no budget
+    r = client.post("/v1/responses", json={"model": model_name, "input": text, "max_output_tokens": 4, "kv_budget": 64})
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 4, r.text
     assert_no_leak(wait_idle(client))
     samples, _ = _scrape(client)
     assert _tokens_total(samples, "radixrt_kv_budget_tokens_total") > 0
