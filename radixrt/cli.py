@@ -285,8 +285,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = given[0] if given and given[0] in {name for name, _, _ in COMMANDS} else None
     args = build_parser(command).parse_args(given)
-    _setup_logging(getattr(args, "log_level", "warning") or "warning")
     try:
+        _setup_logging(getattr(args, "log_level", "warning") or "warning")
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
         print(f"radixrt: error: {e}", file=sys.stderr)

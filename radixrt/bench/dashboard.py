@@ -54,7 +54,7 @@ def build_tree(nodes: int, seed: int = 0) -> Any:
             alloc.free_slots(slots[:present])
         inserted += 1
         if inserted % 2000 == 0:
-            counted = radix_snapshot(tree.root, max_nodes=1, count_budget=10 * nodes)["namespaces"]
+            counted = radix_snapshot(tree.root, max_nodes=2, count_budget=20 * nodes)["namespaces"]
             if sum(ns["nodes"] for ns in counted) >= nodes:
                 return tree
 

@@ -29,6 +29,7 @@ from radixrt.memory.kv_format import KV_CACHE_DTYPES
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
 CPU_LONG_PREFILL_TOKENS = 256
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's, less its "trace"
 UNCHUNKED_PREFILL = 1 << 30  # chunked_prefill_size -1: more than any context holds
 # SGLang's (and transformers') other names of the dtypes
 DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -436,3 +437,7 @@ class DebugSettings:
     debug_check_invariants: bool = setting(
         False, "check free + tree + private == total KV slots after every step (slow; tests)"
     )
+
+    def __post_init__(self) -> None:
+        if str(self.log_level).lower() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {str(self.log_level)[:32]!r}")

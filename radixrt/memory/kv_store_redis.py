@@ -19,12 +19,22 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any, Optional, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 from radixrt.memory.kv_store import BlockMeta, KVStore, StoreIdentity, frame, unframe
 
 logger = logging.getLogger(__name__)
 
 MAX_KNOWN = 1 << 20  # block keys remembered as stored (16 bytes each)
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part shown as ``***`` (Redis URLs carry one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 class RedisKVStore(KVStore):
@@ -36,7 +46,7 @@ class RedisKVStore(KVStore):
             import redis
         except ImportError:
             raise RuntimeError("--hicache-storage-backend redis needs the redis client: pip install redis") from None
-        self.url = self.location = url
+        self.url = self.location = without_password(url)  # what logs and stats show
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._errors = (redis.RedisError, OSError)
         self._prefix = b"radixrt:kv:" + identity.digest.hex().encode() + b":"
@@ -47,7 +57,7 @@ class RedisKVStore(KVStore):
         try:
             self._client.ping()
         except self._errors as e:
-            raise RuntimeError(f"KV store: cannot reach Redis at {url}: {e}") from None
+            raise RuntimeError(f"KV store: cannot reach Redis at {self.url}: {e}") from None
 
     def _key(self, key: bytes) -> bytes:
         return self._prefix + key.hex().encode()

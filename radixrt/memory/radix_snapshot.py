@@ -7,13 +7,15 @@ last access. A node whose children are not listed (the depth or node limit
 cut them off) carries the size of what it hides (``hidden_nodes``,
 ``hidden_tokens``), so that a screen shows a big subtree as one box with its
 size; so does each namespace. Counting hidden nodes stops after
-``count_budget`` nodes in all: past it the sizes are lower bounds
-(``"exact": false``), so a snapshot costs O(max_nodes + count_budget)
-whatever the tree's size.
+``count_budget`` nodes in all (half for the namespaces, half for the listed
+nodes): past it the sizes are lower bounds (``"exact": false``, and never
+below the children a node is known to have). At most ``max_nodes``
+namespaces are listed (``namespaces_total`` says how many there are), so a
+snapshot costs O(max_nodes + count_budget) whatever the tree's size.
 
 Namespaces (a request's ``cache_salt``) are never named: the default one is
-``"default"``, another is ``"ns-"`` and the first 8 hex digits of the
-SHA-256 of its salt. Token ids are included only when asked
+``"default"``, another is ``"ns-"`` and 8 hex digits of a hash of its salt
+keyed by a secret of the process (stable while the server runs). Token ids are included only when asked
 (``tokens_per_node`` > 0: the first ones of each node), for the caller to
 decode or not: this module knows no text.
 
@@ -24,8 +26,10 @@ steps, so the tree does not change under it).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import Counter, deque
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Optional
 
 if TYPE_CHECKING:
@@ -34,11 +38,15 @@ if TYPE_CHECKING:
 DEFAULT_COUNT_BUDGET = 2_000  # hidden nodes counted per snapshot, at most (about 1 ms of the scheduler's time)
 
 
+_LABEL_KEY = os.urandom(16)  # this process's: a label cannot be tested against guessed salts elsewhere
+
+
 def namespace_label(namespace: Hashable) -> str:
-    """How a namespace is shown: never its salt."""
+    """How a namespace is shown: never its salt, nor a plain hash of it (a viewer could hash guessed
+    salts, user or tenant names, and match them): a hash keyed by a secret of this process."""
     if namespace is None:
         return "default"
-    return "ns-" + hashlib.sha256(str(namespace).encode()).hexdigest()[:8]
+    return "ns-" + hashlib.blake2b(str(namespace).encode(), key=_LABEL_KEY, digest_size=4).hexdigest()
 
 
 def _where(node: "TreeNode", stored: Optional[Callable[["TreeNode"], bool]] = None) -> str:
@@ -96,18 +104,19 @@ def radix_snapshot(
     also in the storage tier (radixrt/scheduler/storage_tier.py), asked of
     listed nodes only."""
     started = time.perf_counter()
-    counter = _Counter(count_budget)
+    space_counter = _Counter(count_budget // 2)  # the namespaces' sizes, then the listed nodes' hidden ones
+    counter = _Counter(count_budget - count_budget // 2)
     nodes: list[dict[str, Any]] = []
     listed: list["TreeNode"] = []  # the node of each entry
-    spaces = []
+    spaces, subs = [], []
     queue: deque[tuple["TreeNode", int, int, str]] = deque()
-    for namespace, sub in root.children.items():
-        if namespaces is not None and namespace not in namespaces:
-            continue
+    chosen = ((ns, sub) for ns, sub in root.children.items() if namespaces is None or ns in namespaces)
+    for namespace, sub in islice(chosen, max_nodes):  # as many namespaces as nodes, at most
         label = namespace_label(namespace)
         spaces.append({"namespace": label, "root": sub.id, "children": len(sub.children)})
-        for child in sub.children.values():
-            queue.append((child, 1, sub.id, label))
+        subs.append(sub)
+        # never more queued than can be listed: a namespace of 100,000 first-level nodes costs max_nodes
+        queue.extend((child, 1, sub.id, label) for child in islice(sub.children.values(), max_nodes - len(queue)))
     while queue and len(nodes) < max_nodes:
         node, depth, parent, label = queue.popleft()
         entry: dict[str, Any] = {
@@ -137,16 +146,14 @@ def radix_snapshot(
             hidden = (c for c in node.children.values() if c.id not in shown)
             entry["hidden_nodes"], entry["hidden_tokens"] = counter.below(hidden, at_least=cut)
             truncated = True
-    for space, (_, sub) in zip(spaces, _chosen(root, namespaces)):
-        space["nodes"], space["tokens"] = counter.below(list(sub.children.values()))
+    for space, sub in zip(spaces, subs):
+        space["nodes"], space["tokens"] = space_counter.below(sub.children.values(), at_least=len(sub.children))
+    total_spaces = len(root.children) if namespaces is None else len(namespaces & root.children.keys())
     return {
         "namespaces": spaces,
+        "namespaces_total": total_spaces,
         "nodes": nodes,
-        "truncated": truncated,
-        "exact": counter.exact,
+        "truncated": truncated or len(spaces) < total_spaces,
+        "exact": counter.exact and space_counter.exact,
         "took_ms": 1000 * (time.perf_counter() - started),
     }
-
-
-def _chosen(root: "TreeNode", namespaces: Optional[set[Hashable]]) -> list[tuple[Hashable, "TreeNode"]]:
-    return [(ns, sub) for ns, sub in root.children.items() if namespaces is None or ns in namespaces]

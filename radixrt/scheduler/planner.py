@@ -434,8 +434,7 @@ class BatchPlanner:
         admitted: Batch = []
         for i, b in enumerate(unit):
             match = self.kv.match(b, load=True)  # after the siblings' admission: what eviction left
-            # each hypothesis gets its share of the budget (at least a token): a unit whose prefill outgrows a
-            # step's budget, as a retracted search's can, is admitted in chunks, not waited on for ever
+            # a share of the budget each (a token at least): a retracted search larger than a step comes in chunks
             q = self._prefill_tokens(b, b.seq_len - match.length, max(1, budget // (len(unit) - i)))
             if q <= 0 or not self._admit_one(b, match, q, batch):
                 for done, dq in admitted:  # back to waiting, their slots for this step not computed

@@ -15,7 +15,11 @@ def main() -> int:
     )
     add_serve_command(parser)
     args = parser.parse_args()
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # bad flags: a clear message, no traceback (as `radixrt serve`)
+        print(f"radixrt serve: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

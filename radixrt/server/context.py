@@ -14,6 +14,7 @@ from radixrt.requests.sessions import SessionStore
 from radixrt.server.api_keys import presented_key, same_key
 from radixrt.server.errors import ServerError
 from radixrt.server.metrics import ServerMetrics
+from radixrt.server.snapshot_gate import SnapshotGate
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 
@@ -36,6 +37,7 @@ class ServerContext:
     model_aliases: set = field(default_factory=set)
     lora_adapters: set = field(default_factory=set)  # adapter names, answered to as "<model>:<name>"
     sessions: SessionStore = field(default_factory=SessionStore)  # SGLang's sessions (session_routes.py)
+    snapshot_gate: SnapshotGate = field(default_factory=SnapshotGate)  # paces /debug/radix (snapshot_gate.py)
     weights_path: str = ""  # the checkpoint of the last /update_weights_from_disk ("": the model's own)
     weight_version: str = "default"  # its label (weight_routes.py)
     chat_info: dict = field(default_factory=dict)  # chat_role_markers, chat_default_system_prompt

@@ -127,7 +127,7 @@ async def debug_radix(request: Request, ctx: ServerContext = Depends(server_cont
         max_nodes=_int_param(request, "max_nodes", 500, 1, MAX_NODES),
         tokens_per_node=SNIPPET_TOKENS if text else 0,
     )
-    view = await ctx.tm.radix_view(msg)
+    view = await ctx.snapshot_gate.run(lambda: ctx.tm.radix_view(msg))
     if text:
         decode = ctx.tm.tokenizer.decode
         for node in view["nodes"]:

@@ -34,6 +34,7 @@ from typing import Any, AsyncIterator, Optional
 
 from radixrt.config import EngineConfig
 from radixrt.config.lora import parse_lora_paths
+from radixrt.memory.kv_store_redis import without_password
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.args import ServerArgs, server_args_from_cli
 from radixrt.server.workers import ChildFailed, ChildReady
@@ -340,6 +341,8 @@ def _server_context(
     public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}
     public_args["api_key"] = "***" if sargs.api_key else None
     public_args["admin_api_key"] = "***" if sargs.admin_api_key else None
+    if public_args.get("hicache_storage_url"):  # redis://user:password@host: the password is not for clients
+        public_args["hicache_storage_url"] = without_password(public_args["hicache_storage_url"])
     run.ctx = ServerContext(
         tm=run.tm,
         metrics=metrics,

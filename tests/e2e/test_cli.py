@@ -152,3 +152,15 @@ def test_top_level_help_says_bench_runs_offline_and_online():
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert "offline" in text and "online" in text
+
+
+def test_the_server_module_refuses_bad_flags_in_one_line():
+    """``python -m radixrt.server`` (what LocalServer runs) as ``radixrt serve``: exit 2 and one line,
+    for a log level no logger has (it served at warning) and for fewer loaded adapters than a batch mixes."""
+    for flags, said in (
+        (["--log-level", "bogus"], "log_level must be one of debug, info, warning, error, critical"),
+        (["--lora-paths", "a=/x", "--max-loaded-loras", "1"], "must be at least max_loras_per_batch"),
+    ):
+        cmd = [sys.executable, "-m", "radixrt.server", "--model", "/nonexistent", *flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

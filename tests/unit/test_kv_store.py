@@ -342,3 +342,12 @@ def test_redis_store_is_shared_between_servers_of_one_identity(redis_url: str) -
     assert bytes(a.get(keys[0]) or b"") == payload(0)
     a._client.set(a._key(keys[1]), frame(IDENTITY, keys[1], payload(1), META[keys[1]])[:-1] + b"\0")
     assert b.get(keys[1]) is None and b.corrupt == 1 and not a.contains(keys[1])
+
+
+def test_a_redis_url_is_shown_without_its_password() -> None:
+    """/get_server_info (any client's) and the store's logs and stats show the URL: never its password."""
+    from radixrt.memory.kv_store_redis import without_password
+
+    assert without_password("redis://:s3cret@cache:6379/1") == "redis://:***@cache:6379/1"
+    assert without_password("rediss://app:s3cret@cache") == "rediss://app:***@cache"
+    assert without_password("redis://localhost:6379/0") == "redis://localhost:6379/0"

@@ -86,3 +86,17 @@ def test_hits_count_admissions_through_a_node(tiny_llama):
     shared = next(n for n in view["nodes"] if n["token_ids"] == prefix[:4])
     assert shared["hits"] == 3  # every request after the first reused it
     assert view["kv"]["total_slots"] == 2048 and view["requests"] == []
+
+
+def test_many_namespaces_and_first_level_nodes_stay_within_the_limits():
+    """2,500 first-level nodes and 300 namespaces: a view of 10 nodes lists at most 10 namespaces (it
+    listed every one: an answer the limits did not bound) and says how many there are; a namespace's
+    size is never below the children it is known to have (it read 0 once the count budget was spent)."""
+    seqs = [(None, [1000 + i, 7]) for i in range(2500)] + [(f"salt{i}", [7, 8, 9]) for i in range(300)]
+    tree, _ = _tree(seqs)
+    snap = radix_snapshot(tree.root, max_depth=1, max_nodes=10, count_budget=100)
+    assert len(snap["nodes"]) == 10 and len(snap["namespaces"]) == 10 and snap["namespaces_total"] == 301
+    assert snap["truncated"] and not snap["exact"]
+    default = next(ns for ns in snap["namespaces"] if ns["namespace"] == "default")
+    assert default["children"] == 2500 and default["nodes"] >= 2500
+    assert all(ns["nodes"] >= ns["children"] >= 1 for ns in snap["namespaces"])
