@@ -21,6 +21,7 @@ from radixrt.server import (
     admin_routes,
     anthropic_api,
     debug_routes,
+    load_routes,
     lora_routes,
     native_routes,
     openai_api,
@@ -49,7 +50,8 @@ def build_app(ctx: ServerContext, lifespan: Any = None) -> FastAPI:
     app.add_middleware(GuardMiddleware, ctx_getter=lambda: app.state.ctx)
     _add_error_handlers(app)
     routes = (admin_routes, anthropic_api, debug_routes, lora_routes, native_routes, openai_api, responses_api)
-    for module in routes + (score_routes, session_routes, text_parse_routes, tokenize_routes, weight_routes):
+    others = (load_routes, score_routes, session_routes, text_parse_routes, tokenize_routes, weight_routes)
+    for module in routes + others:
         app.include_router(module.router)
     return app
 

@@ -141,3 +141,26 @@ def test_sagemaker_s_routes(client, tiny_server):
         via_sagemaker.json()["choices"][0]["message"]
         == client.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]
     )
+
+
+def test_the_load_probes_routers_poll(client, tiny_server):
+    """SGLang's ``/v1/loads`` (JSON and Prometheus) and ``/get_load``, as the KV pool and queues stand."""
+    info = client.get("/get_server_info").json()
+    body = client.get("/v1/loads").json()
+    assert body["version"] == info["version"] and body["accelerator"] == "cpu"
+    (load,) = body["loads"]
+    assert load["dp_rank"] == 0 and load["max_total_num_tokens"] == info["max_total_num_tokens"]
+    assert (
+        load["num_used_tokens"]
+        == info["max_total_num_tokens"] - client.get("/get_server_info").json()["kv_slots"]["free_slots"]
+    )
+    assert load["num_running_reqs"] >= 0 and 0 <= load["token_usage"] <= 1
+    assert client.get("/v1/loads", params={"dp_rank": 1}).json()["loads"] == []
+    text = client.get("/v1/loads", params={"format": "prometheus"}).text
+    assert 'sglang_max_total_num_tokens{dp_rank="0"} ' + str(info["max_total_num_tokens"]) in text
+    for bad, field in (({"include": "gpu"}, "include"), ({"format": "xml"}, "format"), ({"dp_rank": "-1"}, "dp_rank")):
+        r = client.get("/v1/loads", params=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    (old,) = client.get("/get_load").json()
+    assert old["dp_rank"] == 0 and old["num_reqs"] >= old["num_waiting_reqs"] >= 0 and old["num_tokens"] >= 0
+    assert httpx.get(tiny_server.url + "/v1/loads").status_code == 401  # the key, as every route but health
