@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import pytest
 import torch
 
 from radixrt.executor.lora.adapter import LoRAAdapter
@@ -23,16 +22,13 @@ from tests.support.lora import IN, SLICES, every_delta, synthetic_adapter
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _in_the_interpreter(check: str) -> None:
+def test_under_the_interpreter() -> None:
+    """Both checks below, in one fresh process (importing torch and Triton costs seconds)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "RADIXRT_TRITON_LORA": "1"}
-    code = f"from tests.unit.test_lora_triton import {check}; {check}()"
+    checks = "check_the_kernel_adds_what_torch_adds", "check_which_steps_take_the_kernel"
+    code = f"import tests.unit.test_lora_triton as t; t.{checks[0]}(); t.{checks[1]}()"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-@pytest.mark.parametrize("check", ["check_the_kernel_adds_what_torch_adds", "check_which_steps_take_the_kernel"])
-def test_under_the_interpreter(check: str) -> None:
-    _in_the_interpreter(check)
 
 
 def check_the_kernel_adds_what_torch_adds() -> None:
