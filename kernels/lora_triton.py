@@ -43,6 +43,27 @@ MAX_BLOCK_M = 64
 
 
 @triton.jit
+def _rows_of_block(indptr_ptr, rows_ptr, slots_ptr, BLOCK_M: tl.constexpr):
+    """This program's block of its segment (program axes 0: block, 2: segment): whether it holds any
+    position, its positions, which are in the segment, their batch rows, and the segment's slot."""
+    segment = tl.program_id(2)
+    end = tl.load(indptr_ptr + segment + 1)
+    first = tl.load(indptr_ptr + segment) + tl.program_id(0) * BLOCK_M
+    pos = first + tl.arange(0, BLOCK_M)
+    in_segment = pos < end
+    row = tl.load(rows_ptr + pos, mask=in_segment, other=0)
+    return first < end, pos, in_segment, row, tl.load(slots_ptr + segment)
+
+
+@triton.jit
+def _product(x, w, EXACT: tl.constexpr):
+    """x @ w in float32: float32 inputs exactly (not TF32's rounding), 16-bit ones on the tensor cores."""
+    if EXACT:
+        return tl.dot(x, w, input_precision="ieee")
+    return tl.dot(x, w)
+
+
+@triton.jit
 def _shrink(
     x_ptr,
     a_ptr,
@@ -62,16 +83,9 @@ def _shrink(
     BLOCK_K: tl.constexpr,
 ):
     """xa[pos, r] = x[rows[pos]] @ a[slot][:, r] for one block of one segment's positions."""
-    segment = tl.program_id(2)
-    start = tl.load(indptr_ptr + segment)
-    end = tl.load(indptr_ptr + segment + 1)
-    first = start + tl.program_id(0) * BLOCK_M
-    if first >= end:
+    live, pos, in_segment, row, slot = _rows_of_block(indptr_ptr, rows_ptr, slots_ptr, BLOCK_M)
+    if not live:
         return
-    pos = first + tl.arange(0, BLOCK_M)
-    in_segment = pos < end
-    row = tl.load(rows_ptr + pos, mask=in_segment, other=0)
-    slot = tl.load(slots_ptr + segment)
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -84,10 +98,7 @@ def _shrink(
             mask=(k[:, None] < K) & (r[None, :] < R),
             other=0.0,
         )
-        if EXACT:  # float32: the exact product, not TF32's
-            acc += tl.dot(x, a, input_precision="ieee")
-        else:
-            acc += tl.dot(x, a)
+        acc += _product(x, a, EXACT)
     tl.store(xa_ptr + pos[:, None] * stride_xa + r[None, :], acc, mask=in_segment[:, None] & (r[None, :] < R))
 
 
@@ -114,16 +125,9 @@ def _expand(
     BLOCK_R: tl.constexpr,
 ):
     """out[rows[pos], n] += xa[pos] @ b[slot][:, n] (+ bias[slot][n]) for one block of one segment."""
-    segment = tl.program_id(2)
-    start = tl.load(indptr_ptr + segment)
-    end = tl.load(indptr_ptr + segment + 1)
-    first = start + tl.program_id(0) * BLOCK_M
-    if first >= end:
+    live, pos, in_segment, row, slot = _rows_of_block(indptr_ptr, rows_ptr, slots_ptr, BLOCK_M)
+    if not live:
         return
-    pos = first + tl.arange(0, BLOCK_M)
-    in_segment = pos < end
-    row = tl.load(rows_ptr + pos, mask=in_segment, other=0)
-    slot = tl.load(slots_ptr + segment)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for r0 in range(0, R, BLOCK_R):
@@ -136,10 +140,7 @@ def _expand(
             mask=(r[:, None] < R) & (n[None, :] < N),
             other=0.0,
         )
-        if EXACT:
-            acc += tl.dot(xa, b, input_precision="ieee")
-        else:  # 16-bit weights: the tensor cores' product of xa rounded to them, accumulated in float32
-            acc += tl.dot(xa.to(b.dtype), b)
+        acc += _product(xa.to(b.dtype), b, EXACT)  # 16-bit weights: xa rounded to them
     if HAS_BIAS:
         acc += tl.load(bias_ptr + slot * stride_bias + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     where = out_ptr + row[:, None] * stride_out + n[None, :]
