@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import pytest
 import torch
 
 from radixrt.executor.lora.adapter import LoRAAdapter
@@ -78,3 +79,21 @@ def check_which_steps_take_the_kernel() -> None:
     assert not torch.equal(by_kernel, base) and torch.equal(by_kernel[1], base[1])
     os.environ["RADIXRT_TRITON_LORA"] = "0"
     assert not isinstance(LoRABatch.build([a], "cpu").kernel, SegmentedRows)
+
+
+def test_a_kernel_that_fails_its_check_leaves_the_steps_to_torch(monkeypatch, caplog) -> None:
+    """Asked for on the CPU without the interpreter, the compiled kernel cannot run: its check on first
+    use fails, a warning says so, and the steps take torch's products (no step ever raises)."""
+    from radixrt.executor.lora import segmented
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs the kernel on the CPU")
+    monkeypatch.setenv("RADIXRT_TRITON_LORA", "1")
+    segmented._kernel.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=segmented.__name__):
+            batch = LoRABatch.build([synthetic_adapter("a", 8, False, torch.float32, 1), None], "cpu")
+        assert batch is not None and not isinstance(batch.kernel, segmented.SegmentedRows)
+        assert "failed its check" in caplog.text
+    finally:
+        segmented._kernel.cache_clear()

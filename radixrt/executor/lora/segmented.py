@@ -98,16 +98,23 @@ def _kernel(device: torch.device) -> Optional[ModuleType]:
 
 
 def _self_check(kernel: ModuleType, device: torch.device) -> None:
-    """Two segments (one of scattered rows), a row with no adapter and a bias, against torch."""
+    """Two segments (one of scattered rows), a row with no adapter and a bias, against torch: in
+    float32 and in a 16-bit dtype (bfloat16 on a GPU; float16 under the interpreter, which cannot
+    multiply bfloat16)."""
     gen = torch.Generator().manual_seed(0)
     x, out = torch.randn(5, 32, generator=gen), torch.randn(5, 40, generator=gen)
-    a, b, bias = torch.randn(2, 32, 16, generator=gen), torch.randn(2, 16, 40, generator=gen), torch.randn(2, 40)
-    want = out.clone()
-    for rows, slot in (([0, 3], 1), ([2], 0)):
-        want[rows] += x[rows] @ a[slot] @ b[slot] + bias[slot]
-    got = out.to(device)
+    a, b = torch.randn(2, 32, 16, generator=gen) / 4, torch.randn(2, 16, 40, generator=gen) / 4
+    bias = torch.randn(2, 40, generator=gen)
+    half = torch.bfloat16 if device.type == "cuda" else torch.float16
     ints = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
-    on = [t.to(device) for t in (x, a, b, bias)]
-    kernel.add_lora(on[0], got, on[1], on[2], on[3], ints([0, 3, 2]), ints([0, 2, 3]), ints([1, 0]), 2)
-    if not torch.allclose(got.cpu(), want, atol=1e-3, rtol=1e-3):
-        raise ValueError(f"its result differs from torch's by {float((got.cpu() - want).abs().max()):.3g}")
+    for dtype, tol in ((torch.float32, 1e-3), (half, 5e-2)):
+        x_, out_, a_, b_, bias_ = (t.to(dtype) for t in (x, out, a, b, bias))
+        want = out_.float()
+        for rows, slot in (([0, 3], 1), ([2], 0)):
+            want[rows] += x_[rows].float() @ a_[slot].float() @ b_[slot].float() + bias_[slot].float()
+        got = out_.to(device)
+        on = [t.to(device) for t in (x_, a_, b_, bias_)]
+        kernel.add_lora(on[0], got, on[1], on[2], on[3], ints([0, 3, 2]), ints([0, 2, 3]), ints([1, 0]), 2)
+        if not torch.allclose(got.cpu().float(), want, atol=tol, rtol=tol):
+            error = float((got.cpu().float() - want).abs().max())
+            raise ValueError(f"its {dtype} result differs from torch's by {error:.3g}")
