@@ -88,6 +88,7 @@ print(json.dumps([[o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_tok
 """
 
 
+@pytest.mark.slow  # an engine under Triton's interpreter: ~10 s (the kernel's unit test is on the fast path)
 def test_the_gpu_kernel_under_the_interpreter_serves_a_mixed_batch_as_torch_does(engine, tiny_llama, adapters):
     """The segmented Triton kernel that serves GPU steps, run whole through an Engine on the CPU under
     Triton's interpreter (``RADIXRT_TRITON_LORA=1``): a batch mixing adapters and the base model gives
@@ -461,6 +462,7 @@ def test_a_choice_is_scored_by_the_adapter_its_gen_names(engine) -> None:
     assert scores[None] != scores["r8"] != scores["other"] != scores[None], scores
 
 
+@pytest.mark.slow  # a server's start: ~10 s
 def test_a_bad_adapter_at_start_ends_the_server_with_one_clear_line(tiny_llama) -> None:
     from radixrt.server.local import free_port
 

@@ -6,6 +6,7 @@ SHAPE...`` joins group NAME as rank 0 of WORLD, then broadcasts one float32 tens
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 
 import torch
@@ -28,6 +29,10 @@ def main() -> None:
         options.rootRank = 0
         group.broadcast([t], options).wait()
     print("sent", flush=True)
+    # Out without the C++ teardown: this rank hosts the rendezvous store, whose server thread, destroyed at
+    # interpreter exit while the engine's side still holds its connection, aborted the process now and then
+    # ("terminate called without an active exception", exit -6) after everything had been sent.
+    os._exit(0)
 
 
 if __name__ == "__main__":
