@@ -126,7 +126,8 @@ def _completion_plan(
 async def completions(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     req = await read_model(request, CompletionRequest)
     per_prompt = req.lora_path if isinstance(req.lora_path, list) else [req.lora_path]
-    loras = [ctx.lora_of(req.model, path) for path in per_prompt]
+    named = {path: ctx.lora_of(req.model, path) for path in set(per_prompt)}  # each name checked once
+    loras = [named[path] for path in per_prompt]
     ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
