@@ -97,8 +97,8 @@ class LoRAAdmission:
                 if adapter is None:
                     raise ValueError(f"LoRA adapter {h.name!r} was unloaded")
             except Exception as e:  # noqa: BLE001 - a client-named folder: safetensors raises a bare Exception
-                named = str(e).startswith("LoRA adapter")  # the pool's and the loader's own errors name it
-                out.append((h.req, str(e) if named else f"LoRA adapter {h.name!r}: {e}"))
+                # the pool's and loader's checks (ValueErrors) name the adapter; safetensors' and the OS's do not
+                out.append((h.req, str(e) if isinstance(e, ValueError) else f"LoRA adapter {h.name!r}: {e}"))
                 continue
             _bind(h.req, adapter)
             out.append((h.req, None))

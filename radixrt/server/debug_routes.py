@@ -31,7 +31,7 @@ from radixrt.memory.kv_events import as_json, decode_batch
 from radixrt.requests.messages import RadixSnapshotReq
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import ServerError, bad_request
-from radixrt.server.http_utils import JSON, sse
+from radixrt.server.http_utils import JSON, query_int, sse
 
 router = APIRouter()
 
@@ -47,8 +47,8 @@ _open_streams = [0]
 
 def _stream_bounds(request: Request) -> tuple[int, float]:
     """``limit`` (events before the end, 0: none) and ``seconds`` (how long at most) of a stream."""
-    limit = _int_param(request, "limit", 0, 0, 1_000_000)
-    seconds = _int_param(request, "seconds", DEFAULT_STREAM_SECONDS, 1, MAX_STREAM_SECONDS)
+    limit = query_int(request, "limit", 0, 0, 1_000_000)
+    seconds = query_int(request, "seconds", DEFAULT_STREAM_SECONDS, 1, MAX_STREAM_SECONDS)
     return limit, time.monotonic() + seconds
 
 
@@ -91,19 +91,6 @@ def _check_access(request: Request, ctx: ServerContext) -> None:
         ctx.require_admin(request, "the cache's debug view")
 
 
-def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}].", name) from None
-    if not lo <= value <= hi:
-        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}], got {value}.", name)
-    return value
-
-
 def _text_allowed(request: Request, ctx: ServerContext, name: str = "text") -> bool:
     """Whether ``name=true`` (decoded text, or token ids: text all the same) was asked for
     and may be given: to the admin key's holder only."""
@@ -123,8 +110,8 @@ async def debug_radix(request: Request, ctx: ServerContext = Depends(server_cont
     _check_access(request, ctx)
     text = _text_allowed(request, ctx)
     msg = RadixSnapshotReq(
-        max_depth=_int_param(request, "max_depth", 8, 1, MAX_DEPTH),
-        max_nodes=_int_param(request, "max_nodes", 500, 1, MAX_NODES),
+        max_depth=query_int(request, "max_depth", 8, 1, MAX_DEPTH),
+        max_nodes=query_int(request, "max_nodes", 500, 1, MAX_NODES),
         tokens_per_node=SNIPPET_TOKENS if text else 0,
     )
     view = await ctx.snapshot_gate.run(lambda: ctx.tm.radix_view(msg))
@@ -158,7 +145,7 @@ async def debug_stream(request: Request, ctx: ServerContext = Depends(server_con
     """Server-sent events: the pool by state, hit and evicted tokens, running and
     waiting requests and retractions, ``rate`` times a second (1-10)."""
     _check_access(request, ctx)
-    rate = _int_param(request, "rate", 2, *RATES)
+    rate = query_int(request, "rate", 2, *RATES)
     limit, until = _stream_bounds(request)
     release = _reserve_stream()
 

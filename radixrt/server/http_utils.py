@@ -91,6 +91,21 @@ def _too_deep(obj: Any, limit: int) -> bool:
     return False
 
 
+def query_int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    """Query parameter ``name`` as an integer in [``lo``, ``hi``] (``default`` when absent); a 400
+    naming it otherwise."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}].", name) from None
+    if not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be an integer in [{lo}, {hi}], got {value}.", name)
+    return value
+
+
 def parse_json_body(raw: bytes) -> Any:
     """``raw`` parsed as JSON (UTF-8); ServerError 400 when it is not valid
     UTF-8 or not JSON, nests more than MAX_JSON_DEPTH deep, holds an integer of

@@ -6,14 +6,14 @@ A radixrt server is one rank (``--dp`` puts a router in front of several servers
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import bad_request
-from radixrt.server.http_utils import JSON
+from radixrt.server.http_utils import JSON, query_int
 from radixrt.version import __version__
 
 router = APIRouter()
@@ -40,20 +40,11 @@ def _core(stats: dict[str, Any], ctx: ServerContext) -> dict[str, Any]:
     }
 
 
-def _query_int(request: Request, name: str) -> Optional[int]:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    if not raw.isdigit() or len(raw) > 9:
-        raise bad_request(f"'{name}' must be a non-negative integer.", name)
-    return int(raw)
-
-
 @router.get("/v1/loads")
 async def loads(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     """``dp_rank`` (only that rank: 0 here), ``include`` (SGLang's sections; this server reports the
     core figures), ``format`` (``json`` or ``prometheus``)."""
-    dp_rank = _query_int(request, "dp_rank")
+    dp_rank = query_int(request, "dp_rank", 0, 0, 1 << 20) if "dp_rank" in request.query_params else None
     include = [s.strip() for s in request.query_params.get("include", "").split(",") if s.strip()]
     unknown = sorted(set(include) - SECTIONS)
     if unknown:

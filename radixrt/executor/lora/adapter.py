@@ -125,7 +125,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ValueError(f"LoRA adapter {str(folder)!r}: adapter_config.json is not a JSON object")
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
-        raise ValueError(f"adapter {str(folder)!r} is {cfg.get('peft_type')}, not LoRA")
+        raise ValueError(f"LoRA adapter {str(folder)!r}: its peft_type is {str(cfg.get('peft_type'))[:32]}, not LORA")
     for key in UNSUPPORTED:
         if cfg.get(key):
             raise ValueError(f"LoRA adapter {str(folder)!r}: {key} is not supported")

@@ -46,6 +46,7 @@ class SegmentedRows:
         self.indptr = as_tensor([0, *accumulate(sizes)])
         self.slots = as_tensor(list(range(len(groups))))
         self.longest = max(sizes)
+        self.dtype = adapter_dtype(self.adapters[0])  # `usable` saw one dtype for all
         self._weights = cached_weights(self.adapters)
 
     @staticmethod
@@ -62,7 +63,7 @@ class SegmentedRows:
     def accepts(self, x: torch.Tensor, out: torch.Tensor) -> bool:
         """Inputs the kernel takes: the adapters' dtype, their device, unit column strides."""
         same_device = x.device == out.device == self.rows.device
-        return x.dtype == out.dtype == adapter_dtype(self.adapters[0]) and same_device and out.stride(1) == 1
+        return x.dtype == out.dtype == self.dtype and same_device and out.stride(1) == 1
 
     def add_delta(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out +=`` each segment's adapter delta of projection ``projection`` of layer ``layer``."""
