@@ -391,6 +391,13 @@ class SamplingParams:
                 f"sampling parameter 'beam_width' must be in [0, {MAX_BEAM_WIDTH}] (0 or 1: no beam search), "
                 f"got {self.beam_width}"
             )
+        if self.beam_width == 0:  # vLLM refused them without a search too: they would be silently ignored
+            for name, off in (("length_penalty", 1.0), ("early_stopping", False)):
+                if getattr(self, name) != off:
+                    raise ValueError(
+                        f"sampling parameter '{name}' applies only to beam search; set beam_width "
+                        f"(or use_beam_search) or leave it out, got {getattr(self, name)!r}"
+                    )
         if not self.uses_beam_search:
             return
         if self.n > self.beam_width:

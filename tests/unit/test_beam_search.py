@@ -231,6 +231,11 @@ def test_bad_beam_parameters_are_refused():
         SamplingParams.from_dict({"beam_width": 2, "early_stopping": "sometimes"})
     with pytest.raises(ValueError, match="beam_width"):
         SamplingParams.from_dict({"beam_width": 65})
+    for knob in ({"length_penalty": 2.0}, {"early_stopping": True}, {"early_stopping": "never"}):
+        with pytest.raises(ValueError, match=f"'{next(iter(knob))}' applies only to beam search"):
+            SamplingParams.from_dict(knob)  # without a search it would be silently ignored
+    assert SamplingParams.from_dict({"length_penalty": 1.0, "early_stopping": False}).beam_width == 0
+    assert SamplingParams.from_dict({"beam_width": 1, "length_penalty": 2.0}).length_penalty == 2.0
 
 
 def test_a_search_that_cannot_fit_is_refused_with_400(tiny_llama):
