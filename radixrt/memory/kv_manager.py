@@ -322,6 +322,7 @@ class KVCacheManager:
             "total_slots": self.allocator.num_pages * P,
             "free_slots": self.allocator.num_free_slots,
             "tree_slots": self.tree.total_size(),
+            "evictable_slots": self.tree.evictable_size(),  # of tree_slots: cache no request holds
             "private_slots": self.private_pages(running) * P,
         }
 

@@ -6,26 +6,24 @@ OpenAI routes, and the scheduler itself) turns its input into requests here:
 * `split_prompts`: text or input_ids, one prompt or a batch -> token id lists;
 * `build_specs`: per-prompt sampling params and logprob flags (a single value
   or one per prompt) -> one `RequestSpec` per prompt;
-* `validate_prompt` / `validate_spec`: the admission checks against `Limits` (prompt
-  empty or too long for the context or the KV pool, ids outside the vocabulary, sampling
-  params, ``n``, grammar syntax, ``logprob_start_len``, ``top_logprobs_num``, ``priority``);
+* `validate_prompt` / `validate_spec`: the admission checks against `Limits` (prompt empty or
+  too long for the context or the KV pool, alone or with max_new_tokens; ids outside the
+  vocabulary, sampling params, ``n``, grammar syntax, ``logprob_start_len``, ``top_logprobs_num``,
+  ``priority``);
 * request ids (`new_request_id`, `sample_rids`, `RidTable`, see below);
 * `resolve_logprob`: whether a request returns logprobs.
 
-Request ids. A request has two: its *internal id*, a random uuid4 hex made
-here (`new_request_id`), the only id the scheduler and the detokenizer ever
-see; and its *rid*, the label its client knows: the ``rid`` the client gave,
-or else a random one (a uuid4 hex too, so nobody can guess the next). The
-rid is what ``meta_info.id`` shows and what ``abort_request`` takes. The
-front (the Engine, the server's TokenizerManager) keeps a `RidTable` from
-rids to internal ids: a client's rid must not be running already (as a
-request's rid, or as the rid ``<rid>-<i>`` of a sample of one), and an abort
-matches rids exactly, never by prefix. The ``n > 1`` samples of a request
-have the ids ``<id>-<i>`` (`sample_rids`) in both spaces, and in the
-scheduler each knows its request's internal id as its ``parent``.
+Request ids. A request has two: its *internal id*, a random uuid4 hex made here (`new_request_id`),
+the only id the scheduler and the detokenizer ever see; and its *rid*, the label its client knows:
+the ``rid`` the client gave, or else a random one (a uuid4 hex too, so nobody can guess the next).
+The rid is what ``meta_info.id`` shows and what ``abort_request`` takes. The front (the Engine, the
+server's TokenizerManager) keeps a `RidTable` from rids to internal ids: a client's rid must not be
+running already (as a request's rid, or as the rid ``<rid>-<i>`` of a sample of one), and an abort
+matches rids exactly, never by prefix. The ``n > 1`` samples of a request have the ids ``<id>-<i>``
+(`sample_rids`) in both spaces; in the scheduler each knows its request's internal id as its ``parent``.
 
-Every problem is a `RequestError` (a ValueError naming the request field at fault): the
-Engine raises it as is, the server answers it with a 400."""
+Every problem is a `RequestError` (a ValueError naming the request field at fault): the Engine
+raises it as is, the server answers it with a 400."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ DEFAULT_MAX_N = 128
 DEFAULT_MAX_REQUEST_SEQUENCES = 4096
 DEFAULT_MAX_TOP_LOGPROBS_NUM = 20
 DEFAULT_MAX_CLIENT_PRIORITY = 100
-# The priorities a request with the admin key may give: any 64-bit integer.
-ADMIN_PRIORITY_RANGE = (-(2**63), 2**63 - 1)
+ADMIN_PRIORITY_RANGE = (-(2**63), 2**63 - 1)  # the priorities an admin-keyed request may give
 
 
 @dataclass(frozen=True)
@@ -221,10 +218,13 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     """`validate_prompt`, then the logprob fields and the priority's range."""
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
     n, wanted = len(spec.input_ids), spec.sampling.max_new_tokens
-    if spec.asks_max_new_tokens and n + wanted > limits.context_length:  # as SGLang, vLLM and OpenAI
+    room, holds = limits.context_length, f"this model's context length of {limits.context_length}"
+    if spec.sampling.kv_budget is None and limits.kv_total_slots < room:  # the whole sequence's KV must fit
+        room, holds = limits.kv_total_slots, f"the KV pool's {limits.kv_total_slots} tokens (--max-total-tokens)"
+    if spec.asks_max_new_tokens and n + wanted > room:  # as SGLang, vLLM and OpenAI for the context
         raise RequestError(
-            f"the prompt's {n} tokens and max_new_tokens {wanted} make {n + wanted}, more than this model's "
-            f"context length of {limits.context_length}: ask for at most {limits.context_length - n} new tokens",
+            f"the prompt's {n} tokens and max_new_tokens {wanted} make {n + wanted}, more than {holds}: "
+            f"ask for at most {room - n} new tokens",
             "max_new_tokens",
         )
     if spec.return_logprob and spec.logprob_start_len > len(spec.input_ids):  # (equal: no prompt logprobs, as SGLang)

@@ -259,7 +259,7 @@ class BeamSearch:
             group=parent.group,
             priority=parent.priority,
             urgency=parent.urgency,
-            max_stop_chars=parent.max_stop_chars,
+            max_stop_bytes=parent.max_stop_bytes,
             output_ids=list(parent.output_ids),
             cached_tokens=parent.cached_tokens,
             admitted_once=True,

@@ -102,8 +102,8 @@ class Req(RequestKV):
     # overlap scheduler keeps one step in flight). They are not in output_ids
     # and have no KV; the next decode step reads the last one on the device.
     inflight_tokens: int = 0
-    # the longest of its stop strings, in characters (how much output tail to decode for them)
-    max_stop_chars: int = 0
+    # the longest of its stop strings, in UTF-8 bytes (how many output tokens to decode for them)
+    max_stop_bytes: int = 0
     # its KV budget's state (budget_state.RequestBudget: the policy, scores, offloaded KV), None without one
     kv_budget: "Optional[RequestBudget]" = None
     # a beam search's hypothesis (beam.py): its search, cumulative logprob, each output token's logprob,
@@ -137,7 +137,7 @@ class Req(RequestKV):
         arrival: int,
         grammar_future: Optional[Future],
         urgency: int,
-        max_stop_chars: int,
+        max_stop_bytes: int,
     ) -> "Req":
         """A new sample ``rid`` of request ``msg`` (its ``parent``), waiting."""
         return cls(
@@ -157,7 +157,7 @@ class Req(RequestKV):
             priority=msg.priority or 0,
             urgency=urgency,
             cache_info_mode=msg.cache_info,
-            max_stop_chars=max_stop_chars,
+            max_stop_bytes=max_stop_bytes,
             hidden_rows=[] if msg.return_hidden_states else None,
         )
 

@@ -289,8 +289,9 @@ class ResultProcessor:
                 return FinishReason.stop(token)
             if sp.stop or sp.stop_regex:
                 stops, regexes = sp.stop or (), sp.stop_regex or ()
-                # Decode only the tail that can contain a newly completed stop string or regex match.
-                n_tail = req.max_stop_chars + 8
+                # Decode only the tail that can contain a newly completed stop string or regex match:
+                # a token is at least one byte of text, and a character up to four tokens.
+                n_tail = req.max_stop_bytes + 8
                 if regexes:
                     n_tail = max(n_tail, stop_regex.window_tokens(regexes))
                 tail_ids = req.output_ids[-n_tail:]

@@ -255,14 +255,14 @@ class Scheduler(SchedulerControl):
     def _new_reqs(self, msg: GenerateReq) -> list[Req]:
         """The request's samples (one root for a beam search), set up but not yet queued."""
         grammar_future = self.constrained.compile(msg.sampling)
-        max_stop_chars = max((len(s) for s in msg.sampling.stop or ()), default=0)
+        max_stop_bytes = max((len(s.encode("utf-8")) for s in msg.sampling.stop or ()), default=0)
         prio = arrival_urgency(msg.priority, self.config.scheduling)
         beam = msg.sampling.uses_beam_search
         reqs = []
         for i, rid in enumerate([f"{msg.rid}#beam0"] if beam else sample_rids(msg.rid, msg.sampling.n)):
             base_seed = msg.sampling.seed
             seed = self.rng.getrandbits(62) if base_seed is None else sample_seed(base_seed, i)
-            req = Req.from_message(msg, rid, seed, self.arrivals, grammar_future, prio, max_stop_chars)
+            req = Req.from_message(msg, rid, seed, self.arrivals, grammar_future, prio, max_stop_bytes)
             if i > 0:  # the prompt's logprobs are the first sample's (the front copies them): the rest share its KV
                 req.logprob_start_len = -1
             req.stream_interval = msg.sampling.stream_interval or self.config.output.stream_interval

@@ -66,6 +66,7 @@ def scheduler_stats(sched: Any) -> dict[str, Any]:
         **(sched.kv_events.stats() if sched.kv_events is not None else {}),
         "running": len(sched.queues.running),
         "waiting": len(sched.queues.waiting),
+        "waiting_tokens": sum(len(r.input_ids) for r in sched.queues.waiting),
         "weight_version": sched.control.weight_version,
         "generation_paused": sched.control.paused,  # the pause mode, or None
         "weight_updates_pending": len(sched.control.updates),

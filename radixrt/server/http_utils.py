@@ -303,12 +303,23 @@ async def answer_view(request: Request, tm: TokenizerManager, group: ReqGroup, v
     return JSON(view.response())
 
 
-def raise_refused(group: ReqGroup) -> None:
-    """ServerError 400 if the scheduler refused a sample of ``group`` (an abort
-    with status 400: a grammar that does not compile, a stop_regex whose search
-    runs away), as SGLang answers such a request; a stream ends with the abort
-    in its last event instead."""
+def status_abort(group: ReqGroup) -> Optional[tuple[int, str]]:
+    """(status, message) of the first sample of ``group`` that the scheduler ended with an abort
+    carrying an HTTP status: 400 for a refusal (a grammar that does not compile, a stop_regex
+    whose search runs away), 503 or 500 for the server's own abort (a waiting or running
+    timeout); None when there is none. An abort without a status (an admin's ``/abort_request``)
+    is an answer with finish reason abort."""
     for st in group.states:
         fr = st.acc.finish_reason
-        if fr is not None and fr.is_abort and fr.status_code == 400:
-            raise bad_request(fr.message or "The request was refused.")
+        if fr is not None and fr.is_abort and fr.status_code in (400, 500, 503):
+            default = "The request was refused." if fr.status_code == 400 else "The server aborted the request."
+            return fr.status_code, fr.message or default
+    return None
+
+
+def raise_refused(group: ReqGroup) -> None:
+    """ServerError for `status_abort` of ``group``, as SGLang answers such a request whole; a
+    stream sends it as an error event after the aborted choice instead."""
+    found = status_abort(group)
+    if found is not None:
+        raise bad_request(found[1]) if found[0] == 400 else ServerError(*found)

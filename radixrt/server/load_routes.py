@@ -22,16 +22,18 @@ SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all
 
 
 def _core(stats: dict[str, Any], ctx: ServerContext) -> dict[str, Any]:
-    """SGLang's core load figures of this server (data-parallel rank 0) from the scheduler's stats."""
+    """SGLang's core load figures of this server (data-parallel rank 0) from the scheduler's stats.
+    As SGLang counts them: KV tokens in use leave out cache no request holds (eviction frees it
+    for whoever comes), and the total adds the waiting requests' prompts."""
     kv = stats.get("kv", {})
     total = int(kv.get("total_slots") or ctx.tm.kv_total_slots)
-    used = total - int(kv.get("free_slots", total))
+    used = total - int(kv.get("free_slots", total)) - int(kv.get("evictable_slots", 0))
     return {
         "dp_rank": 0,
         "num_running_reqs": int(stats.get("running", 0)),
         "num_waiting_reqs": int(stats.get("waiting", 0)),
         "num_used_tokens": used,
-        "num_total_tokens": used,
+        "num_total_tokens": used + int(stats.get("waiting_tokens", 0)),
         "max_total_num_tokens": total,
         "max_running_requests": ctx.server_args.get("max_running_requests"),
         "token_usage": round(used / total, 6) if total else 0.0,
@@ -73,7 +75,8 @@ async def loads(request: Request, ctx: ServerContext = Depends(server_context)) 
 
 @router.get("/get_load")
 async def get_load(ctx: ServerContext = Depends(server_context)) -> Response:
-    """SGLang's earlier probe: per rank, requests in the system, those waiting, and KV tokens in use."""
+    """SGLang's earlier probe: per rank, requests in the system, those waiting, and KV tokens in use
+    or asked for by waiting prompts."""
     core = _core(await ctx.tm.get_stats(), ctx)
     return JSON(
         [
@@ -81,7 +84,7 @@ async def get_load(ctx: ServerContext = Depends(server_context)) -> Response:
                 "dp_rank": 0,
                 "num_reqs": core["num_running_reqs"] + core["num_waiting_reqs"],
                 "num_waiting_reqs": core["num_waiting_reqs"],
-                "num_tokens": core["num_used_tokens"],
+                "num_tokens": core["num_total_tokens"],
             }
         ]
     )

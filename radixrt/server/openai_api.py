@@ -300,8 +300,9 @@ def _chat_spec(
         if tag is not None:
             extra["structural_tag"] = tag
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if max_new is None:
-        max_new = max(tm.context_length - len(ids), 0)
+    if max_new is None:  # what the context holds (and the KV pool, unless a KV budget bounds the request's)
+        room = tm.context_length if req.kv_budget is not None else min(tm.context_length, tm.kv_total_slots)
+        max_new = max(room - len(ids), 0)
     with as_bad_request():
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"),

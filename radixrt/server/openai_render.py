@@ -14,7 +14,7 @@ from radixrt.requests.intake import PromptBatch
 from radixrt.requests.reasoning import reasoning_token_count
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.errors import error_body
-from radixrt.server.http_utils import SSE_DONE, group_error, sse
+from radixrt.server.http_utils import SSE_DONE, group_error, sse, status_abort
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
@@ -159,13 +159,12 @@ async def stream_choices(
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed completion, one chunk per choice entry.
 
-    First the ``opening`` entries (one write; their chunks under ``opening_head`` when
-    given). Then, for each batch of engine
-    updates, the entries ``render`` makes of every choice's update (it may make
-    none), in one write, each with the usage so far when ``continuous_usage``;
-    a request error ends the stream with an error event. Then, unless an error
-    ended it, a chunk with no choices and ``usage_fn()`` when ``usage_fn`` is
-    given; last ``[DONE]``.
+    First the ``opening`` entries (one write; their chunks under ``opening_head`` when given).
+    Then, for each batch of engine updates, the entries ``render`` makes of every choice's update
+    (it may make none), in one write, each with the usage so far when ``continuous_usage``; a
+    request error, or an abort with an HTTP status (`status_abort`: after its choice's last
+    entry), ends the stream with an error event. Then, unless an error ended it, a chunk with no
+    choices and ``usage_fn()`` when ``usage_fn`` is given; last ``[DONE]``.
     """
     key = usage_fn is not None  # every chunk has "usage" (null but in the last) under include_usage
     if opening:
@@ -181,7 +180,11 @@ async def stream_choices(
         out = [sse_chunk(head, [c], so_far, key) for c in entries]
         if out:
             yield b"".join(out)
-    if usage_fn is not None and group_error(group) is None:
+        aborted = status_abort(group)
+        if aborted is not None:
+            yield sse(error_body(*aborted))
+            break
+    if usage_fn is not None and group_error(group) is None and status_abort(group) is None:
         yield sse_chunk(head, [], usage_fn())
     yield SSE_DONE
 

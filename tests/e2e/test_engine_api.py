@@ -174,6 +174,16 @@ def test_stop_string_taken_from_the_free_output(engine, prompt):
     assert stopped["text"] == text[: text.find(stop)]
 
 
+def test_a_stop_string_of_many_multibyte_characters_is_matched(engine, prompt):
+    """A stop string spans at most its UTF-8 bytes in byte-level tokens, not its characters: an
+    emoji can take four tokens, and a look-back sized in characters missed five of them."""
+    for stop in ("\U0001f52c" * 5, "\u6708" * 6, "\u00f1" * 12):
+        sp = {**GREEDY, "max_new_tokens": 150, "regex": f"x({stop[0]}){{30}}", "stop": [stop]}
+        out = engine.generate(prompt, sp)
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}, out
+        assert out["text"] == "x"
+
+
 def test_stop_token_ids_and_min_new_tokens(engine, prompt):
     ref = engine.generate(prompt, GREEDY)["output_ids"]
     third = ref[2]

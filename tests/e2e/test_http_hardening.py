@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer
-from tests.support.servers import pid_alive, serving
+from tests.support.servers import client_of, pid_alive, serving
 from tests.support.slow_client import drip
 
 STALL_TIMEOUT_S = 1.5  # --scheduler-stall-timeout-s of the module's server
@@ -584,3 +584,49 @@ def test_more_messages_than_the_context_holds_are_refused_before_validation(serv
     message = {"role": "user", "content": parts}
     body = {"model": "default", ("input" if route == "/v1/responses" else "messages"): [message]}
     assert _error(httpx.post(server.url + route, json=body, timeout=60), 400)["param"] == field
+
+
+def test_the_scheduler_s_aborts_and_the_kv_pool_answer_with_a_status(tiny_llama):
+    """As SGLang: a request the scheduler ends with a 503 (past its waiting timeout) is a 503, not a
+    200 whose finish reason says abort; a stream ends with the abort in its last event. A prompt and
+    max_new_tokens that the KV pool cannot hold together are a 400 (they were admitted, then aborted
+    halfway), and a chat request without max_tokens stops where the pool ends, with ``length``."""
+    flags = ("--max-total-tokens", "2048", "--max-running-requests", "1", "--request-waiting-timeout-s", "1")
+    flags += ("--served-model-name", "default")
+    with client_of(*flags, model=tiny_llama) as c:
+        hold = {"text": "hold", "rid": "hold", "sampling_params": {"max_new_tokens": 2040, "ignore_eos": True}}
+        holder = threading.Thread(target=c.post, args=("/generate",), kwargs={"json": hold})
+        holder.start()
+        late = {"text": "late", "sampling_params": {"max_new_tokens": 2}}
+        completion = {"model": "default", "prompt": "late", "max_tokens": 2}
+        calls = [
+            ("/generate", late),
+            ("/v1/completions", completion),
+            ("/v1/completions", {**completion, "stream": True}),
+        ]
+        answers: list = [None] * len(calls)
+        try:
+            while c.get("/get_server_info").json()["kv_slots"]["private_slots"] == 0:
+                time.sleep(0.05)
+
+            def call(i: int) -> None:
+                answers[i] = c.post(calls[i][0], json=calls[i][1])
+
+            waiting = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
+            for t in waiting:
+                t.start()
+            for t in waiting:
+                t.join()
+        finally:
+            c.post("/abort_request", json={"rid": "hold"})
+            holder.join()
+        assert "waiting timeout" in _error(answers[0], 503)["message"]
+        assert "waiting timeout" in _error(answers[1], 503)["message"]
+        assert answers[2].status_code == 200 and "waiting timeout" in answers[2].text, answers[2].text
+        body = {"input_ids": list(range(100, 500)), "sampling_params": {"max_new_tokens": 1700}}
+        err = _error(c.post("/generate", json=body), 400, "KV pool")
+        assert err["param"] == "max_new_tokens" and "at most 1648 new tokens" in err["message"]
+        chat = {"model": "default", "messages": [{"role": "user", "content": "a " * 1900}], "ignore_eos": True}
+        answer = c.post("/v1/chat/completions", json=chat).json()
+        assert answer["choices"][0]["finish_reason"] == "length", answer
+        assert answer["usage"]["total_tokens"] == 2048

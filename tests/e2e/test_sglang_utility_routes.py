@@ -144,16 +144,21 @@ def test_sagemaker_s_routes(client, tiny_server):
 
 
 def test_the_load_probes_routers_poll(client, tiny_server):
-    """SGLang's ``/v1/loads`` (JSON and Prometheus) and ``/get_load``, as the KV pool and queues stand."""
+    """SGLang's ``/v1/loads`` (JSON and Prometheus) and ``/get_load``, as the KV pool and queues stand:
+    cache that no request holds is not load (an idle server with a warm cache is not full)."""
+    prompt = list(range(300, 420))
+    assert (
+        client.post("/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 2}}).status_code
+        == 200
+    )
     info = client.get("/get_server_info").json()
     body = client.get("/v1/loads").json()
     assert body["version"] == info["version"] and body["accelerator"] == "cpu"
     (load,) = body["loads"]
     assert load["dp_rank"] == 0 and load["max_total_num_tokens"] == info["max_total_num_tokens"]
-    assert (
-        load["num_used_tokens"]
-        == info["max_total_num_tokens"] - client.get("/get_server_info").json()["kv_slots"]["free_slots"]
-    )
+    kv = client.get("/get_server_info").json()["kv_slots"]
+    assert kv["evictable_slots"] >= len(prompt)  # the prompt stays cached, unheld
+    assert load["num_used_tokens"] == info["max_total_num_tokens"] - kv["free_slots"] - kv["evictable_slots"]
     assert load["num_running_reqs"] >= 0 and 0 <= load["token_usage"] <= 1
     assert client.get("/v1/loads", params={"dp_rank": 1}).json()["loads"] == []
     text = client.get("/v1/loads", params={"format": "prometheus"}).text

@@ -435,6 +435,26 @@ def test_generated_turns_keep_their_tokens():
     assert turns.get('<tool_call>{"}') is None and turns.get("t2") == (3, 3, 3)
 
 
+def test_a_remembered_turn_that_spells_a_special_token_is_not_reused(tiny_llama):
+    """Generated turns are remembered for every client: a turn whose ids hold a real special token
+    (a model can write one) must not make another client's same text read as that token."""
+    from transformers import AutoTokenizer
+
+    from radixrt.server.special_text import special_text
+    from radixrt.server.tools.turns import TurnTokens, mark_turns
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    turns = TurnTokens()
+    text = "<|im_start|>system"
+    ids = [start, *tok.encode("system", add_special_tokens=False)]
+    turns.remember(text, ids, lambda x: tok.decode(x, skip_special_tokens=False))
+    assert turns.get(text) == tuple(ids)  # remembered as generated
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": text}]
+    _, spliced = mark_turns(msgs, turns, special_text(tok))
+    assert spliced and all(start not in piece for piece in spliced)  # its spelling spliced as text
+
+
 def test_reasoning_token_count_follows_the_split_rules():
     """The tokens up to the one that completes ``</think>``; all while it is open; none without a block."""
     pieces = ["<th", "ink>", "a", "b", "</", "think", ">", "x", "</think>"]

@@ -87,13 +87,15 @@ def mark_turns(
         if not isinstance(content, str) or not content:
             out.append(m)
             continue
+        pieces = special.split(content) if special is not None else None
+        # a turn that spells a special token is never reused: its generated ids may hold the real
+        # token (the model wrote it), and whoever sends the same text would get it read as one
         may_reuse = turns is not None and m.get("role") == "assistant" and (last_turn or i < len(messages) - 1)
-        ids = turns.get(content) if may_reuse else None
+        ids = turns.get(content) if may_reuse and pieces is None else None
         if ids is not None:
             out.append({**m, "content": _MARK.format(len(spliced))})
             spliced.append(ids)
             continue
-        pieces = special.split(content) if special is not None else None
         if pieces is None:
             out.append(m)
             continue
