@@ -43,16 +43,23 @@ def load_tokenizer(model_path: str, chat_template: Optional[str] = None) -> Any:
 
 def read_chat_template(path: str) -> str:
     """The Jinja chat template in file ``path``: the file's text, or the ``chat_template`` of a
-    JSON file (SGLang's --chat-template takes either). ValueError naming the flag otherwise."""
+    JSON file (SGLang's --chat-template takes either). ValueError naming the flag otherwise, and
+    when the template does not compile (a server's mistake, not every client's request's)."""
     if not os.path.isfile(path):
         raise ValueError(f"chat_template {path!r} is not a file (a .jinja template, or a JSON file holding one)")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if path.endswith(".json"):
-        template = json.loads(text).get("chat_template")
-        if not isinstance(template, str):
+        text = json.loads(text).get("chat_template")
+        if not isinstance(text, str):
             raise ValueError(f"chat_template {path!r} holds no 'chat_template' string")
-        return template
+    from jinja2 import TemplateError
+    from transformers.utils.chat_template_utils import _compile_jinja_template  # the environment it renders in
+
+    try:
+        _compile_jinja_template(text)
+    except TemplateError as e:
+        raise ValueError(f"chat_template {path!r} does not compile: {e}") from None
     return text
 
 

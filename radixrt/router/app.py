@@ -22,6 +22,9 @@ SGLang's) native and OpenAI routes to its workers.
 * ``GET /list_workers``; ``POST /add_worker?url=`` and ``POST /remove_worker?url=``
   need the admin key (they decide where clients' requests and keys go); a url
   that reaches the router itself is refused.
+* ``/init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group``: a 400 (each worker joins a group with its own rank:
+  send them to the workers themselves).
 * Any other path: proxied to the least loaded worker.
 
 Failover: a request whose worker cannot be reached (connect error, or the
@@ -382,6 +385,9 @@ def _add_server_info_routes(app: FastAPI, state: RouterState) -> None:
         return JSONResponse(out)
 
 
+WEIGHT_GROUP_PATHS = ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group")
+
+
 def _add_proxied_routes(app: FastAPI, state: RouterState) -> None:
     """The routed paths (by the policy, on the prompt), then every other path
     (to the least loaded worker)."""
@@ -394,6 +400,18 @@ def _add_proxied_routes(app: FastAPI, state: RouterState) -> None:
 
     for route in ROUTED_PATHS:
         app.add_api_route(route, routed(route), methods=["POST"])
+
+    async def one_worker_each(request: Request) -> Response:
+        """A weight-update group's member has one rank: one worker would join (or update) and the
+        others keep their weights, with nothing to say so (SGLang refuses them under DP too)."""
+        return error_response(
+            400,
+            f"{request.url.path} is not served behind a router or --dp: each worker joins a weight-update "
+            "group with its own rank, so send it to every worker's own address (GET /list_workers).",
+        )
+
+    for route in WEIGHT_GROUP_PATHS:
+        app.add_api_route(route, one_worker_each, methods=["POST"])
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def other(request: Request, path: str) -> Response:

@@ -102,6 +102,7 @@ class _SamplingExtras(Lenient):
     skip_special_tokens: Optional[StrictBool] = None
     spaces_between_special_tokens: Optional[StrictBool] = None
     no_stop_trim: Optional[StrictBool] = None
+    include_stop_str_in_output: Optional[StrictBool] = None  # vLLM's name for no_stop_trim
     speculative: Optional[StrictBool] = None  # radixrt's: false opts out of speculative decoding
     # radixrt's: the KV the request attends at most (tokens or a fraction of its context) and the policy
     kv_budget: Optional[Union[StrictInt, StrictFloat]] = None
@@ -163,7 +164,7 @@ class _SamplingExtras(Lenient):
             "ignore_eos": self.ignore_eos,
             "skip_special_tokens": self.skip_special_tokens,
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
-            "no_stop_trim": self.no_stop_trim,
+            "no_stop_trim": self.no_stop_trim if self.no_stop_trim is not None else self.include_stop_str_in_output,
             "speculative": self.speculative,
             "kv_budget": self.kv_budget,
             "kv_budget_policy": self.kv_budget_policy,

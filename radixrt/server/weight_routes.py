@@ -199,8 +199,15 @@ def _distributed_request(body: dict[str, Any]) -> UpdateDistributedReq:
     return UpdateDistributedReq(names, dtypes, shapes, group, bool(body.get("abort_all_requests")), version)
 
 
+def _not_under_tp(ctx: ServerContext, what: str) -> None:
+    """A 400 before anything connects: the weights arrive whole, and each rank holds a shard."""
+    if int(ctx.server_args.get("tp_size") or 1) > 1:
+        raise bad_request(f"{what} is not served under tensor parallelism (--tp): each rank holds a shard.")
+
+
 @router.post("/init_weights_update_group")
 async def init_weights_update_group(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
+    _not_under_tp(ctx, "a weight-update group")
     msg = _group_request(await _body(request, ctx, "joining a weight-update group"), join=True)
     return _answer(await ctx.tm.control(msg, "weights_group", timeout=UPDATE_TIMEOUT_S))
 

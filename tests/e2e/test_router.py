@@ -222,6 +222,12 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     assert HTTP.post(srv.url + "/generate", headers=admin, timeout=60, json=urgent).status_code == 200
     assert HTTP.post(srv.url + "/generate", headers={"x-api-key": "wrong"}, json=urgent).status_code == 401
+    # a weight-update group's member has one rank: through the front one replica would join, and then
+    # be updated alone (the others kept their weights, unseen); refused, naming where to send it
+    group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "group_name": "g"}
+    for path in ("/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group"):
+        r = HTTP.post(srv.url + path, headers=admin, timeout=30, json=group)
+        assert r.status_code == 400 and "own rank" in r.json()["error"]["message"], (path, r.text)
     # a program through the frontend's RuntimeEndpoint: the front looks like one server
     import radixrt as rt
 

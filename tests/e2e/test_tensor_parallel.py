@@ -124,6 +124,16 @@ def test_embedded_model_served_with_tp2_equals_tp1(tp_server, default_model_path
     assert [o["output_ids"] for o in r.json()] == want
 
 
+def test_a_weight_update_group_is_refused_before_anything_connects(tp_server):
+    """Updates from tensors are not served under TP: joining a group is refused at once (it waited
+    for the trainer, whose weights were then refused)."""
+    group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "group_name": "g"}
+    t0 = time.monotonic()
+    r = httpx.post(tp_server.url + "/init_weights_update_group", json=group, timeout=30)
+    assert r.status_code == 400 and "tensor parallelism" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - t0 < 5
+
+
 def test_a_dead_rank_takes_the_server_down(tp_server):
     """Killing a follower rank makes the whole server exit (no hang, no
     half-model answers). Runs last: it ends the module's server."""

@@ -103,6 +103,13 @@ def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
     with pytest.raises(ValueError, match="holds no 'chat_template'"):
         (tmp_path / "bad.json").write_text("{}")
         load_tokenizer(tiny_llama, str(tmp_path / "bad.json"))
+    (tmp_path / "broken.jinja").write_text("{{ message.content }<|im_end|>")  # refused at start, not per request
+    with pytest.raises(ValueError, match="broken.jinja' does not compile: unexpected '}'"):
+        load_tokenizer(tiny_llama, str(tmp_path / "broken.jinja"))
+    (tmp_path / "tracked.jinja").write_text(
+        "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    )
+    assert load_tokenizer(tiny_llama, str(tmp_path / "tracked.jinja")).chat_template  # transformers' own tags
     for name in ("chat_template", "tokenizer_path"):
         with pytest.raises(ValueError, match=f"{name} '/no/such' does not exist"):
             EngineConfig(**{name: "/no/such"})
