@@ -38,15 +38,30 @@ MatchFn = Callable[[Req], MatchResult]
 LPM_MAX_QUEUE = 256
 
 
-def order_waiting(policy: str, waiting: list[Req], match: MatchFn) -> list[Req]:
+# A cache-aware order admits what shares the tree first, so a request that shares nothing could wait
+# behind a stream of requests that do for as long as they keep coming. Past this wait it goes first
+# (the oldest first): no request's wait is unbounded (under overload the order becomes arrival order).
+MAX_CACHE_AWARE_WAIT_S = 5.0
+
+
+def order_waiting(policy: str, waiting: list[Req], match: MatchFn, now: Optional[float] = None) -> list[Req]:
+    """``waiting`` in admission order under ``policy``; for the cache-aware ones, the requests
+    queued more than MAX_CACHE_AWARE_WAIT_S before ``now`` (default: the monotonic clock) first."""
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
         return sorted(waiting, key=lambda r: r.arrival)
     matches = {id(r): match(r) for r in waiting}
     if policy == "lpm":
-        return sorted(waiting, key=lambda r: (-matches[id(r)].length, r.arrival))
-    if policy == "dfs-weight":
-        return _dfs_weight(waiting, matches)
-    raise ValueError(f"unknown schedule policy {policy!r}")
+        ordered = sorted(waiting, key=lambda r: (-matches[id(r)].length, r.arrival))
+    elif policy == "dfs-weight":
+        ordered = _dfs_weight(waiting, matches)
+    else:
+        raise ValueError(f"unknown schedule policy {policy!r}")
+    deadline = (time.monotonic() if now is None else now) - MAX_CACHE_AWARE_WAIT_S
+    overdue = [r for r in ordered if r.queued_at < deadline]
+    if not overdue:
+        return ordered
+    overdue.sort(key=lambda r: r.arrival)
+    return overdue + [r for r in ordered if r.queued_at >= deadline]
 
 
 def urgency(

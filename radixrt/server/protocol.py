@@ -102,7 +102,8 @@ class _SamplingExtras(Lenient):
     skip_special_tokens: Optional[StrictBool] = None
     spaces_between_special_tokens: Optional[StrictBool] = None
     no_stop_trim: Optional[StrictBool] = None
-    include_stop_str_in_output: Optional[StrictBool] = None  # vLLM's name for no_stop_trim
+    # vLLM's: served as no_stop_trim (the stop string stays, and the rest of the token that completed it)
+    include_stop_str_in_output: Optional[StrictBool] = None
     speculative: Optional[StrictBool] = None  # radixrt's: false opts out of speculative decoding
     # radixrt's: the KV the request attends at most (tokens or a fraction of its context) and the policy
     kv_budget: Optional[Union[StrictInt, StrictFloat]] = None

@@ -344,3 +344,40 @@ def test_a_call_of_many_prompts_does_not_hold_up_the_call_behind_it(tiny_llama):
         assert len(admitted) == 25
     finally:
         sched.close()
+
+
+@pytest.mark.parametrize("policy", ["lpm", "dfs-weight"])
+def test_a_request_that_shares_nothing_waits_a_bounded_time_under_the_cache_aware_policies(policy):
+    """lpm admits the longest cached match first, dfs-weight the heaviest branch: a request with no
+    match waited as long as matching ones kept arriving (24 s behind a 25 s flood). Past
+    MAX_CACHE_AWARE_WAIT_S it goes first, the oldest first; before that the policy's order stands."""
+    from types import SimpleNamespace
+
+    from radixrt.scheduler.policy import MAX_CACHE_AWARE_WAIT_S, order_waiting
+
+    class Node:  # a tree node as dfs-weight reads it (hashable)
+        def __init__(self, parent: object, id: int) -> None:
+            self.parent, self.id = parent, id
+
+    root = Node(None, 0)
+    cached, other = Node(root, 1), Node(root, 2)  # the flood's branch, and a lighter one
+
+    def req(rid: str, arrival: int, queued_at: float) -> Req:
+        r = Req(rid, [1], SamplingParams(), 0, arrival=arrival)
+        r.queued_at = queued_at
+        return r
+
+    now = 1000.0
+    lonely = req("lonely", 0, now - 1.0)  # matches nothing
+    flood = [req(f"f{i}", i + 1, now - 0.5 + i / 10) for i in range(3)]  # each matches 300 cached tokens
+
+    def match(r: Req) -> SimpleNamespace:
+        hit = r.rid != "lonely"
+        return SimpleNamespace(length=300 if hit else 0, node=cached if hit else other)
+
+    waiting = [lonely, *flood]
+    assert [r.rid for r in order_waiting(policy, waiting, match, now)][-1] == "lonely"  # the policy's order
+    late = lonely.queued_at + MAX_CACHE_AWARE_WAIT_S + 0.01  # only "lonely" is overdue
+    assert [r.rid for r in order_waiting(policy, waiting, match, late)] == ["lonely", "f0", "f1", "f2"]
+    flood[2].queued_at = lonely.queued_at - 1  # two overdue: the oldest arrival first
+    assert [r.rid for r in order_waiting(policy, waiting, match, late)][:2] == ["lonely", "f2"]
