@@ -381,6 +381,7 @@ ENGINE_INDEPENDENT = frozenset(
         "chunked_prefill_size",
         "long_prefill_token_threshold",
         "max_running_requests",
+        "max_queued_requests",
         "disable_overlap_schedule",
         "schedule_policy",
         "enable_priority_scheduling",

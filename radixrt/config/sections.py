@@ -235,6 +235,9 @@ class SchedulingSettings:
         2048, "most prompt tokens computed in one step; longer prompts are prefilled in chunks (-1: no chunking)"
     )
     max_running_requests: int = setting(128, "most requests decoding at once")
+    max_queued_requests: Optional[int] = setting(
+        None, "most requests waiting to run (samples and beams each count); past it a request is refused with 503"
+    )
     schedule_policy: str = setting(
         "lpm",
         "order of the waiting queue: lpm (longest cached prefix first), dfs-weight (depth-first over the "
@@ -295,6 +298,8 @@ class SchedulingSettings:
             object.__setattr__(self, "chunked_prefill_size", UNCHUNKED_PREFILL)
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError("max_queued_requests must be >= 1 (unset: no limit)")
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0: no cap)")
         check_choice("schedule_policy", self.schedule_policy, ("lpm", "dfs-weight", "fcfs"))

@@ -49,7 +49,7 @@ from radixrt.executor.weight_groups import WeightGroups
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
-from radixrt.requests.intake import validate_prompt
+from radixrt.requests.intake import sequences_of, validate_prompt
 from radixrt.requests.messages import GenerateReq, TokenBatch, TokenOutput
 from radixrt.requests.rids import sample_rids
 from radixrt.requests.runtime_info import RuntimeInfo
@@ -226,15 +226,20 @@ class Scheduler(SchedulerControl):
         """Queue (or hold) the request's samples, or refuse it: a 400 for what it asks that
         this server cannot do, a 500 for a failure of its own set-up, which no other request
         shares (nothing of it is queued before every sample is set up)."""
+        limit, why, status = self.config.scheduling.max_queued_requests, "", 0
         try:
             self.validate_request(msg)
-            reqs = self._new_reqs(msg)
+            if limit is not None and len(self.queues.waiting) + sequences_of(msg.sampling) > limit:
+                why, status = f"The request queue is full (--max-queued-requests {limit}).", 503  # SGLang's
+            else:
+                reqs = self._new_reqs(msg)
         except Exception as e:  # a ValueError is the request's fault; anything else, a bug it alone meets
             bad = isinstance(e, ValueError)
             if not bad:
                 logger.exception("request %s failed before it was queued", msg.rid)
-            why = str(e) if bad else f"internal error: {type(e).__name__}"
-            self._queued_outputs.append(TokenOutput.refusal(msg.rid, len(msg.input_ids), why, 400 if bad else 500))
+            why, status = (str(e), 400) if bad else (f"internal error: {type(e).__name__}", 500)
+        if status:
+            self._queued_outputs.append(TokenOutput.refusal(msg.rid, len(msg.input_ids), why, status))
             return
         for req in reqs:
             self.arriving.arrive(req, msg.lora)

@@ -292,3 +292,14 @@ def test_requests_past_their_waiting_or_running_timeout_end_with_a_503(tiny_llam
         assert reason["status_code"] == 503 and "running timeout" in reason["message"], reason
         assert 0 < out["meta_info"]["completion_tokens"] < 7000
         assert e.generate("two", {"max_new_tokens": 3})["meta_info"]["completion_tokens"] == 3
+
+
+def test_past_max_queued_requests_a_request_is_refused_with_a_503(tiny_llama):
+    """SGLang's --max-queued-requests: what would wait past the limit is refused at once (a 503
+    over HTTP), not queued without bound; samples count each."""
+    with radixrt.Engine(tiny_llama, max_total_tokens=4096, max_running_requests=1, max_queued_requests=3) as e:
+        outs = e.generate(["a", "b", "c", "d"], [{"max_new_tokens": 4}, {"max_new_tokens": 4, "n": 2}, {}, {}])
+        reasons = [o["meta_info"]["finish_reason"] for o in outs]  # b's two samples follow a's
+        assert [r["type"] for r in reasons] == ["length"] * 3 + ["abort"] * 2, reasons
+        assert reasons[3]["status_code"] == 503 and "queue is full" in reasons[3]["message"]
+        assert e.generate("e", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
