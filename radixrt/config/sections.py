@@ -241,7 +241,7 @@ class SchedulingSettings:
     schedule_policy: str = setting(
         "lpm",
         "order of the waiting queue: lpm (longest cached prefix first), dfs-weight (depth-first over the "
-        "radix tree, busiest branch first) or fcfs (arrival order)",
+        "radix tree, busiest branch first), fcfs (arrival order), lof (longest max_new_tokens first) or random",
     )
     enable_priority_scheduling: bool = setting(
         False,
@@ -302,7 +302,7 @@ class SchedulingSettings:
             raise ValueError("max_queued_requests must be >= 1 (unset: no limit)")
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 (0: no cap)")
-        check_choice("schedule_policy", self.schedule_policy, ("lpm", "dfs-weight", "fcfs"))
+        check_choice("schedule_policy", self.schedule_policy, ("lpm", "dfs-weight", "fcfs", "lof", "random"))
         check_choice("preemption_mode", self.preemption_mode, ("recompute", "swap"))
         if not self.priority_aging_s >= 0:
             raise ValueError("priority_aging_s must be >= 0 (0: no aging)")

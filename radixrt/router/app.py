@@ -16,6 +16,7 @@ SGLang's) native and OpenAI routes to its workers.
 * ``GET /get_server_info`` (``/server_info``): every worker's info under
   ``workers``, their ``internal_states`` concatenated, the router's own under
   ``router``; the first healthy worker's fields at the top level.
+* ``GET /get_load``, ``GET /v1/loads``: every worker's entry, numbered by its rank (`loads.py`).
 * ``GET /health``: 200 while a worker is healthy (every worker with
   ``require_all_healthy``, as in ``radixrt serve --dp``) and the router is not
   draining; else 503.
@@ -59,6 +60,7 @@ from radixrt.router.dp_rank import rank_of
 from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
+from radixrt.router.loads import add_load_routes
 from radixrt.router.sessions import SESSION_PATHS, session_of, session_worker
 from radixrt.router.state import VIA_HEADER, RouterConfig, RouterState, error_body, error_response
 from radixrt.router.workers import NoWorkerError, Worker, WorkerPool, normalize_url
@@ -126,7 +128,10 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
     if key_from_body or path in SESSION_PATHS:
         parsed = await _parse(body) if body.strip() else None
         session, body = session_of(path, parsed, body)
-        rank, ranked_body = rank_of(path, parsed)
+        try:
+            rank, ranked_body = rank_of(path, parsed)
+        except ValueError as e:
+            return error_response(400, str(e))
         if session is not None:  # its worker holds its turns
             pinned = session_worker(list(state.pool.workers), session)
         elif rank is not None:  # SGLang's routed_dp_rank: the worker of that rank, in the router's order
@@ -238,6 +243,7 @@ def build_router_app(
     _add_worker_routes(app, state)
     add_broadcast_routes(app, state)
     add_profile_routes(app, state)
+    add_load_routes(app, state)
     _add_server_info_routes(app, state)
     _add_proxied_routes(app, state)  # last: its catch-all route takes every other path
     return app

@@ -13,11 +13,14 @@ RANK_FIELDS = ("routed_dp_rank", "data_parallel_rank")
 
 def rank_of(path: str, body: Any) -> tuple[Optional[int], Optional[bytes]]:
     """(the rank a ``/generate`` body asks for, the body to forward without it), or (None, None);
-    a rank that is not an integer is left for the worker to refuse."""
+    ValueError for a rank that is not an integer (a worker would say it serves no ranks)."""
     if path != "/generate" or not isinstance(body, dict):
         return None, None
-    given = [body[f] for f in RANK_FIELDS if body.get(f) is not None]
-    if not given or not isinstance(given[0], int) or isinstance(given[0], bool):
+    given = [(f, body[f]) for f in RANK_FIELDS if body.get(f) is not None]
+    if not given:
         return None, None
+    field, rank = given[0]
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise ValueError(f"'{field}' must be an integer rank of this router's workers, got {rank!r}")
     forwarded = {k: v for k, v in body.items() if k not in RANK_FIELDS}
-    return given[0], json.dumps(forwarded).encode()
+    return rank, json.dumps(forwarded).encode()

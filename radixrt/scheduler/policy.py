@@ -20,6 +20,7 @@ one tick equal, so the policy's order still decides among them."""
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -49,6 +50,10 @@ def order_waiting(policy: str, waiting: list[Req], match: MatchFn, now: Optional
     queued more than MAX_CACHE_AWARE_WAIT_S before ``now`` (default: the monotonic clock) first."""
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
         return sorted(waiting, key=lambda r: r.arrival)
+    if policy == "lof":  # SGLang's: the longest output asked for first
+        return sorted(waiting, key=lambda r: (-r.sampling.max_new_tokens, r.arrival))
+    if policy == "random":  # SGLang's; it changes when requests run, never what they compute
+        return random.sample(waiting, len(waiting))
     matches = {id(r): match(r) for r in waiting}
     if policy == "lpm":
         ordered = sorted(waiting, key=lambda r: (-matches[id(r)].length, r.arrival))

@@ -222,6 +222,12 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     assert HTTP.post(srv.url + "/generate", headers=admin, timeout=60, json=urgent).status_code == 200
     assert HTTP.post(srv.url + "/generate", headers={"x-api-key": "wrong"}, json=urgent).status_code == 401
+    # SGLang's load probes: one entry per replica, numbered by its rank (one replica's alone before)
+    assert [row["dp_rank"] for row in HTTP.get(srv.url + "/get_load", headers=AUTH, timeout=30).json()] == [0, 1]
+    loads = HTTP.get(srv.url + "/v1/loads", headers=AUTH, params={"dp_rank": 1}, timeout=30).json()["loads"]
+    assert [row["dp_rank"] for row in loads] == [1] and loads[0]["max_total_num_tokens"] > 0
+    gauges = HTTP.get(srv.url + "/v1/loads", headers=AUTH, params={"format": "prometheus"}, timeout=30).text
+    assert 'sglang_num_running_reqs{dp_rank="0"}' in gauges and 'sglang_num_running_reqs{dp_rank="1"}' in gauges
     # a weight-update group's member has one rank: through the front one replica would join, and then
     # be updated alone (the others kept their weights, unseen); refused, naming where to send it
     group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "group_name": "g"}
@@ -332,6 +338,9 @@ def test_routed_dp_rank_picks_the_worker_of_that_rank(workers, routers):
             assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
     r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": 2}, timeout=60)
     assert r.status_code == 400 and "names no worker" in r.text
+    for bad in ("1", True):  # not "unsupported" (the worker's word): the router serves ranks
+        r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": bad}, timeout=60)
+        assert r.status_code == 400 and "must be an integer rank" in r.text, r.text
 
 
 def test_a_sessions_requests_stay_on_its_worker(workers, routers):

@@ -6,6 +6,7 @@ and lose none (radixrt/scheduler/generation_control.py)."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import radixrt
 from tests.support.lora import make_adapter
@@ -182,6 +184,15 @@ def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path)
         ok, message, _ = engine.update_weights_from_disk(path)
         assert not ok and why in message, message
     assert engine.update_weights_from_disk(models["b"], load_format="pt")[0] is False
+    cut = tmp_path / "cut"  # one tensor of another shape: named once, as a mismatch (not "missing" too)
+    shutil.copytree(models["b"], cut)
+    (file,) = cut.glob("*.safetensors")
+    tensors = load_file(file)
+    name = next(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    save_file(tensors, file)
+    ok, message, _ = engine.update_weights_from_disk(str(cut))
+    assert not ok and "shape mismatches" in message and "missing" not in message, message
     first = engine.generate(PROMPT, GREEDY)
     assert first["output_ids"] == answers["a"]["short"] and first["meta_info"]["weight_version"] == "default"
     assert engine.get_weight_version() == "default"

@@ -381,3 +381,15 @@ def test_a_request_that_shares_nothing_waits_a_bounded_time_under_the_cache_awar
     assert [r.rid for r in order_waiting(policy, waiting, match, late)] == ["lonely", "f0", "f1", "f2"]
     flood[2].queued_at = lonely.queued_at - 1  # two overdue: the oldest arrival first
     assert [r.rid for r in order_waiting(policy, waiting, match, late)][:2] == ["lonely", "f2"]
+
+
+def test_sglang_s_lof_and_random_policies():
+    """SGLang's lof (the longest max_new_tokens first, then arrival) and random (any order of the same
+    requests); both are accepted as --schedule-policy."""
+    from radixrt.scheduler.policy import order_waiting
+
+    waiting = [Req(f"r{i}", [1], SamplingParams(max_new_tokens=n), 0, arrival=i) for i, n in enumerate((4, 64, 16, 64))]
+    assert [r.rid for r in order_waiting("lof", waiting, lambda r: None)] == ["r1", "r3", "r2", "r0"]
+    assert sorted(r.rid for r in order_waiting("random", waiting, lambda r: None)) == ["r0", "r1", "r2", "r3"]
+    for policy in ("lof", "random"):
+        assert EngineConfig(model_path="default", schedule_policy=policy).scheduling.schedule_policy == policy

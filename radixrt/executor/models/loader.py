@@ -169,7 +169,7 @@ def load_weights(model: LlamaForCausalLM, path: str) -> None:
 
     unexpected: list[str] = []
     bad_shape: list[str] = []
-    loaded: set[tuple[str, Optional[int]]] = set()
+    found: set[tuple[str, Optional[int]]] = set()  # in the checkpoint (loaded, or of a wrong shape)
     with torch.no_grad():
         for file in _safetensors_files(path):
             with safe_open(file, framework="pt", device="cpu") as f:
@@ -190,10 +190,11 @@ def load_weights(model: LlamaForCausalLM, path: str) -> None:
                         target = target[lo:hi]
                     if tuple(tensor.shape) != tuple(target.shape):
                         bad_shape.append(f"{hf_name}: file {tuple(tensor.shape)} vs model {tuple(target.shape)}")
+                        found.add((name, shard))  # reported as a mismatch, not as missing too
                         continue
                     target.copy_(tensor.to(dtype=target.dtype))
-                    loaded.add((name, shard))
-    missing = sorted({n for n, _ in needed - loaded})
+                    found.add((name, shard))
+    missing = sorted({n for n, _ in needed - found})
     problems = []
     if unexpected:
         problems.append(f"unexpected weights in the checkpoint: {sorted(unexpected)}")
