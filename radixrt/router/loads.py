@@ -43,6 +43,20 @@ async def _ask_every_worker(
     return sorted(answers, key=lambda a: a[0])
 
 
+def _gauges_by_metric(texts: list[tuple[int, str]]) -> str:
+    """Each worker's gauges (rank 0's labels) under its rank, one group per metric with its
+    ``# TYPE`` line once, as Prometheus' text format asks."""
+    groups: dict[str, list[str]] = {}
+    for rank, text in texts:
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                groups.setdefault(line.split()[2], [line])
+            elif line:
+                name = line.split("{", 1)[0]
+                groups.setdefault(name, []).append(line.replace('dp_rank="0"', f'dp_rank="{rank}"'))
+    return "".join(line + "\n" for lines in groups.values() for line in lines)
+
+
 def add_load_routes(app: FastAPI, state: RouterState) -> None:
     """/get_load and /v1/loads, one entry per worker."""
 
@@ -64,7 +78,7 @@ def add_load_routes(app: FastAPI, state: RouterState) -> None:
             return answers
         kept = [(rank, r) for rank, r in answers if wanted is None or rank == int(wanted)]
         if params.get("format") == "prometheus":
-            text = "".join(r.text.replace('dp_rank="0"', f'dp_rank="{rank}"') for rank, r in kept)
+            text = _gauges_by_metric([(rank, r.text) for rank, r in kept])
             return Response(text, media_type=answers[0][1].headers.get("content-type"))
         body = answers[0][1].json()
         body["loads"] = [{**row, "dp_rank": rank} for rank, r in kept for row in r.json()["loads"]]

@@ -228,6 +228,7 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     assert [row["dp_rank"] for row in loads] == [1] and loads[0]["max_total_num_tokens"] > 0
     gauges = HTTP.get(srv.url + "/v1/loads", headers=AUTH, params={"format": "prometheus"}, timeout=30).text
     assert 'sglang_num_running_reqs{dp_rank="0"}' in gauges and 'sglang_num_running_reqs{dp_rank="1"}' in gauges
+    assert gauges.count("# TYPE sglang_num_running_reqs gauge") == 1  # one group per metric
     # a weight-update group's member has one rank: through the front one replica would join, and then
     # be updated alone (the others kept their weights, unseen); refused, naming where to send it
     group = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "group_name": "g"}
