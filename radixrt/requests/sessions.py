@@ -11,9 +11,11 @@ session only spares the client resending them. SGLang's two kinds:
   are refused.
 * **tree** (the default): each finished turn is a node named by its request id
   (``meta_info.id``). ``session_params.rid`` names the node to continue (none: a new root), which
-  must have finished; ``drop_previous_output`` continues from its prompt only; ``offset`` keeps
-  the first ``offset`` tokens of that context; ``replace`` first forgets the node's children
-  (without ``rid``: every node).
+  must have finished; ``drop_previous_output`` continues from its prompt only; a nonzero
+  ``offset`` cuts that context as SGLang slices it (``context[:offset]``: a negative one counts
+  from the end, 0 or one past the end keeps it all); ``replace`` first forgets the node's children
+  (without ``rid``: every node). A turn still running when its parent was forgotten, or when its
+  session was closed, is served and not remembered.
 
 A continuing turn drops a leading BOS from its new tokens (the context has one). Bounds: at most
 `MAX_SESSIONS` sessions open (when full, one idle for `IDLE_EVICT_S` is closed to make room), at
@@ -80,14 +82,20 @@ class Session:
 
 @dataclass(frozen=True)
 class SessionTurn:
-    """A turn being served: its session, the prompt to run, the turn it continues (the first
-    ``shared`` tokens of the prompt are that turn's context, its output left out with ``drop``)."""
+    """A turn being served: its session (``session``: the one open when it began, not one opened
+    later under the same id), the prompt to run, the turn it continues (the first ``shared``
+    tokens of the prompt are that turn's context, its output left out with ``drop``)."""
 
     session_id: str
+    session: Session
     prompt: list[int]
     parent: Optional[str]
     shared: int = 0
     drop: bool = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _error(message: str, field_name: str = "session_params") -> RequestError:
@@ -132,7 +140,7 @@ class SessionStore:
             raise _error("'session_params' must be an object with the session's 'id'.")
         sid, rid = params["id"], params.get("rid")
         offset, replace, drop = params.get("offset"), params.get("replace"), params.get("drop_previous_output")
-        if rid is not None and not isinstance(rid, str) or offset is not None and not isinstance(offset, int):
+        if rid is not None and not isinstance(rid, str) or offset is not None and not _is_int(offset):
             raise _error("'session_params.rid' must be a string and 'offset' an integer.")
         with self._lock:
             self._reap()
@@ -153,9 +161,7 @@ class SessionStore:
                 context = self._prompt(session, parent)
                 if not drop:
                     context += session.turns[parent].output
-                if offset is not None:
-                    if not 0 <= offset <= len(context):
-                        raise _error(f"'session_params.offset' {offset} is outside the context of {len(context)}.")
+                if offset:  # SGLang's: 0 keeps the context, and it slices as Python does
                     context = context[:offset]
                 if new_ids and bos is not None and new_ids[0] == bos:
                     new_ids = new_ids[1:]
@@ -163,7 +169,7 @@ class SessionStore:
             if not prompt:
                 raise _error("a session turn must hold some tokens.")
             session.in_flight += 1
-            return SessionTurn(sid, prompt, parent, len(context), bool(drop))
+            return SessionTurn(sid, session, prompt, parent, len(context), bool(drop))
 
     @staticmethod
     def _prompt(session: Session, rid: str) -> list[int]:
@@ -217,7 +223,7 @@ class SessionStore:
         """Remember a served turn (``ok``: it finished, not failed or aborted)."""
         with self._lock:
             session = self._sessions.get(turn.session_id)
-            if session is None:
+            if session is not turn.session:  # closed meanwhile (and maybe another opened under its id)
                 return
             session.in_flight = max(0, session.in_flight - 1)
             session.last_active = time.monotonic()  # idle from now
@@ -231,6 +237,8 @@ class SessionStore:
                 shared, parent, drop = 0, None, False
             new = turn.prompt[shared:]
             size = len(new) + len(output_ids)
+            if parent is not None and parent not in session.turns:
+                return  # its parent was replaced while it ran: a turn nothing leads to
             if rid in session.turns or len(session.turns) >= MAX_TURNS or self._stored + size > MAX_STORED_TOKENS:
                 return  # served, not remembered (a duplicate id would tie turns into loops)
             session.turns[rid] = Turn(shared, array("i", new), array("i", output_ids), parent, drop)

@@ -45,8 +45,15 @@ def test_a_tree_session_continues_the_turn_it_names():
     store.begin({"id": sid, "rid": "a", "replace": True}, [6], BOS)  # forgets a's children
     with pytest.raises(RequestError, match="no finished turn 'b'"):
         store.begin({"id": sid, "rid": "b"}, [6], BOS)
-    with pytest.raises(RequestError, match="outside the context"):
-        store.begin({"id": sid, "rid": "a", "offset": 99}, [6], BOS)
+    # SGLang's offsets slice as Python does: 0 keeps the context (its own tests send it every turn),
+    # a negative one counts from the end, one past the end keeps it all
+    context = [BOS, 2, 3, 4, 5]
+    for offset, kept in ((0, context), (-1, context[:-1]), (99, context), (True, None)):
+        if kept is None:
+            with pytest.raises(RequestError, match="'offset' an integer"):
+                store.begin({"id": sid, "rid": "a", "offset": offset}, [6], BOS)
+        else:
+            assert store.begin({"id": sid, "rid": "a", "offset": offset}, [6], BOS).prompt == kept + [6]
     store.close(sid)
     with pytest.raises(RequestError, match="no open session"):
         store.begin({"id": sid}, [6], BOS)
@@ -162,3 +169,24 @@ def test_a_line_of_turns_keeps_what_each_added_and_puts_every_prompt_back_togeth
         added += len(new) + 1
     assert store._stored == added  # not quadratic in the turns
     assert store.begin({"id": sid, "rid": "t19"}, [7], BOS).prompt == whole + [7]
+
+
+def test_a_turn_whose_parent_or_session_went_while_it_ran_is_not_remembered():
+    """A turn running while ``replace`` forgot its parent was remembered, and continuing it raised a
+    KeyError (a 500) for good; one running while its session was closed and another opened under
+    the same id became that new session's turn (the old context crossed into it)."""
+    store = SessionStore()
+    sid = store.open()
+    root = store.begin({"id": sid}, [BOS, 2], BOS)
+    store.finish(root, "a", [3], ok=True)
+    running = store.begin({"id": sid, "rid": "a"}, [4], BOS)
+    store.finish(store.begin({"id": sid, "replace": True}, [BOS, 9], BOS), "b", [1], ok=True)  # forgets "a"
+    store.finish(running, "c", [5], ok=True)
+    with pytest.raises(RequestError, match="no finished turn 'c'"):
+        store.begin({"id": sid, "rid": "c"}, [6], BOS)
+    reused = store.open(session_id="reused", streaming=True)
+    old = store.begin({"id": reused}, [BOS, 7, 8], BOS)
+    store.close(reused)
+    store.open(session_id="reused", streaming=True)
+    store.finish(old, "d", [9] * 5, ok=True)
+    assert store.begin({"id": "reused"}, [BOS, 20], BOS).prompt == [BOS, 20]  # a fresh session
