@@ -142,6 +142,8 @@ class SessionStore:
         offset, replace, drop = params.get("offset"), params.get("replace"), params.get("drop_previous_output")
         if rid is not None and not isinstance(rid, str) or offset is not None and not _is_int(offset):
             raise _error("'session_params.rid' must be a string and 'offset' an integer.")
+        if any(flag is not None and not isinstance(flag, bool) for flag in (replace, drop)):
+            raise _error("'session_params.replace' and 'drop_previous_output' must be booleans.")
         with self._lock:
             self._reap()
             session = self._sessions.get(sid)

@@ -48,6 +48,9 @@ def test_a_tree_session_continues_the_turn_it_names():
     # SGLang's offsets slice as Python does: 0 keeps the context (its own tests send it every turn),
     # a negative one counts from the end, one past the end keeps it all
     context = [BOS, 2, 3, 4, 5]
+    for flag in ("replace", "drop_previous_output"):  # "no" read as true before
+        with pytest.raises(RequestError, match="must be booleans"):
+            store.begin({"id": sid, "rid": "a", flag: "no"}, [6], BOS)
     for offset, kept in ((0, context), (-1, context[:-1]), (99, context), (True, None)):
         if kept is None:
             with pytest.raises(RequestError, match="'offset' an integer"):
