@@ -27,7 +27,7 @@ raises it as is, the server answers it with a 400."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 from radixrt.requests.cache_fields import cache_info_mode, request_namespace
@@ -45,6 +45,7 @@ DEFAULT_MAX_REQUEST_SEQUENCES = 4096
 DEFAULT_MAX_TOP_LOGPROBS_NUM = 20
 DEFAULT_MAX_CLIENT_PRIORITY = 100
 ADMIN_PRIORITY_RANGE = (-(2**63), 2**63 - 1)  # the priorities an admin-keyed request may give
+_BOOLEAN = (lambda v: isinstance(v, bool), "a boolean")  # per_item's check of a flag, and its words
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,9 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     room, holds = limits.context_length, f"this model's context length of {limits.context_length}"
     if spec.sampling.kv_budget is None and limits.kv_total_slots < room:  # the whole sequence's KV must fit
         room, holds = limits.kv_total_slots, f"the KV pool's {limits.kv_total_slots} tokens (--max-total-tokens)"
-    if spec.asks_max_new_tokens and n + wanted > room:  # as SGLang, vLLM and OpenAI for the context
+    if n + wanted > room and not spec.asks_max_new_tokens:  # a default: capped to what fits, as SGLang does
+        spec.sampling = replace(spec.sampling, max_new_tokens=room - n)
+    elif n + wanted > room:  # as SGLang, vLLM and OpenAI for the context
         raise RequestError(
             f"the prompt's {n} tokens and max_new_tokens {wanted} make {n + wanted}, more than {holds}: "
             f"ask for at most {room - n} new tokens",
@@ -351,10 +354,6 @@ def to_sampling_params(value: Any) -> SamplingParams:
         raise RequestError(str(e), "sampling_params") from None
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
 def _asks_max_new_tokens(sampling: Any) -> bool:
     """Whether a request's sampling parameters set max_new_tokens (a SamplingParams object always does)."""
     return not isinstance(sampling, dict) or sampling.get("max_new_tokens") is not None
@@ -400,8 +399,8 @@ def build_specs(
         lambda v: isinstance(v, (dict, SamplingParams)),
         "an object (or a list of objects)",
     )
-    flags = per_item("return_logprob", return_logprob, prompts, False, _is_bool, "a boolean")
-    hidden = per_item("return_hidden_states", return_hidden_states, prompts, False, _is_bool, "a boolean")
+    flags = per_item("return_logprob", return_logprob, prompts, False, *_BOOLEAN)
+    hidden = per_item("return_hidden_states", return_hidden_states, prompts, False, *_BOOLEAN)
     starts = per_item("logprob_start_len", logprob_start_len, prompts, -1, is_int, "an integer")
     tops = per_item("top_logprobs_num", top_logprobs_num, prompts, 0, lambda v: is_int(v) and v >= 0, "an integer >= 0")
     token_ids = token_ids_each(token_ids_logprob, len(prompts.ids), prompts.batch)

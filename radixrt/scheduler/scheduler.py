@@ -231,6 +231,8 @@ class Scheduler(SchedulerControl):
             self.validate_request(msg)
             if limit is not None and len(self.queues.waiting) + sequences_of(msg.sampling) > limit:
                 why, status = f"The request queue is full (--max-queued-requests {limit}).", 503  # SGLang's
+                if sequences_of(msg.sampling) > limit:  # never admissible: no retry helps
+                    why, status = f"{sequences_of(msg.sampling)} sequences; {why}", 400
             else:
                 reqs = self._new_reqs(msg)
         except Exception as e:  # a ValueError is the request's fault; anything else, a bug it alone meets

@@ -256,10 +256,20 @@ async def _client_gone(request: Request) -> None:
             return
 
 
+async def _settled(group: ReqGroup) -> None:
+    """Until every sample of ``group`` is done, or one ended with an abort that carries an HTTP
+    status (`status_abort`): that is then the whole call's answer."""
+    while not group.done and status_abort(group) is None:
+        await group.event.wait()
+        group.event.clear()
+
+
 async def wait_group(request: Request, tm: TokenizerManager, group: ReqGroup) -> bool:
-    """Wait for every sample of ``group``. If the client disconnects first (or
-    this handler is cancelled), abort the unfinished samples and return False."""
-    waiter = asyncio.ensure_future(group.wait())
+    """Wait for every sample of ``group``, or until one ends with an abort that carries a status
+    (a timeout's 503, a refusal's 400): the others are aborted then, since the call's answer is
+    that error (they ran to their end for nothing). If the client disconnects first (or this
+    handler is cancelled), abort the unfinished samples and return False."""
+    waiter = asyncio.ensure_future(_settled(group))
     watcher = asyncio.ensure_future(_client_gone(request))
     try:
         await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -271,6 +281,9 @@ async def wait_group(request: Request, tm: TokenizerManager, group: ReqGroup) ->
             if not t.done():
                 t.cancel()
     if group.done:
+        return True
+    if waiter.done() and not waiter.cancelled():
+        tm.abort_group(group, "aborted: another prompt or sample of the call failed")
         return True
     tm.abort_group(group)
     return False

@@ -148,8 +148,7 @@ class ResponseView:
         }
         if status == "completed":
             body["completed_at"] = int(time.time())
-        if status != "failed":
-            self.on_done(body)
+        self.on_done(body)  # a failed one too: OpenAI keeps a response whatever its status
         return body
 
     def _reasoning_tokens(self) -> int:
@@ -160,7 +159,7 @@ class ResponseView:
     def response(self) -> dict[str, Any]:
         """The whole response object, once the request finished."""
         text = self.state.acc.text
-        item_status = "incomplete" if outcome(self.state)[0] == "incomplete" else "completed"
+        item_status = "completed" if outcome(self.state)[0] == "completed" else "incomplete"  # as streamed
         output: list[dict[str, Any]] = []
         lps = logprob_entries(self.tt, self.state, 0) if self.tt is not None else None
         if self.plain:

@@ -303,3 +303,5 @@ def test_past_max_queued_requests_a_request_is_refused_with_a_503(tiny_llama):
         assert [r["type"] for r in reasons] == ["length"] * 3 + ["abort"] * 2, reasons
         assert reasons[3]["status_code"] == 503 and "queue is full" in reasons[3]["message"]
         assert e.generate("e", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+        never = e.generate("f", {"max_new_tokens": 2, "n": 4})[0]["meta_info"]["finish_reason"]
+        assert never["status_code"] == 400, never  # more samples than the queue holds: no retry helps

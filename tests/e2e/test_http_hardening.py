@@ -623,6 +623,15 @@ def test_the_scheduler_s_aborts_and_the_kv_pool_answer_with_a_status(tiny_llama)
         assert "waiting timeout" in _error(answers[0], 503)["message"]
         assert "waiting timeout" in _error(answers[1], 503)["message"]
         assert answers[2].status_code == 200 and "waiting timeout" in answers[2].text, answers[2].text
+        # a call of two prompts, the second past its waiting timeout: the call's answer is that 503 at
+        # once, and the first prompt is aborted (it ran its 1,900 tokens, about 4 s, for nothing)
+        t0 = time.monotonic()
+        both = {"text": ["x", "y"], "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}
+        assert "waiting timeout" in _error(c.post("/generate", json=both), 503)["message"]
+        assert time.monotonic() - t0 < 3.0
+        # an unasked max_new_tokens (128) is capped to what the pool holds, as SGLang caps it
+        out = c.post("/generate", json={"input_ids": list(range(10, 2000))}).json()["meta_info"]
+        assert out["finish_reason"] == {"type": "length", "length": 58}, out
         body = {"input_ids": list(range(100, 500)), "sampling_params": {"max_new_tokens": 1700}}
         err = _error(c.post("/generate", json=body), 400, "KV pool")
         assert err["param"] == "max_new_tokens" and "at most 1648 new tokens" in err["message"]

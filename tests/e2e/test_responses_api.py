@@ -508,3 +508,20 @@ def test_no_kv_leaked(server):
         time.sleep(0.2)
     kv = st["kv_slots"]
     assert kv["private_slots"] == 0 and kv["free_slots"] + kv["tree_slots"] == kv["total_slots"], kv
+
+
+def test_a_failed_response_is_stored_with_its_items_incomplete(client, server):
+    """OpenAI keeps a response whatever its status: one the server ended (here an admin's abort) is
+    retrievable, status ``failed``, its message item ``incomplete`` whole and streamed alike."""
+    with client.responses.stream(model="default", input="Count to a thousand.", max_output_tokens=4000) as stream:
+        events = []
+        for event in stream:
+            events.append(event)
+            if event.type == "response.output_text.delta":
+                assert httpx.post(server.url + "/abort_request", json={"abort_all": True}, timeout=30).is_success
+                break
+        events += list(stream)
+    assert events[-1].type == "response.failed", [e.type for e in events][-3:]
+    got = client.responses.retrieve(events[-1].response.id)
+    assert got.status == "failed" and got.error is not None
+    assert [item.status for item in got.output if item.type == "message"] == ["incomplete"]
