@@ -19,10 +19,11 @@ session only spares the client resending them. SGLang's two kinds:
 
 A continuing turn drops a leading BOS from its new tokens (the context has one). Bounds: at most
 `MAX_SESSIONS` sessions open (when full, one idle for `IDLE_EVICT_S` is closed to make room), at
-most `MAX_TURNS` turns remembered per session (a streaming one keeps its last only; a tree
-session holding that many refuses a new turn: replace some) and `MAX_STORED_TOKENS` tokens over
-all sessions (a tree turn keeps only what it added to the turn it continues: its new tokens and
-its output; a streaming session its last turn whole): a turn past the tokens is served but not
+most `MAX_TURNS` turns remembered per session (a streaming one keeps its last only; a full tree
+session keeps a new turn whole, needing no ancestor, and forgets its oldest turn that no other
+continues: a long conversation goes on) and `MAX_STORED_TOKENS` tokens over all sessions (a tree
+turn keeps only what it added to the turn it continues: its new tokens and its output; a streaming
+session its last turn whole): a turn past the tokens is served but not
 remembered (continuing it is then a 400 that says so); a session with a ``timeout`` closes after
 that many idle seconds, counted from its last turn's end (never while a turn runs). A turn is
 remembered once under its id (a turn named like one the session holds is not: ids cannot make a
@@ -193,8 +194,8 @@ class SessionStore:
     def _tree_parent(self, session: Session, rid: Optional[str], replace: bool) -> Optional[str]:
         if rid is not None and rid not in session.turns:
             raise _error(
-                f"this session has no finished turn {rid[:128]!r} to continue (or it was not remembered: "
-                f"at most {MAX_TURNS} turns a session and {MAX_STORED_TOKENS} tokens over all sessions)."
+                f"this session has no finished turn {rid[:128]!r} to continue (or it is not remembered: a "
+                f"session keeps its latest {MAX_TURNS} turns, all sessions {MAX_STORED_TOKENS} tokens)."
             )
         if replace:
             if rid is None:
@@ -202,8 +203,6 @@ class SessionStore:
                     self._drop(session, old)
             else:
                 self._forget_children(session, rid)
-        if len(session.turns) >= MAX_TURNS:
-            raise _error(f"this session remembers {MAX_TURNS} turns; replace some, or open another.")
         return rid
 
     def _forget_children(self, session: Session, rid: str) -> None:
@@ -241,8 +240,17 @@ class SessionStore:
             size = len(new) + len(output_ids)
             if parent is not None and parent not in session.turns:
                 return  # its parent was replaced while it ran: a turn nothing leads to
-            if rid in session.turns or len(session.turns) >= MAX_TURNS or self._stored + size > MAX_STORED_TOKENS:
+            if rid in session.turns:
                 return  # served, not remembered (a duplicate id would tie turns into loops)
+            full = len(session.turns) >= MAX_TURNS
+            if full:  # kept whole (it needs no ancestor), and the oldest turn nothing continues goes
+                new, shared, parent, drop = turn.prompt, 0, None, False
+                size = len(new) + len(output_ids)
+            if self._stored + size > MAX_STORED_TOKENS:
+                return
+            if full:
+                continued = {t.parent for t in session.turns.values()}
+                self._drop(session, next(r for r in session.turns if r not in continued))
             session.turns[rid] = Turn(shared, array("i", new), array("i", output_ids), parent, drop)
             self._stored += size
             if session.streaming:

@@ -76,8 +76,16 @@ def test_the_store_is_bounded(monkeypatch):
         store.open(session_id=ids[0])
     for rid in ("x", "y"):
         store.finish(store.begin({"id": ids[0]}, [5], BOS), rid, [6], ok=True)
-    with pytest.raises(RequestError, match="remembers 2 turns"):
-        store.begin({"id": ids[0]}, [5], BOS)
+    # a linear chat past the cap goes on (it was refused at its 33rd turn): each turn past it is kept
+    # whole, and the oldest turn that no other continues makes room
+    last, expected = "y", [5, 6]
+    for k in range(5):
+        turn = store.begin({"id": ids[0], "rid": last}, [10 + k], BOS)
+        expected += [10 + k]
+        assert turn.prompt == expected
+        store.finish(turn, f"z{k}", [20 + k], ok=True)
+        last, expected = f"z{k}", expected + [20 + k]
+    assert store.begin({"id": ids[0], "rid": last}, [99], BOS).prompt == expected + [99]
     expiring = store.open(timeout=0.001)
     import time
 
@@ -100,11 +108,12 @@ def test_turn_ids_cannot_tie_turns_into_loops_and_every_turn_counts_against_the_
     assert store.begin({"id": sid, "rid": "X"}, [9], BOS).prompt == [5, 6, 9]
     store.begin({"id": sid, "rid": "X", "replace": True}, [9], BOS)  # no RecursionError
     monkeypatch.setattr(sessions_module, "MAX_TURNS", 3)
-    begun = [store.begin({"id": sid}, [5], BOS) for _ in range(10)]  # all begun under the limit
+    begun = [store.begin({"id": sid}, [5], BOS) for _ in range(10)]
     for i, turn in enumerate(begun):
         store.finish(turn, f"t{i}", [6], ok=True)
-    with pytest.raises(RequestError, match="no finished turn 't9'"):
-        store.begin({"id": sid, "rid": "t9"}, [5], BOS)
+    with pytest.raises(RequestError, match="no finished turn 't6'"):  # a full session keeps its latest
+        store.begin({"id": sid, "rid": "t6"}, [5], BOS)
+    assert store.begin({"id": sid, "rid": "t9"}, [7], BOS).prompt == [5, 6, 7]
     monkeypatch.setattr(sessions_module, "MAX_STORED_TOKENS", 10)
     other = store.open()
     store.finish(store.begin({"id": other}, list(range(2, 20)), BOS), "big", [1], ok=True)
