@@ -294,6 +294,7 @@ def test_requests_past_their_waiting_or_running_timeout_end_with_a_503(tiny_llam
         assert e.generate("two", {"max_new_tokens": 3})["meta_info"]["completion_tokens"] == 3
 
 
+@pytest.mark.slow  # its own engine: the fast path stays under 3 minutes
 def test_past_max_queued_requests_a_request_is_refused_with_a_503(tiny_llama):
     """SGLang's --max-queued-requests: what would wait past the limit is refused at once (a 503
     over HTTP), not queued without bound; samples count each."""

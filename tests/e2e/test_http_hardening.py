@@ -586,6 +586,7 @@ def test_more_messages_than_the_context_holds_are_refused_before_validation(serv
     assert _error(httpx.post(server.url + route, json=body, timeout=60), 400)["param"] == field
 
 
+@pytest.mark.slow  # its own server: the fast path stays under 3 minutes
 def test_the_scheduler_s_aborts_and_the_kv_pool_answer_with_a_status(tiny_llama):
     """As SGLang: a request the scheduler ends with a 503 (past its waiting timeout) is a 503, not a
     200 whose finish reason says abort; a stream ends with the abort in its last event. A prompt and
