@@ -46,6 +46,7 @@ from radixrt.requests.errors import RequestError
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.intake import RequestSpec
 from radixrt.requests.router import ReqGroup
+from radixrt.requests.token_id_lists import is_int
 
 MAX_SESSIONS = 256
 MAX_TURNS = 32
@@ -95,10 +96,6 @@ class SessionTurn:
     drop: bool = False
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _error(message: str, field_name: str = "session_params") -> RequestError:
     return RequestError(message, field_name)
 
@@ -141,7 +138,7 @@ class SessionStore:
             raise _error("'session_params' must be an object with the session's 'id'.")
         sid, rid = params["id"], params.get("rid")
         offset, replace, drop = params.get("offset"), params.get("replace"), params.get("drop_previous_output")
-        if rid is not None and not isinstance(rid, str) or offset is not None and not _is_int(offset):
+        if rid is not None and not isinstance(rid, str) or offset is not None and not is_int(offset):
             raise _error("'session_params.rid' must be a string and 'offset' an integer.")
         if any(flag is not None and not isinstance(flag, bool) for flag in (replace, drop)):
             raise _error("'session_params.replace' and 'drop_previous_output' must be booleans.")
