@@ -54,8 +54,11 @@ def read_chat_template(path: str) -> str:
         if not isinstance(text, str):
             raise ValueError(f"chat_template {path!r} holds no 'chat_template' string")
     from jinja2 import TemplateError
-    from transformers.utils.chat_template_utils import _compile_jinja_template  # the environment it renders in
 
+    try:  # in the environment transformers renders it in (a private helper: without it, no check)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return text
     try:
         _compile_jinja_template(text)
     except TemplateError as e:
