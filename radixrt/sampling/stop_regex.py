@@ -25,14 +25,22 @@ Patterns are checked when a request comes in (`check_patterns`): at most
 each one that compiles with Python's ``re`` (SGLang's engine). The search
 itself runs on the scheduler's thread, so a pattern that backtracks without
 end (``(a+)+b`` over a run of a's) must not stall it: the tail is searched
-with the ``regex`` package, under a timeout of `SEARCH_TIMEOUT_S` for all of a
-request's searches together in one step: its patterns, its ``n`` samples' and
-the tokens of its accepted drafts (each search gets what the ones before it
-left, `search`'s ``spent_s``); past it `search` raises `SearchTimeout`, and the
-scheduler ends the request with an error. The budget is CPU time of the scheduler's thread,
-so that other load on the machine does not stop a pattern that fits it; each search is also
-cut at `WALL_SLACK` times what is left of it in wall time (``regex``'s own timeout). So one request's patterns cost a
-step at most that long, however many samples it has. This module imports no torch.
+with the ``regex`` package under two budgets of the scheduler thread's CPU time
+(so that other load on the machine stops no pattern that fits them):
+
+* a step's: `SEARCH_TIMEOUT_S` for all of a request's searches together in one
+  step (its patterns, its ``n`` samples' and the tokens of its accepted drafts;
+  each search gets what the ones before it left, `search`'s ``spent_s``);
+* a life's (`life_budget_s`): `LIFE_BUDGET_S` plus `TOKEN_BUDGET_S` an output
+  token for one sample's searches over its whole output, so that a pattern
+  that takes most of a step's budget every step (``(.*)*$x``) cannot slow every
+  co-running request for as long as it generates.
+
+Past either, `search` raises `SearchTimeout` and the scheduler ends the request
+with an error (a 400). ``regex``'s own timeout is wall time: a search is first
+cut at what is left of the budget in wall time, and only when the thread got
+less than half of that as CPU (a loaded machine) is it tried again with
+`WALL_SLACK` times as long. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ _MARGIN_CHARS = 2  # the newest token's text length is measured on its own: allo
 WALL_SLACK = 4.0  # a search may take this many times its CPU budget in wall time on a loaded machine
 _UNBOUNDED = 1 << 30
 SEARCH_TIMEOUT_S = 0.05  # per request and step, all patterns and samples; a sane pattern takes microseconds
+# per sample over its output: 32 unbounded patterns over a 256-token tail take about 0.3 ms a token
+LIFE_BUDGET_S = 0.25
+TOKEN_BUDGET_S = 0.002
 
 
 class SearchTimeout(ValueError):
@@ -147,8 +158,19 @@ def window_tokens(patterns: Sequence[str]) -> int:
     return need + _SLACK_TOKENS
 
 
+def life_budget_s(output_tokens: int) -> float:
+    """CPU seconds one sample's searches may take in all once it has ``output_tokens`` tokens."""
+    return LIFE_BUDGET_S + TOKEN_BUDGET_S * output_tokens
+
+
 def search(
-    patterns: Sequence[str], tail: str, whole: bool, new_chars: int, spent_s: float = 0.0, min_end: int = 0
+    patterns: Sequence[str],
+    tail: str,
+    whole: bool,
+    new_chars: int,
+    spent_s: float = 0.0,
+    min_end: int = 0,
+    life_left_s: float = float("inf"),
 ) -> Optional[str]:
     """The first of ``patterns`` found in ``tail`` (the decoded end of the
     output; ``whole`` when it is all of it, and its last ``new_chars``
@@ -161,25 +183,41 @@ def search(
     MULTILINE ``^``; a plain ``^`` / ``\\A`` never matches the tail's start
     (it is not the output's). Raises `SearchTimeout` when the patterns together
     take longer than what is left of `SEARCH_TIMEOUT_S` after ``spent_s`` (the
-    request's other searches this step: its other samples', its drafts'). ``min_end``: only a
+    request's other searches this step: its other samples', its drafts'), or than
+    ``life_left_s`` (what is left of the sample's `life_budget_s`). ``min_end``: only a
     match that ends past this many characters of ``tail`` counts (the text before it came
     while ``min_new_tokens`` kept the request from stopping, and stays text)."""
-    deadline = time.thread_time() + SEARCH_TIMEOUT_S - spent_s
+    deadline = time.thread_time() + min(SEARCH_TIMEOUT_S - spent_s, life_left_s)
     for p in patterns:
         try:
-            left = deadline - time.thread_time()
-            if left <= 0:
-                raise TimeoutError
-            found = _search_one(p, tail, whole, new_chars, left * WALL_SLACK, min_end)
+            found = _search_within(p, tail, whole, new_chars, deadline, min_end)
         except TimeoutError:
             raise SearchTimeout(
-                f"stop_regex {p!r} took the request over {SEARCH_TIMEOUT_S * 1000:.0f} ms of search in one step, "
-                "with the patterns before it and the request's other samples (a pattern backtracks too much); "
-                "the request was stopped"
+                f"stop_regex {p!r} took the request over its search budget: {SEARCH_TIMEOUT_S * 1000:.0f} ms in one "
+                "step, with the patterns before it and the request's other samples, and "
+                f"{LIFE_BUDGET_S * 1000:.0f} ms plus {TOKEN_BUDGET_S * 1000:.0f} ms an output token in all "
+                "(a pattern backtracks too much); the request was stopped"
             ) from None
         if found:
             return p
     return None
+
+
+def _search_within(p: str, tail: str, whole: bool, new_chars: int, deadline: float, min_end: int) -> bool:
+    """`_search_one` until the scheduler thread's CPU clock reaches ``deadline``; TimeoutError past it."""
+    left = deadline - time.thread_time()
+    if left <= 0:
+        raise TimeoutError
+    began = time.thread_time()
+    try:
+        return _search_one(p, tail, whole, new_chars, left, min_end)
+    except TimeoutError:
+        if time.thread_time() - began >= left / 2:
+            raise  # the thread had the CPU: the pattern used its budget
+    left = deadline - time.thread_time()  # a loaded machine: wall time is not CPU time
+    if left <= 0:
+        raise TimeoutError
+    return _search_one(p, tail, whole, new_chars, left * WALL_SLACK, min_end)
 
 
 def _search_one(p: str, tail: str, whole: bool, new_chars: int, timeout: float, min_end: int = 0) -> bool:

@@ -104,6 +104,8 @@ class Req(RequestKV):
     inflight_tokens: int = 0
     # the longest of its stop strings, in UTF-8 bytes (how many output tokens to decode for them)
     max_stop_bytes: int = 0
+    # CPU seconds its stop_regex searches have taken in all (stop_regex.life_budget_s bounds them)
+    stop_regex_cpu_s: float = 0.0
     # its KV budget's state (budget_state.RequestBudget: the policy, scores, offloaded KV), None without one
     kv_budget: "Optional[RequestBudget]" = None
     # a beam search's hypothesis (beam.py): its search, cumulative logprob, each output token's logprob,

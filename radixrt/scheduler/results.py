@@ -308,14 +308,18 @@ class ResultProcessor:
                 if regexes:
                     new_chars = len(self._decode([token], skip_special_tokens=False))
                     spent = self.regex_spent.get(req.parent, 0.0)
+                    life_left = stop_regex.life_budget_s(n_out) - req.stop_regex_cpu_s
                     start_s = time.thread_time()  # CPU time, as the budget (stop_regex.search)
                     try:
-                        hit = stop_regex.search(regexes, tail, len(tail_ids) == n_out, new_chars, spent, start)
+                        whole = len(tail_ids) == n_out
+                        hit = stop_regex.search(regexes, tail, whole, new_chars, spent, start, life_left)
                     except stop_regex.SearchTimeout as e:
                         logger.warning("request %s: %s", req.rid, e)
                         return FinishReason.abort(str(e), status_code=400)
                     finally:
-                        self.regex_spent[req.parent] = spent + time.thread_time() - start_s
+                        took = time.thread_time() - start_s
+                        self.regex_spent[req.parent] = spent + took
+                        req.stop_regex_cpu_s += took
                     if hit is not None:
                         return FinishReason.stop(hit)  # SGLang reports the pattern
         if n_out >= sp.max_new_tokens:

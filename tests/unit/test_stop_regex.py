@@ -214,6 +214,42 @@ def test_a_requests_samples_share_one_time_limit_per_step(tiny_llama, monkeypatc
         sched.close()
 
 
+def test_a_pattern_slow_every_step_is_stopped_within_its_life_budget(tiny_llama, monkeypatch):
+    """A search of 20 ms a step fits the step's 50 ms, and slowed every co-running request for
+    as long as its request generated (a 200-token request took 12.8 s with ``(.*)*$x``): one
+    sample's searches get `life_budget_s` in all, then the request is stopped with a 400."""
+    from radixrt.config import EngineConfig
+    from radixrt.requests.messages import GenerateReq
+    from radixrt.scheduler.scheduler import Scheduler
+
+    calls = 0
+
+    def slow_search(p, tail, whole, new_chars, timeout, min_end=0):
+        nonlocal calls
+        calls += 1
+        began = time.thread_time()
+        while time.thread_time() - began < 0.02:
+            if time.thread_time() - began > timeout:
+                raise TimeoutError
+        return False
+
+    monkeypatch.setattr(sr, "_search_one", slow_search)
+    sched = Scheduler(EngineConfig(model_path=tiny_llama, max_total_tokens=4096, disable_overlap_schedule=True))
+    try:
+        sp = SamplingParams(max_new_tokens=200, ignore_eos=True, stop_regex=["never"])
+        sched.handle(GenerateReq("slow", [11, 12, 13], sp))
+        finish = None
+        while sched.has_work():
+            for out in sched.step():
+                finish = out.finish_reason or finish
+        assert finish is not None and finish.is_abort and finish.status_code == 400, finish
+        assert "in all" in finish.message
+        # about 0.25 s / (20 ms - 2 ms a token) searches, not one per token of the 200
+        assert 10 <= calls <= 20, calls
+    finally:
+        sched.close()
+
+
 def test_the_search_budget_is_cpu_time_so_a_busy_machine_stops_nothing(monkeypatch):
     """Waiting for the CPU (other processes' load, here a sleep) is not the pattern's cost:
     three searches of 30 ms wall time each, little CPU, stay within the 50 ms budget."""
