@@ -114,7 +114,10 @@ def _chat_ids(body: dict, ctx: ServerContext) -> list[int]:
         for k in ("messages", "tools", "tool_choice", "chat_template_kwargs", "continue_final_message")
         if body.get(k) is not None
     }
-    if not _flag(body, "add_generation_prompt", True) or fields.get("continue_final_message"):
+    add_generation_prompt = _flag(body, "add_generation_prompt", True)
+    if body.get("add_generation_prompt") is not None:
+        fields["add_generation_prompt"] = add_generation_prompt  # true with continue_final_message: a 400 there
+    elif fields.get("continue_final_message"):
         fields["add_generation_prompt"] = False  # the chat route's (vLLM's): not with continue_final_message
     try:
         req = ChatCompletionRequest.model_validate({**fields, "model": ctx.served_model_name})

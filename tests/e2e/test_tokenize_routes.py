@@ -93,6 +93,8 @@ def test_tokenize_messages_is_the_chat_prompt(client, hf_tok):
     both = {**body, "add_generation_prompt": True, "continue_final_message": True}
     r = client.post("/v1/chat/completions", json=both)
     assert r.status_code == 400 and r.json()["error"]["param"] == "add_generation_prompt", r.text
+    r = client.post("/tokenize", json={k: v for k, v in both.items() if k not in ("model", "max_tokens")})
+    assert r.status_code == 400 and "cannot both be true" in r.text, r.text  # as the chat route
     # with tools too (rendered by the chat route's own code: here its generic format)
     tools = [
         {
