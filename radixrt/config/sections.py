@@ -58,7 +58,9 @@ class ModelSettings:
         "measurement finds it faster, else float32), float32, bfloat16 or float16",
     )
     context_length: Optional[int] = setting(
-        None, "longest prompt + output in tokens; unset: the model's max_position_embeddings"
+        None,
+        "longest prompt + output in tokens; unset: the model's max_position_embeddings (longer is refused "
+        "unless RADIXRT_ALLOW_LONGER_CONTEXT=1)",
     )
     quantization: Optional[str] = setting(
         None,

@@ -102,7 +102,7 @@ class ModelRunner:
         self.choice = fit_to_model(self.choice, mc.head_dim)
         if tp is not None:  # the graphs would capture collectives; not supported yet
             self.choice = replace(self.choice, cuda_graph=False, cuda_graph_max_bs=0)
-        self.context_length = model.context_length or mc.max_position_embeddings
+        self.context_length = mc.check_context_length(model.context_length)
         self.page_size = cache.page_size
         self.num_pages = self._num_pages()  # what the allocator hands out: pages 0 .. num_pages-1
         if tp is not None:  # every rank's pool has the leader's slot numbering

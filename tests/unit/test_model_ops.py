@@ -244,3 +244,42 @@ def test_plain_configs_are_read_without_transformers_and_give_the_same_config(tm
             del other["eos_token_id"]
         (tmp_path / "config.json").write_text(json.dumps(other))
         assert PlainHFConfig.read(str(tmp_path / "config.json")) is None
+
+
+def test_a_context_longer_than_the_checkpoint_s_is_refused_unless_allowed(tmp_path, monkeypatch):
+    """As SGLang: a context_length past max_position_embeddings (times a RoPE scaling factor that
+    extends it) gives positions the model never saw; refused unless an environment variable allows it."""
+    import json
+
+    from radixrt.executor.models.config import LONGER_CONTEXT_ENV, ModelConfig
+    from radixrt.executor.models.rope import rope_parameters
+
+    raw = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    for env in LONGER_CONTEXT_ENV:
+        monkeypatch.delenv(env, raising=False)
+    for rope, trained in (
+        ({"rope_type": "default", "rope_theta": 1e4}, 256),
+        ({"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}, 512),
+        ({**LLAMA3_ROPE, "rope_theta": 5e5}, 256),  # max_position_embeddings is the scaled length
+    ):
+        (tmp_path / "config.json").write_text(json.dumps({**raw, "rope_parameters": rope}))
+        config = ModelConfig.from_pretrained(str(tmp_path))
+        assert rope_parameters(config.hf_config)["rope_type"] == rope["rope_type"]
+        assert config.check_context_length(None) == trained == config.check_context_length(trained)
+        assert config.check_context_length(100) == 100
+        with pytest.raises(ValueError, match=f"context_length {trained + 1} is longer than the model's {trained}"):
+            config.check_context_length(trained + 1)
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    assert config.check_context_length(99999) == 99999

@@ -7,6 +7,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+# either allows a context_length past the checkpoint's (ours, SGLang's)
+LONGER_CONTEXT_ENV = ("RADIXRT_ALLOW_LONGER_CONTEXT", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
+
 # Architectures served by `radixrt.executor.models.llama.LlamaForCausalLM` (one class, config flags).
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM",
@@ -64,6 +67,34 @@ class ModelConfig:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         dense = self.hidden_size * (2 * q + 2 * kv) + 3 * self.hidden_size * self.intermediate_size
         return max(1, dense // (2 * q))
+
+    def trained_context_length(self) -> int:
+        """The longest sequence the checkpoint was made for: ``max_position_embeddings``, times the
+        RoPE scaling factor where the config scales past it (SGLang's derived context length: not
+        for ``llama3`` scaling or one that names its ``original_max_position_embeddings``, whose
+        ``max_position_embeddings`` is already the scaled length)."""
+        from radixrt.executor.models.rope import rope_parameters
+
+        rope = rope_parameters(self.hf_config) if self.hf_config is not None else {}
+        factor = rope.get("factor") or 1
+        if "original_max_position_embeddings" in rope or rope.get("rope_type", rope.get("type")) == "llama3":
+            factor = 1
+        return int(self.max_position_embeddings * factor)
+
+    def check_context_length(self, asked: Optional[int]) -> int:
+        """The context length to serve: ``asked`` (default: `trained_context_length`). Longer than
+        the checkpoint's is a ValueError unless ``RADIXRT_ALLOW_LONGER_CONTEXT=1`` (or SGLang's
+        ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``): positions it never saw give wrong outputs."""
+        trained = self.trained_context_length()
+        if asked is None or asked <= trained:
+            return asked or trained
+        if any(os.environ.get(v, "") in ("1", "true", "True") for v in LONGER_CONTEXT_ENV):
+            return asked
+        raise ValueError(
+            f"context_length {asked} is longer than the model's {trained} (max_position_embeddings in its "
+            "config.json, with its RoPE scaling): positions past it were never trained and give wrong "
+            f"outputs. Set {LONGER_CONTEXT_ENV[0]}=1 to serve it anyway."
+        )
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
