@@ -84,6 +84,12 @@ def call_prefix(name: str) -> str:
     return PARSER.call_begin(name)
 
 
+def run_call(name: str, args_text: str) -> str:
+    """Read back the call a branch wrote (``args_text``: its arguments) and run the tool."""
+    (call,) = PARSER.parse(call_prefix(name) + args_text + PARSER.call_end).named_calls()
+    return RUN[call.name](json.loads(call.args))  # the tool runs here, in Python
+
+
 @rt.function
 def plan_trip(s, request):
     s += rt.system(SYSTEM)
@@ -95,8 +101,7 @@ def plan_trip(s, request):
         branch += rt.assistant(
             call_prefix(fn["name"]) + rt.gen("args", max_tokens=40, json_schema=fn["parameters"]) + PARSER.call_end
         )
-        (call,) = PARSER.parse(call_prefix(fn["name"]) + branch["args"] + PARSER.call_end).complete_calls()
-        result = RUN[call.name](json.loads(call.args))  # the tool runs here, in Python
+        result = run_call(fn["name"], branch["args"])
         branch += rt.user(f"<tool_response>\n{result}\n</tool_response>")
         branch += rt.assistant(rt.gen("note", max_tokens=24, stop="\n"))
     branches.join()  # s["args"] and s["note"] are now lists, one entry per tool

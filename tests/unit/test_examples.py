@@ -20,3 +20,11 @@ def test_there_are_examples():
 def test_an_example_loads_and_has_a_main(path: Path):
     namespace = runpy.run_path(str(path), run_name="example")  # not "__main__": nothing runs a model
     assert callable(namespace.get("main")), f"{path.name} has no main()"
+
+
+def test_the_tool_fanout_example_reads_back_and_runs_a_call():
+    """What its program does between the model's calls (a removed parser method broke it)."""
+    example = runpy.run_path(str(EXAMPLES[0].parent / "tool_fanout.py"), run_name="example")
+    assert example["run_call"]("restaurants", '{"city": "Lisbon", "budget": "low"}') == (
+        "Lisbon (low): grilled fish by the river"
+    )
