@@ -21,6 +21,7 @@ Decisions, per group (SGLang's behaviour where it has one):
   ``hicache_ratio``, ``hicache_write_policy``, ``hicache_kv_cache_dtype``)
   imply ``enable_hierarchical_cache``: sizing a tier asks for one (SGLang
   ignores them without the switch, which is what this table exists to stop).
+  Their defaults are unset (None), so that giving one at its usual value asks too.
   At most one of the three sizes may be given (the larger one used to win
   silently).
 * ``preemption_mode="swap"`` is refused without the tier (it would bring a

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.config import CacheSettings, HostCacheSettings
+from radixrt.config.sections import DEFAULT_HICACHE_RATIO
 from radixrt.config.storage import StorageSettings
 from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
 from radixrt.memory.host_radix_cache import HostRadixCache
@@ -56,11 +57,10 @@ def build_host_tier(config: HostCacheSettings, runner: Any, device_tokens: int) 
     if not config.enable_hierarchical_cache:
         return None
     dev = runner.kv_pool
-    tokens = host_pool_tokens(
-        device_tokens, dev.bytes_per_token, config.hicache_ratio, config.hicache_size, config.host_kv_size
-    )
-    pool = HostKVPool(dev, tokens, kv_cache_dtype=config.hicache_kv_cache_dtype)
-    tier = HostTier(pool.allocator, KVTransferQueue(), config.hicache_write_policy)
+    ratio = DEFAULT_HICACHE_RATIO if config.hicache_ratio is None else config.hicache_ratio
+    tokens = host_pool_tokens(device_tokens, dev.bytes_per_token, ratio, config.hicache_size, config.host_kv_size)
+    pool = HostKVPool(dev, tokens, kv_cache_dtype=config.hicache_kv_cache_dtype or "auto")
+    tier = HostTier(pool.allocator, KVTransferQueue(), config.hicache_write_policy or "write_through")
     num_params = sum(p.numel() for p in runner.model.parameters())
     cost = SwapCostModel.for_device(str(runner.device), num_params, dev.bytes_per_token)
     logger.info(

@@ -242,6 +242,9 @@ def test_host_tier_size_turns_the_tier_on_and_the_implied_tier_is_checked_too():
     with pytest.raises(ValueError, match=r"\(implied by host_kv_size, --host-kv-size\) needs tp_size=1"):
         EngineConfig(host_kv_size=20000, tp_size=2)
     assert not EngineConfig().host_cache.enable_hierarchical_cache
+    # its knobs turn it on at their usual values too ("giving it turns the tier on")
+    for flags in (["--hicache-ratio", "2"], ["--hicache-write-policy", "write_through"]):
+        assert EngineConfig.from_cli_args(_parser().parse_args(flags)).host_cache.enable_hierarchical_cache, flags
 
 
 @pytest.mark.parametrize("need", serve_router_needs(), ids=lambda n: n.cli)
