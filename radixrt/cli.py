@@ -115,7 +115,8 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
     from radixrt.server.args import add_serve_args
 
     add_serve_args(p)
-    p.add_argument(
+    dp = p.add_argument_group("data parallel (the router in front of --dp replicas)")
+    dp.add_argument(
         "--dp",
         "--dp-size",  # SGLang's spellings
         "--data-parallel-size",
@@ -125,7 +126,7 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
         help="data parallel: this many replicas (each its own scheduler, KV pool and radix "
         "cache; flags apply per replica) behind one router front (docs/scale_out.md)",
     )
-    add_policy_args(p, prefix="router-")
+    add_policy_args(dp, prefix="router-")
     p.set_defaults(func=cmd_serve)
 
 

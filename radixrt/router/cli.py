@@ -29,7 +29,7 @@ from radixrt.router.workers import HealthConfig, WorkerPool
 logger = logging.getLogger("radixrt.router")
 
 
-def add_policy_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
+def add_policy_args(p: "argparse.ArgumentParser | argparse._ArgumentGroup", prefix: str = "") -> None:
     """The routing flags (``prefix`` 'router-' for `radixrt serve --dp`)."""
     d = CacheAwareConfig()
     h = HealthConfig()
