@@ -84,6 +84,7 @@ from typing import Any, Callable, Optional
 from radixrt.sampling.compile_canary import CompileCanary
 from radixrt.sampling.grammar_bounds import GrammarLimits, GrammarTooCostly, check_grammar_bounds
 from radixrt.sampling.json_schema_grammar import json_schema_grammar, with_json_string_chars
+from radixrt.sampling.schema_support import check_enforceable, check_tag_schemas
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +180,20 @@ def _check_cached(key: GrammarKey, limits: GrammarLimits) -> bool:
     return True
 
 
-def check_grammar(key: Optional[GrammarKey], limits: Optional[GrammarLimits] = None) -> None:
+def check_grammar(key: Optional[GrammarKey], limits: Optional[GrammarLimits] = None, enforce_all: bool = True) -> None:
     """Raise ValueError naming the sampling parameter when ``key``'s grammar is
     malformed, has no finite instance, or exceeds ``limits`` (the defaults when
-    None). Needs no tokenizer; thread-safe; good grammars are memoized."""
+    None), or, with ``enforce_all``, when its JSON schemas hold a keyword the grammar
+    would not enforce (schema_support.py). Needs no tokenizer; thread-safe; good
+    grammars are memoized."""
     if key is None:
         return
     try:
         _check_cached(key, limits or GrammarLimits())
+        if enforce_all and key[0] == "json_schema":
+            check_enforceable(json.loads(key[1]))
+        elif enforce_all and key[0] == "structural_tag":
+            check_tag_schemas(json.loads(key[1]))
     except json.JSONDecodeError as e:
         raise ValueError(f"sampling parameter '{key[0]}' is not valid JSON: {e}") from None
     except GrammarTooCostly as e:

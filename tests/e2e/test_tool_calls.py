@@ -255,6 +255,29 @@ def test_bad_tools_are_400(client, server, tools, choice, needle):
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
+def test_a_schema_keyword_the_grammar_cannot_enforce_is_refused_where_a_match_is_promised(client, server):
+    """uniqueItems gave [1, 2, 2] with finish_reason stop: a json_schema / response_format / strict
+    tool holding it is a 400 naming it; a plain tool's schema only guides its calls (OpenAI's)."""
+    unique = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"},
+              "uniqueItems": True, "maxItems": 3}}, "required": ["ids"]}  # fmt: skip
+    r = httpx.post(
+        server.url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": 4, "json_schema": json.dumps(unique)}},
+        timeout=30,
+    )
+    assert r.status_code == 400 and "'uniqueItems' at #/properties/ids is not supported" in r.text, r.text
+    rf = {"type": "json_schema", "json_schema": {"name": "ids", "schema": unique}}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        _chat(client, messages=ASK, response_format=rf)
+    tool = {"type": "function", "function": {"name": "pick", "parameters": unique}}
+    plain = _chat(client, messages=ASK, tools=[tool], tool_choice="required", max_tokens=24)
+    assert plain.choices[0].message.tool_calls[0].function.name == "pick"
+    strict = {"type": "function", "function": {**tool["function"], "strict": True}}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems") as e:
+        _chat(client, messages=ASK, tools=[strict], tool_choice="required")
+    assert e.value.body["param"] == "tools", e.value.body
+
+
 def _call(cid: str, name: str = "get_weather", arguments: str = '{"city": "Paris", "unit": "c"}') -> dict:
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
 

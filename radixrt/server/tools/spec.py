@@ -120,7 +120,8 @@ def _check_tool(i: int, tool: Any, flat: bool) -> ToolSpec:
             f"{where}.parameters must describe an object (type 'object'), got type {params.get('type')!r}.", "tools"
         )
     try:
-        check_grammar(("json_schema", json.dumps(params)))
+        # a strict function is OpenAI's promise that calls match the schema: only what the grammar enforces
+        check_grammar(("json_schema", json.dumps(params)), enforce_all=fn.get("strict") is True)
     except (ValueError, TypeError) as e:
         msg = str(e).split(": ", 1)[-1] if isinstance(e, ValueError) else str(e)
         raise ToolError(f"{where}.parameters is not a usable JSON schema: {msg}", "tools") from None
