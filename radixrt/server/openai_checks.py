@@ -17,6 +17,15 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 # runtime names -> the OpenAI fields that set them
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 _QUOTED_NAME = re.compile(r"'(\w+)'")
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a json_schema format's name
+
+
+def check_schema_name(name: Any, param: str) -> None:
+    """A 400 unless ``name`` (a json_schema format's) is 1-64 of ``[A-Za-z0-9_-]``: OpenAI requires
+    it (so do SGLang's and vLLM's request models)."""
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        got = "missing" if name is None else repr(name)
+        raise bad_request(f"'{param}' must be 1-64 letters, digits, '_' or '-' (got {got}).", param)
 
 
 def openai_error(message: str, param: Optional[str]) -> ServerError:
@@ -85,6 +94,7 @@ def response_format_sampling(req: Any) -> dict[str, Any]:
     else:
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise bad_request("response_format json_schema needs a 'json_schema.schema'.", "response_format")
+        check_schema_name(rf.json_schema.name, "response_format.json_schema.name")
         schema = json.dumps(rf.json_schema.schema_)
     try:
         check_grammar(("json_schema", schema))

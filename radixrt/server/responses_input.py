@@ -31,6 +31,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from radixrt.server.errors import ServerError, bad_request
+from radixrt.server.openai_checks import check_schema_name
 from radixrt.server.protocol import ChatCompletionRequest
 from radixrt.server.responses_protocol import LOGPROBS_INCLUDE, InputError, ResponsesRequest, parse_input
 
@@ -179,10 +180,8 @@ def _text_format(req: ResponsesRequest) -> Optional[dict[str, Any]]:
         return {"type": "json_object"}
     if fmt.schema_ is None:
         raise bad_request("'text.format' of type 'json_schema' needs a 'schema'.", "text.format")
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict},
-    }
+    check_schema_name(fmt.name, "text.format.name")
+    return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}}
 
 
 def to_chat_request(

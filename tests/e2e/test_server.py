@@ -944,6 +944,19 @@ BAD_INPUTS = {
         400,
         "response_format",
     ),
+    "nameless_response_format": (  # OpenAI, SGLang and vLLM require the schema's name
+        "POST",
+        "/v1/chat/completions",
+        {
+            "json": {
+                "model": "default",
+                "messages": _MSG,
+                "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+            }
+        },
+        400,
+        "json_schema.name",
+    ),
     # booleans are not token ids or counts (Python's bool is an int; pydantic's lax mode would read true as 1)
     "bool_ids_completion": (
         "POST",

@@ -139,6 +139,9 @@ def test_a_call_without_text_before_it_starts_an_assistant_message():
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input.0.content.0"),
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format"),
+        # OpenAI requires a name of 1-64 [A-Za-z0-9_-]
+        ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}}, "text.format.name"),
     ],
 )
 def test_requests_refused_before_the_chat_path(fields, param):
