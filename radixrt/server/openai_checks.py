@@ -83,23 +83,27 @@ def validate_specs(tm: TokenizerManager, specs: list[RequestSpec]) -> None:
 
 
 def response_format_sampling(req: Any) -> dict[str, Any]:
-    """The sampling params that ``response_format`` asks for (a JSON schema), checked."""
+    """The sampling params that ``response_format`` asks for (a JSON schema, or SGLang's structural
+    tag), checked."""
     rf = req.response_format
     if rf is None or rf.type == "text":
         return {}
     if req.regex or req.json_schema or req.ebnf:
         raise bad_request("'response_format' cannot be combined with regex, json_schema or ebnf.", "response_format")
-    if rf.type == "json_object":
-        schema = json.dumps({"type": "object"})
+    if rf.type == "structural_tag":  # SGLang's: the tag is the structural_tag sampling parameter
+        fields = rf.model_dump(include={"format", "structures", "triggers"}, exclude_none=True)
+        kind, source, what = "structural_tag", json.dumps({"type": "structural_tag", **fields}), "structural tag"
+    elif rf.type == "json_object":
+        kind, source, what = "json_schema", json.dumps({"type": "object"}), "JSON schema"
     else:
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise bad_request("response_format json_schema needs a 'json_schema.schema'.", "response_format")
         check_schema_name(rf.json_schema.name, "response_format.json_schema.name")
-        schema = json.dumps(rf.json_schema.schema_)
+        kind, source, what = "json_schema", json.dumps(rf.json_schema.schema_), "JSON schema"
     try:
-        check_grammar(("json_schema", schema))
+        check_grammar((kind, source))
     except ValueError as e:
         raise bad_request(
-            f"'response_format' holds an unusable JSON schema: {str(e).split(': ', 1)[-1]}", "response_format"
+            f"'response_format' holds an unusable {what}: {str(e).split(': ', 1)[-1]}", "response_format"
         ) from None
-    return {"json_schema": schema}
+    return {kind: source}

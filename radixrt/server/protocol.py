@@ -73,8 +73,12 @@ class JsonSchemaFormat(Lenient):
 
 
 class ResponseFormat(Lenient):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: Optional[JsonSchemaFormat] = None
+    # SGLang's structural_tag type: xgrammar's tag (``format``) or the earlier form (``structures``, ``triggers``)
+    format: Optional[Any] = None
+    structures: Optional[Any] = None
+    triggers: Optional[Any] = None
 
 
 class _SamplingExtras(Lenient):

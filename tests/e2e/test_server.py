@@ -836,6 +836,20 @@ def test_constrained_generate_and_response_format(embedded_client, embedded_oai)
         model=model_name, messages=cat, max_tokens=48, temperature=0, response_format={"type": "json_object"}
     )
     assert isinstance(json.loads(c.choices[0].message.content), dict)
+    # SGLang's structural_tag response_format, in xgrammar's form and the earlier one
+    forced = {"type": "structural_tag", "format": {"type": "const_string", "value": "FORCED"}}
+    earlier = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": {"enum": ["a", "b"]}, "end": "</f>"}],
+        "triggers": ["<f"],
+    }
+    for fmt, check in ((forced, lambda text: text == "FORCED"), (earlier, lambda text: "<f" not in re.sub(r'<f>"[ab]"</f>', "", text))):
+        body = {"model": model_name, "messages": cat, "max_tokens": 12, "temperature": 0, "response_format": fmt}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and check(r.json()["choices"][0]["message"]["content"]), r.text
+    bad = {"type": "structural_tag", "format": {"type": "no-such-format"}}
+    r = client.post("/v1/chat/completions", json={**body, "response_format": bad})
+    assert r.status_code == 400 and "unusable structural tag" in r.text, r.text
     # a schema that is not an object, through the native API
     r = client.post(
         "/generate",
