@@ -843,7 +843,11 @@ def test_constrained_generate_and_response_format(embedded_client, embedded_oai)
         "structures": [{"begin": "<f>", "schema": {"enum": ["a", "b"]}, "end": "</f>"}],
         "triggers": ["<f"],
     }
-    for fmt, check in ((forced, lambda text: text == "FORCED"), (earlier, lambda text: "<f" not in re.sub(r'<f>"[ab]"</f>', "", text))):
+    checks = (
+        (forced, lambda text: text == "FORCED"),
+        (earlier, lambda text: "<f" not in re.sub(r'<f>"[ab]"</f>', "", text)),
+    )
+    for fmt, check in checks:
         body = {"model": model_name, "messages": cat, "max_tokens": 12, "temperature": 0, "response_format": fmt}
         r = client.post("/v1/chat/completions", json=body)
         assert r.status_code == 200 and check(r.json()["choices"][0]["message"]["content"]), r.text
