@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from radixrt.config.fields import add_fields_as_args, check_number, first_line
+from radixrt.config.host_cache import HostCacheSettings
 from radixrt.config.kv_events import KVEventSettings
 from radixrt.config.limits import LimitSettings
 from radixrt.config.lora import LoRASettings
@@ -26,7 +27,6 @@ from radixrt.config.sections import (
     DebugSettings,
     ExecutionSettings,
     GrammarSettings,
-    HostCacheSettings,
     KVBudgetSettings,
     ModelSettings,
     OutputSettings,

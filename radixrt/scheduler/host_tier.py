@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.config import CacheSettings, HostCacheSettings
-from radixrt.config.sections import DEFAULT_HICACHE_RATIO
+from radixrt.config.host_cache import DEFAULT_HICACHE_RATIO
 from radixrt.config.storage import StorageSettings
 from radixrt.memory.host_pool import HostKVPool, host_pool_tokens
 from radixrt.memory.host_radix_cache import HostRadixCache
