@@ -1,8 +1,9 @@
 """The router's ASGI guard: what every request passes before a route sees it.
 
-In order: a request that already passed this router is a 508 (a loop, `RouterState.came_back`);
-every route but ``/health`` and ``/dashboard`` needs the API key (401); while draining, 503; a body larger than
-``RouterConfig.max_request_bytes`` is a 413, at once when ``Content-Length`` says so, else as
+In order: a request that already passed this router is a 508 (a loop, `RouterState.came_back`); a
+path with ``.`` or ``..`` segments is a 400 (the worker would be sent the resolved path); every
+route but ``/health`` and ``/dashboard`` needs the API key (401); while draining, 503; a body larger
+than ``RouterConfig.max_request_bytes`` is a 413, at once when ``Content-Length`` says so, else as
 soon as the bytes read pass it (so the front never holds more than that of one request, as a
 single server does); then the route runs on the body read, and the count of answers in progress
 (streams included, until their last byte) covers it. A client that leaves before its body is
@@ -18,7 +19,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from radixrt.router.state import RouterState, error_response
-from radixrt.server.api_keys import OPEN_PREFIXES
+from radixrt.server.api_keys import OPEN_PREFIXES, has_dot_segments
 from radixrt.server.request_body import BodyTooLarge, ClientLeft, read_body, replaying
 
 logger = logging.getLogger("radixrt.router")
@@ -57,6 +58,8 @@ class RouterGuard:
             return error_response(
                 508, "Request loop: this request already passed this router (is the router one of its own workers?)."
             )
+        if has_dot_segments(path):  # checked as one path, it would reach the worker as another
+            return error_response(400, "The path holds '.' or '..' segments; send it resolved.")
         if path == "/health":
             return None
         # /dashboard is the page's code only (a browser sends no key for it): what it shows comes from

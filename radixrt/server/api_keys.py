@@ -11,6 +11,13 @@ from typing import Optional
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
+def has_dot_segments(path: str) -> bool:
+    """Whether ``path`` (percent-decoded, as ASGI gives it) holds a ``.`` or ``..`` segment. An
+    HTTP client resolves them (httpx does), so a front that checked ``/metrics/../generate`` as an
+    open path would send ``/generate``: a front refuses such paths instead."""
+    return any(segment in (".", "..") for segment in path.split("/"))
+
+
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> Optional[str]:
     """The key a request presents: ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``."""
     for name, value in headers:

@@ -431,6 +431,23 @@ def test_only_the_admin_key_changes_the_workers(dp_server, workers, routers):
     assert HTTP.get(dp_server.url + "/health").status_code == 200
 
 
+def test_a_path_with_dot_segments_is_refused_before_the_key_check(routers):
+    """/metrics/../generate passed the router's key check as an open path, and httpx sent it to
+    the worker as /generate: a keyed router in front of unkeyed workers served it without a key."""
+    import http.client
+
+    router = routers["round_robin"]
+    for path in ("/metrics/../get_server_info", "/health/%2e%2e/get_server_info", "/./get_server_info"):
+        conn = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
+        try:
+            conn.request("GET", path)  # sent as written: http.client resolves nothing
+            r = conn.getresponse()
+            assert r.status == 400 and b"segments" in r.read(), (path, r.status)
+        finally:
+            conn.close()
+    assert HTTP.get(router.url + "/get_server_info", headers=AUTH).status_code == 200
+
+
 def test_the_router_refuses_a_body_past_its_limit(routers):
     router = routers["round_robin"]
     big = {"text": "x" * ROUTER_MAX_BODY, "sampling_params": {"max_new_tokens": 1}}
