@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Collection, Optional
 
@@ -177,7 +177,7 @@ class LoRAPool:
         if adapter.digest != reg.digest:
             raise ValueError(f"LoRA adapter {reg.name!r} changed while it loaded; load it again")
         self._add(reg)
-        self.loaded[reg.name] = adapter
+        self.loaded[reg.name] = self._shared(adapter)
         self.loaded.move_to_end(reg.name)
         self.loads += 1
         self.trim(in_use | {reg.name})
@@ -193,10 +193,16 @@ class LoRAPool:
                 f"LoRA adapter {name!r} no longer has the weights it was registered with (its folder changed on "
                 "disk after it was loaded, or it was reloaded meanwhile); load it again with /load_lora_adapter"
             )
-        self.loaded[name] = adapter
+        self.loaded[name] = adapter = self._shared(adapter)
         self.loads += 1
         self.trim(in_use | {name})
         return adapter
+
+    def _shared(self, adapter: LoRAAdapter) -> LoRAAdapter:
+        """``adapter``, holding the weights of a loaded adapter with the same digest (the same
+        folder under another name) rather than a second copy of them."""
+        twin = next((a for a in self.loaded.values() if a.digest == adapter.digest and a.name != adapter.name), None)
+        return adapter if twin is None else replace(adapter, layers=twin.layers, kernel_form=twin.kernel_form)
 
     @property
     def over_limit(self) -> bool:
