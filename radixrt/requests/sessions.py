@@ -118,7 +118,11 @@ class SessionStore:
         with self._lock:
             self._reap()
             if len(self._sessions) >= MAX_SESSIONS and not self._evict_idle():
-                raise _error(f"{MAX_SESSIONS} sessions are open and in use; close one first.", "session_id")
+                raise _error(
+                    f"{MAX_SESSIONS} sessions are open, none idle for {IDLE_EVICT_S:.0f} s (the oldest idle one "
+                    "is closed then); close one, or open it later.",
+                    "session_id",
+                )
             sid = session_id or uuid.uuid4().hex
             if sid in self._sessions:
                 raise _error(f"a session {sid!r} is already open.", "session_id")

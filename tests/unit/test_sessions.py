@@ -69,7 +69,7 @@ def test_the_store_is_bounded(monkeypatch):
     monkeypatch.setattr(sessions_module, "MAX_TURNS", 2)
     store = SessionStore()
     ids = [store.open() for _ in range(3)]
-    with pytest.raises(RequestError, match="3 sessions are open"):
+    with pytest.raises(RequestError, match="3 sessions are open, none idle for 600 s"):
         store.open()
     store.close(ids[2])
     with pytest.raises(RequestError, match="already open"):
