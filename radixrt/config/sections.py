@@ -62,7 +62,8 @@ class ModelSettings:
     )
     quantization: Optional[str] = setting(
         None,
-        "weight-only quantization of the linear layers at load time, CPU only: int8 (per output channel) or "
+        "quantization of the linear layers' weights at load time (steps under 256 rows also quantize "
+        "activations to int8 per run of 32, as llama.cpp), CPU only: int8 (per output channel) or "
         "int4 (groups of --quantization-group-size inputs with a scale and a minimum); also accepted: int8wo, "
         "int4wo, int4wo-<group size>, w8a16, w4a16; unset: the weights stay in --dtype",
     )

@@ -25,7 +25,7 @@ from radixrt.executor.models.decode_stack import use_decode_stack
 from radixrt.executor.models.loader import checkpoint_tensor, empty_model, with_tensors
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
 from radixrt.executor.models.quantized_linear import integer_products_only
-from radixrt.executor.models.rope import _LENGTH_DEPENDENT
+from radixrt.executor.models.rope import LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
 from radixrt.executor.pool_size import kv_pool_tokens
@@ -107,7 +107,7 @@ class ModelRunner:
         self.num_pages = self._num_pages()  # what the allocator hands out: pages 0 .. num_pages-1
         if tp is not None:  # every rank's pool has the leader's slot numbering
             self.num_pages = tp.command(self.num_pages)
-        use_graphs = self.choice.cuda_graph and self.model.rope.rope_type not in _LENGTH_DEPENDENT
+        use_graphs = self.choice.cuda_graph and self.model.rope.rope_type not in LENGTH_DEPENDENT
         # CUDA graphs pad decode batches with rows that write their K/V into one
         # scratch page past the allocator's range
         clock = time.perf_counter()

@@ -69,6 +69,7 @@ from radixrt.scheduler.kv_event_publisher import build_kv_events
 from radixrt.scheduler.launcher import InFlight, StepLauncher, needs_host_tokens
 from radixrt.scheduler.lora_admission import LoRAAdmission
 from radixrt.scheduler.memory_occupation import MemoryOccupation
+from radixrt.scheduler.model_fit import fit_to_rope
 from radixrt.scheduler.planner import Batch, BatchPlanner
 from radixrt.scheduler.policy import arrival_urgency
 from radixrt.scheduler.profiler import StepProfiler
@@ -89,8 +90,8 @@ logger = logging.getLogger(__name__)
 
 class Scheduler(SchedulerControl):
     def __init__(self, config: EngineConfig, runner: Optional[ModelRunner] = None) -> None:
-        self.config = config
         self.runner = runner or ModelRunner.from_config(config)
+        self.config = config = fit_to_rope(config, self.runner.model.rope.rope_type)
         self.tokenizer = self.runner.tokenizer
         self.context_length = self.runner.context_length
         mc = self.runner.model_config
@@ -108,8 +109,7 @@ class Scheduler(SchedulerControl):
         self.queues = RequestQueues()
         self.arriving = self._arrivals(config, prefix_cache)
         self.arrivals = 0
-        # outputs made between steps (aborts, refused requests): the next step returns them first
-        self._queued_outputs: list[TokenOutput] = []
+        self._queued_outputs: list[TokenOutput] = []  # made between steps (aborts, refusals): sent first
         # peak_decoding: the most running requests at once that had all their prompt computed
         names = ("steps", "prompt_tokens_computed", "requests_finished", "peak_kv_used_slots", "peak_decoding")
         self.counters = dict.fromkeys(names + ("retractions",), 0)

@@ -149,6 +149,33 @@ def test_dynamic_rope_prefill(tiny):
     assert _max_diff(ours, ref) <= ATOL
 
 
+def test_a_length_dependent_rope_answers_alike_whatever_is_cached(make_tiny):
+    """Dynamic NTK rotates keys by the length of the sequence they were computed in: B's prompt
+    logprobs after a cached 50-token prefix A differed from transformers' one forward by 1.07
+    (chunked: 1.09). The scheduler serves such a model without prefix reuse or chunking, and
+    refuses speculative decoding."""
+    import radixrt
+
+    dynamic = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
+    path = make_tiny("llama", max_position_embeddings=64, rope_parameters=dynamic)
+    hf = _hf_model(path)
+    a = list(range(100, 150))
+    b = a + list(range(300, 450))
+    with torch.no_grad():
+        ref = hf(torch.tensor([b])).logits[0].float().log_softmax(-1)
+    want = torch.tensor([ref[i, b[i + 1]].item() for i in range(len(a), len(b) - 1)])
+    with radixrt.Engine(path, max_total_tokens=4096, chunked_prefill_size=32) as engine:
+        engine.generate(input_ids=a, sampling_params={"max_new_tokens": 1})
+        out = engine.generate(
+            input_ids=b, sampling_params={"max_new_tokens": 1}, return_logprob=True, logprob_start_len=len(a)
+        )
+    got = torch.tensor([lp for lp, _, _ in out["meta_info"]["input_token_logprobs"] if lp is not None])
+    assert out["meta_info"]["cached_tokens"] == 0 and got.shape == want.shape
+    assert (got - want).abs().max() <= ATOL
+    with pytest.raises(ValueError, match="speculative decoding cannot serve"):
+        radixrt.Engine(path, max_total_tokens=4096, speculative_algorithm="RADIX")
+
+
 def test_config_fields(tiny):
     _, _, cfg, _ = tiny("qwen2")
     assert cfg.architecture == "Qwen2ForCausalLM" and cfg.attention_bias and not cfg.o_proj_bias

@@ -59,7 +59,6 @@ def test_native_rms_norm_is_within_a_few_ulp_of_the_reference(shape: tuple[int, 
 
 ROPE_CONFIGS = {
     "default": {},
-    "partial": {"partial_rotary_factor": 0.5},
     "llama3": {
         "rope_scaling": {
             "rope_type": "llama3",
@@ -83,6 +82,22 @@ def test_rope_table_rows_are_the_computed_cos_sin(name: str, dtype: torch.dtype)
         cos, sin = rope.cos_sin(positions, dtype, [1] * len(positions), [n] * len(positions))
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
     assert rope.reserve(1, "cpu", dtype).shape[0] >= 3000  # grown, never shrunk
+
+
+def test_a_partial_rotary_factor_is_read_as_transformers_reads_it() -> None:
+    """transformers' Llama-family models rotate the whole head: the default RoPE ignores the factor
+    (it rotated half the head here: logprobs 3.6 off), and a scaled one, whose frequencies cover
+    part of the head (transformers fails there), is refused."""
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, partial_rotary_factor=0.5)
+    assert RotaryEmbedding(cfg, 64).rotary_dim == 64
+    scaled = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        partial_rotary_factor=0.5,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        RotaryEmbedding(scaled, 64)
 
 
 def test_rope_rotation_is_transformers_rotate_half() -> None:
@@ -283,3 +298,45 @@ def test_a_context_longer_than_the_checkpoint_s_is_refused_unless_allowed(tmp_pa
             config.check_context_length(trained + 1)
     monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     assert config.check_context_length(99999) == 99999
+
+
+def test_a_sliding_window_caps_the_context(tmp_path, monkeypatch):
+    """Attention here is full-causal, which equals a sliding-window model only within its window
+    (a 100-token prompt on a 32-token window was 2.6 nats off transformers): the context stops
+    there, and a longer one is refused unless allowed."""
+    from transformers import MistralConfig, Qwen2Config
+
+    from radixrt.executor.models.config import LONGER_CONTEXT_ENV, ModelConfig
+
+    for env in LONGER_CONTEXT_ENV:
+        monkeypatch.delenv(env, raising=False)
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    cases = (
+        (MistralConfig(**small, num_hidden_layers=2, sliding_window=32, max_position_embeddings=512), 32),
+        (
+            Qwen2Config(**small, num_hidden_layers=2, use_sliding_window=True, sliding_window=32, max_window_layers=1),
+            32,
+        ),
+        # every layer below max_window_layers attends fully; without use_sliding_window none slides
+        (
+            Qwen2Config(**small, num_hidden_layers=2, use_sliding_window=True, sliding_window=32, max_window_layers=2),
+            None,
+        ),
+        (Qwen2Config(**small, num_hidden_layers=2, sliding_window=32), None),
+    )
+    for hf_config, window in cases:
+        config = ModelConfig.from_hf_config(hf_config)
+        assert config.sliding_window == window, hf_config
+        if window is not None:
+            assert config.check_context_length(None) == window == config.check_context_length(window)
+            with pytest.raises(ValueError, match="sliding attention window"):
+                config.check_context_length(window + 1)
+        else:
+            assert config.check_context_length(None) == hf_config.max_position_embeddings
+
+
+def test_an_unknown_activation_is_named():
+    from radixrt.executor.models.llama import _activation
+
+    with pytest.raises(ValueError, match="unsupported hidden_act 'swiglu_foo'"):
+        _activation("swiglu_foo")  # was a bare KeyError

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
 
 # either allows a context_length past the checkpoint's (ours, SGLang's)
 LONGER_CONTEXT_ENV = ("RADIXRT_ALLOW_LONGER_CONTEXT", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
@@ -55,7 +58,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     # Sliding-window attention of the checkpoint (Mistral; Qwen2/3 with use_sliding_window).
     # Not implemented by the attention backends: attention is full-causal, which equals the
-    # sliding-window model only while sequences are no longer than the window.
+    # sliding-window model only while sequences are no longer than the window (the context's cap).
     sliding_window: Optional[int] = None
     hf_config: Any = None
 
@@ -82,18 +85,28 @@ class ModelConfig:
         return int(self.max_position_embeddings * factor)
 
     def check_context_length(self, asked: Optional[int]) -> int:
-        """The context length to serve: ``asked`` (default: `trained_context_length`). Longer than
-        the checkpoint's is a ValueError unless ``RADIXRT_ALLOW_LONGER_CONTEXT=1`` (or SGLang's
+        """The context length to serve: ``asked`` (default: `trained_context_length`, or the sliding
+        window where the checkpoint has one: attention here is full-causal). Longer than that
+        is a ValueError unless ``RADIXRT_ALLOW_LONGER_CONTEXT=1`` (or SGLang's
         ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``): positions it never saw give wrong outputs."""
         trained = self.trained_context_length()
+        if self.sliding_window and self.sliding_window < trained:
+            trained = self.sliding_window  # attention here is full-causal: the model's only up to its window
+            if asked is None:
+                logger.warning(
+                    "the model attends through a sliding window of %d tokens, which radixrt does not implement: "
+                    "the context is capped at the window (full attention equals it there)",
+                    trained,
+                )
         if asked is None or asked <= trained:
             return asked or trained
         if any(os.environ.get(v, "") in ("1", "true", "True") for v in LONGER_CONTEXT_ENV):
             return asked
         raise ValueError(
             f"context_length {asked} is longer than the model's {trained} (max_position_embeddings in its "
-            "config.json, with its RoPE scaling): positions past it were never trained and give wrong "
-            f"outputs. Set {LONGER_CONTEXT_ENV[0]}=1 to serve it anyway."
+            "config.json, with its RoPE scaling, or its sliding attention window, which radixrt's full "
+            "attention equals only within the window): past it outputs are wrong. Set "
+            f"{LONGER_CONTEXT_ENV[0]}=1 to serve it anyway."
         )
 
     @classmethod
@@ -140,9 +153,7 @@ class ModelConfig:
         for e in extra_eos_token_ids or []:
             if e not in eos:
                 eos.append(e)
-        sliding_window = getattr(c, "sliding_window", None)
-        if arch != "MistralForCausalLM" and not getattr(c, "use_sliding_window", False):
-            sliding_window = None
+        sliding_window = getattr(c, "sliding_window", None) if _slides(c, arch) else None
         return cls(
             architecture=arch,
             hidden_size=int(c.hidden_size),
@@ -182,6 +193,18 @@ def architecture_differences(served: ModelConfig, other: ModelConfig) -> str:
 
     a, b = described(served), described(other)
     return ", ".join(f"{f} {b[f]!r} (served: {a[f]!r})" for f in a if a[f] != b[f])
+
+
+def _slides(c: Any, arch: str) -> bool:
+    """Whether some layer of the checkpoint attends through a sliding window (Mistral's every
+    layer; Qwen2/3's from ``max_window_layers`` on, with ``use_sliding_window``)."""
+    layer_types = getattr(c, "layer_types", None)
+    if layer_types:
+        return "sliding_attention" in layer_types
+    if arch == "MistralForCausalLM":
+        return True
+    layers = int(getattr(c, "num_hidden_layers", 0))
+    return bool(getattr(c, "use_sliding_window", False)) and int(getattr(c, "max_window_layers", 0)) < layers
 
 
 class PlainHFConfig:

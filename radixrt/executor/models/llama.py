@@ -84,6 +84,8 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         return F.silu
     from transformers.activations import ACT2FN
 
+    if name not in ACT2FN:
+        raise ValueError(f"unsupported hidden_act {name!r} in the model's config; transformers has {', '.join(ACT2FN)}")
     return ACT2FN[name]
 
 

@@ -25,7 +25,7 @@ import torch
 if TYPE_CHECKING:
     from radixrt.kernels.row_ops_cpu import NativeRowOps
 
-_LENGTH_DEPENDENT = ("dynamic", "longrope")
+LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
 def _init_functions() -> dict[str, Callable[..., tuple[torch.Tensor, float]]]:
@@ -59,10 +59,9 @@ class RotaryEmbedding:
         self.max_position_embeddings = int(hf_config.max_position_embeddings)
         self._init_fn: Optional[Callable[..., tuple[torch.Tensor, float]]] = None
         if self.rope_type == "default":  # transformers' default, without importing it
+            # every head dim rotates: transformers' Llama-family models read no partial_rotary_factor
             base = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
-            partial = float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)))
-            dim = int(head_dim * partial)
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
             scaling = 1.0
         elif self.rope_type in _init_functions():
             self._init_fn = _init_functions()[self.rope_type]
@@ -74,15 +73,18 @@ class RotaryEmbedding:
         self.inv_freq = inv_freq.float().cpu()
         self.attention_scaling = float(scaling)
         self.rotary_dim = 2 * self.inv_freq.numel()
-        if self.rotary_dim > head_dim:
-            raise ValueError(f"rotary dim {self.rotary_dim} exceeds head_dim {head_dim}")
+        if self.rotary_dim != head_dim:  # a partial_rotary_factor, which transformers' models of these do not run
+            raise ValueError(
+                f"{self.rope_type!r} RoPE of {self.rotary_dim} dims (partial_rotary_factor) in heads of {head_dim}: "
+                "transformers' Llama, Mistral and Qwen models rotate the whole head"
+            )
         self._by_device: dict[Any, torch.Tensor] = {}
         self._by_seq_len: dict[tuple[Any, int], tuple[torch.Tensor, float]] = {}
         # (device, dtype) -> [n, 2 * rotary_dim] table: row p is cos | sin of position p
         self._tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def _params_for(self, device: torch.device, seq_len: Optional[int]) -> tuple[torch.Tensor, float]:
-        if self.rope_type in _LENGTH_DEPENDENT and seq_len is not None:
+        if self.rope_type in LENGTH_DEPENDENT and seq_len is not None:
             key = (device, int(seq_len))
             hit = self._by_seq_len.get(key)
             if hit is None:
@@ -111,7 +113,7 @@ class RotaryEmbedding:
         length-dependent rope types take each request's frequencies from its
         sequence length.
         """
-        if self.rope_type in _LENGTH_DEPENDENT:
+        if self.rope_type in LENGTH_DEPENDENT:
             if len(set(kv_lens)) == 1:
                 return self._cos_sin(positions, dtype, kv_lens[0])
             parts = [self._cos_sin(p, dtype, n) for p, n in zip(positions.split(list(q_lens)), kv_lens)]
