@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence, Union
 from radixrt.config import EngineConfig
 from radixrt.config.lora import parse_lora_paths, unknown_adapter
 from radixrt.engine_control import EngineControl
+from radixrt.engine_stream import stream_group
 from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts, validate_call
@@ -234,36 +235,14 @@ class Engine(EngineControl):
     async def _start_stream(
         self, specs: list[RequestSpec], batch: bool, turn: Optional[SessionTurn]
     ) -> AsyncIterator[dict]:
-        """Submit ``specs`` now and return the iterator of their results."""
+        """Submit ``specs`` now and return the iterator of their results (`stream_group`)."""
         group = self._submit(specs, turn, stream=True)
-        return self._stream(group, batch or len(group.states) > 1)
-
-    async def _stream(self, group: ReqGroup, indexed: bool) -> AsyncIterator[dict]:
-        """One event per update of a sample, as `/generate` streams them: cumulative
-        results, or only what is new with ``incremental_streaming_output``
-        (`ResultAccumulator.stream_chunk`); with ``indexed`` (a batch, or n > 1) each
-        names its sample's position in the answer (``index``, as SGLang's). Leaving
-        early aborts the requests."""
         incremental = self.config.output.incremental_streaming_output
-        try:
-            while True:
-                news = [(i, st) for i, st in enumerate(group.states) if st.has_news]
-                for i, st in news:
-                    st.sent_version = st.version
-                    chunk = st.acc.stream_chunk(incremental)
-                    yield {**chunk, "index": i} if indexed else chunk
-                if news:
-                    continue
-                if all(st.done for st in group.states):
-                    return
-                await group.event.wait()
-                group.event.clear()
-        finally:
-            if not all(st.done for st in group.states):
-                self.router.abort_group(group, "aborted: the stream was closed")
+        return stream_group(self.router, group, batch or len(group.states) > 1, incremental)
 
     # ------------------------------------------------------------------ public API
     def _loop(self) -> LoopThread:
+        self._check_alive()  # after shutdown: an error, not a new loop thread left running
         with self._sync_loop_lock:
             if self._sync_loop is None:
                 self._sync_loop = LoopThread()

@@ -7,6 +7,7 @@ runs on the embedded model alone."""
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -135,6 +136,39 @@ def test_incremental_streaming_output(tiny_engine, monkeypatch):
     assert [len(m["output_token_logprobs"]) for m in metas] == [len(c["output_ids"]) for c in chunks]
     assert [t[1] for m in metas for t in m["output_token_logprobs"]] == full["output_ids"]
     assert sum(len(m["output_top_logprobs"]) for m in metas) == len(full["output_ids"])
+
+
+def test_a_stream_dropped_unread_aborts_its_request(tiny_engine):
+    """generate(stream=True) sends the request at once; an iterator dropped before its first
+    next() ran it to max_new_tokens for nobody (its finally never ran). Reading an async stream
+    in another event loop than the one that started it waited forever: now a clear error."""
+    import gc
+
+    long = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    for make in (
+        lambda: tiny_engine.generate("Tell me a story.", long, stream=True),
+        lambda: asyncio.run(tiny_engine.async_generate("Tell me a story.", long, stream=True)),
+    ):
+        stream = make()
+        del stream
+        gc.collect()
+        deadline = time.monotonic() + 2  # an abort takes a step; 2,000 tokens take several seconds
+        while tiny_engine.router.inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert tiny_engine.router.inflight == 0
+    tiny_engine.wait_idle()
+    assert tiny_engine.scheduler.kv_usage()["private_slots"] == 0
+
+    async def start():
+        return await tiny_engine.async_generate("Hi", {"max_new_tokens": 4}, stream=True)
+
+    elsewhere = asyncio.run(start())
+
+    async def read():
+        return [event async for event in elsewhere]
+
+    with pytest.raises(RuntimeError, match="event loop that started it"):
+        asyncio.run(asyncio.wait_for(read(), 10))
 
 
 def test_async_generate_many_concurrent(engine, prompt):

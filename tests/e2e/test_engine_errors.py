@@ -177,5 +177,7 @@ def test_shutdown_ends_running_requests_with_an_error(tiny_llama):
         assert "shut down" in str(got.pop("stream"))
     ends = {k: (v[-1] if k == "stream" else v)["meta_info"]["finish_reason"] for k, v in got.items()}
     assert all(f["type"] == "abort" and "shut down" in f["message"] for f in ends.values()), ends
+    loops_before = sum(t.name == "radixrt-engine-loop" for t in threading.enumerate())
     with pytest.raises(RuntimeError, match="shut down"):
         e.generate("after", {"max_new_tokens": 1})
+    assert sum(t.name == "radixrt-engine-loop" for t in threading.enumerate()) == loops_before  # none started
