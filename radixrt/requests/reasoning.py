@@ -37,6 +37,11 @@ def partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
+def opened_by_prompt(parser: str) -> bool:
+    """Whether the parser's rule has the prompt open the thinking block (``deepseek-r1``)."""
+    return parser == "deepseek-r1"
+
+
 def reasoning_mode(separate: Optional[bool], parser: Optional[str]) -> str:
     """How a chat request's output is split: ``""`` (not at all), or the reasoning parser
     whose rule applies (``separate_reasoning`` asks for a split, ``--reasoning-parser`` names

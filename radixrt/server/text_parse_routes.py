@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from radixrt.requests.reasoning import REASONING_PARSERS, split_reasoning
+from radixrt.requests.reasoning import REASONING_PARSERS, opened_by_prompt, split_reasoning
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import bad_request
 from radixrt.server.http_utils import JSON, read_json
@@ -95,7 +95,7 @@ async def separate_reasoning(request: Request) -> Response:
         raise bad_request(f"'reasoning_parser' must be one of {', '.join(REASONING_PARSERS)}.", "reasoning_parser")
     if not isinstance(body.get("return_blocks", False), bool):
         raise bad_request("'return_blocks' must be a boolean.", "return_blocks")
-    reasoning, text = split_reasoning(body["text"], final=True, opened_by_prompt=parser == "deepseek-r1")
+    reasoning, text = split_reasoning(body["text"], final=True, opened_by_prompt=opened_by_prompt(parser))
     out: dict[str, Any] = {"reasoning_text": reasoning, "text": text}
     if body.get("return_blocks"):
         blocks = ([{"type": "reasoning", "text": reasoning}] if reasoning else []) + [{"type": "text", "text": text}]

@@ -494,3 +494,24 @@ def test_the_generic_prompt_shows_the_parsers_own_call_format_and_mistral_ids_fi
         '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     )
     assert qwen_msg["tool_calls"][0]["id"].startswith("call_")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_an_enforced_call_follows_the_thinking_block(choice):
+    """Under deepseek-r1 the prompt opens the block: the grammar forced the call inside it (the
+    answer came back as reasoning, no tool_calls); it must think up to </think> first."""
+    import xgrammar as xgr
+    from xgrammar import testing
+
+    parser = get_parser("generic", None)
+    tr = check_tools([ADD], choice, True)
+    call = parser.call_begin("add") + '{"a": 1, "b": 2}' + parser.call_end
+    for rule, accepted, refused in (
+        ("deepseek-r1", ["thinking</think>\n\n" + call, "</think>" + call], [call, "<think>x" + call]),
+        ("qwen3", [call, "<think>thinking</think>\n" + call], ["thinking</think>" + call]),
+    ):
+        grammar = xgr.Grammar.from_structural_tag(tool_call_structural_tag(parser, tr, rule))
+        for text in accepted:
+            assert testing._is_grammar_accept_string(grammar, text), (rule, text)
+        for text in refused:
+            assert not testing._is_grammar_accept_string(grammar, text), (rule, text)

@@ -9,7 +9,9 @@
 * ``"none"``: no grammar.
 
 With ``reasoning`` (a ``<think>`` model whose reasoning is separated), an
-enforced call may be preceded by one ``<think>...</think>`` block.
+enforced call may be preceded by one ``<think>...</think>`` block; under the
+``deepseek-r1`` rule, whose prompt opens the block, it must be: the output
+thinks up to ``</think>``, then calls.
 
 The arguments' grammar is xgrammar's JSON-schema grammar with radixrt's fixed
 separators (``", "``, ``": "``, no free whitespace, as for ``json_schema``
@@ -24,6 +26,7 @@ import functools
 import json
 from typing import Any, Optional
 
+from radixrt.requests.reasoning import opened_by_prompt
 from radixrt.sampling.json_schema_grammar import json_schema_ebnf
 from radixrt.server.tools.parsers import ToolCallParser
 from radixrt.server.tools.spec import ToolRequest, ToolSpec
@@ -89,7 +92,11 @@ def tool_call_structural_tag(parser: ToolCallParser, tr: ToolRequest, reasoning:
         )
     else:
         fmt = TriggeredTagsFormat(triggers=[parser.trigger], tags=tags, stop_after_first=single)
-    if reasoning and tr.enforced:
-        think = TagFormat(begin="<think>", content=AnyTextFormat(), end=["</think>\n\n", "</think>\n", "</think>"])
-        fmt = SequenceFormat(elements=[OptionalFormat(content=think), fmt])
+    if reasoning and tr.enforced:  # the calls follow the thinking block (a call inside it is no call)
+        ends = ["</think>\n\n", "</think>\n", "</think>"]
+        if opened_by_prompt(reasoning):  # the output starts inside the block: it must close first
+            fmt = SequenceFormat(elements=[TagFormat(begin="", content=AnyTextFormat(), end=ends), fmt])
+        else:
+            think = TagFormat(begin="<think>", content=AnyTextFormat(), end=ends)
+            fmt = SequenceFormat(elements=[OptionalFormat(content=think), fmt])
     return StructuralTag(format=fmt).model_dump_json()

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixrt.requests.reasoning import split_reasoning
+from radixrt.requests.reasoning import opened_by_prompt, split_reasoning
 from radixrt.server.tools.parsers import ParseResult, ToolCallParser
 from radixrt.server.tools.scan import CallScan, ScanMemo
 
@@ -56,7 +56,7 @@ class ChoiceOutput:
         """``reasoning``: `reasoning_mode` ("" for no split)."""
         self.parser = parser
         self.reasoning = reasoning
-        self._opened_by_prompt = reasoning == "deepseek-r1"
+        self._opened_by_prompt = opened_by_prompt(reasoning)
         self._memo, self._memo_offset, self._memo_len = ScanMemo(), -1, 0  # scans of the text after the reasoning
         self.sent = _Sent()
         self.ids: list[str] = []  # call ids, stable between stream and final message
