@@ -210,7 +210,8 @@ def to_chat_request(req: CountTokensRequest) -> tuple[ChatCompletionRequest, Tra
         fields.update(continue_final_message=True, add_generation_prompt=False)
     if req.thinking is not None:
         thinking = req.thinking.type != "disabled"
-        fields.update(separate_reasoning=thinking or None, chat_template_kwargs={"enable_thinking": thinking})
+        # disabled: no split whatever the server's parser (the template closed the block: all is the answer)
+        fields.update(separate_reasoning=thinking, chat_template_kwargs={"enable_thinking": thinking})
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is not None:
         fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
