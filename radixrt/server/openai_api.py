@@ -170,6 +170,8 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
         for key in ("name", "tool_calls", "tool_call_id"):
             if getattr(m, key):
                 msg[key] = getattr(m, key)
+        if m.role == "assistant" and (m.reasoning_content or m.reasoning):
+            msg["reasoning_content"] = m.reasoning_content or m.reasoning  # as the template reads it
         messages.append(msg)
     try:
         check_tool_turns(messages)

@@ -215,6 +215,9 @@ class ChatMessage(Lenient):
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
+    # an assistant turn's reasoning, for templates that render it back (SGLang's name; vLLM's newer one)
+    reasoning_content: Optional[str] = None
+    reasoning: Optional[str] = None
 
 
 class ChatCompletionRequest(_SamplingExtras):

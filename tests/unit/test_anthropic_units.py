@@ -10,7 +10,11 @@ from radixrt.server.anthropic_protocol import MessagesRequest
 
 @pytest.mark.parametrize(
     "thinking,separate,enable",
-    [({"type": "enabled", "budget_tokens": 1024}, True, True), ({"type": "disabled"}, False, False), (None, None, None)],
+    [
+        ({"type": "enabled", "budget_tokens": 1024}, True, True),
+        ({"type": "disabled"}, False, False),
+        (None, None, None),
+    ],
 )
 def test_thinking_switches_the_reasoning_split_and_the_template(thinking, separate, enable):
     """disabled asked the server's parser anyway (separate_reasoning None): under deepseek-r1 the

@@ -498,3 +498,25 @@ def test_a_stream_whose_client_reads_nothing_ends_and_aborts_its_requests():
 
     closed, took = asyncio.run(run())
     assert closed == [True] and took < 2.0, took
+
+
+def test_an_assistant_turns_reasoning_reaches_the_chat_template():
+    """reasoning_content (SGLang's) or reasoning (vLLM's) on an input assistant message was
+    dropped: a template that renders it back never saw it, and the turn missed the cache."""
+    from radixrt.server.openai_api import _chat_messages
+    from radixrt.server.protocol import ChatCompletionRequest
+
+    for key in ("reasoning_content", "reasoning"):
+        req = ChatCompletionRequest.model_validate(
+            {
+                "model": "default",
+                "messages": [
+                    {"role": "user", "content": "2+2?"},
+                    {"role": "assistant", "content": "4", key: "two and two"},
+                    {"role": "user", "content": "and 3+3?", key: "not an assistant's"},
+                ],
+            }
+        )
+        messages = _chat_messages(req)
+        assert messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "two and two"}
+        assert "reasoning_content" not in messages[2]
