@@ -166,9 +166,11 @@ class ResponseView:
             output.append(message_item(new_id("msg"), text, item_status, lps))
             return self._finished(output)
         message, _ = self.out.message(text)
-        if message.get("reasoning_content"):
-            output.append(reasoning_item(new_id("rs"), message["reasoning_content"], "completed"))
         calls = message.get("tool_calls") or []
+        if message.get("reasoning_content"):
+            # nothing after the thinking block: if the limit cut the answer, it cut the reasoning (as streamed)
+            status = item_status if not message.get("content") and not calls else "completed"
+            output.append(reasoning_item(new_id("rs"), message["reasoning_content"], status))
         if message.get("content") or not calls:
             output.append(message_item(new_id("msg"), message.get("content") or "", "completed", lps))
         for c in calls:

@@ -525,3 +525,28 @@ def test_a_failed_response_is_stored_with_its_items_incomplete(client, server):
     got = client.responses.retrieve(events[-1].response.id)
     assert got.status == "failed" and got.error is not None
     assert [item.status for item in got.output if item.type == "message"] == ["incomplete"]
+
+
+@pytest.mark.slow
+def test_a_reasoning_model_s_cut_answer_reads_alike_whole_and_streamed(tiny_llama):
+    """Under deepseek-r1 a random model never closes its thinking block, so max_output_tokens
+    cuts the reasoning: the whole response said the reasoning item was completed where the
+    stream (and its stored copy) said incomplete. Anthropic's thinking disabled splits nothing."""
+    from tests.support.servers import client_of
+
+    flags = ("--reasoning-parser", "deepseek-r1", "--served-model-name", "default", "--max-total-tokens", "2048")
+    body = {"model": "default", "input": "hi", "max_output_tokens": 4, "temperature": 0}
+    with client_of(*flags, model=tiny_llama) as client:
+        whole = client.post("/v1/responses", json=body).json()
+        with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        streamed = events[-1]["response"]
+        for response in (whole, streamed):
+            assert response["status"] == "incomplete", response
+            assert [(i["type"], i["status"]) for i in response["output"]] == [
+                ("reasoning", "incomplete"),
+                ("message", "incomplete"),
+            ], response["output"]
+        message = {"model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        off = client.post("/v1/messages", json={**message, "thinking": {"type": "disabled"}}).json()
+        assert [b["type"] for b in off["content"]] == ["text"] and off["content"][0]["text"], off
