@@ -103,7 +103,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 # (``chat_template`` among them would run the client's Jinja on the server)
 TEMPLATE_CONTROL_KEYS = frozenset(
     "chat_template tokenize return_dict return_tensors return_assistant_tokens_mask tokenizer_kwargs padding "
-    "truncation max_length add_generation_prompt continue_final_message conversation tools".split()
+    "truncation max_length add_generation_prompt continue_final_message conversation messages tools".split()
 )
 
 

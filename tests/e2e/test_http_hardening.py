@@ -513,7 +513,11 @@ def test_chat_template_kwargs_pass_variables_not_a_template(server):
     server: a loop of 2.25e8 steps stalled every client 30 s) is a 400 naming it."""
     body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        for key, value in (("chat_template", "{{ 'x' * 1500000000 }}"), ("add_generation_prompt", False)):
+        for key, value in (
+            ("chat_template", "{{ 'x' * 1500000000 }}"),
+            ("add_generation_prompt", False),
+            ("messages", []),
+        ):
             r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {key: value}})
             _error(r, 400, "may not set")
             assert r.json()["error"]["param"] == f"chat_template_kwargs.{key}", r.text
