@@ -268,6 +268,7 @@ class BeamSearch:
             beam=g,
             beam_logprob=parent.beam_logprob,
             beam_token_logprobs=list(parent.beam_token_logprobs),
+            retractions=parent.retractions,
             lora_name=parent.lora_name,
             lora=parent.lora,
             lora_start=parent.lora_start,
@@ -307,6 +308,8 @@ class BeamSearch:
 
     def _drop(self, req: Req, keep_prefix: bool) -> None:
         """Take a beam out of the queues (if still in one) and release its KV."""
+        if req.beam is not None:
+            req.beam.retractions = max(req.beam.retractions, req.retractions)
         if req.phase is not Phase.FINISHED:
             if req in self.queues.running or req in self.queues.waiting:
                 self.queues.remove(req)
@@ -344,6 +347,7 @@ class BeamSearch:
             tokens = hyp.output_ids if hyp is not None else []
             why = hyp.finish_reason if hyp is not None else reason or FinishReason.length(0)
             out = TokenOutput(rid, list(tokens), g.prompt_tokens, len(tokens), cached, why)
+            out.num_retractions = g.retractions or None
             if hyp is not None:
                 out.beam = g.describe(rank, hyp)
                 if g.return_logprob:

@@ -46,6 +46,7 @@ class BeamGroup:
     steps: int = 0
     forks: int = 0
     copied_slots: int = 0  # KV slots copied on write (partly filled pages)
+    retractions: int = 0  # times the search went back to waiting (its beams count them, children inherit)
     peak_kv_slots: int = 0  # the most distinct KV slots its live beams held at once
     next_id: int = 1
 

@@ -171,7 +171,10 @@ def test_memory_pressure_retracts_searches_as_units_and_changes_no_answer(tiny_l
         sched = _scheduler(tiny_llama, max_total_tokens=total, page_size=page_size, **flags)
         for i, (p, sp) in enumerate(zip(prompts, params)):
             sched.add_request(GenerateReq(rid=f"m{i}", input_ids=p, sampling=sp))
-        outs = _drain(sched)
+        retracted: set[str] = set()  # the searches some of whose hypotheses went back to waiting
+        outs = _drain(sched, lambda s: retracted.update(r.beam.rid for r in s.waiting if r.beam and r.retractions))
+        # a retracted search says so in its outputs (num_retractions: it read 0)
+        assert retracted == {o.rid.split("-")[0] for o in outs.values() if o.num_retractions and "-" in o.rid}
         return {rid: o.new_token_ids for rid, o in outs.items()}, sched
 
     roomy, _ = run(8192, 1)
