@@ -68,20 +68,25 @@ def split_reasoning(text: str, final: bool = True, opened_by_prompt: bool = Fals
 
 
 def reasoning_token_count(
-    output_ids: Sequence[int], tokenizer: Any, mode: str, skip_special_tokens: Optional[bool] = None
+    output_ids: Sequence[int],
+    tokenizer: Any,
+    mode: str,
+    skip_special_tokens: Optional[bool] = None,
+    text: Optional[str] = None,
 ) -> int:
     """How many of ``output_ids`` its thinking block took under ``mode``'s rule (`reasoning_mode`;
     "": no split, 0), the tokens that spell ``</think>`` included: all of them while the block has
     not closed, none where the output opened no block. Decoded as the output's text was
-    (``skip_special_tokens``: None is true); at most about log2(len(output_ids)) decodes of a prefix."""
+    (``skip_special_tokens``: None is true); at most about log2(len(output_ids)) decodes of a prefix.
+    ``text``: the answer's text where a stop string cut it (what was split), else the ids' text."""
     if not mode or not output_ids:
         return 0
 
     def decode(ids: Sequence[int]) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens is not False)
 
-    text = decode(output_ids)
-    if not text.lstrip().startswith(THINK_OPEN) and mode != "deepseek-r1":
+    text = decode(output_ids) if text is None else text
+    if not text.lstrip().startswith(THINK_OPEN) and not opened_by_prompt(mode):
         return 0
     if THINK_CLOSE not in text:
         return len(output_ids)

@@ -565,6 +565,10 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
     detok = client.post("/detokenize", json={"tokens": ids[:count]}).json()["text"]
     before = client.post("/detokenize", json={"tokens": ids[: count - 1]}).json()["text"]
     assert detok.rstrip().endswith("</think>") and "</think>" not in before, (detok, before)
+    # a stop string that cuts the block's marker: no block, no reasoning tokens (6 were counted)
+    cut = client.post("/v1/chat/completions", json={**body, "separate_reasoning": True, "stop": ["nk>"]}).json()
+    assert cut["choices"][0]["message"]["reasoning_content"] is None, cut
+    assert cut["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}, cut
     plain = client.post("/v1/chat/completions", json=body).json()  # no split: a count of 0
     assert plain["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     assert plain["usage"]["reasoning_tokens"] == 0 and usage["reasoning_tokens"] == count  # SGLang's field
