@@ -177,6 +177,7 @@ class _Blocks:
         self.count = 0  # blocks opened so far (the next block's index)
         self.open: Optional[str] = None  # the open block's kind: "text", "thinking" or "tool_use"
         self.calls = 0
+        self.texts = 0  # text blocks opened
         self.call_block: dict[int, int] = {}  # a call's index -> its block's
 
     def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
@@ -207,6 +208,7 @@ class _Blocks:
         if "content" in d:
             if self.open != "text":
                 out += self._start("text", {"type": "text", "text": ""})
+                self.texts += 1
             out.append(self._delta({"type": "text_delta", "text": d["content"]}))
         for call in d.get("tool_calls", []):
             fn = call.get("function", {})
@@ -220,7 +222,8 @@ class _Blocks:
         return out
 
     def finish(self) -> list[bytes]:
-        """Close the open block; a message without any block gets an empty text block."""
-        if self.count == 0:
-            return self._start("text", {"type": "text", "text": ""}) + self._stop()
-        return self._stop()
+        """Close the open block; a message without text or calls (nothing, or thinking only) gets an
+        empty text block, as the whole answer has."""
+        if self.texts or self.calls:
+            return self._stop()
+        return self._start("text", {"type": "text", "text": ""}) + self._stop()

@@ -550,3 +550,13 @@ def test_a_reasoning_model_s_cut_answer_reads_alike_whole_and_streamed(tiny_llam
         message = {"model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
         off = client.post("/v1/messages", json={**message, "thinking": {"type": "disabled"}}).json()
         assert [b["type"] for b in off["content"]] == ["text"] and off["content"][0]["text"], off
+        # thinking only (cut inside the block): an empty text block after it, whole and streamed
+        on = {**message, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+        whole = client.post("/v1/messages", json=on).json()
+        with client.stream("POST", "/v1/messages", json={**on, "stream": True}) as s:
+            starts = [
+                json.loads(line[6:])["content_block"]["type"]
+                for line in s.iter_lines()
+                if line.startswith("data: ") and '"content_block_start"' in line
+            ]
+        assert [b["type"] for b in whole["content"]] == starts == ["thinking", "text"], (whole, starts)
