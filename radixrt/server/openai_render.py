@@ -71,10 +71,8 @@ def usage(group: ReqGroup, n: int, prompt_lens: list[int]) -> dict:
 
 def reasoning_tokens(group: ReqGroup, mode: str, tokenizer: Any, skip_special_tokens: Optional[bool]) -> int:
     """The output tokens the thinking blocks of ``group``'s samples took (`reasoning_token_count`)."""
-    return sum(
-        reasoning_token_count(st.acc.output_ids, tokenizer, mode, skip_special_tokens, st.acc.text)
-        for st in group.states
-    )
+    skip = skip_special_tokens
+    return sum(reasoning_token_count(st.acc.output_ids, tokenizer, mode, skip, st.acc.text) for st in group.states)
 
 
 def logprob_entries(tt: TokenTexts, st: ReqState, start: int) -> list[dict]:
