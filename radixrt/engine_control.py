@@ -275,6 +275,7 @@ class EngineControl:
         stats = self.get_stats()
         return {
             **self.config.to_flat(),
+            **self.info.settings,  # what the model requires in place of the configured (model_fit.py)
             "model_path": self.model_path,
             "context_length": self.context_length,
             "max_total_num_tokens": self.info.kv_total_slots,

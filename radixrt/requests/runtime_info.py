@@ -9,7 +9,7 @@ sizes (``/get_server_info``, ``Engine.get_server_info``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixrt.requests.intake import Limits
@@ -24,6 +24,8 @@ class RuntimeInfo:
     eos_token_ids: tuple[int, ...]  # sorted
     # the KV pool's format, bytes per token and capacity: `KVFootprint.describe` (radixrt/memory/kv_format.py)
     kv_cache: dict[str, Any]
+    # flat settings the scheduler serves with in place of the configured ones (`model_fit.rope_settings`)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def context_length(self) -> int:

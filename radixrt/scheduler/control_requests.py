@@ -15,6 +15,7 @@ from radixrt.executor.models.compiled import warm_up as warm_up_compiled
 from radixrt.executor.weight_groups import WeightGroups
 from radixrt.memory.kv_manager import KVCacheManager
 from radixrt.requests.finish import FinishReason
+from radixrt.requests.intake import Limits
 from radixrt.requests.messages import (
     AbortReq,
     ContinueGenerationReq,
@@ -35,12 +36,14 @@ from radixrt.requests.messages import (
     WeightsGroupReq,
     WeightVersionReq,
 )
+from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.scheduler.arrivals import Arrivals
 from radixrt.scheduler.debug_view import radix_view
 from radixrt.scheduler.generation_control import GenerationControl
 from radixrt.scheduler.host_tier import HostTierRuntime
 from radixrt.scheduler.launcher import InFlight
 from radixrt.scheduler.memory_occupation import MemoryOccupation
+from radixrt.scheduler.model_fit import rope_settings
 from radixrt.scheduler.planner import BatchPlanner, Plan
 from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.queues import RequestQueues
@@ -65,9 +68,21 @@ class SchedulerControl:
     memory: MemoryOccupation
     inflight: Optional[InFlight]
     _queued_outputs: list[TokenOutput]
+    limits: Limits
+    eos_token_ids: set[int]
 
     def add_request(self, msg: GenerateReq) -> None:
         raise NotImplementedError
+
+    def runtime_info(self) -> RuntimeInfo:
+        """The loaded model, sizes and limits, as the Engine and the server's fronts read them."""
+        return RuntimeInfo(
+            model_path=str(self.runner.model_path),
+            limits=self.limits,
+            eos_token_ids=tuple(sorted(int(t) for t in self.eos_token_ids)),
+            kv_cache=self.runner.kv_pool.footprint.describe(self.limits.kv_total_slots),
+            settings=rope_settings(self.runner.model.rope.rope_type),
+        )
 
     def stats(self) -> dict[str, Any]:
         raise NotImplementedError

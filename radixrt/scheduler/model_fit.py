@@ -13,7 +13,7 @@ refused: the answers are then transformers' whatever runs beside them.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from typing import Any
 
 from radixrt.config import EngineConfig
 from radixrt.executor.models.rope import LENGTH_DEPENDENT
@@ -21,10 +21,24 @@ from radixrt.executor.models.rope import LENGTH_DEPENDENT
 logger = logging.getLogger(__name__)
 
 
+def rope_settings(rope_type: str) -> dict[str, Any]:
+    """The flat settings a model of ``rope_type`` is served with whatever was configured (none
+    for most), as ``/get_server_info`` reports them."""
+    if rope_type not in LENGTH_DEPENDENT:
+        return {}
+    return {
+        "disable_radix_cache": True,
+        "chunked_prefill_size": -1,
+        "long_prefill_token_threshold": 0,
+        "enable_jump_forward": False,
+    }
+
+
 def fit_to_rope(config: EngineConfig, rope_type: str) -> EngineConfig:
     """``config`` as the scheduler may run a model of ``rope_type`` (unchanged for the others);
     ValueError where it asks for what cannot compose (speculative decoding)."""
-    if rope_type not in LENGTH_DEPENDENT:
+    settings = rope_settings(rope_type)
+    if not settings:
         return config
     if config.speculative.enabled:
         raise ValueError(
@@ -36,9 +50,4 @@ def fit_to_rope(config: EngineConfig, rope_type: str) -> EngineConfig:
         "chunked prefill and jump-forward are off so that answers do not depend on what is cached",
         rope_type,
     )
-    return replace(
-        config,
-        cache=replace(config.cache, disable_radix_cache=True),
-        scheduling=replace(config.scheduling, chunked_prefill_size=-1, long_prefill_token_threshold=0),
-        grammar=replace(config.grammar, enable_jump_forward=False),
-    )
+    return EngineConfig(**{**config.to_flat(), **settings})

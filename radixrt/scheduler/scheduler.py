@@ -52,7 +52,6 @@ from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import sequences_of, validate_prompt
 from radixrt.requests.messages import GenerateReq, TokenBatch, TokenOutput
 from radixrt.requests.rids import sample_rids
-from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.requests.token_id_lists import check_logprob_fields
 from radixrt.sampling.draws import sample_seed
 from radixrt.sampling.grammar import GrammarBackend
@@ -424,15 +423,6 @@ class Scheduler(SchedulerControl):
         return [finish_request(req, reason, self.kv)]
 
     # ------------------------------------------------------------------ introspection
-    def runtime_info(self) -> RuntimeInfo:
-        """The loaded model, sizes and limits, as the Engine and the server's fronts read them."""
-        return RuntimeInfo(
-            model_path=str(self.runner.model_path),
-            limits=self.limits,
-            eos_token_ids=tuple(sorted(int(t) for t in self.eos_token_ids)),
-            kv_cache=self.runner.kv_pool.footprint.describe(self.limits.kv_total_slots),
-        )
-
     def kv_usage(self) -> dict[str, int]:
         return self.kv.usage(self.queues.running)
 

@@ -78,6 +78,7 @@ async def get_server_info(ctx: ServerContext = Depends(server_context)) -> Respo
     return JSON(
         {
             **ctx.server_args,
+            **ctx.tm.info.settings,  # what the model requires in place of the configured (model_fit.py)
             # what the command line left to the server, as it resolved them
             "model_path": ctx.weights_path or ctx.resolved_model_path,
             "tokenizer_path": ctx.server_args.get("tokenizer_path") or ctx.resolved_model_path,

@@ -165,6 +165,8 @@ def test_a_length_dependent_rope_answers_alike_whatever_is_cached(make_tiny):
         ref = hf(torch.tensor([b])).logits[0].float().log_softmax(-1)
     want = torch.tensor([ref[i, b[i + 1]].item() for i in range(len(a), len(b) - 1)])
     with radixrt.Engine(path, max_total_tokens=4096, chunked_prefill_size=32) as engine:
+        info = engine.get_server_info()  # the settings in force, not the ones asked for
+        assert info["disable_radix_cache"] and info["chunked_prefill_size"] == -1, info
         engine.generate(input_ids=a, sampling_params={"max_new_tokens": 1})
         out = engine.generate(
             input_ids=b, sampling_params={"max_new_tokens": 1}, return_logprob=True, logprob_start_len=len(a)
