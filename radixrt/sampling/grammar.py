@@ -175,8 +175,12 @@ def _structural_tag(tag: Any, source: str) -> Any:
 
 
 @functools.lru_cache(maxsize=1024)
-def _check_cached(key: GrammarKey, limits: GrammarLimits) -> bool:
+def _check_cached(key: GrammarKey, limits: GrammarLimits, enforce_all: bool = True) -> bool:
     _parse(key, limits)  # exceptions are not cached: a bad grammar is parsed again each time
+    if enforce_all and key[0] == "json_schema":
+        check_enforceable(json.loads(key[1]))
+    elif enforce_all and key[0] == "structural_tag":
+        check_tag_schemas(json.loads(key[1]))
     return True
 
 
@@ -189,11 +193,7 @@ def check_grammar(key: Optional[GrammarKey], limits: Optional[GrammarLimits] = N
     if key is None:
         return
     try:
-        _check_cached(key, limits or GrammarLimits())
-        if enforce_all and key[0] == "json_schema":
-            check_enforceable(json.loads(key[1]))
-        elif enforce_all and key[0] == "structural_tag":
-            check_tag_schemas(json.loads(key[1]))
+        _check_cached(key, limits or GrammarLimits(), enforce_all)
     except json.JSONDecodeError as e:
         raise ValueError(f"sampling parameter '{key[0]}' is not valid JSON: {e}") from None
     except GrammarTooCostly as e:

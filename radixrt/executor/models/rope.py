@@ -152,7 +152,7 @@ class RotaryEmbedding:
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, first rotary_dim dims).
+        """Rotate ``x`` [T, heads, head_dim] (rotate_half convention, the whole head).
         Few float32 rows go to ``native`` when set (`native_linear.use_native_row_ops`): the
         same bits in one call."""
         native = self.native
@@ -167,10 +167,6 @@ class RotaryEmbedding:
             and not torch.compiler.is_compiling()
         ):
             return native.rope(x, cos, sin)
-        rd = self.rotary_dim
-        # rolling by half the rotary dim swaps the halves (one kernel, where slicing + cat took three)
-        if rd == x.shape[-1]:
-            return x * cos + x.roll(rd // 2, -1) * sin
-        xr = x[..., :rd]
-        rotated = xr * cos + xr.roll(rd // 2, -1) * sin
-        return torch.cat((rotated, x[..., rd:]), dim=-1)
+        # rolling by half the head swaps its halves (one kernel, where slicing + cat took three); the
+        # whole head rotates (``rotary_dim == head_dim``, checked at construction)
+        return x * cos + x.roll(self.rotary_dim // 2, -1) * sin
