@@ -35,7 +35,7 @@ class ServerContext:
     server_args: dict = field(default_factory=dict)
     process_ids: dict = field(default_factory=dict)
     model_aliases: set = field(default_factory=set)
-    lora_adapters: set = field(default_factory=set)  # adapter names, answered to as "<model>:<name>"
+    lora_adapters: set = field(default_factory=set)  # adapter names: `model` may be "<name>" or "<model>:<name>"
     sessions: SessionStore = field(default_factory=SessionStore)  # SGLang's sessions (session_routes.py)
     snapshot_gate: SnapshotGate = field(default_factory=SnapshotGate)  # paces /debug/radix (snapshot_gate.py)
     weights_path: str = ""  # the checkpoint of the last /update_weights_from_disk ("": the model's own)
@@ -78,12 +78,13 @@ class ServerContext:
             )
 
     def lora_of(self, name: Optional[str], lora_path: Optional[str] = None) -> Optional[str]:
-        """The LoRA adapter an OpenAI ``model`` names (``"<model>:<adapter>"``), else the
+        """The LoRA adapter an OpenAI ``model`` names (the adapter's own name, as vLLM takes it, or
+        ``"<model>:<adapter>"``, as SGLang does; a name the model answers to wins), else the
         request's ``lora_path`` (SGLang's field), None for the base model; ServerError 404 for a
         name this server does not answer to, 400 for a ``lora_path`` that is not loaded or that
         names another adapter than ``model`` does."""
-        base, sep, adapter = (name or "").rpartition(":")
-        if sep and base in self.model_aliases and adapter in self.lora_adapters:
+        adapter = self._adapter_named(name)
+        if adapter is not None:
             if lora_path and lora_path != adapter:
                 raise ServerError(
                     400,
@@ -101,11 +102,19 @@ class ServerContext:
             )
         return lora_path
 
+    def _adapter_named(self, name: Optional[str]) -> Optional[str]:
+        """The loaded adapter ``model`` names, if it names one rather than the base model."""
+        if name is None or name in self.model_aliases:
+            return None
+        if name in self.lora_adapters:
+            return name
+        base, sep, adapter = name.rpartition(":")
+        return adapter if sep and base in self.model_aliases and adapter in self.lora_adapters else None
+
     def answering_model(self, lora: Optional[str]) -> str:
-        """The ``model`` an OpenAI answer names: the served model, or its adapter's entry of
-        ``/v1/models`` (``"<model>:<adapter>"``) when ``lora`` answered, as SGLang and vLLM
-        name the adapter that answered."""
-        return f"{self.served_model_name}:{lora}" if lora else self.served_model_name
+        """The ``model`` an OpenAI answer names: the served model, or the adapter that answered
+        (its ``/v1/models`` id, its name), as vLLM names it."""
+        return lora or self.served_model_name
 
     def check_model(self, name: Optional[str]) -> None:
         """ServerError 404 unless ``name`` is None or a name this server answers to."""

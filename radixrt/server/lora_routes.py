@@ -4,7 +4,7 @@ and ``POST /unload_lora_adapter`` (``{"lora_name": ...}``).
 
 With an admin key set (``--admin-api-key``) both need it (they read the
 server's disk); without one, what every route needs. The server answers to
-``"<served model>:<adapter>"`` on the OpenAI routes for each loaded adapter
+``"<adapter>"`` and ``"<served model>:<adapter>"`` on the OpenAI routes for each loaded adapter
 (`ServerContext.lora_of`) and lists them in ``/v1/models``; on ``/generate``
 an adapter is ``lora_path``, one per prompt or one for all. Under ``--dp`` the front sends
 both to every replica (radixrt/router/broadcast.py).

@@ -36,7 +36,8 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
-    """The served model, then one entry per LoRA adapter (``"<model>:<adapter>"``, its ``parent`` the model)."""
+    """The served model, then one entry per LoRA adapter (its name as ``id``, its ``parent`` the
+    model), as SGLang and vLLM list them."""
     base = {
         "id": ctx.served_model_name,
         "object": "model",
@@ -46,7 +47,7 @@ async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
         "max_model_len": ctx.tm.context_length,
     }
     adapters = [
-        {**base, "id": f"{ctx.served_model_name}:{name}", "root": name, "parent": ctx.served_model_name}
+        {**base, "id": name, "root": name, "parent": ctx.served_model_name}
         for name in sorted(ctx.lora_adapters)
     ]
     return JSON({"object": "list", "data": [base, *adapters]})
@@ -357,7 +358,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     server's limits, tools and tool_choice, the prompt, the sampling params
     and the grammar that enforces calls, each refused with a 400 naming the
     field. ``admin``: the request presented the admin key (any 64-bit ``priority``).
-    A ``model`` of ``"<model>:<adapter>"`` runs the LoRA adapter."""
+    A ``model`` naming a LoRA adapter (``"<adapter>"`` or ``"<model>:<adapter>"``) runs it."""
     lora = ctx.lora_of(req.model, req.lora_path)
     tm = ctx.tm
     tm.check_alive()

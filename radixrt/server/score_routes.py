@@ -1,7 +1,7 @@
 """SGLang's decoder-only scoring route: ``POST /v1/score``.
 
 Body: ``query``, ``items``, ``label_token_ids``, ``apply_softmax``, ``item_first``
-and ``model`` (SGLang's ``ScoringRequest``; ``"<model>:<adapter>"`` scores with a
+and ``model`` (SGLang's ``ScoringRequest``; an adapter's name or ``"<model>:<adapter>"`` scores with a
 LoRA adapter). Answer: ``{"scores": [[p, ...], ...], "model", "usage", "object":
 "scoring"}``, one list per item in ``label_token_ids`` order (see
 `radixrt.requests.scoring`). Any other field is a 400 naming it.
