@@ -17,7 +17,7 @@ from radixrt.server.errors import error_body
 from radixrt.server.http_utils import SSE_DONE, group_error, sse, status_abort
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.token_texts import TokenTexts
-from radixrt.server.tools import ChoiceOutput, ToolCallParser
+from radixrt.server.tools import ChoiceOutput, ToolCallParser, reasoning_fields
 
 
 def finish_reason(st: ReqState) -> Optional[str]:
@@ -323,7 +323,7 @@ class ChatView:
     With ``parser`` (tool calls are on) each choice's text is read for calls:
     a choice that made any has ``message.tool_calls`` (streamed as
     ``delta.tool_calls``) and ``finish_reason: "tool_calls"``. With
-    ``reasoning`` the ``<think>`` block goes to ``reasoning_content``.
+    ``reasoning`` the ``<think>`` block goes to ``reasoning_content`` and ``reasoning``.
     ``remember`` sees each finished choice's text and tokens
     (radixrt/server/tools/turns.py)."""
 
@@ -367,7 +367,7 @@ class ChatView:
             if self.remember is not None and st.acc.finish_reason is not None:
                 self.remember(st.acc.text, list(st.acc.output_ids))
             if self.plain:
-                message, calls = {"role": "assistant", "content": st.acc.text, "reasoning_content": None}, False
+                message, calls = {"role": "assistant", "content": st.acc.text, **reasoning_fields(None)}, False
             else:
                 message, calls = self.outputs[i].message(st.acc.text)
             choice = {
@@ -411,7 +411,7 @@ class ChatView:
         if not deltas and ((lp and lp["content"]) or ids):
             deltas = [{"content": ""}]
         for j, d in enumerate(deltas):
-            d = {**d, "reasoning_content": d.get("reasoning_content")}  # always a key, null without any (SGLang's)
+            d = {**d, **reasoning_fields(d.get("reasoning_content"))}  # always keys, null without any (SGLang's)
             entry = {"index": u.index, "delta": d, "logprobs": lp if j == 0 else None, "finish_reason": None}
             if ids is not None:
                 entry["token_ids"] = ids if j == 0 else []
@@ -423,7 +423,7 @@ class ChatView:
             finish = self._finish(u.state, calls)
             closing = {
                 "index": u.index,
-                "delta": {"reasoning_content": None},
+                "delta": reasoning_fields(None),
                 "logprobs": None,
                 "finish_reason": finish,
                 "matched_stop": matched_stop(u.state),
@@ -438,7 +438,7 @@ class ChatView:
         opening = [
             {
                 "index": i,
-                "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                "delta": {"role": "assistant", "content": "", **reasoning_fields(None)},
                 "logprobs": None,
                 "finish_reason": None,
             }

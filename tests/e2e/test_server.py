@@ -560,6 +560,7 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
     r = client.post("/v1/chat/completions", json={**body, "separate_reasoning": True}).json()
     choice, usage = r["choices"][0], r["usage"]
     assert choice["message"]["reasoning_content"], r
+    assert choice["message"]["reasoning"] == choice["message"]["reasoning_content"]  # vLLM's name, SGLang's
     ids, count = choice["token_ids"], usage["completion_tokens_details"]["reasoning_tokens"]
     assert 0 < count < usage["completion_tokens"] == len(ids)
     detok = client.post("/detokenize", json={"tokens": ids[:count]}).json()["text"]
@@ -572,7 +573,7 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
     plain = client.post("/v1/chat/completions", json=body).json()  # no split: a count of 0
     assert plain["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     assert plain["usage"]["reasoning_tokens"] == 0 and usage["reasoning_tokens"] == count  # SGLang's field
-    assert plain["choices"][0]["message"]["reasoning_content"] is None
+    assert plain["choices"][0]["message"]["reasoning_content"] is plain["choices"][0]["message"]["reasoning"] is None
     # streamed: the reasoning piece by piece, or (SGLang's stream_reasoning: false) as one delta
     for stream_reasoning, most in ((True, None), (False, 1)):
         streamed = {**body, "separate_reasoning": True, "stream": True, "stream_reasoning": stream_reasoning}
@@ -580,9 +581,8 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
             chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
         deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
         pieces = [d["reasoning_content"] for d in deltas if d.get("reasoning_content")]
-        assert "".join(pieces) == choice["message"]["reasoning_content"] and all(
-            "reasoning_content" in d for d in deltas
-        )
+        assert "".join(pieces) == choice["message"]["reasoning_content"]
+        assert all("reasoning_content" in d and d["reasoning"] == d["reasoning_content"] for d in deltas)
         assert most is None or len(pieces) == most, pieces
 
 

@@ -4,7 +4,7 @@ grammar that enforces calls (grammar), reasoning separation (reasoning) and
 a choice's message or stream deltas (output). docs/tool_calling.md is the
 user's guide."""
 
-from radixrt.server.tools.output import ChoiceOutput
+from radixrt.server.tools.output import ChoiceOutput, reasoning_fields
 from radixrt.server.tools.parsers import PARSER_CHOICES, ToolCallParser, get_parser, template_renders_tools
 from radixrt.server.tools.spec import ToolError, ToolRequest, check_tools
 
@@ -16,5 +16,6 @@ __all__ = [
     "ToolRequest",
     "check_tools",
     "get_parser",
+    "reasoning_fields",
     "template_renders_tools",
 ]

@@ -1,5 +1,5 @@
 """One chat choice's output as an OpenAI message: content, ``tool_calls`` and
-``reasoning_content``, whole (``message``) or as stream deltas (``deltas``).
+the reasoning (`reasoning_fields`), whole (``message``) or as stream deltas (``deltas``).
 
 ``ChoiceOutput`` reads the choice's whole text each time (outputs are short;
 the parsers are linear), splits it (reasoning, then content and calls) and,
@@ -31,6 +31,12 @@ from typing import Any, Optional
 from radixrt.requests.reasoning import opened_by_prompt, split_reasoning
 from radixrt.server.tools.parsers import ParseResult, ToolCallParser
 from radixrt.server.tools.scan import CallScan, ScanMemo
+
+
+def reasoning_fields(text: Optional[str]) -> dict[str, Optional[str]]:
+    """A chat message's or delta's reasoning under SGLang's name (``reasoning_content``) and
+    vLLM's (``reasoning``, its only one since 0.17), null where there is none."""
+    return {"reasoning_content": text, "reasoning": text}
 
 
 def new_call_id(short: bool = False) -> str:
@@ -89,7 +95,7 @@ class ChoiceOutput:
                 {"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
                 for i, c in enumerate(calls)
             ]
-        msg["reasoning_content"] = reasoning or None  # a key even without a split (SGLang's message)
+        msg.update(reasoning_fields(reasoning or None))  # keys even without a split (SGLang's message)
         return msg, bool(calls)
 
     def _content(self, text: str, parsed: ParseResult, final: bool) -> str:
