@@ -4,15 +4,16 @@ SGLang's) native and OpenAI routes to its workers.
 * ``POST /generate``, ``/v1/completions``, ``/v1/chat/completions``: routed
   by the policy on the prompt (`keys.routing_key`); answers and streams are
   passed through as the worker sends them.
-* ``/flush_cache``, ``/abort_request``: sent to every healthy worker
-  (``/abort_request`` matches rids, which only the worker running it knows).
-* ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``, ``/update_weight_version``,
-  ``/pause_generation``, ``/continue_generation``, ``/release_memory_occupation``,
-  ``/resume_memory_occupation``, ``/start_profile``, ``/stop_profile``: sent to every healthy
-  worker, so that any of them serves the adapter (the weights; pauses). When all answer alike (done,
-  or refused for one reason) that answer is passed on; otherwise a 502 (some
-  applied it) or 400 names each worker's failure. A worker added later loads
-  only its own ``--lora-paths``.
+* ``/abort_request``: sent to every healthy worker (it matches rids, which only
+  the worker running it knows).
+* ``/flush_cache``, ``/load_lora_adapter``, ``/unload_lora_adapter``, ``/update_weights_from_disk``,
+  ``/update_weight_version``, ``/pause_generation``, ``/continue_generation``,
+  ``/release_memory_occupation``, ``/resume_memory_occupation``, ``/start_profile``,
+  ``/stop_profile``: sent to every healthy worker, so that any of them serves the adapter (the
+  weights; pauses). When all answer alike (done, or refused for one reason) that answer is passed
+  on; otherwise a 502 (some applied it) or 400 names each worker's failure, a worker out of
+  routing among them (it did not get the change). A worker added later loads only its own
+  ``--lora-paths``.
 * ``GET /get_server_info`` (``/server_info``): every worker's info under
   ``workers``, their ``internal_states`` concatenated, the router's own under
   ``router``; the first healthy worker's fields at the top level.
@@ -56,7 +57,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.broadcast import add_broadcast_routes, add_profile_routes
-from radixrt.router.dp_rank import rank_of
+from radixrt.router.dp_rank import RANK_HEADER, rank_of
 from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
@@ -129,7 +130,7 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
         parsed = await _parse(body) if body.strip() else None
         session, body = session_of(path, parsed, body)
         try:
-            rank, ranked_body = rank_of(path, parsed)
+            rank, ranked_body = rank_of(path, parsed, request.headers.get(RANK_HEADER))
         except ValueError as e:
             return error_response(400, str(e))
         if session is not None:  # its worker holds its turns

@@ -2,7 +2,12 @@
 ``/abort_request``, ``/load_lora_adapter``, ``/unload_lora_adapter``,
 ``/update_weights_from_disk``, ``/update_weight_version``, ``/pause_generation``,
 ``/continue_generation``, ``/release_memory_occupation``, ``/resume_memory_occupation``,
-``/start_profile`` and ``/stop_profile`` (the router app's docstring says what each answers)."""
+``/start_profile`` and ``/stop_profile`` (the router app's docstring says what each answers).
+
+All but ``/abort_request`` change a worker's state, and a worker out of routing when one is sent
+(stuck, overloaded, restarting) would come back without it (no adapter, old weights, its cache
+unflushed) while the answer said done: for these a worker out of routing counts as one that
+failed, so the answer is a 502 naming it and the client sends it again once ``/health`` is 200."""
 
 from __future__ import annotations
 
@@ -23,10 +28,16 @@ UPDATE_TIMEOUT_S = 3610.0
 
 
 async def broadcast(
-    state: RouterState, request: Request, path: str, timeout: float = 60.0, bodies: Optional[dict[str, bytes]] = None
+    state: RouterState,
+    request: Request,
+    path: str,
+    timeout: float = 60.0,
+    bodies: Optional[dict[str, bytes]] = None,
+    changes_state: bool = True,
 ) -> list[Answer]:
     """Send the request to every healthy worker (with ``bodies[url]`` as its body, where given);
-    (url, response or None, error) each."""
+    (url, response or None, error) each, and where it ``changes_state`` a failed answer for each
+    worker out of routing, which did not get it."""
     assert state.client is not None
     body = await request.body()
     headers = state.headers(request)
@@ -47,7 +58,9 @@ async def broadcast(
         except httpx.HTTPError as e:
             return url, None, f"{type(e).__name__}: {e}"
 
-    return list(await asyncio.gather(*(one(u) for u in state.pool.healthy_urls())))
+    answers = list(await asyncio.gather(*(one(u) for u in state.pool.healthy_urls())))
+    missed = [(u, w.last_error) for u, w in state.pool.workers.items() if not w.healthy] if changes_state else []
+    return answers + [(u, None, f"not sent: out of routing ({why or 'not healthy'})") for u, why in missed]
 
 
 def failures(results: list[Answer]) -> list[str]:
@@ -70,9 +83,9 @@ async def to_every_worker(
     """The workers' one answer when they agree (``joined``: all their texts when they
     succeeded, each saying what it did), else what failed where (a 400 when nothing
     applied it, a 502 when some did). The default timeout: the LoRA routes' (120 s) and more."""
-    results = await broadcast(state, request, path, timeout=timeout, bodies=bodies)
-    if not results:
+    if not state.pool.healthy_urls():
         return error_response(503, "no healthy worker is available")
+    results = await broadcast(state, request, path, timeout=timeout, bodies=bodies)
     first = results[0][1]
     if first is not None and all(r is not None and r.status_code == first.status_code for _, r, _ in results):
         # one answer from all (loaded, or refused alike: a bad folder, a missing key): one server's answer
@@ -91,22 +104,13 @@ def add_broadcast_routes(app: FastAPI, state: RouterState) -> None:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
-        results = await broadcast(state, request, "/flush_cache")
+        answer = await to_every_worker(state, request, "/flush_cache", 610.0)  # ?timeout= waits up to 600 s
         state.pool.policy.reset()
-        failed = failures(results)
-        if not results:
-            return error_response(503, "no healthy worker is available")
-        if failed:
-            return Response(
-                "Cache not flushed on every worker:\n" + "\n".join(failed) + "\n",
-                status_code=400,
-                media_type="text/plain",
-            )
-        return Response("Cache flushed.\n", media_type="text/plain")
+        return answer
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        results = await broadcast(state, request, "/abort_request")
+        results = await broadcast(state, request, "/abort_request", changes_state=False)
         answered = [r for _, r, _ in results if r is not None]
         if not answered:
             return error_response(503, "no healthy worker is available")

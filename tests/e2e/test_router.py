@@ -337,8 +337,21 @@ def test_routed_dp_rank_picks_the_worker_of_that_rank(workers, routers):
             body = {"text": "x", "sampling_params": {"max_new_tokens": 1}, field: rank}
             r = HTTP.post(router.url + "/generate", headers=AUTH, json=body, timeout=60)
             assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1})):
+        for rank in (0, 1, 1, 0):  # the OpenAI routes too, as SGLang's
+            r = HTTP.post(router.url + path, headers=AUTH, json={**body, "routed_dp_rank": rank}, timeout=60)
+            assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
+    for rank in (1, 0, 0, 1):  # SGLang's header, before the body's field
+        headers = {**AUTH, "X-Data-Parallel-Rank": str(rank)}
+        r = HTTP.post(router.url + "/v1/chat/completions", headers=headers, json={**chat, "routed_dp_rank": 1 - rank}, timeout=60)
+        assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
     r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": 2}, timeout=60)
     assert r.status_code == 400 and "names no worker" in r.text
+    r = HTTP.post(router.url + "/v1/chat/completions", headers={**AUTH, "X-Data-Parallel-Rank": "7"}, json=chat, timeout=60)
+    assert r.status_code == 400 and "names no worker" in r.text
+    r = HTTP.post(router.url + "/generate", headers={**AUTH, "X-Data-Parallel-Rank": "one"}, json={"text": "x"}, timeout=60)
+    assert r.status_code == 400 and "must be an integer rank" in r.text
     for bad in ("1", True):  # not "unsupported" (the worker's word): the router serves ranks
         r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": bad}, timeout=60)
         assert r.status_code == 400 and "must be an integer rank" in r.text, r.text
@@ -500,6 +513,10 @@ def test_a_stopped_worker_leaves_routing_and_comes_back(workers, routers, dp_ser
         for i in range(3):
             assert _generate(router, f"Prompt {i} while one worker sleeps").headers["x-radixrt-worker"] == other.url
         _wait(lambda: HTTP.get(dp_server.url + "/health").status_code == 503, "--dp health ignored a replica")
+        # a state change the sleeping replica did not get is not answered as done
+        r = HTTP.post(dp_server.url + "/flush_cache", headers=ADMIN, timeout=30)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 502 and f"{frozen.url}: not sent: out of routing" in message and "1 applied" in message
     finally:
         os.kill(frozen.pids["server"], signal.SIGCONT)
     _wait(lambda: _healthy(router)[frozen.url], "the worker was not added back")
