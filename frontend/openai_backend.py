@@ -255,8 +255,12 @@ class OpenAI(BaseBackend):
                 raise UnsupportedByBackendError("the server did not return echoed prompt logprobs; select needs them")
             i = c.index
             lo = max(starts[i] - 1, 0)  # from the token holding the prompt's last character on, as select scores
-            for tok, off, v in zip(lp.tokens, lp.text_offset, lp.token_logprobs):
-                if off + len(tok) > lo and off < ends[i]:
+            offsets = list(lp.text_offset)
+            for k, (tok, off, v) in enumerate(zip(lp.tokens, offsets, lp.token_logprobs)):
+                # a token ends where the next begins (its label is no measure: "bytes:\\xe6\\x97" covers part
+                # of one character), and covers at least the character it starts in
+                end = max(offsets[k + 1] if k + 1 < len(offsets) else off, off + 1)
+                if end > lo and off < ends[i]:
                     out[i].append([v, None, tok])
         return out
 

@@ -44,12 +44,22 @@ from radixrt.server.anthropic_protocol import (
     ToolUseBlock,
 )
 from radixrt.server.errors import ServerError, bad_request
-from radixrt.server.protocol import ChatCompletionRequest
+from radixrt.server.protocol import ChatCompletionRequest, join_text_parts
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _MESSAGE_REF = re.compile(r"messages(?:\[(\d+)\]|\.(\d+))")
 _TOOL_FIELD = re.compile(r"(?<=\])\.function\.(parameters|name|description)")  # tools[i].function.x
 _STOP_FIELD = re.compile(r"(?<=')stop(?=')|^stop(?=$|[.\[])")  # chat's 'stop' (a message's, or the param)
+# chat's words in the chat checks' messages, and Anthropic's for them
+_CHAT_WORDS = (
+    (".tool_call_id", ".tool_use_id"),
+    ("'tool_choice' 'required'", "'tool_choice' 'any'"),
+    (
+        ".role' is 'tool', but a tool message must answer a preceding assistant message with 'tool_calls' "
+        "(only tool messages between them)",
+        "' is a tool_result block, but a tool_result must answer a tool_use block of the preceding assistant message",
+    ),
+)
 
 
 @dataclass
@@ -72,6 +82,8 @@ class Translation:
 
         text = _MESSAGE_REF.sub(origin, text).replace("response_format", "output_config.format")
         text = _STOP_FIELD.sub("stop_sequences", text)
+        for chat, anthropic in _CHAT_WORDS:
+            text = text.replace(chat, anthropic)
         return _TOOL_FIELD.sub(lambda m: ".input_schema" if m.group(1) == "parameters" else "." + m.group(1), text)
 
     def renamed(self, e: ServerError) -> ServerError:
@@ -105,7 +117,7 @@ def _text_of(blocks: Union[str, list[Any], None], where: str) -> str:
         if kind != "text" or not isinstance(text, str):
             raise _block_error(f"{where}[{j}]", str(kind))
         parts.append(text)
-    return "".join(parts)
+    return join_text_parts(parts)
 
 
 def _user(t: Translation, m: Message, where: str) -> None:
@@ -120,13 +132,14 @@ def _user(t: Translation, m: Message, where: str) -> None:
         at = f"{where}.content[{j}]"
         if isinstance(b, ToolResultBlock):
             content = _text_of(b.content, f"{at}.content")
+            content = f"Error: {content}" if b.is_error else content  # a chat template has no field for it
             t.add(at, {"role": "tool", "tool_call_id": b.tool_use_id, "content": content})
         elif isinstance(b, TextBlock):
             texts.append(b.text)
         else:
             raise _block_error(at, b.type, "user" if isinstance(b, (ToolUseBlock, ThinkingBlock)) else "")
     if texts or not any(isinstance(b, ToolResultBlock) for b in m.content):
-        t.add(where, {"role": "user", "content": "".join(texts)})
+        t.add(where, {"role": "user", "content": join_text_parts(texts)})
 
 
 def _assistant(t: Translation, m: Message, where: str) -> None:
@@ -142,7 +155,7 @@ def _assistant(t: Translation, m: Message, where: str) -> None:
             calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": args}})
         elif not isinstance(b, ThinkingBlock):  # earlier reasoning is not shown again
             raise _block_error(f"{where}.content[{j}]", b.type, "assistant" if isinstance(b, ToolResultBlock) else "")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+    message: dict[str, Any] = {"role": "assistant", "content": join_text_parts(texts) or (None if calls else "")}
     if calls:
         message["tool_calls"] = calls
     t.add(where, message)
@@ -201,7 +214,10 @@ def to_chat_request(req: CountTokensRequest) -> tuple[ChatCompletionRequest, Tra
         "parallel_tool_calls": parallel,
     }
     last = t.messages[-1]
-    if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):
+    if last["role"] == "assistant" and not last["content"] and not last.get("tool_calls") and len(t.messages) > 1:
+        t.messages.pop()  # an empty final assistant message (Anthropic allows it): no prefill
+        t.origins.pop()
+    elif last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):
         # Anthropic's prefill: the answer continues the final assistant message's text
         if last["content"] != last["content"].rstrip():
             where = t.origins[-1]

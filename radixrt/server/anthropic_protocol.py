@@ -107,7 +107,7 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: Optional[list[StrictStr]] = None
     stream: Optional[StrictBool] = None
     # the current SDK sends no sampling fields (extra_body does); older ones and raw clients do
-    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    temperature: Optional[float] = Field(None, ge=0.0, le=1.0)  # Anthropic's range
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[StrictInt] = Field(None, ge=0)
     metadata: Optional[dict[str, Any]] = None  # user_id: accepted, not used

@@ -22,7 +22,7 @@ from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, answer_view, read_model
 from radixrt.server.openai_checks import check_limits, response_format_sampling, sampling_of, validate_specs
 from radixrt.server.openai_render import ChatView, CompletionView
-from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest, join_text_parts
 from radixrt.server.special_text import special_text
 from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.server.tools import ToolCallParser, ToolError, ToolRequest, check_tools, get_parser, template_renders_tools
@@ -166,7 +166,7 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
                     why = "has no 'text'" if part.type == "text" else "is not supported by this model (text only)"
                     raise bad_request(f"messages[{i}].content: a '{part.type}' part {why}.", f"messages.{i}.content")
                 parts.append(part.text)
-            content = "".join(parts)
+            content = join_text_parts(parts)
         msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         for key in ("name", "tool_calls", "tool_call_id"):
             if getattr(m, key):

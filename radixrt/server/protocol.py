@@ -209,6 +209,13 @@ class TextPart(Lenient):
     text: Optional[str] = None
 
 
+def join_text_parts(parts: list[str]) -> str:
+    """A message's text parts (chat's content parts, Responses' and Anthropic's text blocks) as
+    the one text a chat template renders: one per line, as vLLM joins them, so that the last
+    word of one part and the first of the next stay apart."""
+    return "\n".join(parts)
+
+
 class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[TextPart]]] = None

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.openai_checks import check_schema_name
-from radixrt.server.protocol import ChatCompletionRequest
+from radixrt.server.protocol import ChatCompletionRequest, join_text_parts
 from radixrt.server.responses_protocol import LOGPROBS_INCLUDE, InputError, ResponsesRequest, parse_input
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -71,7 +71,7 @@ def content_text(content: Any, where: str) -> str:
             why = "has no 'text'" if kind in TEXT_PARTS else "is not supported by this model (text only)"
             raise bad_request(f"{where}.content[{j}]: a {kind!r} part {why}.", as_param(f"{where}.content[{j}]"))
         parts.append(part["text"])
-    return "".join(parts)
+    return join_text_parts(parts)
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:

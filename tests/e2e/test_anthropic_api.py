@@ -145,6 +145,7 @@ def test_a_final_assistant_message_is_continued(client, http):
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0"),
         ({"tool_choice": {"type": "tool"}, "tools": TOOLS}, "tool_choice.name"),
         ({"max_tokens": 0}, None),
+        ({"temperature": 1.5}, "temperature"),  # Anthropic's range is 0-1
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
         ({"stop_sequences": [""]}, "stop_sequences"),  # the Anthropic field, not the chat one

@@ -130,3 +130,15 @@ def test_openai_backend_against_radixrt_server(runtime):
 
     st = pick2.run(temperature=0, backend=completion_backend)
     assert st.error() is None and st["c"] == " blue" and st["fruit"]
+
+    @rt.function
+    def pick_ja(s):
+        s += "日本の首都はどこですか？答え：" + rt.select("c", choices=["東京", "大阪", "京都"])
+
+    # byte-fragment tokens ("bytes:\\xe3...") are measured by their offsets, not their labels: the
+    # prompt's tokens stayed in every choice's score
+    scores = [
+        pick_ja.run(temperature=0, backend=b).get_meta_info("c")["normalized_prompt_logprobs"]
+        for b in (completion_backend, runtime.endpoint)
+    ]
+    assert scores[0] == pytest.approx(scores[1], abs=1e-3), scores
