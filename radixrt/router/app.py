@@ -16,7 +16,8 @@ SGLang's) native and OpenAI routes to its workers.
   ``--lora-paths``.
 * ``GET /get_server_info`` (``/server_info``): every worker's info under
   ``workers``, their ``internal_states`` concatenated, the router's own under
-  ``router``; the first healthy worker's fields at the top level.
+  ``router``; the first healthy worker's fields at the top level (but the router's own ``host``
+  and ``port``, and under ``--dp`` SGLang's ``dp_size``).
 * ``GET /get_load``, ``GET /v1/loads``: every worker's entry, numbered by its rank (`loads.py`).
 * ``GET /health``: 200 while a worker is healthy (every worker with
   ``require_all_healthy``, as in ``radixrt serve --dp``) and the router is not
@@ -386,6 +387,11 @@ def _add_server_info_routes(app: FastAPI, state: RouterState) -> None:
             status = 401 if any(p.get("error", "").startswith("401") for p in per) else 503
             return error_response(status, f"no worker answered /get_server_info: {errs}")
         out = dict(infos[0])
+        server = request.scope.get("server")
+        if server:  # the front's address, where a client derives URLs from it (not the worker's own)
+            out["host"], out["port"] = server[0], server[1]
+        if state.config.require_all_healthy:  # a --dp front: its replicas are its ranks (SGLang's dp_size)
+            out["dp_size"] = len(state.pool.workers)
         out["internal_states"] = [s for i in infos for s in i.get("internal_states", [])]
         out["workers"] = per
         out["router"] = _router_view(state)

@@ -195,6 +195,7 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     assert HTTP.post(srv.url + "/generate", json={"text": "x"}).status_code == 401  # the key covers the front
     info = HTTP.get(srv.url + "/get_server_info", headers=AUTH, timeout=30).json()
     assert len(info["internal_states"]) == 2 and info["router"]["policy"] == "cache_aware"
+    assert info["dp_size"] == 2 and f":{info['port']}" in srv.url  # the front's, not a replica's
     prefix = SYSTEM[0] + " Question: "
     metas = [
         HTTP.post(
