@@ -27,7 +27,9 @@ def rank_of(path: str, body: Any, header: Optional[str] = None) -> tuple[Optiona
         try:
             return int(header.strip()), forwarded
         except ValueError:
-            raise ValueError(f"'X-Data-Parallel-Rank' must be an integer rank of this router's workers, got {header!r}")
+            raise ValueError(
+                f"'X-Data-Parallel-Rank' must be an integer rank of this router's workers, got {header!r}"
+            ) from None
     if not given:
         return None, None
     field, rank = given[0]

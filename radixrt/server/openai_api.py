@@ -47,8 +47,7 @@ async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
         "max_model_len": ctx.tm.context_length,
     }
     adapters = [
-        {**base, "id": name, "root": name, "parent": ctx.served_model_name}
-        for name in sorted(ctx.lora_adapters)
+        {**base, "id": name, "root": name, "parent": ctx.served_model_name} for name in sorted(ctx.lora_adapters)
     ]
     return JSON({"object": "list", "data": [base, *adapters]})
 

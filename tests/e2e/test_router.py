@@ -339,19 +339,26 @@ def test_routed_dp_rank_picks_the_worker_of_that_rank(workers, routers):
             r = HTTP.post(router.url + "/generate", headers=AUTH, json=body, timeout=60)
             assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
-    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 1})):
+    completion = {"model": "tiny", "prompt": "x", "max_tokens": 1}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion)):
         for rank in (0, 1, 1, 0):  # the OpenAI routes too, as SGLang's
             r = HTTP.post(router.url + path, headers=AUTH, json={**body, "routed_dp_rank": rank}, timeout=60)
             assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
     for rank in (1, 0, 0, 1):  # SGLang's header, before the body's field
         headers = {**AUTH, "X-Data-Parallel-Rank": str(rank)}
-        r = HTTP.post(router.url + "/v1/chat/completions", headers=headers, json={**chat, "routed_dp_rank": 1 - rank}, timeout=60)
+        r = HTTP.post(
+            router.url + "/v1/chat/completions", headers=headers, json={**chat, "routed_dp_rank": 1 - rank}, timeout=60
+        )
         assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
     r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": 2}, timeout=60)
     assert r.status_code == 400 and "names no worker" in r.text
-    r = HTTP.post(router.url + "/v1/chat/completions", headers={**AUTH, "X-Data-Parallel-Rank": "7"}, json=chat, timeout=60)
+    r = HTTP.post(
+        router.url + "/v1/chat/completions", headers={**AUTH, "X-Data-Parallel-Rank": "7"}, json=chat, timeout=60
+    )
     assert r.status_code == 400 and "names no worker" in r.text
-    r = HTTP.post(router.url + "/generate", headers={**AUTH, "X-Data-Parallel-Rank": "one"}, json={"text": "x"}, timeout=60)
+    r = HTTP.post(
+        router.url + "/generate", headers={**AUTH, "X-Data-Parallel-Rank": "one"}, json={"text": "x"}, timeout=60
+    )
     assert r.status_code == 400 and "must be an integer rank" in r.text
     for bad in ("1", True):  # not "unsupported" (the worker's word): the router serves ranks
         r = HTTP.post(router.url + "/generate", headers=AUTH, json={"text": "x", "routed_dp_rank": bad}, timeout=60)

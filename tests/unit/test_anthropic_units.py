@@ -38,7 +38,10 @@ def test_text_blocks_are_read_one_per_line():
     chat, _ = _chat(
         system=[{"type": "text", "text": "You are helpful."}, {"type": "text", "text": "Answer briefly."}],
         messages=[
-            {"role": "user", "content": [{"type": "text", "text": "<r>Use tools.</r>"}, {"type": "text", "text": "Hi"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "<r>Use tools.</r>"}, {"type": "text", "text": "Hi"}],
+            },
             {"role": "assistant", "content": [call]},
             {
                 "role": "user",
