@@ -20,7 +20,7 @@ from radixrt.requests.reasoning import reasoning_mode
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, answer_view, read_model
-from radixrt.server.openai_checks import check_limits, response_format_sampling, sampling_of, validate_specs
+from radixrt.server.openai_checks import check_limits, constraint_sampling, sampling_of, validate_specs
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest, join_text_parts
 from radixrt.server.special_text import special_text
@@ -92,7 +92,7 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
 def _completion_specs(req: CompletionRequest, prompts: PromptBatch, admin: bool = False) -> list[RequestSpec]:
     """One spec per prompt, each with max_tokens (16 unless given).
     ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
-    constraint = response_format_sampling(req)
+    constraint = constraint_sampling(req)
     sampling = [sampling_of(req, req.max_tokens, constraint) for _ in prompts.ids]
     want_lp = req.logprobs is not None
     with as_bad_request():
@@ -296,7 +296,7 @@ def _chat_spec(
         raise bad_request(str(e), e.param) from None
     ids = _chat_prompt_ids(req, messages, tm, tools_arg, reuse_turns=bool(tr.tools) and not native)
     # response_format shapes a text answer, which an enforced tool_choice rules out in this turn (as OpenAI)
-    extra = {} if tr.enforced else response_format_sampling(req)
+    extra = {} if tr.enforced else constraint_sampling(req)
     if not extra and not (req.regex or req.json_schema or req.ebnf):
         tag = tool_call_structural_tag(parser, tr, reasoning)
         if tag is not None:

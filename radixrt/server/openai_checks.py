@@ -13,6 +13,7 @@ from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.params import MAX_BEAM_WIDTH, SamplingParams
 from radixrt.server.errors import ServerError, bad_request
 from radixrt.server.tokenizer_manager import TokenizerManager
+from radixrt.server.vllm_structured import vllm_constraint_sampling
 
 # runtime names -> the OpenAI fields that set them
 _OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -82,10 +83,15 @@ def validate_specs(tm: TokenizerManager, specs: list[RequestSpec]) -> None:
         raise openai_error(e.message, e.param) from None
 
 
-def response_format_sampling(req: Any) -> dict[str, Any]:
-    """The sampling params that ``response_format`` asks for (a JSON schema, or SGLang's structural
-    tag), checked."""
+def constraint_sampling(req: Any) -> dict[str, Any]:
+    """The sampling params of the constraint the request's OpenAI-side fields ask for, checked:
+    ``response_format`` (a JSON schema, or SGLang's structural tag) or vLLM's structured outputs
+    (`radixrt.server.vllm_structured`)."""
     rf = req.response_format
+    formats = ["response_format"] if rf is not None and rf.type != "text" else []
+    vllm = vllm_constraint_sampling(req, [n for n in ("regex", "json_schema", "ebnf") if getattr(req, n)] + formats)
+    if vllm:
+        return vllm
     if rf is None or rf.type == "text":
         return {}
     if req.regex or req.json_schema or req.ebnf:

@@ -123,6 +123,12 @@ class _SamplingExtras(Lenient):
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
     response_format: Optional[ResponseFormat] = None  # chat's; on completions as vLLM takes it
+    # vLLM's structured outputs, read (and their kinds checked) by radixrt.server.vllm_structured
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     cache_salt: Optional[str] = None
     extra_key: Optional[str] = None  # SGLang's: a radix namespace with cache_salt (cache_fields.cache_namespace)
     # OpenAI's cache hint; here, with cache_salt, a radix namespace (cache_fields.cache_namespace)

@@ -869,6 +869,40 @@ def test_constrained_generate_and_response_format(embedded_client, embedded_oai)
     assert r["text"] in ('"red"', '"green"', '"blue"')
 
 
+def test_vllm_structured_outputs_are_enforced(embedded_client, embedded_oai):
+    """vLLM's structured_outputs and guided_* fields were unknown fields, ignored: the output ran free."""
+    client, model = embedded_client, embedded_oai.models.list().data[0].id
+    ask = {"model": model, "max_tokens": 12, "temperature": 0}
+    cat = [{"role": "user", "content": "Is a cat a mammal? Say why."}]
+    choices = ["yes, it is", 'no "really"', "maybe\nnot"]
+    schema = {"type": "object", "properties": {"legs": {"enum": [2, 4]}}, "required": ["legs"]}
+    for fields, check in (
+        ({"guided_choice": choices}, lambda text: text in choices),
+        ({"structured_outputs": {"choice": choices}}, lambda text: text in choices),
+        ({"structured_outputs": {"regex": "(Yes|No)[.!]"}}, lambda text: re.fullmatch("(Yes|No)[.!]", text)),
+        ({"guided_regex": "[0-9]{3}"}, lambda text: re.fullmatch("[0-9]{3}", text)),
+        ({"guided_json": schema}, lambda text: json.loads(text)["legs"] in (2, 4)),
+        ({"structured_outputs": {"json_object": True}}, lambda text: isinstance(json.loads(text), dict)),
+        ({"guided_grammar": 'root ::= "A" | "B"'}, lambda text: text in ("A", "B")),
+    ):
+        r = client.post("/v1/chat/completions", json={**ask, "messages": cat, "max_tokens": 64, **fields})
+        assert r.status_code == 200 and check(r.json()["choices"][0]["message"]["content"]), (fields, r.text)
+    r = client.post("/v1/completions", json={**ask, "prompt": "Cats have", "structured_outputs": {"json": schema}})
+    assert r.status_code == 200 and json.loads(r.json()["choices"][0]["text"])["legs"] in (2, 4), r.text
+    for fields, param in (
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_json": schema, "regex": "a+"}, "guided_json"),
+        (
+            {"structured_outputs": {"regex": "a+"}, "response_format": {"type": "json_object"}},
+            "structured_outputs.regex",
+        ),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
+        ({"structured_outputs": {"no_such": 1}}, "structured_outputs.no_such"),
+    ):
+        r = client.post("/v1/chat/completions", json={**ask, "messages": cat, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (fields, r.text)
+
+
 # ------------------------------------------------------------------ errors
 def _error(r: httpx.Response, status: int, mention: str = "") -> dict:
     assert r.status_code == status, r.text
