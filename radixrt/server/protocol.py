@@ -81,6 +81,15 @@ class ResponseFormat(Lenient):
     triggers: Optional[Any] = None
 
 
+UNIMPLEMENTED_VLLM_FIELDS = (
+    "bad_words",
+    "allowed_token_ids",
+    "logits_processors",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+)
+
+
 class _SamplingExtras(Lenient):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -144,6 +153,20 @@ class _SamplingExtras(Lenient):
     # output ids (streamed: the prompt's in a choice's first chunk, then each chunk's new ids)
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False  # vLLM's: logprobs name tokens "token_id:<id>"
+    # vLLM's fields that change the answer and that this server does not implement: a 400 (`_refused`),
+    # not ignored as unknown fields are
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    logits_processors: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+
+    @field_validator(*UNIMPLEMENTED_VLLM_FIELDS)
+    @classmethod
+    def _refused(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("is vLLM's, and this server does not implement it")
+        return value
 
     @field_validator("stream_options")
     @classmethod

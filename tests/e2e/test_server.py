@@ -898,6 +898,8 @@ def test_vllm_structured_outputs_are_enforced(embedded_client, embedded_oai):
         ),
         ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
         ({"structured_outputs": {"no_such": 1}}, "structured_outputs.no_such"),
+        ({"bad_words": ["cat"]}, "bad_words"),  # vLLM's, not implemented: refused, not ignored
+        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ):
         r = client.post("/v1/chat/completions", json={**ask, "messages": cat, **fields})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (fields, r.text)
