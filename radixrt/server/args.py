@@ -87,6 +87,13 @@ class ServerArgs:
     reasoning_parser: Optional[str] = setting(
         None, "split <think>...</think> into reasoning_content on /v1/chat/completions", choices=REASONING_PARSERS
     )
+    sampling_defaults: str = setting(
+        "model",
+        "SGLang's: 'model' fills the sampling fields an OpenAI-route request leaves unset (temperature, top_p, "
+        "top_k, min_p, repetition_penalty) from the model's generation_config.json, as SGLang and vLLM do; "
+        "'openai': OpenAI's defaults",
+        choices=("model", "openai"),
+    )
     max_tools: int = setting(
         128, "most function tools one chat request may define (a 400 above; OpenAI's limit is 128)"
     )

@@ -325,6 +325,7 @@ def _server_context(
     heartbeat: Any,
 ) -> _Serving:
     """A server whose children are ready, with its tokenizer manager and its routes' context."""
+    from radixrt.requests.generation_defaults import generation_defaults
     from radixrt.server.http_server import ServerContext
     from radixrt.server.metrics import ServerMetrics
     from radixrt.server.tokenizer_manager import TokenizerManager
@@ -333,11 +334,12 @@ def _server_context(
     assert info is not None, "the scheduler process sends its RuntimeInfo when ready"
     model_path = config.model.model_path
     served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
-    aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved))}
-    if model_path == "default":
-        aliases.add("default")
+    # "default": SGLang's name for whatever it serves (its clients and examples send it)
+    aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved)), "default"}
     metrics = ServerMetrics(served)
     run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics))
+    if sargs.sampling_defaults == "model":
+        run.tm.sampling_defaults = generation_defaults(resolved)
     public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}
     public_args["api_key"] = "***" if sargs.api_key else None
     public_args["admin_api_key"] = "***" if sargs.admin_api_key else None

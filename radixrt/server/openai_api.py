@@ -89,11 +89,14 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
         )
 
 
-def _completion_specs(req: CompletionRequest, prompts: PromptBatch, admin: bool = False) -> list[RequestSpec]:
-    """One spec per prompt, each with max_tokens (16 unless given).
+def _completion_specs(
+    req: CompletionRequest, prompts: PromptBatch, admin: bool = False, defaults: Optional[dict] = None
+) -> list[RequestSpec]:
+    """One spec per prompt, each with max_tokens (16 unless given), ``defaults`` (the model's
+    sampling settings) where the request leaves a field unset.
     ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
     constraint = constraint_sampling(req)
-    sampling = [sampling_of(req, req.max_tokens, constraint) for _ in prompts.ids]
+    sampling = [sampling_of(req, req.max_tokens, constraint, defaults) for _ in prompts.ids]
     want_lp = req.logprobs is not None
     with as_bad_request():
         return build_specs(
@@ -117,7 +120,7 @@ def _completion_plan(
 ) -> tuple[PromptBatch, list[RequestSpec]]:
     """The prompts and their validated specs (blocking: tokenizes; run off the event loop)."""
     prompts = _completion_prompts(req, tm)
-    specs = _completion_specs(req, prompts, admin)
+    specs = _completion_specs(req, prompts, admin, tm.sampling_defaults)
     validate_specs(tm, specs)
     return prompts, specs
 
@@ -308,7 +311,7 @@ def _chat_spec(
     with as_bad_request():
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"),
-            sampling_params=sampling_of(req, max_new, extra),
+            sampling_params=sampling_of(req, max_new, extra, tm.sampling_defaults),
             return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
             rid=req.rid or None,

@@ -40,9 +40,12 @@ def openai_error(message: str, param: Optional[str]) -> ServerError:
     return bad_request(message, _OPENAI_NAMES.get(param or "", param))
 
 
-def sampling_of(req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = None) -> SamplingParams:
-    """The request's SamplingParams; a bad value is a 400 naming the OpenAI field."""
-    d = req.sampling_dict(max_new_tokens)
+def sampling_of(
+    req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = None, defaults: Optional[dict] = None
+) -> SamplingParams:
+    """The request's SamplingParams, ``defaults`` (the model's, `generation_defaults`) filling the
+    fields it leaves unset; a bad value is a 400 naming the OpenAI field."""
+    d = {**(defaults or {}), **req.sampling_dict(max_new_tokens)}
     if extra:
         d.update(extra)
     try:

@@ -81,19 +81,22 @@ class ResponseFormat(Lenient):
     triggers: Optional[Any] = None
 
 
-UNIMPLEMENTED_VLLM_FIELDS = (
-    "bad_words",
-    "allowed_token_ids",
-    "logits_processors",
-    "prompt_logprobs",
-    "truncate_prompt_tokens",
-)
+# fields of vLLM's and SGLang's OpenAI requests that change the answer and that these routes do not
+# implement: a 400 saying so (`_SamplingExtras._refused`), not ignored as unknown fields are
+UNIMPLEMENTED_FIELDS = {
+    **dict.fromkeys(
+        ("bad_words", "allowed_token_ids", "logits_processors", "prompt_logprobs", "truncate_prompt_tokens"),
+        "is vLLM's, and this server does not implement it",
+    ),
+    "custom_logit_processor": "is SGLang's, and this server does not implement it",
+    "return_hidden_states": "is SGLang's, served on /generate only (with --enable-return-hidden-states)",
+}
 
 
 class _SamplingExtras(Lenient):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model: str
+    model: Optional[str] = None  # as SGLang and vLLM: unset (or SGLang's "default") is the served model
     temperature: Optional[float] = Field(None, ge=0)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     n: StrictInt = Field(1, ge=1)  # at most --max-n (checked by the route)
@@ -153,19 +156,20 @@ class _SamplingExtras(Lenient):
     # output ids (streamed: the prompt's in a choice's first chunk, then each chunk's new ids)
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False  # vLLM's: logprobs name tokens "token_id:<id>"
-    # vLLM's fields that change the answer and that this server does not implement: a 400 (`_refused`),
-    # not ignored as unknown fields are
+    # UNIMPLEMENTED_FIELDS: refused when set
     bad_words: Any = None
     allowed_token_ids: Any = None
     logits_processors: Any = None
     prompt_logprobs: Any = None
     truncate_prompt_tokens: Any = None
+    custom_logit_processor: Any = None
+    return_hidden_states: Any = None
 
-    @field_validator(*UNIMPLEMENTED_VLLM_FIELDS)
+    @field_validator(*UNIMPLEMENTED_FIELDS)
     @classmethod
-    def _refused(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("is vLLM's, and this server does not implement it")
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and value is not False:
+            raise ValueError(UNIMPLEMENTED_FIELDS[str(info.field_name)])
         return value
 
     @field_validator("stream_options")

@@ -799,12 +799,18 @@ def test_max_tokens_beyond_the_context_is_a_400(client):
     assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"n"}, r.text
 
 
+CHAT_HI = [{"role": "user", "content": "hi"}]
+
+
 def test_openai_extra_fields_accepted(client):
     r = client.post(
         "/v1/completions",
         json={"model": "default", "prompt": "Hello", "max_tokens": 3, "top_k": 5, "min_p": 0.05, "temperature": 0.7},
     )
     assert r.status_code == 200, r.text
+    for route, body in (("/v1/completions", {"prompt": "Hello"}), ("/v1/chat/completions", {"messages": CHAT_HI})):
+        r = client.post(route, json={**body, "max_tokens": 2})  # no model: the served one, as SGLang and vLLM
+        assert r.status_code == 200 and r.json()["model"] == client.get("/v1/models").json()["data"][0]["id"]
 
 
 # ------------------------------------------------------------------ constrained decoding

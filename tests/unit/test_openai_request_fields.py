@@ -1,0 +1,57 @@
+"""What an OpenAI-route request's fields become (no server): the model's sampling defaults fill
+what a request leaves unset, ``model`` may be left out, and fields of vLLM's and SGLang's that
+these routes do not implement are refused rather than ignored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from radixrt.requests.generation_defaults import generation_defaults
+from radixrt.server.openai_checks import sampling_of
+from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_the_models_generation_config_fills_what_a_request_leaves_unset(tmp_path):
+    """SGLang's --sampling-defaults model (its default) and vLLM's --generation-config auto:
+    a Qwen3-like file asked for top_k 20 and temperature 0.6; radixrt sampled at 1.0, no top-k."""
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": 2})
+    )
+    defaults = generation_defaults(str(tmp_path))
+    assert defaults == {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    unset = sampling_of(ChatCompletionRequest.model_validate(CHAT), 8, defaults=defaults)
+    assert (unset.temperature, unset.top_k, unset.top_p) == (0.6, 20, 0.95)
+    greedy = sampling_of(ChatCompletionRequest.model_validate({**CHAT, "temperature": 0}), 8, defaults=defaults)
+    assert (greedy.temperature, greedy.top_k) == (0.0, 20)  # the request's own field wins
+    assert generation_defaults(str(tmp_path / "none")) == {}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": -1}))
+    with pytest.raises(ValueError, match="generation_config.json holds sampling settings that are not valid"):
+        generation_defaults(str(tmp_path))
+
+
+def test_model_may_be_left_out_as_in_sglang_and_vllm():
+    assert ChatCompletionRequest.model_validate(CHAT).model is None
+    assert CompletionRequest.model_validate({"prompt": "hi"}).model is None
+
+
+@pytest.mark.parametrize(
+    "field,value,says",
+    [
+        ("bad_words", ["cat"], "vLLM's"),
+        ("truncate_prompt_tokens", 8, "vLLM's"),
+        ("custom_logit_processor", "x", "SGLang's"),
+        ("return_hidden_states", True, "/generate only"),
+    ],
+)
+def test_fields_these_routes_do_not_implement_are_refused(field, value, says):
+    """They were unknown fields, ignored: the answer silently lacked what was asked."""
+    for model, body in ((ChatCompletionRequest, CHAT), (CompletionRequest, {"prompt": "hi"})):
+        with pytest.raises(ValidationError) as e:
+            model.model_validate({**body, field: value})
+        assert e.value.errors()[0]["loc"] == (field,) and says in str(e.value)
+        assert getattr(model.model_validate({**body, field: None}), field) is None
