@@ -108,7 +108,7 @@ class ExecutionSettings:
         1,
         "tensor parallelism: split each layer over this many processes (GPUs 0..N-1 on CUDA with NCCL; "
         "processes on the CPU with gloo, for correctness rather than speed)",
-        aliases=("--tp",),
+        aliases=("--tp", "--tensor-parallel-size"),
     )
     attention_backend: str = setting("auto", "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer")
 

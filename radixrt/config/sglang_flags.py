@@ -12,6 +12,8 @@ from typing import Optional
 from radixrt.config.fields import check_choice, setting
 
 GRAMMAR_BACKENDS = ("xgrammar",)
+LOAD_FORMATS = ("auto", "safetensors")  # what radixrt's loader reads
+TOKENIZER_MODES = ("auto",)  # the tokenizers' fast tokenizer, as SGLang's auto picks
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,48 @@ class SGLangFlagSettings:
         "(loading xgrammar and torch, about 1.4 s of CPU), so the first request with a grammar pays for it",
     )
 
+    log_requests: bool = setting(
+        False, "SGLang's: accepted; --log-level info logs each HTTP request's line (uvicorn's access log)"
+    )
+    log_requests_level: Optional[int] = setting(None, "SGLang's: accepted with --log-requests (0 to 3)")
+    watchdog_timeout: Optional[float] = setting(
+        None,
+        "SGLang's: accepted; a scheduler that stops making progress turns /health to 503 after "
+        "--scheduler-stall-timeout-s instead of ending the server",
+    )
+    schedule_conservativeness: Optional[float] = setting(
+        None,
+        "SGLang's: accepted; radixrt admits a request when the KV its prompt and output may take is free "
+        "(retraction covers decoding that outgrows it)",
+    )
+    revision: Optional[str] = setting(
+        None, "SGLang's: accepted; models are local folders (no hub is reached), so no revision is fetched"
+    )
+    download_dir: Optional[str] = setting(None, "SGLang's: accepted; nothing is downloaded from a hub")
+    load_format: Optional[str] = setting(None, f"SGLang's: {' or '.join(LOAD_FORMATS)}: safetensors files")
+    tokenizer_mode: Optional[str] = setting(None, "SGLang's: auto (the fast tokenizer) is the only mode")
+    nnodes: Optional[int] = setting(None, "SGLang's: 1; radixrt serves from one machine")
+    node_rank: Optional[int] = setting(None, "SGLang's: 0; radixrt serves from one machine")
+    disable_custom_all_reduce: bool = setting(
+        False, "SGLang's: accepted; tensor parallelism's all-reduce is torch.distributed's"
+    )
+    enable_p2p_check: bool = setting(False, "SGLang's: accepted; nothing here needs it")
+
     def __post_init__(self) -> None:
         if self.grammar_backend is not None:
             check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
+        if self.load_format is not None:
+            check_choice("load_format", self.load_format, LOAD_FORMATS)
+        if self.tokenizer_mode is not None:
+            check_choice("tokenizer_mode", self.tokenizer_mode, TOKENIZER_MODES)
+        for name, only in (("nnodes", 1), ("node_rank", 0)):
+            if getattr(self, name) not in (None, only):
+                raise ValueError(f"{name} must be {only}: radixrt serves from one machine")
+        if self.log_requests_level is not None and not 0 <= self.log_requests_level <= 3:
+            raise ValueError("log_requests_level must be 0 to 3")
+        for name in ("watchdog_timeout", "schedule_conservativeness"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise ValueError("max_prefill_tokens must be >= 1")

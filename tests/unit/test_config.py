@@ -50,6 +50,10 @@ def _example(name: str) -> object:
         "tokenizer_path": "/",  # they must exist
         "chat_template": "/",
         "grammar_backend": "xgrammar",
+        "load_format": "safetensors",
+        "tokenizer_mode": "auto",
+        "revision": "main",
+        "download_dir": "/tmp",
     }
     if name in strings:
         return strings[name]
@@ -58,8 +62,12 @@ def _example(name: str) -> object:
         "mem_fraction_static",
         "request_waiting_timeout_s",
         "request_running_timeout_s",
+        "watchdog_timeout",
+        "schedule_conservativeness",
     ):
         return 0.25
+    if name in ("nnodes", "node_rank", "log_requests_level"):  # the one value that serves here, a level
+        return {"nnodes": 1, "node_rank": 0, "log_requests_level": 2}[name]
     if isinstance(default, bool):
         return not default
     if default is None:
@@ -269,7 +277,8 @@ def test_an_sglang_launch_command_line_parses():
         "serve --model-path /m --tokenizer-path / --chat-template / --mem-fraction-static 0.85 --dp-size 2 "
         "--tp-size 1 --trust-remote-code --enable-metrics --enable-cache-report --enable-mixed-chunk "
         "--skip-server-warmup --max-prefill-tokens 16384 --grammar-backend xgrammar --dtype half "
-        "--sampling-backend pytorch --host 127.0.0.1 --port 30000"
+        "--sampling-backend pytorch --host 127.0.0.1 --port 30000 --tensor-parallel-size 1 --log-requests "
+        "--watchdog-timeout 300 --load-format auto --nnodes 1 --node-rank 0 --disable-custom-all-reduce"
     ).split()
     args = build_parser("serve").parse_args(argv)
     assert args.dp == 2 and server_args_from_cli(args).port == 30000
