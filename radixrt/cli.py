@@ -273,10 +273,13 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """The `radixrt` parser; with ``only``, the other commands get their help line
     but not their flags (whose modules, the server's, the router's and the
     benchmarks', then need not be imported)."""
-    parser = argparse.ArgumentParser(prog="radixrt", description="RadixAttention runtime for LLM programs")
+    parser = argparse.ArgumentParser(
+        prog="radixrt", description="RadixAttention runtime for LLM programs", allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text, add_flags in COMMANDS:
-        p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        # no prefixes: "--debug" bound to --debug-check-invariants, "--stream 4" to --stream-interval
+        p = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter, allow_abbrev=False)
         if only is None or only == name:
             add_flags(p)
     return parser

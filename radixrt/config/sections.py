@@ -188,6 +188,8 @@ class CacheSettings:
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens must hold at least one page ({self.page_size} tokens)")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError("mem_fraction_static must be in (0, 1]")
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

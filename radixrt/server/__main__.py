@@ -12,6 +12,7 @@ def main() -> int:
         prog="python -m radixrt.server",
         formatter_class=HelpFormatter,
         description="radixrt HTTP server (SGLang-native and OpenAI-compatible)",
+        allow_abbrev=False,
     )
     add_serve_command(parser)
     args = parser.parse_args()

@@ -30,6 +30,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _int_in(name: str, text: str, lo: int, hi: int) -> int:
+    value = int(text)
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{name} must be {lo} to {hi}, got {value}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -42,7 +49,7 @@ class ServerArgs:
     """The HTTP server: address, keys, request bounds, timeouts, tool calls, stored responses."""
 
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
-    port: int = setting(30000, "HTTP port")
+    port: int = setting(30000, "HTTP port", type=lambda text: _int_in("port", text, 0, 65535))
     api_key: Optional[str] = setting(
         None,
         "require 'Authorization: Bearer KEY' on every route but /dashboard and, as SGLang, paths starting with "

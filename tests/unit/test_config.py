@@ -290,6 +290,19 @@ def test_an_sglang_launch_command_line_parses():
         EngineConfig(grammar_backend="outlines")
 
 
+def test_serve_refuses_prefixes_and_out_of_range_values_at_parse_time(capsys):
+    """A prefix bound silently to another flag ("--debug" to --debug-check-invariants); a port past
+    65,535 and an empty pool failed after the model loaded, with a traceback."""
+    from radixrt.cli import build_parser
+
+    for argv in (["serve", "--debug"], ["serve", "--stream", "4"], ["serve", "--port", "99999"]):
+        with pytest.raises(SystemExit):
+            build_parser("serve").parse_args(argv)
+    assert "port must be 0 to 65535" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_total_tokens must hold at least one page"):
+        EngineConfig(max_total_tokens=0)
+
+
 def test_mem_fraction_static_sizes_the_pool_as_sglang(monkeypatch):
     """That share of the total holds weights and pool: the pool gets the free memory beyond the
     rest; max_total_tokens decides where given; a share that leaves nothing is refused."""
