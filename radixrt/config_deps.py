@@ -27,8 +27,9 @@ Decisions, per group (SGLang's behaviour where it has one):
 * ``preemption_mode="swap"`` is refused without the tier (it would bring a
   tier nobody sized).
 * the speculative-decoding knobs (``speculative_num_draft_tokens``,
-  ``speculative_ngram_order``) imply ``speculative_algorithm="RADIX"`` (SGLang
-  ignores them while speculation is off).
+  ``speculative_ngram_order``, ``speculative_tree_width``) imply
+  ``speculative_algorithm="RADIX"`` (SGLang ignores them while speculation is
+  off); unset by default, as the tier's, so that their usual values ask too.
 * the priority knobs are refused without ``enable_priority_scheduling``
   (SGLang warns that they "have no effect"; turning it on would reorder
   every request by its ``priority``).
@@ -361,30 +362,17 @@ ENGINE_NEEDS: tuple[Need, ...] = (
 # the table or here, tests/unit/test_config.py checks it).
 ENGINE_INDEPENDENT = frozenset(
     {
+        # SGLang's flags that change nothing here (each says why: radixrt/config/sglang_flags.py)
+        *(
+            "trust_remote_code enable_metrics enable_cache_report enable_mixed_chunk max_prefill_tokens "
+            "grammar_backend skip_server_warmup log_requests log_requests_level watchdog_timeout "
+            "schedule_conservativeness revision download_dir load_format tokenizer_mode nnodes node_rank "
+            "disable_custom_all_reduce enable_p2p_check"
+        ).split(),
         "model_path",
         "tokenizer_path",
         "chat_template",
         "mem_fraction_static",  # max_total_tokens, where given, decides (SGLang takes both)
-        # SGLang's flags that change nothing here (radixrt/config/sglang_flags.py)
-        "trust_remote_code",
-        "enable_metrics",
-        "enable_cache_report",
-        "enable_mixed_chunk",
-        "max_prefill_tokens",
-        "grammar_backend",
-        "skip_server_warmup",
-        "log_requests",
-        "log_requests_level",
-        "watchdog_timeout",
-        "schedule_conservativeness",
-        "revision",
-        "download_dir",
-        "load_format",
-        "tokenizer_mode",
-        "nnodes",
-        "node_rank",
-        "disable_custom_all_reduce",
-        "enable_p2p_check",
         "device",
         "tp_size",
         "dtype",

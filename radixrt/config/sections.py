@@ -298,6 +298,12 @@ class GrammarSettings:
 
 
 SPECULATIVE_ALGORITHMS = ("RADIX", "NGRAM")
+# each knob's value while speculation is on and it is unset, and its range
+SPECULATIVE_KNOBS = {
+    "speculative_num_draft_tokens": (16, 1, 64),
+    "speculative_ngram_order": (8, 1, 16),
+    "speculative_tree_width": (2, 1, 8),
+}
 
 
 @dataclass(frozen=True)
@@ -312,31 +318,35 @@ class SpeculativeSettings:
         choices=list(SPECULATIVE_ALGORITHMS),
         type=str.upper,
     )
-    speculative_num_draft_tokens: int = setting(
-        16,
+    # the knobs' defaults are unset, so that giving one at its usual value asks for speculation too
+    # (config_deps); with speculation on, an unset knob takes SPECULATIVE_KNOBS' value
+    speculative_num_draft_tokens: Optional[int] = setting(
+        None,
         "longest draft path verified per request per step (a draft tree holds at most --speculative-tree-width "
-        "times as many tokens; the cost model sizes each draft below that)",
+        "times as many tokens; the cost model sizes each draft below that); unset: 16",
     )
-    speculative_ngram_order: int = setting(
-        8, "longest context (tokens) the draft index matches in the radix tree's token runs (2, 3, 5 and 8 up to it)"
+    speculative_ngram_order: Optional[int] = setting(
+        None,
+        "longest context (tokens) the draft index matches in the radix tree's token runs (2, 3, 5 and 8 up to "
+        "it); unset: 8",
     )
-    speculative_tree_width: int = setting(
-        2,
+    speculative_tree_width: Optional[int] = setting(
+        None,
         "most continuations a draft token branches into where earlier runs diverged (a draft tree verified with "
         "a tree attention mask); 1: drafts are chains. Chains only with deterministic inference, or tensor "
-        "parallel with --page-size > 1",
+        "parallel with --page-size > 1; unset: 2",
     )
 
     def __post_init__(self) -> None:
         if self.speculative_algorithm is not None:
             object.__setattr__(self, "speculative_algorithm", str(self.speculative_algorithm).upper())
             check_choice("speculative_algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHMS)
-        if not 1 <= self.speculative_num_draft_tokens <= 64:
-            raise ValueError("speculative_num_draft_tokens must be in [1, 64]")
-        if not 1 <= self.speculative_ngram_order <= 16:
-            raise ValueError("speculative_ngram_order must be in [1, 16]")
-        if not 1 <= self.speculative_tree_width <= 8:
-            raise ValueError("speculative_tree_width must be in [1, 8]")
+        for name, (default, lo, hi) in SPECULATIVE_KNOBS.items():
+            value = getattr(self, name)
+            if value is not None and not lo <= value <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}]")
+            if value is None and self.speculative_algorithm is not None:
+                object.__setattr__(self, name, default)
 
     @property
     def enabled(self) -> bool:

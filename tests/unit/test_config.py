@@ -255,6 +255,16 @@ def test_host_tier_size_turns_the_tier_on_and_the_implied_tier_is_checked_too():
         assert EngineConfig.from_cli_args(_parser().parse_args(flags)).host_cache.enable_hierarchical_cache, flags
 
 
+def test_speculative_knobs_ask_for_speculation_at_their_usual_values_too():
+    """--speculative-num-draft-tokens 4 turned speculation on, and 16 (its default) left it off."""
+    for flags in (["--speculative-num-draft-tokens", "16"], ["--speculative-tree-width", "2"]):
+        assert EngineConfig.from_cli_args(_parser().parse_args(flags)).speculative.enabled, flags
+    on = EngineConfig(speculative_algorithm="RADIX").speculative
+    assert (on.speculative_num_draft_tokens, on.speculative_ngram_order, on.speculative_tree_width) == (16, 8, 2)
+    assert EngineConfig(**EngineConfig(speculative_algorithm="RADIX").to_flat()).speculative == on
+    assert not EngineConfig().speculative.enabled
+
+
 @pytest.mark.parametrize("need", serve_router_needs(), ids=lambda n: n.cli)
 def test_serve_router_flags_need_dp(need):
     defaults = serve_router_defaults()
