@@ -32,8 +32,8 @@ from .sampling_params import SglSamplingParams, is_valid_regex
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
-    """Decorator making a program: ``@function`` or ``@function(num_api_spec_tokens=...)``.
-    (``num_api_spec_tokens`` is accepted for compatibility and unused.)"""
+    """Decorator making a program: ``@function`` or ``@function(num_api_spec_tokens=...)``
+    (SGLang's API speculative execution on a completion model's API: api_speculation.py)."""
     if func is not None:
         return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
 

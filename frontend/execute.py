@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from radixrt.requests.reasoning import split_reasoning
 
+from .api_speculation import speculates, speculative_gen
 from .constraints import fit_to_constraint
 from .errors import FrontendError, UnsupportedModalityError
 from .nodes import (
@@ -95,7 +96,10 @@ def _gen(ex: Any, expr: SglGen) -> None:
         return
     n = sp.n or 1
     start = len(ex.text_)
-    if ex.stream and n == 1:
+    if speculates(ex, sp):
+        comp, meta = speculative_gen(ex, sp)
+        ex.append(comp, var=expr.name, meta=meta, speculated=True)
+    elif ex.stream and n == 1:
         comp, meta = _gen_streamed(ex, sp, expr.name, start)
     else:
         comp, meta = _gen_whole(ex, sp, expr.name, n)

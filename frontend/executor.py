@@ -27,6 +27,7 @@ import threading
 import uuid
 from typing import Any, Optional
 
+from .api_speculation import consume
 from .errors import FrontendError, ProgramError, StopTracing
 from .execute import check_supported, execute, produced_names
 from .nodes import SglExpr, to_expr
@@ -50,6 +51,7 @@ class StreamExecutor:
         stream: bool = False,
         use_thread: bool = True,
         tracer: Any = None,
+        num_api_spec_tokens: Optional[int] = None,
     ) -> None:
         self.sid = uuid.uuid4().hex
         self.backend = backend
@@ -58,6 +60,8 @@ class StreamExecutor:
         self.stream = stream
         self.use_thread = use_thread
         self.tracer = tracer
+        self.num_api_spec_tokens = num_api_spec_tokens  # api_speculation.py
+        self.speculated_text = ""
         self.role_markers: dict[str, tuple[str, str]] = backend.get_role_markers()
         self.default_system_prompt: Optional[str] = backend.get_default_system_prompt()
 
@@ -172,11 +176,13 @@ class StreamExecutor:
             self.log.finish()
 
     # ------------------------------------------------- writing (worker side)
-    def append(self, text: str, var: Optional[str] = None, meta: Any = None) -> None:
+    def append(self, text: str, var: Optional[str] = None, meta: Any = None, speculated: bool = False) -> None:
         """Append ``text`` to the program text (and to the stream log, as a
-        chunk of ``var``)."""
+        chunk of ``var``); text not taken from the speculated text consumes it (api_speculation.py)."""
         if not text:
             return
+        if self.speculated_text and not speculated:
+            consume(self, text)
         self.text_ += text
         if self.stream:
             self.log.add_chunk(var, text, meta)

@@ -71,7 +71,8 @@ def run_program(
     ``catch_errors``: keep an ``Exception`` from the body in the state's
     ``error()`` instead of raising it."""
     backend = resolve_backend(backend)
-    ex = StreamExecutor(backend, arguments, default_sampling, stream=stream, use_thread=use_thread)
+    spec = getattr(func, "num_api_spec_tokens", None)
+    ex = StreamExecutor(backend, arguments, default_sampling, stream, use_thread, num_api_spec_tokens=spec)
     state = ProgramState(ex)
     try:
         state.ret_value = func.call_body(state, arguments)

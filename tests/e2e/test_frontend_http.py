@@ -131,6 +131,28 @@ def test_openai_backend_against_radixrt_server(runtime):
     st = pick2.run(temperature=0, backend=completion_backend)
     assert st.error() is None and st["c"] == " blue" and st["fruit"]
 
+    def character(s):
+        s += "Construct a character within the following format:\n"
+        s += "Name: Steve Jobs.\nBirthday: February 24, 1955.\nJob: Apple CEO.\n"
+        s += "\nPlease generate new Name, Birthday and Job.\n"
+        s += "Name:" + rt.gen("name", stop="\n") + "\nBirthday:" + rt.gen("birthday", stop="\n")
+        s += "\nJob:" + rt.gen("job", stop="\n") + "\n"
+
+    # SGLang's API speculative execution (its test_completion_speculative): one call for the three gens
+    usage = completion_backend.token_usage
+    runs = {}
+    for spec in (None, 64):
+        before = (usage.prompt_tokens, usage.completion_tokens)
+        st = rt.function(num_api_spec_tokens=spec)(character).run(temperature=0, backend=completion_backend)
+        assert st.error() is None, st.error()
+        runs[spec] = (st, usage.prompt_tokens - before[0], usage.completion_tokens - before[1])
+    (plain, plain_prompt, _), (spec, spec_prompt, spec_out) = runs[None], runs[64]
+    assert spec_prompt < plain_prompt / 2 and spec_out > 0  # one call (one prompt) for the three gens
+    assert all("\n" not in spec[name] for name in ("name", "birthday", "job")), spec.text()
+    assert spec["name"] == plain["name"]  # greedy: the first gen is the same either way
+    if spec["birthday"] == plain["birthday"]:  # the speculated text continued as the program's text
+        assert spec.text().startswith(plain.text()[: plain.text().index("\nJob:")])
+
     @rt.function
     def pick_ja(s):
         s += "日本の首都はどこですか？答え：" + rt.select("c", choices=["東京", "大阪", "京都"])
