@@ -186,6 +186,8 @@ class CacheSettings:
     disable_radix_cache: bool = setting(False, "no prefix reuse: every prompt is computed in full (a baseline)")
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype == "fp8":  # vLLM's name: e4m3 (SGLang's fp8_e4m3)
+            object.__setattr__(self, "kv_cache_dtype", "fp8_e4m3")
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:

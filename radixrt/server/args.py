@@ -92,7 +92,10 @@ class ServerArgs:
         choices=PARSER_CHOICES,
     )
     reasoning_parser: Optional[str] = setting(
-        None, "split <think>...</think> into reasoning_content on /v1/chat/completions", choices=REASONING_PARSERS
+        None,
+        "split <think>...</think> into reasoning_content on /v1/chat/completions (vLLM's deepseek_r1 is deepseek-r1)",
+        choices=REASONING_PARSERS,
+        type=lambda name: name.replace("_", "-"),
     )
     sampling_defaults: str = setting(
         "model",

@@ -313,6 +313,29 @@ def test_serve_refuses_prefixes_and_out_of_range_values_at_parse_time(capsys):
         EngineConfig(max_total_tokens=0)
 
 
+def test_vllms_spellings_of_values_are_taken():
+    from radixrt.cli import build_parser
+    from radixrt.server.args import server_args_from_cli
+    from radixrt.server.tools.parsers import get_parser
+
+    argv = [
+        "serve",
+        "--kv-cache-dtype",
+        "fp8",
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--tool-call-parser",
+        "llama3_json",
+    ]
+    args = build_parser("serve").parse_args(argv)
+    assert EngineConfig.from_cli_args(args).cache.kv_cache_dtype == "fp8_e4m3"  # vLLM's fp8 is e4m3
+    sargs = server_args_from_cli(args)
+    assert (
+        sargs.reasoning_parser == "deepseek-r1"
+        and type(get_parser(sargs.tool_call_parser, None)).__name__ == "Llama3Parser"
+    )
+
+
 def test_mem_fraction_static_sizes_the_pool_as_sglang(monkeypatch):
     """That share of the total holds weights and pool: the pool gets the free memory beyond the
     rest; max_total_tokens decides where given; a share that leaves nothing is refused."""

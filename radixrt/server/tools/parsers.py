@@ -201,6 +201,7 @@ ALIASES = {
     "llama": "llama3",
     "llama31": "llama3",
     "llama32": "llama3",
+    "llama3_json": "llama3",  # vLLM's name
 }
 PARSER_CHOICES = ("auto", *PARSERS, *ALIASES)
 
