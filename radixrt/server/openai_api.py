@@ -149,30 +149,48 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
 
 
 # ---------------------------------------------------------------------- chat
+def _content_text(i: int, m: Any) -> Optional[str]:
+    """Message ``i``'s content as text: text parts joined (and an assistant's refusal parts, which
+    are text); a 400 for a missing user or system content, or a part of another kind."""
+    content = m.content
+    if m.role in ("user", "system", "developer") and not (isinstance(content, str) or content):
+        raise bad_request(
+            f"messages[{i}].content is required for a '{m.role}' message: a string or a non-empty list of "
+            f"text parts (got {'an empty list' if content == [] else 'null'}).",
+            f"messages.{i}.content",
+        )
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for part in content:
+        text = part.refusal if (part.type == "refusal" and m.role == "assistant") else part.text
+        if part.type not in ("text", "refusal") or text is None:
+            why = (
+                f"has no '{part.type}'"
+                if part.type in ("text", "refusal")
+                else "is not supported by this model (text only)"
+            )
+            raise bad_request(f"messages[{i}].content: a '{part.type}' part {why}.", f"messages.{i}.content")
+        parts.append(text)
+    return join_text_parts(parts)
+
+
 def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
     """The messages as chat-template dicts (text parts joined; developer -> system),
-    their tool calls and tool messages checked (`check_tool_turns`: 400 naming the field)."""
-    messages = []
+    their tool calls and tool messages checked (`check_tool_turns`: 400 naming the field).
+    OpenAI's deprecated ``function_call`` of an assistant message is its one tool call, and the
+    ``function`` message after it that call's tool message."""
+    messages, legacy_call = [], None
     for i, m in enumerate(req.messages):
-        content = m.content
-        if m.role in ("user", "system", "developer") and not (isinstance(content, str) or content):
-            raise bad_request(
-                f"messages[{i}].content is required for a '{m.role}' message: a string or a non-empty list of "
-                f"text parts (got {'an empty list' if content == [] else 'null'}).",
-                f"messages.{i}.content",
-            )
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    why = "has no 'text'" if part.type == "text" else "is not supported by this model (text only)"
-                    raise bad_request(f"messages[{i}].content: a '{part.type}' part {why}.", f"messages.{i}.content")
-                parts.append(part.text)
-            content = join_text_parts(parts)
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _content_text(i, m)}
         for key in ("name", "tool_calls", "tool_call_id"):
             if getattr(m, key):
                 msg[key] = getattr(m, key)
+        if m.role == "assistant" and m.function_call is not None and not m.tool_calls:
+            legacy_call = f"call_function_{i}"
+            msg["tool_calls"] = [{"id": legacy_call, "type": "function", "function": m.function_call}]
+        if m.role == "function" and legacy_call is not None:
+            msg.update(role="tool", tool_call_id=legacy_call)
         if m.role == "assistant" and (m.reasoning_content or m.reasoning):
             msg["reasoning_content"] = m.reasoning_content or m.reasoning  # as the template reads it
         messages.append(msg)

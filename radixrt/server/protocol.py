@@ -89,6 +89,9 @@ UNIMPLEMENTED_FIELDS = {
         "is vLLM's, and this server does not implement it",
     ),
     "custom_logit_processor": "is SGLang's, and this server does not implement it",
+    **dict.fromkeys(
+        ("functions", "function_call"), "is OpenAI's deprecated form of tools: send 'tools' and 'tool_choice'"
+    ),
     "return_hidden_states": "is SGLang's, served on /generate only (with --enable-return-hidden-states)",
 }
 
@@ -164,6 +167,8 @@ class _SamplingExtras(Lenient):
     truncate_prompt_tokens: Any = None
     custom_logit_processor: Any = None
     return_hidden_states: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     @field_validator(*UNIMPLEMENTED_FIELDS)
     @classmethod
@@ -240,6 +245,7 @@ class CompletionRequest(_SamplingExtras):
 class TextPart(Lenient):
     type: str
     text: Optional[str] = None
+    refusal: Optional[str] = None  # an assistant's refusal part
 
 
 def join_text_parts(parts: list[str]) -> str:
@@ -255,6 +261,7 @@ class ChatMessage(Lenient):
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
+    function_call: Optional[dict[str, Any]] = None  # OpenAI's deprecated form of one tool call
     # an assistant turn's reasoning, for templates that render it back (SGLang's name; vLLM's newer one)
     reasoning_content: Optional[str] = None
     reasoning: Optional[str] = None

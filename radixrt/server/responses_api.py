@@ -83,12 +83,6 @@ def _check_request(req: ResponsesRequest) -> None:
             "or send the whole conversation as 'input'.",
             "conversation",
         )
-    if req.truncation == "auto":
-        raise bad_request(
-            "'truncation': 'auto' is not supported: a conversation longer than the context is "
-            "refused; leave it 'disabled'.",
-            "truncation",
-        )
     unknown = [v for v in req.include or [] if v not in INCLUDABLE]
     if unknown:
         raise bad_request(f"'include' has {unknown[0]!r}; expected any of {', '.join(INCLUDABLE)}.", "include")
@@ -162,6 +156,8 @@ async def create_response(request: Request, ctx: ServerContext = Depends(server_
     except ServerError as e:
         if e.status != 400:
             raise
+        if req.truncation == "auto" and "context" in e.message:  # taken as vLLM and SGLang take it
+            e = ServerError(400, e.message + " ('truncation': 'auto' drops no input here.)", e.param, e.err_type)
         raise conv.renamed(e) from None
     rid = new_id("resp")
 

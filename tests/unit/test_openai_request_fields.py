@@ -55,3 +55,41 @@ def test_fields_these_routes_do_not_implement_are_refused(field, value, says):
             model.model_validate({**body, field: value})
         assert e.value.errors()[0]["loc"] == (field,) and says in str(e.value)
         assert getattr(model.model_validate({**body, field: None}), field) is None
+
+
+def test_a_legacy_function_call_in_the_history_is_the_call_its_function_message_answers():
+    """The assistant turn that made a deprecated function_call reached the template empty, while
+    the function message answering it was rendered: a result that answered nothing."""
+    from radixrt.server.openai_api import _chat_messages
+
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    req = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "function_call": call},
+                {"role": "function", "name": "get_weather", "content": "sunny"},
+            ]
+        }
+    )
+    user, assistant, result = _chat_messages(req)
+    (made,) = assistant["tool_calls"]
+    assert made["function"] == call and made["type"] == "function"
+    assert result == {"role": "tool", "name": "get_weather", "content": "sunny", "tool_call_id": made["id"]}
+
+
+def test_an_assistants_refusal_part_is_its_text():
+    from radixrt.server.openai_api import _chat_messages
+
+    refusal = [{"type": "refusal", "refusal": "I can't help with that."}]
+    req = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": refusal}]}
+    )
+    assert _chat_messages(req)[1]["content"] == "I can't help with that."
+
+
+@pytest.mark.parametrize("field", ["functions", "function_call"])
+def test_the_deprecated_functions_request_is_refused_naming_tools(field):
+    """`functions` was an unknown field: the request ran without the tools it declared."""
+    with pytest.raises(ValidationError, match="send 'tools'"):
+        ChatCompletionRequest.model_validate({**CHAT, field: [{"name": "f"}] if field == "functions" else "auto"})
