@@ -90,7 +90,7 @@ def test_layer_cache_validates_scales():
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_storage_dtype("int4", torch.float32)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        EngineConfig(kv_cache_dtype="fp8")
+        EngineConfig(kv_cache_dtype="fp4")
 
 
 # ------------------------------------------------------------------ the pool
