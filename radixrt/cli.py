@@ -285,9 +285,40 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     return parser
 
 
+# `vllm serve` flags a migrating user types, and what `radixrt serve` calls them
+VLLM_FLAGS = {
+    "--max-model-len": "--context-length",
+    "--gpu-memory-utilization": "--mem-fraction-static",
+    "--max-num-seqs": "--max-running-requests",
+    "--max-num-batched-tokens": "--chunked-prefill-size",
+    "--enable-prefix-caching": "nothing (the radix cache is always on; --disable-radix-cache turns it off)",
+    "--no-enable-prefix-caching": "--disable-radix-cache",
+    "--enable-auto-tool-choice": "nothing (tool calls are always read; --tool-call-parser picks the format)",
+    "--seed": "--random-seed",
+    "--enforce-eager": "--disable-cuda-graph",
+    "--max-logprobs": "--max-top-logprobs-num",
+    "--block-size": "--page-size",
+    "--lora-modules": "--lora-paths",
+    "--generation-config": "--sampling-defaults",
+}
+
+
+def vllm_flag_hint(given: list[str]) -> Optional[str]:
+    """What `radixrt serve` calls the first `vllm serve` flag of ``given`` (None without one)."""
+    for arg in given:
+        flag = arg.split("=", 1)[0]
+        if flag in VLLM_FLAGS:
+            return f"{flag} is vLLM's; here it is {VLLM_FLAGS[flag]}"
+    return None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = given[0] if given and given[0] in {name for name, _, _ in COMMANDS} else None
+    hint = vllm_flag_hint(given) if command == "serve" else None
+    if hint is not None:
+        print(f"radixrt serve: error: {hint}", file=sys.stderr)
+        return 2
     args = build_parser(command).parse_args(given)
     try:
         _setup_logging(getattr(args, "log_level", "warning") or "warning")

@@ -313,6 +313,15 @@ def test_serve_refuses_prefixes_and_out_of_range_values_at_parse_time(capsys):
         EngineConfig(max_total_tokens=0)
 
 
+def test_vllms_serve_flags_are_named_in_radixrts_words(capsys):
+    from radixrt.cli import main
+
+    assert main(["serve", "--max-model-len", "4096"]) == 2
+    assert "--max-model-len is vLLM's; here it is --context-length" in capsys.readouterr().err
+    assert main(["serve", "--gpu-memory-utilization=0.9"]) == 2
+    assert "--mem-fraction-static" in capsys.readouterr().err
+
+
 def test_vllms_spellings_of_values_are_taken():
     from radixrt.cli import build_parser
     from radixrt.server.args import server_args_from_cli
