@@ -66,8 +66,6 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
     """``prompt`` (a string, a list of ids, or a list of either) through the front door."""
     if req.suffix:
         raise bad_request("'suffix' is not supported.", "suffix")
-    if req.best_of is not None and req.best_of != req.n and not req.use_beam_search:
-        raise bad_request("'best_of' other than n is supported only as a beam width (use_beam_search).", "best_of")
     p = req.prompt
     if not isinstance(p, (str, list)):
         raise bad_request(

@@ -60,7 +60,9 @@ def check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[in
     limits = tm.limits
     if req.n > limits.max_n:
         raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
-    best_of = getattr(req, "best_of", None)
+    best_of = req.best_of
+    if best_of is not None and best_of != req.n and not req.use_beam_search:
+        raise bad_request("'best_of' other than n is supported only as a beam width (use_beam_search).", "best_of")
     if req.use_beam_search and req.beam_width is None:  # vLLM's search: its width is max(n, best_of)
         if best_of is not None and best_of < req.n:
             raise bad_request(f"'best_of' ({best_of}) must be at least 'n' ({req.n}).", "best_of")

@@ -103,6 +103,7 @@ class _SamplingExtras(Lenient):
     temperature: Optional[float] = Field(None, ge=0)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     n: StrictInt = Field(1, ge=1)  # at most --max-n (checked by the route)
+    best_of: Optional[StrictInt] = Field(None, ge=1)  # vLLM's: n, or a beam width (check_limits)
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None  # only with stream (`_stream_options_need_stream`)
     stop: Optional[Union[str, list[str]]] = None
@@ -222,7 +223,7 @@ class _SamplingExtras(Lenient):
             "beam_width": self.beam_width,
         }
         if self.use_beam_search and self.beam_width is None:
-            width = max(self.n, getattr(self, "best_of", None) or 0)
+            width = max(self.n, self.best_of or 0)
             d["beam_width"] = width
             if width == 1:  # a beam of one is greedy decoding
                 d["temperature"] = 0.0
@@ -236,7 +237,6 @@ class CompletionRequest(_SamplingExtras):
     max_tokens: StrictInt = Field(16, ge=0)  # OpenAI's default, also for an explicit null
     logprobs: Optional[StrictInt] = Field(None, ge=0)  # at most --max-top-logprobs-num (checked by the route)
     echo: StrictBool = False
-    best_of: Optional[StrictInt] = Field(None, ge=1)
     suffix: Optional[str] = None
     # SGLang's: one adapter for all prompts, or one per prompt (None: the base model)
     lora_path: Union[str, list[Optional[str]], None] = None  # type: ignore[assignment]

@@ -1038,6 +1038,13 @@ BAD_INPUTS = {
     ),
     "float_ids_completion": ("POST", "/v1/completions", {"json": {"model": "default", "prompt": [5.0]}}, 400, "prompt"),
     "bool_ids_generate": ("POST", "/generate", {"json": {"input_ids": [True, False]}}, 400, "input_ids"),
+    "best_of_without_beam_search_chat": (  # it was ignored on chat (refused on completions)
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "default", "messages": _MSG, "n": 1, "best_of": 2}},
+        400,
+        "best_of",
+    ),
     "bool_stop_token_ids_chat": (
         "POST",
         "/v1/chat/completions",
