@@ -121,12 +121,12 @@ def _text_of(blocks: Union[str, list[Any], None], where: str) -> str:
 
 
 def _user(t: Translation, m: Message, where: str) -> None:
+    param = f"{where}.content".replace("[", ".").replace("]", "")
+    if not m.content:
+        raise bad_request(f"{where}: user messages must have non-empty content.", param)
     if isinstance(m.content, str):
         t.add(where, {"role": "user", "content": m.content})
         return
-    if not m.content:
-        param = f"{where}.content".replace("[", ".").replace("]", "")
-        raise bad_request(f"{where}: user messages must have non-empty content.", param)
     texts: list[str] = []
     for j, b in enumerate(m.content):
         at = f"{where}.content[{j}]"
@@ -135,6 +135,8 @@ def _user(t: Translation, m: Message, where: str) -> None:
             content = f"Error: {content}" if b.is_error else content  # a chat template has no field for it
             t.add(at, {"role": "tool", "tool_call_id": b.tool_use_id, "content": content})
         elif isinstance(b, TextBlock):
+            if not b.text:  # as Anthropic's API
+                raise bad_request(f"{at}: text content blocks must be non-empty.", f"{param}.{j}")
             texts.append(b.text)
         else:
             raise _block_error(at, b.type, "user" if isinstance(b, (ToolUseBlock, ThinkingBlock)) else "")

@@ -148,6 +148,8 @@ def test_a_final_assistant_message_is_continued(client, http):
         ({"temperature": 1.5}, "temperature"),  # Anthropic's range is 0-1
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages.0.content"),  # as Anthropic's API
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "messages.0.content"),
         ({"stop_sequences": [""]}, "stop_sequences"),  # the Anthropic field, not the chat one
         ({"messages": [*QUESTION, {"role": "assistant", "content": "It is "}]}, "messages.1"),  # trailing space
     ],
