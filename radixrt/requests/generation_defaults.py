@@ -30,6 +30,8 @@ def generation_defaults(model_dir: str) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ValueError(f"{path} is not readable JSON: {e}") from None
     found = {k: config[k] for k in KEYS if isinstance(config, dict) and config.get(k) is not None}
+    if found.get("top_k") == 0:  # transformers' and vLLM's "no top-k"
+        del found["top_k"]
     try:
         SamplingParams.from_dict(dict(found))
     except (TypeError, ValueError) as e:

@@ -58,7 +58,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from radixrt.router.broadcast import add_broadcast_routes, add_profile_routes
-from radixrt.router.dp_rank import RANK_HEADER, rank_of
+from radixrt.router.dp_rank import RANK_HEADER, RANKED_PATHS, rank_of
 from radixrt.router.guard import RouterGuard
 from radixrt.router.keys import routing_key
 from radixrt.router.kv_routing import KVEventRouting
@@ -127,7 +127,7 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
     """Route one request and pass its answer (or stream) back; fail over while nothing was answered."""
     body = await request.body()
     key = tokens = pinned = None
-    if key_from_body or path in SESSION_PATHS:
+    if key_from_body or path in SESSION_PATHS or path in RANKED_PATHS:
         parsed = await _parse(body) if body.strip() else None
         session, body = session_of(path, parsed, body)
         try:
@@ -139,7 +139,7 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
         elif rank is not None:  # SGLang's routed_dp_rank: the worker of that rank, in the router's order
             workers = list(state.pool.workers)
             if not 0 <= rank < len(workers):
-                return error_response(400, f"'routed_dp_rank' {rank} names no worker of this router's {len(workers)}")
+                return error_response(400, f"data-parallel rank {rank} names no worker of this router's {len(workers)}")
             pinned, body = workers[rank], ranked_body or body
         elif key_from_body:
             key = routing_key(path, parsed)

@@ -1,5 +1,6 @@
 """SGLang's ``routed_dp_rank`` (and the Engine's name for it, ``data_parallel_rank``) behind the
-router: a ``/generate``, ``/v1/completions`` or ``/v1/chat/completions`` body that names a rank,
+router: a ``/generate``, ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses`` or
+``/v1/messages`` body that names a rank,
 or SGLang's ``X-Data-Parallel-Rank`` header on any of them (the header first, as SGLang reads
 them), goes to that worker, in the order the router was given its workers (``--dp N``: its
 replicas, rank 0 first), without the field (each worker serves one rank). A rank the router has
@@ -12,7 +13,7 @@ from typing import Any, Optional
 
 RANK_FIELDS = ("routed_dp_rank", "data_parallel_rank")
 RANK_HEADER = "x-data-parallel-rank"
-RANKED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+RANKED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 
 def rank_of(path: str, body: Any, header: Optional[str] = None) -> tuple[Optional[int], Optional[bytes]]:

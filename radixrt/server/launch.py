@@ -336,6 +336,9 @@ def _server_context(
     served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
     # "default": SGLang's name for whatever it serves (its clients and examples send it)
     aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved)), "default"}
+    taken = aliases & set(parse_lora_paths(config.lora.lora_paths))
+    if taken:  # `model: "<name>"` would mean the base model
+        raise ValueError(f"--lora-paths names an adapter {sorted(taken)[0]!r}, a name of the served model")
     metrics = ServerMetrics(served)
     run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics))
     if sargs.sampling_defaults == "model":

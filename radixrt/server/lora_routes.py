@@ -48,6 +48,11 @@ async def _control(ctx: ServerContext, name: str, path: str | None) -> Response:
 @router.post("/load_lora_adapter")
 async def load_lora_adapter(request: Request, ctx: ServerContext = Depends(server_context)) -> Response:
     body = await _body(request, ctx, ("lora_name", "lora_path"))
+    if body["lora_name"] in ctx.model_aliases:  # `model: "<name>"` would mean the base model
+        raise bad_request(
+            f"LoRA adapter name {body['lora_name'][:128]!r} is a name of the served model; choose another.",
+            "lora_name",
+        )
     return await _control(ctx, body["lora_name"], body["lora_path"])
 
 

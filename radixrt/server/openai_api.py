@@ -161,12 +161,10 @@ def _content_text(i: int, m: Any) -> Optional[str]:
         return content
     parts = []
     for part in content:
-        text = part.refusal if (part.type == "refusal" and m.role == "assistant") else part.text
-        if part.type not in ("text", "refusal") or text is None:
-            why = (
-                f"has no '{part.type}'"
-                if part.type in ("text", "refusal")
-                else "is not supported by this model (text only)"
+        text = part.refusal if part.type == "refusal" else part.text
+        if part.type not in ("text", "refusal") or text is None or (part.type == "refusal" and m.role != "assistant"):
+            why = {"text": "has no 'text'", "refusal": "belongs to an assistant message, with its 'refusal'"}.get(
+                part.type, "is not supported by this model (text only)"
             )
             raise bad_request(f"messages[{i}].content: a '{part.type}' part {why}.", f"messages.{i}.content")
         parts.append(text)
@@ -187,8 +185,15 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict]:
         if m.role == "assistant" and m.function_call is not None and not m.tool_calls:
             legacy_call = f"call_function_{i}"
             msg["tool_calls"] = [{"id": legacy_call, "type": "function", "function": m.function_call}]
-        if m.role == "function" and legacy_call is not None:
+        if m.role == "function":  # answers the function_call before it, once (as a tool message its call)
+            if legacy_call is None:
+                raise bad_request(
+                    f"messages[{i}] is a 'function' message, but it must answer the function_call of the "
+                    "assistant message before it.",
+                    f"messages.{i}.role",
+                )
             msg.update(role="tool", tool_call_id=legacy_call)
+            legacy_call = None
         if m.role == "assistant" and (m.reasoning_content or m.reasoning):
             msg["reasoning_content"] = m.reasoning_content or m.reasoning  # as the template reads it
         messages.append(msg)

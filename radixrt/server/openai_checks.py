@@ -44,8 +44,10 @@ def sampling_of(
     req: Any, max_new_tokens: Optional[int], extra: Optional[dict] = None, defaults: Optional[dict] = None
 ) -> SamplingParams:
     """The request's SamplingParams, ``defaults`` (the model's, `generation_defaults`) filling the
-    fields it leaves unset; a bad value is a 400 naming the OpenAI field."""
-    d = {**(defaults or {}), **req.sampling_dict(max_new_tokens)}
+    fields it leaves unset (but for a beam search, which samples nothing); a bad value is a 400 naming
+    the OpenAI field."""
+    asked = req.sampling_dict(max_new_tokens)
+    d = asked if (asked.get("beam_width") or 1) > 1 else {**(defaults or {}), **asked}
     if extra:
         d.update(extra)
     try:

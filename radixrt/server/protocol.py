@@ -174,7 +174,8 @@ class _SamplingExtras(Lenient):
     @field_validator(*UNIMPLEMENTED_FIELDS)
     @classmethod
     def _refused(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and value is not False:
+        asks_nothing = value is None or value is False or (isinstance(value, (list, dict)) and not value)
+        if not asks_nothing:  # vLLM's bad_words: [] (its default) asks for nothing
             raise ValueError(UNIMPLEMENTED_FIELDS[str(info.field_name)])
         return value
 

@@ -399,6 +399,9 @@ def test_the_http_routes_serve_adapters(tiny_llama, adapters) -> None:
             assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "lora_path", streamed.text
             loaded = c.post("/load_lora_adapter", json={"lora_name": "other", "lora_path": adapters["other"]})
             assert loaded.status_code == 200 and set(loaded.json()["loaded_adapters"]) == {"r8", "other"}
+            for taken in ("default", base):  # `model: "<name>"` would mean the base model, listed twice
+                clash = c.post("/load_lora_adapter", json={"lora_name": taken, "lora_path": adapters["other"]})
+                assert clash.status_code == 400 and "a name of the served model" in clash.text, clash.text
             bad = c.post("/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nonexistent"})
             assert bad.status_code == 400 and "adapter_config.json" in bad.text
             assert bad.json()["error"]["param"] == "lora_path"  # the folder is what is wrong

@@ -356,6 +356,13 @@ def test_routed_dp_rank_picks_the_worker_of_that_rank(workers, routers):
         router.url + "/v1/chat/completions", headers={**AUTH, "X-Data-Parallel-Rank": "7"}, json=chat, timeout=60
     )
     assert r.status_code == 400 and "names no worker" in r.text
+    responses = {"model": "tiny", "input": "x", "max_output_tokens": 1, "store": False}
+    for rank in (1, 0):  # and on /v1/responses (and /v1/messages), which the policy does not route
+        headers = {**AUTH, "X-Data-Parallel-Rank": str(rank)}
+        r = HTTP.post(router.url + "/v1/responses", headers=headers, json=responses, timeout=60)
+        assert r.status_code == 200 and r.headers["x-radixrt-worker"] == workers[rank].url, r.text
+    r = HTTP.post(router.url + "/v1/responses", headers={**AUTH, "X-Data-Parallel-Rank": "7"}, json=responses)
+    assert r.status_code == 400 and "names no worker" in r.text
     r = HTTP.post(
         router.url + "/generate", headers={**AUTH, "X-Data-Parallel-Rank": "one"}, json={"text": "x"}, timeout=60
     )

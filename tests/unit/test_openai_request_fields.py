@@ -93,3 +93,35 @@ def test_the_deprecated_functions_request_is_refused_naming_tools(field):
     """`functions` was an unknown field: the request ran without the tools it declared."""
     with pytest.raises(ValidationError, match="send 'tools'"):
         ChatCompletionRequest.model_validate({**CHAT, field: [{"name": "f"}] if field == "functions" else "auto"})
+
+
+def test_a_function_message_answers_one_function_call_and_refusals_are_an_assistants():
+    from radixrt.server.errors import ServerError
+    from radixrt.server.openai_api import _chat_messages
+
+    call = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
+    answer = {"role": "function", "name": "f", "content": "42"}
+    user = {"role": "user", "content": "hi"}
+    for messages in ([user, answer], [user, call, answer, answer]):  # no call to answer; one answered twice
+        with pytest.raises(ServerError, match="must answer the function_call"):
+            _chat_messages(ChatCompletionRequest.model_validate({"messages": messages}))
+    refused = {"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}
+    with pytest.raises(ServerError, match="belongs to an assistant message"):
+        _chat_messages(ChatCompletionRequest.model_validate({"messages": [refused]}))
+
+
+def test_an_empty_list_asks_for_nothing():
+    """vLLM sends bad_words: [] (its default): that asks for nothing, so it is no 400."""
+    assert ChatCompletionRequest.model_validate({**CHAT, "bad_words": []}).bad_words == []
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate({**CHAT, "prompt_logprobs": 0})  # 0 asks vLLM for the prompt's
+
+
+def test_model_defaults_leave_a_beam_search_alone_and_top_k_0_is_off(tmp_path):
+    """A Qwen2.5-like repetition_penalty in the file made every beam search a 400; top_k 0 (no top-k
+    in transformers and vLLM) stopped the server from starting."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.05, "top_k": 0}))
+    defaults = generation_defaults(str(tmp_path))
+    assert defaults == {"repetition_penalty": 1.05}
+    beam = {**CHAT, "use_beam_search": True, "n": 2}
+    assert sampling_of(ChatCompletionRequest.model_validate(beam), 8, defaults=defaults).beam_width == 2
