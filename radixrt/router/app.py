@@ -182,7 +182,7 @@ async def proxy(state: RouterState, request: Request, path: str, key_from_body: 
             raise
         if resp is None:
             w.load -= 1
-            logger.info("%s %s: the client left before the worker answered; cancelled there", request.method, path)
+            logger.info("%s %r: the client left before the worker answered; cancelled there", request.method, path)
             return Response(status_code=499)
         if resp.status_code == 503 and len(tried) < len(state.pool.workers):
             last_error = f"worker {w.url} answered 503"

@@ -43,7 +43,7 @@ class RouterGuard:
             try:
                 body = await read_body(receive, self.state.config.max_request_bytes)
             except ClientLeft as e:
-                logger.info("%s %s: %s", scope.get("method"), scope["path"], e)
+                logger.info("%s %r: %s", scope.get("method"), scope["path"], e)  # %r: no forged lines
                 return
             except BodyTooLarge:
                 await self._too_large()(scope, receive, send)

@@ -207,6 +207,7 @@ class _Serving:
         self.server: Any = None
         self.exit_code = 0
         self.stopping = False
+        self.stalled = False  # the scheduler showed no progress for --scheduler-stall-timeout-s (logged once)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.drain_tasks: list[asyncio.Future] = []
 
@@ -224,15 +225,26 @@ class _Serving:
             )
         return None
 
+    def note_stall(self) -> None:
+        """Log when the scheduler stops making progress (and /health turns 503) and when it resumes."""
+        late = time.monotonic() - self.heartbeat.value
+        stalled = late > self.sargs.scheduler_stall_timeout_s and not self.stopping
+        if stalled != self.stalled:
+            self.stalled = stalled
+            if stalled:
+                logger.warning("the scheduler process has shown no progress for %.1f s: /health answers 503", late)
+            else:
+                logger.warning("the scheduler process makes progress again: /health answers 200")
+
     async def watchdog(self) -> None:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            self.note_stall()
             dead = [c for c in self.children if not c.proc.is_alive()]
             if dead and not self.stopping:
                 reason = ", ".join(
                     f"the {c.name} process (pid {c.proc.pid}) exited with code {c.proc.exitcode}" for c in dead
                 )
-                logger.error("%s; shutting down", reason)
                 print(f"radixrt serve: {reason}; shutting down", file=sys.stderr, flush=True)
                 self.stopping = True
                 self.exit_code = 1
@@ -278,6 +290,12 @@ class _Serving:
             await asyncio.sleep(0.05)
         self.server.should_exit = True
 
+    def stop_now(self) -> None:
+        """A second signal: every request ends now, each with its error (a stream with its error
+        event and ``[DONE]``), so that uvicorn stops without cancelling them mid-answer."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.tm.fail_all, "the server is stopping (a second signal)")
+
     def start_drain(self, sig: int) -> bool:
         """From uvicorn's signal handler: start `drain` on the server's loop;
         False when there is nothing to drain from (not serving yet, or already draining)."""
@@ -309,8 +327,11 @@ def _draining_server(uconfig: Any, run: _Serving) -> Any:
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit or not self.started or not run.start_drain(sig):
-                super().handle_exit(sig, frame)  # a second signal, or not serving yet: stop now
+            if not self.started:
+                super().handle_exit(sig, frame)  # not serving yet: stop now
+            elif not run.start_drain(sig):  # a second signal (or one after the drain): stop now
+                run.stop_now()
+                self.should_exit = True
 
     return DrainingServer(uconfig)
 

@@ -69,7 +69,7 @@ class GuardMiddleware:
                 try:
                     body_receive = await self._read_body(scope, receive, ctx.max_request_bytes)
                 except ClientLeft as e:
-                    logger.info("%s %s: %s", scope.get("method"), path, e)
+                    logger.info("%s %r: %s", scope.get("method"), path, e)  # %r: a client's path forges no line
                     return
                 except ServerError as e:
                     refusal = error_response(e.status, e.message, e.param, e.err_type, path=path)
@@ -79,7 +79,7 @@ class GuardMiddleware:
             try:
                 await self.app(scope, body_receive, send_wrapper)
             except Exception as exc:  # answered here, so that the connection stays usable
-                logger.exception("unhandled error on %s %s", scope.get("method"), path)
+                logger.exception("unhandled error on %s %r", scope.get("method"), path)
                 if not status_box[0]:
                     await error_response(500, f"Internal server error: {type(exc).__name__}: {exc}", path=path)(
                         scope, receive, send_wrapper

@@ -349,6 +349,7 @@ def test_health_follows_the_scheduler_heartbeat(server):
             time.sleep(0.05)
         stalled = time.monotonic() - t0
         _error(client.get("/health"), 503, "no progress")
+        time.sleep(0.8)  # the watchdog's look (every 0.5 s) sees the stall
     finally:
         os.kill(pid, signal.SIGCONT)
     assert stalled >= STALL_TIMEOUT_S - 0.5, stalled
@@ -356,6 +357,12 @@ def test_health_follows_the_scheduler_heartbeat(server):
     while client.get("/health").status_code != 200:
         assert time.monotonic() - t0 < 2, "/health did not recover after SIGCONT"
         time.sleep(0.05)
+    # the operator's log says why /health turned 503, and when it came back (it said nothing)
+    t0 = time.monotonic()
+    while "makes progress again" not in server.log_tail(100_000):
+        assert time.monotonic() - t0 < 3, server.log_tail()
+        time.sleep(0.1)
+    assert "has shown no progress for" in server.log_tail(100_000)
     r = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
     client.close()
     assert r.status_code == 200
@@ -473,6 +480,39 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(pid_alive(p) for p in pids.values()), pids
+    finally:
+        srv.cleanup()
+
+
+@pytest.mark.slow  # a server of its own
+def test_a_second_signal_ends_every_request_at_once(tiny_llama):
+    """It waited uvicorn's 5 s, then cancelled the requests: a plain-text 500, streams cut without
+    their error event, two tracebacks in the log."""
+    srv = LocalServer("--served-model-name", "default", "--shutdown-grace-s", "60", model=tiny_llama)
+    try:
+        srv.wait_ready()
+        events: list = []
+
+        def stream() -> None:
+            body = {"text": "hi", "stream": True, "sampling_params": LONG}
+            with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/generate", json=body) as r:
+                events.extend(_events(r.iter_lines()))
+
+        worker = threading.Thread(target=stream)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(srv.url + "/debug/kv", timeout=10).json()["running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(20) == 0, srv.log_tail()
+        worker.join(10)
+        assert time.monotonic() - t0 < 4, time.monotonic() - t0
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 503, events[-2:]
+        assert "Traceback" not in srv.log_tail(100_000), srv.log_tail()
     finally:
         srv.cleanup()
 

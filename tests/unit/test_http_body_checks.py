@@ -148,6 +148,15 @@ def test_guard_client_gone_mid_upload(caplog):
     assert sent == [] and seen == [] and ctx.active_requests == 0
     records = [r for r in caplog.records if r.name == "radixrt.server.middleware"]
     assert len(records) == 1 and records[0].exc_info is None and "left" in records[0].getMessage()
+    # a client's path (percent-decoded by the server) forged an ERROR line with ANSI escapes
+    forged = "/generate\n[2026-12-07 08:00:00,000 server] ERROR radixrt.server: \x1b[31mFORGED"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="radixrt.server.middleware"):
+        asyncio.run(
+            _call(mw, forged, [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}])
+        )
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "radixrt.server.middleware"]
+    assert "\n" not in line and "\x1b" not in line and "FORGED" in line
 
 
 def test_guard_answers_unhandled_errors_and_drains(caplog):
