@@ -19,6 +19,8 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if level.lower() != "debug":  # a line per request the router sends (every health check) below debug
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def cmd_download(args: argparse.Namespace) -> int:

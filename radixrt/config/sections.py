@@ -33,6 +33,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's, les
 UNCHUNKED_PREFILL = 1 << 30  # chunked_prefill_size -1: more than any context holds
 # SGLang's (and transformers') other names of the dtypes
 DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ModelSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_SPELLINGS.get(self.dtype, self.dtype))
+        check_choice("dtype", self.dtype, MODEL_DTYPES)  # before the model loads (it was a child's traceback)
         for name in ("tokenizer_path", "chat_template"):  # refused before the model loads
             path = getattr(self, name)
             if path is not None and not os.path.exists(path):

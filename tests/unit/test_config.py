@@ -311,6 +311,8 @@ def test_serve_refuses_prefixes_and_out_of_range_values_at_parse_time(capsys):
     assert "port must be 0 to 65535" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_total_tokens must hold at least one page"):
         EngineConfig(max_total_tokens=0)
+    with pytest.raises(ValueError, match="unknown dtype 'float64'"):  # was a child process's traceback, thrice
+        EngineConfig(dtype="float64")
 
 
 def test_vllms_serve_flags_are_named_in_radixrts_words(capsys):
