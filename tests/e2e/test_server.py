@@ -875,6 +875,7 @@ def test_constrained_generate_and_response_format(embedded_client, embedded_oai)
     assert r["text"] in ('"red"', '"green"', '"blue"')
 
 
+@pytest.mark.slow  # the embedded model's server
 def test_vllm_structured_outputs_are_enforced(embedded_client, embedded_oai):
     """vLLM's structured_outputs and guided_* fields were unknown fields, ignored: the output ran free."""
     client, model = embedded_client, embedded_oai.models.list().data[0].id
