@@ -66,3 +66,13 @@ def unpack_rows(packed: PackedHidden) -> list[Any]:
     values.frombytes(data)
     rows = [values[i : i + size].tolist() for i in range(0, len(values), size)]
     return [rows[:prompt_rows], *rows[prompt_rows:]]
+
+
+def last_row(hidden_states: list[Any]) -> list[float]:
+    """The hidden state that produced a request's last output token, from its
+    ``meta_info.hidden_states`` list (what SGLang's OpenAI routes answer with
+    ``return_hidden_states``); empty when no row was computed."""
+    if len(hidden_states) > 1:
+        return hidden_states[-1]
+    prompt_block = hidden_states[0] if hidden_states else []
+    return prompt_block[-1] if prompt_block else []

@@ -32,7 +32,7 @@ from radixrt.requests.finish import LENGTH
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.errors import ServerError, anthropic_error_body
 from radixrt.server.http_utils import dumps, group_error
-from radixrt.server.openai_render import choice_updates, output_deltas
+from radixrt.server.openai_stream import choice_updates, output_deltas
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 
 

@@ -110,6 +110,7 @@ def _completion_specs(
             priority=req.priority,
             return_cache_info=req.return_cache_info,
             admin=admin,
+            return_hidden_states=bool(req.return_hidden_states),
         )
 
 
@@ -342,6 +343,7 @@ def _chat_spec(
             priority=req.priority,
             return_cache_info=req.return_cache_info,
             admin=admin,
+            return_hidden_states=bool(req.return_hidden_states),
         )
     return specs[0]
 

@@ -92,7 +92,6 @@ UNIMPLEMENTED_FIELDS = {
     **dict.fromkeys(
         ("functions", "function_call"), "is OpenAI's deprecated form of tools: send 'tools' and 'tool_choice'"
     ),
-    "return_hidden_states": "is SGLang's, served on /generate only (with --enable-return-hidden-states)",
 }
 
 
@@ -160,6 +159,9 @@ class _SamplingExtras(Lenient):
     # output ids (streamed: the prompt's in a choice's first chunk, then each chunk's new ids)
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False  # vLLM's: logprobs name tokens "token_id:<id>"
+    # SGLang's (with --enable-return-hidden-states): each choice's ``hidden_states``, the model's last
+    # hidden state at the position that produced the choice's last token ("last" says the same)
+    return_hidden_states: Union[StrictBool, Literal["last"]] = False
     # UNIMPLEMENTED_FIELDS: refused when set
     bad_words: Any = None
     allowed_token_ids: Any = None
@@ -167,7 +169,6 @@ class _SamplingExtras(Lenient):
     prompt_logprobs: Any = None
     truncate_prompt_tokens: Any = None
     custom_logit_processor: Any = None
-    return_hidden_states: Any = None
     functions: Any = None
     function_call: Any = None
 

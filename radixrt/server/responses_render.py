@@ -35,7 +35,8 @@ from typing import Any, AsyncIterator, Callable, Optional
 from radixrt.requests.finish import LENGTH, STOP
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.http_utils import dumps
-from radixrt.server.openai_render import choice_updates, logprob_entries, output_deltas, reasoning_tokens, usage
+from radixrt.server.openai_render import logprob_entries, reasoning_tokens, usage
+from radixrt.server.openai_stream import choice_updates, output_deltas
 from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser
 

@@ -95,3 +95,59 @@ def test_generate_route_returns_hidden_states(tiny_server, hf):
         _check_against_transformers(hf, prompt_ids, result)
     bad = httpx.post(tiny_server.url + "/generate", json={**body, "return_hidden_states": "yes"}, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "return_hidden_states", bad.text
+
+
+@torch.inference_mode()
+def _last_hidden(hf, prompt_ids: list[int], out: list[int]) -> torch.Tensor:
+    """transformers' last hidden layer at the position that produced ``out[-1]``."""
+    return hf(torch.tensor([prompt_ids + out[:-1]]), output_hidden_states=True).hidden_states[-1][0][-1]
+
+
+def _sse_chunks(response: httpx.Response) -> list[dict]:
+    import json
+
+    lines = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
+def test_openai_routes_return_the_last_hidden_state(tiny_server, hf):
+    """SGLang's ``return_hidden_states`` on /v1/completions and /v1/chat/completions: each choice's
+    ``hidden_states`` is the last hidden state (the one that produced its last token), equal to
+    transformers', whole and streamed (chat streams it in a delta of its own, as SGLang)."""
+    headers = {"Authorization": f"Bearer {TINY_SERVER_KEY}"}
+    common = {"temperature": 0, "return_hidden_states": True, "return_token_ids": True}
+    body = {"prompt": PROMPTS[0], "max_tokens": 10, **common}
+    whole = httpx.post(tiny_server.url + "/v1/completions", json=body, headers=headers, timeout=120).json()
+    choice = whole["choices"][0]
+    want = _last_hidden(hf, choice["prompt_token_ids"], choice["token_ids"])
+    assert torch.allclose(torch.tensor(choice["hidden_states"]), want, atol=ATOL)
+    with httpx.Client(timeout=120, headers=headers) as client:
+        streamed = _sse_chunks(client.post(tiny_server.url + "/v1/completions", json={**body, "stream": True}))
+    rows = [c["choices"][0]["hidden_states"] for c in streamed if c["choices"] and "hidden_states" in c["choices"][0]]
+    assert rows == [pytest.approx(choice["hidden_states"], abs=ATOL)]
+
+    one = httpx.post(tiny_server.url + "/v1/completions", json={**body, "max_tokens": 1}, headers=headers).json()
+    first = one["choices"][0]  # one token: the prompt's last position produced it
+    assert torch.allclose(
+        torch.tensor(first["hidden_states"]), _last_hidden(hf, first["prompt_token_ids"], first["token_ids"]), atol=ATOL
+    )
+
+    chat = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 6, **common}
+    answer = httpx.post(tiny_server.url + "/v1/chat/completions", json=chat, headers=headers, timeout=120).json()
+    got = answer["choices"][0]
+    want = _last_hidden(hf, answer["prompt_token_ids"], got["token_ids"])
+    assert torch.allclose(torch.tensor(got["hidden_states"]), want, atol=ATOL)
+    with httpx.Client(timeout=120, headers=headers) as client:
+        streamed = _sse_chunks(client.post(tiny_server.url + "/v1/chat/completions", json={**chat, "stream": True}))
+    deltas = [c["choices"][0]["delta"] for c in streamed if c["choices"]]
+    rows = [d["hidden_states"] for d in deltas if "hidden_states" in d]
+    assert rows == [pytest.approx(got["hidden_states"], abs=ATOL)]
+
+    plain = httpx.post(
+        tiny_server.url + "/v1/completions", json={**body, "return_hidden_states": False}, headers=headers
+    )
+    assert "hidden_states" not in plain.json()["choices"][0]
+    bad = httpx.post(
+        tiny_server.url + "/v1/completions", json={**body, "return_hidden_states": "first"}, headers=headers
+    )
+    assert bad.status_code == 400 and "return_hidden_states" in bad.text, bad.text

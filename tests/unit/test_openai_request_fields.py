@@ -45,7 +45,6 @@ def test_model_may_be_left_out_as_in_sglang_and_vllm():
         ("bad_words", ["cat"], "vLLM's"),
         ("truncate_prompt_tokens", 8, "vLLM's"),
         ("custom_logit_processor", "x", "SGLang's"),
-        ("return_hidden_states", True, "/generate only"),
     ],
 )
 def test_fields_these_routes_do_not_implement_are_refused(field, value, says):
