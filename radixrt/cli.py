@@ -302,6 +302,9 @@ VLLM_FLAGS = {
     "--block-size": "--page-size",
     "--lora-modules": "--lora-paths",
     "--generation-config": "--sampling-defaults",
+    "--enable-log-requests": "--log-requests",
+    "--disable-log-requests": "nothing (requests are logged only under --log-requests)",
+    "--max-log-len": "--log-requests-level (2 cuts each text at 2,048 characters, 3 logs it whole)",
 }
 
 

@@ -35,6 +35,7 @@ from radixrt.loop_thread import LoopThread
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import RequestSpec, build_specs, sequences_each, split_prompts, validate_call
 from radixrt.requests.messages import REPLY_KINDS, AbortReq, ControlReply, TokenBatch
+from radixrt.requests.request_log import RequestLog
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqGroup, ResultRouter
 from radixrt.requests.scoring import score_with
@@ -101,7 +102,9 @@ class Engine(EngineControl):
         self.info = scheduler.runtime_info()
         self.context_length = self.info.context_length
         self.limits = self.info.limits
-        self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox))
+        debug = self.config.debug
+        observers = [RequestLog(self.tokenizer, debug.log_requests_level)] if debug.log_requests else []
+        self.router = ResultRouter(self.tokenizer, _QueueTransport(self._inbox), observers)
         # adapter names a request may give as lora_path (kept by load/unload_lora_adapter)
         self.lora_adapters: set[str] = set(parse_lora_paths(self.config.lora.lora_paths))
         self.sessions = SessionStore()  # SGLang's sessions (`open_session`), as the server's

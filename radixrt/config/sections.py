@@ -424,7 +424,19 @@ class DebugSettings:
     debug_check_invariants: bool = setting(
         False, "check free + tree + private == total KV slots after every step (slow; tests)"
     )
+    log_requests: bool = setting(
+        False,
+        "log each request when it is received and each answer when it ends, at any --log-level, naming the "
+        "client's rid (SGLang's flag)",
+    )
+    log_requests_level: int = setting(
+        2,
+        "what --log-requests writes (SGLang's levels): 0 rids, token counts, finish reasons and latencies; "
+        "1 also the sampling parameters set; 2 also the prompt and output, cut to 2,048 characters; 3 whole",
+    )
 
     def __post_init__(self) -> None:
+        if not 0 <= self.log_requests_level <= 3:
+            raise ValueError("log_requests_level must be 0 to 3")
         if str(self.log_level).lower() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {str(self.log_level)[:32]!r}")

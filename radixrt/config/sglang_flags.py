@@ -41,11 +41,6 @@ class SGLangFlagSettings:
         "SGLang's: start without warming up; here a server's front skips parsing one grammar at start-up "
         "(loading xgrammar and torch, about 1.4 s of CPU), so the first request with a grammar pays for it",
     )
-
-    log_requests: bool = setting(
-        False, "SGLang's: accepted; --log-level info logs each HTTP request's line (uvicorn's access log)"
-    )
-    log_requests_level: Optional[int] = setting(None, "SGLang's: accepted with --log-requests (0 to 3)")
     watchdog_timeout: Optional[float] = setting(
         None,
         "SGLang's: accepted; a scheduler that stops making progress turns /health to 503 after "
@@ -79,8 +74,6 @@ class SGLangFlagSettings:
         for name, only in (("nnodes", 1), ("node_rank", 0)):
             if getattr(self, name) not in (None, only):
                 raise ValueError(f"{name} must be {only}: radixrt serves from one machine")
-        if self.log_requests_level is not None and not 0 <= self.log_requests_level <= 3:
-            raise ValueError("log_requests_level must be 0 to 3")
         for name in ("watchdog_timeout", "schedule_conservativeness"):
             value = getattr(self, name)
             if value is not None and not value > 0:

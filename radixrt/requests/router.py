@@ -60,12 +60,19 @@ class Transport(Protocol):
         """Abort the requests or samples of internal ids ``iids`` ("" aborts every request), in one message."""
 
 
-class ResultObserver(Protocol):
-    """Hears of outputs and finished samples (the server's metrics); called on the group's loop."""
+class ResultObserver:
+    """Hears of submitted requests, outputs and finished samples (the server's metrics, the
+    request log); each hook does nothing unless overridden. ``on_submit`` runs on the submitting
+    loop once a request is sent; the others on the group's loop. A hook must not raise."""
 
-    def on_output(self, st: "ReqState", out: TokenOutput, now: float) -> None: ...
+    def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
+        """``spec`` was sent under ``entry``'s ids."""
 
-    def on_finish(self, st: "ReqState", now: float, inflight: int) -> None: ...
+    def on_output(self, st: "ReqState", out: TokenOutput, now: float) -> None:
+        """``st`` took output ``out`` (not its first update if it was refused)."""
+
+    def on_finish(self, st: "ReqState", now: float, inflight: int) -> None:
+        """``st`` finished, failed or was aborted; ``inflight`` samples are left."""
 
 
 class _Mailbox:
@@ -194,10 +201,10 @@ def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
 class ResultRouter:
     """Routes one front's requests out and their results back (see the module docstring)."""
 
-    def __init__(self, tokenizer: object, transport: Transport, observer: Optional[ResultObserver] = None) -> None:
+    def __init__(self, tokenizer: object, transport: Transport, observers: Sequence[ResultObserver] = ()) -> None:
         self.tokenizer = tokenizer
         self.transport = transport
-        self.observer = observer
+        self.observers = tuple(observers)
         self._lock = threading.Lock()
         self._states: dict[str, ReqState] = {}  # the live samples, by internal id
         self._requests: dict[str, list[ReqState]] = {}  # the live requests' samples, by internal id
@@ -237,6 +244,8 @@ class ResultRouter:
                 self._register(group, spec, entry, live_text)
         for spec, entry in zip(specs, entries):
             self.transport.send_request(spec, entry)
+            for observer in self.observers:
+                observer.on_submit(spec, entry)
         return group
 
     def _register(self, group: ReqGroup, spec: RequestSpec, entry: RidEntry, live_text: bool) -> None:
@@ -328,7 +337,7 @@ class ResultRouter:
     def _apply(self, updates: Iterable[_Update]) -> None:
         """Fold updates into their states (on the states' loop) and wake their groups."""
         now = time.perf_counter()
-        observer = self.observer
+        observers = self.observers
         finished: list[ReqState] = []
         ended: list[ReqGroup] = []
         for st, out, text in updates:
@@ -340,7 +349,7 @@ class ResultRouter:
             elif not self._add(st, out, text):  # a fault in one output fails its request alone
                 finished.append(st)
             else:
-                if observer is not None:
+                for observer in observers:
                     observer.on_output(st, out, now)
                 if out.finish_reason is not None:
                     st.done = True
@@ -381,9 +390,9 @@ class ResultRouter:
                     del self._requests[st.parent]
                     self._rids.remove(st.parent)
             inflight = len(self._states)
-        if self.observer is not None:
+        for observer in self.observers:
             for st in finished:
-                self.observer.on_finish(st, now, inflight)
+                observer.on_finish(st, now, inflight)
 
     # ------------------------------------------------------------------ aborts and failures
     def abort_group(self, group: ReqGroup, reason: str) -> None:

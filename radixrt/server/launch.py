@@ -347,6 +347,7 @@ def _server_context(
 ) -> _Serving:
     """A server whose children are ready, with its tokenizer manager and its routes' context."""
     from radixrt.requests.generation_defaults import generation_defaults
+    from radixrt.requests.request_log import RequestLog
     from radixrt.server.http_server import ServerContext
     from radixrt.server.metrics import ServerMetrics
     from radixrt.server.tokenizer_manager import TokenizerManager
@@ -361,7 +362,8 @@ def _server_context(
     if taken:  # `model: "<name>"` would mean the base model
         raise ValueError(f"--lora-paths names an adapter {sorted(taken)[0]!r}, a name of the served model")
     metrics = ServerMetrics(served)
-    run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics))
+    log = RequestLog(tokenizer, config.debug.log_requests_level) if config.debug.log_requests else None
+    run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics, log))
     if sargs.sampling_defaults == "model":
         run.tm.sampling_defaults = generation_defaults(resolved)
     public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}

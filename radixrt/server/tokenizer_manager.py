@@ -33,7 +33,7 @@ from radixrt.requests.messages import (
     TokenOutput,
 )
 from radixrt.requests.rids import RidEntry
-from radixrt.requests.router import ReqGroup, ReqState, ResultRouter
+from radixrt.requests.router import ReqGroup, ReqState, ResultObserver, ResultRouter
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.errors import ServerError, as_bad_request, bad_request
 from radixrt.server.ipc import DetokBatch, DetokRegister, IpcAddrs, make_socket
@@ -65,7 +65,7 @@ def max_token_chars(tokenizer: Any) -> int:
 __all__ = ["ServerError", "TokenizerManager"]
 
 
-class _Metrics:
+class _Metrics(ResultObserver):
     """The router's observer on the server: TTFT, inter-token latency and finishes (of the
     requests with ``log_metrics``: not /health_generate's probes, as in SGLang)."""
 
@@ -100,7 +100,15 @@ class _Metrics:
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, addrs: IpcAddrs, info: RuntimeInfo, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        addrs: IpcAddrs,
+        info: RuntimeInfo,
+        metrics: ServerMetrics,
+        request_log: Optional[ResultObserver] = None,
+    ) -> None:
+        """``request_log``: `RequestLog` under --log-requests."""
         self.tokenizer = tokenizer
         self.addrs = addrs
         self.info = info
@@ -111,7 +119,8 @@ class TokenizerManager:
         self.vocab_size = info.vocab_size
         self.kv_total_slots = info.kv_total_slots
         self.limits = info.limits
-        self.router = ResultRouter(tokenizer, self, _Metrics(metrics))  # this manager is its transport
+        observers = [_Metrics(metrics)] + ([request_log] if request_log is not None else [])
+        self.router = ResultRouter(tokenizer, self, observers)  # this manager is its transport
         self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.dead_reason: Optional[str] = None
         self._recv_task: Optional[asyncio.Task] = None

@@ -6,6 +6,7 @@ Each test runs on a tiny random Llama (fast) and on the embedded model
 runs on the embedded model alone."""
 
 import asyncio
+import json
 import math
 import time
 
@@ -308,3 +309,27 @@ def test_score_equals_transformers_next_token_probabilities(engine):
     for bad in ({"label_token_ids": []}, {"items": []}, {"query": 5}, {"items": [[1]]}, {"apply_softmax": "yes"}):
         with pytest.raises(ValueError):
             engine.score(**{"query": query, "items": items, "label_token_ids": labels, **bad})
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_log_requests_writes_each_request_and_answer_by_the_client_rid(tiny_llama, caplog, level):
+    """SGLang's --log-requests: a line when a request is received and one per answer, naming the
+    client's rid; texts (level 2 cut, 3 whole) and parameters (from level 1) as JSON strings, so
+    a client's newline or escape sequence cannot forge a line."""
+    forged = "hi\nERROR radixrt: \x1b[31mforged" + " pad" * 800  # 3,226 characters
+    with radixrt.Engine(tiny_llama, max_total_tokens=8192, log_requests=True, log_requests_level=level) as e:
+        with caplog.at_level("INFO", logger="radixrt.requests"):
+            out = e.generate(forged, {"max_new_tokens": 3, "temperature": 0, "stop": ["zzz"]}, rid="client-7")
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixrt.requests"]
+    assert [line.split(" ", 1)[0] for line in lines] == ["Receive:", "Finish:"], lines
+    receive, finish = lines
+    assert all("\n" not in line and "\x1b" not in line for line in lines)
+    prompt_tokens = out["meta_info"]["prompt_tokens"]
+    assert receive.startswith(f'Receive: rid="client-7" prompt_tokens={prompt_tokens}'), receive
+    assert finish.startswith(
+        f'Finish: rid="client-7" finish=length prompt_tokens={prompt_tokens} completion_tokens=3'
+    ), finish
+    assert ("sampling=" in receive) == (level >= 1) and ('\\"zzz\\"' in receive) == (level >= 1), receive
+    assert ('prompt="hi\\nERROR radixrt: \\u001b[31mforged' in receive) == (level >= 2), receive
+    assert ("more characters)" in receive) == (level == 2), receive
+    assert (f"output={json.dumps(out['text'])}" in finish) == (level >= 2), finish

@@ -48,6 +48,7 @@ def server(tiny_llama):
         "20000",
         "--max-tools-chars",
         "50000000",
+        "--log-requests",  # test_requests_are_logged_by_the_client_rid
         model=tiny_llama,
         warmup=True,  # the event-loop timings below assume xgrammar was loaded at start, as by default
     )
@@ -515,6 +516,21 @@ def test_a_second_signal_ends_every_request_at_once(tiny_llama):
         assert "Traceback" not in srv.log_tail(100_000), srv.log_tail()
     finally:
         srv.cleanup()
+
+
+def test_requests_are_logged_by_the_client_rid(server):
+    """--log-requests at the default --log-level (warning): a line when a request arrives and one
+    when it ends, by the client's rid; a newline and an escape sequence in a prompt stay inside
+    its quotes."""
+    body = {"model": "default", "prompt": "hi\nERROR \x1b[31mforged", "max_tokens": 2, "rid": "op-42"}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    log = server.log_tail(100_000)
+    receive = [line for line in log.splitlines() if 'Receive: rid="op-42"' in line]
+    finish = [line for line in log.splitlines() if 'Finish: rid="op-42" finish=length' in line]
+    assert len(receive) == 1 and len(finish) == 1, log[-3000:]
+    assert '"hi\\nERROR \\u001b[31mforged"' in receive[0], receive
+    assert "completion_tokens=2" in finish[0] and "ERROR \x1b" not in log, finish
 
 
 def test_a_grammar_that_matches_no_text_is_a_400(server):
