@@ -8,7 +8,8 @@ the whole texts. Texts, rids and parameters are written as JSON strings, so a ne
 escape sequence sent by a client cannot forge a line of the log.
 
 The lines name the client's rid (``rid`` of the request, or the one assigned), as the answers do:
-an operator can find a client's complaint in the log. Decoding is bounded: level 2 decodes at
+an operator can find a client's complaint in the log; a received line also gives the request's
+internal id, which the scheduler's warnings name. Decoding is bounded: level 2 decodes at
 most `PARTIAL_CHARS` tokens of a prompt (none shorter than a character)."""
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class RequestLog(ResultObserver):
         return self.tokenizer.decode(shown, skip_special_tokens=False)
 
     def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
-        parts = [f"rid={json.dumps(entry.rid)}", f"prompt_tokens={len(spec.input_ids)}"]
+        # the internal id is the one the scheduler's own warnings name
+        parts = [f"rid={json.dumps(entry.rid)}", f"id={entry.iid}", f"prompt_tokens={len(spec.input_ids)}"]
         if entry.n > 1:
             parts.append(f"n={entry.n}")
         if spec.lora is not None:
