@@ -326,7 +326,7 @@ def test_log_requests_writes_each_request_and_answer_by_the_client_rid(tiny_llam
     receive, finish = lines
     assert all("\n" not in line and "\x1b" not in line for line in lines)
     prompt_tokens = out["meta_info"]["prompt_tokens"]
-    assert re.match(f'Receive: rid="client-7" id=[0-9a-f]+ prompt_tokens={prompt_tokens} ', receive), receive
+    assert re.match(rf'Receive: rid="client-7" id=[0-9a-f]+ prompt_tokens={prompt_tokens}\b', receive), receive
     assert finish.startswith(
         f'Finish: rid="client-7" finish=length prompt_tokens={prompt_tokens} completion_tokens=3'
     ), finish
