@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -108,6 +109,11 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     from radixrt.server.workers import run_detokenizer_process, run_scheduler_process
 
     resolved = str(resolve_model_path(config.model.model_path))
+    try:
+        listener = _claim_port(sargs.host, sargs.port)
+    except OSError as e:
+        print(f"radixrt serve: cannot listen on {sargs.host}:{sargs.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
     addrs = IpcAddrs.create()
     mp = multiprocessing.get_context("spawn")
     children: list[_Child] = []
@@ -160,7 +166,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
             logger.error("%s", e)
             print(f"radixrt serve: {e}", file=sys.stderr)
             return 1
-        exit_code = _serve(config, sargs, resolved, tokenizer, addrs, children, stop_signal, heartbeat)
+        exit_code = _serve(config, sargs, resolved, tokenizer, addrs, children, stop_signal, heartbeat, listener)
         return exit_code
     except KeyboardInterrupt:
         return 0
@@ -169,25 +175,29 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
             signal.signal(sig, h)
         _stop_children(children)
         addrs.cleanup()
+        listener.close()
+
+
+def _claim_port(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound before the model loads, so a port in use ends the start at once
+    (uvicorn found it only once the model had loaded); uvicorn listens on it once serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _chat_template_info(tokenizer: Any) -> dict:
-    """Role markers (and the template's default system prompt) for the frontend."""
-    try:
-        from radixrt.requests import chat_roles
-    except ImportError:
-        return {"chat_role_markers": None, "chat_default_system_prompt": None}
-    try:
-        if hasattr(chat_roles, "chat_template_info"):
-            info = dict(chat_roles.chat_template_info(tokenizer))
-        else:
-            info = {"chat_role_markers": chat_roles.derive_role_markers(tokenizer), "chat_default_system_prompt": None}
-    except Exception as e:  # noqa: BLE001 - templates vary; the frontend falls back to plain markers
-        logger.warning("cannot derive chat role markers: %s", e)
-        return {"chat_role_markers": None, "chat_default_system_prompt": None}
-    markers = info.get("chat_role_markers")
-    if markers:
-        info["chat_role_markers"] = {k: list(v) for k, v in markers.items()}
+    """Role markers (and the template's default system prompt) for the frontend, as JSON."""
+    from radixrt.requests.chat_roles import chat_template_info
+
+    info = chat_template_info(tokenizer)
+    info["chat_role_markers"] = {k: list(v) for k, v in info["chat_role_markers"].items()}
     return info
 
 
@@ -400,6 +410,7 @@ def _serve(
     children: list[_Child],
     stop_signal: list[int],
     heartbeat: Any,
+    listener: socket.socket,
 ) -> int:
     import uvicorn
 
@@ -428,7 +439,7 @@ def _serve(
     # fraction of what it would otherwise (figures: docs/benchmarks.md, "Server process").
     gc.collect()
     gc.freeze()
-    run.server.run()
+    run.server.run(sockets=[listener])
     if not run.server.started and run.exit_code == 0 and not stop_signal:
         return 1  # could not bind the port, or startup failed
     return run.exit_code

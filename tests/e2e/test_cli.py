@@ -164,3 +164,29 @@ def test_the_server_module_refuses_bad_flags_in_one_line():
         cmd = [sys.executable, "-m", "radixrt.server", "--model", "/nonexistent", *flags]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_serve_on_a_port_in_use_ends_before_the_model_loads(tiny_llama):
+    """The port is claimed first: a port in use is one line and exit 1 before any child starts
+    (it was found by uvicorn once the model had loaded, minutes later on a large model)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt.server",
+            "--model",
+            tiny_llama,
+            "--port",
+            str(port),
+            "--log-level",
+            "info",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr[-2000:]
+    assert "scheduler" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
