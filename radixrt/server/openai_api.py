@@ -20,7 +20,7 @@ from radixrt.requests.reasoning import reasoning_mode
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, answer_view, read_model
-from radixrt.server.openai_checks import check_limits, constraint_sampling, sampling_of, validate_specs
+from radixrt.server.openai_checks import check_limits, constraint_sampling, sampling_of, truncated, validate_specs
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest, join_text_parts
 from radixrt.server.special_text import special_text
@@ -119,6 +119,10 @@ def _completion_plan(
 ) -> tuple[PromptBatch, list[RequestSpec]]:
     """The prompts and their validated specs (blocking: tokenizes; run off the event loop)."""
     prompts = _completion_prompts(req, tm)
+    for i, ids in enumerate(prompts.ids):
+        kept = truncated(ids, req.truncate_prompt_tokens, tm.context_length)
+        if len(kept) < len(ids):
+            prompts.ids[i], prompts.texts[i] = kept, None  # an echo shows what the model read
     specs = _completion_specs(req, prompts, admin, tm.sampling_defaults)
     validate_specs(tm, specs)
     return prompts, specs
@@ -320,6 +324,7 @@ def _chat_spec(
     except ToolError as e:
         raise bad_request(str(e), e.param) from None
     ids = _chat_prompt_ids(req, messages, tm, tools_arg, reuse_turns=bool(tr.tools) and not native)
+    ids = truncated(ids, req.truncate_prompt_tokens, tm.context_length)
     # response_format shapes a text answer, which an enforced tool_choice rules out in this turn (as OpenAI)
     extra = {} if tr.enforced else constraint_sampling(req)
     if not extra and not (req.regex or req.json_schema or req.ebnf):

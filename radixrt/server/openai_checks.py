@@ -120,3 +120,18 @@ def constraint_sampling(req: Any) -> dict[str, Any]:
             f"'response_format' holds an unusable {what}: {str(e).split(': ', 1)[-1]}", "response_format"
         ) from None
     return {kind: source}
+
+
+def truncated(ids: list[int], keep: Optional[int], context_length: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: as many as the
+    context holds; None: all of it). More than the context holds, or 0, is a 400."""
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = context_length
+    if not 1 <= keep <= context_length:
+        raise openai_error(
+            f"'truncate_prompt_tokens' must be -1 or 1 to the context length ({context_length}), got {keep}.",
+            "truncate_prompt_tokens",
+        )
+    return ids[-keep:] if len(ids) > keep else ids

@@ -85,7 +85,7 @@ class ResponseFormat(Lenient):
 # implement: a 400 saying so (`_SamplingExtras._refused`), not ignored as unknown fields are
 UNIMPLEMENTED_FIELDS = {
     **dict.fromkeys(
-        ("bad_words", "allowed_token_ids", "logits_processors", "prompt_logprobs", "truncate_prompt_tokens"),
+        ("bad_words", "allowed_token_ids", "logits_processors", "prompt_logprobs"),
         "is vLLM's, and this server does not implement it",
     ),
     "custom_logit_processor": "is SGLang's, and this server does not implement it",
@@ -159,6 +159,8 @@ class _SamplingExtras(Lenient):
     # output ids (streamed: the prompt's in a choice's first chunk, then each chunk's new ids)
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False  # vLLM's: logprobs name tokens "token_id:<id>"
+    # vLLM's: keep the prompt's last k tokens (-1: as many as the context holds; `openai_checks.truncated`)
+    truncate_prompt_tokens: Optional[StrictInt] = Field(None, ge=-1)
     # SGLang's (with --enable-return-hidden-states): each choice's ``hidden_states``, the model's last
     # hidden state at the position that produced the choice's last token ("last" says the same)
     return_hidden_states: Union[StrictBool, Literal["last"]] = False
@@ -167,7 +169,6 @@ class _SamplingExtras(Lenient):
     allowed_token_ids: Any = None
     logits_processors: Any = None
     prompt_logprobs: Any = None
-    truncate_prompt_tokens: Any = None
     custom_logit_processor: Any = None
     functions: Any = None
     function_call: Any = None

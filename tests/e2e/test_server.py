@@ -1417,3 +1417,30 @@ def test_beam_search_on_both_apis(client, oai, model_name):
         r = client.post("/generate", json={"text": prompt, "sampling_params": sp, "return_logprob": True, **extra})
         assert r.status_code == 400 and next(iter(extra)) in r.text, r.text
     assert_no_leak(wait_idle(client))
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(tiny_server):
+    """vLLM's truncate_prompt_tokens (it was refused): the model reads the prompt's last k tokens
+    (-1: what the context holds), so a prompt longer than the context is served."""
+    with _http_client(tiny_server) as client:
+        context = client.get("/v1/models").json()["data"][0]["max_model_len"]
+        ids = [(7 * i) % 500 + 10 for i in range(context + 20)]
+        body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+        cut = client.post("/v1/completions", json={**body, "truncate_prompt_tokens": 12}).json()
+        plain = client.post("/v1/completions", json={**body, "prompt": ids[-12:]}).json()
+        assert cut["choices"][0]["prompt_token_ids"] == ids[-12:] and cut["usage"]["prompt_tokens"] == 12, cut
+        assert cut["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+        echo = client.post("/v1/completions", json={**body, "truncate_prompt_tokens": 12, "echo": True}).json()
+        assert echo["choices"][0]["text"] == plain_text(client, ids[-12:]) + cut["choices"][0]["text"]
+        assert client.post("/v1/completions", json=body).status_code == 400  # longer than the context
+        most = client.post("/v1/completions", json={**body, "max_tokens": 1, "truncate_prompt_tokens": -1})
+        assert most.status_code == 400 and "context length" in most.text  # the whole context: no room to answer
+        chat = {"messages": [{"role": "user", "content": "hello " * 40}], "max_tokens": 2, "truncate_prompt_tokens": 5}
+        assert client.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"] == 5
+        for bad in (0, -2, context + 1):
+            r = client.post("/v1/completions", json={**body, "truncate_prompt_tokens": bad})
+            assert r.status_code == 400 and "truncate_prompt_tokens" in r.text, (bad, r.text)
+
+
+def plain_text(client: httpx.Client, ids: list[int]) -> str:
+    return client.post("/detokenize", json={"tokens": ids}).json()["text"]

@@ -43,7 +43,6 @@ def test_model_may_be_left_out_as_in_sglang_and_vllm():
     "field,value,says",
     [
         ("bad_words", ["cat"], "vLLM's"),
-        ("truncate_prompt_tokens", 8, "vLLM's"),
         ("custom_logit_processor", "x", "SGLang's"),
     ],
 )
