@@ -37,6 +37,7 @@ import httpx
 
 from radixrt.config import EngineConfig
 from radixrt.config.kv_events import KVEventSettings, parse_kv_events_config, replica_kv_events_configs
+from radixrt.log_format import REPLICA_ENV, log_format
 
 logger = logging.getLogger("radixrt.router")
 
@@ -50,10 +51,12 @@ def _watch_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _replica_main(config: EngineConfig, sargs: Any) -> None:
+def _replica_main(config: EngineConfig, sargs: Any, index: int) -> None:
     import threading
 
     from radixrt.server.launch import launch_server
+
+    os.environ[REPLICA_ENV] = str(index)  # its processes' log lines name it (radixrt/log_format.py)
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="watch-front").start()
     sys.exit(launch_server(config, sargs))
@@ -146,7 +149,7 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
 
     logging.basicConfig(
         level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
-        format="[%(asctime)s dp-front] %(levelname)s %(name)s: %(message)s",
+        format=log_format("dp-front"),
         stream=sys.stderr,
     )
     n = int(args.dp)
@@ -160,10 +163,11 @@ def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"radixrt serve: {e}", file=sys.stderr, flush=True)
         return 2
-    for port, events in zip(ports, replica_events):
+    for index, (port, events) in enumerate(zip(ports, replica_events)):
         rargs = dataclasses.replace(sargs, host="127.0.0.1", port=port)
         replica_config = dataclasses.replace(config, kv_events=KVEventSettings(events))
-        procs.append(mp.Process(target=_replica_main, args=(replica_config, rargs), name=f"radixrt-replica-{port}"))
+        target, name = _replica_main, f"radixrt-replica-{port}"
+        procs.append(mp.Process(target=target, args=(replica_config, rargs, index), name=name))
         procs[-1].start()
 
     def interrupt(_sig: int, _frame: Any) -> None:

@@ -35,6 +35,7 @@ from typing import Any, AsyncIterator, Optional
 
 from radixrt.config import EngineConfig
 from radixrt.config.lora import parse_lora_paths
+from radixrt.log_format import log_format
 from radixrt.memory.kv_store_redis import without_password
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.args import ServerArgs, server_args_from_cli
@@ -101,7 +102,7 @@ def _stop_children(children: list[_Child], timeout: float = 5.0) -> None:
 def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
     logging.basicConfig(
         level=getattr(logging, config.debug.log_level.upper(), logging.WARNING),
-        format="[%(asctime)s server] %(levelname)s %(name)s: %(message)s",
+        format=log_format("server"),
         stream=sys.stderr,
     )
     from radixrt.executor.model_store import resolve_model_path

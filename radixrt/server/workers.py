@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.config import EngineConfig
+from radixrt.log_format import log_format
 from radixrt.requests.runtime_info import RuntimeInfo
 from radixrt.server.ipc import DetokBatch, DetokItem, DetokRegister, IpcAddrs, make_socket, parent_alive
 
@@ -43,7 +44,7 @@ def _setup_child(name: str, log_level: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.WARNING),
-        format=f"[%(asctime)s {name}] %(levelname)s %(name)s: %(message)s",
+        format=log_format(name),
     )
 
 

@@ -115,6 +115,9 @@ def dp_server(tiny_llama):
         "--admin-api-key",
         ADMIN_KEY,
         "--enable-lora",
+        "--log-requests",  # test_each_replicas_log_lines_name_it
+        "--log-requests-level",
+        "0",
         model=tiny_llama,
         api_key=KEY,
     )
@@ -253,6 +256,19 @@ def test_dp2_serves_native_and_openai_routes(dp_server, workers):
     st = fan.run(backend=backend, temperature=0)
     assert st.error() is None and st["c"] in ("red", "green", "blue") and len(st["more"]) == 3
     assert all(w.url.startswith("http://127.0.0.1:") and w.url != srv.url for w in workers)
+
+
+def test_each_replicas_log_lines_name_it(dp_server):
+    """A replica's processes prefix their log lines with its index: a request pinned to rank 1 is
+    logged by "server dp1" (every replica wrote "[... server]" before)."""
+    for rank in (0, 1):
+        headers = {**AUTH, "X-Data-Parallel-Rank": str(rank)}
+        body = {"text": "hello", "sampling_params": {"max_new_tokens": 1}, "rid": f"logged-on-{rank}"}
+        assert HTTP.post(dp_server.url + "/generate", headers=headers, json=body, timeout=60).status_code == 200
+    log = dp_server.log_tail(1_000_000)
+    for rank in (0, 1):
+        lines = [line for line in log.splitlines() if f'Receive: rid="logged-on-{rank}"' in line]
+        assert len(lines) == 1 and f" server dp{rank}] INFO radixrt.requests" in lines[0], lines
 
 
 def test_lora_adapters_load_through_the_front_on_every_replica(dp_server, workers, tiny_llama, tmp_path):

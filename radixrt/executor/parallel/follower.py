@@ -19,6 +19,7 @@ import zmq
 
 from radixrt.executor.parallel.group import TPGroup, keep_gloo_on_loopback
 from radixrt.executor.runner_settings import RunnerSettings
+from radixrt.log_format import log_format
 
 if TYPE_CHECKING:
     from radixrt.executor.model_runner import ModelRunner
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = RunnerSettings.from_json(args.settings)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.WARNING),
-        format=f"[tp{args.rank}] %(levelname)s %(name)s: %(message)s",
+        format=log_format(f"tp{args.rank}"),
     )
     leader = os.getppid()
     sock: zmq.Socket = zmq.Context.instance().socket(zmq.PAIR)
