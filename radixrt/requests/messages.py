@@ -256,6 +256,8 @@ class TokenOutput:
     weight_version: Optional[str] = None
     # how often the request was retracted (sent back to the queue without its KV) so far, once above 0
     num_retractions: Optional[int] = None
+    # with the prompt's logprobs: each prompt token's rank, 1 + the tokens more likely (vLLM's prompt_logprobs)
+    input_token_ranks: Optional[list[Optional[int]]] = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None:  # the hot path builds it running (None) or with a FinishReason

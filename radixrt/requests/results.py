@@ -64,6 +64,7 @@ class ResultAccumulator:
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.input_token_logprobs: list[tuple[Optional[float], int]] = []
         self.input_top_logprobs: list[Optional[list[tuple[float, int]]]] = []
+        self.input_token_ranks: list[Optional[int]] = []  # each prompt token's rank (vLLM's prompt_logprobs)
         # with token_ids_logprob: the named tokens' logprobs per position (None otherwise)
         self.output_token_ids_logprobs: Optional[list[list[tuple[float, int]]]] = [] if token_ids_logprob else None
         self.input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = (
@@ -128,6 +129,7 @@ class ResultAccumulator:
         assert out.input_token_logprobs is not None
         self.input_token_logprobs = list(out.input_token_logprobs)
         self.input_top_logprobs = list(out.input_top_logprobs or [])
+        self.input_token_ranks = list(out.input_token_ranks or [])
         if self.input_token_ids_logprobs is not None:
             self.input_token_ids_logprobs = list(out.input_token_ids_logprobs or [])
         self._input_meta = None

@@ -262,11 +262,12 @@ def token_logprobs(
     top_k: int,
     chunk_elems: int = 1 << 22,
     token_ids: Sequence[int] = (),
-) -> tuple[list[float], Optional[list[list[tuple[float, int]]]], Optional[list[list[tuple[float, int]]]]]:
+) -> tuple[list[float], Optional[list[list[tuple[float, int]]]], Optional[list[list[tuple[float, int]]]], list[int]]:
     """Logprob of ``target_ids[t]`` under ``log_softmax(logits[t])`` for each of
     the T rows (prompt logprobs), the top-``top_k`` (logprob, token_id)
-    pairs per row when ``top_k > 0`` (else None), and the (logprob, token_id) of
-    each of ``token_ids`` per row when any is given (else None). Works in row
+    pairs per row when ``top_k > 0`` (else None), the (logprob, token_id) of
+    each of ``token_ids`` per row when any is given (else None), and each target's
+    rank (1 + the number of tokens more likely: vLLM's ``rank``). Works in row
     chunks of about ``chunk_elems`` values so long prompts do not allocate a [T, V] copy."""
     T, V = logits.shape
     targets = torch.as_tensor(target_ids, dtype=torch.long).to(logits.device)
@@ -274,15 +275,18 @@ def token_logprobs(
         raise ValueError(f"target_ids must have {T} entries, got {tuple(targets.shape)}")
     step = max(1, chunk_elems // max(V, 1))
     lps: list[float] = []
+    ranks: list[int] = []
     tops: Optional[list[list[tuple[float, int]]]] = [] if top_k > 0 else None
     by_id: Optional[list[list[tuple[float, int]]]] = [] if token_ids else None
     k = min(top_k, V)
     for start in range(0, T, step):
         lp = torch.log_softmax(logits[start : start + step].float(), dim=1)
-        lps.extend(lp.gather(1, targets[start : start + step].unsqueeze(1)).squeeze(1).tolist())
+        target_lp = lp.gather(1, targets[start : start + step].unsqueeze(1))
+        lps.extend(target_lp.squeeze(1).tolist())
+        ranks.extend(((lp > target_lp).sum(dim=1) + 1).tolist())
         if tops is not None:
             vals, ids = lp.topk(k, dim=1)
             tops.extend(list(zip(v, i)) for v, i in zip(vals.tolist(), ids.tolist()))
         if by_id is not None:
             by_id.extend(list(zip(v, token_ids)) for v in lp[:, list(token_ids)].tolist())
-    return lps, tops, by_id
+    return lps, tops, by_id, ranks

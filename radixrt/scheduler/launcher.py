@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 PROMPT_LOGITS_BLOCK = 256  # rows of prompt logits materialized at once
 
 # (logprob, token, top, by_id): by_id are the logprobs of the request's token_ids_logprob
-PromptScores = list[tuple[float, int, Optional[list[tuple[float, int]]], Optional[list[tuple[float, int]]]]]
+# per scored prompt position: (logprob, token, top list, named tokens' list, the token's rank)
+PromptScores = list[tuple[float, int, Optional[list[tuple[float, int]]], Optional[list[tuple[float, int]]], int]]
 
 
 @dataclass
@@ -196,8 +197,9 @@ class StepLauncher:
             first = job.offset + b - job.start
             logits = self.runner.logits(hidden[first : first + e - b])
             targets = job.targets[b - job.lo : e - job.lo]
-            lps, tops, by_id = token_logprobs(logits, targets, job.top_k, token_ids=job.token_ids)
+            lps, tops, by_id, ranks = token_logprobs(logits, targets, job.top_k, token_ids=job.token_ids)
             out.extend(
-                (lps[j], targets[j], tops[j] if tops else None, by_id[j] if by_id else None) for j in range(e - b)
+                (lps[j], targets[j], tops[j] if tops else None, by_id[j] if by_id else None, ranks[j])
+                for j in range(e - b)
             )
         return out

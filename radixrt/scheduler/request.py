@@ -124,8 +124,9 @@ class Req(RequestKV):
     input_logprobs: Optional[list[tuple[Optional[float], int]]] = None
     input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
     input_token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+    input_token_ranks: Optional[list[Optional[int]]] = None  # each prompt token's rank (None: unscored)
     input_logprobs_sent: bool = False
-    prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top, by_id) while prefilling
+    prompt_logprob_acc: list = field(default_factory=list)  # (logprob, token, top, by_id, rank) while prefilling
     # return_hidden_states: the final hidden row (a 1-D float32 host tensor) of each sequence position
     # computed so far, in order (hidden_capture.py); None when it did not ask
     hidden_rows: Optional[list] = None

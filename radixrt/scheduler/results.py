@@ -156,10 +156,11 @@ class ResultProcessor:
             # such as its select() average the entries that have one)
             pairs: list = [(None, req.input_ids[req.logprob_start_len])]
             tops: list = [None]
-            req.input_logprobs = pairs + [(lp, t) for lp, t, _, _ in acc]
-            req.input_top_logprobs = tops + [tp for _, _, tp, _ in acc]
+            req.input_logprobs = pairs + [(lp, t) for lp, t, _, _, _ in acc]
+            req.input_top_logprobs = tops + [tp for _, _, tp, _, _ in acc]
+            req.input_token_ranks = tops + [rank for _, _, _, _, rank in acc]
             if req.token_ids_logprob:
-                req.input_token_ids_logprobs = tops + [by_id for _, _, _, by_id in acc]
+                req.input_token_ids_logprobs = tops + [by_id for _, _, _, by_id, _ in acc]
 
     # ------------------------------------------------------------------ sampled tokens
     def _take_samples(self, req: Req, result: SampleResult, first: int) -> None:
@@ -362,6 +363,7 @@ def token_output(req: Req) -> TokenOutput:
         out.input_token_logprobs = req.input_logprobs
         out.input_top_logprobs = req.input_top_logprobs
         out.input_token_ids_logprobs = req.input_token_ids_logprobs
+        out.input_token_ranks = req.input_token_ranks
         req.input_logprobs_sent = True
     if req.token_ids_logprob:
         out.output_token_ids_logprobs, req.unsent_token_ids_logprobs = req.unsent_token_ids_logprobs, []

@@ -95,14 +95,14 @@ def _completion_specs(
     ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
     constraint = constraint_sampling(req)
     sampling = [sampling_of(req, req.max_tokens, constraint, defaults) for _ in prompts.ids]
-    want_lp = req.logprobs is not None
+    want_lp, prompt_k = req.logprobs is not None, req.prompt_logprobs
     with as_bad_request():
         return build_specs(
             prompts,
             sampling_params=sampling if prompts.batch else sampling[0],
-            return_logprob=want_lp,
-            logprob_start_len=0 if (want_lp and req.echo) else -1,
-            top_logprobs_num=req.logprobs or 0,
+            return_logprob=want_lp or prompt_k is not None,
+            logprob_start_len=0 if ((want_lp and req.echo) or prompt_k is not None) else -1,
+            top_logprobs_num=max(req.logprobs or 0, prompt_k or 0),
             rid=(req.rid or None) if len(prompts.ids) == 1 else None,
             cache_salt=req.cache_salt,
             extra_key=req.extra_key,
@@ -138,6 +138,7 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
     tm = ctx.tm
     tm.check_alive()
     check_limits(req, tm, "logprobs", req.logprobs)
+    check_limits(req, tm, "prompt_logprobs", req.prompt_logprobs)
     prompts, specs = await tm.run_tokenize(_completion_plan, req, tm, ctx.is_admin(request))
     if not isinstance(req.lora_path, list):
         loras *= len(specs)
@@ -339,8 +340,9 @@ def _chat_spec(
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"),
             sampling_params=sampling_of(req, max_new, extra, tm.sampling_defaults),
-            return_logprob=req.logprobs,
-            top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
+            return_logprob=req.logprobs or req.prompt_logprobs is not None,
+            logprob_start_len=-1 if req.prompt_logprobs is None else 0,
+            top_logprobs_num=max((req.top_logprobs or 0) if req.logprobs else 0, req.prompt_logprobs or 0),
             rid=req.rid or None,
             cache_salt=req.cache_salt,
             extra_key=req.extra_key,
@@ -393,6 +395,7 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     tm = ctx.tm
     tm.check_alive()
     check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
+    check_limits(req, tm, "prompt_logprobs", req.prompt_logprobs)
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     reasoning = reasoning_mode(req.separate_reasoning, settings.get("reasoning_parser"))

@@ -14,6 +14,7 @@ from radixrt.requests.intake import PromptBatch
 from radixrt.requests.reasoning import reasoning_token_count
 from radixrt.requests.router import ReqGroup, ReqState
 from radixrt.server.openai_stream import ChoiceUpdate, finish_reason, output_deltas, stream_choices
+from radixrt.server.prompt_logprobs import prompt_logprob_entries
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixrt.server.token_texts import TokenTexts
 from radixrt.server.tools import ChoiceOutput, ToolCallParser, reasoning_fields
@@ -66,13 +67,14 @@ def reasoning_tokens(group: ReqGroup, mode: str, tokenizer: Any, skip_special_to
     return sum(reasoning_token_count(st.acc.output_ids, tokenizer, mode, skip, st.acc.text) for st in group.states)
 
 
-def logprob_entries(tt: TokenTexts, st: ReqState, start: int) -> list[dict]:
+def logprob_entries(tt: TokenTexts, st: ReqState, start: int, top_n: Optional[int] = None) -> list[dict]:
     """Chat's (and the Responses API's) logprobs ``content`` entries for ``st``'s output
-    tokens from ``start`` (to `content_logprobs`)."""
+    tokens from ``start`` (to `content_logprobs`), each with its first ``top_n`` top entries
+    (None: all computed; a request that also asked for prompt logprobs may have more)."""
     out = []
     tops = st.acc.output_top_logprobs
     for i, (lp, tid) in enumerate(st.acc.output_token_logprobs[start : content_logprobs(st)], start):
-        top = tops[i] if i < len(tops) and tops[i] is not None else []
+        top = (tops[i] if i < len(tops) and tops[i] is not None else [])[:top_n]
         out.append(
             {
                 "token": tt(tid),
@@ -140,7 +142,7 @@ class CompletionView:
             pos += len(chars.decode(self.tt.token_bytes(tid)))  # the characters it completes
             top = top_lists[i] if i < len(top_lists) else None
             if top_n:  # the chosen token too, where it is not among the top (OpenAI's up to logprobs + 1)
-                alternatives = None if top is None else {self.tt(t): v for v, t in top}
+                alternatives = None if top is None else {self.tt(t): v for v, t in top[:top_n]}
                 if alternatives is not None and lp is not None:
                     alternatives.setdefault(self.tt(tid), lp)
                 tops.append(alternatives)
@@ -161,6 +163,8 @@ class CompletionView:
             choice["matched_stop"] = matched_stop(st)
         if self.req.logprobs is not None:
             choice["logprobs"] = self.logprobs(st, start_lp, echo, index if streamed else None)
+        if self.req.prompt_logprobs is not None and not streamed:  # vLLM's: each choice's
+            choice["prompt_logprobs"] = prompt_logprob_entries(st.acc, self.req.prompt_logprobs, self.tt)
         if self.req.return_hidden_states and finish is not None:
             choice["hidden_states"] = last_row(st.acc.hidden_states or [])
         if self.req.return_token_ids and not streamed:
@@ -269,7 +273,7 @@ class ChatView:
             choice = {
                 "index": i,
                 "message": message,
-                "logprobs": {"content": logprob_entries(self.tt, st, 0)} if self.req.logprobs else None,
+                "logprobs": {"content": self._entries(st, 0)} if self.req.logprobs else None,
                 "finish_reason": self._finish(st, calls and self.outputs[i].has_whole_calls(st.acc.text)),
                 "matched_stop": matched_stop(st),  # SGLang's
             }
@@ -279,7 +283,14 @@ class ChatView:
         body = {**self.head, "choices": choices, "usage": self.usage()}
         if self.req.return_token_ids:
             body["prompt_token_ids"] = self._prompt_ids()
+        if self.req.prompt_logprobs is not None and self.group.states:  # vLLM's: the response's
+            body["prompt_logprobs"] = prompt_logprob_entries(
+                self.group.states[0].acc, self.req.prompt_logprobs, self.tt
+            )
         return body
+
+    def _entries(self, st: ReqState, start: int) -> list[dict]:
+        return logprob_entries(self.tt, st, start, self.req.top_logprobs or 0)
 
     def _prompt_ids(self) -> list[int]:
         return list(self.group.states[0].input_ids) if self.group.states else []
@@ -301,7 +312,7 @@ class ChatView:
         ``return_token_ids``, the new output ids; the others with none) and a closing
         entry with the finish reason."""
         out = []
-        lp = {"content": logprob_entries(self.tt, u.state, u.start_lp)} if self.req.logprobs else None
+        lp = {"content": self._entries(u.state, u.start_lp)} if self.req.logprobs else None
         ids = u.new_ids() if self.req.return_token_ids else None
         deltas = output_deltas(self.outputs[u.index], self.plain, u)
         if not self.plain and not self.req.stream_reasoning:

@@ -85,7 +85,7 @@ class ResponseFormat(Lenient):
 # implement: a 400 saying so (`_SamplingExtras._refused`), not ignored as unknown fields are
 UNIMPLEMENTED_FIELDS = {
     **dict.fromkeys(
-        ("bad_words", "allowed_token_ids", "logits_processors", "prompt_logprobs"),
+        ("bad_words", "allowed_token_ids", "logits_processors"),
         "is vLLM's, and this server does not implement it",
     ),
     "custom_logit_processor": "is SGLang's, and this server does not implement it",
@@ -161,6 +161,8 @@ class _SamplingExtras(Lenient):
     return_tokens_as_token_ids: StrictBool = False  # vLLM's: logprobs name tokens "token_id:<id>"
     # vLLM's: keep the prompt's last k tokens (-1: as many as the context holds; `openai_checks.truncated`)
     truncate_prompt_tokens: Optional[StrictInt] = Field(None, ge=-1)
+    # vLLM's: the prompt's logprobs with its k likeliest tokens a position (radixrt/server/prompt_logprobs.py)
+    prompt_logprobs: Optional[StrictInt] = Field(None, ge=0)
     # SGLang's (with --enable-return-hidden-states): each choice's ``hidden_states``, the model's last
     # hidden state at the position that produced the choice's last token ("last" says the same)
     return_hidden_states: Union[StrictBool, Literal["last"]] = False
@@ -168,7 +170,6 @@ class _SamplingExtras(Lenient):
     bad_words: Any = None
     allowed_token_ids: Any = None
     logits_processors: Any = None
-    prompt_logprobs: Any = None
     custom_logit_processor: Any = None
     functions: Any = None
     function_call: Any = None
@@ -179,6 +180,13 @@ class _SamplingExtras(Lenient):
         asks_nothing = value is None or value is False or (isinstance(value, (list, dict)) and not value)
         if not asks_nothing:  # vLLM's bad_words: [] (its default) asks for nothing
             raise ValueError(UNIMPLEMENTED_FIELDS[str(info.field_name)])
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_are_not_streamed(cls, value: Optional[int], info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("stream"):
+            raise ValueError("not available when 'stream' is true (as in vLLM)")
         return value
 
     @field_validator("stream_options")

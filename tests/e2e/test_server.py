@@ -1444,3 +1444,47 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(tiny_server):
 
 def plain_text(client: httpx.Client, ids: list[int]) -> str:
     return client.post("/detokenize", json={"tokens": ids}).json()["text"]
+
+
+def test_prompt_logprobs_are_vllms_with_transformers_figures(tiny_server):
+    """vLLM's prompt_logprobs (it was refused): per prompt position the prompt token's logprob
+    and rank, with the k likeliest tokens, equal to transformers' on the same weights; on
+    completions each choice's, on chat the response's; a stream is a 400, as in vLLM."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_server.folder, dtype=torch.float32).eval()
+    with _http_client(tiny_server) as client:
+        body = {"prompt": "The quick brown fox jumps", "max_tokens": 2, "temperature": 0, "return_token_ids": True}
+        r = client.post("/v1/completions", json={**body, "prompt_logprobs": 3, "logprobs": 1, "n": 2})
+        assert r.status_code == 200, r.text
+        choices = r.json()["choices"]
+        ids = choices[0]["prompt_token_ids"]
+        with torch.inference_mode():
+            lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+        for choice in choices:
+            pl = choice["prompt_logprobs"]
+            assert len(pl) == len(ids) and pl[0] is None, pl[:2]
+            assert all(len(top) == 1 for top in choice["logprobs"]["top_logprobs"])  # logprobs: 1, not 3
+            for i in range(1, len(ids)):
+                row, want = pl[i], lp[i - 1]
+                mine = row[str(ids[i])]
+                assert mine["logprob"] == pytest.approx(want[ids[i]].item(), abs=1e-4)
+                assert mine["rank"] == int((want > want[ids[i]]).sum()) + 1
+                tops = sorted((v for k, v in row.items() if v["rank"] <= 3), key=lambda v: v["rank"])
+                assert [v["rank"] for v in tops] == [1, 2, 3] and len(row) in (3, 4), row
+                assert [v["logprob"] for v in tops] == pytest.approx(want.topk(3).values.tolist(), abs=1e-4)
+        echo = client.post("/v1/completions", json={**body, "echo": True, "logprobs": 0, "max_tokens": 1}).json()
+        echoed = echo["choices"][0]["logprobs"]["token_logprobs"][: len(ids)]
+        assert echoed[1:] == pytest.approx([pl[i][str(ids[i])]["logprob"] for i in range(1, len(ids))], abs=1e-5)
+
+        chat = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 2, "return_token_ids": True}
+        answer = client.post("/v1/chat/completions", json={**chat, "prompt_logprobs": 0, "logprobs": True}).json()
+        pl, ids = answer["prompt_logprobs"], answer["prompt_token_ids"]
+        assert len(pl) == len(ids) and pl[0] is None and all(list(pl[i]) == [str(ids[i])] for i in range(1, len(ids)))
+        assert all(e["top_logprobs"] == [] for e in answer["choices"][0]["logprobs"]["content"])
+        for bad, says in (({"stream": True}, "stream"), ({"prompt_logprobs": -1}, "prompt_logprobs")):
+            r = client.post("/v1/chat/completions", json={**chat, "prompt_logprobs": 2, **bad})
+            assert r.status_code == 400 and says in r.text, r.text
+        r = client.post("/v1/completions", json={**body, "prompt_logprobs": 10_000})
+        assert r.status_code == 400 and "prompt_logprobs" in r.text, r.text

@@ -31,6 +31,7 @@ def _full_output(rid: str) -> TokenOutput:
         (1, 2, b"\x00" * 16),  # hidden states: one prompt row, one more, of 2 floats
         "step-3",
         2,
+        [None, 3],
     )
 
 

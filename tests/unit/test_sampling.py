@@ -550,10 +550,11 @@ def test_token_logprobs_helper():
     logits = torch.randn(37, 50, generator=g)
     targets = torch.randint(0, 50, (37,), generator=g)
     raw = torch.log_softmax(logits, 1)
-    lps, tops, _ = token_logprobs(logits, targets, top_k=4, chunk_elems=200)  # several chunks
+    lps, tops, _, ranks = token_logprobs(logits, targets, top_k=4, chunk_elems=200)  # several chunks
+    assert ranks == (raw > raw.gather(1, targets[:, None])).sum(1).add(1).tolist()
     assert lps == pytest.approx(raw.gather(1, targets[:, None]).squeeze(1).tolist(), abs=1e-6)
     assert [[t for _, t in r] for r in tops] == raw.topk(4, 1).indices.tolist()
-    lps2, none, by_id = token_logprobs(logits, targets.tolist(), top_k=0, chunk_elems=200, token_ids=(7, 3, 7))
+    lps2, none, by_id, _ = token_logprobs(logits, targets.tolist(), top_k=0, chunk_elems=200, token_ids=(7, 3, 7))
     assert none is None and lps2 == pytest.approx(lps, abs=1e-6)
     assert [[t for _, t in r] for r in by_id] == [[7, 3, 7]] * 37
     assert [v for r in by_id for v, _ in r] == pytest.approx(raw[:, [7, 3, 7]].flatten().tolist(), abs=1e-6)
