@@ -7,8 +7,8 @@ runs on the embedded model alone."""
 
 import asyncio
 import json
-import re
 import math
+import re
 import time
 
 import pytest
