@@ -15,6 +15,7 @@ from radixrt.sampling.grammar import apply_token_bitmask
 from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.penalties import apply_penalties, has_penalties
 from radixrt.sampling.rows import SamplingRow, long_tensor
+from radixrt.sampling.token_filters import banned_now
 
 
 def _cached(p: SamplingParams, name: str, key: Any, make: Any) -> Any:
@@ -48,9 +49,21 @@ def _banned(p: SamplingParams, eos_token_ids: tuple[int, ...], V: int) -> torch.
     return _cached(p, "_banned_rows", (id(p.stop_token_ids), eos_token_ids, V), make)
 
 
+def _disallowed(p: SamplingParams, V: int) -> torch.Tensor:
+    """The ids outside ``p.allowed_token_ids`` within the ``V`` logits."""
+
+    def make() -> torch.Tensor:
+        keep = torch.zeros(V, dtype=torch.bool)
+        keep[torch.tensor([t for t in p.allowed_token_ids or () if 0 <= t < V], dtype=torch.long)] = True
+        return (~keep).nonzero().squeeze(1)
+
+    return _cached(p, "_disallowed_rows", (id(p.allowed_token_ids), V), make)
+
+
 def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tuple[int, ...]) -> torch.Tensor:
-    """logit_bias -> repetition -> frequency/presence -> min_new_tokens.
-    Returns ``raw`` itself when no row needs any of them (never modifies it)."""
+    """logit_bias -> repetition -> frequency/presence -> min_new_tokens, allowed_token_ids and
+    bad_words_ids (token_filters.py). Returns ``raw`` itself when no row needs any of them (never
+    modifies it)."""
     B, V = raw.shape
     device = raw.device
     bias_at: list[torch.Tensor] = []  # flat positions in the batch's logits, and the values
@@ -67,6 +80,11 @@ def process_logits(raw: torch.Tensor, rows: list[SamplingRow], eos_token_ids: tu
             penalized.append(i)
         if p.min_new_tokens and r.output_index < p.min_new_tokens:  # most rows set none: skip the property
             ban_at.append(_banned(p, eos_token_ids, V) + i * V)
+        if p.allowed_token_ids is not None:
+            ban_at.append(_disallowed(p, V) + i * V)
+        if p.bad_words_ids:
+            banned = [t for t in banned_now(p.bad_words_ids, r.output_ids) if t < V]
+            ban_at.append(torch.tensor(banned, dtype=torch.long) + i * V)
     if not (bias_at or penalized or ban_at):
         return raw
 

@@ -47,7 +47,19 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from radixrt.sampling.param_types import (
+    FLOAT32_MAX,
+    LOGIT_BIAS_LIMIT,
+    as_bool,
+    as_float,
+    as_int,
+    as_str_list,
+    clamp_bias,
+    f32_ok,
+    type_name,
+)
 from radixrt.sampling.stop_regex import check_patterns as check_stop_regex
+from radixrt.sampling.token_filters import check_token_filters, read_allowed, read_bad_words
 
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n", "beam_width")
 _FLOAT_FIELDS = (
@@ -81,60 +93,8 @@ MAX_STOP_TOKEN_IDS = 4096
 MAX_LENGTH_PENALTY = 10.0  # |length_penalty| of a beam search (transformers' users pick 0.5 to 2)
 EARLY_STOPPING = (True, False, "never")  # transformers' values
 _GREEDY_TEMPERATURE = 1e-6
-FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
-LOGIT_BIAS_LIMIT = 100.0  # logit_bias values are clamped to [-100, 100]
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"sampling parameter '{name}' must be an integer, got {_type_name(value)} {value!r}")
-    return int(value)
-
-
-def _as_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"sampling parameter '{name}' must be a number, got {_type_name(value)} {value!r}")
-    return float(value)
-
-
-def _f32_ok(x: float) -> bool:
-    """Finite and within float32's range (NaN fails)."""
-    return -FLOAT32_MAX <= x <= FLOAT32_MAX
-
-
-def _clamp_bias(x: float) -> float:
-    """A logit_bias value clamped to [-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT];
-    one outside float32's range (or NaN) is kept as is for ``validate`` to refuse."""
-    return max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, x)) if _f32_ok(x) else x
-
-
-def _as_str_list(name: str, value: Any) -> list[str]:
-    """None, a string or a list/tuple of strings -> a new list of strings."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        for s in value:
-            if not isinstance(s, str):
-                raise ValueError(
-                    f"sampling parameter '{name}' must be a string or a list of strings, "
-                    f"got an element of type {_type_name(s)}"
-                )
-        return list(value)
-    raise ValueError(f"sampling parameter '{name}' must be a string or a list of strings, got {_type_name(value)}")
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"sampling parameter '{name}' must be a boolean, got {_type_name(value)} {value!r}")
-    return value
 
 
 @dataclass
@@ -176,24 +136,30 @@ class SamplingParams:
     # SGLang's: partial results reach the front every this many tokens (the first at once, the last at
     # the finish); None: the server's --stream-interval
     stream_interval: Optional[int] = None
+    # tokens it may not sample (radixrt/sampling/token_filters.py): only these (vLLM's); and sequences
+    # of ids the output must not contain (transformers' bad_words_ids; vLLM's bad_words, tokenized)
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words_ids: Optional[list[list[int]]] = None
 
     def __post_init__(self) -> None:
         """Check types and normalize containers (no range checks: see ``validate``)."""
         for name in _INT_FIELDS:
-            setattr(self, name, _as_int(name, getattr(self, name)))
+            setattr(self, name, as_int(name, getattr(self, name)))
         for name in _FLOAT_FIELDS:
-            setattr(self, name, _as_float(name, getattr(self, name)))
+            setattr(self, name, as_float(name, getattr(self, name)))
         for name in _BOOL_FIELDS:
-            _as_bool(name, getattr(self, name))
+            as_bool(name, getattr(self, name))
         if self.seed is not None:
-            self.seed = _as_int("seed", self.seed)
+            self.seed = as_int("seed", self.seed)
         if self.stream_interval is not None:
-            self.stream_interval = _as_int("stream_interval", self.stream_interval)
+            self.stream_interval = as_int("stream_interval", self.stream_interval)
+        self.allowed_token_ids = read_allowed(self.allowed_token_ids)
+        self.bad_words_ids = read_bad_words(self.bad_words_ids)
         if self.kv_budget is not None:
-            self.kv_budget = _as_float("kv_budget", self.kv_budget)
+            self.kv_budget = as_float("kv_budget", self.kv_budget)
         if self.kv_budget_policy is not None and not isinstance(self.kv_budget_policy, str):
             raise ValueError(
-                f"sampling parameter 'kv_budget_policy' must be a string, got {_type_name(self.kv_budget_policy)}"
+                f"sampling parameter 'kv_budget_policy' must be a string, got {type_name(self.kv_budget_policy)}"
             )
         if self.early_stopping not in EARLY_STOPPING or not isinstance(self.early_stopping, (bool, str)):
             raise ValueError(
@@ -202,7 +168,7 @@ class SamplingParams:
         for name in _CONSTRAINT_FIELDS:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"sampling parameter '{name}' must be a string, got {_type_name(value)}")
+                raise ValueError(f"sampling parameter '{name}' must be a string, got {type_name(value)}")
             if value == "":  # as SGLang: an empty constraint is no constraint, not "generate nothing"
                 setattr(self, name, None)
 
@@ -213,7 +179,7 @@ class SamplingParams:
             if not isinstance(bias, dict):
                 raise ValueError(
                     f"sampling parameter 'logit_bias' must be an object mapping token ids to numbers, "
-                    f"got {_type_name(bias)}"
+                    f"got {type_name(bias)}"
                 )
             out: dict[str, float] = {}
             for key, value in bias.items():
@@ -225,7 +191,7 @@ class SamplingParams:
                     tok = int(key)
                 else:
                     raise ValueError(f"sampling parameter 'logit_bias' keys must be token ids, got {key!r}")
-                out[str(tok)] = _clamp_bias(_as_float("logit_bias", value))
+                out[str(tok)] = clamp_bias(as_float("logit_bias", value))
             self.logit_bias = out
 
     # ------------------------------------------------------------------ API
@@ -240,7 +206,7 @@ class SamplingParams:
         if d is None:
             d = {}
         if not isinstance(d, dict):
-            raise ValueError(f"sampling_params must be an object, got {_type_name(d)}")
+            raise ValueError(f"sampling_params must be an object, got {type_name(d)}")
         kwargs: dict[str, Any] = {}
         for key, value in d.items():
             if key in _UNSUPPORTED_KEYS:
@@ -268,7 +234,7 @@ class SamplingParams:
 
         # `not (a <= x)` style comparisons also reject NaN.
         for name in _FLOAT_FIELDS:
-            if not _f32_ok(getattr(self, name)):
+            if not f32_ok(getattr(self, name)):
                 bad(name, "must be a finite number within float32's range (|x| <= 3.4e38)")
         if self.max_new_tokens < 0:
             bad("max_new_tokens", "must be >= 0")
@@ -303,6 +269,7 @@ class SamplingParams:
         if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
             bad("seed", "must fit in 64 bits")
         self._validate_stops(vocab_size)
+        check_token_filters(self.allowed_token_ids, self.bad_words_ids, vocab_size)
         if self.logit_bias:
             for key, value in self.logit_bias.items():
                 t = int(key)
@@ -311,7 +278,7 @@ class SamplingParams:
                         f"sampling parameter 'logit_bias' has token id {t}, outside the vocabulary"
                         + (f" [0, {vocab_size})" if vocab_size is not None else "")
                     )
-                if not _f32_ok(value):
+                if not f32_ok(value):
                     raise ValueError(
                         f"sampling parameter 'logit_bias' has {value!r} for token id {t}: values must be finite "
                         f"numbers within float32's range (|x| <= 3.4e38); they are clamped to "
@@ -347,24 +314,24 @@ class SamplingParams:
                 if not isinstance(s, str):
                     raise ValueError(
                         f"sampling parameter 'stop' must be a string or a list of strings, "
-                        f"got an element of type {_type_name(s)}"
+                        f"got an element of type {type_name(s)}"
                     )
         else:
-            raise ValueError(f"sampling parameter 'stop' must be a string or a list of strings, got {_type_name(stop)}")
+            raise ValueError(f"sampling parameter 'stop' must be a string or a list of strings, got {type_name(stop)}")
         self.stop = stop
-        self.stop_regex = _as_str_list("stop_regex", self.stop_regex)
+        self.stop_regex = as_str_list("stop_regex", self.stop_regex)
 
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
                 raise ValueError(
-                    f"sampling parameter 'stop_token_ids' must be a list of integers, got {_type_name(ids)}"
+                    f"sampling parameter 'stop_token_ids' must be a list of integers, got {type_name(ids)}"
                 )
             if len(ids) > MAX_STOP_TOKEN_IDS:
                 raise ValueError(
                     f"sampling parameter 'stop_token_ids' holds {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS}"
                 )
-            self.stop_token_ids = [_as_int("stop_token_ids", t) for t in ids]
+            self.stop_token_ids = [as_int("stop_token_ids", t) for t in ids]
 
     def _validate_stops(self, vocab_size: Optional[int]) -> None:
         """The stop strings' lengths, the stop patterns, and the stop token ids' sign."""
@@ -441,6 +408,10 @@ class SamplingParams:
             d["stop_token_ids"] = list(self.stop_token_ids)
         if self.logit_bias is not None:
             d["logit_bias"] = dict(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            d["allowed_token_ids"] = list(self.allowed_token_ids)
+        if self.bad_words_ids is not None:
+            d["bad_words_ids"] = [list(seq) for seq in self.bad_words_ids]
         return d
 
 

@@ -14,7 +14,8 @@ Pipeline, in this order (each stage runs only when some row needs it):
    ``logit[t] -= frequency * count[t] + presence * (count[t] > 0)``.
 3. ``min_new_tokens``: while ``output_index < min_new_tokens`` the eos ids
    and the row's ``stop_token_ids`` are set to ``-inf`` (whatever
-   ``ignore_eos`` says).
+   ``ignore_eos`` says); so are the tokens outside ``allowed_token_ids`` and
+   those ``bad_words_ids`` ban at this position (token_filters.py).
 3b. Grammar masks (constrained decoding, see grammar.py): rows given a token
    bitmask get ``-inf`` on every token their grammar disallows. The grammar
    wins: a row left with no finite logit (its grammar allows only tokens that

@@ -37,6 +37,7 @@ import torch
 from radixrt.memory.host_pool import HostKVPool
 from radixrt.memory.kv_transfer import KVTransfers
 from radixrt.sampling.sampler import SampleResult, token_logprobs
+from radixrt.sampling.token_filters import needs_each_token
 from radixrt.scheduler.hidden_capture import copy_rows
 from radixrt.scheduler.inputs import PromptLogprobJob, StepInputs
 from radixrt.scheduler.interfaces import StepRunner, StepSampler
@@ -84,6 +85,7 @@ def needs_host_tokens(req: "Req") -> bool:
         or req.spec is not None  # its next draft continues from this step's token
         or req.kv_budget is not None  # its compaction reads this step's attention scores
         or req.beam is not None  # its search's next step chooses its next token
+        or needs_each_token(sp.bad_words_ids)  # which tokens it bans depends on the last ones
     )
 
 

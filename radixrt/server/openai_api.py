@@ -20,7 +20,14 @@ from radixrt.requests.reasoning import reasoning_mode
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
 from radixrt.server.http_utils import JSON, answer_view, read_model
-from radixrt.server.openai_checks import check_limits, constraint_sampling, sampling_of, truncated, validate_specs
+from radixrt.server.openai_checks import (
+    bad_words_sampling,
+    check_limits,
+    constraint_sampling,
+    sampling_of,
+    truncated,
+    validate_specs,
+)
 from radixrt.server.openai_render import ChatView, CompletionView
 from radixrt.server.protocol import ChatCompletionRequest, CompletionRequest, join_text_parts
 from radixrt.server.special_text import special_text
@@ -88,13 +95,17 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
 
 
 def _completion_specs(
-    req: CompletionRequest, prompts: PromptBatch, admin: bool = False, defaults: Optional[dict] = None
+    req: CompletionRequest,
+    prompts: PromptBatch,
+    admin: bool = False,
+    defaults: Optional[dict] = None,
+    bans: Optional[dict] = None,
 ) -> list[RequestSpec]:
     """One spec per prompt, each with max_tokens (16 unless given), ``defaults`` (the model's
     sampling settings) where the request leaves a field unset.
     ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
-    constraint = constraint_sampling(req)
-    sampling = [sampling_of(req, req.max_tokens, constraint, defaults) for _ in prompts.ids]
+    extra = {**constraint_sampling(req), **(bans or {})}
+    sampling = [sampling_of(req, req.max_tokens, extra, defaults) for _ in prompts.ids]
     want_lp, prompt_k = req.logprobs is not None, req.prompt_logprobs
     with as_bad_request():
         return build_specs(
@@ -123,7 +134,7 @@ def _completion_plan(
         kept = truncated(ids, req.truncate_prompt_tokens, tm.context_length)
         if len(kept) < len(ids):
             prompts.ids[i], prompts.texts[i] = kept, None  # an echo shows what the model read
-    specs = _completion_specs(req, prompts, admin, tm.sampling_defaults)
+    specs = _completion_specs(req, prompts, admin, tm.sampling_defaults, bad_words_sampling(req, tm.tokenizer))
     validate_specs(tm, specs)
     return prompts, specs
 
@@ -339,7 +350,9 @@ def _chat_spec(
     with as_bad_request():
         specs = build_specs(
             PromptBatch([ids], [None], False, "messages"),
-            sampling_params=sampling_of(req, max_new, extra, tm.sampling_defaults),
+            sampling_params=sampling_of(
+                req, max_new, {**extra, **bad_words_sampling(req, tm.tokenizer)}, tm.sampling_defaults
+            ),
             return_logprob=req.logprobs or req.prompt_logprobs is not None,
             logprob_start_len=-1 if req.prompt_logprobs is None else 0,
             top_logprobs_num=max((req.top_logprobs or 0) if req.logprobs else 0, req.prompt_logprobs or 0),

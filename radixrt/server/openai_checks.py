@@ -16,7 +16,7 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.server.vllm_structured import vllm_constraint_sampling
 
 # runtime names -> the OpenAI fields that set them
-_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "bad_words_ids": "bad_words"}
 _QUOTED_NAME = re.compile(r"'(\w+)'")
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a json_schema format's name
 
@@ -135,3 +135,17 @@ def truncated(ids: list[int], keep: Optional[int], context_length: int) -> list[
             "truncate_prompt_tokens",
         )
     return ids[-keep:] if len(ids) > keep else ids
+
+
+def bad_words_sampling(req: Any, tokenizer: Any) -> dict[str, Any]:
+    """vLLM's ``bad_words`` as ``bad_words_ids``: each word's tokens, and those it has after a space
+    (as it reads mid-sentence) where they differ, as vLLM tokenizes them ({} without any)."""
+    if not req.bad_words:
+        return {}
+    sequences: list[list[int]] = []
+    for word in req.bad_words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    return {"bad_words_ids": sequences}

@@ -85,7 +85,7 @@ class ResponseFormat(Lenient):
 # implement: a 400 saying so (`_SamplingExtras._refused`), not ignored as unknown fields are
 UNIMPLEMENTED_FIELDS = {
     **dict.fromkeys(
-        ("bad_words", "allowed_token_ids", "logits_processors"),
+        ("logits_processors",),
         "is vLLM's, and this server does not implement it",
     ),
     "custom_logit_processor": "is SGLang's, and this server does not implement it",
@@ -163,12 +163,14 @@ class _SamplingExtras(Lenient):
     truncate_prompt_tokens: Optional[StrictInt] = Field(None, ge=-1)
     # vLLM's: the prompt's logprobs with its k likeliest tokens a position (radixrt/server/prompt_logprobs.py)
     prompt_logprobs: Optional[StrictInt] = Field(None, ge=0)
+    # vLLM's: only these tokens may be sampled; words the output must not contain (tokenized by the
+    # route: `openai_checks.bad_words_sampling`); radixrt/sampling/token_filters.py
+    allowed_token_ids: Optional[list[StrictInt]] = None
+    bad_words: Optional[list[str]] = None
     # SGLang's (with --enable-return-hidden-states): each choice's ``hidden_states``, the model's last
     # hidden state at the position that produced the choice's last token ("last" says the same)
     return_hidden_states: Union[StrictBool, Literal["last"]] = False
     # UNIMPLEMENTED_FIELDS: refused when set
-    bad_words: Any = None
-    allowed_token_ids: Any = None
     logits_processors: Any = None
     custom_logit_processor: Any = None
     functions: Any = None
@@ -229,6 +231,7 @@ class _SamplingExtras(Lenient):
             "json_schema": js,
             "ebnf": self.ebnf,
             "logit_bias": self.logit_bias or None,
+            "allowed_token_ids": self.allowed_token_ids,
             "length_penalty": self.length_penalty,
             "early_stopping": self.early_stopping,
             "beam_width": self.beam_width,

@@ -334,3 +334,26 @@ def test_log_requests_writes_each_request_and_answer_by_the_client_rid(tiny_llam
     assert ('prompt="hi\\nERROR radixrt: \\u001b[31mforged' in receive) == (level >= 2), receive
     assert ("more characters)" in receive) == (level == 2), receive
     assert (f"output={json.dumps(out['text'])}" in finish) == (level >= 2), finish
+
+
+def test_allowed_token_ids_and_bad_words_ids(tiny_engine):
+    """vLLM's allowed_token_ids (only those, no EOS unless listed) and transformers' bad_words_ids
+    (a longer word's last token banned right after the rest), greedy and sampled, under the
+    overlap scheduler (the tiny engine runs it: a ban that reads the last token waits for it)."""
+    e, prompt = tiny_engine, "Count: one two three four"
+    base = e.generate(prompt, {"max_new_tokens": 8, "temperature": 0})["output_ids"]
+    allowed = sorted(set(base[:3]) | {5, 6})
+    only = e.generate(prompt, {"max_new_tokens": 8, "temperature": 0, "allowed_token_ids": allowed})["output_ids"]
+    assert set(only) <= set(allowed) and len(only) == 8
+    one = e.generate(prompt, {"max_new_tokens": 8, "temperature": 0, "bad_words_ids": [[base[0]]]})["output_ids"]
+    assert base[0] not in one
+    sampled = {"max_new_tokens": 40, "temperature": 1.0, "seed": 3}
+    free = e.generate(prompt, sampled)["output_ids"]
+    at = next(i for i in range(1, 39) if free[i] not in (free[i - 1], free[i + 1]))  # a pair the stale tail misses
+    for sampling, pairs in (
+        ({"temperature": 0, "max_new_tokens": 40}, [base[:2], [base[0]] * 2]),
+        (sampled, [free[at : at + 2]]),
+    ):
+        out = e.generate(prompt, {**sampling, "bad_words_ids": pairs})["output_ids"]
+        assert not any([a, b] in pairs for a, b in zip(out, out[1:])), (pairs, out)
+    assert out[: at + 1] == free[: at + 1] and out[at + 1] != free[at + 1]  # the same draws up to the ban

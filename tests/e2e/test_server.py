@@ -1488,3 +1488,34 @@ def test_prompt_logprobs_are_vllms_with_transformers_figures(tiny_server):
             assert r.status_code == 400 and says in r.text, r.text
         r = client.post("/v1/completions", json={**body, "prompt_logprobs": 10_000})
         assert r.status_code == 400 and "prompt_logprobs" in r.text, r.text
+
+
+def test_allowed_token_ids_and_bad_words_on_the_openai_routes(tiny_server):
+    """vLLM's allowed_token_ids and bad_words (they were refused): words are tokenized as vLLM
+    does (alone and after a space), a longer word bans its last token after the rest."""
+    with _http_client(tiny_server) as client:
+
+        def ids(text: str) -> list[int]:
+            return client.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+
+        hello, world = ids(" hello"), ids(" world")
+        assert len(hello) == len(world) == 1, (hello, world)
+        both = hello + world
+        body = {"prompt": "Say it:", "max_tokens": 6, "temperature": 1.0, "seed": 5, "return_token_ids": True}
+
+        def tokens(**extra) -> list[int]:
+            r = client.post("/v1/completions", json={**body, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        assert set(tokens(allowed_token_ids=both)) <= set(both) and len(tokens(allowed_token_ids=both)) == 6
+        assert tokens(allowed_token_ids=both, bad_words=["hello"]) == world * 6
+        for seed in range(4):
+            out = tokens(allowed_token_ids=both, bad_words=["hello world"], seed=seed)
+            assert not any([a, b] == both for a, b in zip(out, out[1:])), out
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "allowed_token_ids": world}
+        chat_ids = client.post("/v1/chat/completions", json={**chat, "return_token_ids": True}).json()
+        assert chat_ids["choices"][0]["token_ids"] == world * 3, chat_ids
+        for bad, says in (({"allowed_token_ids": []}, "must not be empty"), ({"bad_words": [f"w{i}" for i in range(3000)]}, "bad_words")):
+            r = client.post("/v1/completions", json={**body, **bad})
+            assert r.status_code == 400 and says in r.text, r.text

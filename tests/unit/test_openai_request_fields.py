@@ -42,7 +42,7 @@ def test_model_may_be_left_out_as_in_sglang_and_vllm():
 @pytest.mark.parametrize(
     "field,value,says",
     [
-        ("bad_words", ["cat"], "vLLM's"),
+        ("logits_processors", ["my_pkg:Processor"], "vLLM's"),
         ("custom_logit_processor", "x", "SGLang's"),
     ],
 )
@@ -110,9 +110,11 @@ def test_a_function_message_answers_one_function_call_and_refusals_are_an_assist
 
 def test_an_empty_list_asks_for_nothing():
     """vLLM sends bad_words: [] (its default): that asks for nothing, so it is no 400."""
-    assert ChatCompletionRequest.model_validate({**CHAT, "bad_words": []}).bad_words == []
-    with pytest.raises(ValidationError):
-        ChatCompletionRequest.model_validate({**CHAT, "prompt_logprobs": 0})  # 0 asks vLLM for the prompt's
+    from radixrt.server.openai_checks import bad_words_sampling
+
+    req = ChatCompletionRequest.model_validate({**CHAT, "bad_words": [], "logits_processors": []})
+    assert req.bad_words == [] and bad_words_sampling(req, tokenizer=None) == {}
+    assert ChatCompletionRequest.model_validate({**CHAT, "prompt_logprobs": 0}).prompt_logprobs == 0  # asks
 
 
 def test_model_defaults_leave_a_beam_search_alone_and_top_k_0_is_off(tmp_path):

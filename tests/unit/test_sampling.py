@@ -637,3 +637,44 @@ def test_cuda_gives_the_cpu_tokens():
     assert sum(a != b for a, b in zip(cpu.token_ids, gpu.token_ids)) <= 1
     same = [i for i in range(24) if cpu.token_ids[i] == gpu.token_ids[i]]
     assert [gpu.logprobs[i] for i in same] == pytest.approx([cpu.logprobs[i] for i in same], abs=1e-4)
+
+
+def test_allowed_token_ids_and_bad_words_ids_shape_the_distribution():
+    """vLLM's allowed_token_ids keep only their tokens; bad_words_ids ban a one-token word
+    everywhere and a longer word's last token right after the output ends with the rest; the
+    other rows of the batch are untouched, and logprobs stay the raw ones."""
+    sampler = Sampler(vocab_size=10, eos_token_ids=(0,))
+    logits = torch.arange(10, dtype=torch.float32).repeat(5, 1)  # token 9 likeliest, then 8...
+    rows = [
+        row(temperature=0.0, allowed_token_ids=[2, 5]),
+        row(temperature=0.0, bad_words_ids=[[9], [3, 8]]),
+        row(temperature=0.0, bad_words_ids=[[9], [3, 8]], out=[4, 3]),  # ends with 3: 8 is banned too
+        row(temperature=0.0, logprob=True),
+        row(seed=7, allowed_token_ids=[1, 4]),
+    ]
+    probs = sampler.sampling_probs(logits, rows)
+    assert probs[0].nonzero().squeeze(1).tolist() == [5]
+    assert probs[1].argmax().item() == 8 and probs[2].argmax().item() == 7 and probs[3].argmax().item() == 9
+    assert probs[4].nonzero().squeeze(1).tolist() == [1, 4]
+    res = sampler.sample(logits, rows)
+    assert res.token_ids[:4] == [5, 8, 7, 9] and res.token_ids[4] in (1, 4)
+    assert res.logprobs[3] == pytest.approx(torch.log_softmax(logits[3], 0)[9].item(), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "params,says",
+    [
+        ({"allowed_token_ids": []}, "must not be empty"),
+        ({"allowed_token_ids": [3, 99]}, "outside the vocabulary"),
+        ({"allowed_token_ids": [True]}, "must be an integer"),
+        ({"bad_words_ids": [[1], []]}, "empty sequence"),
+        ({"bad_words_ids": [[1]] * 4097}, "at most 4096"),
+        ({"bad_words_ids": [1, 2]}, "list of token ids"),
+    ],
+)
+def test_token_filters_are_checked(params, says):
+    with pytest.raises(ValueError, match=says):
+        SamplingParams.from_dict(params).validate(vocab_size=50)
+    assert SamplingParams.from_dict({"allowed_token_ids": [1], "bad_words_ids": [[2, 3]]}).to_dict()[
+        "bad_words_ids"
+    ] == [[2, 3]]
