@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 from radixrt.bench.tiny_model import VOCAB_SIZE
 from radixrt.server.local import LocalServer
 
-pytestmark = pytest.mark.slow  # two server start-ups and ~900 requests: about a minute and a half
+pytestmark = pytest.mark.slow  # two server start-ups and ~950 requests: about a minute
 
 REQUEST_TIMEOUT_S = 60
 CONTEXT = 64  # no generation is long: a chat without max_tokens fills the context
@@ -558,22 +558,22 @@ SCORE_KEYS = ["query", "items", "label_token_ids", "apply_softmax", "item_first"
 # (method, path) -> [(strategy of JSON bodies, examples), ...]
 BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
     ("POST", "/generate"): [
-        (GENERATE, 80),
-        (mutated(GENERATE, GENERATE_KEYS), 40),
-        (mutated_sampling(GENERATE, SAMPLING_KEYS), 60),
+        (GENERATE, 50),
+        (mutated(GENERATE, GENERATE_KEYS), 25),
+        (mutated_sampling(GENERATE, SAMPLING_KEYS), 40),
     ],
-    ("POST", "/v1/completions"): [(COMPLETIONS, 40), (mutated(COMPLETIONS, OPENAI_KEYS), 40)],
-    ("POST", "/v1/chat/completions"): [(CHAT, 40), (mutated(CHAT, OPENAI_KEYS), 40)],
-    ("POST", "/v1/responses"): [(RESPONSES, 30), (mutated(RESPONSES, RESPONSES_KEYS), 20)],
-    ("POST", "/abort_request"): [(ABORT, 10), (mutated(ABORT, ["rid", "abort_all"]), 15)],
-    ("POST", "/concate_and_append_request"): [(CONCAT, 10), (mutated(CONCAT, ["src_rids", "dst_rid"]), 15)],
-    ("POST", "/v1/score"): [(SCORE, 15), (mutated(SCORE, SCORE_KEYS), 15)],
+    ("POST", "/v1/completions"): [(COMPLETIONS, 25), (mutated(COMPLETIONS, OPENAI_KEYS), 25)],
+    ("POST", "/v1/chat/completions"): [(CHAT, 25), (mutated(CHAT, OPENAI_KEYS), 25)],
+    ("POST", "/v1/responses"): [(RESPONSES, 20), (mutated(RESPONSES, RESPONSES_KEYS), 15)],
+    ("POST", "/abort_request"): [(ABORT, 10), (mutated(ABORT, ["rid", "abort_all"]), 10)],
+    ("POST", "/concate_and_append_request"): [(CONCAT, 10), (mutated(CONCAT, ["src_rids", "dst_rid"]), 10)],
+    ("POST", "/v1/score"): [(SCORE, 10), (mutated(SCORE, SCORE_KEYS), 10)],
 }
 GENERIC_EXAMPLES = 8
 # the bodies with tools, on a server whose context holds the tools' description (every body bounds its output)
 TOOL_BODIES: dict[tuple[str, str], list[tuple[st.SearchStrategy, int]]] = {
-    ("POST", "/v1/chat/completions"): [(CHAT_TOOLS, 50), (mutated(CHAT_TOOLS, OPENAI_KEYS), 25)],
-    ("POST", "/v1/responses"): [(RESPONSES_TOOLS, 50), (mutated(RESPONSES_TOOLS, RESPONSES_KEYS), 25)],
+    ("POST", "/v1/chat/completions"): [(CHAT_TOOLS, 35), (mutated(CHAT_TOOLS, OPENAI_KEYS), 20)],
+    ("POST", "/v1/responses"): [(RESPONSES_TOOLS, 35), (mutated(RESPONSES_TOOLS, RESPONSES_KEYS), 20)],
 }
 # raw bodies that are not (valid) JSON objects, sent to every POST route
 JUNK = st.one_of(

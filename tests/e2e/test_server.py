@@ -1516,6 +1516,9 @@ def test_allowed_token_ids_and_bad_words_on_the_openai_routes(tiny_server):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "allowed_token_ids": world}
         chat_ids = client.post("/v1/chat/completions", json={**chat, "return_token_ids": True}).json()
         assert chat_ids["choices"][0]["token_ids"] == world * 3, chat_ids
-        for bad, says in (({"allowed_token_ids": []}, "must not be empty"), ({"bad_words": [f"w{i}" for i in range(3000)]}, "bad_words")):
+        for bad, says in (
+            ({"allowed_token_ids": []}, "must not be empty"),
+            ({"bad_words": [f"w{i}" for i in range(3000)]}, "bad_words"),
+        ):
             r = client.post("/v1/completions", json={**body, **bad})
             assert r.status_code == 400 and says in r.text, r.text

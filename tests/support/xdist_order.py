@@ -30,6 +30,7 @@ SHARED_SERVER_MODULES: dict[str, str] = {
     "tests/e2e/test_dashboard.py": "tiny_server",
     "tests/e2e/test_weight_updates.py": "tiny_server",
     "tests/e2e/test_sglang_utility_routes.py": "tiny_server",
+    "tests/e2e/test_hidden_states.py": "tiny_server",
 }
 
 # the slowest modules of the full suite, slowest first (per-module time of a --durations run,
