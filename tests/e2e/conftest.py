@@ -31,8 +31,8 @@ def default_server(default_model_path):
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama):
     """``radixrt serve`` on the tiny random Llama (test_server.py, test_request_ids.py, test_dashboard.py,
-    test_hidden_states.py, test_weight_updates.py: which updates its weights, then restores them; test_sglang_utility_routes.py:
-    its label, restored), served as
+    test_hidden_states.py, test_weight_updates.py: which updates its weights, then restores them;
+    test_sglang_utility_routes.py: its label, restored), served as
     "default", with the API key ``TINY_SERVER_KEY`` and the admin key ``TINY_SERVER_ADMIN_KEY``, 24,576 KV
     tokens, --enable-return-hidden-states,
     --max-request-bytes 200000, --max-n ``TINY_SERVER_MAX_N``, --max-top-logprobs-num
