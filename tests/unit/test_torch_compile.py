@@ -4,6 +4,8 @@ refused, and the compiled code is cached on disk."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from radixrt.config import EngineConfig
@@ -25,9 +27,13 @@ def _greedy(model: str, **flags) -> tuple[list[list[int]], Engine]:
 
 
 @pytest.fixture(scope="module")
-def inductor_cache(tmp_path_factory):
-    """One inductor cache for this module's engines, empty at its start."""
-    return tmp_path_factory.mktemp("inductor")
+def inductor_cache():
+    """The cache a user's engines compile into (``$RADIXRT_HOME/inductor``): the first run on a machine
+    compiles from nothing (tens of seconds), later runs reuse inductor's compiled graphs as a user's
+    restarts do."""
+    from radixrt.executor.models.compiled import inductor_cache_dir
+
+    return Path(inductor_cache_dir())
 
 
 @needs_cxx
@@ -36,13 +42,12 @@ def inductor_cache(tmp_path_factory):
     [{"speculative_algorithm": "RADIX"}, {"quantization": "int4"}],
     ids=["float-speculative", "int4"],
 )
-def test_compiled_layers_give_the_eager_answers(tiny_llama, inductor_cache, monkeypatch, flags):
+def test_compiled_layers_give_the_eager_answers(tiny_llama, inductor_cache, flags):
     """Greedy tokens equal the eager model's; both graphs were compiled when the engine started
     (before speculation's cost probes timed the forward); with speculation, drafts verify through
     the many-token graph (the repeated prompt drafts from its first answer in the tree) and
     undrafted steps decode through the one-token and dynamic graphs. Float weights run with
     speculation only: its steps take both graphs, so a float run without it adds no path."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache))
     eager, engine = _greedy(tiny_llama, **flags)
     engine.shutdown()
     compiled, engine = _greedy(tiny_llama, enable_torch_compile=True, **flags)
