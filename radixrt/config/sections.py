@@ -26,6 +26,7 @@ from radixrt.config.weight_format import (
 )
 from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET, resolve_budget
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
+from radixrt.requests.tokenizer_utils import is_inline_template
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
 CPU_LONG_PREFILL_TOKENS = 256
@@ -50,8 +51,9 @@ class ModelSettings:
     tokenizer_path: Optional[str] = setting(None, "the tokenizer's folder (SGLang's flag); unset: the model's")
     chat_template: Optional[str] = setting(
         None,
-        "a Jinja chat template for chat requests in place of the tokenizer's: a file holding it (.jinja), or "
-        "a JSON file with a 'chat_template' key (SGLang's flag takes such a file too); unset: the tokenizer's",
+        "a Jinja chat template for chat requests in place of the tokenizer's: a file holding it (.jinja), "
+        "a JSON file with a 'chat_template' key (SGLang's flag takes such a file too), or the template itself "
+        "(as vLLM's); unset: the tokenizer's",
     )
     dtype: str = setting(
         "auto",
@@ -80,7 +82,8 @@ class ModelSettings:
         check_choice("dtype", self.dtype, MODEL_DTYPES)  # before the model loads (it was a child's traceback)
         for name in ("tokenizer_path", "chat_template"):  # refused before the model loads
             path = getattr(self, name)
-            if path is not None and not os.path.exists(path):
+            inline = name == "chat_template" and path is not None and is_inline_template(path)
+            if path is not None and not os.path.exists(path) and not inline:
                 raise ValueError(f"{name} {path!r} does not exist")
         method, group = normalize_method(self.quantization)
         object.__setattr__(self, "quantization", method)

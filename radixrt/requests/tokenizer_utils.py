@@ -41,15 +41,24 @@ def load_tokenizer(model_path: str, chat_template: Optional[str] = None) -> Any:
     return tokenizer
 
 
+def is_inline_template(value: str) -> bool:
+    """``value`` is a Jinja template itself (vLLM's --chat-template takes one), not a file's path."""
+    return ("{{" in value or "{%" in value) and not os.path.isfile(value)
+
+
 def read_chat_template(path: str) -> str:
     """The Jinja chat template in file ``path``: the file's text, or the ``chat_template`` of a
-    JSON file (SGLang's --chat-template takes either). ValueError naming the flag otherwise, and
+    JSON file (SGLang's --chat-template takes either), or ``path`` itself when it is a template
+    (`is_inline_template`, as vLLM takes it). ValueError naming the flag otherwise, and
     when the template does not compile (a server's mistake, not every client's request's)."""
-    if not os.path.isfile(path):
+    if is_inline_template(path):
+        text = path
+    elif not os.path.isfile(path):
         raise ValueError(f"chat_template {path!r} is not a file (a .jinja template, or a JSON file holding one)")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if path.endswith(".json"):
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    if path.endswith(".json") and not is_inline_template(path):
         text = json.loads(text).get("chat_template")
         if not isinstance(text, str):
             raise ValueError(f"chat_template {path!r} holds no 'chat_template' string")

@@ -192,8 +192,10 @@ class _Blocks:
     def _stop(self) -> list[bytes]:
         if self.open is None:
             return []
+        # Anthropic signs a thinking block before closing it; nothing is signed here (its signature is "")
+        out = [self._delta({"type": "signature_delta", "signature": ""})] if self.open == "thinking" else []
         self.open = None
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})]
+        return out + [_event("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})]
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"type": "content_block_delta", "index": self.count - 1, "delta": delta})

@@ -250,6 +250,8 @@ def _chat_prompt_ids(
         )
     if tools:
         extra_tpl["tools"] = tools
+    if req.reasoning_effort is not None:
+        extra_tpl.setdefault("reasoning_effort", req.reasoning_effort)
     original = messages
     marked, spliced = mark_turns(messages, TURNS if reuse_turns else None, special_text(tm.tokenizer), not cont)
     if spliced:

@@ -293,6 +293,8 @@ class ChatCompletionRequest(_SamplingExtras):
     separate_reasoning: Optional[StrictBool] = None  # SGLang's: reasoning_content split from content
     stream_reasoning: StrictBool = True  # SGLang's: false sends a choice's reasoning as one delta
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # OpenAI's; passed to the chat template as ``reasoning_effort`` (as vLLM and SGLang do: gpt-oss's reads it)
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = None
     continue_final_message: StrictBool = False
     # vLLM's: false renders the conversation without the assistant turn's opening (the model writes it)
     add_generation_prompt: StrictBool = True

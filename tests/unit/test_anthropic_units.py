@@ -87,3 +87,26 @@ def test_chat_and_responses_read_text_parts_one_per_line_too():
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": parts}]})
     assert _chat_messages(req)[0]["content"] == "Hello.\nWorld."
     assert content_text([{**p, "type": "input_text"} for p in parts], "input[0]") == "Hello.\nWorld."
+
+
+def test_a_streamed_thinking_block_is_signed_before_it_closes():
+    """Anthropic's stream sends a signature_delta before a thinking block's content_block_stop (its
+    SDK's accumulators expect one); here the signature is empty, as in the whole answer."""
+    import json
+
+    from radixrt.server.anthropic_render import _Blocks
+
+    blocks = _Blocks()
+    raw = blocks.feed({"reasoning_content": "hmm"}) + blocks.feed({"content": "Hi"}) + blocks.finish()
+    events = [json.loads(e.split(b"data: ", 1)[1]) for e in raw]
+    kinds = [(e["type"], (e.get("delta") or e.get("content_block") or {}).get("type")) for e in events]
+    assert kinds == [
+        ("content_block_start", "thinking"),
+        ("content_block_delta", "thinking_delta"),
+        ("content_block_delta", "signature_delta"),
+        ("content_block_stop", None),
+        ("content_block_start", "text"),
+        ("content_block_delta", "text_delta"),
+        ("content_block_stop", None),
+    ]
+    assert events[2]["delta"]["signature"] == "" and events[2]["index"] == events[3]["index"] == 0

@@ -113,3 +113,33 @@ def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
     for name in ("chat_template", "tokenizer_path"):
         with pytest.raises(ValueError, match=f"{name} '/no/such' does not exist"):
             EngineConfig(**{name: "/no/such"})
+    # vLLM's --chat-template also takes the template itself
+    assert load_tokenizer(tiny_llama, jinja).apply_chat_template(turns, tokenize=False) == "[user] hi\n"
+    assert EngineConfig(chat_template=jinja).model.chat_template == jinja
+    with pytest.raises(ValueError, match="does not compile"):
+        load_tokenizer(tiny_llama, "{{ unclosed")
+
+
+def test_reasoning_effort_reaches_the_chat_template(tiny_llama):
+    """OpenAI's reasoning_effort was an unknown field, ignored: it is checked, and the template reads
+    it (as vLLM and SGLang pass it; gpt-oss's template does), unless chat_template_kwargs sets it."""
+    from types import SimpleNamespace
+
+    from pydantic import ValidationError
+
+    from radixrt.requests.tokenizer_utils import load_tokenizer
+    from radixrt.server.openai_api import _chat_prompt_ids
+    from radixrt.server.protocol import ChatCompletionRequest
+
+    tok = load_tokenizer(tiny_llama, "effort={{ reasoning_effort | default('unset') }}")
+    tm = SimpleNamespace(tokenizer=tok, encode=lambda text, special=True, field=None: tok.encode(text))
+    messages = [{"role": "user", "content": "hi"}]
+    for body, said in (
+        ({}, "effort=unset"),
+        ({"reasoning_effort": "low"}, "effort=low"),
+        ({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}, "effort=high"),
+    ):
+        req = ChatCompletionRequest.model_validate({"messages": messages, **body})
+        assert tok.decode(_chat_prompt_ids(req, messages, tm)) == said
+    with pytest.raises(ValidationError, match="reasoning_effort"):
+        ChatCompletionRequest.model_validate({"messages": messages, "reasoning_effort": "maximal"})
