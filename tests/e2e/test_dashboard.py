@@ -78,8 +78,10 @@ def test_a_forked_program_shows_its_shared_node_and_paths(srv):
         assert running, "the long request was seen running"
         ids = {n["id"] for n in view["nodes"]}
         assert running[0]["node"] in ids and running[0]["cached_tokens"] > 0  # its path ends at a listed node
-        shared = max(view["nodes"], key=lambda n: n["hits"])
-        assert shared["hits"] >= 3 and "careful assistant" in shared["text"]  # the system prompt, reused
+        # the system prompt's node, reused by the forks (the session server's other requests may have
+        # split its head off: "<|im_start|>system\nYou are a" is every chat template's start)
+        shared = max((n for n in view["nodes"] if "careful assistant" in n["text"]), key=lambda n: n["hits"])
+        assert shared["hits"] >= 3, shared
         assert all("text" in n for n in view["nodes"])
         assert {"free_slots", "tree_slots", "private_slots", "total_slots"} <= set(view["kv"])
     finally:
