@@ -110,6 +110,14 @@ def _sse_chunks(response: httpx.Response) -> list[dict]:
     return [json.loads(line) for line in lines if line != "[DONE]"]
 
 
+def _whole_and_streamed(url: str, route: str, body: dict, headers: dict, rows_of) -> tuple[dict, list]:
+    """The whole answer to ``body`` and the hidden-state rows ``rows_of`` reads from its stream's choices."""
+    whole = httpx.post(url + route, json=body, headers=headers, timeout=120).json()
+    with httpx.Client(timeout=120, headers=headers) as client:
+        chunks = _sse_chunks(client.post(url + route, json={**body, "stream": True}))
+    return whole, [row for c in chunks if c["choices"] for row in rows_of(c["choices"][0])]
+
+
 def test_openai_routes_return_the_last_hidden_state(tiny_server, hf):
     """SGLang's ``return_hidden_states`` on /v1/completions and /v1/chat/completions: each choice's
     ``hidden_states`` is the last hidden state (the one that produced its last token), equal to
@@ -117,31 +125,26 @@ def test_openai_routes_return_the_last_hidden_state(tiny_server, hf):
     headers = {"Authorization": f"Bearer {TINY_SERVER_KEY}"}
     common = {"temperature": 0, "return_hidden_states": True, "return_token_ids": True}
     body = {"prompt": PROMPTS[0], "max_tokens": 10, **common}
-    whole = httpx.post(tiny_server.url + "/v1/completions", json=body, headers=headers, timeout=120).json()
-    choice = whole["choices"][0]
-    want = _last_hidden(hf, choice["prompt_token_ids"], choice["token_ids"])
-    assert torch.allclose(torch.tensor(choice["hidden_states"]), want, atol=ATOL)
-    with httpx.Client(timeout=120, headers=headers) as client:
-        streamed = _sse_chunks(client.post(tiny_server.url + "/v1/completions", json={**body, "stream": True}))
-    rows = [c["choices"][0]["hidden_states"] for c in streamed if c["choices"] and "hidden_states" in c["choices"][0]]
-    assert rows == [pytest.approx(choice["hidden_states"], abs=ATOL)]
+    chat = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 6, **common}
+    for route, ask, rows_of in (
+        ("/v1/completions", body, lambda ch: [ch["hidden_states"]] if "hidden_states" in ch else []),
+        (
+            "/v1/chat/completions",
+            chat,
+            lambda ch: [ch["delta"]["hidden_states"]] if "hidden_states" in ch["delta"] else [],
+        ),
+    ):
+        whole, rows = _whole_and_streamed(tiny_server.url, route, ask, headers, rows_of)
+        got = whole["choices"][0]
+        prompt_ids = got.get("prompt_token_ids") or whole["prompt_token_ids"]  # chat's: the response's
+        want = _last_hidden(hf, prompt_ids, got["token_ids"])
+        assert torch.allclose(torch.tensor(got["hidden_states"]), want, atol=ATOL)
+        assert rows == [pytest.approx(got["hidden_states"], abs=ATOL)]
 
     one = httpx.post(tiny_server.url + "/v1/completions", json={**body, "max_tokens": 1}, headers=headers).json()
     first = one["choices"][0]  # one token: the prompt's last position produced it
-    assert torch.allclose(
-        torch.tensor(first["hidden_states"]), _last_hidden(hf, first["prompt_token_ids"], first["token_ids"]), atol=ATOL
-    )
-
-    chat = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 6, **common}
-    answer = httpx.post(tiny_server.url + "/v1/chat/completions", json=chat, headers=headers, timeout=120).json()
-    got = answer["choices"][0]
-    want = _last_hidden(hf, answer["prompt_token_ids"], got["token_ids"])
-    assert torch.allclose(torch.tensor(got["hidden_states"]), want, atol=ATOL)
-    with httpx.Client(timeout=120, headers=headers) as client:
-        streamed = _sse_chunks(client.post(tiny_server.url + "/v1/chat/completions", json={**chat, "stream": True}))
-    deltas = [c["choices"][0]["delta"] for c in streamed if c["choices"]]
-    rows = [d["hidden_states"] for d in deltas if "hidden_states" in d]
-    assert rows == [pytest.approx(got["hidden_states"], abs=ATOL)]
+    want = _last_hidden(hf, first["prompt_token_ids"], first["token_ids"])
+    assert torch.allclose(torch.tensor(first["hidden_states"]), want, atol=ATOL)
 
     plain = httpx.post(
         tiny_server.url + "/v1/completions", json={**body, "return_hidden_states": False}, headers=headers
