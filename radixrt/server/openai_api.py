@@ -102,7 +102,7 @@ def _completion_specs(
     bans: Optional[dict] = None,
 ) -> list[RequestSpec]:
     """One spec per prompt, each with max_tokens (16 unless given), ``defaults`` (the model's
-    sampling settings) where the request leaves a field unset.
+    sampling settings) where the request leaves a field unset, and ``bans`` (`bad_words_sampling`).
     ``admin``: the request presented the admin key (any 64-bit ``priority``)."""
     extra = {**constraint_sampling(req), **(bans or {})}
     sampling = [sampling_of(req, req.max_tokens, extra, defaults) for _ in prompts.ids]
