@@ -64,8 +64,10 @@ class ServerArgs:
         "unset: nobody may see other clients' text, and any client key runs those routes",
         env="RADIXRT_ADMIN_API_KEY",
     )
-    served_model_name: Optional[str] = setting(
-        None, "the model id for the OpenAI routes (default: the model folder's name)"
+    served_model_name: Optional[list[str]] = setting(
+        None,
+        "the model id for the OpenAI routes (default: the model folder's name); several names: the server "
+        "answers to each and names itself by the first (as vLLM's)",
     )
     max_request_bytes: int = setting(32 * 1024 * 1024, "largest accepted request body in bytes (413 above)")
     startup_timeout: float = setting(600.0, "seconds to wait for the model to load")
@@ -119,6 +121,10 @@ class ServerArgs:
     responses_store_mb: float = setting(
         256.0, "/v1/responses: the most memory the stored responses may take, in MiB", type=_non_negative_float
     )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.served_model_name, str):  # one name, given in code
+            self.served_model_name = [self.served_model_name]
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ class ServerContext:
     model_path: str  # as given on the command line
     resolved_model_path: str
     served_model_name: str
+    other_served_names: list = field(default_factory=list)  # --served-model-name's further names (listed too)
     api_key: Optional[str] = None
     # --admin-api-key: unlocks what only the operator may ask for (e.g. cache explanations that
     # show other clients' cached text); also accepted wherever api_key is. None: nobody is admin.

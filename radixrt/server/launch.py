@@ -368,9 +368,10 @@ def _server_context(
     info = children[0].info
     assert info is not None, "the scheduler process sends its RuntimeInfo when ready"
     model_path = config.model.model_path
-    served = sargs.served_model_name or os.path.basename(os.path.normpath(resolved))
+    names = sargs.served_model_name or [os.path.basename(os.path.normpath(resolved))]
+    served = names[0]
     # "default": SGLang's name for whatever it serves (its clients and examples send it)
-    aliases = {served, model_path, resolved, os.path.basename(os.path.normpath(resolved)), "default"}
+    aliases = {*names, model_path, resolved, os.path.basename(os.path.normpath(resolved)), "default"}
     taken = aliases & set(parse_lora_paths(config.lora.lora_paths))
     if taken:  # `model: "<name>"` would mean the base model
         raise ValueError(f"--lora-paths names an adapter {sorted(taken)[0]!r}, a name of the served model")
@@ -390,6 +391,7 @@ def _server_context(
         model_path=model_path,
         resolved_model_path=resolved,
         served_model_name=served,
+        other_served_names=[name for name in dict.fromkeys(names[1:]) if name != served],
         api_key=sargs.api_key,
         admin_api_key=sargs.admin_api_key,
         max_request_bytes=sargs.max_request_bytes,

@@ -43,8 +43,8 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
-    """The served model, then one entry per LoRA adapter (its name as ``id``, its ``parent`` the
-    model), as SGLang and vLLM list them."""
+    """The served model (under each of its served names), then one entry per LoRA adapter (its name
+    as ``id``, its ``parent`` the model), as SGLang and vLLM list them."""
     base = {
         "id": ctx.served_model_name,
         "object": "model",
@@ -56,7 +56,8 @@ async def list_models(ctx: ServerContext = Depends(server_context)) -> Response:
     adapters = [
         {**base, "id": name, "root": name, "parent": ctx.served_model_name} for name in sorted(ctx.lora_adapters)
     ]
-    return JSON({"object": "list", "data": [base, *adapters]})
+    others = [{**base, "id": name} for name in ctx.other_served_names]  # vLLM lists every served name
+    return JSON({"object": "list", "data": [base, *others, *adapters]})
 
 
 @router.get("/v1/models/{model_id:path}")

@@ -38,6 +38,7 @@ def server(tiny_llama):
         "24576",
         "--served-model-name",
         "default",
+        "second-name",  # test_a_second_served_name_is_answered_and_listed
         "--scheduler-stall-timeout-s",
         str(STALL_TIMEOUT_S),
         "--header-read-timeout-s",
@@ -516,6 +517,17 @@ def test_a_second_signal_ends_every_request_at_once(tiny_llama):
         assert "Traceback" not in srv.log_tail(100_000), srv.log_tail()
     finally:
         srv.cleanup()
+
+
+def test_a_second_served_name_is_answered_and_listed(server):
+    """vLLM's --served-model-name with several names: the server answers to each, lists each, and
+    names itself by the first (a second name was an argparse error)."""
+    ids = [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]]
+    assert ids[:2] == ["default", "second-name"], ids
+    body = {"model": "second-name", "prompt": "hi", "max_tokens": 1}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "default", r.text
+    assert httpx.post(server.url + "/v1/completions", json={**body, "model": "third"}, timeout=60).status_code == 404
 
 
 def test_requests_are_logged_by_the_client_rid(server):
