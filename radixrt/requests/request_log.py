@@ -1,5 +1,5 @@
 """SGLang's ``--log-requests``: one INFO line when a request is received and one when each of
-its samples ends, on the ``radixrt.requests`` logger (shown at ``--log-level info``).
+its samples ends, on the ``radixrt.request_log`` logger (shown at any ``--log-level``).
 
 ``level`` (``--log-requests-level``, SGLang's meanings): 0, the metadata (the client's rid, token
 counts, the finish reason, the latency); 1, also the sampling parameters the request set; 2 (the
@@ -23,7 +23,7 @@ from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqState, ResultObserver
 from radixrt.sampling.params import SamplingParams
 
-logger = logging.getLogger("radixrt.requests")
+logger = logging.getLogger("radixrt.request_log")  # not radixrt.requests: its INFO level would reach every module's
 
 DEFAULT_LEVEL = 2
 PARTIAL_CHARS = 2048  # level 2 cuts each text to this many characters
@@ -43,7 +43,7 @@ class RequestLog(ResultObserver):
 
     def __init__(self, tokenizer: Any, level: int = DEFAULT_LEVEL) -> None:
         """``level``: 0 to 3 (checked by the config). Its lines show at any log level: the
-        ``radixrt.requests`` logger is set to INFO."""
+        ``radixrt.request_log`` logger is set to INFO."""
         self.tokenizer = tokenizer
         self.level = level
         logger.setLevel(logging.INFO)

@@ -319,9 +319,9 @@ def test_log_requests_writes_each_request_and_answer_by_the_client_rid(tiny_llam
     a client's newline or escape sequence cannot forge a line."""
     forged = "hi\nERROR radixrt: \x1b[31mforged" + " pad" * 800  # 3,226 characters
     with radixrt.Engine(tiny_llama, max_total_tokens=8192, log_requests=True, log_requests_level=level) as e:
-        with caplog.at_level("INFO", logger="radixrt.requests"):
+        with caplog.at_level("INFO", logger="radixrt.request_log"):
             out = e.generate(forged, {"max_new_tokens": 3, "temperature": 0, "stop": ["zzz"]}, rid="client-7")
-    lines = [r.getMessage() for r in caplog.records if r.name == "radixrt.requests"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixrt.request_log"]
     assert [line.split(" ", 1)[0] for line in lines] == ["Receive:", "Finish:"], lines
     receive, finish = lines
     assert all("\n" not in line and "\x1b" not in line for line in lines)

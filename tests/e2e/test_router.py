@@ -268,7 +268,7 @@ def test_each_replicas_log_lines_name_it(dp_server):
     log = dp_server.log_tail(1_000_000)
     for rank in (0, 1):
         lines = [line for line in log.splitlines() if f'Receive: rid="logged-on-{rank}"' in line]
-        assert len(lines) == 1 and f" server dp{rank}] INFO radixrt.requests" in lines[0], lines
+        assert len(lines) == 1 and f" server dp{rank}] INFO radixrt.request_log" in lines[0], lines
 
 
 def test_lora_adapters_load_through_the_front_on_every_replica(dp_server, workers, tiny_llama, tmp_path):
