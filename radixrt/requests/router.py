@@ -146,6 +146,7 @@ class ReqGroup:
     def __init__(self, mailbox: _Mailbox, on_done: Optional[Callable[["ReqGroup"], None]] = None) -> None:
         self.states: list[ReqState] = []
         self.parents: list[str] = []  # the requests' internal ids
+        self.rids: list[str] = []  # and their clients' rids (given or assigned), in order
         self.event = asyncio.Event()
         self.mailbox = mailbox
         self.on_done = on_done  # run once by `settle`
@@ -268,6 +269,7 @@ class ResultRouter:
             samples.append(st)
         group.states.extend(samples)
         group.parents.append(entry.iid)
+        group.rids.append(entry.rid)
         self._requests[entry.iid] = samples
 
     # ------------------------------------------------------------------ back

@@ -52,7 +52,8 @@ def read_chat_template(path: str) -> str:
     (`is_inline_template`, as vLLM takes it). ValueError naming the flag otherwise, and
     when the template does not compile (a server's mistake, not every client's request's)."""
     if is_inline_template(path):
-        text = path
+        # as vLLM: escapes typed on a command line (\\n) are read as what they stand for
+        text = path.encode("latin-1", "backslashreplace").decode("unicode_escape")
     elif not os.path.isfile(path):
         raise ValueError(f"chat_template {path!r} is not a file (a .jinja template, or a JSON file holding one)")
     else:

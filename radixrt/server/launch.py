@@ -180,8 +180,9 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
 
 
 def _claim_port(host: str, port: int) -> socket.socket:
-    """The HTTP socket, bound before the model loads, so a port in use ends the start at once
-    (uvicorn found it only once the model had loaded); uvicorn listens on it once serving."""
+    """The HTTP socket, bound and listening before the model loads, so a port in use ends the start
+    at once (uvicorn found it only once the model had loaded); connections made meanwhile wait in
+    its backlog until uvicorn serves it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections of such a socket (proto 0 left
     # Nagle on: 40 ms more per answer written in two sends)
@@ -189,6 +190,7 @@ def _claim_port(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own
         sock.bind((host, port))
+        sock.listen()  # listening, the claim is exclusive: a second server's bind fails too (SO_REUSEADDR)
     except OSError:
         sock.close()
         raise

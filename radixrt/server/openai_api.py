@@ -87,7 +87,7 @@ def _completion_prompts(req: CompletionRequest, tm: TokenizerManager) -> PromptB
         return split_prompts(
             p if is_text else None,
             None if is_text else p,
-            functools.partial(tm.encode, field="prompt"),
+            functools.partial(tm.encode, field="prompt", fit=req.truncate_prompt_tokens is None),
             text_name="prompt",
             ids_name="prompt",
             limits=tm.limits,
@@ -268,12 +268,13 @@ def _chat_prompt_ids(
     except Exception as e:  # noqa: BLE001 - a template may reject a conversation
         raise bad_request(f"The chat template cannot render these messages: {e}", "messages") from None
     bos = getattr(tm.tokenizer, "bos_token", None)
+    fit = req.truncate_prompt_tokens is None  # else the caller keeps the prompt's last tokens
 
     def first(text: str) -> list[int]:
-        return tm.encode(text, not (bos and text.startswith(bos)), "messages")
+        return tm.encode(text, not (bos and text.startswith(bos)), "messages", fit)
 
     if spliced:
-        ids = split_encode(prompt, spliced, first, lambda t: tm.encode(t, False, "messages") if t else [])
+        ids = split_encode(prompt, spliced, first, lambda t: tm.encode(t, False, "messages", fit) if t else [])
         if ids is not None:
             return ids
         if reuse_turns:

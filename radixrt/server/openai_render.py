@@ -86,8 +86,11 @@ def logprob_entries(tt: TokenTexts, st: ReqState, start: int, top_n: Optional[in
     return out
 
 
-def _head(prefix: str, obj: str, model: str) -> dict:
-    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": model}
+def _head(prefix: str, obj: str, model: str, group: ReqGroup) -> dict:
+    """An answer's id, object, created and model fields. The id holds its first request's rid (the
+    client's, or the one assigned), which the request log names: a client's id finds its log lines."""
+    rid = group.rids[0] if group.rids else uuid.uuid4().hex
+    head = {"id": f"{prefix}-{rid}", "object": obj, "created": int(time.time()), "model": model}
     return {**head, "system_fingerprint": None}  # OpenAI's field: nothing to fingerprint here
 
 
@@ -108,7 +111,7 @@ class CompletionView:
         self, req: CompletionRequest, group: ReqGroup, prompts: PromptBatch, tokenizer: Any, model: str
     ) -> None:
         self.req, self.group, self.prompts, self.tokenizer = req, group, prompts, tokenizer
-        self.head = _head("cmpl", "text_completion", model)
+        self.head = _head("cmpl", "text_completion", model, group)
         self.tt = TokenTexts(tokenizer, req.return_tokens_as_token_ids)
         self.opened: set[int] = set()  # streamed choices that sent their first chunk (the echo, the prompt ids)
         # streamed choices: the text_offset their next logprob starts at (the text sent before it), and
@@ -239,7 +242,7 @@ class ChatView:
         remember: Optional[Callable[[str, list[int]], None]] = None,
     ) -> None:
         self.req, self.group, self.prompt_len = req, group, prompt_len
-        self.head = _head("chatcmpl", "chat.completion", model)
+        self.head = _head("chatcmpl", "chat.completion", model, group)
         self.tt = TokenTexts(tokenizer, req.return_tokens_as_token_ids)
         self.plain = parser is None and not reasoning  # text passes through as content
         self.outputs = [ChoiceOutput(parser, reasoning) for _ in group.states]

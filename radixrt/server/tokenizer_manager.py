@@ -186,15 +186,19 @@ class TokenizerManager:
         return self.router.states
 
     # ------------------------------------------------------------------ requests
-    def encode(self, text: str, add_special_tokens: bool = True, field: Optional[str] = None) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, field: Optional[str] = None, fit: bool = True
+    ) -> list[int]:
         """``text``'s token ids; ServerError 400 (naming ``field``, the request field
         the text came from) when the text cannot fit the context: longer than
         ``max_prompt_chars`` (refused before tokenizing) or ``context_length``
         tokens or more (refused at once, before the other prompts of a batch are
-        tokenized); or when it holds a lone surrogate. Blocking: routes call it
+        tokenized); or when it holds a lone surrogate. ``fit`` False: the caller cuts
+        the ids to the context itself (vLLM's ``truncate_prompt_tokens``), so no length
+        is refused (the request's size bounds the work). Blocking: routes call it
         from `run_tokenize`."""
         n = len(text)
-        if n > self.max_prompt_chars:
+        if fit and n > self.max_prompt_chars:
             raise bad_request(
                 f"the prompt is {n} characters long; this model's context length is {self.context_length} "
                 f"tokens, which cannot hold more than {self.max_prompt_chars} characters",
@@ -209,7 +213,7 @@ class TokenizerManager:
                     field,
                 ) from None
         ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-        if len(ids) >= self.context_length:
+        if fit and len(ids) >= self.context_length:
             raise bad_request(
                 f"the prompt has {len(ids)} tokens; this model's context length is "
                 f"{self.context_length}, so at most {self.context_length - 1} prompt tokens fit",

@@ -543,6 +543,7 @@ def test_requests_are_logged_by_the_client_rid(server):
     assert len(receive) == 1 and len(finish) == 1, log[-3000:]
     assert '"hi\\nERROR \\u001b[31mforged"' in receive[0], receive
     assert "completion_tokens=2" in finish[0] and "ERROR \x1b" not in log, finish
+    assert r.json()["id"] == "cmpl-op-42"  # the answer's id names the rid its log lines name
 
 
 def test_a_grammar_that_matches_no_text_is_a_400(server):

@@ -1436,6 +1436,11 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(tiny_server):
         assert most.status_code == 400 and "context length" in most.text  # the whole context: no room to answer
         chat = {"messages": [{"role": "user", "content": "hello " * 40}], "max_tokens": 2, "truncate_prompt_tokens": 5}
         assert client.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"] == 5
+        # text longer than the context: cut, not refused (its length was checked before the cut)
+        long_text = {**body, "prompt": "hello " * (context + 50), "truncate_prompt_tokens": 12}
+        assert client.post("/v1/completions", json=long_text).json()["usage"]["prompt_tokens"] == 12
+        long_chat = {**chat, "messages": [{"role": "user", "content": "hello " * (context + 50)}]}
+        assert client.post("/v1/chat/completions", json=long_chat).json()["usage"]["prompt_tokens"] == 5
         for bad in (0, -2, context + 1):
             r = client.post("/v1/completions", json={**body, "truncate_prompt_tokens": bad})
             assert r.status_code == 400 and "truncate_prompt_tokens" in r.text, (bad, r.text)

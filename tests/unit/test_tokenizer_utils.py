@@ -116,6 +116,8 @@ def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
     # vLLM's --chat-template also takes the template itself
     assert load_tokenizer(tiny_llama, jinja).apply_chat_template(turns, tokenize=False) == "[user] hi\n"
     assert EngineConfig(chat_template=jinja).model.chat_template == jinja
+    typed = "{% for m in messages %}[{{ m['role'] }}]\\n{{ m['content'] }}\\n{% endfor %}"  # as on a shell line
+    assert load_tokenizer(tiny_llama, typed).apply_chat_template(turns, tokenize=False) == "[user]\nhi\n"
     with pytest.raises(ValueError, match="does not compile"):
         load_tokenizer(tiny_llama, "{{ unclosed")
 
