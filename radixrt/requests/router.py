@@ -61,9 +61,8 @@ class Transport(Protocol):
 
 
 class ResultObserver:
-    """Hears of submitted requests, outputs and finished samples (the server's metrics, the
-    request log); each hook does nothing unless overridden. ``on_submit`` runs on the submitting
-    loop once a request is sent; the others on the group's loop. A hook must not raise."""
+    """Hears of sent requests (on the submitting loop), outputs and finished samples (on the group's
+    loop): the server's metrics, the request log. Each hook does nothing unless overridden; none raises."""
 
     def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
         """``spec`` was sent under ``entry``'s ids."""

@@ -180,12 +180,10 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
 
 
 def _claim_port(host: str, port: int) -> socket.socket:
-    """The HTTP socket, bound and listening before the model loads, so a port in use ends the start
-    at once (uvicorn found it only once the model had loaded); connections made meanwhile wait in
-    its backlog until uvicorn serves it."""
+    """The HTTP socket, listening before the model loads: a port in use ends the start at once (uvicorn
+    found it after the load); connections made meanwhile wait in its backlog until uvicorn serves."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections of such a socket (proto 0 left
-    # Nagle on: 40 ms more per answer written in two sends)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only then (Nagle cost 40 ms an answer of two sends)
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own
