@@ -134,7 +134,7 @@ def test_reasoning_effort_reaches_the_chat_template(tiny_llama):
     from radixrt.server.protocol import ChatCompletionRequest
 
     tok = load_tokenizer(tiny_llama, "effort={{ reasoning_effort | default('unset') }}")
-    tm = SimpleNamespace(tokenizer=tok, encode=lambda text, special=True, field=None: tok.encode(text))
+    tm = SimpleNamespace(tokenizer=tok, encode=lambda text, special=True, field=None, fit=True: tok.encode(text))
     messages = [{"role": "user", "content": "hi"}]
     for body, said in (
         ({}, "effort=unset"),
