@@ -59,10 +59,10 @@ def read_chat_template(path: str) -> str:
     else:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    if path.endswith(".json") and not is_inline_template(path):
-        text = json.loads(text).get("chat_template")
-        if not isinstance(text, str):
-            raise ValueError(f"chat_template {path!r} holds no 'chat_template' string")
+        if path.endswith(".json"):
+            text = json.loads(text).get("chat_template")
+            if not isinstance(text, str):
+                raise ValueError(f"chat_template {path!r} holds no 'chat_template' string")
     from jinja2 import TemplateError
 
     try:  # in the environment transformers renders it in (a private helper: without it, no check)

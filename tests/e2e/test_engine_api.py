@@ -338,8 +338,9 @@ def test_log_requests_writes_each_request_and_answer_by_the_client_rid(tiny_llam
 
 def test_allowed_token_ids_and_bad_words_ids(tiny_engine):
     """vLLM's allowed_token_ids (only those, no EOS unless listed) and transformers' bad_words_ids
-    (a longer word's last token banned right after the rest), greedy and sampled, under the
-    overlap scheduler (the tiny engine runs it: a ban that reads the last token waits for it)."""
+    (a longer word's last token banned right after the rest), greedy and sampled, with the overlap
+    scheduler on (the tiny engine runs it; these single requests pass with or without the launcher's
+    guard that keeps a multi-token ban's request out of overlapped steps)."""
     e, prompt = tiny_engine, "Count: one two three four"
     base = e.generate(prompt, {"max_new_tokens": 8, "temperature": 0})["output_ids"]
     allowed = sorted(set(base[:3]) | {5, 6})
