@@ -15,7 +15,12 @@ import sys
 
 import pytest
 
-from tests.support.xdist_order import make_scheduler, order_heaviest_first
+from tests.support.xdist_order import (
+    check_shared_server_modules,
+    make_scheduler,
+    order_heaviest_first,
+    session_servers_used,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # dtype auto is float32 in every engine and server the tests start, also on a CPU with native
@@ -50,7 +55,18 @@ def pytest_xdist_make_scheduler(config, log):
     return make_scheduler(config, log)
 
 
+# the session servers of tests/e2e/conftest.py: a test that uses one, directly or through another
+# fixture, is marked slow (the fast path starts no server); a module with a server of its own marks
+# its tests itself
+SERVER_FIXTURES = frozenset({"tiny_server", "default_server"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if session_servers_used(item, SERVER_FIXTURES):
+            item.add_marker(pytest.mark.slow)
+    check_shared_server_modules(items, SERVER_FIXTURES)
     order_heaviest_first(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:

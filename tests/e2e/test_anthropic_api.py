@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import jsonschema
 import pytest
@@ -25,8 +24,17 @@ GREEDY = {"temperature": 0}  # the current SDK has no sampling arguments: extra_
 
 
 @pytest.fixture(scope="module")
-def client(tiny_server):
-    c = anthropic.Anthropic(base_url=tiny_server.url, api_key=TINY_SERVER_KEY, max_retries=0, timeout=120)
+def sdk():
+    """The ``anthropic`` package, imported when a test of this module runs: importing it takes
+    2.5 s, which every pytest-xdist worker would spend collecting, also on the fast path."""
+    import anthropic
+
+    return anthropic
+
+
+@pytest.fixture(scope="module")
+def client(tiny_server, sdk):
+    c = sdk.Anthropic(base_url=tiny_server.url, api_key=TINY_SERVER_KEY, max_retries=0, timeout=120)
     yield c
     c.close()
 
@@ -163,11 +171,11 @@ def test_bad_requests_are_400s_in_anthropics_shape(http, body, where):
         assert where.split(".")[0] in err["error"]["message"], err
 
 
-def test_a_wrong_key_and_an_unknown_model_in_anthropics_shape(tiny_server, client):
-    bad = anthropic.Anthropic(base_url=tiny_server.url, api_key="wrong", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError):
+def test_a_wrong_key_and_an_unknown_model_in_anthropics_shape(tiny_server, client, sdk):
+    bad = sdk.Anthropic(base_url=tiny_server.url, api_key="wrong", max_retries=0)
+    with pytest.raises(sdk.AuthenticationError):
         bad.messages.create(model="default", max_tokens=4, messages=QUESTION)
-    with pytest.raises(anthropic.NotFoundError) as e:
+    with pytest.raises(sdk.NotFoundError) as e:
         client.messages.create(model="claude-nonexistent", max_tokens=4, messages=QUESTION)
     assert e.value.body["type"] == "error" and "claude-nonexistent" in e.value.body["error"]["message"]
 

@@ -19,7 +19,8 @@ def test_download_prints_the_model_folder(default_model_path):
     assert proc.stdout.strip() == default_model_path
 
 
-@pytest.mark.parametrize("model", ["tiny", pytest.param("default", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny", "default"])
 def test_generate_json_and_logs(request, model):
     if model == "tiny":
         model = request.getfixturevalue("tiny_llama")
@@ -57,6 +58,7 @@ def _breakdown(stderr: str) -> tuple[float, dict[str, float]]:
     return float(head.split()[0]), {name: float(value) for name, value, unit in parts if unit == "s"}
 
 
+@pytest.mark.slow
 def test_generate_stream_logs_where_the_start_up_time_went(tiny_llama):
     """`--log-level info` breaks the time to the first token into phases that add up to it."""
     proc = _radixrt(
@@ -78,6 +80,7 @@ def test_generate_stream_logs_where_the_start_up_time_went(tiny_llama):
     assert "dtype auto on the CPU: " in proc.stderr  # the dtype decision is logged too
 
 
+@pytest.mark.slow
 def test_generate_rejects_unknown_model_folder(tmp_path):
     proc = _radixrt("generate", "--model", str(tmp_path / "nope"), "hi")
     assert proc.returncode == 2

@@ -403,6 +403,7 @@ def test_frontend_constraints(embedded_engine):
 
 
 # ------------------------------------------------------------------ memory pressure (tiny model)
+@pytest.mark.slow
 def test_retraction_and_pages_keep_constrained_outputs(tiny_llama):
     """A random model under grammars, in a pool small enough to retract, with
     pages of 4 and short prefill chunks: the same outputs as a roomy engine

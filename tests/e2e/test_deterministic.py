@@ -45,6 +45,7 @@ def _run(engine, prompts, params) -> list[dict]:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case,quantization",
     [

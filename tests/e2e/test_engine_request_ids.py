@@ -48,6 +48,7 @@ def test_sample_ids_never_collide_with_a_running_rid(engine):
     assert b["output_ids"] == b_alone["output_ids"] and b["meta_info"]["id"] == "col2-0"
 
 
+@pytest.mark.slow
 def test_abort_matches_the_rid_exactly(engine):
     async def run():
         other = await engine.async_generate("other", greedy(1000), rid="job-7", stream=True)

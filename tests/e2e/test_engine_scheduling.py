@@ -202,6 +202,7 @@ def _mixed_requests(seed=3, count=120):
     return prompts, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_overlap_on_and_off_give_the_same_outputs(tiny_llama, page_size):
     """The overlap scheduler processes each step's tokens one step late; under
@@ -270,6 +271,7 @@ def test_request_is_not_aborted_while_finishing_ones_hold_kv(tiny_llama, pool):
     assert outputs[pool] == outputs[4096] == [8] * len(prompts)
 
 
+@pytest.mark.slow
 def test_requests_past_their_waiting_or_running_timeout_end_with_a_503(tiny_llama, monkeypatch):
     """SGLang's SGLANG_REQ_WAITING_TIMEOUT / SGLANG_REQ_RUNNING_TIMEOUT (radixrt's flags): a request
     that waits, or runs, longer ends with a 503 abort naming why; the others are served."""

@@ -55,6 +55,7 @@ def test_a_refused_or_aborted_turn_is_forgotten_and_the_session_goes_on(engine):
     engine.close_session(sid)
 
 
+@pytest.mark.slow
 def test_a_timeout_counts_idle_time_from_the_end_of_the_last_turn(engine):
     """A session's timeout never closes it under a running turn, and counts from the turn's end."""
     sid = engine.open_session(timeout=0.3)

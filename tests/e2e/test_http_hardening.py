@@ -28,6 +28,8 @@ from tests.support.slow_client import drip
 STALL_TIMEOUT_S = 1.5  # --scheduler-stall-timeout-s of the module's server
 HEADER_TIMEOUT_S = 1.5  # its --header-read-timeout-s
 BODY_TIMEOUT_S = 3.0  # its --body-read-timeout-s (the 30 MB uploads below take well under a second)
+pytestmark = pytest.mark.slow  # every test starts or uses a server (the fast path starts none)
+
 LONG = {"max_new_tokens": 8000, "ignore_eos": True}  # far longer than any test waits
 
 
@@ -381,7 +383,6 @@ def _events(lines) -> list:
     return out
 
 
-@pytest.mark.slow  # a server of its own: about 30 s with the grace period
 def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
     grace = 5.0
     srv = LocalServer(
@@ -486,7 +487,6 @@ def test_sigterm_drains_then_ends_what_is_left(tiny_llama):
         srv.cleanup()
 
 
-@pytest.mark.slow  # a server of its own
 def test_a_second_signal_ends_every_request_at_once(tiny_llama):
     """It waited uvicorn's 5 s, then cancelled the requests: a plain-text 500, streams cut without
     their error event, two tracebacks in the log."""
@@ -659,7 +659,6 @@ def test_more_messages_than_the_context_holds_are_refused_before_validation(serv
     assert _error(httpx.post(server.url + route, json=body, timeout=60), 400)["param"] == field
 
 
-@pytest.mark.slow  # its own server: the fast path stays under 3 minutes
 def test_the_scheduler_s_aborts_and_the_kv_pool_answer_with_a_status(tiny_llama):
     """As SGLang: a request the scheduler ends with a 503 (past its waiting timeout) is a 503, not a
     200 whose finish reason says abort; a stream ends with the abort in its last event. A prompt and

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from radixrt.memory.kv_format import kv_footprint
 from radixrt.plan import ModelShape, make_plan
 from radixrt.server.metrics import ServerMetrics
@@ -32,6 +34,7 @@ def _gauge(metrics: str, name: str, kv: str) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.slow
 def test_server_reports_kv_cache_size(tiny_llama):
     kv = "int8"
     shape = ModelShape.from_config(json.loads(open(f"{tiny_llama}/config.json").read()))

@@ -2,12 +2,12 @@
 httpx and the official openai client.
 
 Most tests run twice, against the session ``tiny_server`` of
-tests/e2e/conftest.py on a tiny random Llama (the fast path; served as
-"default"; test_request_ids.py uses it too) and against a module-scoped server
-on the embedded default model (slow); what only a real model can show (its
+tests/e2e/conftest.py on a tiny random Llama (served as "default"; test_request_ids.py and
+others use it too) and against a module-scoped server on the embedded default model; every
+test is slow (a server's), so the fast path runs none of them. What only a real model can show (its
 greedy answers follow the prompt) runs against the embedded model alone. Each
 server is started once (kept short: small max_tokens, a small KV pool); its
-teardown checks that SIGTERM stops it and its children cleanly. The last test (slow) starts another
+teardown checks that SIGTERM stops it and its children cleanly. The last test starts another
 server on the tiny model, kills its scheduler process and checks that the
 server reports unhealthy and exits non-zero.
 """
@@ -30,6 +30,8 @@ import pytest
 from radixrt.server.local import LocalServer
 from tests.support.servers import TINY_SERVER_ADMIN_KEY, TINY_SERVER_KEY, serving
 
+pytestmark = pytest.mark.slow  # every test uses a server (the fast path starts none)
+
 KEY = TINY_SERVER_KEY  # the embedded server below takes the same key
 KV_TOKENS = 24576
 
@@ -43,7 +45,7 @@ def embedded_server(default_model_path):
         yield srv
 
 
-@pytest.fixture(scope="module", params=["tiny", pytest.param("embedded", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["tiny", "embedded"])
 def server(request):
     return request.getfixturevalue(f"{request.param}_server")
 
@@ -337,7 +339,6 @@ def test_generate_stream(client):
     assert chunks[-1]["meta_info"]["finish_reason"] is not None
 
 
-@pytest.mark.slow
 def test_generate_stop_string(embedded_client):
     client = embedded_client
     r = client.post("/generate", json={"text": "1, 2, 3, 4,", "sampling_params": greedy(20, stop=[" 7"])}).json()
@@ -586,7 +587,6 @@ def test_chat_usage_counts_the_reasoning_tokens(client, model_name):
         assert most is None or len(pieces) == most, pieces
 
 
-@pytest.mark.slow
 def test_openai_completion_stop(embedded_oai):
     model_name = embedded_oai.models.list().data[0].id
     r = embedded_oai.completions.create(
@@ -617,7 +617,6 @@ def test_openai_completion_n_and_logprobs(oai, model_name):
     assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the top token
 
 
-@pytest.mark.slow
 def test_openai_logprobs_cover_the_content_byte_for_byte(embedded_oai):
     """Chat logprobs cover exactly the answer: their ``bytes`` join to its UTF-8 (a token
     holding part of a character gives its own bytes, not U+FFFD's), and the EOS token that
@@ -814,7 +813,6 @@ def test_openai_extra_fields_accepted(client):
 
 
 # ------------------------------------------------------------------ constrained decoding
-@pytest.mark.slow
 def test_constrained_generate_and_response_format(embedded_client, embedded_oai):
     import jsonschema
 
@@ -875,7 +873,6 @@ def test_constrained_generate_and_response_format(embedded_client, embedded_oai)
     assert r["text"] in ('"red"', '"green"', '"blue"')
 
 
-@pytest.mark.slow  # the embedded model's server
 def test_vllm_structured_outputs_are_enforced(embedded_client, embedded_oai):
     """vLLM's structured_outputs and guided_* fields were unknown fields, ignored: the output ran free."""
     client, model = embedded_client, embedded_oai.models.list().data[0].id
@@ -1342,7 +1339,6 @@ def test_200_concurrent_streams_with_aborts(server, client):
 
 
 # ------------------------------------------------------------------ supervision
-@pytest.mark.slow
 def test_killed_scheduler_makes_server_exit(tiny_llama):
     """A tiny random model keeps this second server quick to start."""
     srv = LocalServer("--max-total-tokens", "2048", model=tiny_llama)

@@ -266,6 +266,7 @@ def test_greedy_equal_with_pages_and_without_the_radix_cache(tiny_path, page_siz
         assert on.get_stats()["spec_accepted_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_server_reports_speculation_and_serves_the_opt_out(tiny_path):
     """meta_info on /generate, SGLang's avg_spec_accept_length in /get_server_info,
     the radixrt_spec_* metrics, and speculative=false on the OpenAI route."""
@@ -294,6 +295,7 @@ def test_server_reports_speculation_and_serves_the_opt_out(tiny_path):
         assert "radixrt_spec_verify_steps_total" in metrics and "radixrt_spec_accept_length" in metrics
 
 
+@pytest.mark.slow
 def test_cli_logs_the_acceptance_length(tiny_llama):
     import subprocess
     import sys

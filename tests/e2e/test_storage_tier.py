@@ -100,6 +100,7 @@ def test_a_restore_cut_by_a_corrupt_block_and_a_request_racing_it_give_the_same_
     assert raced["text"] == before["text"] and raced["meta_info"]["cached_tokens"] >= restore["host_tokens"]
 
 
+@pytest.mark.slow
 def test_a_restarted_engine_reads_the_prefix_back_with_the_same_output(default_model_path, tmp_path: Path) -> None:
     prompt = _prompt(150)
     with _engine(default_model_path, dtype="float32", hicache_storage_dir=str(tmp_path)) as first:

@@ -83,6 +83,7 @@ def _wait_for(engine, pred, timeout: float = 30.0) -> dict:
     raise AssertionError(f"not reached in {timeout} s: {engine.get_stats()}")
 
 
+@pytest.mark.slow
 def test_the_new_weights_answer_as_an_engine_started_on_them(engine, models, answers):
     first = engine.generate(PROMPT, GREEDY)
     assert first["output_ids"] == answers["a"]["short"] and first["meta_info"]["weight_version"] == "default"

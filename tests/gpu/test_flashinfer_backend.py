@@ -221,6 +221,7 @@ def test_missing_flashinfer_gives_install_hint(monkeypatch):
         FlashInferBackend(device="cpu")
 
 
+@pytest.mark.slow
 def test_cpu_paths_never_import_flashinfer():
     code = (
         "import sys, torch\n"

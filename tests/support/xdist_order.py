@@ -31,6 +31,12 @@ SHARED_SERVER_MODULES: dict[str, str] = {
     "tests/e2e/test_weight_updates.py": "tiny_server",
     "tests/e2e/test_sglang_utility_routes.py": "tiny_server",
     "tests/e2e/test_hidden_states.py": "tiny_server",
+    "tests/e2e/test_anthropic_api.py": "tiny_server",
+    "tests/e2e/test_memory_occupation.py": "tiny_server",
+    "tests/e2e/test_profile.py": "tiny_server",
+    "tests/e2e/test_sessions.py": "tiny_server",
+    "tests/e2e/test_tool_call_shapes.py": "tiny_server",
+    "tests/e2e/test_weight_groups.py": "tiny_server",
 }
 
 # the slowest modules of the full suite, slowest first (per-module time of a --durations run,
@@ -80,6 +86,30 @@ _RANK = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
 
 def module_path(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def session_servers_used(item: pytest.Item, names: frozenset[str]) -> set[str]:
+    """The session servers of tests/e2e/conftest.py among ``names`` that ``item`` uses, directly or
+    through another fixture (a module's own fixture of the same name does not count)."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest's resolved fixtures of a test function
+    if info is None:
+        return set()
+    defs = info.name2fixturedefs
+    return {name for name in names if name in defs and defs[name][-1].baseid == "tests/e2e"}
+
+
+def check_shared_server_modules(items: list[pytest.Item], names: frozenset[str]) -> None:
+    """Refuses to run when a module uses a session server but is not in ``SHARED_SERVER_MODULES``:
+    the other worker would start a second copy of that server."""
+    missing = sorted(
+        {
+            f"{module_path(item.nodeid)} ({', '.join(sorted(used))})"
+            for item in items
+            if (used := session_servers_used(item, names)) and module_path(item.nodeid) not in SHARED_SERVER_MODULES
+        }
+    )
+    if missing:
+        raise pytest.UsageError(f"add to SHARED_SERVER_MODULES in tests/support/xdist_order.py: {', '.join(missing)}")
 
 
 def order_heaviest_first(items: list[pytest.Item]) -> None:

@@ -162,6 +162,7 @@ def test_overlap_scheduler_and_ordinary_requests_in_the_same_steps(tiny_llama):
     assert run(True) == run(False)
 
 
+@pytest.mark.slow
 def test_memory_pressure_retracts_searches_as_units_and_changes_no_answer(tiny_llama):
     rng = random.Random(11)
     prompts = _prompts(rng, 8, 20, 60)

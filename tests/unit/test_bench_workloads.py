@@ -181,6 +181,7 @@ def _bench(tmp_path, *argv):
     return rc, json.loads(out.read_text()), md.read_text()
 
 
+@pytest.mark.slow
 def test_bench_offline_every_system_on_a_tiny_model(tmp_path, tiny_llama, capsys):
     rc, rep, md = _bench(
         tmp_path,

@@ -130,6 +130,7 @@ def test_limits_are_the_operators():
         check_grammar(key, GrammarLimits(max_source_chars=6))
 
 
+@pytest.mark.slow
 def test_the_scheduler_leaves_parsing_a_grammar_to_its_compile_thread(tiny_llama):
     """A distinct large grammar took half a second to parse on the step loop's thread, once
     per request (the front had parsed it already, in another process); the compile thread
@@ -207,6 +208,7 @@ def _optional_fields(n: int, kind: str = "integer") -> tuple[str, str]:
     return ("json_schema", json.dumps({"type": "object", "properties": {f"f_{i}": {"type": kind} for i in range(n)}}))
 
 
+@pytest.mark.slow
 def test_a_large_grammar_that_would_compile_for_minutes_is_refused_at_the_deadline(tokenizer):
     """The large lane compiles a grammar only once a child process compiled it within the deadline:
     past it the child is killed and the grammar refused (cached: asked again, refused at once), and

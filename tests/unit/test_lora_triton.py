@@ -23,6 +23,7 @@ from tests.support.lora import IN, SLICES, every_delta, synthetic_adapter
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_under_the_interpreter() -> None:
     """Both checks below, in one fresh process (importing torch and Triton costs seconds)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "RADIXRT_TRITON_LORA": "1"}

@@ -89,6 +89,7 @@ def _speculation_accepted() -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_harness_end_to_end_on_a_tiny_model(tiny_llama, tmp_path, capsys):
     if not _speculation_accepted():
         pytest.skip("EngineConfig does not accept speculative_algorithm yet")

@@ -51,6 +51,7 @@ def test_step_time_bench_reports_each_batch(tmp_path):
         assert path in proc.stdout
 
 
+@pytest.mark.slow
 def test_decode_kernel_bench_times_both_paths_and_checks_them():
     proc = subprocess.run(
         [sys.executable, "-m", "radixrt.bench.decode_kernel", "--shape", "4,40,4,2,16", "--calls", "2"],
@@ -66,6 +67,7 @@ def test_decode_kernel_bench_times_both_paths_and_checks_them():
     assert diff < 1e-4  # the C kernel agrees with gather + SDPA
 
 
+@pytest.mark.slow
 def test_decode_kernel_bench_with_drafts_times_the_rows_read_apart_too():
     proc = subprocess.run(
         [sys.executable, "-m", "radixrt.bench.decode_kernel", "--shape", "2,40,4,2,16", "--calls", "2", "--draft", "3"],

@@ -87,6 +87,7 @@ def test_the_decoder_loads_without_importing_transformers(default_model_path):
     assert out.split() == ["TextDecoder", "False"]
 
 
+@pytest.mark.slow
 def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
     """SGLang's --chat-template (and an Engine's chat_template): a Jinja file, or a JSON file holding
     one, replaces the tokenizer's template; a path that is no such file is refused by name."""
