@@ -149,8 +149,7 @@ async def completions(request: Request, ctx: ServerContext = Depends(server_cont
     ctx.check_cache_info(request, req.return_cache_info)
     tm = ctx.tm
     tm.check_alive()
-    check_limits(req, tm, "logprobs", req.logprobs)
-    check_limits(req, tm, "prompt_logprobs", req.prompt_logprobs)
+    check_limits(req, tm, {"logprobs": req.logprobs, "prompt_logprobs": req.prompt_logprobs})
     prompts, specs = await tm.run_tokenize(_completion_plan, req, tm, ctx.is_admin(request))
     if not isinstance(req.lora_path, list):
         loras *= len(specs)
@@ -411,8 +410,9 @@ async def plan_chat(req: ChatCompletionRequest, ctx: ServerContext, admin: bool 
     lora = ctx.lora_of(req.model, req.lora_path)
     tm = ctx.tm
     tm.check_alive()
-    check_limits(req, tm, "top_logprobs", req.top_logprobs if req.logprobs else None)
-    check_limits(req, tm, "prompt_logprobs", req.prompt_logprobs)
+    check_limits(
+        req, tm, {"top_logprobs": req.top_logprobs if req.logprobs else None, "prompt_logprobs": req.prompt_logprobs}
+    )
     settings = ctx.server_args
     parser = get_parser(settings.get("tool_call_parser"), getattr(tm.tokenizer, "chat_template", None))
     reasoning = reasoning_mode(req.separate_reasoning, settings.get("reasoning_parser"))

@@ -56,9 +56,11 @@ def sampling_of(
         raise openai_error(str(e), None) from None
 
 
-def check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[int]) -> None:
-    """The server's limits on ``n`` and the number of top logprobs (the same
-    as /generate's), as 400s naming the OpenAI fields."""
+def check_limits(req: Any, tm: TokenizerManager, tops: dict[str, Optional[int]]) -> None:
+    """The server's limits on ``n`` and on each of ``tops`` (the OpenAI field asking for that many top
+    logprobs per position, None when not asked), the same as /generate's, as 400s naming the OpenAI
+    fields; a beam search refuses per-position lists (``prompt_logprobs``, k > 0 top logprobs) here
+    too, so that the refusal names the field the client sent."""
     limits = tm.limits
     if req.n > limits.max_n:
         raise bad_request(f"'n' is {req.n}; this server allows at most {limits.max_n}.", "n")
@@ -75,11 +77,21 @@ def check_limits(req: Any, tm: TokenizerManager, top_name: str, top: Optional[in
                 f"at most {MAX_BEAM_WIDTH}.",
                 field,
             )
-    if top is not None and top > limits.max_top_logprobs_num:
-        raise bad_request(
-            f"'{top_name}' is {top}; this server returns at most {limits.max_top_logprobs_num} top logprobs per token.",
-            top_name,
-        )
+    search = "use_beam_search" if req.use_beam_search else "beam_width" if (req.beam_width or 0) > 1 else None
+    for name, top in tops.items():
+        if top is None:
+            continue
+        if top > limits.max_top_logprobs_num:
+            raise bad_request(
+                f"'{name}' is {top}; this server returns at most {limits.max_top_logprobs_num} top logprobs per token.",
+                name,
+            )
+        if search and (top > 0 or name == "prompt_logprobs"):
+            raise bad_request(
+                f"'{name}' cannot be combined with a beam search ('{search}'): its outputs carry each "
+                "token's own logprob only.",
+                name,
+            )
 
 
 def validate_specs(tm: TokenizerManager, specs: list[RequestSpec]) -> None:

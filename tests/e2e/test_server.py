@@ -1400,6 +1400,29 @@ def test_beam_search_on_both_apis(client, oai, model_name):
         body = {"model": model_name, "prompt": prompt, "max_tokens": 2, "use_beam_search": True, **bad_search}
         r = client.post("/v1/completions", json=body)  # vLLM's rules, and the width named as the client sent it
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    # per-position logprob lists are refused naming the field the client sent, on both routes
+    searches = ({"use_beam_search": True, "n": 2}, {"beam_width": 2})
+    for route, asked, field in (
+        ("/v1/completions", {"prompt": prompt, "prompt_logprobs": 1}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt": prompt, "prompt_logprobs": 0}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt": prompt, "logprobs": 2}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": prompt}], "prompt_logprobs": 1},
+            "prompt_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": prompt}], "logprobs": True, "top_logprobs": 2},
+            "top_logprobs",
+        ),
+    ):
+        for search in searches:
+            r = client.post(route, json={"model": model_name, "max_tokens": 2, **asked, **search})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (route, search, r.text)
+            assert "beam" in r.json()["error"]["message"] and "top_logprobs_num" not in r.text, r.text
+    plain = {"model": model_name, "prompt": prompt, "max_tokens": 2, "logprobs": 0, "use_beam_search": True, "n": 2}
+    assert client.post("/v1/completions", json=plain).status_code == 200  # each token's own logprob is fine
     for bad, field in (
         ({"beam_width": 2, "n": 3}, "'n'"),
         ({"beam_width": 2, "frequency_penalty": 0.5}, "frequency_penalty"),
