@@ -340,8 +340,7 @@ class SpeculativeSettings:
     speculative_tree_width: Optional[int] = setting(
         None,
         "most continuations a draft token branches into where earlier runs diverged (a draft tree verified with "
-        "a tree attention mask); 1: drafts are chains. Chains only with deterministic inference, or tensor "
-        "parallel with --page-size > 1; unset: 2",
+        "a tree attention mask); 1: drafts are chains. Chains only with deterministic inference; unset: 2",
     )
 
     def __post_init__(self) -> None:

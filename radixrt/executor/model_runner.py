@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -399,6 +399,13 @@ class ModelRunner:
         if self.followers is not None:
             self.followers.send("logits", hidden.cpu())
         return self.model.compute_logits(hidden.to(self.device))
+
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copies the stored K/V of slots ``src`` to ``dst`` (`KVPool.copy_slots`) in every rank's pool.
+        Called between steps only (no forward in flight), so the ranks see it in step order."""
+        if self.followers is not None:
+            self.followers.send("copy_slots", list(src), list(dst))
+        self.kv_pool.copy_slots(src, dst)
 
     def weights_by_name(self, name: str, truncate_size: int) -> torch.Tensor:
         """A float32 CPU copy of the first ``truncate_size`` rows of the checkpoint tensor ``name``

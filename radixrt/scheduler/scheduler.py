@@ -99,7 +99,7 @@ class Scheduler(SchedulerControl):
         allocator = PageAllocator(self.runner.num_pages, config.cache.page_size)
         self.host = build_host_tier(config.host_cache, self.runner, allocator.total_slots)
         prefix_cache = build_prefix_cache(config.cache, allocator, self.host)
-        self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token, self.runner.kv_pool.copy_slots)
+        self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token, self.runner.copy_slots)
         self.limits = config.limits.for_runtime(
             self.context_length, allocator.total_slots, self.vocab_size, mc.hidden_size
         )
@@ -153,7 +153,7 @@ class Scheduler(SchedulerControl):
         self.beams = BeamSearch(
             self.kv,
             self.queues,
-            self.runner.kv_pool.copy_slots,
+            self.runner.copy_slots,
             self.results.candidate_finish,
             self.eos_token_ids,
             config.scheduling.max_running_requests,
@@ -253,8 +253,6 @@ class Scheduler(SchedulerControl):
         limits = self.limits
         top, ids = msg.top_logprobs_num, msg.token_ids_logprob
         check_logprob_fields(top, ids, limits.max_top_logprobs_num, limits.vocab_size, msg.sampling)
-        if msg.sampling.uses_beam_search and self.config.execution.tp_size > 1:
-            raise ValueError("beam search needs a server without tensor parallelism (--tp 1)")
         self.beams.check(len(msg.input_ids), msg.sampling)
         self.arriving.check_lora(msg.lora)
 

@@ -328,11 +328,8 @@ def build_speculator(config: Any, runner: Any, kv: Any, context_length: int) -> 
             cost = StepCost.measure(runner, slots)
         finally:
             allocator.free_slots(slots)
-    # the fixed-split (deterministic) attention reads no tree; with pages of several slots the accepted
-    # branch is copied into place (KVCacheManager.keep_branch) in this process's pool only, which
-    # tensor-parallel ranks' pools would not see
-    paged_tp = kv.page_size > 1 and getattr(runner, "tp", None) is not None
-    tree_ok = not config.execution.enable_deterministic_inference and not paged_tp
+    # the fixed-split (deterministic) attention reads no tree
+    tree_ok = not config.execution.enable_deterministic_inference
     return Speculator(
         kv.tree,
         cost,

@@ -63,6 +63,25 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
     assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
 
 
+def test_beam_search_copies_on_write_on_every_rank(make_tiny):
+    """Beams forking inside a partly filled page (pages of 4 slots) copy it on write on every rank's
+    pool: every hypothesis and score at tp_size 2 equals tp_size 1 (a copy on rank 0's pool alone
+    left rank 1's heads reading a page the fork never wrote)."""
+    path = make_tiny("llama", num_attention_heads=4, num_key_value_heads=2)
+    sp = {"max_new_tokens": 12, "beam_width": 3, "n": 3, "length_penalty": 1.0}
+    results = {}
+    for tp in (1, 2):
+        engine = radixrt.Engine(path, tp_size=tp, page_size=4, max_total_tokens=2048, debug_check_invariants=True)
+        try:
+            beams = engine.generate(PROMPTS, sp)
+            assert len(beams) == 3 * len(PROMPTS)  # each prompt's 3 hypotheses, best first
+            results[tp] = [(b["output_ids"], round(b["meta_info"]["beam"]["score"], 4)) for b in beams]
+            assert engine.get_stats()["beam_copied_slots"] > 0
+        finally:
+            engine.shutdown()
+    assert results[2] == results[1]
+
+
 def _tcp_listeners(pid: int) -> set[tuple[str, int]]:
     return {c.laddr for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 

@@ -75,6 +75,8 @@ def _run(runner: "ModelRunner", command: tuple) -> None:
         runner.forward_batch(*command[1:])
     elif command[0] == "logits":
         runner.logits(command[1])
+    elif command[0] == "copy_slots":  # a copy on write between steps (ModelRunner.copy_slots)
+        runner.copy_slots(command[1], command[2])
     elif command[0] == "reload":  # the leader read and checked this checkpoint: its tensors follow
         runner.install_weights(runner.receive_weights(command[1]))
     else:
