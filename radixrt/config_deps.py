@@ -35,7 +35,7 @@ Decisions, per group (SGLang's behaviour where it has one):
   every request by its ``priority``).
 * everything that cannot run as asked on the device or with another switch
   (FlashInfer on the CPU, CUDA-graph sizes where no graph is captured,
-  deterministic inference with FlashInfer or tensor parallelism, the tier
+  deterministic inference with FlashInfer, the host tier under tensor parallelism, the tier
   without the radix cache) is refused: there is nothing to imply.
 """
 
@@ -221,8 +221,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         _is_not("flashinfer"),
         when=_INT8,
     ),
-    # batch-invariant inference runs the torch backend and the radixrt sampler on one process
-    _tp1("enable_deterministic_inference", True),
+    # batch-invariant inference runs the torch backend and the radixrt sampler
     Need(
         "enable_deterministic_inference",
         True,

@@ -66,9 +66,13 @@ class BatchInvariantLinear(nn.Linear):
 def enable_batch_invariant(model: nn.Module) -> nn.Module:
     """Make ``model``'s linear layers batch-invariant, in place; sets
     ``model.batch_invariant = True`` (read by the model's forward). Returns
-    ``model``. Tied weights stay tied (parameters are untouched)."""
+    ``model``. Tied weights stay tied (parameters are untouched). A layer that
+    wraps its product (a tensor-parallel shard: a ``linear_product`` attribute)
+    gets `invariant_linear` as that product."""
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = BatchInvariantLinear
+        elif hasattr(module, "linear_product"):
+            module.linear_product = invariant_linear
     setattr(model, "batch_invariant", True)  # noqa: B010 (a plain attribute the model class declares)
     return model

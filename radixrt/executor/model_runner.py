@@ -208,6 +208,8 @@ class ModelRunner:
         the CPU, few-row float32 products on the native kernels (`native_linear`: linear layers, RMSNorm, rope)
         and decode steps' layer stacks in one native call where every layer runs on them (`decode_stack`)."""
         self.deterministic = deterministic
+        if self.tp is not None:
+            self.tp.ordered_sum = deterministic
         if deterministic:
             enable_batch_invariant(self.model)
             integer_products_only(self.model)  # quantized layers: every row count in integers

@@ -2,8 +2,8 @@
 sampled request gives the same tokens alone, in a batch of 32 next to other
 requests (a batch of 32, with prefix-cache hits), and under memory pressure with chunked
 prefill and retractions (re-prefill after preemption). On a tiny random Llama
-(fast: its near-flat distributions move with any change of bits) and on the
-embedded model (slow)."""
+(its near-flat distributions move with any change of bits), also under tensor
+parallelism, and on the embedded model."""
 
 from __future__ import annotations
 
@@ -47,22 +47,29 @@ def _run(engine, prompts, params) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case,quantization",
+    "case,quantization,tp_size",
     [
-        ("tiny", None),
-        ("tiny", "int8"),  # weight-only quantization: every product in integers, whatever the rows
-        ("tiny", "int4"),
-        pytest.param("embedded", None, marks=pytest.mark.slow),
+        ("tiny", None, 1),
+        ("tiny", "int8", 1),  # weight-only quantization: every product in integers, whatever the rows
+        ("tiny", "int4", 1),
+        # tensor parallel over 3 ranks (6 heads, 3 KV heads): batch-invariant shards, their parts added
+        # in rank order (a ring all-reduce's order of additions follows the tensor's size)
+        ("tiny", None, 3),
+        ("embedded", None, 1),
     ],
 )
-def test_seeded_outputs_alone_batched_and_retracted(case, quantization, request):
+def test_seeded_outputs_alone_batched_and_retracted(case, quantization, tp_size, request):
     fixture, targets, fillers, new_tokens, small_pool, chunk, pressed_count = CASES[case]
     model = request.getfixturevalue(fixture)
+    if tp_size == 3:
+        shape = dict(num_attention_heads=6, num_key_value_heads=3, hidden_size=96, max_position_embeddings=8192)
+        model = request.getfixturevalue("make_tiny")("llama", **shape)
     prompts, params = _workload(targets, fillers, new_tokens)
-    quantized = {"quantization": quantization} if quantization else {}
+    flags = {"quantization": quantization} if quantization else {}
+    flags["tp_size"] = tp_size
 
     engine = radixrt.Engine(
-        model, max_total_tokens=8192, enable_deterministic_inference=True, debug_check_invariants=True, **quantized
+        model, max_total_tokens=8192, enable_deterministic_inference=True, debug_check_invariants=True, **flags
     )
     try:
         alone = []
@@ -86,7 +93,7 @@ def test_seeded_outputs_alone_batched_and_retracted(case, quantization, request)
         chunked_prefill_size=chunk,
         enable_deterministic_inference=True,
         debug_check_invariants=True,
-        **quantized,
+        **flags,
     )
     try:
         pressed = [r["output_ids"] for r in _run(engine, prompts[:pressed_count], params[:pressed_count])]

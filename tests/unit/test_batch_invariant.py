@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from radixrt.executor.batch_invariant import ROW_TILE, invariant_linear
+from radixrt.executor.batch_invariant import ROW_TILE, BatchInvariantLinear, enable_batch_invariant, invariant_linear
 from radixrt.kernels import AttentionMetadata, LayerKVCache
 from radixrt.kernels.fixed_split import KV_CHUNK, QUERY_TILE
 from radixrt.kernels.torch_ref import TorchReferenceBackend
@@ -155,3 +155,15 @@ def test_tiny_model_token_bits_same_in_prefill_and_decode(tiny_llama):
     # the logits of a row are independent of the others computed with it
     logits = runner.logits(whole)
     assert torch.equal(runner.logits(whole[7:8])[0], logits[7])
+
+
+def test_tensor_parallel_shards_take_the_invariant_product():
+    """A tensor-parallel shard computes its own product (then the collective): deterministic mode
+    gives it the tiled product as it does to plain linear layers."""
+    from radixrt.executor.parallel.sharding import RowParallelLinear
+
+    shard = RowParallelLinear(torch.randn(8, 4), None, group=None)
+    plain = torch.nn.Linear(4, 8)
+    enable_batch_invariant(torch.nn.Sequential(shard, plain))
+    assert shard.linear_product is invariant_linear and type(plain) is BatchInvariantLinear
+    assert RowParallelLinear.linear_product is not invariant_linear  # the instance's, not the class's

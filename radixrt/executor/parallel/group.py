@@ -44,6 +44,10 @@ class TPGroup:
     size: int
     device: str
     group: Optional[Any] = None
+    # deterministic inference: `all_reduce` adds the ranks' parts in rank order. A ring all-reduce
+    # splits the tensor by its size, so with three or more ranks each element's order of additions
+    # (and its last bits) would follow the number of rows in the step.
+    ordered_sum: bool = False
 
     @classmethod
     def join(cls, rank: int, size: int, init_method: str, device: str) -> "TPGroup":
@@ -60,7 +64,14 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place; returns ``x``."""
-        dist.all_reduce(x, group=self.group)
+        if not self.ordered_sum:
+            dist.all_reduce(x, group=self.group)
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        x.copy_(parts[0])
+        for part in parts[1:]:
+            x.add_(part)
         return x
 
     def gather_columns(self, local: torch.Tensor, widths: list[int]) -> Optional[torch.Tensor]:

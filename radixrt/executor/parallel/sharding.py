@@ -77,6 +77,10 @@ class RowParallelLinear(nn.Linear):
     """``y = sum_over_ranks(x_local @ W_local^T) + b``: this rank's input columns
     of a linear layer; the all-reduce makes every rank's output the full one."""
 
+    # the product of this rank's columns; deterministic inference swaps in a batch-invariant one
+    # (`enable_batch_invariant`)
+    linear_product = staticmethod(F.linear)
+
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], group: TPGroup) -> None:
         super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
@@ -85,7 +89,7 @@ class RowParallelLinear(nn.Linear):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(F.linear(x, self.weight))
+        y = self.group.all_reduce(self.linear_product(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -110,6 +114,8 @@ class VocabParallelLMHead(nn.Module):
     """Logit columns ``vocab`` on every rank; the leader gets all of them
     ([N, vocab_size]), the other ranks an empty tensor (they only take part)."""
 
+    linear_product = staticmethod(F.linear)  # as RowParallelLinear's
+
     def __init__(self, weight: nn.Parameter, widths: list[int], group: TPGroup) -> None:
         super().__init__()
         self.weight = weight  # shared with the embedding when the model ties them
@@ -117,7 +123,7 @@ class VocabParallelLMHead(nn.Module):
         self.group = group
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        full = self.group.gather_columns(F.linear(h, self.weight), self.widths)
+        full = self.group.gather_columns(self.linear_product(h, self.weight), self.widths)
         return full if full is not None else h.new_empty(h.shape[0], 0)
 
 
