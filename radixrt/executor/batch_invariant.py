@@ -73,6 +73,6 @@ def enable_batch_invariant(model: nn.Module) -> nn.Module:
         if type(module) is nn.Linear:
             module.__class__ = BatchInvariantLinear
         elif hasattr(module, "linear_product"):
-            module.linear_product = invariant_linear
+            setattr(module, "linear_product", invariant_linear)  # noqa: B010 (mypy: a module attribute)
     setattr(model, "batch_invariant", True)  # noqa: B010 (a plain attribute the model class declares)
     return model
