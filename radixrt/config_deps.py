@@ -35,7 +35,7 @@ Decisions, per group (SGLang's behaviour where it has one):
   every request by its ``priority``).
 * everything that cannot run as asked on the device or with another switch
   (FlashInfer on the CPU, CUDA-graph sizes where no graph is captured,
-  deterministic inference with FlashInfer, the host tier under tensor parallelism, the tier
+  deterministic inference with FlashInfer, the storage tier under tensor parallelism, the tier
   without the radix cache) is refused: there is nothing to imply.
 """
 
@@ -182,7 +182,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         "disable_radix_cache=False (no --disable-radix-cache: the tier sits under the radix cache)",
         _equals(False),
     ),
-    _tp1(_TIER, True),
+    _tp1(_STORAGE, "file"),  # a stored block holds every head's K/V: one process's pool
     # LoRA adapters: giving some turns serving them on; the knobs need it; one process, no CUDA graphs
     _on("lora_paths", ["a=/tmp/a"], _LORA, imply=True),
     _on("max_loras_per_batch", 2, _LORA),

@@ -34,7 +34,7 @@ bytes as they are and never changes an answer.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -104,6 +104,9 @@ class HostKVPool:
         self.allocator = PageAllocator(num_pages, P)
         self.by_runs = pin if by_runs is None else by_runs
         self._stream: Optional[torch.cuda.Stream] = torch.cuda.Stream(device_pool.device) if pin else None
+        # tensor parallel: hands each list of copies to the other ranks first, whose pools (their own
+        # heads, the same slot numbering) then run the same copies in the same order (host_tier.py)
+        self.mirror: Optional[Callable[[list[QueuedOp]], None]] = None
 
     @property
     def total_slots(self) -> int:
@@ -134,6 +137,8 @@ class HostKVPool:
         compute stream waits for them before anything issued later."""
         if not ops:
             return
+        if self.mirror is not None:
+            self.mirror(ops)
         if self._stream is None:
             for op in ops:
                 self._copy(op)

@@ -5,6 +5,7 @@ with ``--hicache-storage-backend``, the storage tier under the host tier."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -60,6 +61,10 @@ def build_host_tier(config: HostCacheSettings, runner: Any, device_tokens: int) 
     ratio = DEFAULT_HICACHE_RATIO if config.hicache_ratio is None else config.hicache_ratio
     tokens = host_pool_tokens(device_tokens, dev.bytes_per_token, ratio, config.hicache_size, config.host_kv_size)
     pool = HostKVPool(dev, tokens, kv_cache_dtype=config.hicache_kv_cache_dtype or "auto")
+    followers = getattr(runner, "followers", None)
+    if followers is not None:  # every rank keeps its heads' host copy and runs the leader's copies, in order
+        followers.send("host_pool", tokens, pool.kv_cache_dtype)
+        pool.mirror = functools.partial(followers.send, "host_copies")
     tier = HostTier(pool.allocator, KVTransferQueue(), config.hicache_write_policy or "write_through")
     num_params = sum(p.numel() for p in runner.model.parameters())
     cost = SwapCostModel.for_device(str(runner.device), num_params, dev.bytes_per_token)

@@ -1,6 +1,7 @@
 """Tensor parallel on the CPU (gloo): greedy outputs with tp_size 2 equal tp_size 1
 token for token, on random Llama and Qwen2 models through the Engine and on the
-embedded model through `radixrt serve --tp 2` (against the Engine at tp 1); the server's ranks live and die together."""
+embedded model through `radixrt serve --tp 2` (against the Engine at tp 1); copies between
+KV slots (beam search, the host tier) run on every rank; the server's ranks live and die together."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import zmq
 
 import radixrt
 from radixrt.server.local import LocalServer
+from tests.e2e.test_swap_preemption import _check_clean, _conversations, _multi_turn
 from tests.support.servers import SKIP_WARMUP
 
 pytestmark = pytest.mark.slow
@@ -80,6 +82,31 @@ def test_beam_search_copies_on_write_on_every_rank(make_tiny):
         finally:
             engine.shutdown()
     assert results[2] == results[1]
+
+
+def test_host_tier_copies_run_on_every_rank(tiny_llama):
+    """The host KV tier under tensor parallelism: each rank keeps its heads' share of the host pool and
+    runs the leader's copies in the leader's order, so turns evicted to the host and loaded back answer
+    as at tp_size 1 with a roomy pool (copies on rank 0's pool alone left rank 1's heads stale)."""
+    convs = _conversations()
+    with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
+        reference = _multi_turn(ref, convs)
+    engine = radixrt.Engine(
+        tiny_llama,
+        tp_size=2,
+        max_total_tokens=256,
+        chunked_prefill_size=512,
+        debug_check_invariants=True,
+        enable_hierarchical_cache=True,
+        host_kv_size=4096,
+        hicache_write_policy="write_back",
+    )
+    try:
+        assert _multi_turn(engine, convs) == reference
+        stats = _check_clean(engine)
+    finally:
+        engine.shutdown()
+    assert stats["cache"]["host_hit_tokens"] > 0 and stats["cache"]["host_loaded_tokens"] > 0
 
 
 def _tcp_listeners(pid: int) -> set[tuple[str, int]]:

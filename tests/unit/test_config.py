@@ -247,8 +247,10 @@ def test_host_tier_size_turns_the_tier_on_and_the_implied_tier_is_checked_too():
     c = EngineConfig.from_cli_args(_parser().parse_args(["--host-kv-size", "20000"]))
     assert c.host_cache.enable_hierarchical_cache and c.host_cache.host_kv_size == 20000
     assert EngineConfig(**c.to_flat()) == c  # the Engine rebuilds it from the CLI's flags
-    with pytest.raises(ValueError, match=r"\(implied by host_kv_size, --host-kv-size\) needs tp_size=1"):
-        EngineConfig(host_kv_size=20000, tp_size=2)
+    with pytest.raises(
+        ValueError, match=r"\(implied by host_kv_size, --host-kv-size\) needs disable_radix_cache=False"
+    ):
+        EngineConfig(host_kv_size=20000, disable_radix_cache=True)
     assert not EngineConfig().host_cache.enable_hierarchical_cache
     # its knobs turn it on at their usual values too ("giving it turns the tier on")
     for flags in (["--hicache-ratio", "2"], ["--hicache-write-policy", "write_through"]):

@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import zmq
@@ -20,6 +21,7 @@ import zmq
 from radixrt.executor.parallel.group import TPGroup, keep_gloo_on_loopback
 from radixrt.executor.runner_settings import RunnerSettings
 from radixrt.log_format import log_format
+from radixrt.memory.host_pool import HostKVPool
 
 if TYPE_CHECKING:
     from radixrt.executor.model_runner import ModelRunner
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ex = settings.execution
     keep_gloo_on_loopback(ex.device)
     group = TPGroup.join(args.rank, ex.tp_size, args.init_method, ex.device)
-    runner = ModelRunner(settings, tp=group)
+    rank = _Rank(ModelRunner(settings, tp=group))
     with torch.inference_mode():
         while True:
             if not sock.poll(_POLL_MS):
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             if command[0] == "stop":
                 break
             try:
-                _run(runner, command)
+                _run(rank, command)
             except RuntimeError:
                 if not _leader_gone(leader):
                     raise
@@ -70,13 +72,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run(runner: "ModelRunner", command: tuple) -> None:
+@dataclass
+class _Rank:
+    """A follower's runner, and the host tier's pool once the leader made one (``host_pool``)."""
+
+    runner: "ModelRunner"
+    host_pool: Optional[HostKVPool] = None
+
+
+def _run(rank: _Rank, command: tuple) -> None:
+    runner = rank.runner
     if command[0] == "forward":
         runner.forward_batch(*command[1:])
     elif command[0] == "logits":
         runner.logits(command[1])
     elif command[0] == "copy_slots":  # a copy on write between steps (ModelRunner.copy_slots)
         runner.copy_slots(command[1], command[2])
+    elif command[0] == "host_pool":  # this rank's heads' share of the host tier (scheduler/host_tier.py)
+        rank.host_pool = HostKVPool(runner.kv_pool, command[1], kv_cache_dtype=command[2])
+    elif command[0] == "host_copies":  # the leader's copies to and from the host tier, in its order
+        assert rank.host_pool is not None, "host-tier copies before the host pool"
+        rank.host_pool.run(command[1])
     elif command[0] == "reload":  # the leader read and checked this checkpoint: its tensors follow
         runner.install_weights(runner.receive_weights(command[1]))
     else:

@@ -44,12 +44,15 @@ class Followers:
     """The leader's handle on ranks 1..size-1: their processes and command sockets.
 
     ``send`` must be called with every model call, in the order the leader
-    makes them; ``stop`` ends the followers (idempotent)."""
+    makes them (the step's thread sends most, the scheduler's thread some between
+    steps: a lock keeps each command whole on the sockets); ``stop`` ends the
+    followers (idempotent)."""
 
     def __init__(self, settings: RunnerSettings) -> None:
         self.size = settings.execution.tp_size
         self._ctx: zmq.Context = zmq.Context.instance()
         self._socks: list[Any] = []
+        self._send_lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
         self._dir = Path(tempfile.mkdtemp(prefix="radixrt-tp-"))  # mode 0700: this user only
         init_method = (self._dir / "rendezvous").as_uri()
@@ -111,8 +114,9 @@ class Followers:
         return box["group"]
 
     def send(self, *command: Any) -> None:
-        for sock in self._socks:
-            sock.send_pyobj(command)
+        with self._send_lock:
+            for sock in self._socks:
+                sock.send_pyobj(command)
 
     def stop(self) -> None:
         if getattr(self, "_stopped", False):
