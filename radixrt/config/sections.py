@@ -26,6 +26,7 @@ from radixrt.config.weight_format import (
 )
 from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET, resolve_budget
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
+from radixrt.requests.named_chat_templates import NAMED_CHAT_TEMPLATES
 from radixrt.requests.tokenizer_utils import is_inline_template
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
@@ -52,8 +53,9 @@ class ModelSettings:
     chat_template: Optional[str] = setting(
         None,
         "a Jinja chat template for chat requests in place of the tokenizer's: a file holding it (.jinja), "
-        "a JSON file with a 'chat_template' key (SGLang's flag takes such a file too), or the template itself "
-        "(as vLLM's); unset: the tokenizer's",
+        "a JSON file with a 'chat_template' key (SGLang's flag takes such a file too), the template itself "
+        "(as vLLM's), or a name: chatml, llama-3-instruct, llama-2 (llama-2-chat), vicuna_v1.1 (as SGLang's); "
+        "unset: the tokenizer's",
     )
     dtype: str = setting(
         "auto",
@@ -82,7 +84,11 @@ class ModelSettings:
         check_choice("dtype", self.dtype, MODEL_DTYPES)  # before the model loads (it was a child's traceback)
         for name in ("tokenizer_path", "chat_template"):  # refused before the model loads
             path = getattr(self, name)
-            inline = name == "chat_template" and path is not None and is_inline_template(path)
+            inline = (
+                name == "chat_template"
+                and path is not None
+                and (is_inline_template(path) or path in NAMED_CHAT_TEMPLATES)
+            )
             if path is not None and not os.path.exists(path) and not inline:
                 raise ValueError(f"{name} {path!r} does not exist")
         method, group = normalize_method(self.quantization)

@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any, Optional, Sequence
 
+from radixrt.requests.named_chat_templates import NAMED_CHAT_TEMPLATES
+
 # tokenizer_config.json classes that are the plain `tokenizer.json` tokenizer, whatever the model
 _PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
@@ -48,14 +50,20 @@ def is_inline_template(value: str) -> bool:
 
 def read_chat_template(path: str) -> str:
     """The Jinja chat template in file ``path``: the file's text, or the ``chat_template`` of a
-    JSON file (SGLang's --chat-template takes either), or ``path`` itself when it is a template
-    (`is_inline_template`, as vLLM takes it). ValueError naming the flag otherwise, and
+    JSON file (SGLang's --chat-template takes either), ``path`` itself when it is a template
+    (`is_inline_template`, as vLLM takes it), or the template named ``path`` (`NAMED_CHAT_TEMPLATES`,
+    where no file has that name). ValueError naming the flag otherwise, and
     when the template does not compile (a server's mistake, not every client's request's)."""
-    if is_inline_template(path):
+    if path in NAMED_CHAT_TEMPLATES and not os.path.isfile(path):
+        text = NAMED_CHAT_TEMPLATES[path]
+    elif is_inline_template(path):
         # as vLLM: escapes typed on a command line (\\n) are read as what they stand for
         text = path.encode("latin-1", "backslashreplace").decode("unicode_escape")
     elif not os.path.isfile(path):
-        raise ValueError(f"chat_template {path!r} is not a file (a .jinja template, or a JSON file holding one)")
+        raise ValueError(
+            f"chat_template {path!r} is not a file (a .jinja template, or a JSON file holding one), a template "
+            f"or one of the names {', '.join(NAMED_CHAT_TEMPLATES)}"
+        )
     else:
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -123,6 +123,46 @@ def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
         load_tokenizer(tiny_llama, "{{ unclosed")
 
 
+def test_named_chat_templates_render_their_formats(tiny_llama):
+    """SGLang's --chat-template also takes a name: each named template writes its format's reference
+    text (ChatML, Meta's Llama 3 and Llama 2 templates, FastChat's Vicuna v1.1) with the tokenizer's
+    bos and eos; a name that is neither a file nor a template is refused listing the names."""
+    from radixrt.config import EngineConfig
+    from radixrt.requests.tokenizer_utils import apply_chat_template, load_tokenizer
+
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Name a color."},
+    ]
+    tok = load_tokenizer(tiny_llama)
+    bos, eos = tok.bos_token or "", tok.eos_token
+    want = {
+        "chatml": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n",
+        "llama-3-instruct": f"{bos}<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        "Hello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nName a color.<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        "llama-2": f"{bos}[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! {eos}"
+        f"{bos}[INST] Name a color. [/INST]",
+        "vicuna_v1.1": f"Be brief. USER: Hi ASSISTANT: Hello!{eos}USER: Name a color. ASSISTANT:",
+    }
+    for name, text in want.items():
+        assert apply_chat_template(load_tokenizer(tiny_llama, name), turns) == text, name
+        assert EngineConfig(chat_template=name).model.chat_template == name
+    assert apply_chat_template(tok, turns) == want["chatml"]  # SmolLM2's own template is ChatML's
+    llama2 = load_tokenizer(tiny_llama, "llama-2-chat")  # SGLang's frontend spelling
+    assert apply_chat_template(llama2, turns[1:2]) == f"{bos}[INST] Hi [/INST]"
+    vicuna = apply_chat_template(load_tokenizer(tiny_llama, "vicuna_v1.1"), turns[1:2])
+    assert vicuna.startswith("A chat between a curious user") and vicuna.endswith(" USER: Hi ASSISTANT:")
+    with pytest.raises(ValueError, match="chatml, llama-3-instruct, llama-2, llama-2-chat, vicuna_v1.1"):
+        load_tokenizer(tiny_llama, "chatml2")
+    with pytest.raises(ValueError, match="chat_template 'chatml2' does not exist"):
+        EngineConfig(chat_template="chatml2")
+
+
 def test_reasoning_effort_reaches_the_chat_template(tiny_llama):
     """OpenAI's reasoning_effort was an unknown field, ignored: it is checked, and the template reads
     it (as vLLM and SGLang pass it; gpt-oss's template does), unless chat_template_kwargs sets it."""
