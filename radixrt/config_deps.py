@@ -366,7 +366,7 @@ ENGINE_INDEPENDENT = frozenset(
             "trust_remote_code enable_metrics enable_cache_report enable_mixed_chunk max_prefill_tokens "
             "grammar_backend skip_server_warmup log_requests log_requests_level watchdog_timeout "
             "schedule_conservativeness revision download_dir load_format tokenizer_mode nnodes node_rank "
-            "disable_custom_all_reduce enable_p2p_check"
+            "disable_custom_all_reduce enable_p2p_check enable_memory_saver"
         ).split(),
         "model_path",
         "tokenizer_path",

@@ -63,6 +63,11 @@ class SGLangFlagSettings:
         False, "SGLang's: accepted; tensor parallelism's all-reduce is torch.distributed's"
     )
     enable_p2p_check: bool = setting(False, "SGLang's: accepted; nothing here needs it")
+    enable_memory_saver: bool = setting(
+        False,
+        "SGLang's (RL frameworks pass it): accepted; release_memory_occupation and resume_memory_occupation "
+        "work without it",
+    )
 
     def __post_init__(self) -> None:
         if self.grammar_backend is not None:

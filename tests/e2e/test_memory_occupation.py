@@ -31,7 +31,7 @@ def test_a_written_pool_gives_its_pages_back_and_reads_as_new():
     assert float(pool.k_buffers[0].sum()) == 2.0 * pool.k_buffers[0][3].numel()
 
 
-engine = tiny_engine_fixture()
+engine = tiny_engine_fixture(enable_memory_saver=True)  # SGLang's flag, as RL frameworks pass it
 
 
 def test_release_holds_generation_and_resume_answers_as_before(engine):
