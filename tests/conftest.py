@@ -6,8 +6,11 @@ Models: ``default_model_path`` (the embedded SmolLM2-135M, converted once),
 ``make_tiny`` (the same for other architectures or config overrides).
 
 Markers (registered in pyproject.toml): ``slow`` for end-to-end tests on the
-embedded model, server spin-ups and long stress runs (``-m "not slow"`` is the
-fast path); ``gpu`` for tests that need CUDA, skipped here without it.
+embedded model, every test that starts or uses a server (a test of a session
+server of tests/e2e/conftest.py is marked here, by its fixtures), long stress
+runs and the other tests over about 2.5 s on a 2-core machine (``-m "not slow"``
+is the fast path, under 3 minutes there); ``gpu`` for tests that need CUDA,
+skipped here without it.
 """
 
 import os

@@ -47,6 +47,17 @@ def _conversations(seed: int = 1, users: int = 4, turns: int = 3) -> list[list[l
     return out
 
 
+# a 256-token device pool under the ~1,000-token working set of `_conversations`, and a host tier
+MULTI_TURN_HOST_TIER = dict(
+    max_total_tokens=256,
+    chunked_prefill_size=512,
+    debug_check_invariants=True,
+    enable_hierarchical_cache=True,
+    host_kv_size=4096,
+    hicache_write_policy="write_back",
+)
+
+
 def _multi_turn(engine, convs, max_new_tokens: int = 8) -> list[list[int]]:
     """Round-robin over users, turn by turn (each user's working set is evicted
     by the others' before it comes back)."""
@@ -107,16 +118,8 @@ def test_multi_turn_reloads_from_host_and_matches(tiny_llama):
     with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
         reference = _multi_turn(ref, convs)
         roomy = ref.get_stats()
-    engine = radixrt.Engine(
-        tiny_llama,
-        max_total_tokens=256,
-        chunked_prefill_size=512,
-        debug_check_invariants=True,
-        enable_hierarchical_cache=True,
-        host_kv_size=4096,
-        hicache_write_policy="write_back",
-        disable_overlap_schedule=False,
-    )  # overlap as on CUDA, against a reference without
+    # the overlap scheduler as on CUDA, against a reference without it
+    engine = radixrt.Engine(tiny_llama, **MULTI_TURN_HOST_TIER, disable_overlap_schedule=False)
     try:
         assert _multi_turn(engine, convs) == reference
         on = _check_clean(engine)

@@ -19,7 +19,7 @@ import zmq
 
 import radixrt
 from radixrt.server.local import LocalServer
-from tests.e2e.test_swap_preemption import _check_clean, _conversations, _multi_turn
+from tests.e2e.test_swap_preemption import MULTI_TURN_HOST_TIER, _check_clean, _conversations, _multi_turn
 from tests.support.servers import SKIP_WARMUP
 
 pytestmark = pytest.mark.slow
@@ -91,16 +91,7 @@ def test_host_tier_copies_run_on_every_rank(tiny_llama):
     convs = _conversations()
     with radixrt.Engine(tiny_llama, max_total_tokens=65536) as ref:
         reference = _multi_turn(ref, convs)
-    engine = radixrt.Engine(
-        tiny_llama,
-        tp_size=2,
-        max_total_tokens=256,
-        chunked_prefill_size=512,
-        debug_check_invariants=True,
-        enable_hierarchical_cache=True,
-        host_kv_size=4096,
-        hicache_write_policy="write_back",
-    )
+    engine = radixrt.Engine(tiny_llama, tp_size=2, **MULTI_TURN_HOST_TIER)
     try:
         assert _multi_turn(engine, convs) == reference
         stats = _check_clean(engine)
