@@ -8,12 +8,20 @@ Each new token costs one step of the `tokenizers` library's own streaming
 decoder (`tokenizers.decoders.DecodeStream`, in Rust), not a decode
 of the whole output: the cost of a request's text is linear in its length.
 The final text, once, is the tokenizer's plain ``decode`` of all output ids,
-so it always equals what ``tokenizer.decode(output_ids)`` gives.
+so it always equals what ``tokenizer.decode(output_ids)`` gives, except after a
+prompt that ends inside a character (a byte-level token of a character's first
+bytes): the output's first bytes complete that character, so its text is the
+decode of the prompt's tail and the output, less the tail's complete text (the
+character whole, where decoding the output alone gave replacement characters).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
+
+# how many of the prompt's last ids a detokenizer is given (`IncrementalDetokenizer`'s ``prompt_tail``):
+# a character's UTF-8 bytes (4 at most) are at most 4 byte-level tokens
+PROMPT_TAIL_TOKENS = 4
 
 
 def _finish_fields(finish_reason: Any) -> tuple[Optional[str], Any]:
@@ -49,7 +57,10 @@ class IncrementalDetokenizer:
         stop: Sequence[str] = (),
         no_stop_trim: bool = False,
         stop_regex: Sequence[str] = (),
+        prompt_tail: Sequence[int] = (),
     ) -> None:
+        """``prompt_tail``: the prompt's last few ids (`PROMPT_TAIL_TOKENS`); they are the decoding
+        context of the output only when the prompt ends inside a character."""
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
@@ -62,17 +73,34 @@ class IncrementalDetokenizer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._stream: Any = None
         self._decoded = ""  # everything the stream has produced (before stop-string holding)
+        # a prompt ending inside a character: its tail decodes before the output, and the text of the
+        # tail's complete characters (``_context_chars`` of them) is cut from every decode
+        self._context: list[int] = []
+        self._context_chars = self._held_context = 0
+        tail_text = self._decode(list(prompt_tail)) if prompt_tail else ""
+        if tail_text.endswith("\ufffd"):
+            self._context, self._context_chars = list(prompt_tail), len(tail_text.rstrip("\ufffd"))
         if self._backend is not None:
             from tokenizers.decoders import DecodeStream
 
             self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+            primed = "".join(self._stream.step(self._backend, tid) or "" for tid in self._context)
+            # the context's text the stream still holds (the partial character's token may start with
+            # a space): it comes out before the output's, and is not the output's
+            self._held_context = self._context_chars - len(primed)
 
-    def _full_decode(self, upto: Optional[int] = None) -> str:
+    def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
-            self.ids[:upto],
+            ids,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
+
+    def _full_decode(self, upto: Optional[int] = None) -> str:
+        """The text of the output ids (up to ``upto``), after the prompt's partial character."""
+        if not self._context:
+            return self._decode(self.ids[:upto])
+        return self._decode(self._context + self.ids[:upto])[self._context_chars :]
 
     def _stream_decode(self, new_ids: Sequence[int]) -> str:
         if self._stream is None:  # no streaming decoder: decode all, drop a dangling partial character
@@ -81,7 +109,7 @@ class IncrementalDetokenizer:
             piece = self._stream.step(self._backend, tid)
             if piece:
                 self._decoded += piece
-        return self._decoded
+        return self._decoded[self._held_context :]
 
     def push(self, new_ids: Sequence[int], finish_reason: Any = None) -> str:
         self.ids.extend(new_ids)
@@ -104,11 +132,7 @@ class IncrementalDetokenizer:
         full = self._full_decode()
         # where the stop that ended it begins: the first occurrence the last token completed (one
         # before min_new_tokens stays text), so the search starts where the last token's text does
-        before = self.tokenizer.decode(
-            self.ids[:-1],
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-        )
+        before = self._full_decode(-1)
         cut = full.find(matched, max(0, len(before.rstrip("\ufffd")) - len(matched) + 1))
         if cut < 0:
             cut = full.find(matched)

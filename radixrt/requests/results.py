@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Sequence
 
-from radixrt.requests.detokenizer import IncrementalDetokenizer
+from radixrt.requests.detokenizer import PROMPT_TAIL_TOKENS, IncrementalDetokenizer
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.hidden_states import unpack_rows
 from radixrt.requests.messages import TokenOutput
@@ -30,12 +30,16 @@ class ResultAccumulator:
         return_text_in_logprobs: bool = False,
         live_text: bool = True,
         token_ids_logprob: bool = False,
+        prompt_ids: Sequence[int] = (),
+        return_prompt_token_ids: bool = False,
     ) -> None:
         """``live_text`` False: ``text`` is made only when the request
         finishes (the final text is a plain decode of every output id, so it
         is the same); for a result nobody reads before it ends.
         ``token_ids_logprob``: the request named tokens whose logprobs it returns
-        (``meta_info.input_token_ids_logprobs`` and ``output_token_ids_logprobs``)."""
+        (``meta_info.input_token_ids_logprobs`` and ``output_token_ids_logprobs``).
+        ``prompt_ids``: the prompt (its last ids are the detokenizer's ``prompt_tail``), in every
+        result with ``return_prompt_token_ids`` (SGLang's)."""
         self.rid = rid
         self.live_text = live_text
         self._detok_ids = 0  # output ids handed to the detokenizer
@@ -49,6 +53,7 @@ class ResultAccumulator:
             stop=sampling.stop or [],
             no_stop_trim=sampling.no_stop_trim,
             stop_regex=sampling.stop_regex or [],
+            prompt_tail=prompt_ids[-PROMPT_TAIL_TOKENS:],
         )
         self.text = ""
         self.output_ids: list[int] = []
@@ -75,7 +80,7 @@ class ResultAccumulator:
         self._streamed = (0, 0, 0)  # text chars, output ids, output logprobs already sent incrementally
         self._started = time.monotonic()
         self.e2e_latency: Optional[float] = None  # seconds from intake to the finish (SGLang's meta_info field)
-        self.prompt_token_ids: Optional[list[int]] = None  # SGLang's return_prompt_token_ids: in every result
+        self.prompt_token_ids: Optional[list[int]] = list(prompt_ids) if return_prompt_token_ids else None
         self.hidden_states: Optional[list[Any]] = None  # SGLang's return_hidden_states: with the last result
         self.weight_version: Optional[str] = None  # the weights that computed the latest output
         self.num_retractions = 0

@@ -259,9 +259,9 @@ class ResultRouter:
                 spec.return_text_in_logprobs,
                 live_text=live_text,
                 token_ids_logprob=bool(spec.token_ids_logprob),
+                prompt_ids=spec.input_ids,
+                return_prompt_token_ids=spec.return_prompt_token_ids,
             )
-            if spec.return_prompt_token_ids:
-                acc.prompt_token_ids = list(spec.input_ids)
             st = ReqState(iid, entry.iid, acc, group, spec.input_ids)
             st.log_metrics = spec.log_metrics
             self._states[iid] = st

@@ -33,6 +33,7 @@ class DetokRegister:
     no_stop_trim: bool = False
     stop_regex: list[str] = field(default_factory=list)
     parent: str = ""  # the request's internal id (the one rid when n == 1)
+    prompt_tail: list[int] = field(default_factory=list)  # the prompt's last ids (IncrementalDetokenizer's)
 
 
 @dataclass

@@ -22,6 +22,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
+from radixrt.requests.detokenizer import PROMPT_TAIL_TOKENS
 from radixrt.requests.intake import RequestSpec, validate_call
 from radixrt.requests.messages import (
     AbortReq,
@@ -274,6 +275,7 @@ class TokenizerManager:
                 no_stop_trim=sp.no_stop_trim,
                 parent=entry.iid,
                 stop_regex=list(sp.stop_regex or []),
+                prompt_tail=list(spec.input_ids[-PROMPT_TAIL_TOKENS:]),
             )
         )
         self._to_scheduler.send_pyobj(spec.to_generate_req(entry.iid, stream=True))

@@ -163,6 +163,7 @@ class DetokenizerLoop:
                     stop=list(msg.stop or []),
                     no_stop_trim=msg.no_stop_trim,
                     stop_regex=list(msg.stop_regex or []),
+                    prompt_tail=msg.prompt_tail,
                 )
                 for out in self.orphans.pop(rid, []):
                     item = self._push(out)

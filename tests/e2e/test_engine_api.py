@@ -15,6 +15,7 @@ import pytest
 
 import radixrt
 from radixrt.config import OutputSettings
+from tests.support.partial_chars import completed_text, cut_inside_a_character
 
 
 @pytest.fixture(scope="module")
@@ -358,3 +359,18 @@ def test_allowed_token_ids_and_bad_words_ids(tiny_engine):
         out = e.generate(prompt, {**sampling, "bad_words_ids": pairs})["output_ids"]
         assert not any([a, b] in pairs for a, b in zip(out, out[1:])), (pairs, out)
     assert out[: at + 1] == free[: at + 1] and out[at + 1] != free[at + 1]  # the same draws up to the ban
+
+
+@pytest.mark.slow
+def test_an_answer_completing_the_prompts_last_character_shows_it_whole(embedded_engine):
+    """SmolLM2's greedy answer to a prompt cut inside an emoji starts with the emoji's last bytes: its
+    text shows the character whole, streamed and final (decoded alone, it began with replacement
+    characters)."""
+    tok = embedded_engine.tokenizer
+    prompt = cut_inside_a_character(tok)
+    sp = {"max_new_tokens": 5, "temperature": 0}
+    out = embedded_engine.generate(input_ids=prompt, sampling_params=sp)
+    assert tok.decode(out["output_ids"]).startswith("\ufffd")  # the answer's own bytes complete the emoji
+    assert out["text"] == completed_text(tok, prompt, out["output_ids"]) and out["text"][0] != "\ufffd"
+    chunks = [c["text"] for c in embedded_engine.generate(input_ids=prompt, sampling_params=sp, stream=True)]
+    assert chunks[-1] == out["text"] and not any("\ufffd" in c for c in chunks), chunks  # cumulative

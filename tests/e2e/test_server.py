@@ -1561,3 +1561,19 @@ def test_answers_written_in_two_sends_are_not_held_by_nagle(tiny_server):
             assert client.get("/v1/models").status_code == 200
             times.append(time.perf_counter() - t0)
     assert statistics.median(times) < 0.025, times
+
+
+def test_an_answer_completing_the_prompts_last_character_shows_it_whole(embedded_server, tokenizer):
+    """Through the server's detokenizer process, as through the Engine (test_engine_api.py): a prompt
+    of ids cut inside an emoji, whose greedy answer completes it, reads the character whole."""
+    from tests.support.partial_chars import completed_text, cut_inside_a_character
+
+    prompt = cut_inside_a_character(tokenizer)
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+    with _http_client(embedded_server) as client:
+        plain = client.post("/generate", json=body).json()
+        with client.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            texts = [c["text"] for c in sse_events(r.read().decode())[:-1]]
+    assert tokenizer.decode(plain["output_ids"]).startswith("\ufffd")
+    assert plain["text"] == completed_text(tokenizer, prompt, plain["output_ids"]) and plain["text"][0] != "\ufffd"
+    assert texts[-1] == plain["text"] and not any("\ufffd" in t for t in texts), texts

@@ -69,6 +69,30 @@ def test_a_matched_stop_token_leaves_the_text_unless_no_stop_trim(folder):
     assert det.push(paris + [period], {"type": "length", "length": 3}) == " Paris."
 
 
+def test_an_output_that_completes_the_prompts_last_character_shows_it_whole(folder):
+    """A prompt of ids may end inside a character (byte-level tokens of an emoji's first bytes, a
+    continuation cut at max_tokens): the output's first bytes complete it. Decoded alone they were
+    replacement characters ('\ufffd\ufffd🍕...'); with the prompt's tail as context the output's text
+    starts with the whole character, streamed and final, also through a stop string; a prompt that
+    ends on a whole character changes nothing."""
+    from radixrt.requests.detokenizer import PROMPT_TAIL_TOKENS
+
+    ref = AutoTokenizer.from_pretrained(folder)
+    ids = ref.encode("Pizza: 🍕🍕 and 🍕 done", add_special_tokens=False)
+    cut = next(k for k in range(1, len(ids)) if ref.decode(ids[:k]).endswith("\ufffd"))
+    prompt, output = ids[:cut], ids[cut:]
+    want = "🍕🍕 and 🍕 done"[: -len(" done")]
+    for tok in (load_decoder(folder), ref):
+        det = IncrementalDetokenizer(tok, stop=[" done"], prompt_tail=prompt[-PROMPT_TAIL_TOKENS:])
+        streamed = [det.push([tid]) for tid in output[:-1]]
+        final = det.push(output[-1:], {"type": "stop", "matched": " done"})
+        assert final == want and all("\ufffd" not in t and want.startswith(t) for t in streamed), streamed
+        whole = IncrementalDetokenizer(tok, prompt_tail=ref.encode("Pizza: 🍕", add_special_tokens=False))
+        done = ref.encode(" done", add_special_tokens=False)
+        assert whole.push(done, {"type": "length"}) == " done"
+    assert ref.decode(output).startswith("\ufffd")  # what the output's text was
+
+
 def test_a_tokenizer_whose_decode_cleans_up_spaces_keeps_transformers(tmp_path, tiny_llama):
     folder = shutil.copytree(tiny_llama, tmp_path / "model")
     cfg_path = folder / "tokenizer_config.json"
