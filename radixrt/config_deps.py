@@ -371,6 +371,7 @@ ENGINE_INDEPENDENT = frozenset(
         "model_path",
         "tokenizer_path",
         "chat_template",
+        "skip_tokenizer_init",  # text in is refused per request (no_tokenizer.py)
         "mem_fraction_static",  # max_total_tokens, where given, decides (SGLang takes both)
         "device",
         "tp_size",

@@ -5,12 +5,12 @@ default and help once; the flags are generated from them (fields.py)."""
 from radixrt.config.engine_config import SECTIONS, EngineConfig, flag_defaults, flag_sections
 from radixrt.config.host_cache import HostCacheSettings
 from radixrt.config.limits import LimitSettings
+from radixrt.config.model_settings import ModelSettings
 from radixrt.config.sections import (
     CacheSettings,
     DebugSettings,
     ExecutionSettings,
     GrammarSettings,
-    ModelSettings,
     OutputSettings,
     SchedulingSettings,
 )

@@ -22,13 +22,13 @@ from radixrt.config.host_cache import HostCacheSettings
 from radixrt.config.kv_events import KVEventSettings
 from radixrt.config.limits import LimitSettings
 from radixrt.config.lora import LoRASettings
+from radixrt.config.model_settings import ModelSettings
 from radixrt.config.sections import (
     CacheSettings,
     DebugSettings,
     ExecutionSettings,
     GrammarSettings,
     KVBudgetSettings,
-    ModelSettings,
     OutputSettings,
     SchedulingSettings,
     SpeculativeSettings,

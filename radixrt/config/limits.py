@@ -91,12 +91,16 @@ class LimitSettings:
         if not self.grammar_max_compile_s > 0:
             raise ValueError("grammar_max_compile_s must be > 0")
 
-    def for_runtime(self, context_length: int, kv_total_slots: int, vocab_size: int, hidden_size: int = 0) -> Limits:
-        """The front door's `Limits` for a runtime of these sizes under these settings."""
+    def for_runtime(
+        self, context_length: int, kv_total_slots: int, vocab_size: int, hidden_size: int = 0, text: bool = True
+    ) -> Limits:
+        """The front door's `Limits` for a runtime of these sizes under these settings (``text``: it has a
+        tokenizer)."""
         return Limits(
             context_length,
             kv_total_slots,
             vocab_size,
+            text=text,
             max_n=self.max_n,
             max_request_sequences=self.max_request_sequences,
             max_top_logprobs_num=self.max_top_logprobs_num,

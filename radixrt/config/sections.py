@@ -6,108 +6,24 @@ A field's name is its flag's (``page_size`` is ``--page-size``) and an
 ``Engine(**flags)`` keyword. Each section checks its own values; what spans
 sections (a flag that needs another) is `EngineConfig`'s, through
 radixrt/config_deps.py. A component takes the sections it reads: the batch
-planner `SchedulingSettings`, the model runner `ModelSettings`,
+planner `SchedulingSettings`, the model runner `ModelSettings` (model_settings.py),
 `ExecutionSettings` and `CacheSettings`, the host tier `HostCacheSettings`
 (the per-request limits: radixrt/config/limits.py).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from radixrt.config.fields import check_choice, setting
-from radixrt.config.weight_format import (
-    DEFAULT_GROUP_SIZE,
-    WeightQuantization,
-    check_group_size,
-    normalize_method,
-)
 from radixrt.memory.kv_budget import KV_BUDGET_POLICIES, MIN_KV_BUDGET, resolve_budget
 from radixrt.memory.kv_format import KV_CACHE_DTYPES
-from radixrt.requests.named_chat_templates import NAMED_CHAT_TEMPLATES
-from radixrt.requests.tokenizer_utils import is_inline_template
 
 # long_prefill_token_threshold on the CPU: a 256-token step of a small model takes a fraction of a second there
 CPU_LONG_PREFILL_TOKENS = 256
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's, less its "trace"
 UNCHUNKED_PREFILL = 1 << 30  # chunked_prefill_size -1: more than any context holds
-# SGLang's (and transformers') other names of the dtypes
-DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """Which model, in which dtype, how long a sequence may be."""
-
-    model_path: str = setting(
-        "default",
-        "'default' (the embedded SmolLM2-135M-Instruct) or a local Hugging Face "
-        "model folder (config.json + safetensors)",
-        flag="--model",
-        aliases=("--model-path",),
-    )
-    tokenizer_path: Optional[str] = setting(None, "the tokenizer's folder (SGLang's flag); unset: the model's")
-    chat_template: Optional[str] = setting(
-        None,
-        "a Jinja chat template for chat requests in place of the tokenizer's: a file holding it (.jinja), "
-        "a JSON file with a 'chat_template' key (SGLang's flag takes such a file too), the template itself "
-        "(as vLLM's), or a name: chatml, llama-3-instruct, llama-2 (llama-2-chat), vicuna_v1.1 (as SGLang's); "
-        "unset: the tokenizer's",
-    )
-    dtype: str = setting(
-        "auto",
-        "auto (bfloat16 on CUDA; on a CPU bfloat16 only where it has avx512_bf16 or amx_bf16 and a start-up "
-        "measurement finds it faster, else float32), float32, bfloat16 or float16",
-    )
-    context_length: Optional[int] = setting(
-        None, "longest prompt + output in tokens (unset: the model's; longer needs RADIXRT_ALLOW_LONGER_CONTEXT=1)"
-    )
-    quantization: Optional[str] = setting(
-        None,
-        "quantization of the linear layers' weights at load time (steps under 256 rows also quantize "
-        "activations to int8 per run of 32, as llama.cpp), CPU only: int8 (per output channel) or "
-        "int4 (groups of --quantization-group-size inputs with a scale and a minimum); also accepted: int8wo, "
-        "int4wo, int4wo-<group size>, w8a16, w4a16; unset: the weights stay in --dtype",
-    )
-    quantization_group_size: int = setting(
-        DEFAULT_GROUP_SIZE, "int4: consecutive inputs sharing a scale and a minimum (32, 64, 128 or 256)"
-    )
-    quantize_lm_head: bool = setting(
-        False, "with --quantization: quantize the LM head too (embeddings stay in --dtype; a tied head is copied)"
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DTYPE_SPELLINGS.get(self.dtype, self.dtype))
-        check_choice("dtype", self.dtype, MODEL_DTYPES)  # before the model loads (it was a child's traceback)
-        for name in ("tokenizer_path", "chat_template"):  # refused before the model loads
-            path = getattr(self, name)
-            inline = (
-                name == "chat_template"
-                and path is not None
-                and (is_inline_template(path) or path in NAMED_CHAT_TEMPLATES)
-            )
-            if path is not None and not os.path.exists(path) and not inline:
-                raise ValueError(f"{name} {path!r} does not exist")
-        method, group = normalize_method(self.quantization)
-        object.__setattr__(self, "quantization", method)
-        if group is not None:
-            if self.quantization_group_size not in (DEFAULT_GROUP_SIZE, group):
-                raise ValueError(
-                    f"quantization int4wo-{group} and quantization_group_size={self.quantization_group_size} "
-                    "disagree: give the group size once"
-                )
-            object.__setattr__(self, "quantization_group_size", group)
-        check_group_size(self.quantization_group_size)
-
-    @property
-    def weight_quantization(self) -> Optional[WeightQuantization]:
-        """The quantized weight format asked for, or None (float weights)."""
-        if self.quantization is None:
-            return None
-        return WeightQuantization(self.quantization, self.quantization_group_size, self.quantize_lm_head)
 
 
 @dataclass(frozen=True)

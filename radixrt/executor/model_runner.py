@@ -96,7 +96,7 @@ class ModelRunner:
         # seconds of each start-up phase, for the start-up breakdown (`radixrt generate --log-level info`)
         self.startup_s = {"weights": time.perf_counter() - clock}
         clock = time.perf_counter()
-        self.tokenizer: Any = load_tokenizer(model.tokenizer_path or self.model_path, model.chat_template)
+        self.tokenizer: Any = load_tokenizer(model.tokenizer_source(self.model_path), model.chat_template)
         self.startup_s["tokenizer"] = time.perf_counter() - clock
         mc = self.model_config
         self.choice = fit_to_model(self.choice, mc.head_dim)

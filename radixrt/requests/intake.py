@@ -6,10 +6,9 @@ OpenAI routes, and the scheduler itself) turns its input into requests here:
 * `split_prompts`: text or input_ids, one prompt or a batch -> token id lists;
 * `build_specs`: per-prompt sampling params and logprob flags (a single value
   or one per prompt) -> one `RequestSpec` per prompt;
-* `validate_prompt` / `validate_spec`: the admission checks against `Limits` (prompt empty or
-  too long for the context or the KV pool, alone or with max_new_tokens; ids outside the
-  vocabulary, sampling params, ``n``, grammar syntax, ``logprob_start_len``, ``top_logprobs_num``,
-  ``priority``);
+* `validate_prompt` / `validate_spec`: the admission checks against `Limits` (prompt empty or too long for the
+  context or the KV pool, alone or with max_new_tokens; ids outside the vocabulary, sampling params, ``n``,
+  grammar syntax, ``logprob_start_len``, ``top_logprobs_num``, ``priority``, text fields without a tokenizer);
 * request ids (`new_request_id`, `sample_rids`, `RidTable`, see below);
 * `resolve_logprob`: whether a request returns logprobs.
 
@@ -34,6 +33,7 @@ from radixrt.requests.cache_fields import cache_info_mode, request_namespace
 from radixrt.requests.errors import RequestError
 from radixrt.requests.hidden_states import check_call_rows, check_hidden_states
 from radixrt.requests.messages import GenerateReq
+from radixrt.requests.no_tokenizer import check_token_only
 from radixrt.requests.token_id_lists import bad_token_ids, check_logprob_fields, is_int, token_ids_each
 from radixrt.sampling.grammar import check_grammar, grammar_key
 from radixrt.sampling.grammar_bounds import GrammarLimits
@@ -62,6 +62,7 @@ class Limits:
     return_hidden_states: bool = False  # requests may ask for their hidden states (hidden_states.py)
     hidden_size: int = 0  # the model's width: what one hidden-state row holds (0: unknown)
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
+    text: bool = True  # the runtime has a tokenizer (False: skip_tokenizer_init, no_tokenizer.py)
 
 
 def resolve_logprob(return_logprob: Any, top_logprobs_num: int, token_ids_logprob: Sequence[int] = ()) -> bool:
@@ -90,12 +91,10 @@ class RequestSpec:
     cache_info: str = ""  # meta_info.cache_info: "" none, "own" or "full" (see cache_info_mode)
     lora: Optional[str] = None  # the LoRA adapter's name (SGLang's lora_path); None: the base model
     group: Optional[str] = None  # the call it came in (set on submission: a batch's prompts share one)
-    # Sent with the server's admin key: ``priority`` may be any 64-bit integer, not only one within
-    # Limits.max_client_priority. Only the server's routes set it (from the request's key).
+    # Sent with the server's admin key (only its routes set it): ``priority`` may be any 64-bit integer
     admin: bool = False
     return_prompt_token_ids: bool = False  # SGLang's: each result (and stream event) has prompt_token_ids
-    # max_new_tokens was given (`build_specs` sets it; the default stops at the context): prompt + it must fit
-    asks_max_new_tokens: bool = False
+    asks_max_new_tokens: bool = False  # given (`build_specs` sets it; a default stops at the context): must fit
     return_hidden_states: bool = False  # SGLang's: meta_info.hidden_states (radixrt/requests/hidden_states.py)
     log_metrics: bool = True  # SGLang's: False leaves it out of the request, token and latency metrics
 
@@ -216,7 +215,9 @@ def validate_call(specs: Sequence[RequestSpec], limits: Limits) -> None:
 
 
 def validate_spec(spec: RequestSpec, limits: Limits) -> None:
-    """`validate_prompt`, then the logprob fields and the priority's range."""
+    """`check_token_only` without a tokenizer, `validate_prompt`, then the logprob fields and the priority's range."""
+    if not limits.text:
+        check_token_only(spec.sampling, spec.return_text_in_logprobs)
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
     n, wanted = len(spec.input_ids), spec.sampling.max_new_tokens
     room, holds = limits.context_length, f"this model's context length of {limits.context_length}"

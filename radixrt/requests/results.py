@@ -15,6 +15,7 @@ from radixrt.requests.detokenizer import PROMPT_TAIL_TOKENS, IncrementalDetokeni
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.hidden_states import unpack_rows
 from radixrt.requests.messages import TokenOutput
+from radixrt.requests.no_tokenizer import has_text
 from radixrt.sampling.params import SamplingParams
 
 
@@ -229,6 +230,8 @@ class ResultAccumulator:
                 meta["input_token_ids_logprobs"] = by_id
                 meta["output_token_ids_logprobs"] = self._top_triples(self.output_token_ids_logprobs[lps:])
         out = {"text": self.text[chars:], "output_ids": self.output_ids[ids:], "meta_info": meta}
+        if not has_text(self.tokenizer):  # token ids only, as SGLang's --skip-tokenizer-init
+            del out["text"]
         if self.prompt_token_ids is not None:
             out["prompt_token_ids"] = self.prompt_token_ids
         return out

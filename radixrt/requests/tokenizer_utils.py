@@ -7,7 +7,10 @@ import os
 from typing import Any, Optional, Sequence
 
 from radixrt.requests.named_chat_templates import NAMED_CHAT_TEMPLATES
+from radixrt.requests.no_tokenizer import NoTokenizer
 
+# the files of which a folder holding a tokenizer has at least one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # tokenizer_config.json classes that are the plain `tokenizer.json` tokenizer, whatever the model
 _PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
@@ -23,13 +26,21 @@ def _plain_fast_config(model_path: str) -> Optional[dict]:
     return cfg if cfg.get("tokenizer_class") in _PLAIN_FAST else None
 
 
-def load_tokenizer(model_path: str, chat_template: Optional[str] = None) -> Any:
+def load_tokenizer(model_path: Optional[str], chat_template: Optional[str] = None) -> Any:
     """The folder's tokenizer (the ModelRunner and the server's processes
-    load the same), with ``chat_template`` (`read_chat_template`) in place of its own where given.
+    load the same), with ``chat_template`` (`read_chat_template`) in place of its own where given;
+    a `NoTokenizer` for no folder (``skip_tokenizer_init``, `ModelSettings.tokenizer_source`).
     A folder whose ``tokenizer_config.json`` names the plain
     fast tokenizer loads that class directly: ``AutoTokenizer`` would also
     read the model's config through transformers' config classes, whose
     imports cost seconds of start-up. Any other class goes through ``AutoTokenizer``."""
+    if model_path is None:
+        return NoTokenizer()
+    if os.path.isdir(model_path) and not any(os.path.exists(os.path.join(model_path, f)) for f in TOKENIZER_FILES):
+        raise ValueError(
+            f"{model_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): give one with "
+            "--tokenizer-path, or serve token ids only with --skip-tokenizer-init"
+        )
     if _plain_fast_config(model_path) is not None:
         from transformers import PreTrainedTokenizerFast
 
@@ -101,11 +112,11 @@ class TextDecoder:
         return self.backend_tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
 
-def load_decoder(model_path: str) -> Any:
+def load_decoder(model_path: Optional[str]) -> Any:
     """What turns the folder's token ids into text: a `TextDecoder` where the
     tokenizer is the plain fast one and transformers' decode adds nothing to
-    the backend's (no ``clean_up_tokenization_spaces``), else `load_tokenizer`."""
-    cfg = _plain_fast_config(model_path)
+    the backend's (no ``clean_up_tokenization_spaces``), else `load_tokenizer` (no folder: a `NoTokenizer`)."""
+    cfg = None if model_path is None else _plain_fast_config(model_path)
     if cfg is None or cfg.get("clean_up_tokenization_spaces"):
         return load_tokenizer(model_path)
     from tokenizers import Tokenizer

@@ -51,6 +51,7 @@ from radixrt.memory.kv_pool import PageAllocator
 from radixrt.requests.finish import FinishReason
 from radixrt.requests.intake import sequences_of, validate_prompt
 from radixrt.requests.messages import GenerateReq, TokenBatch, TokenOutput
+from radixrt.requests.no_tokenizer import has_text
 from radixrt.requests.rids import sample_rids
 from radixrt.requests.token_id_lists import check_logprob_fields
 from radixrt.sampling.draws import sample_seed
@@ -101,7 +102,7 @@ class Scheduler(SchedulerControl):
         prefix_cache = build_prefix_cache(config.cache, allocator, self.host)
         self.kv = KVCacheManager(allocator, prefix_cache, self.runner.req_to_token, self.runner.copy_slots)
         self.limits = config.limits.for_runtime(
-            self.context_length, allocator.total_slots, self.vocab_size, mc.hidden_size
+            self.context_length, allocator.total_slots, self.vocab_size, mc.hidden_size, has_text(self.tokenizer)
         )
         self.rng = random.Random(config.scheduling.random_seed)
         self.timeouts = RequestTimeouts.of(config.scheduling)

@@ -148,7 +148,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
             target=run_detokenizer_process,
             name="radixrt-detokenizer",
             daemon=True,
-            args=(config.model.tokenizer_path or resolved, config.debug.log_level, addrs, w, os.getpid()),
+            args=(config.model.tokenizer_source(resolved), config.debug.log_level, addrs, w, os.getpid()),
         )
         proc.start()
         w.close()
@@ -156,7 +156,7 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
 
         from radixrt.requests.tokenizer_utils import load_tokenizer
 
-        tokenizer = load_tokenizer(config.model.tokenizer_path or resolved, config.model.chat_template)
+        tokenizer = load_tokenizer(config.model.tokenizer_source(resolved), config.model.chat_template)
         if not config.sglang.skip_server_warmup:
             from radixrt.sampling.grammar import warm_grammar_checker
 

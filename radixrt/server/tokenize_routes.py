@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from radixrt.requests.intake import check_prompt_count
+from radixrt.requests.no_tokenizer import SKIPPED, has_text
 from radixrt.requests.token_id_lists import bad_token_ids, is_int
 from radixrt.server.context import ServerContext, server_context
 from radixrt.server.errors import as_bad_request, bad_request
@@ -196,6 +197,8 @@ def detokenize_body(body: dict, ctx: ServerContext) -> dict:
     if "tokens" not in body:
         raise bad_request("'tokens' is required.", "tokens")
     lists, batch = _token_lists(body["tokens"], tm)
+    if not has_text(tm.tokenizer):
+        raise bad_request(f"{SKIPPED}: it cannot turn token ids into text", "tokens")
     texts = [tm.tokenizer.decode(x) for x in lists]
     text: Optional[Any] = texts if batch else texts[0]
     return {"prompt": text, "text": text}

@@ -213,7 +213,7 @@ class DetokenizerLoop:
 
 
 def run_detokenizer_process(
-    model_path: str, log_level: str, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int]
+    model_path: Optional[str], log_level: str, addrs: IpcAddrs, ready: Any, parent_pid: Optional[int]
 ) -> None:
     _setup_child("detokenizer", log_level)
     log = logging.getLogger("radixrt.server.detokenizer")
