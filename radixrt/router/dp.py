@@ -122,7 +122,8 @@ def _replica_watch(urls: list[str], procs: list[Any], n: int, state: dict[str, i
 
 def _replica_events(config: EngineConfig, urls: list[str]) -> Any:
     """The front's `KVEventRouting` over the replicas' publishers (replica i on
-    the configured port + i) with the model's tokenizer; None without events."""
+    the configured port + i) with the model's tokenizer (none under skip_tokenizer_init: token ids
+    route, text is the replicas' to refuse); None without events."""
     from radixrt.executor.model_store import resolve_model_path
     from radixrt.router.kv_routing import KVEventRouting
 
@@ -137,8 +138,8 @@ def _replica_events(config: EngineConfig, urls: list[str]) -> Any:
         endpoints[url] = shifted.connect_endpoint
         if shifted.connect_replay_endpoint is not None:
             replay[url] = shifted.connect_replay_endpoint
-    model = str(resolve_model_path(config.model.model_path))
-    return KVEventRouting(endpoints, events.topic, model, replay_endpoints=replay)
+    tokenizer = config.model.tokenizer_source(str(resolve_model_path(config.model.model_path)))
+    return KVEventRouting(endpoints, events.topic, tokenizer, replay_endpoints=replay)
 
 
 def serve_dp(config: EngineConfig, sargs: Any, args: argparse.Namespace) -> int:

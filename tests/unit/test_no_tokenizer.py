@@ -47,3 +47,18 @@ def test_the_front_door_refuses_each_text_field_naming_it():
     with pytest.raises(RequestError) as err:
         validate_spec(spec, TOKEN_ONLY)
     assert err.value.param == "return_text_in_logprobs"
+
+
+def test_a_dp_front_routes_token_ids_without_a_tokenizer(make_tiny):
+    """``--dp-size`` with KV events: the front reads the replicas' tokenizer for text prompts
+    (``--tokenizer-path`` where given), and none under ``--skip-tokenizer-init``, whose folder may
+    hold none (loading one failed the start)."""
+    from radixrt.config import EngineConfig
+    from radixrt.router.dp import _replica_events
+
+    events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5611"}'
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    model = make_tiny("llama", tokenizer=False, max_position_embeddings=8192)
+    for flags, tokenizer in (({}, model), ({"tokenizer_path": "/"}, "/"), ({"skip_tokenizer_init": True}, None)):
+        config = EngineConfig(model_path=model, kv_events_config=events, **flags)
+        assert _replica_events(config, urls).tokenizer_path == tokenizer
