@@ -90,10 +90,12 @@ class PackedWeight:
         )
 
 
-def quantize_int8(weight: torch.Tensor) -> PackedWeight:
-    """Symmetric int8 per output channel: ``w ~ q * scale``, ``q`` in [-127, 127]."""
+def quantize_int8(weight: torch.Tensor, row_absmax: Optional[torch.Tensor] = None) -> PackedWeight:
+    """Symmetric int8 per output channel: ``w ~ q * scale``, ``q`` in [-127, 127]; the scale from
+    ``row_absmax`` where given (a tensor-parallel shard of some input columns: the whole row's largest
+    magnitude, so that the shards hold the integers the whole weight would)."""
     w = weight.detach().float()
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    scale = ((w.abs().amax(dim=1) if row_absmax is None else row_absmax.float()) / 127).clamp(min=1e-12)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return PackedWeight(8, 0, w.shape[0], w.shape[1], q.contiguous(), scale.contiguous(), None)
 

@@ -290,8 +290,8 @@ ENGINE_NEEDS: tuple[Need, ...] = (
             ("speculative_tree_width", 1),
         )
     ),
-    # weight-only quantization: the CPU kernels, one process (deterministic mode keeps every product
-    # in integers: batch-invariant)
+    # weight-only quantization: the CPU kernels (deterministic mode keeps every product in integers:
+    # batch-invariant); under tensor parallelism each rank quantizes its shards, the LM head stays float
     Need(
         "quantization",
         "int8",
@@ -301,7 +301,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         "device='cpu' (--device cpu: weight-only quantization has CPU kernels only)",
         lambda d: not str(d).startswith("cuda"),
     ),
-    _tp1("quantization", "int8"),
+    _tp1("quantize_lm_head", True),  # the vocabulary-parallel head gathers float columns
     Need(
         "quantization_group_size",
         64,

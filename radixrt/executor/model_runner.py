@@ -24,7 +24,7 @@ from radixrt.executor.models.config import ModelConfig, architecture_differences
 from radixrt.executor.models.decode_stack import use_decode_stack
 from radixrt.executor.models.loader import checkpoint_tensor, empty_model, with_tensors
 from radixrt.executor.models.native_linear import use_native_linears, use_native_row_ops
-from radixrt.executor.models.quantized_linear import integer_products_only
+from radixrt.executor.models.quantized_linear import integer_products_only, quantize_model
 from radixrt.executor.models.rope import LENGTH_DEPENDENT
 from radixrt.executor.parallel import TPGroup, shard_model
 from radixrt.executor.parallel.ranks import Followers
@@ -143,9 +143,9 @@ class ModelRunner:
         model = self.settings.model
         path = resolve_model_path(model_path)
         quantization = quantization_spec(model.weight_quantization, model.dtype)
-        # tensor parallel: on the host, whole (`_shard` keeps this rank's part); at start every
-        # rank reads it, an update only the leader (the others receive its tensors)
-        new, config = load_model(path, self.dtype, "cpu" if self.tp else self.device, quantization)
+        # tensor parallel: on the host, whole and float (`_shard` keeps this rank's part and quantizes
+        # it); at start every rank reads it, an update only the leader (the others receive its tensors)
+        new, config = load_model(path, self.dtype, "cpu" if self.tp else self.device, None if self.tp else quantization)
         served = getattr(self, "model_config", None)  # None while __init__ loads the first checkpoint
         if served is not None and (differs := architecture_differences(served, config)):
             raise ValueError(f"{model_path!r} is not the architecture being served: {differs}")
@@ -194,6 +194,9 @@ class ModelRunner:
         if self.tp is None:
             return self.model_config
         config = shard_model(model, self.model_config, self.tp)
+        quantization = quantization_spec(self.settings.model.weight_quantization, self.settings.model.dtype)
+        if quantization is not None:  # each rank quantizes its own shards
+            quantize_model(model, quantization)
         model.to(self.device)
         return config
 

@@ -65,6 +65,28 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
     assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_each_rank_quantizes_its_shards(make_tiny, quantization):
+    """``--quantization`` under tensor parallelism: every rank quantizes the shards it keeps (a row
+    shard its columns, its all-reduce kept); greedy tokens at tp_size 2 equal tp_size 1's with the
+    same quantization, also after a weight update (the ranks quantize the new shards)."""
+    path = make_tiny("llama", num_attention_heads=4, num_key_value_heads=2)
+    other = make_tiny("llama", seed=1, num_attention_heads=4, num_key_value_heads=2)
+    outputs = {}
+    for tp in (1, 2):
+        engine = radixrt.Engine(path, tp_size=tp, quantization=quantization, max_total_tokens=2048)
+        try:
+            first = _greedy(engine, PROMPTS)
+            assert engine.update_weights_from_disk(other)[0]
+            outputs[tp] = first, _greedy(engine, PROMPTS)
+            layer = engine.scheduler.runner.model.model.layers[0]
+            products = [layer.self_attn.qkv_proj, layer.mlp.down_proj if tp == 1 else layer.mlp.down_proj.local]
+            assert all(type(p).__name__ == "QuantizedLinear" for p in products), products
+        finally:
+            engine.shutdown()
+    assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
+
+
 def test_beam_search_copies_on_write_on_every_rank(make_tiny):
     """Beams forking inside a partly filled page (pages of 4 slots) copy it on write on every rank's
     pool: every hypothesis and score at tp_size 2 equals tp_size 1 (a copy on rank 0's pool alone

@@ -117,11 +117,15 @@ def _torch_format(p: PackedWeight) -> tuple:
 
 
 def quantize_linear(
-    linear: nn.Linear, spec: WeightQuantization, kernel: Optional[NativeQuantLinear]
+    linear: nn.Linear,
+    spec: WeightQuantization,
+    kernel: Optional[NativeQuantLinear],
+    row_absmax: Optional[torch.Tensor] = None,
 ) -> QuantizedLinear:
-    """A `QuantizedLinear` holding ``linear``'s weight in ``spec``'s format."""
+    """A `QuantizedLinear` holding ``linear``'s weight in ``spec``'s format (int8: ``row_absmax``
+    scales the rows where given, `quantize_int8`)."""
     w = linear.weight
-    packed = quantize_int8(w) if spec.method == "int8" else quantize_int4(w, spec.group_size)
+    packed = quantize_int8(w, row_absmax) if spec.method == "int8" else quantize_int4(w, spec.group_size)
     return QuantizedLinear(packed, linear.bias, kernel, getattr(torch, spec.prefill_dtype))
 
 
@@ -141,7 +145,9 @@ def integer_products_only(model: nn.Module) -> None:
 
 
 def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
-    """Replace ``model``'s decoder linear layers (and the LM head with ``spec.lm_head``) in place.
+    """Replace ``model``'s decoder linear layers (and the LM head with ``spec.lm_head``) in place;
+    a tensor-parallel row shard keeps its all-reduce and quantizes its columns' product
+    (`RowParallelLinear.quantize_columns`).
 
     Returns the bytes the quantized weights take. Raises ValueError when the
     model is not on the CPU or a layer's in_features does not fit the format."""
@@ -161,7 +167,11 @@ def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
         parent = owner
         for part in path:
             parent = getattr(parent, part)
-        q = quantize_linear(getattr(parent, attr), spec, kernel)
-        setattr(parent, attr, q)
+        layer = getattr(parent, attr)
+        if hasattr(layer, "quantize_columns"):  # a tensor-parallel row shard: its all-reduce and bias stay
+            q = layer.quantize_columns(lambda columns, absmax: quantize_linear(columns, spec, kernel, absmax))
+        else:
+            q = quantize_linear(layer, spec, kernel)
+            setattr(parent, attr, q)
         total += q.packed.nbytes()
     return total

@@ -20,7 +20,7 @@ to float rounding), so the embedded model runs with ``tp_size 2``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -75,21 +75,48 @@ def split_heads(num_heads: int, num_kv_heads: int, size: int) -> list[HeadSplit]
 
 class RowParallelLinear(nn.Linear):
     """``y = sum_over_ranks(x_local @ W_local^T) + b``: this rank's input columns
-    of a linear layer; the all-reduce makes every rank's output the full one."""
+    of a linear layer; the all-reduce makes every rank's output the full one.
+    ``local``: the columns' product as a module of its own (`quantize_columns`: quantized
+    weights), which then replaces ``weight`` (emptied). ``row_absmax``: each row's largest
+    magnitude over all ranks' columns (int8 scales them as without tensor parallelism)."""
 
     # the product of this rank's columns; deterministic inference swaps in a batch-invariant one
     # (`enable_batch_invariant`)
     linear_product = staticmethod(F.linear)
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], group: TPGroup) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+        group: TPGroup,
+        row_absmax: Optional[torch.Tensor] = None,
+    ) -> None:
         super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
         if bias is not None:
             self.bias = nn.Parameter(bias.clone(), requires_grad=False)
         self.group = group
+        self.row_absmax = row_absmax
+        self.local: Optional[nn.Module] = None
+
+    @classmethod
+    def of_columns(cls, linear: nn.Linear, columns: slice | torch.Tensor, group: TPGroup) -> "RowParallelLinear":
+        """The shard of ``linear`` that holds its input columns ``columns``."""
+        whole = linear.weight
+        return cls(whole[:, columns], linear.bias, group, whole.detach().abs().amax(dim=1).float())
+
+    def quantize_columns(self, quantize: Callable[[nn.Linear, Optional[torch.Tensor]], nn.Module]) -> nn.Module:
+        """Make ``quantize(columns, row_absmax)`` of this rank's columns (a bias-free linear layer)
+        the local product; it."""
+        columns = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
+        columns.weight = self.weight
+        self.local = quantize(columns, self.row_absmax)
+        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)  # the float copy goes
+        return self.local
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(self.linear_product(x, self.weight))
+        part = self.linear_product(x, self.weight) if self.local is None else self.local(x)
+        y = self.group.all_reduce(part)
         return y if self.bias is None else y + self.bias
 
 
@@ -145,11 +172,11 @@ def shard_model(model: LlamaForCausalLM, cfg: ModelConfig, group: TPGroup) -> Mo
         assert isinstance(layer, DecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
         attn.qkv_proj = _rows_of(attn.qkv_proj, qkv_rows)
-        attn.o_proj = RowParallelLinear(attn.o_proj.weight[:, q_rows], attn.o_proj.bias, group)
+        attn.o_proj = RowParallelLinear.of_columns(attn.o_proj, q_rows, group)
         attn.num_heads, attn.num_kv_heads = len(split.q_heads), len(split.kv_heads)
         attn.q_size, attn.kv_size = len(q_rows), len(kv_rows)
         mlp.gate_up_proj = _rows_of(mlp.gate_up_proj, gate_up_rows)
-        mlp.down_proj = RowParallelLinear(mlp.down_proj.weight[:, inter.start : inter.stop], mlp.down_proj.bias, group)
+        mlp.down_proj = RowParallelLinear.of_columns(mlp.down_proj, slice(inter.start, inter.stop), group)
         mlp.intermediate_size = len(inter)
     vocabs = _even_ranges(cfg.vocab_size, group.size)
     mine = vocabs[group.rank]
