@@ -10,8 +10,7 @@ default (``when`` narrows that for flags where only some values need
 something, e.g. ``preemption_mode="swap"``), so passing a flag at its
 default is never refused: it changes nothing. ``EngineConfig``'s constructor
 calls :func:`apply_needs` on the flat flags before it builds the sections, so
-the Engine, ``radixrt generate`` and
-``radixrt serve`` all get the same answer; ``serve_router_needs`` in
+the Engine, ``radixrt generate`` and ``radixrt serve`` all get the same answer; ``serve_router_needs`` in
 radixrt/cli.py makes rows of the same kind for the flags only
 `radixrt serve --dp N` reads.
 
@@ -365,13 +364,14 @@ ENGINE_INDEPENDENT = frozenset(
         *(
             "trust_remote_code enable_metrics enable_cache_report enable_mixed_chunk max_prefill_tokens "
             "grammar_backend skip_server_warmup log_requests log_requests_level watchdog_timeout "
-            "schedule_conservativeness revision download_dir load_format tokenizer_mode nnodes node_rank "
+            "schedule_conservativeness revision download_dir tokenizer_mode nnodes node_rank "
             "disable_custom_all_reduce enable_p2p_check enable_memory_saver"
         ).split(),
         "model_path",
         "tokenizer_path",
         "chat_template",
         "skip_tokenizer_init",  # text in is refused per request (no_tokenizer.py)
+        "load_format",  # dummy weights serve as any others until replaced
         "mem_fraction_static",  # max_total_tokens, where given, decides (SGLang takes both)
         "device",
         "tp_size",

@@ -20,6 +20,7 @@ from radixrt.requests.tokenizer_utils import is_inline_template
 # SGLang's (and transformers') other names of the dtypes
 DTYPE_SPELLINGS = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")  # SGLang's names for what radixrt's loader does
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class ModelSettings:
         aliases=("--model-path",),
     )
     tokenizer_path: Optional[str] = setting(None, "the tokenizer's folder (SGLang's flag); unset: the model's")
+    load_format: str = setting(
+        "auto",
+        "auto or safetensors: read the folder's safetensors weights; dummy (SGLang's, which RL trainers use): "
+        "small random weights of the folder's config, read nothing (the trainer then sends its weights with "
+        "update_weights_from_tensor / _distributed / _disk)",
+    )
     skip_tokenizer_init: bool = setting(
         False,
         "load no tokenizer (SGLang's flag): prompts come as token ids (input_ids), outputs carry output_ids and "
@@ -71,6 +78,7 @@ class ModelSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_SPELLINGS.get(self.dtype, self.dtype))
         check_choice("dtype", self.dtype, MODEL_DTYPES)  # before the model loads (it was a child's traceback)
+        check_choice("load_format", self.load_format, LOAD_FORMATS)
         for name in ("tokenizer_path", "chat_template"):  # refused before the model loads
             path = getattr(self, name)
             inline = (

@@ -12,7 +12,6 @@ from typing import Optional
 from radixrt.config.fields import check_choice, setting
 
 GRAMMAR_BACKENDS = ("xgrammar",)
-LOAD_FORMATS = ("auto", "safetensors")  # what radixrt's loader reads
 TOKENIZER_MODES = ("auto",)  # the tokenizers' fast tokenizer, as SGLang's auto picks
 
 
@@ -55,7 +54,6 @@ class SGLangFlagSettings:
         None, "SGLang's: accepted; models are local folders (no hub is reached), so no revision is fetched"
     )
     download_dir: Optional[str] = setting(None, "SGLang's: accepted; nothing is downloaded from a hub")
-    load_format: Optional[str] = setting(None, f"SGLang's: {' or '.join(LOAD_FORMATS)}: safetensors files")
     tokenizer_mode: Optional[str] = setting(None, "SGLang's: auto (the fast tokenizer) is the only mode")
     nnodes: Optional[int] = setting(None, "SGLang's: 1; radixrt serves from one machine")
     node_rank: Optional[int] = setting(None, "SGLang's: 0; radixrt serves from one machine")
@@ -72,8 +70,6 @@ class SGLangFlagSettings:
     def __post_init__(self) -> None:
         if self.grammar_backend is not None:
             check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
-        if self.load_format is not None:
-            check_choice("load_format", self.load_format, LOAD_FORMATS)
         if self.tokenizer_mode is not None:
             check_choice("tokenizer_mode", self.tokenizer_mode, TOKENIZER_MODES)
         for name, only in (("nnodes", 1), ("node_rank", 0)):

@@ -90,7 +90,7 @@ class ModelRunner:
                 "without CUDA graphs (fp8_e4m3 keeps FlashInfer)"
             )
         clock = time.perf_counter()
-        loaded = self.load_weights(model.model_path)
+        loaded = self.load_weights(model.model_path, dummy=model.load_format == "dummy")
         self.model_path, self.model, self.model_config = loaded.path, loaded.model, loaded.config
         self.shard_config = self._shard(self.model)  # this rank's heads: what its KV pool and attention see
         # seconds of each start-up phase, for the start-up breakdown (`radixrt generate --log-level info`)
@@ -135,9 +135,10 @@ class ModelRunner:
         self._compile()
         self._log_loaded()
 
-    def load_weights(self, model_path: str) -> LoadedWeights:
+    def load_weights(self, model_path: str, dummy: bool = False) -> LoadedWeights:
         """Read the checkpoint at ``model_path`` into a new model as this runner's settings say
-        (dtype, quantization; on the host under tensor parallel). Touches nothing the runner
+        (dtype, quantization; on the host under tensor parallel; ``dummy``: random weights of its
+        config, `loader.dummy_weights`, as ``load_format="dummy"`` starts). Touches nothing the runner
         uses, so it may run on another thread while the runner serves. ValueError when the
         checkpoint's architecture is not the one being served."""
         model = self.settings.model
@@ -145,7 +146,8 @@ class ModelRunner:
         quantization = quantization_spec(model.weight_quantization, model.dtype)
         # tensor parallel: on the host, whole and float (`_shard` keeps this rank's part and quantizes
         # it); at start every rank reads it, an update only the leader (the others receive its tensors)
-        new, config = load_model(path, self.dtype, "cpu" if self.tp else self.device, None if self.tp else quantization)
+        device = "cpu" if self.tp else self.device
+        new, config = load_model(path, self.dtype, device, None if self.tp else quantization, dummy)
         served = getattr(self, "model_config", None)  # None while __init__ loads the first checkpoint
         if served is not None and (differs := architecture_differences(served, config)):
             raise ValueError(f"{model_path!r} is not the architecture being served: {differs}")

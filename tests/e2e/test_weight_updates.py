@@ -176,6 +176,27 @@ def test_tensors_sent_in_parts_update_the_weights(engine, models, answers):
     assert engine.get_weights_by_name(k, 2) == checkpoint_rows(models["a"], k, 2)
 
 
+def test_dummy_weights_read_nothing_until_the_trainer_sends_its_own(models, answers, tmp_path):
+    """SGLang's ``load_format="dummy"``, as RL trainers start their rollout engines: the engine
+    starts on a folder with no weight file (small random weights of its config) and generates;
+    the trainer's tensors then make it answer as an engine started on the checkpoint."""
+    bare = tmp_path / "config-only"
+    shutil.copytree(models["a"], bare, ignore=shutil.ignore_patterns("*.safetensors*"))
+    with radixrt.Engine(str(bare), load_format="dummy", max_total_tokens=2048) as engine:
+        dummy = engine.generate(PROMPT, GREEDY)["output_ids"]
+        norm = engine.get_weights_by_name("model.norm.weight", 64)
+        assert len(dummy) == GREEDY["max_new_tokens"] and dummy != answers["a"]["short"]
+        assert len(set(norm)) > 1 and max(abs(v) for v in norm) <= 1e-3
+        assert engine.update_weights_from_tensor(sorted(load_file(_safetensors(models["a"])).items()))[0]
+        assert engine.generate(PROMPT, GREEDY)["output_ids"] == answers["a"]["short"]
+    with pytest.raises(ValueError, match="load_format"):
+        radixrt.Engine(models["a"], load_format="pt")
+
+
+def _safetensors(folder: str) -> str:
+    return str(next(Path(folder).glob("*.safetensors")))
+
+
 def test_refused_updates_keep_the_old_weights(engine, models, answers, tmp_path):
     for path, why in (
         (str(tmp_path / "missing"), "not a local folder"),

@@ -240,13 +240,29 @@ def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: Union[str, torch.d
     return model
 
 
+DUMMY_RANGE = 1e-3  # SGLang's dummy weights are uniform in [-1e-3, 1e-3]
+DUMMY_SEED = 1234
+
+
+def dummy_weights(model: LlamaForCausalLM) -> None:
+    """``load_format="dummy"``: every weight uniform in ``[-DUMMY_RANGE, DUMMY_RANGE]``, drawn on the
+    host from a fixed seed (every tensor-parallel rank draws the same, then keeps its shard)."""
+    gen = torch.Generator().manual_seed(DUMMY_SEED)
+    with torch.no_grad():
+        for param in model.parameters():  # a tied head is the embedding: drawn once
+            values = torch.empty(param.shape, dtype=torch.float32).uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=gen)
+            param.copy_(values.to(param.dtype))
+
+
 def load_model(
     path: str,
     dtype: Union[str, torch.dtype, None] = "auto",
     device: Union[str, torch.device] = "cpu",
     quantization: Optional[WeightQuantization] = None,
+    dummy: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model for the folder ``path`` ("default" = the embedded model) and load its weights.
+    """Build the model for the folder ``path`` ("default" = the embedded model) and load its weights
+    (``dummy``: `dummy_weights`, reading no weight file).
 
     Returns ``(model, config)``; the model is in eval mode on ``device`` in ``dtype``, its
     linear layers quantized as ``quantization`` says (`quantized_linear.quantize_model`).
@@ -256,7 +272,10 @@ def load_model(
     path = resolve_model_path(path)
     cfg = ModelConfig.from_pretrained(path)
     model = empty_model(cfg, resolve_dtype(dtype, device), device)
-    load_weights(model, path)
+    if dummy:
+        dummy_weights(model)
+    else:
+        load_weights(model, path)
     if quantization is not None:
         from radixrt.executor.models.quantized_linear import quantize_model
 
