@@ -116,7 +116,9 @@ def load_decoder(model_path: Optional[str]) -> Any:
     """What turns the folder's token ids into text: a `TextDecoder` where the
     tokenizer is the plain fast one and transformers' decode adds nothing to
     the backend's (no ``clean_up_tokenization_spaces``), else `load_tokenizer` (no folder: a `NoTokenizer`)."""
-    cfg = None if model_path is None else _plain_fast_config(model_path)
+    if model_path is None:
+        return NoTokenizer()
+    cfg = _plain_fast_config(model_path)
     if cfg is None or cfg.get("clean_up_tokenization_spaces"):
         return load_tokenizer(model_path)
     from tokenizers import Tokenizer
