@@ -290,7 +290,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         )
     ),
     # weight-only quantization: the CPU kernels (deterministic mode keeps every product in integers:
-    # batch-invariant); under tensor parallelism each rank quantizes its shards, the LM head stays float
+    # batch-invariant); under tensor parallelism each rank quantizes its shards
     Need(
         "quantization",
         "int8",
@@ -300,7 +300,6 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         "device='cpu' (--device cpu: weight-only quantization has CPU kernels only)",
         lambda d: not str(d).startswith("cuda"),
     ),
-    _tp1("quantize_lm_head", True),  # the vocabulary-parallel head gathers float columns
     Need(
         "quantization_group_size",
         64,

@@ -65,26 +65,43 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
     assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_each_rank_quantizes_its_shards(make_tiny, quantization):
+@pytest.mark.parametrize("quantization,head", [("int8", False), ("int4", False), ("int4", True)])
+def test_each_rank_quantizes_its_shards(make_tiny, quantization, head):
     """``--quantization`` under tensor parallelism: every rank quantizes the shards it keeps (a row
-    shard its columns, its all-reduce kept); greedy tokens at tp_size 2 equal tp_size 1's with the
-    same quantization, also after a weight update (the ranks quantize the new shards)."""
+    shard its columns, its all-reduce kept; the LM head its vocabulary rows, its gather kept); greedy
+    tokens at tp_size 2 equal tp_size 1's with the same quantization, also after a weight update (the
+    ranks quantize the new shards). With a quantized head, which rounds its input to int8 per run of
+    32, a last-bit difference in that input (the ranks sum their partial products in another order
+    than one process) can move a logit by 1e-2 and swap a near tie (it did after the update): there
+    the leader's vocabulary rows must compute what one process's head computes for them, exactly."""
     path = make_tiny("llama", num_attention_heads=4, num_key_value_heads=2)
     other = make_tiny("llama", seed=1, num_attention_heads=4, num_key_value_heads=2)
-    outputs = {}
+    hidden = torch.randn(17, 64, generator=torch.Generator().manual_seed(0))
+    outputs, logits = {}, {}
     for tp in (1, 2):
-        engine = radixrt.Engine(path, tp_size=tp, quantization=quantization, max_total_tokens=2048)
+        flags = {"quantization": quantization, "quantize_lm_head": head}
+        engine = radixrt.Engine(path, tp_size=tp, max_total_tokens=2048, **flags)
         try:
             first = _greedy(engine, PROMPTS)
-            assert engine.update_weights_from_disk(other)[0]
-            outputs[tp] = first, _greedy(engine, PROMPTS)
-            layer = engine.scheduler.runner.model.model.layers[0]
+            model = engine.scheduler.runner.model
+            if head:
+                outputs[tp] = first
+                local = model.lm_head if tp == 1 else model.lm_head.local
+                logits[tp] = local(hidden)[:, : model.lm_head.widths[0] if tp == 2 else None]
+            else:
+                assert engine.update_weights_from_disk(other)[0]
+                outputs[tp] = first, _greedy(engine, PROMPTS)
+            layer = model.model.layers[0]
             products = [layer.self_attn.qkv_proj, layer.mlp.down_proj if tp == 1 else layer.mlp.down_proj.local]
+            products += [local] if head else []
             assert all(type(p).__name__ == "QuantizedLinear" for p in products), products
         finally:
             engine.shutdown()
-    assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
+    assert outputs[2] == outputs[1]
+    if head:
+        assert torch.equal(logits[2], logits[1][:, : logits[2].shape[1]])
+    else:
+        assert outputs[1][0] != outputs[1][1]
 
 
 def test_beam_search_copies_on_write_on_every_rank(make_tiny):

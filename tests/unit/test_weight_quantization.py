@@ -226,10 +226,6 @@ def test_engine_generates_text_with_quantized_weights(tiny_llama, quantization):
         (dict(quantization="int3"), "unknown quantization 'int3'"),
         (dict(quantization="int4", quantization_group_size=48), "quantization_group_size must be one of"),
         (dict(quantization="int8", device="cuda"), "quantization='int8' (--quantization int8) needs device='cpu'"),
-        (
-            dict(quantization="int8", quantize_lm_head=True, tp_size=2),
-            "quantize_lm_head=True (--quantize-lm-head) needs tp_size=1",
-        ),
         (dict(quantization="int8", quantization_group_size=64), "needs quantization='int4'"),
         (dict(quantize_lm_head=True), "needs quantization='int8' or 'int4'"),
         (dict(quantization="int4wo-64", quantization_group_size=128), "disagree"),

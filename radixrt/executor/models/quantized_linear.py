@@ -146,8 +146,8 @@ def integer_products_only(model: nn.Module) -> None:
 
 def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
     """Replace ``model``'s decoder linear layers (and the LM head with ``spec.lm_head``) in place;
-    a tensor-parallel row shard keeps its all-reduce and quantizes its columns' product
-    (`RowParallelLinear.quantize_columns`).
+    a tensor-parallel shard keeps its all-reduce (or the LM head its gather) and quantizes its
+    local product (`RowParallelLinear.quantize_local`, `VocabParallelLMHead.quantize_local`).
 
     Returns the bytes the quantized weights take. Raises ValueError when the
     model is not on the CPU or a layer's in_features does not fit the format."""
@@ -168,8 +168,8 @@ def quantize_model(model: nn.Module, spec: WeightQuantization) -> int:
         for part in path:
             parent = getattr(parent, part)
         layer = getattr(parent, attr)
-        if hasattr(layer, "quantize_columns"):  # a tensor-parallel row shard: its all-reduce and bias stay
-            q = layer.quantize_columns(lambda columns, absmax: quantize_linear(columns, spec, kernel, absmax))
+        if hasattr(layer, "quantize_local"):  # a tensor-parallel shard: its all-reduce or gather and bias stay
+            q = layer.quantize_local(lambda weight, absmax: quantize_linear(weight, spec, kernel, absmax))
         else:
             q = quantize_linear(layer, spec, kernel)
             setattr(parent, attr, q)

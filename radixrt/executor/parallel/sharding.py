@@ -73,10 +73,15 @@ def split_heads(num_heads: int, num_kv_heads: int, size: int) -> list[HeadSplit]
     return splits
 
 
+# what quantizes a shard's product: (a bias-free linear layer of its weight, each row's largest
+# magnitude over all ranks or None) -> the module that computes it (quantized_linear.quantize_model)
+Quantizer = Callable[[nn.Linear, Optional[torch.Tensor]], nn.Module]
+
+
 class RowParallelLinear(nn.Linear):
     """``y = sum_over_ranks(x_local @ W_local^T) + b``: this rank's input columns
     of a linear layer; the all-reduce makes every rank's output the full one.
-    ``local``: the columns' product as a module of its own (`quantize_columns`: quantized
+    ``local``: the columns' product as a module of its own (`quantize_local`: quantized
     weights), which then replaces ``weight`` (emptied). ``row_absmax``: each row's largest
     magnitude over all ranks' columns (int8 scales them as without tensor parallelism)."""
 
@@ -105,12 +110,10 @@ class RowParallelLinear(nn.Linear):
         whole = linear.weight
         return cls(whole[:, columns], linear.bias, group, whole.detach().abs().amax(dim=1).float())
 
-    def quantize_columns(self, quantize: Callable[[nn.Linear, Optional[torch.Tensor]], nn.Module]) -> nn.Module:
+    def quantize_local(self, quantize: Quantizer) -> nn.Module:
         """Make ``quantize(columns, row_absmax)`` of this rank's columns (a bias-free linear layer)
         the local product; it."""
-        columns = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
-        columns.weight = self.weight
-        self.local = quantize(columns, self.row_absmax)
+        self.local = quantize(_bias_free(self.weight), self.row_absmax)
         self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)  # the float copy goes
         return self.local
 
@@ -139,7 +142,8 @@ class VocabParallelEmbedding(nn.Module):
 
 class VocabParallelLMHead(nn.Module):
     """Logit columns ``vocab`` on every rank; the leader gets all of them
-    ([N, vocab_size]), the other ranks an empty tensor (they only take part)."""
+    ([N, vocab_size]), the other ranks an empty tensor (they only take part).
+    ``local``: the rows' product as a module of its own (`quantize_local`)."""
 
     linear_product = staticmethod(F.linear)  # as RowParallelLinear's
 
@@ -148,10 +152,25 @@ class VocabParallelLMHead(nn.Module):
         self.weight = weight  # shared with the embedding when the model ties them
         self.widths = widths
         self.group = group
+        self.local: Optional[nn.Module] = None
+
+    def quantize_local(self, quantize: Quantizer) -> nn.Module:
+        """Make ``quantize(rows, None)`` of this rank's vocabulary rows the local product (a tied
+        weight stays, the embedding's); it."""
+        self.local = quantize(_bias_free(self.weight), None)
+        return self.local
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        full = self.group.gather_columns(self.linear_product(h, self.weight), self.widths)
+        part = self.linear_product(h, self.weight) if self.local is None else self.local(h)
+        full = self.group.gather_columns(part, self.widths)
         return full if full is not None else h.new_empty(h.shape[0], 0)
+
+
+def _bias_free(weight: torch.Tensor) -> nn.Linear:
+    """A linear layer of ``weight`` (shared, not copied) and no bias, for a quantizer to read."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
 
 
 def shard_model(model: LlamaForCausalLM, cfg: ModelConfig, group: TPGroup) -> ModelConfig:
