@@ -65,17 +65,21 @@ def test_tp2_equals_tp1_on_random_models(make_tiny, arch):
     assert outputs[2] == outputs[1] and outputs[1][0] != outputs[1][1]
 
 
-@pytest.mark.parametrize("quantization,head", [("int8", False), ("int4", False), ("int4", True)])
-def test_each_rank_quantizes_its_shards(make_tiny, quantization, head):
+@pytest.mark.parametrize(
+    "quantization,head,arch",
+    [("int8", False, "llama"), ("int4", False, "llama"), ("int4", True, "llama"), ("int8", True, "qwen2")],
+)
+def test_each_rank_quantizes_its_shards(make_tiny, quantization, head, arch):
     """``--quantization`` under tensor parallelism: every rank quantizes the shards it keeps (a row
     shard its columns, its all-reduce kept; the LM head its vocabulary rows, its gather kept); greedy
     tokens at tp_size 2 equal tp_size 1's with the same quantization, also after a weight update (the
     ranks quantize the new shards). With a quantized head, which rounds its input to int8 per run of
     32, a last-bit difference in that input (the ranks sum their partial products in another order
     than one process) can move a logit by 1e-2 and swap a near tie (it did after the update): there
-    the leader's vocabulary rows must compute what one process's head computes for them, exactly."""
-    path = make_tiny("llama", num_attention_heads=4, num_key_value_heads=2)
-    other = make_tiny("llama", seed=1, num_attention_heads=4, num_key_value_heads=2)
+    the leader's vocabulary rows must compute what one process's head computes for them, exactly
+    (Qwen2's head is tied to its embeddings, which stay float)."""
+    path = make_tiny(arch, num_attention_heads=4, num_key_value_heads=2)
+    other = make_tiny(arch, seed=1, num_attention_heads=4, num_key_value_heads=2)
     hidden = torch.randn(17, 64, generator=torch.Generator().manual_seed(0))
     outputs, logits = {}, {}
     for tp in (1, 2):
@@ -95,6 +99,7 @@ def test_each_rank_quantizes_its_shards(make_tiny, quantization, head):
             products = [layer.self_attn.qkv_proj, layer.mlp.down_proj if tp == 1 else layer.mlp.down_proj.local]
             products += [local] if head else []
             assert all(type(p).__name__ == "QuantizedLinear" for p in products), products
+            assert model.model.embed_tokens.weight.shape[1] == 64  # the embedding stays whole
         finally:
             engine.shutdown()
     assert outputs[2] == outputs[1]

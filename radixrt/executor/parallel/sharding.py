@@ -155,9 +155,10 @@ class VocabParallelLMHead(nn.Module):
         self.local: Optional[nn.Module] = None
 
     def quantize_local(self, quantize: Quantizer) -> nn.Module:
-        """Make ``quantize(rows, None)`` of this rank's vocabulary rows the local product (a tied
-        weight stays, the embedding's); it."""
+        """Make ``quantize(rows, None)`` of this rank's vocabulary rows the local product; it. The
+        head lets its float rows go (a tied embedding keeps them)."""
         self.local = quantize(_bias_free(self.weight), None)
+        self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
         return self.local
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
