@@ -19,6 +19,7 @@ import logging
 from typing import Any, Optional
 
 from radixrt.requests.intake import RequestSpec
+from radixrt.requests.no_tokenizer import has_text
 from radixrt.requests.rids import RidEntry
 from radixrt.requests.router import ReqState, ResultObserver
 from radixrt.sampling.params import SamplingParams
@@ -58,6 +59,12 @@ class RequestLog(ResultObserver):
         shown = ids if self.level >= 3 else ids[:PARTIAL_CHARS]
         return self.tokenizer.decode(shown, skip_special_tokens=False)
 
+    def _texts(self, name: str, text: str, ids: list[int]) -> str:
+        """``name=<text>``, or without a tokenizer (``--skip-tokenizer-init``) ``name_ids=<ids>``."""
+        if has_text(self.tokenizer):
+            return f"{name}={self._quoted(text)}"
+        return f"{name}_ids={self._quoted(json.dumps(ids))}"
+
     def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
         # the internal id is the one the scheduler's own warnings name
         parts = [f"rid={json.dumps(entry.rid)}", f"id={entry.iid}", f"prompt_tokens={len(spec.input_ids)}"]
@@ -68,7 +75,7 @@ class RequestLog(ResultObserver):
         if self.level >= 1:
             parts.append(f"sampling={self._quoted(json.dumps(set_sampling_fields(spec.sampling), default=str))}")
         if self.level >= 2:
-            parts.append(f"prompt={self._quoted(self._prompt_text(spec.input_ids))}")
+            parts.append(self._texts("prompt", self._prompt_text(spec.input_ids), spec.input_ids))
         logger.info("Receive: %s", " ".join(parts))
 
     def on_finish(self, st: ReqState, now: float, inflight: int) -> None:
@@ -86,5 +93,5 @@ class RequestLog(ResultObserver):
         if fr is not None and fr.message:
             parts.append(f"message={json.dumps(fr.message)}")
         if self.level >= 2:
-            parts.append(f"output={self._quoted(acc.text)}")
+            parts.append(self._texts("output", acc.text, acc.output_ids))
         logger.info("Finish: %s", " ".join(parts))

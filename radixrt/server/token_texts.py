@@ -18,6 +18,8 @@ import functools
 import re
 from typing import Any
 
+from radixrt.requests.no_tokenizer import has_text
+
 _FALLBACK_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -34,7 +36,9 @@ class TokenTexts:
 
     def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
-        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: every text is "token_id:<id>"
+        # vLLM's return_tokens_as_token_ids: every text is "token_id:<id>" (the only name a token
+        # has without a tokenizer, --skip-tokenizer-init)
+        self.as_ids = as_ids or not has_text(tokenizer)
         self.cache: dict[int, str] = {}
         self.raw: dict[int, bytes] = {}
 

@@ -78,7 +78,8 @@ def test_server_serves_token_ids_and_refuses_text(default_model_path):
     question = [{"role": "user", "content": "What is the capital of France? One word."}]
     chat = tokenizer.encode(tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False))
     body = {"input_ids": chat, "sampling_params": {"temperature": 0, "max_new_tokens": 24}}
-    for srv in serving("--skip-tokenizer-init", "--max-total-tokens", "4096", model="default"):
+    flags = ("--skip-tokenizer-init", "--max-total-tokens", "4096", "--log-requests", "--log-requests-level", "2")
+    for srv in serving(*flags, model="default"):
         with httpx.Client(base_url=srv.url, timeout=60) as client:
             out = client.post("/generate", json=body).json()
             assert "text" not in out and "output_ids" in out, out
@@ -118,6 +119,12 @@ def test_server_serves_token_ids_and_refuses_text(default_model_path):
             )
             assert r.status_code == 200, r.text
             assert r.json()["choices"][0]["text"] == ""
+            r = client.post(
+                "/v1/completions",
+                json={"model": "default", "prompt": chat, "max_tokens": 3, "temperature": 0, "logprobs": 2},
+            )
+            assert r.json()["choices"][0]["logprobs"]["tokens"] == [f"token_id:{t}" for t in out["output_ids"][:3]]
+            assert f"output_ids={json.dumps(json.dumps(out['output_ids']))}" in srv.log_tail()  # no text to log
             assert client.post("/generate", json=body).json()["output_ids"] == out["output_ids"]  # still serving
             kv = client.get("/debug/kv").json()["kv_slots"]
             assert kv["private_slots"] == 0 and kv["free_slots"] + kv["tree_slots"] == kv["total_slots"], kv
