@@ -25,7 +25,7 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")  # SGLang's names for what radix
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Which model, in which dtype, how long a sequence may be."""
+    """Which model (its weights' format, its tokenizer or none), in which dtype, how long a sequence may be."""
 
     model_path: str = setting(
         "default",

@@ -6,10 +6,10 @@ process loads a tokenizer, prompts come as ``input_ids``, and outputs carry
 ``output_ids`` and no ``text``, as SGLang's do.
 
 `NoTokenizer` stands where the tokenizer would. Turning ids into text gives
-"" (so the detokenizer, the request log and the stop checks run unchanged and
-see no text); anything that needs text from the tokenizer (a text prompt, a
-chat template, a token's spelling) is refused as a bad request naming the
-flag. Request fields that only mean something as text (stop strings, stop
+"" (so the detokenizer and the stop checks run unchanged and see no text; the
+OpenAI logprobs and the request log name ids instead: `has_text`); anything
+that needs text from the tokenizer (a text prompt, a chat template) is refused
+as a bad request naming the flag. Request fields that only mean something as text (stop strings, stop
 regexes, grammars, text in logprobs) are refused at the front door by
 `check_token_only`, never silently ignored.
 """
