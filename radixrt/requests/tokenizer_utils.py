@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from typing import Any, Optional, Sequence
@@ -26,6 +28,31 @@ def _plain_fast_config(model_path: str) -> Optional[dict]:
     return cfg if cfg.get("tokenizer_class") in _PLAIN_FAST else None
 
 
+def _read_tokenizer(model_path: str) -> Any:
+    if _plain_fast_config(model_path) is not None:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(model_path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _folder_stamp(model_path: str) -> tuple:
+    """What identifies the folder's files as they are now: each file's name, size and modification time."""
+    with os.scandir(model_path) as entries:
+        return tuple(sorted((e.name, st.st_size, st.st_mtime_ns) for e in entries if e.is_file() for st in [e.stat()]))
+
+
+@functools.lru_cache(maxsize=4)
+def _folder_tokenizer(real_path: str, stamp: tuple) -> Any:
+    """The tokenizer of a folder as its files are (``stamp``), read once per process: reading one is
+    about 0.4 s (transformers parses ``tokenizer.json`` in Python), which every Engine started in the
+    same process would pay again. Shared read-only through `load_tokenizer`'s copies (a copy shares
+    the Rust tokenizer, which encodes from several threads at once)."""
+    return _read_tokenizer(real_path)
+
+
 def load_tokenizer(model_path: Optional[str], chat_template: Optional[str] = None) -> Any:
     """The folder's tokenizer (the ModelRunner and the server's processes
     load the same), with ``chat_template`` (`read_chat_template`) in place of its own where given;
@@ -41,14 +68,11 @@ def load_tokenizer(model_path: Optional[str], chat_template: Optional[str] = Non
             f"{model_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): give one with "
             "--tokenizer-path, or serve token ids only with --skip-tokenizer-init"
         )
-    if _plain_fast_config(model_path) is not None:
-        from transformers import PreTrainedTokenizerFast
-
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(model_path)
+    if os.path.isdir(model_path):
+        # a copy: what the caller sets on it (the chat template below) stays its own
+        tokenizer = copy.copy(_folder_tokenizer(os.path.realpath(model_path), _folder_stamp(model_path)))
     else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = _read_tokenizer(model_path)
     if chat_template is not None:
         tokenizer.chat_template = read_chat_template(chat_template)
     return tokenizer

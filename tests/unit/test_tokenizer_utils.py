@@ -111,6 +111,27 @@ def test_the_decoder_loads_without_importing_transformers(default_model_path):
     assert out.split() == ["TextDecoder", "False"]
 
 
+def test_a_folder_s_tokenizer_is_read_once_per_process_until_its_files_change(tmp_path, tiny_llama):
+    """Engines started one after another in a process share one read of the folder's tokenizer
+    (about 0.4 s each), each through a copy of its own: a chat template set on one stays there. A
+    changed file is read again."""
+    from radixrt.requests.tokenizer_utils import load_tokenizer
+
+    folder = shutil.copytree(tiny_llama, tmp_path / "model")
+    first, second = load_tokenizer(str(folder)), load_tokenizer(str(folder))
+    assert first is not second and first.backend_tokenizer is second.backend_tokenizer
+    own = load_tokenizer(str(folder), "{{ 'mine' }}")
+    turns = [{"role": "user", "content": "hi"}]
+    assert own.apply_chat_template(turns, tokenize=False) == "mine"
+    assert first.chat_template == second.chat_template != own.chat_template
+    assert load_tokenizer(str(folder)).chat_template == first.chat_template
+    (folder / "chat_template.jinja").write_text("{{ 'changed' }}")
+    changed = load_tokenizer(str(folder))
+    assert changed.backend_tokenizer is not first.backend_tokenizer
+    assert changed.apply_chat_template(turns, tokenize=False) == "changed"
+    assert first.encode("hello world") == changed.encode("hello world")
+
+
 @pytest.mark.slow
 def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama):
     """SGLang's --chat-template (and an Engine's chat_template): a Jinja file, or a JSON file holding
