@@ -364,7 +364,8 @@ ENGINE_INDEPENDENT = frozenset(
             "trust_remote_code enable_metrics enable_cache_report enable_mixed_chunk max_prefill_tokens "
             "grammar_backend skip_server_warmup log_requests log_requests_level watchdog_timeout "
             "schedule_conservativeness revision download_dir tokenizer_mode nnodes node_rank "
-            "disable_custom_all_reduce enable_p2p_check enable_memory_saver"
+            "disable_custom_all_reduce enable_p2p_check enable_memory_saver base_gpu_id gpu_id_step "
+            "dist_init_addr nccl_port port mm_attention_backend"
         ).split(),
         "model_path",
         "tokenizer_path",

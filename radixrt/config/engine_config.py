@@ -69,6 +69,14 @@ def flag_sections() -> dict[str, str]:
 
 
 @functools.cache
+def keyword_only_flags() -> frozenset[str]:
+    """The settings an Engine takes as keywords that have no command-line flag (``cli=False``)."""
+    return frozenset(
+        f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls) if not f.metadata.get("cli", True)
+    )
+
+
+@functools.cache
 def flag_defaults() -> dict[str, Any]:
     """Every flag's default (shared: read it, do not change it)."""
     return {name: value for cls in SECTIONS.values() for name, value in field_defaults(cls).items()}
@@ -165,7 +173,7 @@ class EngineConfig:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
-        return cls(**{name: getattr(args, name) for name in flag_sections()})
+        return cls(**{name: getattr(args, name) for name in flag_sections() if name not in keyword_only_flags()})
 
 
 def _section_values(section: str, value: Optional[Any]) -> dict[str, Any]:

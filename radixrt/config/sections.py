@@ -13,6 +13,7 @@ planner `SchedulingSettings`, the model runner `ModelSettings` (model_settings.p
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,6 +25,12 @@ from radixrt.memory.kv_format import KV_CACHE_DTYPES
 CPU_LONG_PREFILL_TOKENS = 256
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # uvicorn's, less its "trace"
 UNCHUNKED_PREFILL = 1 << 30  # chunked_prefill_size -1: more than any context holds
+ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
+# SGLang's names for CUDA attention kernels radixrt does not ship: an SGLang command line (or an RL
+# framework's Engine(...)) naming one runs as auto, FlashInfer's kernels on CUDA (the same attention)
+SGLANG_CUDA_ATTENTION = ("fa3", "fa4", "triton", "trtllm_mha", "flex_attention")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,11 @@ class ExecutionSettings:
         "processes on the CPU with gloo, for correctness rather than speed)",
         aliases=("--tp", "--tensor-parallel-size"),
     )
-    attention_backend: str = setting("auto", "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer")
+    attention_backend: str = setting(
+        "auto",
+        "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer; SGLang's torch_native is torch, and "
+        f"its {', '.join(SGLANG_CUDA_ATTENTION)} (kernels radixrt does not ship) run as auto",
+    )
 
     sampling_backend: str = setting(
         "radixrt", "radixrt (reproducible per request) or flashinfer (CUDA sampling kernels)"
@@ -74,7 +85,16 @@ class ExecutionSettings:
         if self.sampling_backend == "pytorch":  # SGLang's name for torch sampling: radixrt's own
             object.__setattr__(self, "sampling_backend", "radixrt")
         check_choice("sampling_backend", self.sampling_backend, ("radixrt", "flashinfer"))
-        check_choice("attention_backend", self.attention_backend, ("auto", "torch", "flashinfer"))
+        if self.attention_backend == "torch_native":
+            object.__setattr__(self, "attention_backend", "torch")
+        elif self.attention_backend in SGLANG_CUDA_ATTENTION:
+            logger.warning(
+                "attention_backend %r names kernels radixrt does not ship: running as 'auto' "
+                "(FlashInfer's kernels on CUDA, torch on the CPU)",
+                self.attention_backend,
+            )
+            object.__setattr__(self, "attention_backend", "auto")
+        check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
     @property
     def overlap_schedule(self) -> bool:

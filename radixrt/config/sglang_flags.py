@@ -61,6 +61,26 @@ class SGLangFlagSettings:
         False, "SGLang's: accepted; tensor parallelism's all-reduce is torch.distributed's"
     )
     enable_p2p_check: bool = setting(False, "SGLang's: accepted; nothing here needs it")
+    base_gpu_id: Optional[int] = setting(
+        None,
+        "SGLang's (RL frameworks pass it): the GPU of the first rank; radixrt's ranks take GPUs 0..tp-1 of "
+        "those visible, so 0 only (choose the GPUs with CUDA_VISIBLE_DEVICES)",
+    )
+    gpu_id_step: Optional[int] = setting(None, "SGLang's: the step between the ranks' GPUs; 1 only (see --base-gpu-id)")
+    dist_init_addr: Optional[str] = setting(
+        None,
+        "SGLang's: the address where the ranks of several machines meet; accepted: radixrt's ranks run "
+        "on one machine and meet through a file",
+    )
+    nccl_port: Optional[int] = setting(
+        None, "SGLang's: the port where the ranks' NCCL group meets; accepted: radixrt's ranks meet through a file"
+    )
+    port: Optional[int] = setting(
+        None, "SGLang's Engine takes the port its server would use; accepted: an Engine serves no HTTP", cli=False
+    )
+    mm_attention_backend: Optional[str] = setting(
+        None, "SGLang's: the attention of a multimodal model's vision encoder; accepted: radixrt serves text models"
+    )
     enable_memory_saver: bool = setting(
         False,
         "SGLang's (RL frameworks pass it): accepted; release_memory_occupation and resume_memory_occupation "
@@ -75,6 +95,16 @@ class SGLangFlagSettings:
         for name, only in (("nnodes", 1), ("node_rank", 0)):
             if getattr(self, name) not in (None, only):
                 raise ValueError(f"{name} must be {only}: radixrt serves from one machine")
+        for name, only in (("base_gpu_id", 0), ("gpu_id_step", 1)):
+            if getattr(self, name) not in (None, only):
+                raise ValueError(
+                    f"{name} must be {only}: radixrt's ranks take GPUs 0..tp-1 of those visible "
+                    "(choose the GPUs with CUDA_VISIBLE_DEVICES)"
+                )
+        for name in ("nccl_port", "port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be 0 to 65535")
         for name in ("watchdog_timeout", "schedule_conservativeness"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -182,7 +182,9 @@ def test_dummy_weights_read_nothing_until_the_trainer_sends_its_own(models, answ
     the trainer's tensors then make it answer as an engine started on the checkpoint."""
     bare = tmp_path / "config-only"
     shutil.copytree(models["a"], bare, ignore=shutil.ignore_patterns("*.safetensors*"))
-    with radixrt.Engine(str(bare), load_format="dummy", max_total_tokens=2048) as engine:
+    # beside load_format, the keywords a public RL framework gives its rollout engines (TypeErrors before)
+    rollout = dict(base_gpu_id=0, gpu_id_step=1, port=40001, nccl_port=29600, attention_backend="fa3")
+    with radixrt.Engine(str(bare), load_format="dummy", max_total_tokens=2048, **rollout) as engine:
         dummy = engine.generate(PROMPT, GREEDY)["output_ids"]
         norm = engine.get_weights_by_name("model.norm.weight", 64)
         assert len(dummy) == GREEDY["max_new_tokens"] and dummy != answers["a"]["short"]

@@ -11,6 +11,7 @@ import pytest
 
 from radixrt.cli import serve_router_defaults, serve_router_needs
 from radixrt.config import SECTIONS, EngineConfig, flag_defaults, flag_sections
+from radixrt.config.engine_config import keyword_only_flags
 from radixrt.config.fields import flag_of
 from radixrt.config_deps import ENGINE_INDEPENDENT, ENGINE_NEEDS, Need, apply_needs
 from radixrt.server.args import ServerArgs, add_serve_args, server_args_from_cli
@@ -54,6 +55,8 @@ def _example(name: str) -> object:
         "tokenizer_mode": "auto",
         "revision": "main",
         "download_dir": "/tmp",
+        "dist_init_addr": "10.0.0.1:5000",
+        "mm_attention_backend": "fa3",
     }
     if name in strings:
         return strings[name]
@@ -66,8 +69,9 @@ def _example(name: str) -> object:
         "schedule_conservativeness",
     ):
         return 0.25
-    if name in ("nnodes", "node_rank", "log_requests_level"):  # the one value that serves here, a level
-        return {"nnodes": 1, "node_rank": 0, "log_requests_level": 2}[name]
+    only = {"nnodes": 1, "node_rank": 0, "base_gpu_id": 0, "gpu_id_step": 1, "log_requests_level": 2}
+    if name in only:  # the one value that serves here, a level
+        return only[name]
     if isinstance(default, bool):
         return not default
     if default is None:
@@ -84,7 +88,7 @@ def _argv(name: str, value: object) -> list[str]:
     return [flag_of(f), str(value)]
 
 
-@pytest.mark.parametrize("name", list(flag_sections()))
+@pytest.mark.parametrize("name", [n for n in flag_sections() if n not in keyword_only_flags()])
 def test_every_flag_parses_into_its_section(name):
     value = _example(name)
     args = _parser().parse_args(_argv(name, value))
@@ -300,6 +304,42 @@ def test_an_sglang_launch_command_line_parses():
     assert config.sglang.skip_server_warmup and config.sglang.trust_remote_code
     with pytest.raises(ValueError, match="grammar_backend"):
         EngineConfig(grammar_backend="outlines")
+
+
+def test_an_rl_framework_s_engine_keywords_are_taken():
+    """What a public RL framework passes to ``sglang.Engine(...)`` for its rollout engines (beside the
+    flags radixrt has): each was a TypeError, and attention_backend='fa3' a ValueError."""
+    rl = dict(
+        base_gpu_id=0,
+        gpu_id_step=1,
+        dist_init_addr="10.0.0.1:5000",
+        port=40001,
+        nccl_port=29600,
+        mm_attention_backend="fa3",
+        attention_backend="fa3",
+        enable_memory_saver=True,
+        nnodes=1,
+        node_rank=0,
+        trust_remote_code=True,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+    )
+    config = EngineConfig(model_path="/m", **rl)
+    assert config.execution.attention_backend == "auto"  # FlashInfer's kernels on CUDA: no FA3 here
+    assert (config.sglang.port, config.sglang.nccl_port) == (40001, 29600)
+    assert EngineConfig(attention_backend="torch_native").execution.attention_backend == "torch"
+    for name, value in (("base_gpu_id", 2), ("gpu_id_step", 2)):
+        with pytest.raises(ValueError, match=f"{name} must be .*CUDA_VISIBLE_DEVICES"):
+            EngineConfig(**{name: value})
+    with pytest.raises(ValueError, match="nccl_port must be 0 to 65535"):
+        EngineConfig(nccl_port=70000)
+    with pytest.raises(ValueError, match="attention_backend"):
+        EngineConfig(attention_backend="sdpa")
+    # the Engine's port is no flag: `radixrt serve --port` is the server's, and stays out of the config
+    from radixrt.cli import build_parser
+
+    args = build_parser("serve").parse_args(["serve", "--port", "30001", "--attention-backend", "fa3"])
+    assert EngineConfig.from_cli_args(args).sglang.port is None
 
 
 def test_serve_refuses_prefixes_and_out_of_range_values_at_parse_time(capsys):
