@@ -361,11 +361,11 @@ ENGINE_INDEPENDENT = frozenset(
     {
         # SGLang's flags that change nothing here (each says why: radixrt/config/sglang_flags.py)
         *(
-            "trust_remote_code enable_metrics enable_cache_report enable_mixed_chunk max_prefill_tokens "
+            "trust_remote_code enable_metrics enable_cache_report enable_mixed_chunk max_prefill_tokens port "
             "grammar_backend skip_server_warmup log_requests log_requests_level watchdog_timeout "
-            "schedule_conservativeness revision download_dir tokenizer_mode nnodes node_rank "
-            "disable_custom_all_reduce enable_p2p_check enable_memory_saver base_gpu_id gpu_id_step "
-            "dist_init_addr nccl_port port mm_attention_backend"
+            "schedule_conservativeness revision download_dir tokenizer_mode nnodes node_rank disable_custom_all_reduce "
+            "enable_p2p_check nccl_port enable_memory_saver base_gpu_id gpu_id_step dist_init_addr "
+            "mm_attention_backend hicache_io_backend hicache_mem_layout hicache_storage_prefetch_policy"
         ).split(),
         "model_path",
         "tokenizer_path",

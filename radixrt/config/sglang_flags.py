@@ -13,6 +13,8 @@ from radixrt.config.fields import check_choice, setting
 
 GRAMMAR_BACKENDS = ("xgrammar",)
 TOKENIZER_MODES = ("auto",)  # the tokenizers' fast tokenizer, as SGLang's auto picks
+HICACHE_IO_BACKENDS = ("direct", "kernel")
+HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,21 @@ class SGLangFlagSettings:
     mm_attention_backend: Optional[str] = setting(
         None, "SGLang's: the attention of a multimodal model's vision encoder; accepted: radixrt serves text models"
     )
+    hicache_io_backend: Optional[str] = setting(
+        None,
+        "SGLang's: how the host KV tier's copies run (direct or kernel); accepted: radixrt's tier copies pages "
+        "with its own batched copies",
+    )
+    hicache_mem_layout: Optional[str] = setting(
+        None,
+        f"SGLang's: the host KV tier's memory layout ({', '.join(HICACHE_MEM_LAYOUTS)}); accepted: radixrt's "
+        "tier is page first (a host page holds its tokens' K and V of every layer)",
+    )
+    hicache_storage_prefetch_policy: Optional[str] = setting(
+        None,
+        "SGLang's: when a request stops waiting for the storage tier's blocks; wait_complete only: radixrt "
+        "holds a request until every stored block of its prompt it found is read",
+    )
     enable_memory_saver: bool = setting(
         False,
         "SGLang's (RL frameworks pass it): accepted; release_memory_occupation and resume_memory_occupation "
@@ -90,8 +107,18 @@ class SGLangFlagSettings:
     def __post_init__(self) -> None:
         if self.grammar_backend is not None:
             check_choice("grammar_backend", self.grammar_backend, GRAMMAR_BACKENDS)
-        if self.tokenizer_mode is not None:
-            check_choice("tokenizer_mode", self.tokenizer_mode, TOKENIZER_MODES)
+        for name, choices in (
+            ("tokenizer_mode", TOKENIZER_MODES),
+            ("hicache_io_backend", HICACHE_IO_BACKENDS),
+            ("hicache_mem_layout", HICACHE_MEM_LAYOUTS),
+        ):
+            if getattr(self, name) is not None:
+                check_choice(name, getattr(self, name), choices)
+        if self.hicache_storage_prefetch_policy not in (None, "wait_complete"):
+            raise ValueError(
+                "hicache_storage_prefetch_policy must be wait_complete: radixrt holds a request until every "
+                "stored block of its prompt it found is read"
+            )
         for name, only in (("nnodes", 1), ("node_rank", 0)):
             if getattr(self, name) not in (None, only):
                 raise ValueError(f"{name} must be {only}: radixrt serves from one machine")

@@ -57,6 +57,9 @@ def _example(name: str) -> object:
         "download_dir": "/tmp",
         "dist_init_addr": "10.0.0.1:5000",
         "mm_attention_backend": "fa3",
+        "hicache_io_backend": "kernel",
+        "hicache_mem_layout": "page_first",
+        "hicache_storage_prefetch_policy": "wait_complete",
     }
     if name in strings:
         return strings[name]
@@ -294,7 +297,9 @@ def test_an_sglang_launch_command_line_parses():
         "--tp-size 1 --trust-remote-code --enable-metrics --enable-cache-report --enable-mixed-chunk "
         "--skip-server-warmup --max-prefill-tokens 16384 --grammar-backend xgrammar --dtype half "
         "--sampling-backend pytorch --host 127.0.0.1 --port 30000 --tensor-parallel-size 1 --log-requests "
-        "--watchdog-timeout 300 --load-format auto --nnodes 1 --node-rank 0 --disable-custom-all-reduce"
+        "--watchdog-timeout 300 --load-format auto --nnodes 1 --node-rank 0 --disable-custom-all-reduce "
+        "--enable-hierarchical-cache --hicache-ratio 2 --hicache-write-policy write_through --hicache-io-backend "
+        "kernel --hicache-mem-layout page_first --hicache-storage-prefetch-policy wait_complete"
     ).split()
     args = build_parser("serve").parse_args(argv)
     assert args.dp == 2 and server_args_from_cli(args).port == 30000
@@ -302,8 +307,11 @@ def test_an_sglang_launch_command_line_parses():
     assert (config.model.model_path, config.model.tokenizer_path, config.model.dtype) == ("/m", "/", "float16")
     assert config.cache.mem_fraction_static == 0.85 and config.execution.sampling_backend == "radixrt"
     assert config.sglang.skip_server_warmup and config.sglang.trust_remote_code
+    assert config.host_cache.enable_hierarchical_cache and config.sglang.hicache_mem_layout == "page_first"
     with pytest.raises(ValueError, match="grammar_backend"):
         EngineConfig(grammar_backend="outlines")
+    with pytest.raises(ValueError, match="hicache_storage_prefetch_policy must be wait_complete: radixrt holds"):
+        EngineConfig(hicache_storage_prefetch_policy="best_effort")
 
 
 def test_an_rl_framework_s_engine_keywords_are_taken():
