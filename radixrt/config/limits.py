@@ -50,6 +50,12 @@ class LimitSettings:
         "width, when larger), on every route and the Engine; more is refused (400) before "
         "the prompts are tokenized",
     )
+    allow_auto_truncate: bool = setting(
+        False,
+        "SGLang's: a prompt longer than the context keeps its first tokens (one fewer than the context "
+        "holds) and a max_new_tokens past the context is cut to what fits, instead of a 400; on every "
+        "route and the Engine (vLLM's truncate_prompt_tokens keeps a prompt's last tokens instead)",
+    )
     enable_return_hidden_states: bool = setting(
         False,
         "let requests ask for their final hidden states (SGLang's return_hidden_states on "
@@ -101,6 +107,7 @@ class LimitSettings:
             kv_total_slots,
             vocab_size,
             text=text,
+            auto_truncate=self.allow_auto_truncate,
             max_n=self.max_n,
             max_request_sequences=self.max_request_sequences,
             max_top_logprobs_num=self.max_top_logprobs_num,

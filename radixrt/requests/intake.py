@@ -63,6 +63,7 @@ class Limits:
     hidden_size: int = 0  # the model's width: what one hidden-state row holds (0: unknown)
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
     text: bool = True  # the runtime has a tokenizer (False: skip_tokenizer_init, no_tokenizer.py)
+    auto_truncate: bool = False  # SGLang's --allow-auto-truncate: cut what does not fit instead of a 400
 
 
 def resolve_logprob(return_logprob: Any, top_logprobs_num: int, token_ids_logprob: Sequence[int] = ()) -> bool:
@@ -218,12 +219,14 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
     """`check_token_only` without a tokenizer, `validate_prompt`, then the logprob fields and the priority's range."""
     if not limits.text:
         check_token_only(spec.sampling, spec.return_text_in_logprobs)
+    if limits.auto_truncate:  # as SGLang: the prompt's first tokens, one short of what the context (and pool) hold
+        spec.input_ids = spec.input_ids[: min(limits.context_length, limits.kv_total_slots) - 1]
     validate_prompt(spec.input_ids, spec.sampling, limits, spec.field)
     n, wanted = len(spec.input_ids), spec.sampling.max_new_tokens
     room, holds = limits.context_length, f"this model's context length of {limits.context_length}"
     if spec.sampling.kv_budget is None and limits.kv_total_slots < room:  # the whole sequence's KV must fit
         room, holds = limits.kv_total_slots, f"the KV pool's {limits.kv_total_slots} tokens (--max-total-tokens)"
-    if n + wanted > room and not spec.asks_max_new_tokens:  # a default: capped to what fits, as SGLang does
+    if n + wanted > room and (limits.auto_truncate or not spec.asks_max_new_tokens):  # capped, as SGLang does
         spec.sampling = replace(spec.sampling, max_new_tokens=room - n)
     elif n + wanted > room:  # as SGLang, vLLM and OpenAI for the context
         raise RequestError(
@@ -246,15 +249,11 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
 def _check_priority(spec: RequestSpec, limits: Limits) -> None:
     """A priority within ``[-max_client_priority, max_client_priority]``, or,
     for an admin request, any 64-bit integer."""
-    p = spec.priority
-    if p is None:
+    p, (low, high), cap = spec.priority, ADMIN_PRIORITY_RANGE, limits.max_client_priority
+    if p is None or (spec.admin and low <= p <= high):
         return
-    low, high = ADMIN_PRIORITY_RANGE
     if spec.admin:
-        if not low <= p <= high:
-            raise RequestError(f"'priority' is {p}; it must be a 64-bit integer (from {low} to {high})", "priority")
-        return
-    cap = limits.max_client_priority
+        raise RequestError(f"'priority' is {p}; it must be a 64-bit integer (from {low} to {high})", "priority")
     if not -cap <= p <= cap:
         raise RequestError(
             f"'priority' is {p}; this server accepts priorities from {-cap} to {cap} (--max-client-priority); "

@@ -196,8 +196,9 @@ class TokenizerManager:
         tokens or more (refused at once, before the other prompts of a batch are
         tokenized); or when it holds a lone surrogate. ``fit`` False: the caller cuts
         the ids to the context itself (vLLM's ``truncate_prompt_tokens``), so no length
-        is refused (the request's size bounds the work). Blocking: routes call it
-        from `run_tokenize`."""
+        is refused (the request's size bounds the work); nor under ``--allow-auto-truncate``, where
+        the front door cuts it (`validate_spec`). Blocking: routes call it from `run_tokenize`."""
+        fit = fit and not self.limits.auto_truncate
         n = len(text)
         if fit and n > self.max_prompt_chars:
             raise bad_request(

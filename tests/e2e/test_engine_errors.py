@@ -67,6 +67,22 @@ def test_a_huge_kv_budget_costs_no_more_than_the_request_can_hold(tiny_llama):
         assert e.generate("Say hi.", {"max_new_tokens": 3, "temperature": 0})["meta_info"]["completion_tokens"] == 3
 
 
+def test_auto_truncate_cuts_what_does_not_fit_instead_of_refusing(tiny_llama):
+    """SGLang's allow_auto_truncate in the Engine: a prompt past the context keeps its first tokens
+    (one fewer than the context) and one output token; a max_new_tokens past it is cut to what fits."""
+    prompt = list(range(10, 110))  # 100 token ids, past a context of 64
+    greedy = {"max_new_tokens": 8, "temperature": 0}
+    with radixrt.Engine(tiny_llama, context_length=64, allow_auto_truncate=True) as e:
+        cut = e.generate(input_ids=prompt, sampling_params=greedy)
+        assert (cut["meta_info"]["prompt_tokens"], cut["meta_info"]["completion_tokens"]) == (63, 1)
+        assert e.generate(input_ids=prompt[:63], sampling_params=greedy)["output_ids"] == cut["output_ids"]
+        room = e.generate(input_ids=prompt[:50], sampling_params={**greedy, "max_new_tokens": 40})
+        assert room["meta_info"]["completion_tokens"] == 14
+    with radixrt.Engine(tiny_llama, context_length=64) as e:
+        with pytest.raises(ValueError, match="context length is 64"):
+            e.generate(input_ids=prompt, sampling_params=greedy)
+
+
 def test_sglang_arguments_unset_are_taken(engine):
     """SGLang's Engine.generate arguments radixrt lacks: wrappers that pass every one unset work."""
     unset = dict(image_data=None, custom_logit_processor=None, return_hidden_states=False, session_params=None)

@@ -1,6 +1,6 @@
-"""/tokenize, /detokenize, request priority and return_cache_info against a
-real server (tiny random Llama, SmolLM2's tokenizer and chat template), with
-httpx and the official openai client."""
+"""/tokenize, /detokenize, request priority, return_cache_info and SGLang's
+--allow-auto-truncate against a real server (tiny random Llama, SmolLM2's
+tokenizer and chat template), with httpx and the official openai client."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def server(tiny_llama):
         str(AGING_S),
         "--admin-api-key",
         ADMIN_KEY,
+        "--allow-auto-truncate",
         model=tiny_llama,
         api_key=KEY,
     )
@@ -56,6 +57,26 @@ def hf_tok(tiny_llama):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_llama)
+
+
+def test_auto_truncate_serves_prompts_and_lengths_past_the_context(client, hf_tok):
+    """SGLang's --allow-auto-truncate (context 512 here): a longer prompt keeps its first 511 tokens and
+    the one output token left, on /generate and the chat route, answering as that prefix alone does; a
+    max_new_tokens past the context is cut to what fits. Without the flag each was a 400."""
+    words = " ".join(f"w{i}" for i in range(400))  # about 800 tokens
+    ids = hf_tok.encode(words)
+    assert len(ids) > 600
+    greedy = {"temperature": 0, "max_new_tokens": 8}
+    cut = client.post("/generate", json={"text": words, "sampling_params": greedy})
+    assert cut.status_code == 200, cut.text
+    meta = cut.json()["meta_info"]
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (511, 1), meta
+    alone = client.post("/generate", json={"input_ids": ids[:511], "sampling_params": greedy}).json()
+    assert alone["output_ids"] == cut.json()["output_ids"]
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words}], "max_tokens": 4})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 511, chat.text
+    room = client.post("/generate", json={"input_ids": ids[:500], "sampling_params": {**greedy, "max_new_tokens": 99}})
+    assert room.status_code == 200 and room.json()["meta_info"]["completion_tokens"] == 12, room.text
 
 
 def test_tokenize_prompt_shapes(client, hf_tok):
