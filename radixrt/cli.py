@@ -129,6 +129,14 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
         "cache; flags apply per replica) behind one router front (docs/scale_out.md)",
     )
     add_policy_args(dp, prefix="router-")
+    dp.add_argument(
+        "--load-balance-method",
+        dest="router_policy",
+        type=lambda v: "shortest_queue" if v == "total_requests" else v,  # the fewest requests in flight
+        choices=("round_robin", "shortest_queue"),
+        default=argparse.SUPPRESS,  # --router-policy's default stands
+        help="SGLang's spelling of --router-policy for its policies radixrt has (total_requests is shortest_queue)",
+    )
     p.set_defaults(func=cmd_serve)
 
 

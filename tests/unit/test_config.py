@@ -299,10 +299,14 @@ def test_an_sglang_launch_command_line_parses():
         "--sampling-backend pytorch --host 127.0.0.1 --port 30000 --tensor-parallel-size 1 --log-requests "
         "--watchdog-timeout 300 --load-format auto --nnodes 1 --node-rank 0 --disable-custom-all-reduce "
         "--enable-hierarchical-cache --hicache-ratio 2 --hicache-write-policy write_through --hicache-io-backend "
-        "kernel --hicache-mem-layout page_first --hicache-storage-prefetch-policy wait_complete"
+        "kernel --hicache-mem-layout page_first --hicache-storage-prefetch-policy wait_complete "
+        "--load-balance-method total_requests"
     ).split()
     args = build_parser("serve").parse_args(argv)
-    assert args.dp == 2 and server_args_from_cli(args).port == 30000
+    assert args.dp == 2 and server_args_from_cli(args).port == 30000 and args.router_policy == "shortest_queue"
+    assert build_parser("serve").parse_args(["serve", "--dp-size", "2"]).router_policy == "cache_aware"
+    with pytest.raises(SystemExit):  # a token-count balance radixrt's router does not have
+        build_parser("serve").parse_args(["serve", "--load-balance-method", "minimum_tokens"])
     config = EngineConfig.from_cli_args(args)
     assert (config.model.model_path, config.model.tokenizer_path, config.model.dtype) == ("/m", "/", "float16")
     assert config.cache.mem_fraction_static == 0.85 and config.execution.sampling_backend == "radixrt"
