@@ -365,7 +365,9 @@ ENGINE_INDEPENDENT = frozenset(
             "grammar_backend skip_server_warmup log_requests log_requests_level watchdog_timeout "
             "schedule_conservativeness revision download_dir tokenizer_mode nnodes node_rank disable_custom_all_reduce "
             "enable_p2p_check nccl_port enable_memory_saver base_gpu_id gpu_id_step dist_init_addr "
-            "mm_attention_backend hicache_io_backend hicache_mem_layout hicache_storage_prefetch_policy"
+            "mm_attention_backend hicache_io_backend hicache_mem_layout hicache_storage_prefetch_policy sleep_on_idle "
+            "enable_tokenizer_batch_encode disable_outlines_disk_cache show_time_cost decode_log_interval model_impl "
+            "ep_size cpu_offload_gb"
         ).split(),
         "model_path",
         "tokenizer_path",

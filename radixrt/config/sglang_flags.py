@@ -98,6 +98,24 @@ class SGLangFlagSettings:
         "SGLang's: when a request stops waiting for the storage tier's blocks; wait_complete only: radixrt "
         "holds a request until every stored block of its prompt it found is read",
     )
+    sleep_on_idle: bool = setting(False, "SGLang's: accepted; an idle scheduler always sleeps until a request comes")
+    enable_tokenizer_batch_encode: bool = setting(
+        False, "SGLang's: accepted; a batch's prompts are tokenized in the front's tokenizer threads"
+    )
+    disable_outlines_disk_cache: bool = setting(
+        False, "SGLang's: accepted; grammars are xgrammar's, compiled grammars are cached in memory only"
+    )
+    show_time_cost: bool = setting(
+        False, "SGLang's: accepted; radixrt times no marked regions (/start_profile profiles the steps)"
+    )
+    decode_log_interval: Optional[int] = setting(
+        None, "SGLang's: accepted; radixrt logs no per-step batch lines (/metrics reports the batches)"
+    )
+    model_impl: Optional[str] = setting(
+        None, "SGLang's: auto or sglang (radixrt's own implementation of the model); not transformers"
+    )
+    ep_size: Optional[int] = setting(None, "SGLang's: 1; radixrt serves dense models, without expert parallelism")
+    cpu_offload_gb: Optional[float] = setting(None, "SGLang's: 0; radixrt keeps every weight on its device")
     enable_memory_saver: bool = setting(
         False,
         "SGLang's (RL frameworks pass it): accepted; release_memory_occupation and resume_memory_occupation "
@@ -122,6 +140,12 @@ class SGLangFlagSettings:
         for name, only in (("nnodes", 1), ("node_rank", 0)):
             if getattr(self, name) not in (None, only):
                 raise ValueError(f"{name} must be {only}: radixrt serves from one machine")
+        if self.ep_size not in (None, 1):
+            raise ValueError("ep_size must be 1: radixrt serves dense models, without expert parallelism")
+        if self.cpu_offload_gb not in (None, 0):
+            raise ValueError("cpu_offload_gb must be 0: radixrt keeps every weight on its device")
+        if self.model_impl not in (None, "auto", "sglang"):
+            raise ValueError(f"model_impl {self.model_impl!r}: radixrt runs its own implementation (auto or sglang)")
         for name, only in (("base_gpu_id", 0), ("gpu_id_step", 1)):
             if getattr(self, name) not in (None, only):
                 raise ValueError(

@@ -106,6 +106,11 @@ class ServerArgs:
         "'openai': OpenAI's defaults",
         choices=("model", "openai"),
     )
+    log_level_http: Optional[str] = setting(
+        None,
+        "SGLang's: uvicorn's log level, its access log included at debug and info (unset: --log-level's)",
+        choices=("debug", "info", "warning", "error", "critical"),
+    )
     max_tools: int = setting(
         128, "most function tools one chat request may define (a 400 above; OpenAI's limit is 128)"
     )

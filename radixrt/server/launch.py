@@ -425,7 +425,7 @@ def _serve(
     run = _server_context(config, sargs, resolved, tokenizer, addrs, children, heartbeat)
     heartbeat.value = time.monotonic()  # the scheduler is ready; its loop beats from now on
     app = build_app(run.ctx, lifespan=run.lifespan)
-    level = config.debug.log_level.lower()
+    level = (sargs.log_level_http or config.debug.log_level).lower()
     uconfig = uvicorn.Config(
         app,
         host=sargs.host,
