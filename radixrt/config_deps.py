@@ -369,9 +369,7 @@ ENGINE_INDEPENDENT = frozenset(
             "enable_tokenizer_batch_encode disable_outlines_disk_cache show_time_cost decode_log_interval model_impl "
             "ep_size cpu_offload_gb"
         ).split(),
-        "model_path",
-        "tokenizer_path",
-        "chat_template",
+        *"model_path tokenizer_path chat_template json_model_override_args".split(),
         "skip_tokenizer_init",  # text in is refused per request (no_tokenizer.py)
         "load_format",  # dummy weights serve as any others until replaced
         "mem_fraction_static",  # max_total_tokens, where given, decides (SGLang takes both)

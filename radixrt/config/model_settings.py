@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from radixrt.config.fields import check_choice, setting
 from radixrt.config.weight_format import (
@@ -53,6 +54,11 @@ class ModelSettings:
         "(as vLLM's), or a name: chatml, llama-3-instruct, llama-2 (llama-2-chat), vicuna_v1.1 (as SGLang's); "
         "unset: the tokenizer's",
     )
+    json_model_override_args: Optional[str] = setting(
+        None,
+        "SGLang's: a JSON object of config.json fields that replace the folder's, e.g. "
+        '\'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'',
+    )
     dtype: str = setting(
         "auto",
         "auto (bfloat16 on CUDA; on a CPU bfloat16 only where it has avx512_bf16 or amx_bf16 and a start-up "
@@ -98,6 +104,19 @@ class ModelSettings:
                 )
             object.__setattr__(self, "quantization_group_size", group)
         check_group_size(self.quantization_group_size)
+        self.config_overrides()  # refused before the model loads
+
+    def config_overrides(self) -> dict[str, Any]:
+        """``json_model_override_args`` as a dict ({} unset); ValueError unless it is a JSON object."""
+        if self.json_model_override_args is None:
+            return {}
+        try:
+            overrides = json.loads(self.json_model_override_args)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_model_override_args is not JSON: {e}") from None
+        if not isinstance(overrides, dict):
+            raise ValueError("json_model_override_args must be a JSON object of config.json fields")
+        return overrides
 
     def tokenizer_source(self, model_folder: str) -> Optional[str]:
         """The folder the tokenizer loads from (``model_folder``: the resolved model's); None under

@@ -147,7 +147,8 @@ class ModelRunner:
         # tensor parallel: on the host, whole and float (`_shard` keeps this rank's part and quantizes
         # it); at start every rank reads it, an update only the leader (the others receive its tensors)
         device = "cpu" if self.tp else self.device
-        new, config = load_model(path, self.dtype, device, None if self.tp else quantization, dummy)
+        overrides = model.config_overrides()
+        new, config = load_model(path, self.dtype, device, None if self.tp else quantization, dummy, overrides)
         served = getattr(self, "model_config", None)  # None while __init__ loads the first checkpoint
         if served is not None and (differs := architecture_differences(served, config)):
             raise ValueError(f"{model_path!r} is not the architecture being served: {differs}")

@@ -57,6 +57,7 @@ def _example(name: str) -> object:
         "download_dir": "/tmp",
         "dist_init_addr": "10.0.0.1:5000",
         "mm_attention_backend": "fa3",
+        "json_model_override_args": '{"rope_theta": 500000.0}',
         "hicache_io_backend": "kernel",
         "hicache_mem_layout": "page_first",
         "hicache_storage_prefetch_policy": "wait_complete",

@@ -110,18 +110,19 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "ModelConfig":
-        """Read ``path/config.json`` (and ``generation_config.json`` for extra eos ids).
+    def from_pretrained(cls, path: str, overrides: Optional[dict[str, Any]] = None) -> "ModelConfig":
+        """Read ``path/config.json`` (and ``generation_config.json`` for extra eos ids), its top-level
+        fields replaced by ``overrides`` (SGLang's ``--json-model-override-args``).
         A plain config (`PlainHFConfig.read`) is read as JSON; any other through
         transformers' ``AutoConfig`` (whose import costs about 2 s of start-up)."""
         path = str(path)
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"{path!r} is not a model folder: it has no config.json")
-        hf_config: Any = PlainHFConfig.read(os.path.join(path, "config.json"))
+        hf_config: Any = PlainHFConfig.read(os.path.join(path, "config.json"), overrides)
         if hf_config is None:
             from transformers import AutoConfig
 
-            hf_config = AutoConfig.from_pretrained(path)
+            hf_config = AutoConfig.from_pretrained(path, **(overrides or {}))
         extra_eos: list[int] = []
         gen_path = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen_path):
@@ -240,11 +241,12 @@ class PlainHFConfig:
         self.__dict__.update(raw)
 
     @classmethod
-    def read(cls, config_json: str) -> Optional["PlainHFConfig"]:
+    def read(cls, config_json: str, overrides: Optional[dict[str, Any]] = None) -> Optional["PlainHFConfig"]:
         with open(config_json, encoding="utf-8") as f:
             raw = json.load(f)
         if not isinstance(raw, dict) or raw.get("model_type") not in _BY_MODEL_TYPE:
             return None
+        raw = {**raw, **(overrides or {})}
         if any(raw.get(k) is None for k in cls.REQUIRED) or "eos_token_id" not in raw:
             return None  # transformers' classes would fill in defaults (LlamaConfig's eos_token_id is 2)
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}

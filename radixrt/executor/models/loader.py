@@ -8,7 +8,7 @@ import logging
 import os
 import re
 from glob import glob
-from typing import Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -260,9 +260,11 @@ def load_model(
     device: Union[str, torch.device] = "cpu",
     quantization: Optional[WeightQuantization] = None,
     dummy: bool = False,
+    overrides: Optional[dict[str, Any]] = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model for the folder ``path`` ("default" = the embedded model) and load its weights
-    (``dummy``: `dummy_weights`, reading no weight file).
+    """Build the model for the folder ``path`` ("default" = the embedded model), its config.json's
+    fields replaced by ``overrides``, and load its weights (``dummy``: `dummy_weights`, reading no
+    weight file).
 
     Returns ``(model, config)``; the model is in eval mode on ``device`` in ``dtype``, its
     linear layers quantized as ``quantization`` says (`quantized_linear.quantize_model`).
@@ -270,7 +272,7 @@ def load_model(
     from radixrt.executor.model_store import resolve_model_path
 
     path = resolve_model_path(path)
-    cfg = ModelConfig.from_pretrained(path)
+    cfg = ModelConfig.from_pretrained(path, overrides)
     model = empty_model(cfg, resolve_dtype(dtype, device), device)
     if dummy:
         dummy_weights(model)
