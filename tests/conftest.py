@@ -51,6 +51,21 @@ def _share_the_cores_among_workers() -> None:
 _share_the_cores_among_workers()
 
 
+def _share_httpx_ssl_contexts() -> None:
+    """Each httpx client (the openai package's too) builds an SSL context with certifi's CA bundle as
+    it is made, plain-HTTP ones included: 20-80 ms of CPU each, about 35 s of the suite's (py-spy over
+    a whole run). The suite's clients all speak plain HTTP to 127.0.0.1, so those made with the same
+    arguments share one context (httpx's transport builds it through this function)."""
+    import functools
+
+    import httpx._transports.default as transports
+
+    transports.create_ssl_context = functools.lru_cache(maxsize=None)(transports.create_ssl_context)
+
+
+_share_httpx_ssl_contexts()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` with the modules of one shared server in one unit, heaviest units first
