@@ -366,8 +366,8 @@ ENGINE_INDEPENDENT = frozenset(
             "schedule_conservativeness revision download_dir tokenizer_mode nnodes node_rank disable_custom_all_reduce "
             "enable_p2p_check nccl_port enable_memory_saver base_gpu_id gpu_id_step dist_init_addr "
             "mm_attention_backend hicache_io_backend hicache_mem_layout hicache_storage_prefetch_policy sleep_on_idle "
-            "enable_tokenizer_batch_encode disable_outlines_disk_cache show_time_cost decode_log_interval model_impl "
-            "ep_size cpu_offload_gb"
+            "enable_tokenizer_batch_encode disable_outlines_disk_cache show_time_cost model_impl "
+            "ep_size cpu_offload_gb collect_tokens_histogram"
         ).split(),
         *"model_path tokenizer_path chat_template json_model_override_args".split(),
         "skip_tokenizer_init",  # text in is refused per request (no_tokenizer.py)

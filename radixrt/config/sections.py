@@ -364,7 +364,11 @@ class DebugSettings:
     log_level: str = setting(
         "warning", "debug, info (per-step batch size, throughput, cache hit rate, KV use), warning or error"
     )
-    log_interval: int = setting(40, "steps between two throughput log lines (needs --log-level info or debug)")
+    log_interval: int = setting(
+        40,
+        "steps between two throughput log lines (needs --log-level info or debug)",
+        aliases=("--decode-log-interval",),  # SGLang's name
+    )
     debug_check_invariants: bool = setting(
         False, "check free + tree + private == total KV slots after every step (slow; tests)"
     )

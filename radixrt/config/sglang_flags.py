@@ -108,8 +108,10 @@ class SGLangFlagSettings:
     show_time_cost: bool = setting(
         False, "SGLang's: accepted; radixrt times no marked regions (/start_profile profiles the steps)"
     )
-    decode_log_interval: Optional[int] = setting(
-        None, "SGLang's: accepted; radixrt logs no per-step batch lines (/metrics reports the batches)"
+    collect_tokens_histogram: bool = setting(
+        False,
+        "SGLang's: accepted; /metrics always has the prompt and generation token histograms "
+        "(radixrt_request_prompt_tokens, radixrt_request_generation_tokens; SGLang's names too)",
     )
     model_impl: Optional[str] = setting(
         None, "SGLang's: auto or sglang (radixrt's own implementation of the model); not transformers"

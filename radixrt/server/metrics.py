@@ -46,6 +46,8 @@ _LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+# tokens of one request's prompt or output (1-2-5 steps, as vLLM's request token histograms)
+_TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 
 
@@ -281,6 +283,20 @@ class ServerMetrics:
             buckets=_E2E_BUCKETS,
             registry=r,
         )
+        self.prompt_tokens_histogram = Histogram(
+            "radixrt_request_prompt_tokens",
+            "Prompt tokens of each finished request",
+            lbl,
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.generation_tokens_histogram = Histogram(
+            "radixrt_request_generation_tokens",
+            "Generated tokens of each finished request",
+            lbl,
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
 
     def _m(self, metric: Any, **labels: str) -> Any:
         return metric.labels(model_name=self.model_name, **labels)
@@ -301,6 +317,8 @@ class ServerMetrics:
         self._m(self.prompt_tokens).inc(prompt_tokens)
         self._m(self.generation_tokens).inc(completion_tokens)
         self._m(self.cached_tokens).inc(cached_tokens)
+        self._m(self.prompt_tokens_histogram).observe(prompt_tokens)
+        self._m(self.generation_tokens_histogram).observe(completion_tokens)
         if latency is not None:
             self._m(self.e2e).observe(latency)
 

@@ -41,6 +41,9 @@ ALIASES: tuple[Alias, ...] = (
     Alias("sglang:time_to_first_token_seconds", "ttft"),
     Alias("sglang:inter_token_latency_seconds", "itl"),
     Alias("sglang:e2e_request_latency_seconds", "e2e"),
+    # SGLang collects these under --collect-tokens-histogram; radixrt always does
+    Alias("sglang:prompt_tokens_histogram", "prompt_tokens_histogram"),
+    Alias("sglang:generation_tokens_histogram", "generation_tokens_histogram"),
 )
 
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from radixrt.server.local import LocalServer, free_port
-from tests.support.servers import pid_alive
+from tests.support.servers import SKIP_WARMUP, pid_alive
 from tests.support.slow_client import drip
 
 pytestmark = pytest.mark.slow
@@ -115,6 +115,7 @@ def dp_server(tiny_llama):
         "--admin-api-key",
         ADMIN_KEY,
         "--enable-lora",
+        SKIP_WARMUP,
         "--log-requests",  # test_each_replicas_log_lines_name_it
         "--log-requests-level",
         "0",

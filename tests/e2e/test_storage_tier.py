@@ -19,6 +19,7 @@ from radixrt.config.storage import DEFAULT_BLOCK_TOKENS
 from radixrt.memory.kv_store import StoreMismatchError
 from radixrt.requests.messages import RadixSnapshotReq
 from radixrt.server.local import LocalServer
+from tests.support.servers import SKIP_WARMUP
 from tests.unit.test_kv_store import redis_url  # noqa: F401  (the fixture: a real redis-server)
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0}
@@ -197,7 +198,7 @@ def test_two_engines_share_blocks_through_redis(tiny_llama, redis_url: str) -> N
 
 def _server(model: str, store: Path) -> LocalServer:
     flags = ("--hicache-storage-backend", "file", "--hicache-storage-dir", str(store), "--max-total-tokens", "4096")
-    return LocalServer(*flags, model=model).wait_ready()
+    return LocalServer(*flags, SKIP_WARMUP, model=model).wait_ready()
 
 
 @pytest.mark.slow  # two server start-ups and a kill -9: ~15 s

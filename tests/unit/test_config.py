@@ -74,7 +74,7 @@ def _example(name: str) -> object:
     ):
         return 0.25
     only = {"nnodes": 1, "node_rank": 0, "base_gpu_id": 0, "gpu_id_step": 1, "ep_size": 1, "log_requests_level": 2}
-    only |= {"cpu_offload_gb": 0.0, "model_impl": "auto", "decode_log_interval": 40}
+    only |= {"cpu_offload_gb": 0.0, "model_impl": "auto"}
     if name in only:  # the one value that serves here, a level
         return only[name]
     if isinstance(default, bool):
@@ -303,13 +303,14 @@ def test_an_sglang_launch_command_line_parses():
         "--enable-hierarchical-cache --hicache-ratio 2 --hicache-write-policy write_through --hicache-io-backend "
         "kernel --hicache-mem-layout page_first --hicache-storage-prefetch-policy wait_complete "
         "--load-balance-method total_requests --log-level-http info --sleep-on-idle --show-time-cost "
-        "--decode-log-interval 40 --enable-tokenizer-batch-encode --disable-outlines-disk-cache --model-impl sglang "
+        "--log-level info --decode-log-interval 25 --collect-tokens-histogram --enable-tokenizer-batch-encode "
+        "--disable-outlines-disk-cache --model-impl sglang "
         "--ep-size 1 --cpu-offload-gb 0"
     ).split()
     args = build_parser("serve").parse_args(argv)
     assert args.dp == 2 and server_args_from_cli(args).port == 30000 and args.router_policy == "shortest_queue"
     assert build_parser("serve").parse_args(["serve", "--dp-size", "2"]).router_policy == "cache_aware"
-    assert server_args_from_cli(args).log_level_http == "info"
+    assert server_args_from_cli(args).log_level_http == "info" and args.log_interval == 25
     for flags, message in (
         ({"ep_size": 8}, "without expert parallelism"),
         ({"cpu_offload_gb": 4}, "keeps every weight on its device"),

@@ -48,6 +48,9 @@ def test_sglang_metric_names_carry_radixrt_figures(app_client):  # noqa: F811
         ("sglang:inter_token_latency_seconds_count", "radixrt_inter_token_latency_seconds_count"),
         ("sglang:e2e_request_latency_seconds_count", "radixrt_e2e_request_latency_seconds_count"),
         ("sglang:e2e_request_latency_seconds_sum", "radixrt_e2e_request_latency_seconds_sum"),
+        ("sglang:prompt_tokens_histogram_sum", "radixrt_prompt_tokens_total"),  # one request: its tokens
+        ("sglang:generation_tokens_histogram_count", "radixrt_request_generation_tokens_count"),
+        ("sglang:generation_tokens_histogram_sum", "radixrt_generation_tokens_total"),
     ):
         assert m[(sglang, model)] == _total(m, radixrt) > 0, sglang
     assert m[("sglang:num_requests_total", model)] >= 1
