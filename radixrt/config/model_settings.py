@@ -57,7 +57,8 @@ class ModelSettings:
     json_model_override_args: Optional[str] = setting(
         None,
         "SGLang's: a JSON object of config.json fields that replace the folder's, e.g. "
-        '\'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'',
+        '\'{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\' '
+        "(rope_scaling replaces the rope_parameters of a newer config, keeping its rope_theta)",
     )
     dtype: str = setting(
         "auto",

@@ -194,29 +194,45 @@ def test_config_fields(tiny):
     }
 
 
+@pytest.mark.slow  # seven engines
 def test_json_model_override_args_serve_the_folder_as_if_its_config_said_so(tmp_path, tiny_llama):
     """SGLang's --json-model-override-args: top-level config.json fields replaced at load. An engine
-    with them answers as one on a copy of the folder whose config.json was edited the same way (here
-    the RoPE and the context length), and not as the folder itself."""
+    with them answers as one on a copy of the folder whose config.json was edited the same way, and
+    not as the folder itself: new RoPE parameters and context length; and the older ``rope_scaling``
+    key SGLang's examples use, on a config holding ``rope_parameters`` (read as JSON, linear; through
+    transformers, yarn), which keeps the config's rope_theta."""
     import shutil
 
     import radixrt
     from radixrt.config import EngineConfig
 
-    overrides = {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "max_position_embeddings": 512}
-    edited = Path(shutil.copytree(tiny_llama, tmp_path / "edited"))
-    config = json.loads((edited / "config.json").read_text())
-    (edited / "config.json").write_text(json.dumps({**config, **overrides}))
+    config = json.loads((Path(tiny_llama) / "config.json").read_text())
+    theta = config["rope_parameters"]["rope_theta"]
 
     def served(path, **flags) -> tuple[list[int], int]:
         with radixrt.Engine(str(path), dtype="float32", **flags) as e:
             params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
             return e.generate(input_ids=list(range(40, 100)), sampling_params=params)["output_ids"], e.context_length
 
-    overridden = served(tiny_llama, json_model_override_args=json.dumps(overrides))
-    assert overridden == served(edited) and overridden[1] == 512
     plain = served(tiny_llama)
-    assert plain[1] == config["max_position_embeddings"] and plain[0] != overridden[0]
+    assert plain[1] == config["max_position_embeddings"]
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    for i, (overrides, edited_fields) in enumerate(
+        [
+            ({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, "max_position_embeddings": 512},) * 2,
+            (
+                {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+                {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": theta}},
+            ),
+            ({"rope_scaling": yarn}, {"rope_parameters": {**yarn, "rope_theta": theta}}),
+        ]
+    ):
+        edited = Path(shutil.copytree(tiny_llama, tmp_path / f"edited{i}"))
+        (edited / "config.json").write_text(json.dumps({**config, **edited_fields}))
+        overridden = served(tiny_llama, json_model_override_args=json.dumps(overrides))
+        assert overridden == served(edited) and overridden[0] != plain[0], overrides
+        if "max_position_embeddings" in overrides:
+            assert overridden[1] == 512
     for bad, message in (("[1]", "must be a JSON object"), ("{rope", "is not JSON")):
         with pytest.raises(ValueError, match=f"json_model_override_args {message}"):
             EngineConfig(json_model_override_args=bad)

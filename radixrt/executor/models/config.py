@@ -122,7 +122,11 @@ class ModelConfig:
         if hf_config is None:
             from transformers import AutoConfig
 
-            hf_config = AutoConfig.from_pretrained(path, **(overrides or {}))
+            if overrides:  # the merged dict (`with_overrides`): transformers' own merge drops rope_theta
+                with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+                    hf_config = AutoConfig.for_model(**with_overrides(json.load(f), overrides))
+            else:
+                hf_config = AutoConfig.from_pretrained(path)
         extra_eos: list[int] = []
         gen_path = os.path.join(path, "generation_config.json")
         if os.path.isfile(gen_path):
@@ -208,6 +212,22 @@ def _slides(c: Any, arch: str) -> bool:
     return bool(getattr(c, "use_sliding_window", False)) and int(getattr(c, "max_window_layers", 0)) < layers
 
 
+def with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A config.json's fields ``raw`` with ``overrides``' top-level fields in their place. A
+    ``rope_scaling`` override (the older key, which SGLang's examples use) on a config that holds
+    ``rope_parameters`` replaces them, keeping the config's ``rope_theta`` unless it gives one."""
+    out = {**raw, **overrides}
+    params = raw.get("rope_parameters")
+    if "rope_scaling" in overrides and "rope_parameters" not in overrides and isinstance(params, dict):
+        scaling = overrides["rope_scaling"]
+        out["rope_parameters"] = {
+            "rope_theta": params.get("rope_theta"),
+            **(scaling if isinstance(scaling, dict) else {}),
+        }
+        out.pop("rope_scaling")
+    return out
+
+
 class PlainHFConfig:
     """A checkpoint's ``config.json`` as attributes, for the configs that need
     nothing from transformers' config classes: a supported ``model_type``,
@@ -246,7 +266,7 @@ class PlainHFConfig:
             raw = json.load(f)
         if not isinstance(raw, dict) or raw.get("model_type") not in _BY_MODEL_TYPE:
             return None
-        raw = {**raw, **(overrides or {})}
+        raw = with_overrides(raw, overrides or {})
         if any(raw.get(k) is None for k in cls.REQUIRED) or "eos_token_id" not in raw:
             return None  # transformers' classes would fill in defaults (LlamaConfig's eos_token_id is 2)
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
