@@ -135,7 +135,8 @@ def add_serve_command(p: argparse.ArgumentParser) -> None:
         type=lambda v: "shortest_queue" if v == "total_requests" else v,  # the fewest requests in flight
         choices=("round_robin", "shortest_queue"),
         default=argparse.SUPPRESS,  # --router-policy's default stands
-        help="SGLang's spelling of --router-policy for its policies radixrt has (total_requests is shortest_queue)",
+        help="SGLang's spelling of --router-policy for its policies radixrt has (total_requests is "
+        "shortest_queue); default: --router-policy's",
     )
     p.set_defaults(func=cmd_serve)
 
