@@ -393,6 +393,7 @@ ENGINE_INDEPENDENT = frozenset(
         "log_level",
         "debug_check_invariants",
         "allow_auto_truncate",
+        "preferred_sampling_params",
         "enable_jump_forward",
         *"grammar_cache_size grammar_max_chars grammar_max_repeat grammar_max_source_chars".split(),
         "grammar_max_compile_s",

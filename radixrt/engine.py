@@ -195,6 +195,7 @@ class Engine(EngineControl):
             return_cache_info=return_cache_info,
             lora_path=lora_path,
             token_ids_logprob=token_ids_logprob,
+            sampling_defaults=self.limits.preferred_sampling,
             **extras,
         )
         turn = start_turn(self.sessions, session_params, specs, getattr(self.tokenizer, "bos_token_id", None))

@@ -299,7 +299,7 @@ class EngineControl:
             "context_length": self.context_length,
             "vocab_size": self.info.vocab_size,
             "chat_role_markers": {k: list(v) for k, v in self.chat_role_markers.items()},
-            "preferred_sampling_params": None,
+            "preferred_sampling_params": self.limits.preferred_sampling,
         }
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:

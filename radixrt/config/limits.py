@@ -4,8 +4,10 @@ radixrt/requests/intake.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from radixrt.config.fields import setting
+from radixrt.requests.generation_defaults import parse_preferred
 from radixrt.requests.intake import (
     DEFAULT_MAX_CLIENT_PRIORITY,
     DEFAULT_MAX_N,
@@ -56,6 +58,13 @@ class LimitSettings:
         "holds) and a max_new_tokens past the context is cut to what fits, instead of a 400; on every "
         "route and the Engine (vLLM's truncate_prompt_tokens keeps a prompt's last tokens instead)",
     )
+    preferred_sampling_params: Optional[str] = setting(
+        None,
+        'SGLang\'s: a JSON object of sampling parameters (e.g. \'{"temperature": 0.6, "top_p": 0.95}\') that '
+        "fill what a request's sampling parameters leave out, on every route and the Engine (a field the request "
+        "gives wins; a beam search takes none); /get_model_info shows them. On the OpenAI routes they also win "
+        "over the model's generation_config.json (--sampling-defaults model); unset: none",
+    )
     enable_return_hidden_states: bool = setting(
         False,
         "let requests ask for their final hidden states (SGLang's return_hidden_states on "
@@ -96,6 +105,7 @@ class LimitSettings:
             raise ValueError("grammar_max_chars, grammar_max_repeat and grammar_max_source_chars must be >= 1")
         if not self.grammar_max_compile_s > 0:
             raise ValueError("grammar_max_compile_s must be > 0")
+        parse_preferred(self.preferred_sampling_params)
 
     def for_runtime(
         self, context_length: int, kv_total_slots: int, vocab_size: int, hidden_size: int = 0, text: bool = True
@@ -108,6 +118,7 @@ class LimitSettings:
             vocab_size,
             text=text,
             auto_truncate=self.allow_auto_truncate,
+            preferred_sampling=parse_preferred(self.preferred_sampling_params),
             max_n=self.max_n,
             max_request_sequences=self.max_request_sequences,
             max_top_logprobs_num=self.max_top_logprobs_num,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from radixrt.sampling.params import SamplingParams
 
@@ -40,3 +40,30 @@ def generation_defaults(model_dir: str) -> dict[str, Any]:
             "--sampling-defaults openai to leave them out"
         ) from None
     return found
+
+
+def fill_unset(asked: dict, defaults: Optional[dict]) -> dict:
+    """``asked`` (a request's sampling parameters) with ``defaults`` filling the fields it leaves
+    out; a field it gives wins whatever its value, as SGLang merges them. A beam search
+    (``beam_width`` above 1) takes none: it samples nothing."""
+    if not defaults or (asked.get("beam_width") or 1) > 1:
+        return asked
+    return {**defaults, **asked}
+
+
+def parse_preferred(text: Optional[str]) -> Optional[dict]:
+    """SGLang's ``--preferred-sampling-params``: a JSON object of sampling parameters (None: unset);
+    ValueError naming the flag where it is not one, or holds a field or value a request could not give."""
+    if text is None:
+        return None
+    try:
+        preferred = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"preferred_sampling_params is not JSON: {e}") from None
+    if not isinstance(preferred, dict):
+        raise ValueError("preferred_sampling_params must be a JSON object of sampling parameters")
+    try:
+        SamplingParams.from_dict(dict(preferred))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"preferred_sampling_params: {e}") from None
+    return preferred

@@ -26,11 +26,12 @@ raises it as is, the server answers it with a 400."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 from radixrt.requests.cache_fields import cache_info_mode, request_namespace
 from radixrt.requests.errors import RequestError
+from radixrt.requests.generation_defaults import fill_unset
 from radixrt.requests.hidden_states import check_call_rows, check_hidden_states
 from radixrt.requests.messages import GenerateReq
 from radixrt.requests.no_tokenizer import check_token_only
@@ -64,6 +65,7 @@ class Limits:
     grammar: GrammarLimits = GrammarLimits()  # what a request's grammar may cost
     text: bool = True  # the runtime has a tokenizer (False: skip_tokenizer_init, no_tokenizer.py)
     auto_truncate: bool = False  # SGLang's --allow-auto-truncate: cut what does not fit instead of a 400
+    preferred_sampling: Optional[dict] = field(default=None, hash=False)  # --preferred-sampling-params, parsed
 
 
 def resolve_logprob(return_logprob: Any, top_logprobs_num: int, token_ids_logprob: Sequence[int] = ()) -> bool:
@@ -247,8 +249,7 @@ def validate_spec(spec: RequestSpec, limits: Limits) -> None:
 
 
 def _check_priority(spec: RequestSpec, limits: Limits) -> None:
-    """A priority within ``[-max_client_priority, max_client_priority]``, or,
-    for an admin request, any 64-bit integer."""
+    """A priority within ``[-max_client_priority, max_client_priority]``, or any 64-bit integer for an admin."""
     p, (low, high), cap = spec.priority, ADMIN_PRIORITY_RANGE, limits.max_client_priority
     if p is None or (spec.admin and low <= p <= high):
         return
@@ -344,12 +345,12 @@ def per_item(
     return values
 
 
-def to_sampling_params(value: Any) -> SamplingParams:
-    """A SamplingParams as is, or one from its dict (errors name 'sampling_params')."""
+def to_sampling_params(value: Any, defaults: Optional[dict] = None) -> SamplingParams:
+    """A SamplingParams as is, or one from its dict and ``defaults`` (`fill_unset`); errors name 'sampling_params'."""
     if isinstance(value, SamplingParams):
         return value
     try:
-        return SamplingParams.from_dict(value)
+        return SamplingParams.from_dict(fill_unset(value, defaults))
     except ValueError as e:
         raise RequestError(str(e), "sampling_params") from None
 
@@ -386,11 +387,11 @@ def build_specs(
     return_prompt_token_ids: Any = False,
     extra_key: Any = None,
     return_hidden_states: Any = False,
+    sampling_defaults: Optional[dict] = None,
 ) -> list[RequestSpec]:
-    """One RequestSpec per prompt. The per-prompt fields take a single value
-    or one per prompt (`per_item`); ``sampling_params`` are dicts or
-    SamplingParams. Types are checked; limits are not (`validate_spec`).
-    ``admin``: the request presented the server's admin key (`RequestSpec.admin`)."""
+    """One RequestSpec per prompt. The per-prompt fields take a single value or one per prompt (`per_item`);
+    ``sampling_params`` are dicts (``sampling_defaults`` fill what one leaves out) or SamplingParams. Types
+    are checked; limits are not (`validate_spec`). ``admin``: the request presented the admin key."""
     sampling = per_item(
         "sampling_params",
         sampling_params,
@@ -428,7 +429,7 @@ def build_specs(
     return [
         RequestSpec(
             input_ids=ids,
-            sampling=to_sampling_params(sampling[i]),
+            sampling=to_sampling_params(sampling[i], sampling_defaults),
             return_logprob=flags[i],
             logprob_start_len=int(starts[i]),
             asks_max_new_tokens=_asks_max_new_tokens(sampling[i]),

@@ -140,7 +140,7 @@ class ServerContext:
             "vocab_size": self.tm.vocab_size,
             "chat_role_markers": self.chat_info.get("chat_role_markers"),
             "chat_default_system_prompt": self.chat_info.get("chat_default_system_prompt"),
-            "preferred_sampling_params": None,
+            "preferred_sampling_params": self.tm.limits.preferred_sampling,
         }
 
 

@@ -378,8 +378,8 @@ def _server_context(
     metrics = ServerMetrics(served)
     log = RequestLog(tokenizer, config.debug.log_requests_level) if config.debug.log_requests else None
     run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics, log))
-    if sargs.sampling_defaults == "model":
-        run.tm.sampling_defaults = generation_defaults(resolved)
+    model_defaults = generation_defaults(resolved) if sargs.sampling_defaults == "model" else {}
+    run.tm.sampling_defaults = {**model_defaults, **(info.limits.preferred_sampling or {})}  # the flag's win
     public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}
     public_args["api_key"] = "***" if sargs.api_key else None
     public_args["admin_api_key"] = "***" if sargs.admin_api_key else None

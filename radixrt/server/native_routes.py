@@ -126,6 +126,7 @@ def parse_generate(body: Any, tm: TokenizerManager, admin: bool = False) -> tupl
             return_prompt_token_ids=body.get("return_prompt_token_ids") or False,
             extra_key=body.get("extra_key"),
             return_hidden_states=body.get("return_hidden_states") or False,
+            sampling_defaults=tm.limits.preferred_sampling,
         )
     if body.get("log_metrics") is False:  # SGLang's hint: leave these out of the metrics
         for spec in specs:

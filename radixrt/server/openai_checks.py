@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any, Optional
 
+from radixrt.requests.generation_defaults import fill_unset
 from radixrt.requests.intake import RequestError, RequestSpec, validate_call
 from radixrt.sampling.grammar import check_grammar
 from radixrt.sampling.params import MAX_BEAM_WIDTH, SamplingParams
@@ -46,8 +47,7 @@ def sampling_of(
     """The request's SamplingParams, ``defaults`` (the model's, `generation_defaults`) filling the
     fields it leaves unset (but for a beam search, which samples nothing); a bad value is a 400 naming
     the OpenAI field."""
-    asked = req.sampling_dict(max_new_tokens)
-    d = asked if (asked.get("beam_width") or 1) > 1 else {**(defaults or {}), **asked}
+    d = fill_unset(req.sampling_dict(max_new_tokens), defaults)
     if extra:
         d.update(extra)
     try:

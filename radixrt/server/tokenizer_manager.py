@@ -113,7 +113,8 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.addrs = addrs
         self.info = info
-        # what OpenAI-route requests leave unset, from the model (radixrt/requests/generation_defaults.py)
+        # what OpenAI-route requests leave unset: --preferred-sampling-params over the model's own
+        # (radixrt/requests/generation_defaults.py)
         self.sampling_defaults: dict[str, Any] = {}
         self.metrics = metrics
         self.context_length = info.context_length

@@ -58,6 +58,7 @@ def _example(name: str) -> object:
         "dist_init_addr": "10.0.0.1:5000",
         "mm_attention_backend": "fa3",
         "json_model_override_args": '{"rope_theta": 500000.0}',
+        "preferred_sampling_params": '{"temperature": 0.6, "top_p": 0.95}',
         "hicache_io_backend": "kernel",
         "hicache_mem_layout": "page_first",
         "hicache_storage_prefetch_policy": "wait_complete",
