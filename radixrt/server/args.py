@@ -111,6 +111,11 @@ class ServerArgs:
         "SGLang's: uvicorn's log level, its access log included at debug and info (unset: --log-level's)",
         choices=("debug", "info", "warning", "error", "critical"),
     )
+    uvicorn_access_log_exclude_prefixes: Optional[list[str]] = setting(
+        None,
+        "SGLang's: leave out of the access log (shown at --log-level-http debug or info) the requests whose "
+        "path starts with any of these prefixes, e.g. /metrics /health (default: none)",
+    )
     max_tools: int = setting(
         128, "most function tools one chat request may define (a 400 above; OpenAI's limit is 128)"
     )

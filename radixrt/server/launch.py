@@ -133,26 +133,18 @@ def launch_server(config: EngineConfig, sargs: ServerArgs) -> int:
         prev_handlers[sig] = signal.signal(sig, on_signal)
     exit_code = 0
     try:
-        r, w = mp.Pipe(duplex=False)
-        proc = mp.Process(
-            target=run_scheduler_process,
-            name="radixrt-scheduler",
-            daemon=True,
-            args=(config, addrs, w, os.getpid(), heartbeat),
-        )
-        proc.start()
-        w.close()
-        children.append(_Child("scheduler", proc, r))
-        r, w = mp.Pipe(duplex=False)
-        proc = mp.Process(
-            target=run_detokenizer_process,
-            name="radixrt-detokenizer",
-            daemon=True,
-            args=(config.model.tokenizer_source(resolved), config.debug.log_level, addrs, w, os.getpid()),
-        )
-        proc.start()
-        w.close()
-        children.append(_Child("detokenizer", proc, r))
+        detokenizer_args = (config.model.tokenizer_source(resolved), config.debug.log_level, addrs)
+        for name, target, args, kwargs in (
+            ("scheduler", run_scheduler_process, (config, addrs), {"heartbeat": heartbeat}),
+            ("detokenizer", run_detokenizer_process, detokenizer_args, {}),
+        ):
+            r, w = mp.Pipe(duplex=False)  # the child's ChildReady (or its failure) comes back on it
+            proc = mp.Process(
+                target=target, name=f"radixrt-{name}", daemon=True, args=(*args, w, os.getpid()), kwargs=kwargs
+            )
+            proc.start()
+            w.close()
+            children.append(_Child(name, proc, r))
 
         from radixrt.requests.tokenizer_utils import load_tokenizer
 
@@ -419,6 +411,7 @@ def _serve(
 ) -> int:
     import uvicorn
 
+    from radixrt.server.access_log import exclude_access_log_paths
     from radixrt.server.http_server import build_app
     from radixrt.server.slow_clients import timed_h11_protocol
 
@@ -437,6 +430,7 @@ def _serve(
         timeout_keep_alive=30,
         http=timed_h11_protocol(sargs.header_read_timeout_s, sargs.body_read_timeout_s),
     )
+    exclude_access_log_paths(sargs.uvicorn_access_log_exclude_prefixes)
     run.server = _draining_server(uconfig, run)
     # What start-up loaded (torch, transformers, the tokenizer) lives as long as the process:
     # out of the cyclic GC's sight, a full collection (which allocation-heavy requests, e.g.
