@@ -111,6 +111,13 @@ class ServerArgs:
         "SGLang's: uvicorn's log level, its access log included at debug and info (unset: --log-level's)",
         choices=("debug", "info", "warning", "error", "critical"),
     )
+    tokenizer_worker_num: Optional[int] = setting(
+        None,
+        "SGLang's: how many workers tokenize the prompts in the HTTP process; here threads (the tokenizers "
+        "library encodes without the interpreter lock, so they run in parallel as SGLang's processes do); "
+        "1 to 64 (default: 2)",
+        type=lambda text: _int_in("tokenizer_worker_num", text, 1, 64),
+    )
     uvicorn_access_log_exclude_prefixes: Optional[list[str]] = setting(
         None,
         "SGLang's: leave out of the access log (shown at --log-level-http debug or info) the requests whose "
@@ -135,6 +142,8 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if isinstance(self.served_model_name, str):  # one name, given in code
             self.served_model_name = [self.served_model_name]
+        if self.tokenizer_worker_num is not None and not 1 <= self.tokenizer_worker_num <= 64:
+            raise ValueError("tokenizer_worker_num must be 1 to 64")
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

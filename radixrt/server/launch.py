@@ -369,7 +369,8 @@ def _server_context(
         raise ValueError(f"--lora-paths names an adapter {sorted(taken)[0]!r}, a name of the served model")
     metrics = ServerMetrics(served)
     log = RequestLog(tokenizer, config.debug.log_requests_level) if config.debug.log_requests else None
-    run = _Serving(sargs, resolved, children, heartbeat, TokenizerManager(tokenizer, addrs, info, metrics, log))
+    tm = TokenizerManager(tokenizer, addrs, info, metrics, log, tokenize_threads=sargs.tokenizer_worker_num)
+    run = _Serving(sargs, resolved, children, heartbeat, tm)
     model_defaults = generation_defaults(resolved) if sargs.sampling_defaults == "model" else {}
     run.tm.sampling_defaults = {**model_defaults, **(info.limits.preferred_sampling or {})}  # the flag's win
     public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}

@@ -108,8 +108,11 @@ class TokenizerManager:
         info: RuntimeInfo,
         metrics: ServerMetrics,
         request_log: Optional[ResultObserver] = None,
+        tokenize_threads: Optional[int] = None,
     ) -> None:
-        """``request_log``: `RequestLog` under --log-requests."""
+        """``request_log``: `RequestLog` under --log-requests. ``tokenize_threads``: the threads
+        `run_tokenize` runs on (SGLang's --tokenizer-worker-num; None: TOKENIZE_THREADS)."""
+        self.tokenize_threads = tokenize_threads or TOKENIZE_THREADS
         self.tokenizer = tokenizer
         self.addrs = addrs
         self.info = info
@@ -229,7 +232,7 @@ class TokenizerManager:
         thread: a long prompt takes the event loop no time (the tokenizers
         library releases the GIL while it encodes)."""
         if self._tokenize_pool is None:
-            self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="radixrt-tokenize")
+            self._tokenize_pool = ThreadPoolExecutor(self.tokenize_threads, thread_name_prefix="radixrt-tokenize")
         return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, functools.partial(fn, *args))
 
     def check_alive(self) -> None:

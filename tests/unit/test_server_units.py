@@ -520,3 +520,34 @@ def test_an_assistant_turns_reasoning_reaches_the_chat_template():
         messages = _chat_messages(req)
         assert messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "two and two"}
         assert "reasoning_content" not in messages[2]
+
+
+@pytest.mark.parametrize("workers", [None, 3])
+def test_tokenizer_worker_num_is_how_many_prompts_tokenize_at_once(tokenizer, workers):
+    """SGLang's --tokenizer-worker-num (ServerArgs.tokenizer_worker_num): that many prompts of the
+    HTTP process tokenize at the same time (default 2). Each call waits at a barrier of that many
+    parties, which breaks (a timeout) unless they all run at once."""
+    import threading
+
+    info = RuntimeInfo("fake", Limits(64, 1000, len(tokenizer)), (), {})
+    tm = TokenizerManager(tokenizer, None, info, ServerMetrics("fake-model"), tokenize_threads=workers)
+    parties = workers or 2
+    barrier = threading.Barrier(parties, timeout=10)
+
+    def encode(text: str) -> tuple[list[int], str]:
+        barrier.wait()
+        return tm.tokenizer.encode(text), threading.current_thread().name
+
+    async def all_at_once(texts: list[str]) -> list:
+        return await asyncio.gather(*(tm.run_tokenize(encode, text) for text in texts))
+
+    try:
+        done = asyncio.run(all_at_once([f"prompt {i}" for i in range(parties)]))
+    finally:
+        tm._tokenize_pool.shutdown()
+    assert len({name for _, name in done}) == parties and all(ids for ids, _ in done)
+    tm = TokenizerManager(tokenizer, None, info, ServerMetrics("fake-model"), tokenize_threads=1)
+    barrier = threading.Barrier(2, timeout=1)
+    with pytest.raises(threading.BrokenBarrierError):  # one thread: the second call waits for the first
+        asyncio.run(all_at_once(["a", "b"]))
+    tm._tokenize_pool.shutdown()
