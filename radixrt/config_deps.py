@@ -106,6 +106,48 @@ def _runs_flashinfer(device: Any) -> bool:
     return str(device).startswith("cuda") or bool(getattr(sys.modules.get("flashinfer"), "RUNS_ON_CPU", False))
 
 
+def _graph_needs(flag: str, example: Any) -> list[Need]:
+    """What a flag sizing the decode CUDA graphs needs: graphs are captured on CUDA only, with
+    FlashInfer attention (so a 16-bit model and a cache it reads), on one process."""
+    graphs = "(graphs need FlashInfer attention)"
+    return [
+        _cuda(flag, example),
+        _off(flag, example, "disable_cuda_graph"),
+        _off(flag, example, "enable_deterministic_inference"),
+        _tp1(flag, example),
+        Need(
+            flag,
+            example,
+            "attention_backend",
+            "auto",
+            "torch",
+            f"attention_backend='auto' or 'flashinfer' {graphs}",
+            _is_not("torch"),
+        ),
+        Need(
+            flag,
+            example,
+            "kv_cache_dtype",
+            "auto",
+            "int8",
+            "a kv_cache_dtype other than 'int8' (an int8 cache runs the torch backend, without graphs)",
+            _is_not("int8"),
+        ),
+        Need(
+            flag,
+            example,
+            "dtype",
+            "auto",
+            "float32",
+            "dtype='auto', 'bfloat16' or 'float16' (FlashInfer, and so the graphs, take 16-bit models only)",
+            _is_not("float32"),
+        ),
+    ]
+
+
+_GRAPH_FLAGS = (("cuda_graph_max_bs", 32), ("cuda_graph_bs", [8, 16]), ("disable_cuda_graph_padding", True))
+
+
 def _tp1(flag: str, example: Any) -> Need:
     return Need(
         flag, example, "tp_size", 1, 2, "tp_size=1 (--tp-size 1: it does not run tensor parallel yet)", _equals(1)
@@ -240,37 +282,7 @@ ENGINE_NEEDS: tuple[Need, ...] = (
         _equals("radixrt"),
     ),
     # CUDA graphs are captured only on CUDA, with FlashInfer attention, on one process
-    _cuda("cuda_graph_max_bs", 32),
-    _off("cuda_graph_max_bs", 32, "disable_cuda_graph"),
-    _off("cuda_graph_max_bs", 32, "enable_deterministic_inference"),
-    _tp1("cuda_graph_max_bs", 32),
-    Need(
-        "cuda_graph_max_bs",
-        32,
-        "attention_backend",
-        "auto",
-        "torch",
-        "attention_backend='auto' or 'flashinfer' (graphs need FlashInfer attention)",
-        _is_not("torch"),
-    ),
-    Need(
-        "cuda_graph_max_bs",
-        32,
-        "kv_cache_dtype",
-        "auto",
-        "int8",
-        "a kv_cache_dtype other than 'int8' (an int8 cache runs the torch backend, without graphs)",
-        _is_not("int8"),
-    ),
-    Need(
-        "cuda_graph_max_bs",
-        32,
-        "dtype",
-        "auto",
-        "float32",
-        "dtype='auto', 'bfloat16' or 'float16' (FlashInfer, and so the graphs, take 16-bit models only)",
-        _is_not("float32"),
-    ),
+    *(row for flag, example in _GRAPH_FLAGS for row in _graph_needs(flag, example)),
     # speculative decoding: sizing the drafts asks for it
     *(
         Need(
@@ -373,39 +385,16 @@ ENGINE_INDEPENDENT = frozenset(
         "skip_tokenizer_init",  # text in is refused per request (no_tokenizer.py)
         "load_format",  # dummy weights serve as any others until replaced
         "mem_fraction_static",  # max_total_tokens, where given, decides (SGLang takes both)
-        "device",
-        "tp_size",
-        "dtype",
-        "page_size",
-        "max_total_tokens",
-        "context_length",
-        "chunked_prefill_size",
-        "long_prefill_token_threshold",
-        "max_running_requests",
-        "max_queued_requests",
-        "disable_overlap_schedule",
-        "schedule_policy",
-        "enable_priority_scheduling",
-        "max_client_priority",
-        "disable_radix_cache",
-        "disable_cuda_graph",
-        "random_seed",
-        "log_level",
-        "debug_check_invariants",
-        "allow_auto_truncate",
-        "preferred_sampling_params",
-        "enable_jump_forward",
-        *"grammar_cache_size grammar_max_chars grammar_max_repeat grammar_max_source_chars".split(),
-        "grammar_max_compile_s",
-        "max_n",
-        "max_request_sequences",
-        "max_top_logprobs_num",
-        "enable_return_hidden_states",
-        "request_waiting_timeout_s",
-        "request_running_timeout_s",
-        "incremental_streaming_output",
-        "stream_interval",
-        "speculative_algorithm",
+        *(
+            "device tp_size dtype page_size max_total_tokens context_length chunked_prefill_size "
+            "long_prefill_token_threshold max_running_requests max_queued_requests disable_overlap_schedule "
+            "schedule_policy enable_priority_scheduling max_client_priority disable_radix_cache disable_cuda_graph "
+            "random_seed log_level debug_check_invariants allow_auto_truncate preferred_sampling_params "
+            "enable_jump_forward grammar_cache_size grammar_max_chars grammar_max_repeat grammar_max_source_chars "
+            "grammar_max_compile_s max_n max_request_sequences max_top_logprobs_num enable_return_hidden_states "
+            "request_waiting_timeout_s request_running_timeout_s incremental_streaming_output stream_interval "
+            "speculative_algorithm"
+        ).split(),
         "kv_events_config",  # with --dp, each replica publishes on the endpoint port + its index (router/dp.py)
         "kv_budget_policy",  # these three shape per-request budgets too (sampling_params kv_budget)
         "kv_budget_sink_tokens",

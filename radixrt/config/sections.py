@@ -59,6 +59,17 @@ class ExecutionSettings:
     cuda_graph_max_bs: int = setting(
         128, "CUDA: largest decode batch captured in a graph (capped at --max-running-requests)"
     )
+    cuda_graph_bs: Optional[list[int]] = setting(
+        None,
+        "SGLang's: CUDA: the decode batch sizes captured in graphs, in place of 1, 2, 4, 8, then every 8 to 64, "
+        "every 16 to 256 and every 32 beyond, up to --cuda-graph-max-bs (sizes above --max-running-requests "
+        "are left out); a batch runs in the smallest captured size that holds it (default: unset)",
+    )
+    disable_cuda_graph_padding: bool = setting(
+        False,
+        "SGLang's: CUDA: a decode batch whose size was not captured runs eagerly instead of in the next "
+        "larger graph with padding rows",
+    )
     disable_overlap_schedule: Optional[bool] = setting(
         None,
         "process each step's results before scheduling the next; --no-disable-overlap-schedule schedules "
@@ -82,6 +93,10 @@ class ExecutionSettings:
             raise ValueError("tp_size must be >= 1")
         if self.cuda_graph_max_bs < 0:
             raise ValueError("cuda_graph_max_bs must be >= 0")
+        if self.cuda_graph_bs is not None:
+            if not self.cuda_graph_bs or min(self.cuda_graph_bs) < 1:
+                raise ValueError("cuda_graph_bs must hold batch sizes >= 1")
+            object.__setattr__(self, "cuda_graph_bs", sorted(set(self.cuda_graph_bs)))
         if self.sampling_backend == "pytorch":  # SGLang's name for torch sampling: radixrt's own
             object.__setattr__(self, "sampling_backend", "radixrt")
         check_choice("sampling_backend", self.sampling_backend, ("radixrt", "flashinfer"))

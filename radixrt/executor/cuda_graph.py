@@ -115,14 +115,20 @@ class DecodeCudaGraphRunner:
         device: str | torch.device,
         graph_factory: Optional[Callable[[Any], Any]] = None,
         max_context_len: Optional[int] = None,
+        sizes: Optional[Sequence[int]] = None,
+        pad: bool = True,
     ) -> None:
         """``max_context_len`` bounds a request's KV length; with ``max_bs`` it sizes
         the page-id buffer the graphs read (shared prefixes count once per request).
-        Default: the pool's size."""
+        Default: the pool's size. ``sizes``: the batch sizes to capture, none above
+        ``max_bs`` (default `capture_sizes`); ``pad``: whether a batch of another size
+        runs in the next larger graph (else `can_run` leaves it to the eager forward)."""
         self.model = model
         self.kv_pool = kv_pool
         self.backend = backend
-        self.sizes = capture_sizes(max_bs)
+        self.sizes = sorted(sizes) if sizes else capture_sizes(max_bs)
+        assert self.sizes[-1] <= max_bs, (self.sizes, max_bs)
+        self.pad = pad
         self.max_bs = max_bs
         self.scratch_slot = scratch_slot
         self.page_size = page_size
@@ -198,8 +204,11 @@ class DecodeCudaGraphRunner:
 
     # ------------------------------------------------------------------- replay
     def can_run(self, q_lens: Sequence[int], kv_lens: Optional[Sequence[int]] = None) -> bool:
-        """A pure decode batch of at most max_bs requests whose pages fit the graphs' buffers."""
+        """A pure decode batch of at most max_bs requests (of a captured size, without padding) whose pages
+        fit the graphs' buffers."""
         if not (0 < len(q_lens) <= self.max_bs and all(q == 1 for q in q_lens)):
+            return False
+        if not self.pad and len(q_lens) not in self.sizes:
             return False
         if kv_lens is not None:
             ps = self.page_size

@@ -259,6 +259,8 @@ class ModelRunner:
             page_size=self.page_size,
             device=self.device,
             max_context_len=self.context_length,
+            sizes=self.choice.cuda_graph_sizes,
+            pad=self.choice.cuda_graph_padding,
         )
         runner.capture()
         return runner

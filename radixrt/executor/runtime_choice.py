@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from radixrt.config.weight_format import WeightQuantization
+from radixrt.executor.cuda_graph import capture_sizes
 from radixrt.executor.runner_settings import RunnerSettings
 from radixrt.kernels.flashinfer_backend import FLASHINFER_HEAD_DIMS
 from radixrt.kernels.kv_cache import kv_storage_dtype
@@ -54,6 +55,8 @@ class RuntimeChoice:
     kv_dtype: torch.dtype  # what the KV pool stores (the model dtype, int8 or a float8)
     cuda_graph: bool  # decode steps replayed from captured CUDA graphs
     cuda_graph_max_bs: int
+    cuda_graph_sizes: tuple[int, ...] = ()  # the batch sizes captured (None of them above cuda_graph_max_bs)
+    cuda_graph_padding: bool = True  # a batch of another size runs in the next larger graph (else eagerly)
 
 
 def check_device(device: str) -> None:
@@ -90,9 +93,13 @@ def resolve_runtime(settings: RunnerSettings) -> RuntimeChoice:
         backend = (
             "flashinfer" if cuda and dtype in (torch.bfloat16, torch.float16) and kv_dtype != torch.int8 else "torch"
         )
-    max_bs = min(ex.cuda_graph_max_bs, settings.max_running_requests)
-    graphs = cuda and backend == "flashinfer" and not ex.disable_cuda_graph and max_bs > 0
-    return RuntimeChoice(backend, dtype, kv_dtype, graphs, max_bs if graphs else 0)
+    cap = settings.max_running_requests
+    wanted = ex.cuda_graph_bs or capture_sizes(min(ex.cuda_graph_max_bs, cap))
+    sizes = tuple(s for s in wanted if s <= cap)
+    graphs = cuda and backend == "flashinfer" and not ex.disable_cuda_graph and bool(sizes)
+    if not graphs:
+        return RuntimeChoice(backend, dtype, kv_dtype, False, 0)
+    return RuntimeChoice(backend, dtype, kv_dtype, True, sizes[-1], sizes, not ex.disable_cuda_graph_padding)
 
 
 def fit_to_model(choice: RuntimeChoice, head_dim: int) -> RuntimeChoice:
@@ -106,4 +113,4 @@ def fit_to_model(choice: RuntimeChoice, head_dim: int) -> RuntimeChoice:
         head_dim,
         ", ".join(map(str, FLASHINFER_HEAD_DIMS)),
     )
-    return replace(choice, attention_backend="torch", cuda_graph=False, cuda_graph_max_bs=0)
+    return replace(choice, attention_backend="torch", cuda_graph=False, cuda_graph_max_bs=0, cuda_graph_sizes=())

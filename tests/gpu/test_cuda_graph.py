@@ -67,6 +67,21 @@ def test_cuda_config_resolves_to_flashinfer_bf16_graphs():
     assert (cpu.attention_backend, cpu.dtype, cpu.cuda_graph) == ("torch", torch.float32, False)
 
 
+def test_sglang_s_cuda_graph_bs_and_padding_flags_choose_what_is_captured():
+    """SGLang's --cuda-graph-bs (the sizes captured) and --disable-cuda-graph-padding (another size
+    runs eagerly) were argparse errors; SGLang launch scripts pass them."""
+    default = _resolve(device="cuda", max_running_requests=48)
+    assert default.cuda_graph_sizes == (1, 2, 4, 8, 16, 24, 32, 40, 48) and default.cuda_graph_padding
+    chosen = _resolve(device="cuda", cuda_graph_bs=[16, 1, 4, 4, 64], max_running_requests=48)
+    assert (chosen.cuda_graph_sizes, chosen.cuda_graph_max_bs) == ((1, 4, 16), 16)  # 64: past the cap
+    assert not _resolve(device="cuda", disable_cuda_graph_padding=True).cuda_graph_padding
+    for bad in ([], [0, 2]):
+        with pytest.raises(ValueError, match="cuda_graph_bs must hold batch sizes >= 1"):
+            _resolve(device="cuda", cuda_graph_bs=bad)
+    with pytest.raises(ValueError, match="device='cuda'"):  # as --cuda-graph-max-bs: graphs are CUDA's
+        EngineConfig(cuda_graph_bs=[1, 2])
+
+
 def _setup(make_tiny, arch, ps, backend_kind, device="cpu", dtype=torch.float32):
     # FlashInfer's kernels need a head dim it supports (the tiny models' default is 16)
     overrides = {"head_dim": 64} if backend_kind == "flashinfer" else {}
@@ -147,6 +162,15 @@ def test_graph_runner_matches_eager_decode_on_cpu(make_tiny, arch, ps, backend_k
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert runner.replays == 3
     assert not runner.can_run([1] * 9) and not runner.can_run([2, 1])
+    exact = DecodeCudaGraphRunner(
+        model, pool, backend, 8, num_pages * ps, ps, "cpu", graph_factory=EagerGraph, sizes=[2, 5], pad=False
+    )
+    exact.capture()
+    assert sorted(exact.graphs) == [2, 5]  # --cuda-graph-bs 2 5 --disable-cuda-graph-padding
+    assert [n for n in range(1, 9) if exact.can_run([1] * n)] == [2, 5]
+    torch.testing.assert_close(
+        exact.forward(nxt[:5], seqs[:5]), runner.forward(nxt[:5], seqs[:5]), rtol=1e-5, atol=1e-5
+    )
     assert runner.can_run([1, 1], [5, 9])
     assert not runner.can_run([1, 1], [runner.max_kv_pages * ps, 1])  # page-id buffer too small: run eagerly
 

@@ -74,6 +74,8 @@ def _example(name: str) -> object:
         "schedule_conservativeness",
     ):
         return 0.25
+    if name == "cuda_graph_bs":  # a list of batch sizes
+        return [1, 2, 4]
     only = {"nnodes": 1, "node_rank": 0, "base_gpu_id": 0, "gpu_id_step": 1, "ep_size": 1, "log_requests_level": 2}
     only |= {"cpu_offload_gb": 0.0, "model_impl": "auto"}
     if name in only:  # the one value that serves here, a level
