@@ -358,7 +358,9 @@ class OutputSettings:
     incremental_streaming_output: bool = setting(
         False,
         "streamed /generate results (and Engine streams) send only what is new in each event: text, "
-        "output_ids and output logprobs (SGLang's flag); default: each event is the cumulative result",
+        "output_ids and output logprobs (SGLang's flag; --stream-output, its older spelling, too); default: each "
+        "event is the cumulative result",
+        aliases=("--stream-output",),
     )
     stream_interval: int = setting(
         1,

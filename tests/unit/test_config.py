@@ -308,12 +308,15 @@ def test_an_sglang_launch_command_line_parses():
         "--load-balance-method total_requests --log-level-http info --sleep-on-idle --show-time-cost "
         "--log-level info --decode-log-interval 25 --collect-tokens-histogram --enable-tokenizer-batch-encode "
         "--disable-outlines-disk-cache --model-impl sglang "
-        "--ep-size 1 --cpu-offload-gb 0"
+        "--ep-size 1 --cpu-offload-gb 0 --stream-output --tokenizer-worker-num 4 "
+        "--uvicorn-access-log-exclude-prefixes /metrics /health"
     ).split()
     args = build_parser("serve").parse_args(argv)
     assert args.dp == 2 and server_args_from_cli(args).port == 30000 and args.router_policy == "shortest_queue"
     assert build_parser("serve").parse_args(["serve", "--dp-size", "2"]).router_policy == "cache_aware"
     assert server_args_from_cli(args).log_level_http == "info" and args.log_interval == 25
+    assert args.incremental_streaming_output  # --stream-output: SGLang's older spelling
+    assert (args.tokenizer_worker_num, args.uvicorn_access_log_exclude_prefixes) == (4, ["/metrics", "/health"])
     for flags, message in (
         ({"ep_size": 8}, "without expert parallelism"),
         ({"cpu_offload_gb": 4}, "keeps every weight on its device"),
