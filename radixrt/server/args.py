@@ -111,6 +111,12 @@ class ServerArgs:
         "SGLang's: uvicorn's log level, its access log included at debug and info (unset: --log-level's)",
         choices=("debug", "info", "warning", "error", "critical"),
     )
+    crash_dump_folder: Optional[str] = setting(
+        None,
+        "SGLang's: when a process of the server dies, write the requests of the last 5 minutes (prompt token "
+        "ids, sampling parameters, how each ended) to a JSON-lines file in this folder, ready to send again "
+        "(default: none; the file holds prompts)",
+    )
     tokenizer_worker_num: Optional[int] = setting(
         None,
         "SGLang's: how many workers tokenize the prompts in the HTTP process; here threads (the tokenizers "

@@ -192,8 +192,7 @@ def _chat_template_info(tokenizer: Any) -> dict:
     from radixrt.requests.chat_roles import chat_template_info
 
     info = chat_template_info(tokenizer)
-    info["chat_role_markers"] = {k: list(v) for k, v in info["chat_role_markers"].items()}
-    return info
+    return {**info, "chat_role_markers": {k: list(v) for k, v in info["chat_role_markers"].items()}}
 
 
 class _Serving:
@@ -204,6 +203,7 @@ class _Serving:
 
     def __init__(self, sargs: ServerArgs, resolved: str, children: list[_Child], heartbeat: Any, tm: Any) -> None:
         self.sargs = sargs
+        self.crash_dump: Any = None  # the CrashDump of --crash-dump-folder: written when a child dies
         self.resolved = resolved
         self.children = children
         self.heartbeat = heartbeat
@@ -251,6 +251,8 @@ class _Serving:
                     f"the {c.name} process (pid {c.proc.pid}) exited with code {c.proc.exitcode}" for c in dead
                 )
                 print(f"radixrt serve: {reason}; shutting down", file=sys.stderr, flush=True)
+                if self.crash_dump is not None and (path := self.crash_dump.write(reason)) is not None:
+                    print(f"radixrt serve: the requests of the last minutes are in {path}", file=sys.stderr, flush=True)
                 self.stopping = True
                 self.exit_code = 1
                 self.tm.fail_all(reason)
@@ -351,6 +353,7 @@ def _server_context(
     heartbeat: Any,
 ) -> _Serving:
     """A server whose children are ready, with its tokenizer manager and its routes' context."""
+    from radixrt.requests.crash_dump import CrashDump
     from radixrt.requests.generation_defaults import generation_defaults
     from radixrt.requests.request_log import RequestLog
     from radixrt.server.http_server import ServerContext
@@ -368,9 +371,11 @@ def _server_context(
     if taken:  # `model: "<name>"` would mean the base model
         raise ValueError(f"--lora-paths names an adapter {sorted(taken)[0]!r}, a name of the served model")
     metrics = ServerMetrics(served)
+    dump = CrashDump(sargs.crash_dump_folder) if sargs.crash_dump_folder else None
     log = RequestLog(tokenizer, config.debug.log_requests_level) if config.debug.log_requests else None
-    tm = TokenizerManager(tokenizer, addrs, info, metrics, log, tokenize_threads=sargs.tokenizer_worker_num)
+    tm = TokenizerManager(tokenizer, addrs, info, metrics, [o for o in (log, dump) if o], sargs.tokenizer_worker_num)
     run = _Serving(sargs, resolved, children, heartbeat, tm)
+    run.crash_dump = dump
     model_defaults = generation_defaults(resolved) if sargs.sampling_defaults == "model" else {}
     run.tm.sampling_defaults = {**model_defaults, **(info.limits.preferred_sampling or {})}  # the flag's win
     public_args = {**config.to_flat(), **dataclasses.asdict(sargs)}

@@ -107,10 +107,11 @@ class TokenizerManager:
         addrs: IpcAddrs,
         info: RuntimeInfo,
         metrics: ServerMetrics,
-        request_log: Optional[ResultObserver] = None,
+        observers: Sequence[ResultObserver] = (),
         tokenize_threads: Optional[int] = None,
     ) -> None:
-        """``request_log``: `RequestLog` under --log-requests. ``tokenize_threads``: the threads
+        """``observers``: hear of every request besides the metrics (`RequestLog` under --log-requests,
+        `CrashDump` under --crash-dump-folder). ``tokenize_threads``: the threads
         `run_tokenize` runs on (SGLang's --tokenizer-worker-num; None: TOKENIZE_THREADS)."""
         self.tokenize_threads = tokenize_threads or TOKENIZE_THREADS
         self.tokenizer = tokenizer
@@ -124,8 +125,7 @@ class TokenizerManager:
         self.vocab_size = info.vocab_size
         self.kv_total_slots = info.kv_total_slots
         self.limits = info.limits
-        observers = [_Metrics(metrics)] + ([request_log] if request_log is not None else [])
-        self.router = ResultRouter(tokenizer, self, observers)  # this manager is its transport
+        self.router = ResultRouter(tokenizer, self, [_Metrics(metrics), *observers])  # this manager is its transport
         self.control_waiters: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.dead_reason: Optional[str] = None
         self._recv_task: Optional[asyncio.Task] = None

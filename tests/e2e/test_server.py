@@ -22,6 +22,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 
 import httpx
@@ -1339,13 +1340,24 @@ def test_200_concurrent_streams_with_aborts(server, client):
 
 
 # ------------------------------------------------------------------ supervision
-def test_killed_scheduler_makes_server_exit(tiny_llama):
-    """A tiny random model keeps this second server quick to start."""
-    srv = LocalServer("--max-total-tokens", "2048", model=tiny_llama)
+def test_killed_scheduler_makes_server_exit(tiny_llama, tmp_path):
+    """A tiny random model keeps this second server quick to start. With SGLang's --crash-dump-folder,
+    the requests before the crash are written where it says, ready to send again."""
+    srv = LocalServer("--max-total-tokens", "2048", "--crash-dump-folder", str(tmp_path / "dumps"), model=tiny_llama)
     try:
         srv.wait_ready()
         r = httpx.post(srv.url + "/generate", json={"text": "hello", "sampling_params": greedy(3)}, timeout=60)
         assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
+        long = {"input_ids": [7, 8, 9], "rid": "long", "sampling_params": {"max_new_tokens": 1900, "ignore_eos": True}}
+
+        def post_long() -> None:  # the crash ends it
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(srv.url + "/generate", json=long, timeout=60)
+
+        running = threading.Thread(target=post_long)
+        running.start()
+        while httpx.get(srv.url + "/get_load", timeout=5).json()[0].get("num_reqs", 0) < 1:
+            time.sleep(0.05)
         pid = httpx.get(srv.url + "/get_server_info").json()["process_ids"]["scheduler"]
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
@@ -1365,6 +1377,16 @@ def test_killed_scheduler_makes_server_exit(tiny_llama):
         assert srv.proc.returncode not in (0, None)
         assert elapsed < 15
         assert "scheduler process" in srv.log_tail()
+        running.join(30)
+        (dump,) = (tmp_path / "dumps").iterdir()
+        assert f"the requests of the last minutes are in {dump}" in srv.log_tail()
+        head, *lines = [json.loads(line) for line in dump.read_text().splitlines()]
+        assert "the scheduler process" in head["reason"] and head["requests"] == 2
+        done, cut = lines
+        assert done["sampling_params"] == {"max_new_tokens": 3, "temperature": 0.0} and not done["in_flight"]
+        (sample,) = done["samples"].values()
+        assert sample["output_ids"] == r.json()["output_ids"] and sample["finish_reason"]["type"] == "length"
+        assert cut["rid"] == "long" and cut["input_ids"] == [7, 8, 9] and cut["in_flight"]
     finally:
         srv.cleanup()
 

@@ -1,0 +1,84 @@
+"""SGLang's ``--crash-dump-folder``: the requests of the last minutes before a crash, written to a
+file so that the one that crashed the server can be found and sent again.
+
+`CrashDump` hears every request the front sends on (`ResultObserver.on_submit`) and how each
+sample ended, and keeps those received in the last `WINDOW_S` seconds (at most `MAX_REQUESTS`).
+When a child process of the server dies, `CrashDump.write` puts them in
+``<folder>/crash_dump_<UTC time>_<pid>.jsonl``: a first line with the reason and the time, then
+one JSON object per request (its client's rid, internal id, when it was received, its prompt's
+token ids, the sampling parameters it set, its adapter, and for each sample that ended its finish
+reason and output ids; ``in_flight`` marks one that had not ended). A line is ready to replay:
+``{"input_ids": ..., "sampling_params": ...}`` on ``/generate``. SGLang writes a pickle; JSON
+lines read anywhere and hold no code. The file holds prompts: it is the operator's to keep."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import time
+from typing import Any, Optional
+
+from radixrt.requests.intake import RequestSpec
+from radixrt.requests.request_log import set_sampling_fields
+from radixrt.requests.rids import RidEntry
+from radixrt.requests.router import ReqState, ResultObserver
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 300.0  # SGLang's: the last 5 minutes
+MAX_REQUESTS = 10_000  # bounds the memory a flood of requests may take
+
+
+class CrashDump(ResultObserver):
+    """Keeps the recent requests (module docstring) for `write`; ``folder`` is made on the first write."""
+
+    def __init__(self, folder: str, window_s: float = WINDOW_S, max_requests: int = MAX_REQUESTS) -> None:
+        self.folder = folder
+        self.window_s = window_s
+        self._requests: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self.max_requests = max_requests
+
+    def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
+        now = time.time()
+        while self._requests and (
+            len(self._requests) >= self.max_requests
+            or next(iter(self._requests.values()))["received_at"] < now - self.window_s
+        ):
+            self._requests.popitem(last=False)
+        self._requests[entry.iid] = {
+            "rid": entry.rid,
+            "id": entry.iid,
+            "received_at": round(now, 3),
+            "input_ids": list(spec.input_ids),
+            "sampling_params": set_sampling_fields(spec.sampling),
+            "lora_path": spec.lora,
+            "n": entry.n,
+            "samples": {},
+        }
+
+    def on_finish(self, st: ReqState, now: float, inflight: int) -> None:
+        record = self._requests.get(st.parent)
+        if record is None:  # older than the window
+            return
+        fr = st.acc.finish_reason
+        finish = fr.to_dict() if fr is not None else {"type": "error" if st.error else "abort"}
+        record["samples"][st.rid] = {"finish_reason": finish, "output_ids": list(st.acc.output_ids)}
+
+    def write(self, reason: str) -> Optional[str]:
+        """Write the kept requests (module docstring); the file's path, or None where it could not be written
+        (logged: a dump must not stand in the way of the server's exit)."""
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        path = os.path.join(self.folder, f"crash_dump_{stamp}_{os.getpid()}.jsonl")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"reason": reason, "time": time.time(), "requests": len(self._requests)}) + "\n")
+                for record in self._requests.values():
+                    line = {**record, "in_flight": len(record["samples"]) < record["n"]}
+                    f.write(json.dumps(line, default=str) + "\n")
+        except OSError as e:
+            logger.error("could not write the crash dump to %s: %s", path, e)
+            return None
+        return path
