@@ -2,7 +2,8 @@
 file so that the one that crashed the server can be found and sent again.
 
 `CrashDump` hears every request the front sends on (`ResultObserver.on_submit`) and how each
-sample ended, and keeps those received in the last `WINDOW_S` seconds (at most `MAX_REQUESTS`).
+sample ended, and keeps those received in the last `WINDOW_S` seconds (at most `MAX_REQUESTS`, and
+at most `MAX_TOKENS` token ids in all, 4 bytes each: a flood of long prompts costs a bounded memory).
 When a child process of the server dies, `CrashDump.write` puts them in
 ``<folder>/crash_dump_<UTC time>_<pid>.jsonl``: a first line with the reason and the time, then
 one JSON object per request (its client's rid, internal id, when it was received, its prompt's
@@ -18,6 +19,7 @@ import json
 import logging
 import os
 import time
+from array import array
 from typing import Any, Optional
 
 from radixrt.requests.intake import RequestSpec
@@ -28,30 +30,32 @@ from radixrt.requests.router import ReqState, ResultObserver
 logger = logging.getLogger(__name__)
 
 WINDOW_S = 300.0  # SGLang's: the last 5 minutes
-MAX_REQUESTS = 10_000  # bounds the memory a flood of requests may take
+MAX_REQUESTS = 10_000
+MAX_TOKENS = 16 << 20  # prompt and output token ids kept, 64 MiB of them
 
 
 class CrashDump(ResultObserver):
     """Keeps the recent requests (module docstring) for `write`; ``folder`` is made on the first write."""
 
-    def __init__(self, folder: str, window_s: float = WINDOW_S, max_requests: int = MAX_REQUESTS) -> None:
+    def __init__(
+        self, folder: str, window_s: float = WINDOW_S, max_requests: int = MAX_REQUESTS, max_tokens: int = MAX_TOKENS
+    ) -> None:
         self.folder = folder
         self.window_s = window_s
-        self._requests: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self._requests: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._tokens = 0  # token ids the kept records hold
 
     def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
         now = time.time()
-        while self._requests and (
-            len(self._requests) >= self.max_requests
-            or next(iter(self._requests.values()))["received_at"] < now - self.window_s
-        ):
-            self._requests.popitem(last=False)
+        self._make_room(now, len(spec.input_ids))
+        self._tokens += len(spec.input_ids)
         self._requests[entry.iid] = {
             "rid": entry.rid,
             "id": entry.iid,
             "received_at": round(now, 3),
-            "input_ids": list(spec.input_ids),
+            "input_ids": array("i", spec.input_ids),
             "sampling_params": set_sampling_fields(spec.sampling),
             "lora_path": spec.lora,
             "n": entry.n,
@@ -64,7 +68,19 @@ class CrashDump(ResultObserver):
             return
         fr = st.acc.finish_reason
         finish = fr.to_dict() if fr is not None else {"type": "error" if st.error else "abort"}
-        record["samples"][st.rid] = {"finish_reason": finish, "output_ids": list(st.acc.output_ids)}
+        self._tokens += len(st.acc.output_ids)
+        record["samples"][st.rid] = {"finish_reason": finish, "output_ids": array("i", st.acc.output_ids)}
+
+    def _make_room(self, now: float, tokens: int) -> None:
+        """Drop the oldest records while they are out of the window or a new one of ``tokens`` ids
+        would pass a bound."""
+        while self._requests and (
+            len(self._requests) >= self.max_requests
+            or self._tokens + tokens > self.max_tokens
+            or next(iter(self._requests.values()))["received_at"] < now - self.window_s
+        ):
+            _, old = self._requests.popitem(last=False)
+            self._tokens -= len(old["input_ids"]) + sum(len(s["output_ids"]) for s in old["samples"].values())
 
     def write(self, reason: str) -> Optional[str]:
         """Write the kept requests (module docstring); the file's path, or None where it could not be written
@@ -77,8 +93,13 @@ class CrashDump(ResultObserver):
                 f.write(json.dumps({"reason": reason, "time": time.time(), "requests": len(self._requests)}) + "\n")
                 for record in self._requests.values():
                     line = {**record, "in_flight": len(record["samples"]) < record["n"]}
-                    f.write(json.dumps(line, default=str) + "\n")
+                    f.write(json.dumps(line, default=_plain) + "\n")
         except OSError as e:
             logger.error("could not write the crash dump to %s: %s", path, e)
             return None
         return path
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what `json` does not write itself: token id arrays as lists, anything else as text."""
+    return value.tolist() if isinstance(value, array) else str(value)

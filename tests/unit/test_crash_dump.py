@@ -36,6 +36,15 @@ def test_only_the_window_and_the_last_requests_are_kept(tmp_path, monkeypatch):
     assert all(r["in_flight"] for r in lines)  # no sample of theirs ended
 
 
+def test_the_token_ids_kept_are_bounded(tmp_path):
+    """A flood of long prompts: the oldest records go once the token ids kept would pass the bound."""
+    dump = CrashDump(str(tmp_path), max_tokens=5)
+    for i in range(4):  # two ids each
+        _submit(dump, i)
+    head, *lines = [json.loads(line) for line in open(dump.write("x"))]
+    assert [r["input_ids"] for r in lines] == [[2, 3], [3, 4]] and dump._tokens == 4
+
+
 def test_a_folder_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
