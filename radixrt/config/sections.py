@@ -399,6 +399,12 @@ class DebugSettings:
         "what --log-requests writes (SGLang's levels): 0 rids, token counts, finish reasons and latencies; "
         "1 also the sampling parameters set; 2 also the prompt and output, cut to 2,048 characters; 3 whole",
     )
+    enable_request_time_stats_logging: bool = setting(
+        False,
+        "SGLang's: the scheduler logs one line per finished request (its internal id, as --log-requests names "
+        "it): prompt, cached and output tokens, and its seconds waiting to be admitted, to its first token, "
+        "decoding, in all, at any --log-level",
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.log_requests_level <= 3:

@@ -68,6 +68,7 @@ class Req(RequestKV):
     arrival: int = 0
     queued_at: float = field(default_factory=time.monotonic)  # when it arrived (waiting timeout)
     started_at: Optional[float] = None  # when it was first admitted (running timeout)
+    first_token_at: Optional[float] = None  # when its first output token was sampled (time stats)
     parent: str = ""  # the id of the request this is a sample of (its own rid when n == 1)
     group: str = ""  # the client call it came in (a batch's prompts and their samples share it)
     priority: int = 0  # waiting-queue order under enable_priority_scheduling

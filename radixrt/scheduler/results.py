@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from radixrt.scheduler.beam import BeamSearch
 
 logger = logging.getLogger(__name__)
+# --enable-request-time-stats-logging sets it to INFO (Scheduler.__init__)
+time_stats_logger = logging.getLogger("radixrt.request_time_stats")
 
 
 def finish_request(req: Req, reason: FinishReason, kv: KVCacheManager) -> TokenOutput:
@@ -50,7 +52,31 @@ def finish_request(req: Req, reason: FinishReason, kv: KVCacheManager) -> TokenO
         kv.release(req)
     req.finish_reason = reason
     req.phase = Phase.FINISHED
+    if time_stats_logger.isEnabledFor(logging.INFO):
+        log_time_stats(req)
     return token_output(req)
+
+
+def log_time_stats(req: Req) -> None:
+    """SGLang's --enable-request-time-stats-logging line for a finished ``req``: its token counts and
+    where its time went (waiting for admission, to its first token, decoding, in all)."""
+    now = time.monotonic()
+    admitted = req.started_at if req.started_at is not None else now
+    first = req.first_token_at if req.first_token_at is not None else now
+    time_stats_logger.info(
+        "Req time stats: rid=%s prompt_tokens=%d cached_tokens=%d output_tokens=%d finish=%s retractions=%d "
+        "queue=%.4fs to_first_token=%.4fs decode=%.4fs e2e=%.4fs",
+        req.rid,
+        len(req.input_ids),
+        req.cached_tokens,
+        len(req.output_ids),
+        req.finish_reason.type if req.finish_reason is not None else "abort",
+        req.retractions,
+        admitted - req.queued_at,
+        first - admitted,
+        now - first,
+        now - req.queued_at,
+    )
 
 
 @dataclass
@@ -255,6 +281,8 @@ class ResultProcessor:
 
     def _append_token(self, req: Req, token: int, result: SampleResult, i: int) -> None:
         """Append ``token``, sampled in row ``i`` of ``result``, and check the stop conditions."""
+        if not req.output_ids:
+            req.first_token_at = time.monotonic()
         req.output_ids.append(token)
         req.unsent_ids += 1
         self.generated_tokens += 1

@@ -75,7 +75,7 @@ from radixrt.scheduler.policy import arrival_urgency
 from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.queues import RequestQueues, running_order
 from radixrt.scheduler.request import Phase, Req
-from radixrt.scheduler.results import ResultProcessor, finish_request
+from radixrt.scheduler.results import ResultProcessor, finish_request, time_stats_logger
 from radixrt.scheduler.speculative import build_speculator
 from radixrt.scheduler.step_log import StepLog, scheduler_stats
 from radixrt.scheduler.storage_tier import StorageTier
@@ -169,7 +169,9 @@ class Scheduler(SchedulerControl):
         self._restore_before_ready(config)
 
     def _operator_tools(self, config: EngineConfig) -> None:
-        """The profiler and the memory release (SGLang's operator and RL calls)."""
+        """The profiler, the memory release (SGLang's operator and RL calls) and the time stats' log lines."""
+        if config.debug.enable_request_time_stats_logging:
+            time_stats_logger.setLevel(logging.INFO)
         self.profiler = StepProfiler(self.launcher.between_steps, cuda=config.execution.device.startswith("cuda"))
         self.memory = MemoryOccupation(
             self.runner, self.kv, self.control.released, self.is_running, self.install_weights

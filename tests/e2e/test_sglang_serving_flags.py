@@ -1,12 +1,14 @@
 """SGLang's serving flags with an effect of their own: ``--preferred-sampling-params`` (server-wide
 sampling parameters that fill what a request's own leave out, on the Engine, ``/generate`` and the
 OpenAI routes, shown by ``/get_model_info``; a field the request gives wins) and
-``--uvicorn-access-log-exclude-prefixes`` (access-log lines of those paths left out). One server
+``--uvicorn-access-log-exclude-prefixes`` (access-log lines of those paths left out) and
+``--enable-request-time-stats-logging`` (a line per finished request: where its time went). One server
 (its own: the flags would change what the session servers answer) serves both."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -65,6 +67,7 @@ def server(tiny_llama):
         "--uvicorn-access-log-exclude-prefixes",
         "/health",
         "/get_server",
+        "--enable-request-time-stats-logging",
         model=tiny_llama,
     )
 
@@ -102,3 +105,19 @@ def test_access_log_lines_of_excluded_paths_are_left_out(c, server):
     log = server.log_tail(10**7)
     assert '"GET /v1/models HTTP/1.1" 200' in log and '"GET /metrics?x=1 HTTP/1.1" 200' in log, log
     assert "GET /health " not in log and "GET /get_server_info " not in log, log
+
+
+@pytest.mark.slow
+def test_each_finished_request_logs_where_its_time_went(c, server):
+    body = {"input_ids": [3, 1, 4, 1, 5, 9, 2], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
+    assert c.post("/generate", json=body).status_code == 200
+    pattern = re.compile(
+        r"Req time stats: rid=\S+ prompt_tokens=7 cached_tokens=\d+ output_tokens=5 finish=length retractions=0 "
+        r"queue=([\d.]+)s to_first_token=([\d.]+)s decode=([\d.]+)s e2e=([\d.]+)s"
+    )
+    deadline = time.monotonic() + 10
+    while not (found := pattern.search(server.log_tail(10**7))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert found, server.log_tail()
+    queue, first, decode, e2e = map(float, found.groups())
+    assert e2e > 0 and abs(queue + first + decode - e2e) < 2e-3
