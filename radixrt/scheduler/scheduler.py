@@ -170,8 +170,8 @@ class Scheduler(SchedulerControl):
 
     def _operator_tools(self, config: EngineConfig) -> None:
         """The profiler, the memory release (SGLang's operator and RL calls) and the time stats' log lines."""
-        if config.debug.enable_request_time_stats_logging:
-            time_stats_logger.setLevel(logging.INFO)
+        # its own level either way: under --log-level info it would otherwise log without the flag
+        time_stats_logger.setLevel(logging.INFO if config.debug.enable_request_time_stats_logging else logging.WARNING)
         self.profiler = StepProfiler(self.launcher.between_steps, cuda=config.execution.device.startswith("cuda"))
         self.memory = MemoryOccupation(
             self.runner, self.kv, self.control.released, self.is_running, self.install_weights

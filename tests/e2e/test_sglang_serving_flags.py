@@ -8,6 +8,7 @@ OpenAI routes, shown by ``/get_model_info``; a field the request gives wins) and
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 
@@ -121,3 +122,17 @@ def test_each_finished_request_logs_where_its_time_went(c, server):
     assert found, server.log_tail()
     queue, first, decode, e2e = map(float, found.groups())
     assert e2e > 0 and abs(queue + first + decode - e2e) < 2e-3
+
+
+def test_time_stats_are_logged_only_under_their_flag(tiny_llama, caplog):
+    """Under an INFO root logger (``--log-level info``), the lines come with the flag only."""
+    caplog.set_level(logging.INFO)
+    for flag in (False, True):
+        caplog.clear()
+        engine = radixrt.Engine(tiny_llama, max_total_tokens=2048, enable_request_time_stats_logging=flag)
+        try:
+            engine.generate(input_ids=PROMPT, sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+        finally:
+            engine.shutdown()
+        lines = [r.getMessage() for r in caplog.records if r.name == "radixrt.request_time_stats"]
+        assert len(lines) == flag and all("prompt_tokens=6 cached_tokens=0 output_tokens=2" in m for m in lines)
