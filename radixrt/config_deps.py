@@ -109,7 +109,6 @@ def _runs_flashinfer(device: Any) -> bool:
 def _graph_needs(flag: str, example: Any) -> list[Need]:
     """What a flag sizing the decode CUDA graphs needs: graphs are captured on CUDA only, with
     FlashInfer attention (so a 16-bit model and a cache it reads), on one process."""
-    graphs = "(graphs need FlashInfer attention)"
     return [
         _cuda(flag, example),
         _off(flag, example, "disable_cuda_graph"),
@@ -121,7 +120,7 @@ def _graph_needs(flag: str, example: Any) -> list[Need]:
             "attention_backend",
             "auto",
             "torch",
-            f"attention_backend='auto' or 'flashinfer' {graphs}",
+            "attention_backend='auto' or 'flashinfer' (graphs need FlashInfer attention)",
             _is_not("torch"),
         ),
         Need(

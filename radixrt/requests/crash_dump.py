@@ -15,6 +15,7 @@ lines read anywhere and hold no code. The file holds prompts: it is the operator
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,25 @@ MAX_REQUESTS = 10_000
 MAX_TOKENS = 16 << 20  # prompt and output token ids kept, 64 MiB of them
 
 
+@dataclasses.dataclass
+class KeptRequest:
+    """One request as the dump keeps it (its fields are its line's, with ``in_flight`` added)."""
+
+    rid: str  # the client's
+    id: str  # the internal one, which the scheduler's lines name
+    received_at: float  # time.time()
+    input_ids: array
+    sampling_params: dict[str, Any]  # the fields it set
+    lora_path: Optional[str]
+    n: int  # its samples
+    samples: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # the ended ones, by internal id
+
+    @property
+    def tokens(self) -> int:
+        """Token ids it holds, prompt and outputs."""
+        return len(self.input_ids) + sum(len(s["output_ids"]) for s in self.samples.values())
+
+
 class CrashDump(ResultObserver):
     """Keeps the recent requests (module docstring) for `write`; ``folder`` is made on the first write."""
 
@@ -44,23 +64,22 @@ class CrashDump(ResultObserver):
         self.window_s = window_s
         self.max_requests = max_requests
         self.max_tokens = max_tokens
-        self._requests: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._requests: collections.OrderedDict[str, KeptRequest] = collections.OrderedDict()
         self._tokens = 0  # token ids the kept records hold
 
     def on_submit(self, spec: RequestSpec, entry: RidEntry) -> None:
         now = time.time()
         self._make_room(now, len(spec.input_ids))
         self._tokens += len(spec.input_ids)
-        self._requests[entry.iid] = {
-            "rid": entry.rid,
-            "id": entry.iid,
-            "received_at": round(now, 3),
-            "input_ids": array("i", spec.input_ids),
-            "sampling_params": set_sampling_fields(spec.sampling),
-            "lora_path": spec.lora,
-            "n": entry.n,
-            "samples": {},
-        }
+        self._requests[entry.iid] = KeptRequest(
+            entry.rid,
+            entry.iid,
+            round(now, 3),
+            array("i", spec.input_ids),
+            set_sampling_fields(spec.sampling),
+            spec.lora,
+            entry.n,
+        )
 
     def on_finish(self, st: ReqState, now: float, inflight: int) -> None:
         record = self._requests.get(st.parent)
@@ -69,7 +88,7 @@ class CrashDump(ResultObserver):
         fr = st.acc.finish_reason
         finish = fr.to_dict() if fr is not None else {"type": "error" if st.error else "abort"}
         self._tokens += len(st.acc.output_ids)
-        record["samples"][st.rid] = {"finish_reason": finish, "output_ids": array("i", st.acc.output_ids)}
+        record.samples[st.rid] = {"finish_reason": finish, "output_ids": array("i", st.acc.output_ids)}
 
     def _make_room(self, now: float, tokens: int) -> None:
         """Drop the oldest records while they are out of the window or a new one of ``tokens`` ids
@@ -77,10 +96,9 @@ class CrashDump(ResultObserver):
         while self._requests and (
             len(self._requests) >= self.max_requests
             or self._tokens + tokens > self.max_tokens
-            or next(iter(self._requests.values()))["received_at"] < now - self.window_s
+            or next(iter(self._requests.values())).received_at < now - self.window_s
         ):
-            _, old = self._requests.popitem(last=False)
-            self._tokens -= len(old["input_ids"]) + sum(len(s["output_ids"]) for s in old["samples"].values())
+            self._tokens -= self._requests.popitem(last=False)[1].tokens
 
     def write(self, reason: str) -> Optional[str]:
         """Write the kept requests (module docstring); the file's path, or None where it could not be written
@@ -92,7 +110,7 @@ class CrashDump(ResultObserver):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(json.dumps({"reason": reason, "time": time.time(), "requests": len(self._requests)}) + "\n")
                 for record in self._requests.values():
-                    line = {**record, "in_flight": len(record["samples"]) < record["n"]}
+                    line = {**dataclasses.asdict(record), "in_flight": len(record.samples) < record.n}
                     f.write(json.dumps(line, default=_plain) + "\n")
         except OSError as e:
             logger.error("could not write the crash dump to %s: %s", path, e)
