@@ -104,6 +104,50 @@ static inline float sum8(vec8 x) {
             }                                                                                             \
         }
 
+/* keys a grouped row's output takes at a time, head by head: their V rows (32 x Hkv x D values)
+   stay in L1 while the heads that share them take their turns */
+#define ACC_BLOCK 32
+/* output vectors a head keeps in registers while it walks a block (D up to 64 floats at once) */
+#define ACC_VECS 8
+
+/* ACCUMULATE_ROW over the keys t0..t1 (slots[t]), for a row of a group: the same terms added
+   to each output element in the same order (t = t0, t0 + 1, ...), so the same result, but per
+   block of keys each head's output stays in registers instead of being loaded and stored
+   again for every key (the loop a lone row's decode is bound by memory enough not to mind,
+   and a group's rows, walking blocks already in cache, are not). V rows up to prefetch_end
+   are asked for a block ahead. */
+#define DEFINE_ACCUMULATE_KEYS(NAME, KV_T, LOAD_KV8)                                                      \
+    static inline __attribute__((always_inline)) void NAME(                                               \
+        float *restrict out, const KV_T *restrict v_cache, const int64_t *slots, int64_t t0, int64_t t1,  \
+        int64_t len, int64_t hq, int64_t hkv, int64_t NV, const float *restrict scores,                   \
+        int64_t prefetch_end)                                                                             \
+    {                                                                                                     \
+        const int64_t G = hq / hkv, D = NV * 8, row = hkv * D, row_bytes = row * (int64_t)sizeof(KV_T);  \
+        for (int64_t b0 = t0; b0 < t1; b0 += ACC_BLOCK) {                                                 \
+            const int64_t b1 = b0 + ACC_BLOCK < t1 ? b0 + ACC_BLOCK : t1;                                 \
+            for (int64_t head = 0; head < hq; head++) {                                                   \
+                const int64_t h = head / G;                                                               \
+                const float *restrict p = scores + head * len;                                            \
+                for (int64_t c0 = 0; c0 < NV; c0 += ACC_VECS) {                                           \
+                    const int64_t cn = NV - c0 < ACC_VECS ? NV - c0 : ACC_VECS;                           \
+                    float *o = out + head * D + c0 * 8;                                                   \
+                    vec8 acc[ACC_VECS];                                                                   \
+                    for (int64_t c = 0; c < cn; c++) acc[c] = load8(o + c * 8);                           \
+                    for (int64_t t = b0; t < b1; t++) {                                                   \
+                        if (head == 0 && c0 == 0 && t + ACC_BLOCK < prefetch_end)                         \
+                            prefetch_row(v_cache + slots[t + ACC_BLOCK] * row, row_bytes);                \
+                        const KV_T *restrict v_row = v_cache + slots[t] * row + h * D + c0 * 8;           \
+                        for (int64_t c = 0; c < cn; c++) acc[c] += p[t] * LOAD_KV8(v_row + c * 8);        \
+                    }                                                                                     \
+                    for (int64_t c = 0; c < cn; c++) store8(o + c * 8, acc[c]);                           \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+    }
+
+DEFINE_ACCUMULATE_KEYS(accumulate_keys_f32, float, load8)
+DEFINE_ACCUMULATE_KEYS(accumulate_keys_bf16, uint16_t, load8_bf16)
+
 /* shared K / V rows a group's rows take in turn: a block stays in L1 / L2 while each row
    walks it (a row's own score rows are then its only write streams) */
 #define SHARED_BLOCK 64
@@ -113,9 +157,10 @@ static inline float sum8(vec8 x) {
    each of those K and V rows is read once for the whole group. scores is scratch
    [n][Hq][max_kv]; NV = D / 8. Every row's arithmetic is that of a group of one, in the
    same order (its scores by column, its output accumulated over t = 0, 1, ...), so a row's
-   result does not depend on the rows grouped with it. KV_T is the pool's element type and
-   LOAD_KV8 reads eight of them as floats. */
-#define DEFINE_ATTEND(NAME, KV_T, LOAD_KV8)                                                               \
+   result does not depend on the rows grouped with it. KV_T is the pool's element type,
+   LOAD_KV8 reads eight of them as floats, and ACCUMULATE_KEYS is its DEFINE_ACCUMULATE_KEYS
+   (the value loop of a group of two or more rows; a lone row's is ACCUMULATE_ROW). */
+#define DEFINE_ATTEND(NAME, KV_T, LOAD_KV8, ACCUMULATE_KEYS)                                              \
     static inline __attribute__((always_inline)) void NAME(                                               \
         const float *const *q, const KV_T *restrict k_cache, const KV_T *restrict v_cache,               \
         const int64_t *const *slots, const int64_t *lens, int64_t n, int64_t common, int64_t max_kv,     \
@@ -152,6 +197,18 @@ static inline float sum8(vec8 x) {
             }                                                                                             \
             memset(out[i], 0, sizeof(float) * hq * D);                                                    \
         }                                                                                                 \
+        if (n > 1) {                                                                                      \
+            for (int64_t t0 = 0; t0 < common; t0 += SHARED_BLOCK) {                                       \
+                const int64_t t1 = t0 + SHARED_BLOCK < common ? t0 + SHARED_BLOCK : common;               \
+                for (int64_t i = 0; i < n; i++)                                                           \
+                    ACCUMULATE_KEYS(out[i], v_cache, shared, t0, t1, lens[i], hq, hkv, NV,                 \
+                                    scores + i * hq * max_kv, i == 0 ? common : 0);                       \
+            }                                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                               \
+                ACCUMULATE_KEYS(out[i], v_cache, slots[i], common, lens[i], lens[i], hq, hkv, NV,          \
+                                scores + i * hq * max_kv, lens[i]);                                       \
+            return;                                                                                       \
+        }                                                                                                 \
         for (int64_t t0 = 0; t0 < common; t0 += SHARED_BLOCK) {                                           \
             const int64_t t1 = t0 + SHARED_BLOCK < common ? t0 + SHARED_BLOCK : common;                   \
             for (int64_t i = 0; i < n; i++)                                                               \
@@ -172,8 +229,8 @@ static inline float sum8(vec8 x) {
         }                                                                                                 \
     }
 
-DEFINE_ATTEND(attend_group_f32, float, load8)
-DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16)
+DEFINE_ATTEND(attend_group_f32, float, load8, accumulate_keys_f32)
+DEFINE_ATTEND(attend_group_bf16, uint16_t, load8_bf16, accumulate_keys_bf16)
 
 /* rows of one group at most (the scratch: the widest group's rows * Hq * max_kv floats a thread) */
 #define MAX_GROUP 16

@@ -182,12 +182,16 @@ def test_engine_greedy_tokens_same_with_and_without_the_kernel(kernel, tiny_llam
     assert all(len(t) == 24 for t in with_kernel)
 
 
-def test_rows_sharing_slots_are_read_together_with_the_same_results(kernel, monkeypatch) -> None:
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.bfloat16, 64), (torch.float32, 128)])
+def test_rows_sharing_slots_are_read_together_with_the_same_results(kernel, monkeypatch, dtype, d) -> None:
     """Rows that share their first slots (a draft's, chains and trees) give, bit for bit, what
-    each gives alone, groups longer than the kernel's 16 rows and several threads included."""
+    each gives alone, groups longer than the kernel's 16 rows and several threads included
+    (a group's rows take another loop than a lone row's: head sizes below, at and above the 64
+    floats it keeps in registers at once, and a bfloat16 pool)."""
     gen = torch.Generator().manual_seed(8)
-    hkv, group, d, num_slots = 2, 3, 32, 600
+    hkv, group, num_slots = 2, 3, 600
     k_cache, v_cache = torch.randn(num_slots, hkv, d, generator=gen), torch.randn(num_slots, hkv, d, generator=gen)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
     prefix = torch.randperm(num_slots, generator=gen)[:200]
     tables, lens, shared = [], [], []
     for j in range(20):  # one request's 20-token chain: row j sees 180 + j + 1 keys
@@ -204,13 +208,15 @@ def test_rows_sharing_slots_are_read_together_with_the_same_results(kernel, monk
     lens.append(77)
     shared.append(0)
     table, lens_t = torch.stack(tables).contiguous(), torch.tensor(lens)
-    q = torch.randn(len(lens), hkv * group, d, generator=gen)
+    q = torch.randn(len(lens), hkv * group, d, generator=gen).to(dtype)
     apart = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2)
     monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_PAIRS", 1)
     for _ in _thread_counts(1, 2):
         together = kernel.forward(q, k_cache, v_cache, table, lens_t, 0.2, torch.tensor(shared))
         assert torch.equal(together, apart)
-    torch.testing.assert_close(apart.double(), _dense(q, k_cache, v_cache, table, lens_t, 0.2), atol=1e-5, rtol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    dense = _dense(q.float(), k_cache.float(), v_cache.float(), table, lens_t, 0.2)
+    torch.testing.assert_close(apart.double(), dense, atol=tol, rtol=tol)
 
 
 def test_the_backend_groups_a_drafts_rows_without_changing_them() -> None:

@@ -4,6 +4,7 @@ through the scheduler alone, `Engine.generate` and ``POST /generate`` (a real se
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,32 @@ def test_decode_kernel_bench_with_drafts_times_the_rows_read_apart_too():
     assert "rows apart" in header and row.split()[0] == "2,40,4,2,16"
     values = row.replace("/", " ").split()[1:]
     assert len(values) == 7 and float(values[4]) < 1e-4 and float(values[5]) > 0
+
+
+@pytest.mark.slow
+def test_decode_kernel_bench_times_another_build_and_refuses_one_that_differs(tmp_path):
+    """``--against-source``: another build of the C source, timed beside the current one; a
+    build whose outputs are not the current kernel's bit for bit ends the run with a message."""
+    from radixrt.kernels import cpu_decode
+
+    def run(source: Path) -> subprocess.CompletedProcess:
+        args = ["--shape", "2,40,4,2,16", "--calls", "2", "--draft", "3", "--against-source", str(source)]
+        return subprocess.run(
+            [sys.executable, "-m", "radixrt.bench.decode_kernel", *args], capture_output=True, text=True, timeout=300
+        )
+
+    same = run(cpu_decode.SOURCE)
+    assert same.returncode == 0, same.stderr
+    header, row = same.stdout.strip().splitlines()[-2:]
+    assert "other warm / cold us" in header
+    values = row.replace("/", " ").split()[1:]
+    assert len(values) == 11 and all(float(v) > 0 for v in values[7:])  # its times and the ratios
+    text = cpu_decode.SOURCE.read_text()
+    assert text.count("* scale;") == 1
+    other = tmp_path / "scaled.c"
+    other.write_text(text.replace("* scale;", "* scale * 1.5f;"))
+    differs = run(other)
+    assert differs.returncode != 0 and "outputs differ from the current kernel's" in differs.stderr
 
 
 def test_decode_slot_table_lays_out_prompts_then_interleaved_decode_tokens():
