@@ -392,7 +392,7 @@ ENGINE_INDEPENDENT = frozenset(
             "enable_jump_forward grammar_cache_size grammar_max_chars grammar_max_repeat grammar_max_source_chars "
             "grammar_max_compile_s max_n max_request_sequences max_top_logprobs_num enable_return_hidden_states "
             "request_waiting_timeout_s request_running_timeout_s incremental_streaming_output stream_interval "
-            "speculative_algorithm enable_request_time_stats_logging"
+            "speculative_algorithm enable_request_time_stats_logging dist_timeout"
         ).split(),
         "kv_events_config",  # with --dp, each replica publishes on the endpoint port + its index (router/dp.py)
         "kv_budget_policy",  # these three shape per-request budgets too (sampling_params kv_budget)

@@ -44,6 +44,12 @@ class ExecutionSettings:
         "processes on the CPU with gloo, for correctness rather than speed)",
         aliases=("--tp", "--tensor-parallel-size"),
     )
+    dist_timeout: Optional[int] = setting(
+        None,
+        "SGLang's: seconds the tensor-parallel ranks wait for one another, to join at start-up and in each "
+        "collective, before failing (unset: 7 days; a rank waits for its next step outside any collective, "
+        "so an idle server meets no timeout)",
+    )
     attention_backend: str = setting(
         "auto",
         "auto (flashinfer on CUDA, torch on CPU), torch or flashinfer; SGLang's torch_native is torch, and "
@@ -91,6 +97,8 @@ class ExecutionSettings:
     def __post_init__(self) -> None:
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
+        if self.dist_timeout is not None and self.dist_timeout < 1:
+            raise ValueError("dist_timeout must be >= 1 (seconds)")
         if self.cuda_graph_max_bs < 0:
             raise ValueError("cuda_graph_max_bs must be >= 0")
         if self.cuda_graph_bs is not None:

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ex = settings.execution
     keep_gloo_on_loopback(ex.device)
-    group = TPGroup.join(args.rank, ex.tp_size, args.init_method, ex.device)
+    group = TPGroup.join(args.rank, ex.tp_size, args.init_method, ex.device, ex.dist_timeout)
     rank = _Rank(ModelRunner(settings, tp=group))
     with torch.inference_mode():
         while True:

@@ -11,9 +11,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-# A follower blocks in a collective until the leader's next command; an idle
-# server sends none, so the timeout only bounds a hung collective.
-_TIMEOUT = datetime.timedelta(days=7)
+# A follower waits for the leader's next command outside any collective (on its command
+# socket), so the timeout only bounds joining and a hung collective.
+DEFAULT_TIMEOUT = datetime.timedelta(days=7)
 
 
 def _loopback_interface() -> str | None:
@@ -50,12 +50,15 @@ class TPGroup:
     ordered_sum: bool = False
 
     @classmethod
-    def join(cls, rank: int, size: int, init_method: str, device: str) -> "TPGroup":
-        """Blocks until all ``size`` ranks have joined (gloo on CPU, NCCL on CUDA)."""
+    def join(cls, rank: int, size: int, init_method: str, device: str, timeout_s: Optional[float] = None) -> "TPGroup":
+        """Blocks until all ``size`` ranks have joined (gloo on CPU, NCCL on CUDA); raises when
+        they have not within ``timeout_s`` seconds (``--dist-timeout``; None: `DEFAULT_TIMEOUT`),
+        which then bounds each collective too."""
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if device.startswith("cuda"):
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=_TIMEOUT)
+        timeout = DEFAULT_TIMEOUT if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
         return cls(rank, size, f"cuda:{rank}" if device.startswith("cuda") else device, dist.group.WORLD)
 
     @property

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import zmq
 
@@ -84,16 +84,16 @@ class Followers:
                     ],
                 )
             )
-        self.group = self._join(init_method, settings.execution.device)
+        self.group = self._join(init_method, settings.execution.device, settings.execution.dist_timeout)
         self._stopped = False
 
-    def _join(self, init_method: str, device: str) -> TPGroup:
+    def _join(self, init_method: str, device: str, timeout_s: Optional[float]) -> TPGroup:
         """Join as rank 0, failing fast if a follower dies before everyone has joined."""
         box: dict[str, Any] = {}
 
         def join() -> None:
             try:
-                box["group"] = TPGroup.join(0, self.size, init_method, device)
+                box["group"] = TPGroup.join(0, self.size, init_method, device, timeout_s)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 box["error"] = e
 
