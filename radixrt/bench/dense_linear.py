@@ -11,7 +11,8 @@ weights are cold, as in a model step whose other layers evict them: every
 call reads the next of enough copies to fill 256 MiB (the LM head: 2). Times
 are medians over ``--calls`` calls; ``ratio`` is torch / kernel, so above 1
 the kernel is faster. ``kernels/dense_linear_cpu.MAX_ROWS`` is set from where
-the ratio of the decoder's shapes falls to 1. ``--against-source`` builds another
+the ratio of the decoder's shapes falls to 1 (per CPU capability: see
+``_max_rows`` there). ``--against-source`` builds another
 version of ``kernels/csrc/dense_linear_cpu.c`` (an older commit's, say) and adds
 its times, alternating with the current kernel's, and ``G`` (multiply-adds per
 second) for both; its outputs must equal the current kernel's bit for bit.

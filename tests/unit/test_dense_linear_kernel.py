@@ -52,6 +52,15 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows() -> None:
     assert torch.equal(kernel.linear(x[4:11], w, b), alone[4:11])  # at another place in its block
 
 
+def test_the_kernel_takes_up_to_128_rows_where_torch_multiplies_with_avx2_only(monkeypatch) -> None:
+    """Where torch's CPU kernels have 256-bit FMAs only, as the kernel, the kernel stays ahead of
+    the BLAS past 64 rows (prefill chunks); with 512-bit ones the BLAS takes over at 64."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert dense_linear_cpu._max_rows() == 128
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert dense_linear_cpu._max_rows() == 64
+
+
 def test_strided_rows() -> None:
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(40, 64, generator=gen)
