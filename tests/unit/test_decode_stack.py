@@ -22,11 +22,12 @@ def _runner(model: str, **flags) -> ModelRunner:
     return ModelRunner.from_config(EngineConfig(model_path=model, max_total_tokens=1024, **flags))
 
 
-def _decode_twice(runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Three requests' prompts, then one decode step of all three computed by the native stack
-    and (over the same slots) by the Python stack; and how many times the driver ran."""
+def _decode_twice(runner: ModelRunner, shapes=((0, 37), (100, 5), (200, 70))) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Requests' prompts (``shapes``: first slot, length), then one decode step of them all
+    computed by the native stack and (over the same slots) by the Python stack; and how many
+    times the driver ran."""
     rng = random.Random(0)
-    seqs = [list(range(s, s + n)) for s, n in ((0, 37), (100, 5), (200, 70))]
+    seqs = [list(range(s, s + n)) for s, n in shapes]
     for seq in seqs:
         runner.forward([rng.randrange(3, 900) for _ in seq], [seq], [len(seq)])
     nxt = [seq + [seq[-1] + 1] for seq in seqs]
@@ -37,12 +38,12 @@ def _decode_twice(runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor, int]
     run = stack.kernel.run
     stack.kernel.run = lambda *a: calls.append(1) or run(*a)  # type: ignore[method-assign]
     try:
-        native = runner.forward(ids, nxt, [1, 1, 1]).clone()
+        native = runner.forward(ids, nxt, [1] * len(seqs)).clone()
     finally:
         stack.kernel.run = run  # type: ignore[method-assign]
     runner.model.decode_stack = None
     try:
-        python = runner.forward(ids, nxt, [1, 1, 1])
+        python = runner.forward(ids, nxt, [1] * len(seqs))
     finally:
         runner.model.decode_stack = stack
     return native, python, len(calls)
@@ -53,6 +54,16 @@ def _decode_twice(runner: ModelRunner) -> tuple[torch.Tensor, torch.Tensor, int]
 )
 def test_the_native_stack_gives_the_python_stacks_bits(tiny_llama, flags):
     native, python, calls = _decode_twice(_runner(tiny_llama, **flags))
+    assert calls == 1
+    assert torch.equal(native, python)
+
+
+def test_a_decode_batch_of_a_hundred_requests_runs_on_the_stack_where_torch_has_avx2_only(tiny_llama):
+    """The stack takes batches up to the linear kernel's rows (128 where torch's CPU kernels
+    are AVX2: radixrt/kernels/dense_linear_cpu.py), with the Python stack's bits."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        pytest.skip("the stack's rows follow torch's CPU capability (64 with AVX-512)")
+    native, python, calls = _decode_twice(_runner(tiny_llama), [(8 * i, 7) for i in range(100)])
     assert calls == 1
     assert torch.equal(native, python)
 
@@ -126,7 +137,7 @@ def test_speculation_prices_leaving_the_stack(tiny_llama):
         spec = sched.speculator
         assert spec is not None and spec.fast_path_tokens == MAX_ROWS and spec.cost.leave_fast >= 0.0  # timed: noisy
         assert spec.replays_graph([1] * (MAX_ROWS - 1)) and spec.replays_graph([9] * 4)
-        assert not spec.replays_graph([1] * MAX_ROWS) and not spec.replays_graph([9] * 8)
+        assert not spec.replays_graph([1] * MAX_ROWS) and not spec.replays_graph([9] * (MAX_ROWS // 9 + 1))
     finally:
         sched.close()
 
