@@ -102,26 +102,12 @@ def _paired_median_us(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def other_build(source: str) -> Any:
+def decode_build(source: str) -> Any:
     """The decode kernel built from ``source`` (another version of ``paged_decode_cpu.c``)."""
-    from pathlib import Path
-
+    from radixrt.bench.other_build import other_build
     from radixrt.kernels import cpu_decode
-    from radixrt.kernels.native_build import load_kernel
 
-    kernel = load_kernel(
-        "paged_decode_cpu_other",
-        Path(source),
-        cpu_decode.COMPILE_FLAGS,
-        cpu_decode.LINK_FLAGS,
-        cpu_decode.NativeDecode,
-        lambda k: None,
-        "RADIXRT_BENCH_OTHER_KERNEL",
-        "nothing to compare",
-    )
-    if kernel is None:
-        raise SystemExit(f"--against-source {source}: it does not build here (see the warning)")
-    return kernel
+    return other_build(source, "paged_decode_cpu_other", cpu_decode, cpu_decode.NativeDecode)
 
 
 def measure(shape: str, calls: int, draft: int = 0, other: Any = None) -> KernelTime:
@@ -129,7 +115,7 @@ def measure(shape: str, calls: int, draft: int = 0, other: Any = None) -> Kernel
     through `TorchReferenceBackend`'s own ``plan`` and ``forward``; with
     ``draft`` > 0 each request verifies that many draft tokens (``draft + 1``
     rows over its context), and the kernel's figures are given with its rows
-    read apart as well (``kernel_apart_*``). ``other`` (`other_build`): another
+    read apart as well (``kernel_apart_*``). ``other`` (`decode_build`): another
     build of the kernel, timed alternating with the current one (``other_*``)."""
     import torch
 
@@ -217,7 +203,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     torch.set_num_threads(args.threads)
     shapes = args.shape or SHAPES
-    other = other_build(args.against_source) if args.against_source else None
+    other = decode_build(args.against_source) if args.against_source else None
     for shape in shapes:  # the untimed pass (see the module doc)
         measure(shape, 1, args.draft, other)
     apart = "  rows apart warm / cold us" if args.draft else ""

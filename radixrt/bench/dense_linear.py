@@ -107,24 +107,10 @@ def bench_shape(
 
 def _other_build(source: str) -> Callable[[Any, Any], Any]:
     """The float32 kernel built from ``source`` (another version of its C file)."""
-    from pathlib import Path
-
+    from radixrt.bench.other_build import other_build
     from radixrt.kernels import dense_linear_cpu as dl
-    from radixrt.kernels.native_build import load_kernel
 
-    kernel = load_kernel(
-        "dense_linear_cpu_other",
-        Path(source),
-        dl.COMPILE_FLAGS,
-        dl.LINK_FLAGS,
-        dl.NativeDenseLinear,
-        lambda k: None,
-        "RADIXRT_BENCH_OTHER_KERNEL",
-        "nothing to compare",
-    )
-    if kernel is None:
-        raise SystemExit(f"--against-source {source}: it does not build here (see the warning)")
-    return kernel.linear
+    return other_build(source, "dense_linear_cpu_other", dl, dl.NativeDenseLinear).linear
 
 
 def main(argv: Optional[list[str]] = None) -> int:
